@@ -1,0 +1,131 @@
+"""Format registry and ``open``: pick the adapter for a path by content, then by extension.
+
+Format modules register themselves at import (``register_format``), xarray-backend style; a
+module imports its format library only inside the opener, so registering costs nothing and
+``import tensor_server`` stays light. Detection asks every format's ``sniff`` (magic bytes of
+the file's first 4 KiB, or metadata files of a folder) in priority order before falling back
+to extensions, so a misnamed file still opens and an OME-TIFF is not taken for a plain TIFF.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tensor_server.core.adapter_base import SourceAdapter
+from tensor_server.errors import TensorServerError, UnknownFormat, UnreadableSource
+
+__all__ = ["FormatEntry", "register_format", "formats", "detect_format", "open_source", "HEAD_BYTES"]
+
+HEAD_BYTES = 4096
+
+Sniff = Callable[[Path, bytes], bool]
+Opener = Callable[[Path], SourceAdapter]
+
+
+@dataclass(frozen=True)
+class FormatEntry:
+    """One format: how to recognise it and how to open it.
+
+    ``priority``: lower claims first (OME-Zarr before zarr, OME-TIFF before TIFF, a folder
+    format before the files inside it). ``sniff(path, head)`` gets the first HEAD_BYTES of a
+    file (``b""`` for a folder) and must be cheap and never raise. ``extensions`` are
+    lower-case suffixes with the dot, multi-part allowed (``".ome.tif"``).
+    """
+
+    name: str
+    opener: Opener
+    sniff: Sniff | None = None
+    extensions: tuple[str, ...] = ()
+    priority: int = 100
+    folders: bool = False
+    files: bool = True
+    description: str = ""
+    claims: tuple[str, ...] = field(default=())
+
+    def matches_extension(self, path: Path) -> bool:
+        name = path.name.lower().rstrip("/")
+        return any(name.endswith(ext) for ext in self.extensions)
+
+    def accepts(self, path: Path) -> bool:
+        return self.folders if path.is_dir() else self.files
+
+
+_lock = threading.Lock()
+_formats: dict[str, FormatEntry] = {}
+
+
+def register_format(entry: FormatEntry) -> FormatEntry:
+    """Add (or replace, by name) a format."""
+    with _lock:
+        _formats[entry.name] = entry
+    return entry
+
+
+def formats() -> list[FormatEntry]:
+    """Registered formats, in claim order."""
+    _load_builtin()
+    with _lock:
+        return sorted(_formats.values(), key=lambda e: (e.priority, e.name))
+
+
+def _load_builtin() -> None:
+    import tensor_server.adapters  # noqa: F401  (its __init__ imports the builtin modules)
+
+
+def _read_head(path: Path) -> bytes:
+    if path.is_dir():
+        return b""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(HEAD_BYTES)
+    except OSError as exc:
+        raise UnreadableSource(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def detect_format(path: str | os.PathLike[str]) -> FormatEntry:
+    """The format that claims ``path``: content first, extension second."""
+    p = Path(path)
+    if not p.exists():
+        raise UnreadableSource(p, "no such file or directory")
+    head = _read_head(p)
+    entries = [e for e in formats() if e.accepts(p)]
+    for entry in entries:
+        if entry.sniff is not None:
+            try:
+                if entry.sniff(p, head):
+                    return entry
+            except Exception:  # a sniffer must never take detection down
+                continue
+    for entry in entries:
+        if entry.matches_extension(p):
+            return entry
+    kind = "folder" if p.is_dir() else "file"
+    raise UnknownFormat(p, f"no adapter recognises this {kind} (by content or extension)")
+
+
+def open_source(path: str | os.PathLike[str], format: str | None = None) -> SourceAdapter:
+    """Open ``path`` as a SourceAdapter. Every failure is an UnreadableSource naming the path."""
+    p = Path(path)
+    if format is not None:
+        entries = {e.name: e for e in formats()}
+        if format not in entries:
+            raise UnknownFormat(p, f"unknown format {format!r}; known: {sorted(entries)}")
+        entry = entries[format]
+        if not p.exists():
+            raise UnreadableSource(p, "no such file or directory")
+    else:
+        entry = detect_format(p)
+    try:
+        return entry.opener(p)
+    except TensorServerError as exc:
+        if isinstance(exc, UnreadableSource):
+            raise
+        raise UnreadableSource(p, f"{entry.name}: {exc}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # any library error becomes one clear, named failure
+        reason = f"{entry.name} reader failed: {type(exc).__name__}: {exc}"
+        raise UnreadableSource(p, reason) from exc

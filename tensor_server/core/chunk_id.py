@@ -1,0 +1,132 @@
+"""Chunk ids: the opaque bytes a plan hands out and DoGet (or the cache) takes back.
+
+The biopb client caches chunks by chunk id, in memory and optionally on disk across
+processes (wire-protocol §3.6), so an id is a *content identity*. It carries:
+
+* ``array_id``, the level-0 extent ``start..stop``, ``scale`` and the canonical ``method``:
+  different arrays, extents, scales or reductions never share an id;
+* ``content_version``: bytes naming the data version (file mtime_ns + size, or a token
+  minted for in-memory data), so changed bytes can never be served under an old id;
+* ``epoch``: the serving epoch, bumped in this module whenever the pixels served for the
+  same (content, extent, scale, method) change meaning (for example a kernel rounding rule),
+  so clients' persistent caches drop pixels computed under an old rule.
+
+Only this module mints and parses ids. The encoding is a 4-byte magic, a CRC-32 of the body
+and a compact JSON body: self-describing for debugging, and any corruption or foreign bytes
+raise InvalidChunkId instead of reading a wrong region.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Sequence
+
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.methods import CANONICAL_METHODS, PRECOMPUTE
+from tensor_server.errors import InvalidChunkId
+
+__all__ = ["ChunkId", "SERVING_EPOCH", "UNSCALED"]
+
+#: Bump when served pixels change meaning for the same inputs (see module docstring).
+SERVING_EPOCH = 1
+
+#: Method recorded for an unscaled (all scale 1) chunk.
+UNSCALED = "none"
+
+_MAGIC = b"tsc\x01"
+_VALID_METHODS = frozenset(CANONICAL_METHODS) | {UNSCALED, PRECOMPUTE}
+
+
+@dataclass(frozen=True)
+class ChunkId:
+    array_id: str
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    scale: tuple[int, ...]
+    method: str
+    content_version: bytes
+    epoch: int = SERVING_EPOCH
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "start", tuple(int(v) for v in self.start))
+        object.__setattr__(self, "stop", tuple(int(v) for v in self.stop))
+        object.__setattr__(self, "scale", tuple(int(v) for v in self.scale))
+        n = len(self.start)
+        if len(self.stop) != n or len(self.scale) != n:
+            raise InvalidChunkId("chunk id axes disagree between start, stop and scale")
+        if any(s < 1 for s in self.scale):
+            raise InvalidChunkId(f"chunk id has a non-positive scale {self.scale}")
+        if any(b <= a or a < 0 for a, b in zip(self.start, self.stop)):
+            raise InvalidChunkId(f"chunk id has an empty or negative extent {self.bounds}")
+        if self.method not in _VALID_METHODS:
+            raise InvalidChunkId(f"chunk id has an unknown method {self.method!r}")
+        if all(s == 1 for s in self.scale) and self.method not in (UNSCALED, PRECOMPUTE):
+            object.__setattr__(self, "method", UNSCALED)
+
+    @classmethod
+    def for_extent(
+        cls,
+        array_id: str,
+        bounds: Bounds,
+        scale: Sequence[int],
+        method: str,
+        content_version: bytes,
+    ) -> ChunkId:
+        return cls(array_id, bounds.start, bounds.stop, tuple(scale), method, content_version)
+
+    @property
+    def bounds(self) -> Bounds:
+        """The level-0 source extent this chunk reduces."""
+        return Bounds(self.start, self.stop)
+
+    @property
+    def is_scaled(self) -> bool:
+        return any(s != 1 for s in self.scale)
+
+    @property
+    def output_shape(self) -> tuple[int, ...]:
+        """ceil(extent / scale) per axis: the delivered chunk's shape."""
+        return tuple(-(-(b - a) // s) for a, b, s in zip(self.start, self.stop, self.scale))
+
+    # ---- wire encoding --------------------------------------------------------------------
+    def encode(self) -> bytes:
+        body = json.dumps(
+            {
+                "a": self.array_id,
+                "s": list(self.start),
+                "e": list(self.stop),
+                "k": list(self.scale),
+                "m": self.method,
+                "v": self.content_version.hex(),
+                "p": self.epoch,
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+        return _MAGIC + zlib.crc32(body).to_bytes(4, "little") + body
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ChunkId:
+        """Parse bytes minted by :meth:`encode`; anything else raises InvalidChunkId."""
+        raw = bytes(raw)
+        if len(raw) < 9 or raw[:4] != _MAGIC:
+            raise InvalidChunkId("not a chunk id of this server (bad magic)")
+        body = raw[8:]
+        if zlib.crc32(body).to_bytes(4, "little") != raw[4:8]:
+            raise InvalidChunkId("chunk id is corrupt (checksum mismatch)")
+        try:
+            d = json.loads(body)
+            return cls(
+                array_id=str(d["a"]),
+                start=tuple(d["s"]),
+                stop=tuple(d["e"]),
+                scale=tuple(d["k"]),
+                method=str(d["m"]),
+                content_version=bytes.fromhex(d["v"]),
+                epoch=int(d["p"]),
+            )
+        except InvalidChunkId:
+            raise
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidChunkId(f"chunk id body is malformed: {exc}") from None

@@ -1,0 +1,124 @@
+"""NormalizingAdapter: present a tensor in the canonical axis order.
+
+Clients (napari, the biopb tensor browser) expect T, C, Z, Y, X last where present. Files
+store axes in their own order (TIFF often ZCYX, ND2 TZCYX, some HDF5 XYZ). The wrapper only
+permutes: the wrapped adapter reads and reduces in its native order (so read blocks, decimated
+reads and overrides keep working) and the wrapper transposes the result, which for a scaled
+read is the small reduced array. Chunk ids pass through verbatim: the wrapper shares the
+wrapped tensor's array_id and content version, and its plans are in canonical coordinates.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from tensor_server.core.adapter_base import TensorAdapter, owned_array
+from tensor_server.core.bounds import Bounds
+
+__all__ = ["NormalizingAdapter", "canonical_axis_order", "normalize_axes"]
+
+_CANONICAL_TAIL = ("t", "c", "z", "y", "x")
+
+
+def canonical_axis_order(dim_labels: Sequence[str]) -> tuple[int, ...]:
+    """Permutation ``order`` so that ``[dim_labels[i] for i in order]`` ends with whichever of
+    T, C, Z, Y, X are present, in that order. Other axes (positions, samples, ...) keep their
+    relative order in front, except a colour-sample axis, which stays last (interleaved RGB
+    is what viewers expect)."""
+    low = [str(d).lower() for d in dim_labels]
+    tail = [low.index(name) for name in _CANONICAL_TAIL if name in low]
+    samples = [i for i, d in enumerate(low) if d in ("s", "rgb", "rgba", "sample", "samples")]
+    head = [i for i in range(len(low)) if i not in tail and i not in samples]
+    return tuple(head + tail + samples)
+
+
+class NormalizingAdapter(TensorAdapter):
+    """A canonical-order view of ``inner`` (see module docstring)."""
+
+    def __init__(self, inner: TensorAdapter, order: Sequence[int] | None = None) -> None:
+        self.inner = inner
+        self.order = tuple(order) if order is not None else canonical_axis_order(inner.dim_labels)
+        if sorted(self.order) != list(range(inner.ndim)):
+            raise ValueError(f"{self.order} is not a permutation of {inner.ndim} axes")
+        self.inverse = tuple(int(i) for i in np.argsort(self.order))
+        p = self._permute
+        super().__init__(
+            p(inner.shape),
+            inner.dtype,
+            dim_labels=p(inner.dim_labels),
+            native_chunk_shape=None if inner.native_chunk_shape is None else p(inner.native_chunk_shape),
+            physical_scale=None if inner.physical_scale is None else p(inner.physical_scale),
+            physical_unit=None if inner.physical_unit is None else p(inner.physical_unit),
+            is_labels=inner.is_labels,
+            content_version=inner.content_version,
+            array_id=inner.array_id,
+            metadata=inner.metadata,
+            transfer_chunk_shape=p(inner.chunk_shape),
+        )
+        self.native_levels = [type(lv)(p(lv.scale), NormalizingAdapter(lv.tensor, self.order)) for lv in inner.native_levels]
+
+    def _permute(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(values[i] for i in self.order)
+
+    def _to_inner(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(values[i] for i in self.inverse)
+
+    # array_id is bound on the wrapper by the source; keep the inner one in step so chunk ids
+    # minted by either name the same tensor.
+    @property
+    def array_id(self) -> str:
+        return self.inner.array_id
+
+    @array_id.setter
+    def array_id(self, value: str) -> None:
+        self.inner.array_id = value
+
+    @property
+    def decimates(self) -> bool:  # type: ignore[override]
+        return self.inner.decimates
+
+    @property
+    def read_block_shape(self) -> tuple[int, ...] | None:
+        rb = self.inner.read_block_shape
+        return None if rb is None else self._permute(rb)
+
+    def _inner_bounds(self, bounds: Bounds) -> Bounds:
+        return bounds.permute(self.inverse)
+
+    def _out(self, arr: np.ndarray) -> np.ndarray:
+        return owned_array(np.transpose(arr, self.order), self.dtype)
+
+    def read_region(self, bounds: Bounds) -> np.ndarray:
+        return np.transpose(self.inner.get_data(self._inner_bounds(bounds)), self.order)
+
+    def get_data(self, bounds: Bounds | None = None) -> np.ndarray:
+        bounds = self.check_bounds(bounds)
+        return self._out(self.inner.get_data(self._inner_bounds(bounds)))
+
+    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
+        dec = self.inner.get_decimated_data(self._inner_bounds(bounds), self._to_inner(step))
+        return None if dec is None else self._out(dec)
+
+    def get_scaled_data(self, bounds, scale_hint, reduction_method, cache_manager=None) -> np.ndarray:
+        bounds = self.check_bounds(bounds)
+        scale = tuple(scale_hint) if scale_hint else (1,) * self.ndim
+        if len(scale) != self.ndim:
+            from tensor_server.errors import InvalidArgument
+
+            raise InvalidArgument(f"scale_hint has {len(scale)} axes but the tensor has {self.ndim}")
+        out = self.inner.get_scaled_data(
+            self._inner_bounds(bounds), self._to_inner(scale), reduction_method, cache_manager
+        )
+        return self._out(out)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def normalize_axes(tensor: TensorAdapter) -> TensorAdapter:
+    """``tensor`` itself when already canonical, else a NormalizingAdapter over it."""
+    order = canonical_axis_order(tensor.dim_labels)
+    if order == tuple(range(tensor.ndim)):
+        return tensor
+    return NormalizingAdapter(tensor, order)

@@ -1,0 +1,119 @@
+"""Read plans: which chunks answer a (tensor, region, scale, method) request.
+
+The algorithm is wire-protocol §3.4 (the reference server's): per axis, the virtual chunk is
+``V = transfer × scale`` level-0 pixels; the request is snapped outward to whole V (the
+*realized* region, which goes in ``descriptor.slice_hint``); the output is
+``ceil(realized / scale)``; each grid cell becomes one chunk with an id naming its level-0
+extent and output bounds relative to the realized region. Because the realized start is a
+multiple of V (hence of the scale), output pixel ``i`` maps to level-0 ``start + i·scale``,
+which is what the client's crop assumes, and scaled chunks are independent of the request.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+from tensor_server.core.adapter_base import TensorAdapter, check_scale
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
+from tensor_server.core.methods import effective_method
+from tensor_server.core.stream_reduce import scaled_output_shape
+from tensor_server.core.transfer_grid import CEILING_BYTES
+from tensor_server.errors import InvalidArgument, InvalidBounds
+
+__all__ = ["PlannedChunk", "ReadPlan", "plan_read"]
+
+
+@dataclass(frozen=True)
+class PlannedChunk:
+    chunk_id: ChunkId
+    #: Bounds inside the realized output array (scaled pixels, 0-based): ChunkBounds on the wire.
+    out_bounds: Bounds
+
+    @property
+    def source_bounds(self) -> Bounds:
+        return self.chunk_id.bounds
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    array_id: str
+    #: The realized region in level-0 coordinates (the request snapped outward to the grid).
+    realized: Bounds
+    #: ceil(realized extent / scale): the realized output array's shape.
+    shape: tuple[int, ...]
+    scale: tuple[int, ...]
+    #: The effective canonical method ("none" for unscaled reads).
+    method: str
+    #: The nominal delivered chunk shape in output pixels.
+    chunk_shape: tuple[int, ...]
+    chunks: tuple[PlannedChunk, ...]
+
+
+def plan_read(
+    tensor: TensorAdapter,
+    region: Bounds | None = None,
+    scale: Sequence[int] | None = None,
+    method: str | None = None,
+) -> ReadPlan:
+    """Plan a read of ``region`` (level-0, default the whole tensor) at ``scale``.
+
+    ``method`` is a wire method string; label tensors get their label-safe method
+    (``effective_method``). Stops beyond the axis are clamped (the client's crop clips too);
+    negative starts, empty or reversed intervals and wrong ranks raise InvalidBounds.
+    """
+    shape = tensor.shape
+    ndim = tensor.ndim
+    scale_t = check_scale(scale, ndim)
+    scaled = any(s != 1 for s in scale_t)
+    if region is None:
+        region = Bounds.full(shape)
+    if region.ndim != ndim:
+        raise InvalidBounds(f"slice has {region.ndim} axes but {tensor.array_id} has {ndim}")
+    region = region.clamp(shape)
+    region.validate(shape)
+    if scaled:
+        eff = effective_method(method, is_labels=tensor.is_labels)
+    else:
+        eff = UNSCALED
+    if eff == PRECOMPUTE:
+        if tensor.native_level(scale_t) is None:
+            raise InvalidArgument(
+                f"{tensor.array_id} stores no level at scale {scale_t}; "
+                f"stored: {[lv.scale for lv in tensor.native_levels]}"
+            )
+    chunk = tensor.chunk_shape
+    virtual = tuple(c * s for c, s in zip(chunk, scale_t))
+    rs = tuple((a // v) * v for a, v in zip(region.start, virtual))
+    re = tuple(min(-(-b // v) * v, n) for b, v, n in zip(region.stop, virtual, shape))
+    realized = Bounds(rs, re)
+    out_shape = scaled_output_shape(realized.shape, scale_t)
+    out_chunk = tuple(min(c, n) for c, n in zip(chunk, out_shape))
+    if _prod(out_chunk) * tensor.dtype.itemsize > CEILING_BYTES:
+        raise InvalidArgument(f"{tensor.array_id}: chunk {out_chunk} exceeds the 64 MiB ceiling")
+
+    starts_per_axis = [range(a, b, v) for a, b, v in zip(rs, re, virtual)]
+    chunks = []
+    for vs in itertools.product(*starts_per_axis):
+        ve = tuple(min(a + v, n) for a, v, n in zip(vs, virtual, shape))
+        o0 = tuple((a - r) // s for a, r, s in zip(vs, rs, scale_t))
+        o1 = tuple(-(-(b - r) // s) for b, r, s in zip(ve, rs, scale_t))
+        cid = tensor.mint_chunk_id(Bounds(vs, ve), scale_t, eff)
+        chunks.append(PlannedChunk(cid, Bounds(o0, o1)))
+    return ReadPlan(
+        array_id=tensor.array_id,
+        realized=realized,
+        shape=out_shape,
+        scale=scale_t,
+        method=eff,
+        chunk_shape=out_chunk,
+        chunks=tuple(chunks),
+    )
+
+
+def _prod(values: Sequence[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out

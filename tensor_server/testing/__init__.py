@@ -1,0 +1,10 @@
+"""Test support shipped with the package (like ``zarr.testing``).
+
+``AdapterTests`` is the conformance suite every adapter's tests subclass. It needs pytest,
+which is imported only here, not by ``import tensor_server``.
+"""
+from __future__ import annotations
+
+from tensor_server.testing.adapter_tests import AdapterTests
+
+__all__ = ["AdapterTests"]

@@ -1,0 +1,63 @@
+"""Every TensorAdapter class declares its read granularity, with the reason (design §3).
+
+A wrong declaration is silent (values stay identical, reads cost more), so each class must be
+listed here as "block" (read_block_shape is a shape the reader cannot read below) or "none"
+(the reader crops cheaply), with why. A new adapter class without a row fails this test.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+
+import tensor_server.adapters
+from tensor_server.core.adapter_base import TensorAdapter
+
+READ_BLOCK = {
+    # class name: (classification, reason)
+    "ArrayAdapter": ("none", "slicing memory (or a .npy memmap) crops for free; tests may declare a block to exercise the floor"),
+    "NormalizingAdapter": ("forwards", "reports the wrapped adapter's block, permuted"),
+}
+
+
+def all_adapter_classes() -> list[type]:
+    for mod in pkgutil.iter_modules(tensor_server.adapters.__path__):
+        importlib.import_module(f"tensor_server.adapters.{mod.name}")
+    seen, stack = [], [TensorAdapter]
+    while stack:
+        cls = stack.pop()
+        for sub in cls.__subclasses__():
+            stack.append(sub)
+            if sub.__module__.startswith("tensor_server.") and sub not in seen:
+                seen.append(sub)
+    return seen
+
+
+def test_every_adapter_class_is_classified():
+    missing = [c.__name__ for c in all_adapter_classes() if c.__name__ not in READ_BLOCK]
+    assert not missing, f"add a READ_BLOCK row (block/none + reason) for: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(READ_BLOCK))
+def test_rows_have_reasons(name):
+    kind, reason = READ_BLOCK[name]
+    assert kind in ("block", "none", "forwards") and len(reason) > 20
+
+
+def test_no_stale_rows():
+    names = {c.__name__ for c in all_adapter_classes()}
+    assert set(READ_BLOCK) <= names, f"rows for classes that no longer exist: {set(READ_BLOCK) - names}"
+
+
+def test_declarations_match_behaviour():
+    """Checked on instances where a class can be built without a file: ArrayAdapter."""
+    import numpy as np
+
+    from tensor_server.adapters.memory import ArrayAdapter
+    from tensor_server.core.normalizing import NormalizingAdapter
+
+    assert ArrayAdapter(np.zeros((4, 4))).read_block_shape is None
+    t = ArrayAdapter(np.zeros((2, 4, 6)), "zyx", read_block_shape=(1, 2, 3))
+    w = NormalizingAdapter(t, (0, 2, 1))
+    assert w.read_block_shape == (1, 3, 2)

@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+from tensor_server.core import Bounds, plan_read
+from tensor_server.core.downsample import downsample_block
+from tensor_server.core.methods import effective_method, normalize_method
+from tensor_server.errors import InvalidArgument, InvalidBounds
+
+
+def assemble(tensor, plan):
+    out = np.zeros(plan.shape, dtype=tensor.dtype)
+    seen = np.zeros(plan.shape, dtype=int)
+    for pc in plan.chunks:
+        data = tensor.resolve_chunk_data(pc.chunk_id.encode())
+        assert data.shape == pc.out_bounds.shape
+        out[pc.out_bounds.to_slices()] = data
+        seen[pc.out_bounds.to_slices()] += 1
+    assert seen.min() == 1 and seen.max() == 1, "chunks must tile the output exactly"
+    return out
+
+
+def test_worked_example_of_the_wire_spec():
+    base = (np.arange(35, dtype=np.uint16) * 3 + 1).reshape(5, 7)
+    t = ArrayAdapter(base, chunk_shape=(2, 2))
+    MemorySource(t, source_id="demo")
+    plan = plan_read(t, Bounds((1, 2), (5, 7)), (1, 2), "nearest")
+    assert plan.realized == Bounds((0, 0), (5, 7))
+    assert plan.shape == (5, 4)
+    cols = sorted({(c.out_bounds.start[1], c.out_bounds.stop[1]) for c in plan.chunks})
+    rows = sorted({(c.out_bounds.start[0], c.out_bounds.stop[0]) for c in plan.chunks})
+    assert cols == [(0, 2), (2, 4)] and rows == [(0, 2), (2, 4), (4, 5)]
+    out = assemble(t, plan)
+    # the client's crop (wire §5.3): [(req.start - ret)//s, ceil((req.stop - ret)/s))
+    crop = out[1:5, (2 - 0) // 2 : -(-(7 - 0) // 2)]
+    np.testing.assert_array_equal(crop, base[1:5, 2:7:2])
+
+
+@pytest.mark.parametrize("method", ["nearest", "area", "max", "mode"])
+def test_random_plans_assemble_to_the_reduced_realized_region(method):
+    rng = np.random.default_rng(11)
+    for _ in range(25):
+        ndim = int(rng.integers(1, 4))
+        shape = tuple(int(n) for n in rng.integers(3, 40, ndim))
+        arr = rng.integers(0, 1000, shape).astype(np.int32)
+        chunk = tuple(int(rng.integers(1, n + 1)) for n in shape)
+        t = ArrayAdapter(arr, chunk_shape=chunk)
+        MemorySource(t)
+        start = tuple(int(rng.integers(0, n)) for n in shape)
+        stop = tuple(int(rng.integers(a + 1, n + 1)) for a, n in zip(start, shape))
+        scale = tuple(int(s) for s in rng.integers(1, 5, ndim))
+        plan = plan_read(t, Bounds(start, stop), scale, method)
+        r = plan.realized
+        assert all(a <= s0 for a, s0 in zip(r.start, start)) and all(b >= s1 for b, s1 in zip(r.stop, stop))
+        assert all(a % (c * s) == 0 for a, c, s in zip(r.start, chunk, scale))
+        out = assemble(t, plan)
+        eff = method if any(s > 1 for s in scale) else "nearest"
+        np.testing.assert_array_equal(out, downsample_block(arr[r.to_slices()], scale, eff))
+
+
+def test_stop_clamped_but_bad_regions_refused():
+    t = ArrayAdapter(np.zeros((10, 10), np.uint8), chunk_shape=(4, 4))
+    MemorySource(t)
+    assert plan_read(t, Bounds((0, 0), (99, 10))).realized == Bounds((0, 0), (10, 10))
+    with pytest.raises(InvalidBounds, match="negative"):
+        plan_read(t, Bounds((-1, 0), (4, 4)))
+    with pytest.raises(InvalidBounds, match="empty"):
+        plan_read(t, Bounds((4, 0), (4, 4)))
+    with pytest.raises(InvalidBounds, match="axes"):
+        plan_read(t, Bounds((0,), (4,)))
+    with pytest.raises(InvalidArgument, match="positive"):
+        plan_read(t, None, (0, 2))
+    with pytest.raises(InvalidArgument, match="unknown reduction"):
+        plan_read(t, None, (2, 2), "bicubic")
+
+
+def test_chunk_ids_distinguish_methods_and_scales():
+    t = ArrayAdapter(np.zeros((64, 64), np.uint8), chunk_shape=(16, 16))
+    MemorySource(t)
+    ids = set()
+    for scale in [(2, 2), (4, 4)]:
+        for method in ["nearest", "area", "mean"]:
+            ids.add(plan_read(t, None, scale, method).chunks[0].chunk_id.encode())
+    assert len(ids) == 4  # mean == area: same effective method, same id
+
+
+def test_label_tensors_never_get_area_or_median():
+    labels = np.array([[3, 3, 5, 5], [5, 5, 5, 5]], dtype=np.uint32)
+    t = ArrayAdapter(labels, chunk_shape=(2, 4), is_labels=True)
+    MemorySource(t)
+    for requested in ["area", "mean", "median", ""]:
+        plan = plan_read(t, None, (2, 2), requested)
+        assert plan.method == "mode"
+        out = assemble(t, plan)
+        np.testing.assert_array_equal(out, [[3, 5]])  # never the invented label 4
+    assert plan_read(t, None, (2, 2), "nearest").method == "nearest"
+    assert effective_method("max", is_labels=True) == "max"
+
+
+def test_method_vocabulary():
+    assert normalize_method(" Stride ") == "nearest"
+    assert normalize_method("decimate") == "nearest"
+    assert normalize_method("LINEAR") == "area"
+    assert normalize_method("") == "area"
+    assert normalize_method("precomputed") == "precompute"
+    with pytest.raises(InvalidArgument):
+        normalize_method("bilinear")
+
+
+def test_plan_chunk_count_and_shapes_for_a_big_scaled_read():
+    t = ArrayAdapter(np.zeros((1, 8192, 8192), np.uint16), dim_labels="zyx")
+    MemorySource(t)
+    assert t.chunk_shape == (1, 2048, 2048)
+    plan = plan_read(t, None, (1, 16, 16), "area")
+    assert plan.shape == (1, 512, 512) and len(plan.chunks) == 1
+    assert plan.chunks[0].chunk_id.bounds == Bounds.full((1, 8192, 8192))

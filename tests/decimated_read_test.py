@@ -1,0 +1,37 @@
+"""Every TensorAdapter class declares whether it serves nearest as a strided read (design §4).
+
+Rows: "yes" (``decimates = True``; get_decimated_data strides the read) or "no", with why.
+Values of decimated reads are checked per adapter by the conformance suite
+(``AdapterTests.test_decimated_read``: equals ``get_data(bounds)[::step]`` on ragged,
+off-origin bounds) and on real files in each adapter's tests.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.adapter_read_block_test import all_adapter_classes
+
+DECIMATES = {
+    # class name: (yes/no, reason)
+    "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
+    "NormalizingAdapter": ("forwards", "decimates exactly when the wrapped adapter does"),
+}
+
+
+def test_every_adapter_class_is_classified():
+    missing = [c.__name__ for c in all_adapter_classes() if c.__name__ not in DECIMATES]
+    assert not missing, f"add a DECIMATES row (yes/no + reason) for: {missing}"
+
+
+@pytest.mark.parametrize("cls", all_adapter_classes(), ids=lambda c: c.__name__)
+def test_flag_matches_the_row(cls):
+    kind, reason = DECIMATES[cls.__name__]
+    assert len(reason) > 20
+    if kind == "forwards":
+        return
+    assert bool(cls.decimates) == (kind == "yes"), f"{cls.__name__}.decimates disagrees with its row"
+    # an adapter class (or an adapter base it inherits from) must override the method
+    overrides = any(
+        "get_decimated_data" in vars(c) for c in cls.__mro__ if c.__module__.startswith("tensor_server.adapters")
+    )
+    assert overrides == (kind == "yes"), f"{cls.__name__}: decimates={cls.decimates} but get_decimated_data override={overrides}"
