@@ -281,8 +281,11 @@ class TensorAdapter(ABC):
         if cid.content_version != self.content_version or cid.epoch != SERVING_EPOCH:
             raise StaleChunkId(f"{self.array_id}: the data changed since this chunk was planned; re-plan")
         bounds = cid.bounds
+        level = self.native_level(cid.scale) if cid.method == PRECOMPUTE else None
+        if cid.method == PRECOMPUTE and level is None:
+            raise InvalidChunkId(f"{self.array_id} stores no level at scale {cid.scale}")
         try:
-            bounds.validate(self.shape)
+            bounds.validate(level.tensor.shape if level is not None else self.shape)
         except InvalidBounds as exc:
             raise InvalidChunkId(f"chunk id extent does not fit {self.array_id}: {exc}") from None
         if cid.method == UNSCALED:
@@ -299,15 +302,12 @@ class TensorAdapter(ABC):
         return None
 
     def get_native_level_data(self, bounds: Bounds, scale: Sequence[int]) -> np.ndarray:
-        """Pixels of a stored pyramid level, for a level-0 extent (precompute)."""
+        """Pixels of a stored pyramid level (``precompute``); ``bounds`` are in that level's
+        own coordinates (see plan._plan_stored_level)."""
         level = self.native_level(scale)
         if level is None:
             raise InvalidArgument(f"{self.array_id}: no stored level at scale {tuple(scale)}")
-        lb = Bounds(
-            tuple(a // s for a, s in zip(bounds.start, level.scale)),
-            tuple(min(-(-b // s), n) for b, s, n in zip(bounds.stop, level.scale, level.tensor.shape)),
-        )
-        return level.tensor.get_data(lb)
+        return level.tensor.get_data(bounds)
 
     def describe(self) -> dict[str, Any]:
         """Plain-data summary (for listings and metadata_json)."""
@@ -372,6 +372,10 @@ class SourceAdapter:
         if not tensors:
             raise ValueError(f"{path}: a source needs at least one tensor")
         self.tensors: dict[str, TensorAdapter] = dict(tensors)
+        #: Files and folders this source covers (discovery skips them as separate sources:
+        #: the five files of a multi-file OME-TIFF are one source). Adapters that span
+        #: several files add them.
+        self.member_paths: set[Path] = set() if path is None else {Path(path).resolve()}
         single = len(self.tensors) == 1
         for field, tensor in self.tensors.items():
             tensor.array_id = source_id if single else f"{source_id}/{field}"

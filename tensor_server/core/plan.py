@@ -78,11 +78,7 @@ def plan_read(
     else:
         eff = UNSCALED
     if eff == PRECOMPUTE:
-        if tensor.native_level(scale_t) is None:
-            raise InvalidArgument(
-                f"{tensor.array_id} stores no level at scale {scale_t}; "
-                f"stored: {[lv.scale for lv in tensor.native_levels]}"
-            )
+        return _plan_stored_level(tensor, region, scale_t)
     chunk = tensor.chunk_shape
     virtual = tuple(c * s for c, s in zip(chunk, scale_t))
     rs = tuple((a // v) * v for a, v in zip(region.start, virtual))
@@ -108,6 +104,47 @@ def plan_read(
         scale=scale_t,
         method=eff,
         chunk_shape=out_chunk,
+        chunks=tuple(chunks),
+    )
+
+
+def _plan_stored_level(tensor: TensorAdapter, region: Bounds, scale: tuple[int, ...]) -> ReadPlan:
+    """Plan a read of a level the file stores (``precompute``).
+
+    The level has its own shape (often floor(S / s), not ceil) and its own transfer grid, so
+    the grid is laid in the level's coordinates; its chunk ids carry level coordinates and
+    the level's scale. The realized region is reported in level-0 coordinates (level start ×
+    scale), which keeps the client's crop rule: output pixel i ↔ level-0 start + i·scale.
+    """
+    level = tensor.native_level(scale)
+    if level is None:
+        raise InvalidArgument(
+            f"{tensor.array_id} stores no level at scale {scale}; "
+            f"stored: {[lv.scale for lv in tensor.native_levels] or 'none'}"
+        )
+    lt = level.tensor
+    a = tuple(min(r // s, n - 1) for r, s, n in zip(region.start, scale, lt.shape))
+    b = tuple(max(min(-(-r // s), n), ai + 1) for r, s, n, ai in zip(region.stop, scale, lt.shape, a))
+    chunk = lt.chunk_shape
+    rl = tuple((ai // c) * c for ai, c in zip(a, chunk))
+    rel = tuple(min(-(-bi // c) * c, n) for bi, c, n in zip(b, chunk, lt.shape))
+    realized = Bounds(
+        tuple(r * s for r, s in zip(rl, scale)),
+        tuple(min(r * s, n) for r, s, n in zip(rel, scale, tensor.shape)),
+    )
+    chunks = []
+    for vs in itertools.product(*[range(r0, r1, c) for r0, r1, c in zip(rl, rel, chunk)]):
+        ve = tuple(min(v + c, n) for v, c, n in zip(vs, chunk, lt.shape))
+        cid = tensor.mint_chunk_id(Bounds(vs, ve), scale, PRECOMPUTE)
+        chunks.append(PlannedChunk(cid, Bounds(vs, ve).relative_to(rl)))
+    out_shape = tuple(r1 - r0 for r0, r1 in zip(rl, rel))
+    return ReadPlan(
+        array_id=tensor.array_id,
+        realized=realized,
+        shape=out_shape,
+        scale=scale,
+        method=PRECOMPUTE,
+        chunk_shape=tuple(min(c, n) for c, n in zip(chunk, out_shape)),
         chunks=tuple(chunks),
     )
 

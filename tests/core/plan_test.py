@@ -116,3 +116,24 @@ def test_plan_chunk_count_and_shapes_for_a_big_scaled_read():
     plan = plan_read(t, None, (1, 16, 16), "area")
     assert plan.shape == (1, 512, 512) and len(plan.chunks) == 1
     assert plan.chunks[0].chunk_id.bounds == Bounds.full((1, 8192, 8192))
+
+
+def test_precompute_plans_on_the_stored_level_grid():
+    from tensor_server.core.adapter_base import NativeLevel
+
+    base = np.arange(11 * 13, dtype=np.uint16).reshape(11, 13)
+    level1 = base[::2, ::2][:5, :6].copy()  # a writer's floor(S/2) level, not ceil
+    t = ArrayAdapter(base, chunk_shape=(4, 4))
+    lt = ArrayAdapter(level1, chunk_shape=(2, 4))
+    t.native_levels.append(NativeLevel((2, 2), lt))
+    MemorySource(t, source_id="pyr")
+    plan = plan_read(t, None, (2, 2), "precomputed")
+    assert plan.method == "precompute" and plan.shape == (5, 6)
+    assert plan.realized == Bounds((0, 0), (10, 12))
+    np.testing.assert_array_equal(assemble(t, plan), level1)
+    sub = plan_read(t, Bounds((4, 5), (9, 13)), (2, 2), "precompute")
+    assert sub.realized.start == (4, 0)  # level rows [2, 5) -> snapped to level chunk 2
+    crop = assemble(t, sub)[(4 - 4) // 2 : -(-(9 - 4) // 2), (5 - 0) // 2 : -(-(13 - 0) // 2)]
+    np.testing.assert_array_equal(crop, level1[2:5, 2:6])
+    with pytest.raises(InvalidArgument, match="stores no level"):
+        plan_read(t, None, (4, 4), "precompute")

@@ -1,0 +1,643 @@
+"""Single-file TIFF family: plain TIFF, ImageJ, pyramidal/tiled TIFF, SVS, QPTIFF and LSM.
+
+Every tensor here is one tifffile page series (or one pyramid level of it) read through a
+persistent ``series.aszarr(level=..., chunkmode=...)`` store. tifffile already knows the
+flavours (ImageJ hyperstacks, Aperio SVS levels, PerkinElmer QPI levels, Zeiss LSM with its
+interleaved thumbnails, reduced-resolution IFD pyramids); this module turns its series into
+tensors, its levels into ``NativeLevel`` entries and its metadata into physical scales.
+
+``TiffPageSeriesAdapter`` and ``TiffHandle`` are the reusable part: other TIFF-based formats
+(OME-TIFF here, TIFF folders elsewhere) build tensors from them with their own opener.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import threading
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from tensor_server.adapters.registry import FormatEntry, register_format
+from tensor_server.core.adapter_base import (
+    NativeLevel,
+    SourceAdapter,
+    TensorAdapter,
+    file_content_version,
+)
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.handles import DEFAULT_IDLE_SECONDS, LazyHandle
+from tensor_server.core.normalizing import normalize_axes
+from tensor_server.errors import UnreadableSource
+
+if TYPE_CHECKING:  # pragma: no cover
+    import tifffile
+
+__all__ = [
+    "TiffHandle",
+    "TiffPageSeriesAdapter",
+    "TiffAdapter",
+    "LsmAdapter",
+    "TiffSource",
+    "tiff_dim_labels",
+    "is_tiff_head",
+    "first_description_tail",
+    "level_scale",
+    "series_field_names",
+    "series_files",
+    "open_tiff_file",
+]
+
+log = logging.getLogger(__name__)
+
+PAGE_CHUNKMODE = 2  # tifffile CHUNKMODE.PAGE: one zarr chunk = one decoded page
+STRILE_CHUNKMODE = 0  # tifffile CHUNKMODE.NONE: one zarr chunk = one strip or tile
+
+# tifffile axis codes -> served labels. Q (other) and I (page sequence) keep their own letters;
+# R (OME "tile": region/position) is a stage position, served as p like every other format.
+_AXIS_LABELS = {"T": "t", "C": "c", "Z": "z", "Y": "y", "X": "x", "S": "s", "R": "p"}
+
+_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+
+
+# ---- small helpers ---------------------------------------------------------------------------
+def tiff_dim_labels(axes: str) -> tuple[str, ...]:
+    """Lower-case labels for tifffile's axis codes, kept distinct: T C Z Y X S map to t c z y x
+    s, R (positions) to p, every other code (Q, I, E, H, ...) to its own lower-case letter. A
+    collision (LSM's P is a position too) falls back to the code's own letter, then dim_i."""
+    out: list[str] = []
+    for i, code in enumerate(axes):
+        for candidate in (_AXIS_LABELS.get(code, code.lower()), code.lower(), f"dim_{i}"):
+            if candidate not in out:
+                out.append(candidate)
+                break
+    return tuple(out)
+
+
+def is_tiff_head(head: bytes) -> bool:
+    """Classic TIFF (II*\\0, MM\\0*) or BigTIFF (II+\\0, MM\\0+ with 8-byte offsets)."""
+    if head[:4] not in _TIFF_MAGIC:
+        return False
+    if head[2:4] in (b"+\x00", b"\x00+"):
+        return len(head) >= 8 and head[4:6] in (b"\x08\x00", b"\x00\x08")
+    return True
+
+
+def first_description_tail(path: Path, head: bytes, tail: int = 64) -> bytes | None:
+    """The last ``tail`` bytes of the first IFD's ImageDescription (tag 270), NULs and white
+    space stripped, or None. A bounded, pure-Python IFD walk (no tifffile import): one seek
+    for the IFD when it lies beyond ``head`` and one for the value. Never raises."""
+    try:
+        if not is_tiff_head(head) or len(head) < 16:
+            return None
+        bo = "<" if head[:2] == b"II" else ">"
+        big = head[2:4] in (b"+\x00", b"\x00+")
+        if big:
+            ifd_offset = struct.unpack(bo + "Q", head[8:16])[0]
+            count_fmt, count_size, entry_size, off_fmt, off_size = "Q", 8, 20, "Q", 8
+        else:
+            ifd_offset = struct.unpack(bo + "I", head[4:8])[0]
+            count_fmt, count_size, entry_size, off_fmt, off_size = "H", 2, 12, "I", 4
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+
+            def read(offset: int, n: int) -> bytes:
+                if offset < 0 or n < 0 or offset + n > size:
+                    raise ValueError("outside the file")
+                if offset + n <= len(head):
+                    return head[offset : offset + n]
+                fh.seek(offset)
+                return fh.read(n)
+
+            n_entries = struct.unpack(bo + count_fmt, read(ifd_offset, count_size))[0]
+            if not 0 < n_entries <= 4096:
+                return None
+            entries = read(ifd_offset + count_size, n_entries * entry_size)
+            for k in range(n_entries):
+                e = entries[k * entry_size : (k + 1) * entry_size]
+                tag, typ = struct.unpack(bo + "HH", e[:4])
+                if tag != 270:
+                    continue
+                count = struct.unpack(bo + off_fmt, e[4 : 4 + off_size])[0]
+                value = e[4 + off_size :]
+                if typ not in (1, 2, 7) or count == 0:
+                    return None
+                if count <= off_size:
+                    data = value[:count]
+                else:
+                    start = struct.unpack(bo + off_fmt, value)[0]
+                    n = min(count, tail + 16)
+                    data = read(start + count - n, n)
+                return data.rstrip(b"\x00 \t\r\n")[-tail:]
+        return None
+    except Exception:
+        return None
+
+
+def level_scale(shape0: Sequence[int], shape: Sequence[int]) -> tuple[int, ...] | None:
+    """Integer per-axis factor from level 0 to a stored level, or None when the level is not
+    an integer reduction (each axis: level size is floor or ceil of level-0 size / factor)."""
+    if len(shape0) != len(shape):
+        return None
+    out = []
+    for n0, n in zip(shape0, shape):
+        if n < 1:
+            return None
+        f = max(1, int(round(n0 / n)))
+        if n not in (n0 // f, -(-n0 // f)):
+            return None
+        out.append(f)
+    return tuple(out)
+
+
+_SAFE_FIELD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def series_field_names(names: Sequence[str | None]) -> list[str]:
+    """Field names for a file's series: their own names when every one is non-empty, unique
+    and URL/path safe (SVS Baseline/Thumbnail/Label/Macro, OME Image names), else
+    ``series_0``, ``series_1``, ... for all (predictable beats a mix)."""
+    cleaned = [(n or "").strip() for n in names]
+    if cleaned and all(_SAFE_FIELD.match(n) for n in cleaned) and len(set(cleaned)) == len(cleaned):
+        return cleaned
+    return [f"series_{i}" for i in range(len(names))]
+
+
+def series_files(tf: tifffile.TiffFile) -> list[str]:
+    """Every file holding pages of ``tf``'s series (several for a multi-file OME-TIFF)."""
+    files = {os.path.abspath(tf.filehandle.path)}
+    for s in tf.series:
+        if not s.is_multifile:
+            continue
+        for page in s:
+            if page is not None:
+                files.add(os.path.abspath(page.parent.filehandle.path))
+    return sorted(files)
+
+
+def open_tiff_file(path: str | os.PathLike[str], **kwargs: Any) -> tifffile.TiffFile:
+    """``tifffile.TiffFile(path, **kwargs)`` (imported here, never at module import)."""
+    import tifffile
+
+    return tifffile.TiffFile(os.fspath(path), **kwargs)
+
+
+# ---- the shared, lazily opened file ----------------------------------------------------------
+class _OpenTiff:
+    """One open TiffFile and the zarr arrays over its series/levels, created on first use and
+    kept until the handle is closed (a store costs a small JSON build; reopening per read would
+    re-parse IFDs)."""
+
+    def __init__(self, tf: tifffile.TiffFile, series: Sequence[Any]) -> None:
+        self.tf = tf
+        self.series = list(series)
+        self._arrays: dict[tuple[int, int, int], Any] = {}
+        self._stores: list[Any] = []
+
+    def level_series(self, series_index: int, level: int) -> Any:
+        return self.series[series_index].levels[level]
+
+    def array(self, series_index: int, level: int, chunkmode: int) -> Any:
+        key = (series_index, level, chunkmode)
+        arr = self._arrays.get(key)
+        if arr is None:
+            import zarr
+
+            store = self.series[series_index].aszarr(level=level, chunkmode=chunkmode)
+            self._stores.append(store)
+            arr = zarr.open_array(store, mode="r", zarr_format=2)
+            self._arrays[key] = arr
+        return arr
+
+    def close(self) -> None:
+        for store in self._stores:
+            try:
+                store.close()
+            except Exception:  # closing must not fail on one bad store
+                pass
+        self._stores.clear()
+        self._arrays.clear()
+        self.tf.close()
+
+
+class TiffHandle:
+    """A TIFF file (set) opened lazily, shared by every tensor of a source.
+
+    ``opener`` returns a ``tifffile.TiffFile`` (for a multi-file OME-TIFF, the one that sees
+    the whole set); ``series_getter`` picks the series list from it (default ``tf.series``).
+    ``files`` are the paths whose stats make the content version.
+
+    Thread safety: a TiffFile's file handle is one seek position, and tifffile loads TiffFrames
+    lazily with unlocked seeks, so concurrent reads through one TiffFile can interleave seeks.
+    Every read therefore holds ``lock`` (one per handle, i.e. per file set). Correctness first:
+    reads of one file are serialized, reads of different files run in parallel, and a
+    page-mode read still decodes the tiles of its page on tifffile's own worker threads.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        opener: Callable[[], tifffile.TiffFile] | None = None,
+        *,
+        series_getter: Callable[[tifffile.TiffFile], Sequence[Any]] | None = None,
+        files: Sequence[str | os.PathLike[str]] | None = None,
+        idle_seconds: float = DEFAULT_IDLE_SECONDS,
+    ) -> None:
+        self.path = Path(path)
+        self._opener = opener or (lambda: open_tiff_file(self.path))
+        self._series_getter = series_getter or (lambda tf: tf.series)
+        self.files = [str(f) for f in (files or [self.path])]
+        self.lock = threading.RLock()
+        self._lazy: LazyHandle[_OpenTiff] = LazyHandle(
+            self._open, lambda opened: opened.close(), idle_seconds, name=str(self.path)
+        )
+
+    def _open(self) -> _OpenTiff:
+        tf = self._opener()
+        try:
+            return _OpenTiff(tf, self._series_getter(tf))
+        except BaseException:
+            tf.close()
+            raise
+
+    @property
+    def opens(self) -> int:
+        """How many times the file was (re)opened (tests, stats)."""
+        return self._lazy.opens
+
+    @property
+    def is_open(self) -> bool:
+        return self._lazy.is_open
+
+    @contextmanager
+    def use(self) -> Iterator[_OpenTiff]:
+        """The open file, pinned (the reaper cannot close it) and locked for the block."""
+        with self.lock, self._lazy.use() as opened:
+            yield opened
+
+    def content_version(self) -> bytes:
+        return file_content_version(*self.files)
+
+    def close(self) -> None:
+        self._lazy.close()
+
+
+# ---- tensors ---------------------------------------------------------------------------------
+class TiffPageSeriesAdapter(TensorAdapter):
+    """A tensor over one tifffile page series (or one pyramid level of it), read through a
+    persistent ``series.aszarr(level=level, chunkmode=...)`` zarr array held by ``handle``.
+
+    Why the read block is the page: in page mode (tifffile ``chunkmode="page"``) the store's
+    chunk is one page, and a read of any window decodes the whole page and slices it; nothing
+    caches the decoded page, so N streaming units inside a page cost N decodes. The per-strile
+    mode would read proportionally but loses strip coalescing and threaded tile decode, which
+    makes it several times slower for reading a page (design scaled-read-path.md §3). So the
+    seed and ``read_block_shape`` are one page: ones on the page-sequence axes, the full page
+    on Y/X (and S, and any axis stored inside the page).
+
+    Exception: a page whose decoded size exceeds ``page_mode_max_bytes`` (a whole-slide
+    baseline of several GB) is read in strile mode, where the block is one tile or strip;
+    decoding gigabytes for one tile would make the file unusable.
+
+    Level ``level > 0`` tensors are the stored pyramid levels; level 0 lists them in
+    ``native_levels`` (``attach_levels``). Decimated reads are not offered: a stride inside a
+    page saves only a memcpy once the page is decoded.
+    """
+
+    #: Decoded page size above which the page is read tile by tile (strile mode).
+    page_mode_max_bytes: ClassVar[int] = 256 << 20
+
+    def __init__(
+        self,
+        handle: TiffHandle,
+        series_index: int = 0,
+        level: int = 0,
+        *,
+        dim_labels: Sequence[str] | None = None,
+        physical_scale: Sequence[float | None] | None = None,
+        physical_unit: Sequence[str | None] | None = None,
+        content_version: bytes | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        is_labels: bool = False,
+    ) -> None:
+        self.handle = handle
+        self.series_index = int(series_index)
+        self.level = int(level)
+        with handle.use() as opened:
+            series = opened.level_series(self.series_index, self.level)
+            keyframe = series.keyframe
+            page_bytes = int(np.prod(keyframe.shape, dtype=np.int64)) * np.dtype(series.dtype).itemsize
+            striled = keyframe.is_tiled or (0 < keyframe.rowsperstrip < keyframe.imagelength)
+            self.chunkmode = (
+                STRILE_CHUNKMODE if page_bytes > self.page_mode_max_bytes and striled else PAGE_CHUNKMODE
+            )
+            arr = opened.array(self.series_index, self.level, self.chunkmode)
+            shape, dtype, chunks = tuple(arr.shape), np.dtype(series.dtype), tuple(arr.chunks)
+            self.axes: str = series.axes
+        if len(self.axes) != len(shape):
+            raise UnreadableSource(handle.path, f"series {series_index} axes {self.axes!r} do not fit shape {shape}")
+        if not shape or any(n < 1 for n in shape):
+            raise UnreadableSource(handle.path, f"series {series_index} holds no image data (shape {shape})")
+        super().__init__(
+            shape,
+            dtype,
+            dim_labels=dim_labels or tiff_dim_labels(self.axes),
+            native_chunk_shape=tuple(min(c, n) for c, n in zip(chunks, shape)),
+            physical_scale=physical_scale,
+            physical_unit=physical_unit,
+            is_labels=is_labels,
+            content_version=content_version or handle.content_version(),
+            metadata=metadata,
+        )
+
+    def read_region(self, bounds: Bounds) -> np.ndarray:
+        try:
+            with self.handle.use() as opened:
+                arr = opened.array(self.series_index, self.level, self.chunkmode)
+                return np.asarray(arr[bounds.to_slices()])
+        except (UnreadableSource, MemoryError):
+            raise
+        except Exception as exc:  # a corrupt strip/tile found at read time
+            raise UnreadableSource(
+                self.handle.path,
+                f"reading series {self.series_index} level {self.level} {bounds} failed: "
+                f"{type(exc).__name__}: {exc}",
+            ) from exc
+
+    def attach_levels(self, n_levels: int, make_level: Callable[[int], TensorAdapter]) -> None:
+        """Fill ``native_levels`` from stored levels 1..n_levels-1. ``make_level(level)``
+        builds the level tensor (same class, same handle); a level that is not an integer
+        reduction of this one is skipped with a log line."""
+        for level in range(1, n_levels):
+            tensor = make_level(level)
+            scale = level_scale(self.shape, tensor.shape)
+            if scale is None or all(s == 1 for s in scale):
+                log.info(
+                    "%s: series %d level %d shape %s is not an integer reduction of %s; not advertised",
+                    self.handle.path, self.series_index, level, tensor.shape, self.shape,
+                )
+                continue
+            if self.physical_scale is not None:
+                tensor.physical_scale = tuple(
+                    None if p is None else p * f for p, f in zip(self.physical_scale, scale)
+                )
+            self.native_levels.append(NativeLevel(scale, tensor))
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+class TiffAdapter(TiffPageSeriesAdapter):
+    """A plain, ImageJ, tiled/pyramidal, SVS or QPTIFF series.
+
+    Why a TIFF block is the whole page: as for every page-mode series (see the base class),
+    tifffile decodes a page whole to return any window of it, so the page is what this reader
+    cannot read below. A stripped multi-page stack reads one page (one plane) per block; a
+    tiled plane reads all its tiles at once, decoded in parallel; a whole-slide baseline above
+    ``page_mode_max_bytes`` falls back to one tile per block.
+    """
+
+
+class LsmAdapter(TiffPageSeriesAdapter):
+    """A Zeiss LSM series (tifffile's LSM reader: the CZ_LSMINFO dimensions, every other IFD,
+    thumbnails as their own series).
+
+    Why an LSM block is the whole page: an LSM page holds one Z/T plane with every channel
+    (planar samples), stored as strips that tifffile reads and decodes in one pass; page mode
+    returns that plane whole, so one page is the block, as for every page-mode series.
+    """
+
+
+# ---- physical scale ---------------------------------------------------------------------------
+_UNIT_ALIASES = {"micron": "µm", "microns": "µm", "um": "µm", "\\u00b5m": "µm", "μm": "µm", "µm": "µm"}
+
+
+def normalize_unit(unit: str | None) -> str | None:
+    if unit is None:
+        return None
+    u = str(unit).strip()
+    if not u or u.lower() in ("pixel", "pixels", "none", "px"):
+        return None
+    return _UNIT_ALIASES.get(u.lower(), u)
+
+
+def _resolution_um(page: Any) -> tuple[float, float] | None:
+    """Pixel size (y, x) in µm from XResolution/YResolution when the unit is metric. Inch
+    resolutions are skipped: in microscopy TIFFs they are display DPI defaults (72, 96)."""
+    try:
+        unit = int(page.resolutionunit)
+        xres, yres = page.resolution
+    except Exception:
+        return None
+    per_unit_um = {3: 1e4, 4: 1e3, 5: 1.0}.get(unit)  # CENTIMETER, MILLIMETER, MICROMETER
+    if per_unit_um is None or not xres or not yres or xres <= 0 or yres <= 0:
+        return None
+    return per_unit_um / yres, per_unit_um / xres
+
+
+def tiff_physical(tf: tifffile.TiffFile, series: Any) -> dict[str, tuple[float, str]]:
+    """Per tifffile axis code: (size, unit) from the cheap sources: ImageJ spacing/resolution,
+    LSM voxel sizes, SVS MPP, metric resolution tags."""
+    out: dict[str, tuple[float, str]] = {}
+    page = series.keyframe
+    try:
+        if tf.is_lsm:
+            info = tf.lsm_metadata or {}
+            for code, key in (("X", "VoxelSizeX"), ("Y", "VoxelSizeY"), ("Z", "VoxelSizeZ")):
+                v = float(info.get(key, 0) or 0)
+                if v > 0:
+                    out[code] = (v * 1e6, "µm")
+            t = float(info.get("TimeIntervall", 0) or 0)
+            if t > 0:
+                out["T"] = (t, "s")
+            return out
+        if tf.is_imagej:
+            ij = tf.imagej_metadata or {}
+            unit = normalize_unit(ij.get("unit"))
+            xres, yres = page.resolution
+            if unit and xres and yres and xres > 0 and yres > 0:
+                out["X"], out["Y"] = (1.0 / xres, unit), (1.0 / yres, unit)
+            if unit and float(ij.get("spacing", 0) or 0) > 0:
+                out["Z"] = (float(ij["spacing"]), unit)
+            if float(ij.get("finterval", 0) or 0) > 0:
+                out["T"] = (float(ij["finterval"]), "s")
+            return out
+        if tf.is_svs:
+            from tifffile.tifffile import svs_description_metadata
+
+            mpp = float(svs_description_metadata(tf.pages.first.description).get("MPP", 0) or 0)
+            if mpp > 0:
+                out["X"] = out["Y"] = (mpp, "µm")
+                return out
+        res = _resolution_um(page)
+        if res is not None:
+            out["Y"], out["X"] = (res[0], "µm"), (res[1], "µm")
+    except Exception as exc:  # metadata is optional; never fail an open over it
+        log.debug("physical scale of %s not read: %s", tf.filehandle.path, exc)
+    return out
+
+
+def physical_lists(axes: str, sizes: Mapping[str, tuple[float, str]]) -> tuple[tuple | None, tuple | None]:
+    """(physical_scale, physical_unit) per axis in ``axes`` order, None where unknown (and
+    None overall when nothing is known)."""
+    if not any(a in sizes for a in axes):
+        return None, None
+    return (
+        tuple(sizes[a][0] if a in sizes else None for a in axes),
+        tuple(sizes[a][1] if a in sizes else None for a in axes),
+    )
+
+
+# ---- building a source ------------------------------------------------------------------------
+def build_series_tensors(
+    handle: TiffHandle,
+    adapter_cls: type[TiffPageSeriesAdapter],
+    *,
+    names: Sequence[str | None] | None = None,
+    physical: Callable[[Any, int, Any], Mapping[str, tuple[float, str]]] | None = None,
+    tensor_metadata: Callable[[Any, int, Any], Mapping[str, Any]] | None = None,
+) -> tuple[dict[str, TensorAdapter], list[dict[str, Any]]]:
+    """One normalized tensor per series of ``handle`` (with its stored levels), and a plain
+    summary of every series for the source metadata. ``physical(tf, index, series)`` gives
+    per-axis-code sizes; ``tensor_metadata`` extra per-tensor metadata."""
+    content_version = handle.content_version()
+    with handle.use() as opened:
+        tf, all_series = opened.tf, opened.series
+        if not all_series:
+            raise UnreadableSource(handle.path, "no image series in the file")
+        summaries = []
+        per_series = []
+        for i, s in enumerate(all_series):
+            sizes = physical(tf, i, s) if physical else tiff_physical(tf, s)
+            extra = dict(tensor_metadata(tf, i, s)) if tensor_metadata else {}
+            per_series.append((s.axes, len(s.levels), sizes, extra))
+            summaries.append({
+                "name": s.name or "",
+                "kind": s.kind,
+                "axes": s.axes,
+                "shape": list(s.shape),
+                "dtype": str(s.dtype),
+                "levels": [list(lv.shape) for lv in s.levels],
+            })
+        fields = series_field_names(names if names is not None else [s.name for s in all_series])
+    tensors: dict[str, TensorAdapter] = {}
+    for i, (field, (axes, n_levels, sizes, extra)) in enumerate(zip(fields, per_series)):
+        scale, unit = physical_lists(axes, sizes)
+        meta = {"series": i, "axes": axes, **extra}
+        tensor = adapter_cls(
+            handle, i, 0, physical_scale=scale, physical_unit=unit,
+            content_version=content_version, metadata=meta,
+        )
+        tensor.attach_levels(n_levels, partial(
+            _level_tensor, adapter_cls, handle, i, unit=unit, content_version=content_version, metadata=meta,
+        ))
+        tensors[field] = normalize_axes(tensor)
+    for summary, field in zip(summaries, fields):
+        summary["field"] = field
+    return tensors, summaries
+
+
+def _level_tensor(
+    adapter_cls: type[TiffPageSeriesAdapter],
+    handle: TiffHandle,
+    series_index: int,
+    level: int,
+    *,
+    unit: Sequence[str | None] | None,
+    content_version: bytes,
+    metadata: Mapping[str, Any],
+) -> TiffPageSeriesAdapter:
+    return adapter_cls(
+        handle, series_index, level, physical_unit=unit, content_version=content_version,
+        metadata={**metadata, "level": level},
+    )
+
+
+def check_series_extent(path: Path, tf: tifffile.TiffFile) -> None:
+    """Raise UnreadableSource when a series' first or last page points past the end of its
+    file (a truncated download): cheaper and clearer than failing on the first read."""
+    for i, s in enumerate(tf.series):
+        if s.dataoffset is not None:  # contiguous series: one extent for all its pages
+            fh = s.keyframe.parent.filehandle
+            end = s.dataoffset + s.nbytes
+            if end > fh.size:
+                raise UnreadableSource(
+                    path, f"truncated: series {i} needs {end} bytes of {fh.name}, the file has {fh.size}"
+                )
+            continue
+        pages = [p for p in (s[0], s[-1]) if p is not None] if len(s) else []
+        for page in pages:
+            fh = page.parent.filehandle
+            try:
+                ends = [o + c for o, c in zip(page.dataoffsets, page.databytecounts) if o and c]
+            except Exception:
+                continue
+            if ends and max(ends) > fh.size:
+                raise UnreadableSource(
+                    path,
+                    f"truncated: series {i} page {page.index} of {fh.name} needs {max(ends)} bytes, "
+                    f"the file has {fh.size}",
+                )
+
+
+class TiffSource(SourceAdapter):
+    """A single TIFF file: one tensor per tifffile series (SVS: Baseline, Thumbnail, Label,
+    Macro; QPTIFF: Baseline and its associated images; LSM: data and thumbnails), each with its
+    stored pyramid levels. ``type`` names the flavour (tiff, imagej, svs, qptiff, lsm)."""
+
+    format_name = "tiff"
+
+    def __init__(self, path: Path) -> None:
+        path = Path(path)
+        handle = TiffHandle(path, files=[path])
+        try:
+            with handle.use() as opened:
+                tf = opened.tf
+                check_series_extent(path, tf)
+                flavour = _flavour(tf)
+                flags = sorted(tf.flags)
+                byteorder = tf.byteorder
+            adapter_cls = LsmAdapter if flavour == "lsm" else TiffAdapter
+            tensors, summaries = build_series_tensors(handle, adapter_cls)
+        except BaseException:
+            handle.close()
+            raise
+        self.handle = handle
+        super().__init__(
+            path,
+            tensors,
+            metadata={"flavour": flavour, "tifffile_flags": flags, "byteorder": byteorder, "series": summaries},
+            source_type=flavour,
+        )
+
+    def close(self) -> None:
+        super().close()
+        self.handle.close()
+
+
+def _flavour(tf: tifffile.TiffFile) -> str:
+    for name in ("lsm", "svs", "qpi", "imagej", "ome"):
+        if getattr(tf, f"is_{name}", False):
+            return {"qpi": "qptiff", "ome": "ome-tiff"}.get(name, name)
+    return "tiff"
+
+
+def _sniff_tiff(path: Path, head: bytes) -> bool:
+    return is_tiff_head(head)
+
+
+register_format(
+    FormatEntry(
+        name="tiff",
+        opener=TiffSource,
+        sniff=_sniff_tiff,
+        extensions=(".tif", ".tiff", ".btf", ".tf8", ".tf2", ".lsm", ".svs", ".qptiff"),
+        priority=70,
+        description="TIFF family via tifffile: plain, ImageJ, tiled/pyramidal, SVS, QPTIFF, LSM",
+    )
+)

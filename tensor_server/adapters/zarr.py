@@ -1,0 +1,591 @@
+"""Zarr stores (v2 and v3, sharded or not) and OME-Zarr (NGFF 0.1-0.5) served as tensors.
+
+One walker serves both formats, registered twice: ``ome-zarr`` (priority 10) claims folders
+whose root group carries NGFF metadata (``multiscales``, ``plate``, ``well`` or
+``bioformats2raw.layout``; under the ``ome`` key of ``zarr.json`` attributes from 0.5 on) and
+``zarr`` (priority 20) claims any other zarr folder. What a source holds:
+
+* an OME-Zarr image: level 0 is the tensor, the other datasets are its stored pyramid
+  (``NativeLevel`` with the integer factor per axis), ``labels/<name>`` are label tensors;
+* a bioformats2raw layout: one image per series group (``0``, ``1``, ...);
+* an HCS plate (or a single well): one image per field of view (``A/1/0``);
+* a plain group: one tensor per array (field = array path; OME images nested in it are
+  served as images); a plain array: one tensor ``data``.
+
+Group metadata is parsed here with ``json`` (so a corrupt document is reported naming the
+file, and sniffing needs no zarr import); arrays are opened with zarr-python 3 once, when the
+source opens, and reused: zarr's sync API submits every read to its own event loop, so
+concurrent reads from server threads are safe without a lock. There is no file handle to
+reap: the local store opens and closes each chunk file per read.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from tensor_server.adapters.registry import FormatEntry, register_format
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, file_content_version
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.normalizing import normalize_axes
+from tensor_server.errors import UnreadableSource
+
+__all__ = ["ZarrAdapter", "ZarrSource"]
+
+_log = logging.getLogger(__name__)
+
+#: Keys of a group's (NGFF) attributes that make the store an OME-Zarr.
+_OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
+#: Long axis names some writers use, mapped to the single letters the server orders by.
+_AXIS_ALIASES = {"time": "t", "channel": "c", "channels": "c", "ch": "c"}
+_MAX_GROUP_DEPTH = 32
+
+
+# ---- zarr metadata, parsed without zarr ------------------------------------------------------
+class _Node:
+    """One zarr node (array or group) of a local store: its format, kind and attributes."""
+
+    __slots__ = ("folder", "rel", "zarr_format", "kind", "attributes", "meta_files")
+
+    def __init__(self, folder: Path, rel: str, zarr_format: int, kind: str,
+                 attributes: dict[str, Any], meta_files: tuple[Path, ...]) -> None:
+        self.folder = folder
+        self.rel = rel
+        self.zarr_format = zarr_format
+        self.kind = kind
+        self.attributes = attributes
+        self.meta_files = meta_files
+
+    @property
+    def ome(self) -> dict[str, Any]:
+        """The NGFF block: ``attributes["ome"]`` (0.5, zarr v3) or the attributes themselves."""
+        block = self.attributes.get("ome")
+        return block if isinstance(block, dict) else self.attributes
+
+    def is_ome(self) -> bool:
+        return self.kind == "group" and any(k in self.ome for k in _OME_KEYS)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A metadata document; corrupt or non-object JSON is an UnreadableSource naming it."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UnreadableSource(path, f"corrupt zarr metadata: {exc}") from None
+    except OSError as exc:
+        raise UnreadableSource(path, f"cannot read zarr metadata: {exc.strerror or exc}") from None
+    if not isinstance(doc, dict):
+        raise UnreadableSource(path, f"corrupt zarr metadata: a JSON object was expected, got {type(doc).__name__}")
+    return doc
+
+
+def _read_node(folder: Path, rel: str) -> _Node | None:
+    """The node at ``folder`` or None when it holds no zarr metadata. Zarr v3 (``zarr.json``)
+    wins over v2 (``.zarray`` / ``.zgroup``, attributes in ``.zattrs``)."""
+    v3 = folder / "zarr.json"
+    if v3.is_file():
+        doc = _read_json(v3)
+        kind = doc.get("node_type")
+        if doc.get("zarr_format") != 3 or kind not in ("array", "group"):
+            raise UnreadableSource(v3, f"not zarr v3 metadata (zarr_format={doc.get('zarr_format')!r}, node_type={kind!r})")
+        attrs = doc.get("attributes") or {}
+        return _Node(folder, rel, 3, kind, attrs if isinstance(attrs, dict) else {}, (v3,))
+    for name, kind in ((".zarray", "array"), (".zgroup", "group")):
+        meta = folder / name
+        if meta.is_file():
+            doc = _read_json(meta)
+            if doc.get("zarr_format") != 2:
+                raise UnreadableSource(meta, f"not zarr v2 metadata (zarr_format={doc.get('zarr_format')!r})")
+            zattrs = folder / ".zattrs"
+            attrs = _read_json(zattrs) if zattrs.is_file() else {}
+            files = (meta, zattrs) if zattrs.is_file() else (meta,)
+            return _Node(folder, rel, 2, kind, attrs, files)
+    return None
+
+
+def _is_zarr_folder(path: Path) -> bool:
+    return any((path / n).is_file() for n in ("zarr.json", ".zgroup", ".zarray"))
+
+
+def _natural_key(name: str) -> tuple[Any, ...]:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def _import_zarr() -> Any:
+    import zarr
+    from zarr.errors import ZarrUserWarning
+
+    # bioformats2raw writes "filters": [] in every .zarray, which zarr 3 tolerates with a
+    # warning per array; the data is fine, so the warning is noise in a server log.
+    warnings.filterwarnings("ignore", message="Found an empty list of filters", category=ZarrUserWarning)
+    return zarr
+
+
+# ---- the tensor ------------------------------------------------------------------------------
+class ZarrAdapter(TensorAdapter):
+    """One zarr array (an OME-Zarr level, a label level or a plain array).
+
+    The read block is the store chunk: a chunk is the unit of compression, so zarr decodes a
+    whole chunk to return any part of it. In a sharded v3 array it is the shard's *inner*
+    chunk (``array.chunks``; ``array.shards`` is the shard): zarr reads the shard index and
+    fetches only the inner chunks a selection touches. The same chunk seeds the transfer grid.
+    No decimated read: a stride inside a chunk saves a memcpy, not a decode.
+    """
+
+    def __init__(
+        self,
+        array: Any,
+        *,
+        store_path: Path,
+        zarr_path: str,
+        dim_labels: Sequence[str] | None,
+        physical_scale: Sequence[float | None] | None,
+        physical_unit: Sequence[str | None] | None,
+        is_labels: bool,
+        content_version: bytes,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._array = array
+        self.store_path = store_path
+        self.zarr_path = zarr_path
+        chunks = tuple(int(c) for c in array.chunks)
+        shards = getattr(array, "shards", None)
+        meta = {
+            "zarr_path": zarr_path,
+            "zarr_format": int(array.metadata.zarr_format),
+            "chunks": list(chunks),
+            "shards": None if shards is None else [int(s) for s in shards],
+        }
+        meta.update(metadata or {})
+        super().__init__(
+            array.shape,
+            array.dtype,
+            dim_labels=dim_labels,
+            native_chunk_shape=chunks,
+            physical_scale=physical_scale,
+            physical_unit=physical_unit,
+            is_labels=is_labels,
+            content_version=content_version,
+            metadata=meta,
+        )
+
+    def read_region(self, bounds: Bounds) -> np.ndarray:
+        try:
+            return np.asarray(self._array[bounds.to_slices()])
+        except Exception as exc:  # a corrupt or truncated chunk surfaces only here
+            raise UnreadableSource(
+                self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+# ---- NGFF metadata -----------------------------------------------------------------------------
+def _version_tuple(version: str) -> tuple[int, int] | None:
+    m = re.match(r"\s*(\d+)\.(\d+)", version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _axes(ms: Mapping[str, Any], ndim: int, version: str) -> tuple[list[str] | None, list[str | None], list[str | None]]:
+    """(labels, types, units) from ``axes``: dicts with name/type/unit (0.4+) or plain names
+    (0.3). 0.1/0.2 have no axes and are always 5-D TCZYX. None labels = server defaults."""
+    axes = ms.get("axes")
+    if axes is None:
+        v = _version_tuple(version)
+        if ndim == 5 and (v is None or v < (0, 3)):
+            return list("tczyx"), ["time", "channel", "space", "space", "space"], [None] * 5
+        return None, [None] * ndim, [None] * ndim
+    if not isinstance(axes, list) or len(axes) != ndim:
+        _log.warning("multiscales axes %r do not match a %d-D array; using default labels", axes, ndim)
+        return None, [None] * ndim, [None] * ndim
+    names, types, units = [], [], []
+    for ax in axes:
+        if isinstance(ax, Mapping):
+            names.append(str(ax.get("name", "")).lower())
+            types.append(None if ax.get("type") is None else str(ax["type"]).lower())
+            units.append(None if ax.get("unit") is None else str(ax["unit"]))
+        else:
+            names.append(str(ax).lower())
+            types.append(None)
+            units.append(None)
+    aliased = [_AXIS_ALIASES.get(n, n) for n in names]
+    labels = aliased if len(set(aliased)) == ndim else names
+    if len(set(labels)) != ndim or not all(labels):
+        _log.warning("multiscales axis names %r are empty or repeated; using default labels", names)
+        return None, types, units
+    return labels, types, units
+
+
+def _scale_of(transforms: Any, ndim: int) -> list[float] | None:
+    """The ``scale`` vector of a coordinateTransformations list (None when absent)."""
+    if not isinstance(transforms, list):
+        return None
+    for tr in transforms:
+        if isinstance(tr, Mapping) and tr.get("type") == "scale" and isinstance(tr.get("scale"), list):
+            vec = tr["scale"]
+            if len(vec) == ndim and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vec):
+                return [float(v) for v in vec]
+            _log.warning("ignoring scale transform %r for a %d-D array", vec, ndim)
+    return None
+
+
+def _dataset_scale(ms: Mapping[str, Any], dataset: Mapping[str, Any], ndim: int) -> list[float] | None:
+    """A dataset's physical pixel size: its own scale times the multiscale-wide scale (0.4)."""
+    own = _scale_of(dataset.get("coordinateTransformations"), ndim)
+    if own is None:
+        return None
+    common = _scale_of(ms.get("coordinateTransformations"), ndim)
+    return own if common is None else [a * b for a, b in zip(own, common)]
+
+
+def _integer_factor(
+    shape0: Sequence[int], shape: Sequence[int], scale0: Sequence[float] | None, scale: Sequence[float] | None
+) -> tuple[tuple[int, ...] | None, str]:
+    """The level's reduction factor per axis versus level 0, or (None, why not).
+
+    From the coordinateTransformations scale ratio when both levels have one, else from the
+    shape ratio (0.1-0.3 have no transforms; 167 -> 83 is factor 2 with a floored edge). Either
+    way the level's size must be floor or ceil of level 0's size over the factor, so that
+    level-0 bounds divided by the factor address the level correctly.
+    """
+    factors = []
+    for axis, (n0, n) in enumerate(zip(shape0, shape)):
+        if scale0 is not None and scale is not None and scale0[axis] > 0:
+            ratio = scale[axis] / scale0[axis]
+            f = round(ratio)
+            if f < 1 or abs(ratio - f) > 1e-6 * max(1.0, ratio):
+                return None, f"axis {axis}: scale ratio {ratio:g} is not a positive integer"
+        else:
+            ratio = n0 / n
+            f = max(1, round(ratio))
+        if n not in (n0 // f, -(-n0 // f)):
+            return None, f"axis {axis}: size {n} is not level 0's {n0} reduced by an integer factor ({ratio:g})"
+        factors.append(int(f))
+    return tuple(factors), ""
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+# ---- the store walker --------------------------------------------------------------------------
+class _StoreWalker:
+    """Builds the tensors of one store (see the module docstring for what becomes a tensor)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.zarr = _import_zarr()
+        from zarr.storage import LocalStore
+
+        self.store = LocalStore(root, read_only=True)
+        self.tensors: dict[str, TensorAdapter] = {}
+        self.skipped: list[dict[str, str]] = []
+
+    # -- nodes and arrays --
+    def node(self, rel: str) -> _Node | None:
+        folder = self.root / rel if rel else self.root
+        return _read_node(folder, rel) if folder.is_dir() else None
+
+    def children(self, node: _Node) -> list[_Node]:
+        out = []
+        for sub in sorted((p for p in node.folder.iterdir() if p.is_dir()), key=lambda p: _natural_key(p.name)):
+            if sub.name.startswith("."):
+                continue
+            child = _read_node(sub, _join(node.rel, sub.name))
+            if child is not None:
+                out.append(child)
+        return out
+
+    def skip(self, rel: str, reason: str) -> None:
+        _log.warning("%s: skipping %r: %s", self.root, rel or "/", reason)
+        self.skipped.append({"path": rel or "/", "reason": reason})
+
+    def open_array(self, node: _Node) -> Any:
+        array = self.zarr.open_array(store=self.store, path=node.rel, mode="r", zarr_format=node.zarr_format)
+        dt = np.dtype(array.dtype)
+        if dt.hasobject or dt.fields is not None or dt.kind in "USVOMm":
+            raise UnreadableSource(self.root, f"zarr array {node.rel or '/'!r}: dtype {dt} is not a numeric pixel type")
+        if len(array.shape) == 0 or any(n < 1 for n in array.shape):
+            raise UnreadableSource(self.root, f"zarr array {node.rel or '/'!r}: shape {array.shape} has no pixels")
+        return array
+
+    def version_of(self, *nodes: _Node) -> bytes:
+        """Content version from the served metadata documents and the store root (a rewrite
+        replaces metadata; a walk of every chunk file would cost as much as a read)."""
+        files = [self.root] + [f for n in nodes for f in n.meta_files]
+        return file_content_version(*files)
+
+    def array_dim_names(self, node: _Node, array: Any) -> list[str] | None:
+        """Plain-array labels: zarr v3 ``dimension_names`` or xarray's ``_ARRAY_DIMENSIONS``."""
+        names = getattr(array.metadata, "dimension_names", None) or node.attributes.get("_ARRAY_DIMENSIONS")
+        if not names or len(names) != len(array.shape) or any(n is None for n in names):
+            return None
+        low = [_AXIS_ALIASES.get(str(n).lower(), str(n).lower()) for n in names]
+        return low if len(set(low)) == len(low) and all(low) else None
+
+    # -- plain zarr --
+    def add_plain_array(self, node: _Node, field: str) -> None:
+        array = self.open_array(node)
+        tensor = ZarrAdapter(
+            array, store_path=self.root, zarr_path=node.rel, dim_labels=self.array_dim_names(node, array),
+            physical_scale=None, physical_unit=None, is_labels=False,
+            content_version=self.version_of(node),
+        )
+        self.tensors[field] = normalize_axes(tensor)
+
+    def walk_group(self, node: _Node, depth: int = 0) -> None:
+        if depth > _MAX_GROUP_DEPTH:
+            self.skip(node.rel, f"deeper than {_MAX_GROUP_DEPTH} nested groups")
+            return
+        for child in self.children(node):
+            if child.kind == "array":
+                try:
+                    self.add_plain_array(child, child.rel)
+                except UnreadableSource as exc:
+                    if "no pixels" not in exc.reason and "not a numeric" not in exc.reason:
+                        raise
+                    self.skip(child.rel, exc.reason)
+            elif child.is_ome() and "multiscales" in child.ome:
+                self.add_image(child, child.rel, is_labels="image-label" in child.ome)
+            else:
+                self.walk_group(child, depth + 1)
+
+    # -- OME-Zarr --
+    def add_image(self, node: _Node, field: str, *, is_labels: bool = False) -> None:
+        """An NGFF image group: level 0 with its integer-factor levels, then its labels."""
+        ome = node.ome
+        multiscales = ome.get("multiscales")
+        if not isinstance(multiscales, list) or not multiscales or not isinstance(multiscales[0], Mapping):
+            raise UnreadableSource(node.meta_files[-1], "multiscales is not a non-empty list of objects")
+        ms = multiscales[0]
+        version = str(ms.get("version") or ome.get("version") or node.attributes.get("version") or "")
+        datasets = ms.get("datasets")
+        if not isinstance(datasets, list) or not datasets or not all(isinstance(d, Mapping) and d.get("path") is not None for d in datasets):
+            raise UnreadableSource(node.meta_files[-1], "multiscales datasets must be a non-empty list with paths")
+        level_nodes = []
+        for i, ds in enumerate(datasets):
+            rel = _join(node.rel, str(ds["path"]))
+            lnode = self.node(rel)
+            if lnode is None or lnode.kind != "array":
+                if i == 0:
+                    raise UnreadableSource(self.root, f"multiscales level 0 {rel!r} is not a zarr array")
+                self.skip(rel, "multiscales dataset is not a zarr array")
+                continue
+            level_nodes.append((ds, lnode))
+        ds0, node0 = level_nodes[0]
+        array0 = self.open_array(node0)
+        ndim = len(array0.shape)
+        labels, types, units = _axes(ms, ndim, version)
+        if labels is None:
+            labels = self.array_dim_names(node0, array0)
+        image_meta: dict[str, Any] = {"ngff_version": version}
+        for key in ("name", "type", "metadata"):
+            if key in ms:
+                image_meta[f"multiscale_{key}"] = _jsonable(ms[key])
+        for key in ("omero", "image-label"):
+            if key in ome:
+                image_meta[key] = _jsonable(ome[key])
+        if len(multiscales) > 1:
+            image_meta["other_multiscales_ignored"] = len(multiscales) - 1
+
+        def level_tensor(lnode: _Node, array: Any, scale: list[float] | None, extra: dict[str, Any]) -> ZarrAdapter:
+            physical_scale = physical_unit = None
+            if scale is not None:
+                physical_scale = [None if t == "channel" or (t is None and lab == "c") else s
+                                  for s, t, lab in zip(scale, types, labels or [""] * ndim)]
+                physical_unit = [None if ps is None else u for ps, u in zip(physical_scale, units)]
+            elif any(units):
+                physical_unit = units
+                physical_scale = [None] * ndim
+            return ZarrAdapter(
+                array, store_path=self.root, zarr_path=lnode.rel, dim_labels=labels,
+                physical_scale=physical_scale, physical_unit=physical_unit, is_labels=is_labels,
+                content_version=self.version_of(node, lnode), metadata={**image_meta, **extra},
+            )
+
+        scale0 = _dataset_scale(ms, ds0, ndim)
+        levels_meta = [{"path": node0.rel, "shape": list(array0.shape), "scale": [1] * ndim}]
+        skipped_meta: list[dict[str, str]] = []
+        level0 = level_tensor(node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta})
+        for ds, lnode in level_nodes[1:]:
+            array = self.open_array(lnode)
+            reason = ""
+            if len(array.shape) != ndim or np.dtype(array.dtype) != np.dtype(array0.dtype):
+                factor, reason = None, f"shape {array.shape} / dtype {array.dtype} differ in kind from level 0"
+            else:
+                scale = _dataset_scale(ms, ds, ndim)
+                factor, reason = _integer_factor(array0.shape, array.shape, scale0, scale)
+            if factor is None or all(f == 1 for f in factor) or level0.native_level(factor) is not None:
+                reason = reason or f"factor {factor} repeats level 0 or an earlier level"
+                _log.info("%s: level %r is not served as a stored level: %s", self.root, lnode.rel, reason)
+                skipped_meta.append({"path": lnode.rel, "reason": reason})
+                continue
+            levels_meta.append({"path": lnode.rel, "shape": list(array.shape), "scale": list(factor)})
+            level0.native_levels.append(NativeLevel(factor, level_tensor(lnode, array, _dataset_scale(ms, ds, ndim), {})))
+        self.tensors[field] = normalize_axes(level0)
+        if not is_labels:
+            self.add_labels(node)
+
+    def add_labels(self, image: _Node) -> None:
+        """``labels/<name>`` of an image: each named label image is a label tensor."""
+        labels_node = self.node(_join(image.rel, "labels"))
+        if labels_node is None or labels_node.kind != "group":
+            return
+        names = labels_node.ome.get("labels")
+        if isinstance(names, list) and names:
+            candidates = []
+            for name in names:
+                child = self.node(_join(labels_node.rel, str(name)))
+                if child is None:
+                    self.skip(_join(labels_node.rel, str(name)), "listed label image is missing")
+                candidates.append(child)
+        else:  # an empty or missing list: take whatever label images the group holds
+            candidates = self.children(labels_node)
+        for child in candidates:
+            if child is not None and child.kind == "group" and "multiscales" in child.ome:
+                # field = the label group's path: labels/<name> under a root image,
+                # 0/labels/<name> under a bioformats2raw series, A/1/0/labels/<name> in a plate
+                self.add_image(child, child.rel, is_labels=True)
+
+    def add_plate(self, node: _Node) -> None:
+        """An HCS plate: one image per field of view, named ``<row>/<column>/<field>``."""
+        plate = node.ome["plate"]
+        wells = plate.get("wells") if isinstance(plate, Mapping) else None
+        if not isinstance(wells, list):
+            raise UnreadableSource(node.meta_files[-1], "plate metadata has no wells list")
+        for well in wells:
+            path = well.get("path") if isinstance(well, Mapping) else None
+            wnode = self.node(str(path)) if path else None
+            if wnode is None or wnode.kind != "group":
+                self.skip(str(path), "listed well is missing")
+                continue
+            self.add_well(wnode)
+
+    def add_well(self, wnode: _Node) -> None:
+        well = wnode.ome.get("well")
+        images = well.get("images") if isinstance(well, Mapping) else None
+        if not isinstance(images, list):
+            raise UnreadableSource(wnode.meta_files[-1], "well metadata has no images list")
+        for img in images:
+            path = img.get("path") if isinstance(img, Mapping) else None
+            inode = self.node(_join(wnode.rel, str(path))) if path is not None else None
+            if inode is None or "multiscales" not in inode.ome:
+                self.skip(_join(wnode.rel, str(path)), "listed field of view is not an image group")
+                continue
+            self.add_image(inode, inode.rel)
+
+    def add_bioformats2raw(self, node: _Node) -> None:
+        """bioformats2raw layout: series groups listed in ``OME/.zattrs`` ``series`` or, absent
+        that, numbered ``0``, ``1``, ... until the first gap."""
+        ome_group = self.node("OME")
+        series = ome_group.ome.get("series") if ome_group is not None else None
+        if isinstance(series, list) and series:
+            paths = [str(s) for s in series]
+        else:
+            paths = []
+            while (snode := self.node(str(len(paths)))) is not None and "multiscales" in snode.ome:
+                paths.append(snode.rel)
+        for path in paths:
+            snode = self.node(path)
+            if snode is None or "multiscales" not in snode.ome:
+                self.skip(path, "listed series is not an image group")
+                continue
+            self.add_image(snode, path)
+
+    def build(self) -> tuple[dict[str, TensorAdapter], dict[str, Any], bool]:
+        root = self.node("")
+        if root is None:
+            raise UnreadableSource(self.root, "not a zarr store: no zarr.json, .zgroup or .zarray")
+        ome = root.ome
+        layout = "group"
+        if root.kind == "array":
+            layout = "array"
+            self.add_plain_array(root, "data")
+        elif "plate" in ome:
+            layout = "plate"
+            self.add_plate(root)
+        elif "bioformats2raw.layout" in ome:
+            layout = "bioformats2raw"
+            self.add_bioformats2raw(root)
+        elif "multiscales" in ome:
+            layout = "image"
+            self.add_image(root, "image")
+        elif "well" in ome:
+            layout = "well"
+            self.add_well(root)
+        else:
+            self.walk_group(root)
+        if not self.tensors:
+            detail = f" (skipped: {self.skipped})" if self.skipped else ""
+            raise UnreadableSource(self.root, f"zarr {layout} holds no readable array{detail}")
+        metadata: dict[str, Any] = {"zarr_format": root.zarr_format, "layout": layout}
+        if root.is_ome():
+            metadata["ngff_version"] = str(ome.get("version") or "")
+            for key in ("plate", "well", "bioformats2raw.layout", "omero"):
+                if key in ome:
+                    metadata[key] = _jsonable(ome[key])
+        if self.skipped:
+            metadata["skipped"] = self.skipped
+        return self.tensors, metadata, root.is_ome()
+
+
+# ---- the source and its registration -----------------------------------------------------------
+class ZarrSource(SourceAdapter):
+    """A zarr or OME-Zarr folder (type ``ome-zarr`` when its root carries NGFF metadata)."""
+
+    format_name = "zarr"
+
+    def __init__(self, path: str | Path, *, require_ome: bool = False) -> None:
+        root = Path(path)
+        tensors, metadata, is_ome = _StoreWalker(root).build()
+        if require_ome and not is_ome:
+            raise UnreadableSource(root, f"no OME-Zarr metadata ({', '.join(_OME_KEYS)}) in the root group")
+        super().__init__(root, tensors, metadata=metadata, source_type="ome-zarr" if is_ome else "zarr")
+
+
+def _root_is_ome(path: Path) -> bool:
+    """Sniff: the root group's attributes carry NGFF keys. Never raises (corrupt metadata is
+    left for the plain zarr entry, whose opener reports it)."""
+    try:
+        node = _read_node(path, "")
+        return node is not None and node.is_ome()
+    except Exception:
+        return False
+
+
+register_format(
+    FormatEntry(
+        name="ome-zarr",
+        opener=lambda path: ZarrSource(path, require_ome=True),
+        sniff=lambda path, head: path.is_dir() and _root_is_ome(path),
+        extensions=(".ome.zarr",),
+        priority=10,
+        folders=True,
+        files=False,
+        description="OME-Zarr (NGFF 0.1-0.5): multiscale images, labels, HCS plates, bioformats2raw",
+    )
+)
+register_format(
+    FormatEntry(
+        name="zarr",
+        opener=ZarrSource,
+        sniff=lambda path, head: path.is_dir() and _is_zarr_folder(path),
+        extensions=(".zarr",),
+        priority=20,
+        folders=True,
+        files=False,
+        description="Zarr v2/v3 store (sharded v3 included): one tensor per array",
+    )
+)

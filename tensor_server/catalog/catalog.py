@@ -1,0 +1,315 @@
+"""The catalog: every discovered source, resolved or not, and read-only SQL over them.
+
+Sources live in memory (opened adapters, shared by all handlers); their rows live in an
+embedded DuckDB database as the ``sources`` table of wire-protocol §9.2, so clients can
+query them with the SQL the biopb SDK issues (§9.3) or their own. Queries are read-only:
+one SELECT statement, on a connection with external access disabled (no file or network
+table functions), so SQL can neither change the catalog nor read the disk.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from tensor_server.adapters.registry import open_source
+from tensor_server.catalog.discovery import discover
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, source_id_for_path
+from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
+
+__all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError"]
+
+log = logging.getLogger(__name__)
+
+
+class SourceUnresolved(TensorNotFound):
+    """The source is known but could not be opened (its row says why)."""
+
+
+class CatalogQueryError(InvalidArgument):
+    """A catalog query was refused (not one SELECT) or failed."""
+
+
+@dataclass
+class SourceRecord:
+    source_id: str
+    url: str
+    type: str
+    path: Path | None
+    source: SourceAdapter | None
+    unresolved_reason: str | None = None
+    signature: tuple = ()
+    member_paths: set[Path] = field(default_factory=set)
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.source is not None
+
+
+def _stat_signature(path: Path) -> tuple:
+    """Cheap change detector: a file's (mtime_ns, size); a folder's own mtime plus its direct
+    children's. A change re-opens the source, which mints a new content version."""
+    try:
+        st = path.stat()
+        if not path.is_dir():
+            return (st.st_mtime_ns, st.st_size)
+        kids = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(path)))
+        return (st.st_mtime_ns, kids)
+    except OSError:
+        return ()
+
+
+class Catalog:
+    """Sources under ``roots`` plus any added in memory; thread-safe."""
+
+    def __init__(self, roots: Sequence[str | os.PathLike[str]] = ()) -> None:
+        self.roots = [Path(r) for r in roots]
+        self._records: dict[str, SourceRecord] = {}
+        self._lock = threading.RLock()
+        self._db_lock = threading.Lock()
+        self._db: Any = None
+        self._dirty = True
+        self.first_scan_done = threading.Event()
+        self.scan_in_progress = False
+        self.last_scan_finished_at: float | None = None
+        self._rescan_stop = threading.Event()
+
+    # ---- contents ----------------------------------------------------------------------------
+    def add_source(self, source: SourceAdapter) -> SourceRecord:
+        """Serve an already-open source (in-memory data, tests, the demo)."""
+        rec = SourceRecord(source.source_id, source.url, source.type, source.path, source,
+                           member_paths=set(source.member_paths))
+        with self._lock:
+            old = self._records.get(source.source_id)
+            self._records[source.source_id] = rec
+            self._dirty = True
+        if old is not None and old.source is not None and old.source is not source:
+            old.source.close()
+        return rec
+
+    def records(self) -> list[SourceRecord]:
+        with self._lock:
+            return sorted(self._records.values(), key=lambda r: r.source_id)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._records)
+
+    def get_record(self, source_id: str) -> SourceRecord:
+        with self._lock:
+            rec = self._records.get(source_id)
+        if rec is None:
+            raise TensorNotFound(f"unknown source {source_id!r}")
+        return rec
+
+    def find_tensor(self, array_id: str) -> tuple[TensorAdapter, str]:
+        """(tensor, the id to echo) for an array id: ``source_id`` (the default tensor) or
+        ``source_id/field``. The echo is the request itself when it names a tensor exactly,
+        and the tensor's qualified id for a bare id of a multi-tensor source."""
+        if not array_id:
+            raise InvalidArgument("empty array_id")
+        source_id, _, fld = array_id.partition("/")
+        rec = self.get_record(source_id)
+        if rec.source is None:
+            raise SourceUnresolved(f"source {source_id!r} cannot be read: {rec.unresolved_reason}")
+        src = rec.source
+        if not fld:
+            t = src.tensor()
+            return t, t.array_id
+        if fld in src.tensors:
+            return src.tensors[fld], array_id
+        raise TensorNotFound(f"source {source_id!r} has no tensor {fld!r}; fields: {list(src.tensors)}")
+
+    # ---- discovery -------------------------------------------------------------------------
+    def scan(self, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
+        """Discover sources under the roots: open new or changed ones, drop vanished ones.
+        Never raises for a bad file: it becomes an unresolved row."""
+        self.scan_in_progress = True
+        added = changed = failed = 0
+        seen: set[str] = set()
+        try:
+            covered: set[Path] = set()
+            for root in self.roots:
+                for claim in discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None):
+                    resolved = claim.path.resolve()
+                    if resolved in covered:
+                        continue
+                    sid = source_id_for_path(claim.path)
+                    sig = _stat_signature(claim.path)
+                    with self._lock:
+                        old = self._records.get(sid)
+                    if old is not None and old.signature == sig and old.path is not None:
+                        seen.add(sid)
+                        covered |= old.member_paths
+                        continue
+                    rec = self._open_record(claim.path, claim.format.name, sid, sig)
+                    covered |= rec.member_paths
+                    # a member of an earlier-opened multi-file source is not its own source
+                    seen.add(sid)
+                    with self._lock:
+                        self._records[sid] = rec
+                        self._dirty = True
+                    if old is not None and old.source is not None:
+                        old.source.close()
+                    added += old is None
+                    changed += old is not None
+                    failed += not rec.is_resolved
+            with self._lock:
+                gone = {sid for sid, r in self._records.items()
+                        if r.path is not None and sid not in seen
+                        and any(_under(r.path, root) for root in self.roots)}
+                gone |= self._shadowed_members()
+                removed = [self._records.pop(sid) for sid in gone]
+                self._dirty = True
+            for r in removed:
+                if r.source is not None:
+                    r.source.close()
+        finally:
+            self.scan_in_progress = False
+            self.last_scan_finished_at = time.time()
+            self.first_scan_done.set()
+        return {"added": added, "changed": changed, "removed": len(removed), "unresolved": failed, "total": len(self)}
+
+    def _shadowed_members(self) -> set[str]:
+        """Ids of file sources that another source covers (a member file of a multi-file
+        dataset opened as its own source before the dataset was seen). Records are visited
+        in id order and a record is dropped only when a *kept* one covers it, so two
+        sources that cover each other keep one of them."""
+        kept: list[SourceRecord] = []
+        dropped: set[str] = set()
+        for sid in sorted(self._records):
+            r = self._records[sid]
+            own = r.path.resolve() if r.path is not None else None
+            if own is not None and any(own in k.member_paths for k in kept):
+                dropped.add(sid)
+            else:
+                kept.append(r)
+        return dropped
+
+    def _open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
+        try:
+            src = open_source(path, format=fmt)
+        except UnreadableSource as exc:
+            log.warning("unreadable source %s: %s", path, exc.reason)
+            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, exc.reason, sig, {path.resolve()})
+        except Exception as exc:  # never let one file take the scan down
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("unreadable source %s: %s", path, reason)
+            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()})
+        if src.source_id != sid:
+            src.source_id = sid
+        return SourceRecord(sid, src.url, src.type, path, src, None, sig, set(src.member_paths) | {path.resolve()})
+
+    def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
+        """Rescan every ``seconds`` in a daemon thread (0 = never)."""
+        if seconds <= 0:
+            return None
+
+        def loop() -> None:
+            while not self._rescan_stop.wait(seconds):
+                try:
+                    self.scan()
+                except Exception:
+                    log.exception("periodic rescan failed")
+
+        t = threading.Thread(target=loop, name="tensor-server-rescan", daemon=True)
+        t.start()
+        return t
+
+    def close(self) -> None:
+        self._rescan_stop.set()
+        with self._lock:
+            recs = list(self._records.values())
+            self._records.clear()
+        for r in recs:
+            if r.source is not None:
+                r.source.close()
+
+    # ---- SQL ---------------------------------------------------------------------------------
+    def sources_table(self):
+        """The ``sources`` rows as an Arrow table (wire-protocol §9.2 columns)."""
+        import pyarrow as pa
+
+        rows = {k: [] for k in ("source_id", "source_url", "source_type", "is_resolved", "tensors", "metadata_json", "unresolved_reason")}
+        for r in self.records():
+            rows["source_id"].append(r.source_id)
+            rows["source_url"].append(r.url)
+            rows["source_type"].append(r.type)
+            rows["is_resolved"].append(r.is_resolved)
+            tensors = []
+            if r.source is not None:
+                for t in r.source.tensors.values():
+                    tensors.append({"array_id": t.array_id, "dim_labels": list(t.dim_labels),
+                                    "shape": list(t.shape), "dtype": t.dtype.str})
+            rows["tensors"].append(tensors)
+            rows["metadata_json"].append(r.source.metadata_json() if r.source is not None else None)
+            rows["unresolved_reason"].append(r.unresolved_reason)
+        return pa.table(rows, schema=sources_schema())
+
+    def _connection(self):
+        import duckdb
+        import pyarrow as pa
+
+        with self._db_lock:
+            if self._db is None:
+                self._db = duckdb.connect(":memory:", config={"enable_external_access": False})
+                empty = pa.table({"array_id": pa.array([], pa.string()), "mbps": pa.array([], pa.float64()),
+                                  "samples": pa.array([], pa.int64()), "updated_at": pa.array([], pa.timestamp("us"))})
+                self._db.register("_decode_rates", empty)
+                self._db.execute("CREATE TABLE decode_rates AS SELECT * FROM _decode_rates")
+                self._db.unregister("_decode_rates")
+            if self._dirty:
+                self._dirty = False
+                table = self.sources_table()
+                self._db.register("_sources", table)
+                self._db.execute("CREATE OR REPLACE TABLE sources AS SELECT * FROM _sources")
+                self._db.unregister("_sources")
+            return self._db
+
+    def query(self, sql: str):
+        """Run one read-only SELECT; return an Arrow table."""
+        import duckdb
+
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise CatalogQueryError(f"Catalog query failed: {exc}") from None
+        if len(statements) != 1:
+            raise CatalogQueryError(f"Catalog query refused: expected one statement, got {len(statements)}")
+        if statements[0].type != duckdb.StatementType.SELECT:
+            raise CatalogQueryError(f"Catalog query refused: only SELECT is allowed, not {statements[0].type.name}")
+        con = self._connection()
+        with self._db_lock:
+            cur = con.cursor()
+        try:
+            rel = cur.sql(sql)
+            if rel is None:  # a SELECT always yields a relation; be defensive anyway
+                raise CatalogQueryError("Catalog query returned no result")
+            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
+            return fetch()
+        except duckdb.Error as exc:
+            raise CatalogQueryError(f"Catalog query failed: {exc}") from None
+        finally:
+            cur.close()
+
+
+def sources_schema():
+    import pyarrow as pa
+
+    tensor = pa.struct([("array_id", pa.string()), ("dim_labels", pa.list_(pa.string())),
+                        ("shape", pa.list_(pa.int64())), ("dtype", pa.string())])
+    return pa.schema([("source_id", pa.string()), ("source_url", pa.string()), ("source_type", pa.string()),
+                      ("is_resolved", pa.bool_()), ("tensors", pa.list_(tensor)),
+                      ("metadata_json", pa.string()), ("unresolved_reason", pa.string())])
+
+
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,41 @@
+"""Bearer-token auth (wire-protocol §10).
+
+The middleware only records the presented token; each handler decides, so ``health`` stays
+open (the SDK's protocol check must work before the user's token is known to be right)
+while every other call requires the token when one is configured.
+"""
+from __future__ import annotations
+
+import hmac
+
+import pyarrow.flight as flight
+
+__all__ = ["TokenMiddlewareFactory", "check_token"]
+
+MIDDLEWARE_KEY = "auth"
+
+
+class _TokenMiddleware(flight.ServerMiddleware):
+    def __init__(self, presented: str | None) -> None:
+        self.presented = presented
+
+
+class TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
+    def start_call(self, info, headers):  # noqa: ANN001 - pyarrow signature
+        values = headers.get("authorization") or headers.get("Authorization") or []
+        presented = None
+        for v in values:
+            v = v.decode() if isinstance(v, bytes) else v
+            if v.startswith("Bearer "):
+                presented = v[len("Bearer "):]
+        return _TokenMiddleware(presented)
+
+
+def check_token(context: flight.ServerCallContext, token: str | None) -> None:
+    """Raise FlightUnauthenticatedError unless ``token`` is unset or was presented exactly."""
+    if not token:
+        return
+    mw = context.get_middleware(MIDDLEWARE_KEY)
+    presented = getattr(mw, "presented", None)
+    if presented is None or not hmac.compare_digest(presented.encode(), token.encode()):
+        raise flight.FlightUnauthenticatedError("unauthenticated: a valid 'authorization: Bearer <token>' header is required")

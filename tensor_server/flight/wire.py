@@ -1,0 +1,176 @@
+"""Wire encodings of wire-protocol.md: plans to FlightInfo, chunks to record batches, errors.
+
+Message classes come from the biopb SDK's generated modules, never redefined here, so the
+bytes are the SDK's own.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+from biopb.tensor import descriptor_pb2, ticket_pb2
+
+from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.plan import ReadPlan
+from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
+from tensor_server.errors import (
+    InvalidArgument,
+    StaleChunkId,
+    TensorNotFound,
+    UnreadableSource,
+)
+
+__all__ = [
+    "CHUNK_SCHEMA",
+    "PLAN_SCHEMA",
+    "chunk_batch",
+    "flight_error",
+    "plan_flight_info",
+    "describe_descriptor",
+]
+
+PROTOCOL_METADATA = {b"chunk_wire_protocol": b"2", b"flight_protocol": b"3"}
+_CHUNK_FIELDS = [pa.field("data", pa.binary()), pa.field("shape", pa.list_(pa.int64())), pa.field("dtype", pa.string())]
+CHUNK_SCHEMA = pa.schema(_CHUNK_FIELDS, metadata={b"chunk_wire_protocol": b"2"})
+PLAN_SCHEMA = pa.schema(_CHUNK_FIELDS, metadata=PROTOCOL_METADATA)
+
+
+def wire_dtype(dtype: np.dtype) -> str:
+    """Explicit little-endian numpy dtype string (``"<u2"``, ``"|u1"``)."""
+    dt = np.dtype(dtype)
+    if dt.byteorder == "=" or (dt.byteorder == ">" and dt.itemsize > 1):
+        dt = dt.newbyteorder("<")
+    return dt.str
+
+
+def chunk_batch(arr: np.ndarray) -> pa.RecordBatch:
+    """One-row batch of the unified chunk schema; the data buffer wraps ``arr`` without a
+    copy (little-endian, C-order), at offset 0 as the client requires."""
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    if arr.dtype == np.bool_:
+        arr = arr.view(np.uint8).reshape(arr.shape)
+        dtype_str = "|b1"
+    else:
+        dtype_str = wire_dtype(arr.dtype)
+    data = pa.py_buffer(arr.reshape(-1).view(np.uint8)) if arr.size else pa.py_buffer(b"")
+    offsets = pa.py_buffer(np.array([0, data.size], dtype=np.int32))
+    data_col = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])
+    shape_col = pa.array([list(arr.shape)], type=pa.list_(pa.int64()))
+    dtype_col = pa.array([dtype_str], type=pa.string())
+    return pa.RecordBatch.from_arrays([data_col, shape_col, dtype_col], schema=CHUNK_SCHEMA)
+
+
+def _error_info(code: str, reason: str) -> bytes:
+    return json.dumps({"code": code, "reason": reason}).encode()
+
+
+def flight_error(exc: BaseException) -> flight.FlightError:
+    """Map a package error to the Flight error class and extra_info the SDK interprets (§12)."""
+    from tensor_server.catalog.catalog import SourceUnresolved
+
+    msg = str(exc)
+    if isinstance(exc, SourceUnresolved):
+        return flight.FlightServerError(msg, extra_info=_error_info("NOT_FOUND", "unreadable_source"))
+    if isinstance(exc, TensorNotFound):
+        return flight.FlightServerError(msg, extra_info=_error_info("NOT_FOUND", "unknown_source"))
+    if isinstance(exc, StaleChunkId):
+        return flight.FlightServerError(f"stale chunk id, re-plan: {msg}", extra_info=_error_info("NOT_FOUND", "stale_chunk_id"))
+    if isinstance(exc, InvalidArgument):
+        return flight.FlightServerError(msg, extra_info=_error_info("INVALID_ARGUMENT", type(exc).__name__))
+    if isinstance(exc, UnreadableSource):
+        return flight.FlightInternalError(msg, extra_info=_error_info("INTERNAL", "io_error"))
+    if isinstance(exc, flight.FlightError):
+        return exc
+    return flight.FlightInternalError(f"{type(exc).__name__}: {msg}", extra_info=_error_info("INTERNAL", "internal"))
+
+
+def _physical(tensor: TensorAdapter, scale: Sequence[int]) -> tuple[list[float], list[str]] | None:
+    if tensor.physical_scale is None:
+        return None
+    values = [float(v) * s if v is not None else 0.0 for v, s in zip(tensor.physical_scale, scale)]
+    units = [str(u) if u is not None else "" for u in (tensor.physical_unit or [None] * tensor.ndim)]
+    return values, units
+
+
+def describe_descriptor(
+    tensor: TensorAdapter,
+    echo_id: str,
+    fields: set[str],
+    plan: ReadPlan | None,
+    had_slice: bool,
+    metadata_json: str | None,
+    pyramid_policy: PyramidPolicy | None = None,
+) -> descriptor_pb2.TensorDescriptor:
+    """The realized TensorDescriptor (§3.3) for a plan, or a describe when plan is None."""
+    d = descriptor_pb2.TensorDescriptor()
+    d.array_id = echo_id
+    d.dim_labels.extend(tensor.dim_labels)
+    d.dtype = wire_dtype(tensor.dtype)
+    d.content_version = tensor.content_version
+    scale = plan.scale if plan is not None else (1,) * tensor.ndim
+    if plan is None:
+        d.shape.extend(tensor.shape)
+        d.chunk_shape.extend(tensor.chunk_shape)
+    else:
+        d.shape.extend(plan.shape)
+        d.chunk_shape.extend(plan.chunk_shape)
+        r = plan.realized
+        if had_slice or any(r.start):
+            d.slice_hint.start.extend(r.start)
+            d.slice_hint.stop.extend(r.stop)
+        if any(s != 1 for s in plan.scale):
+            d.scale_hint.extend(plan.scale)
+            d.reduction_method = plan.method
+    phys = _physical(tensor, scale)
+    if phys is not None:
+        d.physical_scale.extend(phys[0])
+        d.physical_unit.extend(phys[1])
+    if "pyramid" in fields:
+        for lv in advertised_levels(tensor, pyramid_policy):
+            d.pyramid.add(scale_hint=list(lv.scale), reduction_method=lv.method, shape=list(lv.shape), native=lv.native)
+    if "metadata_json" in fields and metadata_json is not None:
+        d.metadata_json = metadata_json
+    return d
+
+
+def plan_flight_info(
+    descriptor: descriptor_pb2.TensorDescriptor,
+    plan: ReadPlan | None,
+    request_bytes: bytes,
+) -> flight.FlightInfo:
+    """FlightInfo: CMD descriptor = realized TensorDescriptor, one endpoint per chunk with
+    ChunkBounds app_metadata, schema stamped with the protocol versions, app_metadata = the
+    echoed TensorReadOption (§3.2)."""
+    endpoints = []
+    if plan is not None:
+        for pc in plan.chunks:
+            ticket = ticket_pb2.TensorTicket(chunk_id=pc.chunk_id.encode()).SerializeToString()
+            ob = pc.out_bounds
+            bounds = ticket_pb2.ChunkBounds(start=list(ob.start), stop=list(ob.stop)).SerializeToString()
+            endpoints.append(flight.FlightEndpoint(ticket, [], app_metadata=bounds))
+    return flight.FlightInfo(
+        PLAN_SCHEMA,
+        flight.FlightDescriptor.for_command(descriptor.SerializeToString()),
+        endpoints,
+        total_records=-1,
+        total_bytes=-1,
+        app_metadata=request_bytes,
+    )
+
+
+def request_region(option: Any, ndim: int) -> Bounds | None:
+    """The request's slice_hint as Bounds (None when absent); rank checked later by plan."""
+    if not option.HasField("slice_hint"):
+        return None
+    sh = option.slice_hint
+    if len(sh.start) == 0 and len(sh.stop) == 0:
+        return None
+    if len(sh.start) != len(sh.stop):
+        raise InvalidArgument(f"slice_hint has {len(sh.start)} starts but {len(sh.stop)} stops")
+    return Bounds(tuple(sh.start), tuple(sh.stop))
