@@ -15,6 +15,8 @@ import tensor_server.adapters
 from tensor_server.core.adapter_base import TensorAdapter
 
 READ_BLOCK = {
+    "Hdf5Adapter": ("block", "HDF5 runs the filter pipeline on whole chunks, so any read of a chunk decodes all of it: the dataset chunk (None for a virtual dataset, whose sources decide)"),
+    "Hdf5ContiguousAdapter": ("none", "a contiguous/compact HDF5 dataset is raw bytes at one offset; a hyperslab read costs only the bytes it selects"),
     # class name: (classification, reason)
     "ArrayAdapter": ("none", "slicing memory (or a .npy memmap) crops for free; tests may declare a block to exercise the floor"),
     "NormalizingAdapter": ("forwards", "reports the wrapped adapter's block, permuted"),

@@ -79,7 +79,7 @@ _STRIDED_ADD_MAX_BLOCK = 256
 # Last-axis scales compiled as constants, and the dtypes for which they are (the image dtypes a
 # server reduces all day). Other (dtype, s2) pairs use the runtime-s2 variant of the same kernel.
 _CONST_S2 = (2, 4, 8, 16, 32)
-_CONST_DTYPES = frozenset(np.dtype(t) for t in ("uint8", "uint16", "int16", "uint32", "float32"))
+_CONST_DTYPES = frozenset(np.dtype(t) for t in ("uint8", "uint16", "uint32", "float32"))
 
 # Count-distinct mode keeps at most this many distinct values per block before switching to a
 # sort (label blocks hold 1-3 labels; noise would make count-distinct quadratic).
@@ -260,51 +260,60 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
             for e in range(oL * C):
                 out[o, e] = acc[e] / block
 
-    def make_extreme(pick: Any) -> Any:
-        @njit(cache=True, nogil=True)
-        def extreme(x, out, table, C, s2, acc):  # type: ignore[no-untyped-def]
-            """min/max: element-wise over the block rows into a full-width row (vectorised),
-            then a fold over the s2 last-axis lanes."""
-            s = S if S > 0 else s2
-            W = x.shape[1]
-            L = W // C
-            oL = out.shape[1] // C
-            full = L // s
-            nrows = table.shape[1]
-            for o in range(out.shape[0]):
-                r = table[o, 0]
-                for e in range(W):
-                    acc[e] = x[r, e]
-                for k in range(1, nrows):
-                    r = table[o, k]
+    @njit(cache=True, nogil=True)
+    def extreme(x, out, table, C, s2, acc, is_max):  # type: ignore[no-untyped-def]
+        """min/max: element-wise over the block rows into a full-width row (vectorised), then a
+        fold over the s2 last-axis lanes. ``is_max`` is loop-invariant (LLVM unswitches it), so
+        min and max share one compiled kernel per dtype."""
+        s = S if S > 0 else s2
+        W = x.shape[1]
+        L = W // C
+        oL = out.shape[1] // C
+        full = L // s
+        nrows = table.shape[1]
+        for o in range(out.shape[0]):
+            r = table[o, 0]
+            for e in range(W):
+                acc[e] = x[r, e]
+            for k in range(1, nrows):
+                r = table[o, k]
+                if is_max:
                     for e in range(W):
-                        acc[e] = pick(acc[e], x[r, e])
-                if C == 1:
-                    for q in range(full):
-                        m = acc[q * s]
-                        for j in range(1, s):
-                            m = pick(m, acc[q * s + j])
-                        out[o, q] = m
-                    for q in range(full, oL):
-                        m = acc[q * s]
-                        for j in range(1, s):
-                            m = pick(m, acc[min(q * s + j, L - 1)])
-                        out[o, q] = m
+                        acc[e] = _pick_max(acc[e], x[r, e])
                 else:
-                    for q in range(oL):
-                        for c in range(C):
-                            m = acc[q * s * C + c]
-                            for j in range(1, s):
-                                m = pick(m, acc[min(q * s + j, L - 1) * C + c])
-                            out[o, q * C + c] = m
-
-        return extreme
+                    for e in range(W):
+                        acc[e] = _pick_min(acc[e], x[r, e])
+            if C == 1 and is_max:  # the hot cases, written out so each loop vectorises
+                for q in range(full):
+                    m = acc[q * s]
+                    for j in range(1, s):
+                        m = _pick_max(m, acc[q * s + j])
+                    out[o, q] = m
+            elif C == 1:
+                for q in range(full):
+                    m = acc[q * s]
+                    for j in range(1, s):
+                        m = _pick_min(m, acc[q * s + j])
+                    out[o, q] = m
+            first = full if C == 1 else 0
+            for q in range(first, oL):  # ragged tail, and interleaved channels
+                for c in range(C):
+                    m = acc[q * s * C + c]
+                    for j in range(1, s):
+                        v = acc[min(q * s + j, L - 1) * C + c]
+                        m = _pick_max(m, v) if is_max else _pick_min(m, v)
+                    out[o, q * C + c] = m
 
     @njit(cache=True, nogil=True)
-    def mode(x, out, table, C, s2, buf, vals, cnts):  # type: ignore[no-untyped-def]
-        """Most frequent value, ties to the smallest. Gathers the block, answers a uniform block
-        at once (most blocks of a label image), otherwise counts distinct values in a short list
-        and falls back to sorting the block when more than _MODE_DISTINCT_CAP values occur."""
+    def gather(x, out, table, C, s2, buf, vals, cnts, is_median):  # type: ignore[no-untyped-def]
+        """mode and median share the block gather (one compiled kernel per dtype).
+
+        median: sort the block (NaN last, as NumPy) and take element (B - 1) // 2.
+        mode: most frequent value, ties to the smallest. A uniform block (most blocks of a label
+        image) is answered at once; otherwise distinct values are counted in a short list, and
+        a block with more than ``len(vals)`` distinct values is sorted and scanned for the
+        longest run instead (count-distinct would be quadratic on noise).
+        """
         s = S if S > 0 else s2
         L = x.shape[1] // C
         oL = out.shape[1] // C
@@ -320,6 +329,10 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                         for j in range(s):
                             buf[n] = x[r, min(q * s + j, L - 1) * C + c]
                             n += 1
+                    if is_median:
+                        buf.sort()
+                        out[o, q * C + c] = buf[(B - 1) // 2]
+                        continue
                     first = buf[0]
                     uniform = True
                     for i in range(1, B):
@@ -348,54 +361,32 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     if not overflow:
                         bi = 0
                         for t in range(1, nd):
-                            if cnts[t] > cnts[bi] or (cnts[t] == cnts[bi] and _less(vals[t], vals[bi])):
+                            if cnts[t] > cnts[bi] or (
+                                cnts[t] == cnts[bi] and _less(vals[t], vals[bi])
+                            ):
                                 bi = t
                         out[o, q * C + c] = vals[bi]
-                    else:
-                        blk = buf[:B]
-                        blk.sort()  # NaN sorts last, as in NumPy
-                        best = blk[0]
-                        best_n = 0
-                        i = 0
-                        while i < B:
-                            j = i + 1
-                            while j < B and _same(blk[j], blk[i]):
-                                j += 1
-                            if j - i > best_n:  # strictly longer: ties keep the smaller value
-                                best_n = j - i
-                                best = blk[i]
-                            i = j
-                        out[o, q * C + c] = best
-
-    @njit(cache=True, nogil=True)
-    def median(x, out, table, C, s2, buf):  # type: ignore[no-untyped-def]
-        """Lower median: gather, sort (NaN last), take element (B - 1) // 2."""
-        s = S if S > 0 else s2
-        L = x.shape[1] // C
-        oL = out.shape[1] // C
-        nrows = table.shape[1]
-        B = nrows * s
-        mid = (B - 1) // 2
-        for o in range(out.shape[0]):
-            for q in range(oL):
-                for c in range(C):
-                    n = 0
-                    for k in range(nrows):
-                        r = table[o, k]
-                        for j in range(s):
-                            buf[n] = x[r, min(q * s + j, L - 1) * C + c]
-                            n += 1
+                        continue
                     buf.sort()
-                    out[o, q * C + c] = buf[mid]
+                    best = buf[0]
+                    best_n = 0
+                    i = 0
+                    while i < B:
+                        j = i + 1
+                        while j < B and _same(buf[j], buf[i]):
+                            j += 1
+                        if j - i > best_n:  # strictly longer: ties keep the smaller value
+                            best_n = j - i
+                            best = buf[i]
+                        i = j
+                    out[o, q * C + c] = best
 
     return {
         "area_strided": area_strided,
         "area_reshape": area_reshape,
         "area_float": area_float,
-        "max": make_extreme(_pick_max),
-        "min": make_extreme(_pick_min),
-        "mode": mode,
-        "median": median,
+        "extreme": extreme,
+        "gather": gather,
     }
 
 
@@ -671,7 +662,8 @@ def _extreme(data: np.ndarray, scale: Sequence[int], method: str) -> np.ndarray:
     lay = _Layout(x, sc, keep_unit_axes=False)
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
     acc = np.empty(lay.x2.shape[1], dtype=x.dtype)
-    _kernels_for(x.dtype, lay.s2)[method](lay.x2, out2, lay.table, lay.C, lay.s2, acc)
+    _kernels_for(x.dtype, lay.s2)["extreme"](
+        lay.x2, out2, lay.table, lay.C, lay.s2, acc, method == "max")
     return _epilogue(lay.finish(out2), orig)
 
 
@@ -698,13 +690,10 @@ def _gathering(data: np.ndarray, scale: Sequence[int], method: str) -> np.ndarra
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
     block = lay.table.shape[1] * lay.s2
     buf = np.empty(block, dtype=x.dtype)
-    ks = _kernels_for(x.dtype, lay.s2)
-    if method == "mode":
-        cap = min(block, _MODE_DISTINCT_CAP)
-        ks["mode"](lay.x2, out2, lay.table, lay.C, lay.s2, buf,
-                   np.empty(cap, dtype=x.dtype), np.empty(cap, dtype=np.int64))
-    else:
-        ks["median"](lay.x2, out2, lay.table, lay.C, lay.s2, buf)
+    cap = min(block, _MODE_DISTINCT_CAP)
+    _kernels_for(x.dtype, lay.s2)["gather"](
+        lay.x2, out2, lay.table, lay.C, lay.s2, buf,
+        np.empty(cap, dtype=x.dtype), np.empty(cap, dtype=np.int64), method == "median")
     return _epilogue(lay.finish(out2), orig)
 
 

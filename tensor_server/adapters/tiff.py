@@ -69,14 +69,24 @@ _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 def tiff_dim_labels(axes: str) -> tuple[str, ...]:
     """Lower-case labels for tifffile's axis codes, kept distinct: T C Z Y X S map to t c z y x
     s, R (positions) to p, every other code (Q, I, E, H, ...) to its own lower-case letter. A
-    collision (LSM's P is a position too) falls back to the code's own letter, then dim_i."""
+    collision (OME's R and P both present) falls back to the code's own letter, then to
+    tifffile's dimension name (``phase``), then ``dim_<i>``."""
     out: list[str] = []
     for i, code in enumerate(axes):
-        for candidate in (_AXIS_LABELS.get(code, code.lower()), code.lower(), f"dim_{i}"):
+        for candidate in (_AXIS_LABELS.get(code, code.lower()), code.lower(), _axis_name(code), f"dim_{i}"):
             if candidate not in out:
                 out.append(candidate)
                 break
     return tuple(out)
+
+
+def _axis_name(code: str) -> str:
+    try:
+        import tifffile
+
+        return str(tifffile.TIFF.AXES_NAMES.get(code, f"axis_{code.lower()}")).lower()
+    except Exception:
+        return f"axis_{code.lower()}"
 
 
 def is_tiff_head(head: bytes) -> bool:
@@ -440,13 +450,16 @@ def _resolution_um(page: Any) -> tuple[float, float] | None:
     return per_unit_um / yres, per_unit_um / xres
 
 
-def tiff_physical(tf: tifffile.TiffFile, series: Any) -> dict[str, tuple[float, str]]:
+def tiff_physical(tf: tifffile.TiffFile, index: int, series: Any) -> dict[str, tuple[float, str]]:
     """Per tifffile axis code: (size, unit) from the cheap sources: ImageJ spacing/resolution,
-    LSM voxel sizes, SVS MPP, metric resolution tags."""
+    LSM voxel sizes and SVS MPP (both describe the main image, series 0, not thumbnails or
+    slide labels), metric resolution tags of the series' own pages."""
     out: dict[str, tuple[float, str]] = {}
     page = series.keyframe
     try:
         if tf.is_lsm:
+            if index != 0:
+                return out
             info = tf.lsm_metadata or {}
             for code, key in (("X", "VoxelSizeX"), ("Y", "VoxelSizeY"), ("Z", "VoxelSizeZ")):
                 v = float(info.get(key, 0) or 0)
@@ -467,7 +480,7 @@ def tiff_physical(tf: tifffile.TiffFile, series: Any) -> dict[str, tuple[float, 
             if float(ij.get("finterval", 0) or 0) > 0:
                 out["T"] = (float(ij["finterval"]), "s")
             return out
-        if tf.is_svs:
+        if tf.is_svs and index == 0:
             from tifffile.tifffile import svs_description_metadata
 
             mpp = float(svs_description_metadata(tf.pages.first.description).get("MPP", 0) or 0)
@@ -513,7 +526,7 @@ def build_series_tensors(
         summaries = []
         per_series = []
         for i, s in enumerate(all_series):
-            sizes = physical(tf, i, s) if physical else tiff_physical(tf, s)
+            sizes = (physical or tiff_physical)(tf, i, s)
             extra = dict(tensor_metadata(tf, i, s)) if tensor_metadata else {}
             per_series.append((s.axes, len(s.levels), sizes, extra))
             summaries.append({
