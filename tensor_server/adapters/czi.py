@@ -405,12 +405,13 @@ class CziSource(SourceAdapter):
 
 def _describe(path: Path, file: _CziFile, reader: Any) -> tuple[dict[str, CziAdapter], dict[str, Any]]:
     """Scenes, plane dimensions, pixel type, scale and subblock geometry of an open file."""
-    blocks: list[tuple[dict[str, int], int, int, int, int, bool, str]] = []
+    blocks: list[tuple[dict[str, int], int, int, int, int, bool, str, int | None]] = []
 
     def collect(_index: int, info: Any) -> bool:
         r, p = info.logicalRect, info.physicalSize
-        layer0 = r.w == p.w and r.h == p.h
-        blocks.append((dict(info.coordinate.to_dict()), r.x, r.y, r.w, r.h, layer0, info.pixelType.name))
+        layer0 = r.w == p.w and r.h == p.h  # libCZI's own test for a pyramid subblock
+        m = info.mIndex if info.is_mindex_valid() else None
+        blocks.append((dict(info.coordinate.to_dict()), r.x, r.y, r.w, r.h, layer0, info.pixelType.name, m))
         return True
 
     reader.enumerate_subblocks(collect)
@@ -469,7 +470,7 @@ def _describe(path: Path, file: _CziFile, reader: Any) -> tuple[dict[str, CziAda
         "rgb_order": "RGB (libCZI's BGR reversed)" if _PIXEL_FORMATS[pixel_type][1] > 1 else None,
         "subblocks": len(blocks),
         "pyramid": file.has_pyramid,
-        "mosaic": len({tuple(r) for r in file.rects.tolist()}) > 1,
+        "mosaic": len({b[7] for b in layer0 if b[7] is not None}) > 1,
         "dims": {d: [lo, hi - lo + 1] for d, (lo, hi) in ranges.items()},
         "scenes": scene_rects,
         **info,

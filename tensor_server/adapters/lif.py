@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 from math import prod
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
@@ -54,6 +55,7 @@ from tensor_server.core.adapter_base import (
     file_content_version,
 )
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.errors import UnreadableSource
 
@@ -84,40 +86,78 @@ class _Dim:
         return LIF_DIM_LABELS.get(self.dim_id, f"dim{self.dim_id}")
 
 
+class _LifFileReader:
+    """Positional reads from one open LIF file, shared by all its images (thread-safe)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handle: LazyHandle[BinaryIO] = LazyHandle(lambda: open(path, "rb", buffering=0), name=str(path))
+        self._seek_lock = threading.Lock()  # only without os.pread
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        """Exactly ``nbytes`` at ``offset``; a short file raises UnreadableSource."""
+        chunks: list[bytes] = []
+        got = 0
+        try:
+            with self.handle.use() as fh:
+                while got < nbytes:
+                    if hasattr(os, "pread"):
+                        chunk = os.pread(fh.fileno(), nbytes - got, offset + got)
+                    else:  # pragma: no cover - Windows
+                        with self._seek_lock:
+                            fh.seek(offset + got)
+                            chunk = fh.read(nbytes - got)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    got += len(chunk)
+        except OSError as exc:
+            raise UnreadableSource(self.path, f"cannot read {nbytes} bytes at {offset}: {exc}") from exc
+        if got < nbytes:
+            raise UnreadableSource(
+                self.path, f"truncated: {nbytes} bytes of pixels at offset {offset}, the file ends after {got}"
+            )
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 class LifAdapter(TensorAdapter):
     """One LIF image, axes slowest-first: outer dims (reversed storage order), ``c``, then
-    the stored plane (module docstring). The read block is one plane (readlif decodes planes
-    whole); ``decimates`` because the step skips whole planes on the outer axes."""
+    the stored plane (module docstring). The read block is one plane (read whole, cropped);
+    ``decimates`` because the step skips whole planes on the outer axes."""
 
     decimates = True
 
     def __init__(
         self,
-        path: Path,
+        reader: _LifFileReader,
         image: Any,
         dims: Sequence[_Dim],
+        channel_offsets: Sequence[int],
         dtype: np.dtype,
         *,
         content_version: bytes,
         metadata: dict[str, Any],
     ) -> None:
-        self.path = path
-        self._image = image  # readlif LifImage: metadata only; get_plane opens the file itself
+        self.path = reader.path
+        self.name = str(image.name)
+        self._reader = reader
+        self._block_start = int(image.offsets[0])
         self._plane_dims = (dims[1], dims[0])  # (slow, fast) = rows, columns of a plane
         self._outer_dims = tuple(reversed(dims[2:]))  # slowest first
-        n_channels = int(image.channels)
+        self._channel_offsets = tuple(int(c) for c in channel_offsets)
+        scale_n = dict(image.scale_n or {})
         labels = [d.label for d in self._outer_dims] + ["c"] + [d.label for d in self._plane_dims]
-        shape = [d.size for d in self._outer_dims] + [n_channels] + [d.size for d in self._plane_dims]
-        scale, unit = zip(*([_physical(image, d) for d in self._outer_dims] + [(None, None)]
-                            + [_physical(image, d) for d in self._plane_dims]))
+        shape = [d.size for d in self._outer_dims] + [len(channel_offsets)] + [d.size for d in self._plane_dims]
+        physical = [_physical(scale_n, d) for d in self._outer_dims] + [(None, None)]
+        physical += [_physical(scale_n, d) for d in self._plane_dims]
         super().__init__(
             shape,
             dtype,
             dim_labels=labels,
-            # One plane: readlif decodes a plane whole and cannot read less (design §3).
+            # One plane: the unit a read fetches and decodes (design §3).
             native_chunk_shape=[1] * (len(shape) - 2) + shape[-2:],
-            physical_scale=scale,
-            physical_unit=unit,
+            physical_scale=[p[0] for p in physical],
+            physical_unit=[p[1] for p in physical],
             content_version=content_version,
             metadata=metadata,
         )
@@ -126,26 +166,20 @@ class LifAdapter(TensorAdapter):
         return self._read(bounds, (1,) * self.ndim)
 
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
-        """``get_data(bounds)[::step]``: only planes on the step are decoded (design §4)."""
+        """``get_data(bounds)[::step]``: only planes on the step are read (design §4)."""
         bounds = self.check_bounds(bounds)
         return self._read(bounds, check_scale(step, self.ndim))
 
+    def plane_offset(self, outer_index: Sequence[int], channel: int) -> int:
+        """File offset of the plane at outer indices (slowest first) and channel."""
+        offset = self._block_start + self._channel_offsets[channel]
+        return offset + sum(int(i) * d.bytes_inc for d, i in zip(self._outer_dims, outer_index))
+
     def read_plane(self, outer_index: Sequence[int], channel: int) -> np.ndarray:
-        """One decoded plane (rows, columns) at outer indices (slowest first) and channel."""
-        requested = {d.dim_id: int(i) for d, i in zip(self._outer_dims, outer_index)}
-        try:
-            plane = np.asarray(self._image.get_plane(c=int(channel), requested_dims=requested))
-        except (OSError, ValueError, EOFError) as exc:
-            at = ", ".join(f"{d.label}={i}" for d, i in zip(self._outer_dims, outer_index))
-            raise UnreadableSource(
-                self.path,
-                f"readlif could not read image {self._image.name!r} plane c={channel}"
-                f"{', ' + at if at else ''}: {type(exc).__name__}: {exc}",
-            ) from exc
-        expected = (self._plane_dims[0].size, self._plane_dims[1].size)
-        if plane.shape != expected:
-            raise UnreadableSource(self.path, f"readlif returned a {plane.shape} plane, expected {expected}")
-        return plane if plane.dtype == self.dtype else plane.astype(self.dtype)
+        """One plane (rows, columns), read-only, at outer indices and channel."""
+        rows, cols = self._plane_dims[0].size, self._plane_dims[1].size
+        data = self._reader.read(self.plane_offset(outer_index, channel), rows * cols * self.dtype.itemsize)
+        return np.frombuffer(data, dtype=self.dtype).reshape(rows, cols)
 
     def _read(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
         picks = [range(a, b, s) for a, b, s in zip(bounds.start, bounds.stop, step)]
@@ -159,11 +193,15 @@ class LifAdapter(TensorAdapter):
             out[where] = self.read_plane(index[:n_outer], index[n_outer])[crop]
         return out
 
+    def close(self) -> None:
+        """Close the file now (waiting for reads in flight); the next read reopens it."""
+        self._reader.handle.close()
 
-def _physical(image: Any, dim: _Dim) -> tuple[float | None, str | None]:
+
+def _physical(scale_n: dict[int, Any], dim: _Dim) -> tuple[float | None, str | None]:
     """Step per element of ``dim`` and its unit, from readlif's ``scale_n`` (elements per
     unit: px/µm for space and wavelength, frames/s for time)."""
-    per_unit = (image.scale_n or {}).get(dim.dim_id)
+    per_unit = scale_n.get(dim.dim_id)
     if not per_unit or per_unit <= 0:
         return None, None
     if dim.dim_id in _SPATIAL_DIMS:
@@ -204,26 +242,24 @@ def _dims_of(element: Any) -> tuple[list[_Dim], list[tuple[int, int, str]]]:
     return dims, channels
 
 
-def _check_layout(name: str, dims: Sequence[_Dim], channels: Sequence[tuple[int, int, str]], itemsize: int) -> None:
-    """Raise ValueError unless the XML's byte increments are the layout readlif's
-    ``get_plane`` addresses: plane contiguous, channel k at k planes, every further
-    dimension after all earlier ones and the channels."""
+def _check_geometry(name: str, dims: Sequence[_Dim], channel_offsets: Sequence[int], itemsize: int, block: int) -> None:
+    """Raise ValueError unless every plane is contiguous and lies inside the memory block."""
     if len(dims) < 2:
         raise ValueError(f"image {name!r} declares {len(dims)} dimension(s); a plane needs 2")
+    if any(d.size < 1 for d in dims):
+        raise ValueError(f"image {name!r} declares an empty dimension")
     fast, slow = dims[0], dims[1]
-    plane_bytes = fast.size * slow.size * itemsize
-    problems = []
-    if fast.bytes_inc != itemsize or slow.bytes_inc != fast.size * itemsize:
-        problems.append(f"plane {fast.label}{slow.label} is not contiguous")
-    for k, (inc, _res, _lut) in enumerate(channels):
-        if inc != k * plane_bytes:
-            problems.append(f"channel {k} at byte {inc}, readlif reads it at {k * plane_bytes}")
-    for j in range(2, len(dims)):
-        assumed = prod(d.size for d in dims[:j]) * len(channels) * itemsize
-        if dims[j].bytes_inc != assumed and dims[j].size > 1:
-            problems.append(f"{dims[j].label} step {dims[j].bytes_inc} bytes, readlif assumes {assumed}")
-    if problems:
-        raise ValueError(f"image {name!r} has a layout readlif cannot address: {'; '.join(problems)}")
+    if fast.bytes_inc != itemsize or (slow.size > 1 and slow.bytes_inc != fast.size * itemsize):
+        raise ValueError(
+            f"image {name!r}: plane {fast.label}{slow.label} is not stored contiguously "
+            f"(byte steps {fast.bytes_inc}, {slow.bytes_inc} for {itemsize}-byte pixels)"
+        )
+    if min(channel_offsets) < 0 or any(d.bytes_inc < 0 for d in dims):
+        raise ValueError(f"image {name!r} declares negative byte offsets")
+    last = max(channel_offsets) + sum((d.size - 1) * d.bytes_inc for d in dims[2:])
+    end = last + fast.size * slow.size * itemsize
+    if end > block:
+        raise ValueError(f"image {name!r}: its planes reach byte {end} of a {block}-byte memory block")
 
 
 def _field_names(names: Sequence[str]) -> list[str]:
@@ -263,53 +299,53 @@ class LifSource(SourceAdapter):
         if lif.num_images == 0:
             raise UnreadableSource(path, "the LIF file holds no images")
         version = file_content_version(path)
+        reader = _LifFileReader(path)
         images = [lif.get_image(i) for i in range(lif.num_images)]
         tensors: dict[str, TensorAdapter] = {}
         for field, image, element in zip(_field_names([im.name for im in images]), images, elements):
-            tensors[field] = normalize_axes(_build_tensor(path, image, element, file_size, version))
-        super().__init__(
-            path,
-            tensors,
-            metadata={"images": [im.name for im in images], "fields": list(tensors)},
-        )
+            tensor = _build_tensor(reader, image, element, file_size, version)
+            tensors[field] = normalize_axes(tensor)
+        super().__init__(path, tensors, metadata={"images": [im.name for im in images]})
 
 
-def _build_tensor(path: Path, image: Any, element: Any, file_size: int, version: bytes) -> LifAdapter:
-    """Validate one image against the file (layout, bit depth, truncation) and wrap it."""
-    name = image.name
+def _build_tensor(reader: _LifFileReader, image: Any, element: Any, file_size: int, version: bytes) -> LifAdapter:
+    """Validate one image against the file (geometry, bit depth, truncation) and wrap it."""
+    path, name = reader.path, image.name
     dims, channels = _dims_of(element)
     if not channels:
         raise UnreadableSource(path, f"image {name!r} describes no channels")
-    resolutions = {res for _inc, res, _lut in channels}
-    if max(resolutions) > 16:
-        raise UnreadableSource(path, f"image {name!r}: {max(resolutions)}-bit pixels are not supported by readlif")
-    itemsize = 1 if max(resolutions) <= 8 else 2
-    if len({1 if r <= 8 else 2 for r in resolutions}) > 1:
-        raise UnreadableSource(path, f"image {name!r} mixes 8-bit and 16-bit channels {sorted(resolutions)}")
-    try:
-        _check_layout(name, dims, channels, itemsize)
-    except ValueError as exc:
-        raise UnreadableSource(path, str(exc)) from None
-    if tuple(d.dim_id for d in dims[:2]) != tuple(image.display_dims):
-        raise UnreadableSource(path, f"image {name!r}: readlif's plane {image.display_dims} is not the stored plane")
+    resolutions = sorted({res for _inc, res, _lut in channels})
+    if resolutions[-1] > 16 or resolutions[0] < 1:
+        raise UnreadableSource(path, f"image {name!r}: {resolutions}-bit pixels are not supported (1-16 bits)")
+    itemsize = 1 if resolutions[-1] <= 8 else 2
+    if resolutions[0] <= 8 < resolutions[-1]:
+        raise UnreadableSource(path, f"image {name!r} mixes 8-bit and 16-bit channels {resolutions}")
+    start, length = (int(v) for v in image.offsets)
     nbytes = prod(d.size for d in dims) * len(channels) * itemsize
-    start, length = image.offsets
     if length < nbytes or start + nbytes > file_size:
+        # readlif records a cut-off block with its declared length, or with length 0 (and a
+        # warning) when the cut falls before the block: both mean pixels are missing.
         have = max(0, min(length, file_size - start))
         raise UnreadableSource(
             path, f"truncated: image {name!r} needs {nbytes} bytes of pixels at offset {start}, the file holds {have}"
         )
+    channel_offsets = [inc for inc, _res, _lut in channels]
+    try:
+        _check_geometry(name, dims, channel_offsets, itemsize, length)
+    except ValueError as exc:
+        raise UnreadableSource(path, str(exc)) from None
     metadata = {
         "name": name,
         "dims": {d.label: d.size for d in dims},
-        "storage_order": [d.label for d in dims[:2]] + ["c"] + [d.label for d in dims[2:]],
+        "byte_steps": {d.label: d.bytes_inc for d in dims},
+        "channel_byte_offsets": channel_offsets,
         "bit_depth": list(image.bit_depth),
         "channel_luts": [lut for _inc, _res, lut in channels],
         "mosaic_positions": list(image.mosaic_position),
         "settings": dict(image.settings or {}),
     }
     dtype = np.dtype(np.uint8 if itemsize == 1 else "<u2")
-    return LifAdapter(path, image, dims, dtype, content_version=version, metadata=metadata)
+    return LifAdapter(reader, image, dims, channel_offsets, dtype, content_version=version, metadata=metadata)
 
 
 def _open_lif(path: Path) -> LifSource:

@@ -217,39 +217,65 @@ def _edit_xml(src: Path, dst: Path, edits: list[tuple[str, str]]) -> None:
     dst.write_bytes(bytes(data))
 
 
-def test_sixteen_bit_image(testdata, tmp_path):
+def _xml_of(path: Path) -> str:
+    data = path.read_bytes()
+    return data[13 : 13 + 2 * int.from_bytes(data[9:13], "little")].decode("utf-16-le")
+
+
+def _element_text(xml: str, name: str) -> str:
+    start = xml.index(f'Name="{name}"')
+    return xml[start : xml.index("</Element>", start)]
+
+
+def test_twelve_bit_image(testdata, tmp_path):
     """The 'xz' image (2 x 512 x 512 bytes) re-declared as 12-bit 2 x 512 x 256: served as
-    uint16 with the stored little-endian values, exactly the raw block."""
-    src_xml = (testdata / XZ).read_bytes()
-    n_chars = int.from_bytes(src_xml[9:13], "little")
-    xml = src_xml[13 : 13 + 2 * n_chars].decode("utf-16-le")
-    start = xml.index('Name="xz"')
-    piece = xml[start : xml.index("</Element>", start)]
+    uint16 with the stored little-endian values, exactly the raw block. (readlif's get_plane
+    would read 1 byte per pixel here: it sizes pixels as bit_depth // 8.)"""
+    piece = _element_text(_xml_of(testdata / XZ), "xz")
     new = piece.replace('NumberOfElements="512" Origin="1.376765e-020"', 'NumberOfElements="256" Origin="1.376765e-20"', 1)
-    new = new.replace('BytesInc="1"', 'BytesInc="2"', 1)
+    new = new.replace('BytesInc="1"', 'BytesInc="2"', 1)  # x: 2-byte pixels; z step stays 512
     new = new.replace('Resolution="8"', 'Resolution="12"')  # two channels: 2 chars longer...
     new = new.replace('Origin="4.413365e-006"', 'Origin="4.413365e-06"', 1)  # ...1 shorter here, 1 above
-    p = tmp_path / "sixteen.lif"
+    p = tmp_path / "twelve.lif"
     _edit_xml(testdata / XZ, p, [(piece, new)])
     with tensor_server.open(p) as s:
         t = s.tensors["xz"]
-        assert t.dtype == np.uint16 and t.shape == (2, 512, 256)
-        raw = np.fromfile(testdata / XZ, dtype="<u2", count=2 * 512 * 256, offset=inner(t)._image.offsets[0])
-        np.testing.assert_array_equal(t.get_data(), raw.reshape(2, 512, 256))
-        np.testing.assert_array_equal(t.get_data(), readlif_reference(p, 2))
+        assert t.dtype == np.uint16 and t.shape == (2, 512, 256) and t.dim_labels == ("c", "z", "x")
+        raw = np.fromfile(testdata / XZ, dtype="<u2", count=2 * 512 * 256, offset=inner(t)._block_start)
+        raw = raw.reshape(2, 512, 256)
+        np.testing.assert_array_equal(t.get_data(), raw)
+        np.testing.assert_array_equal(inner(t).get_data(), raw_oracle(p, 2))
         assert inner(t).metadata["bit_depth"] == [12, 12]
         dec = t.get_scaled_data(Bounds((0, 0, 0), t.shape), (1, 8, 8), "nearest")
-        np.testing.assert_array_equal(dec, raw.reshape(2, 512, 256)[:, ::8, ::8])
+        np.testing.assert_array_equal(dec, raw[:, ::8, ::8])
+        b = Bounds((1, 100, 7), (2, 300, 250))
+        np.testing.assert_array_equal(t.get_data(b), raw[1:2, 100:300, 7:250])
 
 
-def test_layout_readlif_cannot_address_is_refused(testdata, tmp_path):
-    """Channel 1 declared after the z-x plane *and* the time steps (LAS X Navigator style):
-    readlif's get_plane would read the wrong bytes, so the file is refused, naming why."""
-    p = tmp_path / "navigator.lif"
-    _edit_xml(testdata / XZ, p, [('BytesInc="16384"', 'BytesInc="32768"')])
+def test_channels_stored_after_time_are_read_where_the_xml_says(testdata, tmp_path):
+    """'xzt' re-declared with channels outermost (x, z, t, then c: LAS X Navigator style):
+    the tensor follows the XML's byte offsets, where readlif's get_plane would not."""
+    piece = _element_text(_xml_of(testdata / XZ), "xzt")
+    new = piece.replace('LUTName="Red" IsLUTInverted="0" BytesInc="16384"', 'LUTName="Red" IsLUTInverted="0" BytesInc="327680"')
+    new = new.replace('NumberOfElements="20" Origin="0.000000e+000" Length="1.007000e+001" Unit="s" BitInc="0" BytesInc="32768"',
+                      'NumberOfElements="20" Origin="0.000000e+00" Length="1.007000e+001" Unit="s" BitInc="0" BytesInc="16384"')
+    p = tmp_path / "channels_last.lif"
+    _edit_xml(testdata / XZ, p, [(piece, new)])
+    block = np.fromfile(testdata / XZ, dtype=np.uint8, count=655360, offset=91161)
+    want = block.reshape(2, 20, 128, 128).transpose(1, 0, 2, 3)  # stored c, t, z, x → served t, c, z, x
+    with tensor_server.open(p) as s:
+        t = s.tensors["xzt"]
+        np.testing.assert_array_equal(t.get_data(), want)
+        np.testing.assert_array_equal(inner(t).get_data(), raw_oracle(p, 0))
+        assert not np.array_equal(want, readlif_reference(p, 0)), "readlif's get_plane misreads this layout"
+
+
+def test_planes_outside_the_memory_block_are_refused(testdata, tmp_path):
+    p = tmp_path / "overrun.lif"
+    _edit_xml(testdata / XZ, p, [('LUTName="Red" IsLUTInverted="0" BytesInc="16384"', 'LUTName="Red" IsLUTInverted="0" BytesInc="96384"')])
     with pytest.raises(UnreadableSource) as info:
         tensor_server.open(p)
-    assert str(p) in str(info.value) and "layout readlif cannot address" in str(info.value)
+    assert str(p) in str(info.value) and "memory block" in str(info.value)
 
 
 def test_field_names_are_unique_and_safe():

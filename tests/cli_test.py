@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tensor_server.cli import main
+from tensor_server.config import load_settings
+from tensor_server.errors import InvalidArgument
+
+
+def test_version(capsys):
+    assert main(["version"]) == 0
+    import tensor_server
+
+    assert capsys.readouterr().out.strip() == tensor_server.__version__
+
+
+def test_list_prints_sources_and_tensors(tmp_path, capsys):
+    np.save(tmp_path / "stack.npy", np.zeros((4, 5, 6), np.uint16))
+    (tmp_path / "broken.npy").write_bytes(b"\x93NUMPY")
+    assert main(["list", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[npy]" in out and "4x5x6 zyx <u2" in out and "UNREADABLE" in out
+
+
+def test_config_file_then_flags(tmp_path):
+    cfg = tmp_path / "server.toml"
+    cfg.write_text('roots = ["/data"]\nport = 9000\n[cache]\nmax_bytes = 1024\n[pyramid]\nplane_budget_px = 65536\n')
+    s = load_settings(cfg, port=9100, roots=[])
+    assert s.roots == ["/data"] and s.port == 9100 and s.cache_max_bytes == 1024 and s.plane_budget_px == 65536
+    cfg.write_text("[cache]\nsize = 3\n")
+    with pytest.raises(InvalidArgument, match="unknown config keys"):
+        load_settings(cfg)
+    cfg.write_text("port = = 3")
+    with pytest.raises(InvalidArgument, match="cannot read config"):
+        load_settings(cfg)
+
+
+def test_serve_refuses_public_bind_without_token(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--host", "0.0.0.0", "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "needs --token" in out.stderr
+
+
+def test_serve_without_roots_is_an_error():
+    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "ROOT" in out.stderr
