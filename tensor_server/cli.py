@@ -76,7 +76,7 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", help="TOML config file (flags override it)")
         sp.add_argument("--token", help="require 'authorization: Bearer TOKEN' on every call but health")
         sp.add_argument("--cache-dir", help="chunk cache folder")
-        sp.add_argument("--cache-max-bytes", type=int, help="chunk cache file-tier budget in bytes")
+        sp.add_argument("--cache-max-bytes", type=int, help="chunk cache file-tier budget in bytes (default 4 GiB)")
         sp.add_argument("--write-dir", help="folder for uploads (scratch source)")
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
@@ -143,9 +143,20 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
         write_dir=settings.write_dir,
     )
+    from tensor_server.cache import CacheLocked, CacheManager
+    from tensor_server.config import default_cache_dir
+
+    cache_dir = settings.cache_dir or str(default_cache_dir() / "chunks")
     try:
-        server = TensorFlightServer(catalog, config)
+        cache = CacheManager(cache_dir, max_total_bytes=settings.cache_max_bytes,
+                             source_scaled_reads=settings.source_scaled_reads)
+    except CacheLocked as exc:
+        print(f"serve: {exc}; pass another --cache-dir", file=sys.stderr)
+        return 2
+    try:
+        server = TensorFlightServer(catalog, config, cache_manager=cache)
     except ValueError as exc:
+        cache.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     location = server.location
@@ -181,6 +192,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         pass
     finally:
         catalog.close()
+        cache.close()  # seals the open segment
     return 0
 
 

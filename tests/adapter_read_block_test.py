@@ -15,9 +15,16 @@ import tensor_server.adapters
 from tensor_server.core.adapter_base import TensorAdapter
 
 READ_BLOCK = {
+    "TiffPageSeriesAdapter": ("block", "one page: aszarr(chunkmode='page') decodes a page whole and slices the window, nothing caches it; strile mode (one tile/strip) only for pages above page_mode_max_bytes"),
+    "TiffAdapter": ("block", "one page (a plane of a stack, all tiles of a tiled plane): page mode decodes it whole, with strip coalescing and threaded tile decode; one tile for a multi-GB slide page"),
+    "LsmAdapter": ("block", "one page: an LSM page is one Z/T plane with all channels as planar strips, decoded whole by page mode"),
+    "OmeTiffAdapter": ("block", "one page: under chunkmode='page' tifffile decodes the whole page and slices the window; per-strile mode loses coalescing and threaded decode (1.6-9x slower per page)"),
+    "Nd2Adapter": ("none", "read_frame returns an mmap view for uncompressed ND2, so a crop costs its own pages; the seed (a whole C/Y/X frame) would floor every scaled read at the frame"),
+    "LifAdapter": ("block", "one plane: each stored LIF plane is read whole (one contiguous read at the XML byte offset) and Y/X are cropped from it"),
     "Hdf5Adapter": ("block", "HDF5 runs the filter pipeline on whole chunks, so any read of a chunk decodes all of it: the dataset chunk (None for a virtual dataset, whose sources decide)"),
     "Hdf5ContiguousAdapter": ("none", "a contiguous/compact HDF5 dataset is raw bytes at one offset; a hyperslab read costs only the bytes it selects"),
     # class name: (classification, reason)
+    "ZarrAdapter": ("block", "the store chunk (a sharded v3 array's inner chunk): zarr decodes a whole chunk to return any of it, and reads only the inner chunks a selection touches"),
     "ArrayAdapter": ("none", "slicing memory (or a .npy memmap) crops for free; tests may declare a block to exercise the floor"),
     "NormalizingAdapter": ("forwards", "reports the wrapped adapter's block, permuted"),
 }

@@ -12,9 +12,16 @@ import pytest
 from tests.adapter_read_block_test import all_adapter_classes
 
 DECIMATES = {
+    "TiffPageSeriesAdapter": ("no", "quantized at the page: the page is decoded whole to return any window, so a stride inside it saves only a memcpy"),
+    "TiffAdapter": ("no", "page-mode reads decode the whole page; striding inside a decoded page saves only a memcpy"),
+    "LsmAdapter": ("no", "page-mode reads decode the whole plane (all channels); striding inside it saves only a memcpy"),
+    "OmeTiffAdapter": ("no", "page-mode reads decode the whole page (and SubIFD levels serve precompute); a stride inside a page saves only a memcpy"),
+    "Nd2Adapter": ("yes", "the step selects only the frames on the step along T/P/Z and strides the mmap view inside each frame"),
+    "LifAdapter": ("yes", "its block is one plane: the step skips whole planes on T/C/Z/M/wavelength axes, Y/X stride a plane read whole"),
     "Hdf5Adapter": ("no", "chunked HDF5: a strided hyperslab measured 2-45x slower than reading whole chunks (256² chunks step 8: 46 vs 24 ms; plane-axis stride on (1,1024,1024) chunks: 913 vs 20 ms), and a chunk decodes whole anyway"),
     "Hdf5ContiguousAdapter": ("yes", "hyperslab strided on all but the innermost axis reads only the picked rows: 64 MiB contiguous, step 8: 4.3 vs 12.5 ms streamed, step 32: 0.6 vs 11.8 ms, step 2: equal"),
     # class name: (yes/no, reason)
+    "ZarrAdapter": ("no", "quantized: zarr decodes a whole chunk to return any of it, so a stride inside the chunk saves only a memcpy"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
     "NormalizingAdapter": ("forwards", "decimates exactly when the wrapped adapter does"),
 }

@@ -98,17 +98,21 @@ _KERNEL_DTYPES = frozenset(
 
 
 @njit(cache=True, nogil=True)
-def _round_div(v: int, block: int, shift: int) -> int:
-    """``v / block`` rounded half to even, all in int64. ``shift >= 0`` means block == 2**shift."""
-    if shift >= 0:
-        q = v >> shift  # arithmetic shift: floor, also for negative sums
-        r = v - (q << shift)
-    else:
-        q = v // block  # numba follows Python: floor division
-        r = v - q * block
-    twice = r + r
-    up = np.int64(twice > block) | (np.int64(twice == block) & (q & 1))
-    return q + up
+def _round_shift(v: int, shift: int) -> int:
+    """``v / 2**shift`` rounded half to even, in int64 (arithmetic shift = floor, also for
+    negative sums)."""
+    q = v >> shift
+    twice = (v - (q << shift)) << 1
+    block = np.int64(1) << shift
+    return q + (np.int64(twice > block) | (np.int64(twice == block) & (q & 1)))
+
+
+@njit(cache=True, nogil=True)
+def _round_div(v: int, block: int) -> int:
+    """``v / block`` rounded half to even, in int64 (numba's ``//`` floors like Python)."""
+    q = v // block
+    twice = (v - q * block) << 1
+    return q + (np.int64(twice > block) | (np.int64(twice == block) & (q & 1)))
 
 
 @njit(cache=True, nogil=True)
@@ -134,6 +138,52 @@ def _less(a, b):  # type: ignore[no-untyped-def]
     return (a < b) | ((b != b) & (a == a))
 
 
+@njit(cache=True, nogil=True)
+def _mode_of(buf, vals, cnts):  # type: ignore[no-untyped-def]
+    """Most frequent value of ``buf`` (the whole block), ties to the smallest.
+
+    Distinct values are counted in the short list ``vals``/``cnts`` (label blocks hold 1-3
+    labels); a block with more than ``len(vals)`` distinct values is sorted instead and scanned
+    for the longest run (count-distinct would be quadratic on noise). ``buf`` may be reordered.
+    """
+    B = buf.shape[0]
+    cap = vals.shape[0]
+    nd = 0
+    for i in range(B):
+        v = buf[i]
+        t = 0
+        while t < nd and not _same(vals[t], v):
+            t += 1
+        if t < nd:
+            cnts[t] += 1
+        elif nd < cap:
+            vals[nd] = v
+            cnts[nd] = 1
+            nd += 1
+        else:
+            nd = -1
+            break
+    if nd > 0:
+        bi = 0
+        for t in range(1, nd):
+            if cnts[t] > cnts[bi] or (cnts[t] == cnts[bi] and _less(vals[t], vals[bi])):
+                bi = t
+        return vals[bi]
+    buf.sort()  # NaN last, as in NumPy
+    best = buf[0]
+    best_n = 0
+    i = 0
+    while i < B:
+        j = i + 1
+        while j < B and _same(buf[j], buf[i]):
+            j += 1
+        if j - i > best_n:  # strictly longer: ties keep the earlier, smaller value
+            best_n = j - i
+            best = buf[i]
+        i = j
+    return best
+
+
 # --------------------------------------------------------------------------------------------
 # Kernel factory: one set of kernels per constant last-axis scale (0 = runtime ``s2``)
 # --------------------------------------------------------------------------------------------
@@ -145,10 +195,10 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
     S = const_s2
 
     @njit(cache=True, nogil=True)
-    def area_strided(x, out, table, C, s2, acc, block, shift):  # type: ignore[no-untyped-def]
-        """Strided adds: one pass per block row offset adds a whole input row into a full-width
-        accumulator row (contiguous, vectorised), then one strided fold over the last-axis
-        offsets produces the output row."""
+    def area_strided(x, out, table, C, s2, acc, shift):  # type: ignore[no-untyped-def]
+        """Strided adds (power-of-two blocks, ``block == 2**shift``): one pass per block row
+        offset adds a whole input row into a full-width accumulator row (contiguous,
+        vectorised), then one strided fold over the last-axis offsets yields the output row."""
         s = S if S > 0 else s2
         W = x.shape[1]
         L = W // C
@@ -156,74 +206,61 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
         full = L // s
         nrows = table.shape[1]
         for o in range(out.shape[0]):
-            r = table[o, 0]
+            row = x[table[o, 0]]
             for e in range(W):
-                acc[e] = x[r, e]
+                acc[e] = row[e]
             for k in range(1, nrows):
-                r = table[o, k]
+                row = x[table[o, k]]
                 for e in range(W):
-                    acc[e] += x[r, e]
+                    acc[e] += row[e]
+            orow = out[o]
             if C == 1:
                 for q in range(full):
                     v = np.int64(acc[q * s])
                     for j in range(1, s):
                         v += acc[q * s + j]
-                    out[o, q] = _round_div(v, block, shift)
-                for q in range(full, oL):  # ragged tail: clamp = edge padding
+                    orow[q] = _round_shift(v, shift)
+            for q in range(full if C == 1 else 0, oL):  # ragged tail (clamp = edge padding)
+                for c in range(C):
                     v = np.int64(0)
                     for j in range(s):
-                        v += acc[min(q * s + j, L - 1)]
-                    out[o, q] = _round_div(v, block, shift)
-            else:
-                for q in range(oL):
-                    for c in range(C):
-                        v = np.int64(0)
-                        for j in range(s):
-                            v += acc[min(q * s + j, L - 1) * C + c]
-                        out[o, q * C + c] = _round_div(v, block, shift)
+                        v += acc[min(q * s + j, L - 1) * C + c]
+                    orow[q * C + c] = _round_shift(v, shift)
 
     @njit(cache=True, nogil=True)
     def area_reshape(x, out, table, C, s2, acc, block, shift):  # type: ignore[no-untyped-def]
         """Reshape-sum, last axis first: each input row is reduced over its s2-wide block lanes
         (contiguous), and those partial sums are added over the block rows into an output-width
-        accumulator row."""
+        accumulator row. ``shift >= 0`` means ``block == 2**shift``; otherwise (non-dyadic
+        scales) the exact division by ``block`` is used."""
         s = S if S > 0 else s2
         L = x.shape[1] // C
         oL = out.shape[1] // C
         full = L // s
         nrows = table.shape[1]
         for o in range(out.shape[0]):
+            acc[:] = 0
             for k in range(nrows):
-                r = table[o, k]
+                row = x[table[o, k]]
                 if C == 1:
                     for q in range(full):
-                        t = np.int64(0)
+                        t = acc[q]
                         for j in range(s):
-                            t += x[r, q * s + j]
-                        if k == 0:
-                            acc[q] = t
-                        else:
-                            acc[q] += t
-                    for q in range(full, oL):
-                        t = np.int64(0)
+                            t += row[q * s + j]
+                        acc[q] = t
+                for q in range(full if C == 1 else 0, oL):
+                    for c in range(C):
+                        t = acc[q * C + c]
                         for j in range(s):
-                            t += x[r, min(q * s + j, L - 1)]
-                        if k == 0:
-                            acc[q] = t
-                        else:
-                            acc[q] += t
-                else:
-                    for q in range(oL):
-                        for c in range(C):
-                            t = np.int64(0)
-                            for j in range(s):
-                                t += x[r, min(q * s + j, L - 1) * C + c]
-                            if k == 0:
-                                acc[q * C + c] = t
-                            else:
-                                acc[q * C + c] += t
-            for e in range(oL * C):
-                out[o, e] = _round_div(np.int64(acc[e]), block, shift)
+                            t += row[min(q * s + j, L - 1) * C + c]
+                        acc[q * C + c] = t
+            orow = out[o]
+            if shift >= 0:
+                for e in range(oL * C):
+                    orow[e] = _round_shift(np.int64(acc[e]), shift)
+            else:
+                for e in range(oL * C):
+                    orow[e] = _round_div(np.int64(acc[e]), block)
 
     @njit(cache=True, nogil=True)
     def area_float(x, out, table, C, s2, acc, block):  # type: ignore[no-untyped-def]
@@ -235,30 +272,24 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
         full = L // s
         nrows = table.shape[1]
         for o in range(out.shape[0]):
-            for e in range(oL * C):
-                acc[e] = 0.0
+            acc[:] = 0.0
             for k in range(nrows):
-                r = table[o, k]
+                row = x[table[o, k]]
                 if C == 1:
                     for q in range(full):
                         t = acc[q]
                         for j in range(s):
-                            t += x[r, q * s + j]
+                            t += row[q * s + j]
                         acc[q] = t
-                    for q in range(full, oL):
-                        t = acc[q]
+                for q in range(full if C == 1 else 0, oL):
+                    for c in range(C):
+                        t = acc[q * C + c]
                         for j in range(s):
-                            t += x[r, min(q * s + j, L - 1)]
-                        acc[q] = t
-                else:
-                    for q in range(oL):
-                        for c in range(C):
-                            t = acc[q * C + c]
-                            for j in range(s):
-                                t += x[r, min(q * s + j, L - 1) * C + c]
-                            acc[q * C + c] = t
+                            t += row[min(q * s + j, L - 1) * C + c]
+                        acc[q * C + c] = t
+            orow = out[o]
             for e in range(oL * C):
-                out[o, e] = acc[e] / block
+                orow[e] = acc[e] / block
 
     @njit(cache=True, nogil=True)
     def extreme(x, out, table, C, s2, acc, is_max):  # type: ignore[no-untyped-def]
@@ -310,19 +341,41 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
         """mode and median share the block gather (one compiled kernel per dtype).
 
         median: sort the block (NaN last, as NumPy) and take element (B - 1) // 2.
-        mode: most frequent value, ties to the smallest. A uniform block (most blocks of a label
-        image) is answered at once; otherwise distinct values are counted in a short list, and
-        a block with more than ``len(vals)`` distinct values is sorted and scanned for the
-        longest run instead (count-distinct would be quadratic on noise).
+        mode: see ``_mode_of``. Most blocks of a label image are uniform, so for plain rows
+        (C == 1) uniformity is checked straight from the input before anything is gathered.
         """
         s = S if S > 0 else s2
         L = x.shape[1] // C
         oL = out.shape[1] // C
+        full = L // s
         nrows = table.shape[1]
         B = nrows * s
-        cap = vals.shape[0]
         for o in range(out.shape[0]):
-            for q in range(oL):
+            first_q = 0
+            if C == 1 and not is_median:
+                first_q = full
+                for q in range(full):
+                    base = q * s
+                    first = x[table[o, 0], base]
+                    uniform = True
+                    for k in range(nrows):
+                        r = table[o, k]
+                        for j in range(s):
+                            if not _same(x[r, base + j], first):
+                                uniform = False
+                        if not uniform:
+                            break
+                    if uniform:
+                        out[o, q] = first
+                        continue
+                    n = 0
+                    for k in range(nrows):
+                        r = table[o, k]
+                        for j in range(s):
+                            buf[n] = x[r, base + j]
+                            n += 1
+                    out[o, q] = _mode_of(buf, vals, cnts)
+            for q in range(first_q, oL):
                 for c in range(C):
                     n = 0
                     for k in range(nrows):
@@ -333,54 +386,8 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     if is_median:
                         buf.sort()
                         out[o, q * C + c] = buf[(B - 1) // 2]
-                        continue
-                    first = buf[0]
-                    uniform = True
-                    for i in range(1, B):
-                        if not _same(buf[i], first):
-                            uniform = False
-                            break
-                    if uniform:
-                        out[o, q * C + c] = first
-                        continue
-                    nd = 0
-                    overflow = False
-                    for i in range(B):
-                        v = buf[i]
-                        t = 0
-                        while t < nd and not _same(vals[t], v):
-                            t += 1
-                        if t < nd:
-                            cnts[t] += 1
-                        elif nd < cap:
-                            vals[nd] = v
-                            cnts[nd] = 1
-                            nd += 1
-                        else:
-                            overflow = True
-                            break
-                    if not overflow:
-                        bi = 0
-                        for t in range(1, nd):
-                            if cnts[t] > cnts[bi] or (
-                                cnts[t] == cnts[bi] and _less(vals[t], vals[bi])
-                            ):
-                                bi = t
-                        out[o, q * C + c] = vals[bi]
-                        continue
-                    buf.sort()
-                    best = buf[0]
-                    best_n = 0
-                    i = 0
-                    while i < B:
-                        j = i + 1
-                        while j < B and _same(buf[j], buf[i]):
-                            j += 1
-                        if j - i > best_n:  # strictly longer: ties keep the smaller value
-                            best_n = j - i
-                            best = buf[i]
-                        i = j
-                    out[o, q * C + c] = best
+                    else:
+                        out[o, q * C + c] = _mode_of(buf, vals, cnts)
 
     return {
         "area_strided": area_strided,
@@ -644,7 +651,7 @@ def downsample_area(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
     ks = _kernels_for(x.dtype, lay.s2)
     if path == "strided-add":
         acc = np.empty(lay.x2.shape[1], dtype=plan)
-        ks["area_strided"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, block, shift)
+        ks["area_strided"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, shift)
     else:  # "reshape-sum", and "generic" (non-dyadic: same kernel, exact division)
         acc = np.empty(lay.out2_shape[1], dtype=plan)
         ks["area_reshape"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, block, shift)

@@ -647,20 +647,20 @@ def build_sequence_tensor(
 def _split_by_shape(folder: Path, pattern: PlanePattern) -> list[tuple[PlanePattern, _FileHeader]]:
     """One (pattern, header) per (shape, dtype) found in the pattern. The first and last
     files are compared; only when they differ is every header read."""
-    first = _header_or_raise(folder / pattern.names[0])
-    last = first if len(pattern.names) == 1 else _header_or_raise(folder / pattern.names[-1])
+    first = plane_file_header(folder / pattern.names[0])
+    last = first if len(pattern.names) == 1 else plane_file_header(folder / pattern.names[-1])
     if (first.shape, first.dtype) == (last.shape, last.dtype):
         return [(pattern, first)]
     parts: dict[tuple, tuple[PlanePattern, _FileHeader]] = {}
     for name, values in zip(pattern.names, pattern.values):
-        h = _header_or_raise(folder / name)
+        h = plane_file_header(folder / name)
         sub, _ = parts.setdefault((h.shape, h.dtype.str), (PlanePattern(pattern.texts), h))
         sub.names.append(name)
         sub.values.append(values)
     return list(parts.values())
 
 
-def _header_or_raise(path: Path) -> _FileHeader:
+def plane_file_header(path: Path) -> _FileHeader:
     try:
         return read_file_header(str(path))
     except UnreadableSource:

@@ -272,27 +272,41 @@ class TensorAdapter(ABC):
         """The id of the chunk reducing level-0 ``bounds`` by ``scale`` with ``method``."""
         return ChunkId.for_extent(self.array_id, bounds, scale, method, self.content_version)
 
-    def resolve_chunk_data(self, chunk_id: bytes | ChunkId, cache_manager: Any | None = None) -> np.ndarray:
-        """Pixels of a chunk this tensor minted: unscaled → get_data, scaled →
-        get_scaled_data. Foreign, stale or out-of-range ids raise instead of reading."""
+    def check_chunk_id(self, chunk_id: bytes | ChunkId) -> ChunkId:
+        """Decode and validate a chunk id of this tensor: foreign, stale or out-of-range ids
+        raise instead of reading (a stale id is refused even if its bytes are still cached)."""
         cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
         if cid.array_id != self.array_id:
             raise InvalidChunkId(f"chunk id names {cid.array_id!r}, not {self.array_id!r}")
         if cid.content_version != self.content_version or cid.epoch != SERVING_EPOCH:
             raise StaleChunkId(f"{self.array_id}: the data changed since this chunk was planned; re-plan")
-        bounds = cid.bounds
         level = self.native_level(cid.scale) if cid.method == PRECOMPUTE else None
         if cid.method == PRECOMPUTE and level is None:
             raise InvalidChunkId(f"{self.array_id} stores no level at scale {cid.scale}")
         try:
-            bounds.validate(level.tensor.shape if level is not None else self.shape)
+            cid.bounds.validate(level.tensor.shape if level is not None else self.shape)
         except InvalidBounds as exc:
             raise InvalidChunkId(f"chunk id extent does not fit {self.array_id}: {exc}") from None
+        return cid
+
+    def compute_chunk_data(self, cid: ChunkId, cache_manager: Any | None = None) -> np.ndarray:
+        """A validated chunk's pixels, computed (never looked up as a cache entry):
+        unscaled → get_data, stored level → the level, scaled → get_scaled_data (which may
+        assemble its units from cached full-resolution chunks)."""
         if cid.method == UNSCALED:
-            return self.get_data(bounds)
+            return self.get_data(cid.bounds)
         if cid.method == PRECOMPUTE:
-            return self.get_native_level_data(bounds, cid.scale)
-        return self.get_scaled_data(bounds, cid.scale, cid.method, cache_manager)
+            return self.get_native_level_data(cid.bounds, cid.scale)
+        return self.get_scaled_data(cid.bounds, cid.scale, cid.method, cache_manager)
+
+    def resolve_chunk_data(self, chunk_id: bytes | ChunkId, cache_manager: Any | None = None) -> np.ndarray:
+        """Owned pixels of a chunk this tensor minted. With a cache: a hit is the stored
+        chunk (no decode), a miss is computed then stored."""
+        cid = self.check_chunk_id(chunk_id)
+        if cache_manager is None:
+            return self.compute_chunk_data(cid)
+        data = cache_manager.get_or_compute(cid.encode(), lambda: self.compute_chunk_data(cid, cache_manager))
+        return owned_array(data, self.dtype)  # cache entries are read-only: hand out a copy
 
     def native_level(self, scale: Sequence[int]) -> NativeLevel | None:
         scale = tuple(int(s) for s in scale)

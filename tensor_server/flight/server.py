@@ -53,6 +53,19 @@ class ServerConfig:
     write_dir: str | None = None
 
 
+def _peer_is_loopback(peer: str | bytes) -> bool:
+    """gRPC peer strings: ``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``."""
+    peer = peer.decode() if isinstance(peer, bytes) else str(peer)
+    if peer.startswith("unix:"):
+        return True
+    kind, _, rest = peer.partition(":")
+    host = rest.rsplit(":", 1)[0].strip("[]") if kind in ("ipv4", "ipv6") else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def is_loopback_host(host: str) -> bool:
     if host in ("localhost", ""):
         return True
@@ -159,27 +172,69 @@ class TensorFlightServer(flight.FlightServerBase):
         except Exception as exc:
             raise flight_error(exc) from None
 
-    def _chunk_stream(self, raw: bytes) -> flight.RecordBatchStream:
+    def _chunk_data(self, raw: bytes):
+        """(chunk id, read-only pixels): validated first, then from the cache (a hit is the
+        stored chunk, no decode; a miss is computed and stored) or computed."""
         cid = ChunkId.decode(raw)
         tensor, _ = self.catalog.find_tensor(cid.array_id)
         if tensor.array_id != cid.array_id:
             from tensor_server.errors import InvalidChunkId
 
             raise InvalidChunkId(f"chunk id names {cid.array_id!r}, which is not a tensor id")
-        data = tensor.resolve_chunk_data(cid, self.cache_manager)
-        batch = chunk_batch(data)
+        cid = tensor.check_chunk_id(cid)
+        cache = self.cache_manager
+        if cache is None:
+            return cid, tensor.compute_chunk_data(cid)
+        return cid, cache.get_or_compute(cid.encode(), lambda: tensor.compute_chunk_data(cid, cache))
+
+    def _chunk_stream(self, raw: bytes) -> flight.RecordBatchStream:
+        _, data = self._chunk_data(raw)
+        batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
         return flight.RecordBatchStream(pa.Table.from_batches([batch], schema=CHUNK_SCHEMA))
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
-        return [("health", "server status and protocol version (JSON)")]
+        actions = [("health", "server status and protocol version (JSON)")]
+        if self.cache_manager is not None:
+            actions += [("chunk_locate", "segment file and offset of a cached chunk (loopback only)"),
+                        ("cache_stats", "chunk cache statistics (JSON)")]
+        return actions
 
     def do_action(self, context, action):  # noqa: ANN001
         kind = action.type
         if kind == "health":
             return iter([flight.Result(json.dumps(self.health()).encode())])
         self._auth(context)
+        if kind == "chunk_locate" and self.cache_manager is not None:
+            return iter([flight.Result(json.dumps(self._locate(context, action.body.to_pybytes())).encode())])
+        if kind == "cache_stats":
+            if self.cache_manager is None:
+                return iter([])  # no result means "no cache" to the SDK
+            return iter([flight.Result(json.dumps(self.cache_manager.cache_stats()).encode())])
         raise flight.FlightServerError(f"Unknown action: {kind}")
+
+    def _locate(self, context, body: bytes) -> dict[str, Any]:  # noqa: ANN001
+        """wire-protocol §7: the chunk's batch in a segment file the client can map. The
+        chunk goes through the same checks as DoGet (a stale id is refused), is resolved
+        into the cache when missing, and is only offered to loopback peers: a path is
+        useless, and revealing, to a client on another machine."""
+        if not _peer_is_loopback(context.peer()):
+            return {"available": False}
+        try:
+            tt = ticket_pb2.TensorTicket()
+            tt.ParseFromString(body)
+            if tt.WhichOneof("payload") != "chunk_id":
+                return {"available": False}
+            cid, _ = self._chunk_data(tt.chunk_id)
+        except flight.FlightError:
+            raise
+        except Exception as exc:
+            raise flight_error(exc) from None
+        loc = self.cache_manager.locate(cid.encode())
+        if loc is None:  # e.g. larger than the whole cache budget, or evicted just now
+            return {"available": False}
+        return {"available": True, "segment_path": loc.segment_path, "byte_offset": loc.byte_offset,
+                "byte_length": loc.byte_length, "generation_id": loc.generation_id}
 
     def health(self) -> dict[str, Any]:
         cat = self.catalog

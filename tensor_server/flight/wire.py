@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 from biopb.tensor import descriptor_pb2, ticket_pb2
 
+from tensor_server.cache.chunk_columns import encode_chunk_columns, wire_dtype
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.plan import ReadPlan
@@ -39,31 +40,10 @@ CHUNK_SCHEMA = pa.schema(_CHUNK_FIELDS, metadata={b"chunk_wire_protocol": b"2"})
 PLAN_SCHEMA = pa.schema(_CHUNK_FIELDS, metadata=PROTOCOL_METADATA)
 
 
-def wire_dtype(dtype: np.dtype) -> str:
-    """Explicit little-endian numpy dtype string (``"<u2"``, ``"|u1"``)."""
-    dt = np.dtype(dtype)
-    if dt.byteorder == "=" or (dt.byteorder == ">" and dt.itemsize > 1):
-        dt = dt.newbyteorder("<")
-    return dt.str
-
-
 def chunk_batch(arr: np.ndarray) -> pa.RecordBatch:
     """One-row batch of the unified chunk schema; the data buffer wraps ``arr`` without a
     copy (little-endian, C-order), at offset 0 as the client requires."""
-    arr = np.ascontiguousarray(arr)
-    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    if arr.dtype == np.bool_:
-        arr = arr.view(np.uint8).reshape(arr.shape)
-        dtype_str = "|b1"
-    else:
-        dtype_str = wire_dtype(arr.dtype)
-    data = pa.py_buffer(arr.reshape(-1).view(np.uint8)) if arr.size else pa.py_buffer(b"")
-    offsets = pa.py_buffer(np.array([0, data.size], dtype=np.int32))
-    data_col = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])
-    shape_col = pa.array([list(arr.shape)], type=pa.list_(pa.int64()))
-    dtype_col = pa.array([dtype_str], type=pa.string())
-    return pa.RecordBatch.from_arrays([data_col, shape_col, dtype_col], schema=CHUNK_SCHEMA)
+    return pa.RecordBatch.from_arrays(list(encode_chunk_columns(arr)), schema=CHUNK_SCHEMA)
 
 
 def _error_info(code: str, reason: str) -> bytes:

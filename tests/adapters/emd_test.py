@@ -68,7 +68,7 @@ class TestBerkeleyAxes:
         write_berkeley(tmp_path / "b.h5")
         with tensor_server.open(tmp_path / "b.h5") as src:
             assert src.type == "emd" and src.metadata["flavour"] == "berkeley"
-            assert list(src.tensors) == ["data/stem4d/data", "data/slices/realslice", "extra/counts"]
+            assert list(src.tensors) == ["data/slices/realslice", "data/stem4d/data", "extra/counts"]  # signals in visit order
             cube = src.tensors["data/stem4d/data"]
             assert type(inner(cube)) is Hdf5Adapter and cube.read_block_shape == (1, 1, 16, 12)
             assert cube.dim_labels == ("c", "z", "y", "x") and cube.shape == (6, 5, 16, 12)

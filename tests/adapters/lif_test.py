@@ -174,34 +174,40 @@ def test_read_block_is_one_plane_and_decimation_is_declared(testdata):
 
 # ---- decimated reads -----------------------------------------------------------------------
 @pytest.fixture
-def plane_spy(monkeypatch):
-    from readlif.reader import LifImage
+def read_spy(monkeypatch):
+    """Records the file offset of every pixel read the LIF adapter makes."""
+    from tensor_server.adapters import lif
 
-    calls: list[tuple] = []
-    original = LifImage.get_plane
+    offsets: list[int] = []
+    original = lif._LifFileReader.read
 
-    def spy(self, display_dims=None, c=0, requested_dims=None):
-        calls.append((c, tuple(sorted((requested_dims or {}).items()))))
-        return original(self, display_dims=display_dims, c=c, requested_dims=requested_dims)
+    def spy(self, offset, nbytes):
+        offsets.append(offset)
+        return original(self, offset, nbytes)
 
-    monkeypatch.setattr(LifImage, "get_plane", spy)
-    return calls
+    monkeypatch.setattr(lif._LifFileReader, "read", spy)
+    return offsets
 
 
-def test_decimated_read_decodes_only_planes_on_the_step(testdata, plane_spy):
+def test_decimated_read_reads_only_planes_on_the_step(testdata, read_spy):
     with tensor_server.open(testdata / XZ) as src:
-        t = src.tensors["xzt"]  # t, c, z, x
+        t = src.tensors["xzt"]  # t, c, z, x; stored x, z, c, t: plane 16384 B, t step 32768 B
         full = t.get_data()
         b = Bounds((1, 0, 5, 3), (20, 2, 120, 128))
         step = (4, 2, 3, 3)
-        plane_spy.clear()
+        start = inner(t)._block_start
+        read_spy.clear()
         dec = t.get_decimated_data(b, step)
         np.testing.assert_array_equal(dec, full[1:20:4, 0:2:2, 5:120:3, 3:128:3])
         assert dec.flags.owndata
-        assert sorted(plane_spy) == [(0, ((4, ti),)) for ti in (1, 5, 9, 13, 17)]
-        plane_spy.clear()
+        want = [start + ti * 32768 for ti in (1, 5, 9, 13, 17)]  # channel 0 only
+        assert sorted(read_spy) == want, "a decimated read must read only the planes on the step"
+        read_spy.clear()
         np.testing.assert_array_equal(t.get_scaled_data(b, step, "nearest"), dec)
-        assert len(plane_spy) == 5
+        assert sorted(read_spy) == want
+        read_spy.clear()
+        t.get_scaled_data(b, step, "area")  # the streamed default reads every plane
+        assert len(read_spy) == 19 * 2
 
 
 # ---- synthetic variants derived from a real file -------------------------------------------

@@ -93,7 +93,7 @@ class TestZarrV2Array(_ZarrSuite):
     @pytest.fixture
     def source(self, tmp_path):
         p = tmp_path / "plain_v2.zarr"
-        a = zarr.create_array(str(p), shape=(3, 70, 90), chunks=(1, 32, 32), dtype="u2", zarr_format=2)
+        a = zarr.create_array(str(p), shape=(3, 70, 90), chunks=(1, 32, 48), dtype="u2", zarr_format=2)
         a[...] = RNG.integers(0, 4000, (3, 70, 90), dtype=np.uint16)
         src = tensor_server.open(p)
         yield src
@@ -104,7 +104,7 @@ class TestZarrV2Array(_ZarrSuite):
         t = source.tensor()
         assert t.dim_labels == ("z", "y", "x")  # server defaults: last axes y, x
         assert t.physical_scale is None
-        assert t.read_block_shape == t.native_chunk_shape == (1, 32, 32)
+        assert t.read_block_shape == t.native_chunk_shape == (1, 32, 48)
         assert not t.decimates
 
 
@@ -141,7 +141,7 @@ class TestShardedZarrV3(_ZarrSuite):
     @pytest.fixture
     def source(self, tmp_path):
         p = tmp_path / "sharded.zarr"
-        a = zarr.create_array(str(p), shape=(4, 64, 96), chunks=(1, 16, 16), shards=(2, 32, 48), dtype="u2", zarr_format=3)
+        a = zarr.create_array(str(p), shape=(4, 64, 96), chunks=(2, 32, 32), shards=(4, 64, 64), dtype="u2", zarr_format=3)
         a[...] = RNG.integers(0, 60000, (4, 64, 96), dtype=np.uint16)
         src = tensor_server.open(p)
         yield src
@@ -149,8 +149,8 @@ class TestShardedZarrV3(_ZarrSuite):
 
     def test_read_block_is_the_inner_chunk(self, source):
         t = source.tensor()
-        assert t.read_block_shape == t.native_chunk_shape == (1, 16, 16)
-        assert t.metadata["shards"] == [2, 32, 48]
+        assert t.read_block_shape == t.native_chunk_shape == (2, 32, 32)  # not the shard
+        assert t.metadata["shards"] == [4, 64, 64]
 
 
 class TestBigEndian(_ZarrSuite):
@@ -193,7 +193,7 @@ def _write_ome(p: Path, zarr_format: int) -> dict:
         "2": (l0[:, ::2, ::4, ::4].copy(), (1.0, 1.0, 1.0, 1.0)),
     }
     for path, (data, _) in levels.items():
-        g.create_array(path, data=data, chunks=(1, 2, 16, 32))
+        g.create_array(path, data=data, chunks=(1, 5, 32, 40))
     axes = [("c", "channel", None), ("z", "space", "micrometer"), ("y", "space", "micrometer"), ("x", "space", "micrometer")]
     ms = _multiscales(axes, [(k, s) for k, (_, s) in levels.items()], version=None if zarr_format == 3 else "0.4")
     ms["coordinateTransformations"] = [{"type": "scale", "scale": [1.0, 2.0, 1.0, 1.0]}]  # multiscale-wide
@@ -228,7 +228,7 @@ class _OmeSuite(_ZarrSuite):
         assert t.dim_labels == ("c", "z", "y", "x") and t.dtype == np.uint16
         assert t.physical_scale == (None, 1.0, 0.25, 0.25)  # dataset scale x multiscale-wide scale
         assert t.physical_unit == (None, "micrometer", "micrometer", "micrometer")
-        assert t.read_block_shape == (1, 2, 16, 32) and not t.is_labels
+        assert t.read_block_shape == (1, 5, 32, 40) and not t.is_labels
         assert t.metadata["omero"]["channels"][1]["label"] == "GFP"
 
     def test_native_levels_are_the_stored_levels(self, source, written):

@@ -1,0 +1,48 @@
+"""The unified chunk columns (``data``, ``shape``, ``dtype``), shared by DoGet and the cache.
+
+One encoder so a chunk served over DoGet and a chunk stored in a segment (and mapped by a
+client through the fast path) are the same bytes: C-order, little-endian, the data buffer at
+offset 0 of its binary array, an explicit-byte-order numpy dtype string.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["encode_chunk_columns", "decode_chunk", "wire_dtype"]
+
+
+def wire_dtype(dtype: np.dtype) -> str:
+    """Explicit little-endian numpy dtype string (``"<u2"``, ``"|u1"``, ``"|b1"``)."""
+    dt = np.dtype(dtype)
+    if dt.byteorder == "=" or (dt.byteorder == ">" and dt.itemsize > 1):
+        dt = dt.newbyteorder("<")
+    return dt.str
+
+
+def encode_chunk_columns(arr: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """(data, shape, dtype) one-row arrays; ``data`` wraps ``arr``'s bytes without a copy
+    when ``arr`` is C-contiguous little-endian."""
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and not np.little_endian):
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    dtype_str = wire_dtype(arr.dtype)
+    raw = arr.reshape(-1).view(np.uint8) if arr.size else np.zeros(0, np.uint8)
+    data = pa.py_buffer(raw)
+    offsets = pa.py_buffer(np.array([0, data.size], dtype=np.int32))
+    data_col = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])
+    shape_col = pa.array([list(arr.shape)], type=pa.list_(pa.int64()))
+    dtype_col = pa.array([dtype_str], type=pa.string())
+    return data_col, shape_col, dtype_col
+
+
+def decode_chunk(batch: pa.RecordBatch) -> np.ndarray:
+    """A read-only array view of a one-row chunk batch (no copy; keeps the batch's buffer,
+    e.g. a segment mapping, alive)."""
+    dtype = np.dtype(batch.column("dtype")[0].as_py())
+    shape = tuple(batch.column("shape")[0].as_py())
+    count = int(np.prod(shape)) if shape else 1
+    data = batch.column("data").buffers()[2]
+    arr = np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+    arr.flags.writeable = False
+    return arr
