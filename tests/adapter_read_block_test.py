@@ -15,6 +15,7 @@ import tensor_server.adapters
 from tensor_server.core.adapter_base import TensorAdapter
 
 READ_BLOCK = {
+    "CziAdapter": ("none", "a libCZI ROI read composes only the subblocks it touches (no store chunk to floor at); nearest at f>=2 is the zoom= override of get_scaled_data"),
     "TiffPageSeriesAdapter": ("block", "one page: aszarr(chunkmode='page') decodes a page whole and slices the window, nothing caches it; strile mode (one tile/strip) only for pages above page_mode_max_bytes"),
     "TiffAdapter": ("block", "one page (a plane of a stack, all tiles of a tiled plane): page mode decodes it whole, with strip coalescing and threaded tile decode; one tile for a multi-GB slide page"),
     "LsmAdapter": ("block", "one page: an LSM page is one Z/T plane with all channels as planar strips, decoded whole by page mode"),

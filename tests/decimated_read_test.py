@@ -12,6 +12,7 @@ import pytest
 from tests.adapter_read_block_test import all_adapter_classes
 
 DECIMATES = {
+    "CziAdapter": ("no", "libCZI cannot stride inside a subblock; nearest is served by the zoom= override of get_scaled_data (design section 5), not get_decimated_data"),
     "TiffPageSeriesAdapter": ("no", "quantized at the page: the page is decoded whole to return any window, so a stride inside it saves only a memcpy"),
     "TiffAdapter": ("no", "page-mode reads decode the whole page; striding inside a decoded page saves only a memcpy"),
     "LsmAdapter": ("no", "page-mode reads decode the whole plane (all channels); striding inside it saves only a memcpy"),

@@ -7,8 +7,9 @@ the project joined with ``/``, made unique with ``#2``, ``#3``... when names rep
 Axes. An image's XML declares its dimensions in storage order (fastest first), each with a
 ``DimID``: 1 x, 2 y, 3 z, 4 t, 5 detection (emission) wavelength, 9 illumination (excitation)
 wavelength, 10 mosaic tile; 6-8 have no documented meaning. The first two dimensions form the
-stored 2-D plane (``display_dims``; usually x/y, but x/z for the "atypical" XZ scans), the
-channels come next, then the remaining dimensions. The tensor has exactly the dimensions the
+stored 2-D plane (``display_dims``; usually x/y, but x/z for the "atypical" XZ scans); the
+channels and the remaining dimensions sit at the byte offsets the XML gives (channels usually
+right after the plane). The tensor has exactly the dimensions the
 XML declares plus a channel axis ``c`` that is always present (every LIF image describes its
 channels), labelled ``x``, ``y``, ``z``, ``t``, ``w`` (emission wavelength), ``i``
 (illumination wavelength, readlif's name), ``m`` (mosaic tile) and ``dim6``..``dim8``. An XZ
@@ -145,6 +146,7 @@ class LifAdapter(TensorAdapter):
         self._plane_dims = (dims[1], dims[0])  # (slow, fast) = rows, columns of a plane
         self._outer_dims = tuple(reversed(dims[2:]))  # slowest first
         self._channel_offsets = tuple(int(c) for c in channel_offsets)
+        self._stored_dtype = np.dtype(dtype)  # little-endian as stored; get_data makes it native
         scale_n = dict(image.scale_n or {})
         labels = [d.label for d in self._outer_dims] + ["c"] + [d.label for d in self._plane_dims]
         shape = [d.size for d in self._outer_dims] + [len(channel_offsets)] + [d.size for d in self._plane_dims]
@@ -178,8 +180,8 @@ class LifAdapter(TensorAdapter):
     def read_plane(self, outer_index: Sequence[int], channel: int) -> np.ndarray:
         """One plane (rows, columns), read-only, at outer indices and channel."""
         rows, cols = self._plane_dims[0].size, self._plane_dims[1].size
-        data = self._reader.read(self.plane_offset(outer_index, channel), rows * cols * self.dtype.itemsize)
-        return np.frombuffer(data, dtype=self.dtype).reshape(rows, cols)
+        data = self._reader.read(self.plane_offset(outer_index, channel), rows * cols * self._stored_dtype.itemsize)
+        return np.frombuffer(data, dtype=self._stored_dtype).reshape(rows, cols)
 
     def _read(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
         picks = [range(a, b, s) for a, b, s in zip(bounds.start, bounds.stop, step)]

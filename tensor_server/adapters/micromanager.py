@@ -219,7 +219,7 @@ def open_mmstack(path: Path) -> MicroManagerLegacyAdapter:
     if not files:
         raise UnreadableSource(path, "the MMStack dataset holds no readable planes")
     layouts = {
-        f: FileLayout(dtype, np.asarray(offs, dtype=np.int64), np.full(len(offs), -1, dtype=np.int64))
+        f: FileLayout(dtype, np.asarray(offs, dtype=np.int64))
         for f, offs in enumerate(offsets)
     }
     plane_labels = [TIFFFILE_AXES[a] for a in page_axes]

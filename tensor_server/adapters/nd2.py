@@ -126,6 +126,11 @@ class Nd2Adapter(TensorAdapter):
         self._loop_axes = tuple(i for i, a in enumerate(self.axes) if a not in _FRAME_AXES)
         self._frame_axes = tuple(i for i, a in enumerate(self.axes) if a in _FRAME_AXES)
         self._loop_shape = tuple(int(shape[i]) for i in self._loop_axes)
+        # Row-major frame strides over the loop axes: np.ravel_multi_index, precomputed
+        # (a NumPy call per frame cost more than reading an mmap frame).
+        self._loop_strides = tuple(
+            int(np.prod(self._loop_shape[k + 1 :], dtype=np.int64)) for k in range(len(self._loop_shape))
+        )
         # The seed is one whole frame (C/Y/X/S), the unit nd2 addresses; see read_block_shape.
         seed = tuple(1 if i in self._loop_axes else int(n) for i, n in enumerate(shape))
         super().__init__(
@@ -158,9 +163,12 @@ class Nd2Adapter(TensorAdapter):
 
     def frame_index(self, loop_coords: Sequence[int]) -> int:
         """Frame number of the loop coordinates (file order), as ``nd2`` addresses frames."""
-        if not self._loop_shape:
-            return 0
-        return int(np.ravel_multi_index(tuple(loop_coords), self._loop_shape))
+        number = 0
+        for i, n, stride in zip(loop_coords, self._loop_shape, self._loop_strides, strict=True):
+            if not 0 <= i < n:
+                raise IndexError(f"loop index {i} outside 0..{n - 1}")
+            number += int(i) * stride
+        return number
 
     def _read(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
         """Read ``bounds`` with ``step`` into one owned output: frames on the step only."""
@@ -168,11 +176,11 @@ class Nd2Adapter(TensorAdapter):
         out = np.empty(tuple(len(r) for r in picks), dtype=self.dtype)
         # Index into the 4-D (c, y, x, s) frame model: a strided slice per present frame
         # axis, 0 for frame axes nd2 dropped as singletons.
-        frame_index: list[Any] = [0, 0, 0, 0]
+        in_frame: list[Any] = [0, 0, 0, 0]
         for i in self._frame_axes:
             r = picks[i]
-            frame_index[_FRAME_AXES[self.axes[i]]] = slice(r.start, r.stop, r.step)
-        frame_index_t = tuple(frame_index)
+            in_frame[_FRAME_AXES[self.axes[i]]] = slice(r.start, r.stop, r.step)
+        in_frame_t = tuple(in_frame)
         loop_ranges = [picks[i] for i in self._loop_axes]
         loop_positions = [range(len(r)) for r in loop_ranges]
         number = -1
@@ -184,7 +192,7 @@ class Nd2Adapter(TensorAdapter):
                         with self._read_lock:
                             frame = nd2_file.read_frame(number)
                         # out[where] holds the present frame axes in C, Y, X, S order.
-                        out[where] = self._frame_model.as_cyxs(frame)[frame_index_t]
+                        out[where] = self._frame_model.as_cyxs(frame)[in_frame_t]
                     finally:
                         # No view onto the mmap may outlive the handle pin (the reaper
                         # could not close the map, and views must never leave the call).

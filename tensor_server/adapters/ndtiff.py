@@ -207,7 +207,7 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
 
     paths = [str(folder / n) for n in files]
     layouts = {
-        f: FileLayout(dtype, np.asarray(offs, dtype=np.int64), np.full(len(offs), -1, dtype=np.int64))
+        f: FileLayout(dtype, np.asarray(offs, dtype=np.int64))
         for f, offs in enumerate(offsets)
     }
     pixel = _positive(summary.get("PixelSize_um"))

@@ -113,7 +113,7 @@ class NiftiSource(SourceAdapter):
 
     def __init__(self, path: Path) -> None:
         path = Path(path)
-        handle: LazyHandle[Any] = LazyHandle(lambda: _load(path), closer=lambda img: None, name=str(path))
+        handle: LazyHandle[Any] = LazyHandle(lambda: _load(path), closer=_close_image, name=str(path))
         with handle.use() as img:
             proxy = img.dataobj
             raw = np.dtype(proxy.dtype)
@@ -139,16 +139,61 @@ class NiftiSource(SourceAdapter):
         super().__init__(path, {"data": normalize_axes(tensor)}, metadata=metadata)
 
 
+_NIFTI_NAMES = (".nii", ".nii.gz", ".hdr", ".hdr.gz", ".img", ".img.gz")
+
+
 def _load(path: Path) -> Any:
     import nibabel as nib
 
     try:
-        img = nib.load(str(path))
+        if path.name.lower().endswith(_NIFTI_NAMES):
+            img = nib.load(str(path))
+        else:
+            img = _load_misnamed(path)
+    except UnreadableSource:
+        raise
     except Exception as exc:  # nibabel's ImageFileError, HeaderDataError, EOFError, ...
         raise UnreadableSource(path, f"not a readable NIfTI file: {type(exc).__name__}: {exc}") from exc
     if not isinstance(img, (nib.Nifti1Image, nib.Nifti2Image, nib.Nifti1Pair, nib.Nifti2Pair)):
         raise UnreadableSource(path, f"nibabel read it as {type(img).__name__}, not NIfTI")
     return img
+
+
+def _load_misnamed(path: Path) -> Any:
+    """A single-file NIfTI recognised by content under another name: nibabel picks the reader
+    and the compression from the file name, so both are chosen here from the magic bytes and
+    nibabel reads from a file object (its proxy serialises seeks on it with its own lock)."""
+    import gzip
+
+    import nibabel as nib
+    from nibabel.fileholders import FileHolder
+
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    compressed = head[:2] == b"\x1f\x8b"
+    if compressed:
+        head = zlib.decompressobj(31).decompress(head, 1024)
+    if len(head) >= 348 and head[344:348] == b"n+1\x00":
+        klass = nib.Nifti1Image
+    elif len(head) >= 8 and head[4:8] == b"n+2\x00":
+        klass = nib.Nifti2Image
+    else:
+        raise UnreadableSource(path, "not a single-file NIfTI (a .hdr/.img pair needs its file names)")
+    fileobj = gzip.open(path, "rb") if compressed else open(path, "rb")
+    holder = FileHolder(filename=str(path), fileobj=fileobj)
+    try:
+        img = klass.from_file_map({"image": holder, "header": holder})
+    except Exception:
+        fileobj.close()
+        raise
+    img._tensor_server_owned_file = fileobj  # closed by _close_image when the handle is reaped
+    return img
+
+
+def _close_image(img: Any) -> None:
+    owned = getattr(img, "_tensor_server_owned_file", None)
+    if owned is not None:
+        owned.close()
 
 
 def _metadata(img: Any, raw: np.dtype, slope: float, inter: float, dtype: np.dtype) -> dict[str, Any]:

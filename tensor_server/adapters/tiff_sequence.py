@@ -15,9 +15,10 @@ How a folder becomes tensors
   a free letter q, m, n, ...; the word is kept in the metadata). One pattern is one tensor:
   files of different patterns (readlif's 1024^2 ``c0z0t0.tif`` planes next to 128^2
   ``xz_c0_t0.tif`` planes) are different tensors, because a pattern is what a user names a
-  series by, and shapes differ between patterns, not inside one. Inside a pattern, the first
-  and last files' shapes are compared at open; if they differ, every file's header is read
-  and the pattern is split by (shape, dtype), the field names gaining a ``_HxW`` suffix.
+  series by, and shapes differ between patterns, not inside one. Inside a pattern, every
+  file's header is read at open (only the first and last above 256 files; a plane that
+  differs is then reported when read) and the pattern is split by (shape, dtype) if they
+  differ, the field names gaining a ``_HxW`` suffix.
   Field names are the pattern with the varying numbers dropped (``czt``, ``xz_c_t``,
   ``Channel``); the pattern with most files is the default tensor.
 
@@ -40,12 +41,14 @@ Read granularity (design §3)
   rows the window spans (an ``mmap`` with a stride when the skipped rows exceed the kernel
   readahead), so a window costs its own rows: ``read_block_shape`` is None and the tensor
   decimates (the step skips whole planes on the file axes and rows inside a plane).
-  Compressed or tiled planes are read through tifffile's per-strile zarr store
-  (``chunkmode=STRILE``), which decodes only the strips/tiles the window touches: the block
-  is one strile, declared from the first file. Page mode would decode the whole plane for
-  every window; per-strile costs some coalescing on full-plane reads but files in a sequence
-  are planes, read in windows by the streaming path. (Design §3's "one strile" for this class
-  is the compressed case; the uncompressed case is cheaper than a strile and says so.)
+  Compressed or tiled planes keep their strip/tile offsets from that same header parse, and
+  a window reads (one ``pread`` each) and decodes only the striles it touches, with tifffile's
+  own per-page decoder (``TiffPage.decode``, shared by every file with the same page hash):
+  the block is one strile, declared from the first file. Decoding the whole page for every
+  window would make N streaming units cost N page decodes; tifffile's zarr store in strile
+  mode reads the same striles but re-parses the file and costs ~5x more per small read.
+  (Design §3's "one strile" for this class is the compressed case; the uncompressed case is
+  cheaper than a strile and says so.)
 """
 from __future__ import annotations
 
@@ -136,12 +139,16 @@ def unique_label(wanted: str | None, used: set[str]) -> str:
 # ---- reading planes ---------------------------------------------------------------------------
 @dataclass
 class FileLayout:
-    """Where the planes of one file are: raw byte offsets (-1: not stored raw) and the TIFF
-    page index of each plane (-1: unknown), plus the stored dtype with its byte order."""
+    """Where the planes of one file are, with the stored dtype (byte order included).
+
+    ``offsets[k]``: byte offset of plane ``k`` when stored raw, else -1. ``striles[k]``: for a
+    plane that is not raw, ``(decoder, strile offsets, strile byte counts, jpegtables)``, the
+    decoder being a tifffile page whose ``decode`` (a closure over compression, predictor,
+    geometry, dtype) applies to this plane; None for raw or absent planes."""
 
     dtype: np.dtype
     offsets: np.ndarray
-    pages: np.ndarray
+    striles: list[tuple[Any, tuple[int, ...], tuple[int, ...], bytes | None] | None] | None = None
 
 
 def raw_offset(page: Any, keyframe: Any) -> int:
@@ -215,23 +222,77 @@ def read_raw_window(
     return arr[(slice(None, None, outer.step),) + window[1:]]
 
 
-def read_tiff_page_window(path: str, page_index: int, plane_shape: tuple[int, ...], window: tuple[slice, ...]) -> np.ndarray:
-    """``window`` of TIFF page ``page_index``, decoding only the strips/tiles it touches
-    (tifffile's zarr store in per-strile mode)."""
-    import tifffile
-    import zarr
+def strile_geometry(page: Any) -> tuple[int, int, bool]:
+    """(rows, columns) of one strip or tile of ``page``, and whether samples are planar."""
+    if page.is_tiled:
+        return int(page.tilelength), int(page.tilewidth), page.planarconfig == 2
+    return int(min(page.rowsperstrip or page.imagelength, page.imagelength)), int(page.imagewidth), page.planarconfig == 2
 
-    with tifffile.TiffFile(path) as tif:
-        page = tif.pages[page_index]
-        if tuple(page.shape) != tuple(plane_shape):
-            raise UnreadableSource(path, f"page {page_index} has shape {page.shape}, expected {plane_shape}")
-        store = tif.aszarr(key=page_index, chunkmode=tifffile.CHUNKMODE.STRILE)
-        try:
-            z = zarr.open_array(store, mode="r")
-            data = z[tuple(slice(s.start, s.stop) for s in window)]
-        finally:
-            store.close()
-    return np.asarray(data)[tuple(slice(None, None, s.step) for s in window)]
+
+def strile_block(page: Any) -> tuple[int, ...]:
+    """One strip or tile in the page's own axes (``YX``, ``YXS`` or ``SYX``)."""
+    rows, cols, planar = strile_geometry(page)
+    block = {"Y": rows, "X": cols, "S": 1 if planar else int(page.samplesperpixel)}
+    return tuple(block[a] for a in page.axes)
+
+
+def read_strile_window(
+    path: str,
+    decoder: Any,
+    offsets: Sequence[int],
+    counts: Sequence[int],
+    jpegtables: bytes | None,
+    window: tuple[slice, ...],
+) -> np.ndarray:
+    """``window`` of a compressed (or otherwise not raw) plane: only the strips/tiles the
+    window touches are read (one ``pread`` each) and decoded with tifffile's decoder."""
+    axes = decoder.axes
+    win = dict(zip(axes, window))
+    ys, xs = win["Y"], win["X"]
+    ss = win.get("S", slice(0, 1, 1))
+    rows, cols, planar = strile_geometry(decoder)
+    nsamples = int(decoder.samplesperpixel)
+    # working buffer: (separate sample, y, x, contiguous sample) over the unstrided window
+    y0, y1, x0, x1, s0, s1 = ys.start, ys.stop, xs.start, xs.stop, ss.start, ss.stop
+    sep = range(s0, s1) if planar else range(1)
+    con = (0, 1) if planar or nsamples == 1 else (s0, s1)
+    work = np.zeros((len(sep), y1 - y0, x1 - x0, con[1] - con[0]), decoder.dtype)
+    length, width = int(decoder.imagelength), int(decoder.imagewidth)
+    per_sample = -(-length // rows) * -(-width // cols)
+    across = -(-width // cols)
+    wanted = []
+    for si, s in enumerate(sep):
+        for r in range(y0 // rows, (y1 - 1) // rows + 1):
+            for c in range(x0 // cols, (x1 - 1) // cols + 1):
+                wanted.append((s * per_sample + r * across + c, si))
+    kwargs: dict[str, Any] = {}
+    if decoder.compression in (6, 7, 34892, 33007):  # JPEG flavours need their tables
+        kwargs = {"jpegtables": jpegtables, "jpegheader": getattr(decoder, "jpegheader", None)}
+    with open(path, "rb", buffering=0) as fh:
+        fd = fh.fileno()
+        for index, si in sorted(wanted, key=lambda w: offsets[w[0]] if w[0] < len(offsets) else 0):
+            if index >= len(offsets) or counts[index] <= 0 or offsets[index] <= 0:
+                continue  # an empty strile reads as zeros, as in tifffile
+            data = bytes(_read_exact(fd, counts[index], offsets[index], path, f"strile {index}"))
+            seg, (_, _, sy, sx, _), _shape = decoder.decode(data, index, **kwargs)
+            if seg is None:
+                continue
+            seg = seg.reshape(seg.shape[-3:])  # (rows, cols, contiguous samples)
+            ly0, ly1 = max(y0, sy), min(y1, sy + seg.shape[0])
+            lx0, lx1 = max(x0, sx), min(x1, sx + seg.shape[1])
+            if ly0 >= ly1 or lx0 >= lx1:
+                continue
+            work[si, ly0 - y0 : ly1 - y0, lx0 - x0 : lx1 - x0] = seg[
+                ly0 - sy : ly1 - sy, lx0 - sx : lx1 - sx, con[0] : con[1]
+            ]
+    if axes == "YX":
+        out = work[0, :, :, 0]
+    elif axes == "YXS":
+        out = work[0]
+    else:  # SYX
+        out = work[:, :, :, 0]
+    steps = tuple(slice(None, None, s.step) for s in window)
+    return out[steps]
 
 
 # ---- the plane grid ---------------------------------------------------------------------------
@@ -292,6 +353,7 @@ class TiffPlaneGridAdapter(TensorAdapter):
         self._stored_dtype = np.dtype(stored_dtype)
         self._layouts: dict[int, FileLayout] = dict(layouts or {})
         self._layout_lock = threading.Lock()
+        self._decoders: dict[Any, Any] = {}  # tifffile page hash -> a page that decodes it
         self._file_shape = None if file_shape is None else tuple(int(n) for n in file_shape)
         self._read_block = None if read_block is None else tuple(int(b) for b in read_block)
         grid_shape = self._file_index.shape[: self._ngrid]
@@ -360,10 +422,10 @@ class TiffPlaneGridAdapter(TensorAdapter):
             offset = int(layout.offsets[k])
             if offset >= 0:
                 return read_raw_window(path, offset, self._plane_shape, layout.dtype, window)
-            page = int(layout.pages[k])
-            if page < 0:
+            strile = layout.striles[k] if layout.striles is not None else None
+            if strile is None:
                 raise UnreadableSource(path, f"plane {k} cannot be located in the file")
-            return read_tiff_page_window(path, page, self._plane_shape, window)
+            return read_strile_window(path, *strile, window)
         except (UnreadableSource, MemoryError):
             raise
         except Exception as exc:  # a damaged plane found at read time names its file
@@ -393,31 +455,35 @@ class TiffPlaneGridAdapter(TensorAdapter):
                     f"holds {shape} {dtype}, but the other planes of this sequence are "
                     f"{self._file_shape} {self._stored_dtype.newbyteorder('=')}",
                 )
-            return series_layout(tif, series, len(self._plane_shape), path)
+            return series_layout(tif, series, len(self._plane_shape), path, self._decoders)
 
 
-def series_layout(tif: Any, series: Any, plane_ndim: int, path: str) -> FileLayout:
-    """The planes of ``series`` (its leading axes flattened) as offsets and page indices."""
+def series_layout(tif: Any, series: Any, plane_ndim: int, path: str, decoders: dict[Any, Any] | None = None) -> FileLayout:
+    """The planes of ``series`` (its leading axes flattened): raw offsets where the pixels
+    are stored final, strile offsets/counts and a shared decoder elsewhere."""
     keyframe = series.keyframe
     shape = tuple(series.shape)
     n = math.prod(shape[: len(shape) - plane_ndim])
     dtype = np.dtype(series.dtype).newbyteorder(tif.byteorder)
     offsets = np.full(n, -1, dtype=np.int64)
-    pages = np.full(n, -1, dtype=np.int64)
     plane_bytes = math.prod(shape[len(shape) - plane_ndim :]) * dtype.itemsize
     if series.dataoffset is not None and keyframe.is_final:
         offsets[:] = series.dataoffset + np.arange(n, dtype=np.int64) * plane_bytes
+        return FileLayout(dtype, offsets)
     series_pages = series.pages
-    if len(series_pages) == n:
-        for k, page in enumerate(series_pages):
-            if page is None:
-                continue
-            pages[k] = page.index
-            if offsets[k] < 0:
-                offsets[k] = raw_offset(page, keyframe)
-    elif offsets[0] < 0:
+    if len(series_pages) != n:
         raise UnreadableSource(path, f"cannot locate the {n} planes of the file's first series")
-    return FileLayout(dtype, offsets, pages)
+    striles: list[Any] = [None] * n
+    decoders = {} if decoders is None else decoders
+    for k, page in enumerate(series_pages):
+        if page is None:
+            continue
+        offsets[k] = raw_offset(page, keyframe)
+        if offsets[k] < 0:
+            decoder = decoders.setdefault(keyframe.hash, keyframe)
+            tables = getattr(page, "jpegtables", None) if hasattr(page, "tags") else keyframe.jpegtables
+            striles[k] = (decoder, tuple(page.dataoffsets), tuple(page.databytecounts), tables)
+    return FileLayout(dtype, offsets, striles)
 
 
 class TiffSequenceAdapter(TiffPlaneGridAdapter):
@@ -542,10 +608,7 @@ def read_file_header(path: str) -> _FileHeader:
             raise UnreadableSource(path, f"pages with axes {page_axes!r} are not planes")
         plane_ndim = len(page_axes)
         dtype = np.dtype(series.dtype).newbyteorder(tif.byteorder)
-        block = None
-        if not key.is_final:
-            chunks = tuple(int(c) for c in key.chunks)  # one strip or tile, in page axes
-            block = chunks if len(chunks) == plane_ndim else tuple(key.shape)
+        block = None if key.is_final else strile_block(key)
         size = None
         ij = tif.imagej_metadata or {}
         unit = str(ij.get("unit", "")).lower()
@@ -644,16 +707,23 @@ def build_sequence_tensor(
     )
 
 
+#: Patterns with at most this many files have every header read at open; larger ones only
+#: the first and last (a plane that differs is then reported when read).
+_CHECK_ALL_HEADERS = 256
+
+
 def _split_by_shape(folder: Path, pattern: PlanePattern) -> list[tuple[PlanePattern, _FileHeader]]:
-    """One (pattern, header) per (shape, dtype) found in the pattern. The first and last
-    files are compared; only when they differ is every header read."""
+    """One (pattern, header) per (shape, dtype) found in the pattern (see _CHECK_ALL_HEADERS)."""
     first = plane_file_header(folder / pattern.names[0])
     last = first if len(pattern.names) == 1 else plane_file_header(folder / pattern.names[-1])
-    if (first.shape, first.dtype) == (last.shape, last.dtype):
+    same = (first.shape, first.dtype) == (last.shape, last.dtype)
+    if same and len(pattern.names) > _CHECK_ALL_HEADERS:
+        return [(pattern, first)]
+    headers = [first] + [plane_file_header(folder / n) for n in pattern.names[1:-1]] + ([last] if len(pattern.names) > 1 else [])
+    if all((h.shape, h.dtype) == (first.shape, first.dtype) for h in headers):
         return [(pattern, first)]
     parts: dict[tuple, tuple[PlanePattern, _FileHeader]] = {}
-    for name, values in zip(pattern.names, pattern.values):
-        h = plane_file_header(folder / name)
+    for name, values, h in zip(pattern.names, pattern.values, headers):
         sub, _ = parts.setdefault((h.shape, h.dtype.str), (PlanePattern(pattern.texts), h))
         sub.names.append(name)
         sub.values.append(values)

@@ -292,6 +292,7 @@ class _StoreWalker:
         self.store = LocalStore(root, read_only=True)
         self.tensors: dict[str, TensorAdapter] = {}
         self.skipped: list[dict[str, str]] = []
+        self.ngff_version = ""  # of the first image served, for the source's metadata
 
     # -- nodes and arrays --
     def node(self, rel: str) -> _Node | None:
@@ -315,7 +316,7 @@ class _StoreWalker:
     def open_array(self, node: _Node) -> Any:
         array = self.zarr.open_array(store=self.store, path=node.rel, mode="r", zarr_format=node.zarr_format)
         dt = np.dtype(array.dtype)
-        if dt.hasobject or dt.fields is not None or dt.kind in "USVOMm":
+        if dt.hasobject or dt.fields is not None or dt.kind in "USVOMmT":
             raise UnreadableSource(self.root, f"zarr array {node.rel or '/'!r}: dtype {dt} is not a numeric pixel type")
         if len(array.shape) == 0 or any(n < 1 for n in array.shape):
             raise UnreadableSource(self.root, f"zarr array {node.rel or '/'!r}: shape {array.shape} has no pixels")
@@ -371,6 +372,7 @@ class _StoreWalker:
             raise UnreadableSource(node.meta_files[-1], "multiscales is not a non-empty list of objects")
         ms = multiscales[0]
         version = str(ms.get("version") or ome.get("version") or node.attributes.get("version") or "")
+        self.ngff_version = self.ngff_version or version
         datasets = ms.get("datasets")
         if not isinstance(datasets, list) or not datasets or not all(isinstance(d, Mapping) and d.get("path") is not None for d in datasets):
             raise UnreadableSource(node.meta_files[-1], "multiscales datasets must be a non-empty list with paths")
@@ -532,7 +534,7 @@ class _StoreWalker:
             raise UnreadableSource(self.root, f"zarr {layout} holds no readable array{detail}")
         metadata: dict[str, Any] = {"zarr_format": root.zarr_format, "layout": layout}
         if root.is_ome():
-            metadata["ngff_version"] = str(ome.get("version") or "")
+            metadata["ngff_version"] = str(ome.get("version") or self.ngff_version)
             for key in ("plate", "well", "bioformats2raw.layout", "omero"):
                 if key in ome:
                     metadata[key] = _jsonable(ome[key])

@@ -8,6 +8,7 @@ take the process down.
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
 import json
 import logging
 import socket
@@ -93,6 +94,9 @@ class TensorFlightServer(flight.FlightServerBase):
         self.catalog = catalog
         self.cache_manager = cache_manager
         self.started_at = time.time()
+        #: handler call counts (DoGet, GetFlightInfo, actions by name): cheap and useful
+        #: for stats and for tests that prove a fast path bypassed DoGet
+        self.calls: Counter[str] = Counter()
         location = f"grpc://{self.config.host}:{self.config.port}"
         super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
 
@@ -106,6 +110,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- GetFlightInfo -------------------------------------------------------------------------
     def get_flight_info(self, context, descriptor):  # noqa: ANN001 - pyarrow signature
+        self.calls["GetFlightInfo"] += 1
         self._auth(context)
         try:
             if descriptor.descriptor_type == flight.DescriptorType.PATH:
@@ -153,6 +158,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- DoGet ------------------------------------------------------------------------------------
     def do_get(self, context, ticket):  # noqa: ANN001
+        self.calls["DoGet"] += 1
         self._auth(context)
         try:
             tt = ticket_pb2.TensorTicket()
@@ -202,6 +208,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     def do_action(self, context, action):  # noqa: ANN001
         kind = action.type
+        self.calls[f"action:{kind}"] += 1
         if kind == "health":
             return iter([flight.Result(json.dumps(self.health()).encode())])
         self._auth(context)

@@ -15,7 +15,7 @@ from tensor_server.adapters.hdf5 import Hdf5Adapter, Hdf5ContiguousAdapter
 from tensor_server.adapters.registry import detect_format
 from tensor_server.errors import UnreadableSource
 from tensor_server.testing import AdapterTests
-from tests.adapters.hdf5_test import check_against_expected, inner, open_with_deadline, served_order
+from tests.adapters.hdf5_test import check_against_expected, inner, open_with_deadline
 
 VELOX_ZIPS = ("emd/velox_emd_version11.zip", "emd/velox_emd_v11_elementSelection.zip")
 

@@ -181,6 +181,21 @@ class TestHdf5Source:
             with pytest.raises(InvalidArgument, match="complex"):
                 t.get_scaled_data(None, (2, 2), "area")
 
+    def test_virtual_dataset_has_no_block_and_does_not_decimate(self, tmp_path):
+        parts = [np.full((4, 10), i, dtype=np.int16) + np.arange(10, dtype=np.int16) for i in range(3)]
+        with h5py.File(tmp_path / "vds.h5", "w") as f:
+            layout = h5py.VirtualLayout(shape=(12, 10), dtype=np.int16)
+            for i, part in enumerate(parts):
+                src_ds = f.create_dataset(f"part{i}", data=part, chunks=(2, 5))
+                layout[4 * i : 4 * i + 4] = h5py.VirtualSource(src_ds)
+            f.create_virtual_dataset("joined", layout)
+        with tensor_server.open(tmp_path / "vds.h5") as src:
+            t = src.tensors["joined"]
+            assert src.default_field == "joined" and type(inner(t)) is Hdf5Adapter
+            assert inner(t).metadata["layout"] == "virtual"
+            assert t.read_block_shape is None and not t.decimates
+            np.testing.assert_array_equal(t.get_data(Bounds((3, 2), (9, 7))), np.concatenate(parts)[3:9, 2:7])
+
     def test_userblock_and_misnamed_files_are_detected_by_content(self, tmp_path):
         data = np.arange(48, dtype=np.int32).reshape(6, 8)
         with h5py.File(tmp_path / "ub.dat", "w", userblock_size=1024) as f:

@@ -328,6 +328,7 @@ def test_real_ome_zarr_matches_expected(key, testdata, expected):
     want = expected[key]
     with tensor_server.open(testdata / key) as src:
         assert src.type == "ome-zarr"
+        assert src.metadata["ngff_version"] == want["ngff_version"]
         t = src.tensor()
         if want["axes"]:
             assert list(t.dim_labels) == want["axes"]
@@ -388,6 +389,7 @@ def test_corrupt_zarr_json_names_the_file(tmp_path):
     p = tmp_path / "bad3.zarr"
     zarr.create_array(str(p), shape=(4, 4), dtype="u1", zarr_format=3)
     (p / "zarr.json").write_text('{"shape": [4, ')
+    assert detect_format(p).name == "zarr"  # the sniffers do not raise; the opener reports it
     with pytest.raises(UnreadableSource) as exc:
         tensor_server.open(p)
     assert str(p / "zarr.json") in str(exc.value) and "corrupt" in str(exc.value)
@@ -449,3 +451,34 @@ def test_content_version_follows_metadata(tmp_path):
     os.utime(p / ".zarray", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     with tensor_server.open(p) as src:
         assert src.tensor().content_version != v1
+
+
+# ---- metadata rules -----------------------------------------------------------------------------
+def test_axes_forms():
+    from tensor_server.adapters.zarr import _axes
+
+    # 0.4+: dicts with name/type/unit, names lower-cased
+    labels, types, units = _axes({"axes": [{"name": "C", "type": "channel"}, {"name": "y", "unit": "nm"}]}, 2, "0.4")
+    assert labels == ["c", "y"] and types == ["channel", None] and units == [None, "nm"]
+    # 0.3: plain strings
+    assert _axes({"axes": ["z", "y", "x"]}, 3, "0.3")[0] == ["z", "y", "x"]
+    # 0.1/0.2: no axes, always 5-D TCZYX
+    assert _axes({}, 5, "0.1")[0] == list("tczyx")
+    # long names map to the letters the server orders by; a mismatch falls back to defaults
+    assert _axes({"axes": [{"name": "time"}, {"name": "y"}, {"name": "x"}]}, 3, "0.4")[0] == ["t", "y", "x"]
+    assert _axes({"axes": ["y", "x"]}, 3, "0.4")[0] is None
+    assert _axes({"axes": ["y", "y"]}, 2, "0.4")[0] is None
+
+
+def test_integer_factors():
+    from tensor_server.adapters.zarr import _integer_factor
+
+    # shape ratio with a floored or ceiled edge (no transforms, as in 0.1-0.3)
+    assert _integer_factor((1, 3, 167, 439), (1, 3, 83, 219), None, None)[0] == (1, 1, 2, 2)
+    assert _integer_factor((5, 64), (3, 16), None, None)[0] == (2, 4)
+    # transforms decide where present; the sizes must agree with them
+    assert _integer_factor((64, 80), (32, 40), [0.2, 0.2], [0.4, 0.4])[0] == (2, 2)
+    assert _integer_factor((64, 80), (43, 54), [0.2, 0.2], [0.3, 0.3])[0] is None  # 1.5x
+    assert _integer_factor((64, 80), (43, 54), None, None)[0] is None  # 1.5x by shape
+    factor, why = _integer_factor((64, 80), (30, 40), [0.2, 0.2], [0.4, 0.4])
+    assert factor is None and "axis 0" in why  # says 2x, stores 30 rows

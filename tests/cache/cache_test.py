@@ -1,0 +1,242 @@
+"""The chunk cache: tiers, budget, crash safety, recovery, concurrency, cache-sourced reads."""
+from __future__ import annotations
+
+import concurrent.futures
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+from tensor_server.cache import CacheLocked, CacheManager
+from tensor_server.cache.segment_index import index_path
+from tensor_server.core import Bounds, plan_read
+from tensor_server_kernels import reference
+
+CHUNK = 64 * 64 * 2  # bytes of a (64, 64) uint16 chunk
+
+
+def chunk(i: int) -> np.ndarray:
+    return np.full((64, 64), i, np.uint16)
+
+
+def test_hit_miss_and_read_only_entries(tmp_path):
+    with CacheManager(tmp_path) as c:
+        calls = []
+        a = c.get_or_compute(b"k", lambda: calls.append(1) or chunk(7))
+        b = c.get_or_compute(b"k", lambda: calls.append(1) or chunk(8))
+        assert calls == [1] and b[0, 0] == 7 and not b.flags.writeable
+        assert c.stats["misses"] == 1 and c.stats["hits"] == 1
+        assert c.get(b"absent") is None
+
+
+def test_file_tier_hits_after_memory_is_dropped(tmp_path):
+    with CacheManager(tmp_path, memory_bytes=0) as c:
+        for i in range(5):
+            c.put(b"k%d" % i, chunk(i))
+        for i in range(5):
+            assert c.get(b"k%d" % i)[3, 3] == i
+        assert c.stats["file_hits"] == 5 and c.stats["memory_hits"] == 0
+
+
+def test_budget_evicts_whole_lru_segments(tmp_path):
+    seg = 4 * CHUNK
+    budget = 10 * CHUNK
+    with CacheManager(tmp_path, max_total_bytes=budget, segment_bytes=seg, memory_bytes=0) as c:
+        for i in range(40):
+            c.put(b"k%d" % i, chunk(i))
+            c.get(b"k0")  # keep the first segment recently used
+            assert c.file_bytes <= budget + seg + 4096, "never more than one segment over budget"
+        assert c.stats["evictions"] > 0
+        assert c.get(b"k0") is not None, "recently used segment survived"
+        assert c.get(b"k5") is None, "an old, unused segment was evicted"
+        files = sorted(p.name for p in tmp_path.glob("seg_*.arrow"))
+        assert len(files) == len(c._segments)
+
+
+def test_oversized_chunk_is_skipped(tmp_path):
+    with CacheManager(tmp_path, max_total_bytes=CHUNK // 2) as c:
+        out = c.get_or_compute(b"big", lambda: chunk(1))
+        assert out[0, 0] == 1 and c.stats["oversized_skips"] == 1 and len(c) == 0
+
+
+def test_reboot_trusts_sidecars_and_recovers_without_them(tmp_path):
+    with CacheManager(tmp_path, segment_bytes=3 * CHUNK) as c:
+        for i in range(10):
+            c.put(b"k%d" % i, chunk(i))
+    segs = sorted(tmp_path.glob("seg_*.arrow"))
+    assert all(index_path(s).exists() for s in segs)
+    index_path(segs[0]).unlink()  # missing sidecar
+    index_path(segs[1]).write_bytes(b"garbage")  # unreadable sidecar
+    with CacheManager(tmp_path) as c:
+        assert c.stats["recovered_segments"] == 2
+        assert [int(c.get(b"k%d" % i)[0, 0]) for i in range(10)] == list(range(10))
+
+
+def test_stale_sidecar_size_mismatch_is_rewalked(tmp_path):
+    with CacheManager(tmp_path, segment_bytes=100 * CHUNK) as c:
+        for i in range(4):
+            c.put(b"k%d" % i, chunk(i))
+    seg = next(tmp_path.glob("seg_*.arrow"))
+    with open(seg, "ab") as fh:  # the file no longer has the size the sidecar recorded
+        fh.write(b"\x00" * 16)
+    with CacheManager(tmp_path) as c:
+        assert c.stats["recovered_segments"] == 1 and len(c) == 4
+
+
+def test_crash_mid_segment_keeps_sealed_entries_and_drops_the_tail(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, numpy as np
+        from tensor_server.cache import CacheManager
+        c = CacheManager({str(tmp_path)!r}, segment_bytes={4 * CHUNK})
+        for i in range(10):   # two sealed segments of 4, then 2 entries in an open one
+            c.put(b"k%d" % i, np.full((64, 64), i, np.uint16))
+        w = c._writer
+        w._fh.write(b"\\xff\\xff\\xff\\xff\\x10\\x00\\x00\\x00partial")  # a torn batch
+        w._fh.flush()
+        os._exit(9)   # killed: no seal, no close
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    with CacheManager(tmp_path) as c:
+        for i in range(8):
+            assert c.get(b"k%d" % i)[0, 0] == i, "sealed entries survive"
+        # the open segment's complete batches are salvaged, the torn tail is not
+        assert c.get(b"k8")[0, 0] == 8 and c.get(b"k9")[0, 0] == 9
+        assert c.stats["recovered_segments"] == 1
+        c.put(b"new", chunk(42))  # writes go to a new segment, never into the recovered one
+        assert c.get(b"new")[0, 0] == 42
+
+
+def test_one_server_per_folder(tmp_path):
+    with CacheManager(tmp_path):
+        with pytest.raises(CacheLocked, match="another tensor-server"):
+            CacheManager(tmp_path)
+    CacheManager(tmp_path).close()  # released on close
+
+
+def test_concurrent_readers_and_a_writer(tmp_path):
+    with CacheManager(tmp_path, segment_bytes=8 * CHUNK, memory_bytes=CHUNK * 4) as c:
+        for i in range(50):
+            c.put(b"k%d" % i, chunk(i))
+
+        def reader(seed):
+            rng = np.random.default_rng(seed)
+            for _ in range(300):
+                i = int(rng.integers(0, 50))
+                v = c.get(b"k%d" % i)
+                assert v is not None and v[10, 10] == i
+
+        def writer():
+            for i in range(50, 150):
+                c.put(b"k%d" % i, chunk(i))
+
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            futures = [pool.submit(reader, s) for s in range(4)] + [pool.submit(writer)]
+            for f in futures:
+                f.result()
+        assert all(c.get(b"k%d" % i)[0, 0] == i for i in range(150))
+
+
+def test_concurrent_misses_compute_once(tmp_path):
+    import threading
+
+    gate = threading.Event()
+    calls = []
+
+    def slow():
+        calls.append(1)
+        gate.wait(5)
+        return chunk(3)
+
+    with CacheManager(tmp_path) as c:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(c.get_or_compute, b"k", slow) for _ in range(4)]
+            import time
+
+            time.sleep(0.2)
+            gate.set()
+            assert all(f.result()[0, 0] == 3 for f in futures)
+        assert calls == [1] and c.stats["pending_waits"] >= 1
+
+
+def test_resolve_chunk_data_uses_the_cache_and_returns_owned(tmp_path):
+    arr = np.random.default_rng(0).integers(0, 1000, (100, 120), dtype=np.uint16)
+    t = ArrayAdapter(arr, chunk_shape=(32, 32))
+    MemorySource(t, source_id="c")
+    with CacheManager(tmp_path) as c:
+        cid = plan_read(t).chunks[3].chunk_id
+        a = t.resolve_chunk_data(cid.encode(), c)
+        reads = t.reads
+        b = t.resolve_chunk_data(cid.encode(), c)
+        assert t.reads == reads, "a hit decodes nothing"
+        assert b.flags.writeable and b.flags.owndata
+        b[:] = 0
+        np.testing.assert_array_equal(t.resolve_chunk_data(cid.encode(), c), a)
+
+
+@pytest.mark.parametrize("method", ["nearest", "area", "min", "max", "mode", "median"])
+@pytest.mark.parametrize("dtype", ["uint16", "float32"])
+def test_cache_sourced_scaled_reads_are_bit_identical(tmp_path, method, dtype):
+    rng = np.random.default_rng(1)
+    arr = (rng.standard_normal((130, 250)) * 1000).astype(dtype) if dtype == "float32" else rng.integers(0, 60000, (130, 250), dtype=dtype)
+    t = ArrayAdapter(arr, chunk_shape=(32, 48))
+    MemorySource(t, source_id="s")
+    with CacheManager(tmp_path) as c:
+        for pc in plan_read(t).chunks:  # warm every full-resolution chunk
+            t.resolve_chunk_data(pc.chunk_id, c)
+        for scale in [(2, 2), (4, 3), (8, 8)]:
+            plan = plan_read(t, None, scale, method)
+            for pc in plan.chunks:
+                before = t.reads
+                got = t.get_scaled_data(pc.chunk_id.bounds, scale, method, c)
+                assert t.reads == before, "every unit came from the cache, not the source"
+                want = reference.downsample(arr[pc.chunk_id.bounds.to_slices()], scale, method)
+                np.testing.assert_array_equal(got, want)
+                assert got.flags.owndata and got.flags.writeable
+
+
+def test_cache_sourced_declines_cold_and_off_grid_extents(tmp_path):
+    arr = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64)
+    t = ArrayAdapter(arr, chunk_shape=(16, 16))
+    MemorySource(t, source_id="d")
+    with CacheManager(tmp_path) as c:
+        from tensor_server.cache.sourced import cache_sourced_fetch
+
+        assert cache_sourced_fetch(c, t, Bounds((0, 0), (32, 32)), (16, 16), (2, 2), "area") is None  # cold
+        for pc in plan_read(t).chunks:
+            t.resolve_chunk_data(pc.chunk_id, c)
+        assert cache_sourced_fetch(c, t, Bounds((0, 0), (32, 32)), (16, 16), (2, 2), "area") is not None
+        assert cache_sourced_fetch(c, t, Bounds((8, 0), (32, 32)), (16, 16), (2, 2), "area") is None  # off grid
+        off = CacheManager.__new__(CacheManager)
+        off.source_scaled_reads = False
+        assert off.sourced_units(t, Bounds((0, 0), (32, 32)), (16, 16), (2, 2), "area") is None
+
+
+def test_evicted_between_probe_and_read_falls_back_to_source(tmp_path):
+    arr = np.random.default_rng(2).integers(0, 9, (64, 64), dtype=np.uint8)
+    t = ArrayAdapter(arr, chunk_shape=(16, 16))
+    MemorySource(t, source_id="e")
+    with CacheManager(tmp_path, memory_bytes=0) as c:
+        for pc in plan_read(t).chunks:
+            t.resolve_chunk_data(pc.chunk_id, c)
+        from tensor_server.cache.sourced import cache_sourced_fetch
+
+        fetch, unit = cache_sourced_fetch(c, t, Bounds((0, 0), (64, 64)), (32, 32), (2, 2), "area")
+        c.clear()  # everything evicted after the probe
+        before = t.reads
+        np.testing.assert_array_equal(fetch(Bounds((0, 0), (32, 32))), arr[:32, :32])
+        assert t.reads == before + 1
+
+
+def test_boot_with_ten_thousand_entries(tmp_path):
+    with CacheManager(tmp_path, segment_bytes=1 << 20) as c:
+        small = np.zeros(16, np.uint8)
+        for i in range(10_000):
+            c.put(b"key-%05d" % i, small)
+    with CacheManager(tmp_path) as c:
+        assert len(c) == 10_000 and c.stats["recovered_segments"] == 0
+        assert c.get(b"key-09999") is not None
+        # boot time is measured by the benchmark (not asserted here)
