@@ -15,6 +15,11 @@ import tensor_server.adapters
 from tensor_server.core.adapter_base import TensorAdapter
 
 READ_BLOCK = {
+    "MrcAdapter": ("none", "mrcfile memmap: a crop costs only its own pages, no block to floor the streaming unit at"),
+    "DeltaVisionAdapter": ("none", "mrc.DVFile memmap of the planes: a crop costs only its own pages"),
+    "NiftiAdapter": ("none", "nibabel dataobj slicing plans the file read from the slice (fileslice); .nii.gz inflates up to the crop but has no block either"),
+    "DicomAdapter": ("block", "one frame (a WSI tile, one frame of a multi-frame object): pydicom decodes a frame whole to return any of it"),
+    "DicomSeriesAdapter": ("block", "one slice file: each slice is a single frame decoded whole"),
     "CziAdapter": ("none", "a libCZI ROI read composes only the subblocks it touches (no store chunk to floor at); nearest at f>=2 is the zoom= override of get_scaled_data"),
     "TiffPageSeriesAdapter": ("block", "one page: aszarr(chunkmode='page') decodes a page whole and slices the window, nothing caches it; strile mode (one tile/strip) only for pages above page_mode_max_bytes"),
     "TiffAdapter": ("block", "one page (a plane of a stack, all tiles of a tiled plane): page mode decodes it whole, with strip coalescing and threaded tile decode; one tile for a multi-GB slide page"),

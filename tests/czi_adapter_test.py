@@ -223,6 +223,21 @@ class TestZoomServesNearest:
         on_grid_edges_y = {60, 96, 120, 196}
         assert all(x * f in on_grid_edges_x or y * f in on_grid_edges_y for y, x in wrong)
 
+    def test_concurrent_zoomed_reads_match_serial(self, files):
+        """Eight threads share the file's reader pool; each read borrows one reader."""
+        import concurrent.futures
+
+        with tensor_server.open(files["mosaic"]) as src:
+            t = src.tensor()
+            rng = np.random.default_rng(0)
+            jobs = [(b, f) for f in (2, 3, 4, 5) for b in _divisible_bounds(t, f, rng, n=5)]
+            serial = [t.get_scaled_data(b, (1, 1, 1, f, f), "nearest") for b, f in jobs]
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                parallel = list(pool.map(lambda job: t.get_scaled_data(job[0], (1, 1, 1, job[1], job[1]), "nearest"), jobs * 2))
+            for a, b in zip(serial * 2, parallel):
+                np.testing.assert_array_equal(a, b)
+            assert sum(h.opens for h in t._file.handles) <= len(t._file.handles)
+
     def test_grid_runs(self):
         edges = np.array([0, 10, 12, 17, 24, 40])
         assert _grid_runs(edges, 24, 4) == [(0, 3), (3, 6)]  # 12 cuts; 10 and 17 are off-grid

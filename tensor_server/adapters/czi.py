@@ -102,11 +102,15 @@ _CORE_DIMS = ("T", "C", "Z")
 _READER_POOL_SIZE = max(1, min(4, os.cpu_count() or 1))
 
 
+#: A zoom cell: ((i0, i1), (j0, j1)), half-open output row and column ranges.
+_Cell = tuple[tuple[int, int], tuple[int, int]]
+
+
 class _ZoomShapeMismatch(Exception):
     """libCZI returned a zoomed bitmap whose size is not the contract's (see get_scaled_data)."""
 
 
-# ---- the file: one libCZI reader, its subblock directory, a lock ----------------------------
+# ---- the file: a pool of libCZI readers and the subblock geometry ------------------------
 class _CziFile:
     """One CZI on disk: a small pool of lazily opened libCZI readers shared by its scenes.
 
@@ -345,7 +349,7 @@ class CziAdapter(TensorAdapter):
                 plane_out[i0:i1, j0:j1] = self._samples_rgb(bitmap, bounds)
         return out
 
-    def _zoom_cells(self, x: int, y: int, w: int, h: int, f: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    def _zoom_cells(self, x: int, y: int, w: int, h: int, f: int) -> list[_Cell]:
         """The ROI (tensor coordinates) cut at every subblock edge that lies on its f-grid,
         as ((i0, i1), (j0, j1)) output-index ranges; cells no subblock touches are left out
         (they are background).
@@ -363,18 +367,22 @@ class CziAdapter(TensorAdapter):
         """
         rx0, ry0 = self.rect[0] + x, self.rect[1] + y
         rects = self._file.rects
-        near = rects[(rects[:, 0] < rx0 + w) & (rects[:, 2] > rx0) & (rects[:, 1] < ry0 + h) & (rects[:, 3] > ry0)]
+        near = rects[_overlapping(rects, rx0, ry0, rx0 + w, ry0 + h)]
         x_runs = _grid_runs(np.concatenate([near[:, 0], near[:, 2]]) - rx0, w, f)
         y_runs = _grid_runs(np.concatenate([near[:, 1], near[:, 3]]) - ry0, h, f)
         cells = []
         for (i0, i1), (j0, j1) in itertools.product(y_runs, x_runs):
-            ax0, ay0, ax1, ay1 = rx0 + j0 * f, ry0 + i0 * f, rx0 + j1 * f, ry0 + i1 * f
-            if np.any((near[:, 0] < ax1) & (near[:, 2] > ax0) & (near[:, 1] < ay1) & (near[:, 3] > ay0)):
+            if _overlapping(near, rx0 + j0 * f, ry0 + i0 * f, rx0 + j1 * f, ry0 + i1 * f).any():
                 cells.append(((i0, i1), (j0, j1)))
         return cells
 
     def close(self) -> None:
         self._file.close()
+
+
+def _overlapping(rects: np.ndarray, x0: int, y0: int, x1: int, y1: int) -> np.ndarray:
+    """Mask of the (x0, y0, x1, y1) ``rects`` that share pixels with the given box."""
+    return (rects[:, 0] < x1) & (rects[:, 2] > x0) & (rects[:, 1] < y1) & (rects[:, 3] > y0)
 
 
 def _grid_runs(edges: np.ndarray, extent: int, f: int) -> list[tuple[int, int]]:
@@ -436,8 +444,7 @@ def _describe(path: Path, file: _CziFile, reader: Any) -> tuple[dict[str, CziAda
         plane_dims.append((d, lo, hi - lo + 1))
 
     pixel_type = _common_pixel_type(path, {b[6] for b in layer0})
-    xml = reader.raw_metadata
-    physical_xyz, info = _parse_xml(xml)
+    physical_xyz, info = _parse_xml(reader.raw_metadata)
 
     # scenes: layer-0 bounding box of each S index; no S → the whole file is one tensor
     scene_ids = sorted({b[0]["S"] for b in layer0 if "S" in b[0]})
@@ -486,16 +493,18 @@ def _common_pixel_type(path: Path, types: set[str]) -> str:
         return next(iter(types))
     widened = _LOSSLESS_WIDENING.get(frozenset(types))
     if widened is None:
-        raise UnreadableSource(path, f"channels mix pixel types {sorted(types)}, which cannot be served losslessly as one dtype")
+        raise UnreadableSource(
+            path, f"channels mix pixel types {sorted(types)}, which cannot be served losslessly as one dtype"
+        )
     return widened
 
 
-def _parse_xml(xml: str) -> tuple[tuple[float | None, float | None, float | None], dict[str, Any]]:
+def _parse_xml(xml_text: str) -> tuple[tuple[float | None, float | None, float | None], dict[str, Any]]:
     """Physical X/Y/Z pixel size in µm (None when absent or 0) and a few names."""
     import xml.etree.ElementTree as ET
 
     try:
-        root = ET.fromstring(xml)
+        root = ET.fromstring(xml_text)
     except ET.ParseError:
         return (None, None, None), {}
     sizes: dict[str, float | None] = {}
@@ -507,10 +516,11 @@ def _parse_xml(xml: str) -> tuple[tuple[float | None, float | None, float | None
             metres = 0.0
         sizes[str(dist.get("Id", "")).upper()] = metres * 1e6 if metres > 0 else None
     info: dict[str, Any] = {}
-    channels = [c.get("Name") or c.get("Id") for c in root.iterfind(".//Information/Image/Dimensions/Channels/Channel")]
+    dims = ".//Information/Image/Dimensions"
+    channels = [c.get("Name") or c.get("Id") for c in root.iterfind(f"{dims}/Channels/Channel")]
     if channels:
         info["channel_names"] = channels
-    scenes = [s.get("Name") for s in root.iterfind(".//Information/Image/Dimensions/S/Scenes/Scene")]
+    scenes = [s.get("Name") for s in root.iterfind(f"{dims}/S/Scenes/Scene")]
     if any(scenes):
         info["scene_names"] = scenes
     return (sizes.get("X"), sizes.get("Y"), sizes.get("Z")), info
@@ -558,5 +568,6 @@ def write_benchmark_czi(
                     th, tw = min(step, size - ty), min(step, size - tx)
                     base = ((yy[:th, :tw] + ty) * 7 + (xx[:th, :tw] + tx) * 3 + c * 1000) % 50000
                     noise = rng.integers(0, 4096, (th, tw), dtype=np.uint32)
-                    writer.write((base + noise).astype(np.uint16), plane={"C": c, "Z": 0, "T": 0}, location=(tx, ty))
+                    plane = {"C": c, "Z": 0, "T": 0}
+                    writer.write((base + noise).astype(np.uint16), plane=plane, location=(tx, ty))
     return path

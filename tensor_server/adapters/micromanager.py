@@ -32,6 +32,7 @@ the raw bytes directly is finer than that, so the classification says None.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -62,6 +63,7 @@ _MM_SUMMARY_HEADER = 2355492  # uint32 at byte 32
 _NAME_2_0 = re.compile(r"img_channel(\d+)_position(\d+)_time(\d+)_z(\d+)", re.IGNORECASE)
 _NAME_1_4 = re.compile(r"img_(\d+)_(.+)_(\d+)$", re.IGNORECASE)
 _AXES = ("p", "t", "c", "z")
+_log = logging.getLogger(__name__)
 
 
 class MicroManagerLegacyAdapter(TiffPlaneGridAdapter):
@@ -218,6 +220,8 @@ def open_mmstack(path: Path) -> MicroManagerLegacyAdapter:
         summary = dict((tif.micromanager_metadata or {}).get("Summary") or {})
     if not files:
         raise UnreadableSource(path, "the MMStack dataset holds no readable planes")
+    if truncated:
+        _log.warning("%s: %d planes lie past the end of their file (truncated acquisition); they read as zeros", path, truncated)
     layouts = {
         f: FileLayout(dtype, np.asarray(offs, dtype=np.int64))
         for f, offs in enumerate(offsets)

@@ -85,16 +85,19 @@ class NiftiAdapter(TensorAdapter):
         return None
 
     def _read(self, bounds: Bounds, step: Sequence[int] | None) -> np.ndarray:
+        slices = strided_slices(bounds, step)
+        want = tuple(len(range(*s.indices(n))) for s, n in zip(slices, self.shape))
         try:
             with self._handle.use() as img:
-                arr = np.asarray(img.dataobj[strided_slices(bounds, step)])
+                # copy inside use(): a whole-image read may be an mmap of the handle's file
+                arr = owned_array(np.asarray(img.dataobj[slices]), self.dtype)
         except UnreadableSource:
             raise
         except (OSError, EOFError, ValueError, zlib.error) as exc:  # truncated / corrupt stream
             raise UnreadableSource(self.path, f"NIfTI read failed: {type(exc).__name__}: {exc}") from exc
-        if arr.shape != tuple(len(range(*s.indices(n))) for s, n in zip(strided_slices(bounds, step), self.shape)):
+        if arr.shape != want:
             raise UnreadableSource(self.path, f"NIfTI read returned {arr.shape} for {bounds}")
-        return owned_array(arr, self.dtype)
+        return arr
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         return self._read(bounds, None)

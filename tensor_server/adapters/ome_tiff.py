@@ -252,7 +252,8 @@ def _creator(omexml: str | None) -> str | None:
 
 def _sniff_ome_tiff(path: Path, head: bytes) -> bool:
     """A TIFF whose first ImageDescription is OME-XML (tifffile's own test: it ends with
-    ``OME>``), or an OME-XML companion naming TIFF files."""
+    ``OME>``), or an OME-XML companion naming TIFF files (a UUID with a FileName; the
+    METADATA.ome.xml of a bioformats2raw folder has TiffData but names no file)."""
     if is_tiff_head(head):
         if b"<OME" in head:
             return True
@@ -260,7 +261,8 @@ def _sniff_ome_tiff(path: Path, head: bytes) -> bool:
         return tail is not None and tail.endswith(b"OME>")
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if text.startswith((b"<?xml", b"<OME")) and b"<OME" in head:
-        return b"TiffData" in head or path.name.lower().endswith(".companion.ome")
+        names_tiffs = b"<TiffData" in head and b"FileName=" in head
+        return names_tiffs or path.name.lower().endswith(".companion.ome")
     return False
 
 

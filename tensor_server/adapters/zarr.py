@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import warnings
 from pathlib import Path
@@ -45,6 +44,11 @@ _OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
 #: Long axis names some writers use, mapped to the single letters the server orders by.
 _AXIS_ALIASES = {"time": "t", "channel": "c", "channels": "c", "ch": "c"}
 _MAX_GROUP_DEPTH = 32
+
+
+class _NoPixels(UnreadableSource):
+    """An array that holds no servable pixels (0-D, empty, strings, objects): a plain group
+    skips it, a store or image that consists of it is unreadable."""
 
 
 # ---- zarr metadata, parsed without zarr ------------------------------------------------------
@@ -317,9 +321,9 @@ class _StoreWalker:
         array = self.zarr.open_array(store=self.store, path=node.rel, mode="r", zarr_format=node.zarr_format)
         dt = np.dtype(array.dtype)
         if dt.hasobject or dt.fields is not None or dt.kind in "USVOMmT":
-            raise UnreadableSource(self.root, f"zarr array {node.rel or '/'!r}: dtype {dt} is not a numeric pixel type")
+            raise _NoPixels(self.root, f"zarr array {node.rel or '/'!r}: dtype {dt} is not a numeric pixel type")
         if len(array.shape) == 0 or any(n < 1 for n in array.shape):
-            raise UnreadableSource(self.root, f"zarr array {node.rel or '/'!r}: shape {array.shape} has no pixels")
+            raise _NoPixels(self.root, f"zarr array {node.rel or '/'!r}: shape {array.shape} has no pixels")
         return array
 
     def version_of(self, *nodes: _Node) -> bytes:
@@ -354,9 +358,7 @@ class _StoreWalker:
             if child.kind == "array":
                 try:
                     self.add_plain_array(child, child.rel)
-                except UnreadableSource as exc:
-                    if "no pixels" not in exc.reason and "not a numeric" not in exc.reason:
-                        raise
+                except _NoPixels as exc:
                     self.skip(child.rel, exc.reason)
             elif child.is_ome() and "multiscales" in child.ome:
                 self.add_image(child, child.rel, is_labels="image-label" in child.ome)
@@ -374,7 +376,8 @@ class _StoreWalker:
         version = str(ms.get("version") or ome.get("version") or node.attributes.get("version") or "")
         self.ngff_version = self.ngff_version or version
         datasets = ms.get("datasets")
-        if not isinstance(datasets, list) or not datasets or not all(isinstance(d, Mapping) and d.get("path") is not None for d in datasets):
+        well_formed = isinstance(datasets, list) and all(isinstance(d, Mapping) and d.get("path") is not None for d in datasets)
+        if not well_formed or not datasets:
             raise UnreadableSource(node.meta_files[-1], "multiscales datasets must be a non-empty list with paths")
         level_nodes = []
         for i, ds in enumerate(datasets):
@@ -420,22 +423,25 @@ class _StoreWalker:
         scale0 = _dataset_scale(ms, ds0, ndim)
         levels_meta = [{"path": node0.rel, "shape": list(array0.shape), "scale": [1] * ndim}]
         skipped_meta: list[dict[str, str]] = []
-        level0 = level_tensor(node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta})
+        accepted: list[tuple[tuple[int, ...], _Node, Any, list[float] | None]] = []
         for ds, lnode in level_nodes[1:]:
             array = self.open_array(lnode)
-            reason = ""
+            scale = _dataset_scale(ms, ds, ndim)
             if len(array.shape) != ndim or np.dtype(array.dtype) != np.dtype(array0.dtype):
-                factor, reason = None, f"shape {array.shape} / dtype {array.dtype} differ in kind from level 0"
+                factor, reason = None, f"rank or dtype differs from level 0 ({array.shape} {array.dtype})"
             else:
-                scale = _dataset_scale(ms, ds, ndim)
                 factor, reason = _integer_factor(array0.shape, array.shape, scale0, scale)
-            if factor is None or all(f == 1 for f in factor) or level0.native_level(factor) is not None:
-                reason = reason or f"factor {factor} repeats level 0 or an earlier level"
+            if factor is not None and (all(f == 1 for f in factor) or any(factor == a[0] for a in accepted)):
+                factor, reason = None, f"factor {factor} repeats level 0 or an earlier level"
+            if factor is None:
                 _log.info("%s: level %r is not served as a stored level: %s", self.root, lnode.rel, reason)
                 skipped_meta.append({"path": lnode.rel, "reason": reason})
                 continue
             levels_meta.append({"path": lnode.rel, "shape": list(array.shape), "scale": list(factor)})
-            level0.native_levels.append(NativeLevel(factor, level_tensor(lnode, array, _dataset_scale(ms, ds, ndim), {})))
+            accepted.append((factor, lnode, array, scale))
+        level0 = level_tensor(node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta})
+        for factor, lnode, array, scale in accepted:
+            level0.native_levels.append(NativeLevel(factor, level_tensor(lnode, array, scale, {})))
         self.tensors[field] = normalize_axes(level0)
         if not is_labels:
             self.add_labels(node)

@@ -261,3 +261,21 @@ def test_companion_naming_missing_files_is_unreadable(testdata, tmp_path):
         finishes(lambda: tensor_server.open(companion))
     assert str(companion) in str(info.value)
     assert "multifile-Z1.ome.tiff" in info.value.reason
+
+
+def test_companion_sniffed_by_content(testdata, tmp_path):
+    """A companion under another name is recognised by its XML (TiffData naming files); an
+    OME-XML naming no file (bioformats2raw's METADATA.ome.xml) is not claimed."""
+    folder = tmp_path / "set"
+    shutil.copytree(testdata / "ome-tiff/multifile", folder)
+    renamed = folder / "dataset.xml"
+    (folder / "multifile.companion.ome").rename(renamed)
+    assert detect_format(renamed).name == "ome-tiff"
+    with tensor_server.open(renamed) as src:
+        assert src.tensor().shape == (5, 24, 18)
+    b2r = testdata / "ome-zarr/bioformats2raw-v0.1-zarr2/METADATA.ome.xml"
+    try:
+        name = detect_format(b2r).name
+    except UnreadableSource:
+        name = None
+    assert name != "ome-tiff"

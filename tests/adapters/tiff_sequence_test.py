@@ -280,13 +280,24 @@ def test_truncated_plane_names_the_file(tmp_path):
 def test_garbage_plane_names_the_file(tmp_path):
     folder = tmp_path / "garbage"
     write_planes(folder, "z{z}.tif", {"z": 3}, (16, 16), compression="zlib")
-    (folder / "z1.tif").write_bytes(b"II*\x00" + os.urandom(200))
-    with tensor_server.open(folder) as src:
-        with pytest.raises(UnreadableSource, match="z1.tif"):
-            src.tensor().get_data()
-    (folder / "z0.tif").write_bytes(b"not a tiff at all")  # the first file: fails at open
-    with pytest.raises(UnreadableSource, match="z0.tif"):
+    (folder / "z1.tif").write_bytes(b"II*\x00" + os.urandom(200))  # header unreadable: at open
+    with pytest.raises(UnreadableSource, match="z1.tif"):
         tensor_server.open(folder)
+
+
+def test_corrupt_compressed_strip_names_the_file(tmp_path):
+    folder = tmp_path / "corrupt"
+    write_planes(folder, "z{z}.tif", {"z": 3}, (64, 64), compression="zlib", rowsperstrip=16)
+    with tifffile.TiffFile(folder / "z2.tif") as tif:
+        offset = tif.pages[0].dataoffsets[1]
+    with open(folder / "z2.tif", "r+b") as fh:  # the header stays intact: found at read
+        fh.seek(offset)
+        fh.write(b"\xff" * 64)
+    with tensor_server.open(folder) as src:
+        t = src.tensor()
+        t.get_data(Bounds((2, 0, 0), (3, 16, 64)))  # strip 0 of the plane is intact
+        with pytest.raises(UnreadableSource, match="z2.tif"):
+            t.get_data(Bounds((2, 16, 0), (3, 32, 64)))
 
 
 def test_shape_mismatch_in_a_large_pattern_found_at_read(tmp_path, monkeypatch):

@@ -1,0 +1,53 @@
+"""DoGet round trip of one 8 MiB chunk, ours against a bare pyarrow Flight server."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+
+class DoGetRoundTrip:
+    timeout = 300
+
+    def setup(self):
+        import pyarrow as pa
+        import pyarrow.flight as flight
+        from biopb.tensor import descriptor_pb2
+
+        from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+        from tensor_server.catalog import Catalog
+        from tensor_server.flight import ServerConfig, TensorFlightServer
+        from tensor_server.flight.wire import chunk_batch
+
+        arr = np.random.default_rng(0).integers(0, 60000, (2048, 2048), dtype=np.uint16)
+        cat = Catalog([])
+        cat.add_source(MemorySource(ArrayAdapter(arr, chunk_shape=(2048, 2048)), source_id="b"))
+        cat.first_scan_done.set()
+        self.ours = TensorFlightServer(cat, ServerConfig(port=0))
+        threading.Thread(target=self.ours.serve, daemon=True).start()
+        self.client = flight.FlightClient(self.ours.location)
+        opt = descriptor_pb2.TensorReadOption(array_id="b")
+        opt.fields.paths.append("endpoints")
+        info = self.client.get_flight_info(flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()))
+        self.ticket = info.endpoints[0].ticket
+        table = pa.Table.from_batches([chunk_batch(arr)])
+
+        class Bare(flight.FlightServerBase):
+            def do_get(self, context, ticket):
+                return flight.RecordBatchStream(table)
+
+        self.bare = Bare("grpc://127.0.0.1:0")
+        threading.Thread(target=self.bare.serve, daemon=True).start()
+        self.bare_client = flight.FlightClient(f"grpc://127.0.0.1:{self.bare.port}")
+
+    def teardown(self):
+        self.ours.shutdown()
+        self.bare.shutdown()
+
+    def time_doget_8mib_ours(self):
+        self.client.do_get(self.ticket).read_all()
+
+    def time_doget_8mib_bare_pyarrow(self):
+        import pyarrow.flight as flight
+
+        self.bare_client.do_get(flight.Ticket(b"x")).read_all()

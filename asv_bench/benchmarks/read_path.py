@@ -1,0 +1,52 @@
+"""Scaled reads through the read path: ArrayAdapter (no I/O) and a blosc zarr store."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import numpy as np
+
+from tensor_server.adapters.memory import ArrayAdapter
+from tensor_server.core import Bounds
+from tensor_server.core.downsample import warm_up
+
+
+class ScaledReadArray:
+    params = (["nearest", "area", "max"], [4, 16])
+    param_names = ["method", "scale"]
+
+    def setup(self, method, scale):
+        warm_up()
+        arr = np.random.default_rng(0).integers(0, 60000, (4096, 4096), dtype=np.uint16)
+        self.t = ArrayAdapter(arr, chunk_shape=(1024, 1024))
+        self.b = Bounds.full(arr.shape)
+        self.t.get_scaled_data(self.b, (scale, scale), method)  # compile outside the timing
+
+    def time_scaled_read(self, method, scale):
+        self.t.get_scaled_data(self.b, (scale, scale), method)
+
+
+class ScaledReadZarr:
+    params = (["nearest", "area"], [4, 16])
+    param_names = ["method", "scale"]
+    timeout = 300
+
+    def setup(self, method, scale):
+        import zarr
+
+        import tensor_server
+
+        warm_up()
+        self.dir = tempfile.mkdtemp()
+        arr = np.random.default_rng(0).integers(0, 4000, (4096, 4096), dtype=np.uint16)
+        z = zarr.open_array(f"{self.dir}/img.zarr", mode="w", shape=arr.shape, chunks=(1024, 1024), dtype=arr.dtype, zarr_format=2)
+        z[...] = arr
+        self.t = tensor_server.open(f"{self.dir}/img.zarr").tensor()
+        self.b = Bounds.full(self.t.shape)
+        self.t.get_scaled_data(self.b, (scale, scale), method)
+
+    def teardown(self, method, scale):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def time_scaled_read(self, method, scale):
+        self.t.get_scaled_data(self.b, (scale, scale), method)

@@ -1,0 +1,100 @@
+"""``python -m tensor_server.bench peers``: the same plane reads done by what a user would
+pick instead, measured in the same run, with the ratio ours/peer per row (< 1: we are faster).
+
+Peers: TensorStore's ``downsample`` driver over the same zarr (mean / stride), zarr-python +
+NumPy reshape-mean / stride, tifffile + NumPy for the TIFF. Ours is the adapter path
+(``tensor_server.open(...).tensor().get_scaled_data``), warm and cold as in plane-latency.
+Peers reduce with their own edge rules (TensorStore: partial blocks averaged over the
+valid part; NumPy: the ragged edge cropped); at these sizes every scale divides the plane,
+so all compute the same pixels.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["run_peers"]
+
+SCALES = (4, 16, 32)
+
+
+def _numpy_reduce(a: np.ndarray, s: int, method: str) -> np.ndarray:
+    if method == "nearest":
+        return a[::s, ::s].copy()
+    n0, n1 = (a.shape[0] // s) * s, (a.shape[1] // s) * s
+    return a[:n0, :n1].reshape(n0 // s, s, n1 // s, s).mean(axis=(1, 3))
+
+
+def run_peers(size: str = "small", data_dir: str | None = None, json_path: str | None = None,
+              cold_repeats: int = 3, warm_repeats: int = 5) -> list[dict[str, Any]]:
+    import tifffile
+    import zarr
+
+    import tensor_server
+    from tensor_server.bench.fixtures import drop_page_cache, make_fixtures
+    from tensor_server.bench.timing import Progress, median_ms, print_table
+    from tensor_server.core import Bounds
+    from tensor_server.core.downsample import warm_up
+
+    warm_up()
+    fixtures = {f.name: f for f in make_fixtures(size, data_dir, with_czi=False)}
+    jobs: list[tuple[str, str, int, str, Callable[[], Any], Callable[[], Any]]] = []
+    zfx, tfx = fixtures["ome-zarr"], fixtures["ome-tiff"]
+    try:
+        import tensorstore as ts
+    except ImportError:  # peers that are not installed are skipped, not fatal
+        ts = None
+    for s in SCALES:
+        for method in ("nearest", "area"):
+            if ts is not None:
+                def tsread(s=s, method=method):
+                    store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(zfx.path / "0")}}, read=True).result()
+                    return ts.downsample(store, [s, s], "stride" if method == "nearest" else "mean").read().result()
+
+                jobs.append(("ome-zarr", "tensorstore downsample", s, method, tsread, lambda: None))
+
+            def zread(s=s, method=method):
+                return _numpy_reduce(zarr.open_array(str(zfx.path / "0"), mode="r")[...], s, method)
+
+            jobs.append(("ome-zarr", "zarr-python + numpy", s, method, zread, lambda: None))
+
+            def tread(s=s, method=method):
+                return _numpy_reduce(tifffile.imread(tfx.path), s, method)
+
+            jobs.append(("ome-tiff", "tifffile + numpy", s, method, tread, lambda: None))
+
+    rows = []
+    ours_cache: dict[tuple[str, int, str], tuple[float, float]] = {}
+    progress = Progress(len(jobs))
+    for fmt, peer, s, method, fn, _ in jobs:
+        fx = fixtures[fmt]
+        if (fmt, s, method) not in ours_cache:
+            holder = {}
+
+            def reopen(fx=fx):
+                drop_page_cache(fx.files)
+                holder["t"] = tensor_server.open(fx.path).tensor()
+
+            reopen()
+            b = Bounds.full(holder["t"].shape)
+            ours = lambda: holder["t"].get_scaled_data(b, (s, s), method)  # noqa: E731
+            cold = median_ms(ours, cold_repeats, before=reopen)
+            ours()
+            ours_cache[(fmt, s, method)] = (cold, median_ms(ours, warm_repeats))
+        ocold, owarm = ours_cache[(fmt, s, method)]
+        pcold = median_ms(fn, cold_repeats, before=lambda fx=fx: drop_page_cache(fx.files))
+        fn()
+        pwarm = median_ms(fn, warm_repeats)
+        rows.append({"format": fmt, "peer": peer, "scale": s, "method": method, "ours_cold_ms": ocold, "peer_cold_ms": pcold,
+                     "ours_warm_ms": owarm, "peer_warm_ms": pwarm, "ratio_cold": ocold / pcold, "ratio_warm": owarm / pwarm})
+        progress.step(f"{peer} x{s} {method}")
+    progress.close()
+    print_table(["format", "peer", "scale", "method", "ours cold", "peer cold", "ours/peer", "ours warm", "peer warm", "ours/peer"],
+                [[r["format"], r["peer"], r["scale"], r["method"], r["ours_cold_ms"], r["peer_cold_ms"], f"{r['ratio_cold']:.2f}",
+                  r["ours_warm_ms"], r["peer_warm_ms"], f"{r['ratio_warm']:.2f}"] for r in rows])
+    if json_path:
+        Path(json_path).write_text(json.dumps({"benchmark": "peers", "size": size, "rows": rows}, indent=1))
+    return rows

@@ -1,0 +1,54 @@
+"""Small timing helpers shared by the bench commands: medians, a progress line, tables."""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Callable, Sequence
+
+__all__ = ["median_ms", "Progress", "print_table"]
+
+
+def median_ms(fn: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> float:
+    """Median wall time of ``fn`` in ms over ``repeats`` runs; ``before`` runs untimed first
+    (e.g. dropping the page cache for a cold read)."""
+    times = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+class Progress:
+    """``[12/40] label`` on one terminal line (plain lines when not a terminal)."""
+
+    def __init__(self, total: int, stream=sys.stderr) -> None:
+        self.total, self.done, self.stream = total, 0, stream
+        self.tty = stream.isatty()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        bar = "#" * int(20 * self.done / max(self.total, 1))
+        line = f"[{bar:<20}] {self.done}/{self.total} {label}"
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line[:120])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], stream=sys.stdout) -> None:
+    cells = [[str(h) for h in headers]] + [[f"{v:.1f}" if isinstance(v, float) else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for i, r in enumerate(cells):
+        stream.write("  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))) + "\n")
+        if i == 0:
+            stream.write("  ".join("-" * w for w in widths) + "\n")
