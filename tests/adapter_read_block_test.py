@@ -15,6 +15,11 @@ import tensor_server.adapters
 from tensor_server.core.adapter_base import TensorAdapter
 
 READ_BLOCK = {
+    "TiffPlaneGridAdapter": ("block", "base of the folder-of-TIFF formats: declares one strile (strip/tile of the first file) when planes are compressed or tiled, None when raw (a pread of the window's rows costs only those rows)"),
+    "TiffSequenceAdapter": ("block", "compressed/tiled planes: one strile (only the striles a window touches are read and decoded); raw planes: None (pread of the window's rows, mmap stride for decimation)"),
+    "MicroManagerLegacyAdapter": ("none", "MMStack planes are raw and contiguous at the index map's offsets; a window is one pread of its rows (finer than the strile of design §3)"),
+    "MicroManagerSequenceAdapter": ("none", "Micro-Manager writes each plane file raw; its offset is parsed once and a window is one pread of its rows (a compressed file would declare one strile)"),
+    "NdTiffAdapter": ("none", "NDTiff images are raw at the index's byte offsets; a window is one pread of its rows, no dask block involved"),
     "MrcAdapter": ("none", "mrcfile memmap: a crop costs only its own pages, no block to floor the streaming unit at"),
     "DeltaVisionAdapter": ("none", "mrc.DVFile memmap of the planes: a crop costs only its own pages"),
     "NiftiAdapter": ("none", "nibabel dataobj slicing plans the file read from the slice (fileslice); .nii.gz inflates up to the crop but has no block either"),

@@ -12,6 +12,11 @@ import pytest
 from tests.adapter_read_block_test import all_adapter_classes
 
 DECIMATES = {
+    "TiffPlaneGridAdapter": ("yes", "the step skips whole plane files on the grid axes and strides rows/columns of raw planes (mmap when the row gap exceeds readahead)"),
+    "TiffSequenceAdapter": ("yes", "frame selection: the step skips whole plane files on c/z/t/...; raw planes stride rows, compressed planes decode only the window's striles then stride"),
+    "MicroManagerLegacyAdapter": ("yes", "the step skips planes on p/t/c/z and strides rows of the raw planes at their index-map offsets"),
+    "MicroManagerSequenceAdapter": ("yes", "the step skips plane files on p/t/c/z and strides rows of the raw planes"),
+    "NdTiffAdapter": ("yes", "the step skips images on the index axes and mosaic tiles, and strides rows of the raw frames"),
     "MrcAdapter": ("yes", "memmap indexing with a step (data[a:b:s, ...]) touches only the picked rows, copied inside the handle's use()"),
     "DeltaVisionAdapter": ("yes", "memmap indexing with a step over the DV planes touches only the picked rows"),
     "NiftiAdapter": ("yes", "dataobj[a:b:s, ...]: nibabel plans the strided read from the slice (.nii.gz still inflates the stream, saving memory not decode)"),

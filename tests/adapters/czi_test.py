@@ -94,13 +94,17 @@ def library_read(path: Path, field: str) -> np.ndarray:
     RGB samples reversed to R, G, B. Extent: the library's own bounding rectangle."""
     with pyczi.open_czi(str(path)) as doc:
         scene = int(field.split("_")[1]) if field.startswith("scene_") else None
-        rect = doc.scenes_bounding_rectangle_no_pyramid[scene] if scene is not None else doc.total_bounding_rectangle_no_pyramid
+        if scene is None:
+            rect = doc.total_bounding_rectangle_no_pyramid
+        else:
+            rect = doc.scenes_bounding_rectangle_no_pyramid[scene]
         box = doc.total_bounding_box_no_pyramid
         planes = []
         for t in range(box["T"][1]):
             for c in range(box["C"][1]):
                 for z in range(box["Z"][1]):
-                    bitmap = doc.read(roi=(rect.x, rect.y, rect.w, rect.h), plane={"T": t, "C": c, "Z": z}, scene=scene)
+                    plane = {"T": t, "C": c, "Z": z}
+                    bitmap = doc.read(roi=(rect.x, rect.y, rect.w, rect.h), plane=plane, scene=scene)
                     planes.append(bitmap[..., ::-1] if bitmap.shape[-1] == 3 else bitmap[..., 0])
         shape = (box["T"][1], box["C"][1], box["Z"][1]) + planes[0].shape
         return np.stack(planes).reshape(shape)
@@ -149,7 +153,8 @@ def test_stack_values_layout_and_scale(tmp_path):
         assert t.dim_labels == ("t", "c", "z", "y", "x") and t.shape == data.shape and t.dtype == np.uint16
         np.testing.assert_array_equal(t.get_data(), data)
         # the origin is the subblock position (100, 50), not 0
-        np.testing.assert_array_equal(t.get_data(Bounds((0, 1, 2, 10, 20), (1, 2, 3, 11, 21)))[0, 0, 0, 0, 0], data[0, 1, 2, 10, 20])
+        pixel = t.get_data(Bounds((0, 1, 2, 10, 20), (1, 2, 3, 11, 21)))
+        assert pixel[0, 0, 0, 0, 0] == data[0, 1, 2, 10, 20]
         assert t.physical_scale[2:] == pytest.approx((0.5, 0.2, 0.2)) and t.physical_scale[:2] == (None, None)
         assert t.physical_unit == (None, None, "µm", "µm", "µm")
         assert t.read_block_shape is None and t.decimates is False
@@ -188,7 +193,8 @@ def test_rgb_is_served_in_rgb_order(tmp_path):
         assert t.dim_labels == ("t", "c", "z", "y", "x", "s") and t.shape == want.shape
         np.testing.assert_array_equal(t.get_data(), want)
         # a sample sub-range: G and B only
-        np.testing.assert_array_equal(t.get_data(Bounds((0, 1, 0, 3, 4, 1), (1, 2, 1, 9, 20, 3))), want[:, 1:2, :, 3:9, 4:20, 1:3])
+        part = t.get_data(Bounds((0, 1, 0, 3, 4, 1), (1, 2, 1, 9, 20, 3)))
+        np.testing.assert_array_equal(part, want[:, 1:2, :, 3:9, 4:20, 1:3])
 
 
 def test_mixed_gray_pixel_types_widen_losslessly(tmp_path):

@@ -434,6 +434,7 @@ def test_garbage_with_extension_is_unreadable(tmp_path, name):
     _assert_unreadable(bad)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_folder_of_broken_dicoms_is_unreadable(tmp_path):
     folder = tmp_path / "broken"
     folder.mkdir()
