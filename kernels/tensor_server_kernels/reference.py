@@ -182,9 +182,10 @@ def downsample_area(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
     dt = data.dtype
     if dt.kind == "f":
         acc = np.zeros(blocks.shape[:-1], dtype=np.float64)
-        for k in range(block):  # the documented summation order: block offsets in C order
-            acc += blocks[..., k]
-        return np.ascontiguousarray((acc / block).astype(dt))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf = NaN is the rule
+            for k in range(block):  # the documented summation order: block offsets in C order
+                acc += blocks[..., k]
+            return np.ascontiguousarray((acc / block).astype(dt))
     if dt.kind == "b":
         count = blocks.sum(axis=-1, dtype=np.int64)
         return np.ascontiguousarray(2 * count > block)

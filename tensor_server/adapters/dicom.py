@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -81,6 +82,8 @@ class DicomFile:
     rows: int
     cols: int
     samples: int
+    _offsets_checked: bool = field(default=False, repr=False)
+    _offsets_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def parse(cls, path: Path, *, force: bool = False) -> DicomFile:
@@ -130,11 +133,40 @@ class DicomFile:
                 raise UnreadableSource(path, f"pixel data truncated: {have} bytes for {need}")
         return cls(Path(path), ds, opts, offset, nframes, rows, cols, samples)
 
+    def _frame_offsets(self) -> None:
+        """Give pydicom an offset table when the file has none (neither Basic nor Extended).
+
+        Without one, pydicom walks every fragment header from the start to find frame ``i``,
+        on every decode: O(frames) per tile of a large slide. When each frame is one fragment
+        (the usual WSI layout) the fragment positions are scanned once here and passed as
+        ``extended_offsets``, so each later decode seeks straight to its fragment."""
+        from pydicom.encaps import parse_basic_offsets, parse_fragments
+
+        with self._offsets_lock:
+            if self._offsets_checked:
+                return
+            with open(self.path, "rb") as fh:
+                fh.seek(self.value_offset)
+                if not parse_basic_offsets(fh) and self.nframes > 1:
+                    after_bot = fh.tell()
+                    count, positions = parse_fragments(fh)
+                    if count == self.nframes:
+                        lengths = []
+                        for pos in positions:
+                            fh.seek(pos + 4)
+                            lengths.append(struct.unpack("<L", fh.read(4))[0])
+                        offsets = ([p - after_bot for p in positions], lengths)
+                        self.opts = {**self.opts, "extended_offsets": offsets}  # rebind, never mutate
+            self._offsets_checked = True
+
     def decode(self, index: int) -> np.ndarray:
         from pydicom.pixels import get_decoder
 
         try:
-            decoder = get_decoder(self.opts["transfer_syntax_uid"])
+            ts = self.opts["transfer_syntax_uid"]
+            if ts.is_encapsulated and "extended_offsets" not in self.opts and not self._offsets_checked:
+                self._frame_offsets()
+            decoder = get_decoder(ts)
             with open(self.path, "rb") as fh:
                 fh.seek(self.value_offset)
                 arr, _ = decoder.as_array(fh, index=index, validate=True, **self.opts)
@@ -243,8 +275,8 @@ class FrameAssembledReads:
         sy, sx = step[nlead], step[nlead + 1]
         samples = (slice(bounds.start[-1], bounds.stop[-1], step[-1]),) if lay.samples > 1 else ()
         th, tw = lay.tile
-        for out_lead, lead in enumerate(itertools.product(*lead_ranges)):
-            out_idx = np.unravel_index(out_lead, out_shape[:nlead]) if nlead else ()
+        out_leads = itertools.product(*(range(len(r)) for r in lead_ranges))
+        for out_lead, lead in zip(out_leads, itertools.product(*lead_ranges)):
             grid = lay.grid[lead]
             for ty in range(y0 // th, (y1 - 1) // th + 1):
                 ys = _picked(y0, y1, sy, ty * th, (ty + 1) * th)
@@ -257,8 +289,10 @@ class FrameAssembledReads:
                     pixels = self._frame(int(grid[ty, tx]))
                     (fy, ny), (fx, nx) = ys, xs
                     src = pixels[fy - ty * th:: sy][:ny, fx - tx * tw:: sx][:, :nx]
+                    if samples:
+                        src = src[(...,) + samples]
                     oy, ox = (fy - y0) // sy, (fx - x0) // sx
-                    out[tuple(int(i) for i in out_idx) + (slice(oy, oy + ny), slice(ox, ox + nx))] = src[(...,) + samples] if samples else src
+                    out[out_lead + (slice(oy, oy + ny), slice(ox, ox + nx))] = src
         return out
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
@@ -747,13 +781,16 @@ def _has_dicm(path: Path) -> bool:
 
 
 def sniff_dicom_folder(path: Path, head: bytes) -> bool:
-    """A folder whose first few files (at most 8 looked at, 132 bytes read from each) are
-    mostly DICOM. Series membership is sorted out by the opener, not here: sniffing stays cheap."""
+    """A folder whose first few files (at most 8 looked at, 132 bytes read from each, within
+    the first 64 entries) are mostly DICOM. Series membership is sorted out by the opener, not here: sniffing stays cheap."""
     if not path.is_dir():
         return False
-    checked = hits = 0
+    checked = hits = seen = 0
     with os.scandir(path) as it:
         for entry in it:
+            seen += 1
+            if seen > 8 * _FOLDER_SNIFF_FILES:  # a folder of folders: not a flat DICOM series
+                break
             if entry.name.startswith(".") or not entry.is_file():
                 continue
             checked += 1

@@ -233,13 +233,13 @@ def _metadata(img: Any, raw: np.dtype, slope: float, inter: float, dtype: np.dty
 def _nifti_magic(head: bytes) -> bool:
     if len(head) >= 348 and head[344:348] in (b"n+1\x00", b"ni1\x00"):
         return struct.unpack("<i", head[:4])[0] == 348 or struct.unpack(">i", head[:4])[0] == 348
-    if len(head) >= 8 and head[4:8] == b"n+2\x00":
+    if len(head) >= 8 and head[4:8] in (b"n+2\x00", b"ni2\x00"):
         return struct.unpack("<i", head[:4])[0] == 540 or struct.unpack(">i", head[:4])[0] == 540
     return False
 
 
 def sniff_nifti(path: Path, head: bytes) -> bool:
-    """NIfTI-1 magic "n+1"/"ni1" at byte 344 with sizeof_hdr 348, NIfTI-2 "n+2" at byte 4 with
+    """NIfTI-1 magic "n+1"/"ni1" at byte 344 with sizeof_hdr 348, NIfTI-2 "n+2"/"ni2" at byte 4 with
     sizeof_hdr 540 (either byte order). A gzip stream is inflated just far enough (from the
     4 KiB head, no more) to check the same magic, so ``.nii.gz`` is recognised by content."""
     if head[:2] == b"\x1f\x8b":

@@ -143,8 +143,8 @@ class FileLayout:
 
     ``offsets[k]``: byte offset of plane ``k`` when stored raw, else -1. ``striles[k]``: for a
     plane that is not raw, ``(decoder, strile offsets, strile byte counts, jpegtables)``, the
-    decoder being a tifffile page whose ``decode`` (a closure over compression, predictor,
-    geometry, dtype) applies to this plane; None for raw or absent planes."""
+    StrileDecoder being shared by every page with the same tifffile page hash (same
+    compression, predictor, geometry, dtype); None for raw or absent planes."""
 
     dtype: np.dtype
     offsets: np.ndarray
@@ -167,14 +167,17 @@ def raw_offset(page: Any, keyframe: Any) -> int:
     return int(offsets[0])
 
 
-def _read_exact(fd: int, nbytes: int, pos: int, path: str, what: str) -> bytearray:
+def _read_exact(fh: Any, nbytes: int, pos: int, path: str, what: str) -> bytearray:
+    """``nbytes`` at ``pos`` of an open binary file (this call's own handle, so seek+read is
+    thread-safe), or UnreadableSource when the file ends first."""
     buf = bytearray(nbytes)
     view = memoryview(buf)
+    fh.seek(pos)
     got = 0
     while got < nbytes:
-        n = os.preadv(fd, [view[got:]], pos + got)
-        if n <= 0:
-            size = os.fstat(fd).st_size
+        n = fh.readinto(view[got:])
+        if not n:
+            size = os.fstat(fh.fileno()).st_size
             raise UnreadableSource(
                 path, f"truncated: {what} needs bytes {pos}..{pos + nbytes}, the file ends at {size}"
             )
@@ -187,7 +190,7 @@ def read_raw_window(
 ) -> np.ndarray:
     """``window`` (slices with steps) of a raw C-order plane of ``shape`` at ``offset``.
 
-    One ``pread`` of the outer-axis rows the window spans; when the outer step leaves gaps
+    One read of the outer-axis rows the window spans; when the outer step leaves gaps
     larger than the readahead window, an ``mmap`` read with the stride instead, so the skipped
     rows are never read. The result may be a view of a private buffer (never of a mapping).
     """
@@ -217,28 +220,48 @@ def read_raw_window(
                 except BufferError:  # a view survived (it cannot: we copied); GC unmaps it
                     pass
             return out
-        buf = _read_exact(fd, span * stride, pos, path, what)
+        buf = _read_exact(fh, span * stride, pos, path, what)
     arr = np.frombuffer(buf, dtype, count=span * inner_items).reshape((span,) + inner_shape)
     return arr[(slice(None, None, outer.step),) + window[1:]]
 
 
-def strile_geometry(page: Any) -> tuple[int, int, bool]:
-    """(rows, columns) of one strip or tile of ``page``, and whether samples are planar."""
-    if page.is_tiled:
-        return int(page.tilelength), int(page.tilewidth), page.planarconfig == 2
-    return int(min(page.rowsperstrip or page.imagelength, page.imagelength)), int(page.imagewidth), page.planarconfig == 2
+@dataclass(frozen=True)
+class StrileDecoder:
+    """What decoding a strip/tile of a page needs, captured while its file is open (some of
+    tifffile's lazily computed page properties read the file, e.g. JPEG's ``is_jfif``)."""
 
+    decode: Any  # tifffile's TiffPage.decode closure
+    axes: str  # the page's axes: YX, YXS or SYX
+    dtype: np.dtype
+    length: int
+    width: int
+    rows: int  # strile height
+    cols: int  # strile width
+    samples: int
+    planar: bool
+    jpeg_kwargs: tuple[tuple[str, Any], ...]
 
-def strile_block(page: Any) -> tuple[int, ...]:
-    """One strip or tile in the page's own axes (``YX``, ``YXS`` or ``SYX``)."""
-    rows, cols, planar = strile_geometry(page)
-    block = {"Y": rows, "X": cols, "S": 1 if planar else int(page.samplesperpixel)}
-    return tuple(block[a] for a in page.axes)
+    @classmethod
+    def from_page(cls, page: Any) -> "StrileDecoder":
+        if page.is_tiled:
+            rows, cols = int(page.tilelength), int(page.tilewidth)
+        else:
+            rows, cols = int(min(page.rowsperstrip or page.imagelength, page.imagelength)), int(page.imagewidth)
+        jpeg = ()
+        if page.compression in (6, 7, 34892, 33007):  # JPEG flavours
+            jpeg = (("jpegheader", page.jpegheader),)
+        return cls(page.decode, page.axes, np.dtype(page.dtype), int(page.imagelength), int(page.imagewidth),
+                   rows, cols, int(page.samplesperpixel), page.planarconfig == 2, jpeg)
+
+    def block(self) -> tuple[int, ...]:
+        """One strip or tile in the page's own axes."""
+        sizes = {"Y": self.rows, "X": self.cols, "S": 1 if self.planar else self.samples}
+        return tuple(sizes[a] for a in self.axes)
 
 
 def read_strile_window(
     path: str,
-    decoder: Any,
+    decoder: StrileDecoder,
     offsets: Sequence[int],
     counts: Sequence[int],
     jpegtables: bytes | None,
@@ -250,30 +273,27 @@ def read_strile_window(
     win = dict(zip(axes, window))
     ys, xs = win["Y"], win["X"]
     ss = win.get("S", slice(0, 1, 1))
-    rows, cols, planar = strile_geometry(decoder)
-    nsamples = int(decoder.samplesperpixel)
+    rows, cols, planar = decoder.rows, decoder.cols, decoder.planar
     # working buffer: (separate sample, y, x, contiguous sample) over the unstrided window
     y0, y1, x0, x1, s0, s1 = ys.start, ys.stop, xs.start, xs.stop, ss.start, ss.stop
     sep = range(s0, s1) if planar else range(1)
-    con = (0, 1) if planar or nsamples == 1 else (s0, s1)
+    con = (0, 1) if planar or decoder.samples == 1 else (s0, s1)
     work = np.zeros((len(sep), y1 - y0, x1 - x0, con[1] - con[0]), decoder.dtype)
-    length, width = int(decoder.imagelength), int(decoder.imagewidth)
-    per_sample = -(-length // rows) * -(-width // cols)
-    across = -(-width // cols)
+    across = -(-decoder.width // cols)
+    per_sample = -(-decoder.length // rows) * across
     wanted = []
     for si, s in enumerate(sep):
         for r in range(y0 // rows, (y1 - 1) // rows + 1):
             for c in range(x0 // cols, (x1 - 1) // cols + 1):
                 wanted.append((s * per_sample + r * across + c, si))
-    kwargs: dict[str, Any] = {}
-    if decoder.compression in (6, 7, 34892, 33007):  # JPEG flavours need their tables
-        kwargs = {"jpegtables": jpegtables, "jpegheader": getattr(decoder, "jpegheader", None)}
+    kwargs: dict[str, Any] = dict(decoder.jpeg_kwargs)
+    if kwargs:
+        kwargs["jpegtables"] = jpegtables
     with open(path, "rb", buffering=0) as fh:
-        fd = fh.fileno()
         for index, si in sorted(wanted, key=lambda w: offsets[w[0]] if w[0] < len(offsets) else 0):
             if index >= len(offsets) or counts[index] <= 0 or offsets[index] <= 0:
                 continue  # an empty strile reads as zeros, as in tifffile
-            data = bytes(_read_exact(fd, counts[index], offsets[index], path, f"strile {index}"))
+            data = bytes(_read_exact(fh, counts[index], offsets[index], path, f"strile {index}"))
             seg, (_, _, sy, sx, _), _shape = decoder.decode(data, index, **kwargs)
             if seg is None:
                 continue
@@ -353,7 +373,7 @@ class TiffPlaneGridAdapter(TensorAdapter):
         self._stored_dtype = np.dtype(stored_dtype)
         self._layouts: dict[int, FileLayout] = dict(layouts or {})
         self._layout_lock = threading.Lock()
-        self._decoders: dict[Any, Any] = {}  # tifffile page hash -> a page that decodes it
+        self._decoders: dict[Any, StrileDecoder] = {}  # tifffile page hash -> its decoder
         self._file_shape = None if file_shape is None else tuple(int(n) for n in file_shape)
         self._read_block = None if read_block is None else tuple(int(b) for b in read_block)
         grid_shape = self._file_index.shape[: self._ngrid]
@@ -458,7 +478,7 @@ class TiffPlaneGridAdapter(TensorAdapter):
             return series_layout(tif, series, len(self._plane_shape), path, self._decoders)
 
 
-def series_layout(tif: Any, series: Any, plane_ndim: int, path: str, decoders: dict[Any, Any] | None = None) -> FileLayout:
+def series_layout(tif: Any, series: Any, plane_ndim: int, path: str, decoders: dict[Any, StrileDecoder] | None = None) -> FileLayout:
     """The planes of ``series`` (its leading axes flattened): raw offsets where the pixels
     are stored final, strile offsets/counts and a shared decoder elsewhere."""
     keyframe = series.keyframe
@@ -480,8 +500,10 @@ def series_layout(tif: Any, series: Any, plane_ndim: int, path: str, decoders: d
             continue
         offsets[k] = raw_offset(page, keyframe)
         if offsets[k] < 0:
-            decoder = decoders.setdefault(keyframe.hash, keyframe)
-            tables = getattr(page, "jpegtables", None) if hasattr(page, "tags") else keyframe.jpegtables
+            decoder = decoders.get(keyframe.hash)
+            if decoder is None:
+                decoder = decoders.setdefault(keyframe.hash, StrileDecoder.from_page(keyframe))
+            tables = page.jpegtables if hasattr(page, "tags") else keyframe.jpegtables
             striles[k] = (decoder, tuple(page.dataoffsets), tuple(page.databytecounts), tables)
     return FileLayout(dtype, offsets, striles)
 
@@ -564,15 +586,11 @@ def _list_tiff_names(folder: Path, limit: int | None = None) -> list[str]:
 
 
 def _looks_like_sequence(patterns: Sequence[PlanePattern]) -> bool:
-    """Two files differing only in numbers, or one file whose numbers carry known axis words
-    (``c0z0t0.tif``). A lone ``scan_001.tif`` is not a sequence: opening the folder as one
-    would be a surprise when the user meant the file."""
-    for g in patterns:
-        if len(g.names) >= 2:
-            return True
-        if g.values and g.values[0] and all(axis_label_for(g.keyword(j)) for j in range(len(g.values[0]))):
-            return True
-    return False
+    """At least two TIFF files that differ only in their numbers. A folder holding a lone
+    ``scan_001.tif`` (or a few unrelated TIFFs, like ../testdata/ome-tiff) is not claimed:
+    opening it as a sequence would surprise a user who meant the files; such files still
+    open on their own, and the folder opens with ``format="tiff-sequence"``."""
+    return any(len(g.names) >= 2 for g in patterns)
 
 
 def sniff_tiff_sequence(path: Path, head: bytes) -> bool:
@@ -608,7 +626,7 @@ def read_file_header(path: str) -> _FileHeader:
             raise UnreadableSource(path, f"pages with axes {page_axes!r} are not planes")
         plane_ndim = len(page_axes)
         dtype = np.dtype(series.dtype).newbyteorder(tif.byteorder)
-        block = None if key.is_final else strile_block(key)
+        block = None if key.is_final else StrileDecoder.from_page(key).block()
         size = None
         ij = tif.imagej_metadata or {}
         unit = str(ij.get("unit", "")).lower()
@@ -620,13 +638,7 @@ def read_file_header(path: str) -> _FileHeader:
         return _FileHeader(tuple(series.shape), dtype, series.axes, page_axes, block, size)
 
 
-def build_sequence_tensor(
-    folder: Path,
-    pattern: PlanePattern,
-    header: _FileHeader,
-    cls: type[TiffPlaneGridAdapter] = TiffSequenceAdapter,
-    extra_metadata: Mapping[str, Any] | None = None,
-) -> TiffPlaneGridAdapter:
+def build_sequence_tensor(folder: Path, pattern: PlanePattern, header: _FileHeader) -> TiffSequenceAdapter:
     """A tensor over one pattern: file-name axes, then the file's own leading axes, then the plane."""
     vary = pattern.varying()
     used: set[str] = set()
@@ -651,9 +663,7 @@ def build_sequence_tensor(
             meta["first"] = lo
         axes_meta[label] = meta
     lead_shape = header.shape[: len(header.shape) - header.plane_ndim]
-    lead_labels = [
-        unique_label(TIFFFILE_AXES.get(a), used) for a in header.axes[: len(lead_shape)]
-    ]
+    lead_labels = [unique_label(TIFFFILE_AXES.get(a), used) for a in header.axes[: len(lead_shape)]]
     plane_shape = header.shape[len(lead_shape) :]
     plane_labels = [TIFFFILE_AXES[a] for a in header.page_axes]
     grid_shape = tuple(shape) + tuple(lead_shape)
@@ -680,7 +690,6 @@ def build_sequence_tensor(
         "missing_planes": int(file_index.size - present),
         "axes": axes_meta,
         **({"duplicate_files_ignored": duplicates} if duplicates else {}),
-        **dict(extra_metadata or {}),
     }
     ndim = len(grid_shape) + header.plane_ndim
     scale: list[float | None] = [None] * ndim
@@ -690,7 +699,7 @@ def build_sequence_tensor(
             if label in ("y", "x"):
                 scale[i], unit[i] = header.pixel_size, "µm"
     read_block = None if header.read_block is None else (1,) * len(grid_shape) + header.read_block
-    return cls(
+    return TiffSequenceAdapter(
         files=files,
         file_index=file_index,
         plane_index=plane_index,
@@ -756,8 +765,9 @@ class TiffSequenceSource(SourceAdapter):
             parts = _split_by_shape(path, pattern)
             for sub, header in parts:
                 name = sub.field_name()
-                if len(parts) > 1:
-                    name += "_" + "x".join(str(n) for n in header.shape[-header.plane_ndim :][:2])
+                if len(parts) > 1:  # same pattern, different plane shapes: name the shape
+                    plane = dict(zip(header.page_axes, header.shape[-header.plane_ndim :]))
+                    name += f"_{plane['Y']}x{plane['X']}"
                 tensor = build_sequence_tensor(path, sub, header)
                 built.append((name, len(sub.names), math.prod(header.shape), tensor))
         built.sort(key=lambda b: (-b[1], -b[2], b[0]))

@@ -69,6 +69,29 @@ def owned_array(arr: np.ndarray, dtype: np.dtype | None = None) -> np.ndarray:
     return out
 
 
+_UNIT_ALIASES = {
+    "µm": "micrometer", "μm": "micrometer", "um": "micrometer", "micron": "micrometer", "microns": "micrometer",
+    "micrometre": "micrometer", "micrometers": "micrometer",
+    "nm": "nanometer", "nanometre": "nanometer", "nanometers": "nanometer",
+    "mm": "millimeter", "millimetre": "millimeter", "cm": "centimeter", "m": "meter", "metre": "meter",
+    "å": "angstrom", "Å": "angstrom", "a": "angstrom", "ang": "angstrom", "angstroms": "angstrom",
+    "pm": "picometer",
+    "s": "second", "sec": "second", "seconds": "second", "ms": "millisecond", "µs": "microsecond", "us": "microsecond",
+    "min": "minute", "h": "hour", "ev": "electronvolt", "1/nm": "1/nanometer",
+}
+
+
+def normalize_unit(unit: str | None) -> str | None:
+    """One spelling per unit across formats: the UDUNITS names OME-NGFF uses
+    ("micrometer", "nanometer", "angstrom", "second", ...). Unknown units pass through."""
+    if unit is None:
+        return None
+    u = str(unit).strip()
+    if not u:
+        return None
+    return _UNIT_ALIASES.get(u, _UNIT_ALIASES.get(u.lower(), u))
+
+
 def check_scale(scale_hint: Sequence[int] | None, ndim: int) -> tuple[int, ...]:
     if scale_hint is None or len(scale_hint) == 0:
         return (1,) * ndim
@@ -162,7 +185,7 @@ class TensorAdapter(ABC):
             None if native_chunk_shape is None else tuple(int(c) for c in native_chunk_shape)
         )
         self.physical_scale = None if physical_scale is None else tuple(physical_scale)
-        self.physical_unit = None if physical_unit is None else tuple(physical_unit)
+        self.physical_unit = None if physical_unit is None else tuple(normalize_unit(u) for u in physical_unit)
         self.is_labels = bool(is_labels)
         self.content_version: bytes = content_version or minted_content_version()
         self.array_id = array_id

@@ -248,6 +248,55 @@ def test_multiframe_axis_and_lazy_frames(tmp_path):
         np.testing.assert_array_equal(t.get_scaled_data(b, (3, 2, 2), "nearest"), got)
 
 
+def test_enhanced_multiframe_positions_and_per_frame_rescale(tmp_path):
+    """Per-frame Plane Position (stored in descending z) makes the frame axis z, served in
+    ascending position; per-frame Pixel Value Transformation is applied frame by frame."""
+    frames = np.random.default_rng(2).integers(0, 4000, (5, 12, 10), dtype=np.uint16)
+    ds = _dataset(SC_MULTIFRAME, frames)
+    orient = Dataset()
+    orient.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    shared = Dataset()
+    shared.PlaneOrientationSequence = [orient]
+    ds.SharedFunctionalGroupsSequence = [shared]
+    per = []
+    for k in range(5):
+        pos, pvt, item = Dataset(), Dataset(), Dataset()
+        pos.ImagePositionPatient = [0, 0, 100 - 3 * k]
+        pvt.RescaleSlope, pvt.RescaleIntercept, pvt.RescaleType = 1 + k, -10 * k, "US"
+        item.PlanePositionSequence = [pos]
+        item.PixelValueTransformationSequence = [pvt]
+        per.append(item)
+    ds.PerFrameFunctionalGroupsSequence = per
+    path = _save(ds, tmp_path / "enh.dcm")
+    with tensor_server.open(path) as src:
+        t = src.tensor()
+        assert t.dim_labels == ("z", "y", "x") and t.dtype == np.float32
+        assert t.physical_scale[0] == pytest.approx(3.0)
+        want = np.stack([(frames[k].astype(np.float64) * (1 + k) - 10 * k).astype(np.float32) for k in range(5)])[::-1]
+        np.testing.assert_array_equal(t.get_data(), want)
+        np.testing.assert_array_equal(t.get_decimated_data(Bounds((1, 0, 0), (5, 12, 10)), (2, 1, 3)), want[1:5:2, :, ::3])
+
+
+def test_encapsulated_frames_without_offset_table(tmp_path):
+    """RLE frames, no Basic Offset Table: the adapter scans the fragments once and decodes any
+    frame by seeking straight to it (values equal pydicom's whole-file decode)."""
+    from pydicom.encaps import encapsulate, generate_frames
+    from pydicom.uid import RLELossless
+
+    frames = np.random.default_rng(3).integers(0, 4000, (6, 14, 11), dtype=np.uint16)
+    ds = _dataset(SC_MULTIFRAME, frames)
+    ds.compress(RLELossless, encoding_plugin="pydicom")
+    parts = list(generate_frames(ds.PixelData, number_of_frames=6))
+    ds.PixelData = encapsulate(parts, has_bot=False)
+    path = _save(ds, tmp_path / "rle.dcm")
+    np.testing.assert_array_equal(pydicom.dcmread(path).pixel_array, frames)
+    with tensor_server.open(path) as src:
+        t = src.tensor()
+        np.testing.assert_array_equal(t.get_data(Bounds((4, 0, 0), (6, 14, 11))), frames[4:6])
+        assert "extended_offsets" in inner(t).layout.frames[0][0].opts
+        np.testing.assert_array_equal(t.get_data(), frames)
+
+
 def test_series_decimation_skips_slice_files(tmp_path):
     write_ct_series(tmp_path / "ct")
     with tensor_server.open(tmp_path / "ct") as src:

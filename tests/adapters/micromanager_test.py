@@ -231,5 +231,6 @@ def test_folder_without_mm_data_is_not_claimed(tmp_path):
     folder = tmp_path / "plain"
     folder.mkdir()
     (folder / "metadata.txt").write_text('{"something": 1}')
-    tifffile.imwrite(folder / "c0z0t0.tif", np.zeros((4, 4), np.uint8))
+    for z in range(2):
+        tifffile.imwrite(folder / f"c0z{z}t0.tif", np.zeros((4, 4), np.uint8))
     assert detect_format(folder).name == "tiff-sequence"

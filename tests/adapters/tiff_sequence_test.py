@@ -11,7 +11,7 @@ import pytest
 
 import tensor_server
 from tensor_server.adapters.registry import detect_format
-from tensor_server.adapters.tiff_sequence import TiffSequenceAdapter, group_plane_names
+from tensor_server.adapters.tiff_sequence import TiffSequenceAdapter, group_plane_names, sniff_tiff_sequence
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnknownFormat, UnreadableSource
 from tensor_server.testing import AdapterTests
@@ -241,8 +241,11 @@ def test_detection(tmp_path):
         tensor_server.open(lone)
     single = tmp_path / "single"
     single.mkdir()
-    tifffile.imwrite(single / "c0z0t0.tif", np.zeros((4, 4), np.uint8))
-    assert detect_format(single).name == "tiff-sequence"
+    tifffile.imwrite(single / "c0z0t0.tif", np.full((4, 4), 5, np.uint8))
+    with pytest.raises(UnknownFormat):
+        tensor_server.open(single)
+    with tensor_server.open(single, format="tiff-sequence") as src:  # asked for explicitly
+        assert src.tensor().shape == (4, 4) and int(src.tensor().get_data().max()) == 5
     pair = tmp_path / "pair"
     pair.mkdir()
     for i in range(2):
@@ -315,6 +318,8 @@ def test_shape_mismatch_in_a_large_pattern_found_at_read(tmp_path, monkeypatch):
 def test_real_folders_are_not_claimed_by_other_formats(testdata):
     for rel in ("tiff-sequence/viv_multi-tiff", "tiff-sequence/readlif_tiff"):
         assert detect_format(testdata / rel).name == "tiff-sequence"
+    for rel in ("ome-tiff", "tiff", "tiff-pyramid"):  # unrelated TIFFs side by side
+        assert not sniff_tiff_sequence(testdata / rel, b"")
 
 
 def test_content_version_follows_files(tmp_path):
@@ -327,3 +332,55 @@ def test_content_version_follows_files(tmp_path):
     with tensor_server.open(folder) as b:
         assert b.tensor().content_version != v1
     shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize(
+    "kind, write",
+    [
+        ("jpeg_rgb_tiles", dict(photometric="rgb", compression="jpeg", tile=(32, 32))),
+        ("lzw_predictor", dict(compression="lzw", predictor=True, rowsperstrip=7)),
+        ("planar_rgb", dict(photometric="rgb", planarconfig="separate", compression="zlib", rowsperstrip=16)),
+        ("bilevel", dict()),
+    ],
+)
+def test_codecs_and_layouts(tmp_path, kind, write):
+    """Strile decoding across codecs and sample layouts equals tifffile's whole-file read,
+    for full, off-origin and decimated windows."""
+    rng = np.random.default_rng(3)
+    folder = tmp_path / kind
+    folder.mkdir()
+    planes = []
+    for z in range(3):
+        if kind == "jpeg_rgb_tiles":
+            data = rng.integers(0, 255, (70, 90, 3), dtype=np.uint8)
+        elif kind == "planar_rgb":
+            data = rng.integers(0, 4000, (3, 70, 90), dtype=np.uint16)
+        elif kind == "bilevel":
+            data = rng.integers(0, 2, (70, 90)).astype(bool)
+        else:
+            data = rng.integers(0, 4000, (70, 90), dtype=np.uint16)
+        tifffile.imwrite(folder / f"z{z}.tif", data, **write)
+        planes.append(tifffile.imread(folder / f"z{z}.tif"))
+    ref = np.stack(planes)
+    if kind == "planar_rgb":
+        ref = ref.transpose(0, 2, 3, 1)  # SYX pages are served y, x, s
+    with tensor_server.open(folder) as src:
+        t = src.tensor()
+        assert t.shape == ref.shape and t.dtype == ref.dtype
+        np.testing.assert_array_equal(t.get_data(), ref)
+        rgb = t.ndim == 4
+        b = Bounds((1, 5, 9) + ((1,) * rgb), (3, 61, 80) + ((3,) * rgb))
+        np.testing.assert_array_equal(t.get_data(b), ref[b.to_slices()])
+        step = (2, 3, 4) + ((2,) * rgb)
+        np.testing.assert_array_equal(t.get_decimated_data(b, step), ref[b.to_slices()][tuple(slice(None, None, s) for s in step)])
+        if kind != "bilevel":
+            assert t.read_block_shape is not None and t.read_block_shape[0] == 1
+
+
+def test_multifile_ome_folder_as_a_sequence(testdata):
+    """SOURCES.md: the five multifile-Z<n>.ome.tiff planes stack to (5,24,18) sum 314466."""
+    with tensor_server.open(testdata / "ome-tiff/multifile") as src:
+        t = src.tensor()
+        assert t.dim_labels == ("z", "y", "x") and t.shape == (5, 24, 18)
+        data = t.get_data()
+        assert float(data.sum()) == 314466 and [float(p.sum()) for p in data] == [94605, 16575, 93330, 17136, 92820]

@@ -1,0 +1,237 @@
+"""The one table of downsampling cases that drives both the tests and the benchmarks.
+
+Why one table (as bottleneck and numbagg do): a case that is benchmarked is a case that is
+checked against the oracle, and the data generators (saturated integers, NaN/inf floats, label
+images) exist once.
+
+``TEST_CASES``: small arrays, every method x dtype, over geometries chosen to hit ragged edges,
+scale-1 axes, non-dyadic scales, single-element axes, interleaved channels, 1-6 dimensions and
+both sides of the strided-add / reshape-sum gate. The last-axis scales are kept to a few values
+(2, 3, 4, 5, 7) so that the test run compiles a bounded set of kernels (see ``_CONST_S2`` in
+``downsample.py``); ``WIDE_S2_CASES`` adds the constant kernels for the large last-axis scales on
+the benchmark dtype only.
+
+``BENCH_CASES``: the benchmark table (full size and ``--quick`` size).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+__all__ = [
+    "DTYPES",
+    "FILLS",
+    "Case",
+    "BenchCase",
+    "make_array",
+    "make_labels",
+    "fills_for",
+    "TEST_GEOMETRIES",
+    "TEST_CASES",
+    "WIDE_S2_CASES",
+    "GATE_CASES",
+    "BENCH_CASES",
+]
+
+DTYPES = (
+    "bool", "uint8", "uint16", "uint32", "uint64",
+    "int8", "int16", "int32", "int64", "float32", "float64",
+)
+
+#: How the values are drawn. "random": uniform over the whole dtype range (floats: normal);
+#: "max"/"min": saturated ``iinfo.max``/``iinfo.min`` (accumulator overflow); "extremes": a random
+#: mix of min and max (overflow plus rounding at the extremes); "nonfinite": floats with NaN, +inf
+#: and -inf sprinkled in; "equal": constant per block (all-equal blocks, uniform mode); "labels":
+#: few distinct values in rectangles (mode ties and runs); "ties": values 0/1 only (exact
+#: half-way means, mode ties, lower-median ties).
+FILLS = ("random", "max", "min", "extremes", "nonfinite", "equal", "labels", "ties")
+
+
+def fills_for(dtype: str) -> tuple[str, ...]:
+    """The fills that mean something for ``dtype``."""
+    kind = np.dtype(dtype).kind
+    if kind == "b":
+        return ("random", "equal", "ties")
+    if kind == "f":
+        return ("random", "nonfinite", "equal", "labels", "ties")
+    return ("random", "max", "min", "extremes", "equal", "labels", "ties")
+
+
+def make_labels(shape: tuple[int, ...], dtype: str | np.dtype, seed: int = 0,
+                n_labels: int = 2**20, cell: tuple[int, int] = (15, 50)) -> np.ndarray:
+    """A label image: rectangles of random size (``cell`` range, so edges are not aligned to any
+    power of two) with random ids; blocks straddling an edge hold 2-4 labels."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    axes = []
+    for n in shape:
+        counts = rng.integers(cell[0], cell[1], n // cell[0] + 2)
+        axes.append(np.repeat(np.arange(counts.size), counts)[:n])
+    grid_shape = tuple(int(a.max()) + 1 for a in axes)
+    hi = min(n_labels, int(np.iinfo(dt).max) if dt.kind in "iu" else n_labels)
+    grid = rng.integers(0, max(hi, 2), grid_shape).astype(dt)
+    return np.ascontiguousarray(grid[np.ix_(*axes)])
+
+
+def make_array(dtype: str, shape: tuple[int, ...], fill: str = "random", seed: int = 0,
+               scale: tuple[int, ...] | None = None) -> np.ndarray:
+    """Deterministic test/benchmark data (``scale`` is used by "equal" to make blocks uniform)."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    kind = dt.kind
+    if fill == "labels":
+        return make_labels(shape, dt, seed, n_labels=5, cell=(1, 4))
+    if fill == "ties":
+        return rng.integers(0, 2, shape).astype(dt)
+    if fill == "equal":
+        sc = scale or (1,) * len(shape)
+        coarse = make_array(dtype, tuple(-(-n // s) for n, s in zip(shape, sc)), "random", seed)
+        for ax, s in enumerate(sc):
+            coarse = np.repeat(coarse, s, axis=ax)
+        return np.ascontiguousarray(coarse[tuple(slice(0, n) for n in shape)])
+    if kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if kind == "f":
+        x = rng.standard_normal(shape).astype(dt) * dt.type(100)
+        if fill == "nonfinite":
+            flat = x.reshape(-1)
+            pick = rng.random(flat.size)
+            flat[pick < 0.08] = np.nan
+            flat[(pick >= 0.08) & (pick < 0.12)] = np.inf
+            flat[(pick >= 0.12) & (pick < 0.16)] = -np.inf
+            flat[(pick >= 0.16) & (pick < 0.20)] = -0.0
+        return x
+    info = np.iinfo(dt)
+    if fill == "max":
+        return np.full(shape, info.max, dtype=dt)
+    if fill == "min":
+        return np.full(shape, info.min, dtype=dt)
+    if fill == "extremes":
+        return np.where(rng.random(shape) < 0.5, info.min, info.max).astype(dt)
+    return rng.integers(int(info.min), int(info.max), shape, dtype=dt, endpoint=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One oracle-vs-kernel comparison: ``downsample(make_array(...), scale, method)``."""
+
+    method: str
+    dtype: str
+    shape: tuple[int, ...]
+    scale: tuple[int, ...]
+    fill: str = "random"
+
+    @property
+    def id(self) -> str:
+        shp = "x".join(map(str, self.shape))
+        sc = "x".join(map(str, self.scale))
+        return f"{self.method}-{self.dtype}-{shp}-s{sc}-{self.fill}"
+
+    def make(self, seed: int = 0) -> np.ndarray:
+        return make_array(self.dtype, self.shape, self.fill, seed, self.scale)
+
+
+#: (shape, scale, why). Last-axis scales after layout stay in {2, 3, 4, 5, 7} (see module doc).
+TEST_GEOMETRIES: tuple[tuple[tuple[int, ...], tuple[int, ...], str], ...] = (
+    ((8, 8), (2, 2), "aligned 2x2"),
+    ((9, 7), (2, 2), "ragged both axes"),
+    ((13, 11), (4, 4), "ragged 4x4"),
+    ((10, 11), (3, 3), "non-dyadic 3"),
+    ((11, 12), (5, 1), "scale-1 last axis (folded as channels)"),
+    ((7, 15), (1, 7), "scale-1 first axis, non-dyadic 7"),
+    ((1, 9), (2, 2), "single-element axis with scale > 1"),
+    ((17,), (4,), "1-D ragged"),
+    ((5,), (8,), "scale larger than the axis"),
+    ((5, 6, 7), (2, 2, 2), "3-D ragged"),
+    ((4, 9, 10), (1, 2, 2), "3-D stack of planes"),
+    ((10, 12, 3), (2, 2, 1), "interleaved RGB"),
+    ((6, 5, 4), (2, 3, 1), "3-D trailing scale 1"),
+    ((3, 4, 5, 6), (1, 2, 1, 3), "4-D mixed"),
+    ((2, 3, 2, 3, 2, 5), (2, 1, 2, 3, 1, 2), "6-D"),
+    ((67, 9), (64, 4), "block 256: last strided-add block"),
+    ((40, 10), (32, 4), "block 128 ragged rows"),
+    ((130, 9), (128, 4), "block 512: reshape-sum"),
+)
+
+_METHODS = ("nearest", "area", "min", "max", "mode", "median")
+
+
+def _test_cases() -> Iterator[Case]:
+    for shape, scale, _ in TEST_GEOMETRIES:
+        for dtype in DTYPES:
+            for fill in fills_for(dtype):
+                for method in _METHODS:
+                    yield Case(method, dtype, shape, scale, fill)
+
+
+TEST_CASES: tuple[Case, ...] = tuple(_test_cases())
+
+#: Large last-axis scales (constant-s2 kernels 8/16/32) and both sides of the gate in 2-D and
+#: 3-D, on the benchmark dtypes only (each adds compiled kernels).
+WIDE_S2_CASES: tuple[Case, ...] = tuple(
+    Case(method, dtype, shape, scale, fill)
+    for dtype in ("uint16", "uint8")
+    for shape, scale in (
+        ((37, 70), (8, 8)), ((40, 90), (16, 16)), ((70, 100), (32, 32)),
+        ((9, 20, 17), (4, 4, 8)), ((17, 17, 17), (8, 8, 8)),
+    )
+    for method in ("area", "max", "mode")
+    for fill in (("random", "max") if method == "area" else ("random",))
+)
+
+#: (dtype, scale, expected path) for the gate test: integer area, power-of-two scales.
+GATE_CASES: tuple[tuple[str, tuple[int, ...], str], ...] = (
+    ("uint16", (2, 2), "strided-add"),
+    ("uint16", (16, 16), "strided-add"),
+    ("uint16", (64, 4), "strided-add"),
+    ("uint16", (128, 4), "reshape-sum"),
+    ("uint16", (32, 32), "reshape-sum"),
+    ("uint8", (4, 8, 8), "strided-add"),
+    ("uint8", (8, 8, 8), "reshape-sum"),
+    ("int16", (1, 16, 16), "strided-add"),
+    ("int32", (1, 1, 512), "reshape-sum"),
+    ("bool", (2, 2), "strided-add"),
+    ("uint16", (3, 3), "generic"),
+    ("float32", (2, 2), "float"),
+    ("int64", (2, 2), "wide"),
+    ("uint64", (2, 2), "wide"),
+    ("uint16", (1, 1), "identity"),
+)
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmark row: our kernel against the peers on the same array, same call."""
+
+    name: str
+    method: str
+    dtype: str
+    shape: tuple[int, ...]
+    quick_shape: tuple[int, ...]
+    scale: tuple[int, ...]
+    fill: str = "random"
+
+    def make(self, quick: bool = False, seed: int = 0) -> np.ndarray:
+        shape = self.quick_shape if quick else self.shape
+        if self.fill == "labels":
+            return make_labels(shape, self.dtype, seed)
+        rng = np.random.default_rng(seed)
+        info = np.iinfo(self.dtype)
+        return rng.integers(0, int(info.max), shape, dtype=self.dtype, endpoint=True)
+
+
+def _bench_cases() -> Iterator[BenchCase]:
+    for method in ("area", "nearest", "max"):
+        for s in (2, 4, 8, 16, 32):
+            yield BenchCase(f"{method} 8192^2 u16 s{s}", method, "uint16", (8192, 8192),
+                            (2048, 2048), (s, s))
+    yield BenchCase("area 512x1024^2 u8 2x2x2", "area", "uint8", (512, 1024, 1024),
+                    (64, 512, 512), (2, 2, 2))
+    for s in (2, 4, 8):
+        yield BenchCase(f"mode 8192^2 u32 labels s{s}", "mode", "uint32", (8192, 8192),
+                        (2048, 2048), (s, s), "labels")
+
+
+BENCH_CASES: tuple[BenchCase, ...] = tuple(_bench_cases())
