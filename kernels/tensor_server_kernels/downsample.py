@@ -45,7 +45,8 @@ import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from tensor_server_kernels import reference as _ref
 from tensor_server_kernels.reference import METHODS, check_arguments, output_shape
@@ -85,10 +86,13 @@ _CONST_DTYPES = frozenset(np.dtype(t) for t in ("uint8", "uint16", "uint32", "fl
 # sort (label blocks hold 1-3 labels; noise would make count-distinct quadratic).
 _MODE_DISTINCT_CAP = 8
 
+# The dtypes the kernels are compiled for. bool runs as uint8; signed integers run as their
+# unsigned view with the sign bit flipped (``_flip``), which preserves order, equality and - since
+# the flip is a bias of 2**(bits-1), an even number - the half-to-even rounding of a mean. So a
+# cold test run compiles each kernel for 6 dtypes instead of 11, and int16 gets the fast
+# constant-scale kernels of uint16.
 _KERNEL_DTYPES = frozenset(
-    np.dtype(t)
-    for t in ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
-              "float32", "float64")
+    np.dtype(t) for t in ("uint8", "uint16", "uint32", "uint64", "float32", "float64")
 )
 
 
@@ -113,6 +117,21 @@ def _round_div(v: int, block: int) -> int:
     q = v // block
     twice = (v - q * block) << 1
     return q + (np.int64(twice > block) | (np.int64(twice == block) & (q & 1)))
+
+
+def _flip(v, f):  # type: ignore[no-untyped-def]
+    """``v ^ f`` for integers (f = sign bit for signed data viewed unsigned, else 0); identity for
+    floats. Python version for NUMBA_DISABLE_JIT; the overload below is what kernels compile."""
+    if isinstance(v, (float, np.floating)):
+        return v
+    return v ^ f
+
+
+@overload(_flip)
+def _flip_overload(v, f):  # type: ignore[no-untyped-def]
+    if isinstance(v, types.Float):
+        return lambda v, f: v
+    return lambda v, f: v ^ f
 
 
 @njit(cache=True, nogil=True)
@@ -159,7 +178,7 @@ def _sort(buf):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
-def _mode_of(buf, vals, cnts):  # type: ignore[no-untyped-def]
+def _mode_of(buf, s, vals, cnts):  # type: ignore[no-untyped-def]
     """Most frequent value of ``buf`` (the whole block), ties to the smallest.
 
     Distinct values are counted in the short list ``vals``/``cnts`` (label blocks hold 1-3
@@ -167,6 +186,25 @@ def _mode_of(buf, vals, cnts):  # type: ignore[no-untyped-def]
     for the longest run (count-distinct would be quadratic on noise). ``buf`` may be reordered.
     """
     B = buf.shape[0]
+    if B <= 64:
+        # Small blocks: count each value against the whole block with a branch-free, vectorised
+        # loop, skipping a value equal to its left or upper neighbour (``buf`` holds the block as
+        # rows of ``s``): that value was already counted, and in a label image nearly every
+        # value repeats a neighbour. Count-distinct's data-dependent branches mispredicted
+        # enough to cost more than the whole uniform-block pass.
+        best = buf[0]
+        best_n = 0
+        for i in range(B):
+            v = buf[i]
+            if (i > 0 and _same(v, buf[i - 1])) or (i >= s and _same(v, buf[i - s])):
+                continue
+            n = 0
+            for j in range(B):
+                n += _same(buf[j], v)
+            better = (n > best_n) | ((n == best_n) & _less(v, best))
+            best = v if better else best
+            best_n = n if better else best_n
+        return best
     cap = vals.shape[0]
     nd = 0
     for i in range(B):
@@ -215,7 +253,7 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
     S = const_s2
 
     @njit(cache=True, nogil=True)
-    def area_strided(x, out, table, C, s2, acc, shift):  # type: ignore[no-untyped-def]
+    def area_strided(x, out, table, C, s2, acc, shift, f):  # type: ignore[no-untyped-def]
         """Strided adds (power-of-two blocks, ``block == 2**shift``): one pass per block row
         offset adds a whole input row into a full-width accumulator row (contiguous,
         vectorised), then one strided fold over the last-axis offsets yields the output row."""
@@ -228,27 +266,27 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
         for o in range(out.shape[0]):
             row = x[table[o, 0]]
             for e in range(W):
-                acc[e] = row[e]
+                acc[e] = row[e] ^ f
             for k in range(1, nrows):
                 row = x[table[o, k]]
                 for e in range(W):
-                    acc[e] += row[e]
+                    acc[e] += row[e] ^ f
             orow = out[o]
             if C == 1:
                 for q in range(full):
                     v = np.int64(acc[q * s])
                     for j in range(1, s):
                         v += acc[q * s + j]
-                    orow[q] = _round_shift(v, shift)
+                    orow[q] = _round_shift(v, shift) ^ f
             for q in range(full if C == 1 else 0, oL):  # ragged tail (clamp = edge padding)
                 for c in range(C):
                     v = np.int64(0)
                     for j in range(s):
                         v += acc[min(q * s + j, L - 1) * C + c]
-                    orow[q * C + c] = _round_shift(v, shift)
+                    orow[q * C + c] = _round_shift(v, shift) ^ f
 
     @njit(cache=True, nogil=True)
-    def area_reshape(x, out, table, C, s2, acc, block, shift):  # type: ignore[no-untyped-def]
+    def area_reshape(x, out, table, C, s2, acc, block, shift, f):  # type: ignore[no-untyped-def]
         """Reshape-sum, last axis first: each input row is reduced over its s2-wide block lanes
         (contiguous), and those partial sums are added over the block rows into an output-width
         accumulator row. ``shift >= 0`` means ``block == 2**shift``; otherwise (non-dyadic
@@ -266,21 +304,21 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     for q in range(full):
                         t = acc[q]
                         for j in range(s):
-                            t += row[q * s + j]
+                            t += row[q * s + j] ^ f
                         acc[q] = t
                 for q in range(full if C == 1 else 0, oL):
                     for c in range(C):
                         t = acc[q * C + c]
                         for j in range(s):
-                            t += row[min(q * s + j, L - 1) * C + c]
+                            t += row[min(q * s + j, L - 1) * C + c] ^ f
                         acc[q * C + c] = t
             orow = out[o]
             if shift >= 0:
                 for e in range(oL * C):
-                    orow[e] = _round_shift(np.int64(acc[e]), shift)
+                    orow[e] = _round_shift(np.int64(acc[e]), shift) ^ f
             else:
                 for e in range(oL * C):
-                    orow[e] = _round_div(np.int64(acc[e]), block)
+                    orow[e] = _round_div(np.int64(acc[e]), block) ^ f
 
     @njit(cache=True, nogil=True)
     def area_float(x, out, table, C, s2, acc, block):  # type: ignore[no-untyped-def]
@@ -312,7 +350,7 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                 orow[e] = acc[e] / block
 
     @njit(cache=True, nogil=True)
-    def extreme(x, out, table, C, s2, acc, is_max):  # type: ignore[no-untyped-def]
+    def extreme(x, out, table, C, s2, acc, is_max, f):  # type: ignore[no-untyped-def]
         """min/max: element-wise over the block rows into a full-width row (vectorised), then a
         fold over the s2 last-axis lanes. min and max share one compiled kernel per dtype (half
         the compile time); the hot loops are written out per branch so each one vectorises
@@ -326,27 +364,27 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
         for o in range(out.shape[0]):
             r = table[o, 0]
             for e in range(W):
-                acc[e] = x[r, e]
+                acc[e] = _flip(x[r, e], f)
             for k in range(1, nrows):
                 r = table[o, k]
                 if is_max:
                     for e in range(W):
-                        acc[e] = _pick_max(acc[e], x[r, e])
+                        acc[e] = _pick_max(acc[e], _flip(x[r, e], f))
                 else:
                     for e in range(W):
-                        acc[e] = _pick_min(acc[e], x[r, e])
+                        acc[e] = _pick_min(acc[e], _flip(x[r, e], f))
             if C == 1 and is_max:  # the hot cases, written out so each loop vectorises
                 for q in range(full):
                     m = acc[q * s]
                     for j in range(1, s):
                         m = _pick_max(m, acc[q * s + j])
-                    out[o, q] = m
+                    out[o, q] = _flip(m, f)
             elif C == 1:
                 for q in range(full):
                     m = acc[q * s]
                     for j in range(1, s):
                         m = _pick_min(m, acc[q * s + j])
-                    out[o, q] = m
+                    out[o, q] = _flip(m, f)
             first = full if C == 1 else 0
             for q in range(first, oL):  # ragged tail, and interleaved channels
                 for c in range(C):
@@ -354,10 +392,10 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     for j in range(1, s):
                         v = acc[min(q * s + j, L - 1) * C + c]
                         m = _pick_max(m, v) if is_max else _pick_min(m, v)
-                    out[o, q * C + c] = m
+                    out[o, q * C + c] = _flip(m, f)
 
     @njit(cache=True, nogil=True)
-    def gather(x, out, table, C, s2, buf, vals, cnts, is_median):  # type: ignore[no-untyped-def]
+    def gather(x, out, table, C, s2, buf, vals, cnts, flags, is_median, f):  # type: ignore[no-untyped-def]
         """mode and median share the block gather (one compiled kernel per dtype).
 
         median: sort the block (NaN last, as NumPy) and take element (B - 1) // 2.
@@ -373,41 +411,43 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
         for o in range(out.shape[0]):
             first_q = 0
             if C == 1 and not is_median:
+                # Pass 1, branch-free and vectorised: the block's first value, and whether
+                # every value equals it (uniform blocks: most of a label image).
                 first_q = full
+                orow = out[o]
+                row = x[table[o, 0]]
                 for q in range(full):
-                    base = q * s
-                    first = x[table[o, 0], base]
-                    uniform = True
-                    for k in range(nrows):
-                        r = table[o, k]
-                        for j in range(s):
-                            if not _same(x[r, base + j], first):
-                                uniform = False
-                        if not uniform:
-                            break
-                    if uniform:
-                        out[o, q] = first
+                    orow[q] = row[q * s]
+                    flags[q] = 1
+                for k in range(nrows):
+                    row = x[table[o, k]]
+                    for j in range(s):
+                        for q in range(full):
+                            flags[q] &= _same(row[q * s + j], orow[q])
+                # Pass 2: the mixed blocks.
+                for q in range(full):
+                    if flags[q]:
                         continue
                     n = 0
                     for k in range(nrows):
                         r = table[o, k]
                         for j in range(s):
-                            buf[n] = x[r, base + j]
+                            buf[n] = _flip(x[r, q * s + j], f)
                             n += 1
-                    out[o, q] = _mode_of(buf, vals, cnts)
+                    orow[q] = _flip(_mode_of(buf, s, vals, cnts), f)
             for q in range(first_q, oL):
                 for c in range(C):
                     n = 0
                     for k in range(nrows):
                         r = table[o, k]
                         for j in range(s):
-                            buf[n] = x[r, min(q * s + j, L - 1) * C + c]
+                            buf[n] = _flip(x[r, min(q * s + j, L - 1) * C + c], f)
                             n += 1
                     if is_median:
                         _sort(buf)
-                        out[o, q * C + c] = buf[(B - 1) // 2]
+                        out[o, q * C + c] = _flip(buf[(B - 1) // 2], f)
                     else:
-                        out[o, q * C + c] = _mode_of(buf, vals, cnts)
+                        out[o, q * C + c] = _flip(_mode_of(buf, s, vals, cnts), f)
 
     return {
         "area_strided": area_strided,
@@ -469,20 +509,18 @@ def _area_wide(x, out, table, C, s2, block, bias):  # type: ignore[no-untyped-de
 def _plan_integer_area(dtype: np.dtype, block_size: int) -> np.dtype | None:
     """Accumulator dtype that holds any sum of ``block_size`` values of ``dtype`` exactly.
 
-    Sized from ``block_size * max(|dtype min|, dtype max)``, never a fixed width. ``None`` means no
-    64-bit integer fits (64-bit inputs, or blocks of 2**31+ elements of 32-bit ones): use the
-    exact two-limb kernel ``_area_wide``. uint64 is never chosen (numba turns uint64/int64 mixes
-    into float64); int64 covers every unsigned case below 2**63.
+    Sized from ``block_size * max(|dtype min|, dtype max)`` of the dtype the kernel sums, never a
+    fixed width. Signed data is summed as its sign-flipped unsigned view (see ``_KERNEL_DTYPES``),
+    so the bound is that of the unsigned dtype of the same width. ``None`` means no 64-bit integer
+    fits (64-bit inputs, or blocks of 2**32+ elements of 32-bit ones): use the exact two-limb
+    kernel ``_area_wide``. uint64 is never chosen (numba turns uint64/int64 mixes into float64);
+    int64 covers every case below 2**63.
     """
     dtype = np.dtype(dtype)
-    if dtype.kind == "b":
-        dtype = np.dtype(np.uint8)
-    info = np.iinfo(dtype)
-    bound = block_size * max(-int(info.min), int(info.max))
-    if dtype.kind == "u":
-        candidates = ((np.uint16, 2**16 - 1), (np.uint32, 2**32 - 1), (np.int64, 2**63 - 1))
-    else:
-        candidates = ((np.int16, 2**15 - 1), (np.int32, 2**31 - 1), (np.int64, 2**63 - 1))
+    if dtype.kind in "bi":
+        dtype = np.dtype(f"u{dtype.itemsize}")
+    bound = block_size * int(np.iinfo(dtype).max)
+    candidates = ((np.uint16, 2**16 - 1), (np.uint32, 2**32 - 1), (np.int64, 2**63 - 1))
     for acc, limit in candidates:
         if np.dtype(acc).itemsize >= dtype.itemsize and bound <= limit:
             return np.dtype(acc)
@@ -615,13 +653,24 @@ def _prologue(
 
 
 def _epilogue(out: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if out.dtype != dtype:
-        out = out.view(dtype) if out.dtype.itemsize == dtype.itemsize and dtype.isnative else out.astype(dtype)
+    """Kernel dtype (unsigned view, uint8 for bool) back to the caller's dtype and byte order."""
+    native = dtype.newbyteorder("=")
+    if out.dtype != native:
+        out = out.view(native)
+    if native != dtype:
+        out = out.astype(dtype)
     return out
 
 
-def _as_kernel_input(arr: np.ndarray) -> np.ndarray:
-    return arr.view(np.uint8) if arr.dtype == np.bool_ else arr
+def _as_kernel_input(arr: np.ndarray) -> tuple[np.ndarray, Any]:
+    """(view the kernels run on, flip): bool as uint8, signed as unsigned with the sign bit as
+    ``flip`` (xor-ed on every read and on the result), unsigned and floats as they are."""
+    if arr.dtype == np.bool_:
+        return arr.view(np.uint8), np.uint8(0)
+    if arr.dtype.kind == "i":
+        u = np.dtype(f"u{arr.dtype.itemsize}")
+        return arr.view(u), u.type(1 << (8 * arr.dtype.itemsize - 1))
+    return arr, arr.dtype.type(0)
 
 
 def downsample_nearest(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
@@ -642,7 +691,7 @@ def downsample_area(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
     if path == "reference" or (arr.dtype.kind == "f" and arr.dtype not in _KERNEL_DTYPES):
         return _ref.downsample_area(data, scale)
     float_area = arr.dtype.kind == "f"
-    x = _as_kernel_input(arr)
+    x, flip = _as_kernel_input(arr)
     lay = _Layout(x, sc, keep_unit_axes=float_area)
     block = lay.table.shape[1] * lay.s2
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
@@ -657,24 +706,19 @@ def downsample_area(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
     if path == "wide":
         if block >= 2**31:  # beyond the two-limb bound: Python integers
             return _ref.downsample_area(data, scale)
-        x2 = lay.x2
-        if x2.dtype.itemsize < 8:
-            x2 = x2.astype(np.int64 if x2.dtype.kind == "i" else np.uint64)
-        signed = x2.dtype.kind == "i"
         w = np.empty(lay.out2_shape, dtype=np.uint64)
-        _area_wide(x2.view(np.uint64), w, lay.table, lay.C, lay.s2, np.uint64(block),
-                   np.uint64(2**63 if signed else 0))
-        res = (w.view(np.int64) if signed else w).astype(x.dtype, copy=False)
-        return _epilogue(lay.finish(res), orig)
+        _area_wide(lay.x2.astype(np.uint64, copy=False), w, lay.table, lay.C, lay.s2,
+                   np.uint64(block), np.uint64(flip))
+        return _epilogue(lay.finish(w.astype(x.dtype, copy=False)), orig)
     plan = _plan_integer_area(x.dtype, block)
     shift = block.bit_length() - 1 if _is_pow2(block) else -1
     ks = _kernels_for(x.dtype, lay.s2)
     if path == "strided-add":
         acc = np.empty(lay.x2.shape[1], dtype=plan)
-        ks["area_strided"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, shift)
+        ks["area_strided"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, shift, flip)
     else:  # "reshape-sum", and "generic" (non-dyadic: same kernel, exact division)
         acc = np.empty(lay.out2_shape[1], dtype=plan)
-        ks["area_reshape"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, block, shift)
+        ks["area_reshape"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, block, shift, flip)
     return _epilogue(lay.finish(out2), orig)
 
 
@@ -686,12 +730,12 @@ def _extreme(data: np.ndarray, scale: Sequence[int], method: str) -> np.ndarray:
         return early
     if arr.dtype.kind == "f" and arr.dtype not in _KERNEL_DTYPES:
         return getattr(_ref, f"downsample_{method}")(data, scale)
-    x = _as_kernel_input(arr)
+    x, flip = _as_kernel_input(arr)
     lay = _Layout(x, sc, keep_unit_axes=False)
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
     acc = np.empty(lay.x2.shape[1], dtype=x.dtype)
     _kernels_for(x.dtype, lay.s2)["extreme"](
-        lay.x2, out2, lay.table, lay.C, lay.s2, acc, method == "max")
+        lay.x2, out2, lay.table, lay.C, lay.s2, acc, method == "max", flip)
     return _epilogue(lay.finish(out2), orig)
 
 
@@ -713,7 +757,7 @@ def _gathering(data: np.ndarray, scale: Sequence[int], method: str) -> np.ndarra
         return early
     if arr.dtype.kind not in "biu" and arr.dtype not in _KERNEL_DTYPES:
         return getattr(_ref, f"downsample_{method}")(data, scale)  # complex mode, float16
-    x = _as_kernel_input(arr)
+    x, flip = _as_kernel_input(arr)
     lay = _Layout(x, sc, keep_unit_axes=False)
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
     block = lay.table.shape[1] * lay.s2
@@ -721,7 +765,8 @@ def _gathering(data: np.ndarray, scale: Sequence[int], method: str) -> np.ndarra
     cap = min(block, _MODE_DISTINCT_CAP)
     _kernels_for(x.dtype, lay.s2)["gather"](
         lay.x2, out2, lay.table, lay.C, lay.s2, buf,
-        np.empty(cap, dtype=x.dtype), np.empty(cap, dtype=np.int64), method == "median")
+        np.empty(cap, dtype=x.dtype), np.empty(cap, dtype=np.int64),
+        np.empty(lay.out2_shape[1], dtype=np.uint8), method == "median", flip)
     return _epilogue(lay.finish(out2), orig)
 
 

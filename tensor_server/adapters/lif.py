@@ -207,11 +207,11 @@ def _physical(scale_n: dict[int, Any], dim: _Dim) -> tuple[float | None, str | N
     if not per_unit or per_unit <= 0:
         return None, None
     if dim.dim_id in _SPATIAL_DIMS:
-        return 1.0 / per_unit, "µm"
+        return 1.0 / per_unit, "micrometer"
     if dim.dim_id in _WAVELENGTH_DIMS:
-        return 1000.0 / per_unit, "nm"
+        return 1000.0 / per_unit, "nanometer"
     if dim.dim_id == _TIME_DIM:
-        return 1.0 / per_unit, "s"
+        return 1.0 / per_unit, "second"
     return None, None
 
 
@@ -290,7 +290,10 @@ class LifSource(SourceAdapter):
 
         path = Path(path)
         try:
-            lif = LifFile(str(path))
+            # readlif parses from a handle we close (given a path it leaks the handle when
+            # the parse fails); pixels are read through _LifFileReader, never through it.
+            with open(path, "rb") as fh:
+                lif = LifFile(fh)
         except (ValueError, KeyError, IndexError, UnicodeDecodeError, EOFError) as exc:
             # readlif signals damage with assorted exceptions (bad magic, short header, ...).
             raise UnreadableSource(path, f"readlif cannot parse the file: {type(exc).__name__}: {exc}") from exc

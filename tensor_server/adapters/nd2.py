@@ -252,10 +252,10 @@ def _describe(path: Path, f: Any, handle: LazyHandle[Any]) -> tuple[Nd2Adapter, 
     for a in axes:
         if a in spatial and calibrated.get(a, True) and spatial[a] and spatial[a] > 0:
             scale.append(float(spatial[a]))
-            unit.append("µm")
+            unit.append("micrometer")
         elif a == "T" and time_step is not None:
             scale.append(time_step)
-            unit.append("s")
+            unit.append("second")
         else:
             scale.append(None)
             unit.append(None)
