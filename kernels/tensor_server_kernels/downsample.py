@@ -566,7 +566,9 @@ class _Layout:
     def __init__(self, x: np.ndarray, scale: tuple[int, ...], keep_unit_axes: bool) -> None:
         self.dtype = x.dtype
         self.transposed = False
-        if x.flags.c_contiguous:
+        if not x.flags.aligned:
+            x = np.ascontiguousarray(x)  # (an unaligned array would be one more numba type)
+        elif x.flags.c_contiguous:
             pass
         elif x.flags.f_contiguous and not keep_unit_axes:
             x = x.T  # C-contiguous view; block membership does not depend on axis order
@@ -597,7 +599,11 @@ class _Layout:
         self.C, self.s2 = C, s2
         self.kernel_scale = tuple(row_scale) + (s2,)
         rows = math.prod(row_shape)
-        self.x2 = x.reshape(rows, L * C)
+        # Always hand the kernels a read-only view: numba compiles a separate specialisation for
+        # read-only arrays (memmaps, frozen cache entries), so typing every input the same way
+        # halves the kernels a mixed workload compiles.
+        self.x2 = x.reshape(rows, L * C).view()
+        self.x2.flags.writeable = False
         self.table = _row_table(row_shape, row_scale)
         self.out2_shape = (self.table.shape[0], -(-L // s2) * C)
 

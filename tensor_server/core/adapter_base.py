@@ -77,7 +77,9 @@ _UNIT_ALIASES = {
     "å": "angstrom", "Å": "angstrom", "a": "angstrom", "ang": "angstrom", "angstroms": "angstrom",
     "pm": "picometer",
     "s": "second", "sec": "second", "seconds": "second", "ms": "millisecond", "µs": "microsecond", "us": "microsecond",
-    "min": "minute", "h": "hour", "ev": "electronvolt", "1/nm": "1/nanometer",
+    "min": "minute", "h": "hour", "ev": "electronvolt",
+    "1/nm": "1/nanometer", "nm^-1": "1/nanometer", "1/a": "1/angstrom", "a^-1": "1/angstrom", "å^-1": "1/angstrom",
+    "1/um": "1/micrometer", "um^-1": "1/micrometer", "µm^-1": "1/micrometer",
 }
 
 
