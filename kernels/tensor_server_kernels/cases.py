@@ -205,15 +205,29 @@ GATE_CASES: tuple[tuple[str, tuple[int, ...], str], ...] = (
 
 @dataclass(frozen=True)
 class BenchCase:
-    """One benchmark row: our kernel against the peers on the same array, same call."""
+    """One benchmark row group: our kernel against the peers on the same array, same call."""
 
-    name: str
     method: str
     dtype: str
     shape: tuple[int, ...]
     quick_shape: tuple[int, ...]
     scale: tuple[int, ...]
     fill: str = "random"
+
+    def label(self, quick: bool = False) -> str:
+        shape = self.quick_shape if quick else self.shape
+        if len(set(shape)) == 1:
+            shp = f"{shape[0]}^{len(shape)}"
+        else:
+            shp = "x".join(map(str, shape))
+        sc = f"s{self.scale[0]}" if len(set(self.scale)) == 1 and len(self.scale) == 2 else \
+            "x".join(map(str, self.scale))
+        kind = "labels" if self.fill == "labels" else self.dtype
+        return f"{self.method} {shp} {kind} {sc}"
+
+    @property
+    def name(self) -> str:
+        return self.label(False)
 
     def make(self, quick: bool = False, seed: int = 0) -> np.ndarray:
         shape = self.quick_shape if quick else self.shape
@@ -227,13 +241,10 @@ class BenchCase:
 def _bench_cases() -> Iterator[BenchCase]:
     for method in ("area", "nearest", "max"):
         for s in (2, 4, 8, 16, 32):
-            yield BenchCase(f"{method} 8192^2 u16 s{s}", method, "uint16", (8192, 8192),
-                            (2048, 2048), (s, s))
-    yield BenchCase("area 512x1024^2 u8 2x2x2", "area", "uint8", (512, 1024, 1024),
-                    (64, 512, 512), (2, 2, 2))
+            yield BenchCase(method, "uint16", (8192, 8192), (2048, 2048), (s, s))
+    yield BenchCase("area", "uint8", (512, 1024, 1024), (64, 512, 512), (2, 2, 2))
     for s in (2, 4, 8):
-        yield BenchCase(f"mode 8192^2 u32 labels s{s}", "mode", "uint32", (8192, 8192),
-                        (2048, 2048), (s, s), "labels")
+        yield BenchCase("mode", "uint32", (8192, 8192), (2048, 2048), (s, s), "labels")
 
 
 BENCH_CASES: tuple[BenchCase, ...] = tuple(_bench_cases())

@@ -22,7 +22,7 @@ stride). Then:
   offsets, with indices clamped to the last row: the clamp IS the edge padding of ragged blocks.
 
 So one kernel per method serves 1-6 dimensions. The last-axis scale ``s2`` is a compile-time
-constant for the common cases (``_CONST_S2`` on ``_CONST_DTYPES``): measured 3-8x faster than a
+constant for the common cases (``_CONST_S2`` x ``_CONST_DTYPES``): measured 3-8x faster than a
 runtime trip count because the inner loop unrolls and vectorises. Everything else uses the same
 kernel with ``s2`` at run time, so a test table or a random property test compiles a bounded
 number of kernels (one runtime variant per dtype, plus the constant ones actually used).
@@ -61,6 +61,7 @@ __all__ = [
     "downsample_mode",
     "downsample_median",
     "area_path",
+    "downsample_unchecked",
 ]
 
 # Integer area with power-of-two scales: blocks of at most this many elements use the strided-add
@@ -80,7 +81,16 @@ _STRIDED_ADD_MAX_BLOCK = 256
 # Last-axis scales compiled as constants, and the dtypes for which they are (the image dtypes a
 # server reduces all day). Other (dtype, s2) pairs use the runtime-s2 variant of the same kernel.
 _CONST_S2 = (2, 4, 8, 16, 32)
-_CONST_DTYPES = frozenset(np.dtype(t) for t in ("uint8", "uint16", "uint32", "float32"))
+# Per kernel, since each (kernel, dtype, s2) is one more compile (~0.5-1.5 s cold): 8/16-bit
+# intensities (and their signed and bool views) for area and min/max, float32 for area and
+# min/max, 8/16/32-bit labels for mode/median.
+_CONST_DTYPES: dict[str, frozenset[np.dtype]] = {
+    "area_strided": frozenset(map(np.dtype, ("uint8", "uint16"))),
+    "area_reshape": frozenset(map(np.dtype, ("uint8", "uint16"))),
+    "area_float": frozenset(map(np.dtype, ("float32",))),
+    "extreme": frozenset(map(np.dtype, ("uint8", "uint16", "float32"))),
+    "gather": frozenset(map(np.dtype, ("uint8", "uint16", "uint32"))),
+}
 
 # Count-distinct mode keeps at most this many distinct values per block before switching to a
 # sort (label blocks hold 1-3 labels; noise would make count-distinct quadratic).
@@ -434,7 +444,7 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                         for j in range(s):
                             buf[n] = _flip(x[r, q * s + j], f)
                             n += 1
-                    orow[q] = _flip(_mode_of(buf, s, vals, cnts), f)
+                    orow[q] = _flip(_mode_of(buf, np.int64(s), vals, cnts), f)
             for q in range(first_q, oL):
                 for c in range(C):
                     n = 0
@@ -447,7 +457,7 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                         _sort(buf)
                         out[o, q * C + c] = _flip(buf[(B - 1) // 2], f)
                     else:
-                        out[o, q * C + c] = _flip(_mode_of(buf, s, vals, cnts), f)
+                        out[o, q * C + c] = _flip(_mode_of(buf, np.int64(s), vals, cnts), f)
 
     return {
         "area_strided": area_strided,
@@ -633,10 +643,11 @@ def _row_table(row_shape: list[int], row_scale: list[int]) -> np.ndarray:
     return np.ascontiguousarray(total.reshape(out_rows, -1))
 
 
-def _kernels_for(dtype: np.dtype, s2: int) -> dict[str, Callable[..., Any]]:
-    if s2 in _CONST_S2 and dtype in _CONST_DTYPES:
-        return _VARIANTS[s2]
-    return _VARIANTS[0]
+def _kernel(name: str, dtype: np.dtype, s2: int) -> Callable[..., Any]:
+    """The compiled kernel ``name`` for this dtype: constant-``s2`` variant or runtime one."""
+    if s2 in _CONST_S2 and dtype in _CONST_DTYPES[name]:
+        return _VARIANTS[s2][name]
+    return _VARIANTS[0][name]
 
 
 # --------------------------------------------------------------------------------------------
@@ -644,18 +655,17 @@ def _kernels_for(dtype: np.dtype, s2: int) -> dict[str, Callable[..., Any]]:
 # --------------------------------------------------------------------------------------------
 
 
-def _prologue(
-    data: Any, scale: Sequence[int], method: str
-) -> tuple[np.ndarray, tuple[int, ...], np.ndarray | None]:
-    """Validate; return (native-byte-order array, scale, early result or None)."""
-    arr, sc, _ = check_arguments(data, scale, method)
+def _early(arr: np.ndarray, sc: tuple[int, ...], method: str) -> np.ndarray | None:
+    """The answers that need no kernel: empty input, and all-ones scales (a copy)."""
     if arr.size == 0:
-        return arr, sc, np.empty(output_shape(arr.shape, sc), dtype=arr.dtype)
+        return np.empty(output_shape(arr.shape, sc), dtype=arr.dtype)
     if all(s == 1 for s in sc) and not (method == "area" and arr.dtype.kind == "f"):
-        return arr, sc, np.array(arr, order="C", copy=True)
-    if not arr.dtype.isnative:
-        arr = arr.astype(arr.dtype.newbyteorder("="))
-    return arr, sc, None
+        return np.array(arr, order="C", copy=True)
+    return None
+
+
+def _native(arr: np.ndarray) -> np.ndarray:
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
 
 
 def _epilogue(out: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -679,23 +689,19 @@ def _as_kernel_input(arr: np.ndarray) -> tuple[np.ndarray, Any]:
     return arr, arr.dtype.type(0)
 
 
-def downsample_nearest(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """First element of each block. No kernel: a strided NumPy copy is within 1.3x of anything
-    measured, and accepts every dtype."""
-    return _ref.downsample_nearest(data, scale)
+def _nearest(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
+    # No kernel: a strided NumPy copy is within 1.3x of anything measured, takes every dtype.
+    return np.array(arr[tuple(slice(None, None, s) for s in sc)], order="C", copy=True)
 
 
-def downsample_area(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Block mean (integers: exact, round half to even; floats: float64 in oracle order;
-    bool: majority, ties False). See :func:`area_path` for the kernel chosen."""
-    orig = data.dtype if isinstance(data, np.ndarray) else None
-    arr, sc, early = _prologue(data, scale, "area")
-    orig = orig or arr.dtype
+def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
+    early = _early(arr, sc, "area")
     if early is not None:
         return early
-    path = area_path(arr.dtype, sc)
-    if path == "reference" or (arr.dtype.kind == "f" and arr.dtype not in _KERNEL_DTYPES):
-        return _ref.downsample_area(data, scale)
+    orig = arr.dtype
+    arr = _native(arr)
+    if area_path(arr.dtype, sc) == "reference":
+        return _ref.downsample_area(arr, sc).astype(orig, copy=False)
     float_area = arr.dtype.kind == "f"
     x, flip = _as_kernel_input(arr)
     lay = _Layout(x, sc, keep_unit_axes=float_area)
@@ -703,100 +709,121 @@ def downsample_area(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
     if float_area:
         acc = np.empty(lay.out2_shape[1], dtype=np.float64)
-        _kernels_for(x.dtype, lay.s2)["area_float"](
-            lay.x2, out2, lay.table, lay.C, lay.s2, acc, float(block))
+        with np.errstate(invalid="ignore", over="ignore"):  # (pure-Python mode: inf - inf)
+            _kernel("area_float", x.dtype, lay.s2)(
+                lay.x2, out2, lay.table, lay.C, lay.s2, acc, float(block))
         return _epilogue(lay.finish(out2), orig)
     path = area_path(x.dtype, lay.kernel_scale)  # the block the kernel actually reduces
     if path == "identity":
         return _epilogue(lay.finish(lay.x2.copy()), orig)
     if path == "wide":
         if block >= 2**31:  # beyond the two-limb bound: Python integers
-            return _ref.downsample_area(data, scale)
+            return _ref.downsample_area(arr, sc).astype(orig, copy=False)
         w = np.empty(lay.out2_shape, dtype=np.uint64)
         _area_wide(lay.x2.astype(np.uint64, copy=False), w, lay.table, lay.C, lay.s2,
                    np.uint64(block), np.uint64(flip))
         return _epilogue(lay.finish(w.astype(x.dtype, copy=False)), orig)
     plan = _plan_integer_area(x.dtype, block)
     shift = block.bit_length() - 1 if _is_pow2(block) else -1
-    ks = _kernels_for(x.dtype, lay.s2)
     if path == "strided-add":
         acc = np.empty(lay.x2.shape[1], dtype=plan)
-        ks["area_strided"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, shift, flip)
+        _kernel("area_strided", x.dtype, lay.s2)(
+            lay.x2, out2, lay.table, lay.C, lay.s2, acc, shift, flip)
     else:  # "reshape-sum", and "generic" (non-dyadic: same kernel, exact division)
         acc = np.empty(lay.out2_shape[1], dtype=plan)
-        ks["area_reshape"](lay.x2, out2, lay.table, lay.C, lay.s2, acc, block, shift, flip)
+        _kernel("area_reshape", x.dtype, lay.s2)(
+            lay.x2, out2, lay.table, lay.C, lay.s2, acc, block, shift, flip)
     return _epilogue(lay.finish(out2), orig)
 
 
-def _extreme(data: np.ndarray, scale: Sequence[int], method: str) -> np.ndarray:
-    orig = data.dtype if isinstance(data, np.ndarray) else None
-    arr, sc, early = _prologue(data, scale, method)
-    orig = orig or arr.dtype
+def _extreme(arr: np.ndarray, sc: tuple[int, ...], method: str) -> np.ndarray:
+    early = _early(arr, sc, method)
     if early is not None:
         return early
-    if arr.dtype.kind == "f" and arr.dtype not in _KERNEL_DTYPES:
-        return getattr(_ref, f"downsample_{method}")(data, scale)
+    orig = arr.dtype
+    arr = _native(arr)
+    if arr.dtype.kind == "f" and arr.dtype not in _KERNEL_DTYPES:  # float16
+        return _ref.downsample(arr, sc, method).astype(orig, copy=False)
     x, flip = _as_kernel_input(arr)
     lay = _Layout(x, sc, keep_unit_axes=False)
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
     acc = np.empty(lay.x2.shape[1], dtype=x.dtype)
-    _kernels_for(x.dtype, lay.s2)["extreme"](
+    _kernel("extreme", x.dtype, lay.s2)(
         lay.x2, out2, lay.table, lay.C, lay.s2, acc, method == "max", flip)
     return _epilogue(lay.finish(out2), orig)
 
 
-def downsample_min(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Block minimum; NaN propagates."""
-    return _extreme(data, scale, "min")
-
-
-def downsample_max(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Block maximum; NaN propagates."""
-    return _extreme(data, scale, "max")
-
-
-def _gathering(data: np.ndarray, scale: Sequence[int], method: str) -> np.ndarray:
-    orig = data.dtype if isinstance(data, np.ndarray) else None
-    arr, sc, early = _prologue(data, scale, method)
-    orig = orig or arr.dtype
+def _gathering(arr: np.ndarray, sc: tuple[int, ...], method: str) -> np.ndarray:
+    early = _early(arr, sc, method)
     if early is not None:
         return early
-    if arr.dtype.kind not in "biu" and arr.dtype not in _KERNEL_DTYPES:
-        return getattr(_ref, f"downsample_{method}")(data, scale)  # complex mode, float16
+    orig = arr.dtype
+    arr = _native(arr)
+    if arr.dtype.kind not in "biu" and arr.dtype not in _KERNEL_DTYPES:  # complex, float16
+        return _ref.downsample(arr, sc, method).astype(orig, copy=False)
     x, flip = _as_kernel_input(arr)
     lay = _Layout(x, sc, keep_unit_axes=False)
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
     block = lay.table.shape[1] * lay.s2
     buf = np.empty(block, dtype=x.dtype)
     cap = min(block, _MODE_DISTINCT_CAP)
-    _kernels_for(x.dtype, lay.s2)["gather"](
+    _kernel("gather", x.dtype, lay.s2)(
         lay.x2, out2, lay.table, lay.C, lay.s2, buf,
         np.empty(cap, dtype=x.dtype), np.empty(cap, dtype=np.int64),
         np.empty(lay.out2_shape[1], dtype=np.uint8), method == "median", flip)
     return _epilogue(lay.finish(out2), orig)
 
 
-def downsample_mode(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Most frequent value per block, ties to the smallest (NaN sorts last)."""
-    return _gathering(data, scale, "mode")
-
-
-def downsample_median(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
-    """Lower median per block (NaN sorts last)."""
-    return _gathering(data, scale, "median")
-
-
-_BY_METHOD = {
-    "nearest": downsample_nearest,
-    "area": downsample_area,
-    "min": downsample_min,
-    "max": downsample_max,
-    "mode": downsample_mode,
-    "median": downsample_median,
+_UNCHECKED: dict[str, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {
+    "nearest": _nearest,
+    "area": _area,
+    "min": lambda a, s: _extreme(a, s, "min"),
+    "max": lambda a, s: _extreme(a, s, "max"),
+    "mode": lambda a, s: _gathering(a, s, "mode"),
+    "median": lambda a, s: _gathering(a, s, "median"),
 }
+
+
+def downsample_unchecked(arr: np.ndarray, scale: tuple[int, ...], method: str) -> np.ndarray:
+    """:func:`downsample` for arguments already returned by ``reference.check_arguments``
+    (an ndarray, a tuple of positive ints, a canonical method). The server validates once with
+    its own error type and calls this, saving the re-validation (a few us matter for nearest at
+    coarse scales, where the whole copy takes ~50 us)."""
+    return _UNCHECKED[method](arr, scale)
 
 
 def downsample(data: np.ndarray, scale: Sequence[int], method: str) -> np.ndarray:
     """Reduce ``data`` by ``scale`` with ``method``; bit-identical to the oracle."""
     arr, sc, method = check_arguments(data, scale, method)
-    return _BY_METHOD[method](arr, sc)
+    return _UNCHECKED[method](arr, sc)
+
+
+def downsample_nearest(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
+    """First element of each block, as an owned C-contiguous array (any dtype)."""
+    return downsample(data, scale, "nearest")
+
+
+def downsample_area(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
+    """Block mean (integers: exact, round half to even; floats: float64 in oracle order;
+    bool: majority, ties False). See :func:`area_path` for the kernel chosen."""
+    return downsample(data, scale, "area")
+
+
+def downsample_min(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
+    """Block minimum; NaN propagates."""
+    return downsample(data, scale, "min")
+
+
+def downsample_max(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
+    """Block maximum; NaN propagates."""
+    return downsample(data, scale, "max")
+
+
+def downsample_mode(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
+    """Most frequent value per block, ties to the smallest (NaN sorts last)."""
+    return downsample(data, scale, "mode")
+
+
+def downsample_median(data: np.ndarray, scale: Sequence[int]) -> np.ndarray:
+    """Lower median per block (NaN sorts last)."""
+    return downsample(data, scale, "median")

@@ -51,7 +51,7 @@ def downsample_block(data: np.ndarray, scale_hint: Sequence[int], method: str) -
     method refuses (complex for area/min/max/median).
     """
     arr, scale, method = check_arguments(data, scale_hint, method, error=InvalidArgument)
-    return _kernel_module().downsample(arr, scale, method)
+    return _kernel_module().downsample_unchecked(arr, scale, method)
 
 
 # Signatures compiled by warm_up: what a server most often reduces (2-D planes and 3-D

@@ -1,0 +1,38 @@
+"""``python -m tensor_server.bench <command> [options]``: the benchmark scripts.
+
+Adding a command: write a module in this package that defines ``add_arguments(parser)`` and
+``main(args) -> int``, and add one line to ``COMMANDS``. A command's module is imported only when
+that command runs, so one command's heavy imports (numba, tensorstore, pyarrow) never slow or
+break another.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "kernels": ("tensor_server.bench.kernels",
+                "downsampling kernels vs NumPy, scikit-image, tinybrain and TensorStore"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    top = argparse.ArgumentParser(prog="python -m tensor_server.bench",
+                                  description="Benchmarks of tensor-server (not timed tests).")
+    sub = top.add_subparsers(dest="command", required=True, metavar="command")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    ns = top.parse_args(argv[:1])
+    module_name, help_text = COMMANDS[ns.command]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"python -m tensor_server.bench {ns.command}",
+                                     description=help_text)
+    module.add_arguments(parser)
+    return int(module.main(parser.parse_args(argv[1:])) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

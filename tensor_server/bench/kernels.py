@@ -1,0 +1,208 @@
+"""``python -m tensor_server.bench kernels``: the downsampling kernels against their peers.
+
+One table, measured in one run (ratios are what to read: the machine is shared): for each case
+of ``tensor_server_kernels.cases.BENCH_CASES``, ``downsample_block`` against NumPy reshape-mean /
+strided copy / reshape-max, scikit-image (``downscale_local_mean``, ``block_reduce``), tinybrain
+and TensorStore's ``downsample`` driver over an in-memory ``ts.array``. Each cell is the median
+of ``--repeats`` (>= 5) calls after one untimed warm call, so numba compile time is excluded
+(it is reported once, from ``warm_up()``). Columns: ms, GB/s of input, that as % of the machine's
+single-core read bandwidth (a float64 ``sum`` over 256 MiB: memory-bound, unlike ``sum`` on
+uint16, which is compute-bound at ~4 GB/s), and TensorStore's time over this row's time.
+
+Peers differ in what they return (NumPy / scikit-image: float64 means; tinybrain: rounds down,
+and copies C-order input first), so only TensorStore's output is compared with ours ("= TS":
+exact equality; every benchmark scale divides the shape, so there are no edge blocks, where
+TensorStore averages only the valid part). Peers that are not installed are skipped with a note.
+Our kernels run on one thread; TensorStore may use its own thread pool.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from tensor_server_kernels.cases import BENCH_CASES, BenchCase
+
+Thunk = Callable[[], Any]
+
+# Targets (TensorStore time / ours, or fractions of read bandwidth), from the kernel brief.
+AREA_VS_TS = 3.0
+AREA_BW_FRACTION = 0.40  # at scales >= 8
+NEAREST_VS_NUMPY = 0.8
+MAX_VS_TS = 3.0
+MODE_VS_TS = 3.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="small arrays (smoke run; ratios are not representative)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per cell (>= 5)")
+    parser.add_argument("--only", default="", help="run only cases whose name contains this")
+
+
+def _median_ms(fn: Thunk, repeats: int) -> float:
+    fn()  # warm: page faults, caches, lazy compilation
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def read_bandwidth_gbs(repeats: int = 5) -> float:
+    """Single-core read bandwidth: ``sum`` of 256 MiB of float64 (memory-bound)."""
+    a = np.ones(256 * 2**20 // 8)
+    ms = _median_ms(a.sum, repeats)
+    return a.nbytes / (ms / 1e3) / 1e9
+
+
+def _try_import(name: str) -> tuple[Any, str]:
+    try:
+        return importlib.import_module(name), ""
+    except Exception as exc:  # not installed, or broken: skip with a note
+        return None, f"{name} unavailable ({type(exc).__name__}: {exc})"
+
+
+@dataclass
+class _Peers:
+    ts: Any
+    skimage_transform: Any
+    skimage_measure: Any
+    tinybrain: Any
+    notes: list[str]
+
+    @classmethod
+    def load(cls) -> "_Peers":
+        notes = []
+        ts, n1 = _try_import("tensorstore")
+        skt, n2 = _try_import("skimage.transform")
+        skm, n3 = _try_import("skimage.measure")
+        tb, n4 = _try_import("tinybrain")
+        notes += [n for n in (n1, n2 or n3, n4) if n]
+        return cls(ts, skt, skm, tb, notes)
+
+    def thunks(self, x: np.ndarray, case: BenchCase) -> dict[str, Thunk]:
+        """Peer name -> zero-argument call doing the same reduction (as close as it gets)."""
+        s, m = case.scale, case.method
+        out: dict[str, Thunk] = {}
+        split = [d for n, k in zip(x.shape, s) for d in (n // k, k)]
+        red = tuple(range(1, 2 * x.ndim, 2))
+        if m == "area":
+            out["numpy reshape-mean"] = lambda: x.reshape(split).mean(axis=red)
+        elif m == "nearest":
+            sl = tuple(slice(None, None, k) for k in s)
+            out["numpy x[::s].copy()"] = lambda: x[sl].copy()
+        elif m == "max":
+            out["numpy reshape-max"] = lambda: x.reshape(split).max(axis=red)
+        if self.skimage_transform is not None and m == "area":
+            out["scikit-image downscale_local_mean"] = (
+                lambda: self.skimage_transform.downscale_local_mean(x, s))
+        if self.skimage_measure is not None and m == "max":
+            out["scikit-image block_reduce(max)"] = (
+                lambda: self.skimage_measure.block_reduce(x, s, np.max))
+        if self.tinybrain is not None:
+            tb = self.tinybrain
+            fn = {"area": tb.downsample_with_averaging, "max": tb.downsample_with_max_pooling,
+                  "mode": tb.downsample_segmentation, "nearest": tb.downsample_with_striding}[m]
+            out["tinybrain"] = lambda: fn(x, s, num_mips=1)[0]
+        if self.ts is not None:
+            ts_method = {"area": "mean", "nearest": "stride", "max": "max", "mode": "mode"}[m]
+            store = self.ts.downsample(self.ts.array(x), list(s), ts_method)
+            out["tensorstore " + ts_method] = lambda: store.read().result()
+        return out
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main(args: argparse.Namespace) -> int:
+    from tensor_server.core.downsample import downsample_block, warm_up
+
+    repeats = max(5, args.repeats)
+    peers = _Peers.load()
+    cases = [c for c in BENCH_CASES if args.only in c.name]
+    t_warm = warm_up()
+    bw = read_bandwidth_gbs(repeats)
+    print(f"read bandwidth (1 core, float64 sum of 256 MiB): {bw:.1f} GB/s; "
+          f"kernel warm_up(): {t_warm:.2f} s; median of {repeats}; "
+          f"{'QUICK sizes' if args.quick else 'full sizes'}")
+    for note in peers.notes:
+        print("note:", note)
+
+    header = f"{'case':<28} {'implementation':<34} {'ms':>8} {'GB/s':>6} {'%bw':>5} {'TS/x':>6}  check"
+    print(header)
+    print("-" * len(header))
+    data: dict[tuple, np.ndarray] = {}
+    verdicts: list[tuple[str, bool, str]] = []
+    for case in cases:
+        key = (case.dtype, case.quick_shape if args.quick else case.shape, case.fill)
+        if key not in data:
+            data.clear()  # keep one input resident at a time
+            data[key] = case.make(quick=args.quick)
+        x = data[key]
+        ours: Thunk = lambda: downsample_block(x, case.scale, case.method)  # noqa: E731
+        results: dict[str, float | None] = {"ours (downsample_block)": _median_ms(ours, repeats)}
+        notes: dict[str, str] = {}
+        ts_name = None
+        for name, fn in peers.thunks(x, case).items():
+            try:
+                r = np.asarray(fn())
+                if np.shares_memory(r, x):  # e.g. tinybrain mode at factors > 2 strides
+                    notes[name] = "returns a strided VIEW of the input: not a reduction"
+                elif r.shape != tuple(-(-n // k) for n, k in zip(x.shape, case.scale)):
+                    notes[name] = f"returns shape {r.shape}"
+                results[name] = _median_ms(fn, repeats)
+            except Exception as exc:  # a peer that cannot do this case
+                results[name] = None
+                notes[name] = f"skipped: {type(exc).__name__}: {str(exc)[:60]}"
+            if name.startswith("tensorstore"):
+                ts_name = name
+        t_ts = results.get(ts_name) if ts_name else None
+        mine = downsample_block(x, case.scale, case.method)
+        if ts_name and t_ts is not None:
+            same = np.array_equal(mine, np.asarray(peers.thunks(x, case)[ts_name]()))
+            notes["ours (downsample_block)"] = "= TS" if same else "DIFFERS from TS"
+        else:
+            same = None
+        for name, ms in results.items():
+            gbs = None if ms is None else x.nbytes / (ms / 1e3) / 1e9
+            pct = None if gbs is None else 100 * gbs / bw
+            ratio = None if (ms is None or t_ts is None) else t_ts / ms
+            print(f"{case.label(args.quick):<28} {name:<34} {_fmt(ms, '8.1f'):>8} {_fmt(gbs, '6.1f'):>6} "
+                  f"{_fmt(pct, '5.0f'):>5} {_fmt(ratio, '6.2f'):>6}  {notes.get(name, '')}")
+        verdicts += _judge(case.label(args.quick), case, results, t_ts, x.nbytes, bw, same)
+    print()
+    print("targets:")
+    for what, ok, detail in verdicts:
+        print(f"  {'MET ' if ok else 'MISS'} {what}: {detail}")
+    return 0
+
+
+def _judge(label: str, case: BenchCase, results: dict[str, float | None], t_ts: float | None, nbytes: int,
+           bw: float, same: bool | None) -> list[tuple[str, bool, str]]:
+    ms = results["ours (downsample_block)"]
+    assert ms is not None
+    out = []
+    if case.method in ("area", "max", "mode") and t_ts is not None:
+        want = {"area": AREA_VS_TS, "max": MAX_VS_TS, "mode": MODE_VS_TS}[case.method]
+        out.append((f"{label} >= {want:g}x TensorStore", t_ts / ms >= want,
+                    f"{t_ts / ms:.2f}x"))
+    if case.method == "area" and len(case.scale) == 2 and min(case.scale) >= 8:
+        frac = nbytes / (ms / 1e3) / 1e9 / bw
+        out.append((f"{label} >= {AREA_BW_FRACTION:.0%} of read bandwidth",
+                    frac >= AREA_BW_FRACTION, f"{frac:.0%}"))
+    if case.method == "mode" and same is not None:
+        out.append((f"{label} exact (= TensorStore mode)", bool(same), "equal" if same else "differs"))
+    if case.method == "nearest":
+        t_np = next((v for k, v in results.items() if k.startswith("numpy")), None)
+        if t_np is not None:
+            out.append((f"{label} >= {NEAREST_VS_NUMPY:g}x NumPy strided copy",
+                        t_np / ms >= NEAREST_VS_NUMPY, f"{t_np / ms:.2f}x"))
+    return out
