@@ -7,8 +7,12 @@ STAMP := $(VENV)/.installed
 # ROOT: what `make run` serves; empty = a small generated demo dataset.
 ROOT ?=
 PYTEST_ARGS ?=
+# perf-gate: compare this commit against the merge base (or HEAD~1) on a quick subset.
+PERF_BASE ?= $(shell git merge-base HEAD origin/main 2>/dev/null || echo HEAD~1)
+PERF_BENCH ?= kernels|read_path|imports
+SHELL := /bin/bash
 
-.PHONY: setup run test test-nojit bench bench-kernels asv clean
+.PHONY: setup run test test-nojit bench bench-kernels bench-small asv perf-gate clean
 
 setup: $(STAMP)
 
@@ -36,8 +40,25 @@ bench: bench-kernels
 bench-kernels: $(STAMP)
 	$(PY) -m tensor_server.bench kernels
 
+bench-small: $(STAMP)
+	$(PY) -m tensor_server.bench plane-latency --size small --json .asv/plane-latency.json
+	$(PY) -m tensor_server.bench peers --size small --json .asv/peers.json
+
 asv: $(STAMP)
+	mkdir -p .asv
+	cd asv_bench && ../$(PY) -m asv machine --yes > /dev/null
 	cd asv_bench && ../$(PY) -m asv run --python=same --quick --show-stderr
+
+# Fails on "PERFORMANCE DECREASED" (factor 1.5), on benchmark errors and on tracebacks.
+# pipefail keeps asv's own exit code visible through tee. Builds two environments, so it
+# takes longer than CI's test budget allows: CI would call it as a separate job
+# (`make perf-gate PERF_BASE=<base sha>`), not from .ci/run.
+perf-gate: $(STAMP)
+	mkdir -p .asv
+	cd asv_bench && ../$(PY) -m asv machine --yes > /dev/null
+	set -o pipefail; cd asv_bench && ../$(PY) -m asv continuous --factor 1.5 --split --show-stderr \
+		--bench '$(PERF_BENCH)' $(PERF_BASE) HEAD 2>&1 | tee ../.asv/perf-gate.log
+	! grep -qE "PERFORMANCE DECREASED|Traceback|failed" .asv/perf-gate.log
 
 clean:
 	rm -rf $(VENV) .asv build *.egg-info .pytest_cache

@@ -30,14 +30,17 @@ number of kernels (one runtime variant per dtype, plus the constant ones actuall
 All kernels are ``@njit(cache=True, nogil=True)``: the server reduces on worker threads, and a fresh
 process loads them from numba's cache instead of recompiling. Outputs and scratch rows are
 allocated with NumPy and passed in (numba's allocator was 3-4x slower for large arrays here).
-Kernels are single-threaded: the server's other core is busy serving.
+Scratch is one row: input width in the accumulator dtype for strided-add area and min/max (tens
+of KiB for an image; for 1-D input that is the whole array), output width otherwise. Kernels
+are single-threaded: the server's other core is busy serving.
 
 Accumulators (integer ``area``)
 -------------------------------
-``_plan_integer_area`` sizes the accumulator from ``block_size * max(|dtype min|, dtype max)``:
-uint16/int16 where that fits (16 lanes per AVX2 add for 8-bit input), else uint32/int32, else
-int64, else the exact two-limb path (``_area_wide``: 64-bit inputs, or blocks >= 2**31 / 2**32
-elements). Never a fixed narrow width: a narrow accumulator wraps silently.
+``_plan_integer_area`` sizes the accumulator from ``block_size * max(|dtype min|, dtype max)`` of
+the summed (unsigned) values: uint16 where that fits (16 lanes per AVX2 add for 8-bit input),
+else uint32, else int64, else the exact two-limb path (``_area_wide``: 64-bit inputs, or blocks
+of 2**31+ elements of 32-bit ones). Never a fixed narrow width: a narrow accumulator wraps
+silently.
 """
 from __future__ import annotations
 
@@ -65,17 +68,20 @@ __all__ = [
 ]
 
 # Integer area with power-of-two scales: blocks of at most this many elements use the strided-add
-# kernel, larger blocks the reshape-sum kernel. Measured crossover (this machine, numba 0.68, one
-# thread, C-order 8192^2 uint16 / 8192^2 uint8 / 512x1024^2 uint8, medians of 5, busy machine):
-#   block      4      16     64     256    1024    | 3-D 8    64     512
-#   strided  16-23  17-21   13     11.4   11.6     |   77-85  47    64    ms
-#   reshape  15-23  15      14-15  11.7-16 14-15   |   53-77  61-63 110-123 ms
-# i.e. they tie at 2x2, and from block 64 up strided adds (whole-row vector adds, then one
-# strided fold) win by 10-50%, because the reshape-sum's inner contiguous reduction of s2 lanes
-# vectorises worse than full-width row adds. The crossover the design table records (strided
-# below 256, reshape above) was measured on NumPy implementations; in numba the reshape-sum only
-# keeps an edge for tiny blocks. The gate keeps the design's bound (256) so the routing is the
-# documented one; both kernels meet the area targets on either side of it.
+# kernel, larger blocks the reshape-sum kernel (the design's gate, docs: scaled-read-path §7).
+# Measured with these kernels (this machine, numba 0.68, one thread, C order, min of 7, ms):
+#   block                 4     8    16    64   256  1024
+#   8192^2 u16 strided  22.6        17.3  15.1  10.7  10.6   (16x64: 14.9)
+#              reshape  21.8        16.2  15.7  15.6  16.4   (16x64: 52.1, s2 = 64 at run time)
+#   8192^2 u8  strided  17.9         9.1   8.0   7.3   8.6
+#              reshape  14.6         8.7  14.2  14.1  13.0
+#   512x1024^2 u8 strided     70.8        44.7  50.6  66.7 (512)
+#                 reshape     57.7        59.9 104.5 115.7 (512)
+# So in numba the crossover is the other way round from the NumPy-era design table: the
+# reshape-sum (contiguous s2-lane sums) wins by 3-20% for blocks <= 16, the strided adds
+# (full-width vector row adds, then one fold) win by 1.5-3.5x from block 64 up, including 1024.
+# The bound is kept at the design's 256 (both kernels meet the area targets on both sides);
+# flipping the gate is a one-line change in ``area_path``.
 _STRIDED_ADD_MAX_BLOCK = 256
 
 # Last-axis scales compiled as constants, and the dtypes for which they are (the image dtypes a
@@ -92,8 +98,9 @@ _CONST_DTYPES: dict[str, frozenset[np.dtype]] = {
     "gather": frozenset(map(np.dtype, ("uint8", "uint16", "uint32"))),
 }
 
-# Count-distinct mode keeps at most this many distinct values per block before switching to a
-# sort (label blocks hold 1-3 labels; noise would make count-distinct quadratic).
+# Count-distinct mode (blocks of more than 64 values) keeps at most this many distinct values per
+# block before switching to a sort (label blocks hold a few labels; noise would make
+# count-distinct quadratic).
 _MODE_DISTINCT_CAP = 8
 
 # The dtypes the kernels are compiled for. bool runs as uint8; signed integers run as their
@@ -170,8 +177,8 @@ def _less(a, b):  # type: ignore[no-untyped-def]
 @njit(cache=True, nogil=True)
 def _sort(buf):  # type: ignore[no-untyped-def]
     """Shell sort (Knuth gaps) in NumPy order (NaN last). Why not ``buf.sort()``: numba's
-    quicksort more than tripled the compile time of the gather kernel for every dtype, and
-    blocks are small (a block of 1024 takes ~10k comparisons)."""
+    quicksort doubled the compile time of the gather kernel for every dtype, and blocks are
+    small (a block of 1024 takes some 10-30k comparisons)."""
     n = buf.shape[0]
     h = 1
     while h < n // 3:
@@ -189,11 +196,12 @@ def _sort(buf):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True)
 def _mode_of(buf, s, vals, cnts):  # type: ignore[no-untyped-def]
-    """Most frequent value of ``buf`` (the whole block), ties to the smallest.
+    """Most frequent value of ``buf`` (the whole block, as rows of ``s``), ties to the smallest.
 
-    Distinct values are counted in the short list ``vals``/``cnts`` (label blocks hold 1-3
-    labels); a block with more than ``len(vals)`` distinct values is sorted instead and scanned
-    for the longest run (count-distinct would be quadratic on noise). ``buf`` may be reordered.
+    Blocks of up to 64 values: vectorised pairwise counts (below). Larger blocks: distinct values
+    are counted in the short list ``vals``/``cnts`` (label blocks hold a few labels), and a block
+    with more than ``len(vals)`` distinct values is sorted instead and scanned for the longest
+    run (count-distinct would be quadratic on noise). ``buf`` may be reordered.
     """
     B = buf.shape[0]
     if B <= 64:

@@ -98,3 +98,15 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
     if json_path:
         Path(json_path).write_text(json.dumps({"benchmark": "peers", "size": size, "rows": rows}, indent=1))
     return rows
+
+
+def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+    parser.add_argument("--size", choices=("small", "full"), default="small",
+                        help="small: 2048² planes (minutes); full: 8192² planes as in the design doc")
+    parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
+    parser.add_argument("--data-dir", help="where fixtures are generated once (default: the user's cache dir)")
+
+
+def main(args) -> int:  # noqa: ANN001
+    run_peers(args.size, args.data_dir, args.json_path)
+    return 0

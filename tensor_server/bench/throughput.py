@@ -104,3 +104,15 @@ def run_throughput(size: str = "small", json_path: str | None = None, seconds: f
     if json_path:
         Path(json_path).write_text(json.dumps({"benchmark": "throughput", "size": size, "rows": rows}, indent=1))
     return rows
+
+
+def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+    parser.add_argument("--size", choices=("small", "full"), default="small",
+                        help="small: 2048² planes (minutes); full: 8192² planes as in the design doc")
+    parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
+    parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
+
+
+def main(args) -> int:  # noqa: ANN001
+    run_throughput(args.size, args.json_path, args.seconds)
+    return 0
