@@ -3,23 +3,9 @@
 Public names are the oracle's (``downsample`` and ``downsample_<method>``); the semantics are the
 oracle's docstring. This module only explains how the kernels get there fast.
 
-Layout: every input becomes "rows"
-----------------------------------
-After validation the array is brought to C order (C input as is; F-ordered input is read through
-its transpose, which is C-contiguous, with the scales reversed - no copy - except for float
-``area``, whose summation order is part of the result and is therefore copied to C order; any other
-strided input is copied with ``np.ascontiguousarray``, because vectorised inner loops need unit
-stride). Then:
-
-* axes of length 1 get scale 1 (an edge-padded block along such an axis repeats every value the same
-  number of times, which changes no method's result - except the float-area summation order, where
-  they are kept);
-* adjacent scale-1 axes are merged (free in C order);
-* a trailing scale-1 axis (interleaved channels, e.g. RGB) is folded into the last scaled axis as
-  ``C`` interleaved lanes;
-* all remaining axes but the last are flattened into *rows*: ``x2`` is ``(rows, L * C)``. A NumPy
-  ``table[o, k]`` lists, for output row ``o``, the input rows of its block in C order of the block
-  offsets, with indices clamped to the last row: the clamp IS the edge padding of ragged blocks.
+Layout: every input becomes "rows" (see :mod:`tensor_server_kernels.plan`): a C-ordered
+``(rows, L * C)`` view plus a table of the input rows of each output row's block, clamped at the
+end of each axis, which is the edge padding.
 
 So one kernel per method serves 1-6 dimensions. The last-axis scale ``s2`` is a compile-time
 constant for the common cases (``_CONST_S2`` x ``_CONST_DTYPES``): measured 3-8x faster than a
@@ -34,17 +20,12 @@ Scratch is one row: input width in the accumulator dtype for strided-add area an
 of KiB for an image; for 1-D input that is the whole array), output width otherwise. Kernels
 are single-threaded: the server's other core is busy serving.
 
-Accumulators (integer ``area``)
--------------------------------
-``_plan_integer_area`` sizes the accumulator from ``block_size * max(|dtype min|, dtype max)`` of
-the summed (unsigned) values: uint16 where that fits (16 lanes per AVX2 add for 8-bit input),
-else uint32, else int64, else the exact two-limb path (``_area_wide``: 64-bit inputs, or blocks
-of 2**31+ elements of 32-bit ones). Never a fixed narrow width: a narrow accumulator wraps
-silently.
+Integer ``area`` sums into the accumulator ``plan._plan_integer_area`` sizes from the block
+(never a fixed narrow width: it would wrap silently) and rounds half to even with shifts
+(power-of-two blocks) or an exact division.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -52,6 +33,14 @@ from numba import njit, types
 from numba.extending import overload
 
 from tensor_server_kernels import reference as _ref
+from tensor_server_kernels.plan import (  # noqa: F401  (re-exported for tests and callers)
+    _KERNEL_DTYPES,
+    _STRIDED_ADD_MAX_BLOCK,
+    _is_pow2,
+    _Layout,
+    _plan_integer_area,
+    area_path,
+)
 from tensor_server_kernels.reference import METHODS, check_arguments, output_shape
 
 __all__ = [
@@ -66,23 +55,6 @@ __all__ = [
     "area_path",
     "downsample_unchecked",
 ]
-
-# Integer area with power-of-two scales: blocks of at most this many elements use the strided-add
-# kernel, larger blocks the reshape-sum kernel (the design's gate, docs: scaled-read-path §7).
-# Measured with these kernels (this machine, numba 0.68, one thread, C order, min of 7, ms):
-#   block                 4     8    16    64   256  1024
-#   8192^2 u16 strided  22.6        17.3  15.1  10.7  10.6   (16x64: 14.9)
-#              reshape  21.8        16.2  15.7  15.6  16.4   (16x64: 52.1, s2 = 64 at run time)
-#   8192^2 u8  strided  17.9         9.1   8.0   7.3   8.6
-#              reshape  14.6         8.7  14.2  14.1  13.0
-#   512x1024^2 u8 strided     70.8        44.7  50.6  66.7 (512)
-#                 reshape     57.7        59.9 104.5 115.7 (512)
-# So in numba the crossover is the other way round from the NumPy-era design table: the
-# reshape-sum (contiguous s2-lane sums) wins by 3-20% for blocks <= 16, the strided adds
-# (full-width vector row adds, then one fold) win by 1.5-3.5x from block 64 up, including 1024.
-# The bound is kept at the design's 256 (both kernels meet the area targets on both sides);
-# flipping the gate is a one-line change in ``area_path``.
-_STRIDED_ADD_MAX_BLOCK = 256
 
 # Last-axis scales compiled as constants, and the dtypes for which they are (the image dtypes a
 # server reduces all day). Other (dtype, s2) pairs use the runtime-s2 variant of the same kernel.
@@ -102,16 +74,6 @@ _CONST_DTYPES: dict[str, frozenset[np.dtype]] = {
 # block before switching to a sort (label blocks hold a few labels; noise would make
 # count-distinct quadratic).
 _MODE_DISTINCT_CAP = 8
-
-# The dtypes the kernels are compiled for. bool runs as uint8; signed integers run as their
-# unsigned view with the sign bit flipped (``_flip``), which preserves order, equality and - since
-# the flip is a bias of 2**(bits-1), an even number - the half-to-even rounding of a mean. So a
-# cold test run compiles each kernel for 6 dtypes instead of 11, and int16 gets the fast
-# constant-scale kernels of uint16.
-_KERNEL_DTYPES = frozenset(
-    np.dtype(t) for t in ("uint8", "uint16", "uint32", "uint64", "float32", "float64")
-)
-
 
 # --------------------------------------------------------------------------------------------
 # Scalar helpers (inlined by LLVM)
@@ -195,6 +157,26 @@ def _sort(buf):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, nogil=True)
+def _mode4(a, b, c, d):  # type: ignore[no-untyped-def]
+    """Mode of four values, ties to the smallest: six compares and selects, no branches, so a
+    loop of these vectorises (2x2 is the most common label reduction)."""
+    ab, ac, ad = _same(a, b), _same(a, c), _same(a, d)
+    bc, bd, cd = _same(b, c), _same(b, d), _same(c, d)
+    na = 1 + ab + ac + ad
+    nb = 1 + ab + bc + bd
+    nc = 1 + ac + bc + cd
+    nd = 1 + ad + bd + cd
+    better = (nb > na) | ((nb == na) & _less(b, a))
+    best = b if better else a
+    best_n = nb if better else na
+    better = (nc > best_n) | ((nc == best_n) & _less(c, best))
+    best = c if better else best
+    best_n = nc if better else best_n
+    better = (nd > best_n) | ((nd == best_n) & _less(d, best))
+    return d if better else best
+
+
+@njit(cache=True, nogil=True)
 def _mode_of(buf, s, vals, cnts):  # type: ignore[no-untyped-def]
     """Most frequent value of ``buf`` (the whole block, as rows of ``s``), ties to the smallest.
 
@@ -204,6 +186,8 @@ def _mode_of(buf, s, vals, cnts):  # type: ignore[no-untyped-def]
     run (count-distinct would be quadratic on noise). ``buf`` may be reordered.
     """
     B = buf.shape[0]
+    if B == 4:
+        return _mode4(buf[0], buf[1], buf[2], buf[3])
     if B <= 64:
         # Small blocks: count each value against the whole block with a branch-free, vectorised
         # loop, skipping a value equal to its left or upper neighbour (``buf`` holds the block as
@@ -304,21 +288,37 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     orow[q * C + c] = _round_shift(v, shift) ^ f
 
     @njit(cache=True, nogil=True)
-    def area_reshape(x, out, table, C, s2, acc, block, shift, f):  # type: ignore[no-untyped-def]
-        """Reshape-sum, last axis first: each input row is reduced over its s2-wide block lanes
-        (contiguous), and those partial sums are added over the block rows into an output-width
-        accumulator row. ``shift >= 0`` means ``block == 2**shift``; otherwise (non-dyadic
-        scales) the exact division by ``block`` is used."""
+    def area_reshape(x, out, table, C, s2, acc, tmp, block, shift, f):  # type: ignore[no-untyped-def]
+        """Reshape-sum, last axis first: each input row is reduced over its s2-wide block lanes,
+        and those partial sums are added over the block rows into an output-width accumulator
+        row. ``shift >= 0`` means ``block == 2**shift``; otherwise (non-dyadic scales) the exact
+        division by ``block`` is used.
+
+        For power-of-two s2 >= 8 the last-axis sums are a pairwise tree (log2(s2) halving passes
+        through ``tmp``, each a stride-2 de-interleave that vectorises): summing s2 contiguous
+        lanes per output element is a horizontal reduction, 1.5x slower at s2 = 32."""
         s = S if S > 0 else s2
         L = x.shape[1] // C
         oL = out.shape[1] // C
         full = L // s
         nrows = table.shape[1]
+        tree = C == 1 and shift >= 0 and s >= 8 and tmp.shape[0] >= full * (s // 2)
         for o in range(out.shape[0]):
             acc[:] = 0
             for k in range(nrows):
                 row = x[table[o, k]]
-                if C == 1:
+                if tree:
+                    w = full * (s // 2)
+                    for e in range(w):
+                        tmp[e] = row[2 * e] ^ f
+                        tmp[e] += row[2 * e + 1] ^ f
+                    while w > full:
+                        w //= 2
+                        for e in range(w):
+                            tmp[e] = tmp[2 * e] + tmp[2 * e + 1]
+                    for q in range(full):
+                        acc[q] += tmp[q]
+                elif C == 1:
                     for q in range(full):
                         t = acc[q]
                         for j in range(s):
@@ -428,7 +428,21 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
         B = nrows * s
         for o in range(out.shape[0]):
             first_q = 0
-            if C == 1 and not is_median:
+            if C == 1 and not is_median and s == 2 and nrows == 2:
+                # 2x2 blocks (a plane, or a stack of planes at scale 1x2x2): the branch-free
+                # mode of four for every block, no uniformity test needed.
+                first_q = full
+                r0 = x[table[o, 0]]
+                r1 = x[table[o, 1]]
+                orow = out[o]
+                if f == 0:  # (unsigned, float: keep the native width, twice the SIMD lanes)
+                    for q in range(full):
+                        orow[q] = _mode4(r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1])
+                else:
+                    for q in range(full):
+                        orow[q] = _flip(_mode4(_flip(r0[2 * q], f), _flip(r0[2 * q + 1], f),
+                                               _flip(r1[2 * q], f), _flip(r1[2 * q + 1], f)), f)
+            elif C == 1 and not is_median:
                 # Pass 1, branch-free and vectorised: the block's first value, and whether
                 # every value equals it (uniform blocks: most of a label image).
                 first_q = full
@@ -519,138 +533,6 @@ def _area_wide(x, out, table, C, s2, block, bias):  # type: ignore[no-untyped-de
                 out[o, q * C + c] = quot ^ bias
 
 
-# --------------------------------------------------------------------------------------------
-# Planning (pure Python, cheap)
-# --------------------------------------------------------------------------------------------
-
-
-def _plan_integer_area(dtype: np.dtype, block_size: int) -> np.dtype | None:
-    """Accumulator dtype that holds any sum of ``block_size`` values of ``dtype`` exactly.
-
-    Sized from ``block_size * max(|dtype min|, dtype max)`` of the dtype the kernel sums, never a
-    fixed width. Signed data is summed as its sign-flipped unsigned view (see ``_KERNEL_DTYPES``),
-    so the bound is that of the unsigned dtype of the same width. ``None`` means no 64-bit integer
-    fits (64-bit inputs, or blocks of 2**32+ elements of 32-bit ones): use the exact two-limb
-    kernel ``_area_wide``. uint64 is never chosen (numba turns uint64/int64 mixes into float64);
-    int64 covers every case below 2**63.
-    """
-    dtype = np.dtype(dtype)
-    if dtype.kind in "bi":
-        dtype = np.dtype(f"u{dtype.itemsize}")
-    bound = block_size * int(np.iinfo(dtype).max)
-    candidates = ((np.uint16, 2**16 - 1), (np.uint32, 2**32 - 1), (np.int64, 2**63 - 1))
-    for acc, limit in candidates:
-        if np.dtype(acc).itemsize >= dtype.itemsize and bound <= limit:
-            return np.dtype(acc)
-    return None
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def area_path(dtype: Any, scale: Sequence[int]) -> str:
-    """Which area kernel ``downsample_area`` uses for this dtype and scale (observable for tests).
-
-    ``"identity"`` (all scales 1), ``"reference"`` (float16), ``"float"`` (float64 accumulator in
-    oracle order), ``"wide"`` (exact two-limb integer path), ``"strided-add"`` /
-    ``"reshape-sum"`` (integer, power-of-two scales, gated by block size at
-    ``_STRIDED_ADD_MAX_BLOCK``), ``"generic"`` (integer, non-dyadic: reshape-sum with runtime
-    scale and exact division). ``downsample_area`` asks it about the block the kernel actually
-    reduces (the layout step sets scale 1 on length-1 axes, which can only shrink the block).
-    """
-    dt = np.dtype(dtype)
-    block = math.prod(int(s) for s in scale)
-    if block == 1:
-        return "identity"
-    if dt.kind == "f":
-        return "float" if dt in _KERNEL_DTYPES else "reference"
-    if dt.kind not in "biu":
-        return "reference"
-    if block >= 2**31 or _plan_integer_area(dt, block) is None:
-        return "wide"
-    if not all(_is_pow2(int(s)) for s in scale):
-        return "generic"
-    return "strided-add" if block <= _STRIDED_ADD_MAX_BLOCK else "reshape-sum"
-
-
-class _Layout:
-    """The rows view of one call: ``x2 (rows, L*C)``, its output ``(orows, oL*C)``, the row
-    table, and how to turn the 2-D output back into the caller's shape and dtype."""
-
-    __slots__ = ("x2", "table", "C", "s2", "out2_shape", "out_shape", "transposed", "dtype",
-                 "kernel_scale")
-
-    def __init__(self, x: np.ndarray, scale: tuple[int, ...], keep_unit_axes: bool) -> None:
-        self.dtype = x.dtype
-        self.transposed = False
-        if not x.flags.aligned:
-            x = np.ascontiguousarray(x)  # (an unaligned array would be one more numba type)
-        elif x.flags.c_contiguous:
-            pass
-        elif x.flags.f_contiguous and not keep_unit_axes:
-            x = x.T  # C-contiguous view; block membership does not depend on axis order
-            scale = scale[::-1]
-            self.transposed = True
-        else:
-            x = np.ascontiguousarray(x)
-        self.out_shape = output_shape(x.shape, scale)
-        shape = list(x.shape)
-        sc = list(scale)
-        if not keep_unit_axes:
-            sc = [1 if n == 1 else s for n, s in zip(shape, sc)]
-        # merge runs of adjacent scale-1 axes
-        mshape: list[int] = []
-        mscale: list[int] = []
-        for n, s in zip(shape, sc):
-            if mscale and s == 1 and mscale[-1] == 1:
-                mshape[-1] *= n
-            else:
-                mshape.append(n)
-                mscale.append(s)
-        C = 1
-        if len(mshape) > 1 and mscale[-1] == 1:
-            C = mshape.pop()
-            mscale.pop()
-        L, s2 = mshape[-1], mscale[-1]
-        row_shape, row_scale = mshape[:-1], mscale[:-1]
-        self.C, self.s2 = C, s2
-        self.kernel_scale = tuple(row_scale) + (s2,)
-        rows = math.prod(row_shape)
-        # Always hand the kernels a read-only view: numba compiles a separate specialisation for
-        # read-only arrays (memmaps, frozen cache entries), so typing every input the same way
-        # halves the kernels a mixed workload compiles.
-        self.x2 = x.reshape(rows, L * C).view()
-        self.x2.flags.writeable = False
-        self.table = _row_table(row_shape, row_scale)
-        self.out2_shape = (self.table.shape[0], -(-L // s2) * C)
-
-    def finish(self, out2: np.ndarray) -> np.ndarray:
-        out = out2.reshape(self.out_shape)
-        if self.transposed:
-            out = np.ascontiguousarray(out.T)
-        return out
-
-
-def _row_table(row_shape: list[int], row_scale: list[int]) -> np.ndarray:
-    """``(out_rows, rows_per_block)`` input row indices, offsets in C order, clamped at the end
-    of each axis (edge padding)."""
-    if not row_shape:
-        return np.zeros((1, 1), dtype=np.intp)
-    strides = np.cumprod([1] + row_shape[::-1][:-1])[::-1]
-    total = np.zeros((1,) * (2 * len(row_shape)), dtype=np.intp)
-    nd = len(row_shape)
-    for k, (n, s, st) in enumerate(zip(row_shape, row_scale, strides)):
-        o = -(-n // s)
-        idx = np.minimum(np.arange(o)[:, None] * s + np.arange(s)[None, :], n - 1) * int(st)
-        shape = [1] * (2 * nd)
-        shape[k] = o
-        shape[nd + k] = s
-        total = total + idx.reshape(shape).astype(np.intp)
-    out_rows = math.prod(total.shape[:nd])
-    return np.ascontiguousarray(total.reshape(out_rows, -1))
-
-
 def _kernel(name: str, dtype: np.dtype, s2: int) -> Callable[..., Any]:
     """The compiled kernel ``name`` for this dtype: constant-``s2`` variant or runtime one."""
     if s2 in _CONST_S2 and dtype in _CONST_DTYPES[name]:
@@ -739,8 +621,10 @@ def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
             lay.x2, out2, lay.table, lay.C, lay.s2, acc, shift, flip)
     else:  # "reshape-sum", and "generic" (non-dyadic: same kernel, exact division)
         acc = np.empty(lay.out2_shape[1], dtype=plan)
+        tree = lay.C == 1 and shift >= 0 and lay.s2 >= 8
+        tmp = np.empty(lay.x2.shape[1] // 2 if tree else 0, dtype=plan)
         _kernel("area_reshape", x.dtype, lay.s2)(
-            lay.x2, out2, lay.table, lay.C, lay.s2, acc, block, shift, flip)
+            lay.x2, out2, lay.table, lay.C, lay.s2, acc, tmp, block, shift, flip)
     return _epilogue(lay.finish(out2), orig)
 
 

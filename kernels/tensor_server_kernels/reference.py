@@ -39,13 +39,14 @@ Methods
              order), so NaN wins only with a strict plurality.
 ``median``   lower median: element ``(B - 1) // 2`` of the sorted block (always a value present
              in the block, as TensorStore's ``median`` defines it). Floats: NaN sorts above +inf
-             as in ``np.sort``, so NaN is returned only when more than half the block is NaN-ish
-             at the lower-median position.
+             as in ``np.sort`` (NaN is not propagated: median is the robust statistic), so NaN is
+             returned only when at least ``B - (B - 1) // 2`` of the block's values are NaN.
 
 For bool, mode and median and area all reduce to "majority, ties False".
 
-Signed zeros compare equal: where ``-0.0`` and ``+0.0`` meet in a block (min, max, mode,
-median), which of the two is returned is unspecified, and tests compare them as equal.
+Signed zeros compare equal: which zero min, max, mode and median return where ``-0.0`` and
+``+0.0`` meet in a block is unspecified, and float area turns a ``-0.0`` mean into ``+0.0`` (the
+sum starts at ``+0.0``); tests compare signed zeros as equal.
 
 Dtypes: ``nearest`` accepts any dtype. The other methods accept bool, signed and unsigned
 integers of 8-64 bits and float16/32/64; ``mode`` also accepts complex (compared for exact

@@ -15,6 +15,14 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "kernels": ("tensor_server.bench.kernels",
                 "downsampling kernels vs NumPy, scikit-image, tinybrain and TensorStore"),
+    "plane-latency": ("tensor_server.bench.plane_latency",
+                      "first-read latency of one plane, cold and warm, adapter and server paths"),
+    "peers": ("tensor_server.bench.peers",
+              "the same plane reads by TensorStore, zarr-python + NumPy, tifffile + NumPy"),
+    "throughput": ("tensor_server.bench.throughput",
+                   "8 MiB chunks/s through DoGet and the fast path vs a bare pyarrow Flight server"),
+    "cache": ("tensor_server.bench.cache_reads",
+              "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source"),
 }
 
 

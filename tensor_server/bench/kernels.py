@@ -4,7 +4,8 @@ One table, measured in one run (ratios are what to read: the machine is shared):
 of ``tensor_server_kernels.cases.BENCH_CASES``, ``downsample_block`` against NumPy reshape-mean /
 strided copy / reshape-max, scikit-image (``downscale_local_mean``, ``block_reduce``), tinybrain
 and TensorStore's ``downsample`` driver over an in-memory ``ts.array``. Each cell is the median
-of ``--repeats`` (>= 5) calls after one untimed warm call, so numba compile time is excluded
+of ``--repeats`` (>= 5; more for sub-ms cells, to fill 0.3 s) calls after one untimed warm call,
+so numba compile time is excluded
 (it is reported once, from ``warm_up()``). Columns: ms, GB/s of input, that as % of the machine's
 single-core read bandwidth (a float64 ``sum`` over 256 MiB: memory-bound, unlike ``sum`` on
 uint16, which is compute-bound at ~4 GB/s), and TensorStore's time over this row's time.
@@ -45,10 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default="", help="run only cases whose name contains this")
 
 
-def _median_ms(fn: Thunk, repeats: int) -> float:
+def _median_ms(fn: Thunk, repeats: int, min_total_s: float = 0.3) -> float:
+    """Median of at least ``repeats`` calls, and of enough calls to fill ``min_total_s`` (sub-ms
+    cells are otherwise at the mercy of one page-fault storm), after one untimed warm call."""
     fn()  # warm: page faults, caches, lazy compilation
-    times = []
-    for _ in range(repeats):
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeats or (time.perf_counter() - start < min_total_s and len(times) < 1000):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)

@@ -430,3 +430,15 @@ def test_warm_up_reports_elapsed_seconds():
 
     elapsed = core.warm_up()
     assert isinstance(elapsed, float) and elapsed >= 0.0
+
+
+def test_concurrent_calls_agree():
+    """Kernels release the GIL and share nothing but read-only inputs: threads must agree."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    x = cases.make_array("uint16", (66, 70), "labels", 5)
+    expected = {m: R.downsample(x, (2, 2), m) for m in METHODS}
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda m: (m, K.downsample(x, (2, 2), m)), list(METHODS) * 4))
+    for m, out in got:
+        assert_same(expected[m], out, m)
