@@ -189,6 +189,26 @@ def _mode_of(buf, s, vals, cnts):  # type: ignore[no-untyped-def]
     if B == 4:
         return _mode4(buf[0], buf[1], buf[2], buf[3])
     if B <= 64:
+        # A mixed label block mostly holds two labels: count the first value and the first
+        # value that differs from it (two vectorised passes); a strict majority or a two-value
+        # block is decided there.
+        a = buf[0]
+        na = 0
+        for j in range(B):
+            na += _same(buf[j], a)
+        if 2 * na > B:
+            return a
+        i = 1
+        while _same(buf[i], a):
+            i += 1
+        b = buf[i]
+        nb = 0
+        for j in range(B):
+            nb += _same(buf[j], b)
+        if na + nb == B or 2 * nb > B or 2 * na == B:
+            if nb > na or (nb == na and _less(b, a)):
+                return b
+            return a
         # Small blocks: count each value against the whole block with a branch-free, vectorised
         # loop, skipping a value equal to its left or upper neighbour (``buf`` holds the block as
         # rows of ``s``): that value was already counted, and in a label image nearly every

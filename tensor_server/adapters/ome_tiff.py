@@ -201,7 +201,7 @@ class OmeTiffSource(SourceAdapter):
                 flags = sorted(tf.flags)
                 creator = _creator(xml)
             extra = [str(p) for p in (companion, path) if p is not None]
-            handle.files = sorted({os.path.abspath(f) for f in [*files, *extra]})
+            handle.files = sorted({os.path.realpath(f) for f in [*files, *extra]})  # one spelling per file
 
             def physical(tf: Any, index: int, series: Any) -> dict[str, tuple[float, str]]:
                 image = images[index]
@@ -220,7 +220,8 @@ class OmeTiffSource(SourceAdapter):
             handle.close()
             raise
         self.handle = handle
-        base = path.parent
+        # member paths are resolved (symlinks followed), so relate them to the resolved folder
+        base = path.resolve().parent
         super().__init__(
             path,
             tensors,
@@ -228,7 +229,7 @@ class OmeTiffSource(SourceAdapter):
                 "tifffile_flags": flags,
                 "creator": creator,
                 "files": [os.path.relpath(f, base) for f in handle.files],
-                "companion": None if companion is None else os.path.relpath(companion, base),
+                "companion": None if companion is None else os.path.relpath(Path(companion).resolve(), base),
                 "series": summaries,
                 "images": [
                     None if im is None else {k: v for k, v in im.items() if k != "sizes"} for im in images

@@ -180,13 +180,13 @@ def series_field_names(names: Sequence[str | None]) -> list[str]:
 
 def series_files(tf: tifffile.TiffFile) -> list[str]:
     """Every file holding pages of ``tf``'s series (several for a multi-file OME-TIFF)."""
-    files = {os.path.abspath(tf.filehandle.path)}
+    files = {os.path.realpath(tf.filehandle.path)}
     for s in tf.series:
         if not s.is_multifile:
             continue
         for page in s:
             if page is not None:
-                files.add(os.path.abspath(page.parent.filehandle.path))
+                files.add(os.path.realpath(page.parent.filehandle.path))
     return sorted(files)
 
 

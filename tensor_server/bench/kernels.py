@@ -4,8 +4,9 @@ One table, measured in one run (ratios are what to read: the machine is shared):
 of ``tensor_server_kernels.cases.BENCH_CASES``, ``downsample_block`` against NumPy reshape-mean /
 strided copy / reshape-max, scikit-image (``downscale_local_mean``, ``block_reduce``), tinybrain
 and TensorStore's ``downsample`` driver over an in-memory ``ts.array``. Each cell is the median
-of ``--repeats`` (>= 5; more for sub-ms cells, to fill 0.3 s) calls after one untimed warm call,
-so numba compile time is excluded
+of ``--repeats`` (>= 5; more for sub-ms cells, to fill 0.3 s) interleaved rounds - every
+implementation once per round, rotating order, so a slow spell of the shared machine hits all
+alike - after one untimed warm call each, so numba compile time is excluded
 (it is reported once, from ``warm_up()``). Columns: ms, GB/s of input, that as % of the machine's
 single-core read bandwidth (a float64 ``sum`` over 256 MiB: memory-bound, unlike ``sum`` on
 uint16, which is compute-bound at ~4 GB/s), and TensorStore's time over this row's time.
@@ -47,16 +48,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _median_ms(fn: Thunk, repeats: int, min_total_s: float = 0.3) -> float:
-    """Median of at least ``repeats`` calls, and of enough calls to fill ``min_total_s`` (sub-ms
-    cells are otherwise at the mercy of one page-fault storm), after one untimed warm call."""
-    fn()  # warm: page faults, caches, lazy compilation
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < repeats or (time.perf_counter() - start < min_total_s and len(times) < 1000):
-        t0 = time.perf_counter()
+    """Median of at least ``repeats`` calls after one untimed warm call."""
+    return _interleaved_ms({"fn": fn}, repeats, min_total_s)["fn"]
+
+
+def _interleaved_ms(fns: dict[str, Thunk], repeats: int, min_total_s: float = 0.3) -> dict[str, float]:
+    """Median ms per function, timed in interleaved rounds (each round calls every function once,
+    in a rotating order) so that a slow spell of the shared machine hits all of them alike and
+    the ratios stay meaningful. At least ``repeats`` rounds, more (up to 1000) until
+    ``min_total_s`` has passed: sub-ms cells would otherwise hinge on one page-fault storm.
+    One untimed warm call each first (page faults, caches, lazy compilation)."""
+    for fn in fns.values():
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    start = time.perf_counter()
+    rounds = 0
+    while rounds < repeats or (time.perf_counter() - start < min_total_s and rounds < 1000):
+        k = rounds % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+        rounds += 1
+    return {n: statistics.median(v) * 1e3 for n, v in times.items()}
 
 
 def read_bandwidth_gbs(repeats: int = 5) -> float:
@@ -151,30 +166,34 @@ def main(args: argparse.Namespace) -> int:
             data.clear()  # keep one input resident at a time
             data[key] = case.make(quick=args.quick)
         x = data[key]
-        ours: Thunk = lambda: downsample_block(x, case.scale, case.method)  # noqa: E731
-        results: dict[str, float | None] = {"ours (downsample_block)": _median_ms(ours, repeats)}
+        ours_name = "ours (downsample_block)"
+        thunks: dict[str, Thunk] = {
+            ours_name: lambda: downsample_block(x, case.scale, case.method)}
         notes: dict[str, str] = {}
-        ts_name = None
+        order = [ours_name]
+        ts_name, ts_out = None, None
         for name, fn in peers.thunks(x, case).items():
+            order.append(name)
             try:
                 r = np.asarray(fn())
-                if np.shares_memory(r, x):  # e.g. tinybrain mode at factors > 2 strides
-                    notes[name] = "returns a strided VIEW of the input: not a reduction"
-                elif r.shape != tuple(-(-n // k) for n, k in zip(x.shape, case.scale)):
-                    notes[name] = f"returns shape {r.shape}"
-                results[name] = _median_ms(fn, repeats)
             except Exception as exc:  # a peer that cannot do this case
-                results[name] = None
                 notes[name] = f"skipped: {type(exc).__name__}: {str(exc)[:60]}"
+                continue
             if name.startswith("tensorstore"):
-                ts_name = name
-        t_ts = results.get(ts_name) if ts_name else None
-        mine = downsample_block(x, case.scale, case.method)
-        if ts_name and t_ts is not None:
-            same = np.array_equal(mine, np.asarray(peers.thunks(x, case)[ts_name]()))
-            notes["ours (downsample_block)"] = "= TS" if same else "DIFFERS from TS"
-        else:
-            same = None
+                ts_name, ts_out = name, r
+            if np.shares_memory(r, x):  # e.g. tinybrain mode at factors > 2 strides
+                notes[name] = "returns a strided VIEW of the input: not a reduction"
+            elif r.shape != tuple(-(-n // k) for n, k in zip(x.shape, case.scale)):
+                notes[name] = f"returns shape {r.shape}"
+            thunks[name] = fn
+        timed = _interleaved_ms(thunks, repeats)
+        results: dict[str, float | None] = {n: timed.get(n) for n in order}
+        t_ts = timed.get(ts_name) if ts_name else None
+        same = None
+        if ts_out is not None:
+            same = bool(np.array_equal(downsample_block(x, case.scale, case.method), ts_out))
+            notes[ours_name] = "= TS" if same else "DIFFERS from TS"
+        del ts_out
         for name, ms in results.items():
             gbs = None if ms is None else x.nbytes / (ms / 1e3) / 1e9
             pct = None if gbs is None else 100 * gbs / bw

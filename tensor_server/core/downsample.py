@@ -64,9 +64,11 @@ _WARM_SCALES = {2: ((2, 2), (4, 4)), 3: ((2, 2, 2), (1, 2, 2))}
 def warm_up() -> float:
     """Compile (or load from numba's on-disk cache) the kernels a server needs first.
 
-    Why: a first scaled read would otherwise pay 0.35-0.7 s of compilation per kernel; calling
+    Why: a first scaled read would otherwise pay 0.5-1.5 s of compilation per kernel; calling
     this at server start moves the cost off the request path. Returns the elapsed seconds (also
-    logged at INFO). With a warm numba cache it takes well under a second.
+    logged at INFO): ~0.7 s with numba's on-disk cache warm (every later start), ~20 s on a
+    machine's very first start (about 24 kernels compiled and cached). Kernels for other dtypes
+    and scales still compile on first use (and are cached too).
     """
     t0 = time.perf_counter()
     for ndim, scales in _WARM_SCALES.items():
