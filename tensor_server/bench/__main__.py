@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "the same plane reads by TensorStore, zarr-python + NumPy, tifffile + NumPy"),
     "throughput": ("tensor_server.bench.throughput",
                    "8 MiB chunks/s through DoGet and the fast path vs a bare pyarrow Flight server"),
+    "nearest": ("tensor_server.bench.nearest_paths",
+                "each format's own nearest path (decimated read, CZI zoom) vs the default streamed path"),
     "cache": ("tensor_server.bench.cache_reads",
               "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source"),
 }
