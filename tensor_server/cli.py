@@ -159,6 +159,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         cache.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # pyarrow raises a bare ArrowException when the bind fails
+        cache.close()
+        print(f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
+              "Pass --port (0 picks a free one).", file=sys.stderr)
+        return 2
     location = server.location
     print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
 

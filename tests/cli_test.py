@@ -48,3 +48,15 @@ def test_serve_refuses_public_bind_without_token(tmp_path):
 def test_serve_without_roots_is_an_error():
     out = subprocess.run([sys.executable, "-m", "tensor_server", "serve"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "ROOT" in out.stderr
+
+
+def test_serve_reports_a_busy_port(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--port", str(port),
+                              "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "port in use" in out.stderr
