@@ -6,5 +6,6 @@ which is imported only here, not by ``import tensor_server``.
 from __future__ import annotations
 
 from tensor_server.testing.adapter_tests import AdapterTests
+from tensor_server.testing.deadline import finishes_within
 
-__all__ = ["AdapterTests"]
+__all__ = ["AdapterTests", "finishes_within"]

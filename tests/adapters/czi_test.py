@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +22,7 @@ from tensor_server.adapters.registry import detect_format
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import reap_idle_handles
 from tensor_server.errors import UnreadableSource
-from tensor_server.testing import AdapterTests
+from tensor_server.testing import AdapterTests, finishes_within
 
 
 # ---- fixture writers (also used by tests/czi_adapter_test.py) --------------------------------
@@ -305,25 +304,6 @@ def test_czi_equals_ome_tiff(testdata):
 
 
 # ---- detection and bad input ------------------------------------------------------------------
-def _finishes(fn: Callable[[], Any], seconds: float = 60.0) -> Any:
-    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it does not finish."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised below, in the test's thread
-            box["error"] = exc
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(seconds)
-    assert not th.is_alive(), f"{fn} did not finish within {seconds} s"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
 def test_sniff_by_content(tmp_path):
     p = tmp_path / "stack.czi"
     write_stack(p)
@@ -340,7 +320,7 @@ def test_garbage_czi_is_unreadable(tmp_path):
     p = tmp_path / "garbage.czi"
     p.write_bytes(np.random.default_rng(0).integers(0, 256, 5000, dtype=np.uint8).tobytes())
     with pytest.raises(UnreadableSource) as exc:
-        _finishes(lambda: tensor_server.open(p))
+        finishes_within(lambda: tensor_server.open(p))
     assert str(p) in str(exc.value)
 
 
@@ -348,7 +328,7 @@ def test_magic_then_garbage_is_unreadable(tmp_path):
     p = tmp_path / "fake.czi"
     p.write_bytes(b"ZISRAWFILE" + b"\x00" * 6 + b"\xff" * 3000)
     with pytest.raises(UnreadableSource) as exc:
-        _finishes(lambda: tensor_server.open(p))
+        finishes_within(lambda: tensor_server.open(p))
     assert str(p) in str(exc.value)
 
 
@@ -367,7 +347,7 @@ def test_truncated_czi_is_unreadable(tmp_path, keep):
                 t.get_data()
 
     with pytest.raises(UnreadableSource) as exc:
-        _finishes(open_and_read_all)
+        finishes_within(open_and_read_all)
     assert str(p) in str(exc.value)
 
 

@@ -17,7 +17,7 @@ from tensor_server.adapters.registry import detect_format
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import reap_idle_handles
 from tensor_server.errors import InvalidArgument, UnreadableSource
-from tensor_server.testing import AdapterTests
+from tensor_server.testing import AdapterTests, finishes_within
 
 FAR_FUTURE = time.monotonic() + 1e9
 
@@ -335,19 +335,15 @@ def test_labels_from_axis_names(names, want):
 
 # ---- bad input -------------------------------------------------------------------------------
 def open_with_deadline(path: Path, seconds: float = 20.0):
-    """tensor_server.open in a thread: a hang fails the test instead of stalling the run."""
+    """tensor_server.open under a deadline: a hang fails the test; an open error is handed back
+    in the box (``"exc"``) for the test to inspect, a success as ``"src"``."""
     box: dict = {}
-
-    def run():
-        try:
-            box["src"] = tensor_server.open(path)
-        except BaseException as exc:  # noqa: BLE001 - handed back to the test
-            box["exc"] = exc
-
-    th = threading.Thread(target=run, daemon=True)
-    th.start()
-    th.join(seconds)
-    assert not th.is_alive(), f"opening {path} hung"
+    try:
+        box["src"] = finishes_within(lambda: tensor_server.open(path), seconds)
+    except AssertionError:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - handed back to the test
+        box["exc"] = exc
     return box
 
 

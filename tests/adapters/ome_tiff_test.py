@@ -15,10 +15,9 @@ from tensor_server.adapters.ome_tiff import OmeTiffAdapter, resolve_ome_set
 from tensor_server.adapters.registry import detect_format
 from tensor_server.adapters.tiff import first_description_tail
 from tensor_server.errors import UnreadableSource
-from tensor_server.testing import AdapterTests
+from tensor_server.testing import AdapterTests, finishes_within
 from tests.adapters.tiff_test import (
     check_against_expected,
-    finishes,
     inner,
     served,
     tifffile_series,
@@ -250,7 +249,7 @@ def test_truncated_ome_tiff_is_unreadable(testdata, tmp_path):
         def attempt():
             with tensor_server.open(bad) as src:
                 src.tensor().get_data()
-        finishes(attempt)
+        finishes_within(attempt)
     assert str(bad) in str(info.value)
 
 
@@ -258,7 +257,7 @@ def test_companion_naming_missing_files_is_unreadable(testdata, tmp_path):
     companion = tmp_path / "multifile.companion.ome"
     shutil.copy(testdata / "ome-tiff/multifile/multifile.companion.ome", companion)
     with pytest.raises(UnreadableSource) as info:
-        finishes(lambda: tensor_server.open(companion))
+        finishes_within(lambda: tensor_server.open(companion))
     assert str(companion) in str(info.value)
     assert "multifile-Z1.ome.tiff" in info.value.reason
 

@@ -3,9 +3,8 @@ RGB pyramid, multi-series, QPTIFF and LSM files generated with tifffile, the rea
 ../shared/testdata/tiff and tiff-pyramid, read granularity, handles and bad input."""
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from tensor_server.adapters.tiff import (
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import NormalizingAdapter, canonical_axis_order
 from tensor_server.errors import UnreadableSource
-from tensor_server.testing import AdapterTests
+from tensor_server.testing import AdapterTests, finishes_within
 
 tifffile = pytest.importorskip("tifffile")
 
@@ -49,25 +48,6 @@ def tifffile_series(path: Path, index: int, level: int = 0, **kwargs: Any) -> tu
 def inner(tensor):
     """The native adapter under a NormalizingAdapter."""
     return tensor.inner if isinstance(tensor, NormalizingAdapter) else tensor
-
-
-def finishes(fn: Callable[[], Any], seconds: float = 20.0) -> Any:
-    """Run ``fn`` in a thread; fail if it does not return in time (nothing may hang)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the caller
-            box["error"] = exc
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    assert not t.is_alive(), f"{fn} did not finish within {seconds} s"
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 class TiffFileTests(AdapterTests):
@@ -431,7 +411,7 @@ def _assert_unreadable(path: Path, read: bool = True) -> UnreadableSource:
                     t.get_data()
 
     with pytest.raises(UnreadableSource) as info:
-        finishes(attempt)
+        finishes_within(attempt)
     assert str(path) in str(info.value)
     return info.value
 
@@ -486,5 +466,5 @@ def test_corrupt_tile_found_at_read_time(tmp_path):
     bad.write_bytes(bytes(raw))
     with tensor_server.open(bad) as src:
         with pytest.raises(UnreadableSource) as info:
-            finishes(lambda: src.tensor().get_data())
+            finishes_within(lambda: src.tensor().get_data())
         assert str(bad) in str(info.value)
