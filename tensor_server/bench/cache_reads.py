@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import threading
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tensor_server.bench.timing import add_common_arguments, median_ms, print_table, write_json
 
 __all__ = ["run_cache_reads"]
 
@@ -27,7 +28,6 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
 
     import tensor_server
     from tensor_server.bench.fixtures import SIZES, _plane, drop_page_cache
-    from tensor_server.bench.timing import median_ms, print_table
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
     from tensor_server.core import Bounds, plan_read
@@ -96,15 +96,12 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
     print_table(["case", "detail", "baseline", "ms", "ours", "ms", "ratio"],
                 [[r["case"], r["detail"], r["baseline"], r["baseline_ms"], r["ours"], r["ours_ms"],
                   f"{r['ours_ms'] / r['baseline_ms']:.2f}"] for r in rows])
-    if json_path:
-        Path(json_path).write_text(json.dumps({"benchmark": "cache", "size": size, "rows": rows}, indent=1))
+    write_json(json_path, "cache", size, rows)
     return rows
 
 
 def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
-    parser.add_argument("--size", choices=("small", "full"), default="small",
-                        help="small: 2048² planes (minutes); full: 8192² planes as in the design doc")
-    parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
+    add_common_arguments(parser, data_dir=False)
 
 
 def main(args) -> int:  # noqa: ANN001

@@ -7,12 +7,12 @@ the call), on one plane at scales 8 and 32, warm. Checksums must agree.
 """
 from __future__ import annotations
 
-import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tensor_server.bench.timing import add_common_arguments, median_ms, print_table, write_json
 
 __all__ = ["run_nearest_paths"]
 
@@ -41,7 +41,6 @@ def run_nearest_paths(size: str = "small", data_dir: str | None = None, json_pat
                       repeats: int = 7) -> list[dict[str, Any]]:
     import tensor_server
     from tensor_server.bench.fixtures import SIZES, make_fixtures
-    from tensor_server.bench.timing import median_ms, print_table
     from tensor_server.core import Bounds, TensorAdapter
     from tensor_server.core.downsample import warm_up
 
@@ -86,15 +85,12 @@ def run_nearest_paths(size: str = "small", data_dir: str | None = None, json_pat
                          "own_ms": median_ms(own, repeats)})
     print_table(["format", "own path", "scale", "default ms", "own ms", "speed-up"],
                 [[r["format"], r["path"], r["scale"], r["default_ms"], r["own_ms"], f"{r['default_ms'] / r['own_ms']:.1f}x"] for r in rows])
-    if json_path:
-        Path(json_path).write_text(json.dumps({"benchmark": "nearest", "size": size, "rows": rows}, indent=1))
+    write_json(json_path, "nearest", size, rows)
     return rows
 
 
 def add_arguments(parser) -> None:  # noqa: ANN001
-    parser.add_argument("--size", choices=("small", "full"), default="small")
-    parser.add_argument("--data-dir", help="where fixtures are generated once (default: the user's cache dir)")
-    parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
+    add_common_arguments(parser)
 
 
 def main(args) -> int:  # noqa: ANN001

@@ -10,11 +10,11 @@ so all compute the same pixels.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from tensor_server.bench.timing import Progress, add_common_arguments, median_ms, print_table, write_json
 
 __all__ = ["run_peers"]
 
@@ -35,7 +35,6 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
 
     import tensor_server
     from tensor_server.bench.fixtures import drop_page_cache, make_fixtures
-    from tensor_server.bench.timing import Progress, median_ms, print_table
     from tensor_server.core import Bounds
     from tensor_server.core.downsample import warm_up
 
@@ -95,16 +94,12 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
     print_table(["format", "peer", "scale", "method", "ours cold", "peer cold", "ours/peer", "ours warm", "peer warm", "ours/peer"],
                 [[r["format"], r["peer"], r["scale"], r["method"], r["ours_cold_ms"], r["peer_cold_ms"], f"{r['ratio_cold']:.2f}",
                   r["ours_warm_ms"], r["peer_warm_ms"], f"{r['ratio_warm']:.2f}"] for r in rows])
-    if json_path:
-        Path(json_path).write_text(json.dumps({"benchmark": "peers", "size": size, "rows": rows}, indent=1))
+    write_json(json_path, "peers", size, rows)
     return rows
 
 
 def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
-    parser.add_argument("--size", choices=("small", "full"), default="small",
-                        help="small: 2048² planes (minutes); full: 8192² planes as in the design doc")
-    parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
-    parser.add_argument("--data-dir", help="where fixtures are generated once (default: the user's cache dir)")
+    add_common_arguments(parser)
 
 
 def main(args) -> int:  # noqa: ANN001

@@ -9,11 +9,11 @@ localhost fast path). Medians.
 """
 from __future__ import annotations
 
-import json
 import tempfile
 import threading
-from pathlib import Path
 from typing import Any
+
+from tensor_server.bench.timing import Progress, add_common_arguments, median_ms, print_table, write_json
 
 __all__ = ["run_plane_latency", "CASES"]
 
@@ -35,7 +35,6 @@ def run_plane_latency(size: str = "small", data_dir: str | None = None, json_pat
                       cold_repeats: int = 3, warm_repeats: int = 5, server: bool = True) -> list[dict[str, Any]]:
     import tensor_server
     from tensor_server.bench.fixtures import drop_page_cache, make_fixtures
-    from tensor_server.bench.timing import Progress, median_ms, print_table
     from tensor_server.core import Bounds
     from tensor_server.core.downsample import warm_up
 
@@ -109,16 +108,12 @@ def run_plane_latency(size: str = "small", data_dir: str | None = None, json_pat
             cache.close()
     print_table(["format", "layout", "path", "scale", "method", "cold ms", "warm ms"],
                 [[r["format"], r["layout"], r["path"], r["scale"], r["method"], r["cold_ms"], r["warm_ms"]] for r in rows])
-    if json_path:
-        Path(json_path).write_text(json.dumps({"benchmark": "plane-latency", "size": size, "rows": rows}, indent=1))
+    write_json(json_path, "plane-latency", size, rows)
     return rows
 
 
 def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
-    parser.add_argument("--size", choices=("small", "full"), default="small",
-                        help="small: 2048² planes (minutes); full: 8192² planes as in the design doc")
-    parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
-    parser.add_argument("--data-dir", help="where fixtures are generated once (default: the user's cache dir)")
+    add_common_arguments(parser)
     parser.add_argument("--no-server", action="store_true", help="adapter path only")
 
 

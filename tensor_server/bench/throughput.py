@@ -11,10 +11,11 @@ import json
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tensor_server.bench.timing import add_common_arguments, print_table, write_json
 
 __all__ = ["run_throughput"]
 
@@ -25,7 +26,6 @@ def run_throughput(size: str = "small", json_path: str | None = None, seconds: f
     from biopb.tensor import descriptor_pb2, ticket_pb2
 
     from tensor_server.adapters.memory import ArrayAdapter, MemorySource
-    from tensor_server.bench.timing import print_table
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
     from tensor_server.flight import ServerConfig, TensorFlightServer
@@ -101,15 +101,12 @@ def run_throughput(size: str = "small", json_path: str | None = None, seconds: f
     bare.shutdown()
     cache.close()
     print_table(["path", "threads", "chunks/s", "MB/s"], [[r["path"], r["threads"], r["chunks_per_s"], r["MB_per_s"]] for r in rows])
-    if json_path:
-        Path(json_path).write_text(json.dumps({"benchmark": "throughput", "size": size, "rows": rows}, indent=1))
+    write_json(json_path, "throughput", size, rows)
     return rows
 
 
 def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
-    parser.add_argument("--size", choices=("small", "full"), default="small",
-                        help="small: 2048² planes (minutes); full: 8192² planes as in the design doc")
-    parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
+    add_common_arguments(parser, data_dir=False)
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
 
 

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
-__all__ = ["median_ms", "Progress", "print_table"]
+__all__ = ["median_ms", "Progress", "print_table", "add_common_arguments", "write_json"]
 
 
 def median_ms(fn: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> float:
@@ -52,3 +52,21 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], stream
         stream.write("  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))) + "\n")
         if i == 0:
             stream.write("  ".join("-" * w for w in widths) + "\n")
+
+
+def add_common_arguments(parser, *, data_dir: bool = True) -> None:  # noqa: ANN001 - argparse parser
+    """The options every fixture-based bench command takes."""
+    parser.add_argument("--size", choices=("small", "full"), default="small",
+                        help="small: 2048² planes (minutes); full: 8192² planes as in the design doc")
+    parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
+    if data_dir:
+        parser.add_argument("--data-dir", help="where fixtures are generated once (default: the user's cache dir)")
+
+
+def write_json(path: str | None, benchmark: str, size: str, rows: Sequence[dict]) -> None:
+    """``{"benchmark", "size", "rows"}`` to ``path`` (nothing when path is None)."""
+    if path:
+        import json
+        from pathlib import Path
+
+        Path(path).write_text(json.dumps({"benchmark": benchmark, "size": size, "rows": list(rows)}, indent=1))
