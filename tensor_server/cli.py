@@ -148,8 +148,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
 
     cache_dir = settings.cache_dir or str(default_cache_dir() / "chunks")
     try:
-        cache = CacheManager(cache_dir, max_total_bytes=settings.cache_max_bytes,
-                             source_scaled_reads=settings.source_scaled_reads)
+        cache = CacheManager(cache_dir, max_total_bytes=settings.cache_max_bytes)
     except CacheLocked as exc:
         print(f"serve: {exc}; pass another --cache-dir", file=sys.stderr)
         return 2

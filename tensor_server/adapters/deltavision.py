@@ -24,7 +24,8 @@ import numpy as np
 
 from tensor_server.adapters.mrc import DV_MAGICS, MemmapReads
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.errors import UnreadableSource

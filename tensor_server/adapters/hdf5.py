@@ -64,12 +64,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    SourceAdapter,
-    TensorAdapter,
-    check_scale,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
@@ -247,7 +243,7 @@ class Hdf5ContiguousAdapter(Hdf5Adapter):
 
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         bounds = self.check_bounds(bounds)
-        step = check_scale(step, self.ndim)
+        step = tuple(int(s) for s in step)
         out_shape = tuple(-(-n // s) for n, s in zip(bounds.shape, step))
         out = np.empty(out_shape, self.dtype)
         last = self.ndim - 1

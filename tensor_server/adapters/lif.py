@@ -49,12 +49,8 @@ from typing import Any, BinaryIO, Iterator, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    SourceAdapter,
-    TensorAdapter,
-    check_scale,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
@@ -170,7 +166,7 @@ class LifAdapter(TensorAdapter):
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         """``get_data(bounds)[::step]``: only planes on the step are read (design §4)."""
         bounds = self.check_bounds(bounds)
-        return self._read(bounds, check_scale(step, self.ndim))
+        return self._read(bounds, tuple(int(s) for s in step))
 
     def plane_offset(self, outer_index: Sequence[int], channel: int) -> int:
         """File offset of the plane at outer indices (slowest first) and channel."""

@@ -52,7 +52,8 @@ from tensor_server.adapters.tiff_sequence import (
     raw_offset,
     unique_label,
 )
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.errors import UnreadableSource
 

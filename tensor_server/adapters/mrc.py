@@ -28,7 +28,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version, owned_array
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.arrays import owned_array
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes

@@ -37,12 +37,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    SourceAdapter,
-    TensorAdapter,
-    check_scale,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
@@ -155,7 +151,7 @@ class Nd2Adapter(TensorAdapter):
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         """``get_data(bounds)[::step]``, decoding only the frames on the step (design §4)."""
         bounds = self.check_bounds(bounds)
-        return self._read(bounds, check_scale(step, self.ndim))
+        return self._read(bounds, tuple(int(s) for s in step))
 
     def close(self) -> None:
         """Close the file now (waiting for reads in flight); the next read reopens it."""

@@ -24,12 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Se
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    NativeLevel,
-    SourceAdapter,
-    TensorAdapter,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import DEFAULT_IDLE_SECONDS, LazyHandle
 from tensor_server.core.normalizing import normalize_axes

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog.discovery import discover
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, source_id_for_path
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import source_id_for_path
 from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError"]

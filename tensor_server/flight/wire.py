@@ -50,11 +50,25 @@ def _error_info(code: str, reason: str) -> bytes:
     return json.dumps({"code": code, "reason": reason}).encode()
 
 
+#: gRPC carries error text in metadata (8 KiB by default for all of it): a message that
+#: echoes a client's megabyte id back would itself fail. Keep the start, say how much was cut.
+MAX_ERROR_CHARS = 1024
+
+
+def bounded_message(msg: str) -> str:
+    if len(msg) <= MAX_ERROR_CHARS:
+        return msg
+    return f"{msg[:MAX_ERROR_CHARS]}... ({len(msg) - MAX_ERROR_CHARS} more characters)"
+
+
 def flight_error(exc: BaseException) -> flight.FlightError:
     """Map a package error to the Flight error class and extra_info the SDK interprets (§12)."""
     from tensor_server.catalog.catalog import SourceUnresolved
+    from tensor_server.core.engine import ReadCancelled
 
-    msg = str(exc)
+    msg = bounded_message(str(exc))
+    if isinstance(exc, ReadCancelled):
+        return flight.FlightCancelledError(msg, extra_info=_error_info("CANCELLED", "cancelled"))
     if isinstance(exc, SourceUnresolved):
         return flight.FlightServerError(msg, extra_info=_error_info("NOT_FOUND", "unreadable_source"))
     if isinstance(exc, TensorNotFound):

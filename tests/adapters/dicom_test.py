@@ -348,7 +348,7 @@ def test_wsi_folder_levels_and_thumbnail(tmp_path):
         vol = src.tensor("volume")
         np.testing.assert_array_equal(vol.get_data(), base)
         assert [lv.scale for lv in vol.native_levels] == [(2, 2, 1)]
-        np.testing.assert_array_equal(vol.get_native_level_data(Bounds((0, 0, 0), (32, 48, 3)), (2, 2, 1)), base[::2, ::2])
+        np.testing.assert_array_equal(vol.native_level((2, 2, 1)).tensor.get_data(Bounds((0, 0, 0), (32, 48, 3))), base[::2, ::2])
         np.testing.assert_array_equal(src.tensor("thumbnail").get_data(), base[::8, ::8])
 
 

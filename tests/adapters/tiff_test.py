@@ -131,7 +131,7 @@ class TestRgbTiledPyramidTiff(TiffFileTests):
             assert lv.tensor.physical_scale[0] == pytest.approx(t.physical_scale[0] * lv.scale[0])
         # precompute reads go through the stored level (bounds in the level's coordinates)
         b = Bounds((5, 10, 0), (45, 75, 3))
-        got = t.get_native_level_data(b, (2, 2, 1))
+        got = t.native_level((2, 2, 1)).tensor.get_data(b)
         ref, axes = tifffile_series(source.path, 0, 1)
         np.testing.assert_array_equal(got, served(ref, axes)[5:45, 10:75])
 
