@@ -14,7 +14,7 @@ PERF_BASE ?= $(shell git merge-base HEAD origin/main 2>/dev/null || echo HEAD~1)
 PERF_BENCH ?= ^(kernels|read_path)\..*\.time_|^imports\.timeraw_
 SHELL := /bin/bash
 
-.PHONY: setup run test test-nojit bench bench-kernels bench-small asv perf-gate clean
+.PHONY: setup run test test-nojit browser bench bench-kernels bench-small asv perf-gate clean
 
 setup: $(STAMP)
 
@@ -30,9 +30,16 @@ run: $(STAMP)
 # The whole suite, then the kernel tests once more on the pure-Python path so the
 # oracle-equivalent interpreter path of every kernel stays correct (NUMBA_DISABLE_JIT=1).
 # pytest exits 5 when it collected no tests; that is non-zero, so make fails on it.
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
+
+# The neuroglancer test (tests/http) drives Debian's Chromium; install it where apt can (CI
+# runs as root). Where it cannot, that one test skips and says why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 || \
+	    echo "note: chromium could not be installed; the neuroglancer test will skip"; }
 
 test-nojit: $(STAMP)
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py

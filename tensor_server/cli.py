@@ -1,4 +1,4 @@
-"""Command line: ``python -m tensor_server {serve,list,run,version}``."""
+"""Command line: ``python -m tensor_server {serve,list,run,url,version}``."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,9 @@ import time
 from typing import Sequence
 
 __all__ = ["main"]
+
+#: the HTTP port ``run`` (``make run``) serves OME-Zarr on, and ``url`` assumes
+DEMO_HTTP_PORT = 8816
 
 log = logging.getLogger("tensor_server")
 
@@ -80,6 +83,8 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--write-dir", help="folder for uploads (scratch source)")
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
+        sp.add_argument("--http-port", type=int,
+                        help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
@@ -92,6 +97,12 @@ def _build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="print the sources and tensors found under ROOTs")
     lst.add_argument("roots", nargs="+", metavar="ROOT")
 
+    url = sub.add_parser("url", help="print the OME-Zarr URL of a file or array id, to paste into a viewer")
+    url.add_argument("target", metavar="PATH_OR_ARRAY_ID")
+    url.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
+    url.add_argument("--http-port", type=int, default=DEMO_HTTP_PORT, help=f"its --http-port (default {DEMO_HTTP_PORT})")
+    url.add_argument("--ngff", choices=("0.4", "0.5"), default="0.4", help="NGFF 0.4 (zarr v2, default) or 0.5 (zarr v3)")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -102,7 +113,7 @@ def _settings(args: argparse.Namespace):
     return load_settings(
         args.config, roots=list(args.roots), host=args.host, port=args.port, token=args.token,
         cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir,
-        rescan_seconds=args.rescan_seconds, log_level=args.log_level,
+        rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
     )
 
 
@@ -141,8 +152,10 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),
         rescan_seconds=settings.rescan_seconds, cache_dir=settings.cache_dir,
         cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
-        write_dir=settings.write_dir,
+        write_dir=settings.write_dir, precache_bytes=settings.precache_bytes,
     )
+    if demo and settings.http_port is None:
+        settings.http_port = DEMO_HTTP_PORT
     from tensor_server.cache import CacheLocked, CacheManager
     from tensor_server.config import default_cache_dir
 
@@ -165,6 +178,23 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     location = server.location
     print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
+    http = None
+    if settings.http_port is not None:
+        from tensor_server.http.app import HttpFrontEnd, build_app
+
+        on_chunk = server.precacher.after_read if server.precacher is not None else None
+        try:
+            http = HttpFrontEnd(build_app(catalog, server.engine, token=settings.token, policy=config.pyramid,
+                                          on_chunk=on_chunk), settings.host, settings.http_port)
+            http.start()
+        except Exception as exc:
+            server.shutdown()
+            cache.close()
+            print(f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); "
+                  "pass another --http-port", file=sys.stderr)
+            return 2
+        print(f"OME-Zarr over HTTP at {http.url}/zarr/<array_id>/ (NGFF 0.4) and /zarr3/<array_id>/ (NGFF 0.5)",
+              file=sys.stderr)
 
     def background_start() -> None:
         progress = _ScanProgress()
@@ -186,6 +216,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 t, lv = pick
                 print("\nRead a scaled level with the biopb SDK (pip install 'biopb[tensor]'):\n", file=sys.stderr)
                 print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method), file=sys.stderr)
+                if http is not None:
+                    print(f"\nOpen it in an OME-Zarr viewer (napari-ome-zarr, neuroglancer 'zarr://...', vizarr):\n"
+                          f"{http.url}/zarr/{t.array_id}/", file=sys.stderr)
                 print("\nor list what is served: python -m tensor_server list " + " ".join(settings.roots), file=sys.stderr)
                 print("Ctrl-C stops the server.", file=sys.stderr)
 
@@ -195,8 +228,24 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if http is not None:
+            http.stop()
         catalog.close()
         cache.close()  # seals the open segment
+    return 0
+
+
+def cmd_url(args: argparse.Namespace) -> int:
+    """The URL a viewer opens: a file or folder is named by its source id (its default
+    tensor), anything else is taken as an array id."""
+    from pathlib import Path
+
+    from tensor_server.core.identity import source_id_for_path
+
+    target = args.target
+    array_id = source_id_for_path(target) if Path(target).exists() else target.strip("/")
+    prefix = "zarr" if args.ngff == "0.4" else "zarr3"
+    print(f"http://{args.host}:{args.http_port}/{prefix}/{array_id}/")
     return 0
 
 
@@ -228,4 +277,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "list":
         return cmd_list(args)
+    if args.command == "url":
+        return cmd_url(args)
     return cmd_serve(args, demo=args.command == "run")

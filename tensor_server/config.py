@@ -21,6 +21,12 @@ Example (every key optional)::
 
     [log]
     level = "warning"
+
+    [http]                      # OME-Zarr over HTTP (/zarr/<array_id>/, /zarr3/<array_id>/)
+    port = 8816                 # absent = off (``run`` turns it on at 8816)
+
+    [cache]
+    precache_bytes = 67108864   # warmed after each client read (neighbours, next levels); 0 = off
 """
 from __future__ import annotations
 
@@ -53,6 +59,8 @@ class Settings:
     volume_budget_voxels: int = 448**3
     rescan_seconds: float = 0.0
     log_level: str = "warning"
+    http_port: int | None = None
+    precache_bytes: int = 64 << 20
 
 
 # TOML key path -> Settings attribute
@@ -69,6 +77,8 @@ _KEYS = {
     ("pyramid", "volume_budget_voxels"): "volume_budget_voxels",
     ("catalog", "rescan_seconds"): "rescan_seconds",
     ("log", "level"): "log_level",
+    ("http", "port"): "http_port",
+    ("cache", "precache_bytes"): "precache_bytes",
 }
 
 

@@ -58,9 +58,7 @@ class ReadCancelled(TensorServerError):
 class ReadEngine:
     """Serve pixels of tensors (see the module docstring).
 
-    ``store``: a ChunkStore (the chunk cache) or None. ``tensors``: how ``chunk`` finds the
-    tensor an id names when the caller does not pass it (the server passes its catalog's
-    lookup). ``workers``: decode-ahead threads of a streamed reduction (None = the machine's
+    ``store``: a ChunkStore (the chunk cache) or None. ``workers``: decode-ahead threads of a streamed reduction (None = the machine's
     cores). ``source_scaled_reads``: assemble scaled extents from cached full-resolution
     chunks when all are cached.
     """
@@ -69,12 +67,10 @@ class ReadEngine:
         self,
         store: ChunkStore | None = None,
         *,
-        tensors: Callable[[str], TensorAdapter] | None = None,
         workers: int | None = None,
         source_scaled_reads: bool = True,
     ) -> None:
         self.store = store
-        self._tensors = tensors
         self.workers = workers
         self.source_scaled_reads = source_scaled_reads
 
@@ -102,19 +98,15 @@ class ReadEngine:
     def chunk(
         self,
         chunk_id: bytes | ChunkId,
-        tensor: TensorAdapter | None = None,
+        tensor: TensorAdapter,
         *,
         cancelled: Cancelled | None = None,
     ) -> tuple[ChunkId, np.ndarray]:
         """(validated id, pixels) of a planned chunk: from the store when cached (a hit is
         the stored chunk, no decode), else computed and stored. The array may be read-only
-        (a cache entry): copy it before writing."""
-        cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
-        if tensor is None:
-            if self._tensors is None:
-                raise InvalidArgument("this engine has no tensor lookup: pass the tensor")
-            tensor = self._tensors(cid.array_id)
-        cid = self.check_chunk_id(tensor, cid)
+        (a cache entry): copy it before writing. ``tensor`` is the served tensor the id
+        names (the caller looks it up by ``ChunkId.decode(raw).array_id``)."""
+        cid = self.check_chunk_id(tensor, chunk_id)
         if self.store is None:
             return cid, self._compute(tensor, cid, cancelled)
         return cid, self.store.get_or_compute(cid.encode(), lambda: self._compute(tensor, cid, cancelled))

@@ -21,6 +21,7 @@ import pyarrow.flight as flight
 from biopb.tensor import descriptor_pb2, ticket_pb2
 
 from tensor_server.catalog.catalog import Catalog, sources_schema
+from tensor_server.core.chunk_id import ChunkId
 from tensor_server.core.engine import ReadEngine
 from tensor_server.core.plan import plan_read
 from tensor_server.core.pyramid import PyramidPolicy
@@ -52,6 +53,8 @@ class ServerConfig:
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
     write_dir: str | None = None
+    #: output bytes the precacher may queue after each client read (0 = off; needs the cache)
+    precache_bytes: int = 64 << 20
 
 
 def _peer_is_loopback(peer: str | bytes) -> bool:
@@ -94,17 +97,24 @@ class TensorFlightServer(flight.FlightServerBase):
         self.catalog = catalog
         self.cache_manager = cache_manager
         #: the one read path: every chunk this server sends comes from here
-        self.engine = ReadEngine(
-            cache_manager,
-            tensors=self._tensor_for_chunk,
-            source_scaled_reads=self.config.source_scaled_reads,
-        )
+        self.engine = ReadEngine(cache_manager, source_scaled_reads=self.config.source_scaled_reads)
+        #: warms what a viewer asks next (needs the cache to keep what it warms)
+        self.precacher = None
+        if cache_manager is not None and self.config.precache_bytes > 0:
+            from tensor_server.cache.precache import Precacher
+
+            self.precacher = Precacher(self.engine, policy=self.config.pyramid, budget_bytes=self.config.precache_bytes)
         self.started_at = time.time()
         #: handler call counts (DoGet, GetFlightInfo, actions by name): cheap and useful
         #: for stats and for tests that prove a fast path bypassed DoGet
         self.calls: Counter[str] = Counter()
         location = f"grpc://{self.config.host}:{self.config.port}"
         super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.precacher is not None:
+            self.precacher.close()
 
     # ---- helpers ----------------------------------------------------------------------------
     def _auth(self, context: flight.ServerCallContext) -> None:
@@ -196,8 +206,14 @@ class TensorFlightServer(flight.FlightServerBase):
 
     def _chunk_data(self, raw: bytes, context=None):  # noqa: ANN001, ANN202
         """(chunk id, read-only pixels) through the engine; work stops if the client goes."""
+        tensor = self._tensor_for_chunk(ChunkId.decode(raw).array_id)
         cancelled = context.is_cancelled if context is not None else None
-        return self.engine.chunk(raw, cancelled=cancelled)
+        if self.precacher is None:
+            return self.engine.chunk(raw, tensor, cancelled=cancelled)
+        with self.precacher.client_read():
+            cid, data = self.engine.chunk(raw, tensor, cancelled=cancelled)
+        self.precacher.after_read(tensor, cid)
+        return cid, data
 
     def _chunk_stream(self, raw: bytes, context=None) -> flight.RecordBatchStream:  # noqa: ANN001
         _, data = self._chunk_data(raw, context)
@@ -223,7 +239,10 @@ class TensorFlightServer(flight.FlightServerBase):
         if kind == "cache_stats":
             if self.cache_manager is None:
                 return iter([])  # no result means "no cache" to the SDK
-            return iter([flight.Result(json.dumps(self.cache_manager.cache_stats()).encode())])
+            stats = self.cache_manager.cache_stats()
+            if self.precacher is not None:
+                stats["precache"] = dict(self.precacher.stats)
+            return iter([flight.Result(json.dumps(stats).encode())])
         raise flight.FlightServerError(f"Unknown action: {kind}")
 
     def _locate(self, context, body: bytes) -> dict[str, Any]:  # noqa: ANN001
