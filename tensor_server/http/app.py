@@ -117,7 +117,7 @@ def build_app(
             presented = header[len("Bearer "):]
         return presented is not None and hmac.compare_digest(presented.encode(), token.encode())
 
-    def respond(request: Request, body: bytes, media_type: str, etag: str) -> Response:
+    def respond(request: Request, body: bytes | memoryview, media_type: str, etag: str) -> Response:
         headers = {"ETag": etag, "Cache-Control": "no-cache", "Accept-Ranges": "bytes"}
         if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
             calls["not_modified"] += 1
@@ -179,7 +179,7 @@ def build_app(
             on_chunk(image.tensor, cid)
         return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
 
-    def _chunk_bytes(image: ZarrImage, level: ZarrLevel, cid: Any) -> bytes:
+    def _chunk_bytes(image: ZarrImage, level: ZarrLevel, cid: Any) -> memoryview:
         _, data = engine.chunk(cid, image.tensor)
         return image.encode_chunk(level, data)
 

@@ -128,13 +128,15 @@ class ZarrImage:
             stop = tuple(min(a + v, n) for a, v, n in zip(start, virtual, t.shape))
         return ChunkId.for_extent(t.array_id, Bounds(start, stop), level.scale, level.method, t.content_version)
 
-    def encode_chunk(self, level: ZarrLevel, data: np.ndarray) -> bytes:
-        """Raw little-endian C-order bytes of a whole chunk (edge chunks padded with 0)."""
+    def encode_chunk(self, level: ZarrLevel, data: np.ndarray) -> memoryview:
+        """Raw little-endian C-order bytes of a whole chunk (edge chunks padded with 0), as a
+        view of the chunk where no padding or byte swap is needed (no 8 MiB copy)."""
         if tuple(data.shape) != level.chunks:
             padded = np.zeros(level.chunks, dtype=data.dtype)
             padded[tuple(slice(0, n) for n in data.shape)] = data
             data = padded
-        return np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")).tobytes()
+        little = data.dtype.newbyteorder("<") if data.dtype.byteorder not in ("|", "<") else data.dtype
+        return memoryview(np.ascontiguousarray(data, dtype=little)).cast("B")
 
     # ---- metadata ------------------------------------------------------------------------------
     def _axes(self) -> list[dict[str, Any]]:

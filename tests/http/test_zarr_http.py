@@ -126,18 +126,24 @@ def test_http_semantics(served, http_catalog):
 
 
 def test_http_chunks_are_the_engines_chunks(served, http_catalog):
-    """A zarr chunk is the planned chunk: served through the cache the Flight server uses."""
+    """A zarr chunk is the planned chunk: the same chunk id, stored in the cache the Flight
+    server uses, the same pixels the SDK gets for that level."""
     from biopb.tensor import TensorFlightClient
 
     srv, http = served
     array_id = ids(http_catalog)["plane"]
-    before = srv.cache_manager.stats["misses"]
-    httpx.get(f"{http.url}/zarr/{array_id}/1/1.1")
-    misses = srv.cache_manager.stats["misses"]
-    assert misses == before + 1
-    level = TensorFlightClient(srv.location).get_array(array_id, scale_hint=[2, 2], reduction_method="area")
     tensor, _ = http_catalog.find_tensor(array_id)
-    np.testing.assert_array_equal(level, srv.engine.read(tensor, None, (2, 2), "area"))
+    view = ZarrImage(tensor, name=array_id, policy=POLICY)
+    level = view.levels[1]
+    body = httpx.get(f"{http.url}/zarr/{array_id}/1/1.1").content
+    key = view.chunk_id(level, (1, 1)).encode()
+    assert srv.cache_manager.contains_all([key])
+    entry = srv.cache_manager.get(key)
+    got = np.frombuffer(body, np.uint16).reshape(level.chunks)[: entry.shape[0], : entry.shape[1]]
+    np.testing.assert_array_equal(got, entry)
+    sdk_level = TensorFlightClient(srv.location).get_array(array_id, scale_hint=list(level.scale), reduction_method="area")
+    c0, c1 = level.chunks
+    np.testing.assert_array_equal(sdk_level[c0: 2 * c0, c1: 2 * c1], entry)
 
 
 def test_token_is_required_when_configured(http_catalog, tmp_path):
