@@ -153,6 +153,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         rescan_seconds=settings.rescan_seconds, cache_dir=settings.cache_dir,
         cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
         write_dir=settings.write_dir, precache_bytes=settings.precache_bytes,
+        max_computes=settings.max_computes or 2 * (os.cpu_count() or 1),
+        admission_timeout=settings.admission_timeout,
     )
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT

@@ -27,6 +27,10 @@ Example (every key optional)::
 
     [cache]
     precache_bytes = 67108864   # warmed after each client read (neighbours, next levels); 0 = off
+
+    [read]
+    max_computes = 0            # chunk computations at once (0 = the machine's cores x 2)
+    admission_timeout = 30.0    # seconds a computation may wait for a slot, then UNAVAILABLE
 """
 from __future__ import annotations
 
@@ -61,6 +65,8 @@ class Settings:
     log_level: str = "warning"
     http_port: int | None = None
     precache_bytes: int = 64 << 20
+    max_computes: int = 0
+    admission_timeout: float = 30.0
 
 
 # TOML key path -> Settings attribute
@@ -79,6 +85,8 @@ _KEYS = {
     ("log", "level"): "log_level",
     ("http", "port"): "http_port",
     ("cache", "precache_bytes"): "precache_bytes",
+    ("read", "max_computes"): "max_computes",
+    ("read", "admission_timeout"): "admission_timeout",
 }
 
 

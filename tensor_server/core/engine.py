@@ -29,6 +29,7 @@ arguments.
 """
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -45,7 +46,7 @@ from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId,
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
-__all__ = ["ReadEngine", "ReadCancelled", "default_engine"]
+__all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "default_engine"]
 
 #: ``cancelled()`` is polled before each unit is fetched; True stops the read.
 Cancelled = Callable[[], bool]
@@ -55,12 +56,19 @@ class ReadCancelled(TensorServerError):
     """The client that asked for this read has gone; the work was stopped."""
 
 
+class Overloaded(TensorServerError):
+    """More chunk computations were waiting than the engine admits in time: retry later."""
+
+
 class ReadEngine:
     """Serve pixels of tensors (see the module docstring).
 
     ``store``: a ChunkStore (the chunk cache) or None. ``workers``: decode-ahead threads of a streamed reduction (None = the machine's
     cores). ``source_scaled_reads``: assemble scaled extents from cached full-resolution
-    chunks when all are cached.
+    chunks when all are cached. ``max_computes``: chunk computations (cache misses) that run
+    at once; more wait up to ``admission_timeout`` seconds, then get ``Overloaded`` (the
+    server's UNAVAILABLE, retryable), so a cluster fanning out over a tensor cannot starve
+    other clients. Cache hits are never queued. None = unbounded.
     """
 
     def __init__(
@@ -69,8 +77,13 @@ class ReadEngine:
         *,
         workers: int | None = None,
         source_scaled_reads: bool = True,
+        max_computes: int | None = None,
+        admission_timeout: float = 30.0,
     ) -> None:
         self.store = store
+        self.max_computes = max_computes
+        self.admission_timeout = admission_timeout
+        self._admission = threading.BoundedSemaphore(max_computes) if max_computes else None
         self.workers = workers
         self.source_scaled_reads = source_scaled_reads
 
@@ -108,8 +121,8 @@ class ReadEngine:
         names (the caller looks it up by ``ChunkId.decode(raw).array_id``)."""
         cid = self.check_chunk_id(tensor, chunk_id)
         if self.store is None:
-            return cid, self._compute(tensor, cid, cancelled)
-        return cid, self.store.get_or_compute(cid.encode(), lambda: self._compute(tensor, cid, cancelled))
+            return cid, self._admitted(tensor, cid, cancelled)
+        return cid, self.store.get_or_compute(cid.encode(), lambda: self._admitted(tensor, cid, cancelled))
 
     def check_chunk_id(self, tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:
         """Decode and validate a chunk id of ``tensor``: foreign, stale, out-of-range and
@@ -142,6 +155,20 @@ class ReadEngine:
         return cid
 
     # ---- paths ---------------------------------------------------------------------------------
+    def _admitted(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
+        """``_compute`` within the admission bound (see the class docstring)."""
+        if self._admission is None:
+            return self._compute(tensor, cid, cancelled)
+        if not self._admission.acquire(timeout=self.admission_timeout):
+            raise Overloaded(
+                f"{self.max_computes} chunk computations are running and more are waiting; "
+                f"retry (waited {self.admission_timeout:g} s)"
+            )
+        try:
+            return self._compute(tensor, cid, cancelled)
+        finally:
+            self._admission.release()
+
     def _compute(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
         """A validated chunk's pixels, computed (never looked up as a whole entry)."""
         if cid.method == UNSCALED:

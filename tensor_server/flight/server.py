@@ -55,6 +55,9 @@ class ServerConfig:
     write_dir: str | None = None
     #: output bytes the precacher may queue after each client read (0 = off; needs the cache)
     precache_bytes: int = 64 << 20
+    #: chunk computations (cache misses) at once; more wait, then get UNAVAILABLE (0 = no bound)
+    max_computes: int = 0
+    admission_timeout: float = 30.0
 
 
 def _peer_is_loopback(peer: str | bytes) -> bool:
@@ -97,7 +100,12 @@ class TensorFlightServer(flight.FlightServerBase):
         self.catalog = catalog
         self.cache_manager = cache_manager
         #: the one read path: every chunk this server sends comes from here
-        self.engine = ReadEngine(cache_manager, source_scaled_reads=self.config.source_scaled_reads)
+        self.engine = ReadEngine(
+            cache_manager,
+            source_scaled_reads=self.config.source_scaled_reads,
+            max_computes=self.config.max_computes or None,
+            admission_timeout=self.config.admission_timeout,
+        )
         #: warms what a viewer asks next (needs the cache to keep what it warms)
         self.precacher = None
         if cache_manager is not None and self.config.precache_bytes > 0:
@@ -108,6 +116,9 @@ class TensorFlightServer(flight.FlightServerBase):
         #: handler call counts (DoGet, GetFlightInfo, actions by name): cheap and useful
         #: for stats and for tests that prove a fast path bypassed DoGet
         self.calls: Counter[str] = Counter()
+        #: chunk reads (DoGet and chunk_locate) by client address: shows how a cluster's
+        #: workers spread their reads (the ``server_stats`` action)
+        self.chunk_reads_by_peer: Counter[str] = Counter()
         location = f"grpc://{self.config.host}:{self.config.port}"
         super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
 
@@ -207,6 +218,8 @@ class TensorFlightServer(flight.FlightServerBase):
     def _chunk_data(self, raw: bytes, context=None):  # noqa: ANN001, ANN202
         """(chunk id, read-only pixels) through the engine; work stops if the client goes."""
         tensor = self._tensor_for_chunk(ChunkId.decode(raw).array_id)
+        if context is not None:
+            self.chunk_reads_by_peer[str(context.peer())] += 1
         cancelled = context.is_cancelled if context is not None else None
         if self.precacher is None:
             return self.engine.chunk(raw, tensor, cancelled=cancelled)
@@ -222,7 +235,8 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
-        actions = [("health", "server status and protocol version (JSON)")]
+        actions = [("health", "server status and protocol version (JSON)"),
+                   ("server_stats", "call counts and chunk reads by client address (JSON)")]
         if self.cache_manager is not None:
             actions += [("chunk_locate", "segment file and offset of a cached chunk (loopback only)"),
                         ("cache_stats", "chunk cache statistics (JSON)")]
@@ -236,6 +250,9 @@ class TensorFlightServer(flight.FlightServerBase):
         self._auth(context)
         if kind == "chunk_locate" and self.cache_manager is not None:
             return iter([flight.Result(json.dumps(self._locate(context, action.body.to_pybytes())).encode())])
+        if kind == "server_stats":
+            stats = {"calls": dict(self.calls), "chunk_reads_by_peer": dict(self.chunk_reads_by_peer)}
+            return iter([flight.Result(json.dumps(stats).encode())])
         if kind == "cache_stats":
             if self.cache_manager is None:
                 return iter([])  # no result means "no cache" to the SDK

@@ -64,11 +64,13 @@ def bounded_message(msg: str) -> str:
 def flight_error(exc: BaseException) -> flight.FlightError:
     """Map a package error to the Flight error class and extra_info the SDK interprets (§12)."""
     from tensor_server.catalog.catalog import SourceUnresolved
-    from tensor_server.core.engine import ReadCancelled
+    from tensor_server.core.engine import Overloaded, ReadCancelled
 
     msg = bounded_message(str(exc))
     if isinstance(exc, ReadCancelled):
         return flight.FlightCancelledError(msg, extra_info=_error_info("CANCELLED", "cancelled"))
+    if isinstance(exc, Overloaded):
+        return flight.FlightUnavailableError(msg, extra_info=_error_info("UNAVAILABLE", "overloaded"))
     if isinstance(exc, SourceUnresolved):
         return flight.FlightServerError(msg, extra_info=_error_info("NOT_FOUND", "unreadable_source"))
     if isinstance(exc, TensorNotFound):
