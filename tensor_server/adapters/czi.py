@@ -61,6 +61,7 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.methods import normalize_method
 from tensor_server.core.stream_reduce import scaled_output_shape
+from tensor_server.core.units import MICROMETER
 from tensor_server.errors import TensorServerError, UnreadableSource
 
 __all__ = ["CziAdapter", "CziSource", "CZI_MAGIC", "sniff_czi", "write_benchmark_czi"]
@@ -218,7 +219,7 @@ class CziAdapter(TensorAdapter):
             dim_labels=labels,
             native_chunk_shape=None,
             physical_scale=scales,
-            physical_unit=[None if s is None else "µm" for s in scales],
+            physical_unit=[None if s is None else MICROMETER for s in scales],
             content_version=file_content_version(file.path),
             metadata=metadata,
         )

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["RoiStore", "UnseenRois", "RESERVED_SET_PREFIX", "MAX_ROIS_PER_TENSOR"]
+__all__ = ["RoiStore", "RoiStoreBusy", "UnseenRois", "RESERVED_SET_PREFIX", "MAX_ROIS_PER_TENSOR"]
 
 RESERVED_SET_PREFIX = "@"
 #: An annotation store, not a segmentation store: past this a label tensor is the tool.
@@ -62,6 +62,10 @@ _READ_COLUMNS = ("roi_id, array_id, set_name, label, plane, geometry, props_json
                  "drawn_against_version, rev, created_at, updated_at")
 #: one predicate for the prune report and the prune itself, so what is shown is what goes
 _UNSEEN = "COALESCE(last_seen_at, created_at) < ? AND NOT starts_with(set_name, ?)"
+
+
+class RoiStoreBusy(InvalidArgument):
+    """Another process holds the annotation file (DuckDB allows one writer process)."""
 
 
 @dataclass(frozen=True)
@@ -187,9 +191,15 @@ class RoiStore:
                         con = duckdb.connect(self.path or ":memory:")
                         con.execute(_SCHEMA)
                     except duckdb.Error as exc:
-                        raise InvalidArgument(f"annotation store {self.path}: cannot open: {exc}") from None
+                        kind = RoiStoreBusy if "lock" in str(exc).lower() else InvalidArgument
+                        raise kind(f"annotation store {self.path}: cannot open: {exc}") from None
                     self._con = con
         return self._con
+
+    def open(self) -> None:
+        """Open the file now (a server does at start, so a busy or unreadable file is a
+        startup error, not a failure of the first annotation call)."""
+        self._connection()
 
     def _cursor(self) -> Any:
         con = self._connection()

@@ -89,3 +89,39 @@ def test_a_stop_past_the_end_is_clamped_not_refused(client):
     arr = (np.arange(35, dtype=np.uint16) * 3 + 1).reshape(5, 7)
     got = np.asarray(client.get_array("demo", slice_hint=(slice(3, 50), slice(0, 7))))
     np.testing.assert_array_equal(got, arr[3:50, 0:7])
+
+
+def test_units_through_the_sdk(tmp_path):
+    """A unit the data carries passes through (OME-Zarr axis units, an in-memory tensor's);
+    units derived from format metadata use the reference's spelling (µm)."""
+    import tifffile
+
+    from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+    from tensor_server.catalog import Catalog
+    from tensor_server.demo import _write_ome_zarr
+    from tests.flight.conftest import client_for, running_server
+
+    img = np.zeros((2, 64, 64), np.uint16)
+    _write_ome_zarr(tmp_path / "cells.ome.zarr", img, np.zeros((64, 64), np.uint32))  # axes say "micrometer"
+    tifffile.imwrite(tmp_path / "ij.tif", np.zeros((3, 32, 32), np.uint8), imagej=True, resolution=(2.0, 2.0),
+                     metadata={"axes": "ZYX", "unit": "micron", "spacing": 1.5})
+    tifffile.imwrite(tmp_path / "x.ome.tif", np.zeros((32, 32), np.uint8),
+                     metadata={"axes": "YX", "PhysicalSizeX": 0.25, "PhysicalSizeY": 0.25,
+                               "PhysicalSizeXUnit": "um", "PhysicalSizeYUnit": "um"})
+    cat = Catalog([tmp_path])
+    cat.scan()
+    cat.add_source(MemorySource(ArrayAdapter(np.zeros((4, 4), np.uint8), "yx", physical_scale=(1.0, 1.0),
+                                             physical_unit=("furlong", "micrometer")), source_id="mem"))
+    with running_server(cat) as srv:
+        client = client_for(srv)
+
+        def units(name):
+            rows = client.query(f"SELECT unnest(tensors).array_id AS a FROM sources WHERE source_url LIKE '%{name}' ORDER BY a",
+                                format="records")
+            return client.get_physical_scale(rows[0]["a"])[1]
+
+        assert units("cells.ome.zarr") == ["", "micrometer", "micrometer"]
+        assert units("ij.tif") == ["µm", "µm", "µm"]
+        assert units("x.ome.tif") == ["µm", "µm"]
+        assert client.get_physical_scale("mem")[1] == ["furlong", "micrometer"]
+    cat.close()
