@@ -115,13 +115,18 @@ def _settings(args: argparse.Namespace):
 
 
 def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str) -> str:
+    """What ``run`` prints: list the array ids, read a scaled level, show the pyramid readably.
+    The id printed is this machine's (ids hash the path); the query is what finds them anywhere."""
     tok = f", token={token!r}" if token else ""
     return (
         "from biopb.tensor import TensorFlightClient\n"
         f"client = TensorFlightClient({location!r}{tok})\n"
-        "print(client.query(\"SELECT source_id, source_type FROM sources\"))\n"
+        "rows = client.query(\"SELECT unnest(tensors).array_id AS array_id FROM sources ORDER BY 1\", format=\"records\")\n"
+        "print([r[\"array_id\"] for r in rows])\n"
         f"level = client.get_array({array_id!r}, scale_hint={scale}, reduction_method={method!r})\n"
-        "print(level.shape, level.dtype)"
+        "print(level.shape, level.dtype)\n"
+        f"for lv in client.get_descriptor({array_id!r}, with_pyramid=True).pyramid:\n"
+        "    print(list(lv.scale_hint), lv.reduction_method, list(lv.shape))"
     )
 
 
@@ -237,7 +242,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 t, lv = pick
                 print("\nRead a scaled level with the biopb SDK (pip install 'biopb[tensor]'):\n", file=sys.stderr)
                 print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method), file=sys.stderr)
-                print("\nor list what is served: python -m tensor_server list " + " ".join(settings.roots), file=sys.stderr)
+                print(f"\nor list what is served: {sys.executable} -m tensor_server list " + " ".join(settings.roots),
+                      file=sys.stderr)
                 print("Ctrl-C stops the server.", file=sys.stderr)
 
     threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
