@@ -24,17 +24,22 @@ from tests.flight.conftest import client_for, running_server
 
 @pytest.fixture
 def browser(monkeypatch):
+    def gui_modules():
+        return {m for m in sys.modules if m.split(".")[0] in ("qtpy", "PyQt5", "PyQt6", "PySide2", "PySide6", "napari")}
+
+    before = gui_modules()  # a napari install's pytest plugin may have loaded some already
     pkg = pytest.importorskip("biopb_napari_widget")
     stub = types.ModuleType("biopb_napari_widget.tensor_browser")
     stub.__path__ = [str(Path(pkg.__file__).parent / "tensor_browser")]
     monkeypatch.setitem(sys.modules, "biopb_napari_widget.tensor_browser", stub)
-    monkeypatch.delitem(sys.modules, "biopb_napari_widget.tensor_browser._sources", raising=False)
+    for name in ("tensor_browser._sources", "_tensor_utils", "_rois", "_catalog", "_labels"):
+        monkeypatch.delitem(sys.modules, f"biopb_napari_widget.{name}", raising=False)
     mods = types.SimpleNamespace(
         sources=importlib.import_module("biopb_napari_widget.tensor_browser._sources"),
         tensor_utils=importlib.import_module("biopb_napari_widget._tensor_utils"),
         rois=importlib.import_module("biopb_napari_widget._rois"),
     )
-    assert not any(m.split(".")[0] in ("qtpy", "PyQt5", "PyQt6", "PySide2", "PySide6", "napari") for m in sys.modules)
+    assert gui_modules() == before  # the data layer pulled in no Qt and no napari
     return mods
 
 
