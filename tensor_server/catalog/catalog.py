@@ -85,10 +85,18 @@ class Catalog:
         self._db_lock = threading.Lock()
         self._db: Any = None
         self._dirty = True
+        #: bumped whenever a row is written or removed: a client holding what it read under
+        #: one value knows it is current while the value stays (health ``catalog_generation``)
+        self.generation = 0
         self.first_scan_done = threading.Event()
         self.scan_in_progress = False
         self.last_scan_finished_at: float | None = None
         self._rescan_stop = threading.Event()
+
+    def _changed(self) -> None:
+        """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
+        self._dirty = True
+        self.generation += 1
 
     # ---- contents ----------------------------------------------------------------------------
     def add_source(self, source: SourceAdapter) -> SourceRecord:
@@ -98,7 +106,7 @@ class Catalog:
         with self._lock:
             old = self._records.get(source.source_id)
             self._records[source.source_id] = rec
-            self._dirty = True
+            self._changed()
         if old is not None and old.source is not None and old.source is not source:
             old.source.close()
         return rec
@@ -108,7 +116,7 @@ class Catalog:
         with self._lock:
             old = self._records.get(rec.source_id)
             self._records[rec.source_id] = rec
-            self._dirty = True
+            self._changed()
         if old is not None and old.source is not None and old.source is not rec.source:
             old.source.close()
 
@@ -116,7 +124,8 @@ class Catalog:
         """Drop these records (closing their sources); return the ids that were present."""
         with self._lock:
             removed = [self._records.pop(sid) for sid in source_ids if sid in self._records]
-            self._dirty = True
+            if removed:
+                self._changed()
         for r in removed:
             if r.source is not None:
                 r.source.close()
@@ -200,7 +209,7 @@ class Catalog:
                     seen.add(sid)
                     with self._lock:
                         self._records[sid] = rec
-                        self._dirty = True
+                        self._changed()
                     if old is not None and old.source is not None:
                         old.source.close()
                     added += old is None
@@ -212,7 +221,8 @@ class Catalog:
                         and any(_under(r.path, root) for root in self.roots)}
                 gone |= self._shadowed_members()
                 removed = [self._records.pop(sid) for sid in gone]
-                self._dirty = True
+                if removed:
+                    self._changed()
             for r in removed:
                 if r.source is not None:
                     r.source.close()

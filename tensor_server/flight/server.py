@@ -281,4 +281,7 @@ class TensorFlightServer(flight.FlightServerBase):
             "full_scan_in_progress": cat.scan_in_progress,
             "last_full_scan_finished_at": cat.last_scan_finished_at,
             "ticket_stubs": False,
+            "registration_pending": 0,  # sources are opened during the scan, never left pending
+            "annotations_persisted": cat.rois.path is not None,
+            "catalog_generation": cat.generation,
         }

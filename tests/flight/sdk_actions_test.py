@@ -235,3 +235,16 @@ def test_upload_puts_are_refused_clearly(served):
     writer, _ = fc.do_put(desc, pa.schema([("a", pa.int8())]))
     with pytest.raises(flight.FlightServerError, match="chunk_ticket is not supported"):
         writer.close()
+
+
+def test_health_reports_catalog_generation_and_annotation_persistence(served, tree):
+    srv, client = served
+    h0 = client.health_check()
+    assert h0["annotations_persisted"] is True and h0["registration_pending"] == 0
+    sid = _sid(client, "bad.tif")
+    client.resolve_source(sid)  # still unreadable: the row is rewritten all the same
+    h1 = client.health_check()
+    assert h1["catalog_generation"] > h0["catalog_generation"]
+    assert client.health_check()["catalog_generation"] == h1["catalog_generation"]  # stable when idle
+    srv.catalog.scan()  # nothing changed on disk
+    assert client.health_check()["catalog_generation"] == h1["catalog_generation"]
