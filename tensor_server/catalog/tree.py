@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 from urllib.parse import unquote
 
-__all__ = ["tree_parts", "children", "DEFAULT_LIMIT", "MAX_LIMIT"]
+__all__ = ["tree_parts", "CatalogTree", "DEFAULT_LIMIT", "MAX_LIMIT"]
 
 DEFAULT_LIMIT = 2000
 MAX_LIMIT = 100_000
@@ -23,7 +23,8 @@ MAX_LIMIT = 100_000
 def tree_parts(url: str) -> list[str]:
     """The path segments of ``url`` in the tree (empty when the url has no path)."""
     if url.startswith("file://"):
-        body = unquote(url[len("file://"):])
+        body = url[len("file://"):]
+        body = unquote(body) if "%" in body else body
     elif url.startswith("dnd://"):
         body = url[len("dnd://"):].replace("\\", "/")
     else:
@@ -31,44 +32,46 @@ def tree_parts(url: str) -> list[str]:
     return [s for s in body.split("/") if s]
 
 
-def _common_prefix(rests: list[tuple[str, ...]]) -> tuple[str, ...]:
-    lo, hi = min(rests), max(rests)  # the common prefix of a set is that of its min and max
-    out = []
-    for a, b in zip(lo, hi):
-        if a != b:
-            break
-        out.append(a)
-    return tuple(out)
+class CatalogTree:
+    """The folder index of one catalog generation: built once in O(sources × depth), then
+    each level answers in time proportional to what it lists, not to the catalog."""
 
+    def __init__(self, rows: Iterable[tuple[str, str, bool]]) -> None:
+        #: folder (tuple of names) -> its child folder names, and the (name, source_id) in it
+        self._folders: dict[tuple[str, ...], set[str]] = {(): set()}
+        self._sources: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        for source_id, url, listed in rows:
+            if not listed:
+                continue
+            parts = tree_parts(url)
+            folder, name = (tuple(parts[:-1]), parts[-1]) if parts else ((), source_id)
+            if folder not in self._folders:  # a known folder's ancestors are known too
+                for depth in range(len(folder)):
+                    self._folders.setdefault(folder[:depth], set()).add(folder[depth])
+                self._folders[folder] = set()
+            self._sources.setdefault(folder, []).append((name, source_id))
 
-def children(rows: Iterable[tuple[str, str, bool]], key: str, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
-    """``{key, folders: [{name, key}], sources: [{name, source_id}], truncated}`` for the
-    folder ``key`` ("" is the top), from ``(source_id, url, listed)`` rows."""
-    limit = min(limit, MAX_LIMIT)
-    here = tuple(p for p in key.split("/") if p)
-    direct: list[tuple[str, str]] = []
-    groups: dict[str, list[tuple[str, ...]]] = {}
-    for source_id, url, listed in rows:
-        if not listed:
-            continue
-        parts = tree_parts(url)
-        folder, name = (tuple(parts[:-1]), parts[-1]) if parts else ((), source_id)
-        if folder[: len(here)] != here:
-            continue
-        rest = folder[len(here):]
-        if rest:
-            groups.setdefault(rest[0], []).append(rest)
-        else:
-            direct.append((name, source_id))
-    folders = []
-    for first in groups:
-        name = "/".join(_common_prefix(groups[first]))
-        folders.append({"name": name, "key": f"{key.strip('/')}/{name}" if here else name})
-    folders.sort(key=lambda f: f["name"].encode("utf-8"))
-    truncated = len(folders) > limit
-    folders = folders[:limit]
-    direct.sort(key=lambda s: (s[0].encode("utf-8"), s[1]))
-    budget = limit - len(folders)
-    truncated = truncated or len(direct) > budget
-    sources = [{"name": n, "source_id": sid} for n, sid in direct[:max(budget, 0)]]
-    return {"key": key, "folders": folders, "sources": sources, "truncated": truncated}
+    def _chain(self, folder: tuple[str, ...]) -> tuple[str, ...]:
+        """``folder`` extended down its single-child folders, ending where a source sits or
+        the chain forks."""
+        while not self._sources.get(folder) and len(self._folders.get(folder, ())) == 1:
+            folder = folder + (next(iter(self._folders[folder])),)
+        return folder
+
+    def children(self, key: str, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
+        """``{key, folders: [{name, key}], sources: [{name, source_id}], truncated}`` for the
+        folder ``key`` ("" is the top); an unknown key is an empty level."""
+        limit = min(limit, MAX_LIMIT)
+        here = tuple(p for p in key.split("/") if p)
+        folders = []
+        for first in self._folders.get(here, ()):
+            name = "/".join(self._chain(here + (first,))[len(here):])
+            folders.append({"name": name, "key": "/".join(here) + "/" + name if here else name})
+        folders.sort(key=lambda f: f["name"].encode("utf-8"))
+        truncated = len(folders) > limit
+        folders = folders[:limit]
+        direct = sorted(self._sources.get(here, ()), key=lambda s: (s[0].encode("utf-8"), s[1]))
+        budget = limit - len(folders)
+        truncated = truncated or len(direct) > budget
+        sources = [{"name": n, "source_id": sid} for n, sid in direct[:max(budget, 0)]]
+        return {"key": key, "folders": folders, "sources": sources, "truncated": truncated}

@@ -22,7 +22,7 @@ import pyarrow.flight as flight
 from tensor_server.catalog.catalog import Catalog, SourceRecord
 from tensor_server.catalog.dropped import DroppedPaths
 from tensor_server.catalog.rois import is_reserved_set
-from tensor_server.catalog.tree import DEFAULT_LIMIT, children
+from tensor_server.catalog.tree import DEFAULT_LIMIT, CatalogTree
 from tensor_server.errors import InvalidArgument, TensorServerError
 from tensor_server.flight.wire import flight_error
 
@@ -47,6 +47,7 @@ class CatalogActions:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self.dropped = DroppedPaths(catalog)
+        self._tree: tuple[int, CatalogTree] | None = None  # (catalog generation, its index)
 
     def handles(self, kind: str) -> bool:
         return any(kind == name for name, _ in ACTION_DESCRIPTIONS)
@@ -122,8 +123,17 @@ class CatalogActions:
         key, limit = req.get("key", ""), req.get("limit", DEFAULT_LIMIT)
         if not isinstance(key, str) or isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument("catalog_children takes a string key and a positive integer limit")
-        rows = [(r.source_id, r.url, r.source is None or bool(r.source.tensors)) for r in self.catalog.records()]
-        return json.dumps(children(rows, key, limit), ensure_ascii=False, separators=(",", ":")).encode()
+        return json.dumps(self._catalog_tree().children(key, limit), ensure_ascii=False,
+                          separators=(",", ":")).encode()
+
+    def _catalog_tree(self) -> CatalogTree:
+        """The folder index, rebuilt only when the catalog's rows changed."""
+        cached = self._tree
+        generation = self.catalog.generation
+        if cached is None or cached[0] != generation:
+            rows = [(r.source_id, r.url, r.source is None or bool(r.source.tensors)) for r in self.catalog.records()]
+            cached = self._tree = (generation, CatalogTree(rows))
+        return cached[1]
 
     # ---- ROI annotations -------------------------------------------------------------------
     def _roi_array_id(self, array_id: str, *, strict: bool) -> str:
