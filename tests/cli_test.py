@@ -31,6 +31,9 @@ def test_config_file_then_flags(tmp_path):
     cfg.write_text('roots = ["/data"]\nport = 9000\n[cache]\nmax_bytes = 1024\n[pyramid]\nplane_budget_px = 65536\n')
     s = load_settings(cfg, port=9100, roots=[])
     assert s.roots == ["/data"] and s.port == 9100 and s.cache_max_bytes == 1024 and s.plane_budget_px == 65536
+    cfg.write_text('[annotations]\npath = "/data/rois.duckdb"\n')
+    assert load_settings(cfg).rois_path == "/data/rois.duckdb"
+    assert load_settings(cfg, rois_path="/elsewhere.duckdb").rois_path == "/elsewhere.duckdb"  # the flag wins
     cfg.write_text("[cache]\nsize = 3\n")
     with pytest.raises(InvalidArgument, match="unknown config keys"):
         load_settings(cfg)
