@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from tensor_server.catalog.catalog import Catalog, _stat_signature, _under
-from tensor_server.catalog.discovery import discover
+from tensor_server.adapters.registry import formats
+from tensor_server.catalog.discovery import Claim, discover
 from tensor_server.core.adapter_base import source_id_for_path
 from tensor_server.errors import InvalidArgument
 
@@ -54,10 +55,12 @@ class DroppedPaths:
             self._labels[label] = path
             return label
 
-    def add(self, raw_path: str, on_source: Callable[[int, str], None] | None = None) -> AddTally:
+    def add(self, raw_path: str, source_type: str = "", on_source: Callable[[int, str], None] | None = None
+            ) -> AddTally:
         """Register every source at or under ``raw_path``. Refuses (naming the path) a path
         that does not exist or that the server may not read; a file no format reads, or a
-        source that fails to open, is a ``failed`` entry with the reason."""
+        source that fails to open, is a ``failed`` entry with the reason. ``source_type``
+        (a format name) opens ``raw_path`` itself as that format instead of discovering."""
         if not raw_path:
             raise InvalidArgument("add_source: the path is empty")
         if "://" in raw_path and not raw_path.startswith("file://"):
@@ -70,13 +73,17 @@ class DroppedPaths:
         if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
             raise InvalidArgument(f"add_source: {path}: the server may not read it (permission denied)")
         path = path.resolve()
+        known = {e.name: e for e in formats()}
+        if source_type and source_type not in known:
+            raise InvalidArgument(f"add_source: unknown source_type {source_type!r}; known: {sorted(known)}")
+        claims = [Claim(path, known[source_type])] if source_type else discover(path)
         tally = AddTally()
         if any(_under(path, root) for root in self.catalog.roots):
             self._tally_served(path, tally)
             return tally
         label = self._label_for(path)
         seen: set[str] = set()
-        for claim in discover(path):
+        for claim in claims:
             sid = source_id_for_path(claim.path)
             seen.add(sid)
             rel = claim.path.resolve().relative_to(path).as_posix()

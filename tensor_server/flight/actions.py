@@ -89,16 +89,13 @@ class CatalogActions:
         from biopb.tensor.descriptor_pb2 import AddSourceProgress, AddSourceRequest, AddSourceResult, AddSourceStreamMessage
 
         req = AddSourceRequest.FromString(body)
-        if req.source_type:
-            raise InvalidArgument(f"add_source: source_type {req.source_type!r} is not supported; "
-                                  "formats are recognised from the files")
         progress: list[bytes] = []
 
         def on_source(count: int, path: str) -> None:
             msg = AddSourceStreamMessage(progress=AddSourceProgress(added_count=count, current_path=path))
             progress.append(msg.SerializeToString())
 
-        tally = self.dropped.add(req.url, on_source)
+        tally = self.dropped.add(req.url, req.source_type, on_source)
         result = AddSourceResult(added=tally.added, already_present=tally.already_present,
                                  refreshed=tally.refreshed, removed=tally.removed)
         for path, reason in tally.failed:

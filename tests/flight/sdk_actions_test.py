@@ -104,6 +104,26 @@ def test_add_source_refuses_what_the_server_cannot_read(served, tmp_path, tree):
     assert "no supported image format" in res.failed[0].reason
     with pytest.raises(flight.FlightServerError, match="dnd://"):
         client.deregister_local_path(tree.as_uri())  # served roots cannot be removed
+    with pytest.raises(flight.FlightServerError, match="unknown source_type 'bogus'"):
+        client.register_local_path(str(tree), source_type="bogus")
+
+
+def test_add_source_with_an_explicit_format(served, tmp_path):
+    import tifffile
+
+    _, client = served
+    ome = tmp_path / "x.ome.tif"
+    tifffile.imwrite(ome, np.arange(6, dtype=np.uint8).reshape(2, 3), metadata={"axes": "YX"})
+    auto = client.register_local_path(str(ome))
+    row = client.query(f"SELECT source_type FROM sources WHERE source_id = '{auto.added[0]}'", format="records")
+    assert row[0]["source_type"] == "ome-tiff"
+    forced = client.register_local_path(str(ome), source_type="tiff")  # opened by the TIFF adapter
+    assert list(forced.refreshed) == list(auto.added) and not forced.failed
+    np.testing.assert_array_equal(np.asarray(client.get_array(auto.added[0])), np.arange(6).reshape(2, 3))
+    bad = client.register_local_path(str(ome), source_type="nd2")  # the wrong reader: a failed entry
+    assert bad.failed[0].path == str(ome) and "nd2" in bad.failed[0].reason
+    again = client.register_local_path(str(ome))  # re-adding rebuilds it against the file
+    assert not again.failed and np.asarray(client.get_array(auto.added[0])).sum() == 15
 
 
 def test_add_source_needs_the_token(tree, tmp_path):
