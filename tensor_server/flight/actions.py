@@ -54,11 +54,13 @@ class CatalogActions:
 
     def do_action(self, kind: str, body: bytes) -> Iterator[flight.Result]:
         """Run action ``kind``; package errors leave as the Flight errors the SDK reads."""
+        from google.protobuf.message import DecodeError
+
         try:
             if kind == "resolve":
                 return _one(self._resolve(body.decode("utf-8", "replace")))
             if kind == "add_source":
-                return iter(list(self._add_source(body)))
+                return iter([flight.Result(m) for m in self._add_source(body)])
             if kind == "remove_source":
                 return _one(self._remove_source(body))
             if kind == "catalog_children":
@@ -67,6 +69,8 @@ class CatalogActions:
                 return _one(self._roi_prune(body))
         except flight.FlightError:
             raise
+        except DecodeError:
+            raise flight_error(InvalidArgument(f"{kind}: the request body is not the SDK's request message")) from None
         except Exception as exc:
             raise flight_error(exc) from None
         raise flight.FlightServerError(f"Unknown action: {kind}")

@@ -268,3 +268,17 @@ def test_health_reports_catalog_generation_and_annotation_persistence(served, tr
     assert client.health_check()["catalog_generation"] == h1["catalog_generation"]  # stable when idle
     srv.catalog.scan()  # nothing changed on disk
     assert client.health_check()["catalog_generation"] == h1["catalog_generation"]
+
+
+@pytest.mark.parametrize("kind, body, match", [
+    ("add_source", b"\xff\xff\xff", "not the SDK's request message"),
+    ("roi_prune", b"\x08", "not the SDK's request message"),
+    ("catalog_children", b"[1, 2]", "JSON object"),
+    ("catalog_children", b'{"key": "", "limit": 0}', "positive integer limit"),
+])
+def test_malformed_action_bodies_are_refused_by_name(served, kind, body, match):
+    srv, client = served
+    fc = flight.FlightClient(srv.location)
+    with pytest.raises(flight.FlightServerError, match=match):
+        list(fc.do_action(flight.Action(kind, body)))
+    assert client.health_check()["status"] == "SERVING"
