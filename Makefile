@@ -22,10 +22,15 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]'
+	# the Tensor Browser's Qt-free data layer, for tests/flight/sdk_tensor_browser_test.py;
+	# --no-deps: its other requirements are the Qt widget's (qtpy, magicgui, opencv)
+	$(PY) -m pip install --quiet --no-deps 'biopb-napari-widget>=0.2.1'
 	touch $(STAMP)
 
+# the demo dataset, chunk cache and annotations of `make run` live in .tensor-server/ here,
+# so `make clean` removes them
 run: $(STAMP)
-	$(PY) -m tensor_server run $(ROOT)
+	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server run $(ROOT)
 
 # The whole suite, then the kernel tests once more on the pure-Python path so the
 # oracle-equivalent interpreter path of every kernel stays correct (NUMBA_DISABLE_JIT=1).
@@ -70,4 +75,6 @@ perf-gate: $(STAMP)
 	! grep -qE "PERFORMANCE DECREASED|Traceback|failed" .asv/perf-gate.log
 
 clean:
-	rm -rf $(VENV) .asv build *.egg-info .pytest_cache
+	rm -rf $(VENV) .asv build *.egg-info .pytest_cache .tensor-server
+	@echo "servers started outside make keep their files in ~/.cache/tensor-server (demo data, chunk"
+	@echo "caches, bench data) and ~/.local/share/tensor-server (annotations); remove those by hand"

@@ -8,7 +8,7 @@ Example (every key optional)::
     token = "s3cret"            # required when host is not a loopback address
 
     [cache]
-    dir = "/var/cache/tensor-server"
+    dir = "/var/cache/tensor-server"  # default: <cache home>/chunks, or chunks-<port> if taken
     max_bytes = 4294967296      # file-tier budget
     source_scaled_reads = true  # build coarse levels from cached full-resolution chunks
 
@@ -18,6 +18,15 @@ Example (every key optional)::
 
     [catalog]
     rescan_seconds = 0          # periodic rescan of the roots; 0 = off
+
+    [annotations]               # ROI annotations (the ``rois`` table), kept across restarts
+    path = "/var/lib/tensor-server/annotations.duckdb"  # default: <data home>/annotations.duckdb
+
+Where a server keeps its files when none are given: the cache home is
+``$XDG_CACHE_HOME/tensor-server`` (``~/.cache/tensor-server``: the demo dataset and chunk
+caches), the data home ``$XDG_DATA_HOME/tensor-server`` (``~/.local/share/tensor-server``:
+annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run`` uses
+``.tensor-server`` in the repository, so ``make clean`` removes it).
 
     [log]
     level = "warning"
@@ -41,11 +50,22 @@ from typing import Any, Mapping
 
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["Settings", "load_settings", "default_cache_dir"]
+__all__ = ["Settings", "load_settings", "default_cache_dir", "default_data_dir"]
 
 
 def default_cache_dir() -> Path:
+    """Where regenerable files go (demo data, chunk caches)."""
+    if os.environ.get("TENSOR_SERVER_HOME"):
+        return Path(os.environ["TENSOR_SERVER_HOME"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tensor-server"
+
+
+def default_data_dir() -> Path:
+    """Where user data goes (annotations): not a cache, so not under the cache home."""
+    if os.environ.get("TENSOR_SERVER_HOME"):
+        return Path(os.environ["TENSOR_SERVER_HOME"])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "tensor-server"
 
 
@@ -59,6 +79,7 @@ class Settings:
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
     write_dir: str | None = None
+    rois_path: str | None = None
     plane_budget_px: int = 4 * 1024 * 1024
     volume_budget_voxels: int = 448**3
     rescan_seconds: float = 0.0
@@ -82,6 +103,7 @@ _KEYS = {
     ("pyramid", "plane_budget_px"): "plane_budget_px",
     ("pyramid", "volume_budget_voxels"): "volume_budget_voxels",
     ("catalog", "rescan_seconds"): "rescan_seconds",
+    ("annotations", "path"): "rois_path",
     ("log", "level"): "log_level",
     ("http", "port"): "http_port",
     ("cache", "precache_bytes"): "precache_bytes",

@@ -57,6 +57,7 @@ from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.stream_reduce import scaled_output_shape
+from tensor_server.core.units import MICROMETER
 from tensor_server.errors import TensorServerError, UnreadableSource
 
 __all__ = ["CziAdapter", "CziSource", "CZI_MAGIC", "sniff_czi", "write_benchmark_czi"]
@@ -216,7 +217,7 @@ class CziAdapter(TensorAdapter):
             dim_labels=labels,
             native_chunk_shape=None,
             physical_scale=scales,
-            physical_unit=[None if s is None else "µm" for s in scales],
+            physical_unit=[None if s is None else MICROMETER for s in scales],
             content_version=file_content_version(file.path),
             metadata=metadata,
         )

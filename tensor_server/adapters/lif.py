@@ -54,6 +54,7 @@ from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER, NANOMETER, SECOND
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["LifAdapter", "LifSource", "sniff_lif", "LIF_DIM_LABELS"]
@@ -203,11 +204,11 @@ def _physical(scale_n: dict[int, Any], dim: _Dim) -> tuple[float | None, str | N
     if not per_unit or per_unit <= 0:
         return None, None
     if dim.dim_id in _SPATIAL_DIMS:
-        return 1.0 / per_unit, "micrometer"
+        return 1.0 / per_unit, MICROMETER
     if dim.dim_id in _WAVELENGTH_DIMS:
-        return 1000.0 / per_unit, "nanometer"
+        return 1000.0 / per_unit, NANOMETER
     if dim.dim_id == _TIME_DIM:
-        return 1.0 / per_unit, "second"
+        return 1.0 / per_unit, SECOND
     return None, None
 
 

@@ -42,6 +42,7 @@ from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER, SECOND
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["Nd2Adapter", "Nd2Source", "sniff_nd2"]
@@ -248,10 +249,10 @@ def _describe(path: Path, f: Any, handle: LazyHandle[Any]) -> tuple[Nd2Adapter, 
     for a in axes:
         if a in spatial and calibrated.get(a, True) and spatial[a] and spatial[a] > 0:
             scale.append(float(spatial[a]))
-            unit.append("micrometer")
+            unit.append(MICROMETER)
         elif a == "T" and time_step is not None:
             scale.append(time_step)
-            unit.append("second")
+            unit.append(SECOND)
         else:
             scale.append(None)
             unit.append(None)

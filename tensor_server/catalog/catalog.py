@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog.discovery import discover
+from tensor_server.catalog.rois import RoiStore
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import source_id_for_path
 from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
@@ -50,6 +51,12 @@ class SourceRecord:
     def is_resolved(self) -> bool:
         return self.source is not None
 
+    def is_resident(self) -> bool:
+        """Whether the source's bytes are on this machine now: its files are all present
+        (a stat each; in-memory data always is)."""
+        paths = self.member_paths or ({Path(self.path)} if self.path is not None else set())
+        return all(p.exists() for p in paths)
+
 
 def _stat_signature(path: Path) -> tuple:
     """Cheap change detector: a file's (mtime_ns, size); a folder's own mtime plus its direct
@@ -65,19 +72,32 @@ def _stat_signature(path: Path) -> tuple:
 
 
 class Catalog:
-    """Sources under ``roots`` plus any added in memory; thread-safe."""
+    """Sources under ``roots`` plus any added in memory; thread-safe.
 
-    def __init__(self, roots: Sequence[str | os.PathLike[str]] = ()) -> None:
+    ``rois_path``: the DuckDB file of the ROI annotations (``rois`` table); None keeps them
+    in memory for this process only."""
+
+    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None) -> None:
         self.roots = [Path(r) for r in roots]
+        self.rois = RoiStore(rois_path)
+        self._rois_published = -1
         self._records: dict[str, SourceRecord] = {}
         self._lock = threading.RLock()
         self._db_lock = threading.Lock()
         self._db: Any = None
         self._dirty = True
+        #: bumped whenever a row is written or removed: a client holding what it read under
+        #: one value knows it is current while the value stays (health ``catalog_generation``)
+        self.generation = 0
         self.first_scan_done = threading.Event()
         self.scan_in_progress = False
         self.last_scan_finished_at: float | None = None
         self._rescan_stop = threading.Event()
+
+    def _changed(self) -> None:
+        """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
+        self._dirty = True
+        self.generation += 1
 
     # ---- contents ----------------------------------------------------------------------------
     def add_source(self, source: SourceAdapter) -> SourceRecord:
@@ -87,10 +107,46 @@ class Catalog:
         with self._lock:
             old = self._records.get(source.source_id)
             self._records[source.source_id] = rec
-            self._dirty = True
+            self._changed()
         if old is not None and old.source is not None and old.source is not source:
             old.source.close()
         return rec
+
+    def put_record(self, rec: SourceRecord) -> None:
+        """Add or replace one record (a dropped path, a resolve), closing what it replaces."""
+        with self._lock:
+            old = self._records.get(rec.source_id)
+            self._records[rec.source_id] = rec
+            self._changed()
+        if old is not None and old.source is not None and old.source is not rec.source:
+            old.source.close()
+
+    def remove_records(self, source_ids: Iterable[str]) -> list[str]:
+        """Drop these records (closing their sources); return the ids that were present."""
+        with self._lock:
+            removed = [self._records.pop(sid) for sid in source_ids if sid in self._records]
+            if removed:
+                self._changed()
+        for r in removed:
+            if r.source is not None:
+                r.source.close()
+        return [r.source_id for r in removed]
+
+    def resolve(self, source_id: str) -> SourceRecord:
+        """Open the source again now when it is unreadable or its files changed (the file
+        may have been repaired): the row is updated either way and returned, with the
+        reason when it still cannot be read. A readable, unchanged source is left as is."""
+        rec = self.get_record(source_id)
+        if rec.path is None:
+            return rec
+        sig = _stat_signature(rec.path)
+        if rec.is_resolved and sig == rec.signature:
+            return rec
+        new = self.open_record(rec.path, rec.type, source_id, sig)
+        if rec.url != Path(rec.path).resolve().as_uri():  # a dropped path keeps its dnd:// url
+            new.url = rec.url
+        self.put_record(new)
+        return new
 
     def records(self) -> list[SourceRecord]:
         with self._lock:
@@ -123,7 +179,8 @@ class Catalog:
             return t, t.array_id
         if fld in src.tensors:
             return src.tensors[fld], array_id
-        raise TensorNotFound(f"source {source_id!r} has no tensor {fld!r}; fields: {list(src.tensors)}")
+        raise TensorNotFound(f"source {source_id!r} has no tensor {fld!r}; fields: {list(src.tensors)}",
+                             slug="unknown_field")
 
     # ---- discovery -------------------------------------------------------------------------
     def scan(self, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
@@ -147,13 +204,13 @@ class Catalog:
                         seen.add(sid)
                         covered |= old.member_paths
                         continue
-                    rec = self._open_record(claim.path, claim.format.name, sid, sig)
+                    rec = self.open_record(claim.path, claim.format.name, sid, sig)
                     covered |= rec.member_paths
                     # a member of an earlier-opened multi-file source is not its own source
                     seen.add(sid)
                     with self._lock:
                         self._records[sid] = rec
-                        self._dirty = True
+                        self._changed()
                     if old is not None and old.source is not None:
                         old.source.close()
                     added += old is None
@@ -165,7 +222,8 @@ class Catalog:
                         and any(_under(r.path, root) for root in self.roots)}
                 gone |= self._shadowed_members()
                 removed = [self._records.pop(sid) for sid in gone]
-                self._dirty = True
+                if removed:
+                    self._changed()
             for r in removed:
                 if r.source is not None:
                     r.source.close()
@@ -191,7 +249,8 @@ class Catalog:
                 kept.append(r)
         return dropped
 
-    def _open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
+    def open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
+        """Open ``path`` as a record; an unreadable file is a record with the reason."""
         try:
             src = open_source(path, format=fmt)
         except UnreadableSource as exc:
@@ -223,6 +282,7 @@ class Catalog:
 
     def close(self) -> None:
         self._rescan_stop.set()
+        self.rois.close()
         with self._lock:
             recs = list(self._records.values())
             self._records.clear()
@@ -231,12 +291,13 @@ class Catalog:
                 r.source.close()
 
     # ---- SQL ---------------------------------------------------------------------------------
-    def sources_table(self):
-        """The ``sources`` rows as an Arrow table (wire-protocol §9.2 columns)."""
+    def sources_table(self, records: Iterable[SourceRecord] | None = None):
+        """The ``sources`` rows (of ``records``, default all) as an Arrow table
+        (wire-protocol §9.2 columns)."""
         import pyarrow as pa
 
         rows = {k: [] for k in ("source_id", "source_url", "source_type", "is_resolved", "tensors", "metadata_json", "unresolved_reason")}
-        for r in self.records():
+        for r in self.records() if records is None else records:
             rows["source_id"].append(r.source_id)
             rows["source_url"].append(r.url)
             rows["source_type"].append(r.type)
@@ -269,6 +330,12 @@ class Catalog:
                 self._db.register("_sources", table)
                 self._db.execute("CREATE OR REPLACE TABLE sources AS SELECT * FROM _sources")
                 self._db.unregister("_sources")
+            if self._rois_published != self.rois.generation:
+                # a read-only snapshot of the annotation store, re-published only after a change
+                self._rois_published = self.rois.generation
+                self._db.register("_rois", self.rois.table())
+                self._db.execute("CREATE OR REPLACE TABLE rois AS SELECT * FROM _rois")
+                self._db.unregister("_rois")
             return self._db
 
     def query(self, sql: str):

@@ -32,33 +32,9 @@ from tensor_server.core.arrays import native_dtype, owned_array
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.identity import minted_content_version, source_id_for_path
 from tensor_server.core.transfer_grid import default_seed, transfer_chunk_shape
+from tensor_server.core.units import carried_unit
 
-__all__ = ["TensorAdapter", "SourceAdapter", "NativeLevel", "normalize_unit"]
-
-
-_UNIT_ALIASES = {
-    "µm": "micrometer", "μm": "micrometer", "um": "micrometer", "micron": "micrometer", "microns": "micrometer",
-    "micrometre": "micrometer", "micrometers": "micrometer",
-    "nm": "nanometer", "nanometre": "nanometer", "nanometers": "nanometer",
-    "mm": "millimeter", "millimetre": "millimeter", "cm": "centimeter", "m": "meter", "metre": "meter",
-    "å": "angstrom", "Å": "angstrom", "a": "angstrom", "ang": "angstrom", "angstroms": "angstrom",
-    "pm": "picometer",
-    "s": "second", "sec": "second", "seconds": "second", "ms": "millisecond", "µs": "microsecond", "us": "microsecond",
-    "min": "minute", "h": "hour", "ev": "electronvolt",
-    "1/nm": "1/nanometer", "nm^-1": "1/nanometer", "1/a": "1/angstrom", "a^-1": "1/angstrom", "å^-1": "1/angstrom",
-    "1/um": "1/micrometer", "um^-1": "1/micrometer", "µm^-1": "1/micrometer",
-}
-
-
-def normalize_unit(unit: str | None) -> str | None:
-    """One spelling per unit across formats: the UDUNITS names OME-NGFF uses
-    ("micrometer", "nanometer", "angstrom", "second", ...). Unknown units pass through."""
-    if unit is None:
-        return None
-    u = str(unit).strip()
-    if not u:
-        return None
-    return _UNIT_ALIASES.get(u, _UNIT_ALIASES.get(u.lower(), u))
+__all__ = ["TensorAdapter", "SourceAdapter", "NativeLevel"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +85,7 @@ class TensorAdapter(ABC):
             None if native_chunk_shape is None else tuple(int(c) for c in native_chunk_shape)
         )
         self.physical_scale = None if physical_scale is None else tuple(physical_scale)
-        self.physical_unit = None if physical_unit is None else tuple(normalize_unit(u) for u in physical_unit)
+        self.physical_unit = None if physical_unit is None else tuple(carried_unit(u) for u in physical_unit)
         self.is_labels = bool(is_labels)
         self.content_version: bytes = content_version or minted_content_version()
         self.array_id = array_id

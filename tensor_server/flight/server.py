@@ -26,13 +26,16 @@ from tensor_server.core.engine import ReadEngine
 from tensor_server.core.plan import plan_read
 from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.errors import InvalidArgument
+from tensor_server.flight.actions import ACTION_DESCRIPTIONS, CatalogActions
 from tensor_server.flight.auth import TokenMiddlewareFactory, check_token
 from tensor_server.flight.wire import (
     CHUNK_SCHEMA,
+    check_read_request,
     chunk_batch,
     describe_descriptor,
     flight_error,
     plan_flight_info,
+    read_mask,
     request_region,
 )
 
@@ -98,6 +101,7 @@ class TensorFlightServer(flight.FlightServerBase):
                 "(or bind 127.0.0.1)"
             )
         self.catalog = catalog
+        self.actions = CatalogActions(catalog)
         self.cache_manager = cache_manager
         #: the one read path: every chunk this server sends comes from here
         self.engine = ReadEngine(
@@ -165,10 +169,11 @@ class TensorFlightServer(flight.FlightServerBase):
         if request.WhichOneof("request") != "tensor_read":
             raise InvalidArgument("FlightRequest carries no tensor_read")
         option = request.tensor_read
+        fields = read_mask(option)
         tensor, echo = self.catalog.find_tensor(option.array_id)
-        fields = set(option.fields.paths)
         region = request_region(option, tensor.ndim)
         scale = list(option.scale_hint) or None
+        check_read_request(region, scale, tensor.shape)
         wants_endpoints = "endpoints" in fields
         plan = None
         if wants_endpoints or region is not None or (scale and any(s != 1 for s in scale)):
@@ -176,11 +181,12 @@ class TensorFlightServer(flight.FlightServerBase):
             if wants_endpoints and not plan.chunks:
                 raise InvalidArgument(f"{option.array_id}: the requested region is empty")
         metadata_json = None
-        if "metadata_json" in fields:
-            source_id = tensor.array_id.split("/", 1)[0]
-            src = self.catalog.get_record(source_id).source
-            metadata_json = src.metadata_json() if src is not None else None
-        desc = describe_descriptor(tensor, echo, fields, plan, region is not None, metadata_json, self.config.pyramid)
+        record = self.catalog.get_record(tensor.array_id.split("/", 1)[0])
+        if "metadata_json" in fields and record.source is not None:
+            metadata_json = record.source.metadata_json()
+        resident = record.is_resident() if "is_resident" in fields else None
+        desc = describe_descriptor(tensor, echo, fields, plan, region is not None, metadata_json, self.config.pyramid,
+                                   resident)
         return plan_flight_info(desc, plan if wants_endpoints else None, option.SerializeToString())
 
     # ---- DoGet ------------------------------------------------------------------------------------
@@ -199,6 +205,8 @@ class TensorFlightServer(flight.FlightServerBase):
                 return flight.RecordBatchStream(table)
             if kind == "chunk_id":
                 return self._chunk_stream(tt.chunk_id, context)
+            if kind == "roi_read":
+                return self.actions.roi_read(tt.roi_read)
             raise InvalidArgument(f"unsupported ticket kind {kind!r}")
         except flight.FlightError:
             raise
@@ -233,10 +241,26 @@ class TensorFlightServer(flight.FlightServerBase):
         batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
         return flight.RecordBatchStream(pa.Table.from_batches([batch], schema=CHUNK_SCHEMA))
 
+    # ---- DoPut ------------------------------------------------------------------------------------
+    def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+        """Dispatch on the ``PutCommand`` arm the SDK puts in the descriptor: ROI
+        annotation writes here; pixel uploads (``chunk_ticket``) are not served yet."""
+        self.calls["DoPut"] += 1
+        self._auth(context)
+        cmd = ticket_pb2.PutCommand()
+        try:
+            cmd.ParseFromString(descriptor.command or b"")
+        except Exception:
+            raise flight_error(InvalidArgument("DoPut descriptor is not a PutCommand")) from None
+        arm = cmd.WhichOneof("command")
+        if arm in ("roi_put", "roi_delete"):
+            return self.actions.roi_put(cmd, reader, writer)
+        raise flight.FlightServerError(f"DoPut {arm or 'without a command'} is not supported by this server")
+
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
         actions = [("health", "server status and protocol version (JSON)"),
-                   ("server_stats", "call counts and chunk reads by client address (JSON)")]
+                   ("server_stats", "call counts and chunk reads by client address (JSON)")] + list(ACTION_DESCRIPTIONS)
         if self.cache_manager is not None:
             actions += [("chunk_locate", "segment file and offset of a cached chunk (loopback only)"),
                         ("cache_stats", "chunk cache statistics (JSON)")]
@@ -260,6 +284,8 @@ class TensorFlightServer(flight.FlightServerBase):
             if self.precacher is not None:
                 stats["precache"] = dict(self.precacher.stats)
             return iter([flight.Result(json.dumps(stats).encode())])
+        if self.actions.handles(kind):
+            return self.actions.do_action(kind, action.body.to_pybytes())
         raise flight.FlightServerError(f"Unknown action: {kind}")
 
     def _locate(self, context, body: bytes) -> dict[str, Any]:  # noqa: ANN001
@@ -300,4 +326,7 @@ class TensorFlightServer(flight.FlightServerBase):
             "full_scan_in_progress": cat.scan_in_progress,
             "last_full_scan_finished_at": cat.last_scan_finished_at,
             "ticket_stubs": False,
+            "registration_pending": 0,  # sources are opened during the scan, never left pending
+            "annotations_persisted": cat.rois.path is not None,
+            "catalog_generation": cat.generation,
         }

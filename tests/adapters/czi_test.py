@@ -155,7 +155,7 @@ def test_stack_values_layout_and_scale(tmp_path):
         pixel = t.get_data(Bounds((0, 1, 2, 10, 20), (1, 2, 3, 11, 21)))
         assert pixel[0, 0, 0, 0, 0] == data[0, 1, 2, 10, 20]
         assert t.physical_scale[2:] == pytest.approx((0.5, 0.2, 0.2)) and t.physical_scale[:2] == (None, None)
-        assert t.physical_unit == (None, None, "micrometer", "micrometer", "micrometer")
+        assert t.physical_unit == (None, None, "µm", "µm", "µm")
         assert t.read_block_shape is None and t.decimates is True  # nearest via libCZI's zoom
         assert src.metadata["channel_names"] == ["DAPI", "GFP"]
 

@@ -82,11 +82,3 @@ def test_plans_through_the_wrapper_resolve():
 def test_identity_order_is_not_wrapped():
     t = ArrayAdapter(np.zeros((2, 3, 4), np.uint8), dim_labels="zyx")
     assert normalize_axes(t) is t
-
-
-def test_units_have_one_spelling():
-    from tensor_server.core.adapter_base import normalize_unit
-
-    t = ArrayAdapter(np.zeros((2, 2, 2)), "zyx", physical_scale=(1, 2, 3), physical_unit=("µm", "um", "Å"))
-    assert t.physical_unit == ("micrometer", "micrometer", "angstrom")
-    assert normalize_unit("furlong") == "furlong" and normalize_unit("") is None and normalize_unit("NM") == "nanometer"
