@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# luxar's encoder/decoder are the reference the encoded-zarr tests and bench compare against.
+# It declares Python >= 3.12 and a large tree; its encoding modules need only the `test`
+# extra's arbol/hilbertcurve/numcodecs (+ xxhash, a runtime dep), so it is installed alone.
+LUXAR := luxar==2026.10.22
 # ROOT: what `make run` serves; empty = a small generated demo dataset.
 ROOT ?=
 PYTEST_ARGS ?=
@@ -22,6 +26,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet --no-deps --ignore-requires-python '$(LUXAR)'
 	touch $(STAMP)
 
 run: $(STAMP)
