@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tensor_server.adapters._luxar_delta import register_luxar_delta
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, file_content_version
@@ -358,6 +359,7 @@ class _StoreWalker:
 
     def add_encoded_array(self, node: _Node, field: str) -> None:
         """An array with an ``encoding`` block (Luxar): served decoded by encoded_zarr."""
+        register_luxar_delta()  # Luxar's code-array filter, before any of its arrays opens
         def open_codes(rel: str) -> tuple[Any, dict[str, Any], bytes]:
             n = self.node(rel)
             if n is None or n.kind != "array":
