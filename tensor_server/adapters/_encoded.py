@@ -10,13 +10,13 @@ reference decoders skip) and returns an :class:`ArrayEncoding`, whose
 decoders are elementwise (per-channel ones per last-axis column), so a range read decodes
 only the codes under its bounds.
 
-Arithmetic mirrors the reference decoder (luxar ``ArrayDecoder``) operation for operation
-in float64 NumPy, then casts to the declared ``original_dtype`` (rounded and clamped when
-integral), so results are bit-identical to it; see tests/adapters/encoded_zarr_test.py.
-``L`` (the top code) comes from the stored dtype (255 for uint8, 65535 for uint16), never
-from the encoding name; a ``bits`` field that disagrees with the stored dtype is refused.
-Decoding works in blocks of :data:`DECODE_BLOCK` elements so a large read never holds more
-than a few float64 temporaries of that size.
+The arithmetic lives in the numba kernels of :mod:`tensor_server_kernels.decode`: each
+element in float64 with the reference decoder's (luxar ``ArrayDecoder``) operations in its
+order, rounded once into the declared ``original_dtype`` (clamped and rounded when
+integral). Linear families are bit-identical to the reference; exp/expm1 families within
+1 float32 ULP (libm vs NumPy's exp), see tests/adapters/encoded_zarr_test.py. ``L`` (the
+top code) comes from the stored dtype (255 for uint8, 65535 for uint16), never from the
+encoding name; a ``bits`` field that disagrees with the stored dtype is refused.
 """
 from __future__ import annotations
 
@@ -26,10 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ArrayEncoding", "InvalidEncoding", "parse_encoding", "xxh64_of", "DECODE_BLOCK"]
-
-#: Elements decoded per float64 pass (bounds temporaries to ~8 MiB each).
-DECODE_BLOCK = 1 << 20
+__all__ = ["ArrayEncoding", "InvalidEncoding", "KNOWN_ENCODINGS", "parse_encoding", "xxh64_of"]
 
 _DIRECT = ("none", "float16", "float32", "uint8", "uint16", "uint32", "uint64")
 _LUT = ("lut_uint8", "lut_uint16")
@@ -103,83 +100,49 @@ class ArrayEncoding:
         fam = self.family
         if fam in ("direct", "broadcasted"):
             return np.asarray(codes).astype(self.dtype, copy=False)
+        from tensor_server_kernels import decode as kernels
+
+        codes = np.ascontiguousarray(codes)
         if fam == "lut":
-            return self._decode_lut(codes, columns)
-        out = np.empty(codes.shape, dtype=self.dtype)
-        flat_in = None if fam.endswith("_perchannel") else codes.reshape(-1)
-        if flat_in is not None:
-            flat_out = out.reshape(-1)
-            for s in range(0, flat_in.size, DECODE_BLOCK):
-                flat_out[s : s + DECODE_BLOCK] = self._restore(self._scalar(flat_in[s : s + DECODE_BLOCK]))
-            return out
-        # per-channel: blocks of whole rows, so each block broadcasts against its columns
-        lo = self.params["col_lo"][columns]
-        hi = self.params["col_hi"][columns]
-        rows = codes.reshape(-1, codes.shape[-1]) if codes.ndim > 1 else codes.reshape(-1, 1)
-        if codes.ndim == 1:
-            lo, hi = lo.reshape(1), hi.reshape(1)
-        out2 = out.reshape(rows.shape)
-        step = max(1, DECODE_BLOCK // max(1, rows.shape[1]))
-        for s in range(0, rows.shape[0], step):
-            out2[s : s + step] = self._restore(self._perchannel(rows[s : s + step], lo, hi))
-        return out
-
-    # ---- the formulas (float64, in the reference decoder's operation order) -------------
-    def _scalar(self, codes: np.ndarray) -> np.ndarray:
-        p, fam = self.params, self.family
-        data = codes.astype(np.float64)
-        if fam == "bounded":
-            return data / p["levels"] * (p["max"] - p["min"]) + p["min"]
-        if fam == "rgb":
-            return data / float(p["levels"])
-        if fam == "log":
-            return np.expm1(data / p["levels"] * p["max_log"])
-        # geolog: code 0 is exactly 0, codes 1..L on the log grid
-        out = np.zeros(data.shape, dtype=np.float64)
-        nz = codes > 0
-        if nz.any():
-            denom = max(p["levels"] - 1, 1)
-            out[nz] = np.exp(p["min_log"] + (data[nz] - 1.0) / denom * (p["max_log"] - p["min_log"]))
-        return out
-
-    def _perchannel(self, codes: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        fam, levels = self.family, self.params["levels"]
-        data = codes.astype(np.float64)
-        rng = np.maximum(hi - lo, 1e-30)
-        if fam == "linear_perchannel":
-            return lo + data / levels * rng
-        if fam == "geolog_perchannel" or self.params["zero_level"]:
-            y = lo + (data - 1.0) / max(levels - 1, 1) * rng
-            zero = data == 0
-        else:  # legacy log / signed-log arrays: every code on the grid
-            y = lo + data / levels * rng
-            zero = None
-        if fam == "log_perchannel":
-            x = np.expm1(y)
-        elif fam == "signed_log_perchannel":
-            x = np.sign(y) * np.expm1(np.abs(y))
+            return self._decode_lut(kernels, codes, columns)
+        # float outputs are written directly (rounded once from float64); integral ones
+        # go through a float64 buffer to be clamped and rounded
+        direct = self.dtype.kind == "f"
+        out = np.empty(codes.shape, dtype=self.dtype if direct else np.float64)
+        p = self.params
+        if fam.endswith("_perchannel"):
+            rows = codes.reshape(-1, codes.shape[-1] if codes.ndim > 1 else 1)
+            lo = np.ascontiguousarray(p["col_lo"][columns] if codes.ndim > 1 else p["col_lo"])
+            hi = np.ascontiguousarray(p["col_hi"][columns] if codes.ndim > 1 else p["col_hi"])
+            kernels.decode_perchannel(rows, lo, hi, out.reshape(rows.shape), _PERCHANNEL_KIND[fam],
+                                      p["levels"], bool(p["zero_level"]))
         else:
-            x = np.exp(y)
-        return x if zero is None else np.where(zero, 0.0, x)
+            a, b = {"bounded": ("min", "max"), "log": (None, "max_log"), "geolog": ("min_log", "max_log"),
+                    "rgb": (None, None)}[fam]
+            kernels.decode_scalar(codes.reshape(-1), out.reshape(-1), _SCALAR_KIND[fam], p["levels"],
+                                  p[a] if a else 0.0, p[b] if b else 0.0)
+        return out if direct else self._restore(out)
 
     def _restore(self, values: np.ndarray) -> np.ndarray:
-        """Cast float64 values to the decoded dtype; integral targets are clamped to the
-        dtype's range and rounded to nearest, never truncated or wrapped."""
-        if self.dtype.kind in "iu":
-            info = np.iinfo(self.dtype)
-            values = np.rint(np.clip(values, info.min, info.max))
-        return values.astype(self.dtype)
+        """Integral decoded dtypes: clamp to the dtype's range and round to nearest, never
+        truncate or wrap (the reference decoder's rule)."""
+        info = np.iinfo(self.dtype)
+        return np.rint(np.clip(values, info.min, info.max)).astype(self.dtype)
 
-    def _decode_lut(self, codes: np.ndarray, columns: slice) -> np.ndarray:
+    def _decode_lut(self, kernels: Any, idx: np.ndarray, columns: slice) -> np.ndarray:
         lut = self.params["lut"]
-        idx = np.asarray(codes)
-        if idx.size and int(idx.max()) >= lut.shape[0]:
-            raise InvalidEncoding(
-                "lut", f"index {int(idx.max())} is out of range for a LUT of {lut.shape[0]} entries"
-            )
         if self.row_lut:
-            return np.ascontiguousarray(lut[:, columns]).take(idx, axis=0)
-        return lut.take(idx)
+            lut = np.ascontiguousarray(lut[:, columns])
+        out = np.empty(idx.shape + lut.shape[1:], dtype=lut.dtype)
+        bad = kernels.lut_gather(idx.reshape(-1), lut, out.reshape((-1,) + lut.shape[1:]))
+        if bad >= 0:
+            raise InvalidEncoding("lut", f"index {bad} is out of range for a LUT of {lut.shape[0]} entries")
+        return out
+
+
+#: kernel selectors (tensor_server_kernels.decode) per family
+_SCALAR_KIND = {"bounded": 0, "rgb": 1, "log": 2, "geolog": 3}
+_PERCHANNEL_KIND = {"linear_perchannel": 0, "log_perchannel": 1, "signed_log_perchannel": 2, "geolog_perchannel": 3}
 
 
 # ---- parsing and validation ------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """Encoded (Luxar) zarr arrays, written by luxar's own encoder, read by ``tensor_server.open``
 and compared with luxar's own decoder.
 
-Exactness: our decoders compute in float64 NumPy with the reference decoder's operations in
-its order, then cast to ``original_dtype``, so every comparison here is bit-identical
-(``assert_array_equal``), the exp/expm1 families included; nothing is compared with a ULP
-tolerance. The one place the reference decoder cannot be the oracle is a degenerate
+Exactness: our kernels compute each element in float64 with the reference decoder's
+operations in its order, then round once to ``original_dtype``. Bit-identical
+(``assert_array_equal``): direct, broadcast, LUT, bounded, rgb and linear per-channel.
+Within 1 float32 ULP: the exp/expm1 families (log/geolog scalar, log/signed-log/geolog
+per-channel), whose transcendental comes from libm here and from NumPy's own implementation
+in luxar's decoder (on this machine they happen to agree on every element tested, but that
+is not promised). The one place the reference decoder cannot be the oracle is a degenerate
 ``bounded_scalar`` (min == max), which luxar's encoder writes and its decoder refuses: we
 serve it as the constant ``min`` (checked against the encoder's input).
 """
@@ -153,6 +156,18 @@ def luxar_store(tmp_path_factory, luxar):
     return root_path, cases
 
 
+#: encodings decoded through exp/expm1: compared within 1 float32 ULP (module docstring)
+_TRANSCENDENTAL = ("log_scalar", "geolog_scalar", "log_perchannel", "signed_log_perchannel", "geolog_perchannel")
+
+
+def assert_decoded_equal(got: np.ndarray, want: np.ndarray, name: str, msg: str = "") -> None:
+    assert got.dtype == want.dtype and got.shape == want.shape, (msg, got.dtype, want.dtype, got.shape, want.shape)
+    if name.startswith(_TRANSCENDENTAL):
+        np.testing.assert_array_max_ulp(got, want, maxulp=1)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=msg)
+
+
 def _luxar_decode(luxar, root_path: Path, field: str) -> np.ndarray:
     root = luxar.open_group(str(root_path), mode="r")
     return luxar.ArrayDecoder().decode(root[field], root)
@@ -177,16 +192,15 @@ def test_every_case_wrote_its_encoding_and_every_name_is_covered(luxar_store, sc
     assert KNOWN_ENCODINGS == set(scene.metadata["encodings"].values()) | {"none"}
 
 
-def test_decoded_values_are_bit_identical_to_luxars_decoder(luxar, luxar_store, scene):
+def test_decoded_values_equal_luxars_decoder(luxar, luxar_store, scene):
     path, cases = luxar_store
     for field, (data, _, name) in cases.items():
         t = scene.tensors[field]
         want = _luxar_decode(luxar, path, field)
         if want.dtype == np.float16:  # served widened: exact
             want = want.astype(np.float32)
-        got = t.get_data()
-        assert got.dtype == want.dtype and got.shape == want.shape, (field, got.dtype, want.dtype)
-        np.testing.assert_array_equal(got, want, err_msg=f"{field} ({name})")
+        ref_name = t.metadata.get("target_encoding", name)
+        assert_decoded_equal(t.get_data(), want, ref_name, f"{field} ({name})")
 
 
 def test_range_reads_equal_the_decoded_whole(luxar, luxar_store, scene):
@@ -195,9 +209,10 @@ def test_range_reads_equal_the_decoded_whole(luxar, luxar_store, scene):
     for field in cases:
         t = scene.tensors[field]
         want = _luxar_decode(luxar, path, field).astype(t.dtype)
+        name = t.metadata.get("target_encoding", t.metadata["encoding"])
         for _ in range(4):
             b = random_bounds(t.shape, rng, max_extent=900)
-            np.testing.assert_array_equal(t.get_data(b), want[b.to_slices()], err_msg=f"{field} {b}")
+            assert_decoded_equal(t.get_data(b), want[b.to_slices()], name, f"{field} {b}")
 
 
 def test_lossy_encodings_stay_close_to_the_encoder_input(luxar_store, scene):
@@ -437,6 +452,11 @@ class TestEncodedZarrConformance(AdapterTests):
 
     def reference_array(self, source, field):
         return self._decoder.decode(self._root[field], self._root)
+
+    def assert_same(self, got, want):
+        """hdr, radii and off decode through exp/expm1: within 1 float32 ULP (module doc)."""
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_max_ulp(got, want, maxulp=1)
 
 
 def test_metadata_json_names_encodings(scene):
