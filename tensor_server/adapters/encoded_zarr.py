@@ -72,7 +72,11 @@ class EncodedZarrAdapter(TensorAdapter):
         if source is not None:
             shape, chunks = source.shape, source.native_chunk_shape
         elif encoding.family == "broadcasted":
-            self._row = self._read_codes((slice(None),) * len(codes.shape))[0]
+            self._row = encoding.decode(self._read_codes((slice(None),) * len(codes.shape))[0])
+            value = encoding.params["value"]
+            if value is not None and not np.array_equal(np.asarray(value, self._row.dtype), self._row.reshape(-1)):
+                raise EncodedArrayError(store_path, zarr_path, "value",
+                                        f"{value} differs from the stored row {self._row.reshape(-1).tolist()}")
             shape, chunks = encoding.shape, None  # crops for free: no chunk to decode
         else:
             shape = encoding.shape
@@ -183,7 +187,10 @@ def _verify_hash(target: EncodedZarrAdapter, enc: ArrayEncoding, store_path: Pat
     """Check ``hash`` against the decoded target when its decoding is exact (see module doc);
     True when checked and equal, False when the target is quantized (nothing to check)."""
     digest = enc.params["hash"]
-    exact = target.encoding.family in ("direct", "lut", "broadcasted")
+    stored = target
+    while stored._source is not None:  # a reference to a reference: the array holding codes
+        stored = stored._source
+    exact = stored.encoding.family in ("direct", "lut", "broadcasted")
     if digest is None or not exact:
         return False
     values = target.get_data().astype(enc.dtype, copy=False)

@@ -328,6 +328,7 @@ def test_reference_chain_and_hash_mismatch(tmp_path):
     _write_codes(root, "bad", np.zeros(0, np.float32), {**ref, "hash": "xxh64:0123456789abcdef"})
     src = tensor_server.open(tmp_path / "r.zarr")
     np.testing.assert_array_equal(src.tensors["g/ref2"].get_data(), vals[idx])
+    assert src.tensors["g/ref2"].metadata["hash_checked"] is True  # through the chain to the LUT
     assert "bad" not in src.tensors
     (skip,) = src.metadata["skipped"]
     assert skip["path"] == "bad" and "encoding.hash" in skip["reason"] and "'bad'" in skip["reason"]
@@ -379,6 +380,8 @@ _REFUSALS = [
     ("broadcast of many rows", np.ones((2, 2), np.float32), {"name": "broadcasted", "n_elements": 9}, "n_elements"),
     ("broadcast value disagrees in length", np.ones((1, 2), np.float32),
      {"name": "broadcasted", "n_elements": 9, "value": [1.0]}, "value"),
+    ("broadcast value is not the stored row", np.full((1, 2), 2.0, np.float32),
+     {"name": "broadcasted", "n_elements": 9, "value": [2.0, 3.0]}, "value"),
     ("reference without target", np.zeros(0, np.float32), {"name": "array_ref"}, "target"),
     ("reference to a missing array", np.zeros(0, np.float32), {"name": "array_ref", "target": "nope"}, "target"),
     ("reference with a relative path", np.zeros(0, np.float32), {"name": "array_ref", "target": "../x"}, "target"),
