@@ -31,6 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tensor_server.adapters._encoded import ArrayEncoding, InvalidEncoding, parse_encoding, xxh64_of
+from tensor_server.adapters._luxar_delta import register_luxar_delta
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
@@ -143,6 +144,7 @@ def open_encoded(
     version); it raises UnreadableSource for a missing or unopenable array. ``targets``
     shares reference targets across one store's arrays (the walker keeps one per store).
     """
+    register_luxar_delta()  # Luxar's code filter, before any of its arrays opens
     array, attributes, version = open_codes(node_rel)
     try:
         enc = parse_encoding(attributes.get("encoding"), array.dtype, array.shape)

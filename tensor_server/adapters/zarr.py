@@ -29,7 +29,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from tensor_server.adapters._luxar_delta import register_luxar_delta
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, file_content_version
@@ -300,7 +299,7 @@ class _StoreWalker:
         self.skipped: list[dict[str, str]] = []
         self.ngff_version = ""  # of the first image served, for the source's metadata
         self.encodings: dict[str, str] = {}  # field -> encoding name of encoded arrays
-        self.ref_targets: Any = None  # encoded_zarr's per-store array_ref target cache
+        self.ref_targets = RefTargets()  # array_ref targets shared by this store's arrays
 
     # -- nodes and arrays --
     def node(self, rel: str) -> _Node | None:
@@ -359,7 +358,7 @@ class _StoreWalker:
 
     def add_encoded_array(self, node: _Node, field: str) -> None:
         """An array with an ``encoding`` block (Luxar): served decoded by encoded_zarr."""
-        register_luxar_delta()  # Luxar's code-array filter, before any of its arrays opens
+
         def open_codes(rel: str) -> tuple[Any, dict[str, Any], bytes]:
             n = self.node(rel)
             if n is None or n.kind != "array":
@@ -367,8 +366,6 @@ class _StoreWalker:
             array = self.zarr.open_array(store=self.store, path=n.rel, mode="r", zarr_format=n.zarr_format)
             return array, n.attributes, self.version_of(n)
 
-        if self.ref_targets is None:
-            self.ref_targets = RefTargets()
         tensor = open_encoded(node.rel, store_path=self.root, open_codes=open_codes, targets=self.ref_targets)
         self.tensors[field] = normalize_axes(tensor)
         self.encodings[field] = tensor.encoding.name
