@@ -254,9 +254,9 @@ def _parse_array_ref(block: Mapping[str, Any], stored: np.dtype, shape: tuple[in
 
 def _parse_lut(block: Mapping[str, Any], name: str, stored: np.dtype, shape: tuple[int, ...],
                out_dtype: np.dtype) -> ArrayEncoding:
-    want = np.dtype(np.uint8 if name == "lut_uint8" else np.uint16)
-    if stored != want:
-        raise InvalidEncoding("name", f"{name!r} indices are {want}, the stored dtype is {stored}")
+    # like L for the quantized names, the index width is the stored dtype's, not the name's
+    if stored not in (np.dtype(np.uint8), np.dtype(np.uint16)):
+        raise InvalidEncoding("name", f"{name!r} needs uint8 or uint16 indices, the stored dtype is {stored}")
     mode = block.get("lut_mode", "scalar" if len(shape) == 1 else None)
     if mode not in ("scalar", "row"):
         raise InvalidEncoding("lut_mode", f"must be 'scalar' or 'row' (absent only for 1-D), got {mode!r}")
@@ -274,8 +274,8 @@ def _parse_lut(block: Mapping[str, Any], name: str, stored: np.dtype, shape: tup
                                           f"{values.ndim}-D LUT")
     if mode == "scalar" and values.ndim != 1:
         raise InvalidEncoding("lut", f"scalar mode needs a flat list, got a {values.ndim}-D LUT")
-    if values.shape[0] > int(np.iinfo(want).max) + 1:
-        raise InvalidEncoding("lut", f"{values.shape[0]} entries exceed what {want} indices address")
+    if values.shape[0] > int(np.iinfo(stored).max) + 1:
+        raise InvalidEncoding("lut", f"{values.shape[0]} entries exceed what {stored} indices address")
     lut = values.astype(out_dtype)
     decoded_shape = (*shape, values.shape[1]) if mode == "row" else shape
     oshape = block.get("original_shape")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -52,6 +52,8 @@ class EncodedArrayError(UnreadableSource):
 
 class EncodedZarrAdapter(TensorAdapter):
     """One encoded zarr array (or a reference resolved to one), served as decoded values."""
+
+    decimates = True
 
     def __init__(
         self,
@@ -97,15 +99,24 @@ class EncodedZarrAdapter(TensorAdapter):
     def read_region(self, bounds: Bounds) -> np.ndarray:
         if self._source is not None:
             return self._source.read_region(bounds)
-        enc = self.encoding
-        slices = bounds.to_slices()
+        return self._read(bounds.to_slices())
+
+    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
+        """Nearest as a strided read: the picked codes alone are decoded, and decoding,
+        not the chunk read, is most of an encoded read's cost."""
+        if self._source is not None:
+            return self._source.get_decimated_data(bounds, step)
+        return self._read(tuple(slice(a, b, int(s)) for a, b, s in zip(bounds.start, bounds.stop, step)))
+
+    def _read(self, slices: tuple[slice, ...]) -> np.ndarray:
+        """Decoded values under (possibly strided) ``slices``: only those codes are read."""
         if self._row is not None:
             row = self._row[slices[1:]] if len(slices) > 1 else self._row
-            return np.broadcast_to(row, bounds.shape)
-        if enc.row_lut:
+            return np.broadcast_to(row, (len(range(*slices[0].indices(self.shape[0]))), *row.shape))
+        if self.encoding.row_lut:
             return self._decode(self._read_codes(slices[:1]), slices[1])
-        columns = slices[-1] if enc.family.endswith("_perchannel") and len(slices) > 1 else slice(None)
-        return self._decode(self._read_codes(slices), columns)
+        per_column = self.encoding.family.endswith("_perchannel") and len(slices) > 1
+        return self._decode(self._read_codes(slices), slices[-1] if per_column else slice(None))
 
     def _read_codes(self, slices: tuple[slice, ...]) -> np.ndarray:
         try:

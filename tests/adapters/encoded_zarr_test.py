@@ -270,6 +270,19 @@ def test_read_region_reads_only_the_codes_under_bounds(scene, field):
     assert out.shape == b.shape
 
 
+def test_nearest_decodes_only_the_picked_codes(scene):
+    t = scene.tensors["coordinate_auto"]
+    inner = t.inner if hasattr(t, "inner") else t
+    spy = _Spy(inner._codes)
+    inner._codes = spy
+    try:
+        got = t.get_scaled_data(Bounds((10, 0), (2000, 3)), (7, 2), "nearest")
+    finally:
+        inner._codes = spy.arr
+    assert spy.reads == [(slice(10, 2000, 7), slice(0, 3, 2))]
+    np.testing.assert_array_equal(got, t.get_data(Bounds((10, 0), (2000, 3)))[::7, ::2])
+
+
 def test_capabilities_read_block_is_the_store_chunk(scene):
     assert scene.tensors["coordinate_auto"].read_block_shape == (512, 3)
     assert scene.tensors["lut_row_u16"].read_block_shape == (4096, 3)  # index chunk x row width
@@ -375,7 +388,7 @@ _REFUSALS = [
     ("row lut on 2-D indices", _U8, {**_LUT, "lut": [[0.5, 1.0]], "lut_mode": "row"}, "lut_mode"),
     ("lut not numbers", _U8[:, 0], {**_LUT, "lut": ["a", "b"]}, "lut"),
     ("lut non-finite", _U8[:, 0], {**_LUT, "lut": [1.0, float("inf")]}, "lut"),
-    ("lut index dtype", _U8.astype(np.uint16)[:, 0], _LUT, "name"),
+    ("lut indices not unsigned integers", _U8.astype(np.float32)[:, 0], _LUT, "name"),
     ("broadcast n_elements", np.ones((1, 2), np.float32), {"name": "broadcasted", "n_elements": 0}, "n_elements"),
     ("broadcast of many rows", np.ones((2, 2), np.float32), {"name": "broadcasted", "n_elements": 9}, "n_elements"),
     ("broadcast value disagrees in length", np.ones((1, 2), np.float32),
@@ -423,6 +436,23 @@ def test_out_of_range_lut_index_is_a_clear_read_error(tmp_path):
     np.testing.assert_array_equal(t.get_data(Bounds((0,), (3,))), [0.5, 1.5, 1.5])
     with pytest.raises(EncodedArrayError, match=r"'idx'.*encoding\.lut: index 9 is out of range"):
         t.get_data()
+
+
+def test_levels_and_index_width_come_from_the_stored_dtype_not_the_name(tmp_path):
+    import zarr
+
+    root = zarr.open_group(str(tmp_path / "l.zarr"), mode="w", zarr_format=2)
+    u8 = np.array([0, 51, 255], np.uint8)
+    u16 = np.array([0, 13107, 65535], np.uint16)
+    _write_codes(root, "b", u8, {"name": "bounded_scalar_uint16", "min": 1.0, "max": 3.0, "bits": 8,
+                                 "original_dtype": "float32"})
+    _write_codes(root, "c", u16, {"name": "rgb_uint8", "original_dtype": "float32"})
+    _write_codes(root, "l", np.array([0, 300, 2], np.uint16),
+                 {"name": "lut_uint8", "lut": list(np.arange(301) / 4), "original_dtype": "float32"})
+    src = tensor_server.open(tmp_path / "l.zarr")
+    np.testing.assert_array_equal(src.tensors["b"].get_data(), np.float32([1.0, 1.4, 3.0]))
+    np.testing.assert_array_equal(src.tensors["c"].get_data(), np.float32([0.0, 0.2, 1.0]))
+    np.testing.assert_array_equal(src.tensors["l"].get_data(), np.float32([0.0, 75.0, 0.5]))
 
 
 # ---- the shared conformance suite ------------------------------------------------------------
