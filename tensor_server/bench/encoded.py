@@ -5,7 +5,8 @@ per-channel array (``linear_perchannel_u16``, COORDINATE), 10⁸ decoded element
 ``--size full`` (10⁷ with ``small``). For 1 %, 10 % and 100 % of the rows (a contiguous
 range from the middle), the adapter's ``get_data(bounds)`` (reads only the codes under the
 bounds, decodes those) is timed against the peer, luxar's ``ArrayDecoder.decode`` on the
-whole array, which is the only read that decoder offers. Medians over ``--repeats``,
+whole array, which is the only read that decoder offers; plus a nearest read of every 10th
+row of the whole array (decimated: only the picked codes decode). Medians over ``--repeats``,
 ours and the peer alternating in one run; every timed result is checked bit-identical
 against the peer's decode of the same rows once.
 """
@@ -24,6 +25,8 @@ __all__ = ["run_encoded", "add_arguments", "main"]
 
 ELEMENTS = {"small": 10**7, "full": 10**8}
 FRACTIONS = (0.01, 0.10, 1.0)
+#: rows step of the nearest read of the whole array (a strided read: only picked codes decode)
+NEAREST_STEP = 10
 
 
 def _fixtures(lx: Any, work: Path, elements: int) -> dict[str, tuple[Path, str]]:
@@ -80,7 +83,11 @@ def run_encoded(size: str = "small", json_path: str | None = None, repeats: int 
             spans[f] = Bounds((start,) + (0,) * (tensor.ndim - 1), (start + k,) + tensor.shape[1:])
             got = tensor.get_data(spans[f])
             assert np.array_equal(got, whole[spans[f].to_slices()]), f"{label} {f:.0%}: not bit-identical"
+        step = (NEAREST_STEP,) + (1,) * (tensor.ndim - 1)
+        got = tensor.get_scaled_data(spans[1.0], step, "nearest")
+        assert np.array_equal(got, whole[::NEAREST_STEP]), f"{label} nearest: not bit-identical"
         del whole, got
+        nearest_times: list[float] = []
         for _ in range(repeats):  # alternate: peer, then ours at each fraction
             t0 = time.perf_counter()
             decoder.decode(zroot[field], zroot)
@@ -89,12 +96,19 @@ def run_encoded(size: str = "small", json_path: str | None = None, repeats: int 
                 t0 = time.perf_counter()
                 tensor.get_data(spans[f])
                 ours_times[f].append((time.perf_counter() - t0) * 1e3)
+            t0 = time.perf_counter()
+            tensor.get_scaled_data(spans[1.0], step, "nearest")
+            nearest_times.append((time.perf_counter() - t0) * 1e3)
         peer = statistics.median(peer_times)
         for f in FRACTIONS:
             ours = statistics.median(ours_times[f])
             rows.append({"array": label, "elements": int(np.prod(tensor.shape)), "range": f"{f:.0%}",
                          "ours_ms": ours, "peer": "luxar ArrayDecoder.decode (whole array)", "peer_ms": peer,
                          "speedup": peer / ours})
+        ours = statistics.median(nearest_times)
+        rows.append({"array": label, "elements": int(np.prod(tensor.shape)), "range": f"nearest 1/{NEAREST_STEP}",
+                     "ours_ms": ours, "peer": "luxar ArrayDecoder.decode (whole array), then [::step]",
+                     "peer_ms": peer, "speedup": peer / ours})
         tensor.close()
     print_table(["array", "range", "ours ms", "luxar whole ms", "peer/ours"],
                 [[r["array"], r["range"], r["ours_ms"], r["peer_ms"], f"{r['speedup']:.2f}x"] for r in rows])
