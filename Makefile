@@ -40,7 +40,7 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory test-nojit
 
 test-nojit: $(STAMP)
-	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py
+	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py
 
 bench: bench-kernels
 
