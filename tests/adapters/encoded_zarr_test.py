@@ -305,6 +305,19 @@ def test_broadcast_is_served_without_materialising(tmp_path, luxar):
     np.testing.assert_array_equal(scaled, np.tile([0.25, 0.5, 1.0], (4, 1)).astype(np.float32))
 
 
+def test_all_fill_broadcast_row_has_no_chunk_and_reads_as_the_fill(tmp_path, luxar):
+    """zarr writes no chunk for a row equal to the fill value (luxar's README): the row
+    read then returns the fill, which is the value, and ``value`` agrees."""
+    root = luxar.open_group(str(tmp_path / "z.zarr"), mode="w")
+    luxar.ArrayEncoder().encode(data=np.zeros((500, 3), np.float32), zarr_group=root, name="offdiag",
+                                semantic_type=luxar.SemanticType.CHOLESKY_OFFDIAG)
+    assert root["offdiag"].attrs["encoding"]["name"] == "broadcasted"
+    files = {p.name for p in (tmp_path / "z.zarr" / "offdiag").rglob("*") if p.is_file()}
+    assert files and files <= {"zarr.json", ".zarray", ".zattrs"}, files  # metadata only, no chunk
+    t = tensor_server.open(tmp_path / "z.zarr").tensors["offdiag"]
+    np.testing.assert_array_equal(t.get_data(), np.zeros((500, 3), np.float32))
+
+
 # ---- array_ref -------------------------------------------------------------------------------
 def test_references_resolve_share_one_target_per_hash_and_verify_it(luxar_store, scene):
     _, cases = luxar_store
