@@ -410,6 +410,7 @@ _REFUSALS = [
      {"name": "broadcasted", "n_elements": 9, "value": [2.0, 3.0]}, "value"),
     ("reference without target", np.zeros(0, np.float32), {"name": "array_ref"}, "target"),
     ("reference to a missing array", np.zeros(0, np.float32), {"name": "array_ref", "target": "nope"}, "target"),
+    ("reference cycle", np.zeros(0, np.float32), {"name": "array_ref", "target": "bad"}, "target"),
     ("reference with a relative path", np.zeros(0, np.float32), {"name": "array_ref", "target": "../x"}, "target"),
     ("reference with a malformed hash", np.zeros(0, np.float32),
      {"name": "array_ref", "target": "good", "hash": "md5:abc"}, "hash"),
