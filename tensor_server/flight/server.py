@@ -52,6 +52,10 @@ class ServerConfig:
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
     write_dir: str | None = None
+    #: serve the Flight write verbs (add_tensor, set_upload_status, DoPut); needs write_dir
+    writable: bool = False
+    upload_ttl: float = 3600.0
+    scratch_ttl: float = 86400.0
 
 
 def _peer_is_loopback(peer: str | bytes) -> bool:
@@ -82,7 +86,8 @@ def is_loopback_host(host: str) -> bool:
 class TensorFlightServer(flight.FlightServerBase):
     """Serve ``catalog`` at ``grpc://host:port`` (port 0 picks a free port: see ``.port``)."""
 
-    def __init__(self, catalog: Catalog, config: ServerConfig | None = None, cache_manager: Any | None = None) -> None:
+    def __init__(self, catalog: Catalog, config: ServerConfig | None = None, cache_manager: Any | None = None,
+                 upload_manager: Any | None = None) -> None:
         self.config = config or ServerConfig()
         if not is_loopback_host(self.config.host) and not self.config.token:
             # A non-loopback bind without a token would expose every file under the roots
@@ -99,6 +104,14 @@ class TensorFlightServer(flight.FlightServerBase):
         self.calls: Counter[str] = Counter()
         location = f"grpc://{self.config.host}:{self.config.port}"
         super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
+        from tensor_server.flight.uploads import UploadGlue
+
+        #: uploads (flight/uploads.py); its manager is None without a write_dir
+        self.uploads = UploadGlue(self, upload_manager)
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.uploads.close()
 
     # ---- helpers ----------------------------------------------------------------------------
     def _auth(self, context: flight.ServerCallContext) -> None:
@@ -138,7 +151,14 @@ class TensorFlightServer(flight.FlightServerBase):
         if request.WhichOneof("request") != "tensor_read":
             raise InvalidArgument("FlightRequest carries no tensor_read")
         option = request.tensor_read
+        answered = self.uploads.tensor_info(option)  # uploaded tensors: write plans, status, gate
+        if answered is not None:
+            return answered
         tensor, echo = self.catalog.find_tensor(option.array_id)
+        return self.describe_tensor(tensor, echo, option)
+
+    def describe_tensor(self, tensor, echo: str, option, upload_status=None) -> flight.FlightInfo:  # noqa: ANN001
+        """The FlightInfo answering ``option`` for ``tensor`` (plan and/or describe)."""
         fields = set(option.fields.paths)
         region = request_region(option, tensor.ndim)
         scale = list(option.scale_hint) or None
@@ -154,6 +174,8 @@ class TensorFlightServer(flight.FlightServerBase):
             src = self.catalog.get_record(source_id).source
             metadata_json = src.metadata_json() if src is not None else None
         desc = describe_descriptor(tensor, echo, fields, plan, region is not None, metadata_json, self.config.pyramid)
+        if upload_status is not None:
+            desc.upload_status.CopyFrom(upload_status)
         return plan_flight_info(desc, plan if wants_endpoints else None, option.SerializeToString())
 
     # ---- DoGet ------------------------------------------------------------------------------------
@@ -187,6 +209,7 @@ class TensorFlightServer(flight.FlightServerBase):
             from tensor_server.errors import InvalidChunkId
 
             raise InvalidChunkId(f"chunk id names {cid.array_id!r}, which is not a tensor id")
+        self.uploads.check_readable(tensor)  # an uploaded tensor reads once READY
         cid = tensor.check_chunk_id(cid)
         cache = self.cache_manager
         if cache is None:
@@ -197,6 +220,12 @@ class TensorFlightServer(flight.FlightServerBase):
         _, data = self._chunk_data(raw)
         batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
         return flight.RecordBatchStream(pa.Table.from_batches([batch], schema=CHUNK_SCHEMA))
+
+    # ---- DoPut -------------------------------------------------------------------------------------
+    def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+        self.calls["DoPut"] += 1
+        self._auth(context)
+        self.uploads.do_put(descriptor, reader)
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
@@ -212,6 +241,9 @@ class TensorFlightServer(flight.FlightServerBase):
         if kind == "health":
             return iter([flight.Result(json.dumps(self.health()).encode())])
         self._auth(context)
+        answered = self.uploads.do_action(kind, action.body.to_pybytes())
+        if answered is not None:
+            return iter(answered)
         if kind == "chunk_locate" and self.cache_manager is not None:
             return iter([flight.Result(json.dumps(self._locate(context, action.body.to_pybytes())).encode())])
         if kind == "cache_stats":
@@ -232,6 +264,9 @@ class TensorFlightServer(flight.FlightServerBase):
             tt.ParseFromString(body)
             if tt.WhichOneof("payload") != "chunk_id":
                 return {"available": False}
+            own = self.uploads.locate(tt)  # a cache:// member chunk: its own sealed segment
+            if own is not None:
+                return own
             cid, _ = self._chunk_data(tt.chunk_id)
         except flight.FlightError:
             raise
@@ -251,7 +286,7 @@ class TensorFlightServer(flight.FlightServerBase):
             "source_count": len(cat),
             "uptime_seconds": int(time.time() - self.started_at),
             "metadata_db_enabled": True,
-            "writable": False,
+            "writable": self.uploads.writable,
             "full_scan_in_progress": cat.scan_in_progress,
             "last_full_scan_finished_at": cat.last_scan_finished_at,
             "ticket_stubs": False,
