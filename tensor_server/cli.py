@@ -77,7 +77,9 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--token", help="require 'authorization: Bearer TOKEN' on every call but health")
         sp.add_argument("--cache-dir", help="chunk cache folder")
         sp.add_argument("--cache-max-bytes", type=int, help="chunk cache file-tier budget in bytes (default 4 GiB)")
-        sp.add_argument("--write-dir", help="folder for uploads (scratch source)")
+        sp.add_argument("--write-dir", help="folder for uploaded tensors and the scratch source")
+        sp.add_argument("--writable", action="store_true", default=None,
+                        help="accept uploads over Flight (add_tensor, DoPut, set_upload_status); needs --write-dir")
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
 
@@ -101,7 +103,7 @@ def _settings(args: argparse.Namespace):
 
     return load_settings(
         args.config, roots=list(args.roots), host=args.host, port=args.port, token=args.token,
-        cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir,
+        cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir, writable=args.writable,
         rescan_seconds=args.rescan_seconds, log_level=args.log_level,
     )
 
@@ -114,6 +116,22 @@ def _snippet(location: str, token: str | None, array_id: str, scale: list[int], 
         "print(client.query(\"SELECT source_id, source_type FROM sources\"))\n"
         f"level = client.get_array({array_id!r}, scale_hint={scale}, reduction_method={method!r})\n"
         "print(level.shape, level.dtype)"
+    )
+
+
+def _upload_snippet(location: str, token: str | None) -> str:
+    tok = f", token={token!r}" if token else ""
+    return (
+        "import uuid\n"
+        "import numpy as np\n"
+        "from biopb.tensor import TensorFlightClient\n"
+        f"client = TensorFlightClient({location!r}{tok})\n"
+        "result = np.random.default_rng(0).integers(0, 4096, (512, 512), dtype=np.uint16)\n"
+        "name = f'cache://scratch/@fields/result-{uuid.uuid4().hex[:8]}'\n"
+        "desc = client.setup_array_upload(name, result, chunk_shape=(256, 256))\n"
+        "print(client.upload_array(desc, result)['state'])  # READY\n"
+        "assert (client.get_array(desc.array_id) == result).all()\n"
+        "client.set_upload_status(desc.array_id, 'DISCARDED')  # or let scratch_ttl reclaim it"
     )
 
 
@@ -132,8 +150,16 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         folder = default_cache_dir() / "demo"
         print(f"no ROOT given: generating the demo dataset in {folder} ...", file=sys.stderr)
         settings.roots = [str(make_demo_dataset(folder))]
+    if demo and not settings.write_dir:  # make run shows uploads too
+        from tensor_server.config import default_cache_dir
+
+        settings.write_dir = str(default_cache_dir() / "demo-uploads")
+        settings.writable = True
     if not settings.roots:
         print("serve: give at least one ROOT (or roots = [...] in --config)", file=sys.stderr)
+        return 2
+    if settings.writable and not settings.write_dir:
+        print("serve: --writable needs --write-dir DIR (where uploaded tensors are stored)", file=sys.stderr)
         return 2
     catalog = Catalog(settings.roots)
     config = ServerConfig(
@@ -141,7 +167,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),
         rescan_seconds=settings.rescan_seconds, cache_dir=settings.cache_dir,
         cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
-        write_dir=settings.write_dir,
+        write_dir=settings.write_dir, writable=settings.writable, upload_ttl=settings.upload_ttl,
+        scratch_ttl=settings.scratch_ttl,
     )
     from tensor_server.cache import CacheLocked, CacheManager
     from tensor_server.config import default_cache_dir
@@ -187,6 +214,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 t, lv = pick
                 print("\nRead a scaled level with the biopb SDK (pip install 'biopb[tensor]'):\n", file=sys.stderr)
                 print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method), file=sys.stderr)
+                if server.uploads.writable:
+                    print("\nUpload a result (to the scratch source) and read it back:\n", file=sys.stderr)
+                    print(_upload_snippet(location, settings.token), file=sys.stderr)
                 print("\nor list what is served: python -m tensor_server list " + " ".join(settings.roots), file=sys.stderr)
                 print("Ctrl-C stops the server.", file=sys.stderr)
 
