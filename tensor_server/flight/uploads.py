@@ -157,9 +157,8 @@ class UploadGlue:
         fields = set(option.fields.paths)
         scaled = any(s != 1 for s in option.scale_hint)
         if up.state == DISCARDED:
-            if "endpoints" in fields or scaled:
-                raise flight.FlightServerError(f"{up.array_id} was discarded: {up.reason}",
-                                               extra_info=_info("NOT_FOUND", "upload_discarded"))
+            if "endpoints" in fields or scaled:  # a writer (or reader) hears what a DoPut would
+                raise _refused(UploadClosed(up.array_id, DISCARDED, up.reason))
             t = up.tensor
             desc = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape),
                                                    dtype=wire_dtype(t.dtype), dim_labels=list(t.dim_labels),

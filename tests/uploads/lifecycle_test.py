@@ -1,0 +1,162 @@
+"""The PENDING/READY/DISCARDED ladder through the real SDK: resumed partial uploads, the read
+gate, discards, refusals after READY, and the read-only server."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.flight as flight
+import pytest
+from biopb.tensor import TensorFlightClient
+from biopb.tensor._upload import UploadRefused
+from biopb.tensor.ticket_pb2 import ChunkBounds
+
+from tests.uploads.conftest import upload_server
+
+ARR = (np.arange(6 * 5, dtype=np.uint16) * 7 + 1).reshape(6, 5)
+
+
+def test_partial_upload_resumed_from_a_new_plan(client, server):
+    desc = client.setup_array_upload("cache://scratch/@fields/part", ARR, chunk_shape=(4, 2))
+    st = client.upload_array(desc, ARR, slice_hint=(slice(0, 4), slice(None)))  # the first row of chunks
+    assert (st["state"], st["expected_chunks"], st["uploaded_chunks"]) == ("PENDING", 6, 3)
+    # a new client (the old one "crashed") re-plans only the rows still missing
+    fresh = TensorFlightClient(server.location)
+    st = fresh.upload_array(desc, ARR, slice_hint=(slice(4, 6), slice(None)))
+    assert (st["state"], st["uploaded_chunks"]) == ("PENDING", 6)
+    assert fresh.set_upload_status(desc.array_id, "READY")["state"] == "READY"
+    np.testing.assert_array_equal(fresh.get_array(desc.array_id), ARR)
+
+
+def test_pending_refuses_reads_but_answers_write_plans(client, server):
+    for scheme in ("zarr", "cache"):
+        desc = client.setup_array_upload(f"{scheme}://scratch/@fields/pend-{scheme}", ARR, chunk_shape=(4, 2))
+        with pytest.raises(flight.FlightServerError, match="PENDING: an uploaded tensor is readable once it is READY"):
+            client.get_array(desc.array_id)
+        with pytest.raises(flight.FlightServerError, match="PENDING"):  # refused at the plan
+            client.get_array(desc.array_id, scale_hint=[2, 2], reduction_method="area")
+        assert client.get_upload_status(desc.array_id)["state"] == "PENDING"
+        client.upload_array(desc, ARR)
+        np.testing.assert_array_equal(client.get_array(desc.array_id), ARR)
+
+
+def test_misaligned_upload_chunk_is_refused_by_the_sdk(client):
+    desc = client.setup_array_upload("cache://scratch/@fields/mis", ARR, chunk_shape=(4, 2))
+    with pytest.raises(ValueError, match="is not one chunk"):
+        client.upload_chunk(desc, ChunkBounds(start=[1, 0], stop=[5, 2]), ARR[1:5, 0:2])
+
+
+def test_a_doput_outside_the_plan_is_refused(client, server):
+    """DoPut takes exactly the tickets the plan minted: a hand-made id for a box off the grid
+    (or of another content version) is refused."""
+    from tensor_server.core.bounds import Bounds
+
+    desc = client.setup_array_upload("cache://scratch/@fields/offgrid", ARR, chunk_shape=(4, 2))
+    t = server.uploads.manager.get(desc.array_id).tensor
+    bad = t.mint_chunk_id(Bounds((1, 0), (5, 2)), (1, 1), "none").encode()
+    with pytest.raises(Exception, match="not a chunk of its write plan"):
+        server.uploads.manager.write_chunk(bad, ARR[1:5, 0:2])
+    stale = t.mint_chunk_id(Bounds((0, 0), (4, 2)), (1, 1), "none")
+    from dataclasses import replace
+
+    with pytest.raises(Exception, match="re-plan"):
+        server.uploads.manager.write_chunk(replace(stale, content_version=b"x" * 16), ARR[0:4, 0:2])
+
+
+def test_writes_after_ready_are_refused_with_upload_refused(client):
+    desc = client.setup_array_upload("cache://scratch/@fields/sealed", ARR, chunk_shape=(4, 2))
+    client.upload_array(desc, ARR)
+    with pytest.raises(UploadRefused) as err:
+        client.upload_chunk(desc, ChunkBounds(start=[0, 0], stop=[4, 2]), ARR[:4, :2])
+    assert err.value.state == "READY" and err.value.source_id == desc.array_id
+    assert client.set_upload_status(desc.array_id, "READY")["state"] == "READY"  # a no-op
+
+
+def test_discard_removes_the_store_and_leaves_a_tombstone(client, server):
+    for scheme in ("zarr", "cache"):
+        desc = client.setup_array_upload(f"{scheme}://scratch/@fields/gone-{scheme}", ARR, chunk_shape=(4, 2))
+        client.upload_array(desc, ARR)
+        store = server.uploads.manager.get(desc.array_id).member.path
+        assert store.is_dir()
+        st = client.set_upload_status(desc.array_id, "DISCARDED", reason="wrong parameters")
+        assert (st["state"], st["reason"]) == ("DISCARDED", "wrong parameters")
+        assert not store.exists()
+        poll = client.get_upload_status(desc.array_id)
+        assert (poll["state"], poll["reason"]) == ("DISCARDED", "wrong parameters")
+        with pytest.raises(Exception, match="discarded"):
+            client.get_array(desc.array_id)
+        with pytest.raises(UploadRefused) as err:
+            client.set_upload_status(desc.array_id, "READY")
+        assert err.value.state == "DISCARDED"
+        with pytest.raises(flight.FlightServerError, match="name is taken"):
+            client.setup_array_upload(f"{scheme}://scratch/@fields/gone-{scheme}", ARR)
+        rows = client.query("SELECT tensors FROM sources WHERE source_id = 'scratch'").to_pylist()[0]["tensors"]
+        assert desc.array_id not in [t["array_id"] for t in rows]
+
+
+def test_discard_of_pending_upload_refuses_its_writes(client, server):
+    from biopb.tensor._upload import _plan_write, _put_chunk
+
+    desc = client.setup_array_upload("cache://scratch/@fields/gave-up", ARR, chunk_shape=(4, 2))
+    plan = _plan_write(client._state, desc.array_id, None)  # planned before the discard
+    client.set_upload_status(desc.array_id, "DISCARDED", reason="job cancelled")
+    c = plan[0]
+    with pytest.raises(UploadRefused) as err:  # a DoPut still in flight
+        _put_chunk(flight.FlightClient(server.location), flight.FlightCallOptions(), desc.array_id, c.ticket,
+                   ARR[tuple(slice(a, b) for a, b in zip(c.start, c.stop))])
+    assert (err.value.state, err.value.reason) == ("DISCARDED", "job cancelled")
+    with pytest.raises(flight.FlightCancelledError, match="discarded"):  # a re-plan hears the same
+        client.upload_array(desc, ARR)
+
+
+def test_unknown_ids_and_native_tensors(client):
+    assert client.set_upload_status("scratch/@fields/never", "DISCARDED")["state"] == "UNKNOWN"
+    with pytest.raises(flight.FlightServerError, match="not an upload in progress"):
+        client.set_upload_status("scratch/@fields/never", "READY")
+    with pytest.raises(flight.FlightServerError, match="cannot be discarded"):
+        client.set_upload_status("mem/img", "DISCARDED")
+    assert client.get_upload_status("mem/img")["state"] == "UNKNOWN"  # ordinary tensors carry none
+    with pytest.raises(flight.FlightServerError, match="PENDING is not a state"):
+        client.set_upload_status("mem/img", "PENDING")
+
+
+def test_add_tensor_refusals(client):
+    with pytest.raises(flight.FlightServerError, match="unknown source 'nosuch'"):
+        client.setup_array_upload("zarr://nosuch/@fields/x", ARR)
+    with pytest.raises(flight.FlightServerError, match="above the 64 MiB limit"):
+        client.setup_array_upload("cache://scratch/@fields/huge", np.broadcast_to(np.uint16(0), (6000, 6000)))
+    with pytest.raises(flight.FlightServerError, match="ttl_seconds must be positive"):
+        client.setup_array_upload("zarr://scratch/@fields/t0", ARR, ttl_seconds=0)
+    with pytest.raises(flight.FlightServerError, match="metadata is the source's"):
+        client.setup_array_upload("zarr://mem/@fields/meta", ARR, ome_metadata={"physical": 1})
+
+
+@pytest.mark.parametrize("write_dir", [False, True])
+def test_read_only_server_refuses_every_write_verb_clearly(tmp_path, write_dir):
+    want = "start it with --write-dir" if not write_dir else "start it with --writable"
+    with upload_server(tmp_path, writable=False, write_dir=write_dir) as srv:
+        c = TensorFlightClient(srv.location)
+        assert c.health_check()["writable"] is False
+        with pytest.raises(flight.FlightServerError, match=want):
+            c.setup_array_upload("zarr://scratch/@fields/x", ARR)
+        with pytest.raises(flight.FlightServerError, match=want):
+            c.set_upload_status("scratch/@fields/x", "READY")
+        raw = flight.FlightClient(srv.location)
+        from biopb.tensor.ticket_pb2 import PutCommand
+
+        desc = flight.FlightDescriptor.for_command(PutCommand(chunk_ticket=b"x").SerializeToString())
+        schema = __import__("pyarrow").schema([("data", __import__("pyarrow").uint16())])
+        w, r = raw.do_put(desc, schema)
+        with pytest.raises(flight.FlightServerError, match=want):
+            w.close()
+        if write_dir:  # an in-process producer still has the scratch source
+            up = srv.uploads.manager.add_tensor("cache://scratch/@fields/inproc", ARR.shape, ARR.dtype, chunk_shape=(6, 5))
+            from tensor_server.core.bounds import Bounds
+
+            srv.uploads.manager.write_chunk(up.tensor.mint_chunk_id(Bounds((0, 0), (6, 5)), (1, 1), "none"), ARR)
+            srv.uploads.manager.set_ready(up.array_id)
+            np.testing.assert_array_equal(c.get_array("scratch/@fields/inproc"), ARR)
+
+
+def test_health_says_writable(client):
+    assert client.health_check()["writable"] is True
