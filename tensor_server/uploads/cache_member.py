@@ -63,7 +63,11 @@ class CacheMember:
         self._lock = threading.Lock()
         #: bounds -> (segment path, entry); the last write of a box wins
         self._index: dict[Bounds, tuple[Path, SegmentEntry]] = {}
-        self._writer: SegmentWriter | None = None
+        #: open segments not being appended to right now. Concurrent DoPuts each take one (a
+        #: new segment when none is free), so chunk writes run in parallel, never interleaved
+        #: in one file; READY seals them all.
+        self._free: list[SegmentWriter] = []
+        self._open: set[Path] = set()
         self._next_segment = 0
         self._maps: dict[Path, Any] = {}
 
@@ -105,22 +109,37 @@ class CacheMember:
     # ---- writes ------------------------------------------------------------------------------
     def write(self, bounds: Bounds, data: np.ndarray) -> None:
         with self._lock:
-            if self._writer is None or self._writer.size > SEGMENT_BYTES:
-                self._seal_writer()
-                self._writer = SegmentWriter(self.path / segment_name(self._next_segment))
+            if self._free:
+                writer = self._free.pop()
+            else:
+                writer = SegmentWriter(self.path / segment_name(self._next_segment))
                 self._next_segment += 1
-            entry = self._writer.append(data, bounds_key(bounds))
-            self._index[bounds] = (self._writer.path, entry)
-
-    def _seal_writer(self) -> None:
-        if self._writer is not None:
-            self._writer.seal()
-            self._writer = None
+                self._open.add(writer.path)
+        try:
+            entry = writer.append(data, bounds_key(bounds))
+        except BaseException:
+            # a partial message may be in the file: never append to it again (it stays in
+            # _open, so its chunks are read through the mapping but never offered to clients)
+            writer.abandon()
+            raise
+        full = writer.size > SEGMENT_BYTES
+        if full:
+            writer.seal()
+        with self._lock:
+            self._index[bounds] = (writer.path, entry)
+            if full:
+                self._open.discard(writer.path)
+            else:
+                self._free.append(writer)
 
     def publish(self, marker: Marker) -> None:
-        """READY: close the open segment and write its sidecar, then flip the marker."""
+        """READY (no write in flight: the manager waits them out): seal the open segments,
+        writing their sidecars, then flip the marker."""
         with self._lock:
-            self._seal_writer()
+            writers, self._free = self._free, []
+            self._open.clear()
+        for writer in writers:
+            writer.seal()
         write_json_atomic(self.path / DESCRIPTOR, self._descriptor(marker))
         self.marker = marker
 
@@ -152,7 +171,7 @@ class CacheMember:
         """(segment path, byte offset, byte length, inode) of a stored chunk in a sealed
         segment, for the localhost fast path; None for an unwritten chunk."""
         hit = self._index.get(bounds)
-        if hit is None or (self._writer is not None and hit[0] == self._writer.path):
+        if hit is None or hit[0] in self._open:
             return None
         seg, entry = hit
         return str(seg.resolve()), entry.byte_offset, entry.byte_length, os.stat(seg).st_ino
@@ -166,9 +185,10 @@ class CacheMember:
 
     def close(self) -> None:
         with self._lock:
-            if self._writer is not None:
-                self._writer.abandon()
-                self._writer = None
+            for writer in self._free:
+                writer.abandon()
+            self._free = []
+            self._open.clear()
             self._maps.clear()
 
 
