@@ -5,6 +5,10 @@ READY) to ``cache://`` and to ``zarr://`` (zarr's compression included) on an in
 server, against the peer: a bare pyarrow Flight server whose DoPut reads the stream and
 discards it, fed the same chunks (same grid, same batch construction, as many threads as the
 SDK's dask scheduler uses). Rounds alternate peer/ours and the table reports medians.
+
+A second reference row writes the same bytes to the write_dir's filesystem with plain file
+writes and an fsync (no Flight): a durable store cannot beat its disk, and the peer never
+touches one. ``--write-dir-on`` picks the filesystem (e.g. /dev/shm to take the disk out).
 """
 from __future__ import annotations
 
@@ -23,7 +27,8 @@ from tensor_server.bench.timing import print_table, write_json
 __all__ = ["run_uploads"]
 
 
-def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None) -> list[dict[str, Any]]:
+def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None,
+                write_dir_on: str | None = None) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.flight as flight
     from biopb.tensor import TensorFlightClient
@@ -38,7 +43,7 @@ def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None) 
     nbytes = arr.nbytes
     threads = os.cpu_count() or 1
 
-    write_dir = tempfile.mkdtemp(prefix="ts-bench-up-", dir=os.environ.get("BENCH_DIR"))
+    write_dir = tempfile.mkdtemp(prefix="ts-bench-up-", dir=write_dir_on)
     cat = Catalog([])
     cat.first_scan_done.set()
     ours = TensorFlightServer(cat, ServerConfig(port=0, write_dir=write_dir, writable=True, scratch_ttl=0))
@@ -68,6 +73,15 @@ def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None) 
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             list(pool.map(bare_put, range(arr.shape[0])))
 
+    def run_disk() -> None:
+        path = os.path.join(write_dir, "disk-ceiling.bin")
+        with open(path, "wb") as fh:
+            for plane in arr:
+                fh.write(plane.data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.remove(path)
+
     client = TensorFlightClient(ours.location)
     counter = iter(range(1 << 30))
 
@@ -80,8 +94,28 @@ def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None) 
             go.last = desc.array_id
         return go
 
-    paths = {"bare pyarrow DoPut (discards)": run_bare, "ours cache://": run_ours("cache"),
-             "ours zarr:// (lz4 blosc)": run_ours("zarr")}
+    def run_ours_threads() -> None:
+        """The SDK's own plan and _put_chunk on plain threads (the peer's driver), no dask:
+        the server's share of the cost without the SDK's dask graph."""
+        from biopb.tensor._upload import _plan_write, _put_chunk
+
+        desc = client.setup_array_upload(f"cache://scratch/@fields/bench-{next(counter)}", arr, chunk_shape=chunk)
+        plan = _plan_write(client._state, desc.array_id, None)
+
+        def put(p) -> None:  # noqa: ANN001
+            if not hasattr(local, "ours"):
+                local.ours = flight.FlightClient(ours.location)
+            _put_chunk(local.ours, flight.FlightCallOptions(), desc.array_id, p.ticket, arr[p.start[0]])
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(put, plan))
+        assert client.set_upload_status(desc.array_id, "READY")["uploaded_chunks"] == arr.shape[0]
+        run_ours_threads.last = desc.array_id
+
+    paths = {"bare pyarrow DoPut (discards)": run_bare, "ours cache:// (SDK upload_array)": run_ours("cache"),
+             "ours cache:// (SDK _put_chunk on threads, no dask)": run_ours_threads,
+             "ours zarr:// lz4 blosc (SDK upload_array)": run_ours("zarr"),
+             "disk: write + fsync, no Flight": run_disk}
     times: dict[str, list[float]] = {k: [] for k in paths}
     run_bare()  # warm connections and threads on both sides
     warm = run_ours("cache")
@@ -92,7 +126,7 @@ def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None) 
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-            if fn is not run_bare:
+            if fn not in (run_bare, run_disk):
                 client.set_upload_status(fn.last, "DISCARDED")  # frees the disk for the next round
     bare_s = statistics.median(times["bare pyarrow DoPut (discards)"])
     rows = []
@@ -103,6 +137,7 @@ def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None) 
     ours.shutdown()
     bare.shutdown()
     cat.close()
+    print(f"write_dir on {os.path.dirname(write_dir)}; {threads} DoPut threads (the SDK's dask default)")
     print_table(["path", "MiB", "chunks", "median s", "MB/s", "× bare"],
                 [[r["path"], r["MiB"], r["chunks"], r["median_s"], r["MB_per_s"], f"{r['vs_bare']:.2f}"] for r in rows])
     write_json(json_path, "uploads", f"{mib}MiB", rows)
@@ -113,8 +148,10 @@ def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
     parser.add_argument("--mib", type=int, default=256, help="array size in MiB (8 MiB chunks)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds (ours and the peer alternate)")
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
+    parser.add_argument("--write-dir-on", help="folder on the filesystem to put the server's write_dir on "
+                                               "(default: the temp dir)")
 
 
 def main(args) -> int:  # noqa: ANN001
-    run_uploads(args.mib, args.repeats, args.json_path)
+    run_uploads(args.mib, args.repeats, args.json_path, args.write_dir_on)
     return 0
