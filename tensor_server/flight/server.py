@@ -230,6 +230,9 @@ class TensorFlightServer(flight.FlightServerBase):
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
         actions = [("health", "server status and protocol version (JSON)")]
+        if self.uploads.writable:
+            actions += [("add_tensor", "add a PENDING tensor to a source (uploads)"),
+                        ("set_upload_status", "move an upload to READY or DISCARDED")]
         if self.cache_manager is not None:
             actions += [("chunk_locate", "segment file and offset of a cached chunk (loopback only)"),
                         ("cache_stats", "chunk cache statistics (JSON)")]

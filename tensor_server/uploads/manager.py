@@ -123,12 +123,16 @@ class UploadManager:
 
     # ---- boot ------------------------------------------------------------------------------
     def _member_dirs(self) -> list[Path]:
-        out = []
-        for marker_file in ("descriptor.json", ".zattrs"):
-            for f in (self.write_dir / "fields").rglob(marker_file):
-                if f.parent.name != "0":  # the zarr array's own .zattrs
-                    out.append(f.parent)
-        return sorted(set(out))
+        """Directories under fields/ that carry a member marker (the zarr array's own
+        ``0/.zattrs`` carries none, whatever the member is named)."""
+        out = set()
+        for f in (self.write_dir / "fields").rglob(".zattrs"):
+            if ZarrMember.read_marker(f.parent) is not None:
+                out.add(f.parent)
+        for f in (self.write_dir / "fields").rglob("descriptor.json"):
+            if CacheMember.read_marker(f.parent) is not None:
+                out.add(f.parent)
+        return sorted(out)
 
     def _adopt(self) -> dict[str, int]:
         """Adopt READY members; remove PENDING ones a crash left behind and READY ones whose

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tensor_server.adapters.zarr import UPLOAD_MEMBER_KEY as MARKER_KEY
+
 __all__ = ["MARKER_KEY", "Marker", "write_json_atomic", "read_json"]
 
-MARKER_KEY = "tensor_server_upload"
 PENDING, READY, DISCARDED = "PENDING", "READY", "DISCARDED"
 
 

@@ -160,3 +160,74 @@ def test_read_only_server_refuses_every_write_verb_clearly(tmp_path, write_dir):
 
 def test_health_says_writable(client):
     assert client.health_check()["writable"] is True
+
+
+def test_write_dir_inside_a_root_is_never_discovered(tmp_path):
+    """The upload subsystem is the sole registrar under write_dir: a write_dir misplaced in
+    a served root adds no sources (the catalog skips it; the zarr claims decline members)."""
+    from tensor_server.catalog import Catalog
+    from tensor_server.uploads import UploadManager
+
+    root = tmp_path / "root"
+    root.mkdir()
+    cat = Catalog([root])
+    m = UploadManager(cat, root / "results")
+    try:
+        up = m.add_tensor("zarr://scratch/@fields/seg.zarr", (4, 5), "<u2")
+        m.set_ready(up.array_id)
+        cat.scan()
+        assert [r.source_id for r in cat.records()] == ["scratch"]
+        with pytest.raises(Exception):  # no format claims the member by content
+            _sniffed(up.member.path)
+    finally:
+        m.close()
+        cat.close()
+
+
+def _sniffed(path):
+    from tensor_server.adapters.registry import formats
+
+    hits = [e.name for e in formats() if e.folders and e.sniff is not None and e.sniff(path, b"")]
+    if not hits:
+        raise LookupError(path)
+    return hits
+
+
+def test_orphaned_field_is_kept_and_reattached_when_its_source_returns(tmp_path):
+    import shutil
+
+    from tensor_server.catalog import Catalog
+    from tensor_server.uploads import UploadManager
+    from tests.uploads.conftest import discovered_id, make_catalog
+
+    (tmp_path / "root").mkdir()
+    cat = make_catalog(tmp_path / "root")
+    sid = discovered_id(cat)
+    m = UploadManager(cat, tmp_path / "write")
+    up = m.add_tensor(f"cache://{sid}/@fields/seg", (40, 30), "<u2", chunk_shape=(40, 30))
+    from tensor_server.core.bounds import Bounds
+
+    data = np.arange(1200, dtype=np.uint16).reshape(40, 30)[::-1].copy()
+    m.write_chunk(up.tensor.mint_chunk_id(Bounds((0, 0), (40, 30)), (1, 1), "none"), data)
+    m.set_ready(up.array_id)
+    moved = tmp_path / "moved.zarr"
+    shutil.move(tmp_path / "root" / "disc.zarr", moved)
+    cat.scan()  # the source is gone: its field is not served, but kept
+    with pytest.raises(Exception, match="unknown source"):
+        cat.find_tensor(up.array_id)
+    assert m.sweep() == {"expired": 0, "idle": 0, "reclaimed": 0} and up.member.path.is_dir()
+    m.close()
+    cat.close()
+    # a restart while the source is away adopts the orphan too
+    cat = Catalog([tmp_path / "root"])
+    cat.scan()
+    m = UploadManager(cat, tmp_path / "write")
+    try:
+        assert m.boot_summary == {"adopted": 1, "removed": 0}
+        shutil.move(moved, tmp_path / "root" / "disc.zarr")
+        cat.scan()  # the source returns: the field is re-attached
+        tensor, _ = cat.find_tensor(up.array_id)
+        np.testing.assert_array_equal(tensor.get_data(), data)
+    finally:
+        m.close()
+        cat.close()
