@@ -47,13 +47,15 @@ log = logging.getLogger(__name__)
 DEFAULT_UPLOAD_TTL = 3600.0
 #: every lifetime on the scratch source is capped at this (0 = off)
 DEFAULT_SCRATCH_TTL = 86400.0
-_FORMATS = {"zarr": ZarrMember, "cache": CacheMember}
+#: transient: READY is being published (writes refused, discard waits for the outcome)
+_SEALING = "SEALING"
 
 
 class UploadClosed(TensorServerError):
     """A write or transition reached an upload that takes no more chunks (READY or DISCARDED)."""
 
     def __init__(self, array_id: str, state: str, detail: str) -> None:
+        state = DISCARDED if state == DISCARDED else READY  # SEALING is READY to a writer
         self.array_id, self.state, self.detail = array_id, state, detail
         word = "was discarded" if state == DISCARDED else "is READY (sealed)"
         super().__init__(f"upload {array_id} {word}; it takes no more writes" + (f": {detail}" if detail else ""))
@@ -235,9 +237,6 @@ class UploadManager:
             if other.source_id == target.source_id and fold_name(other.field) == folded:
                 state = "a discarded tensor until the reclaim sweep" if other.state == DISCARDED else other.state
                 raise InvalidArgument(f"add_tensor {request_id!r}: the name is taken by {other.array_id!r} ({state})")
-        rec = self.catalog.get_record(target.source_id)
-        if rec.source is not None and any(fold_name(f) == folded for f in rec.source.tensors):
-            raise InvalidArgument(f"add_tensor {request_id!r}: the name is taken by a tensor of the source")
 
     @staticmethod
     def _check_metadata(target: Any, metadata_json: str, request_id: str) -> dict[str, Any]:
@@ -301,22 +300,26 @@ class UploadManager:
         if up is None:
             raise TensorNotFound(f"set_upload_status: {array_id!r} is not an upload")
         with up.cond:
+            while up.state == _SEALING:  # a concurrent READY: its answer is ours
+                up.cond.wait()
             if up.state == DISCARDED:
                 raise UploadClosed(up.array_id, DISCARDED, up.reason)
             if up.state == READY:
                 return up
-            up.state = "SEALING"
+            up.state = _SEALING  # refuses new writes; discard waits for the outcome
             while up.inflight:
                 up.cond.wait()
         try:
             up.member.publish(up.member.marker.with_state(READY))
         except OSError:
             with up.cond:
-                up.state = PENDING
+                up.state = PENDING  # nothing was announced: the caller may retry
+                up.cond.notify_all()
             raise
         with up.cond:
             up.state = READY
             up.last_activity = self.clock()
+            up.cond.notify_all()
         self.catalog.attach(up.source_id, up.field, up.tensor, listed=True)
         log.info("upload %s READY (%d/%d chunks)", array_id, len(up.received), up.expected_chunks)
         return up
@@ -328,6 +331,8 @@ class UploadManager:
         if up is None:
             return None
         with up.cond:
+            while up.state == _SEALING:
+                up.cond.wait()
             if up.state == DISCARDED:
                 return up
             up.state = DISCARDED

@@ -2,7 +2,6 @@
 gate, discards, refusals after READY, and the read-only server."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pyarrow.flight as flight
@@ -231,3 +230,47 @@ def test_orphaned_field_is_kept_and_reattached_when_its_source_returns(tmp_path)
     finally:
         m.close()
         cat.close()
+
+
+def test_ready_racing_doputs_loses_no_acknowledged_chunk(client, server):
+    """Writes that READY overtakes are refused (UploadRefused), never half-stored: every chunk
+    whose DoPut succeeded reads back, every other chunk reads as zeros."""
+    import concurrent.futures
+
+    from biopb.tensor._upload import _plan_write, _put_chunk
+
+    arr = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64) + 1
+    desc = client.setup_array_upload("cache://scratch/@fields/race", arr, chunk_shape=(4, 64))
+    plan = _plan_write(client._state, desc.array_id, None)
+    stored = []
+
+    def put(c):
+        try:
+            _put_chunk(flight.FlightClient(server.location), flight.FlightCallOptions(), desc.array_id, c.ticket,
+                       arr[c.start[0]:c.stop[0]])
+            stored.append(c)
+        except UploadRefused:
+            pass
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(put, c) for c in plan]
+        futures[len(futures) // 2].result()
+        st = client.set_upload_status(desc.array_id, "READY")
+        for f in futures:
+            f.result()
+    assert 0 < len(stored) and st["uploaded_chunks"] == len(stored)
+    want = np.zeros_like(arr)
+    for c in stored:
+        want[c.start[0]:c.stop[0]] = arr[c.start[0]:c.stop[0]]
+    np.testing.assert_array_equal(client.get_array(desc.array_id), want)
+
+
+@pytest.mark.parametrize("scheme", ["zarr", "cache"])
+def test_bool_and_signed_dtypes_round_trip(client, scheme):
+    rng = np.random.default_rng(9)
+    for arr in (rng.integers(0, 2, (9, 13)).astype(bool), rng.integers(-30000, 30000, (9, 13)).astype(np.int16)):
+        desc = client.setup_array_upload(f"{scheme}://scratch/@fields/{arr.dtype.name}-{scheme}", arr, chunk_shape=(4, 5))
+        client.upload_array(desc, arr)
+        got = client.get_array(desc.array_id)
+        assert got.dtype == arr.dtype
+        np.testing.assert_array_equal(got, arr)
