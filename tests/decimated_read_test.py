@@ -35,6 +35,7 @@ DECIMATES = {
     "ZarrAdapter": ("no", "quantized: zarr decodes a whole chunk to return any of it, so a stride inside the chunk saves only a memcpy"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
     "NormalizingAdapter": ("forwards", "decimates exactly when the wrapped adapter does"),
+    "CacheMemberAdapter": ("no", "a cache:// upload's chunk is one mapped Arrow batch: a stride inside it saves only a memcpy"),
 }
 
 
