@@ -204,7 +204,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         if demo:
             pick = None
             for rec in catalog.records():
-                if rec.source is not None:
+                if rec.source is not None and rec.source.tensors:  # scratch holds none
                     t = rec.source.tensor()
                     levels = advertised_levels(t, config.pyramid)
                     pick = (t, levels[1] if len(levels) > 1 else levels[0])

@@ -193,9 +193,6 @@ class CacheMember:
         seg, entry = hit
         return decode_chunk(read_batch_at(self._buffer(seg), entry.byte_offset))
 
-    def stored_boxes(self) -> list[Bounds]:
-        return list(self._index)
-
     def locate(self, bounds: Bounds) -> tuple[str, int, int, int] | None:
         """(segment path, byte offset, byte length, inode) of a stored chunk in a sealed
         segment, for the localhost fast path; None for an unwritten chunk."""

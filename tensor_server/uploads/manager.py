@@ -153,7 +153,7 @@ class UploadManager:
                 continue
             source_id, _, fld = m.array_id.partition("/")
             up = Upload(m.array_id, source_id, fld, member, member.reader(), READY, m.expires_at, now, adopted=True,
-                        reason="adopted at boot")
+                        reason="adopted at boot (no progress record: uploaded_chunks is not known)")
             self._uploads[m.array_id] = up
             self.catalog.attach(source_id, fld, up.tensor, listed=True)
             adopted += 1
@@ -364,8 +364,8 @@ class UploadManager:
         with self._lock:
             ups = list(self._uploads.values())
         for up in ups:
-            if up.state == DISCARDED:
-                if up.discarded_at is not None and now - up.discarded_at >= self.upload_ttl:
+            if up.state == DISCARDED:  # upload_ttl 0 turns reclamation off
+                if self.upload_ttl > 0 and up.discarded_at is not None and now - up.discarded_at >= self.upload_ttl:
                     with self._lock:
                         self._uploads.pop(up.array_id, None)
                     reclaimed += 1

@@ -101,3 +101,38 @@ def _quietly(fn, *args):
         fn(*args)
     except Exception:
         pass  # the server is killed under it
+
+
+@pytest.mark.slow
+def test_run_prints_an_upload_snippet_that_works(tmp_path):
+    """`make run` (python -m tensor_server run): the printed upload snippet, executed as
+    printed, uploads, reads back and discards."""
+    import numpy as np
+
+    root = tmp_path / "root"
+    root.mkdir()
+    np.save(root / "a.npy", np.arange(600 * 700, dtype=np.uint16).reshape(600, 700))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO), str(_REPO / "kernels")]),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    proc = subprocess.Popen([sys.executable, "-m", "tensor_server", "run", str(root), "--port", "0"],
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while not any("Ctrl-C stops the server" in ln for ln in lines):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+            lines.append(proc.stderr.readline())
+        text = "".join(lines)
+        snippet = text.split("Upload a result (to the scratch source) and read it back:\n\n", 1)[1]
+        snippet = snippet.split("\n\n", 1)[0]
+        scope: dict = {}
+        exec(compile(snippet, "<printed snippet>", "exec"), scope)  # noqa: S102
+        assert scope["client"].get_upload_status(scope["desc"].array_id)["state"] == "DISCARDED"
+        assert (tmp_path / "xdg" / "tensor-server" / "demo-uploads" / "fields").is_dir()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
