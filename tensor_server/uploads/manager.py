@@ -346,6 +346,11 @@ class UploadManager:
             with self._lock:
                 self._uploads.pop(array_id, None)
         log.info("upload %s DISCARDED: %s", array_id, up.reason)
+        with self._lock:  # a label set binds to its image: it goes with it
+            sets = [u.array_id for u in self._uploads.values()
+                    if u.array_id.startswith(f"{array_id}/{LABELS}/") and u.state != DISCARDED]
+        for set_id in sets:
+            self.discard(set_id, f"its image {array_id} was discarded")
         return up
 
     def check_readable(self, up: Upload) -> None:

@@ -43,6 +43,13 @@ def test_label_set_on_an_uploaded_field(client, server):
         client.setup_array_upload("zarr://scratch/@fields/img/@labels/meta", labels, ome_metadata={"omero": {}})
     with pytest.raises(flight.FlightServerError, match="no tensor"):
         client.setup_array_upload("zarr://scratch/@fields/nothing/@labels/x", labels)
+    with pytest.raises(flight.FlightServerError, match="label set is an OME-Zarr"):
+        client.setup_array_upload("cache://scratch/@fields/img/@labels/c2", labels)
+    # discarding the image takes its label sets with it
+    client.set_upload_status(field.array_id, "DISCARDED")
+    st = client.get_upload_status(desc.array_id)
+    assert st["state"] == "DISCARDED" and "its image scratch/@fields/img was discarded" in st["reason"]
+    assert not member.exists()
 
 
 def test_cache_member_fast_path_maps_its_own_segments(tmp_path):
@@ -74,3 +81,15 @@ def test_make_run_upload_snippet_works(server):
     exec(compile(code, "<snippet>", "exec"), scope)  # noqa: S102 - our own printed snippet
     assert scope["client"].get_upload_status(scope["desc"].array_id)["state"] == "DISCARDED"
     np.testing.assert_array_equal(scope["result"].shape, (512, 512))
+
+
+def test_label_set_on_a_native_tensor_of_a_source(client, server):
+    labels = (np.arange(20 * 24, dtype=np.uint16).reshape(20, 24) % 5).astype(np.uint16)
+    desc = client.setup_array_upload("zarr://mem/img/@labels/nuclei", labels)
+    assert desc.array_id == "mem/img/@labels/nuclei" and list(desc.dim_labels) == ["y", "x"]
+    client.upload_array(desc, labels)
+    np.testing.assert_array_equal(client.get_array(desc.array_id), labels)
+    assert (server.uploads.manager.write_dir / "fields" / "mem" / "@labels" / "img" / "nuclei" / ".zattrs").is_file()
+    ids = [t["array_id"] for t in client.query("SELECT tensors FROM sources WHERE source_id='mem'")
+           .to_pylist()[0]["tensors"]]
+    assert ids == ["mem/img", "mem/img/@labels/nuclei"]
