@@ -199,6 +199,8 @@ class UploadManager:
         is_labels = False
         if target.is_label_set:
             image, _ = self.catalog.find_tensor(target.image_id)
+            if image.array_id != target.image_id:  # e.g. 'src/img' of a single-tensor source 'src'
+                target = parse_upload_id(f"zarr://{image.array_id}/{LABELS}/{target.name}")
             self._check_label_binding(image, shape, request_id)
             is_labels = True
             dim_labels = dim_labels or image.dim_labels[len(image.shape) - len(shape):]

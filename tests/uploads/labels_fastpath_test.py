@@ -85,11 +85,15 @@ def test_make_run_upload_snippet_works(server):
 
 def test_label_set_on_a_native_tensor_of_a_source(client, server):
     labels = (np.arange(20 * 24, dtype=np.uint16).reshape(20, 24) % 5).astype(np.uint16)
+    # 'mem' is a single-tensor source: its tensor's id is 'mem', and the set is named under it
     desc = client.setup_array_upload("zarr://mem/img/@labels/nuclei", labels)
-    assert desc.array_id == "mem/img/@labels/nuclei" and list(desc.dim_labels) == ["y", "x"]
+    assert desc.array_id == "mem/@labels/nuclei" and list(desc.dim_labels) == ["y", "x"]
     client.upload_array(desc, labels)
     np.testing.assert_array_equal(client.get_array(desc.array_id), labels)
-    assert (server.uploads.manager.write_dir / "fields" / "mem" / "@labels" / "img" / "nuclei" / ".zattrs").is_file()
+    assert (server.uploads.manager.write_dir / "fields" / "mem" / "@labels" / "%40default" / "nuclei"
+            / ".zattrs").is_file()
     ids = [t["array_id"] for t in client.query("SELECT tensors FROM sources WHERE source_id='mem'")
            .to_pylist()[0]["tensors"]]
-    assert ids == ["mem/img", "mem/img/@labels/nuclei"]
+    assert ids == ["mem", "mem/@labels/nuclei"]
+    with pytest.raises(flight.FlightServerError, match="name is taken"):
+        client.setup_array_upload("zarr://mem/@labels/NUCLEI", labels)
