@@ -23,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -133,6 +134,7 @@ def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None,
     finally:
         host.stdin.close()
         host.wait(timeout=60)
+        shutil.rmtree(write_dir, ignore_errors=True)
     medians = {k: statistics.median(v) for k, v in times.items()}
     rows = [{"path": k, "MiB": arr.nbytes / (1 << 20), "chunks": arr.shape[0], "threads": threads, "median_s": m,
              "MB_per_s": arr.nbytes / m / 1e6, "vs_bare": medians[BARE] / m, "vs_sdk_peer": medians[SDK_PEER] / m}
