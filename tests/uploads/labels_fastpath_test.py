@@ -97,3 +97,22 @@ def test_label_set_on_a_native_tensor_of_a_source(client, server):
     assert ids == ["mem", "mem/@labels/nuclei"]
     with pytest.raises(flight.FlightServerError, match="name is taken"):
         client.setup_array_upload("zarr://mem/@labels/NUCLEI", labels)
+
+
+def test_zarr_member_reads_go_through_the_chunk_cache_and_fast_path(tmp_path):
+    arr = np.random.default_rng(2).integers(0, 60000, (3, 300, 400), dtype=np.uint16)
+    with upload_server(tmp_path, cache=True) as srv:
+        c = TensorFlightClient(srv.location)
+        desc = c.setup_array_upload("zarr://scratch/@fields/cached", arr, chunk_shape=(1, 128, 128))
+        c.upload_array(desc, arr)
+        np.testing.assert_array_equal(c.get_array(desc.array_id), arr)  # resolved into the chunk cache
+        n_chunks = len(srv.cache_manager)
+        assert n_chunks >= 1
+        before = srv.calls["DoGet"]
+        fresh = TensorFlightClient(srv.location)
+        np.testing.assert_array_equal(fresh.get_array(desc.array_id), arr)
+        assert srv.calls["DoGet"] == before and len(srv.cache_manager) == n_chunks  # warm: mmap, no DoGet
+        from tensor_server_kernels import reference
+
+        got = fresh.get_array(desc.array_id, scale_hint=[1, 4, 4], reduction_method="area")
+        np.testing.assert_array_equal(got, reference.downsample(arr, [1, 4, 4], "area"))
