@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -106,6 +105,10 @@ def _member_dir(write_dir: Path, source_id: str, target_field: str) -> Path:
 
 
 class UploadManager:
+    """Every uploaded tensor of one write_dir (see the module docstring). Constructing it
+    serves the scratch source, keeps the catalog out of write_dir and adopts what a previous
+    life left READY."""
+
     def __init__(self, catalog: Any, write_dir: str | os.PathLike[str], *, upload_ttl: float = DEFAULT_UPLOAD_TTL,
                  scratch_ttl: float = DEFAULT_SCRATCH_TTL, clock: Callable[[], float] = time.time) -> None:
         self.catalog = catalog
@@ -203,7 +206,8 @@ class UploadManager:
                 target = parse_upload_id(f"zarr://{image.array_id}/{LABELS}/{target.name}")
             self._check_label_binding(image, shape, request_id)
             is_labels = True
-            dim_labels = dim_labels or image.dim_labels[len(image.shape) - len(shape):]
+            dim_labels = dim_labels or (image.dim_labels if shape == image.shape
+                                        else tuple(d for d in image.dim_labels if d != "c"))
         grid = tuple(min(c, n) for c, n in zip(chunk_shape, shape))
         if target.store_format == "zarr":
             grid = transfer_chunk_shape(shape, dt.itemsize, grid, dim_labels or None)
@@ -216,8 +220,9 @@ class UploadManager:
         with self._lock:
             self._check_free(target, request_id)
             path = _member_dir(self.write_dir, target.source_id, target.field)
-            if path.exists():  # a store no record holds (e.g. a removal that failed): never reuse
-                shutil.rmtree(path, ignore_errors=True)
+            if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
+                raise InvalidArgument(f"add_tensor {request_id!r}: {path} already exists and no upload holds it; "
+                                      "remove it or choose another name")
             path.parent.mkdir(parents=True, exist_ok=True)
             marker = Marker(target.array_id, target.store_format, PENDING, uuid.uuid4().hex, now,
                             None if granted is None else now + granted, dim_labels, is_labels)
