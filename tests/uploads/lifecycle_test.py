@@ -274,3 +274,13 @@ def test_bool_and_signed_dtypes_round_trip(client, scheme):
         got = client.get_array(desc.array_id)
         assert got.dtype == arr.dtype
         np.testing.assert_array_equal(got, arr)
+
+
+def test_an_untracked_store_is_never_reused_or_deleted(server):
+    m = server.uploads.manager
+    stray = m.write_dir / "fields" / "scratch" / "stray"
+    stray.mkdir(parents=True)
+    (stray / "keep.txt").write_text("not ours to delete")
+    with pytest.raises(Exception, match="already exists and no upload holds it"):
+        m.add_tensor("cache://scratch/@fields/stray", (4, 4), "<u2")
+    assert (stray / "keep.txt").read_text() == "not ours to delete"
