@@ -156,7 +156,7 @@ class UploadGlue:
             return None
         fields = set(option.fields.paths)
         scaled = any(s != 1 for s in option.scale_hint)
-        if up.state == DISCARDED:
+        if up.state == DISCARDED:  # a tombstone: only its status is served
             if "endpoints" in fields or scaled:  # a writer (or reader) hears what a DoPut would
                 raise _refused(UploadClosed(up.array_id, DISCARDED, up.reason))
             t = up.tensor
@@ -170,7 +170,8 @@ class UploadGlue:
                 self.manager.check_readable(up)
             except UploadNotReadable as exc:
                 raise _not_readable(exc) from None
-        return self.server.describe_tensor(up.tensor, option.array_id, option,
+        tensor, echo = self.server.catalog.find_tensor(option.array_id)  # an orphan (source gone) is not served
+        return self.server.describe_tensor(tensor, echo, option,
                                            upload_status=status_pb(up) if "upload_status" in fields else None)
 
     # ---- the read gate (DoGet, chunk_locate) -------------------------------------------------

@@ -214,6 +214,20 @@ def test_orphaned_field_is_kept_and_reattached_when_its_source_returns(tmp_path)
     cat.scan()  # the source is gone: its field is not served, but kept
     with pytest.raises(Exception, match="unknown source"):
         cat.find_tensor(up.array_id)
+    from biopb.tensor import descriptor_pb2
+
+    from tensor_server.flight import ServerConfig
+    from tensor_server.flight.uploads import UploadGlue
+
+    class _Srv:  # the glue's view of a server: the same catalog
+        catalog = cat
+        config = ServerConfig(write_dir=str(tmp_path / "write"), writable=True)
+
+    glue = UploadGlue(_Srv(), m)
+    opt = descriptor_pb2.TensorReadOption(array_id=up.array_id)
+    opt.fields.paths.append("endpoints")
+    with pytest.raises(Exception, match="unknown source"):
+        glue.tensor_info(opt)  # a plan of an orphan is refused like its DoGet
     assert m.sweep() == {"expired": 0, "idle": 0, "reclaimed": 0} and up.member.path.is_dir()
     m.close()
     cat.close()
