@@ -102,12 +102,17 @@ class TensorFlightServer(flight.FlightServerBase):
         #: handler call counts (DoGet, GetFlightInfo, actions by name): cheap and useful
         #: for stats and for tests that prove a fast path bypassed DoGet
         self.calls: Counter[str] = Counter()
-        location = f"grpc://{self.config.host}:{self.config.port}"
-        super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
         from tensor_server.flight.uploads import UploadGlue
 
-        #: uploads (flight/uploads.py); its manager is None without a write_dir
+        #: uploads (flight/uploads.py); its manager is None without a write_dir. Built before
+        #: the listener starts, so no call can arrive before it exists.
         self.uploads = UploadGlue(self, upload_manager)
+        location = f"grpc://{self.config.host}:{self.config.port}"
+        try:
+            super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
+        except BaseException:
+            self.uploads.close()
+            raise
 
     def shutdown(self) -> None:
         super().shutdown()
