@@ -29,7 +29,7 @@ from tensor_server.cache.segment_index import read_index
 from tensor_server.cache.segment_store import SegmentEntry, SegmentWriter, read_batch_at, segment_name, walk_segment
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
-from tensor_server.uploads.marker import MARKER_KEY, Marker, read_json, write_json_atomic
+from tensor_server.uploads.marker import MARKER_KEY, Marker, read_json, sync_path, write_json_atomic
 
 __all__ = ["CacheMember", "CacheMemberAdapter"]
 
@@ -40,20 +40,6 @@ SEGMENT_BYTES = 1 << 30
 #: the fsync that READY's seal owes finds little left to write (the disk works while the
 #: network does, instead of after it).
 SYNC_BEHIND_BYTES = 32 << 20
-
-
-def _sync_file(path: Path) -> None:
-    """fdatasync a file by path: Linux flushes the file's dirty pages whichever fd asks."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fdatasync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def bounds_key(bounds: Bounds) -> bytes:
@@ -151,7 +137,7 @@ class CacheMember:
             if behind >= SYNC_BEHIND_BYTES and not full:
                 behind = 0
                 self._syncs = [f for f in self._syncs if not f.done()]
-                self._syncs.append(_syncer().submit(_sync_file, writer.path))
+                self._syncs.append(_syncer().submit(sync_path, writer.path))
             self._unsynced[writer.path] = behind
             if full:
                 self._open.discard(writer.path)

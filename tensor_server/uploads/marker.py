@@ -17,7 +17,7 @@ from typing import Any
 
 from tensor_server.adapters.zarr import UPLOAD_MEMBER_KEY as MARKER_KEY
 
-__all__ = ["MARKER_KEY", "Marker", "write_json_atomic", "read_json"]
+__all__ = ["MARKER_KEY", "Marker", "write_json_atomic", "read_json", "sync_path"]
 
 PENDING, READY, DISCARDED = "PENDING", "READY", "DISCARDED"
 
@@ -60,6 +60,21 @@ def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    sync_path(path.parent)  # the rename itself
+
+
+def sync_path(path: Path) -> None:
+    """fsync a file or directory by path (Linux flushes whatever any fd wrote to it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ planned chunk covers whole store chunks and concurrent DoPuts never share one.
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
-from tensor_server.uploads.marker import MARKER_KEY, Marker, read_json, write_json_atomic
+from tensor_server.uploads.marker import MARKER_KEY, Marker, read_json, sync_path, write_json_atomic
 
 __all__ = ["ZarrMember"]
 
@@ -81,7 +82,12 @@ class ZarrMember:
         self._array[bounds.to_slices()] = data
 
     def publish(self, marker: Marker) -> None:
-        """READY: nothing is open to close; the marker flips."""
+        """READY: the chunks zarr wrote (it never fsyncs) reach the disk, then the marker flips,
+        so a READY marker never names chunks a power cut could lose."""
+        for folder, _, files in os.walk(self.path / "0"):
+            for name in files:
+                sync_path(Path(folder) / name)
+            sync_path(Path(folder))
         write_json_atomic(self.path / ".zattrs", _zattrs(marker, self._array.ndim, self._extra))
         self.marker = marker
 
