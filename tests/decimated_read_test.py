@@ -36,6 +36,7 @@ DECIMATES = {
     "EncodedZarrAdapter": ("yes", "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
     "NormalizingAdapter": ("forwards", "decimates exactly when the wrapped adapter does"),
+    "CacheMemberAdapter": ("no", "a cache:// upload's chunk is one mapped Arrow batch: a stride inside it saves only a memcpy"),
 }
 
 

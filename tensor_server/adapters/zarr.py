@@ -46,6 +46,11 @@ _OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
 #: Long axis names some writers use, mapped to the single letters the server orders by.
 _AXIS_ALIASES = {"time": "t", "channel": "c", "channels": "c", "ch": "c"}
 _MAX_GROUP_DEPTH = 32
+#: The attribute block the upload subsystem writes on its zarr:// members (uploads/marker.py
+#: takes the key from here). Both zarr claims decline a group carrying it: what lies under a
+#: write_dir is registered by the upload subsystem, never discovered, even when a write_dir
+#: was misplaced inside a served root.
+UPLOAD_MEMBER_KEY = "tensor_server_upload"
 
 
 class _NoPixels(UnreadableSource):
@@ -117,6 +122,15 @@ def _read_node(folder: Path, rel: str) -> _Node | None:
 
 def _is_zarr_folder(path: Path) -> bool:
     return any((path / n).is_file() for n in ("zarr.json", ".zgroup", ".zarray"))
+
+
+def is_upload_member(path: Path) -> bool:
+    """The folder is an upload subsystem's zarr:// member (never raises)."""
+    try:
+        node = _read_node(path, "")
+        return node is not None and UPLOAD_MEMBER_KEY in node.attributes
+    except Exception:
+        return False
 
 
 def _natural_key(name: str) -> tuple[Any, ...]:
@@ -600,7 +614,7 @@ register_format(
     FormatEntry(
         name="ome-zarr",
         opener=lambda path: ZarrSource(path, require_ome=True),
-        sniff=lambda path, head: path.is_dir() and _root_is_ome(path),
+        sniff=lambda path, head: path.is_dir() and _root_is_ome(path) and not is_upload_member(path),
         extensions=(".ome.zarr",),
         priority=10,
         folders=True,
@@ -612,7 +626,7 @@ register_format(
     FormatEntry(
         name="zarr",
         opener=ZarrSource,
-        sniff=lambda path, head: path.is_dir() and _is_zarr_folder(path),
+        sniff=lambda path, head: path.is_dir() and _is_zarr_folder(path) and not is_upload_member(path),
         extensions=(".zarr",),
         priority=20,
         folders=True,
