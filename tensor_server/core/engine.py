@@ -10,6 +10,12 @@ the Flight server, the conformance suite, the benchmarks — goes through here.
 
 Paths, in the order they are tried for a scaled read:
 
+0. closed form, on an adapter that declares ``reports_uniform_blocks`` (``core/uniform.py``):
+   an extent its metadata says holds one value ``v`` is ``v`` reduced in closed form, without
+   reading; in a streamed reduction each unit is asked the same before it is fetched, so a
+   mixed extent reads only its non-uniform units. Unscaled reads of a uniform region are
+   ``np.full``; chunks come back as read-only broadcast arrays (one element of memory) that
+   the store keeps as a value. ``special_chunks=False`` turns this path off (benchmarks);
 1. ``nearest`` on an adapter that declares ``decimates``: ``get_decimated_data`` (a strided
    read, or a format's own reduced read such as CZI's zoom), which may decline with None;
 2. cache-sourced units: every full-resolution chunk under the extent is in the store
@@ -40,6 +46,7 @@ from tensor_server.core.chunk_store import ChunkStore, cache_sourced_units
 from tensor_server.core.methods import CANONICAL_METHODS, normalize_method
 from tensor_server.core.request import check_extent_within_chunk, check_scale
 from tensor_server.core.stream_reduce import scaled_output_shape, stream_reduce, streaming_unit
+from tensor_server.core.uniform import reduced_constant, uniform_array, uniform_value
 from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, StaleChunkId, TensorServerError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,7 +69,8 @@ class ReadEngine:
     tensor an id names when the caller does not pass it (the server passes its catalog's
     lookup). ``workers``: decode-ahead threads of a streamed reduction (None = the machine's
     cores). ``source_scaled_reads``: assemble scaled extents from cached full-resolution
-    chunks when all are cached.
+    chunks when all are cached. ``special_chunks``: answer blocks an adapter's metadata says
+    hold one value in closed form (path 0 of the module docstring).
     """
 
     def __init__(
@@ -72,7 +80,9 @@ class ReadEngine:
         tensors: Callable[[str], TensorAdapter] | None = None,
         workers: int | None = None,
         source_scaled_reads: bool = True,
+        special_chunks: bool = True,
     ) -> None:
+        self.special_chunks = special_chunks
         self.store = store
         self._tensors = tensors
         self.workers = workers
@@ -93,7 +103,8 @@ class ReadEngine:
         bounds = tensor.check_bounds(bounds)
         scale_t = check_scale(scale, tensor.shape)
         if all(s == 1 for s in scale_t):
-            return tensor.get_data(bounds)
+            v = self.uniform(tensor, bounds)
+            return tensor.get_data(bounds) if v is None else np.full(bounds.shape, v, dtype=tensor.dtype)
         canonical = normalize_method(method)
         if canonical not in CANONICAL_METHODS:
             raise InvalidArgument(f"method {method!r} cannot be computed; it names stored levels")
@@ -149,9 +160,27 @@ class ReadEngine:
         check_extent_within_chunk(cid.bounds.shape, unit_scale, grid_owner.chunk_shape, tensor.array_id)
         return cid
 
+    def uniform(self, tensor: TensorAdapter, bounds: Bounds) -> np.generic | None:
+        """The one value the tensor's metadata says every pixel of ``bounds`` holds, or None
+        (also when special chunks are switched off). The one place the engine asks."""
+        if not self.special_chunks:
+            return None
+        return uniform_value(tensor, bounds)
+
     # ---- paths ---------------------------------------------------------------------------------
     def _compute(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
-        """A validated chunk's pixels, computed (never looked up as a whole entry)."""
+        """A validated chunk's pixels, computed (never looked up as a whole entry). A uniform
+        extent is a read-only broadcast array, which the store keeps as a value."""
+        owner = tensor.native_level(cid.scale).tensor if cid.method == PRECOMPUTE else tensor
+        v = self.uniform(owner, cid.bounds)
+        if v is not None:
+            if cid.method in (UNSCALED, PRECOMPUTE):
+                return uniform_array(v, cid.bounds.shape, tensor.dtype)
+            return uniform_array(
+                reduced_constant(v, tensor.dtype, cid.scale, cid.method),
+                scaled_output_shape(cid.bounds.shape, cid.scale),
+                tensor.dtype,
+            )
         if cid.method == UNSCALED:
             return tensor.get_data(cid.bounds)
         if cid.method == PRECOMPUTE:
@@ -170,6 +199,11 @@ class ReadEngine:
 
         if all(s == 1 for s in scale):
             return tensor.get_data(bounds)
+        unit_value = self._closed_form(tensor, scale, method)
+        if unit_value is not None:
+            v = unit_value(bounds)
+            if v is not None:
+                return np.full(scaled_output_shape(bounds.shape, scale), v, dtype=tensor.dtype)
         if method == "nearest" and tensor.decimates:
             dec = tensor.get_decimated_data(bounds, scale)
             if dec is not None:
@@ -192,7 +226,23 @@ class ReadEngine:
             fetch = _stop_when(cancelled, fetch)
         if all(u >= n for u, n in zip(unit, bounds.shape)):
             return owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype)
-        return stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype)  # MERGE: workers=workers
+        return stream_reduce(
+            bounds, unit, scale, method, fetch, tensor.dtype, unit_value=unit_value
+        )  # MERGE: workers=workers
+
+    def _closed_form(
+        self, tensor: TensorAdapter, scale: tuple[int, ...], method: str
+    ) -> Callable[[Bounds], np.generic | None] | None:
+        """``unit -> reduced value`` for units the metadata says are uniform (None when the
+        tensor reports no uniform blocks or special chunks are off)."""
+        if not self.special_chunks or not tensor.reports_uniform_blocks:
+            return None
+
+        def unit_value(ub: Bounds) -> np.generic | None:
+            v = uniform_value(tensor, ub)
+            return None if v is None else reduced_constant(v, tensor.dtype, scale, method)
+
+        return unit_value
 
 
 def _stop_when(cancelled: Cancelled, fetch: Callable[[Bounds], np.ndarray]) -> Callable[[Bounds], np.ndarray]:
