@@ -214,6 +214,8 @@ class ReadEngine:
                     )
                 return owned_array(dec, tensor.dtype)
         unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
+        if unit_value is not None:
+            unit = _storage_block_unit(tensor, bounds, scale, unit)
         fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
         workers = self.workers
         if self.store is not None and self.source_scaled_reads:
@@ -243,6 +245,25 @@ class ReadEngine:
             return None if v is None else reduced_constant(v, tensor.dtype, scale, method)
 
         return unit_value
+
+
+#: Smallest storage block worth streaming by when an extent has uniform blocks: below it, the
+#: per-unit overhead outweighs reading a few uniform blocks with their neighbours.
+MIN_BLOCK_UNIT_BYTES = 64 << 10
+
+
+def _storage_block_unit(
+    tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...], unit: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Stream an extent that has uniform blocks by the storage block (rounded to whole
+    reduction blocks) instead of the transfer chunk, so that only the non-uniform blocks are
+    read: cost in proportion to them. Dense extents keep the transfer-chunk unit."""
+    block = tensor.read_block_shape
+    if block is None or int(np.prod(block)) * tensor.dtype.itemsize < MIN_BLOCK_UNIT_BYTES:
+        return unit
+    if not tensor.uniform_blocks(bounds):
+        return unit
+    return streaming_unit(block, block, scale)
 
 
 def _stop_when(cancelled: Cancelled, fetch: Callable[[Bounds], np.ndarray]) -> Callable[[Bounds], np.ndarray]:

@@ -1,0 +1,101 @@
+"""Per-format detection of uniform blocks from metadata: the closed-form path is taken (the
+decoder sees only the dense blocks) and the answers are the oracle's bytes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.engine import ReadEngine
+from tensor_server.core.uniform import uniform_value
+
+from .conftest import ReadCounter, assert_bit_identical, oracle
+
+SHAPE = (12, 256, 256)
+CHUNK = (4, 64, 128)
+DENSE = (slice(4, 8), slice(64, 128), slice(0, 128))  # exactly one chunk
+
+
+def volume(dtype="u2") -> np.ndarray:
+    a = np.zeros(SHAPE, dtype=dtype)
+    a[DENSE] = (np.arange(4 * 64 * 128) % 251 + 1).reshape(4, 64, 128).astype(dtype)
+    return a
+
+
+def check_tensor(t, a: np.ndarray, fill) -> None:
+    """Full-res and scaled reads equal the oracle and decode only the dense chunk."""
+    counted = ReadCounter(t)
+    engine = ReadEngine(workers=1)
+    empty = Bounds((0, 0, 0), (4, 256, 256))
+    assert uniform_value(t, empty) == np.asarray(fill, a.dtype)
+    got = engine.read(t, empty)
+    assert counted.regions == []
+    assert_bit_identical(got, np.full(empty.shape, fill, a.dtype))
+    for scale, method in (((1, 4, 4), "area"), ((2, 8, 8), "max"), ((4, 16, 16), "mode"), ((3, 5, 7), "median")):
+        want = oracle(t, Bounds.full(t.shape), scale, method)
+        counted.reset()
+        got = engine.read(t, None, scale, method)
+        assert_bit_identical(got, want)
+        assert counted.pixels < a.size // 2, counted.regions
+        dense = Bounds((4, 64, 0), (8, 128, 128))
+        assert counted.regions, "the dense chunk is decoded"
+        assert all(r.intersect(dense) is not None for r in counted.regions), counted.regions
+    np.testing.assert_array_equal(ReadEngine(special_chunks=False).read(t), a)
+
+
+# ---- zarr ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kind,fill",
+    [("v3", 0), ("v3", 7), ("v2", 0), ("v2", None), ("sharded", 0), ("sharded", 3)],
+)
+def test_zarr_absent_chunks_are_fill(tmp_path, kind, fill) -> None:
+    import zarr
+
+    from tensor_server.adapters.zarr import ZarrSource
+
+    path = tmp_path / "a.zarr"
+    kw = {"zarr_format": 2} if kind == "v2" else {}
+    if kind == "sharded":
+        kw["shards"] = (4, 128, 256)
+    z = zarr.create_array(str(path), shape=SHAPE, chunks=CHUNK, dtype="u2", fill_value=fill, **kw)
+    a = volume()
+    if fill:
+        a[a == 0] = fill
+    z[DENSE] = a[DENSE]
+    if kind == "sharded":  # a stored shard with empty slots: the index, not the key, tells
+        assert len(list(path.glob("c/*/*/*"))) == 1
+    else:
+        assert len([p for p in path.rglob("*") if p.is_file() and not p.name.startswith((".z", "zarr"))]) == 1
+    t = ZarrSource(path).tensor()
+    check_tensor(t, a, fill or 0)
+
+
+def test_zarr_fully_written_array_is_decoded(tmp_path) -> None:
+    import zarr
+
+    from tensor_server.adapters.zarr import ZarrSource
+
+    path = tmp_path / "d.zarr"
+    z = zarr.create_array(str(path), shape=(8, 32), chunks=(4, 16), dtype="u1", fill_value=0)
+    z[:] = np.arange(256, dtype=np.uint8).reshape(8, 32)
+    t = ZarrSource(path).tensor()
+    want = oracle(t, Bounds.full(t.shape), (2, 2), "area")
+    counted = ReadCounter(t)
+    got = ReadEngine(workers=1).read(t, None, (2, 2), "area")
+    assert_bit_identical(got, want)
+    assert counted.pixels == 256 and t.uniform_blocks(Bounds.full(t.shape)) == []
+
+
+def test_zarr_listing_follows_the_content_version(tmp_path) -> None:
+    import zarr
+
+    from tensor_server.adapters.zarr import ZarrSource
+
+    path = tmp_path / "w.zarr"
+    z = zarr.create_array(str(path), shape=(8, 32), chunks=(4, 16), dtype="u1", fill_value=0)
+    t = ZarrSource(path).tensor()
+    assert uniform_value(t, Bounds.full(t.shape)) == 0
+    z[0:4, 0:16] = 5
+    t.content_version = b"changed"  # what a catalog refresh does when it sees the write
+    assert uniform_value(t, Bounds.full(t.shape)) is None
+    assert ReadEngine().read(t)[0, 0] == 5
