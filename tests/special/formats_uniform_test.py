@@ -22,11 +22,11 @@ def volume(dtype="u2") -> np.ndarray:
     return a
 
 
-def check_tensor(t, a: np.ndarray, fill) -> None:
-    """Full-res and scaled reads equal the oracle and decode only the dense chunk."""
+def check_tensor(t, a: np.ndarray, fill, stored=(Bounds((4, 64, 0), (8, 128, 128)),)) -> None:
+    """Full-res and scaled reads equal the oracle and decode only the ``stored`` chunks."""
     counted = ReadCounter(t)
     engine = ReadEngine(workers=1)
-    empty = Bounds((0, 0, 0), (4, 256, 256))
+    empty = Bounds((8, 0, 0), (12, 256, 256))
     assert uniform_value(t, empty) == np.asarray(fill, a.dtype)
     got = engine.read(t, empty)
     assert counted.regions == []
@@ -37,9 +37,8 @@ def check_tensor(t, a: np.ndarray, fill) -> None:
         got = engine.read(t, None, scale, method)
         assert_bit_identical(got, want)
         assert counted.pixels < a.size // 2, counted.regions
-        dense = Bounds((4, 64, 0), (8, 128, 128))
         assert counted.regions, "the dense chunk is decoded"
-        assert all(r.intersect(dense) is not None for r in counted.regions), counted.regions
+        assert all(any(r.intersect(b) is not None for b in stored) for r in counted.regions), counted.regions
     np.testing.assert_array_equal(ReadEngine(special_chunks=False).read(t), a)
 
 
@@ -99,3 +98,25 @@ def test_zarr_listing_follows_the_content_version(tmp_path) -> None:
     t.content_version = b"changed"  # what a catalog refresh does when it sees the write
     assert uniform_value(t, Bounds.full(t.shape)) is None
     assert ReadEngine().read(t)[0, 0] == 5
+
+
+# ---- HDF5 ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fill", [0, 9])
+def test_hdf5_unallocated_chunks_are_fill(tmp_path, fill) -> None:
+    import h5py
+
+    from tensor_server.adapters.hdf5 import Hdf5Source
+
+    a = volume()
+    if fill:
+        a[a == 0] = fill
+    path = tmp_path / "a.h5"
+    with h5py.File(path, "w") as f:
+        ds = f.create_dataset("data", shape=SHAPE, chunks=CHUNK, dtype="u2", fillvalue=fill, compression="gzip")
+        ds[DENSE] = a[DENSE]
+        ds[0:4, 0:64, 0:128] = fill  # allocated, holds only the fill value: not special
+    t = Hdf5Source(path).tensor()
+    blocks = t.uniform_blocks(Bounds.full(SHAPE))
+    assert len(blocks) == 3 * 4 * 2 - 2
+    assert all(b.intersect(Bounds((0, 0, 0), (4, 64, 128))) is None for b, _ in blocks)
+    check_tensor(t, a, fill, stored=(Bounds((4, 64, 0), (8, 128, 128)), Bounds((0, 0, 0), (4, 64, 128))))
