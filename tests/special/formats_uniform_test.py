@@ -120,3 +120,40 @@ def test_hdf5_unallocated_chunks_are_fill(tmp_path, fill) -> None:
     assert len(blocks) == 3 * 4 * 2 - 2
     assert all(b.intersect(Bounds((0, 0, 0), (4, 64, 128))) is None for b, _ in blocks)
     check_tensor(t, a, fill, stored=(Bounds((4, 64, 0), (8, 128, 128)), Bounds((0, 0, 0), (4, 64, 128))))
+
+
+# ---- blosc2 -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["zeros", "full"])
+def test_b2nd_special_chunks_from_headers(tmp_path, kind) -> None:
+    import blosc2
+
+    from tensor_server.adapters.b2nd import B2ndSource
+
+    path = tmp_path / "a.b2nd"
+    fill = 0 if kind == "zeros" else 11
+    make = blosc2.zeros if kind == "zeros" else (lambda *a, **k: blosc2.full(*a, fill_value=fill, **k))
+    b = make(SHAPE, dtype=np.uint16, chunks=CHUNK, blocks=(2, 32, 64), urlpath=str(path), mode="w")
+    a = volume()
+    if fill:
+        a[a == 0] = fill
+    b[DENSE] = np.ascontiguousarray(a[DENSE])
+    del b
+    t = B2ndSource(path).tensor()
+    assert len(t.uniform_blocks(Bounds.full(SHAPE))) == 3 * 4 * 2 - 1
+    check_tensor(t, a, fill)
+
+
+def test_b2nd_nan_chunks(tmp_path) -> None:
+    import blosc2
+
+    from tensor_server.adapters.b2nd import B2ndSource
+
+    path = tmp_path / "n.b2nd"
+    b = blosc2.full((8, 64, 64), fill_value=np.nan, dtype=np.float32, chunks=(4, 32, 64), urlpath=str(path), mode="w")
+    b[0:4, 0:32] = np.ones((4, 32, 64), np.float32)
+    del b
+    t = B2ndSource(path).tensor()
+    assert len(t.uniform_blocks(Bounds.full(t.shape))) == 3
+    for method in ("area", "median", "max"):
+        want = oracle(t, Bounds.full(t.shape), (2, 4, 4), method)
+        assert_bit_identical(ReadEngine().read(t, None, (2, 4, 4), method), want)
