@@ -1,4 +1,4 @@
-"""Command line: ``python -m tensor_server {serve,list,run,version}``."""
+"""Command line: ``python -m tensor_server {serve,list,run,stats,version}``."""
 from __future__ import annotations
 
 import argparse
@@ -92,6 +92,12 @@ def _build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="print the sources and tensors found under ROOTs")
     lst.add_argument("roots", nargs="+", metavar="ROOT")
 
+    stats = sub.add_parser("stats", help="print min/max/sum/mean/count_nonzero of every tensor of a file or folder (JSON lines)")
+    stats.add_argument("path", metavar="PATH")
+    stats.add_argument("--field", help="only this tensor of the source")
+    stats.add_argument("--slice", help="a region, numpy style per axis: '0:10,:,100:200'")
+    stats.add_argument("--no-special-chunks", action="store_true", help="decode every block (for comparison)")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -141,7 +147,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),
         rescan_seconds=settings.rescan_seconds, cache_dir=settings.cache_dir,
         cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
-        write_dir=settings.write_dir,
+        special_chunks=settings.special_chunks, write_dir=settings.write_dir,
     )
     from tensor_server.cache import CacheLocked, CacheManager
     from tensor_server.config import default_cache_dir
@@ -219,6 +225,46 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_slice(text: str, ndim: int) -> tuple[slice, ...]:
+    from tensor_server.errors import InvalidArgument
+
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > ndim:
+        raise InvalidArgument(f"--slice has {len(parts)} axes, the tensor has {ndim}")
+    out = []
+    for p in parts:
+        a, sep, b = p.partition(":")
+        try:
+            out.append(slice(int(a) if a else None, int(b) if b else None) if sep else slice(int(a), int(a) + 1))
+        except ValueError:
+            raise InvalidArgument(f"--slice: {p!r} is not start:stop") from None
+    return tuple(out)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.engine import ReadEngine
+    from tensor_server.core.stats import tensor_stats
+    from tensor_server.errors import TensorServerError
+
+    setup_logging("error")
+    engine = ReadEngine(special_chunks=not args.no_special_chunks)
+    try:
+        with open_source(args.path) as src:
+            fields = [args.field] if args.field else list(src.tensors)
+            for name in fields:
+                t = src.tensor(name)
+                bounds = Bounds.from_slices(_parse_slice(args.slice, t.ndim), t.shape) if args.slice else None
+                print(json.dumps({"field": name, **tensor_stats(t, bounds, engine)}))
+    except TensorServerError as exc:
+        print(f"stats: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "version":
@@ -228,4 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "list":
         return cmd_list(args)
+    if args.command == "stats":
+        return cmd_stats(args)
     return cmd_serve(args, demo=args.command == "run")

@@ -104,7 +104,7 @@ class ReadEngine:
         scale_t = check_scale(scale, tensor.shape)
         if all(s == 1 for s in scale_t):
             v = self.uniform(tensor, bounds)
-            return tensor.get_data(bounds) if v is None else np.full(bounds.shape, v, dtype=tensor.dtype)
+            return self._level0(tensor, bounds) if v is None else np.full(bounds.shape, v, dtype=tensor.dtype)
         canonical = normalize_method(method)
         if canonical not in CANONICAL_METHODS:
             raise InvalidArgument(f"method {method!r} cannot be computed; it names stored levels")
@@ -181,11 +181,21 @@ class ReadEngine:
                 scaled_output_shape(cid.bounds.shape, cid.scale),
                 tensor.dtype,
             )
-        if cid.method == UNSCALED:
-            return tensor.get_data(cid.bounds)
-        if cid.method == PRECOMPUTE:
-            return tensor.native_level(cid.scale).tensor.get_data(cid.bounds)
+        if cid.method in (UNSCALED, PRECOMPUTE):
+            return self._level0(owner, cid.bounds)
         return self._scaled(tensor, cid.bounds, cid.scale, cid.method, cancelled)
+
+    def _level0(self, tensor: TensorAdapter, bounds: Bounds) -> np.ndarray:
+        """Owned level-0 pixels of a region that is not uniform as a whole. A region with
+        some uniform blocks is assembled block by block (uniform ones filled, the others
+        read), so its cost follows the non-uniform blocks; any other is one ``get_data``."""
+        ones = (1,) * tensor.ndim
+        unit_value = self._closed_form(tensor, ones, "nearest")
+        if unit_value is not None:
+            unit = _storage_block_unit(tensor, bounds, ones, bounds.shape)
+            if any(u < n for u, n in zip(unit, bounds.shape)):
+                return stream_reduce(bounds, unit, ones, "nearest", tensor.get_data, tensor.dtype, unit_value=unit_value)
+        return tensor.get_data(bounds)
 
     def _scaled(
         self,

@@ -25,6 +25,7 @@ from tensor_server.core.engine import ReadEngine
 from tensor_server.core.plan import plan_read
 from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.errors import InvalidArgument
+from tensor_server.flight import stats
 from tensor_server.flight.auth import TokenMiddlewareFactory, check_token
 from tensor_server.flight.wire import (
     CHUNK_SCHEMA,
@@ -51,6 +52,8 @@ class ServerConfig:
     cache_dir: str | None = None
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
+    #: answer blocks the metadata says hold one value in closed form (core/uniform.py)
+    special_chunks: bool = True
     write_dir: str | None = None
 
 
@@ -98,6 +101,7 @@ class TensorFlightServer(flight.FlightServerBase):
             cache_manager,
             tensors=self._tensor_for_chunk,
             source_scaled_reads=self.config.source_scaled_reads,
+            special_chunks=self.config.special_chunks,
         )
         self.started_at = time.time()
         #: handler call counts (DoGet, GetFlightInfo, actions by name): cheap and useful
@@ -206,7 +210,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
-        actions = [("health", "server status and protocol version (JSON)")]
+        actions = [("health", "server status and protocol version (JSON)"), stats.ACTION]
         if self.cache_manager is not None:
             actions += [("chunk_locate", "segment file and offset of a cached chunk (loopback only)"),
                         ("cache_stats", "chunk cache statistics (JSON)")]
@@ -220,11 +224,23 @@ class TensorFlightServer(flight.FlightServerBase):
         self._auth(context)
         if kind == "chunk_locate" and self.cache_manager is not None:
             return iter([flight.Result(json.dumps(self._locate(context, action.body.to_pybytes())).encode())])
+        if kind == "tensor_stats":
+            return iter([flight.Result(json.dumps(self._guarded(stats.tensor_stats_action, self, action.body.to_pybytes())).encode())])
         if kind == "cache_stats":
             if self.cache_manager is None:
                 return iter([])  # no result means "no cache" to the SDK
             return iter([flight.Result(json.dumps(self.cache_manager.cache_stats()).encode())])
         raise flight.FlightServerError(f"Unknown action: {kind}")
+
+    @staticmethod
+    def _guarded(handler, *args):  # noqa: ANN001, ANN205
+        """An action handler's result, its errors mapped to Flight errors (§12)."""
+        try:
+            return handler(*args)
+        except flight.FlightError:
+            raise
+        except Exception as exc:
+            raise flight_error(exc) from None
 
     def _locate(self, context, body: bytes) -> dict[str, Any]:  # noqa: ANN001
         """wire-protocol §7: the chunk's batch in a segment file the client can map. The
