@@ -157,3 +157,34 @@ def test_b2nd_nan_chunks(tmp_path) -> None:
     for method in ("area", "median", "max"):
         want = oracle(t, Bounds.full(t.shape), (2, 4, 4), method)
         assert_bit_identical(ReadEngine().read(t, None, (2, 4, 4), method), want)
+
+
+# ---- TIFF ---------------------------------------------------------------------------------------
+def test_tiff_sparse_pages_are_fill(tmp_path) -> None:
+    import tifffile
+
+    from tensor_server.adapters.tiff import TiffSource
+
+    rng = np.random.default_rng(3)
+    a = np.zeros((6, 128, 256), np.uint16)
+    a[0] = rng.integers(1, 60000, (128, 256))
+    a[3] = rng.integers(1, 60000, (128, 256))
+    path = tmp_path / "sparse.tif"
+    tifffile.imwrite(path, a, tile=(64, 128), photometric="minisblack", metadata={"axes": "ZYX"}, compression="zlib")
+    with tifffile.TiffFile(path, mode="r+") as tf:  # make pages 1, 2, 4, 5 sparse (no tiles stored)
+        tf.pages.useframes = False
+        for i in (1, 2, 4, 5):
+            tf.pages[i].tags["TileOffsets"].overwrite((0,) * 4)
+            tf.pages[i].tags["TileByteCounts"].overwrite((0,) * 4)
+    t = TiffSource(path).tensor()
+    assert [b.start[0] for b, _ in t.uniform_blocks(Bounds.full(t.shape))] == [1, 2, 4, 5]
+    counted = ReadCounter(t)
+    assert np.array_equal(ReadEngine().read(t, Bounds((1, 0, 0), (3, 128, 256))), a[1:3])
+    assert counted.regions == []
+    for scale, method in (((2, 4, 4), "area"), ((1, 2, 2), "max"), ((3, 3, 3), "median")):
+        want = oracle(t, Bounds.full(t.shape), scale, method)
+        counted.reset()
+        assert_bit_identical(ReadEngine(workers=1).read(t, None, scale, method), want)
+        if scale[0] < 3:  # (3 pages per unit hold a dense page in both units)
+            assert counted.pixels <= a.size * 2 // 3, counted.regions
+    assert np.array_equal(ReadEngine().read(t), a)
