@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "each format's own nearest path (decimated read, CZI zoom) vs the default streamed path"),
     "cache": ("tensor_server.bench.cache_reads",
               "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source"),
+    "special": ("tensor_server.bench.special",
+                "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers"),
 }
 
 
