@@ -186,7 +186,8 @@ class TensorAdapter(ABC):
     def uniform_blocks(self, bounds: Bounds) -> list[tuple[Bounds, np.generic]]:
         """Storage blocks overlapping validated ``bounds`` whose pixels all hold one value,
         with that value (a scalar of ``dtype``), found from metadata without decoding. Block
-        extents are in this tensor's coordinates, clipped to its shape, not to ``bounds``.
+        extents are in this tensor's coordinates inside its shape; a format without a block
+        grid for empty space (CZI) may answer with the asked box itself.
         Offer it by overriding and setting ``reports_uniform_blocks = True``; a block left
         out is merely decoded, a block reported wrongly is wrong pixels."""
         return []

@@ -188,3 +188,33 @@ def test_tiff_sparse_pages_are_fill(tmp_path) -> None:
         if scale[0] < 3:  # (3 pages per unit hold a dense page in both units)
             assert counted.pixels <= a.size * 2 // 3, counted.regions
     assert np.array_equal(ReadEngine().read(t), a)
+
+
+# ---- CZI ----------------------------------------------------------------------------------------
+def test_czi_regions_no_subblock_covers_are_background(tmp_path) -> None:
+    from pylibCZIrw import czi as pyczi
+
+    from tensor_server.adapters.czi import CziSource
+
+    rng = np.random.default_rng(4)
+    path = tmp_path / "gaps.czi"
+    a = np.zeros((3, 128, 512), np.uint16)  # Z, Y, X; tiles at x 0 and x 384 of Z 0 and Z 2
+    with pyczi.create_czi(str(path), exist_ok=True) as w:
+        for z in (0, 2):
+            for x in (0, 384):
+                tile = rng.integers(1, 60000, (128, 128), dtype=np.uint16)
+                a[z, :, x:x + 128] = tile
+                w.write(tile, plane={"Z": z, "C": 0, "T": 0}, location=(x, 0))
+    t = CziSource(path).tensor()
+    assert t.shape[-3:] == (3, 128, 512)
+    lead = (0,) * (t.ndim - 3)
+    box = lambda z0, z1, x0, x1: Bounds(lead + (z0, 0, x0), tuple(n + 1 for n in lead) + (z1, 128, x1))  # noqa: E731
+    assert uniform_value(t, box(1, 2, 0, 512)) == 0  # a plane with no subblocks
+    assert uniform_value(t, box(0, 3, 128, 384)) == 0  # the gap between the tiles
+    assert uniform_value(t, box(0, 1, 100, 200)) is None
+    counted = ReadCounter(t)
+    got = ReadEngine().read(t, box(0, 3, 128, 384))
+    assert counted.regions == [] and not got.any()
+    want = oracle(t, Bounds.full(t.shape), (1,) * (t.ndim - 3) + (1, 4, 4), "area")
+    assert_bit_identical(ReadEngine(workers=1).read(t, None, (1,) * (t.ndim - 3) + (1, 4, 4), "area"), want)
+    assert np.array_equal(ReadEngine().read(t).reshape(a.shape), a)
