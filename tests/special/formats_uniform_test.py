@@ -218,3 +218,28 @@ def test_czi_regions_no_subblock_covers_are_background(tmp_path) -> None:
     want = oracle(t, Bounds.full(t.shape), (1,) * (t.ndim - 3) + (1, 4, 4), "area")
     assert_bit_identical(ReadEngine(workers=1).read(t, None, (1,) * (t.ndim - 3) + (1, 4, 4), "area"), want)
     assert np.array_equal(ReadEngine().read(t).reshape(a.shape), a)
+
+
+# ---- ND2 ----------------------------------------------------------------------------------------
+def test_nd2_frames_missing_from_the_chunk_map_are_zeros(testdata) -> None:
+    """nd2 has no writer: the real sample with two frames dropped from its chunk map (as an
+    acquisition stopped early leaves it); nd2 itself then reads those frames as zeros."""
+    import tensor_server
+
+    with tensor_server.open(testdata / "nd2/cluster.nd2") as src:
+        t = src.tensor()
+        inner = t.inner if hasattr(t, "inner") else t
+        with inner._handle.use() as f:
+            offsets = f._rdr._frame_offsets
+            dropped = sorted(offsets)[-2:]
+            for k in dropped:
+                del offsets[k]
+        blocks = t.uniform_blocks(Bounds.full(t.shape))
+        assert len(blocks) == 2 and all(v == 0 for _, v in blocks)
+        counted = ReadCounter(t)
+        for box, _ in blocks:
+            assert not ReadEngine().read(t, box).any()
+        assert counted.regions == []
+        scale = tuple(2 if d in "yx" else 1 for d in t.dim_labels)
+        want = oracle(t, Bounds.full(t.shape), scale, "area")
+        assert_bit_identical(ReadEngine(workers=1).read(t, None, scale, "area"), want)
