@@ -17,6 +17,7 @@ repeat computes. Results are checked equal (on = off = oracle) before they are t
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -181,6 +182,7 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
         for th in threads:
             th.join(timeout=10)
         cat.close()
+        shutil.rmtree(work, ignore_errors=True)
     peer = lambda r, k: f"{r[k]:.0f}" if k in r else "-"  # noqa: E731
     print_table(
         ["case", "uniform", "read on", "read off", "x", "stats on", "stats off", "x", "zarr+np read", "zarr+np stats", "blosc2 sum+max"],
