@@ -14,6 +14,14 @@ integer mean is ``v``. An edge-padded ragged block of ``v`` is the same block of
 Uniform pixels travel as read-only broadcast arrays (``uniform_array``: every stride 0, one
 element of memory); ``constant_value`` recognises them, so the chunk cache can keep a value
 instead of megabytes and DoGet can send one shared buffer.
+
+Adding a format (the hook uploads use): set ``reports_uniform_blocks = True`` on the tensor
+and answer ``uniform_blocks(bounds)`` from the format's own index, usually with
+``grid_uniform_blocks(bounds, chunk, shape, value_at)`` where ``value_at(grid index)`` is the
+block's value or None. A ``cache://`` upload member would answer 0 for chunks missing from
+its index and the stored value for chunks uploaded as a uniform record (no bytes). Cache the
+index per ``content_version`` so a rewrite is seen; a block reported wrongly is wrong pixels,
+so the conformance suite decodes every reported block and compares.
 """
 from __future__ import annotations
 
