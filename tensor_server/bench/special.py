@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -174,6 +175,8 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
                    "uniform_chunks": round(uniform_share(t), 3), "scale": s, "method": method, **ms,
                    "read_speedup": ms["read off"] / ms["read on"], "stats_speedup": ms["stats off"] / ms["stats on"]}
             rows.append(row)
+            print(f"{name}: {json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})}",
+                  file=sys.stderr, flush=True)
     finally:
         for c in raw.values():
             c.close()
