@@ -190,9 +190,9 @@ class ReadEngine:
         some uniform blocks is assembled block by block (uniform ones filled, the others
         read), so its cost follows the non-uniform blocks; any other is one ``get_data``."""
         ones = (1,) * tensor.ndim
-        unit_value = self._closed_form(tensor, ones, "nearest")
+        unit_value = self._closed_form(tensor, bounds, ones, "nearest")
         if unit_value is not None:
-            unit = _storage_block_unit(tensor, bounds, ones, bounds.shape)
+            unit = _storage_block_unit(tensor, ones, bounds.shape)
             if any(u < n for u, n in zip(unit, bounds.shape)):
                 return stream_reduce(bounds, unit, ones, "nearest", tensor.get_data, tensor.dtype, unit_value=unit_value)
         return tensor.get_data(bounds)
@@ -209,7 +209,7 @@ class ReadEngine:
 
         if all(s == 1 for s in scale):
             return tensor.get_data(bounds)
-        unit_value = self._closed_form(tensor, scale, method)
+        unit_value = self._closed_form(tensor, bounds, scale, method)
         if unit_value is not None:
             v = unit_value(bounds)
             if v is not None:
@@ -225,7 +225,7 @@ class ReadEngine:
                 return owned_array(dec, tensor.dtype)
         unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
         if unit_value is not None:
-            unit = _storage_block_unit(tensor, bounds, scale, unit)
+            unit = _storage_block_unit(tensor, scale, unit)
         fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
         workers = self.workers
         if self.store is not None and self.source_scaled_reads:
@@ -243,15 +243,24 @@ class ReadEngine:
         )  # MERGE: workers=workers
 
     def _closed_form(
-        self, tensor: TensorAdapter, scale: tuple[int, ...], method: str
+        self, tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...], method: str
     ) -> Callable[[Bounds], np.generic | None] | None:
-        """``unit -> reduced value`` for units the metadata says are uniform (None when the
-        tensor reports no uniform blocks or special chunks are off)."""
+        """``unit -> reduced value`` for the uniform units of ``bounds``, or None when there
+        are none to find (special chunks off, nothing declared, or no uniform block in the
+        extent: a dense read pays one metadata look-up, not one per unit). The extent's
+        blocks are listed once; a unit that is exactly one listed block (the usual case:
+        units are storage blocks) is answered by a dict look-up, any other asks again."""
         if not self.special_chunks or not tensor.reports_uniform_blocks:
             return None
+        blocks = tensor.uniform_blocks(bounds)
+        if not blocks:
+            return None
+        exact = {(box.start, box.stop): v for box, v in blocks}
 
         def unit_value(ub: Bounds) -> np.generic | None:
-            v = uniform_value(tensor, ub)
+            v = exact.get((ub.start, ub.stop))
+            if v is None:
+                v = uniform_value(tensor, ub)
             return None if v is None else reduced_constant(v, tensor.dtype, scale, method)
 
         return unit_value
@@ -262,16 +271,12 @@ class ReadEngine:
 MIN_BLOCK_UNIT_BYTES = 64 << 10
 
 
-def _storage_block_unit(
-    tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...], unit: tuple[int, ...]
-) -> tuple[int, ...]:
-    """Stream an extent that has uniform blocks by the storage block (rounded to whole
+def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...]) -> tuple[int, ...]:
+    """The unit of an extent that has uniform blocks: the storage block (rounded to whole
     reduction blocks) instead of the transfer chunk, so that only the non-uniform blocks are
-    read: cost in proportion to them. Dense extents keep the transfer-chunk unit."""
+    read (cost in proportion to them). Kept when the block is tiny or the reader has none."""
     block = tensor.read_block_shape
     if block is None or int(np.prod(block)) * tensor.dtype.itemsize < MIN_BLOCK_UNIT_BYTES:
-        return unit
-    if not tensor.uniform_blocks(bounds):
         return unit
     return streaming_unit(block, block, scale)
 
