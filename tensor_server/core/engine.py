@@ -46,7 +46,7 @@ from tensor_server.core.chunk_store import ChunkStore, cache_sourced_units
 from tensor_server.core.methods import CANONICAL_METHODS, normalize_method
 from tensor_server.core.request import check_extent_within_chunk, check_scale
 from tensor_server.core.stream_reduce import scaled_output_shape, stream_reduce, streaming_unit
-from tensor_server.core.uniform import reduced_constant, uniform_array, uniform_value
+from tensor_server.core.uniform import covering_value, reduced_constant, uniform_array, uniform_value
 from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, StaleChunkId, TensorServerError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -260,7 +260,7 @@ class ReadEngine:
         def unit_value(ub: Bounds) -> np.generic | None:
             v = exact.get((ub.start, ub.stop))
             if v is None:
-                v = uniform_value(tensor, ub)
+                v = covering_value(blocks, bounds) if ub == bounds else uniform_value(tensor, ub)
             return None if v is None else reduced_constant(v, tensor.dtype, scale, method)
 
         return unit_value

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "UniformBlock",
     "uniform_value",
+    "covering_value",
     "grid_uniform_blocks",
     "uniform_array",
     "constant_value",
@@ -62,9 +63,15 @@ def uniform_value(tensor: TensorAdapter, bounds: Bounds) -> np.generic | None:
     None (not declared, not covered by uniform blocks, or blocks of different values)."""
     if not tensor.reports_uniform_blocks:
         return None
+    return covering_value(tensor.uniform_blocks(bounds), bounds)
+
+
+def covering_value(blocks: Iterable[UniformBlock], bounds: Bounds) -> np.generic | None:
+    """The one value ``blocks`` (disjoint) give every pixel of ``bounds``, or None when they
+    leave a pixel uncovered or disagree."""
     value: np.generic | None = None
     covered = 0
-    for box, v in tensor.uniform_blocks(bounds):
+    for box, v in blocks:
         inter = box.intersect(bounds)
         if inter is None:
             continue
