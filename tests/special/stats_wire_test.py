@@ -108,3 +108,12 @@ def test_special_chunks_over_flight(tmp_path) -> None:
             raw.close()
     finally:
         cat.close()
+
+
+def test_config_switch(tmp_path) -> None:
+    from tensor_server.config import load_settings
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[read]\nspecial_chunks = false\n")
+    assert load_settings(cfg).special_chunks is False
+    assert load_settings().special_chunks is True
