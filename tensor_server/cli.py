@@ -1,4 +1,4 @@
-"""Command line: ``python -m tensor_server {serve,list,run,url,version}``."""
+"""Command line: ``python -m tensor_server {serve,list,run,url,stats,version}``."""
 from __future__ import annotations
 
 import argparse
@@ -111,6 +111,11 @@ def _build_parser() -> argparse.ArgumentParser:
     url.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
     url.add_argument("--http-port", type=int, default=DEMO_HTTP_PORT, help=f"its --http-port (default {DEMO_HTTP_PORT})")
     url.add_argument("--ngff", choices=("0.4", "0.5"), default="0.4", help="NGFF 0.4 (zarr v2, default) or 0.5 (zarr v3)")
+    stats = sub.add_parser("stats", help="print min/max/sum/mean/count_nonzero of every tensor of a file or folder (JSON lines)")
+    stats.add_argument("path", metavar="PATH")
+    stats.add_argument("--field", help="only this tensor of the source")
+    stats.add_argument("--slice", help="a region, numpy style per axis: '0:10,:,100:200'")
+    stats.add_argument("--no-special-chunks", action="store_true", help="decode every block (for comparison)")
 
     sub.add_parser("version", help="print the version")
     return p
@@ -238,7 +243,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         write_dir=settings.write_dir, writable=settings.writable, upload_ttl=settings.upload_ttl,
         scratch_ttl=settings.scratch_ttl, precache_bytes=settings.precache_bytes,
         max_computes=settings.max_computes or 2 * (os.cpu_count() or 1),
-        admission_timeout=settings.admission_timeout,
+        admission_timeout=settings.admission_timeout, special_chunks=settings.special_chunks,
     )
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT
@@ -356,6 +361,46 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_slice(text: str, ndim: int) -> tuple[slice, ...]:
+    from tensor_server.errors import InvalidArgument
+
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) > ndim:
+        raise InvalidArgument(f"--slice has {len(parts)} axes, the tensor has {ndim}")
+    out = []
+    for p in parts:
+        a, sep, b = p.partition(":")
+        try:
+            out.append(slice(int(a) if a else None, int(b) if b else None) if sep else slice(int(a), int(a) + 1))
+        except ValueError:
+            raise InvalidArgument(f"--slice: {p!r} is not start:stop") from None
+    return tuple(out)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    import json
+
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.engine import ReadEngine
+    from tensor_server.core.stats import tensor_stats
+    from tensor_server.errors import TensorServerError
+
+    setup_logging("error")
+    engine = ReadEngine(special_chunks=not args.no_special_chunks)
+    try:
+        with open_source(args.path) as src:
+            fields = [args.field] if args.field else list(src.tensors)
+            for name in fields:
+                t = src.tensor(name)
+                bounds = Bounds.from_slices(_parse_slice(args.slice, t.ndim), t.shape) if args.slice else None
+                print(json.dumps({"field": name, **tensor_stats(t, bounds, engine)}))
+    except TensorServerError as exc:
+        print(f"stats: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "version":
@@ -367,4 +412,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_list(args)
     if args.command == "url":
         return cmd_url(args)
+    if args.command == "stats":
+        return cmd_stats(args)
     return cmd_serve(args, demo=args.command == "run")

@@ -13,6 +13,9 @@ Example (every key optional)::
     max_bytes = 4294967296      # file-tier budget
     source_scaled_reads = true  # build coarse levels from cached full-resolution chunks
 
+    [read]
+    special_chunks = true       # blocks the metadata says hold one value: closed form, no decode
+
     [pyramid]                   # computed levels advertised for tensors without stored ones
     plane_budget_px = 4194304   # halve Y/X until a plane fits this many pixels
     volume_budget_voxels = 89915392  # then one XYZ level to fit this volume (448**3)
@@ -85,6 +88,7 @@ class Settings:
     cache_dir: str | None = None
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
+    special_chunks: bool = True
     write_dir: str | None = None
     rois_path: str | None = None
     writable: bool = False
@@ -113,6 +117,7 @@ _KEYS = {
     ("cache", "dir"): "cache_dir",
     ("cache", "max_bytes"): "cache_max_bytes",
     ("cache", "source_scaled_reads"): "source_scaled_reads",
+    ("read", "special_chunks"): "special_chunks",
     ("pyramid", "plane_budget_px"): "plane_budget_px",
     ("pyramid", "volume_budget_voxels"): "volume_budget_voxels",
     ("catalog", "rescan_seconds"): "rescan_seconds",

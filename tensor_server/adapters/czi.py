@@ -132,6 +132,8 @@ class _CziFile:
         for i in reversed(range(len(self.handles))):
             self._free.put(i)
         self.rects = np.zeros((0, 4), dtype=np.int64)
+        #: layer-0 subblock rectangles per (scene, plane coordinates in ``plane_dims`` order)
+        self.plane_rects: dict[tuple[Any, ...], np.ndarray] = {}
         self.has_pyramid = False
 
     @contextmanager
@@ -184,6 +186,7 @@ class CziAdapter(TensorAdapter):
     """
 
     decimates = True
+    reports_uniform_blocks = True
 
     def __init__(
         self,
@@ -260,6 +263,26 @@ class CziAdapter(TensorAdapter):
         for index in self._plane_indices(bounds):
             bitmap = self._read_plane_roi(index, x, y, w, h)
             out[tuple(i - o for i, o in zip(index, origin))] = self._samples_rgb(bitmap, bounds)
+        return out
+
+    # ---- uniform blocks: regions no subblock covers ------------------------------------------
+    def uniform_blocks(self, bounds: Bounds) -> list[tuple[Bounds, np.generic]]:
+        """Per plane of ``bounds``, its Y/X box when no layer-0 subblock of that plane (and
+        scene) touches it: libCZI composes such a region from the background, zeros. The
+        blocks are the asked box per plane (a CZI has no block grid for empty space)."""
+        ya = self._n_plane
+        x0, y0 = self.rect[0] + bounds.start[ya + 1], self.rect[1] + bounds.start[ya]
+        x1, y1 = self.rect[0] + bounds.stop[ya + 1], self.rect[1] + bounds.stop[ya]
+        zero = np.zeros((), self.dtype)[()]
+        empty = np.zeros((0, 4), dtype=np.int64)
+        out: list[tuple[Bounds, np.generic]] = []
+        for index in self._plane_indices(bounds):
+            coords = self._plane_coords(index)
+            rects = self._file.plane_rects.get((self.scene,) + tuple(coords[d] for d, _, _ in self.plane_dims), empty)
+            if not _overlapping(rects, x0, y0, x1, y1).any():
+                start = tuple(index) + bounds.start[ya:]
+                stop = tuple(i + 1 for i in index) + bounds.stop[ya:]
+                out.append((Bounds(start, stop), zero))
         return out
 
     # ---- nearest through libCZI's zoom (design §5) ------------------------------------------
@@ -429,6 +452,13 @@ def _describe(path: Path, file: _CziFile, reader: Any) -> tuple[dict[str, CziAda
     for d in _CORE_DIMS:
         lo, hi = ranges.get(d, (0, 0))
         plane_dims.append((d, lo, hi - lo + 1))
+
+    names = [d for d, _, _ in plane_dims]
+    per_plane: dict[tuple[Any, ...], list[tuple[int, int, int, int]]] = {}
+    for coord, x, y, w, h, *_ in layer0:
+        key = (coord.get("S") if "S" in coord else None,) + tuple(coord.get(d, 0) for d in names)
+        per_plane.setdefault(key, []).append((x, y, x + w, y + h))
+    file.plane_rects = {k: np.array(v, dtype=np.int64) for k, v in per_plane.items()}
 
     pixel_type = _common_pixel_type(path, {b[6] for b in layer0})
     physical_xyz, info = _parse_xml(reader.raw_metadata)

@@ -70,6 +70,7 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import format_unit
+from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
 
 __all__ = [
@@ -226,6 +227,46 @@ class Hdf5Adapter(TensorAdapter):
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         return self.file.read(self.dataset_path, bounds.to_slices(), self.dtype)
+
+    # ---- uniform blocks: unallocated chunks read as the fill value ----------------------------
+    @property
+    def reports_uniform_blocks(self) -> bool:  # type: ignore[override]
+        return self.metadata.get("layout") == "chunked" and self.native_chunk_shape is not None
+
+    def uniform_blocks(self, bounds: Bounds) -> list[UniformBlock]:
+        """Chunks HDF5 never allocated hold the dataset's fill value. Allocated chunks are
+        never reported, even when they hold only the fill value (HDF5 stores those when
+        written). The allocated set comes from one ``chunk_iter`` walk per content version
+        (``get_chunk_info`` per chunk would be quadratic in the chunk count)."""
+        if not self.reports_uniform_blocks:
+            return []
+        allocated, fill = self._allocated_chunks()
+        if fill is None:
+            return []
+        chunks = self.native_chunk_shape
+        return grid_uniform_blocks(
+            bounds, chunks, self.shape,
+            lambda idx: None if tuple(i * c for i, c in zip(idx, chunks)) in allocated else fill,
+        )
+
+    def _allocated_chunks(self) -> tuple[frozenset[tuple[int, ...]], np.generic | None]:
+        cached = getattr(self, "_allocated", None)
+        if cached is not None and cached[0] == self.content_version:
+            return cached[1], cached[2]
+        from h5py import h5d
+
+        offsets: list[tuple[int, ...]] = []
+        fill = None
+        with self.file.handle.use() as h5file:
+            ds = h5file[self.dataset_path]
+            plist = ds.id.get_create_plist()
+            if plist.get_fill_time() != h5d.FILL_TIME_NEVER and hasattr(ds.id, "chunk_iter"):
+                ds.id.chunk_iter(lambda info: offsets.append(tuple(int(o) for o in info.chunk_offset)))
+                fv = np.zeros((), dtype=ds.dtype)
+                plist.get_fill_value(fv)
+                fill = fv.astype(self.dtype)[()]
+        self._allocated = (self.content_version, frozenset(offsets), fill)
+        return self._allocated[1], fill
 
     def close(self) -> None:
         self.file.close()

@@ -101,6 +101,7 @@ class Nd2Adapter(TensorAdapter):
     """
 
     decimates = True
+    reports_uniform_blocks = True
 
     def __init__(
         self,
@@ -153,6 +154,36 @@ class Nd2Adapter(TensorAdapter):
         """``get_data(bounds)[::step]``, decoding only the frames on the step (design §4)."""
         bounds = self.check_bounds(bounds)
         return self._read(bounds, tuple(int(s) for s in step))
+
+    def uniform_blocks(self, bounds: Bounds) -> list[tuple[Bounds, np.generic]]:
+        """Frames missing from the file's chunk map (an acquisition stopped early, a
+        skipped position) read as zeros (``nd2``'s missing-frame rule): each is one block of
+        one frame. Legacy (JPEG 2000) files have no chunk map here and report none."""
+        missing = self._missing_frames()
+        if not missing:
+            return []
+        zero = np.zeros((), self.dtype)[()]
+        loop_ranges = [range(bounds.start[i], bounds.stop[i]) for i in self._loop_axes]
+        out = []
+        for coords in itertools.product(*loop_ranges):
+            if self.frame_index(coords) in missing:
+                start, stop = [0] * self.ndim, list(self.shape)
+                for i, c in zip(self._loop_axes, coords):
+                    start[i], stop[i] = c, c + 1
+                out.append((Bounds(tuple(start), tuple(stop)), zero))
+        return out
+
+    def _missing_frames(self) -> frozenset[int]:
+        """Frame numbers with no ``ImageDataSeq`` chunk, once per content version."""
+        cached = getattr(self, "_missing", None)
+        if cached is not None and cached[0] == self.content_version:
+            return cached[1]
+        total = int(np.prod(self._loop_shape, dtype=np.int64))
+        with self._handle.use() as nd2_file:
+            offsets = getattr(getattr(nd2_file, "_rdr", None), "_frame_offsets", None)
+            missing = frozenset() if not isinstance(offsets, dict) else frozenset(range(total)) - offsets.keys()
+        self._missing = (self.content_version, missing)
+        return missing
 
     def close(self) -> None:
         """Close the file now (waiting for reads in flight); the next read reopens it."""

@@ -30,6 +30,7 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import DEFAULT_IDLE_SECONDS, LazyHandle
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import MICROMETER, SECOND, format_unit
+from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -375,6 +376,50 @@ class TiffPageSeriesAdapter(TensorAdapter):
                 f"reading series {self.series_index} level {self.level} {bounds} failed: "
                 f"{type(exc).__name__}: {exc}",
             ) from exc
+
+    # ---- uniform blocks: sparse pages -----------------------------------------------------------
+    @property
+    def reports_uniform_blocks(self) -> bool:  # type: ignore[override]
+        return self.chunkmode == PAGE_CHUNKMODE
+
+    def uniform_blocks(self, bounds: Bounds) -> list[UniformBlock]:
+        """Pages all of whose strips or tiles are absent (offset 0 and byte count 0: a sparse
+        file, e.g. GDAL's SPARSE_OK) read as the fill value (0, or the GDAL no-data tag); the
+        value is the store's own answer for such a page. Page granularity: the page is the
+        read block (class docstring); a page with some sparse tiles is decoded."""
+        if not self.reports_uniform_blocks:
+            return []
+        sparse, fill = self._sparse_pages()
+        if not sparse:
+            return []
+        chunks = self.native_chunk_shape
+        grid = [-(-n // c) for n, c in zip(self.shape, chunks)]
+        return grid_uniform_blocks(
+            bounds, chunks, self.shape,
+            lambda idx: fill if int(np.ravel_multi_index(idx, grid)) in sparse else None,
+        )
+
+    def _sparse_pages(self) -> tuple[frozenset[int], np.generic | None]:
+        cached = getattr(self, "_sparse", None)
+        if cached is not None and cached[0] == self.content_version:
+            return cached[1], cached[2]
+        sparse: list[int] = []
+        fill = None
+        with self.handle.use() as opened:
+            pages = opened.level_series(self.series_index, self.level).pages
+            for i, page in enumerate(pages):
+                offsets = getattr(page, "dataoffsets", None)
+                counts = getattr(page, "databytecounts", None)
+                if offsets and counts and not any(offsets) and not any(counts):
+                    sparse.append(i)
+            if sparse:
+                chunks = self.native_chunk_shape
+                grid = [-(-n // c) for n, c in zip(self.shape, chunks)]
+                origin = tuple(int(i) * c for i, c in zip(np.unravel_index(sparse[0], grid), chunks))
+                arr = opened.array(self.series_index, self.level, self.chunkmode)
+                fill = np.asarray(arr[origin]).astype(self.dtype)[()]
+        self._sparse = (self.content_version, frozenset(sparse), fill)
+        return self._sparse[1], fill
 
     def attach_levels(self, n_levels: int, make_level: Callable[[int], TensorAdapter]) -> None:
         """Fill ``native_levels`` from stored levels 1..n_levels-1. ``make_level(level)``

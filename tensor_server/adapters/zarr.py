@@ -20,9 +20,12 @@ reap: the local store opens and closes each chunk file per read.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import re
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -35,6 +38,7 @@ from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAd
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["ZarrAdapter", "ZarrSource"]
@@ -160,7 +164,15 @@ class ZarrAdapter(TensorAdapter):
     chunk (``array.chunks``; ``array.shards`` is the shard): zarr reads the shard index and
     fetches only the inner chunks a selection touches. The same chunk seeds the transfer grid.
     No decimated read: a stride inside a chunk saves a memcpy, not a decode.
+
+    Uniform blocks: a chunk whose key is absent from the store reads as the fill value (zarr
+    does not write chunks equal to it); in a sharded array an inner chunk whose shard is
+    absent, or whose shard-index slot is empty (offset and length 2^64-1), does too. One
+    listing per array (``stored_chunk_keys``), made on first use and again when the content
+    version changes; shard indexes are read once each, when a read first touches the shard.
     """
+
+    reports_uniform_blocks = True
 
     def __init__(
         self,
@@ -187,6 +199,10 @@ class ZarrAdapter(TensorAdapter):
             "shards": None if shards is None else [int(s) for s in shards],
         }
         meta.update(metadata or {})
+        self._listing: tuple[bytes, frozenset[str]] | None = None
+        self._shard_indexes: dict[tuple[int, ...], np.ndarray | None] = {}
+        self._fill: np.generic | None = None
+        self._lock = threading.Lock()
         super().__init__(
             array.shape,
             array.dtype,
@@ -206,6 +222,98 @@ class ZarrAdapter(TensorAdapter):
             raise UnreadableSource(
                 self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"
             ) from exc
+
+    # ---- uniform blocks (class docstring) ------------------------------------------------------
+    def uniform_blocks(self, bounds: Bounds) -> list[UniformBlock]:
+        keys = self._stored_keys()
+        if self._fill is None:
+            return []
+        meta = self._array.metadata
+        chunks = self.native_chunk_shape
+        shards = self.metadata.get("shards")
+        if shards is None:
+            def value_at(idx: tuple[int, ...]) -> np.generic | None:
+                return None if meta.encode_chunk_key(idx) in keys else self._fill
+        else:
+            per_shard = tuple(s // c for s, c in zip(shards, chunks))
+
+            def value_at(idx: tuple[int, ...]) -> np.generic | None:
+                shard = tuple(i // p for i, p in zip(idx, per_shard))
+                if meta.encode_chunk_key(shard) not in keys:
+                    return self._fill
+                index = self._shard_index(shard, per_shard)
+                if index is None:
+                    return None
+                slot = np.ravel_multi_index(tuple(i % p for i, p in zip(idx, per_shard)), per_shard)
+                return self._fill if index[slot, 0] == _EMPTY_SLOT and index[slot, 1] == _EMPTY_SLOT else None
+
+        return grid_uniform_blocks(bounds, chunks, self.shape, value_at)
+
+    def _stored_keys(self) -> frozenset[str]:
+        """The array's stored chunk (or shard) keys, listed once per content version; the
+        first time, also the value zarr returns for an absent chunk (read from one)."""
+        listing = self._listing
+        if listing is not None and listing[0] == self.content_version:
+            return listing[1]
+        with self._lock:
+            keys = stored_chunk_keys(self.store_path / self.zarr_path if self.zarr_path else self.store_path)
+            self._shard_indexes.clear()
+            self._fill = self._absent_value(keys)
+            self._listing = (self.content_version, keys)
+        return keys
+
+    def _absent_value(self, keys: frozenset[str]) -> np.generic | None:
+        """What zarr reads where no chunk is stored: its own answer for one absent chunk (for
+        a v2 ``fill_value: null`` too), or the declared fill value when every chunk exists."""
+        grid = self.metadata.get("shards") or self.native_chunk_shape
+        nblocks = [-(-n // c) for n, c in zip(self.shape, grid)]
+        meta = self._array.metadata
+        # among len(keys) + 1 chunks at least one is absent, if the array has that many
+        for idx in itertools.islice(np.ndindex(*nblocks), len(keys) + 1):
+            if meta.encode_chunk_key(idx) not in keys:
+                origin = tuple(i * c for i, c in zip(idx, grid))
+                return np.asarray(self._array[origin]).astype(self.dtype)[()]
+        return None
+
+    def _shard_index(self, shard: tuple[int, ...], per_shard: tuple[int, ...]) -> np.ndarray | None:
+        """(n, 2) uint64 offsets and lengths of a stored shard's inner chunks, or None when
+        the index encoding is not the default (little-endian bytes, optional crc32c)."""
+        if shard in self._shard_indexes:
+            return self._shard_indexes[shard]
+        index = None
+        codec = self._array.metadata.codecs[0]
+        names = [type(c).__name__ for c in getattr(codec, "index_codecs", ())]
+        endian = getattr(getattr(codec, "index_codecs", (None,))[0], "endian", None)
+        if names in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]) and getattr(endian, "value", "little") == "little":
+            n = int(np.prod(per_shard))
+            size = 16 * n + (4 if len(names) == 2 else 0)
+            path = (self.store_path / self.zarr_path if self.zarr_path else self.store_path) / self._array.metadata.encode_chunk_key(shard)
+            at_end = str(getattr(codec.index_location, "value", codec.index_location)) == "end"
+            try:
+                with open(path, "rb") as fh:
+                    if at_end:
+                        fh.seek(-size, os.SEEK_END)
+                    raw = fh.read(16 * n)
+                if len(raw) == 16 * n:
+                    index = np.frombuffer(raw, dtype="<u8").reshape(n, 2)
+            except OSError:
+                index = None  # unreadable: the read reports it; here it is just not uniform
+        self._shard_indexes[shard] = index
+        return index
+
+
+_EMPTY_SLOT = np.uint64(2**64 - 1)
+
+
+def stored_chunk_keys(folder: Path) -> frozenset[str]:
+    """Every file under an array's folder as a store key relative to it (``c/0/1``, ``0.1``,
+    ``0/1``): one walk, the listing that tells written chunks from absent ones."""
+    out = []
+    for root, _dirs, files in os.walk(folder):
+        rel = os.path.relpath(root, folder)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        out.extend(prefix + f for f in files)
+    return frozenset(out)
 
 
 # ---- NGFF metadata -----------------------------------------------------------------------------

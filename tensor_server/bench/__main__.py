@@ -33,6 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "range reads of encoded (Luxar) zarr arrays vs luxar's decoder on the whole array"),
     "uploads": ("tensor_server.bench.uploads",
                 "upload_array MB/s to cache:// and zarr:// vs a bare pyarrow DoPut that discards"),
+    "special": ("tensor_server.bench.special",
+                "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers"),
 }
 
 

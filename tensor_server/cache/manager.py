@@ -10,6 +10,11 @@ Keys are encoded chunk ids. They carry the content version, so a changed file ca
 an entry made from its old bytes. Arrays handed out are read-only; the read path copies them
 (the read engine hands out read-only arrays; callers copy before writing). One server per cache folder: a
 lock file refuses a second one instead of letting two writers interleave segments.
+
+Uniform chunks (the engine's broadcast arrays, ``core/uniform.py``) are kept as their value in
+a small map of their own (``UNIFORM_ENTRIES``), never as bytes in a segment: a mostly-empty
+mask must not fill the budget with zeros. They are not in the file tier, so ``locate`` says
+None and a client reads them over DoGet.
 """
 from __future__ import annotations
 
@@ -29,10 +34,15 @@ import pyarrow as pa
 from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_index import index_path, read_index, write_index
 from tensor_server.cache.segment_store import SegmentEntry, SegmentWriter, read_batch_at, segment_name, walk_segment
+from tensor_server.core.uniform import constant_value
 
 __all__ = ["CacheManager", "CacheLocked", "Location"]
 
 log = logging.getLogger(__name__)
+
+
+#: uniform chunks remembered as values (each costs one element and its key), LRU beyond this
+UNIFORM_ENTRIES = 1 << 16
 
 
 class CacheLocked(RuntimeError):
@@ -86,6 +96,7 @@ class CacheManager:
             raise CacheLocked(f"{self.dir}: another tensor-server holds this cache folder (lock file)") from None
         self._memory: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._memory_used = 0
+        self._uniform: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._index: dict[bytes, tuple[int, SegmentEntry]] = {}
         self._segments: dict[int, _Segment] = {}
         self._writer: SegmentWriter | None = None
@@ -133,12 +144,12 @@ class CacheManager:
 
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
-            return key in self._memory or key in self._index
+            return key in self._memory or key in self._index or key in self._uniform
 
     def contains_all(self, keys: list[bytes]) -> bool:
         """True when every key is cached; stops at the first miss (one lookup when cold)."""
         with self._lock:
-            return all(k in self._memory or k in self._index for k in keys)
+            return all(k in self._memory or k in self._index or k in self._uniform for k in keys)
 
     def cache_stats(self) -> dict[str, Any]:
         """The ``cache_stats`` action's JSON (wire-protocol §11)."""
@@ -154,6 +165,7 @@ class CacheManager:
                 "pending_waits": self.stats["pending_waits"],
                 "ref_held_evictions_skipped": 0,
                 "oversized_skips": self.stats["oversized_skips"],
+                "uniform_entries": len(self._uniform),
                 "pool_stats": {
                     "memory": {"hits": self.stats["memory_hits"], "misses": 0, "segments": 0, "bytes": self._memory_used},
                     "file": {"hits": self.stats["file_hits"], "misses": self.stats["misses"],
@@ -165,6 +177,11 @@ class CacheManager:
     def get(self, key: bytes) -> np.ndarray | None:
         """The cached chunk as a read-only array, or None."""
         with self._lock:
+            uniform = self._uniform.get(key)
+            if uniform is not None:
+                self._uniform.move_to_end(key)
+                self.stats["hits"] += 1
+                return uniform
             arr = self._memory.get(key)
             if arr is not None:
                 self._memory.move_to_end(key)
@@ -212,7 +229,7 @@ class CacheManager:
             if arr is not None:
                 return arr
             with self._lock:
-                if key in self._memory or key in self._index:
+                if key in self._memory or key in self._index or key in self._uniform:
                     continue
                 event = self._pending.get(key)
                 if event is None:
@@ -241,7 +258,14 @@ class CacheManager:
     # ---- writes -----------------------------------------------------------------------------------
     def put(self, key: bytes, arr: np.ndarray) -> bool:
         """Store a chunk (file tier, and the memory tier). False when it is larger than the
-        whole budget and was skipped."""
+        whole budget and was skipped. A uniform chunk is kept as its value (module docstring)."""
+        if constant_value(arr) is not None:
+            with self._lock:
+                self._uniform[key] = arr
+                self._uniform.move_to_end(key)
+                while len(self._uniform) > UNIFORM_ENTRIES:
+                    self._uniform.popitem(last=False)
+            return True
         arr = np.ascontiguousarray(arr)
         with self._lock:
             if key in self._index:
@@ -322,6 +346,7 @@ class CacheManager:
             for seg in list(self._segments.values()):
                 self._drop_segment(seg)
             self._memory.clear()
+            self._uniform.clear()
             self._memory_used = 0
 
     def close(self) -> None:

@@ -9,7 +9,11 @@ Declared capabilities (class attributes or properties, never probed):
 * ``read_block_shape``: what the reader cannot read below (None = it crops cheaply); the
   engine floors its streaming unit at it;
 * ``decimates``: ``get_decimated_data(bounds, step)`` may serve nearest as a strided (or
-  the format's own reduced) read; it returns None where it cannot for that request.
+  the format's own reduced) read; it returns None where it cannot for that request;
+* ``reports_uniform_blocks``: ``uniform_blocks(bounds)`` names, from metadata alone, the
+  storage blocks that hold one value (never-written zarr chunks, unallocated HDF5 chunks,
+  sparse TIFF tiles, blosc2 ZERO/VALUE chunks) and the value; the engine answers them in
+  closed form without reading (``core/uniform.py``).
 
 ``get_data`` (owned level-0 pixels) is the one read every caller uses; ``get_scaled_data``
 is a convenience that asks the store-less default engine. The conformance suite
@@ -57,6 +61,8 @@ class TensorAdapter(ABC):
     #: Whether get_decimated_data may serve nearest with a strided (or the format's own
     #: reduced) read; it returns None where it cannot for a given request.
     decimates: ClassVar[bool] = False
+    #: Whether uniform_blocks can name storage blocks that hold one value, from metadata.
+    reports_uniform_blocks: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -152,6 +158,15 @@ class TensorAdapter(ABC):
         when the reader cannot for this request (the engine then streams). Offer it by
         overriding and setting ``decimates = True``; the result must be owned."""
         return None
+
+    def uniform_blocks(self, bounds: Bounds) -> list[tuple[Bounds, np.generic]]:
+        """Storage blocks overlapping validated ``bounds`` whose pixels all hold one value,
+        with that value (a scalar of ``dtype``), found from metadata without decoding. Block
+        extents are in this tensor's coordinates inside its shape; a format without a block
+        grid for empty space (CZI) may answer with the asked box itself.
+        Offer it by overriding and setting ``reports_uniform_blocks = True``; a block left
+        out is merely decoded, a block reported wrongly is wrong pixels."""
+        return []
 
     def get_scaled_data(
         self,

@@ -10,6 +10,12 @@ the Flight server, the conformance suite, the benchmarks — goes through here.
 
 Paths, in the order they are tried for a scaled read:
 
+0. closed form, on an adapter that declares ``reports_uniform_blocks`` (``core/uniform.py``):
+   an extent its metadata says holds one value ``v`` is ``v`` reduced in closed form, without
+   reading; in a streamed reduction each unit is asked the same before it is fetched, so a
+   mixed extent reads only its non-uniform units. Unscaled reads of a uniform region are
+   ``np.full``; chunks come back as read-only broadcast arrays (one element of memory) that
+   the store keeps as a value. ``special_chunks=False`` turns this path off (benchmarks);
 1. ``nearest`` on an adapter that declares ``decimates``: ``get_decimated_data`` (a strided
    read, or a format's own reduced read such as CZI's zoom), which may decline with None;
 2. cache-sourced units: every full-resolution chunk under the extent is in the store
@@ -41,6 +47,7 @@ from tensor_server.core.chunk_store import ChunkStore, cache_sourced_units
 from tensor_server.core.methods import CANONICAL_METHODS, normalize_method
 from tensor_server.core.request import check_extent_within_chunk, check_scale
 from tensor_server.core.stream_reduce import scaled_output_shape, stream_reduce, streaming_unit
+from tensor_server.core.uniform import covering_value, reduced_constant, uniform_array, uniform_value
 from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, StaleChunkId, TensorServerError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,12 +70,14 @@ class Overloaded(TensorServerError):
 class ReadEngine:
     """Serve pixels of tensors (see the module docstring).
 
-    ``store``: a ChunkStore (the chunk cache) or None. ``workers``: decode-ahead threads of a streamed reduction (None = the machine's
-    cores). ``source_scaled_reads``: assemble scaled extents from cached full-resolution
-    chunks when all are cached. ``max_computes``: chunk computations (cache misses) that run
-    at once; more wait up to ``admission_timeout`` seconds, then get ``Overloaded`` (the
-    server's UNAVAILABLE, retryable), so a cluster fanning out over a tensor cannot starve
-    other clients. Cache hits are never queued. None = unbounded.
+    ``store``: a ChunkStore (the chunk cache) or None. ``workers``: decode-ahead threads of
+    a streamed reduction (None = the machine's cores). ``source_scaled_reads``: assemble
+    scaled extents from cached full-resolution chunks when all are cached. ``max_computes``:
+    chunk computations (cache misses) that run at once; more wait up to
+    ``admission_timeout`` seconds, then get ``Overloaded`` (the server's UNAVAILABLE,
+    retryable), so a cluster fanning out over a tensor cannot starve other clients. Cache
+    hits are never queued. None = unbounded. ``special_chunks``: answer blocks an adapter's
+    metadata says hold one value in closed form (path 0 of the module docstring).
     """
 
     def __init__(
@@ -79,8 +88,10 @@ class ReadEngine:
         source_scaled_reads: bool = True,
         max_computes: int | None = None,
         admission_timeout: float = 30.0,
+        special_chunks: bool = True,
     ) -> None:
         self.store = store
+        self.special_chunks = special_chunks
         self.max_computes = max_computes
         self.admission_timeout = admission_timeout
         self._admission = threading.BoundedSemaphore(max_computes) if max_computes else None
@@ -102,7 +113,8 @@ class ReadEngine:
         bounds = tensor.check_bounds(bounds)
         scale_t = check_scale(scale, tensor.shape)
         if all(s == 1 for s in scale_t):
-            return tensor.get_data(bounds)
+            v = self.uniform(tensor, bounds)
+            return self._level0(tensor, bounds) if v is None else np.full(bounds.shape, v, dtype=tensor.dtype)
         canonical = normalize_method(method)
         if canonical not in CANONICAL_METHODS:
             raise InvalidArgument(f"method {method!r} cannot be computed; it names stored levels")
@@ -124,6 +136,13 @@ class ReadEngine:
             return cid, self._admitted(tensor, cid, cancelled)
         return cid, self.store.get_or_compute(cid.encode(), lambda: self._admitted(tensor, cid, cancelled))
 
+    def uniform(self, tensor: TensorAdapter, bounds: Bounds) -> np.generic | None:
+        """The one value the tensor's metadata says every pixel of ``bounds`` holds, or None
+        (also when special chunks are switched off). The one place the engine asks."""
+        if not self.special_chunks:
+            return None
+        return uniform_value(tensor, bounds)
+
     # ---- paths ---------------------------------------------------------------------------------
     def _admitted(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
         """``_compute`` within the admission bound (see the class docstring)."""
@@ -140,12 +159,33 @@ class ReadEngine:
             self._admission.release()
 
     def _compute(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
-        """A validated chunk's pixels, computed (never looked up as a whole entry)."""
-        if cid.method == UNSCALED:
-            return tensor.get_data(cid.bounds)
-        if cid.method == PRECOMPUTE:
-            return tensor.native_level(cid.scale).tensor.get_data(cid.bounds)
+        """A validated chunk's pixels, computed (never looked up as a whole entry). A uniform
+        extent is a read-only broadcast array, which the store keeps as a value."""
+        owner = tensor.native_level(cid.scale).tensor if cid.method == PRECOMPUTE else tensor
+        v = self.uniform(owner, cid.bounds)
+        if v is not None:
+            if cid.method in (UNSCALED, PRECOMPUTE):
+                return uniform_array(v, cid.bounds.shape, tensor.dtype)
+            return uniform_array(
+                reduced_constant(v, tensor.dtype, cid.scale, cid.method),
+                scaled_output_shape(cid.bounds.shape, cid.scale),
+                tensor.dtype,
+            )
+        if cid.method in (UNSCALED, PRECOMPUTE):
+            return self._level0(owner, cid.bounds)
         return self._scaled(tensor, cid.bounds, cid.scale, cid.method, cancelled)
+
+    def _level0(self, tensor: TensorAdapter, bounds: Bounds) -> np.ndarray:
+        """Owned level-0 pixels of a region that is not uniform as a whole. A region with
+        some uniform blocks is assembled block by block (uniform ones filled, the others
+        read), so its cost follows the non-uniform blocks; any other is one ``get_data``."""
+        ones = (1,) * tensor.ndim
+        unit_value = self._closed_form(tensor, bounds, ones, "nearest")
+        if unit_value is not None:
+            unit = _storage_block_unit(tensor, ones, bounds.shape)
+            if any(u < n for u, n in zip(unit, bounds.shape)):
+                return stream_reduce(bounds, unit, ones, "nearest", tensor.get_data, tensor.dtype, unit_value=unit_value)
+        return tensor.get_data(bounds)
 
     def _scaled(
         self,
@@ -159,6 +199,11 @@ class ReadEngine:
 
         if all(s == 1 for s in scale):
             return tensor.get_data(bounds)
+        unit_value = self._closed_form(tensor, bounds, scale, method)
+        if unit_value is not None:
+            v = unit_value(bounds)
+            if v is not None:
+                return np.full(scaled_output_shape(bounds.shape, scale), v, dtype=tensor.dtype)
         if method == "nearest" and tensor.decimates:
             dec = tensor.get_decimated_data(bounds, scale)
             if dec is not None:
@@ -169,6 +214,8 @@ class ReadEngine:
                     )
                 return owned_array(dec, tensor.dtype)
         unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
+        if unit_value is not None:
+            unit = _storage_block_unit(tensor, scale, unit)
         fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
         workers = self.workers
         if self.store is not None and self.source_scaled_reads:
@@ -181,7 +228,47 @@ class ReadEngine:
             fetch = _stop_when(cancelled, fetch)
         if all(u >= n for u, n in zip(unit, bounds.shape)):
             return owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype)
-        return stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype)  # MERGE: workers=workers
+        return stream_reduce(
+            bounds, unit, scale, method, fetch, tensor.dtype, unit_value=unit_value
+        )  # MERGE: workers=workers
+
+    def _closed_form(
+        self, tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...], method: str
+    ) -> Callable[[Bounds], np.generic | None] | None:
+        """``unit -> reduced value`` for the uniform units of ``bounds``, or None when there
+        are none to find (special chunks off, nothing declared, or no uniform block in the
+        extent: a dense read pays one metadata look-up, not one per unit). The extent's
+        blocks are listed once; a unit that is exactly one listed block (the usual case:
+        units are storage blocks) is answered by a dict look-up, any other asks again."""
+        if not self.special_chunks or not tensor.reports_uniform_blocks:
+            return None
+        blocks = tensor.uniform_blocks(bounds)
+        if not blocks:
+            return None
+        exact = {(box.start, box.stop): v for box, v in blocks}
+
+        def unit_value(ub: Bounds) -> np.generic | None:
+            v = exact.get((ub.start, ub.stop))
+            if v is None:
+                v = covering_value(blocks, bounds) if ub == bounds else uniform_value(tensor, ub)
+            return None if v is None else reduced_constant(v, tensor.dtype, scale, method)
+
+        return unit_value
+
+
+#: Smallest storage block worth streaming by when an extent has uniform blocks: below it, the
+#: per-unit overhead outweighs reading a few uniform blocks with their neighbours.
+MIN_BLOCK_UNIT_BYTES = 64 << 10
+
+
+def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...]) -> tuple[int, ...]:
+    """The unit of an extent that has uniform blocks: the storage block (rounded to whole
+    reduction blocks) instead of the transfer chunk, so that only the non-uniform blocks are
+    read (cost in proportion to them). Kept when the block is tiny or the reader has none."""
+    block = tensor.read_block_shape
+    if block is None or int(np.prod(block)) * tensor.dtype.itemsize < MIN_BLOCK_UNIT_BYTES:
+        return unit
+    return streaming_unit(block, block, scale)
 
 
 def check_chunk_id(tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:

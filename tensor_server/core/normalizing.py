@@ -86,6 +86,13 @@ class NormalizingAdapter(TensorAdapter):
         return self.inner.decimates
 
     @property
+    def reports_uniform_blocks(self) -> bool:  # type: ignore[override]
+        return self.inner.reports_uniform_blocks
+
+    def uniform_blocks(self, bounds: Bounds) -> list[tuple[Bounds, np.generic]]:
+        return [(box.permute(self.order), v) for box, v in self.inner.uniform_blocks(self._inner_bounds(bounds))]
+
+    @property
     def read_block_shape(self) -> tuple[int, ...] | None:
         rb = self.inner.read_block_shape
         return None if rb is None else self._permute(rb)

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.uniform import fill_uniform_units
 
 __all__ = ["streaming_unit", "stream_reduce", "scaled_output_shape", "iter_units"]
 
@@ -64,11 +65,15 @@ def stream_reduce(
     fetch: Fetch,
     dtype: np.dtype,
     out: np.ndarray | None = None,
+    *,
+    unit_value: Callable[[Bounds], object | None] | None = None,
 ) -> np.ndarray:
     """Reduce ``bounds`` unit by unit into ``out`` (allocated when None); return ``out``.
 
     ``unit`` must be a whole number of reduction blocks on every axis (``streaming_unit``
     guarantees it); ``fetch(unit_bounds)`` returns that unit's level-0 pixels.
+    ``unit_value(unit_bounds)``, consulted before each fetch, may answer a unit's reduced
+    value in closed form (a uniform unit, ``core/uniform.py``): that unit is never fetched.
     """
     from tensor_server.core.downsample import downsample_block
 
@@ -80,7 +85,10 @@ def stream_reduce(
         out = np.empty(out_shape, dtype=dtype)
     elif out.shape != out_shape:
         raise ValueError(f"out has shape {out.shape}, expected {out_shape}")
-    for ub in iter_units(bounds, unit):
+    units = iter_units(bounds, unit)
+    if unit_value is not None:
+        units = fill_uniform_units(units, unit_value, out, bounds.start, scale)
+    for ub in units:
         block = fetch(ub)
         reduced = downsample_block(block, scale, method)
         del block  # drop the unit before fetching the next: peak residency is one unit

@@ -27,6 +27,7 @@ from tensor_server.core.plan import plan_read
 from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.errors import InvalidArgument
 from tensor_server.flight.actions import ACTION_DESCRIPTIONS, CatalogActions
+from tensor_server.flight import stats
 from tensor_server.flight.auth import TokenMiddlewareFactory, check_token
 from tensor_server.flight.wire import (
     CHUNK_SCHEMA,
@@ -55,6 +56,8 @@ class ServerConfig:
     cache_dir: str | None = None
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
+    #: answer blocks the metadata says hold one value in closed form (core/uniform.py)
+    special_chunks: bool = True
     write_dir: str | None = None
     #: output bytes the precacher may queue after each client read (0 = off; needs the cache)
     precache_bytes: int = 64 << 20
@@ -114,6 +117,7 @@ class TensorFlightServer(flight.FlightServerBase):
             source_scaled_reads=self.config.source_scaled_reads,
             max_computes=self.config.max_computes or None,
             admission_timeout=self.config.admission_timeout,
+            special_chunks=self.config.special_chunks,
         )
         #: warms what a viewer asks next (needs the cache to keep what it warms)
         self.precacher = None
@@ -289,7 +293,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
-        actions = [("health", "server status and protocol version (JSON)"),
+        actions = [("health", "server status and protocol version (JSON)"), stats.ACTION,
                    ("server_stats", "call counts and chunk reads by client address (JSON)")] + list(ACTION_DESCRIPTIONS)
         if self.uploads.writable:
             actions += [("add_tensor", "add a PENDING tensor to a source (uploads)"),
@@ -311,18 +315,31 @@ class TensorFlightServer(flight.FlightServerBase):
         if kind == "chunk_locate" and self.cache_manager is not None:
             return iter([flight.Result(json.dumps(self._locate(context, action.body.to_pybytes())).encode())])
         if kind == "server_stats":
-            stats = {"calls": dict(self.calls), "chunk_reads_by_peer": dict(self.chunk_reads_by_peer)}
-            return iter([flight.Result(json.dumps(stats).encode())])
+            body = {"calls": dict(self.calls), "chunk_reads_by_peer": dict(self.chunk_reads_by_peer)}
+            return iter([flight.Result(json.dumps(body).encode())])
+        if kind == "tensor_stats":
+            body = self._guarded(stats.tensor_stats_action, self, action.body.to_pybytes())
+            return iter([flight.Result(json.dumps(body).encode())])
         if kind == "cache_stats":
             if self.cache_manager is None:
                 return iter([])  # no result means "no cache" to the SDK
-            stats = self.cache_manager.cache_stats()
+            body = self.cache_manager.cache_stats()
             if self.precacher is not None:
-                stats["precache"] = dict(self.precacher.stats)
-            return iter([flight.Result(json.dumps(stats).encode())])
+                body["precache"] = dict(self.precacher.stats)
+            return iter([flight.Result(json.dumps(body).encode())])
         if self.actions.handles(kind):
             return self.actions.do_action(kind, action.body.to_pybytes())
         raise flight.FlightServerError(f"Unknown action: {kind}")
+
+    @staticmethod
+    def _guarded(handler, *args):  # noqa: ANN001, ANN205
+        """An action handler's result, its errors mapped to Flight errors (§12)."""
+        try:
+            return handler(*args)
+        except flight.FlightError:
+            raise
+        except Exception as exc:
+            raise flight_error(exc) from None
 
     def _locate(self, context, body: bytes) -> dict[str, Any]:  # noqa: ANN001
         """wire-protocol §7: the chunk's batch in a segment file the client can map. The

@@ -6,6 +6,7 @@ bytes are the SDK's own.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.plan import ReadPlan
 from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
+from tensor_server.core.uniform import constant_value
 from tensor_server.errors import (
     InvalidArgument,
     InvalidBounds,
@@ -47,8 +49,22 @@ PLAN_SCHEMA = pa.schema(_CHUNK_FIELDS, metadata=PROTOCOL_METADATA)
 
 def chunk_batch(arr: np.ndarray) -> pa.RecordBatch:
     """One-row batch of the unified chunk schema; the data buffer wraps ``arr`` without a
-    copy (little-endian, C-order), at offset 0 as the client requires."""
+    copy (little-endian, C-order), at offset 0 as the client requires. A uniform chunk (a
+    broadcast array, ``core/uniform.py``) is sent from one shared constant buffer per
+    (dtype, value, size), filled once, not materialised per request."""
+    value = constant_value(arr)
+    if value is not None:
+        arr = _shared_constant(arr.dtype.str, np.asarray(value).tobytes(), arr.size).reshape(arr.shape)
     return pa.RecordBatch.from_arrays(list(encode_chunk_columns(arr)), schema=CHUNK_SCHEMA)
+
+
+@lru_cache(maxsize=16)
+def _shared_constant(dtype: str, value: bytes, size: int) -> np.ndarray:
+    """A read-only C-contiguous array of ``size`` copies of ``value``, shared by every batch
+    that sends it (Flight only reads the buffer)."""
+    out = np.full(size, np.frombuffer(value, dtype=dtype)[0], dtype=dtype)
+    out.flags.writeable = False
+    return out
 
 
 def _error_info(code: str, reason: str) -> bytes:

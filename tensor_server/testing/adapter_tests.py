@@ -172,6 +172,27 @@ class AdapterTests:
             if t.decimates:
                 assert served, f"{type(t).__name__} declares decimates but declined every read"
 
+    def test_uniform_blocks_hold_their_value(self, source: SourceAdapter) -> None:
+        """Not declared: no blocks. Declared: every reported block decodes to its value
+        (bitwise), blocks lie inside the tensor, and reads with the closed-form path equal
+        reads without it."""
+        for field, t in self.tensors(source):
+            full = Bounds.full(t.shape)
+            blocks = t.uniform_blocks(full)
+            if not t.reports_uniform_blocks:
+                assert blocks == [], f"{type(t).__name__} does not declare reports_uniform_blocks but named blocks"
+                continue
+            for box, value in blocks[:16]:
+                box.validate(t.shape)
+                pixels = t.get_data(box)
+                assert pixels.tobytes() == np.full(box.shape, value, dtype=t.dtype).tobytes(), f"{field} {box}"
+            scale = self.scales_for(t)[0]
+            on, off = ReadEngine(workers=2), ReadEngine(workers=2, special_chunks=False)
+            for method in ("area", "max"):
+                if t.dtype.kind == "c":
+                    continue
+                self.assert_same(on.read(t, full, scale, method), off.read(t, full, scale, method))
+
     def test_bad_bounds_raise(self, source: SourceAdapter) -> None:
         for field, t in self.tensors(source):
             with pytest.raises(InvalidBounds):

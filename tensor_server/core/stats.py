@@ -1,0 +1,105 @@
+"""Whole-tensor (or region) statistics, in closed form over uniform blocks.
+
+``tensor_stats`` walks the region in units of the storage block (the transfer chunk when the
+reader has none). A unit the engine says is uniform (``ReadEngine.uniform``: the adapter's
+metadata names its one value ``v``) contributes ``v`` to min and max, ``v * n`` to the sum
+and ``n`` or 0 to the non-zero count without being read; every other unit is read once
+through the engine. A mostly-empty mask costs the reads of its non-empty blocks.
+
+Semantics are NumPy's over the decoded pixels: NaN propagates into min, max, sum and mean
+(``np.min`` / ``np.sum``), NaN counts as non-zero. Integer and bool sums are exact (Python
+ints); float sums accumulate float64, unit by unit, so they may differ from a one-pass NumPy
+sum in the last bits. Complex tensors get sum, mean and the non-zero count (no order).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.stream_reduce import iter_units, streaming_unit
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.core.adapter_base import TensorAdapter
+    from tensor_server.core.engine import ReadEngine
+
+__all__ = ["tensor_stats"]
+
+
+def _unit(tensor: TensorAdapter) -> tuple[int, ...]:
+    block = tensor.read_block_shape
+    ones = (1,) * tensor.ndim
+    return streaming_unit(block if block is not None else tensor.chunk_shape, block, ones)
+
+
+def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: ReadEngine | None = None) -> dict[str, Any]:
+    """``{count, count_nonzero, min, max, sum, mean, uniform_pixels, decoded_pixels}`` of
+    ``bounds`` (default the whole tensor); see the module docstring."""
+    from tensor_server.core.engine import default_engine
+
+    engine = engine or default_engine()
+    bounds = tensor.check_bounds(bounds)
+    dt = tensor.dtype
+    ordered = dt.kind != "c"
+    exact = dt.kind in "biu"
+    total: Any = 0 if exact else 0.0
+    lo: Any = None
+    hi: Any = None
+    nonzero = uniform_px = decoded_px = 0
+
+    def merge(unit_lo: Any, unit_hi: Any) -> None:
+        nonlocal lo, hi
+        if not ordered:
+            return
+        lo = unit_lo if lo is None else np.minimum(lo, unit_lo)
+        hi = unit_hi if hi is None else np.maximum(hi, unit_hi)
+
+    for ub in iter_units(bounds, _unit(tensor)):
+        n = ub.size
+        v = engine.uniform(tensor, ub)
+        if v is not None:
+            uniform_px += n
+            total += int(v) * n if exact else (complex(v) if dt.kind == "c" else float(v)) * n
+            nonzero += n if v != 0 or (dt.kind in "fc" and np.isnan(v)) else 0
+            merge(v, v)
+            continue
+        data = engine.read(tensor, ub)
+        decoded_px += n
+        if exact:
+            total += int(data.sum(dtype=np.int64)) if dt.itemsize < 8 or dt.kind == "b" else int(data.astype(object).sum())
+        else:
+            total += data.sum(dtype=np.complex128 if dt.kind == "c" else np.float64)
+        nonzero += int(np.count_nonzero(data))
+        if ordered:
+            merge(data.min(), data.max())
+    count = bounds.size
+    return {
+        "array_id": tensor.array_id,
+        "region": {"start": list(bounds.start), "stop": list(bounds.stop)},
+        "dtype": dt.str,
+        "count": count,
+        "count_nonzero": nonzero,
+        "min": _plain(lo),
+        "max": _plain(hi),
+        "sum": _plain(total),
+        "mean": _plain(total / count),
+        "uniform_pixels": uniform_px,
+        "decoded_pixels": decoded_px,
+    }
+
+
+def _plain(value: Any) -> Any:
+    """JSON-friendly: ints stay ints, floats are floats (NaN and inf as strings), complex as
+    [real, imag]."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (complex, np.complexfloating)):
+        return [_plain(float(value.real)), _plain(float(value.imag))]
+    f = float(value)
+    return f if math.isfinite(f) else str(f)
