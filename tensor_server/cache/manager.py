@@ -41,8 +41,8 @@ import pyarrow as pa
 
 from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_index import index_path, read_index, write_index
-from tensor_server.cache.segment_store import (CorruptEntry, SegmentEntry, SegmentWriter, segment_name, verify_batch,
-                                               walk_segment)
+from tensor_server.cache.segment_store import (CorruptEntry, SegmentEntry, SegmentWriter, header_ok, segment_name,
+                                               verify_batch, walk_segment)
 
 __all__ = ["CacheManager", "CacheLocked", "Location", "WRITE_RETRY_SECONDS"]
 
@@ -261,6 +261,9 @@ class CacheManager:
                     seg.buffer = mm.read_buffer()
             except (OSError, pa.ArrowException) as exc:
                 self._drop_damaged_segment(seg, f"cannot map it ({exc})")
+                return None
+            if not header_ok(seg.buffer):
+                self._drop_damaged_segment(seg, "its schema header is damaged")
                 return None
             if seg.buffer.size < end:
                 self._drop_damaged_segment(seg, f"{seg.buffer.size} bytes, an entry ends at {end}")

@@ -34,7 +34,7 @@ import xxhash
 from tensor_server.cache.chunk_columns import encode_chunk_columns
 
 __all__ = ["SEGMENT_SCHEMA", "CorruptEntry", "SegmentEntry", "SegmentWriter", "chunk_record_batch",
-           "verify_batch", "walk_segment", "segment_name"]
+           "header_ok", "verify_batch", "walk_segment", "segment_name"]
 
 SEGMENT_SCHEMA = pa.schema(
     [
@@ -46,6 +46,7 @@ SEGMENT_SCHEMA = pa.schema(
     ],
     metadata={b"chunk_wire_protocol": b"2", b"checksum": b"xxh3_64(key, dtype, shape, data)"},
 )
+_HEADER = SEGMENT_SCHEMA.serialize().to_pybytes()  # the schema message every segment starts with
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _PREFIX = 8  # continuation marker + metadata length in front of every message
 
@@ -82,6 +83,15 @@ def chunk_record_batch(arr: np.ndarray, key: bytes) -> pa.RecordBatch:
     digest = _checksum(key, dtype[0].as_py(), shape[0].as_py(), data.buffers()[2])
     return pa.RecordBatch.from_arrays(
         [data, shape, dtype, pa.array([key], pa.binary()), pa.array([digest], pa.uint64())], schema=SEGMENT_SCHEMA)
+
+
+def header_ok(segment_bytes) -> bool:  # noqa: ANN001 - bytes-like
+    """True when the segment starts with exactly our schema message. A client of the fast path
+    reads the schema from offset 0 of the file, so a batch is only as good as this header.
+    Compared byte for byte (no parser meets damaged bytes); a pyarrow that serialises the
+    schema differently makes old segments unreadable, i.e. recomputed, which is safe."""
+    view = memoryview(segment_bytes).cast("B")  # pa.Buffer exports signed bytes
+    return len(view) >= len(_HEADER) and view[: len(_HEADER)] == _HEADER
 
 
 def verify_batch(message_bytes: pa.Buffer, key: bytes | None) -> pa.RecordBatch:
@@ -136,7 +146,7 @@ class SegmentWriter:
         self.entries: list[SegmentEntry] = []
         self.sealed = False
         try:
-            self._write(SEGMENT_SCHEMA.serialize())
+            self._write(_HEADER)
         except OSError:
             self._fh.close()
             self.path.unlink(missing_ok=True)
@@ -199,16 +209,11 @@ def walk_segment(path: Path) -> Iterator[SegmentEntry]:
     marker or at framing it cannot follow (a crash's torn tail, a damaged length)."""
     with open(path, "rb") as fh:
         raw = fh.read()  # one read: the walk hashes every byte anyway, a mapping buys nothing
+    if not header_ok(raw):
+        return
     buf = pa.py_buffer(raw)
     size = buf.size
-    try:
-        reader = pa.BufferReader(buf)
-        schema = pa.ipc.read_schema(reader)
-        pos = reader.tell()
-    except (pa.ArrowException, OSError, ValueError):
-        return
-    if not schema.equals(SEGMENT_SCHEMA, check_metadata=False):
-        return
+    pos = len(_HEADER)
     while pos + _PREFIX <= size:
         marker, meta_len = np.frombuffer(raw, dtype="<u4", count=2, offset=pos)
         if marker != 0xFFFFFFFF or meta_len == 0:
