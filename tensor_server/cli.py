@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -191,14 +192,23 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 print("Ctrl-C stops the server.", file=sys.stderr)
 
     threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         server.serve()
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         catalog.close()
         cache.close()  # seals the open segment
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _stop_on_sigterm(signum: int, frame) -> None:  # noqa: ANN001
+    """SIGTERM (systemd, docker stop, kill) stops the server the way Ctrl-C does, so the open
+    cache segment is sealed instead of being left for the next boot to re-walk."""
+    raise KeyboardInterrupt
 
 
 def cmd_list(args: argparse.Namespace) -> int:
