@@ -17,7 +17,7 @@ __all__ = ["ServerProcess", "serve_process", "can_mount_tmpfs", "TMPFS_WRAPPER"]
 # run the server in a private mount namespace with a small tmpfs over the cache folder: a full
 # disk for the server only. "$0" is the cache folder, "$1" its size, then a setup command
 # (run before the server, inside the namespace), then the server command.
-TMPFS_WRAPPER = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size="$1" tmpfs "$0" && sh -c "$2" && shift 3 && exec "$@"']
+TMPFS_WRAPPER = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size="$1" tmpfs "$0" && sh -c "$2" && shift 2 && exec "$@"']
 
 
 def can_mount_tmpfs(tmp_path) -> bool:
