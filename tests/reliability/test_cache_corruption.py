@@ -71,7 +71,7 @@ SWEEP = textwrap.dedent(r"""
                     if loc is not None and not np.array_equal(sdk_read(loc), v):
                         print(f"WRONG FAST-PATH BYTES at {target} byte {pos} ^{xor:#x}: {k!r}", flush=True)
                         sys.exit(4)
-                summary["corrupt_entries"] += c.stats["corrupt_entries"]
+                summary["corrupt_entries"] += c.stats.get("corrupt_entries", 0)
             for k, (a, b) in pixels.items():
                 if target == "segment" and a <= pos < b:
                     summary["pixel_flips"] += 1
