@@ -44,7 +44,7 @@ SEGMENT_SCHEMA = pa.schema(
         pa.field("key", pa.binary()),
         pa.field("checksum", pa.uint64()),
     ],
-    metadata={b"chunk_wire_protocol": b"2", b"checksum": b"xxh3_64(key, dtype, shape, data)"},
+    metadata={b"chunk_wire_protocol": b"2", b"checksum": b"xxh3_64(data, seed=xxh3_64(key, dtype, shape))"},
 )
 _HEADER = SEGMENT_SCHEMA.serialize().to_pybytes()  # the schema message every segment starts with
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -68,12 +68,10 @@ class SegmentEntry:
 
 
 def _checksum(key: bytes, dtype: str, shape: list[int], data) -> int:  # noqa: ANN001 - buffer
-    h = xxhash.xxh3_64()
-    h.update(len(key).to_bytes(4, "little") + key)
-    h.update(dtype.encode() + b"\0")
-    h.update(np.asarray(shape, dtype="<i8").tobytes())
-    h.update(data)
-    return h.intdigest()
+    """xxh3-64 of the pixel bytes, seeded with a digest of (key, dtype, shape): one pass over
+    the pixels (a streaming hasher measured slower on 8 MiB than the one-shot call)."""
+    meta = len(key).to_bytes(4, "little") + key + dtype.encode() + b"\0" + np.asarray(shape, dtype="<i8").tobytes()
+    return xxhash.xxh3_64_intdigest(data, seed=xxhash.xxh3_64_intdigest(meta))
 
 
 def chunk_record_batch(arr: np.ndarray, key: bytes) -> pa.RecordBatch:
