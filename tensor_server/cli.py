@@ -154,14 +154,19 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except CacheLocked as exc:
         print(f"serve: {exc}; pass another --cache-dir", file=sys.stderr)
         return 2
+    except OSError as exc:  # the cache folder cannot be made or locked: serve uncached, never refuse
+        print(f"serve: chunk cache disabled, {cache_dir} is unusable ({exc})", file=sys.stderr)
+        cache = None
     try:
         server = TensorFlightServer(catalog, config, cache_manager=cache)
     except ValueError as exc:
-        cache.close()
+        if cache is not None:
+            cache.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # pyarrow raises a bare ArrowException when the bind fails
-        cache.close()
+        if cache is not None:
+            cache.close()
         print(f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
               "Pass --port (0 picks a free one).", file=sys.stderr)
         return 2
@@ -200,7 +205,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         catalog.close()
-        cache.close()  # seals the open segment
+        if cache is not None:
+            cache.close()  # seals the open segment
         signal.signal(signal.SIGTERM, previous)
     return 0
 

@@ -157,3 +157,16 @@ def test_a_server_boots_and_serves_on_a_full_cache_disk(tmp_path, root, tmpfs_ok
         assert stats["write_errors"] >= 1
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=60) == 0, server.stderr[-3000:]
+
+
+def test_a_server_whose_cache_folder_cannot_be_made_serves_uncached(tmp_path, root):
+    folder, truth = root
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_bytes(b"a file where the cache folder should be")
+    with serve_process([folder], not_a_folder) as server:
+        assert "chunk cache disabled" in server.stderr
+        got, stats = read_all(server, array_id_of(folder))
+        np.testing.assert_array_equal(got, truth)
+        assert stats == {}, "no cache: cache_stats answers nothing"
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
