@@ -293,7 +293,10 @@ class CacheManager:
             entry = where[1]
             seg = self._segments[number]
             if not seg.inode:
-                seg.inode = seg.path.stat().st_ino
+                try:
+                    seg.inode = seg.path.stat().st_ino
+                except OSError:
+                    return None
             return Location(str(seg.path.resolve()), entry.byte_offset, entry.byte_length, seg.inode)
 
     def _drop_corrupt(self, key: bytes, number: int, reason: str) -> None:

@@ -164,6 +164,7 @@ class SegmentWriter:
         except OSError:
             try:
                 os.ftruncate(self._fh.fileno(), self.size)
+                self._fh.seek(self.size)  # a later write (the seal's marker) must not leave a hole
             except OSError:
                 pass
             raise

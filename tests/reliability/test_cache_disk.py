@@ -20,7 +20,7 @@ import pytest
 import tensor_server.cache.manager as manager_module
 import tensor_server.cache.segment_store as segment_store
 from tensor_server.cache import CacheManager
-from tensor_server.cache.segment_index import index_path
+from tensor_server.cache.segment_index import index_path, read_index
 from tests.reliability.server_process import TMPFS_WRAPPER, can_mount_tmpfs, serve_process
 from tests.reliability.test_cache_shutdown import array_id_of, read_all
 
@@ -47,12 +47,15 @@ def test_a_1mb_budget_holds_the_folder_to_1mb(tmp_path):
 
 # ---- injected ENOSPC ---------------------------------------------------------------------------
 class _FullDisk(io.FileIO):
-    """A segment file on a disk with ``room`` bytes left: writes past it are short, then ENOSPC."""
+    """A segment file on a disk with ``room`` bytes left: writes past it are short, then ENOSPC;
+    after the ENOSPC, ``freed`` bytes become free again (as the cut-off tail is released)."""
 
     room = 0
+    freed = 0
 
     def write(self, data):  # noqa: ANN001
         if _FullDisk.room <= 0:
+            _FullDisk.room, _FullDisk.freed = _FullDisk.freed, 0
             raise OSError(errno.ENOSPC, "No space left on device")
         n = min(len(memoryview(data)), _FullDisk.room)
         _FullDisk.room -= n
@@ -82,6 +85,23 @@ def test_running_out_of_disk_mid_batch_serves_uncached_and_keeps_what_was_writte
     with CacheManager(tmp_path) as c:  # the cut segment is whole up to its last complete batch
         assert c.get(b"k0")[0, 0] == 0 and c.get(b"k1")[0, 0] == 1 and c.get(b"later")[0, 0] == 9
         assert c.get(b"k2") is None, "the batch cut short was never indexed"
+
+
+def test_a_segment_cut_by_enospc_is_sealed_right_after_its_last_whole_batch(tmp_path, full_disk):
+    full_disk.room, full_disk.freed = 20_000, 64  # the cut tail frees room for the seal's marker
+    with CacheManager(tmp_path, memory_bytes=0) as c:
+        for i in range(4):
+            assert c.get_or_compute(b"k%d" % i, lambda i=i: chunk(i))[1, 1] == i
+        assert c.stats["write_errors"] >= 1
+    assert [p.name for p in tmp_path.glob("seg_*.arrow")] == ["seg_0000.arrow"], "no empty segment left behind"
+    seg = tmp_path / "seg_0000.arrow"
+    entries = read_index(seg)
+    assert [e.key for e in entries] == [b"k0", b"k1"], "sealed with a sidecar despite the full disk"
+    raw = seg.read_bytes()
+    last = entries[-1].byte_offset + entries[-1].byte_length
+    assert len(raw) == last + 8 and raw[last:] == b"\xff\xff\xff\xff\x00\x00\x00\x00", "no hole, no torn tail"
+    with CacheManager(tmp_path) as c:
+        assert c.stats["recovered_segments"] == 0 and c.get(b"k1")[0, 0] == 1
 
 
 def test_boot_on_a_disk_that_refuses_writes(tmp_path, monkeypatch):
