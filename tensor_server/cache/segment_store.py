@@ -34,7 +34,7 @@ import xxhash
 from tensor_server.cache.chunk_columns import encode_chunk_columns
 
 __all__ = ["SEGMENT_SCHEMA", "CorruptEntry", "SegmentEntry", "SegmentWriter", "chunk_record_batch",
-           "header_ok", "verify_batch", "walk_segment", "segment_name"]
+           "header_ok", "read_batch_at", "verify_batch", "walk_segment", "segment_name"]
 
 SEGMENT_SCHEMA = pa.schema(
     [
@@ -130,6 +130,21 @@ def verify_batch(message_bytes: pa.Buffer, key: bytes | None) -> pa.RecordBatch:
         raise
     except (pa.ArrowException, ValueError, TypeError, OverflowError, IndexError, OSError, EOFError) as exc:
         raise CorruptEntry(f"{type(exc).__name__}: {exc}") from None
+
+
+def read_batch_at(buf: pa.Buffer, offset: int, key: bytes | None = None) -> pa.RecordBatch:
+    """The verified batch whose message starts at ``offset`` of a mapped segment, for a reader
+    that knows an offset but not the length (upload members, uploads/cache_member.py). The
+    length is taken from the message's own framing, bounded by the buffer; then as
+    ``verify_batch``. Raises CorruptEntry."""
+    if not 0 <= offset <= buf.size - _PREFIX:
+        raise CorruptEntry(f"offset {offset} is outside the {buf.size}-byte segment")
+    try:
+        reader = pa.BufferReader(buf.slice(offset))
+        pa.ipc.read_message(reader)
+    except (pa.ArrowException, OSError, ValueError, EOFError) as exc:
+        raise CorruptEntry(f"{type(exc).__name__}: {exc}") from None
+    return verify_batch(buf.slice(offset, reader.tell()), key)
 
 
 class SegmentWriter:

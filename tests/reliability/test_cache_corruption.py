@@ -118,3 +118,26 @@ def test_every_flipped_byte_of_a_sidecar(tmp_path):
     # nothing is lost and nothing recomputed
     assert s["recovered"] == s["positions"]
     assert s["recomputed"] == 0 and s["corrupt_entries"] == 0
+
+
+def test_read_batch_at_verifies_what_it_reads(tmp_path):
+    """The offset-only reader (used by upload members) verifies like the cache's own reads."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tensor_server.cache.segment_store import CorruptEntry, SegmentWriter, read_batch_at
+
+    w = SegmentWriter(tmp_path / "seg_0000.arrow")
+    arr = np.arange(300, dtype=np.int32).reshape(10, 30)
+    entry = w.append(arr, b"key")
+    w.seal()
+    raw = bytearray((tmp_path / "seg_0000.arrow").read_bytes())
+    batch = read_batch_at(pa.py_buffer(bytes(raw)), entry.byte_offset, b"key")
+    assert batch.column("shape")[0].as_py() == [10, 30]
+    with pytest.raises(CorruptEntry, match="key mismatch"):
+        read_batch_at(pa.py_buffer(bytes(raw)), entry.byte_offset, b"other")
+    raw[bytes(raw).find(arr.tobytes()) + 5] ^= 0x01
+    with pytest.raises(CorruptEntry, match="checksum"):
+        read_batch_at(pa.py_buffer(bytes(raw)), entry.byte_offset)
+    with pytest.raises(CorruptEntry, match="outside"):
+        read_batch_at(pa.py_buffer(bytes(raw)), len(raw) + 100)
