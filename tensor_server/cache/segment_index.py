@@ -13,6 +13,7 @@ one by one when read (segment_store.verify_batch): the sidecar says only where t
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pyarrow as pa
@@ -63,9 +64,13 @@ def write_index(segment: Path, entries: list[SegmentEntry], segment_size: int) -
 def read_index(segment: Path) -> list[SegmentEntry] | None:
     """The sidecar's entries, or None when it is missing, damaged, stale (size mismatch) or
     names bytes outside its segment."""
+    target = index_path(segment)
     try:
-        raw = index_path(segment).read_bytes()
         segment_size = segment.stat().st_size
+        st = target.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > segment_size + 65536:
+            return None  # a FIFO would block the read; a huge file is not ours: never read it whole
+        raw = target.read_bytes()
     except OSError:
         return None
     if len(raw) < _HEADER or raw[: len(_MAGIC)] != _MAGIC:

@@ -8,6 +8,7 @@ an ``ENOSPC`` from the segment file's write call, which always runs.
 from __future__ import annotations
 
 import errno
+import json
 import io
 import shlex
 import signal
@@ -190,3 +191,38 @@ def test_a_server_whose_cache_folder_cannot_be_made_serves_uncached(tmp_path, ro
         assert stats == {}, "no cache: cache_stats answers nothing"
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=60) == 0
+
+
+def test_boot_ignores_what_is_not_a_segment_and_never_blocks(tmp_path):
+    """Names that look like segments or sidecars but are a directory, a FIFO, a 1 TiB sparse
+    file or a symlink: boot finishes promptly, serves the real segment, counts only it. Run in
+    a child with a deadline, because the failure is a boot that blocks (a FIFO) or eats memory."""
+    import os
+    import subprocess
+
+    with CacheManager(tmp_path) as c:
+        c.put(b"real", chunk(5))
+    real = next(tmp_path.glob("seg_*.arrow"))
+    (tmp_path / "seg_0100.arrow").mkdir()
+    os.mkfifo(tmp_path / "seg_0101.arrow")
+    with open(tmp_path / "seg_0102.arrow", "wb") as fh:  # sparse, no sidecar: would be walked
+        fh.truncate(1 << 40)
+    os.symlink("/etc/passwd", tmp_path / "seg_0103.arrow")
+    real_idx = index_path(real)
+    real_idx.unlink()
+    os.mkfifo(real_idx)  # a FIFO where the real segment's sidecar should be
+    script = textwrap.dedent(f"""
+        import json
+        from tensor_server.cache import CacheManager
+        with CacheManager({str(tmp_path)!r}) as c:
+            s = c.cache_stats()
+            print(json.dumps([int(c.get(b"real")[0, 0]), s["total_entries"], s["pool_stats"]["file"]["segments"],
+                              s["total_bytes"]]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    value, entries, segments, total = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (value, entries, segments) == (5, 1, 1)
+    assert total == real.stat().st_size
+    assert not (tmp_path / "seg_0102.arrow").exists(), "a segment-named file with nothing whole in it is removed"
+    assert (tmp_path / "seg_0100.arrow").is_dir() and (tmp_path / "seg_0103.arrow").is_symlink(), "the others are left alone"
