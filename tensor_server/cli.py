@@ -197,17 +197,20 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 print("Ctrl-C stops the server.", file=sys.stderr)
 
     threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    in_main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
     try:
         server.serve()
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+        if in_main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         catalog.close()
         if cache is not None:
             cache.close()  # seals the open segment
-        signal.signal(signal.SIGTERM, previous)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
