@@ -22,6 +22,7 @@ on disk stays walkable.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,7 +122,8 @@ def verify_batch(message_bytes: pa.Buffer, key: bytes | None) -> pa.RecordBatch:
             raise CorruptEntry("data buffer is not exactly the chunk's bytes")
         if None in (stored_key, dtype, shape, stored) or any(v is None or v < 0 for v in shape):
             raise CorruptEntry("null or negative field")
-        if int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize != raw.size:
+        dt = np.dtype(dtype)
+        if dt.hasobject or math.prod(shape) * dt.itemsize != raw.size:  # Python ints: no overflow
             raise CorruptEntry("shape and dtype do not match the data size")
         if _checksum(stored_key, dtype, shape, raw) != stored:
             raise CorruptEntry("checksum mismatch")
