@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -254,14 +255,19 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         catalog.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the cache folder cannot be made or locked: serve uncached, never refuse
+        print(f"serve: chunk cache disabled, the cache folder is unusable ({exc})", file=sys.stderr)
+        cache = None
     try:
         server = TensorFlightServer(catalog, config, cache_manager=cache)
     except ValueError as exc:
-        cache.close()
+        if cache is not None:
+            cache.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # pyarrow raises a bare ArrowException when the bind fails
-        cache.close()
+        if cache is not None:
+            cache.close()
         print(f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
               "Pass --port (0 picks a free one).", file=sys.stderr)
         return 2
@@ -316,15 +322,22 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 print("Ctrl-C stops the server.", file=sys.stderr)
 
     threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
+    in_main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
     try:
         server.serve()
     except KeyboardInterrupt:
         pass
     finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         if http is not None:
             http.stop()
         catalog.close()
-        cache.close()  # seals the open segment
+        if cache is not None:
+            cache.close()  # seals the open segment
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -340,6 +353,12 @@ def cmd_url(args: argparse.Namespace) -> int:
     prefix = "zarr" if args.ngff == "0.4" else "zarr3"
     print(f"http://{args.host}:{args.http_port}/{prefix}/{array_id}/")
     return 0
+
+
+def _stop_on_sigterm(signum: int, frame) -> None:  # noqa: ANN001
+    """SIGTERM (systemd, docker stop, kill) stops the server the way Ctrl-C does, so the open
+    cache segment is sealed instead of being left for the next boot to re-walk."""
+    raise KeyboardInterrupt
 
 
 def cmd_list(args: argparse.Namespace) -> int:

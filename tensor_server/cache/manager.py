@@ -15,12 +15,25 @@ Uniform chunks (the engine's broadcast arrays, ``core/uniform.py``) are kept as 
 a small map of their own (``UNIFORM_ENTRIES``), never as bytes in a segment: a mostly-empty
 mask must not fill the budget with zeros. They are not in the file tier, so ``locate`` says
 None and a client reads them over DoGet.
+
+The cache is an optimisation, so its disk can never make a read fail or the server stop:
+
+* every batch read from a segment, and every one offered to the fast path (``locate``), is
+  verified first (segment_store.verify_batch: Arrow validation, key, checksum); one that fails
+  is dropped from both tiers and the chunk is recomputed from its source;
+* a write the disk refuses (a full disk) closes the open segment as it stands and pauses file
+  writes for ``WRITE_RETRY_SECONDS``; reads go on uncached (memory tier only). Boot never
+  writes anything it cannot do without;
+* the budget counts the open segment: room is made *before* a batch is appended, and a
+  segment is at most a quarter of the budget, so the folder never holds much more than
+  ``max_total_bytes``.
 """
 from __future__ import annotations
 
 import fcntl
 import logging
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -33,12 +46,15 @@ import pyarrow as pa
 
 from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_index import index_path, read_index, write_index
-from tensor_server.cache.segment_store import SegmentEntry, SegmentWriter, read_batch_at, segment_name, walk_segment
+from tensor_server.cache.segment_store import (CorruptEntry, SegmentEntry, SegmentWriter, header_ok, segment_name,
+                                               verify_batch, walk_segment)
 from tensor_server.core.uniform import constant_value
 
-__all__ = ["CacheManager", "CacheLocked", "Location"]
+__all__ = ["CacheManager", "CacheLocked", "Location", "WRITE_RETRY_SECONDS"]
 
 log = logging.getLogger(__name__)
+
+WRITE_RETRY_SECONDS = 10.0  # after the disk refused a write; a full disk is not retried per chunk
 
 
 #: uniform chunks remembered as values (each costs one element and its key), LRU beyond this
@@ -71,6 +87,13 @@ class _Segment:
     inode: int = 0
 
 
+def _segment_number(path: Path) -> int | None:
+    try:
+        return int(path.stem.split("_")[1])
+    except (IndexError, ValueError):
+        return None
+
+
 class CacheManager:
     """Two-tier chunk cache over ``cache_dir`` (see module docstring)."""
 
@@ -86,7 +109,8 @@ class CacheManager:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_total_bytes = int(max_total_bytes)
         self.memory_bytes = int(memory_bytes)
-        self.segment_bytes = int(segment_bytes)
+        # a quarter of the budget at most: eviction frees room in steps smaller than the budget
+        self.segment_bytes = max(1, min(int(segment_bytes), self.max_total_bytes // 4))
         self._lock = threading.RLock()
         self._lock_file = open(self.dir / "lock", "a+")
         try:
@@ -101,38 +125,64 @@ class CacheManager:
         self._segments: dict[int, _Segment] = {}
         self._writer: SegmentWriter | None = None
         self._writer_number = -1
+        self._next_number = 0  # never reuse a segment name, not even one taken by a stray file
+        self._writes_paused_until = 0.0
         self._pending: dict[bytes, threading.Event] = {}
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "pending_waits": 0, "oversized_skips": 0,
-                      "memory_hits": 0, "file_hits": 0, "recovered_segments": 0, "dropped_segments": 0}
+                      "memory_hits": 0, "file_hits": 0, "recovered_segments": 0, "dropped_segments": 0,
+                      "corrupt_entries": 0, "write_errors": 0}
         t0 = time.perf_counter()
         self._boot()
         self.boot_seconds = time.perf_counter() - t0
 
     # ---- boot ------------------------------------------------------------------------------------
     def _boot(self) -> None:
+        """Index the segments on disk. Reads what it can, never fails on what it finds or on a
+        disk that refuses writes: a damaged sidecar means a re-walk, a segment with nothing
+        whole in it is removed, anything that is not a regular file is left alone."""
         for tmp in self.dir.glob("*.idx.tmp"):
-            tmp.unlink(missing_ok=True)
+            self._unlink(tmp)
         for path in sorted(self.dir.glob("seg_*.arrow")):
+            number = _segment_number(path)
+            if number is None:
+                continue
+            self._next_number = max(self._next_number, number + 1)
             try:
-                number = int(path.stem.split("_")[1])
-            except (IndexError, ValueError):
+                st = path.lstat()
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                log.warning("cache: %s is not a regular file; ignored", path)
                 continue
             entries = read_index(path)
             if entries is None:
-                entries = list(walk_segment(path))  # unsealed at a crash, or a stale sidecar
+                try:
+                    entries = list(walk_segment(path))  # unsealed at a crash, or a damaged sidecar
+                except OSError as exc:
+                    log.warning("cache: cannot read %s (%s); ignored", path, exc)
+                    continue
                 if not entries:
-                    path.unlink(missing_ok=True)
-                    index_path(path).unlink(missing_ok=True)
+                    self._unlink(path)
+                    self._unlink(index_path(path))
                     self.stats["dropped_segments"] += 1
                     continue
-                write_index(path, entries, path.stat().st_size)  # sealed as it stands
+                try:
+                    write_index(path, entries, st.st_size)  # sealed as it stands
+                except OSError as exc:  # a full disk: the walk is repeated at the next boot
+                    log.warning("cache: cannot write the sidecar of %s (%s)", path, exc)
                 self.stats["recovered_segments"] += 1
-            st = path.stat()
             seg = _Segment(number, path, st.st_size, st.st_mtime, [e.key for e in entries], True, None, st.st_ino)
             self._segments[number] = seg
             for e in entries:
                 self._index[e.key] = (number, e)
-        self._evict_if_needed()
+        self._make_room(0)
+
+    @staticmethod
+    def _unlink(path: Path) -> None:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cache: cannot remove %s (%s)", path, exc)
 
     # ---- accounting -------------------------------------------------------------------------------
     @property
@@ -166,6 +216,8 @@ class CacheManager:
                 "ref_held_evictions_skipped": 0,
                 "oversized_skips": self.stats["oversized_skips"],
                 "uniform_entries": len(self._uniform),
+                "corrupt_entries": self.stats["corrupt_entries"],
+                "write_errors": self.stats["write_errors"],
                 "pool_stats": {
                     "memory": {"hits": self.stats["memory_hits"], "misses": 0, "segments": 0, "bytes": self._memory_used},
                     "file": {"hits": self.stats["file_hits"], "misses": self.stats["misses"],
@@ -175,7 +227,8 @@ class CacheManager:
 
     # ---- reads ------------------------------------------------------------------------------------
     def get(self, key: bytes) -> np.ndarray | None:
-        """The cached chunk as a read-only array, or None."""
+        """The cached chunk as a read-only array, or None (also when the stored entry failed
+        verification: it is dropped, and the caller recomputes)."""
         with self._lock:
             uniform = self._uniform.get(key)
             if uniform is not None:
@@ -188,38 +241,99 @@ class CacheManager:
                 self.stats["hits"] += 1
                 self.stats["memory_hits"] += 1
                 return arr
-            where = self._index.get(key)
-            if where is None:
-                return None
-            number, entry = where
-            seg = self._segments[number]
-            seg.last_used = time.time()
-            end = entry.byte_offset + entry.byte_length
-            if seg.buffer is None or seg.buffer.size < end:
-                # map (or remap: the open segment grows past an older mapping) once, then
-                # every reader slices the same buffer: no shared seek position
-                with pa.memory_map(str(seg.path), "r") as mm:
-                    seg.buffer = mm.read_buffer()
-            message = seg.buffer.slice(entry.byte_offset, entry.byte_length)
-        arr = decode_chunk(read_batch_at(message, 0))
+            found = self._message(key)
+        if found is None:
+            return None
+        message, number = found
+        try:
+            batch = verify_batch(message, key)
+        except CorruptEntry as exc:
+            with self._lock:
+                self._drop_corrupt(key, number, str(exc))
+            return None
+        arr = decode_chunk(batch)
         with self._lock:
             self.stats["hits"] += 1
             self.stats["file_hits"] += 1
             self._remember(key, arr)
         return arr
 
+    def _message(self, key: bytes) -> tuple[pa.Buffer, int] | None:
+        """The stored bytes of ``key``'s batch (unverified) and its segment number, or None.
+        A segment that cannot be mapped, or is shorter than its index says, is dropped."""
+        where = self._index.get(key)
+        if where is None:
+            return None
+        number, entry = where
+        seg = self._segments[number]
+        seg.last_used = time.time()
+        end = entry.byte_offset + entry.byte_length
+        if seg.buffer is None or seg.buffer.size < end:
+            # map (or remap: the open segment grows past an older mapping) once, then
+            # every reader slices the same buffer: no shared seek position
+            try:
+                with pa.memory_map(str(seg.path), "r") as mm:
+                    seg.buffer = mm.read_buffer()
+            except (OSError, pa.ArrowException) as exc:
+                self._drop_damaged_segment(seg, f"cannot map it ({exc})")
+                return None
+            if not header_ok(seg.buffer):
+                self._drop_damaged_segment(seg, "its schema header is damaged")
+                return None
+            if seg.buffer.size < end:
+                self._drop_damaged_segment(seg, f"{seg.buffer.size} bytes, an entry ends at {end}")
+                return None
+        return seg.buffer.slice(entry.byte_offset, entry.byte_length), number
+
     def locate(self, key: bytes) -> Location | None:
-        """Where the chunk's batch lives in a segment file, or None when not in the file tier."""
+        """Where the chunk's batch lives in a segment file, for a client to map, or None when
+        it is not in the file tier. The batch is verified first: the client maps the bytes
+        itself and checks nothing, so only a batch that verified just now is offered (a
+        segment is never written again once a batch is in it)."""
+        with self._lock:
+            found = self._message(key)
+        if found is None:
+            return None
+        message, number = found
+        try:
+            verify_batch(message, key)
+        except CorruptEntry as exc:
+            with self._lock:
+                self._drop_corrupt(key, number, str(exc))
+            return None
         with self._lock:
             where = self._index.get(key)
-            if where is None:
-                return None
-            number, entry = where
+            if where is None or where[0] != number:
+                return None  # evicted (or rewritten elsewhere) meanwhile
+            entry = where[1]
             seg = self._segments[number]
-            seg.last_used = time.time()
             if not seg.inode:
-                seg.inode = seg.path.stat().st_ino
+                try:
+                    seg.inode = seg.path.stat().st_ino
+                except OSError:
+                    return None
             return Location(str(seg.path.resolve()), entry.byte_offset, entry.byte_length, seg.inode)
+
+    def _drop_corrupt(self, key: bytes, number: int, reason: str) -> None:
+        """Forget one entry that failed verification (both tiers: a memory-tier array may be a
+        view of the same damaged bytes). The chunk is recomputed on its next read."""
+        where = self._index.get(key)
+        if where is not None and where[0] == number:
+            del self._index[key]
+            seg = self._segments.get(number)
+            log.warning("cache: dropped a damaged entry at byte %d of %s: %s", where[1].byte_offset,
+                        seg.path if seg else number, reason)
+        old = self._memory.pop(key, None)
+        if old is not None:
+            self._memory_used -= old.nbytes
+        self.stats["corrupt_entries"] += 1
+
+    def _drop_damaged_segment(self, seg: _Segment, reason: str) -> None:
+        log.warning("cache: dropped %s: %s", seg.path, reason)
+        if seg.number == self._writer_number and self._writer is not None:
+            self._writer.abandon()
+            self._writer = None
+        self._drop_segment(seg, evicted=False)
 
     def get_or_compute(self, key: bytes, compute: Callable[[], np.ndarray]) -> np.ndarray:
         """The cached chunk, or ``compute()`` stored then returned. Concurrent misses on one
@@ -257,8 +371,10 @@ class CacheManager:
 
     # ---- writes -----------------------------------------------------------------------------------
     def put(self, key: bytes, arr: np.ndarray) -> bool:
-        """Store a chunk (file tier, and the memory tier). False when it is larger than the
-        whole budget and was skipped. A uniform chunk is kept as its value (module docstring)."""
+        """Store a chunk (file tier, and the memory tier). False when it was not written to the
+        file tier: larger than the whole budget, or the disk refused (then it is kept in the
+        memory tier only, and file writes pause for WRITE_RETRY_SECONDS). A uniform chunk is
+        kept as its value (module docstring)."""
         if constant_value(arr) is not None:
             with self._lock:
                 self._uniform[key] = arr
@@ -273,28 +389,75 @@ class CacheManager:
             if arr.nbytes > self.max_total_bytes:
                 self.stats["oversized_skips"] += 1
                 return False
-            writer = self._writer_for(arr.nbytes)
-            entry = writer.append(arr, key)
-            seg = self._segments[self._writer_number]
-            seg.size = writer.size
-            seg.keys.append(key)
-            seg.last_used = time.time()
-            self._index[key] = (self._writer_number, entry)
             frozen = arr.view()
             frozen.flags.writeable = False
             self._remember(key, frozen)
-            if writer.size >= self.segment_bytes:
-                self._seal_writer()
-            self._evict_if_needed()
+            if time.monotonic() < self._writes_paused_until:
+                return False
+            try:
+                self._append(key, arr)
+            except OSError as exc:
+                self._write_failed(exc)
+                return False
             return True
+
+    def _append(self, key: bytes, arr: np.ndarray) -> None:
+        self._make_room(arr.nbytes + 4096)  # a batch is its pixels plus < 1 KiB of metadata
+        writer = self._writer_for(arr.nbytes)
+        entry = writer.append(arr, key)
+        seg = self._segments[self._writer_number]
+        seg.size = writer.size
+        seg.keys.append(key)
+        seg.last_used = time.time()
+        self._index[key] = (self._writer_number, entry)
+        if writer.size >= self.segment_bytes:
+            self._seal_writer()
+
+    def _write_failed(self, exc: OSError) -> None:
+        """The disk refused a write: close the open segment as it stands (its whole batches
+        stay readable; a missing sidecar is re-walked at boot) and pause file writes."""
+        self.stats["write_errors"] += 1
+        self._writes_paused_until = time.monotonic() + WRITE_RETRY_SECONDS
+        log.warning("cache: cannot write to %s (%s); serving uncached for %.0f s", self.dir, exc, WRITE_RETRY_SECONDS)
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        seg = self._segments.get(self._writer_number)
+        try:
+            writer.seal()
+        except OSError:
+            writer.abandon()
+        if seg is not None:
+            seg.sealed = True
+            try:
+                seg.size = seg.path.stat().st_size
+            except OSError:
+                seg.size = writer.size
+            if not seg.keys:
+                self._drop_segment(seg, evicted=False)
+
+    def _make_room(self, nbytes: int) -> None:
+        """Evict until ``nbytes`` more fit the budget; the open segment counts, and is sealed
+        (so it can be evicted) when the sealed ones are not enough."""
+        while self.file_bytes + nbytes > self.max_total_bytes:
+            if not any(s.sealed for s in self._segments.values()):
+                if self._writer is None or not self._writer.entries:
+                    return
+                self._seal_writer()
+            victim = min((s for s in self._segments.values() if s.sealed), key=lambda s: (s.last_used, s.number))
+            self._drop_segment(victim)
 
     def _writer_for(self, nbytes: int) -> SegmentWriter:
         if self._writer is not None and self._writer.size + nbytes > self.segment_bytes and self._writer.entries:
             self._seal_writer()
-        if self._writer is None:
-            number = max(self._segments, default=-1) + 1
+        while self._writer is None:
+            number = self._next_number
+            self._next_number += 1
             path = self.dir / segment_name(number)
-            self._writer = SegmentWriter(path)
+            try:
+                self._writer = SegmentWriter(path)
+            except FileExistsError:
+                continue  # a stray file took the name; take the next
             self._writer_number = number
             self._segments[number] = _Segment(number, path, self._writer.size, time.time(), [], False, None, path.stat().st_ino)
         return self._writer
@@ -302,11 +465,13 @@ class CacheManager:
     def _seal_writer(self) -> None:
         if self._writer is None:
             return
-        self._writer.seal()
+        writer, self._writer = self._writer, None
         seg = self._segments[self._writer_number]
-        seg.size = self._writer.size
         seg.sealed = True
-        self._writer = None
+        try:
+            writer.seal()
+        finally:
+            seg.size = writer.size
 
     def _remember(self, key: bytes, arr: np.ndarray) -> None:
         if arr.nbytes > self.memory_bytes:
@@ -320,29 +485,26 @@ class CacheManager:
             _, dropped = self._memory.popitem(last=False)
             self._memory_used -= dropped.nbytes
 
-    def _evict_if_needed(self) -> None:
-        """Unlink least-recently-used sealed segments until the file tier fits its budget."""
-        while self.file_bytes > self.max_total_bytes:
-            sealed = [s for s in self._segments.values() if s.sealed]
-            if not sealed:
-                return
-            victim = min(sealed, key=lambda s: (s.last_used, s.number))
-            self._drop_segment(victim)
-
-    def _drop_segment(self, seg: _Segment) -> None:
+    def _drop_segment(self, seg: _Segment, *, evicted: bool = True) -> None:
         for key in seg.keys:
             where = self._index.get(key)
             if where is not None and where[0] == seg.number:
                 del self._index[key]
         del self._segments[seg.number]
         seg.buffer = None  # live arrays keep the mapping alive; the inode outlives the unlink
-        seg.path.unlink(missing_ok=True)
-        index_path(seg.path).unlink(missing_ok=True)
-        self.stats["evictions"] += 1
+        self._unlink(seg.path)
+        self._unlink(index_path(seg.path))
+        self.stats["evictions" if evicted else "dropped_segments"] += 1
+
+    def _seal_quietly(self) -> None:
+        try:
+            self._seal_writer()
+        except OSError as exc:  # closed as it stands; re-walked at the next boot
+            log.warning("cache: cannot seal the open segment in %s (%s)", self.dir, exc)
 
     def clear(self) -> None:
         with self._lock:
-            self._seal_writer()
+            self._seal_quietly()
             for seg in list(self._segments.values()):
                 self._drop_segment(seg)
             self._memory.clear()
@@ -352,7 +514,7 @@ class CacheManager:
     def close(self) -> None:
         """Seal the open segment and release the folder lock."""
         with self._lock:
-            self._seal_writer()
+            self._seal_quietly()
             for seg in self._segments.values():
                 seg.buffer = None
             if not self._lock_file.closed:

@@ -2,21 +2,30 @@
 
 Written at seal, read at boot, so a cache of tens of thousands of chunks starts without
 parsing its segments. The sidecar is a small Arrow IPC file (key, byte_offset, byte_length,
-nbytes) whose schema metadata records the segment's size at seal. It is trusted only when the
-segment still has that size; otherwise the segment is re-walked (segment_store.walk_segment).
+nbytes) whose schema metadata records the segment's size at seal, behind a header that holds
+an xxh3-64 digest of those bytes. The digest is checked before a single byte is parsed: a
+damaged sidecar must cost a re-walk of its segment, never a crash at boot (a flipped byte in
+IPC metadata can make a parser read outside the file). A sidecar is trusted only when it
+verifies, every entry lies inside the segment and the segment still has the recorded size;
+otherwise the segment is re-walked (segment_store.walk_segment). Entries are still verified
+one by one when read (segment_store.verify_batch): the sidecar says only where to look.
 """
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import pyarrow as pa
+import xxhash
 
 from tensor_server.cache.segment_store import SegmentEntry
 
 __all__ = ["index_path", "write_index", "read_index"]
 
 _SCHEMA = pa.schema([("key", pa.binary()), ("byte_offset", pa.int64()), ("byte_length", pa.int64()), ("nbytes", pa.int64())])
+_MAGIC = b"TSIDX\x00\x02\x00"  # format 2: digest header + Arrow IPC file
+_HEADER = len(_MAGIC) + 8
 
 
 def index_path(segment: Path) -> Path:
@@ -24,7 +33,8 @@ def index_path(segment: Path) -> Path:
 
 
 def write_index(segment: Path, entries: list[SegmentEntry], segment_size: int) -> Path:
-    """Write the sidecar atomically (temp file + rename): a crash leaves none or a whole one."""
+    """Write the sidecar atomically (temp file + rename): a crash leaves none or a whole one.
+    Raises OSError when the disk refuses (the temp file is removed)."""
     table = pa.table(
         {
             "key": pa.array([e.key for e in entries], pa.binary()),
@@ -34,24 +44,54 @@ def write_index(segment: Path, entries: list[SegmentEntry], segment_size: int) -
         },
         schema=_SCHEMA.with_metadata({b"segment_size": str(segment_size).encode()}),
     )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    body = sink.getvalue()
     target = index_path(segment)
     tmp = target.with_suffix(".idx.tmp")
-    with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(tmp, target)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(_MAGIC + xxhash.xxh3_64_digest(body))
+            fh.write(body)
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return target
 
 
 def read_index(segment: Path) -> list[SegmentEntry] | None:
-    """The sidecar's entries, or None when it is missing, unreadable or stale (size mismatch)."""
+    """The sidecar's entries, or None when it is missing, damaged, stale (size mismatch) or
+    names bytes outside its segment."""
     target = index_path(segment)
     try:
-        with pa.memory_map(str(target), "r") as mm:
-            table = pa.ipc.open_file(mm).read_all()
-        recorded = int((table.schema.metadata or {}).get(b"segment_size", b"-1"))
-        if recorded != segment.stat().st_size:
-            return None
-    except (OSError, pa.ArrowInvalid, ValueError):
+        segment_size = segment.stat().st_size
+        st = target.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > segment_size + 65536:
+            return None  # a FIFO would block the read; a huge file is not ours: never read it whole
+        raw = target.read_bytes()
+    except OSError:
         return None
-    cols = table.to_pydict()
-    return [SegmentEntry(k, o, n, b) for k, o, n, b in zip(cols["key"], cols["byte_offset"], cols["byte_length"], cols["nbytes"])]
+    if len(raw) < _HEADER or raw[: len(_MAGIC)] != _MAGIC:
+        return None
+    body = memoryview(raw)[_HEADER:]
+    if xxhash.xxh3_64_digest(body) != raw[len(_MAGIC):_HEADER]:
+        return None
+    try:
+        table = pa.ipc.open_file(pa.py_buffer(body)).read_all()
+        table.validate(full=True)
+        if not table.schema.equals(_SCHEMA, check_metadata=False):
+            return None
+        recorded = int((table.schema.metadata or {}).get(b"segment_size", b"-1"))
+    except (pa.ArrowException, ValueError):
+        return None
+    if recorded != segment_size or any(c.null_count for c in table.columns):
+        return None
+    offsets = table.column("byte_offset").to_numpy()
+    lengths = table.column("byte_length").to_numpy()
+    if len(offsets) and (offsets.min() < 0 or lengths.min() <= 0 or (offsets + lengths).max() > segment_size):
+        return None
+    keys = table.column("key").to_pylist()
+    nbytes = table.column("nbytes").to_pylist()
+    return [SegmentEntry(k, int(o), int(n), b) for k, o, n, b in zip(keys, offsets, lengths, nbytes)]
