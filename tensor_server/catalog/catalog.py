@@ -1,10 +1,11 @@
 """The catalog: every discovered source, resolved or not, and read-only SQL over them.
 
 Sources live in memory (opened adapters, shared by all handlers); their rows live in an
-embedded DuckDB database as the ``sources`` table of wire-protocol §9.2, so clients can
-query them with the SQL the biopb SDK issues (§9.3) or their own. Queries are read-only:
-one SELECT statement, on a connection with external access disabled (no file or network
-table functions), so SQL can neither change the catalog nor read the disk.
+Arrow snapshot served to SQL as the ``sources`` table of wire-protocol §9.2, so clients can
+query them with the SQL the biopb SDK issues (§9.3) or their own. Every query runs in its
+own throwaway DuckDB database over that snapshot, with external access disabled and
+resource caps (``catalog/sql.py``), so SQL can neither change what other clients see, nor
+read the disk, nor exhaust the server.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog.discovery import discover
+from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, run_query
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, source_id_for_path
 from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
 
@@ -28,10 +30,6 @@ log = logging.getLogger(__name__)
 
 class SourceUnresolved(TensorNotFound):
     """The source is known but could not be opened (its row says why)."""
-
-
-class CatalogQueryError(InvalidArgument):
-    """A catalog query was refused (not one SELECT) or failed."""
 
 
 @dataclass
@@ -66,12 +64,13 @@ def _stat_signature(path: Path) -> tuple:
 class Catalog:
     """Sources under ``roots`` plus any added in memory; thread-safe."""
 
-    def __init__(self, roots: Sequence[str | os.PathLike[str]] = ()) -> None:
+    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), sql_limits: SqlLimits = SqlLimits()) -> None:
         self.roots = [Path(r) for r in roots]
         self._records: dict[str, SourceRecord] = {}
         self._lock = threading.RLock()
         self._db_lock = threading.Lock()
-        self._db: Any = None
+        self._snapshot: dict[str, Any] | None = None
+        self.sql_limits = sql_limits
         self._dirty = True
         self.first_scan_done = threading.Event()
         self.scan_in_progress = False
@@ -250,51 +249,24 @@ class Catalog:
             rows["unresolved_reason"].append(r.unresolved_reason)
         return pa.table(rows, schema=sources_schema())
 
-    def _connection(self):
-        import duckdb
+    def _tables(self) -> dict[str, Any]:
+        """The tables SQL sees, as Arrow: rebuilt only after the sources changed, shared
+        read-only by every query (each query gets its own throwaway database over them)."""
         import pyarrow as pa
 
         with self._db_lock:
-            if self._db is None:
-                self._db = duckdb.connect(":memory:", config={"enable_external_access": False})
-                empty = pa.table({"array_id": pa.array([], pa.string()), "mbps": pa.array([], pa.float64()),
-                                  "samples": pa.array([], pa.int64()), "updated_at": pa.array([], pa.timestamp("us"))})
-                self._db.register("_decode_rates", empty)
-                self._db.execute("CREATE TABLE decode_rates AS SELECT * FROM _decode_rates")
-                self._db.unregister("_decode_rates")
-            if self._dirty:
+            if self._dirty or self._snapshot is None:
                 self._dirty = False
-                table = self.sources_table()
-                self._db.register("_sources", table)
-                self._db.execute("CREATE OR REPLACE TABLE sources AS SELECT * FROM _sources")
-                self._db.unregister("_sources")
-            return self._db
+                decode_rates = pa.table({"array_id": pa.array([], pa.string()), "mbps": pa.array([], pa.float64()),
+                                         "samples": pa.array([], pa.int64()),
+                                         "updated_at": pa.array([], pa.timestamp("us"))})
+                self._snapshot = {"sources": self.sources_table(), "decode_rates": decode_rates}
+            return self._snapshot
 
-    def query(self, sql: str):
-        """Run one read-only SELECT; return an Arrow table."""
-        import duckdb
-
-        try:
-            statements = duckdb.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise CatalogQueryError(f"Catalog query failed: {exc}") from None
-        if len(statements) != 1:
-            raise CatalogQueryError(f"Catalog query refused: expected one statement, got {len(statements)}")
-        if statements[0].type != duckdb.StatementType.SELECT:
-            raise CatalogQueryError(f"Catalog query refused: only SELECT is allowed, not {statements[0].type.name}")
-        con = self._connection()
-        with self._db_lock:
-            cur = con.cursor()
-        try:
-            rel = cur.sql(sql)
-            if rel is None:  # a SELECT always yields a relation; be defensive anyway
-                raise CatalogQueryError("Catalog query returned no result")
-            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
-            return fetch()
-        except duckdb.Error as exc:
-            raise CatalogQueryError(f"Catalog query failed: {exc}") from None
-        finally:
-            cur.close()
+    def query(self, sql: str, cancelled: Callable[[], bool] | None = None):
+        """Run one read-only SELECT within ``self.sql_limits``; return an Arrow table.
+        ``cancelled`` is polled while it runs, to stop the work of a client that left."""
+        return run_query(sql, self._tables(), self.sql_limits, cancelled)
 
 
 def sources_schema():

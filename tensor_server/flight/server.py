@@ -168,7 +168,7 @@ class TensorFlightServer(flight.FlightServerBase):
                 raise InvalidArgument("ticket is not a TensorTicket") from None
             kind = tt.WhichOneof("payload")
             if kind == "catalog_query":
-                table = self.catalog.query(tt.catalog_query.sql)
+                table = self.catalog.query(tt.catalog_query.sql, cancelled=context.is_cancelled)
                 return flight.RecordBatchStream(table)
             if kind == "chunk_id":
                 return self._chunk_stream(tt.chunk_id)
