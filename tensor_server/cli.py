@@ -135,7 +135,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     if not settings.roots:
         print("serve: give at least one ROOT (or roots = [...] in --config)", file=sys.stderr)
         return 2
-    catalog = Catalog(settings.roots)
+    catalog = Catalog(settings.roots, follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots)
     config = ServerConfig(
         host=settings.host, port=settings.port, token=settings.token,
         pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),
@@ -216,6 +216,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             levels = f", {len(t.native_levels)} stored levels" if t.native_levels else ""
             labels = " labels" if t.is_labels else ""
             print(f"    {t.array_id}  {'x'.join(map(str, t.shape))} {''.join(t.dim_labels) if all(len(d) == 1 for d in t.dim_labels) else t.dim_labels} {t.dtype.str}{labels}{levels}")
+    for path, why in catalog.skipped:
+        print(f"SKIPPED  {path}: {why}")
     catalog.close()
     return 0
 

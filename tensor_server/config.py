@@ -18,6 +18,7 @@ Example (every key optional)::
 
     [catalog]
     rescan_seconds = 0          # periodic rescan of the roots; 0 = off
+    follow_symlinks_outside_roots = false  # serve symlinks whose targets leave the roots
 
     [log]
     level = "warning"
@@ -52,6 +53,7 @@ class Settings:
     plane_budget_px: int = 4 * 1024 * 1024
     volume_budget_voxels: int = 448**3
     rescan_seconds: float = 0.0
+    follow_symlinks_outside_roots: bool = False
     log_level: str = "warning"
 
 
@@ -68,6 +70,7 @@ _KEYS = {
     ("pyramid", "plane_budget_px"): "plane_budget_px",
     ("pyramid", "volume_budget_voxels"): "volume_budget_voxels",
     ("catalog", "rescan_seconds"): "rescan_seconds",
+    ("catalog", "follow_symlinks_outside_roots"): "follow_symlinks_outside_roots",
     ("log", "level"): "log_level",
 }
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
-from tensor_server.catalog.discovery import discover
+from tensor_server.catalog.discovery import Claim, discover
 from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, run_query
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, source_id_for_path
 from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
@@ -64,8 +64,13 @@ def _stat_signature(path: Path) -> tuple:
 class Catalog:
     """Sources under ``roots`` plus any added in memory; thread-safe."""
 
-    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), sql_limits: SqlLimits = SqlLimits()) -> None:
+    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), *, sql_limits: SqlLimits = SqlLimits(),
+                 follow_symlinks_outside_roots: bool = False, open_timeout_seconds: float = 60.0) -> None:
         self.roots = [Path(r) for r in roots]
+        #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
+        self.follow_symlinks_outside_roots = follow_symlinks_outside_roots
+        #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
+        self.open_timeout_seconds = open_timeout_seconds
         self._records: dict[str, SourceRecord] = {}
         self._lock = threading.RLock()
         self._db_lock = threading.Lock()
@@ -75,6 +80,10 @@ class Catalog:
         self.first_scan_done = threading.Event()
         self.scan_in_progress = False
         self.last_scan_finished_at: float | None = None
+        #: entries the last scan refused to open (path, reason): FIFOs, symlink loops, ...
+        self.skipped: list[tuple[Path, str]] = []
+        #: what went wrong in the last scan, for health (None: nothing)
+        self.scan_error: str | None = None
         self._rescan_stop = threading.Event()
 
     # ---- contents ----------------------------------------------------------------------------
@@ -126,34 +135,31 @@ class Catalog:
     # ---- discovery -------------------------------------------------------------------------
     def scan(self, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
         """Discover sources under the roots: open new or changed ones, drop vanished ones.
-        Never raises for a bad file: it becomes an unresolved row."""
+        Never raises for a bad file or entry: it becomes an unresolved row, or (an entry
+        that must not be opened at all) a line in ``skipped``; either way the scan goes on."""
         self.scan_in_progress = True
         added = changed = failed = 0
         seen: set[str] = set()
+        skipped: list[tuple[Path, str]] = []
+        removed: list[SourceRecord] = []
+        allowed = None if self.follow_symlinks_outside_roots else self.roots
         try:
             covered: set[Path] = set()
             for root in self.roots:
-                for claim in discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None):
-                    resolved = claim.path.resolve()
-                    if resolved in covered:
+                claims = discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None,
+                                  allowed_roots=allowed, on_skip=lambda p, why: skipped.append((p, why)))
+                for claim in claims:
+                    try:
+                        outcome = self._scan_claim(claim, covered)
+                    except Exception as exc:  # nothing about one entry may end the scan
+                        skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
                         continue
-                    sid = source_id_for_path(claim.path)
-                    sig = _stat_signature(claim.path)
-                    with self._lock:
-                        old = self._records.get(sid)
-                    if old is not None and old.signature == sig and old.path is not None:
-                        seen.add(sid)
-                        covered |= old.member_paths
+                    if outcome is None:
                         continue
-                    rec = self._open_record(claim.path, claim.format.name, sid, sig)
-                    covered |= rec.member_paths
-                    # a member of an earlier-opened multi-file source is not its own source
+                    sid, rec, old = outcome
                     seen.add(sid)
-                    with self._lock:
-                        self._records[sid] = rec
-                        self._dirty = True
-                    if old is not None and old.source is not None:
-                        old.source.close()
+                    if rec is None:
+                        continue
                     added += old is None
                     changed += old is not None
                     failed += not rec.is_resolved
@@ -167,11 +173,41 @@ class Catalog:
             for r in removed:
                 if r.source is not None:
                     r.source.close()
+            self.scan_error = _skipped_summary(skipped)
+        except Exception as exc:
+            log.exception("scan of %s failed", self.roots)
+            self.scan_error = f"scan failed: {type(exc).__name__}: {exc}"
         finally:
+            self.skipped = skipped
+            for path, why in skipped:
+                log.warning("skipped %s: %s", path, why)
             self.scan_in_progress = False
             self.last_scan_finished_at = time.time()
             self.first_scan_done.set()
-        return {"added": added, "changed": changed, "removed": len(removed), "unresolved": failed, "total": len(self)}
+        return {"added": added, "changed": changed, "removed": len(removed), "unresolved": failed,
+                "skipped": len(skipped), "total": len(self)}
+
+    def _scan_claim(self, claim: Claim, covered: set[Path]) -> tuple[str, SourceRecord | None, SourceRecord | None] | None:
+        """Open one claim unless unchanged or covered: None (not a source of its own), or
+        (id, the new record or None when unchanged, the record it replaces)."""
+        resolved = claim.path.resolve()
+        if resolved in covered:
+            return None
+        sid = source_id_for_path(claim.path)
+        sig = _stat_signature(claim.path)
+        with self._lock:
+            old = self._records.get(sid)
+        if old is not None and old.signature == sig and old.path is not None:
+            covered |= old.member_paths
+            return sid, None, old
+        rec = self._open_record(claim.path, claim.format.name, sid, sig)
+        covered |= rec.member_paths  # a member of an earlier-opened multi-file source is not its own source
+        with self._lock:
+            self._records[sid] = rec
+            self._dirty = True
+        if old is not None and old.source is not None:
+            old.source.close()
+        return sid, rec, old
 
     def _shadowed_members(self) -> set[str]:
         """Ids of file sources that another source covers (a member file of a multi-file
@@ -191,7 +227,7 @@ class Catalog:
 
     def _open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
         try:
-            src = open_source(path, format=fmt)
+            src = _open_within(path, fmt, self.open_timeout_seconds)
         except UnreadableSource as exc:
             log.warning("unreadable source %s: %s", path, exc.reason)
             return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, exc.reason, sig, {path.resolve()})
@@ -277,6 +313,48 @@ def sources_schema():
     return pa.schema([("source_id", pa.string()), ("source_url", pa.string()), ("source_type", pa.string()),
                       ("is_resolved", pa.bool_()), ("tensors", pa.list_(tensor)),
                       ("metadata_json", pa.string()), ("unresolved_reason", pa.string())])
+
+
+def _open_within(path: Path, fmt: str, seconds: float) -> SourceAdapter:
+    """``open_source`` with a deadline: a reader that does not finish in time (a huge or
+    misnamed file, a hung disk) is abandoned and the path reported unreadable, so one entry
+    cannot stall the scan. An abandoned reader that finishes later closes what it opened."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            result: Any = open_source(path, format=fmt, timeout=seconds)
+        except BaseException as exc:  # re-raised in the scanning thread
+            result = exc
+        with lock:
+            if box.get("abandoned"):
+                if isinstance(result, SourceAdapter):
+                    result.close()
+                return
+            box["result"] = result
+            done.set()
+
+    threading.Thread(target=run, name="tensor-server-open", daemon=True).start()
+    if not done.wait(seconds):
+        with lock:
+            if not done.is_set():
+                box["abandoned"] = True
+                raise UnreadableSource(path, f"{fmt}: gave up opening after {seconds:g} s "
+                                             "(the file may be huge, or not what its name says)")
+    if isinstance(box["result"], BaseException):
+        raise box["result"]
+    return box["result"]
+
+
+def _skipped_summary(skipped: list[tuple[Path, str]]) -> str | None:
+    """One line for health: how many entries were refused, and the first few."""
+    if not skipped:
+        return None
+    shown = "; ".join(f"{p}: {why}" for p, why in skipped[:3])
+    more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+    return f"{len(skipped)} entries skipped: {shown}{more}"
 
 
 def _under(path: Path, root: Path) -> bool:

@@ -254,5 +254,6 @@ class TensorFlightServer(flight.FlightServerBase):
             "writable": False,
             "full_scan_in_progress": cat.scan_in_progress,
             "last_full_scan_finished_at": cat.last_scan_finished_at,
+            "scan_error": cat.scan_error,
             "ticket_stubs": False,
         }
