@@ -20,8 +20,12 @@ reap: the local store opens and closes each chunk file per read.
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import logging
+import math
+import os
 import re
 import warnings
 from pathlib import Path
@@ -44,6 +48,8 @@ _OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
 #: Long axis names some writers use, mapped to the single letters the server orders by.
 _AXIS_ALIASES = {"time": "t", "channel": "c", "channels": "c", "ch": "c"}
 _MAX_GROUP_DEPTH = 32
+#: arrays with more storage chunks than this are not stat'ed chunk by chunk (16 bytes each)
+_MAX_TRACKED_CHUNKS = 1 << 22
 
 
 class _NoPixels(UnreadableSource):
@@ -135,6 +141,51 @@ def _import_zarr() -> Any:
     return zarr
 
 
+# ---- chunk files -------------------------------------------------------------------------------
+class _ChunkFiles:
+    """The stored chunk files (shard files, when sharded) of one array, stat'ed once at open:
+    size and mtime per cell of the storage grid, -1 where no file exists.
+
+    Why: a chunk rewritten in place leaves the metadata untouched, so only these stats tell
+    that the bytes changed. They feed the content version (after a restart a persistent cache
+    never serves the old chunks) and ``changed`` compares the files under a region against
+    them before a chunk is served. The absent cells are also what a reader needs to know to
+    skip chunks that were never written. Arrays over _MAX_TRACKED_CHUNKS cells are not
+    tracked (their version covers metadata only)."""
+
+    def __init__(self, folder: Path, array: Any) -> None:
+        self.folder = folder
+        grid = getattr(array, "shards", None) or array.chunks
+        self.grid = tuple(int(g) for g in grid)
+        self.counts = tuple(-(-int(n) // g) for n, g in zip(array.shape, self.grid))
+        self._encode = array.metadata.encode_chunk_key
+        self.tracked = math.prod(self.counts) <= _MAX_TRACKED_CHUNKS
+        self.stats = np.full(self.counts + (2,), -1, np.int64) if self.tracked else None
+        if self.tracked:
+            for cell in np.ndindex(*self.counts):
+                self.stats[cell] = self._stat(cell)
+
+    def _stat(self, cell: tuple[int, ...]) -> tuple[int, int]:
+        try:
+            st = os.stat(os.path.join(self.folder, self._encode(cell)))
+        except FileNotFoundError:
+            return (-1, -1)
+        return (st.st_size, st.st_mtime_ns)
+
+    def digest(self) -> bytes:
+        return hashlib.blake2b(self.stats.tobytes() if self.tracked else b"untracked", digest_size=16).digest()
+
+    def changed(self, bounds: Bounds) -> str | None:
+        """The first chunk file under ``bounds`` whose stats differ from those at open."""
+        if not self.tracked:
+            return None
+        ranges = [range(a // g, -(-b // g)) for a, b, g in zip(bounds.start, bounds.stop, self.grid)]
+        for cell in itertools.product(*ranges):
+            if self._stat(cell) != tuple(self.stats[cell]):
+                return f"chunk file {self._encode(cell)!r} changed since the store was opened"
+        return None
+
+
 # ---- the tensor ------------------------------------------------------------------------------
 class ZarrAdapter(TensorAdapter):
     """One zarr array (an OME-Zarr level, a label level or a plain array).
@@ -157,9 +208,11 @@ class ZarrAdapter(TensorAdapter):
         physical_unit: Sequence[str | None] | None,
         is_labels: bool,
         content_version: bytes,
+        chunk_files: _ChunkFiles,
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
         self._array = array
+        self._chunk_files = chunk_files
         self.store_path = store_path
         self.zarr_path = zarr_path
         chunks = tuple(int(c) for c in array.chunks)
@@ -182,6 +235,10 @@ class ZarrAdapter(TensorAdapter):
             content_version=content_version,
             metadata=meta,
         )
+
+    def stale_reason(self, bounds: Bounds) -> str | None:
+        why = self._chunk_files.changed(bounds)
+        return None if why is None else f"zarr array {self.zarr_path or '/'!r}: {why}"
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         try:
@@ -326,11 +383,11 @@ class _StoreWalker:
             raise _NoPixels(self.root, f"zarr array {node.rel or '/'!r}: shape {array.shape} has no pixels")
         return array
 
-    def version_of(self, *nodes: _Node) -> bytes:
-        """Content version from the served metadata documents and the store root (a rewrite
-        replaces metadata; a walk of every chunk file would cost as much as a read)."""
+    def version_of(self, *nodes: _Node, chunk_files: _ChunkFiles) -> bytes:
+        """Content version from the served metadata documents, the store root and the stats
+        of the array's chunk files (a chunk rewritten in place changes only the latter)."""
         files = [self.root] + [f for n in nodes for f in n.meta_files]
-        return file_content_version(*files)
+        return hashlib.blake2b(file_content_version(*files) + chunk_files.digest(), digest_size=16).digest()
 
     def array_dim_names(self, node: _Node, array: Any) -> list[str] | None:
         """Plain-array labels: zarr v3 ``dimension_names`` or xarray's ``_ARRAY_DIMENSIONS``."""
@@ -343,10 +400,11 @@ class _StoreWalker:
     # -- plain zarr --
     def add_plain_array(self, node: _Node, field: str) -> None:
         array = self.open_array(node)
+        chunk_files = _ChunkFiles(node.folder, array)
         tensor = ZarrAdapter(
             array, store_path=self.root, zarr_path=node.rel, dim_labels=self.array_dim_names(node, array),
             physical_scale=None, physical_unit=None, is_labels=False,
-            content_version=self.version_of(node),
+            content_version=self.version_of(node, chunk_files=chunk_files), chunk_files=chunk_files,
         )
         self.tensors[field] = normalize_axes(tensor)
 
@@ -414,10 +472,12 @@ class _StoreWalker:
             elif any(units):
                 physical_unit = units
                 physical_scale = [None] * ndim
+            chunk_files = _ChunkFiles(lnode.folder, array)
             return ZarrAdapter(
                 array, store_path=self.root, zarr_path=lnode.rel, dim_labels=labels,
                 physical_scale=physical_scale, physical_unit=physical_unit, is_labels=is_labels,
-                content_version=self.version_of(node, lnode), metadata={**image_meta, **extra},
+                content_version=self.version_of(node, lnode, chunk_files=chunk_files),
+                chunk_files=chunk_files, metadata={**image_meta, **extra},
             )
 
         scale0 = _dataset_scale(ms, ds0, ndim)

@@ -42,6 +42,7 @@ class SourceRecord:
     unresolved_reason: str | None = None
     signature: tuple = ()
     member_paths: set[Path] = field(default_factory=set)
+    format_name: str | None = None  # the registry entry that opened it (to reopen it the same way)
 
     @property
     def is_resolved(self) -> bool:
@@ -74,6 +75,7 @@ class Catalog:
         self._records: dict[str, SourceRecord] = {}
         self._lock = threading.RLock()
         self._db_lock = threading.Lock()
+        self._reopen_lock = threading.Lock()
         self._snapshot: dict[str, Any] | None = None
         self.sql_limits = sql_limits
         self._dirty = True
@@ -230,14 +232,35 @@ class Catalog:
             src = _open_within(path, fmt, self.open_timeout_seconds)
         except UnreadableSource as exc:
             log.warning("unreadable source %s: %s", path, exc.reason)
-            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, exc.reason, sig, {path.resolve()})
+            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, exc.reason, sig, {path.resolve()}, fmt)
         except Exception as exc:  # never let one file take the scan down
             reason = f"{type(exc).__name__}: {exc}"
             log.warning("unreadable source %s: %s", path, reason)
-            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()})
+            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
         if src.source_id != sid:
             src.source_id = sid
-        return SourceRecord(sid, src.url, src.type, path, src, None, sig, set(src.member_paths) | {path.resolve()})
+        return SourceRecord(sid, src.url, src.type, path, src, None, sig, set(src.member_paths) | {path.resolve()}, fmt)
+
+    def reopen_changed(self, tensor: TensorAdapter, reason: str) -> None:
+        """Reopen the source of ``tensor`` because its bytes changed under it (``reason``,
+        from ``stale_reason``): the new source carries a new content version, so ids planned
+        before are refused as stale and cached chunks of the old version are never looked up
+        again, with or without rescans. Many requests may notice at once; the source is
+        reopened once (only while the catalog still serves the source ``tensor`` came from)."""
+        source_id = tensor.array_id.split("/", 1)[0]
+        with self._reopen_lock:
+            with self._lock:
+                old = self._records.get(source_id)
+            if old is None or old.path is None or old.format_name is None or old.source is None:
+                return
+            if not any(t is tensor for t in old.source.tensors.values()):
+                return  # already reopened by another request
+            log.info("reopening %s: %s", old.path, reason)
+            rec = self._open_record(old.path, old.format_name, source_id, _stat_signature(old.path))
+            with self._lock:
+                self._records[source_id] = rec
+                self._dirty = True
+        old.source.close()
 
     def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
         """Rescan every ``seconds`` in a daemon thread (0 = never)."""

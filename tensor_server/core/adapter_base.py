@@ -333,6 +333,14 @@ class TensorAdapter(ABC):
         data = cache_manager.get_or_compute(cid.encode(), lambda: self.compute_chunk_data(cid, cache_manager))
         return owned_array(data, self.dtype)  # cache entries are read-only: hand out a copy
 
+    def stale_reason(self, bounds: Bounds) -> str | None:
+        """Why the bytes under ``bounds`` may differ from what this tensor saw at open (a
+        chunk file or the file rewritten in place), or None. Called before serving every
+        chunk, cached or not, so it must be cheap (stats, never reads). A reason makes the
+        server refuse the chunk as stale and reopen the source under a new content version.
+        Default None: nothing cheap to check (in-memory data, formats not overriding it)."""
+        return None
+
     def native_level(self, scale: Sequence[int]) -> NativeLevel | None:
         scale = tuple(int(s) for s in scale)
         for level in self.native_levels:

@@ -112,6 +112,9 @@ class NormalizingAdapter(TensorAdapter):
         )
         return self._out(out)
 
+    def stale_reason(self, bounds: Bounds) -> str | None:
+        return self.inner.stale_reason(self._inner_bounds(bounds))
+
     def close(self) -> None:
         self.inner.close()
 

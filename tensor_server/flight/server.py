@@ -21,10 +21,12 @@ import pyarrow.flight as flight
 from biopb.tensor import descriptor_pb2, ticket_pb2
 
 from tensor_server.catalog.catalog import Catalog, sources_schema
+from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import ChunkId
+from tensor_server.core.methods import PRECOMPUTE
 from tensor_server.core.plan import plan_read
 from tensor_server.core.pyramid import PyramidPolicy
-from tensor_server.errors import InvalidArgument
+from tensor_server.errors import InvalidArgument, StaleChunkId
 from tensor_server.flight.auth import TokenMiddlewareFactory, check_token
 from tensor_server.flight.wire import (
     CHUNK_SCHEMA,
@@ -139,8 +141,11 @@ class TensorFlightServer(flight.FlightServerBase):
             raise InvalidArgument("FlightRequest carries no tensor_read")
         option = request.tensor_read
         tensor, echo = self.catalog.find_tensor(option.array_id)
-        fields = set(option.fields.paths)
         region = request_region(option, tensor.ndim)
+        if self._reopened_if_stale(tensor, region):  # plan against the bytes on disk now
+            tensor, echo = self.catalog.find_tensor(option.array_id)
+            region = request_region(option, tensor.ndim)
+        fields = set(option.fields.paths)
         scale = list(option.scale_hint) or None
         wants_endpoints = "endpoints" in fields
         plan = None
@@ -188,10 +193,34 @@ class TensorFlightServer(flight.FlightServerBase):
 
             raise InvalidChunkId(f"chunk id names {cid.array_id!r}, which is not a tensor id")
         cid = tensor.check_chunk_id(cid)
+        self._refuse_stale(tensor, cid)
         cache = self.cache_manager
         if cache is None:
             return cid, tensor.compute_chunk_data(cid)
         return cid, cache.get_or_compute(cid.encode(), lambda: tensor.compute_chunk_data(cid, cache))
+
+    def _reopened_if_stale(self, tensor, region: Bounds | None) -> bool:  # noqa: ANN001
+        """Plan time: reopen the source when the bytes under the region changed since it was
+        opened (True), so the plan mints ids of the new content version."""
+        try:
+            bounds = Bounds.full(tensor.shape) if region is None else region.clamp(tensor.shape).validate(tensor.shape)
+        except InvalidArgument:
+            return False  # plan_read reports the bad region
+        reason = tensor.stale_reason(bounds)
+        if reason is None:
+            return False
+        self.catalog.reopen_changed(tensor, reason)
+        return True
+
+    def _refuse_stale(self, tensor, cid: ChunkId) -> None:  # noqa: ANN001
+        """Before serving a chunk, cached or not: if the bytes under it changed since the
+        source was opened, reopen the source and refuse the id (the client re-plans and gets
+        the new pixels; one get_array never mixes old and new chunks)."""
+        level = tensor.native_level(cid.scale) if cid.method == PRECOMPUTE else None
+        reason = (level.tensor if level is not None else tensor).stale_reason(cid.bounds)
+        if reason is not None:
+            self.catalog.reopen_changed(tensor, reason)
+            raise StaleChunkId(f"{tensor.array_id}: {reason}; re-plan")
 
     def _chunk_stream(self, raw: bytes) -> flight.RecordBatchStream:
         _, data = self._chunk_data(raw)
