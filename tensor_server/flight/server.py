@@ -229,6 +229,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
+        self._auth(context)  # like every call but the health action
         actions = [("health", "server status and protocol version (JSON)")]
         if self.cache_manager is not None:
             actions += [("chunk_locate", "segment file and offset of a cached chunk (loopback only)"),
