@@ -43,7 +43,10 @@ class FormatEntry:
     ``priority``: lower claims first (OME-Zarr before zarr, OME-TIFF before TIFF, a folder
     format before the files inside it). ``sniff(path, head)`` gets the first HEAD_BYTES of a
     file (``b""`` for a folder) and must be cheap and never raise. ``extensions`` are
-    lower-case suffixes with the dot, multi-part allowed (``".ome.tif"``).
+    lower-case suffixes with the dot, multi-part allowed (``".ome.tif"``). ``claims``: for
+    a folder format made of one kind of file (a TIFF sequence), the suffixes of the entries it
+    owns; discovery still looks at the folder's other entries, so a ``.czi`` beside the planes
+    is served too. Empty: the folder is claimed whole (OME-Zarr, DICOM series, ...).
     """
 
     name: str

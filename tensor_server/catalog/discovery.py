@@ -1,7 +1,9 @@
 """Walk served roots and claim sources with the adapter registry.
 
-A folder that is one source (OME-Zarr, a TIFF sequence, a DICOM series, NDTiff,
-Micro-Manager) is claimed whole and not descended into; claim order is the registry's
+A folder that is one source (OME-Zarr, a DICOM series, NDTiff, Micro-Manager) is claimed
+whole and not descended into; a folder format made of one kind of file (a TIFF sequence,
+``FormatEntry.claims``) owns only those files, and the folder's other entries are still
+looked at (a ``.map`` beside the planes is a source too). Claim order is the registry's
 priority (OME-Zarr before zarr, OME-TIFF before TIFF sequences). Files are claimed by
 content first, extension second; files no format recognises are not sources and are skipped
 silently (a README next to the data is not an error). Hidden entries are skipped.
@@ -107,12 +109,14 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
     claim = _claim(root, entries, is_dir)
     if claim is not None:
         yield Claim(root, claim)
-        return
+        if not (is_dir and claim.claims):
+            return
     if not is_dir:
         return
-    stack = [root]
+    # (folder, suffixes of entries a folder source there already owns)
+    stack: list[tuple[Path, tuple[str, ...]]] = [(root, claim.claims if claim is not None else ())]
     while stack:
-        folder = stack.pop()
+        folder, owned = stack.pop()
         if on_progress is not None:
             on_progress(folder)
         try:
@@ -123,7 +127,7 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
             continue
         subdirs = []
         for child in children:
-            if child.name.startswith("."):
+            if child.name.startswith(".") or (owned and child.name.lower().endswith(owned)):
                 continue
             path = Path(child.path)
             skip, is_dir = refused(path)
@@ -132,6 +136,6 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
             entry = _claim(path, entries, is_dir)
             if entry is not None:
                 yield Claim(path, entry)
-            elif is_dir and not child.is_symlink():  # a linked folder is served only when claimed whole
-                subdirs.append(path)
+            if is_dir and not child.is_symlink() and (entry is None or entry.claims):
+                subdirs.append((path, entry.claims if entry is not None else ()))  # a linked folder: only when claimed
         stack.extend(reversed(subdirs))
