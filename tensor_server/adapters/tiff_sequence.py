@@ -52,7 +52,6 @@ Read granularity (design §3)
 """
 from __future__ import annotations
 
-import logging
 import math
 import mmap
 import os
@@ -84,7 +83,6 @@ __all__ = [
     "unique_label",
 ]
 
-_log = logging.getLogger(__name__)
 TIFF_SUFFIXES = (".tif", ".tiff", ".tf8", ".btf")
 #: A strided raw read maps the file when the gap between picked rows exceeds the kernel's
 #: default readahead window; below that the kernel faults the skipped rows anyway (design §4).
@@ -735,27 +733,18 @@ def build_sequence_tensor(folder: Path, pattern: PlanePattern, header: _FileHead
 _CHECK_ALL_HEADERS = 256
 
 
-def _split_by_shape(folder: Path, pattern: PlanePattern, unreadable: dict[str, str]) -> list[tuple[PlanePattern, _FileHeader]]:
-    """One (pattern, header) per (shape, dtype) found in the pattern (see _CHECK_ALL_HEADERS).
-    A file whose header cannot be read (a 0-byte or truncated ``.tif``) is left out and named
-    in ``unreadable``: one bad plane must not make every other plane of the folder unreadable."""
-
-    def header(name: str) -> _FileHeader | None:
-        try:
-            return plane_file_header(folder / name)
-        except UnreadableSource as exc:
-            unreadable[name] = exc.reason
-            return None
-
-    if len(pattern.names) > _CHECK_ALL_HEADERS:
-        first, last = header(pattern.names[0]), header(pattern.names[-1])
-        if first is not None and last is not None and (first.shape, first.dtype) == (last.shape, last.dtype):
-            return [(pattern, first)]
+def _split_by_shape(folder: Path, pattern: PlanePattern) -> list[tuple[PlanePattern, _FileHeader]]:
+    """One (pattern, header) per (shape, dtype) found in the pattern (see _CHECK_ALL_HEADERS)."""
+    first = plane_file_header(folder / pattern.names[0])
+    last = first if len(pattern.names) == 1 else plane_file_header(folder / pattern.names[-1])
+    same = (first.shape, first.dtype) == (last.shape, last.dtype)
+    if same and len(pattern.names) > _CHECK_ALL_HEADERS:
+        return [(pattern, first)]
+    headers = [first] + [plane_file_header(folder / n) for n in pattern.names[1:-1]] + ([last] if len(pattern.names) > 1 else [])
+    if all((h.shape, h.dtype) == (first.shape, first.dtype) for h in headers):
+        return [(pattern, first)]
     parts: dict[tuple, tuple[PlanePattern, _FileHeader]] = {}
-    for name, values in zip(pattern.names, pattern.values):
-        h = header(name)
-        if h is None:
-            continue
+    for name, values, h in zip(pattern.names, pattern.values, headers):
         sub, _ = parts.setdefault((h.shape, h.dtype.str), (PlanePattern(pattern.texts), h))
         sub.names.append(name)
         sub.values.append(values)
@@ -784,9 +773,8 @@ class TiffSequenceSource(SourceAdapter):
         if not patterns:
             raise UnreadableSource(path, "the folder holds no TIFF files")
         built: list[tuple[str, int, int, TensorAdapter]] = []
-        unreadable: dict[str, str] = {}
         for pattern in patterns:
-            parts = _split_by_shape(path, pattern, unreadable)
+            parts = _split_by_shape(path, pattern)
             for sub, header in parts:
                 name = sub.field_name()
                 if len(parts) > 1:  # same pattern, different plane shapes: name the shape
@@ -794,11 +782,6 @@ class TiffSequenceSource(SourceAdapter):
                     name += f"_{plane['Y']}x{plane['X']}"
                 tensor = build_sequence_tensor(path, sub, header)
                 built.append((name, len(sub.names), math.prod(header.shape), tensor))
-        if not built:
-            raise UnreadableSource(path, "no readable TIFF in the folder: " + "; ".join(
-                f"{name}: {why}" for name, why in sorted(unreadable.items())[:5]))
-        for name, why in unreadable.items():
-            _log.warning("%s: skipping %s: %s", path, name, why)
         built.sort(key=lambda b: (-b[1], -b[2], b[0]))
         tensors: dict[str, TensorAdapter] = {}
         for name, _, _, tensor in built:
@@ -809,8 +792,7 @@ class TiffSequenceSource(SourceAdapter):
         super().__init__(
             path,
             tensors,
-            metadata={"patterns": {n: t.metadata.get("pattern") for n, t in tensors.items()},
-                      **({"unreadable_files": unreadable} if unreadable else {})},
+            metadata={"patterns": {n: t.metadata.get("pattern") for n, t in tensors.items()}},
         )
 
 

@@ -231,8 +231,12 @@ class Catalog:
         try:
             src = _open_within(path, fmt, self.open_timeout_seconds)
         except UnreadableSource as exc:
-            log.warning("unreadable source %s: %s", path, exc.reason)
-            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, exc.reason, sig, {path.resolve()}, fmt)
+            reason = exc.reason
+            member = Path(exc.path).resolve()
+            if member != path.resolve():  # a member file failed: the row names it
+                reason = f"{os.path.relpath(member, path.resolve()) if path.is_dir() else member}: {reason}"
+            log.warning("unreadable source %s: %s", path, reason)
+            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
         except Exception as exc:  # never let one file take the scan down
             reason = f"{type(exc).__name__}: {exc}"
             log.warning("unreadable source %s: %s", path, reason)
