@@ -48,8 +48,8 @@ _OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
 #: Long axis names some writers use, mapped to the single letters the server orders by.
 _AXIS_ALIASES = {"time": "t", "channel": "c", "channels": "c", "ch": "c"}
 _MAX_GROUP_DEPTH = 32
-#: arrays with more storage chunks than this are not stat'ed chunk by chunk (16 bytes each)
-_MAX_TRACKED_CHUNKS = 1 << 22
+#: arrays with at most this many storage chunks have every chunk file stat'ed at open
+_EAGER_CHUNKS = 1 << 16
 
 
 class _NoPixels(UnreadableSource):
@@ -143,27 +143,29 @@ def _import_zarr() -> Any:
 
 # ---- chunk files -------------------------------------------------------------------------------
 class _ChunkFiles:
-    """The stored chunk files (shard files, when sharded) of one array, stat'ed once at open:
-    size and mtime per cell of the storage grid, -1 where no file exists.
+    """The stored chunk files (shard files, when sharded) of one array and their stamps
+    (size, mtime_ns; (-1, -1) where no file exists), per cell of the storage grid.
 
     Why: a chunk rewritten in place leaves the metadata untouched, so only these stats tell
-    that the bytes changed. They feed the content version (after a restart a persistent cache
-    never serves the old chunks) and ``changed`` compares the files under a region against
-    them before a chunk is served. The absent cells are also what a reader needs to know to
-    skip chunks that were never written. Arrays over _MAX_TRACKED_CHUNKS cells are not
-    tracked (their version covers metadata only)."""
+    that the bytes changed. ``changed`` compares the files under a region with their stamps
+    before a chunk is served. Arrays of up to _EAGER_CHUNKS cells are stat'ed whole at open
+    and the stamps feed the content version, so after a restart a persistent cache never
+    serves chunks rewritten while the server was down (the absent cells are also what a
+    reader needs to skip chunks never written). Larger arrays would take too long to open
+    that way: a cell is stamped the first time a chunk over it is served, which still keeps
+    a running server from serving old bytes, but their version covers the metadata only."""
 
     def __init__(self, folder: Path, array: Any) -> None:
         self.folder = folder
         grid = getattr(array, "shards", None) or array.chunks
         self.grid = tuple(int(g) for g in grid)
-        self.counts = tuple(-(-int(n) // g) for n, g in zip(array.shape, self.grid))
+        counts = tuple(-(-int(n) // g) for n, g in zip(array.shape, self.grid))
         self._encode = array.metadata.encode_chunk_key
-        self.tracked = math.prod(self.counts) <= _MAX_TRACKED_CHUNKS
-        self.stats = np.full(self.counts + (2,), -1, np.int64) if self.tracked else None
-        if self.tracked:
-            for cell in np.ndindex(*self.counts):
-                self.stats[cell] = self._stat(cell)
+        self.eager = math.prod(counts) <= _EAGER_CHUNKS
+        self._stamps: dict[tuple[int, ...], tuple[int, int]] = {}
+        if self.eager:
+            for cell in itertools.product(*(range(c) for c in counts)):
+                self._stamps[cell] = self._stat(cell)
 
     def _stat(self, cell: tuple[int, ...]) -> tuple[int, int]:
         try:
@@ -173,15 +175,15 @@ class _ChunkFiles:
         return (st.st_size, st.st_mtime_ns)
 
     def digest(self) -> bytes:
-        return hashlib.blake2b(self.stats.tobytes() if self.tracked else b"untracked", digest_size=16).digest()
+        stamps = np.array(list(self._stamps.values()) if self.eager else [], np.int64)
+        return hashlib.blake2b(stamps.tobytes() if self.eager else b"lazy", digest_size=16).digest()
 
     def changed(self, bounds: Bounds) -> str | None:
-        """The first chunk file under ``bounds`` whose stats differ from those at open."""
-        if not self.tracked:
-            return None
+        """The first chunk file under ``bounds`` whose stamp differs from the one recorded."""
         ranges = [range(a // g, -(-b // g)) for a, b, g in zip(bounds.start, bounds.stop, self.grid)]
         for cell in itertools.product(*ranges):
-            if self._stat(cell) != tuple(self.stats[cell]):
+            now = self._stat(cell)
+            if self._stamps.setdefault(cell, now) != now:
                 return f"chunk file {self._encode(cell)!r} changed since the store was opened"
         return None
 

@@ -2,24 +2,27 @@
 
 Sources live in memory (opened adapters, shared by all handlers); their rows live in an
 Arrow snapshot served to SQL as the ``sources`` table of wire-protocol §9.2, so clients can
-query them with the SQL the biopb SDK issues (§9.3) or their own. Every query runs in its
-own throwaway DuckDB database over that snapshot, with external access disabled and
-resource caps (``catalog/sql.py``), so SQL can neither change what other clients see, nor
-read the disk, nor exhaust the server.
+query them with the SQL the biopb SDK issues (§9.3) or their own. Queries run in a DuckDB
+database opened read-only, with external access disabled and resource caps
+(``catalog/sql.py``), so SQL can neither change what other clients see, nor read the disk,
+nor exhaust the server.
 """
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog.discovery import Claim, discover
-from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, run_query
+from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, source_id_for_path
 from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
 
@@ -76,7 +79,8 @@ class Catalog:
         self._lock = threading.RLock()
         self._db_lock = threading.Lock()
         self._reopen_lock = threading.Lock()
-        self._snapshot: dict[str, Any] | None = None
+        self._snapshot: SqlSnapshot | None = None
+        self._sql_dir: str | None = None
         self.sql_limits = sql_limits
         self._dirty = True
         self.first_scan_done = threading.Event()
@@ -290,6 +294,12 @@ class Catalog:
         for r in recs:
             if r.source is not None:
                 r.source.close()
+        with self._db_lock:
+            snapshot, self._snapshot, folder, self._sql_dir = self._snapshot, None, self._sql_dir, None
+        if snapshot is not None:
+            snapshot.retire()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     # ---- SQL ---------------------------------------------------------------------------------
     def sources_table(self):
@@ -312,9 +322,9 @@ class Catalog:
             rows["unresolved_reason"].append(r.unresolved_reason)
         return pa.table(rows, schema=sources_schema())
 
-    def _tables(self) -> dict[str, Any]:
-        """The tables SQL sees, as Arrow: rebuilt only after the sources changed, shared
-        read-only by every query (each query gets its own throwaway database over them)."""
+    def _sql_snapshot(self) -> SqlSnapshot:
+        """The current snapshot, acquired (the caller releases it); rebuilt first when the
+        sources changed since it was written."""
         import pyarrow as pa
 
         with self._db_lock:
@@ -323,13 +333,23 @@ class Catalog:
                 decode_rates = pa.table({"array_id": pa.array([], pa.string()), "mbps": pa.array([], pa.float64()),
                                          "samples": pa.array([], pa.int64()),
                                          "updated_at": pa.array([], pa.timestamp("us"))})
-                self._snapshot = {"sources": self.sources_table(), "decode_rates": decode_rates}
-            return self._snapshot
+                if self._sql_dir is None:
+                    self._sql_dir = tempfile.mkdtemp(prefix="tensor-server-catalog-")
+                    weakref.finalize(self, shutil.rmtree, self._sql_dir, True)  # also when never closed
+                old, self._snapshot = self._snapshot, SqlSnapshot(
+                    Path(self._sql_dir), {"sources": self.sources_table(), "decode_rates": decode_rates}, self.sql_limits)
+                if old is not None:
+                    old.retire()
+            return self._snapshot.acquire()
 
     def query(self, sql: str, cancelled: Callable[[], bool] | None = None):
         """Run one read-only SELECT within ``self.sql_limits``; return an Arrow table.
         ``cancelled`` is polled while it runs, to stop the work of a client that left."""
-        return run_query(sql, self._tables(), self.sql_limits, cancelled)
+        snapshot = self._sql_snapshot()
+        try:
+            return snapshot.query(sql, cancelled)
+        finally:
+            snapshot.release()
 
 
 def sources_schema():

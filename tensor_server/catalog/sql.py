@@ -1,28 +1,35 @@
-"""Client SQL over the catalog's tables, on a throwaway DuckDB connection per query.
+"""Client SQL over the catalog's tables, in a DuckDB database opened read-only.
 
-Why a connection per query: a keyword check on the statement cannot make SQL read-only
-(``WITH x AS (DELETE FROM sources RETURNING 1) SELECT ...`` is a SELECT to the parser).
-Here each query gets its own in-memory database in which the catalog's tables are Arrow
-views (DuckDB refuses DELETE/UPDATE/INSERT on a view), and the database is dropped when the
-query ends, so whatever a query manages to create or change is seen by nobody else.
+Why read-only: a keyword check on the statement cannot make SQL read-only (``WITH x AS
+(DELETE FROM sources RETURNING 1) SELECT ...`` is a SELECT to the parser). Each version of
+the catalog's tables is written once to a database file (a *snapshot*) which is then opened
+with ``read_only=True``: DuckDB itself refuses every write to it, whatever the statement
+looks like, so no query can change what other clients see. Queries run on their own
+connection (a cursor) to the snapshot; a new snapshot replaces it when the sources change,
+and the old one is closed once its last query ends. (A fresh in-memory database per query
+would also isolate clients, but starting a DuckDB instance costs ~100 ms; a cursor ~1 ms.)
 
 Why the limits: a client must not be able to exhaust the server with SQL. The query text is
-capped before DuckDB parses it (a 10 MB text costs GBs while parsing); each query runs with
-one thread, a DuckDB ``memory_limit`` and no spill directory; the result is streamed and
-refused once it passes a row or byte cap; a watchdog interrupts the query at its deadline or
-as soon as the client has gone (``range(1e15)`` stops); and at most a few queries run at once.
+capped before DuckDB parses it (a 10 MB text costs GBs while parsing); the snapshot runs with
+one thread, a DuckDB ``memory_limit`` shared by its queries and no spill directory; the result
+is streamed and refused once it passes a row or byte cap; a watchdog interrupts the query at
+its deadline or as soon as the client has gone (``range(1e15)`` stops); and at most a few
+queries run at once.
 """
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["CatalogQueryError", "SqlLimits", "run_query"]
+__all__ = ["CatalogQueryError", "SqlLimits", "SqlSnapshot"]
 
 
 class CatalogQueryError(InvalidArgument):
@@ -94,30 +101,26 @@ def _slots_for(limits: SqlLimits) -> threading.BoundedSemaphore:
         return _slots.setdefault(limits.max_concurrent, threading.BoundedSemaphore(limits.max_concurrent))
 
 
-def run_query(sql: str, tables: Mapping[str, Any], limits: SqlLimits,
-              cancelled: Callable[[], bool] | None = None):
-    """Run one SELECT over ``tables`` (name → Arrow table) within ``limits``; an Arrow table.
-    ``cancelled`` is polled while the query runs (e.g. the Flight call context's)."""
-    import duckdb
-    import pyarrow as pa
+class SqlSnapshot:
+    """One version of the catalog's tables in a read-only DuckDB database file under
+    ``folder``. ``acquire``/``release`` count running queries; ``retire`` closes the database
+    (and removes its file) once none is left."""
 
-    if len(sql) > limits.max_query_chars:
-        raise CatalogQueryError(f"Catalog query refused: the text is {len(sql)} characters, "
-                                f"more than the limit of {limits.max_query_chars}")
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise CatalogQueryError(f"Catalog query failed: {_clean(str(exc))}") from None
-    if len(statements) != 1:
-        raise CatalogQueryError(f"Catalog query refused: expected one statement, got {len(statements)}")
-    if statements[0].type != duckdb.StatementType.SELECT:
-        raise CatalogQueryError(f"Catalog query refused: only SELECT is allowed, not {statements[0].type.name}")
+    _numbers = itertools.count()
 
-    slots = _slots_for(limits)
-    if not slots.acquire(timeout=limits.timeout_seconds):
-        raise CatalogQueryError(f"Catalog query refused: {limits.max_concurrent} queries already running; retry later")
-    try:
-        con = duckdb.connect(":memory:", config={
+    def __init__(self, folder: Path, tables: Mapping[str, Any], limits: SqlLimits) -> None:
+        import duckdb
+
+        self.limits = limits
+        self.path = Path(folder) / f"catalog-{os.getpid()}-{next(self._numbers)}.duckdb"
+        writer = duckdb.connect(str(self.path))
+        try:
+            for name, table in tables.items():
+                writer.register(f"_{name}", table)
+                writer.execute(f'CREATE TABLE "{name}" AS SELECT * FROM "_{name}"')
+        finally:
+            writer.close()
+        self._db = duckdb.connect(str(self.path), read_only=True, config={
             "enable_external_access": False,
             "autoinstall_known_extensions": False,
             "autoload_known_extensions": False,
@@ -126,24 +129,76 @@ def run_query(sql: str, tables: Mapping[str, Any], limits: SqlLimits,
             "temp_directory": "",  # no spilling to disk: over memory_limit is an error
             "lock_configuration": True,  # SET cannot lift any of the above
         })
-        try:
-            for name, table in tables.items():
-                con.register(name, table)
-            watchdog = _Watchdog(con, time.monotonic() + limits.timeout_seconds, cancelled)
+        self._lock = threading.Lock()
+        self._users = 0
+        self._retired = False
+
+    def acquire(self) -> SqlSnapshot:
+        with self._lock:
+            self._users += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._retired and self._users == 0
+        if last:
+            self._close()
+
+    def retire(self) -> None:
+        with self._lock:
+            self._retired = True
+            last = self._users == 0
+        if last:
+            self._close()
+
+    def _close(self) -> None:
+        self._db.close()
+        for path in (self.path, self.path.with_name(self.path.name + ".wal")):
             try:
-                return _collect(con, sql, limits, pa)
-            except duckdb.Error as exc:
-                if watchdog.why == "timeout":
-                    raise CatalogQueryError(f"Catalog query stopped: it ran longer than {limits.timeout_seconds:g} s") from None
-                if watchdog.why == "cancelled":
-                    raise CatalogQueryError("Catalog query stopped: the client cancelled the call") from None
-                raise CatalogQueryError(f"Catalog query failed: {_clean(str(exc))}") from None
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def query(self, sql: str, cancelled: Callable[[], bool] | None = None):
+        """Run one SELECT within the limits; an Arrow table. ``cancelled`` is polled while the
+        query runs (e.g. the Flight call context's). The caller holds ``acquire``."""
+        import duckdb
+        import pyarrow as pa
+
+        limits = self.limits
+        if len(sql) > limits.max_query_chars:
+            raise CatalogQueryError(f"Catalog query refused: the text is {len(sql)} characters, "
+                                    f"more than the limit of {limits.max_query_chars}")
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise CatalogQueryError(f"Catalog query failed: {_clean(str(exc))}") from None
+        if len(statements) != 1:
+            raise CatalogQueryError(f"Catalog query refused: expected one statement, got {len(statements)}")
+        if statements[0].type != duckdb.StatementType.SELECT:
+            raise CatalogQueryError(f"Catalog query refused: only SELECT is allowed, not {statements[0].type.name}")
+        slots = _slots_for(limits)
+        if not slots.acquire(timeout=limits.timeout_seconds):
+            raise CatalogQueryError(f"Catalog query refused: {limits.max_concurrent} queries already running; retry later")
+        try:
+            con = self._db.cursor()
+            try:
+                watchdog = _Watchdog(con, time.monotonic() + limits.timeout_seconds, cancelled)
+                try:
+                    return _collect(con, sql, limits, pa)
+                except duckdb.Error as exc:
+                    if watchdog.why == "timeout":
+                        raise CatalogQueryError(f"Catalog query stopped: it ran longer than {limits.timeout_seconds:g} s") from None
+                    if watchdog.why == "cancelled":
+                        raise CatalogQueryError("Catalog query stopped: the client cancelled the call") from None
+                    raise CatalogQueryError(f"Catalog query failed: {_clean(str(exc))}") from None
+                finally:
+                    watchdog.stop()
             finally:
-                watchdog.stop()
+                con.close()
         finally:
-            con.close()
-    finally:
-        slots.release()
+            slots.release()
 
 
 def _collect(con: Any, sql: str, limits: SqlLimits, pa: Any):

@@ -187,3 +187,20 @@ def test_tiff_sequence_stale_reason_names_only_files_under_the_bounds(tmp_path):
     (folder / "img_z002.tif").unlink()
     assert "img_z002.tif was removed" in t.stale_reason(Bounds((2, 0, 0), (3, 64, 96)))
     src.close()
+
+
+def test_a_zarr_array_too_large_to_stat_at_open_is_stamped_when_first_served(tmp_path, monkeypatch):
+    from tensor_server.adapters import zarr as zarr_adapter
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.bounds import Bounds
+
+    monkeypatch.setattr(zarr_adapter, "_EAGER_CHUNKS", 4)  # this 6x4x4-chunk array is "large"
+    _write_zarr(tmp_path / "big.zarr", OLD)
+    src = open_source(tmp_path / "big.zarr")
+    t = src.tensor()
+    first = Bounds((0, 0, 0), (1, 256, 256))
+    assert t.stale_reason(first) is None  # stamped now, before its pixels are read
+    np.testing.assert_array_equal(t.get_data(first), OLD[:1, :256, :256])
+    _rewrite_zarr_chunks(tmp_path / "big.zarr", NEW)
+    assert "'c/0/0/0' changed" in t.stale_reason(first)
+    src.close()
