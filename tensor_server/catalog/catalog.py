@@ -82,6 +82,7 @@ class Catalog:
         self._snapshot: SqlSnapshot | None = None
         self._sql_dir: str | None = None
         self.sql_limits = sql_limits
+        self._sql_slots = threading.BoundedSemaphore(sql_limits.max_concurrent)
         self._dirty = True
         self.first_scan_done = threading.Event()
         self.scan_in_progress = False
@@ -337,7 +338,8 @@ class Catalog:
                     self._sql_dir = tempfile.mkdtemp(prefix="tensor-server-catalog-")
                     weakref.finalize(self, shutil.rmtree, self._sql_dir, True)  # also when never closed
                 old, self._snapshot = self._snapshot, SqlSnapshot(
-                    Path(self._sql_dir), {"sources": self.sources_table(), "decode_rates": decode_rates}, self.sql_limits)
+                    Path(self._sql_dir), {"sources": self.sources_table(), "decode_rates": decode_rates}, self.sql_limits,
+                    self._sql_slots)
                 if old is not None:
                     old.retire()
             return self._snapshot.acquire()

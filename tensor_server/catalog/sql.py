@@ -92,26 +92,20 @@ class _Watchdog:
         self._thread.join()
 
 
-_slots_lock = threading.Lock()
-_slots: dict[int, threading.BoundedSemaphore] = {}
-
-
-def _slots_for(limits: SqlLimits) -> threading.BoundedSemaphore:
-    with _slots_lock:
-        return _slots.setdefault(limits.max_concurrent, threading.BoundedSemaphore(limits.max_concurrent))
-
-
 class SqlSnapshot:
     """One version of the catalog's tables in a read-only DuckDB database file under
     ``folder``. ``acquire``/``release`` count running queries; ``retire`` closes the database
-    (and removes its file) once none is left."""
+    (and removes its file) once none is left. ``slots`` (``limits.max_concurrent`` of them)
+    are shared by the snapshots of one catalog."""
 
     _numbers = itertools.count()
 
-    def __init__(self, folder: Path, tables: Mapping[str, Any], limits: SqlLimits) -> None:
+    def __init__(self, folder: Path, tables: Mapping[str, Any], limits: SqlLimits,
+                 slots: threading.BoundedSemaphore) -> None:
         import duckdb
 
         self.limits = limits
+        self._slots = slots
         self.path = Path(folder) / f"catalog-{os.getpid()}-{next(self._numbers)}.duckdb"
         writer = duckdb.connect(str(self.path))
         try:
@@ -178,7 +172,7 @@ class SqlSnapshot:
             raise CatalogQueryError(f"Catalog query refused: expected one statement, got {len(statements)}")
         if statements[0].type != duckdb.StatementType.SELECT:
             raise CatalogQueryError(f"Catalog query refused: only SELECT is allowed, not {statements[0].type.name}")
-        slots = _slots_for(limits)
+        slots = self._slots
         if not slots.acquire(timeout=limits.timeout_seconds):
             raise CatalogQueryError(f"Catalog query refused: {limits.max_concurrent} queries already running; retry later")
         try:
