@@ -6,6 +6,8 @@
    per chunk file under the chunk) vs the same read with the check switched off.
 3. Opening a zarr array whose chunk files are stat'ed once (for the content version and
    the stale check) vs zarr-python's own ``open_array``.
+4. A well-behaved client's catalog query while a hostile client sends never-ending SQL
+   (``count(*) FROM range(1e15)``, stopped by the 10 s cap) vs the same query alone.
 
 Ours and the peer alternate within each measurement; medians of ``--repeats`` runs.
 """
@@ -109,6 +111,49 @@ def _stale_check_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _hostile_rows(repeats: int) -> list[dict[str, Any]]:
+    from biopb.tensor import TensorFlightClient
+
+    from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+    from tensor_server.catalog import Catalog
+    from tensor_server.flight import ServerConfig, TensorFlightServer
+
+    cat = Catalog()
+    cat.add_source(MemorySource(ArrayAdapter(np.zeros((4, 4), np.uint8)), source_id="img"))
+    server = TensorFlightServer(cat, ServerConfig(port=0))
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    stop = threading.Event()
+
+    def hostile() -> None:
+        c = TensorFlightClient(server.location)
+        while not stop.is_set():
+            try:
+                c.query("SELECT count(*) FROM range(1000000000000000)")
+            except Exception:  # refused at the cap, or the server shutting down
+                pass
+
+    try:
+        client = TensorFlightClient(server.location)
+        sql = "SELECT source_id FROM sources WHERE is_resolved"
+        client.query(sql)
+        alone = float(np.median([median_ms(lambda: client.query(sql), 1) for _ in range(repeats)]))
+        attackers = [threading.Thread(target=hostile, daemon=True) for _ in range(2)]
+        for a in attackers:
+            a.start()
+        import time
+
+        time.sleep(0.5)  # both never-ending queries are running now
+        beside = float(np.median([median_ms(lambda: client.query(sql), 1) for _ in range(repeats)]))
+    finally:
+        stop.set()
+        server.shutdown()
+        thread.join(10)
+        cat.close()
+    return [{"case": "catalog query, 2 hostile SQL clients", "detail": "range(1e15) running beside",
+             "baseline": "no hostile client", "baseline_ms": alone, "ours": "hostile beside", "ours_ms": beside}]
+
+
 def _open_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
     import zarr
 
@@ -135,7 +180,8 @@ def _open_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
 def run_guards(json_path: str | None = None, repeats: int = 15) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="ts-bench-guards-"))
     try:
-        rows = _sql_rows(repeats) + _stale_check_rows(work, repeats) + _open_rows(work, repeats)
+        rows = (_sql_rows(repeats) + _stale_check_rows(work, repeats) + _open_rows(work, repeats)
+                + _hostile_rows(repeats))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_table(["case", "detail", "baseline", "ms", "ours", "ms"],

@@ -43,7 +43,7 @@ class SqlLimits:
     max_query_chars: int = 64 * 1024
     max_result_rows: int = 1_000_000
     max_result_bytes: int = 64 << 20
-    timeout_seconds: float = 30.0
+    timeout_seconds: float = 10.0
     memory_limit_bytes: int = 256 << 20
     max_concurrent: int = 4
 
