@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
-from tensor_server.catalog.discovery import Claim, discover
+from tensor_server.catalog.discovery import Claim, discover, links_leaving
 from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, source_id_for_path
 from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
@@ -246,6 +246,14 @@ class Catalog:
             reason = f"{type(exc).__name__}: {exc}"
             log.warning("unreadable source %s: %s", path, reason)
             return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
+        if path.is_dir() and not self.follow_symlinks_outside_roots:
+            leaving = links_leaving(path, self.roots)
+            if leaving:
+                src.close()
+                reason = (f"holds symlinks to targets outside the served roots ({', '.join(sorted(leaving)[:3])}"
+                          f"{', ...' if len(leaving) > 3 else ''}): not served (follow_symlinks_outside_roots = false)")
+                log.warning("unreadable source %s: %s", path, reason)
+                return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
         if src.source_id != sid:
             src.source_id = sid
         return SourceRecord(sid, src.url, src.type, path, src, None, sig, set(src.member_paths) | {path.resolve()}, fmt)

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 from tensor_server.adapters.registry import HEAD_BYTES, FormatEntry, formats
 
-__all__ = ["Claim", "discover"]
+__all__ = ["Claim", "discover", "links_leaving"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,37 @@ def _refusal(path: Path, allowed: Sequence[str] | None) -> tuple[str | None, boo
     if not stat.S_ISREG(st.st_mode):
         return "not a regular file (a FIFO, socket or device): not opened", False
     return None, False
+
+
+#: entries of a folder source looked at for symlinks out of the roots (a bigger store is
+#: checked up to this many entries: enough for every chunk file of a zarr array of 1e5 chunks)
+LINK_CHECK_ENTRIES = 200_000
+
+
+def links_leaving(folder: Path, allowed: Sequence[str | os.PathLike[str]], limit: int = LINK_CHECK_ENTRIES) -> list[str]:
+    """Paths (relative to ``folder``) of symlinks inside a folder source whose targets leave
+    ``allowed``: a zarr chunk or a TIFF plane linked to a file outside the roots would be
+    read by its format library without ever passing discovery. Symlinked folders are
+    reported, not entered; at most ``limit`` entries are looked at (no stat: the directory
+    entry says whether it is a link)."""
+    roots = [os.path.realpath(r) for r in allowed]
+    found: list[str] = []
+    seen = 0
+    stack = [str(folder)]
+    while stack and seen < limit:
+        try:
+            with os.scandir(stack.pop()) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if entry.is_symlink():
+                if not any(_within(os.path.realpath(entry.path), r) for r in roots):
+                    found.append(os.path.relpath(entry.path, folder))
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+    return found
 
 
 def _claim(path: Path, entries: list[FormatEntry], is_dir: bool) -> FormatEntry | None:

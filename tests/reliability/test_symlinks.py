@@ -66,3 +66,43 @@ def test_config_file_key(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[catalog]\nfollow_symlinks_outside_roots = true\n")
     assert load_settings(cfg).follow_symlinks_outside_roots is True
+
+
+def test_links_out_of_the_roots_inside_a_folder_source_are_not_served(tmp_path):
+    """A zarr chunk folder and a TIFF plane linked to files outside the root: the format
+    library would read them without discovery seeing them, so the source is refused."""
+    import shutil
+
+    import tifffile
+    import zarr
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    zarr.open_array(str(outside / "secret.zarr"), mode="w", shape=(8, 8), chunks=(8, 8), dtype="u1",
+                    zarr_format=3)[...] = 9
+    zarr.open_array(str(root / "img.zarr"), mode="w", shape=(8, 8), chunks=(8, 8), dtype="u1",
+                    zarr_format=3)[...] = 1
+    shutil.rmtree(root / "img.zarr" / "c")
+    (root / "img.zarr" / "c").symlink_to(outside / "secret.zarr" / "c", target_is_directory=True)
+    seq = root / "seq"
+    seq.mkdir()
+    for z in range(2):
+        tifffile.imwrite(seq / f"p_z{z}.tif", np.full((4, 4), z, np.uint8))
+    tifffile.imwrite(outside / "private.tif", np.full((4, 4), 7, np.uint8))
+    (seq / "p_z2.tif").symlink_to(outside / "private.tif")
+    (seq / "p_z3.tif").symlink_to(seq / "p_z0.tif")  # a link inside the root is fine
+
+    cat = Catalog([root])
+    cat.scan()
+    rows = {r.path.name: r for r in cat.records()}
+    assert set(rows) == {"img.zarr", "seq"} and not any(r.is_resolved for r in rows.values())
+    assert rows["img.zarr"].unresolved_reason.startswith("holds symlinks to targets outside the served roots (c)")
+    assert "(p_z2.tif)" in rows["seq"].unresolved_reason
+    cat.close()
+    opted_in = Catalog([root], follow_symlinks_outside_roots=True)
+    opted_in.scan()
+    rows = {r.path.name: r for r in opted_in.records()}
+    np.testing.assert_array_equal(rows["img.zarr"].source.tensor().get_data(), np.full((8, 8), 9, np.uint8))
+    assert rows["seq"].source.tensor().shape == (4, 4, 4)
+    opted_in.close()
