@@ -465,7 +465,8 @@ class _StoreWalker:
         if len(multiscales) > 1:
             image_meta["other_multiscales_ignored"] = len(multiscales) - 1
 
-        def level_tensor(lnode: _Node, array: Any, scale: list[float] | None, extra: dict[str, Any]) -> ZarrAdapter:
+        def level_tensor(lnode: _Node, array: Any, scale: list[float] | None, extra: dict[str, Any],
+                         stored: Sequence[ZarrAdapter] = ()) -> ZarrAdapter:
             physical_scale = physical_unit = None
             if scale is not None:
                 physical_scale = [None if t == "channel" or (t is None and lab == "c") else s
@@ -475,11 +476,13 @@ class _StoreWalker:
                 physical_unit = units
                 physical_scale = [None] * ndim
             chunk_files = _ChunkFiles(lnode.folder, array)
+            version = self.version_of(node, lnode, chunk_files=chunk_files)
+            if stored:  # level 0 mints the ids of its stored levels' chunks too: cover their bytes
+                version = hashlib.blake2b(version + b"".join(t.content_version for t in stored), digest_size=16).digest()
             return ZarrAdapter(
                 array, store_path=self.root, zarr_path=lnode.rel, dim_labels=labels,
                 physical_scale=physical_scale, physical_unit=physical_unit, is_labels=is_labels,
-                content_version=self.version_of(node, lnode, chunk_files=chunk_files),
-                chunk_files=chunk_files, metadata={**image_meta, **extra},
+                content_version=version, chunk_files=chunk_files, metadata={**image_meta, **extra},
             )
 
         scale0 = _dataset_scale(ms, ds0, ndim)
@@ -501,9 +504,10 @@ class _StoreWalker:
                 continue
             levels_meta.append({"path": lnode.rel, "shape": list(array.shape), "scale": list(factor)})
             accepted.append((factor, lnode, array, scale))
-        level0 = level_tensor(node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta})
-        for factor, lnode, array, scale in accepted:
-            level0.native_levels.append(NativeLevel(factor, level_tensor(lnode, array, scale, {})))
+        stored = [NativeLevel(factor, level_tensor(lnode, array, scale, {})) for factor, lnode, array, scale in accepted]
+        level0 = level_tensor(node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta},
+                              [lv.tensor for lv in stored])
+        level0.native_levels.extend(stored)
         self.tensors[field] = normalize_axes(level0)
         if not is_labels:
             self.add_labels(node)

@@ -204,3 +204,47 @@ def test_a_zarr_array_too_large_to_stat_at_open_is_stamped_when_first_served(tmp
     _rewrite_zarr_chunks(tmp_path / "big.zarr", NEW)
     assert "'c/0/0/0' changed" in t.stale_reason(first)
     src.close()
+
+
+def _write_ome_zarr(path, level0):
+    """An NGFF 0.4 image with a stored 2x level (zarr v2), written with zarr itself."""
+    import zarr
+
+    group = zarr.open_group(str(path), mode="w", zarr_format=2)
+    for i, data in enumerate((level0, level0[:, ::2, ::2])):
+        arr = group.create_array(str(i), shape=data.shape, chunks=(1, 256, 256), dtype=data.dtype)
+        arr[...] = data
+    group.attrs["multiscales"] = [{
+        "version": "0.4", "axes": [{"name": n, "type": t} for n, t in (("z", "space"), ("y", "space"), ("x", "space"))],
+        "datasets": [{"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": [1, 2**i, 2**i]}]}
+                     for i in range(2)]}]
+
+
+def test_a_rewritten_stored_level_is_refused_and_reread(tmp_path):
+    import zarr
+
+    old, new = OLD[:2, :512, :512], NEW[:2, :512, :512]
+    root = tmp_path / "root"
+    root.mkdir()
+    _write_ome_zarr(root / "img.ome.zarr", old)
+    with serving(root, tmp_path / "cache") as (srv, cat):
+        sid = cat.records()[0].source_id
+        c = client_for(srv)
+        np.testing.assert_array_equal(c.get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"),
+                                      old[:, ::2, ::2])
+        raw = flight.FlightClient(srv.location)
+        opt = descriptor_pb2.TensorReadOption(array_id=sid, scale_hint=[1, 2, 2], reduction_method="precompute")
+        opt.fields.paths.append("endpoints")
+        endpoints = raw.get_flight_info(flight.FlightDescriptor.for_command(
+            descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString())).endpoints
+        level1 = root / "img.ome.zarr" / "1"
+        zarr.open_array(str(level1), mode="r+")[...] = new[:, ::2, ::2]  # level 0 untouched
+        for f in level1.iterdir():
+            if not f.name.startswith("."):
+                _bump_mtime(f)
+        with pytest.raises(flight.FlightError) as info:
+            raw.do_get(endpoints[0].ticket).read_all()
+        assert json.loads(info.value.extra_info)["reason"] == "stale_chunk_id"
+        np.testing.assert_array_equal(client_for(srv).get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"),
+                                      new[:, ::2, ::2])
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), old)
