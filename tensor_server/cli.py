@@ -135,7 +135,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     if not settings.roots:
         print("serve: give at least one ROOT (or roots = [...] in --config)", file=sys.stderr)
         return 2
-    catalog = Catalog(settings.roots, follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots)
+    catalog = Catalog(settings.roots, follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
+                      open_timeout_seconds=settings.open_timeout_seconds)
     config = ServerConfig(
         host=settings.host, port=settings.port, token=settings.token,
         pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),

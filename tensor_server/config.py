@@ -19,6 +19,7 @@ Example (every key optional)::
     [catalog]
     rescan_seconds = 0          # periodic rescan of the roots; 0 = off
     follow_symlinks_outside_roots = false  # serve symlinks whose targets leave the roots
+    open_timeout_seconds = 60   # a source slower to open becomes an unreadable row
 
     [log]
     level = "warning"
@@ -54,6 +55,7 @@ class Settings:
     volume_budget_voxels: int = 448**3
     rescan_seconds: float = 0.0
     follow_symlinks_outside_roots: bool = False
+    open_timeout_seconds: float = 60.0
     log_level: str = "warning"
 
 
@@ -71,6 +73,7 @@ _KEYS = {
     ("pyramid", "volume_budget_voxels"): "volume_budget_voxels",
     ("catalog", "rescan_seconds"): "rescan_seconds",
     ("catalog", "follow_symlinks_outside_roots"): "follow_symlinks_outside_roots",
+    ("catalog", "open_timeout_seconds"): "open_timeout_seconds",
     ("log", "level"): "log_level",
 }
 

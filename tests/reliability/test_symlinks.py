@@ -62,10 +62,11 @@ def test_the_config_key_opts_in_and_bytes_never_reach_a_reason(layout):
     cat.close()
 
 
-def test_config_file_key(tmp_path):
+def test_config_file_keys(tmp_path):
     cfg = tmp_path / "c.toml"
-    cfg.write_text("[catalog]\nfollow_symlinks_outside_roots = true\n")
-    assert load_settings(cfg).follow_symlinks_outside_roots is True
+    cfg.write_text("[catalog]\nfollow_symlinks_outside_roots = true\nopen_timeout_seconds = 5\n")
+    settings = load_settings(cfg)
+    assert settings.follow_symlinks_outside_roots is True and settings.open_timeout_seconds == 5
 
 
 def test_links_out_of_the_roots_inside_a_folder_source_are_not_served(tmp_path):
