@@ -14,7 +14,7 @@ PERF_BASE ?= $(shell git merge-base HEAD origin/main 2>/dev/null || echo HEAD~1)
 PERF_BENCH ?= ^(kernels|read_path)\..*\.time_|^imports\.timeraw_
 SHELL := /bin/bash
 
-.PHONY: setup run test test-nojit bench bench-kernels bench-small asv perf-gate clean
+.PHONY: setup run test test-nojit browser bench bench-kernels bench-small asv perf-gate clean
 
 setup: $(STAMP)
 
@@ -22,17 +22,29 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]'
+	# the Tensor Browser's Qt-free data layer, for tests/flight/sdk_tensor_browser_test.py;
+	# --no-deps: its other requirements are the Qt widget's (qtpy, magicgui, opencv)
+	$(PY) -m pip install --quiet --no-deps 'biopb-napari-widget>=0.2.1'
 	touch $(STAMP)
 
+# the demo dataset, chunk cache and annotations of `make run` live in .tensor-server/ here,
+# so `make clean` removes them
 run: $(STAMP)
-	$(PY) -m tensor_server run $(ROOT)
+	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server run $(ROOT)
 
 # The whole suite, then the kernel tests once more on the pure-Python path so the
 # oracle-equivalent interpreter path of every kernel stays correct (NUMBA_DISABLE_JIT=1).
 # pytest exits 5 when it collected no tests; that is non-zero, so make fails on it.
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
+
+# The neuroglancer test (tests/http) drives Debian's Chromium; install it where apt can (CI
+# runs as root). Where it cannot, that one test skips and says why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 || \
+	    echo "note: chromium could not be installed; the neuroglancer test will skip"; }
 
 test-nojit: $(STAMP)
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py
@@ -63,4 +75,6 @@ perf-gate: $(STAMP)
 	! grep -qE "PERFORMANCE DECREASED|Traceback|failed" .asv/perf-gate.log
 
 clean:
-	rm -rf $(VENV) .asv build *.egg-info .pytest_cache
+	rm -rf $(VENV) .asv build *.egg-info .pytest_cache .tensor-server
+	@echo "servers started outside make keep their files in ~/.cache/tensor-server (demo data, chunk"
+	@echo "caches, bench data) and ~/.local/share/tensor-server (annotations); remove those by hand"

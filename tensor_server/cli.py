@@ -1,4 +1,4 @@
-"""Command line: ``python -m tensor_server {serve,list,run,version}``."""
+"""Command line: ``python -m tensor_server {serve,list,run,url,version}``."""
 from __future__ import annotations
 
 import argparse
@@ -7,9 +7,15 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Sequence
 
+from tensor_server.errors import InvalidArgument
+
 __all__ = ["main"]
+
+#: the HTTP port ``run`` (``make run``) serves OME-Zarr on, and ``url`` assumes
+DEMO_HTTP_PORT = 8816
 
 log = logging.getLogger("tensor_server")
 
@@ -75,11 +81,16 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--port", type=int, help="port (default 8815; 0 picks a free one)")
         sp.add_argument("--config", help="TOML config file (flags override it)")
         sp.add_argument("--token", help="require 'authorization: Bearer TOKEN' on every call but health")
-        sp.add_argument("--cache-dir", help="chunk cache folder")
+        sp.add_argument("--cache-dir", help="chunk cache folder (default: <cache home>/chunks, or chunks-<port> "
+                        "when another server holds that)")
+        sp.add_argument("--rois-db", help="ROI annotation file (default: <data home>/annotations.duckdb, or "
+                        "annotations-<port>.duckdb when another server holds that)")
         sp.add_argument("--cache-max-bytes", type=int, help="chunk cache file-tier budget in bytes (default 4 GiB)")
         sp.add_argument("--write-dir", help="folder for uploads (scratch source)")
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
+        sp.add_argument("--http-port", type=int,
+                        help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
@@ -87,10 +98,17 @@ def _build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="serve ROOTs, or a generated demo dataset when none is given, and print how to read")
     run.add_argument("roots", nargs="*", metavar="ROOT")
+    run.add_argument("--demo-dir", help="where the demo dataset is written (default: <cache home>/demo)")
     server_flags(run)
 
     lst = sub.add_parser("list", help="print the sources and tensors found under ROOTs")
     lst.add_argument("roots", nargs="+", metavar="ROOT")
+
+    url = sub.add_parser("url", help="print the OME-Zarr URL of a file or array id, to paste into a viewer")
+    url.add_argument("target", metavar="PATH_OR_ARRAY_ID")
+    url.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
+    url.add_argument("--http-port", type=int, default=DEMO_HTTP_PORT, help=f"its --http-port (default {DEMO_HTTP_PORT})")
+    url.add_argument("--ngff", choices=("0.4", "0.5"), default="0.4", help="NGFF 0.4 (zarr v2, default) or 0.5 (zarr v3)")
 
     sub.add_parser("version", help="print the version")
     return p
@@ -102,19 +120,49 @@ def _settings(args: argparse.Namespace):
     return load_settings(
         args.config, roots=list(args.roots), host=args.host, port=args.port, token=args.token,
         cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir,
-        rescan_seconds=args.rescan_seconds, log_level=args.log_level,
+        rois_path=args.rois_db,
+        rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
     )
 
 
 def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str) -> str:
+    """What ``run`` prints: list the array ids, read a scaled level, show the pyramid readably.
+    The id printed is this machine's (ids hash the path); the query is what finds them anywhere."""
     tok = f", token={token!r}" if token else ""
     return (
         "from biopb.tensor import TensorFlightClient\n"
         f"client = TensorFlightClient({location!r}{tok})\n"
-        "print(client.query(\"SELECT source_id, source_type FROM sources\"))\n"
+        "rows = client.query(\"SELECT unnest(tensors).array_id AS array_id FROM sources ORDER BY 1\", format=\"records\")\n"
+        "print([r[\"array_id\"] for r in rows])\n"
         f"level = client.get_array({array_id!r}, scale_hint={scale}, reduction_method={method!r})\n"
-        "print(level.shape, level.dtype)"
+        "print(level.shape, level.dtype)\n"
+        f"for lv in client.get_descriptor({array_id!r}, with_pyramid=True).pyramid:\n"
+        "    print(list(lv.scale_hint), lv.reduction_method, list(lv.shape))"
     )
+
+
+class _Taken(Exception):
+    """No file or folder this server may use (the message says which flag to pass)."""
+
+
+def _take(explicit: str | None, default: Path, port: int, flag: str, opener, busy: type[Exception]):
+    """``opener(path)`` on the path given with ``flag``; without one, on ``default`` or, when
+    another server holds that, on ``<default>-<port>``: a second server on this machine
+    gets files of its own instead of failing on a lock. Raises _Taken naming ``flag``."""
+    if explicit:
+        candidates = [Path(explicit)]
+    else:
+        candidates = [default, default.with_name(f"{default.stem}-{port or os.getpid()}{default.suffix}")]
+    for i, path in enumerate(candidates):
+        try:
+            result = opener(str(path))
+        except busy as exc:
+            if i + 1 < len(candidates):
+                print(f"serve: {path} is held by another tensor-server; using {candidates[i + 1]}", file=sys.stderr)
+                continue
+            raise _Taken(f"{exc}; pass another {flag}") from None
+        return result
+    raise AssertionError("unreachable")
 
 
 def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
@@ -129,30 +177,52 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         from tensor_server.config import default_cache_dir
         from tensor_server.demo import make_demo_dataset
 
-        folder = default_cache_dir() / "demo"
-        print(f"no ROOT given: generating the demo dataset in {folder} ...", file=sys.stderr)
+        folder = Path(args.demo_dir) if args.demo_dir else default_cache_dir() / "demo"
+        print(f"no ROOT given: serving the demo dataset in {folder} (generated on first use; delete the "
+              "folder to remove it)", file=sys.stderr)
         settings.roots = [str(make_demo_dataset(folder))]
     if not settings.roots:
         print("serve: give at least one ROOT (or roots = [...] in --config)", file=sys.stderr)
         return 2
-    catalog = Catalog(settings.roots, follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
+    from tensor_server.cache import CacheLocked, CacheManager
+    from tensor_server.catalog.rois import RoiStoreBusy
+    from tensor_server.config import default_cache_dir, default_data_dir
+
+    def open_catalog(rois_path: str) -> Catalog:
+        Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
+        cat = Catalog(settings.roots, rois_path=rois_path,
+                      follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
                       open_timeout_seconds=settings.open_timeout_seconds)
+        try:
+            cat.rois.open()
+        except Exception:
+            cat.close()
+            raise
+        return cat
+
+    try:
+        catalog = _take(settings.rois_path, default_data_dir() / "annotations.duckdb", settings.port, "--rois-db",
+                        open_catalog, RoiStoreBusy)
+    except (_Taken, InvalidArgument) as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
     config = ServerConfig(
         host=settings.host, port=settings.port, token=settings.token,
         pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),
         rescan_seconds=settings.rescan_seconds, cache_dir=settings.cache_dir,
         cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
-        write_dir=settings.write_dir,
+        write_dir=settings.write_dir, precache_bytes=settings.precache_bytes,
+        max_computes=settings.max_computes or 2 * (os.cpu_count() or 1),
+        admission_timeout=settings.admission_timeout,
     )
-    from tensor_server.cache import CacheLocked, CacheManager
-    from tensor_server.config import default_cache_dir
-
-    cache_dir = settings.cache_dir or str(default_cache_dir() / "chunks")
+    if demo and settings.http_port is None:
+        settings.http_port = DEMO_HTTP_PORT
     try:
-        cache = CacheManager(cache_dir, max_total_bytes=settings.cache_max_bytes,
-                             source_scaled_reads=settings.source_scaled_reads)
-    except CacheLocked as exc:
-        print(f"serve: {exc}; pass another --cache-dir", file=sys.stderr)
+        cache = _take(settings.cache_dir, default_cache_dir() / "chunks", settings.port, "--cache-dir",
+                      lambda d: CacheManager(d, max_total_bytes=settings.cache_max_bytes), CacheLocked)
+    except _Taken as exc:
+        catalog.close()
+        print(f"serve: {exc}", file=sys.stderr)
         return 2
     try:
         server = TensorFlightServer(catalog, config, cache_manager=cache)
@@ -167,6 +237,23 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     location = server.location
     print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
+    http = None
+    if settings.http_port is not None:
+        from tensor_server.http.app import HttpFrontEnd, build_app
+
+        on_chunk = server.precacher.after_read if server.precacher is not None else None
+        try:
+            http = HttpFrontEnd(build_app(catalog, server.engine, token=settings.token, policy=config.pyramid,
+                                          on_chunk=on_chunk), settings.host, settings.http_port)
+            http.start()
+        except Exception as exc:
+            server.shutdown()
+            cache.close()
+            print(f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); "
+                  "pass another --http-port", file=sys.stderr)
+            return 2
+        print(f"OME-Zarr over HTTP at {http.url}/zarr/<array_id>/ (NGFF 0.4) and /zarr3/<array_id>/ (NGFF 0.5)",
+              file=sys.stderr)
 
     def background_start() -> None:
         progress = _ScanProgress()
@@ -188,7 +275,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 t, lv = pick
                 print("\nRead a scaled level with the biopb SDK (pip install 'biopb[tensor]'):\n", file=sys.stderr)
                 print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method), file=sys.stderr)
-                print("\nor list what is served: python -m tensor_server list " + " ".join(settings.roots), file=sys.stderr)
+                if http is not None:
+                    print(f"\nOpen it in an OME-Zarr viewer (napari-ome-zarr, neuroglancer 'zarr://...', vizarr):\n"
+                          f"{http.url}/zarr/{t.array_id}/", file=sys.stderr)
+                print(f"\nor list what is served: {sys.executable} -m tensor_server list " + " ".join(settings.roots),
+                      file=sys.stderr)
                 print("Ctrl-C stops the server.", file=sys.stderr)
 
     threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
@@ -197,8 +288,24 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if http is not None:
+            http.stop()
         catalog.close()
         cache.close()  # seals the open segment
+    return 0
+
+
+def cmd_url(args: argparse.Namespace) -> int:
+    """The URL a viewer opens: a file or folder is named by its source id (its default
+    tensor), anything else is taken as an array id."""
+    from pathlib import Path
+
+    from tensor_server.core.identity import source_id_for_path
+
+    target = args.target
+    array_id = source_id_for_path(target) if Path(target).exists() else target.strip("/")
+    prefix = "zarr" if args.ngff == "0.4" else "zarr3"
+    print(f"http://{args.host}:{args.http_port}/{prefix}/{array_id}/")
     return 0
 
 
@@ -232,4 +339,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "list":
         return cmd_list(args)
+    if args.command == "url":
+        return cmd_url(args)
     return cmd_serve(args, demo=args.command == "run")

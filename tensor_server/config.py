@@ -8,7 +8,7 @@ Example (every key optional)::
     token = "s3cret"            # required when host is not a loopback address
 
     [cache]
-    dir = "/var/cache/tensor-server"
+    dir = "/var/cache/tensor-server"  # default: <cache home>/chunks, or chunks-<port> if taken
     max_bytes = 4294967296      # file-tier budget
     source_scaled_reads = true  # build coarse levels from cached full-resolution chunks
 
@@ -21,8 +21,27 @@ Example (every key optional)::
     follow_symlinks_outside_roots = false  # serve symlinks whose targets leave the roots
     open_timeout_seconds = 60   # a source slower to open becomes an unreadable row
 
+    [annotations]               # ROI annotations (the ``rois`` table), kept across restarts
+    path = "/var/lib/tensor-server/annotations.duckdb"  # default: <data home>/annotations.duckdb
+
+Where a server keeps its files when none are given: the cache home is
+``$XDG_CACHE_HOME/tensor-server`` (``~/.cache/tensor-server``: the demo dataset and chunk
+caches), the data home ``$XDG_DATA_HOME/tensor-server`` (``~/.local/share/tensor-server``:
+annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run`` uses
+``.tensor-server`` in the repository, so ``make clean`` removes it).
+
     [log]
     level = "warning"
+
+    [http]                      # OME-Zarr over HTTP (/zarr/<array_id>/, /zarr3/<array_id>/)
+    port = 8816                 # absent = off (``run`` turns it on at 8816)
+
+    [cache]
+    precache_bytes = 67108864   # warmed after each client read (neighbours, next levels); 0 = off
+
+    [read]
+    max_computes = 0            # chunk computations at once (0 = the machine's cores x 2)
+    admission_timeout = 30.0    # seconds a computation may wait for a slot, then UNAVAILABLE
 """
 from __future__ import annotations
 
@@ -33,11 +52,22 @@ from typing import Any, Mapping
 
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["Settings", "load_settings", "default_cache_dir"]
+__all__ = ["Settings", "load_settings", "default_cache_dir", "default_data_dir"]
 
 
 def default_cache_dir() -> Path:
+    """Where regenerable files go (demo data, chunk caches)."""
+    if os.environ.get("TENSOR_SERVER_HOME"):
+        return Path(os.environ["TENSOR_SERVER_HOME"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tensor-server"
+
+
+def default_data_dir() -> Path:
+    """Where user data goes (annotations): not a cache, so not under the cache home."""
+    if os.environ.get("TENSOR_SERVER_HOME"):
+        return Path(os.environ["TENSOR_SERVER_HOME"])
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "tensor-server"
 
 
@@ -51,12 +81,17 @@ class Settings:
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
     write_dir: str | None = None
+    rois_path: str | None = None
     plane_budget_px: int = 4 * 1024 * 1024
     volume_budget_voxels: int = 448**3
     rescan_seconds: float = 0.0
     follow_symlinks_outside_roots: bool = False
     open_timeout_seconds: float = 60.0
     log_level: str = "warning"
+    http_port: int | None = None
+    precache_bytes: int = 64 << 20
+    max_computes: int = 0
+    admission_timeout: float = 30.0
 
 
 # TOML key path -> Settings attribute
@@ -74,7 +109,12 @@ _KEYS = {
     ("catalog", "rescan_seconds"): "rescan_seconds",
     ("catalog", "follow_symlinks_outside_roots"): "follow_symlinks_outside_roots",
     ("catalog", "open_timeout_seconds"): "open_timeout_seconds",
+    ("annotations", "path"): "rois_path",
     ("log", "level"): "log_level",
+    ("http", "port"): "http_port",
+    ("cache", "precache_bytes"): "precache_bytes",
+    ("read", "max_computes"): "max_computes",
+    ("read", "admission_timeout"): "admission_timeout",
 }
 
 

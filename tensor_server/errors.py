@@ -21,7 +21,18 @@ __all__ = [
 
 
 class TensorServerError(Exception):
-    """Base of every error this package raises on purpose."""
+    """Base of every error this package raises on purpose.
+
+    ``slug`` is the machine reason a Flight error carries in ``extra_info`` (the biopb
+    reference's spelling, e.g. ``slice_rank``), for clients that switch on it; the message
+    stays ours. None means the server picks the class's default."""
+
+    slug: str | None = None
+
+    def __init__(self, *args: object, slug: str | None = None) -> None:
+        super().__init__(*args)
+        if slug is not None:
+            self.slug = slug
 
 
 class UnreadableSource(TensorServerError):

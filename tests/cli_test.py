@@ -31,6 +31,9 @@ def test_config_file_then_flags(tmp_path):
     cfg.write_text('roots = ["/data"]\nport = 9000\n[cache]\nmax_bytes = 1024\n[pyramid]\nplane_budget_px = 65536\n')
     s = load_settings(cfg, port=9100, roots=[])
     assert s.roots == ["/data"] and s.port == 9100 and s.cache_max_bytes == 1024 and s.plane_budget_px == 65536
+    cfg.write_text('[annotations]\npath = "/data/rois.duckdb"\n')
+    assert load_settings(cfg).rois_path == "/data/rois.duckdb"
+    assert load_settings(cfg, rois_path="/elsewhere.duckdb").rois_path == "/elsewhere.duckdb"  # the flag wins
     cfg.write_text("[cache]\nsize = 3\n")
     with pytest.raises(InvalidArgument, match="unknown config keys"):
         load_settings(cfg)
@@ -60,3 +63,48 @@ def test_serve_reports_a_busy_port(tmp_path):
         out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--port", str(port),
                               "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "port in use" in out.stderr
+
+
+def test_a_second_server_gets_its_own_cache_and_annotation_files(tmp_path):
+    """Two servers with default folders: the second takes ``chunks-<n>`` and
+    ``annotations-<n>.duckdb`` instead of failing on the first one's locks; a folder given
+    with a flag that is taken is a clear error naming the flag."""
+    import os
+    import time
+
+    np.save(tmp_path / "a.npy", np.arange(12).reshape(3, 4))
+    home = tmp_path / "home"
+    env = {**os.environ, "TENSOR_SERVER_HOME": str(home)}
+    cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0"]
+    procs = []
+
+    def start(extra=()):
+        p = subprocess.Popen(cmd + list(extra), env=env, stderr=subprocess.PIPE, text=True)
+        procs.append(p)
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = p.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "listening on" in line:
+                return "".join(lines)
+        p.wait(timeout=10)
+        return "".join(lines) + p.stderr.read()
+
+    try:
+        first = start()
+        assert "listening on" in first and "held by another" not in first
+        second = start()
+        assert "listening on" in second
+        assert f"{home / 'chunks'} is held by another tensor-server; using {home}/chunks-" in second
+        assert f"{home / 'annotations.duckdb'} is held by another tensor-server; using {home}/annotations-" in second
+        third = start(["--cache-dir", str(home / "chunks")])
+        assert procs[-1].returncode == 2 and "pass another --cache-dir" in third
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=20)
+            p.stderr.close()

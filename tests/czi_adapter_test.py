@@ -1,4 +1,4 @@
-"""The CZI zoom= override of get_scaled_data (design scaled-read-path.md §5).
+"""The CZI zoom= path: nearest served by get_decimated_data through libCZI's zoom (design §5).
 
 TestZoomServesNearest pins: bit-identity with downsample_block(get_data(bounds), scale,
 "nearest") across factors 2-8 (3 and 5 included) on a single-tile stack, a mosaic with gaps,
@@ -52,15 +52,18 @@ def zoom_calls(monkeypatch) -> list:
 
 @pytest.fixture
 def default_path_calls(monkeypatch) -> list:
-    """Calls that reached the default (streamed) TensorAdapter.get_scaled_data."""
+    """Scaled reads the engine streamed (sized a streaming unit for) instead of taking the
+    adapter's decimated (zoom) read: one entry, the scale, per streamed read."""
+    from tensor_server.core import engine
+
     calls: list = []
-    original = TensorAdapter.get_scaled_data
+    original = engine.streaming_unit
 
-    def spy(self, bounds, scale_hint, reduction_method, cache_manager=None):
-        calls.append((tuple(scale_hint), reduction_method, cache_manager))
-        return original(self, bounds, scale_hint, reduction_method, cache_manager)
+    def spy(transfer, read_block, scale):
+        calls.append(tuple(scale))
+        return original(transfer, read_block, scale)
 
-    monkeypatch.setattr(TensorAdapter, "get_scaled_data", spy)
+    monkeypatch.setattr(engine, "streaming_unit", spy)
     return calls
 
 
@@ -165,13 +168,12 @@ class TestZoomServesNearest:
         with tensor_server.open(files["stack"]) as src:
             t = src.tensor()
             b = bounds or Bounds((0, 0, 0, 0, 0), (1, 2, 3, 256, 384))
-            sentinel = object()
-            got = t.get_scaled_data(b, scale, method, sentinel)
+            got = t.get_scaled_data(b, scale, method)
             want = downsample_block(t.get_data(b), scale, method or "area")
             np.testing.assert_array_equal(got, want, err_msg=case)
             assert all(z is None for z in zoom_calls), f"{case}: zoom reached libCZI"
-            # the default path took it, with cache_manager forwarded
-            assert default_path_calls == [(scale, method, sentinel)], case
+            # the engine streamed it (scale 1 everywhere is a plain read, nothing to stream)
+            assert default_path_calls == ([] if all(s == 1 for s in scale) else [scale]), case
 
     def test_stored_pyramid_declines(self, files, zoom_calls, default_path_calls):
         """libCZI paints stored pyramid subblocks for zoom < 1; their reduction is the
@@ -195,16 +197,15 @@ class TestZoomServesNearest:
         with tensor_server.open(files["stack"]) as src:
             t = src.tensor()
             b = Bounds((0, 0, 1, 8, 16), (1, 2, 3, 8 + 6 * 30, 16 + 6 * 50))
-            sentinel = object()
             with caplog.at_level(logging.WARNING, logger="tensor_server.adapters.czi"):
-                got = t.get_scaled_data(b, (1, 1, 1, 6, 6), "nearest", sentinel)
+                got = t.get_scaled_data(b, (1, 1, 1, 6, 6), "nearest")
             np.testing.assert_array_equal(got, _oracle(t, b, (1, 1, 1, 6, 6)))
             assert got.shape == (1, 2, 2, 30, 50)
             assert any("unexpected shape" in r.getMessage() for r in caplog.records)
-            assert default_path_calls == [((1, 1, 1, 6, 6), "nearest", sentinel)]
+            assert default_path_calls == [(1, 1, 1, 6, 6)]
 
     def test_libczi_whole_roi_zoom_is_not_exact_across_an_on_grid_edge(self, files):
-        """Why the override cuts cells: one libCZI zoom read over the mosaic differs from
+        """Why the zoomed read cuts cells: one libCZI zoom read over the mosaic differs from
         nearest where a tile ends on the f-grid next to a gap (tile 0 ends at x 128; below
         row 96 nothing covers x 100..150, and tile 2 ends at x 100). If this starts passing
         with exact values, libCZI changed and the cell rule may be relaxable."""

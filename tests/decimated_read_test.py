@@ -22,7 +22,7 @@ DECIMATES = {
     "NiftiAdapter": ("yes", "dataobj[a:b:s, ...]: nibabel plans the strided read from the slice (.nii.gz still inflates the stream, saving memory not decode)"),
     "DicomAdapter": ("yes", "the step selects frames (multi-frame, focal planes, optical paths) and skips WSI tiles holding no picked pixel; Y/X strided inside a decoded frame"),
     "DicomSeriesAdapter": ("yes", "the step on z skips whole slice files (never decoded), like LifAdapter's plane skipping; Y/X strided inside a decoded slice"),
-    "CziAdapter": ("no", "libCZI cannot stride inside a subblock; nearest is served by the zoom= override of get_scaled_data (design section 5), not get_decimated_data"),
+    "CziAdapter": ("yes", "libCZI read(zoom=1/f) picks exactly data[::f, ::f] where the gate holds (same Y/X factor, other axes 1, f divides the extent, no stored pyramid); it declines with None elsewhere and the engine streams"),
     "TiffPageSeriesAdapter": ("no", "quantized at the page: the page is decoded whole to return any window, so a stride inside it saves only a memcpy"),
     "TiffAdapter": ("no", "page-mode reads decode the whole page; striding inside a decoded page saves only a memcpy"),
     "LsmAdapter": ("no", "page-mode reads decode the whole plane (all channels); striding inside it saves only a memcpy"),

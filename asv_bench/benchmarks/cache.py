@@ -10,6 +10,7 @@ from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.core import Bounds, plan_read
 from tensor_server.core.downsample import warm_up
+from tensor_server.core.engine import ReadEngine
 
 
 class CacheHit:
@@ -59,17 +60,18 @@ class CacheSourcedScaledRead:
         self.t = ArrayAdapter(arr, chunk_shape=(1024, 1024))
         MemorySource(self.t, source_id="bench")
         self.cache = CacheManager(self.dir)
+        self.cached, self.source = ReadEngine(self.cache), ReadEngine()
         for pc in plan_read(self.t).chunks:
-            self.t.resolve_chunk_data(pc.chunk_id, self.cache)
+            self.cached.chunk(pc.chunk_id, self.t)
         self.b = Bounds.full(arr.shape)
-        self.t.get_scaled_data(self.b, (16, 16), method, self.cache)
+        self.cached.read(self.t, self.b, (16, 16), method)
 
     def teardown(self, method):
         self.cache.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def time_cache_sourced(self, method):
-        self.t.get_scaled_data(self.b, (16, 16), method, self.cache)
+        self.cached.read(self.t, self.b, (16, 16), method)
 
     def time_source(self, method):
-        self.t.get_scaled_data(self.b, (16, 16), method)
+        self.source.read(self.t, self.b, (16, 16), method)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from tensor_server.core.adapter_base import file_content_version
+from tensor_server.core.identity import file_content_version
 
 __all__ = ["file_stamp", "changed_since"]
 

@@ -23,9 +23,10 @@ Served layout:
 
 Read granularity (design scaled-read-path.md §3): ``read_block_shape`` is None. A libCZI ROI
 read composes only the subblocks it touches, so a small unit costs the tiles under it, not a
-whole plane. No decimated read (§4): libCZI cannot stride inside a subblock.
+whole plane.
 
-Nearest via libCZI's zoom (§5): ``get_scaled_data`` serves ``nearest`` with ``read(zoom=1/f)``,
+Nearest via libCZI's zoom (§5), declared as ``decimates``: ``get_decimated_data`` serves
+nearest with ``read(zoom=1/f)`` where that is exact and declines (None) elsewhere; zoom
 which resamples each subblock straight into the reduced bitmap instead of composing the plane
 at full resolution. Measured on this libCZI (pylibCZIrw 6.1): inside one subblock, zoom picks
 source pixel ``lround(i·f)`` from the ROI origin, exactly the first pixel of each f×f block,
@@ -33,10 +34,10 @@ for every factor tried (2-8, 12, 16), so it equals ``data[::f, ::f]``. It is *no
 across a subblock edge that lies on the ROI's f-grid: the subblock ending there also paints
 the next output pixel with its own last column (libCZI clamps the source index), and that
 survives wherever no later-painted subblock starts at the same edge (a gap, the mosaic's
-border, an earlier-M neighbour). So the override cuts the ROI into cells at every on-grid
+border, an earlier-M neighbour). So the zoomed read cuts the ROI into cells at every on-grid
 edge and reads each cell with its own zoomed read; edges off the grid are safe inside a cell
 (libCZI paints exactly the pixels whose sample lies in the subblock). See
-``CziAdapter.get_scaled_data`` for the gate and ``CziAdapter._zoom_cells`` for the rule.
+``CziAdapter._zoom_factor`` for the gate and ``CziAdapter._zoom_cells`` for the rule.
 """
 from __future__ import annotations
 
@@ -51,16 +52,12 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    SourceAdapter,
-    TensorAdapter,
-    check_scale,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
-from tensor_server.core.methods import normalize_method
 from tensor_server.core.stream_reduce import scaled_output_shape
+from tensor_server.core.units import MICROMETER
 from tensor_server.errors import TensorServerError, UnreadableSource
 
 __all__ = ["CziAdapter", "CziSource", "CZI_MAGIC", "sniff_czi", "write_benchmark_czi"]
@@ -107,7 +104,7 @@ _Cell = tuple[tuple[int, int], tuple[int, int]]
 
 
 class _ZoomShapeMismatch(Exception):
-    """libCZI returned a zoomed bitmap whose size is not the contract's (see get_scaled_data)."""
+    """libCZI returned a zoomed bitmap whose size is not the contract's (see get_decimated_data)."""
 
 
 # ---- the file: a pool of libCZI readers and the subblock geometry ------------------------
@@ -120,7 +117,7 @@ class _CziFile:
     keeps reusing one reader and the idle reaper closes the others). Each reader is a
     LazyHandle: opened on first use, closed by the reaper when idle, never during a read.
     ``rects`` holds the layer-0 subblock rectangles (x0, y0, x1, y1) of the whole file: the
-    zoom override cuts its cells at their edges.
+    zoomed read cuts its cells at their edges.
     """
 
     def __init__(self, path: Path, readers: int | None = None) -> None:
@@ -182,9 +179,11 @@ class CziAdapter(TensorAdapter):
     """One scene of a CZI (or the whole file when it has no scenes); see the module docstring.
 
     ``read_block_shape`` is None: a libCZI ROI read composes only the subblocks it touches.
-    ``decimates`` is False: nearest is served by the zoom override of ``get_scaled_data``,
-    not by a strided read.
+    ``decimates`` is True: nearest is served by libCZI's zoom where it is exact (the
+    engine streams every other request).
     """
+
+    decimates = True
 
     def __init__(
         self,
@@ -218,7 +217,7 @@ class CziAdapter(TensorAdapter):
             dim_labels=labels,
             native_chunk_shape=None,
             physical_scale=scales,
-            physical_unit=[None if s is None else "µm" for s in scales],
+            physical_unit=[None if s is None else MICROMETER for s in scales],
             content_version=file_content_version(file.path),
             metadata=metadata,
         )
@@ -264,11 +263,11 @@ class CziAdapter(TensorAdapter):
         return out
 
     # ---- nearest through libCZI's zoom (design §5) ------------------------------------------
-    def _zoom_factor(self, bounds: Bounds, scale: Sequence[int], method: str | None) -> int | None:
-        """The Y/X factor f when zoom=1/f can serve this request bit-identically, else None.
+    def _zoom_factor(self, bounds: Bounds, scale: Sequence[int]) -> int | None:
+        """The Y/X factor f when zoom=1/f can serve nearest bit-identically, else None.
 
-        The four conditions of design §5 plus one this file format adds:
-        1. the method is nearest (aliases stride/decimate included);
+        The engine asks only for nearest (zoom= differs from area in every pixel). The
+        conditions:
         2. Y and X reduce by the same factor f >= 2;
         3. every other axis (planes, samples) has scale 1;
         4. f divides both the Y and the X extent (libCZI sizes the output floor(extent/f),
@@ -276,11 +275,6 @@ class CziAdapter(TensorAdapter):
         5. the file has no stored pyramid subblocks: libCZI would paint those for zoom < 1,
            and their reduction is whatever the writer used, not nearest.
         """
-        try:
-            if normalize_method(method) != "nearest":
-                return None
-        except TensorServerError:
-            return None  # the default path raises the proper error
         ya, xa = self._n_plane, self._n_plane + 1
         f = scale[ya]
         if f < 2 or scale[xa] != f:
@@ -293,35 +287,28 @@ class CziAdapter(TensorAdapter):
             return None
         return f
 
-    def get_scaled_data(
-        self,
-        bounds: Bounds | None,
-        scale_hint: Sequence[int],
-        reduction_method: str | None,
-        cache_manager: Any | None = None,
-    ) -> np.ndarray:
-        """Nearest via ``read(zoom=1/f)`` where that is bit-identical (``_zoom_factor``),
-        otherwise the default streamed path.
+    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
+        """Nearest via ``read(zoom=1/f)`` where that is bit-identical (``_zoom_factor``), else
+        None (the engine streams).
 
         A runtime check compares every zoomed bitmap with the shape the contract requires; a
-        mismatch (libCZI computes the output size in float32) logs a warning and falls back
-        to the default path instead of failing the read.
+        mismatch (libCZI computes the output size in float32) logs a warning and declines
+        instead of failing the read.
         """
-        checked = self.check_bounds(bounds)
-        scale = check_scale(scale_hint, self.ndim)
-        f = self._zoom_factor(checked, scale, reduction_method)
+        step = tuple(int(s) for s in step)
+        f = self._zoom_factor(bounds, step)
         if f is None:
-            return super().get_scaled_data(bounds, scale_hint, reduction_method, cache_manager)
+            return None
         try:
-            out = self._read_zoomed(checked, f)
+            out = self._read_zoomed(bounds, f)
         except _ZoomShapeMismatch as exc:
             log.warning(
                 "%s: libCZI zoom returned an unexpected shape (%s); serving %s nearest x%d "
                 "through the streamed path instead",
-                self._file.path, exc, checked, f,
+                self._file.path, exc, bounds, f,
             )
-            return super().get_scaled_data(bounds, scale_hint, reduction_method, cache_manager)
-        expected = scaled_output_shape(checked.shape, scale)
+            return None
+        expected = scaled_output_shape(bounds.shape, step)
         if out.shape != expected:  # construction guarantees it; never return a wrong shape
             raise RuntimeError(f"CziAdapter zoom produced {out.shape}, expected {expected}")
         return out

@@ -24,9 +24,11 @@ import numpy as np
 
 from tensor_server.adapters.mrc import DV_MAGICS, MemmapReads
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER, SECOND
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["DeltaVisionAdapter", "DeltaVisionSource", "sniff_deltavision"]
@@ -84,7 +86,7 @@ class DeltaVisionSource(SourceAdapter):
             dt = _time_step(dv, sizes)
             per_axis = {"x": float(hdr.dx) or None, "y": float(hdr.dy) or None,
                         "z": float(hdr.dz) or None, "t": dt, "c": None}
-            units = {"x": "micrometer", "y": "micrometer", "z": "micrometer", "t": "second", "c": None}
+            units = {"x": MICROMETER, "y": MICROMETER, "z": MICROMETER, "t": SECOND, "c": None}
             scale = tuple(per_axis[d] for d in labels)
             unit = tuple(units[d] if per_axis[d] is not None else None for d in labels)
             metadata = _metadata(dv, sizes)

@@ -49,14 +49,11 @@ import numpy as np
 
 from tensor_server.adapters._dicom_file import WSI_SOP_CLASS, DicomFile
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    NativeLevel,
-    SourceAdapter,
-    TensorAdapter,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MILLIMETER
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["DicomAdapter", "DicomSeriesAdapter", "DicomFileSource", "DicomFolderSource",
@@ -321,7 +318,7 @@ def _frame_axis(ds: Any, nframes: int) -> tuple[str, float | None, str | None, l
     """Label, scale and unit of a multi-frame object's frame axis (see module docstring)."""
     offsets = ds.get("GridFrameOffsetVector")
     if offsets is not None and len(offsets) == nframes:
-        return "z", _uniform_spacing(float(v) for v in offsets), "millimeter", None
+        return "z", _uniform_spacing(float(v) for v in offsets), MILLIMETER, None
     normal = _normal(ds)
     if normal is not None and ds.get("PerFrameFunctionalGroupsSequence"):
         pos = []
@@ -332,7 +329,7 @@ def _frame_axis(ds: Any, nframes: int) -> tuple[str, float | None, str | None, l
                 break
             pos.append(float(np.dot(normal, np.asarray(ipp, float))))
         if len(pos) == nframes and len(set(np.round(pos, 4))) == nframes:
-            return "z", _uniform_spacing(pos), "millimeter", pos
+            return "z", _uniform_spacing(pos), MILLIMETER, pos
     if "FrameTime" in ds or "FrameTimeVector" in ds:
         ft = ds.get("FrameTime")
         return "t", (float(ft) if ft else None), ("millisecond" if ft else None), None
@@ -360,7 +357,7 @@ def _single_layout(dfile: DicomFile) -> tuple[FrameLayout, tuple, tuple, dict[st
                          dfile.samples, grid, [(dfile, i) for i in range(n)],
                          None if identity else rescale, _raw_dtype(dfile))
     scale += (row_sp, col_sp)
-    unit += tuple("millimeter" if s else None for s in (row_sp, col_sp))
+    unit += tuple(MILLIMETER if s else None for s in (row_sp, col_sp))
     if dfile.samples > 1:
         scale, unit = scale + (None,), unit + (None,)
     meta.update(_value_meta(rescale, identity, layout, dfile))
@@ -428,7 +425,7 @@ def _wsi_layout(files: list[DicomFile]) -> tuple[FrameLayout, tuple, tuple, dict
                          grid, frames, None, _raw_dtype(first))
     row_sp, col_sp = _pixel_spacing(ds)
     scale = (None,) * len(lead_labels) + (row_sp, col_sp) + ((None,) if first.samples > 1 else ())
-    unit = tuple("millimeter" if s else None for s in scale)
+    unit = tuple(MILLIMETER if s else None for s in scale)
     meta = _plain_meta(ds)
     meta.update(_value_meta([(1.0, 0.0)], True, layout, first))
     meta.update(wsi_total_pixel_matrix=[H, W], wsi_tile=[th, tw], wsi_frames=len(frames),
@@ -581,7 +578,7 @@ def _series_tensor(folder: Path, members: list[DicomFile]) -> TensorAdapter:
                          None if identity else rescale, _raw_dtype(first))
     row_sp, col_sp = _pixel_spacing(first.ds)
     scale = (zstep, row_sp, col_sp) + ((None,) if first.samples > 1 else ())
-    unit = tuple("millimeter" if s else None for s in scale)
+    unit = tuple(MILLIMETER if s else None for s in scale)
     meta = _plain_meta(first.ds)
     meta.update(_value_meta(rescale, identity, layout, first))
     meta.update(slices=n, sorted_by=sorted_by, files=[f.path.name for f in members])

@@ -64,15 +64,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    SourceAdapter,
-    TensorAdapter,
-    check_scale,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import format_unit
 from tensor_server.errors import UnreadableSource
 
 __all__ = [
@@ -247,7 +244,7 @@ class Hdf5ContiguousAdapter(Hdf5Adapter):
 
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         bounds = self.check_bounds(bounds)
-        step = check_scale(step, self.ndim)
+        step = tuple(int(s) for s in step)
         out_shape = tuple(-(-n // s) for n, s in zip(bounds.shape, step))
         out = np.empty(out_shape, self.dtype)
         last = self.ndim - 1
@@ -442,8 +439,9 @@ def regular_step(values: Any) -> float | None:
 
 
 def clean_unit(unit: Any) -> str | None:
-    """A unit string, or None when absent or not physical (pixel, undefined). Berkeley EMD's
-    bracketed TeX-ish spelling ``[n_m^-1]`` becomes ``nm^-1``."""
+    """A unit in the reference spelling (``format_unit``), or None when absent or not physical
+    (pixel, undefined). Berkeley EMD's bracketed TeX-ish spelling ``[n_m^-1]`` is read as
+    ``nm^-1`` first, so it comes out as ``1/nm``."""
     if unit is None:
         return None
     if isinstance(unit, (bytes, np.bytes_)):
@@ -454,7 +452,7 @@ def clean_unit(unit: Any) -> str | None:
     text = str(unit).strip()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1].replace("_", "").strip()
-    return None if text.lower() in _NO_UNITS else text
+    return None if text.lower() in _NO_UNITS else format_unit(text)
 
 
 @dataclass

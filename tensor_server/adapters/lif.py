@@ -49,15 +49,12 @@ from typing import Any, BinaryIO, Iterator, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    SourceAdapter,
-    TensorAdapter,
-    check_scale,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER, NANOMETER, SECOND
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["LifAdapter", "LifSource", "sniff_lif", "LIF_DIM_LABELS"]
@@ -170,7 +167,7 @@ class LifAdapter(TensorAdapter):
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         """``get_data(bounds)[::step]``: only planes on the step are read (design §4)."""
         bounds = self.check_bounds(bounds)
-        return self._read(bounds, check_scale(step, self.ndim))
+        return self._read(bounds, tuple(int(s) for s in step))
 
     def plane_offset(self, outer_index: Sequence[int], channel: int) -> int:
         """File offset of the plane at outer indices (slowest first) and channel."""
@@ -207,11 +204,11 @@ def _physical(scale_n: dict[int, Any], dim: _Dim) -> tuple[float | None, str | N
     if not per_unit or per_unit <= 0:
         return None, None
     if dim.dim_id in _SPATIAL_DIMS:
-        return 1.0 / per_unit, "micrometer"
+        return 1.0 / per_unit, MICROMETER
     if dim.dim_id in _WAVELENGTH_DIMS:
-        return 1000.0 / per_unit, "nanometer"
+        return 1000.0 / per_unit, NANOMETER
     if dim.dim_id == _TIME_DIM:
-        return 1.0 / per_unit, "second"
+        return 1.0 / per_unit, SECOND
     return None, None
 
 

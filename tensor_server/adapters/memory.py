@@ -11,7 +11,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 
 __all__ = ["ArrayAdapter", "MemorySource", "NpySource"]

@@ -52,8 +52,10 @@ from tensor_server.adapters.tiff_sequence import (
     raw_offset,
     unique_label,
 )
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["MicroManagerLegacyAdapter", "MicroManagerSequenceAdapter", "MicroManagerSource"]
@@ -148,7 +150,7 @@ def _summary_scale(summary: Mapping[str, Any], labels: list[str]) -> tuple[list 
     scale = [size if d in ("y", "x") else zstep if d == "z" else None for d in labels]
     if all(s is None for s in scale):
         return None, None
-    return scale, [None if s is None else "µm" for s in scale]
+    return scale, [None if s is None else MICROMETER for s in scale]
 
 
 def _positive(value: Any) -> float | None:

@@ -28,10 +28,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version, owned_array
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.arrays import owned_array
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import ANGSTROM
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["MrcAdapter", "MrcSource", "MemmapReads", "sniff_mrc", "strided_slices"]
@@ -106,7 +109,7 @@ class MrcAdapter(MemmapReads, TensorAdapter):
             dim_labels=dim_labels,
             native_chunk_shape=None,  # no native block: the transfer grid grows from a plane
             physical_scale=physical_scale,
-            physical_unit=tuple(None if s is None else "angstrom" for s in physical_scale),
+            physical_unit=tuple(None if s is None else ANGSTROM for s in physical_scale),
             content_version=file_content_version(path),
             metadata=metadata,
         )

@@ -37,15 +37,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    SourceAdapter,
-    TensorAdapter,
-    check_scale,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER, SECOND
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["Nd2Adapter", "Nd2Source", "sniff_nd2"]
@@ -155,7 +152,7 @@ class Nd2Adapter(TensorAdapter):
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         """``get_data(bounds)[::step]``, decoding only the frames on the step (design §4)."""
         bounds = self.check_bounds(bounds)
-        return self._read(bounds, check_scale(step, self.ndim))
+        return self._read(bounds, tuple(int(s) for s in step))
 
     def close(self) -> None:
         """Close the file now (waiting for reads in flight); the next read reopens it."""
@@ -252,10 +249,10 @@ def _describe(path: Path, f: Any, handle: LazyHandle[Any]) -> tuple[Nd2Adapter, 
     for a in axes:
         if a in spatial and calibrated.get(a, True) and spatial[a] and spatial[a] > 0:
             scale.append(float(spatial[a]))
-            unit.append("micrometer")
+            unit.append(MICROMETER)
         elif a == "T" and time_step is not None:
             scale.append(time_step)
-            unit.append("second")
+            unit.append(SECOND)
         else:
             scale.append(None)
             unit.append(None)

@@ -52,8 +52,10 @@ import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.adapters.tiff_sequence import FileLayout, TiffPlaneGridAdapter, axis_label_for, unique_label
-from tensor_server.core.adapter_base import SourceAdapter, file_content_version
+from tensor_server.core.adapter_base import SourceAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["NdTiffAdapter", "NdTiffSource", "read_ndtiff_index"]
@@ -243,7 +245,7 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
         tile_extent=extent,
         tile_crop=crop,
         physical_scale=scale if any(s is not None for s in scale) else None,
-        physical_unit=[None if s is None else "µm" for s in scale] if any(s is not None for s in scale) else None,
+        physical_unit=[None if s is None else MICROMETER for s in scale] if any(s is not None for s in scale) else None,
         content_version=file_content_version(index_path, *paths),
         metadata=metadata,
     )

@@ -36,17 +36,20 @@ import numpy as np
 
 from tensor_server.adapters.mrc import strided_slices
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version, owned_array
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.arrays import owned_array
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import HERTZ, METER, MICROMETER, MICROSECOND, MILLIMETER, MILLISECOND, SECOND
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["NiftiAdapter", "NiftiSource", "sniff_nifti", "served_dtype"]
 
 _LABELS = ("x", "y", "z", "t", "c", "p", "q")
-_SPACE_UNITS = {"meter": "meter", "mm": "millimeter", "micron": "micrometer"}
-_TIME_UNITS = {"sec": "second", "msec": "millisecond", "usec": "microsecond", "hz": "hertz",
+_SPACE_UNITS = {"meter": METER, "mm": MILLIMETER, "micron": MICROMETER}
+_TIME_UNITS = {"sec": SECOND, "msec": MILLISECOND, "usec": MICROSECOND, "hz": HERTZ,
                "ppm": "ppm", "rads": "radian/second"}
 
 

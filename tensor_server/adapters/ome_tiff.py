@@ -25,11 +25,11 @@ from tensor_server.adapters.tiff import (
     check_series_extent,
     first_description_tail,
     is_tiff_head,
-    normalize_unit,
     open_tiff_file,
     series_files,
 )
 from tensor_server.core.adapter_base import SourceAdapter
+from tensor_server.core.units import MICROMETER, format_unit
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["OmeTiffAdapter", "OmeTiffSource", "resolve_ome_set"]
@@ -139,12 +139,12 @@ def _images(omexml: str | None) -> list[dict[str, Any]]:
         sizes: dict[str, tuple[float, str]] = {}
         for code in ("X", "Y", "Z"):
             value = _positive(a.get(f"PhysicalSize{code}"))
-            unit = normalize_unit(a.get(f"PhysicalSize{code}Unit", "µm"))
+            unit = format_unit(a.get(f"PhysicalSize{code}Unit", MICROMETER))
             if value is not None and unit:
                 sizes[code] = (value, unit)
         dt = _positive(a.get("TimeIncrement"))
         if dt is not None:
-            sizes["T"] = (dt, a.get("TimeIncrementUnit", "s"))
+            sizes["T"] = (dt, format_unit(a.get("TimeIncrementUnit", "s")))
         channels = [c.attrib.get("Name", "") for c in pixels if _local(c.tag) == "Channel"]
         out.append({
             "name": image.attrib.get("Name", ""),

@@ -25,15 +25,12 @@ import numpy as np
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import (
-    NativeLevel,
-    SourceAdapter,
-    TensorAdapter,
-    file_content_version,
-)
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import DEFAULT_IDLE_SECONDS, LazyHandle
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER, SECOND, format_unit
 from tensor_server.errors import UnreadableSource
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -437,18 +434,6 @@ class LsmAdapter(TiffPageSeriesAdapter):
 
 
 # ---- physical scale ---------------------------------------------------------------------------
-_UNIT_ALIASES = {"micron": "µm", "microns": "µm", "um": "µm", "\\u00b5m": "µm", "μm": "µm", "µm": "µm"}
-
-
-def normalize_unit(unit: str | None) -> str | None:
-    if unit is None:
-        return None
-    u = str(unit).strip()
-    if not u or u.lower() in ("pixel", "pixels", "none", "px"):
-        return None
-    return _UNIT_ALIASES.get(u.lower(), u)
-
-
 def _resolution_um(page: Any) -> tuple[float, float] | None:
     """Pixel size (y, x) in µm from XResolution/YResolution when the unit is metric. Inch
     resolutions are skipped: in microscopy TIFFs they are display DPI defaults (72, 96)."""
@@ -477,32 +462,32 @@ def tiff_physical(tf: tifffile.TiffFile, index: int, series: Any) -> dict[str, t
             for code, key in (("X", "VoxelSizeX"), ("Y", "VoxelSizeY"), ("Z", "VoxelSizeZ")):
                 v = float(info.get(key, 0) or 0)
                 if v > 0:
-                    out[code] = (v * 1e6, "µm")
+                    out[code] = (v * 1e6, MICROMETER)
             t = float(info.get("TimeIntervall", 0) or 0)
             if t > 0:
-                out["T"] = (t, "s")
+                out["T"] = (t, SECOND)
             return out
         if tf.is_imagej:
             ij = tf.imagej_metadata or {}
-            unit = normalize_unit(ij.get("unit"))
+            unit = format_unit(ij.get("unit"))
             xres, yres = page.resolution
             if unit and xres and yres and xres > 0 and yres > 0:
                 out["X"], out["Y"] = (1.0 / xres, unit), (1.0 / yres, unit)
             if unit and float(ij.get("spacing", 0) or 0) > 0:
                 out["Z"] = (float(ij["spacing"]), unit)
             if float(ij.get("finterval", 0) or 0) > 0:
-                out["T"] = (float(ij["finterval"]), "s")
+                out["T"] = (float(ij["finterval"]), SECOND)
             return out
         if tf.is_svs and index == 0:
             from tifffile.tifffile import svs_description_metadata
 
             mpp = float(svs_description_metadata(tf.pages.first.description).get("MPP", 0) or 0)
             if mpp > 0:
-                out["X"] = out["Y"] = (mpp, "µm")
+                out["X"] = out["Y"] = (mpp, MICROMETER)
                 return out
         res = _resolution_um(page)
         if res is not None:
-            out["Y"], out["X"] = (res[0], "µm"), (res[1], "µm")
+            out["Y"], out["X"] = (res[0], MICROMETER), (res[1], MICROMETER)
     except Exception as exc:  # metadata is optional; never fail an open over it
         log.debug("physical scale of %s not read: %s", tf.filehandle.path, exc)
     return out

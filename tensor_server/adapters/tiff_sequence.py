@@ -66,9 +66,11 @@ import numpy as np
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, file_content_version
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.units import MICROMETER
 from tensor_server.errors import UnreadableSource
 
 __all__ = [
@@ -709,7 +711,7 @@ def build_sequence_tensor(folder: Path, pattern: PlanePattern, header: _FileHead
     if header.pixel_size:
         for i, label in enumerate(plane_labels, start=len(grid_shape)):
             if label in ("y", "x"):
-                scale[i], unit[i] = header.pixel_size, "µm"
+                scale[i], unit[i] = header.pixel_size, MICROMETER
     read_block = None if header.read_block is None else (1,) * len(grid_shape) + header.read_block
     return TiffSequenceAdapter(
         files=files,

@@ -34,7 +34,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, file_content_version
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.errors import UnreadableSource

@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source"),
     "guards": ("tensor_server.bench.catalog_guards",
                "cost of the catalog guards: per-query SQL database, stale-data check, chunk-file stats at open"),
+    "http": ("tensor_server.bench.http",
+             "the same chunks over HTTP (OME-Zarr) and Flight DoGet, cold and warm; precache vs a client burst"),
+    "load": ("tensor_server.bench.load",
+             "8 SDK clients of mixed reads, alone and beside a hostile client: errors, p50/p99, RSS"),
 }
 
 

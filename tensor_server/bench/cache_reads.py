@@ -32,6 +32,7 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
     from tensor_server.catalog import Catalog
     from tensor_server.core import Bounds, plan_read
     from tensor_server.core.downsample import warm_up
+    from tensor_server.core.engine import ReadEngine
     from tensor_server.flight import ServerConfig, TensorFlightServer
 
     warm_up()
@@ -46,15 +47,16 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
     # -- 2. cache-sourced scaled read, adapter level ---------------------------------------------
     t = tensor_server.open(work / "img.zarr").tensor()
     cache = CacheManager(work / "cache-a")
+    cached_engine, source_engine = ReadEngine(cache), ReadEngine()
     for pc in plan_read(t).chunks:
-        t.resolve_chunk_data(pc.chunk_id, cache)
+        cached_engine.chunk(pc.chunk_id, t)
     scaled_chunk = plan_read(t, None, (16, 16), "area").chunks[0].chunk_id.bounds
     for method in ("nearest", "area"):
-        t.get_scaled_data(scaled_chunk, (16, 16), method)
-        src = median_ms(lambda: t.get_scaled_data(scaled_chunk, (16, 16), method), repeats)
-        cached = median_ms(lambda: t.get_scaled_data(scaled_chunk, (16, 16), method, cache), repeats)
-        a = t.get_scaled_data(scaled_chunk, (16, 16), method)
-        b = t.get_scaled_data(scaled_chunk, (16, 16), method, cache)
+        source_engine.read(t, scaled_chunk, (16, 16), method)
+        src = median_ms(lambda: source_engine.read(t, scaled_chunk, (16, 16), method), repeats)
+        cached = median_ms(lambda: cached_engine.read(t, scaled_chunk, (16, 16), method), repeats)
+        a = source_engine.read(t, scaled_chunk, (16, 16), method)
+        b = cached_engine.read(t, scaled_chunk, (16, 16), method)
         assert np.array_equal(a, b), "cache-sourced read must be bit-identical"
         rows.append({"case": f"scale-16 chunk {method}", "detail": f"{n}² zarr, {n // 2}² chunks",
                      "baseline": "source", "baseline_ms": src, "ours": "cache-sourced", "ours_ms": cached})

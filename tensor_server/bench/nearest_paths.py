@@ -2,8 +2,7 @@
 
 For every adapter that serves ``nearest`` its own way (a strided/decimated read, or CZI's
 libCZI zoom) the same scaled read is timed twice in one run: through the adapter, and through
-the default streamed path (``TensorAdapter.get_scaled_data`` with decimation turned off for
-the call), on one plane at scales 8 and 32, warm. Checksums must agree.
+the engine's streamed path (decimation turned off for the call), on one plane at scales 8 and 32, warm. Checksums must agree.
 """
 from __future__ import annotations
 
@@ -41,7 +40,7 @@ def run_nearest_paths(size: str = "small", data_dir: str | None = None, json_pat
                       repeats: int = 7) -> list[dict[str, Any]]:
     import tensor_server
     from tensor_server.bench.fixtures import SIZES, make_fixtures
-    from tensor_server.core import Bounds, TensorAdapter
+    from tensor_server.core import Bounds
     from tensor_server.core.downsample import warm_up
 
     warm_up()
@@ -52,10 +51,9 @@ def run_nearest_paths(size: str = "small", data_dir: str | None = None, json_pat
     for name, path in cases:
         t = tensor_server.open(path).tensor()
         inner = getattr(t, "inner", t)
-        own_path = "zoom=" if type(inner).get_scaled_data is not TensorAdapter.get_scaled_data else (
-            "decimated read" if inner.decimates else None)
-        if own_path is None:
+        if not inner.decimates:
             continue
+        own_path = f"{type(inner).__name__}.get_decimated_data"
         labels = t.dim_labels
         sl = tuple(slice(None) if d in ("y", "x") else slice(0, 1) for d in labels)
         b = Bounds.from_slices(sl, t.shape)
@@ -65,16 +63,14 @@ def run_nearest_paths(size: str = "small", data_dir: str | None = None, json_pat
             def own() -> np.ndarray:
                 return t.get_scaled_data(b, scale, "nearest")
 
-            # The default path: the base class's get_scaled_data (which skips an override such
-            # as CZI's zoom) with decimation switched off for the call. A canonical-order
-            # wrapper forwards to its inner adapter, whose flag is the one switched.
-            default = TensorAdapter.get_scaled_data if t is inner else type(t).get_scaled_data
-
+            # The default path: the engine's streamed read, with decimation switched off for
+            # the call. A canonical-order wrapper reports its inner adapter's flag, which is
+            # the one switched.
             def streamed() -> np.ndarray:
                 had_own_flag = "decimates" in inner.__dict__
                 inner.decimates = False  # an instance attribute shadows the class flag
                 try:
-                    return default(t, b, scale, "nearest")
+                    return t.get_scaled_data(b, scale, "nearest")
                 finally:
                     if not had_own_flag:
                         del inner.decimates

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["encode_chunk_columns", "decode_chunk", "wire_dtype"]
+__all__ = ["encode_chunk_columns", "decode_chunk", "one_value_column", "wire_dtype"]
 
 
 def wire_dtype(dtype: np.dtype) -> str:
@@ -31,9 +31,19 @@ def encode_chunk_columns(arr: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array]
     data = pa.py_buffer(raw)
     offsets = pa.py_buffer(np.array([0, data.size], dtype=np.int32))
     data_col = pa.Array.from_buffers(pa.binary(), 1, [None, offsets, data])
-    shape_col = pa.array([list(arr.shape)], type=pa.list_(pa.int64()))
-    dtype_col = pa.array([dtype_str], type=pa.string())
-    return data_col, shape_col, dtype_col
+    # built from buffers, not ``pa.array([...])``: converting Python objects makes pyarrow
+    # import pandas on first use (1.2-2 s on this machine), which would land on a client's
+    # first chunk
+    shape_values = pa.Array.from_buffers(pa.int64(), arr.ndim, [None, pa.py_buffer(np.asarray(arr.shape, np.int64))])
+    shape_offsets = pa.py_buffer(np.array([0, arr.ndim], dtype=np.int32))
+    shape_col = pa.Array.from_buffers(pa.list_(pa.int64()), 1, [None, shape_offsets], children=[shape_values])
+    return data_col, shape_col, one_value_column(dtype_str.encode(), pa.string())
+
+
+def one_value_column(value: bytes, type_: pa.DataType) -> pa.Array:
+    """A one-row binary or string array holding ``value``, built from buffers (see above)."""
+    offsets = pa.py_buffer(np.array([0, len(value)], dtype=np.int32))
+    return pa.Array.from_buffers(type_, 1, [None, offsets, pa.py_buffer(value)])
 
 
 def decode_chunk(batch: pa.RecordBatch) -> np.ndarray:

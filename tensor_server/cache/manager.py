@@ -8,7 +8,7 @@ chunks as read-only arrays, so a hot chunk skips even the index and the IPC pars
 
 Keys are encoded chunk ids. They carry the content version, so a changed file can never hit
 an entry made from its old bytes. Arrays handed out are read-only; the read path copies them
-(``TensorAdapter.resolve_chunk_data`` returns owned memory). One server per cache folder: a
+(the read engine hands out read-only arrays; callers copy before writing). One server per cache folder: a
 lock file refuses a second one instead of letting two writers interleave segments.
 """
 from __future__ import annotations
@@ -71,14 +71,12 @@ class CacheManager:
         max_total_bytes: int = 4 << 30,
         memory_bytes: int = 256 << 20,
         segment_bytes: int = 64 << 20,
-        source_scaled_reads: bool = True,
     ) -> None:
         self.dir = Path(cache_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_total_bytes = int(max_total_bytes)
         self.memory_bytes = int(memory_bytes)
         self.segment_bytes = int(segment_bytes)
-        self.source_scaled_reads = source_scaled_reads
         self._lock = threading.RLock()
         self._lock_file = open(self.dir / "lock", "a+")
         try:
@@ -341,11 +339,3 @@ class CacheManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # ---- scaled reads from cached chunks (scaled-read-path.md §6) ----------------------------------
-    def sourced_units(self, tensor, bounds, unit, scale, method):  # noqa: ANN001 - core hook
-        if not self.source_scaled_reads:
-            return None
-        from tensor_server.cache.sourced import cache_sourced_fetch
-
-        return cache_sourced_fetch(self, tensor, bounds, unit, scale, method)

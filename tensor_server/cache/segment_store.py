@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from tensor_server.cache.chunk_columns import encode_chunk_columns
+from tensor_server.cache.chunk_columns import encode_chunk_columns, one_value_column
 
 __all__ = ["SEGMENT_SCHEMA", "SegmentEntry", "SegmentWriter", "chunk_record_batch", "read_batch_at", "walk_segment", "segment_name"]
 
@@ -52,7 +52,7 @@ class SegmentEntry:
 def chunk_record_batch(arr: np.ndarray, key: bytes) -> pa.RecordBatch:
     """One-row batch in the segment schema; wraps ``arr``'s bytes without copying."""
     data, shape, dtype = encode_chunk_columns(arr)
-    return pa.RecordBatch.from_arrays([data, shape, dtype, pa.array([key], pa.binary())], schema=SEGMENT_SCHEMA)
+    return pa.RecordBatch.from_arrays([data, shape, dtype, one_value_column(key, pa.binary())], schema=SEGMENT_SCHEMA)
 
 
 class SegmentWriter:

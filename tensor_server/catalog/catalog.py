@@ -22,8 +22,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog.discovery import Claim, discover, links_leaving
+from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, source_id_for_path
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import source_id_for_path
 from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError"]
@@ -51,6 +53,12 @@ class SourceRecord:
     def is_resolved(self) -> bool:
         return self.source is not None
 
+    def is_resident(self) -> bool:
+        """Whether the source's bytes are on this machine now: its files are all present
+        (a stat each; in-memory data always is)."""
+        paths = self.member_paths or ({Path(self.path)} if self.path is not None else set())
+        return all(p.exists() for p in paths)
+
 
 def _stat_signature(path: Path) -> tuple:
     """Cheap change detector: a file's (mtime_ns, size); a folder's own mtime plus its direct
@@ -66,11 +74,17 @@ def _stat_signature(path: Path) -> tuple:
 
 
 class Catalog:
-    """Sources under ``roots`` plus any added in memory; thread-safe."""
+    """Sources under ``roots`` plus any added in memory; thread-safe.
 
-    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), *, sql_limits: SqlLimits = SqlLimits(),
-                 follow_symlinks_outside_roots: bool = False, open_timeout_seconds: float = 60.0) -> None:
+    ``rois_path``: the DuckDB file of the ROI annotations (``rois`` table); None keeps them
+    in memory for this process only."""
+
+    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None, *,
+                 sql_limits: SqlLimits = SqlLimits(), follow_symlinks_outside_roots: bool = False,
+                 open_timeout_seconds: float = 60.0) -> None:
         self.roots = [Path(r) for r in roots]
+        self.rois = RoiStore(rois_path)
+        self._rois_published = -1
         #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
         self.follow_symlinks_outside_roots = follow_symlinks_outside_roots
         #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
@@ -84,6 +98,9 @@ class Catalog:
         self.sql_limits = sql_limits
         self._sql_slots = threading.BoundedSemaphore(sql_limits.max_concurrent)
         self._dirty = True
+        #: bumped whenever a row is written or removed: a client holding what it read under
+        #: one value knows it is current while the value stays (health ``catalog_generation``)
+        self.generation = 0
         self.first_scan_done = threading.Event()
         self.scan_in_progress = False
         self.last_scan_finished_at: float | None = None
@@ -93,6 +110,11 @@ class Catalog:
         self.scan_error: str | None = None
         self._rescan_stop = threading.Event()
 
+    def _changed(self) -> None:
+        """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
+        self._dirty = True
+        self.generation += 1
+
     # ---- contents ----------------------------------------------------------------------------
     def add_source(self, source: SourceAdapter) -> SourceRecord:
         """Serve an already-open source (in-memory data, tests, the demo)."""
@@ -101,10 +123,50 @@ class Catalog:
         with self._lock:
             old = self._records.get(source.source_id)
             self._records[source.source_id] = rec
-            self._dirty = True
+            self._changed()
         if old is not None and old.source is not None and old.source is not source:
             old.source.close()
         return rec
+
+    def put_record(self, rec: SourceRecord) -> None:
+        """Add or replace one record (a dropped path, a resolve), closing what it replaces."""
+        with self._lock:
+            old = self._records.get(rec.source_id)
+            self._records[rec.source_id] = rec
+            self._changed()
+        if old is not None and old.source is not None and old.source is not rec.source:
+            old.source.close()
+
+    def remove_records(self, source_ids: Iterable[str]) -> list[str]:
+        """Drop these records (closing their sources); return the ids that were present."""
+        with self._lock:
+            removed = [self._records.pop(sid) for sid in source_ids if sid in self._records]
+            if removed:
+                self._changed()
+        for r in removed:
+            if r.source is not None:
+                r.source.close()
+        return [r.source_id for r in removed]
+
+    def resolve(self, source_id: str) -> SourceRecord:
+        """Open the source again now when it is unreadable or its files changed (the file
+        may have been repaired): the row is updated either way and returned, with the
+        reason when it still cannot be read. A readable, unchanged source is left as is."""
+        rec = self.get_record(source_id)
+        if rec.path is None:
+            return rec
+        sig = _stat_signature(rec.path)
+        if rec.is_resolved and sig == rec.signature:
+            return rec
+        return self._reopen(rec, sig)
+
+    def _reopen(self, rec: SourceRecord, sig: tuple) -> SourceRecord:
+        """Open ``rec``'s path again, the way it was opened, and put the new record in its place."""
+        new = self.open_record(rec.path, rec.format_name or rec.type, rec.source_id, sig)
+        if rec.url != Path(rec.path).resolve().as_uri():  # a dropped path keeps its dnd:// url
+            new.url = rec.url
+        self.put_record(new)
+        return new
 
     def records(self) -> list[SourceRecord]:
         with self._lock:
@@ -137,7 +199,8 @@ class Catalog:
             return t, t.array_id
         if fld in src.tensors:
             return src.tensors[fld], array_id
-        raise TensorNotFound(f"source {source_id!r} has no tensor {fld!r}; fields: {list(src.tensors)}")
+        raise TensorNotFound(f"source {source_id!r} has no tensor {fld!r}; fields: {list(src.tensors)}",
+                             slug="unknown_field")
 
     # ---- discovery -------------------------------------------------------------------------
     def scan(self, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
@@ -176,7 +239,8 @@ class Catalog:
                         and any(_under(r.path, root) for root in self.roots)}
                 gone |= self._shadowed_members()
                 removed = [self._records.pop(sid) for sid in gone]
-                self._dirty = True
+                if removed:
+                    self._changed()
             for r in removed:
                 if r.source is not None:
                     r.source.close()
@@ -207,13 +271,9 @@ class Catalog:
         if old is not None and old.signature == sig and old.path is not None:
             covered |= old.member_paths
             return sid, None, old
-        rec = self._open_record(claim.path, claim.format.name, sid, sig)
+        rec = self.open_record(claim.path, claim.format.name, sid, sig)
         covered |= rec.member_paths  # a member of an earlier-opened multi-file source is not its own source
-        with self._lock:
-            self._records[sid] = rec
-            self._dirty = True
-        if old is not None and old.source is not None:
-            old.source.close()
+        self.put_record(rec)
         return sid, rec, old
 
     def _shadowed_members(self) -> set[str]:
@@ -232,7 +292,8 @@ class Catalog:
                 kept.append(r)
         return dropped
 
-    def _open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
+    def open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
+        """Open ``path`` as a record; an unreadable file is a record with the reason."""
         try:
             src = _open_within(path, fmt, self.open_timeout_seconds)
         except UnreadableSource as exc:
@@ -268,16 +329,12 @@ class Catalog:
         with self._reopen_lock:
             with self._lock:
                 old = self._records.get(source_id)
-            if old is None or old.path is None or old.format_name is None or old.source is None:
+            if old is None or old.path is None or old.source is None:
                 return
             if not any(t is tensor for t in old.source.tensors.values()):
                 return  # already reopened by another request
             log.info("reopening %s: %s", old.path, reason)
-            rec = self._open_record(old.path, old.format_name, source_id, _stat_signature(old.path))
-            with self._lock:
-                self._records[source_id] = rec
-                self._dirty = True
-        old.source.close()
+            self._reopen(old, _stat_signature(old.path))
 
     def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
         """Rescan every ``seconds`` in a daemon thread (0 = never)."""
@@ -297,6 +354,7 @@ class Catalog:
 
     def close(self) -> None:
         self._rescan_stop.set()
+        self.rois.close()
         with self._lock:
             recs = list(self._records.values())
             self._records.clear()
@@ -311,12 +369,13 @@ class Catalog:
             shutil.rmtree(folder, ignore_errors=True)
 
     # ---- SQL ---------------------------------------------------------------------------------
-    def sources_table(self):
-        """The ``sources`` rows as an Arrow table (wire-protocol §9.2 columns)."""
+    def sources_table(self, records: Iterable[SourceRecord] | None = None):
+        """The ``sources`` rows (of ``records``, default all) as an Arrow table
+        (wire-protocol §9.2 columns)."""
         import pyarrow as pa
 
         rows = {k: [] for k in ("source_id", "source_url", "source_type", "is_resolved", "tensors", "metadata_json", "unresolved_reason")}
-        for r in self.records():
+        for r in self.records() if records is None else records:
             rows["source_id"].append(r.source_id)
             rows["source_url"].append(r.url)
             rows["source_type"].append(r.type)
@@ -337,7 +396,7 @@ class Catalog:
         import pyarrow as pa
 
         with self._db_lock:
-            if self._dirty or self._snapshot is None:
+            if self._dirty or self._snapshot is None or self._rois_published != self.rois.generation:
                 self._dirty = False
                 decode_rates = pa.table({"array_id": pa.array([], pa.string()), "mbps": pa.array([], pa.float64()),
                                          "samples": pa.array([], pa.int64()),
@@ -345,9 +404,10 @@ class Catalog:
                 if self._sql_dir is None:
                     self._sql_dir = tempfile.mkdtemp(prefix="tensor-server-catalog-")
                     weakref.finalize(self, shutil.rmtree, self._sql_dir, True)  # also when never closed
-                old, self._snapshot = self._snapshot, SqlSnapshot(
-                    Path(self._sql_dir), {"sources": self.sources_table(), "decode_rates": decode_rates}, self.sql_limits,
-                    self._sql_slots)
+                self._rois_published = self.rois.generation
+                tables = {"sources": self.sources_table(), "decode_rates": decode_rates, "rois": self.rois.table()}
+                old, self._snapshot = self._snapshot, SqlSnapshot(Path(self._sql_dir), tables, self.sql_limits,
+                                                                  self._sql_slots)
                 if old is not None:
                     old.retire()
             return self._snapshot.acquire()

@@ -35,6 +35,9 @@ SERVING_EPOCH = 1
 UNSCALED = "none"
 
 _MAGIC = b"tsc\x01"
+#: Minted ids are a few hundred bytes; anything this large is not one (and parsing or echoing
+#: it would cost more than refusing it).
+MAX_ENCODED_BYTES = 16 << 10
 _VALID_METHODS = frozenset(CANONICAL_METHODS) | {UNSCALED, PRECOMPUTE}
 
 
@@ -110,6 +113,8 @@ class ChunkId:
     def decode(cls, raw: bytes) -> ChunkId:
         """Parse bytes minted by :meth:`encode`; anything else raises InvalidChunkId."""
         raw = bytes(raw)
+        if len(raw) > MAX_ENCODED_BYTES:
+            raise InvalidChunkId(f"chunk id is {len(raw)} bytes, more than any this server mints")
         if len(raw) < 9 or raw[:4] != _MAGIC:
             raise InvalidChunkId("not a chunk id of this server (bad magic)")
         body = raw[8:]
@@ -128,5 +133,6 @@ class ChunkId:
             )
         except InvalidChunkId:
             raise
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidChunkId(f"chunk id body is malformed: {exc}") from None
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
+            detail = str(exc)[:120]
+            raise InvalidChunkId(f"chunk id body is malformed: {type(exc).__name__}: {detail}") from None

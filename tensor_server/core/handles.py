@@ -88,6 +88,18 @@ class LazyHandle(Generic[T]):
             self._closer(handle)
 
 
+    def __del__(self) -> None:
+        """A source dropped without ``close()`` still closes its file, quietly: readers such
+        as ``nd2`` warn about files the garbage collector finds open, and a user who lets a
+        source go out of scope has done nothing wrong."""
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            try:
+                self._closer(handle)
+            except Exception:  # never raise from a finalizer
+                pass
+
+
 def reap_idle_handles(now: float | None = None) -> int:
     """Close every idle handle; return how many were closed."""
     with _registry_lock:

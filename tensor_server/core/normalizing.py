@@ -1,11 +1,17 @@
 """NormalizingAdapter: present a tensor in the canonical axis order.
 
 Clients (napari, the biopb tensor browser) expect T, C, Z, Y, X last where present. Files
-store axes in their own order (TIFF often ZCYX, ND2 TZCYX, some HDF5 XYZ). The wrapper only
-permutes: the wrapped adapter reads and reduces in its native order (so read blocks, decimated
-reads and overrides keep working) and the wrapper transposes the result, which for a scaled
-read is the small reduced array. Chunk ids pass through verbatim: the wrapper shares the
-wrapped tensor's array_id and content version, and its plans are in canonical coordinates.
+store axes in their own order (TIFF often ZCYX, ND2 TZCYX, some HDF5 XYZ). The wrapper is a
+pure reader like any adapter: it permutes bounds into the wrapped tensor's order, reads there
+(so read blocks and decimated reads keep working) and transposes what comes back; its
+capabilities are the wrapped tensor's, permuted.
+
+It is the *served* tensor: plans, chunk ids and cache keys are in its (canonical) order, and
+the engine reduces in that order, which is what the contract's oracle
+``downsample_block(get_data(bounds), ...)`` means. The wrapper never passes a scaled read or
+a cache to the wrapped tensor: the wrapped tensor's own keys would name different pixels
+(its axes are in another order), which is how a cache-sourced read once served a transposed
+source's wrong pixels. It shares the wrapped tensor's array_id and content version.
 """
 from __future__ import annotations
 
@@ -13,7 +19,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tensor_server.core.adapter_base import TensorAdapter, owned_array
+from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.arrays import owned_array
 from tensor_server.core.bounds import Bounds
 
 __all__ = ["NormalizingAdapter", "canonical_axis_order", "normalize_axes"]
@@ -99,18 +106,6 @@ class NormalizingAdapter(TensorAdapter):
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         dec = self.inner.get_decimated_data(self._inner_bounds(bounds), self._to_inner(step))
         return None if dec is None else self._out(dec)
-
-    def get_scaled_data(self, bounds, scale_hint, reduction_method, cache_manager=None) -> np.ndarray:
-        bounds = self.check_bounds(bounds)
-        scale = tuple(scale_hint) if scale_hint else (1,) * self.ndim
-        if len(scale) != self.ndim:
-            from tensor_server.errors import InvalidArgument
-
-            raise InvalidArgument(f"scale_hint has {len(scale)} axes but the tensor has {self.ndim}")
-        out = self.inner.get_scaled_data(
-            self._inner_bounds(bounds), self._to_inner(scale), reduction_method, cache_manager
-        )
-        return self._out(out)
 
     def stale_reason(self, bounds: Bounds) -> str | None:
         return self.inner.stale_reason(self._inner_bounds(bounds))

@@ -14,10 +14,11 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from tensor_server.core.adapter_base import TensorAdapter, check_scale
+from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
 from tensor_server.core.methods import effective_method
+from tensor_server.core.request import MAX_PLAN_CHUNKS, check_scale
 from tensor_server.core.stream_reduce import scaled_output_shape
 from tensor_server.core.transfer_grid import CEILING_BYTES
 from tensor_server.errors import InvalidArgument, InvalidBounds
@@ -65,7 +66,7 @@ def plan_read(
     """
     shape = tensor.shape
     ndim = tensor.ndim
-    scale_t = check_scale(scale, ndim)
+    scale_t = check_scale(scale, shape)
     scaled = any(s != 1 for s in scale_t)
     if region is None:
         region = Bounds.full(shape)
@@ -90,12 +91,13 @@ def plan_read(
         raise InvalidArgument(f"{tensor.array_id}: chunk {out_chunk} exceeds the 64 MiB ceiling")
 
     starts_per_axis = [range(a, b, v) for a, b, v in zip(rs, re, virtual)]
+    _check_plan_size(tensor, [len(r) for r in starts_per_axis])
     chunks = []
     for vs in itertools.product(*starts_per_axis):
         ve = tuple(min(a + v, n) for a, v, n in zip(vs, virtual, shape))
         o0 = tuple((a - r) // s for a, r, s in zip(vs, rs, scale_t))
         o1 = tuple(-(-(b - r) // s) for b, r, s in zip(ve, rs, scale_t))
-        cid = tensor.mint_chunk_id(Bounds(vs, ve), scale_t, eff)
+        cid = ChunkId.for_extent(tensor.array_id, Bounds(vs, ve), scale_t, eff, tensor.content_version)
         chunks.append(PlannedChunk(cid, Bounds(o0, o1)))
     return ReadPlan(
         array_id=tensor.array_id,
@@ -132,10 +134,12 @@ def _plan_stored_level(tensor: TensorAdapter, region: Bounds, scale: tuple[int, 
         tuple(r * s for r, s in zip(rl, scale)),
         tuple(min(r * s, n) for r, s, n in zip(rel, scale, tensor.shape)),
     )
+    starts_per_axis = [range(r0, r1, c) for r0, r1, c in zip(rl, rel, chunk)]
+    _check_plan_size(tensor, [len(r) for r in starts_per_axis])
     chunks = []
-    for vs in itertools.product(*[range(r0, r1, c) for r0, r1, c in zip(rl, rel, chunk)]):
+    for vs in itertools.product(*starts_per_axis):
         ve = tuple(min(v + c, n) for v, c, n in zip(vs, chunk, lt.shape))
-        cid = tensor.mint_chunk_id(Bounds(vs, ve), scale, PRECOMPUTE)
+        cid = ChunkId.for_extent(tensor.array_id, Bounds(vs, ve), scale, PRECOMPUTE, tensor.content_version)
         chunks.append(PlannedChunk(cid, Bounds(vs, ve).relative_to(rl)))
     out_shape = tuple(r1 - r0 for r0, r1 in zip(rl, rel))
     return ReadPlan(
@@ -147,6 +151,16 @@ def _plan_stored_level(tensor: TensorAdapter, region: Bounds, scale: tuple[int, 
         chunk_shape=tuple(min(c, n) for c, n in zip(chunk, out_shape)),
         chunks=tuple(chunks),
     )
+
+
+def _check_plan_size(tensor: TensorAdapter, per_axis: Sequence[int]) -> None:
+    """Refuse a plan too large to serve (``MAX_PLAN_CHUNKS``) before minting it."""
+    n = _prod(per_axis)
+    if n > MAX_PLAN_CHUNKS:
+        raise InvalidArgument(
+            f"{tensor.array_id}: the request covers {n} chunks (more than {MAX_PLAN_CHUNKS}); "
+            "ask for a region or a coarser scale"
+        )
 
 
 def _prod(values: Sequence[int]) -> int:

@@ -23,17 +23,21 @@ from biopb.tensor import descriptor_pb2, ticket_pb2
 from tensor_server.catalog.catalog import Catalog, sources_schema
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import ChunkId
+from tensor_server.core.engine import ReadEngine
 from tensor_server.core.methods import PRECOMPUTE
 from tensor_server.core.plan import plan_read
 from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.errors import InvalidArgument, StaleChunkId
+from tensor_server.flight.actions import ACTION_DESCRIPTIONS, CatalogActions
 from tensor_server.flight.auth import TokenMiddlewareFactory, check_token
 from tensor_server.flight.wire import (
     CHUNK_SCHEMA,
+    check_read_request,
     chunk_batch,
     describe_descriptor,
     flight_error,
     plan_flight_info,
+    read_mask,
     request_region,
 )
 
@@ -54,6 +58,11 @@ class ServerConfig:
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
     write_dir: str | None = None
+    #: output bytes the precacher may queue after each client read (0 = off; needs the cache)
+    precache_bytes: int = 64 << 20
+    #: chunk computations (cache misses) at once; more wait, then get UNAVAILABLE (0 = no bound)
+    max_computes: int = 0
+    admission_timeout: float = 30.0
 
 
 def _peer_is_loopback(peer: str | bytes) -> bool:
@@ -94,13 +103,35 @@ class TensorFlightServer(flight.FlightServerBase):
                 "(or bind 127.0.0.1)"
             )
         self.catalog = catalog
+        self.actions = CatalogActions(catalog)
         self.cache_manager = cache_manager
+        #: the one read path: every chunk this server sends comes from here
+        self.engine = ReadEngine(
+            cache_manager,
+            source_scaled_reads=self.config.source_scaled_reads,
+            max_computes=self.config.max_computes or None,
+            admission_timeout=self.config.admission_timeout,
+        )
+        #: warms what a viewer asks next (needs the cache to keep what it warms)
+        self.precacher = None
+        if cache_manager is not None and self.config.precache_bytes > 0:
+            from tensor_server.cache.precache import Precacher
+
+            self.precacher = Precacher(self.engine, policy=self.config.pyramid, budget_bytes=self.config.precache_bytes)
         self.started_at = time.time()
         #: handler call counts (DoGet, GetFlightInfo, actions by name): cheap and useful
         #: for stats and for tests that prove a fast path bypassed DoGet
         self.calls: Counter[str] = Counter()
+        #: chunk reads (DoGet and chunk_locate) by client address: shows how a cluster's
+        #: workers spread their reads (the ``server_stats`` action)
+        self.chunk_reads_by_peer: Counter[str] = Counter()
         location = f"grpc://{self.config.host}:{self.config.port}"
         super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.precacher is not None:
+            self.precacher.close()
 
     # ---- helpers ----------------------------------------------------------------------------
     def _auth(self, context: flight.ServerCallContext) -> None:
@@ -140,6 +171,7 @@ class TensorFlightServer(flight.FlightServerBase):
         if request.WhichOneof("request") != "tensor_read":
             raise InvalidArgument("FlightRequest carries no tensor_read")
         option = request.tensor_read
+        fields = read_mask(option)
         tensor, echo = self.catalog.find_tensor(option.array_id)
         region = request_region(option, tensor.ndim)
         if self._reopened_if_stale(tensor, region):  # plan against the bytes on disk now
@@ -147,6 +179,7 @@ class TensorFlightServer(flight.FlightServerBase):
             region = request_region(option, tensor.ndim)
         fields = set(option.fields.paths)
         scale = list(option.scale_hint) or None
+        check_read_request(region, scale, tensor.shape)
         wants_endpoints = "endpoints" in fields
         plan = None
         if wants_endpoints or region is not None or (scale and any(s != 1 for s in scale)):
@@ -154,11 +187,12 @@ class TensorFlightServer(flight.FlightServerBase):
             if wants_endpoints and not plan.chunks:
                 raise InvalidArgument(f"{option.array_id}: the requested region is empty")
         metadata_json = None
-        if "metadata_json" in fields:
-            source_id = tensor.array_id.split("/", 1)[0]
-            src = self.catalog.get_record(source_id).source
-            metadata_json = src.metadata_json() if src is not None else None
-        desc = describe_descriptor(tensor, echo, fields, plan, region is not None, metadata_json, self.config.pyramid)
+        record = self.catalog.get_record(tensor.array_id.split("/", 1)[0])
+        if "metadata_json" in fields and record.source is not None:
+            metadata_json = record.source.metadata_json()
+        resident = record.is_resident() if "is_resident" in fields else None
+        desc = describe_descriptor(tensor, echo, fields, plan, region is not None, metadata_json, self.config.pyramid,
+                                   resident)
         return plan_flight_info(desc, plan if wants_endpoints else None, option.SerializeToString())
 
     # ---- DoGet ------------------------------------------------------------------------------------
@@ -176,28 +210,39 @@ class TensorFlightServer(flight.FlightServerBase):
                 table = self.catalog.query(tt.catalog_query.sql, cancelled=context.is_cancelled)
                 return flight.RecordBatchStream(table)
             if kind == "chunk_id":
-                return self._chunk_stream(tt.chunk_id)
+                return self._chunk_stream(tt.chunk_id, context)
+            if kind == "roi_read":
+                return self.actions.roi_read(tt.roi_read)
             raise InvalidArgument(f"unsupported ticket kind {kind!r}")
         except flight.FlightError:
             raise
         except Exception as exc:
             raise flight_error(exc) from None
 
-    def _chunk_data(self, raw: bytes):
-        """(chunk id, read-only pixels): validated first, then from the cache (a hit is the
-        stored chunk, no decode; a miss is computed and stored) or computed."""
-        cid = ChunkId.decode(raw)
-        tensor, _ = self.catalog.find_tensor(cid.array_id)
-        if tensor.array_id != cid.array_id:
+    def _tensor_for_chunk(self, array_id: str):  # noqa: ANN202 - TensorAdapter
+        """The tensor a chunk id names: exactly a tensor id (a bare source id only names the
+        default tensor in requests, never in chunk ids)."""
+        tensor, _ = self.catalog.find_tensor(array_id)
+        if tensor.array_id != array_id:
             from tensor_server.errors import InvalidChunkId
 
-            raise InvalidChunkId(f"chunk id names {cid.array_id!r}, which is not a tensor id")
-        cid = tensor.check_chunk_id(cid)
+            raise InvalidChunkId(f"chunk id names {array_id[:120]!r}, which is not a tensor id")
+        return tensor
+
+    def _chunk_data(self, raw: bytes, context=None):  # noqa: ANN001, ANN202
+        """(chunk id, read-only pixels) through the engine; work stops if the client goes."""
+        tensor = self._tensor_for_chunk(ChunkId.decode(raw).array_id)
+        if context is not None:
+            self.chunk_reads_by_peer[str(context.peer())] += 1
+        cancelled = context.is_cancelled if context is not None else None
+        cid = self.engine.check_chunk_id(tensor, raw)
         self._refuse_stale(tensor, cid)
-        cache = self.cache_manager
-        if cache is None:
-            return cid, tensor.compute_chunk_data(cid)
-        return cid, cache.get_or_compute(cid.encode(), lambda: tensor.compute_chunk_data(cid, cache))
+        if self.precacher is None:
+            return self.engine.chunk(cid, tensor, cancelled=cancelled)
+        with self.precacher.client_read():
+            cid, data = self.engine.chunk(cid, tensor, cancelled=cancelled)
+        self.precacher.after_read(tensor, cid)
+        return cid, data
 
     def _reopened_if_stale(self, tensor, region: Bounds | None) -> bool:  # noqa: ANN001
         """Plan time: reopen the source when the bytes under the region changed since it was
@@ -222,15 +267,32 @@ class TensorFlightServer(flight.FlightServerBase):
             self.catalog.reopen_changed(tensor, reason)
             raise StaleChunkId(f"{tensor.array_id}: {reason}; re-plan")
 
-    def _chunk_stream(self, raw: bytes) -> flight.RecordBatchStream:
-        _, data = self._chunk_data(raw)
+    def _chunk_stream(self, raw: bytes, context=None) -> flight.RecordBatchStream:  # noqa: ANN001
+        _, data = self._chunk_data(raw, context)
         batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
         return flight.RecordBatchStream(pa.Table.from_batches([batch], schema=CHUNK_SCHEMA))
+
+    # ---- DoPut ------------------------------------------------------------------------------------
+    def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+        """Dispatch on the ``PutCommand`` arm the SDK puts in the descriptor: ROI
+        annotation writes here; pixel uploads (``chunk_ticket``) are not served yet."""
+        self.calls["DoPut"] += 1
+        self._auth(context)
+        cmd = ticket_pb2.PutCommand()
+        try:
+            cmd.ParseFromString(descriptor.command or b"")
+        except Exception:
+            raise flight_error(InvalidArgument("DoPut descriptor is not a PutCommand")) from None
+        arm = cmd.WhichOneof("command")
+        if arm in ("roi_put", "roi_delete"):
+            return self.actions.roi_put(cmd, reader, writer)
+        raise flight.FlightServerError(f"DoPut {arm or 'without a command'} is not supported by this server")
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
         self._auth(context)  # like every call but the health action
-        actions = [("health", "server status and protocol version (JSON)")]
+        actions = [("health", "server status and protocol version (JSON)"),
+                   ("server_stats", "call counts and chunk reads by client address (JSON)")] + list(ACTION_DESCRIPTIONS)
         if self.cache_manager is not None:
             actions += [("chunk_locate", "segment file and offset of a cached chunk (loopback only)"),
                         ("cache_stats", "chunk cache statistics (JSON)")]
@@ -244,10 +306,18 @@ class TensorFlightServer(flight.FlightServerBase):
         self._auth(context)
         if kind == "chunk_locate" and self.cache_manager is not None:
             return iter([flight.Result(json.dumps(self._locate(context, action.body.to_pybytes())).encode())])
+        if kind == "server_stats":
+            stats = {"calls": dict(self.calls), "chunk_reads_by_peer": dict(self.chunk_reads_by_peer)}
+            return iter([flight.Result(json.dumps(stats).encode())])
         if kind == "cache_stats":
             if self.cache_manager is None:
                 return iter([])  # no result means "no cache" to the SDK
-            return iter([flight.Result(json.dumps(self.cache_manager.cache_stats()).encode())])
+            stats = self.cache_manager.cache_stats()
+            if self.precacher is not None:
+                stats["precache"] = dict(self.precacher.stats)
+            return iter([flight.Result(json.dumps(stats).encode())])
+        if self.actions.handles(kind):
+            return self.actions.do_action(kind, action.body.to_pybytes())
         raise flight.FlightServerError(f"Unknown action: {kind}")
 
     def _locate(self, context, body: bytes) -> dict[str, Any]:  # noqa: ANN001
@@ -259,10 +329,13 @@ class TensorFlightServer(flight.FlightServerBase):
             return {"available": False}
         try:
             tt = ticket_pb2.TensorTicket()
-            tt.ParseFromString(body)
+            try:
+                tt.ParseFromString(body)
+            except Exception:
+                raise InvalidArgument("chunk_locate body is not a TensorTicket") from None
             if tt.WhichOneof("payload") != "chunk_id":
                 return {"available": False}
-            cid, _ = self._chunk_data(tt.chunk_id)
+            cid, _ = self._chunk_data(tt.chunk_id, context)
         except flight.FlightError:
             raise
         except Exception as exc:
@@ -286,4 +359,7 @@ class TensorFlightServer(flight.FlightServerBase):
             "last_full_scan_finished_at": cat.last_scan_finished_at,
             "scan_error": cat.scan_error,
             "ticket_stubs": False,
+            "registration_pending": 0,  # sources are opened during the scan, never left pending
+            "annotations_persisted": cat.rois.path is not None,
+            "catalog_generation": cat.generation,
         }

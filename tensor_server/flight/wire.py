@@ -20,6 +20,8 @@ from tensor_server.core.plan import ReadPlan
 from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
 from tensor_server.errors import (
     InvalidArgument,
+    InvalidBounds,
+    InvalidChunkId,
     StaleChunkId,
     TensorNotFound,
     UnreadableSource,
@@ -32,6 +34,9 @@ __all__ = [
     "flight_error",
     "plan_flight_info",
     "describe_descriptor",
+    "READ_MASK_PATHS",
+    "read_mask",
+    "check_read_request",
 ]
 
 PROTOCOL_METADATA = {b"chunk_wire_protocol": b"2", b"flight_protocol": b"3"}
@@ -50,24 +55,94 @@ def _error_info(code: str, reason: str) -> bytes:
     return json.dumps({"code": code, "reason": reason}).encode()
 
 
-def flight_error(exc: BaseException) -> flight.FlightError:
-    """Map a package error to the Flight error class and extra_info the SDK interprets (§12)."""
-    from tensor_server.catalog.catalog import SourceUnresolved
+#: gRPC carries error text in metadata (8 KiB by default for all of it): a message that
+#: echoes a client's megabyte id back would itself fail. Keep the start, say how much was cut.
+MAX_ERROR_CHARS = 1024
 
-    msg = str(exc)
+
+def bounded_message(msg: str) -> str:
+    if len(msg) <= MAX_ERROR_CHARS:
+        return msg
+    return f"{msg[:MAX_ERROR_CHARS]}... ({len(msg) - MAX_ERROR_CHARS} more characters)"
+
+
+def flight_error(exc: BaseException) -> flight.FlightError:
+    """Map a package error to the Flight error class and extra_info the SDK interprets (§12).
+
+    ``reason`` is the biopb reference's slug (``unknown_source``, ``unknown_field``,
+    ``stale_content_version``, ``slice_rank``, ``scale_not_positive``, ...): the error's own
+    ``slug`` when it has one, else its class's. An unreadable source is UNAVAILABLE with
+    "unresolved" in the message, which is what makes the SDK point the user at
+    ``resolve_source``."""
+    from tensor_server.catalog.catalog import SourceUnresolved
+    from tensor_server.core.engine import Overloaded, ReadCancelled
+
+    msg = bounded_message(str(exc))
+    slug = getattr(exc, "slug", None)
+    if isinstance(exc, ReadCancelled):
+        return flight.FlightCancelledError(msg, extra_info=_error_info("CANCELLED", "cancelled"))
+    if isinstance(exc, Overloaded):
+        return flight.FlightUnavailableError(msg, extra_info=_error_info("UNAVAILABLE", "overloaded"))
     if isinstance(exc, SourceUnresolved):
-        return flight.FlightServerError(msg, extra_info=_error_info("NOT_FOUND", "unreadable_source"))
+        return flight.FlightUnavailableError(f"source unresolved (resolve it once the file is fixed): {msg}",
+                                             extra_info=_error_info("UNAVAILABLE", slug or "unreadable_source"))
     if isinstance(exc, TensorNotFound):
-        return flight.FlightServerError(msg, extra_info=_error_info("NOT_FOUND", "unknown_source"))
+        return flight.FlightServerError(msg, extra_info=_error_info("NOT_FOUND", slug or "unknown_source"))
     if isinstance(exc, StaleChunkId):
-        return flight.FlightServerError(f"stale chunk id, re-plan: {msg}", extra_info=_error_info("NOT_FOUND", "stale_chunk_id"))
+        return flight.FlightServerError(f"stale chunk id, re-plan: {msg}",
+                                        extra_info=_error_info("NOT_FOUND", slug or "stale_content_version"))
+    if isinstance(exc, InvalidChunkId):
+        return flight.FlightServerError(msg, extra_info=_error_info("INVALID_ARGUMENT", slug or "malformed_chunk_id"))
     if isinstance(exc, InvalidArgument):
-        return flight.FlightServerError(msg, extra_info=_error_info("INVALID_ARGUMENT", type(exc).__name__))
+        return flight.FlightServerError(msg, extra_info=_error_info("INVALID_ARGUMENT", slug or "invalid_argument"))
     if isinstance(exc, UnreadableSource):
         return flight.FlightInternalError(msg, extra_info=_error_info("INTERNAL", "io_error"))
     if isinstance(exc, flight.FlightError):
         return exc
     return flight.FlightInternalError(f"{type(exc).__name__}: {msg}", extra_info=_error_info("INTERNAL", "internal"))
+
+
+#: GetFlightInfo field-mask paths this server answers. ``upload_status`` is answered by
+#: omission (no upload backs a catalog source); ``ticket_stub`` is not served (health says
+#: ``ticket_stubs: false``), so asking for it is refused like any unknown path.
+READ_MASK_PATHS = frozenset({"endpoints", "metadata_json", "pyramid", "is_resident", "upload_status"})
+
+
+def read_mask(option: Any) -> set[str]:
+    """The mask paths a TensorReadOption asks for; an unknown one is refused by name, since
+    a client that asked for it planned around receiving it."""
+    paths = set(option.fields.paths)
+    unknown = sorted(paths - READ_MASK_PATHS)
+    if unknown:
+        raise InvalidArgument(f"tensor_read: unknown field mask path(s) {unknown}; known: {sorted(READ_MASK_PATHS)}",
+                              slug="unknown_field_mask")
+    return paths
+
+
+def check_read_request(region: Bounds | None, scale: Sequence[int] | None, shape: Sequence[int]) -> None:
+    """Refuse a malformed slice or scale with the reference's slug. A stop past the end is
+    *not* refused: it is clamped (NumPy semantics; a deliberate difference from the
+    reference, which refuses it as ``slice_out_of_range``); only a start at or past the end
+    of an axis, which leaves nothing to read, is ``slice_out_of_range``."""
+    ndim = len(shape)
+    if region is not None:
+        if region.ndim != ndim:
+            raise InvalidBounds(f"slice_hint has {region.ndim} axes but the tensor has {ndim}", slug="slice_rank")
+        for axis, (a, b, n) in enumerate(zip(region.start, region.stop, shape)):
+            if a < 0 or b < 0:
+                raise InvalidBounds(f"slice_hint axis {axis}: bounds [{a}, {b}) are negative", slug="slice_negative")
+            if a >= b:
+                raise InvalidBounds(f"slice_hint axis {axis}: empty or reversed interval [{a}, {b})", slug="slice_inverted")
+            if a >= n:
+                raise InvalidBounds(f"slice_hint axis {axis}: start {a} is past the axis length {n}",
+                                    slug="slice_out_of_range")
+    if scale:
+        if len(scale) != ndim:
+            raise InvalidArgument(f"scale_hint has {len(scale)} axes but the tensor has {ndim}", slug="scale_rank")
+        bad = [axis for axis, s in enumerate(scale) if s <= 0]
+        if bad:
+            raise InvalidArgument(f"scale_hint must be positive integers, got {list(scale)} (axis {bad[0]})",
+                                  slug="scale_not_positive")
 
 
 def _physical(tensor: TensorAdapter, scale: Sequence[int]) -> tuple[list[float], list[str]] | None:
@@ -86,8 +161,10 @@ def describe_descriptor(
     had_slice: bool,
     metadata_json: str | None,
     pyramid_policy: PyramidPolicy | None = None,
+    is_resident: bool | None = None,
 ) -> descriptor_pb2.TensorDescriptor:
-    """The realized TensorDescriptor (§3.3) for a plan, or a describe when plan is None."""
+    """The realized TensorDescriptor (§3.3) for a plan, or a describe when plan is None.
+    ``is_resident`` is set when the ``is_resident`` mask path asked for it."""
     d = descriptor_pb2.TensorDescriptor()
     d.array_id = echo_id
     d.dim_labels.extend(tensor.dim_labels)
@@ -104,9 +181,8 @@ def describe_descriptor(
         if had_slice or any(r.start):
             d.slice_hint.start.extend(r.start)
             d.slice_hint.stop.extend(r.stop)
-        if any(s != 1 for s in plan.scale):
-            d.scale_hint.extend(plan.scale)
-            d.reduction_method = plan.method
+        # scale and method are not echoed: protocol v3 carries the request in the
+        # FlightInfo's app_metadata (§3.2), the descriptor describes the result
     phys = _physical(tensor, scale)
     if phys is not None:
         d.physical_scale.extend(phys[0])
@@ -116,6 +192,8 @@ def describe_descriptor(
             d.pyramid.add(scale_hint=list(lv.scale), reduction_method=lv.method, shape=list(lv.shape), native=lv.native)
     if "metadata_json" in fields and metadata_json is not None:
         d.metadata_json = metadata_json
+    if "is_resident" in fields and is_resident is not None:
+        d.is_resident = is_resident
     return d
 
 

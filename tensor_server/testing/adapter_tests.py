@@ -13,10 +13,11 @@ Optional knobs: ``scales`` (per-test scale factors), ``methods``, ``max_tensors`
 ``random_reads``, ``exact`` (False for lossy codecs compared elsewhere with tolerance).
 
 What it pins: shape/dtype/labels consistency; ``get_data`` equals the library's read on
-random and ragged off-origin bounds; results are owned; scaled reads equal the NumPy oracle
-over ``get_data`` for every method; decimated reads equal ``get_data(...)[::step]`` where
-offered (and are None where not); bad bounds raise InvalidBounds; 8 threads reading random
-chunks get the same bytes as serial reads.
+random and ragged off-origin bounds; results are owned; scaled reads through the read engine
+(the seam the server uses) equal the NumPy oracle over ``get_data`` for every method, with
+and without a chunk cache; decimated reads equal ``get_data(...)[::step]`` where offered
+(and are None where not declared); bad bounds raise InvalidBounds; 8 threads reading random
+chunks through the engine get the same bytes as serial reads.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import pytest
 
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.engine import ReadEngine
 from tensor_server.core.plan import plan_read
 from tensor_server.errors import InvalidBounds
 
@@ -76,6 +78,11 @@ class AdapterTests:
         out.append(tuple(2 if n > 1 else 1 for n in tensor.shape))
         return out
 
+    @staticmethod
+    def engine(store: Any | None = None) -> ReadEngine:
+        """The read engine the server runs (with ``store`` as its chunk cache)."""
+        return ReadEngine(store, workers=2)
+
     def assert_same(self, got: np.ndarray, want: np.ndarray) -> None:
         assert got.shape == want.shape, (got.shape, want.shape)
         if self.exact:
@@ -122,8 +129,9 @@ class AdapterTests:
             a[...] = 0 if a.dtype != bool else False
             self.assert_same(t.get_data(b), before)
             scale = self.scales_for(t)[0]
-            s = t.get_scaled_data(b, scale, "nearest")
-            assert s.flags.writeable and s.flags.owndata
+            for method in ("nearest", "area"):
+                s = self.engine().read(t, b, scale, method)
+                assert s.flags.writeable and s.flags.owndata
 
     def test_scaled_reads_equal_oracle(self, source: SourceAdapter) -> None:
         from tensor_server_kernels import reference
@@ -136,23 +144,33 @@ class AdapterTests:
                 for method in self.methods:
                     if data.dtype.kind == "c" and method != "nearest":
                         continue
-                    got = t.get_scaled_data(b, scale, method)
+                    got = self.engine().read(t, b, scale, method)
                     want = reference.downsample(data, scale, method)
                     assert got.dtype == t.dtype
                     np.testing.assert_array_equal(got, want, err_msg=f"{field} {method} {scale} {b}")
 
     def test_decimated_read(self, source: SourceAdapter) -> None:
+        """Not declared: always None. Declared: equal to ``get_data(...)[::step]`` whenever it
+        answers, and it answers for some plane-axis step on an extent that is a whole
+        multiple of the step (a format's own reduced read, e.g. CZI's zoom, may decline
+        other requests)."""
         rng = np.random.default_rng(5)
         for field, t in self.tensors(source):
+            served = 0
             for scale in self.scales_for(t):
-                b = random_bounds(t.shape, rng)
-                dec = t.get_decimated_data(b, scale)
-                if not t.decimates:
-                    assert dec is None, f"{type(t).__name__} does not declare decimates but returned data"
-                    continue
-                assert dec is not None, f"{type(t).__name__} declares decimates but returned None"
-                want = t.get_data(b)[tuple(slice(None, None, s) for s in scale)]
-                self.assert_same(np.asarray(dec), want)
+                aligned = Bounds((0,) * t.ndim, tuple((n // s) * s if n >= s else n for n, s in zip(t.shape, scale)))
+                for b in (random_bounds(t.shape, rng), aligned):
+                    dec = t.get_decimated_data(b, scale)
+                    if not t.decimates:
+                        assert dec is None, f"{type(t).__name__} does not declare decimates but returned data"
+                        continue
+                    if dec is None:
+                        continue
+                    served += 1
+                    want = t.get_data(b)[tuple(slice(None, None, s) for s in scale)]
+                    self.assert_same(np.asarray(dec), want)
+            if t.decimates:
+                assert served, f"{type(t).__name__} declares decimates but declined every read"
 
     def test_bad_bounds_raise(self, source: SourceAdapter) -> None:
         for field, t in self.tensors(source):
@@ -164,12 +182,31 @@ class AdapterTests:
                 t.get_data(Bounds((-1,) + (0,) * (t.ndim - 1), (1,) * t.ndim))
 
     def test_plan_assembles_to_library_read(self, source: SourceAdapter) -> None:
+        engine = self.engine()
         for field, t in self.tensors(source):
             plan = plan_read(t)
             out = np.empty(plan.shape, t.dtype)
             for pc in plan.chunks:
-                out[pc.out_bounds.to_slices()] = t.resolve_chunk_data(pc.chunk_id.encode())
+                out[pc.out_bounds.to_slices()] = engine.chunk(pc.chunk_id.encode(), t)[1]
             self.assert_same(out, np.asarray(self.reference_array(source, field)))
+
+    def test_cached_reads_equal_uncached(self, source: SourceAdapter, tmp_path: Any) -> None:
+        """Through a chunk cache, as the server reads: full resolution first (which fills the
+        cache), then a zoomed-out plan (whose units may be assembled from those entries)
+        must equal the uncached engine's read."""
+        from tensor_server.cache import CacheManager
+
+        with CacheManager(tmp_path / "adapter-tests-cache") as cache:
+            cached, plain = self.engine(cache), self.engine()
+            for field, t in self.tensors(source)[:2]:
+                for pc in plan_read(t).chunks[:64]:
+                    cached.chunk(pc.chunk_id, t)
+                scale = self.scales_for(t)[0]
+                for method in ("nearest", "area"):
+                    for pc in plan_read(t, None, scale, method).chunks[:16]:
+                        got = cached.chunk(pc.chunk_id, t)[1]
+                        want = plain.read(t, pc.chunk_id.bounds, scale, pc.chunk_id.method)
+                        np.testing.assert_array_equal(got, want, err_msg=f"{field} {method} {pc.chunk_id.bounds}")
 
     def test_concurrent_reads_match_serial(self, source: SourceAdapter) -> None:
         rng = np.random.default_rng(7)
@@ -180,8 +217,9 @@ class AdapterTests:
                 for pc in plan_read(t, None, scale, method).chunks:
                     jobs.append((t, pc.chunk_id))
         picks = [jobs[int(i)] for i in rng.integers(0, len(jobs), self.thread_reads)]
-        serial = [t.resolve_chunk_data(cid) for t, cid in picks]
+        engine = self.engine()
+        serial = [engine.chunk(cid, t)[1] for t, cid in picks]
         with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
-            parallel = list(pool.map(lambda job: job[0].resolve_chunk_data(job[1]), picks))
+            parallel = list(pool.map(lambda job: engine.chunk(job[1], job[0])[1], picks))
         for a, b in zip(serial, parallel):
             np.testing.assert_array_equal(a, b)

@@ -2,7 +2,7 @@
 pylibCZIrw's writer, values against the arrays written, the real samples in
 ../shared/testdata/czi, the CZI == OME-TIFF identity, and bad input.
 
-The zoom= override of get_scaled_data has its own file: tests/czi_adapter_test.py.
+The zoom= path (get_decimated_data) has its own file: tests/czi_adapter_test.py.
 """
 from __future__ import annotations
 
@@ -155,8 +155,8 @@ def test_stack_values_layout_and_scale(tmp_path):
         pixel = t.get_data(Bounds((0, 1, 2, 10, 20), (1, 2, 3, 11, 21)))
         assert pixel[0, 0, 0, 0, 0] == data[0, 1, 2, 10, 20]
         assert t.physical_scale[2:] == pytest.approx((0.5, 0.2, 0.2)) and t.physical_scale[:2] == (None, None)
-        assert t.physical_unit == (None, None, "micrometer", "micrometer", "micrometer")
-        assert t.read_block_shape is None and t.decimates is False
+        assert t.physical_unit == (None, None, "µm", "µm", "µm")
+        assert t.read_block_shape is None and t.decimates is True  # nearest via libCZI's zoom
         assert src.metadata["channel_names"] == ["DAPI", "GFP"]
 
 

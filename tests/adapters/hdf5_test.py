@@ -126,7 +126,7 @@ class TestHdf5Source:
         t = src.tensors["labelled"]
         assert inner(t).dim_labels == ("x", "y")  # as stored
         assert t.dim_labels == ("y", "x") and t.shape == (31, 25)  # served canonical
-        assert t.physical_scale == (None, 0.5) and t.physical_unit == (None, "micrometer")
+        assert t.physical_scale == (None, 0.5) and t.physical_unit == (None, "µm")
         assert src.tensors["stack4d"].dim_labels == ("c", "z", "y", "x")  # default
 
     def test_decimated_reads_stride_rows_in_the_hyperslab(self, tmp_path, monkeypatch):
@@ -295,7 +295,7 @@ def test_hyperspy_axes_calibrate(testdata):
         t = src.tensors["Experiments/test_diffraction_pattern/data"]
         assert t.dim_labels == ("y", "x")
         assert t.physical_scale == pytest.approx((0.17443285882472992, 0.17443285882472992))
-        assert t.physical_unit == ("1/nanometer", "1/nanometer")
+        assert t.physical_unit == ("1/nm", "1/nm")
         assert t.read_block_shape == (16, 16)
 
 
@@ -307,7 +307,7 @@ def test_py4dstem_file_is_emd_with_calibration(testdata):
         t = src.tensors["datacube_root/datacube/data"]
         assert list(src.tensors) == ["datacube_root/datacube/data"]  # dim vectors are calibration
         assert t.dim_labels == ("c", "z", "y", "x") and t.read_block_shape is None and t.decimates
-        assert t.physical_unit == ("nanometer", "nanometer", "1/angstrom", "1/angstrom")
+        assert t.physical_unit == ("nm", "nm", "1/Å", "1/Å")
         with h5py.File(src.path, "r") as f:
             steps = [float(np.diff(f[f"datacube_root/datacube/dim{i}"][()])[0]) for i in range(4)]
         assert t.physical_scale == pytest.approx(tuple(steps))

@@ -115,11 +115,11 @@ def test_xz_file_matches_expected(testdata, expected):
             a = t.get_data()
             assert a.dtype == np.dtype(w["dtype"])
             assert (int(a.min()), int(a.max()), float(a.sum(dtype=np.float64))) == (w["min"], w["max"], w["sum"])
-            assert t.physical_unit[-2:] == ("micrometer", "micrometer")
+            assert t.physical_unit[-2:] == ("µm", "µm")
             x_length_um = 52.47828 if name == "xz" else 17.81554
             assert t.physical_scale[-1] == pytest.approx(x_length_um / (t.shape[-1] - 1))  # µm
         xzt = src.tensors["xzt"]
-        assert xzt.physical_scale[0] == pytest.approx(10.07 / 19) and xzt.physical_unit[0] == "second"
+        assert xzt.physical_scale[0] == pytest.approx(10.07 / 19) and xzt.physical_unit[0] == "s"
         assert src.tensors["xzy"].physical_scale[2] == pytest.approx(5.039354 / 22)
 
 
@@ -148,7 +148,7 @@ def test_wavelength_sweep_matches_expected(testdata, expected):
         assert (emi.dim_labels, emi.shape) == (("w", "c", "y", "x"), (20, 1, 64, 64))
         assert (exc.dim_labels, exc.shape) == (("i", "c", "y", "x"), (15, 1, 64, 64))
         assert (zt.dim_labels, zt.shape) == (("w", "t", "c", "z", "y", "x"), (10, 2, 1, 11, 64, 64))
-        assert emi.physical_scale[0] == pytest.approx(10.0) and emi.physical_unit[0] == "nanometer"
+        assert emi.physical_scale[0] == pytest.approx(10.0) and emi.physical_unit[0] == "nm"
         assert exc.physical_scale[0] == pytest.approx(5.0) and zt.physical_scale[1] == pytest.approx(80.91)
         assert emi.physical_scale[-1] == pytest.approx(1 / 9.54067119984844)
         picks = {

@@ -71,7 +71,7 @@ class TestMMStack(AdapterTests):
         own = expected[f"{COMPAT}/1.4compatTest_3_MMStack_1-Pos_000_000.ome.tif.gz"]["own_pages"]["sum"]
         assert [float(data[p].sum()) for p in range(4)] == [own] * 4
         assert t.read_block_shape is None and t.decimates
-        assert t.physical_scale == (None, None, None, 5.0, 1.0, 1.0) and t.physical_unit[-1] == "micrometer"
+        assert t.physical_scale == (None, None, None, 5.0, 1.0, 1.0) and t.physical_unit[-1] == "µm"
         assert t.metadata["channel_names"] == ["Cy5", "DAPI"]
         assert t.metadata["positions"] == ["1-Pos_000_000", "1-Pos_001_000", "1-Pos_001_001", "1-Pos_000_001"]
 

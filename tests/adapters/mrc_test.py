@@ -88,7 +88,7 @@ def test_generated_mrc_labels_and_calibration(tmp_path):
         assert src.type == "mrc" and isinstance(t, MrcAdapter)
         assert t.dim_labels == ("z", "y", "x") and t.shape == (9, 40, 33)
         assert t.physical_scale == pytest.approx((3.0, 1.25, 1.5))
-        assert t.physical_unit == ("angstrom",) * 3
+        assert t.physical_unit == ("Å",) * 3
         assert t.read_block_shape is None and t.decimates
     with tensor_server.open(fx["stack_uint8"]) as src:
         t = src.tensor()
@@ -249,7 +249,7 @@ def test_dv_axes_against_written_arrays(tmp_path):
         assert t.dim_labels == ("c", "z", "y", "x")
         assert src.metadata["wavelengths_nm"] == [525, 632]
         assert t.physical_scale[0] is None and t.physical_scale[1:] == pytest.approx((0.25, 0.1, 0.1))
-        assert t.physical_unit[1:] == ("micrometer",) * 3 and t.physical_scale[0] is None
+        assert t.physical_unit[1:] == ("µm",) * 3 and t.physical_scale[0] is None
     path, _ = _dv_fixtures(tmp_path)["tz_uint16"]
     with tensor_server.open(path) as src:
         assert src.tensor().dim_labels == ("t", "z", "y", "x")

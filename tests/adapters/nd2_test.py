@@ -67,7 +67,7 @@ def test_cluster_matches_expected(testdata, expected):
         assert (int(a.min()), int(a.max()), float(a.sum(dtype=np.float64))) == (want["min"], want["max"], want["sum"])
         vx, vy, vz = want["voxel_size_um"]
         assert t.physical_scale[2:] == pytest.approx((vz, vy, vx))
-        assert t.physical_unit[2:] == ("micrometer", "micrometer", "micrometer") and t.physical_scale[:2] == (None, None)
+        assert t.physical_unit[2:] == ("µm", "µm", "µm") and t.physical_scale[:2] == (None, None)
         assert src.metadata["channel_names"][0] == "5-FAM/pH 9.0"
 
 

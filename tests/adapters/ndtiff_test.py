@@ -86,7 +86,7 @@ def test_values_match_expected(testdata, expected, rel, key, labels):
         assert (str(data.dtype), int(data.min()), int(data.max()), float(data.sum())) == (
             e["dtype"], e["min"], e["max"], e["sum"])
         assert t.read_block_shape is None and t.decimates
-        assert t.physical_scale[-2:] == (1.0, 1.0) and t.physical_unit[-1] == "micrometer"
+        assert t.physical_scale[-2:] == (1.0, 1.0) and t.physical_unit[-1] == "µm"
 
 
 def test_channel_names_are_categories(testdata):

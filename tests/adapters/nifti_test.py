@@ -89,12 +89,12 @@ def test_axes_calibration_and_declarations(tmp_path):
         assert t.inner.dim_labels == ("x", "y", "z", "t")
         assert t.dim_labels == ("t", "z", "y", "x") and t.shape == (3, 7, 19, 23)
         assert t.physical_scale == pytest.approx((1.5, 2.5, 0.9, 0.8))
-        assert t.physical_unit == ("second", "millimeter", "millimeter", "millimeter")
+        assert t.physical_unit == ("s", "mm", "mm", "mm")
         assert t.dtype == np.int16 and src.metadata["scaled"] is False
         assert t.read_block_shape is None and t.decimates
     with tensor_server.open(fx["n1_float32_gz"]) as src:
         t = src.tensor()
-        assert t.physical_unit == ("micrometer",) * 3
+        assert t.physical_unit == ("µm",) * 3
     with tensor_server.open(fx["n2_int16"]) as src:
         assert src.metadata["format"] == "Nifti2"
 

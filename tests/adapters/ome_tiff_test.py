@@ -71,7 +71,7 @@ class TestTiledPyramidOmeTiff(OmeFileTests):
             np.testing.assert_array_equal(lv.tensor.get_data(), served(ref, axes))
             assert lv.tensor.read_block_shape == (1, 1) + ref.shape[2:]
         assert t.physical_scale == (None, 2.0, 0.5, 0.5)
-        assert t.physical_unit == (None, "micrometer", "micrometer", "micrometer")
+        assert t.physical_unit == (None, "µm", "µm", "µm")
         assert t.native_levels[1].tensor.physical_scale == (None, 2.0, 2.0, 2.0)
         assert t.metadata["channel_names"] == ["DAPI", "GFP"]
 
@@ -91,7 +91,7 @@ class TestMultiImageOmeTiff(OmeFileTests):
         assert list(source.tensors) == ["timelapse", "overview"]
         a, b = source.tensors["timelapse"], source.tensors["overview"]
         assert a.dim_labels == ("t", "y", "x") and a.shape == (4, 30, 40)
-        assert a.physical_scale[0] == 1.5 and a.physical_unit[0] == "second"
+        assert a.physical_scale[0] == 1.5 and a.physical_unit[0] == "s"
         assert a.read_block_shape == (1, 30, 40)
         assert b.dim_labels == ("y", "x", "s") and b.shape == (25, 35, 3)
         assert b.read_block_shape == (25, 35, 3)
@@ -211,7 +211,7 @@ def test_real_physical_scale(testdata):
     with tensor_server.open(testdata / "ome-tiff/s_1_t_1_c_1_z_1.ome.tiff") as src:
         t = src.tensor()
         assert t.physical_scale == pytest.approx((1.0833333, 1.0833333))
-        assert t.physical_unit == ("micrometer", "micrometer")
+        assert t.physical_unit == ("µm", "µm")
 
 
 def test_cross_format_identities(testdata):

@@ -131,7 +131,7 @@ class TestRgbTiledPyramidTiff(TiffFileTests):
             assert lv.tensor.physical_scale[0] == pytest.approx(t.physical_scale[0] * lv.scale[0])
         # precompute reads go through the stored level (bounds in the level's coordinates)
         b = Bounds((5, 10, 0), (45, 75, 3))
-        got = t.get_native_level_data(b, (2, 2, 1))
+        got = t.native_level((2, 2, 1)).tensor.get_data(b)
         ref, axes = tifffile_series(source.path, 0, 1)
         np.testing.assert_array_equal(got, served(ref, axes)[5:45, 10:75])
 
@@ -139,7 +139,7 @@ class TestRgbTiledPyramidTiff(TiffFileTests):
         t = source.tensor()
         # 2 pixels per cm -> 5000 µm per pixel
         assert t.physical_scale[:2] == pytest.approx((5000.0, 5000.0))
-        assert t.physical_unit[:2] == ("micrometer", "micrometer") and t.physical_unit[2] is None
+        assert t.physical_unit[:2] == ("µm", "µm") and t.physical_unit[2] is None
 
 
 class TestMultiSeriesTiff(TiffFileTests):
@@ -229,7 +229,7 @@ class TestLsm(TiffFileTests):
         assert t.read_block_shape == (3, 1, 40, 50)  # one page = one plane with all channels
         assert t.physical_scale[0] is None
         assert t.physical_scale[1:] == pytest.approx((1.0, 0.25, 0.2))
-        assert t.physical_unit[1:] == ("micrometer", "micrometer", "micrometer")
+        assert t.physical_unit[1:] == ("µm", "µm", "µm")
         thumbs = source.tensors["series_1"]
         assert thumbs.dim_labels == ("z", "y", "x", "s") and thumbs.physical_scale is None
 
@@ -375,7 +375,7 @@ def test_real_imagej_scale(testdata):
         assert src.type == "imagej"
         t = src.tensor()
         assert t.physical_scale == pytest.approx((1.0833, 1.0833), rel=1e-3)
-        assert t.physical_unit == ("micrometer", "micrometer")
+        assert t.physical_unit == ("µm", "µm")
 
 
 def test_real_stack_block_is_one_page(testdata):

@@ -1,4 +1,5 @@
-"""The chunk cache: tiers, budget, crash safety, recovery, concurrency, cache-sourced reads."""
+"""The chunk cache: tiers, budget, crash safety, recovery, concurrency (cache-sourced scaled
+reads are the engine's: tests/core/engine_cache_test.py)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -160,75 +161,6 @@ def test_concurrent_misses_compute_once(tmp_path):
             gate.set()
             assert all(f.result()[0, 0] == 3 for f in futures)
         assert calls == [1] and c.stats["pending_waits"] >= 1
-
-
-def test_resolve_chunk_data_uses_the_cache_and_returns_owned(tmp_path):
-    arr = np.random.default_rng(0).integers(0, 1000, (100, 120), dtype=np.uint16)
-    t = ArrayAdapter(arr, chunk_shape=(32, 32))
-    MemorySource(t, source_id="c")
-    with CacheManager(tmp_path) as c:
-        cid = plan_read(t).chunks[3].chunk_id
-        a = t.resolve_chunk_data(cid.encode(), c)
-        reads = t.reads
-        b = t.resolve_chunk_data(cid.encode(), c)
-        assert t.reads == reads, "a hit decodes nothing"
-        assert b.flags.writeable and b.flags.owndata
-        b[:] = 0
-        np.testing.assert_array_equal(t.resolve_chunk_data(cid.encode(), c), a)
-
-
-@pytest.mark.parametrize("method", ["nearest", "area", "min", "max", "mode", "median"])
-@pytest.mark.parametrize("dtype", ["uint16", "float32"])
-def test_cache_sourced_scaled_reads_are_bit_identical(tmp_path, method, dtype):
-    rng = np.random.default_rng(1)
-    arr = (rng.standard_normal((130, 250)) * 1000).astype(dtype) if dtype == "float32" else rng.integers(0, 60000, (130, 250), dtype=dtype)
-    t = ArrayAdapter(arr, chunk_shape=(32, 48))
-    MemorySource(t, source_id="s")
-    with CacheManager(tmp_path) as c:
-        for pc in plan_read(t).chunks:  # warm every full-resolution chunk
-            t.resolve_chunk_data(pc.chunk_id, c)
-        for scale in [(2, 2), (4, 3), (8, 8)]:
-            plan = plan_read(t, None, scale, method)
-            for pc in plan.chunks:
-                before = t.reads
-                got = t.get_scaled_data(pc.chunk_id.bounds, scale, method, c)
-                assert t.reads == before, "every unit came from the cache, not the source"
-                want = reference.downsample(arr[pc.chunk_id.bounds.to_slices()], scale, method)
-                np.testing.assert_array_equal(got, want)
-                assert got.flags.owndata and got.flags.writeable
-
-
-def test_cache_sourced_declines_cold_and_off_grid_extents(tmp_path):
-    arr = np.arange(64 * 64, dtype=np.uint16).reshape(64, 64)
-    t = ArrayAdapter(arr, chunk_shape=(16, 16))
-    MemorySource(t, source_id="d")
-    with CacheManager(tmp_path) as c:
-        from tensor_server.cache.sourced import cache_sourced_fetch
-
-        assert cache_sourced_fetch(c, t, Bounds((0, 0), (32, 32)), (16, 16), (2, 2), "area") is None  # cold
-        for pc in plan_read(t).chunks:
-            t.resolve_chunk_data(pc.chunk_id, c)
-        assert cache_sourced_fetch(c, t, Bounds((0, 0), (32, 32)), (16, 16), (2, 2), "area") is not None
-        assert cache_sourced_fetch(c, t, Bounds((8, 0), (32, 32)), (16, 16), (2, 2), "area") is None  # off grid
-        off = CacheManager.__new__(CacheManager)
-        off.source_scaled_reads = False
-        assert off.sourced_units(t, Bounds((0, 0), (32, 32)), (16, 16), (2, 2), "area") is None
-
-
-def test_evicted_between_probe_and_read_falls_back_to_source(tmp_path):
-    arr = np.random.default_rng(2).integers(0, 9, (64, 64), dtype=np.uint8)
-    t = ArrayAdapter(arr, chunk_shape=(16, 16))
-    MemorySource(t, source_id="e")
-    with CacheManager(tmp_path, memory_bytes=0) as c:
-        for pc in plan_read(t).chunks:
-            t.resolve_chunk_data(pc.chunk_id, c)
-        from tensor_server.cache.sourced import cache_sourced_fetch
-
-        fetch, unit = cache_sourced_fetch(c, t, Bounds((0, 0), (64, 64)), (32, 32), (2, 2), "area")
-        c.clear()  # everything evicted after the probe
-        before = t.reads
-        np.testing.assert_array_equal(fetch(Bounds((0, 0), (32, 32))), arr[:32, :32])
-        assert t.reads == before + 1
 
 
 def test_boot_with_ten_thousand_entries(tmp_path):

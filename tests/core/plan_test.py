@@ -6,6 +6,7 @@ import pytest
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.core import Bounds, plan_read
 from tensor_server.core.downsample import downsample_block
+from tensor_server.core.engine import ReadEngine
 from tensor_server.core.methods import effective_method, normalize_method
 from tensor_server.errors import InvalidArgument, InvalidBounds
 
@@ -14,7 +15,7 @@ def assemble(tensor, plan):
     out = np.zeros(plan.shape, dtype=tensor.dtype)
     seen = np.zeros(plan.shape, dtype=int)
     for pc in plan.chunks:
-        data = tensor.resolve_chunk_data(pc.chunk_id.encode())
+        data = ReadEngine().chunk(pc.chunk_id.encode(), tensor)[1]
         assert data.shape == pc.out_bounds.shape
         out[pc.out_bounds.to_slices()] = data
         seen[pc.out_bounds.to_slices()] += 1

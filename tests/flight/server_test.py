@@ -176,7 +176,8 @@ def test_errors_surface_as_value_errors(client):
         client.get_array("demo", scale_hint=[0, 2])
     with pytest.raises(ValueError, match="negative"):
         client.get_array("demo", slice_hint=(slice(-2, 3), slice(0, 2)))
-    with pytest.raises(ValueError, match="cannot be read"):
+    # an unreadable source: the SDK's own steer to resolve_source (the server says "unresolved")
+    with pytest.raises(ValueError, match="resolve_source"):
         bad = [r for r in client.query("SELECT source_id FROM sources WHERE NOT is_resolved").to_pylist()]
         client.get_array(bad[0]["source_id"])
 

@@ -118,7 +118,7 @@ def test_a_planned_zarr_read_refuses_chunks_rewritten_since_the_plan(tmp_path):
         for ep in endpoints:  # the first one too: it is cached, yet its file changed
             with pytest.raises(flight.FlightError) as info:
                 raw.do_get(ep.ticket).read_all()
-            assert json.loads(info.value.extra_info) == {"code": "NOT_FOUND", "reason": "stale_chunk_id"}
+            assert json.loads(info.value.extra_info) == {"code": "NOT_FOUND", "reason": "stale_content_version"}
         np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
 
 
@@ -146,7 +146,7 @@ def test_tiff_rewritten_in_place_never_mixes_old_and_new_chunks(tmp_path):
         for ep in endpoints[1:]:
             with pytest.raises(flight.FlightError) as info:
                 got.append(_pixels(raw.do_get(ep.ticket).read_all()))
-            assert json.loads(info.value.extra_info)["reason"] == "stale_chunk_id"
+            assert json.loads(info.value.extra_info)["reason"] == "stale_content_version"
         assert len(got) == 1  # no chunk of the new file joined the old plan's read
         # the client's retry plans again and reads the new file only
         np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
@@ -244,7 +244,7 @@ def test_a_rewritten_stored_level_is_refused_and_reread(tmp_path):
                 _bump_mtime(f)
         with pytest.raises(flight.FlightError) as info:
             raw.do_get(endpoints[0].ticket).read_all()
-        assert json.loads(info.value.extra_info)["reason"] == "stale_chunk_id"
+        assert json.loads(info.value.extra_info)["reason"] == "stale_content_version"
         np.testing.assert_array_equal(client_for(srv).get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"),
                                       new[:, ::2, ::2])
         np.testing.assert_array_equal(client_for(srv).get_array(sid), old)

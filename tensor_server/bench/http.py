@@ -1,0 +1,176 @@
+"""``python -m tensor_server.bench http``: the same chunks over HTTP (OME-Zarr) and Flight DoGet.
+
+One server (chunk cache on) over the bench fixtures' OME-Zarr plane, its HTTP front end beside
+it. For level 0 and a computed level (area ×4), every chunk of the level is read once cold
+(empty cache: decoded from the source) and then warm (cache hits), through a plain HTTP client
+(httpx, keep-alive) and through pyarrow Flight DoGet (no localhost fast path, so both move the
+bytes over a socket). Reported: median latency per chunk and MB/s, cold and warm.
+
+Then precache: a viewer-like burst (every chunk of level 0 in row order, as a pan) timed with
+precache off and on, alternating, to show that precache work does not slow a client's burst
+(it runs at the lowest priority and only while no client read is in flight).
+"""
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tensor_server.bench.timing import add_common_arguments, print_table, write_json
+
+__all__ = ["run_http"]
+
+
+class _Served:
+    #: below the fixture's plane, so even ``--size small`` has computed levels
+    POLICY_PLANE_PX = 512 * 512
+
+    def __init__(self, root: Path, precache_bytes: int = 0) -> None:
+        from tensor_server.cache import CacheManager
+        from tensor_server.catalog import Catalog
+        from tensor_server.core.pyramid import PyramidPolicy
+        from tensor_server.flight import ServerConfig, TensorFlightServer
+        from tensor_server.http.app import HttpFrontEnd, build_app
+
+        self.policy = PyramidPolicy(plane_budget_px=self.POLICY_PLANE_PX)
+        self.catalog = Catalog([root])
+        self.catalog.scan()
+        self.cache = CacheManager(tempfile.mkdtemp(prefix="ts-bench-http-"))
+        self.server = TensorFlightServer(self.catalog, ServerConfig(port=0, precache_bytes=precache_bytes,
+                                                                    pyramid=self.policy), cache_manager=self.cache)
+        threading.Thread(target=self.server.serve, daemon=True).start()
+        on_chunk = self.server.precacher.after_read if self.server.precacher is not None else None
+        self.http = HttpFrontEnd(build_app(self.catalog, self.server.engine, policy=self.policy, on_chunk=on_chunk),
+                                 "127.0.0.1", 0)
+        self.http.start()
+
+    def close(self) -> None:
+        self.http.stop()
+        self.server.shutdown()
+        self.cache.close()
+        self.catalog.close()
+
+
+def _level_reads(served: _Served, array_id: str, level_index: int):
+    """(http paths, flight tickets, bytes per chunk, level) for every chunk of one level, or
+    None when the tensor has no such level."""
+    import itertools
+    import math
+
+    import pyarrow.flight as flight
+    from biopb.tensor import ticket_pb2
+
+    from tensor_server.http.zarr_view import ZarrImage
+
+    tensor, _ = served.catalog.find_tensor(array_id)
+    view = ZarrImage(tensor, name=array_id, policy=served.policy)
+    if level_index >= len(view.levels):
+        return None
+    level = view.levels[level_index]
+    keys = list(itertools.product(*[range(g) for g in level.grid()]))
+    cids = [view.chunk_id(level, k) for k in keys]
+    paths = [f"/zarr/{array_id}/{level.path}/{'.'.join(map(str, k))}" for k in keys]
+    tickets = [flight.Ticket(ticket_pb2.TensorTicket(chunk_id=c.encode()).SerializeToString()) for c in cids]
+    nbytes = [math.prod(c.output_shape) * tensor.dtype.itemsize for c in cids]
+    return paths, tickets, nbytes, level
+
+
+def _time_each(fetch, items) -> list[float]:
+    out = []
+    for item in items:
+        t0 = time.perf_counter()
+        fetch(item)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def run_http(size: str = "small", data_dir: str | None = None, json_path: str | None = None, repeats: int = 5) -> list[dict[str, Any]]:
+    import http.client
+
+    import pyarrow.flight as flight
+
+    from tensor_server.bench.fixtures import make_fixtures
+    from tensor_server.core.downsample import warm_up
+
+    warm_up()
+    fixture = next(f for f in make_fixtures(size, data_dir, with_czi=False) if f.name == "ome-zarr")
+    root = fixture.path
+    rows: list[dict[str, Any]] = []
+    for level_index, label in ((0, "level 0"), (1, "level 1 (area x2)"), (2, "level 2 (area x4)")):
+        for transport in ("HTTP (OME-Zarr)", "Flight DoGet"):
+            served = _Served(root)
+            try:
+                array_id = served.catalog.records()[0].source_id
+                reads = _level_reads(served, array_id, level_index)
+                if reads is None:
+                    continue
+                paths, tickets, nbytes, level = reads
+                if transport.startswith("HTTP"):
+                    # http.client with keep-alive: the least client overhead, so the server is measured
+                    client = http.client.HTTPConnection("127.0.0.1", served.http.port, timeout=120)
+
+                    def fetch(i: int) -> None:
+                        client.request("GET", paths[i])
+                        r = client.getresponse()
+                        body = r.read()
+                        assert r.status == 200 and len(body) >= nbytes[i]
+                else:
+                    client = flight.FlightClient(served.server.location)
+
+                    def fetch(i: int) -> None:
+                        client.do_get(tickets[i]).read_all()
+
+                idx = list(range(len(paths)))
+                cold = _time_each(fetch, idx)
+                warm = [statistics.median(_time_each(fetch, [i] * repeats)) for i in idx]
+                total = sum(nbytes) / 1e6
+                rows.append({"level": label, "transport": transport, "chunks": len(idx),
+                             "chunk": "x".join(map(str, level.chunks)),
+                             "cold_ms": statistics.median(cold), "warm_ms": statistics.median(warm),
+                             "cold_mb_s": total / (sum(cold) / 1e3), "warm_mb_s": total / (sum(warm) / 1e3)})
+                client.close()
+            finally:
+                served.close()
+    print_table(["level", "transport", "chunks", "chunk", "cold ms", "warm ms", "cold MB/s", "warm MB/s"],
+                [[r["level"], r["transport"], r["chunks"], r["chunk"], r["cold_ms"], r["warm_ms"], r["cold_mb_s"],
+                  r["warm_mb_s"]] for r in rows])
+    rows += _precache_burst(root)
+    write_json(json_path, "http", size, rows)
+    return rows
+
+
+def _precache_burst(root: Path, rounds: int = 3) -> list[dict[str, Any]]:
+    """A pan over level 0 with precache off and on (alternating, fresh caches): the burst
+    must not be slower with precache on."""
+    import httpx
+
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        for mode in ("off", "on"):
+            served = _Served(root, precache_bytes=(64 << 20) if mode == "on" else 0)
+            try:
+                array_id = served.catalog.records()[0].source_id
+                paths, _, _, _ = _level_reads(served, array_id, 0)
+                with httpx.Client(base_url=served.http.url, timeout=120) as client:
+                    t0 = time.perf_counter()
+                    for p in paths:
+                        client.get(p)
+                    times[mode].append((time.perf_counter() - t0) * 1e3)
+            finally:
+                served.close()
+    off, on = statistics.median(times["off"]), statistics.median(times["on"])
+    print(f"\nlevel-0 pan ({len(paths)} chunks, cold): precache off {off:.1f} ms, on {on:.1f} ms "
+          f"(on/off {on / off:.2f}; medians of {rounds}, alternating)")
+    return [{"level": "pan burst", "transport": "HTTP", "precache_off_ms": off, "precache_on_ms": on}]
+
+
+def add_arguments(parser) -> None:  # noqa: ANN001
+    add_common_arguments(parser)
+
+
+def main(args) -> int:  # noqa: ANN001
+    run_http(args.size, args.data_dir, args.json_path)
+    return 0

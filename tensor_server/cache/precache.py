@@ -1,0 +1,198 @@
+"""Precache: after a client reads a chunk, warm what a viewer asks next, at low priority.
+
+A viewer that has just read chunk ``k`` of a level next pans (the neighbouring chunks of the
+same level) or zooms (the chunk of the next coarser level covering the region, the chunks of
+the next finer one). ``Precacher.after_read`` plans those through the normal planner — so
+their ids are the ones the client will send — and queues the ones not cached yet, up to
+``budget_bytes`` of output per trigger. One worker thread computes them through the read
+engine, which stores them in the chunk cache.
+
+Never delaying a client's own read: the worker runs at the lowest scheduling priority
+(``os.setpriority`` on its own thread id) and waits while any client read is in flight
+(``client_read()`` brackets them), so precache work only fills idle time. The queue is bounded
+(oldest dropped): a fast-panning viewer's stale neighbours are not worth warming.
+
+``stats``: scheduled, warmed, dropped, and ``hits`` — client reads served from an entry the
+precacher warmed (reported by the server's ``cache_stats``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict, deque
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.chunk_id import PRECOMPUTE, ChunkId
+from tensor_server.core.plan import plan_read
+from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.core.adapter_base import TensorAdapter
+    from tensor_server.core.engine import ReadEngine
+
+__all__ = ["Precacher"]
+
+log = logging.getLogger(__name__)
+_SPATIAL = ("z", "y", "x")
+
+
+class Precacher:
+    def __init__(
+        self,
+        engine: ReadEngine,
+        *,
+        policy: PyramidPolicy | None = None,
+        budget_bytes: int = 64 << 20,
+        max_queue: int = 256,
+    ) -> None:
+        if engine.store is None:
+            raise ValueError("precache needs a read engine with a chunk store")
+        self.engine = engine
+        self.policy = policy
+        self.budget_bytes = int(budget_bytes)
+        self._queue: deque[tuple[TensorAdapter, ChunkId]] = deque(maxlen=max_queue)
+        self._queued: set[bytes] = set()
+        self._warmed: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._active_client_reads = 0
+        self.stats = {"scheduled": 0, "warmed": 0, "dropped": 0, "hits": 0, "errors": 0}
+        self._thread = threading.Thread(target=self._run, name="precache", daemon=True)
+        self._thread.start()
+
+    # ---- client side -------------------------------------------------------------------------------
+    @contextmanager
+    def client_read(self) -> Iterator[None]:
+        """Bracket a client's chunk read: the worker waits while any is in flight."""
+        with self._lock:
+            self._active_client_reads += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active_client_reads -= 1
+
+    def after_read(self, tensor: TensorAdapter, cid: ChunkId) -> None:
+        """A client read ``cid`` of ``tensor``: count a hit if we warmed it, queue what is next."""
+        key = cid.encode()
+        with self._lock:
+            if key in self._warmed:
+                del self._warmed[key]
+                self.stats["hits"] += 1
+        try:
+            candidates = self._next_reads(tensor, cid)
+        except Exception as exc:  # planning a neighbour must never fail the client's read
+            log.debug("precache: cannot plan around %s: %s", cid.array_id, exc)
+            return
+        spent = 0
+        store = self.engine.store
+        with self._lock:
+            for nxt in candidates:
+                nkey = nxt.encode()
+                if nkey == key or nkey in self._queued or nkey in self._warmed:
+                    continue
+                nbytes = _prod(nxt.output_shape) * tensor.dtype.itemsize
+                if spent + nbytes > self.budget_bytes:
+                    break
+                if store.contains_all([nkey]):
+                    continue
+                if len(self._queue) == self._queue.maxlen:
+                    _, dropped = self._queue.popleft()
+                    self._queued.discard(dropped.encode())
+                    self.stats["dropped"] += 1
+                self._queue.append((tensor, nxt))
+                self._queued.add(nkey)
+                self.stats["scheduled"] += 1
+                spent += nbytes
+        if spent:
+            self._wake.set()
+
+    def _next_reads(self, tensor: TensorAdapter, cid: ChunkId) -> list[ChunkId]:
+        """Neighbours on the same level, then the next coarser and finer levels' chunks over
+        the same region, in that order (the budget keeps the first)."""
+        levels = [(tuple(lv.scale), lv.method) for lv in advertised_levels(tensor, self.policy)]
+        if cid.method == PRECOMPUTE:
+            level0 = Bounds(tuple(a * s for a, s in zip(cid.start, cid.scale)),
+                            tuple(min(b * s, n) for b, s, n in zip(cid.stop, cid.scale, tensor.shape)))
+        else:
+            level0 = cid.bounds
+        here = next((i for i, (scale, _) in enumerate(levels) if scale == cid.scale), None)
+        out: list[ChunkId] = []
+        grown = self._grow(tensor, level0, cid.scale)
+        out += [pc.chunk_id for pc in plan_read(tensor, grown, cid.scale, _wire(cid.method)).chunks]
+        if here is not None:
+            for j in (here + 1, here - 1):
+                if 0 <= j < len(levels):
+                    scale, method = levels[j]
+                    out += [pc.chunk_id for pc in plan_read(tensor, level0, scale, method).chunks]
+        return out
+
+    @staticmethod
+    def _grow(tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...]) -> Bounds:
+        """``bounds`` widened by one chunk on the spatial axes (clamped to the tensor)."""
+        start, stop = list(bounds.start), list(bounds.stop)
+        for axis, label in enumerate(tensor.dim_labels):
+            if label in _SPATIAL:
+                step = tensor.chunk_shape[axis] * scale[axis]
+                start[axis] = max(0, start[axis] - step)
+                stop[axis] = min(tensor.shape[axis], stop[axis] + step)
+        return Bounds(tuple(start), tuple(stop))
+
+    # ---- worker ------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (OSError, AttributeError):  # not Linux, or not allowed: still idle-only below
+            pass
+        while not self._stop.is_set():
+            with self._lock:
+                item = self._queue.popleft() if self._queue and self._active_client_reads == 0 else None
+                waiting = bool(self._queue)
+            if item is None:
+                if waiting:
+                    time.sleep(0.005)  # a client read is in flight: yield to it
+                else:
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                continue
+            tensor, cid = item
+            key = cid.encode()
+            try:
+                self.engine.chunk(cid, tensor)
+                with self._lock:
+                    self.stats["warmed"] += 1
+                    self._warmed[key] = None
+                    while len(self._warmed) > 4096:
+                        self._warmed.popitem(last=False)
+            except Exception as exc:  # stale, evicted source, ...: a precache miss is harmless
+                with self._lock:
+                    self.stats["errors"] += 1
+                log.debug("precache of %s failed: %s", cid.array_id, exc)
+            finally:
+                with self._lock:
+                    self._queued.discard(key)
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._queue and not self._queued
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+
+def _wire(method: str) -> str | None:
+    return None if method == "none" else method
+
+
+def _prod(values) -> int:  # noqa: ANN001
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out

@@ -1,0 +1,238 @@
+"""The read engine: the one place that turns a chunk id, or (bounds, scale, method), into pixels.
+
+Invariant: for a tensor ``t``, validated ``bounds``, ``scale`` and canonical ``method``::
+
+    engine.read(t, bounds, scale, method) == downsample_block(t.get_data(bounds), scale, method)
+
+bit for bit, whichever path serves it, and ``engine.chunk(id)`` equals ``read`` of the id's
+extent, scale and method (stored levels: the level's pixels). Everything that serves pixels —
+the Flight server, the conformance suite, the benchmarks — goes through here.
+
+Paths, in the order they are tried for a scaled read:
+
+1. ``nearest`` on an adapter that declares ``decimates``: ``get_decimated_data`` (a strided
+   read, or a format's own reduced read such as CZI's zoom), which may decline with None;
+2. cache-sourced units: every full-resolution chunk under the extent is in the store
+   (``chunk_store.cache_sourced_units``);
+3. streamed reduction: units floored at ``read_block_shape`` and rounded to whole reduction
+   blocks (``stream_reduce``), read ahead on a bounded pool while the kernels reduce.
+
+Adapters are pure readers (``read_region`` and declared capabilities) and never see the
+store. The store is reached only through the ``ChunkStore`` Protocol, keyed by chunk ids of
+the served tensor (the tensor the client planned against, in its served axis order), so an
+axis-permuting view can never collide with the tensor it wraps.
+
+Validation happens once, at the entry points: ``read`` checks bounds, scale and method;
+``chunk`` decodes the id and checks it names this tensor's current content, fits its shape
+and is no larger than a plan mints (``core.request``). The inner paths trust their
+arguments.
+"""
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from tensor_server.core.arrays import owned_array
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.chunk_id import PRECOMPUTE, SERVING_EPOCH, UNSCALED, ChunkId
+from tensor_server.core.chunk_store import ChunkStore, cache_sourced_units
+from tensor_server.core.methods import CANONICAL_METHODS, normalize_method
+from tensor_server.core.request import check_extent_within_chunk, check_scale
+from tensor_server.core.stream_reduce import scaled_output_shape, stream_reduce, streaming_unit
+from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, StaleChunkId, TensorServerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.core.adapter_base import TensorAdapter
+
+__all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "default_engine"]
+
+#: ``cancelled()`` is polled before each unit is fetched; True stops the read.
+Cancelled = Callable[[], bool]
+
+
+class ReadCancelled(TensorServerError):
+    """The client that asked for this read has gone; the work was stopped."""
+
+
+class Overloaded(TensorServerError):
+    """More chunk computations were waiting than the engine admits in time: retry later."""
+
+
+class ReadEngine:
+    """Serve pixels of tensors (see the module docstring).
+
+    ``store``: a ChunkStore (the chunk cache) or None. ``workers``: decode-ahead threads of a streamed reduction (None = the machine's
+    cores). ``source_scaled_reads``: assemble scaled extents from cached full-resolution
+    chunks when all are cached. ``max_computes``: chunk computations (cache misses) that run
+    at once; more wait up to ``admission_timeout`` seconds, then get ``Overloaded`` (the
+    server's UNAVAILABLE, retryable), so a cluster fanning out over a tensor cannot starve
+    other clients. Cache hits are never queued. None = unbounded.
+    """
+
+    def __init__(
+        self,
+        store: ChunkStore | None = None,
+        *,
+        workers: int | None = None,
+        source_scaled_reads: bool = True,
+        max_computes: int | None = None,
+        admission_timeout: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.max_computes = max_computes
+        self.admission_timeout = admission_timeout
+        self._admission = threading.BoundedSemaphore(max_computes) if max_computes else None
+        self.workers = workers
+        self.source_scaled_reads = source_scaled_reads
+
+    # ---- entry points --------------------------------------------------------------------------
+    def read(
+        self,
+        tensor: TensorAdapter,
+        bounds: Bounds | Sequence[slice] | None = None,
+        scale: Sequence[int] | None = None,
+        method: str | None = None,
+        *,
+        cancelled: Cancelled | None = None,
+    ) -> np.ndarray:
+        """Owned pixels of ``bounds`` (default: the whole tensor) reduced by ``scale`` with
+        ``method``: shape ceil(extent / scale), the tensor's dtype. Scale 1 is ``get_data``."""
+        bounds = tensor.check_bounds(bounds)
+        scale_t = check_scale(scale, tensor.shape)
+        if all(s == 1 for s in scale_t):
+            return tensor.get_data(bounds)
+        canonical = normalize_method(method)
+        if canonical not in CANONICAL_METHODS:
+            raise InvalidArgument(f"method {method!r} cannot be computed; it names stored levels")
+        return self._scaled(tensor, bounds, scale_t, canonical, cancelled)
+
+    def chunk(
+        self,
+        chunk_id: bytes | ChunkId,
+        tensor: TensorAdapter,
+        *,
+        cancelled: Cancelled | None = None,
+    ) -> tuple[ChunkId, np.ndarray]:
+        """(validated id, pixels) of a planned chunk: from the store when cached (a hit is
+        the stored chunk, no decode), else computed and stored. The array may be read-only
+        (a cache entry): copy it before writing. ``tensor`` is the served tensor the id
+        names (the caller looks it up by ``ChunkId.decode(raw).array_id``)."""
+        cid = self.check_chunk_id(tensor, chunk_id)
+        if self.store is None:
+            return cid, self._admitted(tensor, cid, cancelled)
+        return cid, self.store.get_or_compute(cid.encode(), lambda: self._admitted(tensor, cid, cancelled))
+
+    def check_chunk_id(self, tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:
+        """Decode and validate a chunk id of ``tensor``: foreign, stale, out-of-range and
+        oversized ids raise instead of reading (a stale id is refused even if its bytes are
+        still cached)."""
+        cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
+        if cid.array_id != tensor.array_id:
+            raise InvalidChunkId(f"chunk id names {_short(cid.array_id)!r}, not {tensor.array_id!r}")
+        if cid.content_version != tensor.content_version or cid.epoch != SERVING_EPOCH:
+            raise StaleChunkId(f"{tensor.array_id}: the data changed since this chunk was planned; re-plan")
+        if len(cid.scale) != tensor.ndim:
+            raise InvalidChunkId(f"chunk id has {len(cid.scale)} axes, {tensor.array_id} has {tensor.ndim}")
+        if cid.method == PRECOMPUTE:
+            level = tensor.native_level(cid.scale)
+            if level is None:
+                raise InvalidChunkId(f"{tensor.array_id} stores no level at scale {cid.scale}")
+            grid_owner, unit_scale = level.tensor, (1,) * tensor.ndim
+        else:
+            if cid.method != UNSCALED:
+                try:
+                    check_scale(cid.scale, tensor.shape)
+                except InvalidArgument as exc:
+                    raise InvalidChunkId(f"chunk id scale is out of range: {exc}") from None
+            grid_owner, unit_scale = tensor, cid.scale
+        try:
+            cid.bounds.validate(grid_owner.shape)
+        except InvalidBounds as exc:
+            raise InvalidChunkId(f"chunk id extent does not fit {tensor.array_id}: {exc}") from None
+        check_extent_within_chunk(cid.bounds.shape, unit_scale, grid_owner.chunk_shape, tensor.array_id)
+        return cid
+
+    # ---- paths ---------------------------------------------------------------------------------
+    def _admitted(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
+        """``_compute`` within the admission bound (see the class docstring)."""
+        if self._admission is None:
+            return self._compute(tensor, cid, cancelled)
+        if not self._admission.acquire(timeout=self.admission_timeout):
+            raise Overloaded(
+                f"{self.max_computes} chunk computations are running and more are waiting; "
+                f"retry (waited {self.admission_timeout:g} s)"
+            )
+        try:
+            return self._compute(tensor, cid, cancelled)
+        finally:
+            self._admission.release()
+
+    def _compute(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
+        """A validated chunk's pixels, computed (never looked up as a whole entry)."""
+        if cid.method == UNSCALED:
+            return tensor.get_data(cid.bounds)
+        if cid.method == PRECOMPUTE:
+            return tensor.native_level(cid.scale).tensor.get_data(cid.bounds)
+        return self._scaled(tensor, cid.bounds, cid.scale, cid.method, cancelled)
+
+    def _scaled(
+        self,
+        tensor: TensorAdapter,
+        bounds: Bounds,
+        scale: tuple[int, ...],
+        method: str,
+        cancelled: Cancelled | None,
+    ) -> np.ndarray:
+        from tensor_server.core.downsample import downsample_block
+
+        if all(s == 1 for s in scale):
+            return tensor.get_data(bounds)
+        if method == "nearest" and tensor.decimates:
+            dec = tensor.get_decimated_data(bounds, scale)
+            if dec is not None:
+                expected = scaled_output_shape(bounds.shape, scale)
+                if tuple(dec.shape) != expected:
+                    raise RuntimeError(
+                        f"{type(tensor).__name__}.get_decimated_data returned {dec.shape}, expected {expected}"
+                    )
+                return owned_array(dec, tensor.dtype)
+        unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
+        fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
+        workers = self.workers
+        if self.store is not None and self.source_scaled_reads:
+            offer = cache_sourced_units(self.store, tensor, bounds, unit, scale, method)
+            if offer is not None:
+                fetch, unit = offer.fetch, offer.unit
+                if offer.serial:
+                    workers = 1
+        if cancelled is not None:
+            fetch = _stop_when(cancelled, fetch)
+        if all(u >= n for u, n in zip(unit, bounds.shape)):
+            return owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype)
+        return stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype)  # MERGE: workers=workers
+
+
+def _stop_when(cancelled: Cancelled, fetch: Callable[[Bounds], np.ndarray]) -> Callable[[Bounds], np.ndarray]:
+    def checked(ub: Bounds) -> np.ndarray:
+        if cancelled():
+            raise ReadCancelled("the client cancelled the read")
+        return fetch(ub)
+
+    return checked
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_DEFAULT: ReadEngine | None = None
+
+
+def default_engine() -> ReadEngine:
+    """The engine without a store, for in-process reads (``TensorAdapter.get_scaled_data``)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = ReadEngine()
+    return _DEFAULT

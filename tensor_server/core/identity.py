@@ -1,0 +1,48 @@
+"""Identity of sources and data: source ids and content versions.
+
+A chunk id names (array_id, extent, scale, method, content version). These functions mint
+the two identity parts that do not come from a request: the ``source_id`` (stable across
+restarts, unique per path) and the ``content_version`` (changes whenever the bytes change,
+so a cached chunk or a client-held chunk id of old data is never served as new).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+
+__all__ = ["file_content_version", "minted_content_version", "source_id_for_path"]
+
+
+def file_content_version(*paths: str | os.PathLike[str]) -> bytes:
+    """A data version from file stats: mtime_ns and size of each path (16 bytes for one
+    file, a digest for several), so a rewritten file never matches an old chunk id."""
+    parts = []
+    for p in paths:
+        st = os.stat(p)
+        parts.append(st.st_mtime_ns.to_bytes(8, "little", signed=True) + st.st_size.to_bytes(8, "little"))
+    if len(parts) == 1:
+        return parts[0]
+    return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+
+
+def minted_content_version() -> bytes:
+    """A fresh random version for in-memory data (no file to stat)."""
+    return uuid.uuid4().bytes
+
+
+def source_id_for_path(path: str | os.PathLike[str]) -> str:
+    """Stable id for a source at ``path``: readable stem plus a hash of the resolved path.
+    Same across restarts, unique per path, never contains ``/``."""
+    resolved = str(Path(path).resolve())
+    name = Path(resolved).name
+    for suffix in (".ome.zarr", ".ome.tiff", ".ome.tif", ".zarr", ".nii.gz"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    else:
+        name = Path(name).stem or name
+    stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:48] or "source"
+    digest = hashlib.blake2b(resolved.encode(), digest_size=4).hexdigest()
+    return f"{stem}-{digest}"
