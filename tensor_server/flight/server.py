@@ -24,10 +24,9 @@ from tensor_server.catalog.catalog import Catalog, sources_schema
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import ChunkId
 from tensor_server.core.engine import ReadEngine
-from tensor_server.core.methods import PRECOMPUTE
 from tensor_server.core.plan import plan_read
 from tensor_server.core.pyramid import PyramidPolicy
-from tensor_server.errors import InvalidArgument, StaleChunkId
+from tensor_server.errors import InvalidArgument
 from tensor_server.flight.actions import ACTION_DESCRIPTIONS, CatalogActions
 from tensor_server.flight.auth import TokenMiddlewareFactory, check_token
 from tensor_server.flight.wire import (
@@ -111,6 +110,7 @@ class TensorFlightServer(flight.FlightServerBase):
             source_scaled_reads=self.config.source_scaled_reads,
             max_computes=self.config.max_computes or None,
             admission_timeout=self.config.admission_timeout,
+            on_changed=catalog.reopen_changed,
         )
         #: warms what a viewer asks next (needs the cache to keep what it warms)
         self.precacher = None
@@ -177,7 +177,6 @@ class TensorFlightServer(flight.FlightServerBase):
         if self._reopened_if_stale(tensor, region):  # plan against the bytes on disk now
             tensor, echo = self.catalog.find_tensor(option.array_id)
             region = request_region(option, tensor.ndim)
-        fields = set(option.fields.paths)
         scale = list(option.scale_hint) or None
         check_read_request(region, scale, tensor.shape)
         wants_endpoints = "endpoints" in fields
@@ -235,12 +234,10 @@ class TensorFlightServer(flight.FlightServerBase):
         if context is not None:
             self.chunk_reads_by_peer[str(context.peer())] += 1
         cancelled = context.is_cancelled if context is not None else None
-        cid = self.engine.check_chunk_id(tensor, raw)
-        self._refuse_stale(tensor, cid)
         if self.precacher is None:
-            return self.engine.chunk(cid, tensor, cancelled=cancelled)
+            return self.engine.chunk(raw, tensor, cancelled=cancelled)
         with self.precacher.client_read():
-            cid, data = self.engine.chunk(cid, tensor, cancelled=cancelled)
+            cid, data = self.engine.chunk(raw, tensor, cancelled=cancelled)
         self.precacher.after_read(tensor, cid)
         return cid, data
 
@@ -256,16 +253,6 @@ class TensorFlightServer(flight.FlightServerBase):
             return False
         self.catalog.reopen_changed(tensor, reason)
         return True
-
-    def _refuse_stale(self, tensor, cid: ChunkId) -> None:  # noqa: ANN001
-        """Before serving a chunk, cached or not: if the bytes under it changed since the
-        source was opened, reopen the source and refuse the id (the client re-plans and gets
-        the new pixels; one get_array never mixes old and new chunks)."""
-        level = tensor.native_level(cid.scale) if cid.method == PRECOMPUTE else None
-        reason = (level.tensor if level is not None else tensor).stale_reason(cid.bounds)
-        if reason is not None:
-            self.catalog.reopen_changed(tensor, reason)
-            raise StaleChunkId(f"{tensor.array_id}: {reason}; re-plan")
 
     def _chunk_stream(self, raw: bytes, context=None) -> flight.RecordBatchStream:  # noqa: ANN001
         _, data = self._chunk_data(raw, context)

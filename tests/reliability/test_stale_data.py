@@ -248,3 +248,29 @@ def test_a_rewritten_stored_level_is_refused_and_reread(tmp_path):
         np.testing.assert_array_equal(client_for(srv).get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"),
                                       new[:, ::2, ::2])
         np.testing.assert_array_equal(client_for(srv).get_array(sid), old)
+
+
+def test_the_engine_refuses_changed_chunks_for_every_caller(tmp_path):
+    """DoGet, chunk_locate, the HTTP front-end and the precacher all read through
+    ``ReadEngine.chunk``: the check lives there, and its callback is the catalog's reopen."""
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.engine import ReadEngine
+    from tensor_server.core.plan import plan_read
+    from tensor_server.errors import StaleChunkId
+
+    path = tmp_path / "img.tif"
+    _write_tiff(path, OLD[0])
+    src = open_source(path)
+    t = src.tensor()
+    changed = []
+    cache = CacheManager(tmp_path / "cache", max_total_bytes=64 << 20)
+    engine = ReadEngine(cache, on_changed=lambda tensor, why: changed.append((tensor, why)))
+    cid = plan_read(t).chunks[0].chunk_id
+    np.testing.assert_array_equal(engine.chunk(cid, t)[1], OLD[0])  # now cached
+    _write_tiff(path, NEW[0])
+    _bump_mtime(path)
+    with pytest.raises(StaleChunkId, match="img.tif was rewritten"):
+        engine.chunk(cid, t)
+    assert len(changed) == 1 and changed[0][0] is t and "img.tif was rewritten" in changed[0][1]
+    cache.close()
+    src.close()
