@@ -109,6 +109,12 @@ class Catalog:
         #: what went wrong in the last scan, for health (None: nothing)
         self.scan_error: str | None = None
         self._rescan_stop = threading.Event()
+        #: source_id -> field -> (tensor, listed): tensors attached to a source by the upload
+        #: subsystem (``@fields/..``, ``../@labels/..``). Kept by source id, not on the record,
+        #: so a field whose source vanished (an orphan) is kept and comes back with the source.
+        self._attached: dict[str, dict[str, tuple[TensorAdapter, bool]]] = {}
+        #: folders never discovered (the write_dir: the upload subsystem registers what is in it)
+        self.excluded: list[Path] = []
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
@@ -167,6 +173,20 @@ class Catalog:
             new.url = rec.url
         self.put_record(new)
         return new
+    def attach(self, source_id: str, field: str, tensor: TensorAdapter, *, listed: bool) -> None:
+        """Serve ``tensor`` as ``source_id/field``; ``listed`` puts it in the source's row."""
+        tensor.array_id = f"{source_id}/{field}"
+        with self._lock:
+            self._attached.setdefault(source_id, {})[field] = (tensor, listed)
+            self._dirty = True
+
+    def detach(self, source_id: str, field: str) -> None:
+        with self._lock:
+            fields = self._attached.get(source_id, {})
+            fields.pop(field, None)
+            if not fields:
+                self._attached.pop(source_id, None)
+            self._dirty = True
 
     def records(self) -> list[SourceRecord]:
         with self._lock:
@@ -194,6 +214,10 @@ class Catalog:
         if rec.source is None:
             raise SourceUnresolved(f"source {source_id!r} cannot be read: {rec.unresolved_reason}")
         src = rec.source
+        with self._lock:
+            attached = self._attached.get(source_id, {}).get(fld) if fld else None
+        if attached is not None:
+            return attached[0], array_id
         if not fld:
             t = src.tensor()
             return t, t.array_id
@@ -262,7 +286,7 @@ class Catalog:
         """Open one claim unless unchanged or covered: None (not a source of its own), or
         (id, the new record or None when unchanged, the record it replaces)."""
         resolved = claim.path.resolve()
-        if resolved in covered:
+        if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
             return None
         sid = source_id_for_path(claim.path)
         sig = _stat_signature(claim.path)
@@ -382,7 +406,9 @@ class Catalog:
             rows["is_resolved"].append(r.is_resolved)
             tensors = []
             if r.source is not None:
-                for t in r.source.tensors.values():
+                with self._lock:
+                    attached = [t for t, listed in self._attached.get(r.source_id, {}).values() if listed]
+                for t in [*r.source.tensors.values(), *attached]:
                     tensors.append({"array_id": t.array_id, "dim_labels": list(t.dim_labels),
                                     "shape": list(t.shape), "dtype": t.dtype.str})
             rows["tensors"].append(tensors)
