@@ -174,7 +174,7 @@ class _ChunkFiles:
     def __init__(self, folder: Path, array: Any) -> None:
         self.folder = folder
         grid = getattr(array, "shards", None) or array.chunks
-        self.grid = tuple(int(g) for g in grid)
+        self.grid = tuple(max(int(g), 1) for g in grid)  # a 0-size chunk (empty array): no cells
         counts = tuple(-(-int(n) // g) for n, g in zip(array.shape, self.grid))
         self._encode = array.metadata.encode_chunk_key
         self.eager = math.prod(counts) <= _EAGER_CHUNKS
@@ -440,7 +440,7 @@ class _StoreWalker:
             if n is None or n.kind != "array":
                 raise UnreadableSource(self.root, f"no zarr array at {rel!r}")
             array = self.zarr.open_array(store=self.store, path=n.rel, mode="r", zarr_format=n.zarr_format)
-            return array, n.attributes, self.version_of(n)
+            return array, n.attributes, self.version_of(n, chunk_files=_ChunkFiles(n.folder, array))
 
         tensor = open_encoded(node.rel, store_path=self.root, open_codes=open_codes, targets=self.ref_targets)
         self.tensors[field] = normalize_axes(tensor)
