@@ -222,7 +222,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
 
     def open_catalog(rois_path: str) -> Catalog:
         Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
-        cat = Catalog(settings.roots, rois_path=rois_path)
+        cat = Catalog(settings.roots, rois_path=rois_path,
+                      follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
+                      open_timeout_seconds=settings.open_timeout_seconds)
         try:
             cat.rois.open()
         except Exception:
@@ -376,6 +378,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             levels = f", {len(t.native_levels)} stored levels" if t.native_levels else ""
             labels = " labels" if t.is_labels else ""
             print(f"    {t.array_id}  {'x'.join(map(str, t.shape))} {''.join(t.dim_labels) if all(len(d) == 1 for d in t.dim_labels) else t.dim_labels} {t.dtype.str}{labels}{levels}")
+    for path, why in catalog.skipped:
+        print(f"SKIPPED  {path}: {why}")
     catalog.close()
     return 0
 

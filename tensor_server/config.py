@@ -22,6 +22,8 @@ Example (every key optional)::
 
     [catalog]
     rescan_seconds = 0          # periodic rescan of the roots; 0 = off
+    follow_symlinks_outside_roots = false  # serve symlinks whose targets leave the roots
+    open_timeout_seconds = 60   # a source slower to open becomes an unreadable row
 
     [annotations]               # ROI annotations (the ``rois`` table), kept across restarts
     path = "/var/lib/tensor-server/annotations.duckdb"  # default: <data home>/annotations.duckdb
@@ -97,6 +99,8 @@ class Settings:
     plane_budget_px: int = 4 * 1024 * 1024
     volume_budget_voxels: int = 448**3
     rescan_seconds: float = 0.0
+    follow_symlinks_outside_roots: bool = False
+    open_timeout_seconds: float = 60.0
     log_level: str = "warning"
     http_port: int | None = None
     precache_bytes: int = 64 << 20
@@ -121,6 +125,8 @@ _KEYS = {
     ("pyramid", "plane_budget_px"): "plane_budget_px",
     ("pyramid", "volume_budget_voxels"): "volume_budget_voxels",
     ("catalog", "rescan_seconds"): "rescan_seconds",
+    ("catalog", "follow_symlinks_outside_roots"): "follow_symlinks_outside_roots",
+    ("catalog", "open_timeout_seconds"): "open_timeout_seconds",
     ("annotations", "path"): "rois_path",
     ("log", "level"): "log_level",
     ("http", "port"): "http_port",

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tensor_server.adapters.registry import open_budgeted
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["DicomFile", "WSI_SOP_CLASS"]
@@ -44,7 +45,7 @@ class DicomFile:
         import pydicom
         from pydicom.pixels import as_pixel_options
 
-        with open(path, "rb") as fh:
+        with open_budgeted(path) as fh:  # a huge zero-filled "x.dcm" must not parse for days
             ds = pydicom.dcmread(fh, stop_before_pixels=True, force=force)
             meta = getattr(ds, "file_meta", None)
             tsyntax = meta.get("TransferSyntaxUID") if meta is not None else None

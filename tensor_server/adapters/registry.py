@@ -8,8 +8,11 @@ to extensions, so a misnamed file still opens and an OME-TIFF is not taken for a
 """
 from __future__ import annotations
 
+import io
 import os
+import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -17,9 +20,17 @@ from typing import Callable
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.errors import TensorServerError, UnknownFormat, UnreadableSource
 
-__all__ = ["FormatEntry", "register_format", "formats", "detect_format", "open_source", "HEAD_BYTES"]
+__all__ = ["FormatEntry", "register_format", "formats", "detect_format", "open_source", "open_budgeted",
+           "HEAD_BYTES", "PROBE_BYTES"]
 
 HEAD_BYTES = 4096
+#: most bytes a reader may parse through ``open_budgeted`` while opening one source
+PROBE_BYTES = 64 << 20
+_probe = threading.local()
+# bytes literals a library quotes from the file (tifffile: "header=b'root'"): a reason is shown
+# to every client, and the file may be one the server should never have read (/etc/passwd)
+_BYTES_LITERAL = re.compile(r"b'(?:[^'\\]|\\.)*'" + r'|b"(?:[^"\\]|\\.)*"')
+_MAX_REASON = 500  # .deadline: time.monotonic() by which the open in this thread must end
 
 Sniff = Callable[[Path, bytes], bool]
 Opener = Callable[[Path], SourceAdapter]
@@ -32,7 +43,10 @@ class FormatEntry:
     ``priority``: lower claims first (OME-Zarr before zarr, OME-TIFF before TIFF, a folder
     format before the files inside it). ``sniff(path, head)`` gets the first HEAD_BYTES of a
     file (``b""`` for a folder) and must be cheap and never raise. ``extensions`` are
-    lower-case suffixes with the dot, multi-part allowed (``".ome.tif"``).
+    lower-case suffixes with the dot, multi-part allowed (``".ome.tif"``). ``claims``: for
+    a folder format made of one kind of file (a TIFF sequence), the suffixes of the entries it
+    owns; discovery still looks at the folder's other entries, so a ``.czi`` beside the planes
+    is served too. Empty: the folder is claimed whole (OME-Zarr, DICOM series, ...).
     """
 
     name: str
@@ -85,6 +99,33 @@ def _read_head(path: Path) -> bytes:
         raise UnreadableSource(path, f"cannot read: {exc.strerror or exc}") from None
 
 
+class _BudgetedFile(io.FileIO):
+    """A file that refuses to be read past a byte budget or the opening thread's deadline.
+    Counting happens in ``readinto``, which the buffered reader above it calls per refill."""
+
+    def __init__(self, path: Path, max_bytes: int, deadline: float | None) -> None:
+        super().__init__(path, "rb")
+        self._path, self._max, self._left, self._deadline = path, max_bytes, max_bytes, deadline
+
+    def readinto(self, buffer) -> int | None:  # noqa: ANN001 - io signature
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise UnreadableSource(self._path, "gave up: opening ran past its deadline")
+        n = super().readinto(buffer)
+        self._left -= n or 0
+        if self._left < 0:
+            raise UnreadableSource(self._path, f"gave up: opening read more than {self._max} bytes "
+                                               "without finding the image")
+        return n
+
+
+def open_budgeted(path: str | os.PathLike[str], max_bytes: int = PROBE_BYTES) -> io.BufferedReader:
+    """Open a file for a reader that parses its way through it while opening a source (e.g.
+    DICOM elements up to the pixels): reading past ``max_bytes``, or past the deadline of the
+    ``open_source`` call in this thread, raises UnreadableSource. A 1 TiB sparse file named
+    ``.dcm`` is then given up on instead of being parsed for days."""
+    return io.BufferedReader(_BudgetedFile(Path(path), max_bytes, getattr(_probe, "deadline", None)))
+
+
 def detect_format(path: str | os.PathLike[str]) -> FormatEntry:
     """The format that claims ``path``: content first, extension second."""
     p = Path(path)
@@ -106,9 +147,33 @@ def detect_format(path: str | os.PathLike[str]) -> FormatEntry:
     raise UnknownFormat(p, f"no adapter recognises this {kind} (by content or extension)")
 
 
-def open_source(path: str | os.PathLike[str], format: str | None = None) -> SourceAdapter:
-    """Open ``path`` as a SourceAdapter. Every failure is an UnreadableSource naming the path."""
-    p = Path(path)
+def open_source(path: str | os.PathLike[str], format: str | None = None,
+                timeout: float | None = None) -> SourceAdapter:
+    """Open ``path`` as a SourceAdapter. Every failure is an UnreadableSource naming the path.
+    ``timeout``: seconds after which files opened with ``open_budgeted`` refuse further reads."""
+    _probe.deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        return _open(Path(path), format)
+    finally:
+        _probe.deadline = None
+
+
+def _clean_reason(reason: str) -> str:
+    """A failure reason fit to show clients: no bytes quoted from the file, bounded length."""
+    reason = _BYTES_LITERAL.sub("<bytes>", reason)
+    return reason if len(reason) <= _MAX_REASON else reason[: _MAX_REASON - 1] + "…"
+
+
+def _open(p: Path, format: str | None) -> SourceAdapter:
+    try:
+        return _open_unchecked(p, format)
+    except UnreadableSource as exc:
+        exc.reason = _clean_reason(exc.reason)
+        exc.args = (f"{exc.path}: {exc.reason}",)
+        raise
+
+
+def _open_unchecked(p: Path, format: str | None) -> SourceAdapter:
     if format is not None:
         entries = {e.name: e for e in formats()}
         if format not in entries:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Se
 
 import numpy as np
 
+from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_content_version
@@ -260,6 +261,7 @@ class TiffHandle:
         self._opener = opener or (lambda: open_tiff_file(self.path))
         self._series_getter = series_getter or (lambda tf: tf.series)
         self.files = [str(f) for f in (files or [self.path])]
+        self._stamps = [file_stamp(f) for f in self.files]  # what the parsed structure was read from
         self.lock = threading.RLock()
         self._lazy: LazyHandle[_OpenTiff] = LazyHandle(
             self._open, lambda opened: opened.close(), idle_seconds, name=str(self.path)
@@ -290,6 +292,14 @@ class TiffHandle:
 
     def content_version(self) -> bytes:
         return file_content_version(*self.files)
+
+    def stale_reason(self) -> str | None:
+        """Why the files differ from when this handle was made (one stat each), or None."""
+        for path, stamp in zip(self.files, self._stamps):
+            why = changed_since(path, stamp)
+            if why is not None:
+                return why
+        return None
 
     def close(self) -> None:
         self._lazy.close()
@@ -362,6 +372,9 @@ class TiffPageSeriesAdapter(TensorAdapter):
             content_version=content_version or handle.content_version(),
             metadata=metadata,
         )
+
+    def stale_reason(self, bounds: Bounds) -> str | None:
+        return self.handle.stale_reason()  # any page may sit anywhere in the file(s)
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         try:

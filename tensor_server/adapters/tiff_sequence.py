@@ -64,6 +64,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_content_version
@@ -359,6 +360,7 @@ class TiffPlaneGridAdapter(TensorAdapter):
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
         self._files = [os.fspath(f) for f in files]
+        self._stamps = [file_stamp(f) for f in self._files]  # what the layouts were read from
         self._plane_shape = tuple(int(n) for n in plane_shape)
         nplane = len(self._plane_shape)
         self._ngrid = file_index.ndim - nplane
@@ -397,6 +399,16 @@ class TiffPlaneGridAdapter(TensorAdapter):
         """None for raw planes (a window costs its own rows); one strile for compressed
         planes (see the module docstring)."""
         return self._read_block
+
+    def stale_reason(self, bounds: Bounds) -> str | None:
+        """Stats only the files holding planes under ``bounds``."""
+        g = self._ngrid
+        sel = [slice(a, b) for a, b in zip(bounds.start[:g], bounds.stop[:g])]
+        sel += [slice(a // e, -(-b // e)) for a, b, e in zip(bounds.start[g:], bounds.stop[g:], self._tile_extent)]
+        for i in np.unique(self._file_index[tuple(sel)]):
+            if i >= 0 and (why := changed_since(self._files[i], self._stamps[i])) is not None:
+                return why
+        return None
 
     # ---- reads ------------------------------------------------------------------------------
     def read_region(self, bounds: Bounds) -> np.ndarray:
@@ -794,6 +806,7 @@ register_format(
         priority=50,
         folders=True,
         files=False,
+        claims=TIFF_SUFFIXES,  # a .czi or .map beside the planes is a source of its own
         description="folder of TIFF planes named by index (c0z2t0.tif, Channel_1.tif, ...)",
     )
 )

@@ -20,9 +20,11 @@ reap: the local store opens and closes each chunk file per read.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import threading
@@ -50,6 +52,8 @@ _OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
 #: Long axis names some writers use, mapped to the single letters the server orders by.
 _AXIS_ALIASES = {"time": "t", "channel": "c", "channels": "c", "ch": "c"}
 _MAX_GROUP_DEPTH = 32
+#: arrays with at most this many storage chunks have every chunk file stat'ed at open
+_EAGER_CHUNKS = 1 << 16
 #: The attribute block the upload subsystem writes on its zarr:// members (uploads/marker.py
 #: takes the key from here). Both zarr claims decline a group carrying it: what lies under a
 #: write_dir is registered by the upload subsystem, never discovered, even when a write_dir
@@ -155,6 +159,53 @@ def _import_zarr() -> Any:
     return zarr
 
 
+# ---- chunk files -------------------------------------------------------------------------------
+class _ChunkFiles:
+    """The stored chunk files (shard files, when sharded) of one array and their stamps
+    (size, mtime_ns; (-1, -1) where no file exists), per cell of the storage grid.
+
+    Why: a chunk rewritten in place leaves the metadata untouched, so only these stats tell
+    that the bytes changed. ``changed`` compares the files under a region with their stamps
+    before a chunk is served. Arrays of up to _EAGER_CHUNKS cells are stat'ed whole at open
+    and the stamps feed the content version, so after a restart a persistent cache never
+    serves chunks rewritten while the server was down (the absent cells are also what a
+    reader needs to skip chunks never written). Larger arrays would take too long to open
+    that way: a cell is stamped the first time a chunk over it is served, which still keeps
+    a running server from serving old bytes, but their version covers the metadata only."""
+
+    def __init__(self, folder: Path, array: Any) -> None:
+        self.folder = folder
+        grid = getattr(array, "shards", None) or array.chunks
+        self.grid = tuple(max(int(g), 1) for g in grid)  # a 0-size chunk (empty array): no cells
+        counts = tuple(-(-int(n) // g) for n, g in zip(array.shape, self.grid))
+        self._encode = array.metadata.encode_chunk_key
+        self.eager = math.prod(counts) <= _EAGER_CHUNKS
+        self._stamps: dict[tuple[int, ...], tuple[int, int]] = {}
+        if self.eager:
+            for cell in itertools.product(*(range(c) for c in counts)):
+                self._stamps[cell] = self._stat(cell)
+
+    def _stat(self, cell: tuple[int, ...]) -> tuple[int, int]:
+        try:
+            st = os.stat(os.path.join(self.folder, self._encode(cell)))
+        except FileNotFoundError:
+            return (-1, -1)
+        return (st.st_size, st.st_mtime_ns)
+
+    def digest(self) -> bytes:
+        stamps = np.array(list(self._stamps.values()) if self.eager else [], np.int64)
+        return hashlib.blake2b(stamps.tobytes() if self.eager else b"lazy", digest_size=16).digest()
+
+    def changed(self, bounds: Bounds) -> str | None:
+        """The first chunk file under ``bounds`` whose stamp differs from the one recorded."""
+        ranges = [range(a // g, -(-b // g)) for a, b, g in zip(bounds.start, bounds.stop, self.grid)]
+        for cell in itertools.product(*ranges):
+            now = self._stat(cell)
+            if self._stamps.setdefault(cell, now) != now:
+                return f"chunk file {self._encode(cell)!r} changed since the store was opened"
+        return None
+
+
 # ---- the tensor ------------------------------------------------------------------------------
 class ZarrAdapter(TensorAdapter):
     """One zarr array (an OME-Zarr level, a label level or a plain array).
@@ -185,9 +236,11 @@ class ZarrAdapter(TensorAdapter):
         physical_unit: Sequence[str | None] | None,
         is_labels: bool,
         content_version: bytes,
+        chunk_files: _ChunkFiles | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
         self._array = array
+        self._chunk_files = chunk_files
         self.store_path = store_path
         self.zarr_path = zarr_path
         chunks = tuple(int(c) for c in array.chunks)
@@ -214,6 +267,11 @@ class ZarrAdapter(TensorAdapter):
             content_version=content_version,
             metadata=meta,
         )
+
+    def stale_reason(self, bounds: Bounds) -> str | None:
+        # no chunk files tracked: an upload member, whose writes are its lifecycle's business
+        why = None if self._chunk_files is None else self._chunk_files.changed(bounds)
+        return None if why is None else f"zarr array {self.zarr_path or '/'!r}: {why}"
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         try:
@@ -452,11 +510,11 @@ class _StoreWalker:
             raise _NoPixels(self.root, f"zarr array {node.rel or '/'!r}: shape {array.shape} has no pixels")
         return array
 
-    def version_of(self, *nodes: _Node) -> bytes:
-        """Content version from the served metadata documents and the store root (a rewrite
-        replaces metadata; a walk of every chunk file would cost as much as a read)."""
+    def version_of(self, *nodes: _Node, chunk_files: _ChunkFiles) -> bytes:
+        """Content version from the served metadata documents, the store root and the stats
+        of the array's chunk files (a chunk rewritten in place changes only the latter)."""
         files = [self.root] + [f for n in nodes for f in n.meta_files]
-        return file_content_version(*files)
+        return hashlib.blake2b(file_content_version(*files) + chunk_files.digest(), digest_size=16).digest()
 
     def array_dim_names(self, node: _Node, array: Any) -> list[str] | None:
         """Plain-array labels: zarr v3 ``dimension_names`` or xarray's ``_ARRAY_DIMENSIONS``."""
@@ -472,10 +530,11 @@ class _StoreWalker:
             self.add_encoded_array(node, field)
             return
         array = self.open_array(node)
+        chunk_files = _ChunkFiles(node.folder, array)
         tensor = ZarrAdapter(
             array, store_path=self.root, zarr_path=node.rel, dim_labels=self.array_dim_names(node, array),
             physical_scale=None, physical_unit=None, is_labels=False,
-            content_version=self.version_of(node),
+            content_version=self.version_of(node, chunk_files=chunk_files), chunk_files=chunk_files,
         )
         self.tensors[field] = normalize_axes(tensor)
 
@@ -487,7 +546,7 @@ class _StoreWalker:
             if n is None or n.kind != "array":
                 raise UnreadableSource(self.root, f"no zarr array at {rel!r}")
             array = self.zarr.open_array(store=self.store, path=n.rel, mode="r", zarr_format=n.zarr_format)
-            return array, n.attributes, self.version_of(n)
+            return array, n.attributes, self.version_of(n, chunk_files=_ChunkFiles(n.folder, array))
 
         tensor = open_encoded(node.rel, store_path=self.root, open_codes=open_codes, targets=self.ref_targets)
         self.tensors[field] = normalize_axes(tensor)
@@ -548,7 +607,8 @@ class _StoreWalker:
         if len(multiscales) > 1:
             image_meta["other_multiscales_ignored"] = len(multiscales) - 1
 
-        def level_tensor(lnode: _Node, array: Any, scale: list[float] | None, extra: dict[str, Any]) -> ZarrAdapter:
+        def level_tensor(lnode: _Node, array: Any, scale: list[float] | None, extra: dict[str, Any],
+                         stored: Sequence[ZarrAdapter] = ()) -> ZarrAdapter:
             physical_scale = physical_unit = None
             if scale is not None:
                 physical_scale = [None if t == "channel" or (t is None and lab == "c") else s
@@ -557,10 +617,14 @@ class _StoreWalker:
             elif any(units):
                 physical_unit = units
                 physical_scale = [None] * ndim
+            chunk_files = _ChunkFiles(lnode.folder, array)
+            version = self.version_of(node, lnode, chunk_files=chunk_files)
+            if stored:  # level 0 mints the ids of its stored levels' chunks too: cover their bytes
+                version = hashlib.blake2b(version + b"".join(t.content_version for t in stored), digest_size=16).digest()
             return ZarrAdapter(
                 array, store_path=self.root, zarr_path=lnode.rel, dim_labels=labels,
                 physical_scale=physical_scale, physical_unit=physical_unit, is_labels=is_labels,
-                content_version=self.version_of(node, lnode), metadata={**image_meta, **extra},
+                content_version=version, chunk_files=chunk_files, metadata={**image_meta, **extra},
             )
 
         scale0 = _dataset_scale(ms, ds0, ndim)
@@ -582,9 +646,10 @@ class _StoreWalker:
                 continue
             levels_meta.append({"path": lnode.rel, "shape": list(array.shape), "scale": list(factor)})
             accepted.append((factor, lnode, array, scale))
-        level0 = level_tensor(node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta})
-        for factor, lnode, array, scale in accepted:
-            level0.native_levels.append(NativeLevel(factor, level_tensor(lnode, array, scale, {})))
+        stored = [NativeLevel(factor, level_tensor(lnode, array, scale, {})) for factor, lnode, array, scale in accepted]
+        level0 = level_tensor(node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta},
+                              [lv.tensor for lv in stored])
+        level0.native_levels.extend(stored)
         self.tensors[field] = normalize_axes(level0)
         if not is_labels:
             self.add_labels(node)

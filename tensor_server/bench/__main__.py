@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "each format's own nearest path (decimated read, CZI zoom) vs the default streamed path"),
     "cache": ("tensor_server.bench.cache_reads",
               "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source"),
+    "guards": ("tensor_server.bench.catalog_guards",
+               "cost of the catalog guards: per-query SQL database, stale-data check, chunk-file stats at open"),
     "http": ("tensor_server.bench.http",
              "the same chunks over HTTP (OME-Zarr) and Flight DoGet, cold and warm; precache vs a client burst"),
     "load": ("tensor_server.bench.load",

@@ -1,24 +1,29 @@
 """The catalog: every discovered source, resolved or not, and read-only SQL over them.
 
 Sources live in memory (opened adapters, shared by all handlers); their rows live in an
-embedded DuckDB database as the ``sources`` table of wire-protocol §9.2, so clients can
-query them with the SQL the biopb SDK issues (§9.3) or their own. Queries are read-only:
-one SELECT statement, on a connection with external access disabled (no file or network
-table functions), so SQL can neither change the catalog nor read the disk.
+Arrow snapshot served to SQL as the ``sources`` table of wire-protocol §9.2, so clients can
+query them with the SQL the biopb SDK issues (§9.3) or their own. Queries run in a DuckDB
+database opened read-only, with external access disabled and resource caps
+(``catalog/sql.py``), so SQL can neither change what other clients see, nor read the disk,
+nor exhaust the server.
 """
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
-from tensor_server.catalog.discovery import discover
+from tensor_server.catalog.discovery import Claim, discover, links_leaving
 from tensor_server.catalog.rois import RoiStore
+from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import source_id_for_path
 from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
@@ -32,10 +37,6 @@ class SourceUnresolved(TensorNotFound):
     """The source is known but could not be opened (its row says why)."""
 
 
-class CatalogQueryError(InvalidArgument):
-    """A catalog query was refused (not one SELECT) or failed."""
-
-
 @dataclass
 class SourceRecord:
     source_id: str
@@ -46,6 +47,7 @@ class SourceRecord:
     unresolved_reason: str | None = None
     signature: tuple = ()
     member_paths: set[Path] = field(default_factory=set)
+    format_name: str | None = None  # the registry entry that opened it (to reopen it the same way)
 
     @property
     def is_resolved(self) -> bool:
@@ -77,14 +79,24 @@ class Catalog:
     ``rois_path``: the DuckDB file of the ROI annotations (``rois`` table); None keeps them
     in memory for this process only."""
 
-    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None) -> None:
+    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None, *,
+                 sql_limits: SqlLimits = SqlLimits(), follow_symlinks_outside_roots: bool = False,
+                 open_timeout_seconds: float = 60.0) -> None:
         self.roots = [Path(r) for r in roots]
         self.rois = RoiStore(rois_path)
         self._rois_published = -1
+        #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
+        self.follow_symlinks_outside_roots = follow_symlinks_outside_roots
+        #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
+        self.open_timeout_seconds = open_timeout_seconds
         self._records: dict[str, SourceRecord] = {}
         self._lock = threading.RLock()
         self._db_lock = threading.Lock()
-        self._db: Any = None
+        self._reopen_lock = threading.Lock()
+        self._snapshot: SqlSnapshot | None = None
+        self._sql_dir: str | None = None
+        self.sql_limits = sql_limits
+        self._sql_slots = threading.BoundedSemaphore(sql_limits.max_concurrent)
         self._dirty = True
         #: bumped whenever a row is written or removed: a client holding what it read under
         #: one value knows it is current while the value stays (health ``catalog_generation``)
@@ -92,6 +104,10 @@ class Catalog:
         self.first_scan_done = threading.Event()
         self.scan_in_progress = False
         self.last_scan_finished_at: float | None = None
+        #: entries the last scan refused to open (path, reason): FIFOs, symlink loops, ...
+        self.skipped: list[tuple[Path, str]] = []
+        #: what went wrong in the last scan, for health (None: nothing)
+        self.scan_error: str | None = None
         self._rescan_stop = threading.Event()
         #: source_id -> field -> (tensor, listed): tensors attached to a source by the upload
         #: subsystem (``@fields/..``, ``../@labels/..``). Kept by source id, not on the record,
@@ -148,7 +164,11 @@ class Catalog:
         sig = _stat_signature(rec.path)
         if rec.is_resolved and sig == rec.signature:
             return rec
-        new = self.open_record(rec.path, rec.type, source_id, sig)
+        return self._reopen(rec, sig)
+
+    def _reopen(self, rec: SourceRecord, sig: tuple) -> SourceRecord:
+        """Open ``rec``'s path again, the way it was opened, and put the new record in its place."""
+        new = self.open_record(rec.path, rec.format_name or rec.type, rec.source_id, sig)
         if rec.url != Path(rec.path).resolve().as_uri():  # a dropped path keeps its dnd:// url
             new.url = rec.url
         self.put_record(new)
@@ -209,34 +229,31 @@ class Catalog:
     # ---- discovery -------------------------------------------------------------------------
     def scan(self, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
         """Discover sources under the roots: open new or changed ones, drop vanished ones.
-        Never raises for a bad file: it becomes an unresolved row."""
+        Never raises for a bad file or entry: it becomes an unresolved row, or (an entry
+        that must not be opened at all) a line in ``skipped``; either way the scan goes on."""
         self.scan_in_progress = True
         added = changed = failed = 0
         seen: set[str] = set()
+        skipped: list[tuple[Path, str]] = []
+        removed: list[SourceRecord] = []
+        allowed = None if self.follow_symlinks_outside_roots else self.roots
         try:
             covered: set[Path] = set()
             for root in self.roots:
-                for claim in discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None):
-                    resolved = claim.path.resolve()
-                    if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
+                claims = discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None,
+                                  allowed_roots=allowed, on_skip=lambda p, why: skipped.append((p, why)))
+                for claim in claims:
+                    try:
+                        outcome = self._scan_claim(claim, covered)
+                    except Exception as exc:  # nothing about one entry may end the scan
+                        skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
                         continue
-                    sid = source_id_for_path(claim.path)
-                    sig = _stat_signature(claim.path)
-                    with self._lock:
-                        old = self._records.get(sid)
-                    if old is not None and old.signature == sig and old.path is not None:
-                        seen.add(sid)
-                        covered |= old.member_paths
+                    if outcome is None:
                         continue
-                    rec = self.open_record(claim.path, claim.format.name, sid, sig)
-                    covered |= rec.member_paths
-                    # a member of an earlier-opened multi-file source is not its own source
+                    sid, rec, old = outcome
                     seen.add(sid)
-                    with self._lock:
-                        self._records[sid] = rec
-                        self._changed()
-                    if old is not None and old.source is not None:
-                        old.source.close()
+                    if rec is None:
+                        continue
                     added += old is None
                     changed += old is not None
                     failed += not rec.is_resolved
@@ -251,11 +268,37 @@ class Catalog:
             for r in removed:
                 if r.source is not None:
                     r.source.close()
+            self.scan_error = _skipped_summary(skipped)
+        except Exception as exc:
+            log.exception("scan of %s failed", self.roots)
+            self.scan_error = f"scan failed: {type(exc).__name__}: {exc}"
         finally:
+            self.skipped = skipped
+            for path, why in skipped:
+                log.warning("skipped %s: %s", path, why)
             self.scan_in_progress = False
             self.last_scan_finished_at = time.time()
             self.first_scan_done.set()
-        return {"added": added, "changed": changed, "removed": len(removed), "unresolved": failed, "total": len(self)}
+        return {"added": added, "changed": changed, "removed": len(removed), "unresolved": failed,
+                "skipped": len(skipped), "total": len(self)}
+
+    def _scan_claim(self, claim: Claim, covered: set[Path]) -> tuple[str, SourceRecord | None, SourceRecord | None] | None:
+        """Open one claim unless unchanged or covered: None (not a source of its own), or
+        (id, the new record or None when unchanged, the record it replaces)."""
+        resolved = claim.path.resolve()
+        if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
+            return None
+        sid = source_id_for_path(claim.path)
+        sig = _stat_signature(claim.path)
+        with self._lock:
+            old = self._records.get(sid)
+        if old is not None and old.signature == sig and old.path is not None:
+            covered |= old.member_paths
+            return sid, None, old
+        rec = self.open_record(claim.path, claim.format.name, sid, sig)
+        covered |= rec.member_paths  # a member of an earlier-opened multi-file source is not its own source
+        self.put_record(rec)
+        return sid, rec, old
 
     def _shadowed_members(self) -> set[str]:
         """Ids of file sources that another source covers (a member file of a multi-file
@@ -276,17 +319,46 @@ class Catalog:
     def open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
         """Open ``path`` as a record; an unreadable file is a record with the reason."""
         try:
-            src = open_source(path, format=fmt)
+            src = _open_within(path, fmt, self.open_timeout_seconds)
         except UnreadableSource as exc:
-            log.warning("unreadable source %s: %s", path, exc.reason)
-            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, exc.reason, sig, {path.resolve()})
+            reason = exc.reason
+            member = Path(exc.path).resolve()
+            if member != path.resolve():  # a member file failed: the row names it
+                reason = f"{os.path.relpath(member, path.resolve()) if path.is_dir() else member}: {reason}"
+            log.warning("unreadable source %s: %s", path, reason)
+            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
         except Exception as exc:  # never let one file take the scan down
             reason = f"{type(exc).__name__}: {exc}"
             log.warning("unreadable source %s: %s", path, reason)
-            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()})
+            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
+        if path.is_dir() and not self.follow_symlinks_outside_roots:
+            leaving = links_leaving(path, self.roots)
+            if leaving:
+                src.close()
+                reason = (f"holds symlinks to targets outside the served roots ({', '.join(sorted(leaving)[:3])}"
+                          f"{', ...' if len(leaving) > 3 else ''}): not served (follow_symlinks_outside_roots = false)")
+                log.warning("unreadable source %s: %s", path, reason)
+                return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
         if src.source_id != sid:
             src.source_id = sid
-        return SourceRecord(sid, src.url, src.type, path, src, None, sig, set(src.member_paths) | {path.resolve()})
+        return SourceRecord(sid, src.url, src.type, path, src, None, sig, set(src.member_paths) | {path.resolve()}, fmt)
+
+    def reopen_changed(self, tensor: TensorAdapter, reason: str) -> None:
+        """Reopen the source of ``tensor`` because its bytes changed under it (``reason``,
+        from ``stale_reason``): the new source carries a new content version, so ids planned
+        before are refused as stale and cached chunks of the old version are never looked up
+        again, with or without rescans. Many requests may notice at once; the source is
+        reopened once (only while the catalog still serves the source ``tensor`` came from)."""
+        source_id = tensor.array_id.split("/", 1)[0]
+        with self._reopen_lock:
+            with self._lock:
+                old = self._records.get(source_id)
+            if old is None or old.path is None or old.source is None:
+                return
+            if not any(t is tensor for t in old.source.tensors.values()):
+                return  # already reopened by another request
+            log.info("reopening %s: %s", old.path, reason)
+            self._reopen(old, _stat_signature(old.path))
 
     def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
         """Rescan every ``seconds`` in a daemon thread (0 = never)."""
@@ -313,6 +385,12 @@ class Catalog:
         for r in recs:
             if r.source is not None:
                 r.source.close()
+        with self._db_lock:
+            snapshot, self._snapshot, folder, self._sql_dir = self._snapshot, None, self._sql_dir, None
+        if snapshot is not None:
+            snapshot.retire()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     # ---- SQL ---------------------------------------------------------------------------------
     def sources_table(self, records: Iterable[SourceRecord] | None = None):
@@ -338,57 +416,36 @@ class Catalog:
             rows["unresolved_reason"].append(r.unresolved_reason)
         return pa.table(rows, schema=sources_schema())
 
-    def _connection(self):
-        import duckdb
+    def _sql_snapshot(self) -> SqlSnapshot:
+        """The current snapshot, acquired (the caller releases it); rebuilt first when the
+        sources changed since it was written."""
         import pyarrow as pa
 
         with self._db_lock:
-            if self._db is None:
-                self._db = duckdb.connect(":memory:", config={"enable_external_access": False})
-                empty = pa.table({"array_id": pa.array([], pa.string()), "mbps": pa.array([], pa.float64()),
-                                  "samples": pa.array([], pa.int64()), "updated_at": pa.array([], pa.timestamp("us"))})
-                self._db.register("_decode_rates", empty)
-                self._db.execute("CREATE TABLE decode_rates AS SELECT * FROM _decode_rates")
-                self._db.unregister("_decode_rates")
-            if self._dirty:
+            if self._dirty or self._snapshot is None or self._rois_published != self.rois.generation:
                 self._dirty = False
-                table = self.sources_table()
-                self._db.register("_sources", table)
-                self._db.execute("CREATE OR REPLACE TABLE sources AS SELECT * FROM _sources")
-                self._db.unregister("_sources")
-            if self._rois_published != self.rois.generation:
-                # a read-only snapshot of the annotation store, re-published only after a change
+                decode_rates = pa.table({"array_id": pa.array([], pa.string()), "mbps": pa.array([], pa.float64()),
+                                         "samples": pa.array([], pa.int64()),
+                                         "updated_at": pa.array([], pa.timestamp("us"))})
+                if self._sql_dir is None:
+                    self._sql_dir = tempfile.mkdtemp(prefix="tensor-server-catalog-")
+                    weakref.finalize(self, shutil.rmtree, self._sql_dir, True)  # also when never closed
                 self._rois_published = self.rois.generation
-                self._db.register("_rois", self.rois.table())
-                self._db.execute("CREATE OR REPLACE TABLE rois AS SELECT * FROM _rois")
-                self._db.unregister("_rois")
-            return self._db
+                tables = {"sources": self.sources_table(), "decode_rates": decode_rates, "rois": self.rois.table()}
+                old, self._snapshot = self._snapshot, SqlSnapshot(Path(self._sql_dir), tables, self.sql_limits,
+                                                                  self._sql_slots)
+                if old is not None:
+                    old.retire()
+            return self._snapshot.acquire()
 
-    def query(self, sql: str):
-        """Run one read-only SELECT; return an Arrow table."""
-        import duckdb
-
+    def query(self, sql: str, cancelled: Callable[[], bool] | None = None):
+        """Run one read-only SELECT within ``self.sql_limits``; return an Arrow table.
+        ``cancelled`` is polled while it runs, to stop the work of a client that left."""
+        snapshot = self._sql_snapshot()
         try:
-            statements = duckdb.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise CatalogQueryError(f"Catalog query failed: {exc}") from None
-        if len(statements) != 1:
-            raise CatalogQueryError(f"Catalog query refused: expected one statement, got {len(statements)}")
-        if statements[0].type != duckdb.StatementType.SELECT:
-            raise CatalogQueryError(f"Catalog query refused: only SELECT is allowed, not {statements[0].type.name}")
-        con = self._connection()
-        with self._db_lock:
-            cur = con.cursor()
-        try:
-            rel = cur.sql(sql)
-            if rel is None:  # a SELECT always yields a relation; be defensive anyway
-                raise CatalogQueryError("Catalog query returned no result")
-            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # duckdb 2.x / 1.x
-            return fetch()
-        except duckdb.Error as exc:
-            raise CatalogQueryError(f"Catalog query failed: {exc}") from None
+            return snapshot.query(sql, cancelled)
         finally:
-            cur.close()
+            snapshot.release()
 
 
 def sources_schema():
@@ -399,6 +456,48 @@ def sources_schema():
     return pa.schema([("source_id", pa.string()), ("source_url", pa.string()), ("source_type", pa.string()),
                       ("is_resolved", pa.bool_()), ("tensors", pa.list_(tensor)),
                       ("metadata_json", pa.string()), ("unresolved_reason", pa.string())])
+
+
+def _open_within(path: Path, fmt: str, seconds: float) -> SourceAdapter:
+    """``open_source`` with a deadline: a reader that does not finish in time (a huge or
+    misnamed file, a hung disk) is abandoned and the path reported unreadable, so one entry
+    cannot stall the scan. An abandoned reader that finishes later closes what it opened."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            result: Any = open_source(path, format=fmt, timeout=seconds)
+        except BaseException as exc:  # re-raised in the scanning thread
+            result = exc
+        with lock:
+            if box.get("abandoned"):
+                if isinstance(result, SourceAdapter):
+                    result.close()
+                return
+            box["result"] = result
+            done.set()
+
+    threading.Thread(target=run, name="tensor-server-open", daemon=True).start()
+    if not done.wait(seconds):
+        with lock:
+            if not done.is_set():
+                box["abandoned"] = True
+                raise UnreadableSource(path, f"{fmt}: gave up opening after {seconds:g} s "
+                                             "(the file may be huge, or not what its name says)")
+    if isinstance(box["result"], BaseException):
+        raise box["result"]
+    return box["result"]
+
+
+def _skipped_summary(skipped: list[tuple[Path, str]]) -> str | None:
+    """One line for health: how many entries were refused, and the first few."""
+    if not skipped:
+        return None
+    shown = "; ".join(f"{p}: {why}" for p, why in skipped[:3])
+    more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
+    return f"{len(skipped)} entries skipped: {shown}{more}"
 
 
 def _under(path: Path, root: Path) -> bool:

@@ -1,21 +1,31 @@
 """Walk served roots and claim sources with the adapter registry.
 
-A folder that is one source (OME-Zarr, a TIFF sequence, a DICOM series, NDTiff,
-Micro-Manager) is claimed whole and not descended into; claim order is the registry's
+A folder that is one source (OME-Zarr, a DICOM series, NDTiff, Micro-Manager) is claimed
+whole and not descended into; a folder format made of one kind of file (a TIFF sequence,
+``FormatEntry.claims``) owns only those files, and the folder's other entries are still
+looked at (a ``.map`` beside the planes is a source too). Claim order is the registry's
 priority (OME-Zarr before zarr, OME-TIFF before TIFF sequences). Files are claimed by
 content first, extension second; files no format recognises are not sources and are skipped
 silently (a README next to the data is not an error). Hidden entries are skipped.
+
+Nothing under a root may stop the walk: only regular files and folders are looked at (a
+FIFO would block the first read forever; sockets and devices are not data), a symlink loop
+or a dangling link is skipped, and by default a symlink whose target leaves the served roots
+is not followed (it would serve any file the server can read, e.g. ``/etc/passwd``). Each
+skipped entry is reported through ``on_skip`` with the reason, and the walk goes on.
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from tensor_server.adapters.registry import HEAD_BYTES, FormatEntry, formats
 
-__all__ = ["Claim", "discover"]
+__all__ = ["Claim", "discover", "links_leaving"]
 
 
 @dataclass(frozen=True)
@@ -32,8 +42,63 @@ def _head(path: Path) -> bytes:
         return b""
 
 
-def _claim(path: Path, entries: list[FormatEntry]) -> FormatEntry | None:
-    is_dir = path.is_dir()
+OUTSIDE_ROOTS = "symlink to a target outside the served roots: not followed (follow_symlinks_outside_roots = false)"
+
+
+def _within(target: str, root: str) -> bool:
+    return target == root or target.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _refusal(path: Path, allowed: Sequence[str] | None) -> tuple[str | None, bool]:
+    """(why ``path`` must not be opened or None, whether it is a folder). Never opens it."""
+    try:
+        link = os.path.islink(path)
+        st = os.stat(path)  # follows a link: the target decides what the entry is
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symlink loop", False
+        return f"cannot stat ({exc.strerror or exc}){' (dangling symlink)' if os.path.islink(path) else ''}", False
+    if link and allowed is not None and not any(_within(os.path.realpath(path), r) for r in allowed):
+        return OUTSIDE_ROOTS, False
+    if stat.S_ISDIR(st.st_mode):
+        return None, True
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, socket or device): not opened", False
+    return None, False
+
+
+#: entries of a folder source looked at for symlinks out of the roots (a bigger store is
+#: checked up to this many entries: enough for every chunk file of a zarr array of 1e5 chunks)
+LINK_CHECK_ENTRIES = 200_000
+
+
+def links_leaving(folder: Path, allowed: Sequence[str | os.PathLike[str]], limit: int = LINK_CHECK_ENTRIES) -> list[str]:
+    """Paths (relative to ``folder``) of symlinks inside a folder source whose targets leave
+    ``allowed``: a zarr chunk or a TIFF plane linked to a file outside the roots would be
+    read by its format library without ever passing discovery. Symlinked folders are
+    reported, not entered; at most ``limit`` entries are looked at (no stat: the directory
+    entry says whether it is a link)."""
+    roots = [os.path.realpath(r) for r in allowed]
+    found: list[str] = []
+    seen = 0
+    stack = [str(folder)]
+    while stack and seen < limit:
+        try:
+            with os.scandir(stack.pop()) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            if entry.is_symlink():
+                if not any(_within(os.path.realpath(entry.path), r) for r in roots):
+                    found.append(os.path.relpath(entry.path, folder))
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+    return found
+
+
+def _claim(path: Path, entries: list[FormatEntry], is_dir: bool) -> FormatEntry | None:
     head = b"" if is_dir else _head(path)
     candidates = [e for e in entries if (e.folders if is_dir else e.files)]
     for e in candidates:
@@ -50,35 +115,58 @@ def _claim(path: Path, entries: list[FormatEntry]) -> FormatEntry | None:
     return None
 
 
-def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] | None = None) -> Iterator[Claim]:
-    """Yield a Claim for every source under ``root`` (``root`` itself may be one)."""
+def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] | None = None, *,
+             allowed_roots: Sequence[str | os.PathLike[str]] | None = None,
+             on_skip: Callable[[Path, str], None] | None = None) -> Iterator[Claim]:
+    """Yield a Claim for every source under ``root`` (``root`` itself may be one).
+
+    ``allowed_roots``: folders a symlink's target must lie in to be followed (None: follow
+    every symlink). ``on_skip(path, reason)`` hears about every entry refused on the way."""
     entries = formats()
     root = Path(root)
-    if not root.exists():
+    allowed = None if allowed_roots is None else [os.path.realpath(r) for r in allowed_roots]
+
+    def refused(path: Path) -> tuple[bool, bool]:
+        reason, is_dir = _refusal(path, allowed)
+        if reason is not None and on_skip is not None:
+            on_skip(path, reason)
+        return reason is not None, is_dir
+
+    if not os.path.lexists(root):
         return
-    claim = _claim(root, entries)
+    skip, is_dir = refused(root)
+    if skip:
+        return
+    claim = _claim(root, entries, is_dir)
     if claim is not None:
         yield Claim(root, claim)
+        if not (is_dir and claim.claims):
+            return
+    if not is_dir:
         return
-    if not root.is_dir():
-        return
-    stack = [root]
+    # (folder, suffixes of entries a folder source there already owns)
+    stack: list[tuple[Path, tuple[str, ...]]] = [(root, claim.claims if claim is not None else ())]
     while stack:
-        folder = stack.pop()
+        folder, owned = stack.pop()
         if on_progress is not None:
             on_progress(folder)
         try:
             children = sorted(os.scandir(folder), key=lambda d: d.name)
-        except OSError:
+        except OSError as exc:
+            if on_skip is not None:
+                on_skip(folder, f"cannot list ({exc.strerror or exc})")
             continue
         subdirs = []
         for child in children:
-            if child.name.startswith("."):
+            if child.name.startswith(".") or (owned and child.name.lower().endswith(owned)):
                 continue
             path = Path(child.path)
-            entry = _claim(path, entries)
+            skip, is_dir = refused(path)
+            if skip:
+                continue
+            entry = _claim(path, entries, is_dir)
             if entry is not None:
                 yield Claim(path, entry)
-            elif child.is_dir(follow_symlinks=False):
-                subdirs.append(path)
+            if is_dir and not child.is_symlink() and (entry is None or entry.claims):
+                subdirs.append((path, entry.claims if entry is not None else ()))  # a linked folder: only when claimed
         stack.extend(reversed(subdirs))

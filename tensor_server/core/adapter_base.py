@@ -182,6 +182,14 @@ class TensorAdapter(ABC):
 
         return default_engine().read(self, bounds, scale_hint, reduction_method)
 
+    def stale_reason(self, bounds: Bounds) -> str | None:
+        """Why the bytes under ``bounds`` may differ from what this tensor saw at open (a
+        chunk file or the file rewritten in place), or None. Called before serving every
+        chunk, cached or not, so it must be cheap (stats, never reads). A reason makes the
+        server refuse the chunk as stale and reopen the source under a new content version.
+        Default None: nothing cheap to check (in-memory data, formats not overriding it)."""
+        return None
+
     def native_level(self, scale: Sequence[int]) -> NativeLevel | None:
         scale = tuple(int(s) for s in scale)
         for level in self.native_levels:

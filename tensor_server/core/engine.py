@@ -70,7 +70,8 @@ class Overloaded(TensorServerError):
 class ReadEngine:
     """Serve pixels of tensors (see the module docstring).
 
-    ``store``: a ChunkStore (the chunk cache) or None. ``workers``: decode-ahead threads of
+    ``store``: a ChunkStore (the chunk cache) or None. ``on_changed(tensor, reason)``: called
+    when a chunk is refused because the tensor's files changed since it was opened. ``workers``: decode-ahead threads of
     a streamed reduction (None = the machine's cores). ``source_scaled_reads``: assemble
     scaled extents from cached full-resolution chunks when all are cached. ``max_computes``:
     chunk computations (cache misses) that run at once; more wait up to
@@ -89,9 +90,12 @@ class ReadEngine:
         max_computes: int | None = None,
         admission_timeout: float = 30.0,
         special_chunks: bool = True,
+        on_changed: Callable[[TensorAdapter, str], None] | None = None,
     ) -> None:
         self.store = store
         self.special_chunks = special_chunks
+        #: told when a tensor's bytes changed under it (the server's catalog reopens the source)
+        self.on_changed = on_changed
         self.max_computes = max_computes
         self.admission_timeout = admission_timeout
         self._admission = threading.BoundedSemaphore(max_computes) if max_computes else None
@@ -132,6 +136,7 @@ class ReadEngine:
         (a cache entry): copy it before writing. ``tensor`` is the served tensor the id
         names (the caller looks it up by ``ChunkId.decode(raw).array_id``)."""
         cid = check_chunk_id(tensor, chunk_id)
+        self.refuse_changed(tensor, cid)
         if self.store is None:
             return cid, self._admitted(tensor, cid, cancelled)
         return cid, self.store.get_or_compute(cid.encode(), lambda: self._admitted(tensor, cid, cancelled))
@@ -142,6 +147,17 @@ class ReadEngine:
         if not self.special_chunks:
             return None
         return uniform_value(tensor, bounds)
+
+    def refuse_changed(self, tensor: TensorAdapter, cid: ChunkId) -> None:
+        """Before serving a chunk, cached or not: when the bytes under it changed since the
+        tensor was opened (``stale_reason``), tell ``on_changed`` and refuse the id as stale,
+        so a read never mixes old and new chunks and a cached old chunk is never served."""
+        level = tensor.native_level(cid.scale) if cid.method == PRECOMPUTE else None
+        reason = (level.tensor if level is not None else tensor).stale_reason(cid.bounds)
+        if reason is not None:
+            if self.on_changed is not None:
+                self.on_changed(tensor, reason)
+            raise StaleChunkId(f"{tensor.array_id}: {reason}; re-plan")
 
     # ---- paths ---------------------------------------------------------------------------------
     def _admitted(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:

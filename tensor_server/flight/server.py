@@ -21,6 +21,7 @@ import pyarrow.flight as flight
 from biopb.tensor import descriptor_pb2, ticket_pb2
 
 from tensor_server.catalog.catalog import Catalog, sources_schema
+from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import ChunkId
 from tensor_server.core.engine import ReadEngine
 from tensor_server.core.plan import plan_read
@@ -118,6 +119,7 @@ class TensorFlightServer(flight.FlightServerBase):
             max_computes=self.config.max_computes or None,
             admission_timeout=self.config.admission_timeout,
             special_chunks=self.config.special_chunks,
+            on_changed=catalog.reopen_changed,
         )
         #: warms what a viewer asks next (needs the cache to keep what it warms)
         self.precacher = None
@@ -201,6 +203,9 @@ class TensorFlightServer(flight.FlightServerBase):
         """The FlightInfo answering ``option`` for ``tensor`` (plan and/or describe)."""
         fields = read_mask(option)
         region = request_region(option, tensor.ndim)
+        if self._reopened_if_stale(tensor, region):  # plan against the bytes on disk now
+            tensor, echo = self.catalog.find_tensor(option.array_id)
+            region = request_region(option, tensor.ndim)
         scale = list(option.scale_hint) or None
         check_read_request(region, scale, tensor.shape)
         wants_endpoints = "endpoints" in fields
@@ -232,7 +237,7 @@ class TensorFlightServer(flight.FlightServerBase):
                 raise InvalidArgument("ticket is not a TensorTicket") from None
             kind = tt.WhichOneof("payload")
             if kind == "catalog_query":
-                table = self.catalog.query(tt.catalog_query.sql)
+                table = self.catalog.query(tt.catalog_query.sql, cancelled=context.is_cancelled)
                 return flight.RecordBatchStream(table)
             if kind == "chunk_id":
                 return self._chunk_stream(tt.chunk_id, context)
@@ -268,6 +273,19 @@ class TensorFlightServer(flight.FlightServerBase):
         self.precacher.after_read(tensor, cid)
         return cid, data
 
+    def _reopened_if_stale(self, tensor, region: Bounds | None) -> bool:  # noqa: ANN001
+        """Plan time: reopen the source when the bytes under the region changed since it was
+        opened (True), so the plan mints ids of the new content version."""
+        try:
+            bounds = Bounds.full(tensor.shape) if region is None else region.clamp(tensor.shape).validate(tensor.shape)
+        except InvalidArgument:
+            return False  # plan_read reports the bad region
+        reason = tensor.stale_reason(bounds)
+        if reason is None:
+            return False
+        self.catalog.reopen_changed(tensor, reason)
+        return True
+
     def _chunk_stream(self, raw: bytes, context=None) -> flight.RecordBatchStream:  # noqa: ANN001
         _, data = self._chunk_data(raw, context)
         batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
@@ -293,6 +311,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
+        self._auth(context)  # like every call but the health action
         actions = [("health", "server status and protocol version (JSON)"), stats.ACTION,
                    ("server_stats", "call counts and chunk reads by client address (JSON)")] + list(ACTION_DESCRIPTIONS)
         if self.uploads.writable:
@@ -381,6 +400,7 @@ class TensorFlightServer(flight.FlightServerBase):
             "writable": self.uploads.writable,
             "full_scan_in_progress": cat.scan_in_progress,
             "last_full_scan_finished_at": cat.last_scan_finished_at,
+            "scan_error": cat.scan_error,
             "ticket_stubs": False,
             "registration_pending": 0,  # sources are opened during the scan, never left pending
             "annotations_persisted": cat.rois.path is not None,

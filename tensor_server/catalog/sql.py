@@ -1,0 +1,215 @@
+"""Client SQL over the catalog's tables, in a DuckDB database opened read-only.
+
+Why read-only: a keyword check on the statement cannot make SQL read-only (``WITH x AS
+(DELETE FROM sources RETURNING 1) SELECT ...`` is a SELECT to the parser). Each version of
+the catalog's tables is written once to a database file (a *snapshot*) which is then opened
+with ``read_only=True``: DuckDB itself refuses every write to it, whatever the statement
+looks like, so no query can change what other clients see. Queries run on their own
+connection (a cursor) to the snapshot; a new snapshot replaces it when the sources change,
+and the old one is closed once its last query ends. (A fresh in-memory database per query
+would also isolate clients, but starting a DuckDB instance costs ~100 ms; a cursor ~1 ms.)
+
+Why the limits: a client must not be able to exhaust the server with SQL. The query text is
+capped before DuckDB parses it (a 10 MB text costs GBs while parsing); the snapshot runs with
+one thread, a DuckDB ``memory_limit`` shared by its queries and no spill directory; the result
+is streamed and refused once it passes a row or byte cap; a watchdog interrupts the query at
+its deadline or as soon as the client has gone (``range(1e15)`` stops); and at most a few
+queries run at once.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from tensor_server.errors import InvalidArgument
+
+__all__ = ["CatalogQueryError", "SqlLimits", "SqlSnapshot"]
+
+
+class CatalogQueryError(InvalidArgument):
+    """A catalog query was refused (not one SELECT, over a limit) or failed."""
+
+
+@dataclass(frozen=True)
+class SqlLimits:
+    """Per-query resource caps (defaults fit the catalog's small tables with a wide margin)."""
+
+    max_query_chars: int = 64 * 1024
+    max_result_rows: int = 1_000_000
+    max_result_bytes: int = 64 << 20
+    timeout_seconds: float = 10.0
+    memory_limit_bytes: int = 256 << 20
+    max_concurrent: int = 4
+
+
+_BATCH_ROWS = 8192
+_WATCH_INTERVAL = 0.05
+# absolute paths in DuckDB's messages (its extension and secret directories under the
+# server's home) say nothing useful to a client and reveal the host's layout
+_PATH = re.compile(r"(?<![\w.])/(?:[^\s\"'/]+/)+[^\s\"'/]*")
+
+
+def _clean(message: str) -> str:
+    """DuckDB's error text without host paths and without its multi-line advice."""
+    text = _PATH.sub("<path>", message.strip())
+    head, _, rest = text.partition("\n")
+    if rest.lstrip().startswith("LINE "):  # keep the caret lines that point into the query
+        return text[:2000]
+    return head[:2000]
+
+
+class _Watchdog:
+    """Interrupts ``con`` at ``deadline`` or when ``cancelled()`` turns true."""
+
+    def __init__(self, con: Any, deadline: float, cancelled: Callable[[], bool] | None) -> None:
+        self.con = con
+        self.deadline = deadline
+        self.cancelled = cancelled
+        self.why: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tensor-server-sql-watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(_WATCH_INTERVAL):
+            if time.monotonic() >= self.deadline:
+                self.why = "timeout"
+            elif self.cancelled is not None and self.cancelled():
+                self.why = "cancelled"
+            else:
+                continue
+            self.con.interrupt()
+            return
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+class SqlSnapshot:
+    """One version of the catalog's tables in a read-only DuckDB database file under
+    ``folder``. ``acquire``/``release`` count running queries; ``retire`` closes the database
+    (and removes its file) once none is left. ``slots`` (``limits.max_concurrent`` of them)
+    are shared by the snapshots of one catalog."""
+
+    _numbers = itertools.count()
+
+    def __init__(self, folder: Path, tables: Mapping[str, Any], limits: SqlLimits,
+                 slots: threading.BoundedSemaphore) -> None:
+        import duckdb
+
+        self.limits = limits
+        self._slots = slots
+        self.path = Path(folder) / f"catalog-{os.getpid()}-{next(self._numbers)}.duckdb"
+        writer = duckdb.connect(str(self.path))
+        try:
+            for name, table in tables.items():
+                writer.register(f"_{name}", table)
+                writer.execute(f'CREATE TABLE "{name}" AS SELECT * FROM "_{name}"')
+        finally:
+            writer.close()
+        self._db = duckdb.connect(str(self.path), read_only=True, config={
+            "enable_external_access": False,
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+            "threads": 1,
+            "memory_limit": f"{max(limits.memory_limit_bytes >> 20, 16)}MB",
+            "temp_directory": "",  # no spilling to disk: over memory_limit is an error
+            "lock_configuration": True,  # SET cannot lift any of the above
+        })
+        self._lock = threading.Lock()
+        self._users = 0
+        self._retired = False
+
+    def acquire(self) -> SqlSnapshot:
+        with self._lock:
+            self._users += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._retired and self._users == 0
+        if last:
+            self._close()
+
+    def retire(self) -> None:
+        with self._lock:
+            self._retired = True
+            last = self._users == 0
+        if last:
+            self._close()
+
+    def _close(self) -> None:
+        self._db.close()
+        for path in (self.path, self.path.with_name(self.path.name + ".wal")):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def query(self, sql: str, cancelled: Callable[[], bool] | None = None):
+        """Run one SELECT within the limits; an Arrow table. ``cancelled`` is polled while the
+        query runs (e.g. the Flight call context's). The caller holds ``acquire``."""
+        import duckdb
+        import pyarrow as pa
+
+        limits = self.limits
+        if len(sql) > limits.max_query_chars:
+            raise CatalogQueryError(f"Catalog query refused: the text is {len(sql)} characters, "
+                                    f"more than the limit of {limits.max_query_chars}")
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise CatalogQueryError(f"Catalog query failed: {_clean(str(exc))}") from None
+        if len(statements) != 1:
+            raise CatalogQueryError(f"Catalog query refused: expected one statement, got {len(statements)}")
+        if statements[0].type != duckdb.StatementType.SELECT:
+            raise CatalogQueryError(f"Catalog query refused: only SELECT is allowed, not {statements[0].type.name}")
+        slots = self._slots
+        if not slots.acquire(timeout=limits.timeout_seconds):
+            raise CatalogQueryError(f"Catalog query refused: {limits.max_concurrent} queries already running; retry later")
+        try:
+            con = self._db.cursor()
+            try:
+                watchdog = _Watchdog(con, time.monotonic() + limits.timeout_seconds, cancelled)
+                try:
+                    return _collect(con, sql, limits, pa)
+                except duckdb.Error as exc:
+                    if watchdog.why == "timeout":
+                        raise CatalogQueryError(f"Catalog query stopped: it ran longer than {limits.timeout_seconds:g} s") from None
+                    if watchdog.why == "cancelled":
+                        raise CatalogQueryError("Catalog query stopped: the client cancelled the call") from None
+                    raise CatalogQueryError(f"Catalog query failed: {_clean(str(exc))}") from None
+                finally:
+                    watchdog.stop()
+            finally:
+                con.close()
+        finally:
+            slots.release()
+
+
+def _collect(con: Any, sql: str, limits: SqlLimits, pa: Any):
+    """Stream the result in batches, refusing it as soon as it passes a cap (a huge result
+    is never held whole)."""
+    rel = con.sql(sql)
+    if rel is None:  # a SELECT always yields a relation; be defensive anyway
+        raise CatalogQueryError("Catalog query returned no result")
+    reader = rel.to_arrow_reader(_BATCH_ROWS)
+    batches, rows, nbytes = [], 0, 0
+    for batch in reader:
+        rows += batch.num_rows
+        nbytes += batch.nbytes
+        if rows > limits.max_result_rows:
+            raise CatalogQueryError(f"Catalog query refused: the result has more than {limits.max_result_rows} rows; add a LIMIT")
+        if nbytes > limits.max_result_bytes:
+            raise CatalogQueryError(f"Catalog query refused: the result is larger than {limits.max_result_bytes} bytes; "
+                                    "add a LIMIT or select fewer columns")
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=reader.schema)

@@ -1,0 +1,276 @@
+"""Bytes rewritten in place are never served as old pixels, nor mixed with new ones in one
+read (issue 12, High 8): zarr chunk files (metadata untouched), also after a restart with a
+persistent cache, and TIFFs with rescans off. Real SDK client, real files, real cache."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pyarrow.flight as flight
+import pytest
+from biopb.tensor import descriptor_pb2
+
+from tensor_server.cache import CacheManager
+from tensor_server.catalog import Catalog
+from tensor_server.flight import ServerConfig, TensorFlightServer
+from tests.flight.conftest import client_for
+
+# 12 MiB: more than one 8 MiB transfer chunk, so a plan has several endpoints
+OLD = (np.arange(6 * 1024 * 1024, dtype=np.uint32) * 7 % 65521).astype(np.uint16).reshape(6, 1024, 1024)
+NEW = OLD + 1
+
+
+@contextmanager
+def serving(root, cache_dir):
+    """Catalog + persistent cache + server, as ``serve`` builds them (no periodic rescan)."""
+    cat = Catalog([root])
+    cat.scan()
+    cache = CacheManager(cache_dir, max_total_bytes=64 << 20)
+    server = TensorFlightServer(cat, ServerConfig(port=0), cache_manager=cache)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield server, cat
+    finally:
+        server.shutdown()
+        thread.join(10)
+        cat.close()
+        cache.close()
+
+
+def _bump_mtime(path):
+    """A rewrite a second later (a same-tick rewrite could keep the mtime on coarse clocks)."""
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def _write_zarr(path, data):
+    import zarr
+
+    z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=(1, 256, 256), dtype=data.dtype, zarr_format=3)
+    z[...] = data
+
+
+def _rewrite_zarr_chunks(path, data):
+    """New bytes into the existing chunk files only: zarr.json is left exactly as it was."""
+    import zarr
+
+    meta = path / "zarr.json"
+    before = os.stat(meta).st_mtime_ns, meta.read_bytes()
+    zarr.open_array(str(path), mode="r+")[...] = data
+    for f in (path / "c").rglob("*"):
+        if f.is_file():
+            _bump_mtime(f)
+    assert (os.stat(meta).st_mtime_ns, meta.read_bytes()) == before
+
+
+def _plan(raw, array_id):
+    opt = descriptor_pb2.TensorReadOption(array_id=array_id)
+    opt.fields.paths.append("endpoints")
+    req = descriptor_pb2.FlightRequest(tensor_read=opt)
+    return raw.get_flight_info(flight.FlightDescriptor.for_command(req.SerializeToString())).endpoints
+
+
+def _pixels(table):
+    row = table.to_pylist()[0]
+    return np.frombuffer(row["data"], np.dtype(row["dtype"])).reshape(row["shape"])
+
+
+def test_zarr_chunks_rewritten_in_place_are_served_new(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    _write_zarr(root / "img.zarr", OLD)
+    with serving(root, tmp_path / "cache") as (srv, cat):
+        sid = cat.records()[0].source_id
+        c = client_for(srv)
+        np.testing.assert_array_equal(c.get_array(sid), OLD)  # now cached
+        _rewrite_zarr_chunks(root / "img.zarr", NEW)
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
+
+
+def test_zarr_rewrite_while_down_is_not_served_from_the_persistent_cache(tmp_path):
+    root, cache_dir = tmp_path / "root", tmp_path / "cache"
+    root.mkdir()
+    _write_zarr(root / "img.zarr", OLD)
+    with serving(root, cache_dir) as (srv, cat):
+        sid = cat.records()[0].source_id
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), OLD)
+    _rewrite_zarr_chunks(root / "img.zarr", NEW)
+    with serving(root, cache_dir) as (srv, cat):
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
+
+
+def test_a_planned_zarr_read_refuses_chunks_rewritten_since_the_plan(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    _write_zarr(root / "img.zarr", OLD)
+    with serving(root, tmp_path / "cache") as (srv, cat):
+        sid = cat.records()[0].source_id
+        raw = flight.FlightClient(srv.location)
+        endpoints = _plan(raw, sid)
+        assert len(endpoints) > 1
+        first = _pixels(raw.do_get(endpoints[0].ticket).read_all())
+        np.testing.assert_array_equal(first, OLD[tuple(slice(0, n) for n in first.shape)])
+        _rewrite_zarr_chunks(root / "img.zarr", NEW)
+        for ep in endpoints:  # the first one too: it is cached, yet its file changed
+            with pytest.raises(flight.FlightError) as info:
+                raw.do_get(ep.ticket).read_all()
+            assert json.loads(info.value.extra_info) == {"code": "NOT_FOUND", "reason": "stale_content_version"}
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
+
+
+def _write_tiff(path, data):
+    import tifffile
+
+    tifffile.imwrite(path, data, tile=(256, 256), photometric="minisblack")
+
+
+def test_tiff_rewritten_in_place_never_mixes_old_and_new_chunks(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    path = root / "img.tif"
+    _write_tiff(path, OLD)
+    with serving(root, tmp_path / "cache") as (srv, cat):
+        sid = cat.records()[0].source_id
+        raw = flight.FlightClient(srv.location)
+        endpoints = _plan(raw, sid)
+        assert len(endpoints) > 1
+        got = [_pixels(raw.do_get(endpoints[0].ticket).read_all())]
+        size = os.path.getsize(path)
+        _write_tiff(path, NEW)  # same layout, same size: only the pixels differ
+        _bump_mtime(path)
+        assert os.path.getsize(path) == size
+        for ep in endpoints[1:]:
+            with pytest.raises(flight.FlightError) as info:
+                got.append(_pixels(raw.do_get(ep.ticket).read_all()))
+            assert json.loads(info.value.extra_info)["reason"] == "stale_content_version"
+        assert len(got) == 1  # no chunk of the new file joined the old plan's read
+        # the client's retry plans again and reads the new file only
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
+        assert cat.records()[0].source.tensor().content_version != b""
+
+
+def test_tiff_rewrite_while_down_is_not_served_from_the_persistent_cache(tmp_path):
+    root, cache_dir = tmp_path / "root", tmp_path / "cache"
+    root.mkdir()
+    _write_tiff(root / "img.tif", OLD)
+    with serving(root, cache_dir) as (srv, cat):
+        sid = cat.records()[0].source_id
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), OLD)
+    _write_tiff(root / "img.tif", NEW)
+    _bump_mtime(root / "img.tif")
+    with serving(root, cache_dir) as (srv, cat):
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
+
+
+def test_tiff_sequence_stale_reason_names_only_files_under_the_bounds(tmp_path):
+    import tifffile
+
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.bounds import Bounds
+
+    folder = tmp_path / "seq"
+    folder.mkdir()
+    plane = OLD[0, :64, :96]
+    for z in range(3):
+        tifffile.imwrite(folder / f"img_z{z:03d}.tif", plane + z)
+    src = open_source(folder)
+    t = src.tensor()
+    assert t.shape == (3, 64, 96) and t.stale_reason(Bounds.full(t.shape)) is None
+    tifffile.imwrite(folder / "img_z001.tif", plane * 2)
+    _bump_mtime(folder / "img_z001.tif")
+    assert t.stale_reason(Bounds((0, 0, 0), (1, 64, 96))) is None
+    assert "img_z001.tif was rewritten" in t.stale_reason(Bounds((1, 0, 0), (2, 64, 96)))
+    (folder / "img_z002.tif").unlink()
+    assert "img_z002.tif was removed" in t.stale_reason(Bounds((2, 0, 0), (3, 64, 96)))
+    src.close()
+
+
+def test_a_zarr_array_too_large_to_stat_at_open_is_stamped_when_first_served(tmp_path, monkeypatch):
+    from tensor_server.adapters import zarr as zarr_adapter
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.bounds import Bounds
+
+    monkeypatch.setattr(zarr_adapter, "_EAGER_CHUNKS", 4)  # this 6x4x4-chunk array is "large"
+    _write_zarr(tmp_path / "big.zarr", OLD)
+    src = open_source(tmp_path / "big.zarr")
+    t = src.tensor()
+    first = Bounds((0, 0, 0), (1, 256, 256))
+    assert t.stale_reason(first) is None  # stamped now, before its pixels are read
+    np.testing.assert_array_equal(t.get_data(first), OLD[:1, :256, :256])
+    _rewrite_zarr_chunks(tmp_path / "big.zarr", NEW)
+    assert "'c/0/0/0' changed" in t.stale_reason(first)
+    src.close()
+
+
+def _write_ome_zarr(path, level0):
+    """An NGFF 0.4 image with a stored 2x level (zarr v2), written with zarr itself."""
+    import zarr
+
+    group = zarr.open_group(str(path), mode="w", zarr_format=2)
+    for i, data in enumerate((level0, level0[:, ::2, ::2])):
+        arr = group.create_array(str(i), shape=data.shape, chunks=(1, 256, 256), dtype=data.dtype)
+        arr[...] = data
+    group.attrs["multiscales"] = [{
+        "version": "0.4", "axes": [{"name": n, "type": t} for n, t in (("z", "space"), ("y", "space"), ("x", "space"))],
+        "datasets": [{"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": [1, 2**i, 2**i]}]}
+                     for i in range(2)]}]
+
+
+def test_a_rewritten_stored_level_is_refused_and_reread(tmp_path):
+    import zarr
+
+    old, new = OLD[:2, :512, :512], NEW[:2, :512, :512]
+    root = tmp_path / "root"
+    root.mkdir()
+    _write_ome_zarr(root / "img.ome.zarr", old)
+    with serving(root, tmp_path / "cache") as (srv, cat):
+        sid = cat.records()[0].source_id
+        c = client_for(srv)
+        np.testing.assert_array_equal(c.get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"),
+                                      old[:, ::2, ::2])
+        raw = flight.FlightClient(srv.location)
+        opt = descriptor_pb2.TensorReadOption(array_id=sid, scale_hint=[1, 2, 2], reduction_method="precompute")
+        opt.fields.paths.append("endpoints")
+        endpoints = raw.get_flight_info(flight.FlightDescriptor.for_command(
+            descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString())).endpoints
+        level1 = root / "img.ome.zarr" / "1"
+        zarr.open_array(str(level1), mode="r+")[...] = new[:, ::2, ::2]  # level 0 untouched
+        for f in level1.iterdir():
+            if not f.name.startswith("."):
+                _bump_mtime(f)
+        with pytest.raises(flight.FlightError) as info:
+            raw.do_get(endpoints[0].ticket).read_all()
+        assert json.loads(info.value.extra_info)["reason"] == "stale_content_version"
+        np.testing.assert_array_equal(client_for(srv).get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"),
+                                      new[:, ::2, ::2])
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), old)
+
+
+def test_the_engine_refuses_changed_chunks_for_every_caller(tmp_path):
+    """DoGet, chunk_locate, the HTTP front-end and the precacher all read through
+    ``ReadEngine.chunk``: the check lives there, and its callback is the catalog's reopen."""
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.engine import ReadEngine
+    from tensor_server.core.plan import plan_read
+    from tensor_server.errors import StaleChunkId
+
+    path = tmp_path / "img.tif"
+    _write_tiff(path, OLD[0])
+    src = open_source(path)
+    t = src.tensor()
+    changed = []
+    cache = CacheManager(tmp_path / "cache", max_total_bytes=64 << 20)
+    engine = ReadEngine(cache, on_changed=lambda tensor, why: changed.append((tensor, why)))
+    cid = plan_read(t).chunks[0].chunk_id
+    np.testing.assert_array_equal(engine.chunk(cid, t)[1], OLD[0])  # now cached
+    _write_tiff(path, NEW[0])
+    _bump_mtime(path)
+    with pytest.raises(StaleChunkId, match="img.tif was rewritten"):
+        engine.chunk(cid, t)
+    assert len(changed) == 1 and changed[0][0] is t and "img.tif was rewritten" in changed[0][1]
+    cache.close()
+    src.close()
