@@ -43,12 +43,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.adapters.tiff_sequence import (
+from tensor_server.adapters._tiff_planes import (
     TIFFFILE_AXES,
     FileLayout,
     TiffPlaneGridAdapter,
-    plane_file_header,
     is_tiff_name,
+    plane_file_header,
     raw_offset,
     unique_label,
 )

@@ -14,7 +14,7 @@ import logging
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -149,9 +149,6 @@ class TensorFlightServer(flight.FlightServerBase):
     def shutdown(self) -> None:
         super().shutdown()
         self.uploads.close()
-
-    def shutdown(self) -> None:
-        super().shutdown()
         if self.precacher is not None:
             self.precacher.close()
 
