@@ -10,8 +10,8 @@ touch stay warm for the full-resolution read that usually follows.
 * ``nearest`` sizes its unit at one chunk and borrows the entry's read-only mapping: the
   reduction picks straight out of it and returns new memory, so nothing borrowed escapes.
 * Other methods read every byte anyway, so they keep the source path's unit and copy chunks
-  into one buffer reused across units (a fresh buffer per unit would fault its pages during
-  each copy).
+  into a fresh buffer per unit: ``stream_reduce`` reads units ahead on several threads, so a
+  buffer reused across units would be overwritten while an earlier unit is still reduced.
 * An entry evicted between the probe and the read falls back to a source read of that unit.
 """
 from __future__ import annotations
@@ -73,10 +73,8 @@ def cache_sourced_fetch(
 
         return borrow, tuple(chunk)
 
-    buffer = np.empty(int(np.prod(unit)), dtype=tensor.dtype)
-
     def assemble(ub: Bounds) -> np.ndarray:
-        out = buffer[: ub.size].reshape(ub.shape)
+        out = np.empty(ub.shape, dtype=tensor.dtype)
         for box in chunk_boxes(ub, chunk, shape):
             part = cache.get(key(box))
             if part is None:  # evicted since the probe: read the whole unit from the source
