@@ -66,6 +66,17 @@ class _ScanProgress:
         self.stream.flush()
 
 
+def _count(text: str) -> int:
+    """argparse type for an integer >= 0 (a clear usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tensor_server", description="Serve bio-imaging files as N-D tensors over Arrow Flight (biopb protocol).")
     sub = p.add_subparsers(dest="command", required=True)
@@ -79,6 +90,8 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--cache-max-bytes", type=int, help="chunk cache file-tier budget in bytes (default 4 GiB)")
         sp.add_argument("--write-dir", help="folder for uploads (scratch source)")
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
+        sp.add_argument("--read-workers", type=_count,
+                        help="units a scaled read decodes ahead on a shared pool (default 0 = the cores)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
@@ -102,7 +115,7 @@ def _settings(args: argparse.Namespace):
     return load_settings(
         args.config, roots=list(args.roots), host=args.host, port=args.port, token=args.token,
         cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir,
-        rescan_seconds=args.rescan_seconds, log_level=args.log_level,
+        rescan_seconds=args.rescan_seconds, read_workers=args.read_workers, log_level=args.log_level,
     )
 
 
@@ -141,7 +154,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),
         rescan_seconds=settings.rescan_seconds, cache_dir=settings.cache_dir,
         cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
-        write_dir=settings.write_dir,
+        write_dir=settings.write_dir, read_workers=settings.read_workers or None,
     )
     from tensor_server.cache import CacheLocked, CacheManager
     from tensor_server.config import default_cache_dir

@@ -19,6 +19,9 @@ Example (every key optional)::
     [catalog]
     rescan_seconds = 0          # periodic rescan of the roots; 0 = off
 
+    [read]
+    workers = 0                 # units a scaled read decodes ahead (a shared pool); 0 = the cores
+
     [log]
     level = "warning"
 """
@@ -52,6 +55,7 @@ class Settings:
     plane_budget_px: int = 4 * 1024 * 1024
     volume_budget_voxels: int = 448**3
     rescan_seconds: float = 0.0
+    read_workers: int = 0
     log_level: str = "warning"
 
 
@@ -68,6 +72,7 @@ _KEYS = {
     ("pyramid", "plane_budget_px"): "plane_budget_px",
     ("pyramid", "volume_budget_voxels"): "volume_budget_voxels",
     ("catalog", "rescan_seconds"): "rescan_seconds",
+    ("read", "workers"): "read_workers",
     ("log", "level"): "log_level",
 }
 
@@ -107,4 +112,6 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
         setattr(s, name, value)
     if isinstance(s.roots, str):
         s.roots = [s.roots]
+    if isinstance(s.read_workers, bool) or not isinstance(s.read_workers, int) or s.read_workers < 0:
+        raise InvalidArgument(f"read workers must be an integer >= 0 (0 = the cores), got {s.read_workers!r}")
     return s

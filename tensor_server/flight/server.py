@@ -52,6 +52,7 @@ class ServerConfig:
     cache_max_bytes: int = 4 << 30
     source_scaled_reads: bool = True
     write_dir: str | None = None
+    read_workers: int | None = None  # scaled reads' read-ahead (stream_reduce workers); None = cores
 
 
 def _peer_is_loopback(peer: str | bytes) -> bool:
