@@ -218,7 +218,10 @@ class _OpenTiff:
         if arr is None:
             import zarr
 
-            store = self.series[series_index].aszarr(level=level, chunkmode=chunkmode)
+            # Decode a page's tiles/strips on all cores: tifffile's default is half the cores
+            # (one thread on a 2-core machine) and, in strile mode, one thread below 3.
+            store = self.series[series_index].aszarr(level=level, chunkmode=chunkmode,
+                                                     maxworkers=os.cpu_count() or 1)
             self._stores.append(store)
             arr = zarr.open_array(store, mode="r", zarr_format=2)
             self._arrays[key] = arr
