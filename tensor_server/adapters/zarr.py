@@ -144,6 +144,12 @@ class ZarrAdapter(TensorAdapter):
     chunk (``array.chunks``; ``array.shards`` is the shard): zarr reads the shard index and
     fetches only the inner chunks a selection touches. The same chunk seeds the transfer grid.
     No decimated read: a stride inside a chunk saves a memcpy, not a decode.
+
+    The chunks of one read decode concurrently without any setting here: zarr-python 3's codec
+    pipeline runs each chunk's decode in ``asyncio.to_thread`` (up to ``async.concurrency`` at
+    once), and blosc/zstd release the GIL. blosc's own threads stay off: numcodecs'
+    ``use_threads`` is process-wide state, and its threaded path is not safe for concurrent
+    callers.
     """
 
     def __init__(
