@@ -378,7 +378,9 @@ class TiffPageSeriesAdapter(TensorAdapter):
             with self.handle.use() as opened:
                 page = self._whole_page(opened, bounds)
                 if page is not None:
-                    return page.asarray(maxworkers=decode_threads()).reshape(bounds.shape)
+                    decoded = page.asarray(maxworkers=decode_threads())
+                    # a reshape is a view, which get_data copies: only when the shapes differ
+                    return decoded if decoded.shape == bounds.shape else decoded.reshape(bounds.shape)
                 arr = opened.array(self.series_index, self.level, self.chunkmode)
                 return np.asarray(arr[bounds.to_slices()])
         except (UnreadableSource, MemoryError):

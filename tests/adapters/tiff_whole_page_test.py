@@ -34,3 +34,16 @@ def test_whole_page_read_equals_tifffile(tmp_path, shape, kwargs, whole):
     got = tensor.get_data()
     assert got.shape == tensor.shape
     np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+def test_whole_page_read_is_handed_over_without_a_copy(tmp_path, monkeypatch):
+    """get_data returns the decoded page itself (a reshape view would be copied once more)."""
+    arr = np.random.default_rng(5).integers(0, 60000, (256, 256), dtype=np.uint16)
+    tifffile.imwrite(tmp_path / "t.tif", arr, tile=(64, 64), compression="zlib")
+    tensor = tensor_server.open(tmp_path / "t.tif").tensor()
+    decoded = []
+    real = tifffile.TiffPage.asarray
+    monkeypatch.setattr(tifffile.TiffPage, "asarray", lambda self, *a, **k: decoded.append(real(self, *a, **k)) or decoded[-1])
+    got = tensor.get_data()
+    np.testing.assert_array_equal(got, arr)
+    assert len(decoded) == 1 and got is decoded[0]
