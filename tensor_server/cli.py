@@ -73,6 +73,17 @@ class _ScanProgress:
         self.stream.flush()
 
 
+def _count(text: str) -> int:
+    """argparse type for an integer >= 0 (a clear usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tensor_server", description="Serve bio-imaging files as N-D tensors over Arrow Flight (biopb protocol).")
     sub = p.add_subparsers(dest="command", required=True)
@@ -91,6 +102,8 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--writable", action="store_true", default=None,
                         help="accept uploads over Flight (add_tensor, DoPut, set_upload_status); needs --write-dir")
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
+        sp.add_argument("--read-workers", type=_count,
+                        help="units a scaled read decodes ahead on a shared pool (default 0 = the cores)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
         sp.add_argument("--http-port", type=int,
                         help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)")
@@ -128,7 +141,7 @@ def _settings(args: argparse.Namespace):
     return load_settings(
         args.config, roots=list(args.roots), host=args.host, port=args.port, token=args.token,
         cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir, writable=args.writable,
-        rois_path=args.rois_db,
+        rois_path=args.rois_db, read_workers=args.read_workers,
         rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
     )
 
@@ -247,6 +260,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         scratch_ttl=settings.scratch_ttl, precache_bytes=settings.precache_bytes,
         max_computes=settings.max_computes or 2 * (os.cpu_count() or 1),
         admission_timeout=settings.admission_timeout, special_chunks=settings.special_chunks,
+        read_workers=settings.read_workers or None,
     )
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT

@@ -40,6 +40,9 @@ caches), the data home ``$XDG_DATA_HOME/tensor-server`` (``~/.local/share/tensor
 annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run`` uses
 ``.tensor-server`` in the repository, so ``make clean`` removes it).
 
+    [read]
+    workers = 0                 # units a scaled read decodes ahead (a shared pool); 0 = the cores
+
     [log]
     level = "warning"
 
@@ -101,6 +104,7 @@ class Settings:
     rescan_seconds: float = 0.0
     follow_symlinks_outside_roots: bool = False
     open_timeout_seconds: float = 60.0
+    read_workers: int = 0
     log_level: str = "warning"
     http_port: int | None = None
     precache_bytes: int = 64 << 20
@@ -128,6 +132,7 @@ _KEYS = {
     ("catalog", "follow_symlinks_outside_roots"): "follow_symlinks_outside_roots",
     ("catalog", "open_timeout_seconds"): "open_timeout_seconds",
     ("annotations", "path"): "rois_path",
+    ("read", "workers"): "read_workers",
     ("log", "level"): "log_level",
     ("http", "port"): "http_port",
     ("cache", "precache_bytes"): "precache_bytes",
@@ -171,4 +176,6 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
         setattr(s, name, value)
     if isinstance(s.roots, str):
         s.roots = [s.roots]
+    if isinstance(s.read_workers, bool) or not isinstance(s.read_workers, int) or s.read_workers < 0:
+        raise InvalidArgument(f"read workers must be an integer >= 0 (0 = the cores), got {s.read_workers!r}")
     return s

@@ -39,22 +39,24 @@ from tensor_server_kernels.reference import output_shape
 __all__ = ["area_path", "output_shape"]
 
 # Integer area with power-of-two scales: blocks of at most this many elements use the strided-add
-# kernel, larger blocks the reshape-sum kernel (the design's gate, docs: scaled-read-path §7).
-# Measured with these kernels (this machine, numba 0.68, one thread, C order, min of 7, ms):
-#   block                     4    8   16    64   256   1024
-#   8192^2 u16      strided 21.9      16.1  11.5  10.3  10.1
-#                   reshape 16.8      14.1  12.4  12.7  11.6
-#   8192^2 u8       strided 17.1       6.7   6.8   5.6   7.7
-#                   reshape 12.6       8.1   6.2   7.2   7.8
-#   512x1024^2 u8   strided      66.3       38.1  42.7  59.3 (block 512)
-#                   reshape      57.2       54.7  54.9  68.9 (block 512)
-# So in numba the crossover sits near block 16-64, not 256: the reshape-sum wins by 10-30% on
-# the smallest blocks, the strided adds (full-width vector row adds, then one fold) by 5-40% from
-# block 64 up. The reshape-sum got there only with its pairwise-tree last-axis sums (before,
-# summing 32 contiguous lanes per output was a horizontal reduction: 16.4 ms at block 1024).
-# The bound stays at the design's 256: both kernels meet the area targets on both sides of it,
-# and moving it is a one-line change here.
-_STRIDED_ADD_MAX_BLOCK = 256
+# kernel, larger blocks the reshape-sum kernel (docs: scaled-read-path §7). The value is measured:
+# ``python -m tensor_server.bench area-crossover`` (this machine, 2 cores shared with other jobs,
+# load 9-11; numba 0.68, one thread, C order, median of 11 interleaved rounds, ms):
+#   block                    4     8    16    32    64   128   256   512  1024  2048  4096
+#   8192^2 u16   strided  38.8  30.8  69.3 130.8  95.8 124.5 108.7  71.0 114.2 113.9 155.0
+#                reshape  43.9  36.8  73.3 170.8 130.1 108.6 111.5  85.8 158.3 155.6 248.7
+#   8192^2 u8    strided 123.8       107.7  91.0  53.6  69.3  68.3       55.7
+#                reshape 111.6       101.2  83.0  70.3  73.2  86.7       68.3
+#   512x1024^2   strided       584.1       367.3 333.2 308.4       339.0
+#   u8           reshape       511.8       366.2 352.2 366.2       434.3
+# A second run (9 rounds) agreed on every block >= 64. Strided-add (full-width vector row adds,
+# then one fold) wins from block 64 up to the largest measured, 4096, by 20-60% above 256; the
+# reshape-sum wins only on uint8 blocks <= 32, by ~10% (a range the single gate cannot give it
+# without losing uint16, the common case, where the two tie or strided-add wins). So the gate
+# sits at the largest block measured; beyond it (unmeasured) the reshape-sum keeps its place.
+# The older design value was 256, from a quiet-machine run that found the reshape-sum 10-30%
+# faster on the smallest blocks; both kernels are exact on both sides (tests/kernels).
+_STRIDED_ADD_MAX_BLOCK = 4096
 
 # The dtypes the kernels are compiled for. bool runs as uint8; signed integers run as their
 # unsigned view with the sign bit flipped (``_flip``), which preserves order, equality and - since

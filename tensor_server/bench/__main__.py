@@ -15,6 +15,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "kernels": ("tensor_server.bench.kernels",
                 "downsampling kernels vs NumPy, scikit-image, tinybrain and TensorStore"),
+    "area-crossover": ("tensor_server.bench.area_crossover",
+                       "integer area: strided-add vs reshape-sum kernel per block size (the gate)"),
     "plane-latency": ("tensor_server.bench.plane_latency",
                       "first-read latency of one plane, cold and warm, adapter and server paths"),
     "peers": ("tensor_server.bench.peers",

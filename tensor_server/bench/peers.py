@@ -4,6 +4,9 @@ pick instead, measured in the same run, with the ratio ours/peer per row (< 1: w
 Peers: TensorStore's ``downsample`` driver over the same zarr (mean / stride), zarr-python +
 NumPy reshape-mean / stride, tifffile + NumPy for the TIFF. Ours is the adapter path
 (``tensor_server.open(...).tensor().get_scaled_data``), warm and cold as in plane-latency.
+Every row also times the *decode floor* (``decode_floor.py``: only decoding the plane's chunks
+or tiles on all cores, the limit a scaled read can approach) and ours/floor. Ours, the peer
+and the floor are timed alternately, repeat by repeat, so background load hits all three.
 Peers reduce with their own edge rules (TensorStore: partial blocks averaged over the
 valid part; NumPy: the ragged edge cropped); at these sizes every scale divides the plane,
 so all compute the same pixels.
@@ -14,7 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tensor_server.bench.timing import Progress, add_common_arguments, median_ms, print_table, write_json
+from tensor_server.bench.decode_floor import tiff_decode_floor, zarr_decode_floor
+from tensor_server.bench.timing import Progress, add_common_arguments, alternating_median_ms, print_table, write_json
 
 __all__ = ["run_peers"]
 
@@ -65,35 +69,44 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
 
             jobs.append(("ome-tiff", "tifffile + numpy", s, method, tread, lambda: None))
 
+    floors = {"ome-zarr": zarr_decode_floor(zfx.path / "0"), "ome-tiff": tiff_decode_floor(tfx.path)}
     rows = []
-    ours_cache: dict[tuple[str, int, str], tuple[float, float]] = {}
     progress = Progress(len(jobs))
     for fmt, peer, s, method, fn, _ in jobs:
         fx = fixtures[fmt]
-        if (fmt, s, method) not in ours_cache:
-            holder = {}
+        holder = {}
 
-            def reopen(fx=fx):
-                drop_page_cache(fx.files)
-                holder["t"] = tensor_server.open(fx.path).tensor()
+        def reopen(fx=fx):
+            if "t" in holder:
+                holder["t"].close()
+            holder["t"] = tensor_server.open(fx.path).tensor()
 
-            reopen()
-            b = Bounds.full(holder["t"].shape)
-            ours = lambda: holder["t"].get_scaled_data(b, (s, s), method)  # noqa: E731
-            cold = median_ms(ours, cold_repeats, before=reopen)
-            ours()
-            ours_cache[(fmt, s, method)] = (cold, median_ms(ours, warm_repeats))
-        ocold, owarm = ours_cache[(fmt, s, method)]
-        pcold = median_ms(fn, cold_repeats, before=lambda fx=fx: drop_page_cache(fx.files))
-        fn()
-        pwarm = median_ms(fn, warm_repeats)
-        rows.append({"format": fmt, "peer": peer, "scale": s, "method": method, "ours_cold_ms": ocold, "peer_cold_ms": pcold,
-                     "ours_warm_ms": owarm, "peer_warm_ms": pwarm, "ratio_cold": ocold / pcold, "ratio_warm": owarm / pwarm})
+        reopen()
+        b = Bounds.full(holder["t"].shape)
+        timed = {"ours": lambda: holder["t"].get_scaled_data(b, (s, s), method), "peer": fn, "floor": floors[fmt]}
+
+        def cold_start(name, fx=fx):
+            drop_page_cache(fx.files)
+            if name == "ours":
+                reopen()
+
+        cold = alternating_median_ms(timed, cold_repeats, before=cold_start)
+        for f in timed.values():
+            f()
+        warm = alternating_median_ms(timed, warm_repeats)
+        row = {"format": fmt, "peer": peer, "scale": s, "method": method}
+        for when, t in (("cold", cold), ("warm", warm)):
+            row.update({f"ours_{when}_ms": t["ours"], f"peer_{when}_ms": t["peer"], f"floor_{when}_ms": t["floor"],
+                        f"ratio_{when}": t["ours"] / t["peer"], f"ratio_floor_{when}": t["ours"] / t["floor"]})
+        rows.append(row)
         progress.step(f"{peer} x{s} {method}")
     progress.close()
-    print_table(["format", "peer", "scale", "method", "ours cold", "peer cold", "ours/peer", "ours warm", "peer warm", "ours/peer"],
-                [[r["format"], r["peer"], r["scale"], r["method"], r["ours_cold_ms"], r["peer_cold_ms"], f"{r['ratio_cold']:.2f}",
-                  r["ours_warm_ms"], r["peer_warm_ms"], f"{r['ratio_warm']:.2f}"] for r in rows])
+    print_table(["format", "peer", "scale", "method", "ours cold", "peer cold", "ours/peer", "floor cold", "ours/floor",
+                 "ours warm", "peer warm", "ours/peer", "floor warm", "ours/floor"],
+                [[r["format"], r["peer"], r["scale"], r["method"],
+                  *[v for when in ("cold", "warm") for v in (r[f"ours_{when}_ms"], r[f"peer_{when}_ms"], f"{r[f'ratio_{when}']:.2f}",
+                                                             r[f"floor_{when}_ms"], f"{r[f'ratio_floor_{when}']:.2f}")]]
+                 for r in rows])
     write_json(json_path, "peers", size, rows)
     return rows
 

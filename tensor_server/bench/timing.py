@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Callable, Sequence
 
-__all__ = ["median_ms", "Progress", "print_table", "add_common_arguments", "write_json"]
+__all__ = ["median_ms", "alternating_median_ms", "Progress", "print_table", "add_common_arguments", "write_json"]
 
 
 def median_ms(fn: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> float:
@@ -20,6 +20,22 @@ def median_ms(fn: Callable[[], object], repeats: int, before: Callable[[], objec
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def alternating_median_ms(fns: dict[str, Callable[[], object]], repeats: int,
+                          before: Callable[[str], object] | None = None) -> dict[str, float]:
+    """Median wall time in ms of each of ``fns``, run in turn within every repeat (ours, peer,
+    ours, peer, ...) so that background load drifting during the run hits every contender;
+    ``before(name)`` runs untimed before each call."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            if before is not None:
+                before(name)
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 class Progress:

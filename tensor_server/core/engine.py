@@ -244,9 +244,7 @@ class ReadEngine:
             fetch = _stop_when(cancelled, fetch)
         if all(u >= n for u, n in zip(unit, bounds.shape)):
             return owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype)
-        return stream_reduce(
-            bounds, unit, scale, method, fetch, tensor.dtype, unit_value=unit_value
-        )  # MERGE: workers=workers
+        return stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype, workers=workers, unit_value=unit_value)
 
     def _closed_form(
         self, tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...], method: str

@@ -1,15 +1,37 @@
-"""Streamed reduction of a scaled chunk's source extent (design: scaled-read-path.md §2).
+"""Streamed, pipelined reduction of a scaled chunk's source extent (design: scaled-read-path.md §2).
 
 A scaled chunk's level-0 extent can be large (transfer chunk × scale, e.g. 2048² × 32² px).
 Instead of holding it, the extent is cut into *units* aligned to reduction blocks; each unit
 is read, reduced with ``downsample_block`` and written into a preallocated output. Because
 unit edges land on block edges, every output element depends on exactly one unit, and the
 only ragged block is where the extent itself ends, so the streamed result is identical to
-reducing the whole extent, for every method and dtype. Peak residency is one unit.
+reducing the whole extent, for every method and dtype, whatever order or thread reads a unit.
+
+Pipelining (why: decoding dominates a scaled read, and the reduction kernels release the GIL).
+The calling thread reduces units in row-major order while the next ``workers`` units are read
+ahead on one process-wide pool. The invariants and how each is bounded:
+
+* **Memory**: at most ``workers`` units are queued or being read per call, plus the one being
+  reduced: peak residency is ``workers + 1`` units (``workers=1`` is the serial loop: one).
+* **Threads**: the pool is shared by every read in the process and has a fixed size (the
+  largest worker count asked for, at least the cores). Concurrent scaled reads (one per gRPC
+  thread) queue their units on it; no read creates threads of its own.
+* **No deadlock**: a read never waits for a unit that has not started. When it needs a unit
+  still queued (the pool busy with other reads), it takes the unit back and reads it on its own
+  thread; it only waits for units some thread is actively reading. So a fetch that itself uses
+  a pool, this one included (a nested scaled read), always makes progress.
+
+``fetch`` is therefore called from several threads at once and must be safe for that (the
+server already reads one tensor from many threads); the array it returns must not be reused
+by a later call.
 """
 from __future__ import annotations
 
 import itertools
+import os
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
@@ -17,9 +39,14 @@ import numpy as np
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.uniform import fill_uniform_units
 
-__all__ = ["streaming_unit", "stream_reduce", "scaled_output_shape", "iter_units"]
+__all__ = ["streaming_unit", "stream_reduce", "scaled_output_shape", "iter_units", "default_workers"]
 
 Fetch = Callable[[Bounds], np.ndarray]
+
+
+def default_workers() -> int:
+    """The read-ahead depth when none is configured: the machine's cores."""
+    return os.cpu_count() or 1
 
 
 def scaled_output_shape(extent: Sequence[int], scale: Sequence[int]) -> tuple[int, ...]:
@@ -57,6 +84,61 @@ def iter_units(bounds: Bounds, unit: Sequence[int]):
         yield Bounds(starts, stops)
 
 
+# ---- the shared read-ahead pool ----------------------------------------------------------------
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_pool_lock = threading.Lock()
+
+
+def _submit(run: Callable[[], None], workers: int) -> None:
+    """Queue ``run`` on the process-wide pool, first growing it (a new pool replaces the old
+    one, whose queued units still run) when a read asks for more workers than it has."""
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or workers > _pool_size:
+            old = _pool
+            _pool_size = max(workers, default_workers(), _pool_size)
+            _pool = ThreadPoolExecutor(_pool_size, thread_name_prefix="tensor-read")
+            if old is not None:
+                old.shutdown(wait=False)
+        _pool.submit(run)
+
+
+class _UnitRead:
+    """One unit's fetch, run by whichever thread claims it first (a pool thread, or the reader
+    taking it back); the other one skips it or waits for it."""
+
+    __slots__ = ("bounds", "_fetch", "_claim", "_done", "_value", "_error")
+
+    def __init__(self, bounds: Bounds, fetch: Fetch) -> None:
+        self.bounds, self._fetch = bounds, fetch
+        self._claim = threading.Lock()
+        self._done = threading.Event()
+        self._value: np.ndarray | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        if not self._claim.acquire(blocking=False):
+            return  # taken back by the reader, or cancelled
+        try:
+            self._value = self._fetch(self.bounds)
+        except BaseException as exc:  # handed to the reader, raised there
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def cancel(self) -> None:
+        self._claim.acquire(blocking=False)
+
+    def result(self) -> np.ndarray:
+        self.run()  # still queued: read it here rather than wait behind other reads
+        self._done.wait()
+        value, error, self._value, self._error = self._value, self._error, None, None
+        if error is not None:
+            raise error
+        return value
+
+
 def stream_reduce(
     bounds: Bounds,
     unit: Sequence[int],
@@ -66,32 +148,64 @@ def stream_reduce(
     dtype: np.dtype,
     out: np.ndarray | None = None,
     *,
+    workers: int | None = None,
     unit_value: Callable[[Bounds], object | None] | None = None,
 ) -> np.ndarray:
     """Reduce ``bounds`` unit by unit into ``out`` (allocated when None); return ``out``.
 
     ``unit`` must be a whole number of reduction blocks on every axis (``streaming_unit``
-    guarantees it); ``fetch(unit_bounds)`` returns that unit's level-0 pixels.
-    ``unit_value(unit_bounds)``, consulted before each fetch, may answer a unit's reduced
-    value in closed form (a uniform unit, ``core/uniform.py``): that unit is never fetched.
+    guarantees it); ``fetch(unit_bounds)`` returns that unit's level-0 pixels. ``workers`` is
+    the read-ahead depth (None: ``default_workers()``; 1: read and reduce one unit at a time
+    on this thread). The result does not depend on it. ``unit_value(unit_bounds)``, consulted
+    before each fetch, may answer a unit's reduced value in closed form (a uniform unit,
+    ``core/uniform.py``): that unit is never fetched.
     """
     from tensor_server.core.downsample import downsample_block
 
     scale = tuple(int(s) for s in scale)
     if any(u % s for u, s in zip(unit, scale)):
         raise ValueError(f"unit {tuple(unit)} is not a whole number of blocks of scale {scale}")
+    workers = default_workers() if workers is None else int(workers)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     out_shape = scaled_output_shape(bounds.shape, scale)
     if out is None:
         out = np.empty(out_shape, dtype=dtype)
     elif out.shape != out_shape:
         raise ValueError(f"out has shape {out.shape}, expected {out_shape}")
+
+    def reduce_into(ub: Bounds, block: np.ndarray) -> None:
+        reduced = downsample_block(block, scale, method)
+        o0 = tuple((a - b0) // s for a, b0, s in zip(ub.start, bounds.start, scale))
+        out[tuple(slice(a, a + n) for a, n in zip(o0, reduced.shape))] = reduced
+
     units = iter_units(bounds, unit)
     if unit_value is not None:
         units = fill_uniform_units(units, unit_value, out, bounds.start, scale)
-    for ub in units:
-        block = fetch(ub)
-        reduced = downsample_block(block, scale, method)
-        del block  # drop the unit before fetching the next: peak residency is one unit
-        o0 = tuple((a - b0) // s for a, b0, s in zip(ub.start, bounds.start, scale))
-        out[tuple(slice(a, a + n) for a, n in zip(o0, reduced.shape))] = reduced
+    if workers == 1:
+        for ub in units:
+            block = fetch(ub)
+            reduce_into(ub, block)
+            del block  # drop the unit before fetching the next: peak residency is one unit
+        return out
+
+    ahead: deque[_UnitRead] = deque()
+
+    def top_up() -> None:
+        for ub in itertools.islice(units, workers - len(ahead)):
+            read = _UnitRead(ub, fetch)
+            ahead.append(read)
+            _submit(read.run, workers)
+
+    try:
+        top_up()
+        while ahead:
+            read = ahead.popleft()
+            block = read.result()
+            top_up()  # the next unit starts reading while this one is reduced
+            reduce_into(read.bounds, block)
+            del block, read
+    finally:
+        for pending in ahead:  # an error: queued units are skipped, running ones finish and drop
+            pending.cancel()
     return out

@@ -69,6 +69,7 @@ class ServerConfig:
     writable: bool = False
     upload_ttl: float = 3600.0
     scratch_ttl: float = 86400.0
+    read_workers: int | None = None  # scaled reads' read-ahead (stream_reduce workers); None = cores
 
 
 def _peer_is_loopback(peer: str | bytes) -> bool:
@@ -115,6 +116,7 @@ class TensorFlightServer(flight.FlightServerBase):
         #: the one read path: every chunk this server sends comes from here
         self.engine = ReadEngine(
             cache_manager,
+            workers=self.config.read_workers,
             source_scaled_reads=self.config.source_scaled_reads,
             max_computes=self.config.max_computes or None,
             admission_timeout=self.config.admission_timeout,

@@ -338,10 +338,39 @@ def test_area_gate_routes_by_block_size(dtype, scale, expected, monkeypatch):
     assert called == kernel
 
 
-def test_gate_bound_is_256():
-    assert K._STRIDED_ADD_MAX_BLOCK == 256
-    assert K.area_path("uint16", (16, 16)) == "strided-add"
-    assert K.area_path("uint16", (16, 32)) == "reshape-sum"
+def _scale_for_block(block: int, ndim: int) -> tuple[int, ...]:
+    """A power-of-two scale tuple of ``ndim`` axes whose product is ``block`` (last axes larger)."""
+    k = block.bit_length() - 1
+    parts = [k // ndim] * ndim
+    for i in range(k % ndim):
+        parts[-1 - i] += 1
+    return tuple(2**p for p in parts)
+
+
+CROSSOVER_BLOCKS = sorted({max(4, K._STRIDED_ADD_MAX_BLOCK // 4), K._STRIDED_ADD_MAX_BLOCK // 2,
+                           K._STRIDED_ADD_MAX_BLOCK, 2 * K._STRIDED_ADD_MAX_BLOCK, 4 * K._STRIDED_ADD_MAX_BLOCK})
+
+
+@pytest.mark.parametrize("block", CROSSOVER_BLOCKS)
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int16"])
+@pytest.mark.parametrize("ndim", [2, 3])
+def test_both_area_kernels_equal_the_oracle_around_the_crossover(block, dtype, ndim, monkeypatch):
+    """Either side of ``_STRIDED_ADD_MAX_BLOCK`` the gate may move (it is a measured value), so
+    both kernels must be exact for the blocks near it: each is forced in turn, on ragged inputs
+    and on all-maximum inputs (the accumulator bound)."""
+    from tensor_server_kernels import plan
+
+    scale = _scale_for_block(block, ndim)
+    assert int(np.prod(scale)) == block
+    shape = tuple(s + 1 + (s > 1) for s in scale)  # one full block and a ragged edge block per axis
+    natural = K.area_path(dtype, scale)
+    assert natural == ("strided-add" if block <= K._STRIDED_ADD_MAX_BLOCK else "reshape-sum")
+    for forced, bound in (("strided-add", 2**62), ("reshape-sum", 0)):
+        monkeypatch.setattr(plan, "_STRIDED_ADD_MAX_BLOCK", bound)
+        assert K.area_path(dtype, scale) == forced
+        for fill in ("random", "max", "extremes"):
+            x = cases.make_array(dtype, shape, fill, block)
+            assert_same(R.downsample(x, scale, "area"), K.downsample(x, scale, "area"), f"{forced} {scale} {fill}")
 
 
 @pytest.mark.parametrize(

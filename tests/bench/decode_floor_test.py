@@ -1,0 +1,31 @@
+"""The decode floor decodes every stored piece of the plane, and only that (the bench's limit row)."""
+from __future__ import annotations
+
+import numpy as np
+
+from tensor_server.bench.decode_floor import tiff_decode_floor, zarr_decode_floor
+
+
+def _plane():
+    return np.random.default_rng(1).integers(0, 4000, (300, 260), dtype=np.uint16)
+
+
+def test_zarr_floor_decodes_every_chunk(tmp_path):
+    import numcodecs
+    import zarr
+
+    arr = _plane()
+    z = zarr.open_array(str(tmp_path / "a"), mode="w", shape=arr.shape, chunks=(128, 128), dtype=arr.dtype,
+                        zarr_format=2, compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE))
+    z[...] = arr
+    # 3 x 3 chunks of 128^2 (edge chunks are stored full size)
+    assert zarr_decode_floor(tmp_path / "a")() == 9 * 128 * 128 * 2
+
+
+def test_tiff_floor_decodes_every_tile(tmp_path):
+    import tifffile
+
+    arr = _plane()
+    tifffile.imwrite(tmp_path / "t.tif", arr, tile=(64, 64), compression="zlib")
+    # 5 x 5 tiles of 64^2 (edge tiles decode full size)
+    assert tiff_decode_floor(tmp_path / "t.tif")() == 25 * 64 * 64 * 2
