@@ -34,6 +34,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tensor_server.adapters._ngff import AXIS_ALIASES, dataset_scale, integer_factor, jsonable, ngff_axes
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
@@ -50,7 +51,6 @@ _log = logging.getLogger(__name__)
 #: Keys of a group's (NGFF) attributes that make the store an OME-Zarr.
 _OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
 #: Long axis names some writers use, mapped to the single letters the server orders by.
-_AXIS_ALIASES = {"time": "t", "channel": "c", "channels": "c", "ch": "c"}
 _MAX_GROUP_DEPTH = 32
 #: arrays with at most this many storage chunks have every chunk file stat'ed at open
 _EAGER_CHUNKS = 1 << 16
@@ -412,98 +412,6 @@ def stored_chunk_keys(folder: Path) -> frozenset[str]:
         out.extend(prefix + f for f in files)
     return frozenset(out)
 
-# ---- NGFF metadata -----------------------------------------------------------------------------
-def _version_tuple(version: str) -> tuple[int, int] | None:
-    m = re.match(r"\s*(\d+)\.(\d+)", version or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def _axes(ms: Mapping[str, Any], ndim: int, version: str) -> tuple[list[str] | None, list[str | None], list[str | None]]:
-    """(labels, types, units) from ``axes``: dicts with name/type/unit (0.4+) or plain names
-    (0.3). 0.1/0.2 have no axes and are always 5-D TCZYX. None labels = server defaults."""
-    axes = ms.get("axes")
-    if axes is None:
-        v = _version_tuple(version)
-        if ndim == 5 and (v is None or v < (0, 3)):
-            return list("tczyx"), ["time", "channel", "space", "space", "space"], [None] * 5
-        return None, [None] * ndim, [None] * ndim
-    if not isinstance(axes, list) or len(axes) != ndim:
-        _log.warning("multiscales axes %r do not match a %d-D array; using default labels", axes, ndim)
-        return None, [None] * ndim, [None] * ndim
-    names, types, units = [], [], []
-    for ax in axes:
-        if isinstance(ax, Mapping):
-            names.append(str(ax.get("name", "")).lower())
-            types.append(None if ax.get("type") is None else str(ax["type"]).lower())
-            units.append(None if ax.get("unit") is None else str(ax["unit"]))
-        else:
-            names.append(str(ax).lower())
-            types.append(None)
-            units.append(None)
-    aliased = [_AXIS_ALIASES.get(n, n) for n in names]
-    labels = aliased if len(set(aliased)) == ndim else names
-    if len(set(labels)) != ndim or not all(labels):
-        _log.warning("multiscales axis names %r are empty or repeated; using default labels", names)
-        return None, types, units
-    return labels, types, units
-
-
-def _scale_of(transforms: Any, ndim: int) -> list[float] | None:
-    """The ``scale`` vector of a coordinateTransformations list (None when absent)."""
-    if not isinstance(transforms, list):
-        return None
-    for tr in transforms:
-        if isinstance(tr, Mapping) and tr.get("type") == "scale" and isinstance(tr.get("scale"), list):
-            vec = tr["scale"]
-            if len(vec) == ndim and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vec):
-                return [float(v) for v in vec]
-            _log.warning("ignoring scale transform %r for a %d-D array", vec, ndim)
-    return None
-
-
-def _dataset_scale(ms: Mapping[str, Any], dataset: Mapping[str, Any], ndim: int) -> list[float] | None:
-    """A dataset's physical pixel size: its own scale times the multiscale-wide scale (0.4)."""
-    own = _scale_of(dataset.get("coordinateTransformations"), ndim)
-    if own is None:
-        return None
-    common = _scale_of(ms.get("coordinateTransformations"), ndim)
-    return own if common is None else [a * b for a, b in zip(own, common)]
-
-
-def _integer_factor(
-    shape0: Sequence[int], shape: Sequence[int], scale0: Sequence[float] | None, scale: Sequence[float] | None
-) -> tuple[tuple[int, ...] | None, str]:
-    """The level's reduction factor per axis versus level 0, or (None, why not).
-
-    From the coordinateTransformations scale ratio when both levels have one, else from the
-    shape ratio (0.1-0.3 have no transforms; 167 -> 83 is factor 2 with a floored edge). Either
-    way the level's size must be floor or ceil of level 0's size over the factor, so that
-    level-0 bounds divided by the factor address the level correctly.
-    """
-    factors = []
-    for axis, (n0, n) in enumerate(zip(shape0, shape)):
-        if scale0 is not None and scale is not None and scale0[axis] > 0:
-            ratio = scale[axis] / scale0[axis]
-            f = round(ratio)
-            if f < 1 or abs(ratio - f) > 1e-6 * max(1.0, ratio):
-                return None, f"axis {axis}: scale ratio {ratio:g} is not a positive integer"
-        else:
-            ratio = n0 / n
-            f = max(1, round(ratio))
-        if n not in (n0 // f, -(-n0 // f)):
-            return None, f"axis {axis}: size {n} is not level 0's {n0} reduced by an integer factor ({ratio:g})"
-        factors.append(int(f))
-    return tuple(factors), ""
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return str(value)
-
-
 # ---- the store walker --------------------------------------------------------------------------
 class _StoreWalker:
     """Builds the tensors of one store (see the module docstring for what becomes a tensor)."""
@@ -559,7 +467,7 @@ class _StoreWalker:
         names = getattr(array.metadata, "dimension_names", None) or node.attributes.get("_ARRAY_DIMENSIONS")
         if not names or len(names) != len(array.shape) or any(n is None for n in names):
             return None
-        low = [_AXIS_ALIASES.get(str(n).lower(), str(n).lower()) for n in names]
+        low = [AXIS_ALIASES.get(str(n).lower(), str(n).lower()) for n in names]
         return low if len(set(low)) == len(low) and all(low) else None
 
     # -- plain zarr --
@@ -632,16 +540,16 @@ class _StoreWalker:
         ds0, node0 = level_nodes[0]
         array0 = self.open_array(node0)
         ndim = len(array0.shape)
-        labels, types, units = _axes(ms, ndim, version)
+        labels, types, units = ngff_axes(ms, ndim, version)
         if labels is None:
             labels = self.array_dim_names(node0, array0)
         image_meta: dict[str, Any] = {"ngff_version": version}
         for key in ("name", "type", "metadata"):
             if key in ms:
-                image_meta[f"multiscale_{key}"] = _jsonable(ms[key])
+                image_meta[f"multiscale_{key}"] = jsonable(ms[key])
         for key in ("omero", "image-label"):
             if key in ome:
-                image_meta[key] = _jsonable(ome[key])
+                image_meta[key] = jsonable(ome[key])
         if len(multiscales) > 1:
             image_meta["other_multiscales_ignored"] = len(multiscales) - 1
 
@@ -665,17 +573,17 @@ class _StoreWalker:
                 content_version=version, chunk_files=chunk_files, metadata={**image_meta, **extra},
             )
 
-        scale0 = _dataset_scale(ms, ds0, ndim)
+        scale0 = dataset_scale(ms, ds0, ndim)
         levels_meta = [{"path": node0.rel, "shape": list(array0.shape), "scale": [1] * ndim}]
         skipped_meta: list[dict[str, str]] = []
         accepted: list[tuple[tuple[int, ...], _Node, Any, list[float] | None]] = []
         for ds, lnode in level_nodes[1:]:
             array = self.open_array(lnode)
-            scale = _dataset_scale(ms, ds, ndim)
+            scale = dataset_scale(ms, ds, ndim)
             if len(array.shape) != ndim or np.dtype(array.dtype) != np.dtype(array0.dtype):
                 factor, reason = None, f"rank or dtype differs from level 0 ({array.shape} {array.dtype})"
             else:
-                factor, reason = _integer_factor(array0.shape, array.shape, scale0, scale)
+                factor, reason = integer_factor(array0.shape, array.shape, scale0, scale)
             if factor is not None and (all(f == 1 for f in factor) or any(factor == a[0] for a in accepted)):
                 factor, reason = None, f"factor {factor} repeats level 0 or an earlier level"
             if factor is None:
@@ -789,7 +697,7 @@ class _StoreWalker:
             metadata["ngff_version"] = str(ome.get("version") or self.ngff_version)
             for key in ("plate", "well", "bioformats2raw.layout", "omero"):
                 if key in ome:
-                    metadata[key] = _jsonable(ome[key])
+                    metadata[key] = jsonable(ome[key])
         if self.encodings:
             metadata["encodings"] = self.encodings
         if self.skipped:

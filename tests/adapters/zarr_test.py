@@ -456,7 +456,7 @@ def test_content_version_follows_metadata(tmp_path):
 
 # ---- metadata rules -----------------------------------------------------------------------------
 def test_axes_forms():
-    from tensor_server.adapters.zarr import _axes
+    from tensor_server.adapters._ngff import ngff_axes as _axes
 
     # 0.4+: dicts with name/type/unit, names lower-cased
     labels, types, units = _axes({"axes": [{"name": "C", "type": "channel"}, {"name": "y", "unit": "nm"}]}, 2, "0.4")
@@ -472,7 +472,7 @@ def test_axes_forms():
 
 
 def test_integer_factors():
-    from tensor_server.adapters.zarr import _integer_factor
+    from tensor_server.adapters._ngff import integer_factor as _integer_factor
 
     # shape ratio with a floored or ceiled edge (no transforms, as in 0.1-0.3)
     assert _integer_factor((1, 3, 167, 439), (1, 3, 83, 219), None, None)[0] == (1, 1, 2, 2)
