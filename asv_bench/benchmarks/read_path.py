@@ -50,3 +50,31 @@ class ScaledReadZarr:
 
     def time_scaled_read(self, method, scale):
         self.t.get_scaled_data(self.b, (scale, scale), method)
+
+
+class ScaledReadTiff:
+    """A 4096² OME-TIFF of 512² zlib tiles, written by tifffile, read through tensor_server.open."""
+
+    params = (["nearest", "area"], [4, 16])
+    param_names = ["method", "scale"]
+    timeout = 300
+
+    def setup(self, method, scale):
+        import tifffile
+
+        import tensor_server
+
+        warm_up()
+        self.dir = tempfile.mkdtemp()
+        arr = np.random.default_rng(0).integers(0, 4000, (4096, 4096), dtype=np.uint16)
+        tifffile.imwrite(f"{self.dir}/img.ome.tif", arr, tile=(512, 512), compression="zlib",
+                         photometric="minisblack", metadata={"axes": "YX"})
+        self.t = tensor_server.open(f"{self.dir}/img.ome.tif").tensor()
+        self.b = Bounds.full(self.t.shape)
+        self.t.get_scaled_data(self.b, (scale, scale), method)
+
+    def teardown(self, method, scale):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def time_scaled_read(self, method, scale):
+        self.t.get_scaled_data(self.b, (scale, scale), method)

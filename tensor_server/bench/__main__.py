@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "each format's own nearest path (decimated read, CZI zoom) vs the default streamed path"),
     "cache": ("tensor_server.bench.cache_reads",
               "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source"),
+    "gate": ("tensor_server.bench.gate",
+             "the performance gate (make perf-gate): vs the previous commit, and floors vs peers"),
 }
 
 
