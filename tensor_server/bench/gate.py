@@ -26,6 +26,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -99,6 +100,8 @@ def _asv(repo: Path, asv_dir: Path, args: list[str], log) -> int:  # noqa: ANN00
                 html_dir=str(asv_dir / "html"), benchmark_dir=str(repo / "asv_bench" / "benchmarks"))
     conf_path = asv_dir / "asv-gate.conf.json"
     conf_path.write_text(json.dumps(conf, indent=1))
+    # the install step runs {conf_dir}/share_deps.py, and asv's conf_dir is the config's folder
+    shutil.copy(repo / "asv_bench" / "share_deps.py", asv_dir / "share_deps.py")
     env = dict(os.environ, TENSOR_SERVER_BENCH_SITE=sysconfig.get_paths()["purelib"])
     env.pop("PYTHONPATH", None)
     cmd = [sys.executable, "-m", "asv", *args[:1], "--config", str(conf_path), *args[1:]]
@@ -157,8 +160,10 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
         return [Failure("gate 1: asv produced no results for HEAD", f"see {asv_dir / 'perf-gate.log'}",
                         f"make perf-gate PERF_BASE={base[:12]}")], notes
     trees: dict[str, Path] = {}
+    selected = [re.compile(r) for r in regexes]
     for (key, idx), (h, label) in sorted(got_head.items()):
-        if not _GATED_KIND.search(key.rsplit(".", 1)[-1]):
+        # asv files the parameter combinations it did not run as failures: skip them
+        if not _GATED_KIND.search(key.rsplit(".", 1)[-1]) or not any(r.search(label) for r in selected):
             continue
         b = got_base.get((key, idx), (None, label))[0]
         reproduce = f"make perf-gate PERF_BASE={base[:12]} PERF_BENCH={shlex.quote('^' + re.escape(label) + '$')} PERF_FLOORS=none"
