@@ -10,12 +10,15 @@ PYTEST_ARGS ?=
 # perf-gate (python -m tensor_server.bench gate): PERF_BASE is the commit HEAD is compared with
 # (gate 1); PERF_BENCH an asv regex replacing the gated set (GATED_BENCHMARKS in
 # tensor_server/bench/gate.py); PERF_FLOORS the gate-2 floors (all, none, or names);
-# PERF_SKIP_COMMITS=1 runs gate 2 only. Exported, so a regex reaches the gate unmangled.
+# PERF_SKIP_COMMITS=1 runs gate 2 only; PERF_ASV_ARGS adds asv continuous arguments (e.g.
+# "-a processes=1": one round per commit, quicker, noisier). Exported, so a regex reaches the
+# gate unmangled.
 PERF_BASE ?= HEAD~1
 PERF_BENCH ?=
 PERF_FLOORS ?= all
 PERF_SKIP_COMMITS ?=
-export PERF_BASE PERF_BENCH PERF_FLOORS PERF_SKIP_COMMITS
+PERF_ASV_ARGS ?=
+export PERF_BASE PERF_BENCH PERF_FLOORS PERF_SKIP_COMMITS PERF_ASV_ARGS
 # bench-record: the machine name its results are filed under in asv_bench/results/
 BENCH_MACHINE ?= $(shell hostname)
 SHELL := /bin/bash
@@ -63,7 +66,8 @@ asv: $(STAMP)
 # failure's timings, ratio and reproducing command; exits non-zero on failure.
 perf-gate: $(STAMP)
 	$(PY) -m tensor_server.bench gate --base "$$PERF_BASE" --floors "$$PERF_FLOORS" \
-		$${PERF_BENCH:+--bench "$$PERF_BENCH"} $${PERF_SKIP_COMMITS:+--skip-commits}
+		$${PERF_BENCH:+--bench "$$PERF_BENCH"} $${PERF_SKIP_COMMITS:+--skip-commits} \
+		$${PERF_ASV_ARGS:+--asv-args "$$PERF_ASV_ARGS"}
 
 # Append this machine's results for HEAD to the history kept in the repository
 # (asv_bench/results/, asv's format, one machine file per BENCH_MACHINE); commit them.

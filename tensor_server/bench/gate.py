@@ -69,6 +69,7 @@ def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
     parser.add_argument("--skip-commits", action="store_true", help="run gate 2 only")
     parser.add_argument("--factor", type=float, default=FACTOR, help="slowdown that fails gate 1")
     parser.add_argument("--asv-dir", default=".asv", help="asv environments, results and logs (under the repo)")
+    parser.add_argument("--asv-args", default="", help="extra asv continuous arguments, e.g. '-a processes=1' (one round)")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -135,7 +136,8 @@ def _machine() -> str:
     return socket.gethostname()
 
 
-def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], factor: float) -> tuple[list[Failure], list[str]]:
+def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], factor: float,
+                 asv_args: list[str] = ()) -> tuple[list[Failure], list[str]]:
     from tensor_server.bench.gate_confirm import confirm, export_tree
 
     notes: list[str] = []
@@ -153,7 +155,7 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
         args = ["continuous", "--machine", machine, "--factor", str(factor), "--split", "--show-stderr"]
         for r in regexes:
             args += ["--bench", r]
-        _asv(repo, asv_dir, args + [base, head], log)
+        _asv(repo, asv_dir, args + list(asv_args) + [base, head], log)
     got_base, got_head = _results(asv_dir, machine, base), _results(asv_dir, machine, head)
     failures: list[Failure] = []
     if not got_head:
@@ -222,7 +224,8 @@ def main(args) -> int:  # noqa: ANN001
     t0 = time.perf_counter()
     failures, notes = [], []
     if not args.skip_commits:
-        f, n = gate_commits(repo, asv_dir, args.base, args.bench or list(GATED_BENCHMARKS.values()), args.factor)
+        f, n = gate_commits(repo, asv_dir, args.base, args.bench or list(GATED_BENCHMARKS.values()), args.factor,
+                            shlex.split(args.asv_args))
         failures += f
         notes += n
     t1 = time.perf_counter()
