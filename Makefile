@@ -72,14 +72,14 @@ perf-gate: $(STAMP)
 # Append this machine's results for HEAD to the history kept in the repository
 # (asv_bench/results/, asv's format, one machine file per BENCH_MACHINE); commit them.
 bench-record: $(STAMP)
-	cd asv_bench && ../$(PY) -m asv machine --yes --machine "$(BENCH_MACHINE)" > /dev/null
-	cd asv_bench && TENSOR_SERVER_BENCH_SITE="$$(../$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-		../$(PY) -m asv run --machine "$(BENCH_MACHINE)" --show-stderr --skip-existing-commits HEAD^!
+	cd asv_bench && $(abspath $(PY)) -m asv machine --yes --machine "$(BENCH_MACHINE)" > /dev/null
+	cd asv_bench && TENSOR_SERVER_BENCH_SITE="$$($(abspath $(PY)) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+		$(abspath $(PY)) -m asv run --machine "$(BENCH_MACHINE)" --show-stderr --skip-existing-commits HEAD^!
 
 # Render the recorded history (asv_bench/results/) as HTML in .asv/html; `asv preview` serves it.
 bench-publish: $(STAMP)
-	cd asv_bench && ../$(PY) -m asv publish
-	@echo "open .asv/html/index.html, or: cd asv_bench && ../$(PY) -m asv preview"
+	cd asv_bench && $(abspath $(PY)) -m asv publish
+	@echo "open .asv/html/index.html, or: cd asv_bench && $(abspath $(PY)) -m asv preview"
 
 clean:
 	rm -rf $(VENV) .asv build *.egg-info .pytest_cache
