@@ -181,7 +181,11 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
             trees = {sha: export_tree(repo, sha, asv_dir / "gate-trees" / sha[:12]) for sha in (base, head)}
         print(f"\nconfirming {label}: asv measured {b * 1e3:.3g} ms -> {h * 1e3:.3g} ms ({h / b:.2f}x); "
               "re-running it alone, base and head interleaved ...", flush=True)
-        c = confirm(repo / "asv_bench", key, idx, (trees[base], base), (trees[head], head))
+        try:
+            c = confirm(repo / "asv_bench", key, idx, (trees[base], base), (trees[head], head))
+        except RuntimeError as exc:  # a worker that crashed or hung: not noise, so not a pass
+            failures.append(Failure(f"gate 1: {label}: the confirmation re-run failed", str(exc), reproduce))
+            continue
         verdict = (f"base {base[:10]} {c.base_ms:.3g} ms, head {head[:10]} {c.head_ms:.3g} ms, ratio {c.ratio:.2f}x "
                    f"(best of {c.rounds} interleaved calls each; asv measured {b * 1e3:.3g} -> {h * 1e3:.3g} ms)")
         if c.ratio >= CONFIRM_FRACTION * factor:

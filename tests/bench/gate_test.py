@@ -81,7 +81,10 @@ def test_perf_gate_fails_on_a_slowed_kernel_and_passes_without(clone):
 
 
 def _args(**kw) -> argparse.Namespace:
-    ns = argparse.Namespace(base="HEAD~1", bench=[], floors="none", skip_commits=False, factor=1.5, asv_dir=".asv")
+    """The gate command's own defaults (floors off), with ``kw`` replacing some."""
+    parser = argparse.ArgumentParser()
+    gate.add_arguments(parser)
+    ns = parser.parse_args(["--floors", "none"])
     ns.__dict__.update(kw)
     return ns
 
