@@ -148,6 +148,7 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
     if base == head:
         return [], [f"gate 1 skipped: base {base_rev} is HEAD"]
     asv_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(asv_dir / "results", ignore_errors=True)  # only this run's results may decide
     machine = _machine()
     with open(asv_dir / "perf-gate.log", "w") as log:
         subprocess.run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", machine],
