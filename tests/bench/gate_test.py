@@ -70,7 +70,7 @@ def test_perf_gate_fails_on_a_slowed_kernel_and_passes_without(clone):
     m = re.search(rf"base {base[:10]} ([\d.]+) ms, head {head[:10]} ([\d.]+) ms, ratio ([\d.]+)x", verdict)
     assert m, verdict
     base_ms, head_ms, ratio = map(float, m.groups())
-    assert 2.4 <= head_ms / base_ms <= 3.6 and abs(ratio - head_ms / base_ms) < 0.02 * ratio, verdict
+    assert 2.2 <= head_ms / base_ms <= 4.0 and abs(ratio - head_ms / base_ms) < 0.02 * ratio, verdict
     assert f"reproduce: make perf-gate PERF_BASE={base[:12]} PERF_BENCH=" in verdict, verdict
     assert "fast-path-vs-doget" not in verdict  # the floor held; only the slowed kernel is named
 
