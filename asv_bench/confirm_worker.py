@@ -8,7 +8,8 @@ commit that has no gate code at all; and it imports the benchmark suite from her
 
 Protocol (one line each, on stdin/stdout): after setup and one untimed call it prints
 ``ready``; each ``run`` line is answered with the seconds of one call; ``quit`` runs teardown
-and exits. ``timeraw_`` benchmarks return code; one call is a fresh interpreter running it.
+and exits. ``timeraw_`` benchmarks return code; one call is a fresh interpreter running it, timed from
+inside (start-up excluded, as asv does).
 """
 import importlib
 import itertools
@@ -16,6 +17,13 @@ import os
 import subprocess
 import sys
 import time
+
+#: A timeraw benchmark's code, timed inside the fresh interpreter as asv does: interpreter start-up
+#: is the same for every commit and would only dilute a slowdown of the code itself.
+_TIMERAW = ("import sys, time\n"
+            "t0 = time.perf_counter()\n"
+            "exec(compile(sys.argv[1], '<timeraw>', 'exec'), {'__name__': '__main__'})\n"
+            "print(time.perf_counter() - t0)\n")
 
 
 def _resolve(name: str, param_index: int):
@@ -43,19 +51,23 @@ def main() -> int:
         instance.setup(*combo)
     if method.__name__.startswith("timeraw_"):
         code = call()
-        env = dict(os.environ)
 
-        def call() -> None:
-            subprocess.run([sys.executable, "-c", code], check=True, env=env)
+        def measure() -> float:
+            out = subprocess.run([sys.executable, "-c", _TIMERAW, code], check=True, env=dict(os.environ),
+                                 stdout=subprocess.PIPE, text=True).stdout
+            return float(out.split()[-1])
+    else:
+        def measure() -> float:
+            t0 = time.perf_counter()
+            call()
+            return time.perf_counter() - t0
 
-    call()
+    measure()
     print("ready", flush=True)
     for line in sys.stdin:
         if line.strip() != "run":
             break
-        t0 = time.perf_counter()
-        call()
-        print(time.perf_counter() - t0, flush=True)
+        print(measure(), flush=True)
     if instance is not None and hasattr(instance, "teardown"):
         instance.teardown(*combo)
     return 0

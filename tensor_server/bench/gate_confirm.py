@@ -34,6 +34,10 @@ class Confirmation:
     def ratio(self) -> float:
         return self.head_ms / self.base_ms
 
+    def merged(self, other: "Confirmation") -> "Confirmation":
+        """Both runs as one: the best call of each side over both (noise only adds time)."""
+        return Confirmation(min(self.base_ms, other.base_ms), min(self.head_ms, other.head_ms), self.rounds + other.rounds)
+
 
 def export_tree(repo: Path, commit: str, dest: Path) -> Path:
     """``commit``'s files (not the working tree) under ``dest``, via ``git archive``: nothing in
@@ -89,7 +93,7 @@ class _Worker:
 
 
 def confirm(suite_dir: Path, name: str, param_index: int, base: tuple[Path, str], head: tuple[Path, str],
-            min_rounds: int = 9, max_rounds: int = 60, budget_s: float = 20.0) -> Confirmation:
+            min_rounds: int = 9, max_rounds: int = 200, budget_s: float = 20.0) -> Confirmation:
     """Re-measure benchmark ``name`` (its ``param_index``-th parameter combination) for the
     ``(source tree, commit)`` pairs ``base`` and ``head``: at least ``min_rounds`` interleaved
     rounds, more (up to ``max_rounds``) while ``budget_s`` of calls has not passed."""
