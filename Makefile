@@ -19,8 +19,11 @@ PERF_FLOORS ?= all
 PERF_SKIP_COMMITS ?=
 PERF_ASV_ARGS ?=
 export PERF_BASE PERF_BENCH PERF_FLOORS PERF_SKIP_COMMITS PERF_ASV_ARGS
-# bench-record: the machine name its results are filed under in asv_bench/results/
+# bench-record: the machine name its results are filed under in asv_bench/results/, and an
+# optional asv --bench regex (default: the whole suite)
 BENCH_MACHINE ?= $(shell hostname)
+BENCH_RECORD ?=
+export BENCH_RECORD
 SHELL := /bin/bash
 
 .PHONY: setup run test test-nojit bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
@@ -74,7 +77,8 @@ perf-gate: $(STAMP)
 bench-record: $(STAMP)
 	cd asv_bench && $(abspath $(PY)) -m asv machine --yes --machine "$(BENCH_MACHINE)" > /dev/null
 	cd asv_bench && TENSOR_SERVER_BENCH_SITE="$$($(abspath $(PY)) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-		$(abspath $(PY)) -m asv run --machine "$(BENCH_MACHINE)" --show-stderr --skip-existing-commits HEAD^!
+		$(abspath $(PY)) -m asv run --machine "$(BENCH_MACHINE)" --show-stderr --skip-existing-commits \
+		$${BENCH_RECORD:+--bench "$$BENCH_RECORD"} HEAD^!
 
 # Render the recorded history (asv_bench/results/) as HTML in .asv/html; `asv preview` serves it.
 bench-publish: $(STAMP)
