@@ -7,11 +7,12 @@ and the command that reproduces it:
    screens every ``time_``/``timeraw_`` benchmark (``track_`` metrics are higher-is-better and
    never gated). Whatever it sees at least ``SCREEN_FRACTION`` of the factor slower is re-run
    alone, base and head interleaved, in three fresh pairs of processes (``gate_confirm``); the
-   gate fails when the median pair still measures at least ``CONFIRM_FRACTION`` of the factor.
+   gate fails when each side's best call over all pairs still differs by at least
+   ``CONFIRM_FRACTION`` of the factor.
    Why thresholds below the factor: on a quiet machine a pair measures a real 1.5x slowdown
    within a few percent, so failing from 1.4x catches it, and the screen at 1.3x sends a real
-   1.5x that asv happened to measure low to confirmation anyway. Why the median of three
-   pairs: on an oversubscribed machine a single pair of identical code was seen 1.47x apart.
+   1.5x that asv happened to measure low to confirmation anyway. Why three pairs: on an
+   oversubscribed machine one pair of processes running identical code was seen 1.64x apart.
    A benchmark that errors on head fails the gate; one that only exists on head is new.
    No base commit (a first commit, or a shallow clone that cannot deepen): gate 1 is skipped
    with a note, and gate 2 still runs.
@@ -187,11 +188,11 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
         except RuntimeError as exc:  # a worker that crashed or hung: not noise, so not a pass
             failures.append(Failure(f"gate 1: {label}: the confirmation re-run failed", str(exc), reproduce))
             continue
-        c = pairs[len(pairs) // 2]
+        c, runs = pairs
         verdict = (f"base {base[:10]} {c.base_ms:.3g} ms, head {head[:10]} {c.head_ms:.3g} ms, ratio {c.ratio:.2f}x "
-                   f"(median of {len(pairs)} fresh base/head process pairs, ratios "
-                   f"{', '.join(f'{p.ratio:.2f}' for p in pairs)}, each the best of >= {min(p.rounds for p in pairs)} "
-                   f"interleaved calls per side; asv measured {b * 1e3:.3g} -> {h * 1e3:.3g} ms)")
+                   f"(best call of each side over {len(runs)} fresh base/head process pairs, {c.rounds} interleaved "
+                   f"rounds; pair ratios {', '.join(f'{r.ratio:.2f}' for r in runs)}; "
+                   f"asv measured {b * 1e3:.3g} -> {h * 1e3:.3g} ms)")
         if c.ratio >= CONFIRM_FRACTION * factor:
             failures.append(Failure(f"gate 1: {label} is {c.ratio:.2f}x slower (limit {factor:g}x)", verdict, reproduce))
         else:

@@ -5,8 +5,8 @@ during one of them is enough to make a benchmark look 1.5x slower. Before the ga
 flagged benchmark is re-run alone: two worker processes (``asv_bench/confirm_worker.py``), one
 per commit's source tree, both set up and idle; then single calls alternate base, head, head,
 base, ... so a slow spell hits both sides alike, and each side is reduced to its best call
-(noise only ever adds time). Three such pairs, fresh processes each, and the median ratio is
-the verdict (``confirm_pairs``). Only a slowdown that survives this fails the gate.
+(noise only ever adds time). Three such pairs run, fresh processes each, and each side's best
+call over all of them makes the verdict (``confirm_pairs``). Only a slowdown that survives this fails the gate.
 """
 from __future__ import annotations
 
@@ -112,10 +112,13 @@ def confirm(suite_dir: Path, name: str, param_index: int, base: tuple[Path, str]
 
 
 def confirm_pairs(suite_dir: Path, name: str, param_index: int, base: tuple[Path, str], head: tuple[Path, str],
-                  pairs: int = 3) -> list[Confirmation]:
-    """``confirm`` with ``pairs`` fresh pairs of workers, sorted by ratio; the middle one is the
-    verdict. Why several processes: on an oversubscribed machine one process of identical code
-    was measured 1.47x slower than another over 40 interleaved best-of calls (a per-process
-    draw: page placement, scheduler credit), which no number of calls within the pair removes;
-    the median of three pairs does, for a slowdown as for a speed-up."""
-    return sorted((confirm(suite_dir, name, param_index, base, head) for _ in range(pairs)), key=lambda c: c.ratio)
+                  pairs: int = 3) -> tuple[Confirmation, list[Confirmation]]:
+    """``confirm`` with ``pairs`` fresh pairs of workers. Returns the verdict, each side's best
+    call over every pair, and the pairs. Why several processes, and the best over all of them:
+    on an oversubscribed machine a pair of workers running identical code measured 1.59x and
+    1.64x apart over 47 interleaved best-of calls (a per-process draw: which core and which
+    neighbour it lands with), which no number of calls within the pair removes; a slow process
+    only adds time, so each side's best process is its true speed."""
+    runs = [confirm(suite_dir, name, param_index, base, head) for _ in range(pairs)]
+    best = Confirmation(min(r.base_ms for r in runs), min(r.head_ms for r in runs), sum(r.rounds for r in runs))
+    return best, runs
