@@ -1,4 +1,5 @@
-"""DoGet round trip of one 8 MiB chunk, ours against a bare pyarrow Flight server."""
+"""One 8 MiB chunk through the server: DoGet (ours and a bare pyarrow Flight server) and the
+localhost fast path (chunk_locate + mmap)."""
 from __future__ import annotations
 
 import threading
@@ -51,3 +52,35 @@ class DoGetRoundTrip:
         import pyarrow.flight as flight
 
         self.bare_client.do_get(flight.Ticket(b"x")).read_all()
+
+
+class ChunkThroughServer:
+    """One cached 8 MiB chunk through our server with a chunk cache, by DoGet and by the fast
+    path (the reads of ``python -m tensor_server.bench throughput``, one client thread)."""
+
+    timeout = 300
+
+    def setup(self):
+        import pyarrow.flight as flight
+
+        from tensor_server.bench.throughput import chunk_server
+
+        arr = np.random.default_rng(0).integers(0, 60000, (2048, 2048), dtype=np.uint16)
+        self.served = chunk_server(arr, (2048, 2048), "b")
+        location, tickets = self.served.__enter__()
+        self.client = flight.FlightClient(location)
+        self.ticket = tickets[0]
+
+    def teardown(self):
+        self.client.close()
+        self.served.__exit__(None, None, None)
+
+    def time_doget(self):
+        from tensor_server.bench.throughput import read_doget
+
+        read_doget(self.client, self.ticket)
+
+    def time_fast_path(self):
+        from tensor_server.bench.throughput import read_fast_path
+
+        read_fast_path(self.client, self.ticket)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -20,6 +21,20 @@ from tensor_server.core.downsample import downsample_block
 from tensor_server_kernels.cases import BENCH_CASES
 
 _CASES = {c.name: c for c in BENCH_CASES}
+
+
+def _gate_test_slowdown() -> float:
+    """How many times slower to make ``TimeKernels`` (1.0: not at all).
+
+    Only tests/bench/gate_test.py sets ``TENSOR_SERVER_GATE_TEST_SLOWDOWN=<commit>:<factor>``:
+    the run of that commit (``ASV_COMMIT``, set by asv and by the gate's confirmation workers)
+    sleeps ``factor - 1`` times each kernel call's own duration after it, a real ``factor``x
+    slowdown of that commit only, which the perf gate must catch. Unset everywhere else.
+    """
+    commit, _, factor = os.environ.get("TENSOR_SERVER_GATE_TEST_SLOWDOWN", "").partition(":")
+    if commit and os.environ.get("ASV_COMMIT", "").startswith(commit):
+        return float(factor)
+    return 1.0
 
 
 class TimeKernels:
@@ -35,13 +50,15 @@ class TimeKernels:
         self.scale = case.scale
         self.method = case.method
         downsample_block(self.x, self.scale, self.method)  # compile / load, fault pages
+        self.slowdown = _gate_test_slowdown()
 
     def time_downsample_block(self, name):
+        t0 = time.perf_counter()
         downsample_block(self.x, self.scale, self.method)
+        if self.slowdown != 1.0:
+            time.sleep((self.slowdown - 1.0) * (time.perf_counter() - t0))
 
     def track_input_gb_per_s(self, name):
-        import time
-
         t0 = time.perf_counter()
         downsample_block(self.x, self.scale, self.method)
         return self.x.nbytes / (time.perf_counter() - t0) / 1e9

@@ -27,7 +27,7 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
     import zarr
 
     import tensor_server
-    from tensor_server.bench.fixtures import SIZES, _plane, drop_page_cache
+    from tensor_server.bench.fixtures import SIZES, drop_page_cache, plane
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
     from tensor_server.core import Bounds, plan_read
@@ -40,7 +40,7 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
     work = Path(tempfile.mkdtemp(prefix="ts-bench-cache-"))
     z = zarr.open_array(str(work / "img.zarr"), mode="w", shape=(n, n), chunks=(n // 2, n // 2), dtype=np.uint16,
                         zarr_format=2, compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE))
-    z[...] = _plane(n)
+    z[...] = plane(n)
     files = tuple(p for p in (work / "img.zarr").rglob("*") if p.is_file())
     rows: list[dict[str, Any]] = []
 

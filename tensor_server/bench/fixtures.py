@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Fixture", "SIZES", "make_fixtures", "default_data_dir", "drop_page_cache"]
+__all__ = ["Fixture", "SIZES", "plane", "make_fixtures", "default_data_dir", "drop_page_cache"]
 
 SIZES = {"small": 2048, "full": 8192}
 
@@ -32,7 +32,8 @@ def default_data_dir() -> Path:
     return default_cache_dir() / "bench-data"
 
 
-def _plane(n: int, seed: int = 0) -> np.ndarray:
+def plane(n: int, seed: int = 0) -> np.ndarray:
+    """A smooth uint16 pattern with noise (compresses like a real image, unlike random bytes)."""
     rng = np.random.default_rng(seed)
     y = np.sin(np.linspace(0, 12, n, dtype=np.float32))[:, None]
     x = np.cos(np.linspace(0, 9, n, dtype=np.float32))[None, :]
@@ -57,13 +58,13 @@ def make_fixtures(size: str = "small", data_dir: str | os.PathLike[str] | None =
     root = Path(data_dir or default_data_dir()) / size
     root.mkdir(parents=True, exist_ok=True)
     done = root / ".complete.json"
-    plane = None
+    generated = None
 
     def data() -> np.ndarray:
-        nonlocal plane
-        if plane is None:
-            plane = _plane(n)
-        return plane
+        nonlocal generated
+        if generated is None:
+            generated = plane(n)
+        return generated
 
     if not done.exists():
         tifffile.imwrite(root / "tiled.ome.tif", data(), tile=(512, 512), compression="zlib",

@@ -21,17 +21,17 @@ def _extra_fixtures(root: Path, n: int) -> list[tuple[str, Path]]:
     import h5py
     import nibabel as nib
 
-    from tensor_server.bench.fixtures import _plane
+    from tensor_server.bench.fixtures import plane
 
     out = []
     p = root / "contiguous.h5"
     if not p.exists():
         with h5py.File(p, "w") as f:
-            f.create_dataset("image", data=_plane(n))
+            f.create_dataset("image", data=plane(n))
     out.append(("hdf5 contiguous", p))
     p = root / "plane.nii"
     if not p.exists():
-        nib.save(nib.Nifti1Image(_plane(n).T[:, :, None].copy(), np.eye(4)), p)
+        nib.save(nib.Nifti1Image(plane(n).T[:, :, None].copy(), np.eye(4)), p)
     out.append(("nifti", p))
     return out
 

@@ -1,0 +1,206 @@
+"""Gate 2 of ``make perf-gate``: floors relative to peers measured in the same run.
+
+Why peers: a gate against the previous commit (gate 1) cannot see a regression that creeps in
+1.4x at a time, and an absolute number in ms means nothing on another machine. A ratio to a
+peer doing the same work on the same data, in the same process, measured alternately (ours,
+peer, peer, ours, ...) and reduced to the best of N, holds on any machine: a slow spell of a
+shared machine slows both, and the best of N discards the spells.
+
+``FLOORS`` is the one table: each entry names what is ours, what is the peer, and the largest
+``ours / peer`` time ratio allowed. ``enforced=False`` entries are measured and printed on every
+run but do not fail the gate; they wait for work that is not landed yet (each says which), and
+the lead flips the flag when it lands.
+
+The "decode floor" (``_decode_floor``) is the time to only read and decompress the plane's
+chunks with every core, no reduction: no scaled read of that plane can beat it, so a scaled
+read close to it has no overhead left to remove. It lives here, in one place, until
+``bench peers`` grows its own (issue 11); then this should call that one.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterator
+
+import numpy as np
+
+__all__ = ["Floor", "FLOORS", "FloorResult", "measure_floor", "best_of_alternating"]
+
+Thunk = Callable[[], Any]
+
+#: Plane of the scaled-read floors: 4096² uint16, 1024² blosc-zstd chunks (16 chunks: enough
+#: for every core to have work in the decode floor, small enough to stay under a second per read).
+_PLANE = 4096
+_CHUNK = 1024
+_READ_SCALE = 4
+
+
+@dataclass(frozen=True)
+class Floor:
+    name: str          # stable id, used by --floors and in the failure message
+    ours: str          # what is timed on our side
+    peer: str          # what it is compared with
+    max_ratio: float   # largest allowed ours_time / peer_time
+    enforced: bool     # False: measured and printed, never fails the gate
+    setup: Callable[[Path], ContextManager[tuple[Thunk, Thunk]]]  # data dir -> (ours, peer)
+    waits_for: str = ""  # why not enforced yet
+
+    def describe_limit(self) -> str:
+        if self.max_ratio < 1:
+            return f"ours >= {1 / self.max_ratio:.3g}x faster than peer"
+        return f"ours <= {self.max_ratio:.3g}x peer's time"
+
+
+@dataclass(frozen=True)
+class FloorResult:
+    floor: Floor
+    ours_ms: float
+    peer_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_ms / self.peer_ms
+
+    @property
+    def held(self) -> bool:
+        return self.ratio <= self.floor.max_ratio
+
+
+def best_of_alternating(ours: Thunk, peer: Thunk, rounds: int = 15, min_seconds: float = 1.0) -> tuple[float, float]:
+    """Best (minimum) ms of ``ours`` and ``peer`` over at least ``rounds`` rounds, more until
+    ``min_seconds`` passed (at most 200). Each round calls both, the order alternating, after
+    one untimed warm call each (compilation, page cache, lazy opens)."""
+    ours()
+    peer()
+    best = [float("inf"), float("inf")]
+    fns = (ours, peer)
+    start = time.perf_counter()
+    n = 0
+    while n < rounds or (time.perf_counter() - start < min_seconds and n < 200):
+        for i in ((0, 1) if n % 2 == 0 else (1, 0)):
+            t0 = time.perf_counter()
+            fns[i]()
+            best[i] = min(best[i], time.perf_counter() - t0)
+        n += 1
+    return best[0] * 1e3, best[1] * 1e3
+
+
+# ---- setups: each yields (ours, peer) -----------------------------------------------------------
+
+@contextlib.contextmanager
+def _area_kernel(data_dir: Path) -> Iterator[tuple[Thunk, Thunk]]:
+    import tensorstore as ts
+
+    from tensor_server.core.downsample import downsample_block
+
+    x = np.random.default_rng(0).integers(0, 65535, (_PLANE, _PLANE), dtype=np.uint16, endpoint=True)
+    store = ts.downsample(ts.array(x), [_READ_SCALE, _READ_SCALE], "mean")
+    yield (lambda: downsample_block(x, (_READ_SCALE, _READ_SCALE), "area")), (lambda: store.read().result())
+
+
+def _zarr_plane(data_dir: Path) -> Path:
+    """The floors' zarr v2 plane (written once per data dir with zarr-python's own writer)."""
+    import numcodecs
+    import zarr
+
+    from tensor_server.bench.fixtures import plane
+
+    path = data_dir / f"plane{_PLANE}.zarr"
+    if not (path / ".zarray").exists():
+        z = zarr.open_array(str(path), mode="w", shape=(_PLANE, _PLANE), chunks=(_CHUNK, _CHUNK), dtype=np.uint16,
+                            zarr_format=2, compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE))
+        z[...] = plane(_PLANE)
+    return path
+
+
+def _our_scaled_read(path: Path, method: str) -> Thunk:
+    import tensor_server
+    from tensor_server.core import Bounds
+
+    t = tensor_server.open(path).tensor()  # best_of_alternating's warm call compiles what it uses
+    b = Bounds.full(t.shape)
+    return lambda: t.get_scaled_data(b, (_READ_SCALE, _READ_SCALE), method)
+
+
+@contextlib.contextmanager
+def _zarr_vs_tensorstore(data_dir: Path) -> Iterator[tuple[Thunk, Thunk]]:
+    import tensorstore as ts
+
+    path = _zarr_plane(data_dir)
+    store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path)}}, read=True).result()
+    view = ts.downsample(store, [_READ_SCALE, _READ_SCALE], "mean")
+    yield _our_scaled_read(path, "area"), (lambda: view.read().result())
+
+
+def _decode_floor(path: Path) -> Thunk:
+    """Read and decompress every chunk file of the zarr v2 array at ``path`` on all cores
+    (no reduction, no assembly): the least work any scaled read of the plane must do."""
+    import concurrent.futures
+    import json
+
+    import numcodecs
+
+    codec = numcodecs.get_codec(json.loads((path / ".zarray").read_text())["compressor"])
+    files = sorted(p for p in path.iterdir() if p.name[:1].isdigit())
+    pool = concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1)
+
+    def one(p: Path) -> int:
+        return len(codec.decode(p.read_bytes()))
+
+    return lambda: sum(pool.map(one, files))
+
+
+@contextlib.contextmanager
+def _zarr_vs_decode(data_dir: Path) -> Iterator[tuple[Thunk, Thunk]]:
+    path = _zarr_plane(data_dir)
+    yield _our_scaled_read(path, "area"), _decode_floor(path)
+
+
+@contextlib.contextmanager
+def _fast_path_vs_doget(data_dir: Path) -> Iterator[tuple[Thunk, Thunk]]:
+    import pyarrow.flight as flight
+
+    from tensor_server.bench.throughput import chunk_server, read_doget, read_fast_path
+
+    arr = np.random.default_rng(0).integers(0, 60000, (2048, 2048), dtype=np.uint16)  # one 8 MiB chunk
+    with chunk_server(arr, (2048, 2048), "gate") as (location, tickets):
+        client = flight.FlightClient(location)
+        try:
+            yield (lambda: read_fast_path(client, tickets[0])), (lambda: read_doget(client, tickets[0]))
+        finally:
+            client.close()
+
+
+_ISSUE11 = "issue 11 (read engine speed work): today's scaled zarr read is 1.1-2.5x TensorStore"
+
+FLOORS: tuple[Floor, ...] = (
+    Floor("area-kernel-vs-tensorstore", f"downsample_block area x{_READ_SCALE}, {_PLANE}² uint16",
+          "TensorStore downsample 'mean' over ts.array of the same array", 1 / 3, True, _area_kernel),
+    Floor("zarr-scaled-read-vs-tensorstore",
+          f"scaled read area x{_READ_SCALE} of a {_PLANE}² blosc zarr (tensor_server.open)",
+          "TensorStore downsample 'mean' over the same zarr", 1.0, False, _zarr_vs_tensorstore, _ISSUE11),
+    Floor("zarr-scaled-read-vs-decode-floor",
+          f"scaled read area x{_READ_SCALE} of a {_PLANE}² blosc zarr (tensor_server.open)",
+          "decode floor: read + decompress its chunks on all cores", 1.3, False, _zarr_vs_decode, _ISSUE11),
+    Floor("fast-path-vs-doget", "one cached 8 MiB chunk via chunk_locate + mmap (fast path)",
+          "the same chunk via DoGet", 1 / 3, True, _fast_path_vs_doget),
+)
+
+
+def measure_floor(floor: Floor, data_dir: Path | None = None, rounds: int = 15) -> FloorResult:
+    """Measure one floor (its fixture is written into ``data_dir``, a temporary dir when None)."""
+    own_dir = data_dir is None
+    d = Path(tempfile.mkdtemp(prefix="ts-gate-floor-")) if own_dir else Path(data_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        with floor.setup(d) as (ours, peer):
+            ours_ms, peer_ms = best_of_alternating(ours, peer, rounds)
+    finally:
+        if own_dir:
+            shutil.rmtree(d, ignore_errors=True)
+    return FloorResult(floor, ours_ms, peer_ms)
