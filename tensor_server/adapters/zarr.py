@@ -289,12 +289,17 @@ def _jsonable(value: Any) -> Any:
 class _StoreWalker:
     """Builds the tensors of one store (see the module docstring for what becomes a tensor)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, store: Any = None) -> None:
+        """``store``: the zarr store to read pixels from (default: a read-only LocalStore of
+        ``root``); ``zarr_remote`` passes an object store's, with ``root`` a path-like view
+        of its listing."""
         self.root = root
         self.zarr = _import_zarr()
-        from zarr.storage import LocalStore
+        if store is None:
+            from zarr.storage import LocalStore
 
-        self.store = LocalStore(root, read_only=True)
+            store = LocalStore(root, read_only=True)
+        self.store = store
         self.tensors: dict[str, TensorAdapter] = {}
         self.skipped: list[dict[str, str]] = []
         self.ngff_version = ""  # of the first image served, for the source's metadata

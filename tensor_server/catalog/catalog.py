@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog.discovery import discover
+from tensor_server.catalog.remote import is_remote_root, scan_remote_root
 from tensor_server.catalog.rois import RoiStore
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import source_id_for_path
@@ -78,7 +79,9 @@ class Catalog:
     in memory for this process only."""
 
     def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None) -> None:
-        self.roots = [Path(r) for r in roots]
+        self.roots = [Path(r) for r in roots if not is_remote_root(r)]
+        #: object-store and upstream-server URLs (``catalog/remote.py``)
+        self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
         self.rois = RoiStore(rois_path)
         self._rois_published = -1
         self._records: dict[str, SourceRecord] = {}
@@ -187,7 +190,7 @@ class Catalog:
         """Discover sources under the roots: open new or changed ones, drop vanished ones.
         Never raises for a bad file: it becomes an unresolved row."""
         self.scan_in_progress = True
-        added = changed = failed = 0
+        added = changed = failed = remote_removed = 0
         seen: set[str] = set()
         try:
             covered: set[Path] = set()
@@ -227,11 +230,15 @@ class Catalog:
             for r in removed:
                 if r.source is not None:
                     r.source.close()
+            for url in self.remote_roots:
+                counts = scan_remote_root(self, url)
+                added, changed, failed = added + counts["added"], changed + counts["changed"], failed + counts["unresolved"]
+                remote_removed += counts["removed"]
         finally:
             self.scan_in_progress = False
             self.last_scan_finished_at = time.time()
             self.first_scan_done.set()
-        return {"added": added, "changed": changed, "removed": len(removed), "unresolved": failed, "total": len(self)}
+        return {"added": added, "changed": changed, "removed": len(removed) + remote_removed, "unresolved": failed, "total": len(self)}
 
     def _shadowed_members(self) -> set[str]:
         """Ids of file sources that another source covers (a member file of a multi-file

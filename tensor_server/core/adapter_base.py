@@ -10,6 +10,8 @@ Declared capabilities (class attributes or properties, never probed):
   engine floors its streaming unit at it;
 * ``decimates``: ``get_decimated_data(bounds, step)`` may serve nearest as a strided (or
   the format's own reduced) read; it returns None where it cannot for that request.
+* ``reduces``: ``get_reduced_data(bounds, scale, method)`` may serve any scaled read
+  computed by the backend itself (another server, next to its data); None declines.
 
 ``get_data`` (owned level-0 pixels) is the one read every caller uses; ``get_scaled_data``
 is a convenience that asks the store-less default engine. The conformance suite
@@ -57,6 +59,9 @@ class TensorAdapter(ABC):
     #: Whether get_decimated_data may serve nearest with a strided (or the format's own
     #: reduced) read; it returns None where it cannot for a given request.
     decimates: ClassVar[bool] = False
+    #: Whether get_reduced_data may serve a scaled read computed by the backend (an upstream
+    #: server reduces next to its data and sends only the result); None declines a request.
+    reduces: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -151,6 +156,12 @@ class TensorAdapter(ABC):
         """``get_data(bounds)[::step]`` read without touching the unpicked pixels, or None
         when the reader cannot for this request (the engine then streams). Offer it by
         overriding and setting ``decimates = True``; the result must be owned."""
+        return None
+
+    def get_reduced_data(self, bounds: Bounds, scale: Sequence[int], method: str) -> np.ndarray | None:
+        """``downsample_block(get_data(bounds), scale, method)`` computed by the backend, or
+        None when it cannot for this request (the engine then computes it here). Offer it by
+        overriding and setting ``reduces = True``."""
         return None
 
     def get_scaled_data(
