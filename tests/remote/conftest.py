@@ -3,6 +3,8 @@ labels and a sharded zarr v3, plus their local copies (the oracle)."""
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,9 @@ def s3_endpoint():
     """moto's S3 on 127.0.0.1, with the usual AWS_* environment pointing at it."""
     from moto.server import ThreadedMotoServer
 
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -99,3 +104,19 @@ def s3_data(s3_endpoint, tmp_path_factory):
     for name in ("cells.ome.zarr", "vol.zarr", "notes.txt"):
         fs.put(str(local / name), f"{BUCKET}/run1/{name}", recursive=True)
     return local, written
+
+
+@contextmanager
+def serving(catalog, cache=None, port: int = 0):
+    """An in-process server of ``catalog`` (with ``cache`` when given) on 127.0.0.1."""
+    from tensor_server.flight import ServerConfig, TensorFlightServer
+
+    server = TensorFlightServer(catalog, ServerConfig(port=port), cache_manager=cache)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "server thread did not stop"
