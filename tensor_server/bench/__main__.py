@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source"),
     "http": ("tensor_server.bench.http",
              "the same chunks over HTTP (OME-Zarr) and Flight DoGet, cold and warm; precache vs a client burst"),
+    "distributed": ("tensor_server.bench.distributed",
+                    "a scaled read of a 4 GiB tensor by 1, 2 and 4 dask process workers via the SDK"),
+    "object-store": ("tensor_server.bench.object_store",
+                     "first and cached scaled read of an 8192² plane from S3 (moto, loopback) vs local disk"),
     "load": ("tensor_server.bench.load",
              "8 SDK clients of mixed reads, alone and beside a hostile client: errors, p50/p99, RSS"),
 }
