@@ -54,6 +54,7 @@ def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repe
     from tensor_server.flight import ServerConfig, TensorFlightServer
 
     warm_up()
+    logging.getLogger("distributed").setLevel(logging.WARNING)  # the scheduler's INFO lines
     planes = max(1, round(gib * (1 << 30) / (8192 * 16384 * 2)))
     tensor = _synthetic((planes, 8192, 16384))
     source_mb = tensor.dtype.itemsize * int(np.prod(tensor.shape)) / 1e6
@@ -78,7 +79,7 @@ def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repe
     clusters = []
     try:
         for n in workers:
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
                                    silence_logs=logging.ERROR)
             client = Client(cluster)
             clusters.append((cluster, client))
