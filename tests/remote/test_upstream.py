@@ -213,6 +213,7 @@ def test_a_root_may_name_one_upstream_source(setup, tmp_path):
             cat.scan()
             assert [r.source_id for r in cat.records()] == [_proxied_id(port, "multi")]
             t, _ = cat.find_tensor(_proxied_id(port, "multi") + "/mask")
-            assert t.shape == (120, 160) and t.dtype == np.uint32
+            assert t.shape == (120, 160) and t.dtype == np.uint32 and t.is_labels
+            assert not cat.find_tensor(_proxied_id(port, "multi") + "/img")[0].is_labels
         finally:
             cat.close()
