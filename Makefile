@@ -4,6 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# luxar's encoder/decoder are the reference the encoded-zarr tests and bench compare against.
+# It declares Python >= 3.12 and a large tree; its encoding modules need only the `test`
+# extra's arbol/hilbertcurve/numcodecs (+ xxhash, a runtime dep), so it is installed alone.
+LUXAR := luxar==2026.10.22
 # ROOT: what `make run` serves; empty = a small generated demo dataset.
 ROOT ?=
 PYTEST_ARGS ?=
@@ -25,6 +29,7 @@ $(STAMP): pyproject.toml
 	# the Tensor Browser's Qt-free data layer, for tests/flight/sdk_tensor_browser_test.py;
 	# --no-deps: its other requirements are the Qt widget's (qtpy, magicgui, opencv)
 	$(PY) -m pip install --quiet --no-deps 'biopb-napari-widget>=0.2.1'
+	$(PY) -m pip install --quiet --no-deps --ignore-requires-python '$(LUXAR)'
 	touch $(STAMP)
 
 # the demo dataset, chunk cache and annotations of `make run` live in .tensor-server/ here,
@@ -47,7 +52,7 @@ browser:
 	    echo "note: chromium could not be installed; the neuroglancer test will skip"; }
 
 test-nojit: $(STAMP)
-	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py
+	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py
 
 bench: bench-kernels
 

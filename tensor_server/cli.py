@@ -86,7 +86,9 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--rois-db", help="ROI annotation file (default: <data home>/annotations.duckdb, or "
                         "annotations-<port>.duckdb when another server holds that)")
         sp.add_argument("--cache-max-bytes", type=int, help="chunk cache file-tier budget in bytes (default 4 GiB)")
-        sp.add_argument("--write-dir", help="folder for uploads (scratch source)")
+        sp.add_argument("--write-dir", help="folder for uploaded tensors and the scratch source")
+        sp.add_argument("--writable", action="store_true", default=None,
+                        help="accept uploads over Flight (add_tensor, DoPut, set_upload_status); needs --write-dir")
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
         sp.add_argument("--http-port", type=int,
@@ -119,7 +121,7 @@ def _settings(args: argparse.Namespace):
 
     return load_settings(
         args.config, roots=list(args.roots), host=args.host, port=args.port, token=args.token,
-        cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir,
+        cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir, writable=args.writable,
         rois_path=args.rois_db,
         rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
     )
@@ -165,6 +167,22 @@ def _take(explicit: str | None, default: Path, port: int, flag: str, opener, bus
     raise AssertionError("unreachable")
 
 
+def _upload_snippet(location: str, token: str | None) -> str:
+    tok = f", token={token!r}" if token else ""
+    return (
+        "import uuid\n"
+        "import numpy as np\n"
+        "from biopb.tensor import TensorFlightClient\n"
+        f"client = TensorFlightClient({location!r}{tok})\n"
+        "result = np.random.default_rng(0).integers(0, 4096, (512, 512), dtype=np.uint16)\n"
+        "name = f'cache://scratch/@fields/result-{uuid.uuid4().hex[:8]}'\n"
+        "desc = client.setup_array_upload(name, result, chunk_shape=(256, 256))\n"
+        "print(client.upload_array(desc, result)['state'])  # READY\n"
+        "assert (client.get_array(desc.array_id) == result).all()\n"
+        "client.set_upload_status(desc.array_id, 'DISCARDED')  # or let scratch_ttl reclaim it"
+    )
+
+
 def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.catalog import Catalog
     from tensor_server.core.downsample import warm_up
@@ -181,8 +199,16 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         print(f"no ROOT given: serving the demo dataset in {folder} (generated on first use; delete the "
               "folder to remove it)", file=sys.stderr)
         settings.roots = [str(make_demo_dataset(folder))]
+    if demo and not settings.write_dir:  # make run shows uploads too
+        from tensor_server.config import default_cache_dir
+
+        settings.write_dir = str(default_cache_dir() / "demo-uploads")
+        settings.writable = True
     if not settings.roots:
         print("serve: give at least one ROOT (or roots = [...] in --config)", file=sys.stderr)
+        return 2
+    if settings.writable and not settings.write_dir:
+        print("serve: --writable needs --write-dir DIR (where uploaded tensors are stored)", file=sys.stderr)
         return 2
     from tensor_server.cache import CacheLocked, CacheManager
     from tensor_server.catalog.rois import RoiStoreBusy
@@ -209,7 +235,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),
         rescan_seconds=settings.rescan_seconds, cache_dir=settings.cache_dir,
         cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
-        write_dir=settings.write_dir, precache_bytes=settings.precache_bytes,
+        write_dir=settings.write_dir, writable=settings.writable, upload_ttl=settings.upload_ttl,
+        scratch_ttl=settings.scratch_ttl, precache_bytes=settings.precache_bytes,
         max_computes=settings.max_computes or 2 * (os.cpu_count() or 1),
         admission_timeout=settings.admission_timeout,
     )
@@ -263,7 +290,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         if demo:
             pick = None
             for rec in catalog.records():
-                if rec.source is not None:
+                if rec.source is not None and rec.source.tensors:  # scratch holds none
                     t = rec.source.tensor()
                     levels = advertised_levels(t, config.pyramid)
                     pick = (t, levels[1] if len(levels) > 1 else levels[0])
@@ -276,6 +303,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 if http is not None:
                     print(f"\nOpen it in an OME-Zarr viewer (napari-ome-zarr, neuroglancer 'zarr://...', vizarr):\n"
                           f"{http.url}/zarr/{t.array_id}/", file=sys.stderr)
+                if server.uploads.writable:
+                    print("\nUpload a result (to the scratch source) and read it back:\n", file=sys.stderr)
+                    print(_upload_snippet(location, settings.token), file=sys.stderr)
                 print(f"\nor list what is served: {sys.executable} -m tensor_server list " + " ".join(settings.roots),
                       file=sys.stderr)
                 print("Ctrl-C stops the server.", file=sys.stderr)

@@ -6,6 +6,7 @@ Example (every key optional)::
     host = "127.0.0.1"
     port = 8815
     token = "s3cret"            # required when host is not a loopback address
+    write_dir = "/data/results" # uploaded tensors and the scratch source (see [uploads])
 
     [cache]
     dir = "/var/cache/tensor-server"  # default: <cache home>/chunks, or chunks-<port> if taken
@@ -21,6 +22,12 @@ Example (every key optional)::
 
     [annotations]               # ROI annotations (the ``rois`` table), kept across restarts
     path = "/var/lib/tensor-server/annotations.duckdb"  # default: <data home>/annotations.duckdb
+
+
+    [uploads]                   # needs the top-level write_dir = "/data/results" (never discovered)
+    writable = true             # serve the Flight write verbs (needs write_dir)
+    upload_ttl = 3600           # idle PENDING uploads and tombstones are swept after this
+    scratch_ttl = 86400         # caps every lifetime on the scratch source; 0 = off
 
 Where a server keeps its files when none are given: the cache home is
 ``$XDG_CACHE_HOME/tensor-server`` (``~/.cache/tensor-server``: the demo dataset and chunk
@@ -80,6 +87,9 @@ class Settings:
     source_scaled_reads: bool = True
     write_dir: str | None = None
     rois_path: str | None = None
+    writable: bool = False
+    upload_ttl: float = 3600.0
+    scratch_ttl: float = 86400.0
     plane_budget_px: int = 4 * 1024 * 1024
     volume_budget_voxels: int = 448**3
     rescan_seconds: float = 0.0
@@ -97,6 +107,9 @@ _KEYS = {
     ("port",): "port",
     ("token",): "token",
     ("write_dir",): "write_dir",
+    ("uploads", "writable"): "writable",
+    ("uploads", "upload_ttl"): "upload_ttl",
+    ("uploads", "scratch_ttl"): "scratch_ttl",
     ("cache", "dir"): "cache_dir",
     ("cache", "max_bytes"): "cache_max_bytes",
     ("cache", "source_scaled_reads"): "source_scaled_reads",

@@ -36,14 +36,17 @@ READ_BLOCK = {
     "Hdf5ContiguousAdapter": ("none", "a contiguous/compact HDF5 dataset is raw bytes at one offset; a hyperslab read costs only the bytes it selects"),
     # class name: (classification, reason)
     "ZarrAdapter": ("block", "the store chunk (a sharded v3 array's inner chunk): zarr decodes a whole chunk to return any of it, and reads only the inner chunks a selection touches"),
+    "EncodedZarrAdapter": ("block", "the store chunk of the codes (a row LUT's index chunk times the row width): zarr decodes whole chunks; None for a broadcast row (np.broadcast_to crops for free), a reference forwards its target's"),
     "ArrayAdapter": ("none", "slicing memory (or a .npy memmap) crops for free; tests may declare a block to exercise the floor"),
     "NormalizingAdapter": ("forwards", "reports the wrapped adapter's block, permuted"),
+    "CacheMemberAdapter": ("none", "a cache:// upload's chunks are stored whole as Arrow batches in mapped segments; a crop slices the mapped batches it overlaps, no decode"),
 }
 
 
 def all_adapter_classes() -> list[type]:
     for mod in pkgutil.iter_modules(tensor_server.adapters.__path__):
         importlib.import_module(f"tensor_server.adapters.{mod.name}")
+    importlib.import_module("tensor_server.uploads")  # the readers of uploaded tensors
     seen, stack = [], [TensorAdapter]
     while stack:
         cls = stack.pop()

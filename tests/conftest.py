@@ -36,3 +36,15 @@ def testdata() -> Path:
 def expected(testdata: Path) -> dict:
     """``expected.json``: per sample file, reader, shape, dtype, axes, min, max and sum."""
     return json.loads((testdata / "expected.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def luxar():
+    """luxar's encoding modules (encoder, decoder, enums, zarr facade); skips when luxar is
+    not installed (``make setup`` installs it; see tensor_server/testing/luxar.py)."""
+    from tensor_server.testing.luxar import luxar_encoding
+
+    lx = luxar_encoding()
+    if lx is None:
+        pytest.skip("luxar is not installed: run `make setup` (installs luxar==2026.10.22 --no-deps)")
+    return lx

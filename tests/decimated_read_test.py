@@ -33,8 +33,10 @@ DECIMATES = {
     "Hdf5ContiguousAdapter": ("yes", "hyperslab strided on all but the innermost axis reads only the picked rows: 64 MiB contiguous, step 8: 4.3 vs 12.5 ms streamed, step 32: 0.6 vs 11.8 ms, step 2: equal"),
     # class name: (yes/no, reason)
     "ZarrAdapter": ("no", "quantized: zarr decodes a whole chunk to return any of it, so a stride inside the chunk saves only a memcpy"),
+    "EncodedZarrAdapter": ("yes", "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
     "NormalizingAdapter": ("forwards", "decimates exactly when the wrapped adapter does"),
+    "CacheMemberAdapter": ("no", "a cache:// upload's chunk is one mapped Arrow batch: a stride inside it saves only a memcpy"),
 }
 
 

@@ -32,7 +32,7 @@ def demo_server(tmp_path_factory):
     make_demo_dataset(home / ".tensor-server" / "demo")
     cat = Catalog([home / ".tensor-server" / "demo"], rois_path=str(home / ".tensor-server" / "annotations.duckdb"))
     cat.scan()
-    with running_server(cat) as srv:
+    with running_server(cat, write_dir=str(home / ".tensor-server" / "uploads"), writable=True) as srv:
         from tensor_server.http.app import HttpFrontEnd, build_app
 
         http = HttpFrontEnd(build_app(cat, srv.engine), "127.0.0.1", 0)
@@ -66,6 +66,7 @@ def test_readme_snippets_run_as_written(demo_server, monkeypatch):
     assert ns["level"].shape == (2, 256, 256) and ns["small"].shape == (24, 128, 128)
     np.testing.assert_array_equal(ns["crop"], ns["full"][:, 100:612, 0:512])
     assert ns["level1"].shape == (2, 512, 512)  # the stored level, over HTTP
+    assert "READY\n(256, 256)" in printed and "/image/@labels/cells 7" in printed  # uploads, read back
     assert "[1, 2, 2] precompute [2, 512, 512] stored" in printed  # the pyramid, readable
     assert "labels/cells" in printed and "volume-" in printed
     assert "(2, 1024, 1024) (2, 512, 512) (2, 256, 256) (2, 512, 512)" in printed

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from tensor_server.adapters.mrc import DV_MAGICS, MemmapReads
+from tensor_server.adapters._memmap import MemmapReads
+from tensor_server.adapters.mrc import DV_MAGICS
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_content_version

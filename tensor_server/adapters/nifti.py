@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tensor_server.adapters.mrc import strided_slices
+from tensor_server.adapters._memmap import strided_slices
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.arrays import owned_array

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_content_version
@@ -45,6 +46,11 @@ _OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
 #: Long axis names some writers use, mapped to the single letters the server orders by.
 _AXIS_ALIASES = {"time": "t", "channel": "c", "channels": "c", "ch": "c"}
 _MAX_GROUP_DEPTH = 32
+#: The attribute block the upload subsystem writes on its zarr:// members (uploads/marker.py
+#: takes the key from here). Both zarr claims decline a group carrying it: what lies under a
+#: write_dir is registered by the upload subsystem, never discovered, even when a write_dir
+#: was misplaced inside a served root.
+UPLOAD_MEMBER_KEY = "tensor_server_upload"
 
 
 class _NoPixels(UnreadableSource):
@@ -116,6 +122,15 @@ def _read_node(folder: Path, rel: str) -> _Node | None:
 
 def _is_zarr_folder(path: Path) -> bool:
     return any((path / n).is_file() for n in ("zarr.json", ".zgroup", ".zarray"))
+
+
+def is_upload_member(path: Path) -> bool:
+    """The folder is an upload subsystem's zarr:// member (never raises)."""
+    try:
+        node = _read_node(path, "")
+        return node is not None and UPLOAD_MEMBER_KEY in node.attributes
+    except Exception:
+        return False
 
 
 def _natural_key(name: str) -> tuple[Any, ...]:
@@ -303,6 +318,8 @@ class _StoreWalker:
         self.tensors: dict[str, TensorAdapter] = {}
         self.skipped: list[dict[str, str]] = []
         self.ngff_version = ""  # of the first image served, for the source's metadata
+        self.encodings: dict[str, str] = {}  # field -> encoding name of encoded arrays
+        self.ref_targets = RefTargets()  # array_ref targets shared by this store's arrays
 
     # -- nodes and arrays --
     def node(self, rel: str) -> _Node | None:
@@ -348,6 +365,9 @@ class _StoreWalker:
 
     # -- plain zarr --
     def add_plain_array(self, node: _Node, field: str) -> None:
+        if "encoding" in node.attributes:
+            self.add_encoded_array(node, field)
+            return
         array = self.open_array(node)
         tensor = ZarrAdapter(
             array, store_path=self.root, zarr_path=node.rel, dim_labels=self.array_dim_names(node, array),
@@ -355,6 +375,20 @@ class _StoreWalker:
             content_version=self.version_of(node),
         )
         self.tensors[field] = normalize_axes(tensor)
+
+    def add_encoded_array(self, node: _Node, field: str) -> None:
+        """An array with an ``encoding`` block (Luxar): served decoded by encoded_zarr."""
+
+        def open_codes(rel: str) -> tuple[Any, dict[str, Any], bytes]:
+            n = self.node(rel)
+            if n is None or n.kind != "array":
+                raise UnreadableSource(self.root, f"no zarr array at {rel!r}")
+            array = self.zarr.open_array(store=self.store, path=n.rel, mode="r", zarr_format=n.zarr_format)
+            return array, n.attributes, self.version_of(n)
+
+        tensor = open_encoded(node.rel, store_path=self.root, open_codes=open_codes, targets=self.ref_targets)
+        self.tensors[field] = normalize_axes(tensor)
+        self.encodings[field] = tensor.encoding.name
 
     def walk_group(self, node: _Node, depth: int = 0) -> None:
         if depth > _MAX_GROUP_DEPTH:
@@ -364,7 +398,7 @@ class _StoreWalker:
             if child.kind == "array":
                 try:
                     self.add_plain_array(child, child.rel)
-                except _NoPixels as exc:
+                except (_NoPixels, EncodedArrayError) as exc:
                     self.skip(child.rel, exc.reason)
             elif child.is_ome() and "multiscales" in child.ome:
                 self.add_image(child, child.rel, is_labels="image-label" in child.ome)
@@ -550,6 +584,8 @@ class _StoreWalker:
             for key in ("plate", "well", "bioformats2raw.layout", "omero"):
                 if key in ome:
                     metadata[key] = _jsonable(ome[key])
+        if self.encodings:
+            metadata["encodings"] = self.encodings
         if self.skipped:
             metadata["skipped"] = self.skipped
         return self.tensors, metadata, root.is_ome()
@@ -583,7 +619,7 @@ register_format(
     FormatEntry(
         name="ome-zarr",
         opener=lambda path: ZarrSource(path, require_ome=True),
-        sniff=lambda path, head: path.is_dir() and _root_is_ome(path),
+        sniff=lambda path, head: path.is_dir() and _root_is_ome(path) and not is_upload_member(path),
         extensions=(".ome.zarr",),
         priority=10,
         folders=True,
@@ -595,7 +631,7 @@ register_format(
     FormatEntry(
         name="zarr",
         opener=ZarrSource,
-        sniff=lambda path, head: path.is_dir() and _is_zarr_folder(path),
+        sniff=lambda path, head: path.is_dir() and _is_zarr_folder(path) and not is_upload_member(path),
         extensions=(".zarr",),
         priority=20,
         folders=True,

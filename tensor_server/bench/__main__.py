@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
                      "first and cached scaled read of an 8192² plane from S3 (moto, loopback) vs local disk"),
     "load": ("tensor_server.bench.load",
              "8 SDK clients of mixed reads, alone and beside a hostile client: errors, p50/p99, RSS"),
+    "encoded": ("tensor_server.bench.encoded",
+                "range reads of encoded (Luxar) zarr arrays vs luxar's decoder on the whole array"),
+    "uploads": ("tensor_server.bench.uploads",
+                "upload_array MB/s to cache:// and zarr:// vs a bare pyarrow DoPut that discards"),
 }
 
 

@@ -82,7 +82,7 @@ def make_fixtures(size: str = "small", data_dir: str | os.PathLike[str] | None =
             m.set_data(data()[None])
         if with_czi:
             try:
-                from tensor_server.adapters.czi import write_benchmark_czi
+                from tensor_server.bench.writers import write_benchmark_czi
 
                 write_benchmark_czi(root / "plane.czi", size=n, channels=3)
             except Exception as exc:  # the CZI writer is optional for the table

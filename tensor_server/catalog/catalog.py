@@ -96,6 +96,12 @@ class Catalog:
         self.scan_in_progress = False
         self.last_scan_finished_at: float | None = None
         self._rescan_stop = threading.Event()
+        #: source_id -> field -> (tensor, listed): tensors attached to a source by the upload
+        #: subsystem (``@fields/..``, ``../@labels/..``). Kept by source id, not on the record,
+        #: so a field whose source vanished (an orphan) is kept and comes back with the source.
+        self._attached: dict[str, dict[str, tuple[TensorAdapter, bool]]] = {}
+        #: folders never discovered (the write_dir: the upload subsystem registers what is in it)
+        self.excluded: list[Path] = []
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
@@ -150,6 +156,20 @@ class Catalog:
             new.url = rec.url
         self.put_record(new)
         return new
+    def attach(self, source_id: str, field: str, tensor: TensorAdapter, *, listed: bool) -> None:
+        """Serve ``tensor`` as ``source_id/field``; ``listed`` puts it in the source's row."""
+        tensor.array_id = f"{source_id}/{field}"
+        with self._lock:
+            self._attached.setdefault(source_id, {})[field] = (tensor, listed)
+            self._dirty = True
+
+    def detach(self, source_id: str, field: str) -> None:
+        with self._lock:
+            fields = self._attached.get(source_id, {})
+            fields.pop(field, None)
+            if not fields:
+                self._attached.pop(source_id, None)
+            self._dirty = True
 
     def records(self) -> list[SourceRecord]:
         with self._lock:
@@ -177,6 +197,10 @@ class Catalog:
         if rec.source is None:
             raise SourceUnresolved(f"source {source_id!r} cannot be read: {rec.unresolved_reason}")
         src = rec.source
+        with self._lock:
+            attached = self._attached.get(source_id, {}).get(fld) if fld else None
+        if attached is not None:
+            return attached[0], array_id
         if not fld:
             t = src.tensor()
             return t, t.array_id
@@ -197,7 +221,7 @@ class Catalog:
             for root in self.roots:
                 for claim in discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None):
                     resolved = claim.path.resolve()
-                    if resolved in covered:
+                    if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
                         continue
                     sid = source_id_for_path(claim.path)
                     sig = _stat_signature(claim.path)
@@ -311,7 +335,9 @@ class Catalog:
             rows["is_resolved"].append(r.is_resolved)
             tensors = []
             if r.source is not None:
-                for t in r.source.tensors.values():
+                with self._lock:
+                    attached = [t for t, listed in self._attached.get(r.source_id, {}).values() if listed]
+                for t in [*r.source.tensors.values(), *attached]:
                     tensors.append({"array_id": t.array_id, "dim_labels": list(t.dim_labels),
                                     "shape": list(t.shape), "dtype": t.dtype.str})
             rows["tensors"].append(tensors)

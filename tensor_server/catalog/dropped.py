@@ -18,7 +18,7 @@ from typing import Callable
 from tensor_server.catalog.catalog import Catalog, _stat_signature, _under
 from tensor_server.adapters.registry import formats
 from tensor_server.catalog.discovery import Claim, discover
-from tensor_server.core.adapter_base import source_id_for_path
+from tensor_server.core.identity import source_id_for_path
 from tensor_server.errors import InvalidArgument
 
 __all__ = ["DND_PREFIX", "AddTally", "DroppedPaths"]

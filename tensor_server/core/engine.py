@@ -49,7 +49,7 @@ from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId,
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
-__all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "default_engine"]
+__all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "check_chunk_id", "default_engine"]
 
 #: ``cancelled()`` is polled before each unit is fetched; True stops the read.
 Cancelled = Callable[[], bool]
@@ -122,40 +122,10 @@ class ReadEngine:
         the stored chunk, no decode), else computed and stored. The array may be read-only
         (a cache entry): copy it before writing. ``tensor`` is the served tensor the id
         names (the caller looks it up by ``ChunkId.decode(raw).array_id``)."""
-        cid = self.check_chunk_id(tensor, chunk_id)
+        cid = check_chunk_id(tensor, chunk_id)
         if self.store is None:
             return cid, self._admitted(tensor, cid, cancelled)
         return cid, self.store.get_or_compute(cid.encode(), lambda: self._admitted(tensor, cid, cancelled))
-
-    def check_chunk_id(self, tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:
-        """Decode and validate a chunk id of ``tensor``: foreign, stale, out-of-range and
-        oversized ids raise instead of reading (a stale id is refused even if its bytes are
-        still cached)."""
-        cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
-        if cid.array_id != tensor.array_id:
-            raise InvalidChunkId(f"chunk id names {_short(cid.array_id)!r}, not {tensor.array_id!r}")
-        if cid.content_version != tensor.content_version or cid.epoch != SERVING_EPOCH:
-            raise StaleChunkId(f"{tensor.array_id}: the data changed since this chunk was planned; re-plan")
-        if len(cid.scale) != tensor.ndim:
-            raise InvalidChunkId(f"chunk id has {len(cid.scale)} axes, {tensor.array_id} has {tensor.ndim}")
-        if cid.method == PRECOMPUTE:
-            level = tensor.native_level(cid.scale)
-            if level is None:
-                raise InvalidChunkId(f"{tensor.array_id} stores no level at scale {cid.scale}")
-            grid_owner, unit_scale = level.tensor, (1,) * tensor.ndim
-        else:
-            if cid.method != UNSCALED:
-                try:
-                    check_scale(cid.scale, tensor.shape)
-                except InvalidArgument as exc:
-                    raise InvalidChunkId(f"chunk id scale is out of range: {exc}") from None
-            grid_owner, unit_scale = tensor, cid.scale
-        try:
-            cid.bounds.validate(grid_owner.shape)
-        except InvalidBounds as exc:
-            raise InvalidChunkId(f"chunk id extent does not fit {tensor.array_id}: {exc}") from None
-        check_extent_within_chunk(cid.bounds.shape, unit_scale, grid_owner.chunk_shape, tensor.array_id)
-        return cid
 
     # ---- paths ---------------------------------------------------------------------------------
     def _admitted(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
@@ -225,6 +195,37 @@ class ReadEngine:
         if all(u >= n for u, n in zip(unit, bounds.shape)):
             return owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype)
         return stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype)  # MERGE: workers=workers
+
+
+def check_chunk_id(tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:
+    """Decode and validate a chunk id of ``tensor``: foreign, stale, out-of-range and
+    oversized ids raise instead of reading (a stale id is refused even if its bytes are
+    still cached)."""
+    cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
+    if cid.array_id != tensor.array_id:
+        raise InvalidChunkId(f"chunk id names {_short(cid.array_id)!r}, not {tensor.array_id!r}")
+    if cid.content_version != tensor.content_version or cid.epoch != SERVING_EPOCH:
+        raise StaleChunkId(f"{tensor.array_id}: the data changed since this chunk was planned; re-plan")
+    if len(cid.scale) != tensor.ndim:
+        raise InvalidChunkId(f"chunk id has {len(cid.scale)} axes, {tensor.array_id} has {tensor.ndim}")
+    if cid.method == PRECOMPUTE:
+        level = tensor.native_level(cid.scale)
+        if level is None:
+            raise InvalidChunkId(f"{tensor.array_id} stores no level at scale {cid.scale}")
+        grid_owner, unit_scale = level.tensor, (1,) * tensor.ndim
+    else:
+        if cid.method != UNSCALED:
+            try:
+                check_scale(cid.scale, tensor.shape)
+            except InvalidArgument as exc:
+                raise InvalidChunkId(f"chunk id scale is out of range: {exc}") from None
+        grid_owner, unit_scale = tensor, cid.scale
+    try:
+        cid.bounds.validate(grid_owner.shape)
+    except InvalidBounds as exc:
+        raise InvalidChunkId(f"chunk id extent does not fit {tensor.array_id}: {exc}") from None
+    check_extent_within_chunk(cid.bounds.shape, unit_scale, grid_owner.chunk_shape, tensor.array_id)
+    return cid
 
 
 def _stop_when(cancelled: Cancelled, fetch: Callable[[Bounds], np.ndarray]) -> Callable[[Bounds], np.ndarray]:

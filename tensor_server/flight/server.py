@@ -61,6 +61,10 @@ class ServerConfig:
     #: chunk computations (cache misses) at once; more wait, then get UNAVAILABLE (0 = no bound)
     max_computes: int = 0
     admission_timeout: float = 30.0
+    #: serve the Flight write verbs (add_tensor, set_upload_status, DoPut); needs write_dir
+    writable: bool = False
+    upload_ttl: float = 3600.0
+    scratch_ttl: float = 86400.0
 
 
 def _peer_is_loopback(peer: str | bytes) -> bool:
@@ -91,7 +95,8 @@ def is_loopback_host(host: str) -> bool:
 class TensorFlightServer(flight.FlightServerBase):
     """Serve ``catalog`` at ``grpc://host:port`` (port 0 picks a free port: see ``.port``)."""
 
-    def __init__(self, catalog: Catalog, config: ServerConfig | None = None, cache_manager: Any | None = None) -> None:
+    def __init__(self, catalog: Catalog, config: ServerConfig | None = None, cache_manager: Any | None = None,
+                 upload_manager: Any | None = None) -> None:
         self.config = config or ServerConfig()
         if not is_loopback_host(self.config.host) and not self.config.token:
             # A non-loopback bind without a token would expose every file under the roots
@@ -123,8 +128,21 @@ class TensorFlightServer(flight.FlightServerBase):
         #: chunk reads (DoGet and chunk_locate) by client address: shows how a cluster's
         #: workers spread their reads (the ``server_stats`` action)
         self.chunk_reads_by_peer: Counter[str] = Counter()
+        from tensor_server.flight.uploads import UploadGlue
+
+        #: uploads (flight/uploads.py); its manager is None without a write_dir. Built before
+        #: the listener starts, so no call can arrive before it exists.
+        self.uploads = UploadGlue(self, upload_manager)
         location = f"grpc://{self.config.host}:{self.config.port}"
-        super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
+        try:
+            super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
+        except BaseException:
+            self.uploads.close()
+            raise
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.uploads.close()
 
     def shutdown(self) -> None:
         super().shutdown()
@@ -169,8 +187,15 @@ class TensorFlightServer(flight.FlightServerBase):
         if request.WhichOneof("request") != "tensor_read":
             raise InvalidArgument("FlightRequest carries no tensor_read")
         option = request.tensor_read
-        fields = read_mask(option)
+        answered = self.uploads.tensor_info(option)  # uploaded tensors: write plans, status, gate
+        if answered is not None:
+            return answered
         tensor, echo = self.catalog.find_tensor(option.array_id)
+        return self.describe_tensor(tensor, echo, option)
+
+    def describe_tensor(self, tensor, echo: str, option, upload_status=None) -> flight.FlightInfo:  # noqa: ANN001
+        """The FlightInfo answering ``option`` for ``tensor`` (plan and/or describe)."""
+        fields = read_mask(option)
         region = request_region(option, tensor.ndim)
         scale = list(option.scale_hint) or None
         check_read_request(region, scale, tensor.shape)
@@ -187,6 +212,8 @@ class TensorFlightServer(flight.FlightServerBase):
         resident = record.is_resident() if "is_resident" in fields else None
         desc = describe_descriptor(tensor, echo, fields, plan, region is not None, metadata_json, self.config.pyramid,
                                    resident)
+        if upload_status is not None:
+            desc.upload_status.CopyFrom(upload_status)
         return plan_flight_info(desc, plan if wants_endpoints else None, option.SerializeToString())
 
     # ---- DoGet ------------------------------------------------------------------------------------
@@ -221,6 +248,7 @@ class TensorFlightServer(flight.FlightServerBase):
             from tensor_server.errors import InvalidChunkId
 
             raise InvalidChunkId(f"chunk id names {array_id[:120]!r}, which is not a tensor id")
+        self.uploads.check_readable(tensor)  # an uploaded tensor reads once READY
         return tensor
 
     def _chunk_data(self, raw: bytes, context=None):  # noqa: ANN001, ANN202
@@ -243,8 +271,8 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- DoPut ------------------------------------------------------------------------------------
     def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
-        """Dispatch on the ``PutCommand`` arm the SDK puts in the descriptor: ROI
-        annotation writes here; pixel uploads (``chunk_ticket``) are not served yet."""
+        """Dispatch on the ``PutCommand`` arm the SDK puts in the descriptor: ROI annotation
+        writes (flight/actions.py) and pixel uploads (``chunk_ticket``, flight/uploads.py)."""
         self.calls["DoPut"] += 1
         self._auth(context)
         cmd = ticket_pb2.PutCommand()
@@ -255,12 +283,17 @@ class TensorFlightServer(flight.FlightServerBase):
         arm = cmd.WhichOneof("command")
         if arm in ("roi_put", "roi_delete"):
             return self.actions.roi_put(cmd, reader, writer)
-        raise flight.FlightServerError(f"DoPut {arm or 'without a command'} is not supported by this server")
+        if arm == "chunk_ticket":
+            return self.uploads.do_put(descriptor, reader)
+        raise flight_error(InvalidArgument(f"DoPut {arm or 'without a command'} is not supported by this server"))
 
     # ---- actions ---------------------------------------------------------------------------------
     def list_actions(self, context):  # noqa: ANN001
         actions = [("health", "server status and protocol version (JSON)"),
                    ("server_stats", "call counts and chunk reads by client address (JSON)")] + list(ACTION_DESCRIPTIONS)
+        if self.uploads.writable:
+            actions += [("add_tensor", "add a PENDING tensor to a source (uploads)"),
+                        ("set_upload_status", "move an upload to READY or DISCARDED")]
         if self.cache_manager is not None:
             actions += [("chunk_locate", "segment file and offset of a cached chunk (loopback only)"),
                         ("cache_stats", "chunk cache statistics (JSON)")]
@@ -272,6 +305,9 @@ class TensorFlightServer(flight.FlightServerBase):
         if kind == "health":
             return iter([flight.Result(json.dumps(self.health()).encode())])
         self._auth(context)
+        answered = self.uploads.do_action(kind, action.body.to_pybytes())
+        if answered is not None:
+            return iter(answered)
         if kind == "chunk_locate" and self.cache_manager is not None:
             return iter([flight.Result(json.dumps(self._locate(context, action.body.to_pybytes())).encode())])
         if kind == "server_stats":
@@ -303,6 +339,9 @@ class TensorFlightServer(flight.FlightServerBase):
                 raise InvalidArgument("chunk_locate body is not a TensorTicket") from None
             if tt.WhichOneof("payload") != "chunk_id":
                 return {"available": False}
+            own = self.uploads.locate(tt)  # a cache:// member chunk: its own sealed segment
+            if own is not None:
+                return own
             cid, _ = self._chunk_data(tt.chunk_id, context)
         except flight.FlightError:
             raise
@@ -322,7 +361,7 @@ class TensorFlightServer(flight.FlightServerBase):
             "source_count": len(cat),
             "uptime_seconds": int(time.time() - self.started_at),
             "metadata_db_enabled": True,
-            "writable": False,
+            "writable": self.uploads.writable,
             "full_scan_in_progress": cat.scan_in_progress,
             "last_full_scan_finished_at": cat.last_scan_finished_at,
             "ticket_stubs": False,

@@ -17,7 +17,8 @@ import pytest
 from pylibCZIrw import czi as pyczi
 
 import tensor_server
-from tensor_server.adapters.czi import CziAdapter, sniff_czi, write_benchmark_czi
+from tensor_server.adapters.czi import CziAdapter, sniff_czi
+from tensor_server.bench.writers import write_benchmark_czi
 from tensor_server.adapters.registry import detect_format
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import reap_idle_handles

@@ -245,7 +245,7 @@ def test_roi_prune_reports_then_deletes_orphans(served, tree, tmp_path):
         client.prune_rois(0)
 
 
-def test_upload_puts_are_refused_clearly(served):
+def test_upload_puts_on_a_read_only_server_are_refused_clearly(served):
     from biopb.tensor.ticket_pb2 import PutCommand
     import pyarrow as pa
 
@@ -253,7 +253,11 @@ def test_upload_puts_are_refused_clearly(served):
     fc = flight.FlightClient(srv.location)
     desc = flight.FlightDescriptor.for_command(PutCommand(chunk_ticket=b"x").SerializeToString())
     writer, _ = fc.do_put(desc, pa.schema([("a", pa.int8())]))
-    with pytest.raises(flight.FlightServerError, match="chunk_ticket is not supported"):
+    with pytest.raises(flight.FlightError, match="read-only: start it with --write-dir"):
+        writer.close()
+    desc = flight.FlightDescriptor.for_command(b"\xff not a command")
+    writer, _ = fc.do_put(desc, pa.schema([("a", pa.int8())]))
+    with pytest.raises(flight.FlightError, match="not a PutCommand"):
         writer.close()
 
 

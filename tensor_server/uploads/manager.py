@@ -1,0 +1,413 @@
+"""UploadManager: add_tensor, chunk writes, the PENDING/READY/DISCARDED ladder, TTL sweeps and
+boot adoption, for both store formats.
+
+Transport-free (flight/uploads.py turns its errors into Flight ones), so an in-process
+producer can add and fill tensors while the wire verbs stay refused. Every uploaded tensor
+lives in ``<write_dir>/fields/<source_id>/...`` as a *member* directory and is attached to its
+source in the catalog, so reads go through the same read path as every other tensor. The
+planner is the read planner over the member's reader adapter: one answer to "what is a chunk"
+for plans, DoPut and DoGet alike.
+
+Clocks: one injectable wall clock (``clock``) for deadlines (recorded as absolute time in the
+marker, so they survive restarts) and idleness, so tests drive sweeps without sleeping.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import quote
+
+import numpy as np
+
+from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.chunk_id import UNSCALED, ChunkId
+from tensor_server.core.engine import check_chunk_id
+from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
+from tensor_server.errors import InvalidArgument, TensorNotFound, TensorServerError
+from tensor_server.uploads.cache_member import CacheMember
+from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker
+from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
+from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID, ScratchSource
+from tensor_server.uploads.zarr_member import ZarrMember
+
+__all__ = ["UploadManager", "Upload", "UploadClosed", "UploadNotReadable", "DEFAULT_UPLOAD_TTL",
+           "DEFAULT_SCRATCH_TTL"]
+
+log = logging.getLogger(__name__)
+
+#: seconds a PENDING upload may go without a write, and a tombstone may stand
+DEFAULT_UPLOAD_TTL = 3600.0
+#: every lifetime on the scratch source is capped at this (0 = off)
+DEFAULT_SCRATCH_TTL = 86400.0
+#: transient: READY is being published (writes refused, discard waits for the outcome)
+_SEALING = "SEALING"
+
+
+class UploadClosed(TensorServerError):
+    """A write or transition reached an upload that takes no more chunks (READY or DISCARDED)."""
+
+    def __init__(self, array_id: str, state: str, detail: str) -> None:
+        state = DISCARDED if state == DISCARDED else READY  # SEALING is READY to a writer
+        self.array_id, self.state, self.detail = array_id, state, detail
+        word = "was discarded" if state == DISCARDED else "is READY (sealed)"
+        super().__init__(f"upload {array_id} {word}; it takes no more writes" + (f": {detail}" if detail else ""))
+
+
+class UploadNotReadable(TensorServerError):
+    """A read reached an uploaded tensor that is PENDING (or a DISCARDED tombstone)."""
+
+
+@dataclass
+class Upload:
+    """One uploaded tensor: its store, reader and progress (``adopted`` ones carry none)."""
+
+    array_id: str
+    source_id: str
+    field: str
+    member: Any  # ZarrMember | CacheMember
+    tensor: TensorAdapter
+    state: str
+    expires_at: float | None
+    last_activity: float
+    adopted: bool = False
+    #: the lifetime add_tensor granted (seconds; None = no deadline)
+    granted_ttl: float | None = None
+    reason: str = ""
+    discarded_at: float | None = None
+    received: set[Bounds] = field(default_factory=set)
+    inflight: int = 0
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def expected_chunks(self) -> int:
+        return int(np.prod([-(-n // c) for n, c in zip(self.tensor.shape, self.tensor.chunk_shape)]))
+
+    def status(self) -> dict[str, Any]:
+        return {"state": self.state, "expected_chunks": self.expected_chunks,
+                "uploaded_chunks": len(self.received), "reason": self.reason}
+
+
+def _member_dir(write_dir: Path, source_id: str, target_field: str) -> Path:
+    """``fields/<source_id>/<name>`` for a field; ``fields/<source_id>/@labels/<image>/<name>``
+    for a label set (the image field quoted into one component)."""
+    base = write_dir / "fields" / source_id
+    image, marker, name = target_field.rpartition(f"{LABELS}/")
+    if not marker:
+        return base / target_field.split("/", 1)[1]
+    return base / LABELS / quote(image.rstrip("/") or "@default", safe="") / name
+
+
+class UploadManager:
+    """Every uploaded tensor of one write_dir (see the module docstring). Constructing it
+    serves the scratch source, keeps the catalog out of write_dir and adopts what a previous
+    life left READY."""
+
+    def __init__(self, catalog: Any, write_dir: str | os.PathLike[str], *, upload_ttl: float = DEFAULT_UPLOAD_TTL,
+                 scratch_ttl: float = DEFAULT_SCRATCH_TTL, clock: Callable[[], float] = time.time) -> None:
+        self.catalog = catalog
+        self.write_dir = Path(write_dir).resolve()
+        (self.write_dir / "fields").mkdir(parents=True, exist_ok=True)
+        self.upload_ttl = float(upload_ttl)
+        self.scratch_ttl = float(scratch_ttl)
+        self.clock = clock
+        self._lock = threading.RLock()
+        #: array_id -> Upload, live and tombstones
+        self._uploads: dict[str, Upload] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        catalog.excluded.append(self.write_dir)
+        catalog.add_source(ScratchSource())
+        self.boot_summary = self._adopt()
+
+    # ---- boot ------------------------------------------------------------------------------
+    def _member_dirs(self) -> list[Path]:
+        """Directories under fields/ that carry a member marker (the zarr array's own
+        ``0/.zattrs`` carries none, whatever the member is named)."""
+        out = set()
+        for f in (self.write_dir / "fields").rglob(".zattrs"):
+            if ZarrMember.read_marker(f.parent) is not None:
+                out.add(f.parent)
+        for f in (self.write_dir / "fields").rglob("descriptor.json"):
+            if CacheMember.read_marker(f.parent) is not None:
+                out.add(f.parent)
+        return sorted(out)
+
+    def _adopt(self) -> dict[str, int]:
+        """Adopt READY members; remove PENDING ones a crash left behind and READY ones whose
+        deadline passed while the server was down."""
+        adopted = removed = 0
+        now = self.clock()
+        for d in self._member_dirs():
+            member = ZarrMember.open(d) if (d / ".zattrs").is_file() else CacheMember.open(d)
+            if member is None:
+                continue
+            m = member.marker
+            if m.state != READY or (m.expires_at is not None and now >= m.expires_at):
+                log.info("boot: removing %s upload %s (%s)", m.state, m.array_id, d)
+                member.remove()
+                removed += 1
+                continue
+            source_id, _, fld = m.array_id.partition("/")
+            up = Upload(m.array_id, source_id, fld, member, member.reader(), READY, m.expires_at, now, adopted=True,
+                        reason="adopted at boot (no progress record: uploaded_chunks is not known)")
+            self._uploads[m.array_id] = up
+            self.catalog.attach(source_id, fld, up.tensor, listed=True)
+            adopted += 1
+        return {"adopted": adopted, "removed": removed}
+
+    # ---- lookup ----------------------------------------------------------------------------
+    def get(self, array_id: str) -> Upload | None:
+        """The upload (live or tombstone) with this exact id."""
+        with self._lock:
+            return self._uploads.get(array_id)
+
+    def upload_of(self, tensor: TensorAdapter) -> Upload | None:
+        up = self.get(tensor.array_id)
+        return up if up is not None and up.tensor is tensor else None
+
+    # ---- add_tensor -------------------------------------------------------------------------
+    def add_tensor(self, request_id: str, shape: Any, dtype: Any, *, chunk_shape: Any = (), dim_labels: Any = (),
+                   metadata_json: str = "", ttl_seconds: int | None = None) -> Upload:
+        """Create a PENDING tensor on an existing source (refused with the reason otherwise)."""
+        target = parse_upload_id(request_id)
+        shape = tuple(int(n) for n in shape)
+        if not shape or any(n < 1 for n in shape):
+            raise InvalidArgument(f"add_tensor {request_id!r}: shape must be positive, got {list(shape)}")
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise InvalidArgument(f"add_tensor {request_id!r}: {dtype!r} is not a numpy dtype") from None
+        if dt.kind not in "biuf" or dt.byteorder == ">":
+            raise InvalidArgument(f"add_tensor {request_id!r}: dtype {dt.str} is not a little-endian numeric dtype")
+        dim_labels = tuple(str(d).lower() for d in dim_labels)
+        if dim_labels and len(dim_labels) != len(shape):
+            raise InvalidArgument(f"add_tensor {request_id!r}: {len(dim_labels)} dim_labels for a {len(shape)}-D tensor")
+        chunk_shape = tuple(int(c) for c in chunk_shape) or shape
+        if len(chunk_shape) != len(shape) or any(c < 1 for c in chunk_shape):
+            raise InvalidArgument(f"add_tensor {request_id!r}: chunk_shape {list(chunk_shape)} does not fit shape {list(shape)}")
+        extra_attrs = self._check_metadata(target, metadata_json, request_id)
+        if ttl_seconds is not None and ttl_seconds <= 0:
+            raise InvalidArgument(f"add_tensor {request_id!r}: ttl_seconds must be positive; leave it unset for no deadline")
+        rec = self.catalog.get_record(target.source_id)  # TensorNotFound when the source is not served
+        if rec.source is None:
+            raise TensorNotFound(f"add_tensor {request_id!r}: source {target.source_id!r} is unreadable: "
+                                 f"{rec.unresolved_reason}")
+        is_labels = False
+        if target.is_label_set:
+            image, _ = self.catalog.find_tensor(target.image_id)
+            if image.array_id != target.image_id:  # e.g. 'src/img' of a single-tensor source 'src'
+                target = parse_upload_id(f"zarr://{image.array_id}/{LABELS}/{target.name}")
+            self._check_label_binding(image, shape, request_id)
+            is_labels = True
+            dim_labels = dim_labels or (image.dim_labels if shape == image.shape
+                                        else tuple(d for d in image.dim_labels if d != "c"))
+        grid = tuple(min(c, n) for c, n in zip(chunk_shape, shape))
+        if target.store_format == "zarr":
+            grid = transfer_chunk_shape(shape, dt.itemsize, grid, dim_labels or None)
+        if int(np.prod(grid)) * dt.itemsize > CEILING_BYTES:
+            raise InvalidArgument(f"add_tensor {request_id!r}: chunk_shape {list(grid)} is above the 64 MiB "
+                                  f"limit of one chunk; upload in smaller chunks")
+        cap = self.scratch_ttl if target.source_id == SCRATCH_SOURCE_ID and self.scratch_ttl > 0 else None
+        granted = ttl_seconds if cap is None else min(ttl_seconds or cap, cap)
+        now = self.clock()
+        with self._lock:
+            self._check_free(target, request_id)
+            path = _member_dir(self.write_dir, target.source_id, target.field)
+            if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
+                raise InvalidArgument(f"add_tensor {request_id!r}: {path} already exists and no upload holds it; "
+                                      "remove it or choose another name")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            marker = Marker(target.array_id, target.store_format, PENDING, uuid.uuid4().hex, now,
+                            None if granted is None else now + granted, dim_labels, is_labels)
+            if target.store_format == "zarr":
+                member = ZarrMember.create(path, marker, shape, dt, grid, extra_attrs)
+            else:
+                member = CacheMember.create(path, marker, shape, dt, grid)
+            tensor = member.reader()
+            up = Upload(target.array_id, target.source_id, target.field, member, tensor, PENDING, marker.expires_at, now,
+                        granted_ttl=granted)
+            self._uploads[target.array_id] = up
+            self.catalog.attach(target.source_id, target.field, tensor, listed=False)
+        log.info("added %s tensor %s", target.store_format, target.array_id)
+        return up
+
+    def _check_free(self, target: Any, request_id: str) -> None:
+        folded = fold_name(target.field)
+        for other in self._uploads.values():
+            if other.source_id == target.source_id and fold_name(other.field) == folded:
+                state = "a discarded tensor until the reclaim sweep" if other.state == DISCARDED else other.state
+                raise InvalidArgument(f"add_tensor {request_id!r}: the name is taken by {other.array_id!r} ({state})")
+
+    @staticmethod
+    def _check_metadata(target: Any, metadata_json: str, request_id: str) -> dict[str, Any]:
+        if not metadata_json:
+            return {}
+        try:
+            doc = json.loads(metadata_json)
+        except ValueError as exc:
+            raise InvalidArgument(f"add_tensor {request_id!r}: metadata_json is not JSON: {exc}") from None
+        if target.is_label_set and isinstance(doc, dict) and set(doc) <= {"image-label"}:
+            return doc
+        raise InvalidArgument(
+            f"add_tensor {request_id!r}: metadata is the source's, not a tensor's (an uploaded tensor has "
+            "none; upload onto the source that carries the physical scale). The one exception is a label "
+            "set's own 'image-label' block.")
+
+    @staticmethod
+    def _check_label_binding(image: TensorAdapter, shape: tuple[int, ...], request_id: str) -> None:
+        """A label set covers its image's extent: the image's shape, or the image's shape without
+        its channel axis."""
+        no_channel = tuple(n for n, d in zip(image.shape, image.dim_labels) if d != "c")
+        if shape != image.shape and shape != no_channel:
+            raise InvalidArgument(f"add_tensor {request_id!r}: a label set of {image.array_id} must have shape "
+                                  f"{list(image.shape)} or {list(no_channel)}, not {list(shape)}")
+
+    # ---- writes ----------------------------------------------------------------------------
+    def write_chunk(self, chunk_id: bytes | ChunkId, data: np.ndarray) -> None:
+        """Store one planned chunk of a PENDING tensor (the ticket its write plan minted)."""
+        cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
+        up = self.get(cid.array_id)
+        if up is None:
+            raise TensorNotFound(f"no upload {cid.array_id!r} (never added, or reclaimed)")
+        tensor = up.tensor
+        cid = check_chunk_id(tensor, cid)
+        b = cid.bounds
+        grid = tensor.chunk_shape
+        if cid.method != UNSCALED or any(a % c or e != min(a + c, n) for a, e, c, n in zip(b.start, b.stop, grid, tensor.shape)):
+            raise InvalidArgument(f"{up.array_id}: {b} is not a chunk of its write plan (grid {list(grid)})")
+        data = np.asarray(data)
+        if data.dtype != tensor.dtype:
+            raise InvalidArgument(f"{up.array_id}: chunk dtype {data.dtype.str} is not the tensor's {tensor.dtype.str}")
+        if data.size != int(np.prod(b.shape)):
+            raise InvalidArgument(f"{up.array_id}: chunk {b} needs {int(np.prod(b.shape))} values, got {data.size}")
+        with up.cond:
+            if up.state != PENDING:
+                raise UploadClosed(up.array_id, up.state, up.reason)
+            up.inflight += 1
+        try:
+            up.member.write(b, data.reshape(b.shape))
+        finally:
+            with up.cond:
+                up.inflight -= 1
+                up.received.add(b)
+                up.last_activity = self.clock()
+                up.cond.notify_all()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def set_ready(self, array_id: str) -> Upload:
+        """PENDING -> READY: seal writes (wait out those in flight), publish the store, open reads."""
+        up = self.get(array_id)
+        if up is None:
+            raise TensorNotFound(f"set_upload_status: {array_id!r} is not an upload")
+        with up.cond:
+            while up.state == _SEALING:  # a concurrent READY: its answer is ours
+                up.cond.wait()
+            if up.state == DISCARDED:
+                raise UploadClosed(up.array_id, DISCARDED, up.reason)
+            if up.state == READY:
+                return up
+            up.state = _SEALING  # refuses new writes; discard waits for the outcome
+            while up.inflight:
+                up.cond.wait()
+        try:
+            up.member.publish(up.member.marker.with_state(READY))
+        except OSError:
+            with up.cond:
+                up.state = PENDING  # nothing was announced: the caller may retry
+                up.cond.notify_all()
+            raise
+        with up.cond:
+            up.state = READY
+            up.last_activity = self.clock()
+            up.cond.notify_all()
+        self.catalog.attach(up.source_id, up.field, up.tensor, listed=True)
+        log.info("upload %s READY (%d/%d chunks)", array_id, len(up.received), up.expected_chunks)
+        return up
+
+    def discard(self, array_id: str, reason: str = "") -> Upload | None:
+        """-> DISCARDED from any state: unlist and release the store. None for an id with no
+        upload. An adopted tensor leaves no tombstone (its name is free at once)."""
+        up = self.get(array_id)
+        if up is None:
+            return None
+        with up.cond:
+            while up.state == _SEALING:
+                up.cond.wait()
+            if up.state == DISCARDED:
+                return up
+            up.state = DISCARDED
+            up.reason = reason or "discarded"
+            up.discarded_at = self.clock()
+            while up.inflight:
+                up.cond.wait()
+        self.catalog.detach(up.source_id, up.field)
+        up.member.remove()
+        if up.adopted:
+            with self._lock:
+                self._uploads.pop(array_id, None)
+        log.info("upload %s DISCARDED: %s", array_id, up.reason)
+        with self._lock:  # a label set binds to its image: it goes with it
+            sets = [u.array_id for u in self._uploads.values()
+                    if u.array_id.startswith(f"{array_id}/{LABELS}/") and u.state != DISCARDED]
+        for set_id in sets:
+            self.discard(set_id, f"its image {array_id} was discarded")
+        return up
+
+    def check_readable(self, up: Upload) -> None:
+        if up.state == DISCARDED:
+            raise UploadNotReadable(f"{up.array_id} was discarded: {up.reason}")
+        if up.state != READY:
+            raise UploadNotReadable(f"{up.array_id} is {up.state}: an uploaded tensor is readable once it is "
+                                    "READY (set_upload_status), not while chunks may still be in flight")
+
+    # ---- sweeps ----------------------------------------------------------------------------
+    def sweep(self) -> dict[str, int]:
+        """Discard past-deadline tensors (any state) and idle PENDING ones; drop tombstones that
+        have stood for upload_ttl (which frees their names)."""
+        now = self.clock()
+        expired = idle = reclaimed = 0
+        with self._lock:
+            ups = list(self._uploads.values())
+        for up in ups:
+            if up.state == DISCARDED:  # upload_ttl 0 turns reclamation off
+                if self.upload_ttl > 0 and up.discarded_at is not None and now - up.discarded_at >= self.upload_ttl:
+                    with self._lock:
+                        self._uploads.pop(up.array_id, None)
+                    reclaimed += 1
+            elif up.expires_at is not None and now >= up.expires_at:
+                self.discard(up.array_id, "ttl_seconds deadline passed")
+                expired += 1
+            elif up.state == PENDING and self.upload_ttl > 0 and now - up.last_activity >= self.upload_ttl:
+                self.discard(up.array_id, f"idle for {self.upload_ttl:g} s while PENDING")
+                idle += 1
+        return {"expired": expired, "idle": idle, "reclaimed": reclaimed}
+
+    def start_sweeps(self, every: float | None = None) -> None:
+        every = every or max(1.0, min(60.0, self.upload_ttl / 4 if self.upload_ttl > 0 else 60.0))
+
+        def loop() -> None:
+            while not self._stop.wait(every):
+                try:
+                    self.sweep()
+                except Exception:
+                    log.exception("upload sweep failed")
+
+        self._thread = threading.Thread(target=loop, name="tensor-server-upload-sweep", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with self._lock:
+            ups = list(self._uploads.values())
+        for up in ups:
+            up.member.close()
