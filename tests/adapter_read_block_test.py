@@ -35,6 +35,7 @@ READ_BLOCK = {
     "Hdf5Adapter": ("block", "HDF5 runs the filter pipeline on whole chunks, so any read of a chunk decodes all of it: the dataset chunk (None for a virtual dataset, whose sources decide)"),
     "Hdf5ContiguousAdapter": ("none", "a contiguous/compact HDF5 dataset is raw bytes at one offset; a hyperslab read costs only the bytes it selects"),
     # class name: (classification, reason)
+    "RemoteTensorAdapter": ("block", "the upstream's transfer chunk: a read of any part fetches whole upstream chunks, so the proxy's grid is the upstream's and nothing below it is cheaper"),
     "ZarrAdapter": ("block", "the store chunk (a sharded v3 array's inner chunk): zarr decodes a whole chunk to return any of it, and reads only the inner chunks a selection touches"),
     "EncodedZarrAdapter": ("block", "the store chunk of the codes (a row LUT's index chunk times the row width): zarr decodes whole chunks; None for a broadcast row (np.broadcast_to crops for free), a reference forwards its target's"),
     "ArrayAdapter": ("none", "slicing memory (or a .npy memmap) crops for free; tests may declare a block to exercise the floor"),

@@ -32,6 +32,7 @@ DECIMATES = {
     "Hdf5Adapter": ("no", "chunked HDF5: a strided hyperslab measured 2-45x slower than reading whole chunks (256² chunks step 8: 46 vs 24 ms; plane-axis stride on (1,1024,1024) chunks: 913 vs 20 ms), and a chunk decodes whole anyway"),
     "Hdf5ContiguousAdapter": ("yes", "hyperslab strided on all but the innermost axis reads only the picked rows: 64 MiB contiguous, step 8: 4.3 vs 12.5 ms streamed, step 32: 0.6 vs 11.8 ms, step 2: equal"),
     # class name: (yes/no, reason)
+    "RemoteTensorAdapter": ("no", "an upstream server's tensor: nearest is one of the reductions it declares with reduces (get_reduced_data), computed upstream next to the data"),
     "ZarrAdapter": ("no", "quantized: zarr decodes a whole chunk to return any of it, so a stride inside the chunk saves only a memcpy"),
     "EncodedZarrAdapter": ("yes", "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
