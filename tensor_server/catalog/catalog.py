@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog.discovery import discover
-from tensor_server.catalog.remote import is_remote_root, scan_remote_root
+from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.rois import RoiStore
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import source_id_for_path
@@ -147,7 +147,7 @@ class Catalog:
         reason when it still cannot be read. A readable, unchanged source is left as is."""
         rec = self.get_record(source_id)
         if rec.path is None:
-            return rec
+            return resolve_remote(self, rec)
         sig = _stat_signature(rec.path)
         if rec.is_resolved and sig == rec.signature:
             return rec

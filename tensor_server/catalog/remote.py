@@ -28,7 +28,7 @@ from tensor_server.errors import UnreadableSource
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.catalog.catalog import Catalog
 
-__all__ = ["is_remote_root", "scan_remote_root"]
+__all__ = ["is_remote_root", "resolve_remote", "scan_remote_root"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,26 @@ def scan_remote_root(catalog: Catalog, url: str) -> dict[str, int]:
         counts["unresolved"] += not rec.is_resolved
     counts["removed"] = len(catalog.remove_records(list(existing)))
     return counts
+
+
+def resolve_remote(catalog: Catalog, rec: Any) -> Any:
+    """``resolve`` of a row without a path: an unreadable row of a URL root lists that root
+    again (the endpoint may be back) and returns the row as it is now; a root row that
+    listed fine is gone then, and is returned with ``unresolved_reason`` saying so. Rows of
+    no URL root (in-memory sources) are returned as they are."""
+    from tensor_server.adapters.zarr_remote import public_url
+
+    if rec.is_resolved:
+        return rec
+    for url in catalog.remote_roots:
+        if _belongs(rec.url, public_url(url).rstrip("/")):
+            scan_remote_root(catalog, url)
+            try:
+                return catalog.get_record(rec.source_id)
+            except Exception:
+                rec.unresolved_reason = "listed again: its sources are now rows of their own"
+                return rec
+    return rec
 
 
 def _belongs(url: str, root: str) -> bool:

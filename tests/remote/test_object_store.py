@@ -179,7 +179,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_unreachable_endpoint_is_a_clear_row_and_local_roots_still_serve(s3_data, monkeypatch):
+def test_unreachable_endpoint_is_a_clear_row_and_local_roots_still_serve(s3_data, s3_endpoint, monkeypatch):
     local, written = s3_data
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_closed_port()}")
     _forget_filesystems()
@@ -199,6 +199,13 @@ def test_unreachable_endpoint_is_a_clear_row_and_local_roots_still_serve(s3_data
             # the SDK restates the server's UNAVAILABLE "unresolved" refusal; the row says why
             with pytest.raises(ValueError, match="unresolved"):
                 sdk.get_tensor(down[0].source_id).compute()
+            # the endpoint comes back: resolving the row lists the bucket again
+            monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+            _forget_filesystems()
+            row = sdk.resolve_source(down[0].source_id)
+            assert row["is_resolved"] is False and "listed again" in row["unresolved_reason"]
+            remote_urls = sorted(r.url for r in cat.records() if r.url.startswith("s3://"))
+            assert remote_urls == [f"{ROOT}/cells.ome.zarr", f"{ROOT}/vol.zarr"]
     finally:
         cat.close()
         monkeypatch.undo()
