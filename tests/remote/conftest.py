@@ -50,7 +50,7 @@ def write_sharded(path: Path, seed: int = 1) -> np.ndarray:
     return vol
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_endpoint():
     """moto's S3 on 127.0.0.1, with the usual AWS_* environment pointing at it."""
     from moto.server import ThreadedMotoServer
@@ -92,7 +92,7 @@ def s3fs_client():
     return s3fs.S3FileSystem(skip_instance_cache=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def s3_data(s3_endpoint, tmp_path_factory):
     """The local copies and the bucket ``lab-data/run1/`` holding the same stores."""
     local = tmp_path_factory.mktemp("s3-local")
@@ -100,7 +100,8 @@ def s3_data(s3_endpoint, tmp_path_factory):
     written["sharded"] = write_sharded(local / "vol.zarr")
     (local / "notes.txt").write_text("not a source")
     fs = s3fs_client()
-    fs.mkdir(BUCKET)
+    if not fs.exists(BUCKET):  # moto's state is per process, shared by its servers
+        fs.mkdir(BUCKET)
     for name in ("cells.ome.zarr", "vol.zarr", "notes.txt"):
         fs.put(str(local / name), f"{BUCKET}/run1/{name}", recursive=True)
     return local, written
