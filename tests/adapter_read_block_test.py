@@ -36,6 +36,7 @@ READ_BLOCK = {
     "Hdf5ContiguousAdapter": ("none", "a contiguous/compact HDF5 dataset is raw bytes at one offset; a hyperslab read costs only the bytes it selects"),
     # class name: (classification, reason)
     "B2ndAdapter": ("block", "the blosc2 chunk: blosc2 decompresses a whole chunk (its blocks in parallel) to return any part of it"),
+    "RemoteTensorAdapter": ("block", "the upstream's transfer chunk: a read of any part fetches whole upstream chunks, so the proxy's grid is the upstream's and nothing below it is cheaper"),
     "ZarrAdapter": ("block", "the store chunk (a sharded v3 array's inner chunk): zarr decodes a whole chunk to return any of it, and reads only the inner chunks a selection touches"),
     "EncodedZarrAdapter": ("block", "the store chunk of the codes (a row LUT's index chunk times the row width): zarr decodes whole chunks; None for a broadcast row (np.broadcast_to crops for free), a reference forwards its target's"),
     "ArrayAdapter": ("none", "slicing memory (or a .npy memmap) crops for free; tests may declare a block to exercise the floor"),

@@ -33,6 +33,7 @@ DECIMATES = {
     "Hdf5ContiguousAdapter": ("yes", "hyperslab strided on all but the innermost axis reads only the picked rows: 64 MiB contiguous, step 8: 4.3 vs 12.5 ms streamed, step 32: 0.6 vs 11.8 ms, step 2: equal"),
     # class name: (yes/no, reason)
     "B2ndAdapter": ("no", "quantized: blosc2 decompresses a whole chunk to return any of it, so a stride inside it saves only a memcpy"),
+    "RemoteTensorAdapter": ("no", "an upstream server's tensor: nearest is one of the reductions it declares with reduces (get_reduced_data), computed upstream next to the data"),
     "ZarrAdapter": ("no", "quantized: zarr decodes a whole chunk to return any of it, so a stride inside the chunk saves only a memcpy"),
     "EncodedZarrAdapter": ("yes", "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),

@@ -229,7 +229,12 @@ class ZarrAdapter(TensorAdapter):
     callers.
     """
 
-    reports_uniform_blocks = True
+    @property
+    def reports_uniform_blocks(self) -> bool:  # type: ignore[override]
+        """Absent chunk keys are found by listing the array's folder on disk; a store that is
+        not a local folder (an object store, adapters/zarr_remote.py) has no such listing
+        here, and guessing would serve the fill value for stored chunks."""
+        return isinstance(self.store_path, Path)
 
     def __init__(
         self,
@@ -322,6 +327,8 @@ class ZarrAdapter(TensorAdapter):
         return out
 
     def uniform_blocks(self, bounds: Bounds) -> list[UniformBlock]:
+        if not self.reports_uniform_blocks:
+            return []
         keys = self._stored_keys()
         if self._fill is None:
             return []
@@ -416,12 +423,17 @@ def stored_chunk_keys(folder: Path) -> frozenset[str]:
 class _StoreWalker:
     """Builds the tensors of one store (see the module docstring for what becomes a tensor)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, store: Any = None) -> None:
+        """``store``: the zarr store to read pixels from (default: a read-only LocalStore of
+        ``root``); ``zarr_remote`` passes an object store's, with ``root`` a path-like view
+        of its listing."""
         self.root = root
         self.zarr = _import_zarr()
-        from zarr.storage import LocalStore
+        if store is None:
+            from zarr.storage import LocalStore
 
-        self.store = LocalStore(root, read_only=True)
+            store = LocalStore(root, read_only=True)
+        self.store = store
         self.tensors: dict[str, TensorAdapter] = {}
         self.skipped: list[dict[str, str]] = []
         self.ngff_version = ""  # of the first image served, for the source's metadata
@@ -456,11 +468,17 @@ class _StoreWalker:
             raise _NoPixels(self.root, f"zarr array {node.rel or '/'!r}: shape {array.shape} has no pixels")
         return array
 
-    def version_of(self, *nodes: _Node, chunk_files: _ChunkFiles) -> bytes:
+    def chunk_files(self, node: _Node, array: Any) -> _ChunkFiles | None:
+        """The stamps of an array's chunk files (stale-data checks); a store with no local
+        files to stat (an object store) answers None and versions by its own listing."""
+        return _ChunkFiles(node.folder, array)
+
+    def version_of(self, *nodes: _Node, chunk_files: _ChunkFiles | None) -> bytes:
         """Content version from the served metadata documents, the store root and the stats
         of the array's chunk files (a chunk rewritten in place changes only the latter)."""
         files = [self.root] + [f for n in nodes for f in n.meta_files]
-        return hashlib.blake2b(file_content_version(*files) + chunk_files.digest(), digest_size=16).digest()
+        digest = b"" if chunk_files is None else chunk_files.digest()
+        return hashlib.blake2b(file_content_version(*files) + digest, digest_size=16).digest()
 
     def array_dim_names(self, node: _Node, array: Any) -> list[str] | None:
         """Plain-array labels: zarr v3 ``dimension_names`` or xarray's ``_ARRAY_DIMENSIONS``."""
@@ -476,7 +494,7 @@ class _StoreWalker:
             self.add_encoded_array(node, field)
             return
         array = self.open_array(node)
-        chunk_files = _ChunkFiles(node.folder, array)
+        chunk_files = self.chunk_files(node, array)
         tensor = ZarrAdapter(
             array, store_path=self.root, zarr_path=node.rel, dim_labels=self.array_dim_names(node, array),
             physical_scale=None, physical_unit=None, is_labels=False,
@@ -492,7 +510,7 @@ class _StoreWalker:
             if n is None or n.kind != "array":
                 raise UnreadableSource(self.root, f"no zarr array at {rel!r}")
             array = self.zarr.open_array(store=self.store, path=n.rel, mode="r", zarr_format=n.zarr_format)
-            return array, n.attributes, self.version_of(n, chunk_files=_ChunkFiles(n.folder, array))
+            return array, n.attributes, self.version_of(n, chunk_files=self.chunk_files(n, array))
 
         tensor = open_encoded(node.rel, store_path=self.root, open_codes=open_codes, targets=self.ref_targets)
         self.tensors[field] = normalize_axes(tensor)
@@ -563,7 +581,7 @@ class _StoreWalker:
             elif any(units):
                 physical_unit = units
                 physical_scale = [None] * ndim
-            chunk_files = _ChunkFiles(lnode.folder, array)
+            chunk_files = self.chunk_files(lnode, array)
             version = self.version_of(node, lnode, chunk_files=chunk_files)
             if stored:  # level 0 mints the ids of its stored levels' chunks too: cover their bytes
                 version = hashlib.blake2b(version + b"".join(t.content_version for t in stored), digest_size=16).digest()

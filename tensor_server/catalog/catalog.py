@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog.discovery import Claim, discover, links_leaving
+from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
@@ -82,7 +83,9 @@ class Catalog:
     def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None, *,
                  sql_limits: SqlLimits = SqlLimits(), follow_symlinks_outside_roots: bool = False,
                  open_timeout_seconds: float = 60.0) -> None:
-        self.roots = [Path(r) for r in roots]
+        self.roots = [Path(r) for r in roots if not is_remote_root(r)]
+        #: object-store and upstream-server URLs (``catalog/remote.py``)
+        self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
         self.rois = RoiStore(rois_path)
         self._rois_published = -1
         #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
@@ -160,7 +163,7 @@ class Catalog:
         reason when it still cannot be read. A readable, unchanged source is left as is."""
         rec = self.get_record(source_id)
         if rec.path is None:
-            return rec
+            return resolve_remote(self, rec)
         sig = _stat_signature(rec.path)
         if rec.is_resolved and sig == rec.signature:
             return rec
@@ -232,7 +235,7 @@ class Catalog:
         Never raises for a bad file or entry: it becomes an unresolved row, or (an entry
         that must not be opened at all) a line in ``skipped``; either way the scan goes on."""
         self.scan_in_progress = True
-        added = changed = failed = 0
+        added = changed = failed = remote_removed = 0
         seen: set[str] = set()
         skipped: list[tuple[Path, str]] = []
         removed: list[SourceRecord] = []
@@ -268,6 +271,10 @@ class Catalog:
             for r in removed:
                 if r.source is not None:
                     r.source.close()
+            for url in self.remote_roots:
+                counts = scan_remote_root(self, url)
+                added, changed, failed = added + counts["added"], changed + counts["changed"], failed + counts["unresolved"]
+                remote_removed += counts["removed"]
             self.scan_error = _skipped_summary(skipped)
         except Exception as exc:
             log.exception("scan of %s failed", self.roots)
@@ -279,7 +286,7 @@ class Catalog:
             self.scan_in_progress = False
             self.last_scan_finished_at = time.time()
             self.first_scan_done.set()
-        return {"added": added, "changed": changed, "removed": len(removed), "unresolved": failed,
+        return {"added": added, "changed": changed, "removed": len(removed) + remote_removed, "unresolved": failed,
                 "skipped": len(skipped), "total": len(self)}
 
     def _scan_claim(self, claim: Claim, covered: set[Path]) -> tuple[str, SourceRecord | None, SourceRecord | None] | None:

@@ -14,6 +14,8 @@ Declared capabilities (class attributes or properties, never probed):
   storage blocks that hold one value (never-written zarr chunks, unallocated HDF5 chunks,
   sparse TIFF tiles, blosc2 ZERO/VALUE chunks) and the value; the engine answers them in
   closed form without reading (``core/uniform.py``).
+* ``reduces``: ``get_reduced_data(bounds, scale, method)`` may serve any scaled read
+  computed by the backend itself (another server, next to its data); None declines.
 
 ``get_data`` (owned level-0 pixels) is the one read every caller uses; ``get_scaled_data``
 is a convenience that asks the store-less default engine. The conformance suite
@@ -63,6 +65,9 @@ class TensorAdapter(ABC):
     decimates: ClassVar[bool] = False
     #: Whether uniform_blocks can name storage blocks that hold one value, from metadata.
     reports_uniform_blocks: ClassVar[bool] = False
+    #: Whether get_reduced_data may serve a scaled read computed by the backend (an upstream
+    #: server reduces next to its data and sends only the result); None declines a request.
+    reduces: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -167,6 +172,11 @@ class TensorAdapter(ABC):
         Offer it by overriding and setting ``reports_uniform_blocks = True``; a block left
         out is merely decoded, a block reported wrongly is wrong pixels."""
         return []
+    def get_reduced_data(self, bounds: Bounds, scale: Sequence[int], method: str) -> np.ndarray | None:
+        """``downsample_block(get_data(bounds), scale, method)`` computed by the backend, or
+        None when it cannot for this request (the engine then computes it here). Offer it by
+        overriding and setting ``reduces = True``."""
+        return None
 
     def get_scaled_data(
         self,

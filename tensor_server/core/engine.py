@@ -20,7 +20,10 @@ Paths, in the order they are tried for a scaled read:
    read, or a format's own reduced read such as CZI's zoom), which may decline with None;
 2. cache-sourced units: every full-resolution chunk under the extent is in the store
    (``chunk_store.cache_sourced_units``);
-3. streamed reduction: units floored at ``read_block_shape`` and rounded to whole reduction
+3. a backend that declares ``reduces`` (another server in front of which this one sits):
+   ``get_reduced_data`` computes the extent next to the data, so only reduced pixels travel;
+   it may decline with None. Asked after the store, which needs no transfer at all;
+4. streamed reduction: units floored at ``read_block_shape`` and rounded to whole reduction
    blocks (``stream_reduce``), read ahead on a bounded pool while the kernels reduce.
 
 Adapters are pure readers (``read_region`` and declared capabilities) and never see the
@@ -234,12 +237,22 @@ class ReadEngine:
             unit = _storage_block_unit(tensor, scale, unit)
         fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
         workers = self.workers
+        offer = None
         if self.store is not None and self.source_scaled_reads:
             offer = cache_sourced_units(self.store, tensor, bounds, unit, scale, method)
             if offer is not None:
                 fetch, unit = offer.fetch, offer.unit
                 if offer.serial:
                     workers = 1
+        if offer is None and tensor.reduces:
+            reduced = tensor.get_reduced_data(bounds, scale, method)
+            if reduced is not None:
+                expected = scaled_output_shape(bounds.shape, scale)
+                if tuple(reduced.shape) != expected:
+                    raise RuntimeError(
+                        f"{type(tensor).__name__}.get_reduced_data returned {reduced.shape}, expected {expected}"
+                    )
+                return owned_array(reduced, tensor.dtype)
         if cancelled is not None:
             fetch = _stop_when(cancelled, fetch)
         if all(u >= n for u, n in zip(unit, bounds.shape)):

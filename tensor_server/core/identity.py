@@ -12,7 +12,7 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["file_content_version", "minted_content_version", "source_id_for_path"]
+__all__ = ["file_content_version", "minted_content_version", "source_id_for_path", "source_id_for_url"]
 
 
 def file_content_version(*paths: str | os.PathLike[str]) -> bytes:
@@ -36,7 +36,16 @@ def source_id_for_path(path: str | os.PathLike[str]) -> str:
     """Stable id for a source at ``path``: readable stem plus a hash of the resolved path.
     Same across restarts, unique per path, never contains ``/``."""
     resolved = str(Path(path).resolve())
-    name = Path(resolved).name
+    return _readable_id(Path(resolved).name, resolved)
+
+
+def source_id_for_url(url: str) -> str:
+    """Stable id for a source at a URL (an object-store store, an upstream server's source):
+    the same readable stem plus a hash of the URL, so it never collides with a local path's."""
+    return _readable_id(url.rstrip("/").rpartition("/")[2], url.rstrip("/"))
+
+
+def _readable_id(name: str, key: str) -> str:
     for suffix in (".ome.zarr", ".ome.tiff", ".ome.tif", ".zarr", ".nii.gz"):
         if name.lower().endswith(suffix):
             name = name[: -len(suffix)]
@@ -44,5 +53,5 @@ def source_id_for_path(path: str | os.PathLike[str]) -> str:
     else:
         name = Path(name).stem or name
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:48] or "source"
-    digest = hashlib.blake2b(resolved.encode(), digest_size=4).hexdigest()
+    digest = hashlib.blake2b(key.encode(), digest_size=4).hexdigest()
     return f"{stem}-{digest}"
