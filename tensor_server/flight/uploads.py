@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow.flight as flight
@@ -88,17 +89,11 @@ class UploadGlue:
         if kind not in ("add_tensor", "set_upload_status"):
             return None
         manager = self._require_writable()
-        try:
+        with _wire_errors():
             if kind == "add_tensor":
                 reply = self._add_tensor(manager, body)
             else:
                 reply = self._set_status(manager, body)
-        except flight.FlightError:
-            raise
-        except UploadClosed as exc:
-            raise _refused(exc) from None
-        except Exception as exc:
-            raise flight_error(exc) from None
         return [flight.Result(reply.SerializeToString())]
 
     def _add_tensor(self, manager: UploadManager, body: bytes) -> descriptor_pb2.TensorDescriptor:
@@ -211,7 +206,7 @@ class UploadGlue:
     # ---- DoPut ---------------------------------------------------------------------------------
     def do_put(self, descriptor: Any, reader: Any) -> None:
         manager = self._require_writable()
-        try:
+        with _wire_errors():
             cmd = ticket_pb2.PutCommand()
             try:
                 cmd.ParseFromString(descriptor.command)
@@ -227,12 +222,20 @@ class UploadGlue:
             if tt.WhichOneof("payload") != "chunk_id":
                 raise InvalidArgument("DoPut: chunk_ticket carries no chunk id (use a ticket of the write plan)")
             manager.write_chunk(tt.chunk_id, _chunk_values(reader.read_all()))
-        except flight.FlightError:
-            raise
-        except UploadClosed as exc:
-            raise _refused(exc) from None
-        except Exception as exc:
-            raise flight_error(exc) from None
+
+
+@contextmanager
+def _wire_errors() -> Iterator[None]:
+    """Errors of a write verb as the SDK reads them: Flight errors as they are, a closed
+    upload as the SDK's refusal, anything else through ``flight_error``."""
+    try:
+        yield
+    except flight.FlightError:
+        raise
+    except UploadClosed as exc:
+        raise _refused(exc) from None
+    except Exception as exc:
+        raise flight_error(exc) from None
 
 
 def _chunk_values(table: Any) -> np.ndarray:

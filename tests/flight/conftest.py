@@ -13,8 +13,12 @@ from tensor_server.flight import ServerConfig, TensorFlightServer
 
 
 @contextmanager
-def running_server(catalog: Catalog, **config):
-    server = TensorFlightServer(catalog, ServerConfig(port=0, **config))
+def running_server(catalog: Catalog, *, cache_manager=None, upload_manager=None, **config):
+    """An in-process server of ``catalog`` on 127.0.0.1 (an ephemeral port unless ``port``
+    is given), stopped and joined on exit; ``config`` are ServerConfig fields."""
+    config.setdefault("port", 0)
+    server = TensorFlightServer(catalog, ServerConfig(**config), cache_manager=cache_manager,
+                                upload_manager=upload_manager)
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     try:

@@ -48,20 +48,14 @@ def _catalog(root):
 
 @pytest.fixture(scope="module", params=["cached", "uncached"])
 def served(request, transposed_root, tmp_path_factory):
-    import threading
-
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tests.flight.conftest import running_server
 
     root, vol = transposed_root
     cat, xfirst = _catalog(root)
     cache = CacheManager(tmp_path_factory.mktemp("cache")) if request.param == "cached" else None
-    srv = TensorFlightServer(cat, ServerConfig(port=0), cache_manager=cache)
-    thread = threading.Thread(target=srv.serve, daemon=True)
-    thread.start()
     h5_id = next(r.source_id for r in cat.records() if r.type == "hdf5")
-    yield srv, {h5_id: vol, "xfirst": xfirst}
-    srv.shutdown()
-    thread.join(timeout=10)
+    with running_server(cat, cache_manager=cache) as srv:
+        yield srv, {h5_id: vol, "xfirst": xfirst}
     if cache is not None:
         cache.close()
     cat.close()

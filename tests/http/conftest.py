@@ -4,7 +4,6 @@ volume stored z, x, y (served reordered) and an in-memory image big enough for c
 under a small plane budget."""
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -14,8 +13,8 @@ from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core.pyramid import PyramidPolicy
-from tensor_server.flight import ServerConfig, TensorFlightServer
 from tensor_server.http.app import HttpFrontEnd, build_app
+from tests.flight.conftest import running_server
 
 POLICY = PyramidPolicy(plane_budget_px=128 * 128, volume_budget_voxels=32 * 64 * 64)
 
@@ -23,19 +22,18 @@ POLICY = PyramidPolicy(plane_budget_px=128 * 128, volume_budget_voxels=32 * 64 *
 @contextmanager
 def serving(catalog, tmp_path, *, token=None, precache_bytes=0):
     cache = CacheManager(tmp_path / "cache")
-    srv = TensorFlightServer(catalog, ServerConfig(port=0, token=token, pyramid=POLICY, precache_bytes=precache_bytes),
-                             cache_manager=cache)
-    thread = threading.Thread(target=srv.serve, daemon=True)
-    thread.start()
-    on_chunk = srv.precacher.after_read if srv.precacher is not None else None
-    http = HttpFrontEnd(build_app(catalog, srv.engine, token=token, policy=POLICY, on_chunk=on_chunk), "127.0.0.1", 0)
-    http.start()
     try:
-        yield srv, http
+        with running_server(catalog, cache_manager=cache, token=token, pyramid=POLICY,
+                            precache_bytes=precache_bytes) as srv:
+            on_chunk = srv.precacher.after_read if srv.precacher is not None else None
+            http = HttpFrontEnd(build_app(catalog, srv.engine, token=token, policy=POLICY, on_chunk=on_chunk),
+                                "127.0.0.1", 0)
+            http.start()
+            try:
+                yield srv, http
+            finally:
+                http.stop()
     finally:
-        http.stop()
-        srv.shutdown()
-        thread.join(timeout=10)
         cache.close()
 
 

@@ -9,7 +9,6 @@ chunk ids asserting "clean error code, server alive, next read correct".
 from __future__ import annotations
 
 import json
-import threading
 import zlib
 
 import numpy as np
@@ -24,7 +23,7 @@ from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
 
-from tensor_server.flight import ServerConfig, TensorFlightServer
+from tests.flight.conftest import running_server
 
 CLEAN_CODES = {"INVALID_ARGUMENT", "NOT_FOUND"}
 ARR = np.random.default_rng(5).integers(0, 60000, (300, 500), dtype=np.uint16)
@@ -39,12 +38,8 @@ def served(tmp_path_factory):
     cat.scan()
     cat.add_source(MemorySource(ArrayAdapter(ARR, chunk_shape=(128, 128)), source_id="img"))
     cache = CacheManager(tmp_path_factory.mktemp("cache"))
-    srv = TensorFlightServer(cat, ServerConfig(port=0), cache_manager=cache)
-    thread = threading.Thread(target=srv.serve, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    thread.join(timeout=10)
+    with running_server(cat, cache_manager=cache) as srv:
+        yield srv
     cache.close()
     cat.close()
 

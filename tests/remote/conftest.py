@@ -3,7 +3,6 @@ labels and a sharded zarr v3, plus their local copies (the oracle)."""
 from __future__ import annotations
 
 import os
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,14 +109,7 @@ def s3_data(s3_endpoint, tmp_path_factory):
 @contextmanager
 def serving(catalog, cache=None, port: int = 0):
     """An in-process server of ``catalog`` (with ``cache`` when given) on 127.0.0.1."""
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tests.flight.conftest import running_server
 
-    server = TensorFlightServer(catalog, ServerConfig(port=port), cache_manager=cache)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    try:
+    with running_server(catalog, cache_manager=cache, port=port) as server:
         yield server
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        assert not thread.is_alive(), "server thread did not stop"

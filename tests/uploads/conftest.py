@@ -2,7 +2,6 @@
 injectable clock) over a catalog with an in-memory source and a discovered zarr source."""
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -10,8 +9,8 @@ import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
-from tensor_server.flight import ServerConfig, TensorFlightServer
 from tensor_server.uploads import UploadManager
+from tests.flight.conftest import running_server
 
 
 class FakeClock:
@@ -48,15 +47,11 @@ def upload_server(tmp_path, *, writable=True, write_dir=True, clock=None, cache=
     wd = tmp_path / "write" if write_dir else None
     manager = UploadManager(cat, wd, clock=clock, **cfg) if (wd is not None and clock is not None) else None
     cm = CacheManager(tmp_path / "chunks") if cache else None
-    config = ServerConfig(port=0, write_dir=None if wd is None else str(wd), writable=writable)
-    srv = TensorFlightServer(cat, config, cache_manager=cm, upload_manager=manager)
-    thread = threading.Thread(target=srv.serve, daemon=True)
-    thread.start()
     try:
-        yield srv
+        with running_server(cat, cache_manager=cm, upload_manager=manager,
+                            write_dir=None if wd is None else str(wd), writable=writable) as srv:
+            yield srv
     finally:
-        srv.shutdown()
-        thread.join(timeout=10)
         if cm is not None:
             cm.close()
         cat.close()
