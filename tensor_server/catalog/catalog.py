@@ -27,15 +27,11 @@ from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import source_id_for_path
-from tensor_server.errors import InvalidArgument, TensorNotFound, UnreadableSource
+from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound, UnreadableSource
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError"]
 
 log = logging.getLogger(__name__)
-
-
-class SourceUnresolved(TensorNotFound):
-    """The source is known but could not be opened (its row says why)."""
 
 
 @dataclass

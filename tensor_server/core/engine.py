@@ -51,7 +51,7 @@ from tensor_server.core.methods import CANONICAL_METHODS, normalize_method
 from tensor_server.core.request import check_extent_within_chunk, check_scale
 from tensor_server.core.stream_reduce import scaled_output_shape, stream_reduce, streaming_unit
 from tensor_server.core.uniform import covering_value, reduced_constant, uniform_array, uniform_value
-from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, StaleChunkId, TensorServerError
+from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, Overloaded, ReadCancelled, StaleChunkId
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -60,14 +60,6 @@ __all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "check_chunk_id", "defau
 
 #: ``cancelled()`` is polled before each unit is fetched; True stops the read.
 Cancelled = Callable[[], bool]
-
-
-class ReadCancelled(TensorServerError):
-    """The client that asked for this read has gone; the work was stopped."""
-
-
-class Overloaded(TensorServerError):
-    """More chunk computations were waiting than the engine admits in time: retry later."""
 
 
 class ReadEngine:

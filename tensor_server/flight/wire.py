@@ -20,14 +20,7 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.plan import ReadPlan
 from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
 from tensor_server.core.uniform import constant_value
-from tensor_server.errors import (
-    InvalidArgument,
-    InvalidBounds,
-    InvalidChunkId,
-    StaleChunkId,
-    TensorNotFound,
-    UnreadableSource,
-)
+from tensor_server.errors import InvalidArgument, InvalidBounds
 
 __all__ = [
     "CHUNK_SCHEMA",
@@ -67,55 +60,7 @@ def _shared_constant(dtype: str, value: bytes, size: int) -> np.ndarray:
     return out
 
 
-def _error_info(code: str, reason: str) -> bytes:
-    return json.dumps({"code": code, "reason": reason}).encode()
-
-
-#: gRPC carries error text in metadata (8 KiB by default for all of it): a message that
-#: echoes a client's megabyte id back would itself fail. Keep the start, say how much was cut.
-MAX_ERROR_CHARS = 1024
-
-
-def bounded_message(msg: str) -> str:
-    if len(msg) <= MAX_ERROR_CHARS:
-        return msg
-    return f"{msg[:MAX_ERROR_CHARS]}... ({len(msg) - MAX_ERROR_CHARS} more characters)"
-
-
-def flight_error(exc: BaseException) -> flight.FlightError:
-    """Map a package error to the Flight error class and extra_info the SDK interprets (§12).
-
-    ``reason`` is the biopb reference's slug (``unknown_source``, ``unknown_field``,
-    ``stale_content_version``, ``slice_rank``, ``scale_not_positive``, ...): the error's own
-    ``slug`` when it has one, else its class's. An unreadable source is UNAVAILABLE with
-    "unresolved" in the message, which is what makes the SDK point the user at
-    ``resolve_source``."""
-    from tensor_server.catalog.catalog import SourceUnresolved
-    from tensor_server.core.engine import Overloaded, ReadCancelled
-
-    msg = bounded_message(str(exc))
-    slug = getattr(exc, "slug", None)
-    if isinstance(exc, ReadCancelled):
-        return flight.FlightCancelledError(msg, extra_info=_error_info("CANCELLED", "cancelled"))
-    if isinstance(exc, Overloaded):
-        return flight.FlightUnavailableError(msg, extra_info=_error_info("UNAVAILABLE", "overloaded"))
-    if isinstance(exc, SourceUnresolved):
-        return flight.FlightUnavailableError(f"source unresolved (resolve it once the file is fixed): {msg}",
-                                             extra_info=_error_info("UNAVAILABLE", slug or "unreadable_source"))
-    if isinstance(exc, TensorNotFound):
-        return flight.FlightServerError(msg, extra_info=_error_info("NOT_FOUND", slug or "unknown_source"))
-    if isinstance(exc, StaleChunkId):
-        return flight.FlightServerError(f"stale chunk id, re-plan: {msg}",
-                                        extra_info=_error_info("NOT_FOUND", slug or "stale_content_version"))
-    if isinstance(exc, InvalidChunkId):
-        return flight.FlightServerError(msg, extra_info=_error_info("INVALID_ARGUMENT", slug or "malformed_chunk_id"))
-    if isinstance(exc, InvalidArgument):
-        return flight.FlightServerError(msg, extra_info=_error_info("INVALID_ARGUMENT", slug or "invalid_argument"))
-    if isinstance(exc, UnreadableSource):
-        return flight.FlightInternalError(msg, extra_info=_error_info("INTERNAL", "io_error"))
-    if isinstance(exc, flight.FlightError):
-        return exc
-    return flight.FlightInternalError(f"{type(exc).__name__}: {msg}", extra_info=_error_info("INTERNAL", "internal"))
+from tensor_server.flight.errors import bounded_message, flight_error  # noqa: E402,F401 - re-exported
 
 
 #: GetFlightInfo field-mask paths this server answers. ``upload_status`` is answered by

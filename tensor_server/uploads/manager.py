@@ -31,7 +31,7 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
-from tensor_server.errors import InvalidArgument, TensorNotFound, TensorServerError
+from tensor_server.errors import FailedPrecondition, InvalidArgument, TensorNotFound, TensorServerError
 from tensor_server.uploads.cache_member import CacheMember
 from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
@@ -52,17 +52,25 @@ _SEALING = "SEALING"
 
 
 class UploadClosed(TensorServerError):
-    """A write or transition reached an upload that takes no more chunks (READY or DISCARDED)."""
+    """A write or transition reached an upload that takes no more chunks (READY or DISCARDED).
+    Its reason (``upload_sealed`` / ``upload_discarded``) and details are what the biopb SDK
+    turns into ``UploadRefused``."""
+
+    code, http_status = "ABORTED", 409
 
     def __init__(self, array_id: str, state: str, detail: str) -> None:
         state = DISCARDED if state == DISCARDED else READY  # SEALING is READY to a writer
         self.array_id, self.state, self.detail = array_id, state, detail
         word = "was discarded" if state == DISCARDED else "is READY (sealed)"
-        super().__init__(f"upload {array_id} {word}; it takes no more writes" + (f": {detail}" if detail else ""))
+        super().__init__(f"upload {array_id} {word}; it takes no more writes" + (f": {detail}" if detail else ""),
+                         slug="upload_discarded" if state == DISCARDED else "upload_sealed",
+                         state=state, source_id=array_id, detail=detail)
 
 
-class UploadNotReadable(TensorServerError):
+class UploadNotReadable(FailedPrecondition):
     """A read reached an uploaded tensor that is PENDING (or a DISCARDED tombstone)."""
+
+    slug = "upload_not_readable"
 
 
 @dataclass
@@ -365,8 +373,8 @@ class UploadManager:
         if up.state == DISCARDED:
             raise UploadNotReadable(f"{up.array_id} was discarded: {up.reason}")
         if up.state != READY:
-            raise UploadNotReadable(f"{up.array_id} is {up.state}: an uploaded tensor is readable once it is "
-                                    "READY (set_upload_status), not while chunks may still be in flight")
+            raise UploadNotReadable(f"{up.array_id} is {up.state}, not readable yet: an uploaded tensor is readable "
+                                    "once it is READY (set_upload_status), not while chunks may still be in flight")
 
     # ---- sweeps ----------------------------------------------------------------------------
     def sweep(self) -> dict[str, int]:

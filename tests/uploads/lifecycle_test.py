@@ -37,7 +37,7 @@ def test_partial_upload_resumed_from_a_new_plan(client, server):
 def test_pending_refuses_reads_but_answers_write_plans(client, server):
     for scheme in ("zarr", "cache"):
         desc = client.setup_array_upload(f"{scheme}://scratch/@fields/pend-{scheme}", ARR, chunk_shape=(4, 2))
-        with pytest.raises(flight.FlightServerError, match="PENDING: an uploaded tensor is readable once it is READY"):
+        with pytest.raises(flight.FlightServerError, match="PENDING, not readable yet: an uploaded tensor is readable once it is READY"):
             client.get_array(desc.array_id)
         with pytest.raises(flight.FlightServerError, match="PENDING"):  # refused at the plan
             client.get_array(desc.array_id, scale_hint=[2, 2], reduction_method="area")
