@@ -205,8 +205,8 @@ def _upload_snippet(location: str, token: str | None) -> str:
 def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.catalog import Catalog
     from tensor_server.core.downsample import warm_up
-    from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.core.pyramid import advertised_levels
+    from tensor_server.service import ServingRuntime
 
     settings = _settings(args)
     setup_logging(settings.log_level)
@@ -251,17 +251,6 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except (_Taken, InvalidArgument) as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    config = ServerConfig(
-        host=settings.host, port=settings.port, token=settings.token,
-        pyramid=PyramidPolicy(settings.plane_budget_px, settings.volume_budget_voxels),
-        rescan_seconds=settings.rescan_seconds, cache_dir=settings.cache_dir,
-        cache_max_bytes=settings.cache_max_bytes, source_scaled_reads=settings.source_scaled_reads,
-        write_dir=settings.write_dir, writable=settings.writable, upload_ttl=settings.upload_ttl,
-        scratch_ttl=settings.scratch_ttl, precache_bytes=settings.precache_bytes,
-        max_computes=settings.max_computes or 2 * (os.cpu_count() or 1),
-        admission_timeout=settings.admission_timeout, special_chunks=settings.special_chunks,
-        read_workers=settings.read_workers or None,
-    )
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT
     try:
@@ -274,36 +263,18 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except OSError as exc:  # the cache folder cannot be made or locked: serve uncached, never refuse
         print(f"serve: chunk cache disabled, the cache folder is unusable ({exc})", file=sys.stderr)
         cache = None
-    try:
-        server = TensorFlightServer(catalog, config, cache_manager=cache)
-    except ValueError as exc:
+    runtime = ServingRuntime(catalog, settings, cache=cache)
+    doors = _open_doors(runtime, settings)
+    if doors is None:
+        runtime.close()
+        catalog.close()
         if cache is not None:
             cache.close()
-        print(f"serve: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # pyarrow raises a bare ArrowException when the bind fails
-        if cache is not None:
-            cache.close()
-        print(f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
-              "Pass --port (0 picks a free one).", file=sys.stderr)
-        return 2
+    server, http = doors
     location = server.location
     print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
-    http = None
-    if settings.http_port is not None:
-        from tensor_server.http.app import HttpFrontEnd, build_app
-
-        on_chunk = server.precacher.after_read if server.precacher is not None else None
-        try:
-            http = HttpFrontEnd(build_app(catalog, server.engine, token=settings.token, policy=config.pyramid,
-                                          on_chunk=on_chunk), settings.host, settings.http_port)
-            http.start()
-        except Exception as exc:
-            server.shutdown()
-            cache.close()
-            print(f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); "
-                  "pass another --http-port", file=sys.stderr)
-            return 2
+    if http is not None:
         print(f"OME-Zarr over HTTP at {http.url}/zarr/<array_id>/ (NGFF 0.4) and /zarr3/<array_id>/ (NGFF 0.5)",
               file=sys.stderr)
 
@@ -319,7 +290,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             for rec in catalog.records():
                 if rec.source is not None and rec.source.tensors:  # scratch holds none
                     t = rec.source.tensor()
-                    levels = advertised_levels(t, config.pyramid)
+                    levels = advertised_levels(t, runtime.policy)
                     pick = (t, levels[1] if len(levels) > 1 else levels[0])
                     if len(levels) > 1:
                         break
@@ -330,7 +301,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 if http is not None:
                     print(f"\nOpen it in an OME-Zarr viewer (napari-ome-zarr, neuroglancer 'zarr://...', vizarr):\n"
                           f"{http.url}/zarr/{t.array_id}/", file=sys.stderr)
-                if server.uploads.writable:
+                if runtime.writable:
                     print("\nUpload a result (to the scratch source) and read it back:\n", file=sys.stderr)
                     print(_upload_snippet(location, settings.token), file=sys.stderr)
                 print(f"\nor list what is served: {sys.executable} -m tensor_server list " + " ".join(settings.roots),
@@ -349,12 +320,42 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         if http is not None:
             http.stop()
+        runtime.close()
         catalog.close()
         if cache is not None:
             cache.close()  # seals the open segment
         if in_main:
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _open_doors(runtime, settings):  # noqa: ANN001, ANN202 - (TensorFlightServer, HttpFrontEnd | None) or None
+    """The Flight door, and the HTTP door when ``http_port`` is set; None (after saying why
+    on stderr) when one cannot listen."""
+    from tensor_server.flight import TensorFlightServer
+
+    try:
+        server = TensorFlightServer(runtime, settings.host, settings.port)
+    except InvalidArgument as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return None
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises a bare ArrowException when the bind fails
+        print(f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
+              "Pass --port (0 picks a free one).", file=sys.stderr)
+        return None
+    if settings.http_port is None:
+        return server, None
+    from tensor_server.http.app import HttpFrontEnd, build_app
+
+    try:
+        http = HttpFrontEnd(build_app(runtime), settings.host, settings.http_port)
+        http.start()
+    except Exception as exc:  # noqa: BLE001 - uvicorn reports a taken port in several ways
+        server.shutdown()
+        print(f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); "
+              "pass another --http-port", file=sys.stderr)
+        return None
+    return server, http
 
 
 def cmd_url(args: argparse.Namespace) -> int:

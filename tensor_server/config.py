@@ -86,6 +86,10 @@ def default_data_dir() -> Path:
 
 @dataclass
 class Settings:
+    """Every setting of a server, built once (by the command line, from the TOML file and
+    the flags) and handed to the serving runtime; a door reads only its own transport
+    fields (``host``, ``port``, ``http_port``)."""
+
     roots: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 8815
@@ -110,6 +114,16 @@ class Settings:
     precache_bytes: int = 64 << 20
     max_computes: int = 0
     admission_timeout: float = 30.0
+
+    def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
+        """The computed levels advertised for tensors without stored ones."""
+        from tensor_server.core.pyramid import PyramidPolicy
+
+        return PyramidPolicy(self.plane_budget_px, self.volume_budget_voxels)
+
+    def admission_bound(self) -> int:
+        """Chunk computations at once: ``max_computes``, 0 meaning twice the cores."""
+        return self.max_computes or 2 * (os.cpu_count() or 1)
 
 
 # TOML key path -> Settings attribute

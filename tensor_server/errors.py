@@ -36,6 +36,7 @@ __all__ = [
     "StorageFull",
     "Overloaded",
     "ReadCancelled",
+    "Unimplemented",
     "MAX_ERROR_CHARS",
     "bounded_message",
     "internal_message",
@@ -196,3 +197,10 @@ class ReadCancelled(TensorServerError):
     """The client that asked for this work has gone; it was stopped."""
 
     code, slug, http_status = "CANCELLED", "cancelled", 499
+
+
+class Unimplemented(TensorServerError):
+    """A verb, action or option this server does not serve. An unknown action's message
+    starts "Unknown action": the biopb SDK recognises an older server by it."""
+
+    code, slug, http_status = "UNIMPLEMENTED", "unimplemented", 501

@@ -17,7 +17,7 @@ import pytest
 
 from tensor_server.catalog import Catalog
 from tensor_server.demo import make_demo_dataset
-from tests.flight.conftest import running_server
+from tensor_server.testing import serving
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -32,14 +32,8 @@ def demo_server(tmp_path_factory):
     make_demo_dataset(home / ".tensor-server" / "demo")
     cat = Catalog([home / ".tensor-server" / "demo"], rois_path=str(home / ".tensor-server" / "annotations.duckdb"))
     cat.scan()
-    with running_server(cat, write_dir=str(home / ".tensor-server" / "uploads"), writable=True) as srv:
-        from tensor_server.http.app import HttpFrontEnd, build_app
-
-        http = HttpFrontEnd(build_app(cat, srv.engine), "127.0.0.1", 0)
-        http.start()
-        srv.http = http
+    with serving(cat, http=True, write_dir=str(home / ".tensor-server" / "uploads"), writable=True) as srv:
         yield srv, home
-        http.stop()
     cat.close()
 
 
@@ -71,14 +65,14 @@ def test_readme_snippets_run_as_written(demo_server, monkeypatch):
     assert "labels/cells" in printed and "volume-" in printed
     assert "(2, 1024, 1024) (2, 512, 512) (2, 256, 256) (2, 512, 512)" in printed
     assert "('µm', 'µm', 'µm')" in printed  # OME-TIFF sizes in the reference spelling
-    assert srv.catalog.rois.list(ids[0])[0][0].label == "cell"
+    assert srv.runtime.catalog.rois.list(ids[0])[0][0].label == "cell"
 
 
 def test_the_run_command_prints_a_snippet_that_runs(demo_server):
     from tensor_server.cli import _snippet
 
     srv, _ = demo_server
-    rec = [r for r in srv.catalog.records() if r.url.endswith("volume.ome.tif")][0]
+    rec = [r for r in srv.runtime.catalog.records() if r.url.endswith("volume.ome.tif")][0]
     code = _snippet(srv.location, None, rec.source.tensor().array_id, [1, 4, 4], "area")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

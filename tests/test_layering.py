@@ -1,5 +1,6 @@
 """Imports flow one way: kernels ← core ← adapters; cache and catalog above them; uploads
-above cache; flight (and the http front end, when present) on top.
+above cache; the service floor (the serving runtime) above those; the doors (flight, http,
+cli) on top, never importing each other.
 
 Read from the source with ``ast`` (every import, including the ones inside functions and
 under TYPE_CHECKING), so an edge against the layering fails here before it becomes a cycle
@@ -17,16 +18,24 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tensor_server"
 KERNELS = ROOT / "kernels" / "tensor_server_kernels"
 
-#: floor -> the tensor_server floors it may never import
+#: floor -> the tensor_server floors it may never import. The doors (flight, http, cli) sit
+#: on the service floor and never import each other; testing (the conformance suites and
+#: in-process servers) and bench sit above everything.
+_ABOVE_SERVICE = {"flight", "http", "cli", "bench", "testing", "demo"}
 FORBIDDEN = {
-    "core": {"adapters", "cache", "catalog", "uploads", "flight", "http", "bench", "testing", "cli", "demo", "config"},
-    "adapters": {"cache", "catalog", "uploads", "flight", "http", "bench", "testing", "cli", "demo", "config"},
-    "cache": {"adapters", "catalog", "uploads", "flight", "http", "bench", "testing", "cli", "demo"},
-    "catalog": {"uploads", "flight", "http", "bench", "testing", "cli", "demo"},
-    "uploads": {"flight", "http", "bench", "testing", "cli", "demo"},
-    "flight": {"bench", "testing", "cli", "demo"},
+    "config": {"adapters", "cache", "catalog", "uploads", "service", "render", "export"} | _ABOVE_SERVICE,
+    "core": {"adapters", "cache", "catalog", "uploads", "service", "render", "export", "config"} | _ABOVE_SERVICE,
+    "adapters": {"cache", "catalog", "uploads", "service", "render", "export", "config"} | _ABOVE_SERVICE,
+    "render": {"adapters", "cache", "catalog", "uploads", "service", "export", "config"} | _ABOVE_SERVICE,
+    "cache": {"adapters", "catalog", "uploads", "service", "render", "export"} | _ABOVE_SERVICE,
+    "catalog": {"uploads", "service", "render", "export"} | _ABOVE_SERVICE,
+    "uploads": {"service", "render", "export"} | _ABOVE_SERVICE,
+    "export": {"catalog", "uploads", "service"} | _ABOVE_SERVICE,
+    "service": _ABOVE_SERVICE,
+    "flight": {"http", "cli", "bench", "testing", "demo"},
+    "http": {"flight", "cli", "bench", "testing", "demo"},
+    "testing": {"bench", "cli", "demo"},
 }
-
 
 def _parse(source: str) -> ast.AST:
     """``ast.parse`` on a fresh thread. CPython 3.11.7's AST validator compares the thread's
@@ -88,6 +97,12 @@ def test_kernels_import_nothing_of_the_server() -> None:
         ("adapters", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tensor_server.catalog import Catalog\n"),
         ("cache", "from tensor_server.adapters.memory import ArrayAdapter\n"),
         ("catalog", "from tensor_server import flight\n"),
+        ("uploads", "from tensor_server.service import ServingRuntime\n"),
+        ("service", "from tensor_server.flight.errors import flight_error\n"),
+        ("service", "def f():\n    from tensor_server.http.app import build_app\n"),
+        ("flight", "from tensor_server.http.paths import resolve_zarr_path\n"),
+        ("http", "from tensor_server.flight import TensorFlightServer\n"),
+        ("http", "import tensor_server.cli\n"),
     ],
 )
 def test_the_check_can_fail(floor: str, source: str) -> None:
@@ -97,3 +112,6 @@ def test_the_check_can_fail(floor: str, source: str) -> None:
 def test_allowed_edges_pass() -> None:
     assert violations("adapters", "from tensor_server.core.bounds import Bounds\n", "probe.py") == []
     assert violations("flight", "from tensor_server.cache import CacheManager\n", "probe.py") == []
+    assert violations("flight", "from tensor_server.service import ServingRuntime\n", "probe.py") == []
+    assert violations("http", "from tensor_server.service import Caller\n", "probe.py") == []
+    assert violations("testing", "from tensor_server.flight import TensorFlightServer\n", "probe.py") == []

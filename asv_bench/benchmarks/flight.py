@@ -17,15 +17,15 @@ class DoGetRoundTrip:
 
         from tensor_server.adapters.memory import ArrayAdapter, MemorySource
         from tensor_server.catalog import Catalog
-        from tensor_server.flight import ServerConfig, TensorFlightServer
+        from tensor_server.testing import serving
         from tensor_server.flight.wire import chunk_batch
 
         arr = np.random.default_rng(0).integers(0, 60000, (2048, 2048), dtype=np.uint16)
         cat = Catalog([])
         cat.add_source(MemorySource(ArrayAdapter(arr, chunk_shape=(2048, 2048)), source_id="b"))
         cat.first_scan_done.set()
-        self.ours = TensorFlightServer(cat, ServerConfig(port=0))
-        threading.Thread(target=self.ours.serve, daemon=True).start()
+        self._served = serving(cat)
+        self.ours = self._served.__enter__()
         self.client = flight.FlightClient(self.ours.location)
         opt = descriptor_pb2.TensorReadOption(array_id="b")
         opt.fields.paths.append("endpoints")
@@ -42,7 +42,7 @@ class DoGetRoundTrip:
         self.bare_client = flight.FlightClient(f"grpc://127.0.0.1:{self.bare.port}")
 
     def teardown(self):
-        self.ours.shutdown()
+        self._served.__exit__(None, None, None)
         self.bare.shutdown()
 
     def time_doget_8mib_ours(self):

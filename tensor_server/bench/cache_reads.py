@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
     from tensor_server.core import Bounds, plan_read
     from tensor_server.core.downsample import warm_up
     from tensor_server.core.engine import ReadEngine
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.testing import start_serving
 
     warm_up()
     n = SIZES[size]
@@ -68,8 +67,7 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
     cat = Catalog([work / "img.zarr"])
     cat.scan()
     cache = CacheManager(work / "cache-b")
-    srv = TensorFlightServer(cat, ServerConfig(port=0), cache_manager=cache)
-    threading.Thread(target=srv.serve, daemon=True).start()
+    srv = start_serving(cat, cache=cache)
     array_id = cat.records()[0].source.tensor().array_id
     c0 = t.chunk_shape
     one = (slice(0, c0[0]), slice(0, c0[1]))
@@ -93,7 +91,7 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
                          "baseline": "cold", "baseline_ms": cold_ms, "ours": "warm (cached)", "ours_ms": warm_ms})
     finally:
         os.environ.pop("BIOPB_CACHEFILE_TRANSFER_DISABLED", None)
-        srv.shutdown()
+        srv.stop()
         cache.close()
     print_table(["case", "detail", "baseline", "ms", "ours", "ms", "ratio"],
                 [[r["case"], r["detail"], r["baseline"], r["baseline_ms"], r["ours"], r["ours_ms"],

@@ -68,7 +68,7 @@ def _stale_check_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
 
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.testing import start_serving
 
     root = work / "root"
     root.mkdir()
@@ -79,9 +79,7 @@ def _stale_check_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
     cat = Catalog([root])
     cat.scan()
     cache = CacheManager(work / "cache", max_total_bytes=1 << 30)
-    server = TensorFlightServer(cat, ServerConfig(port=0), cache_manager=cache)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
+    server = start_serving(cat, cache=cache)
     rows = []
     try:
         client = TensorFlightClient(server.location)
@@ -104,8 +102,7 @@ def _stale_check_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
             rows.append({"case": f"warm 4 MiB read, {rec.type}", "detail": "cached chunk via the SDK",
                          "baseline": "no stale check", "baseline_ms": p, "ours": "stale check", "ours_ms": o})
     finally:
-        server.shutdown()
-        thread.join(10)
+        server.stop()
         cat.close()
         cache.close()
     return rows
@@ -116,13 +113,11 @@ def _hostile_rows(repeats: int) -> list[dict[str, Any]]:
 
     from tensor_server.adapters.memory import ArrayAdapter, MemorySource
     from tensor_server.catalog import Catalog
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.testing import start_serving
 
     cat = Catalog()
     cat.add_source(MemorySource(ArrayAdapter(np.zeros((4, 4), np.uint8)), source_id="img"))
-    server = TensorFlightServer(cat, ServerConfig(port=0))
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
+    server = start_serving(cat)
     stop = threading.Event()
 
     def hostile() -> None:
@@ -147,8 +142,7 @@ def _hostile_rows(repeats: int) -> list[dict[str, Any]]:
         beside = float(np.median([median_ms(lambda: client.query(sql), 1) for _ in range(repeats)]))
     finally:
         stop.set()
-        server.shutdown()
-        thread.join(10)
+        server.stop()
         cat.close()
     return [{"case": "catalog query, 2 hostile SQL clients", "detail": "range(1e15) running beside",
              "baseline": "no hostile client", "baseline_ms": alone, "ours": "hostile beside", "ours_ms": beside}]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import threading
 import time
 from typing import Any
 
@@ -51,7 +50,7 @@ def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repe
     from tensor_server.catalog import Catalog
     from tensor_server.core.downsample import warm_up
     from tensor_server.core.engine import ReadEngine
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.testing import start_serving
 
     warm_up()
     logging.getLogger("distributed").setLevel(logging.WARNING)  # the scheduler's INFO lines
@@ -60,9 +59,7 @@ def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repe
     source_mb = tensor.dtype.itemsize * int(np.prod(tensor.shape)) / 1e6
     cat = Catalog([])
     cat.add_source(MemorySource(tensor, source_id="synthetic"))
-    server = TensorFlightServer(cat, ServerConfig(port=0))
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
+    server = start_serving(cat)
     sdk = TensorFlightClient(server.location, cache_bytes=0)
     expected = _expected_plane_sums(tensor, scale)
 
@@ -99,8 +96,7 @@ def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repe
         for cluster, client in clusters:
             client.close()
             cluster.close()
-        server.shutdown()
-        thread.join(timeout=10)
+        server.stop()
         cat.close()
     rows = [{"config": name, "seconds": statistics.median(ts), "mb_per_s": source_mb / statistics.median(ts)}
             for name, ts in times.items()]

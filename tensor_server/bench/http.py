@@ -12,9 +12,9 @@ precache off and on, alternating, to show that precache work does not slow a cli
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,25 +31,20 @@ class _Served:
     def __init__(self, root: Path, precache_bytes: int = 0) -> None:
         from tensor_server.cache import CacheManager
         from tensor_server.catalog import Catalog
-        from tensor_server.core.pyramid import PyramidPolicy
-        from tensor_server.flight import ServerConfig, TensorFlightServer
-        from tensor_server.http.app import HttpFrontEnd, build_app
+        from tensor_server.testing import serving
 
-        self.policy = PyramidPolicy(plane_budget_px=self.POLICY_PLANE_PX)
         self.catalog = Catalog([root])
         self.catalog.scan()
         self.cache = CacheManager(tempfile.mkdtemp(prefix="ts-bench-http-"))
-        self.server = TensorFlightServer(self.catalog, ServerConfig(port=0, precache_bytes=precache_bytes,
-                                                                    pyramid=self.policy), cache_manager=self.cache)
-        threading.Thread(target=self.server.serve, daemon=True).start()
-        on_chunk = self.server.precacher.after_read if self.server.precacher is not None else None
-        self.http = HttpFrontEnd(build_app(self.catalog, self.server.engine, policy=self.policy, on_chunk=on_chunk),
-                                 "127.0.0.1", 0)
-        self.http.start()
+        self._stack = contextlib.ExitStack()
+        served = self._stack.enter_context(serving(self.catalog, cache=self.cache, http=True,
+                                                   precache_bytes=precache_bytes,
+                                                   plane_budget_px=self.POLICY_PLANE_PX))
+        self.server, self.http = served.flight, served.http
+        self.policy = served.runtime.policy
 
     def close(self) -> None:
-        self.http.stop()
-        self.server.shutdown()
+        self._stack.close()
         self.cache.close()
         self.catalog.close()
 
@@ -65,7 +60,7 @@ def _level_reads(served: _Served, array_id: str, level_index: int):
 
     from tensor_server.http.zarr_view import ZarrImage
 
-    tensor, _ = served.catalog.find_tensor(array_id)
+    tensor, _ = served.runtime.catalog.find_tensor(array_id)
     view = ZarrImage(tensor, name=array_id, policy=served.policy)
     if level_index >= len(view.levels):
         return None
@@ -103,7 +98,7 @@ def run_http(size: str = "small", data_dir: str | None = None, json_path: str | 
         for transport in ("HTTP (OME-Zarr)", "Flight DoGet"):
             served = _Served(root)
             try:
-                array_id = served.catalog.records()[0].source_id
+                array_id = served.runtime.catalog.records()[0].source_id
                 reads = _level_reads(served, array_id, level_index)
                 if reads is None:
                     continue
@@ -152,7 +147,7 @@ def _precache_burst(root: Path, rounds: int = 3) -> list[dict[str, Any]]:
         for mode in ("off", "on"):
             served = _Served(root, precache_bytes=(64 << 20) if mode == "on" else 0)
             try:
-                array_id = served.catalog.records()[0].source_id
+                array_id = served.runtime.catalog.records()[0].source_id
                 paths, _, _, _ = _level_reads(served, array_id, 0)
                 with httpx.Client(base_url=served.http.url, timeout=120) as client:
                     t0 = time.perf_counter()

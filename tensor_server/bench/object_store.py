@@ -13,7 +13,6 @@ import os
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ def run_object_store(n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: 
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
     from tensor_server.core.downsample import warm_up
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.testing import start_serving
 
     warm_up()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
@@ -66,9 +65,7 @@ def run_object_store(n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: 
         for r in range(repeats):
             for where in (("s3", "local") if r % 2 == 0 else ("local", "s3")):
                 with CacheManager(work / f"cache-{where}-{r}") as cache:
-                    server = TensorFlightServer(cat, ServerConfig(port=0, precache_bytes=0), cache_manager=cache)
-                    thread = threading.Thread(target=server.serve, daemon=True)
-                    thread.start()
+                    server = start_serving(cat, cache=cache, precache_bytes=0)
                     try:
                         sdk = TensorFlightClient(server.location, cache_bytes=0)
                         for kind in ("first", "cached"):
@@ -79,8 +76,7 @@ def run_object_store(n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: 
                             if not np.array_equal(got, want):
                                 raise AssertionError(f"{where} {kind} read differs")
                     finally:
-                        server.shutdown()
-                        thread.join(timeout=10)
+                        server.stop()
         cat.close()
     finally:
         moto.stop()

@@ -10,7 +10,6 @@ localhost fast path). Medians.
 from __future__ import annotations
 
 import tempfile
-import threading
 from typing import Any
 
 from tensor_server.bench.timing import Progress, add_common_arguments, median_ms, print_table, write_json
@@ -48,14 +47,13 @@ def run_plane_latency(size: str = "small", data_dir: str | None = None, json_pat
 
         from tensor_server.cache import CacheManager
         from tensor_server.catalog import Catalog
-        from tensor_server.flight import ServerConfig, TensorFlightServer
+        from tensor_server.testing import start_serving
 
         cache_dir = tempfile.mkdtemp(prefix="ts-bench-cache-")
         catalog = Catalog([f.path for f in fixtures])
         catalog.scan()
         cache = CacheManager(cache_dir)
-        srv = TensorFlightServer(catalog, ServerConfig(port=0), cache_manager=cache)
-        threading.Thread(target=srv.serve, daemon=True).start()
+        srv = start_serving(catalog, cache=cache)
         client = TensorFlightClient(srv.location)
         by_path = {str(r.path.resolve()): r for r in catalog.records() if r.path is not None}
     try:
@@ -104,7 +102,7 @@ def run_plane_latency(size: str = "small", data_dir: str | None = None, json_pat
     finally:
         progress.close()
         if srv is not None:
-            srv.shutdown()
+            srv.stop()
             cache.close()
     print_table(["format", "layout", "path", "scale", "method", "cold ms", "warm ms"],
                 [[r["format"], r["layout"], r["path"], r["scale"], r["method"], r["cold_ms"], r["warm_ms"]] for r in rows])

@@ -20,7 +20,6 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -111,7 +110,7 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
     from tensor_server.core.downsample import warm_up
     from tensor_server.core.uniform import uniform_value
     from tensor_server.core.stream_reduce import iter_units
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.testing import start_serving
 
     warm_up()
     work = Path(tempfile.mkdtemp(prefix="ts-bench-special-"))
@@ -119,12 +118,7 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
     labels = {f: write_labels(work, f) for f in (0.5, 0.9, 0.95, 0.99)}
     cat = Catalog([work])
     cat.scan()
-    servers, threads = {}, []
-    for mode, on in (("on", True), ("off", False)):
-        srv = TensorFlightServer(cat, ServerConfig(port=0, special_chunks=on))
-        th = threading.Thread(target=srv.serve, daemon=True)
-        th.start()
-        servers[mode], threads = srv, threads + [th]
+    servers = {mode: start_serving(cat, special_chunks=on) for mode, on in (("on", True), ("off", False))}
     clients = {m: TensorFlightClient(s.location, cache_bytes=0) for m, s in servers.items()}
     raw = {m: flight.FlightClient(s.location) for m, s in servers.items()}
 
@@ -181,9 +175,7 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
         for c in raw.values():
             c.close()
         for srv in servers.values():
-            srv.shutdown()
-        for th in threads:
-            th.join(timeout=10)
+            srv.stop()
         cat.close()
         shutil.rmtree(work, ignore_errors=True)
     peer = lambda r, k: f"{r[k]:.0f}" if k in r else "-"  # noqa: E731

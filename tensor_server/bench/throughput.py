@@ -33,16 +33,14 @@ def chunk_server(arr: np.ndarray, chunk_shape: tuple[int, ...], source_id: str =
     from tensor_server.adapters.memory import ArrayAdapter, MemorySource
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.testing import start_serving
 
     cat = Catalog([])
     cat.add_source(MemorySource(ArrayAdapter(arr, chunk_shape=chunk_shape), source_id=source_id))
     cat.first_scan_done.set()
     cache_dir = tempfile.mkdtemp(prefix="ts-bench-tp-")
     cache = CacheManager(cache_dir)
-    server = TensorFlightServer(cat, ServerConfig(port=0), cache_manager=cache)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
+    server = start_serving(cat, cache=cache)
     try:
         c = flight.FlightClient(server.location)
         opt = descriptor_pb2.TensorReadOption(array_id=source_id)
@@ -55,8 +53,7 @@ def chunk_server(arr: np.ndarray, chunk_shape: tuple[int, ...], source_id: str =
         c.close()
         yield server.location, tickets
     finally:
-        server.shutdown()
-        thread.join(timeout=10)
+        server.stop()
         cache.close()
         shutil.rmtree(cache_dir, ignore_errors=True)
 

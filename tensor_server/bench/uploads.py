@@ -154,22 +154,23 @@ def _serve(write_dir: str) -> None:
     import pyarrow.flight as flight
 
     from tensor_server.catalog import Catalog
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.testing import start_serving
 
     cat = Catalog([])
     cat.first_scan_done.set()
-    ours = TensorFlightServer(cat, ServerConfig(port=0, write_dir=write_dir, writable=True, scratch_ttl=0))
+    ours = start_serving(cat, write_dir=write_dir, writable=True, scratch_ttl=0)
 
     class Discard(flight.FlightServerBase):
         def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
             reader.read_all()
 
     bare, peer = Discard("grpc://127.0.0.1:0"), _discarding_upload_server()
-    for s in (ours, bare, peer):
+    for s in (bare, peer):
         threading.Thread(target=s.serve, daemon=True).start()
-    print(json.dumps({"ours": ours.port, "bare": bare.port, "sdk_peer": peer.port}), flush=True)
+    print(json.dumps({"ours": ours.flight.port, "bare": bare.port, "sdk_peer": peer.port}), flush=True)
     sys.stdin.read()
-    for s in (ours, bare, peer):
+    ours.stop()
+    for s in (bare, peer):
         s.shutdown()
     cat.close()
 

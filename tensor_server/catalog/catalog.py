@@ -26,7 +26,7 @@ from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_re
 from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
-from tensor_server.core.identity import source_id_for_path
+from tensor_server.core.identity import SEP, ArrayId, source_id_for_path
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound, UnreadableSource
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError"]
@@ -203,26 +203,28 @@ class Catalog:
         return rec
 
     def find_tensor(self, array_id: str) -> tuple[TensorAdapter, str]:
-        """(tensor, the id to echo) for an array id: ``source_id`` (the default tensor) or
-        ``source_id/field``. The echo is the request itself when it names a tensor exactly,
-        and the tensor's qualified id for a bare id of a multi-tensor source."""
+        """(tensor, the id to echo) for an array id (``core.identity.ArrayId``): ``source_id``
+        or ``source_id/`` (the default tensor) or ``source_id/field``. The echo is the request
+        itself when it names a tensor exactly (``source_id/`` names the default tensor
+        exactly: it is how the listing spells a bare-id tensor next to attached ones), and
+        the tensor's qualified id for a bare id of a multi-tensor source."""
         if not array_id:
             raise InvalidArgument("empty array_id")
-        source_id, _, fld = array_id.partition("/")
-        rec = self.get_record(source_id)
+        aid = ArrayId.parse(array_id)
+        rec = self.get_record(aid.source_id)
         if rec.source is None:
-            raise SourceUnresolved(f"source {source_id!r} cannot be read: {rec.unresolved_reason}")
+            raise SourceUnresolved(f"source {aid.source_id!r} cannot be read: {rec.unresolved_reason}")
         src = rec.source
+        if not aid.field:
+            t = src.tensor()
+            return t, array_id if array_id.endswith(SEP) else t.array_id
         with self._lock:
-            attached = self._attached.get(source_id, {}).get(fld) if fld else None
+            attached = self._attached.get(aid.source_id, {}).get(aid.field)
         if attached is not None:
             return attached[0], array_id
-        if not fld:
-            t = src.tensor()
-            return t, t.array_id
-        if fld in src.tensors:
-            return src.tensors[fld], array_id
-        raise TensorNotFound(f"source {source_id!r} has no tensor {fld!r}; fields: {list(src.tensors)}",
+        if aid.field in src.tensors:
+            return src.tensors[aid.field], array_id
+        raise TensorNotFound(f"source {aid.source_id!r} has no tensor {aid.field!r}; fields: {list(src.tensors)}",
                              slug="unknown_field")
 
     # ---- discovery -------------------------------------------------------------------------
@@ -352,7 +354,7 @@ class Catalog:
         before are refused as stale and cached chunks of the old version are never looked up
         again, with or without rescans. Many requests may notice at once; the source is
         reopened once (only while the catalog still serves the source ``tensor`` came from)."""
-        source_id = tensor.array_id.split("/", 1)[0]
+        source_id = ArrayId.parse(tensor.array_id).source_id
         with self._reopen_lock:
             with self._lock:
                 old = self._records.get(source_id)
@@ -412,7 +414,11 @@ class Catalog:
                 with self._lock:
                     attached = [t for t, listed in self._attached.get(r.source_id, {}).values() if listed]
                 for t in [*r.source.tensors.values(), *attached]:
-                    tensors.append({"array_id": t.array_id, "dim_labels": list(t.dim_labels),
+                    # a bare-id tensor listed beside attached ones is spelled ``source_id/``:
+                    # the biopb SDK refuses a bare id of a source listing several tensors
+                    # for open-ended slices, and reads an exact id
+                    listed_id = t.array_id + SEP if attached and t.array_id == r.source_id else t.array_id
+                    tensors.append({"array_id": listed_id, "dim_labels": list(t.dim_labels),
                                     "shape": list(t.shape), "dtype": t.dtype.str})
             rows["tensors"].append(tensors)
             rows["metadata_json"].append(r.source.metadata_json() if r.source is not None else None)

@@ -1,7 +1,7 @@
 """ROI annotations: the persistent ``rois`` table the biopb SDK and the Tensor Browser use.
 
 Annotations are user data, not a cache of the files: they live in their own DuckDB file
-(``ServerConfig.rois_path``; in memory when none is given) so they survive restarts, a
+(``Settings.rois_path``; in memory when none is given) so they survive restarts, a
 rescan, and a source going missing for a while. The table has the biopb reference
 server's columns, so SQL written against it (``SELECT array_id, set_name, count(*) FROM
 rois ...``) works here; the catalog publishes a read-only snapshot of it next to
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
+from tensor_server.core.identity import ArrayId
 from tensor_server.errors import InvalidArgument
 
 __all__ = ["RoiStore", "RoiStoreBusy", "UnseenRois", "RESERVED_SET_PREFIX", "MAX_ROIS_PER_TENSOR"]
@@ -225,7 +226,7 @@ class RoiStore:
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise InvalidArgument(f"duplicate roi_id in one batch: {dup}")
-        source_id = array_id.split("/", 1)[0]
+        source_id = ArrayId.parse(array_id).source_id
         con = self._connection()
         stored: list[Any] = []
         conflicts: list[Any] = []

@@ -12,7 +12,44 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["file_content_version", "minted_content_version", "source_id_for_path", "source_id_for_url"]
+__all__ = ["ArrayId", "file_content_version", "minted_content_version", "source_id_for_path", "source_id_for_url"]
+
+#: the separator of an array id's two parts; a source id never contains it, a field may
+SEP = "/"
+
+
+class ArrayId(tuple):
+    """The one grammar of tensor ids: ``source_id`` (the source's default tensor) or
+    ``source_id/field``. The source id has no ``/``; the field is everything after the first
+    one and may hold more (``grp/data``, ``@fields/result``). ``source_id/`` (an empty
+    field) also names the default tensor: it is how the catalog lists a bare-id tensor
+    whose source has other listed tensors, so the biopb SDK reads it by exact id.
+
+    A ``(source_id, field)`` pair; ``field`` is ``""`` for the default tensor."""
+
+    __slots__ = ()
+
+    def __new__(cls, source_id: str, field: str = "") -> ArrayId:
+        return super().__new__(cls, (source_id, field))
+
+    @classmethod
+    def parse(cls, text: str) -> ArrayId:
+        source_id, _, field = text.partition(SEP)
+        return cls(source_id, field)
+
+    @property
+    def source_id(self) -> str:
+        return self[0]
+
+    @property
+    def field(self) -> str:
+        return self[1]
+
+    def __str__(self) -> str:
+        return f"{self[0]}{SEP}{self[1]}" if self[1] else self[0]
+
+    def __repr__(self) -> str:
+        return f"ArrayId({str(self)!r})"
 
 
 def file_content_version(*paths: str | os.PathLike[str]) -> bytes:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from tensor_server.errors import InvalidArgument, InvalidChunkId
+from tensor_server.core.bounds import Bounds
+from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId
 
-__all__ = ["check_scale", "check_extent_within_chunk", "max_scale", "MAX_PLAN_CHUNKS"]
+__all__ = ["check_scale", "check_extent_within_chunk", "check_read_request", "max_scale", "MAX_PLAN_CHUNKS"]
 
 #: A plan with more chunks than this is refused: 65,536 chunks is ≥ 512 GiB of 8 MiB chunks,
 #: more than any client can hold; such a request wants a region or a coarser scale.
@@ -68,3 +69,29 @@ def check_extent_within_chunk(
 def _short(values: Sequence[object]) -> str:
     text = repr(tuple(values))
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def check_read_request(region: Bounds | None, scale: Sequence[int] | None, shape: Sequence[int]) -> None:
+    """Refuse a malformed slice or scale with the reference's slug. A stop past the end is
+    *not* refused: it is clamped (NumPy semantics; a deliberate difference from the
+    reference, which refuses it as ``slice_out_of_range``); only a start at or past the end
+    of an axis, which leaves nothing to read, is ``slice_out_of_range``."""
+    ndim = len(shape)
+    if region is not None:
+        if region.ndim != ndim:
+            raise InvalidBounds(f"slice_hint has {region.ndim} axes but the tensor has {ndim}", slug="slice_rank")
+        for axis, (a, b, n) in enumerate(zip(region.start, region.stop, shape)):
+            if a < 0 or b < 0:
+                raise InvalidBounds(f"slice_hint axis {axis}: bounds [{a}, {b}) are negative", slug="slice_negative")
+            if a >= b:
+                raise InvalidBounds(f"slice_hint axis {axis}: empty or reversed interval [{a}, {b})", slug="slice_inverted")
+            if a >= n:
+                raise InvalidBounds(f"slice_hint axis {axis}: start {a} is past the axis length {n}",
+                                    slug="slice_out_of_range")
+    if scale:
+        if len(scale) != ndim:
+            raise InvalidArgument(f"scale_hint has {len(scale)} axes but the tensor has {ndim}", slug="scale_rank")
+        bad = [axis for axis, s in enumerate(scale) if s <= 0]
+        if bad:
+            raise InvalidArgument(f"scale_hint must be positive integers, got {list(scale)} (axis {bad[0]})",
+                                  slug="scale_not_positive")

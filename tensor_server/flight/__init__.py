@@ -5,6 +5,6 @@ so importing ``tensor_server`` alone never loads it.
 """
 from __future__ import annotations
 
-from tensor_server.flight.server import TensorFlightServer, ServerConfig
+from tensor_server.flight.server import TensorFlightServer
 
-__all__ = ["TensorFlightServer", "ServerConfig"]
+__all__ = ["TensorFlightServer"]

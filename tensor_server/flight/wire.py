@@ -1,4 +1,4 @@
-"""Wire encodings of wire-protocol.md: plans to FlightInfo, chunks to record batches, errors.
+"""Wire encodings of wire-protocol.md: described tensors and plans to FlightInfo, chunks to record batches.
 
 Message classes come from the biopb SDK's generated modules, never redefined here, so the
 bytes are the SDK's own.
@@ -20,18 +20,16 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.plan import ReadPlan
 from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
 from tensor_server.core.uniform import constant_value
-from tensor_server.errors import InvalidArgument, InvalidBounds
+from tensor_server.errors import InvalidArgument
 
 __all__ = [
     "CHUNK_SCHEMA",
     "PLAN_SCHEMA",
     "chunk_batch",
-    "flight_error",
+    "described_flight_info",
+    "request_region",
     "plan_flight_info",
     "describe_descriptor",
-    "READ_MASK_PATHS",
-    "read_mask",
-    "check_read_request",
 ]
 
 PROTOCOL_METADATA = {b"chunk_wire_protocol": b"2", b"flight_protocol": b"3"}
@@ -58,52 +56,6 @@ def _shared_constant(dtype: str, value: bytes, size: int) -> np.ndarray:
     out = np.full(size, np.frombuffer(value, dtype=dtype)[0], dtype=dtype)
     out.flags.writeable = False
     return out
-
-
-from tensor_server.flight.errors import bounded_message, flight_error  # noqa: E402,F401 - re-exported
-
-
-#: GetFlightInfo field-mask paths this server answers. ``upload_status`` is answered by
-#: omission (no upload backs a catalog source); ``ticket_stub`` is not served (health says
-#: ``ticket_stubs: false``), so asking for it is refused like any unknown path.
-READ_MASK_PATHS = frozenset({"endpoints", "metadata_json", "pyramid", "is_resident", "upload_status"})
-
-
-def read_mask(option: Any) -> set[str]:
-    """The mask paths a TensorReadOption asks for; an unknown one is refused by name, since
-    a client that asked for it planned around receiving it."""
-    paths = set(option.fields.paths)
-    unknown = sorted(paths - READ_MASK_PATHS)
-    if unknown:
-        raise InvalidArgument(f"tensor_read: unknown field mask path(s) {unknown}; known: {sorted(READ_MASK_PATHS)}",
-                              slug="unknown_field_mask")
-    return paths
-
-
-def check_read_request(region: Bounds | None, scale: Sequence[int] | None, shape: Sequence[int]) -> None:
-    """Refuse a malformed slice or scale with the reference's slug. A stop past the end is
-    *not* refused: it is clamped (NumPy semantics; a deliberate difference from the
-    reference, which refuses it as ``slice_out_of_range``); only a start at or past the end
-    of an axis, which leaves nothing to read, is ``slice_out_of_range``."""
-    ndim = len(shape)
-    if region is not None:
-        if region.ndim != ndim:
-            raise InvalidBounds(f"slice_hint has {region.ndim} axes but the tensor has {ndim}", slug="slice_rank")
-        for axis, (a, b, n) in enumerate(zip(region.start, region.stop, shape)):
-            if a < 0 or b < 0:
-                raise InvalidBounds(f"slice_hint axis {axis}: bounds [{a}, {b}) are negative", slug="slice_negative")
-            if a >= b:
-                raise InvalidBounds(f"slice_hint axis {axis}: empty or reversed interval [{a}, {b})", slug="slice_inverted")
-            if a >= n:
-                raise InvalidBounds(f"slice_hint axis {axis}: start {a} is past the axis length {n}",
-                                    slug="slice_out_of_range")
-    if scale:
-        if len(scale) != ndim:
-            raise InvalidArgument(f"scale_hint has {len(scale)} axes but the tensor has {ndim}", slug="scale_rank")
-        bad = [axis for axis, s in enumerate(scale) if s <= 0]
-        if bad:
-            raise InvalidArgument(f"scale_hint must be positive integers, got {list(scale)} (axis {bad[0]})",
-                                  slug="scale_not_positive")
 
 
 def _physical(tensor: TensorAdapter, scale: Sequence[int]) -> tuple[list[float], list[str]] | None:
@@ -183,7 +135,7 @@ def plan_flight_info(
     )
 
 
-def request_region(option: Any, ndim: int) -> Bounds | None:
+def request_region(option: Any) -> Bounds | None:
     """The request's slice_hint as Bounds (None when absent); rank checked later by plan."""
     if not option.HasField("slice_hint"):
         return None
@@ -193,3 +145,23 @@ def request_region(option: Any, ndim: int) -> Bounds | None:
     if len(sh.start) != len(sh.stop):
         raise InvalidArgument(f"slice_hint has {len(sh.start)} starts but {len(sh.stop)} stops")
     return Bounds(tuple(sh.start), tuple(sh.stop))
+
+
+def described_flight_info(described: Any, policy: PyramidPolicy | None, request_bytes: bytes) -> flight.FlightInfo:
+    """The FlightInfo answering a ``ServingRuntime.describe`` (a ``Described``): a plan's
+    endpoints when they were asked for, the upload's status when it was, and for a DISCARDED
+    upload (a tombstone: no tensor to describe) its declared shape and status only."""
+    from tensor_server.service.upload_verbs import status_message
+
+    up = described.upload
+    if described.tensor is None:
+        t = up.tensor
+        desc = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape), dtype=wire_dtype(t.dtype),
+                                               dim_labels=list(t.dim_labels), chunk_shape=list(t.chunk_shape))
+        desc.upload_status.CopyFrom(status_message(up))
+        return plan_flight_info(desc, None, request_bytes)
+    desc = describe_descriptor(described.tensor, described.echo, set(described.fields), described.plan,
+                               described.had_slice, described.metadata_json, policy, described.is_resident)
+    if up is not None:
+        desc.upload_status.CopyFrom(status_message(up))
+    return plan_flight_info(desc, described.plan if described.wants_endpoints else None, request_bytes)

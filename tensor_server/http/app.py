@@ -1,85 +1,80 @@
-"""HTTP front end: every served tensor as a virtual OME-Zarr image (Starlette on uvicorn).
+"""HTTP door: every served tensor as a virtual OME-Zarr image (Starlette on uvicorn).
 
-URLs (``<id>`` is an array id, ``/`` included; the longest prefix that names a tensor wins):
+URLs (``<id>`` is an array id, ``/`` included; ``http/paths.py`` resolves a path in one step):
 
 * ``/zarr/<id>/…``  — NGFF 0.4 on zarr v2 (``.zgroup``, ``.zattrs``, ``<level>/.zarray``,
   ``<level>/<i>.<j>…``), labels under ``labels/<name>/``;
 * ``/zarr3/<id>/…`` — NGFF 0.5 on zarr v3 (``zarr.json``, ``<level>/c/<i>/<j>…``).
 
-The same process, catalog, read engine, chunk cache and token as the Flight server: a chunk
-is produced by ``engine.chunk`` (hits are cache entries), in a worker thread so the event
-loop never blocks on a decode. Responses carry an ``ETag`` from the content version and
-``Cache-Control: no-cache`` (clients may keep bytes but must revalidate: the file can
-change); ``If-None-Match`` answers 304, ``Range`` answers 206, HEAD is answered without a
-body, CORS allows any origin (browser viewers), unknown ids and chunks off the grid are 404,
-a wrong or missing token is 401 (``Authorization: Bearer`` or ``?token=`` for viewers that
-cannot set headers).
+A translation only, over the same ``ServingRuntime`` as the Flight door: the runtime
+authenticates (``Authorization: Bearer`` or ``?token=`` for viewers that cannot set
+headers), looks tensors up with the upload gate, and reads chunks through the engine, the
+cache and the precacher; an error's class gives the status (``errors.py``: 400, 401, 403,
+404, 409, 413, 503 with ``Retry-After``, ...), never a traceback. Lookups and reads run in
+worker threads so the event loop never blocks. Responses carry an ``ETag`` from the content
+version and ``Cache-Control: no-cache`` (clients may keep bytes but must revalidate: the file
+can change); ``If-None-Match`` answers 304, ``Range`` answers 206, HEAD is answered without a
+body, CORS allows any origin (browser viewers).
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from tensor_server.errors import InvalidArgument, TensorNotFound, TensorServerError
+from tensor_server.core.identity import ArrayId
+from tensor_server.errors import TensorNotFound, TensorServerError, bounded_message, internal_message
+from tensor_server.http.paths import resolve_zarr_path
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
+from tensor_server.service import Caller
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tensor_server.catalog.catalog import Catalog
-    from tensor_server.core.engine import ReadEngine
-    from tensor_server.core.pyramid import PyramidPolicy
+    from tensor_server.service import ServingRuntime
 
-__all__ = ["HttpFrontEnd", "build_app"]
+__all__ = ["HttpFrontEnd", "build_app", "error_response"]
 
 log = logging.getLogger(__name__)
 
-FLAVOURS = {"zarr": "0.4", "zarr3": "0.5"}
+#: URL flavour -> zarr format, and zarr format -> NGFF version
+FLAVOURS = {"zarr": 2, "zarr3": 3}
+NGFF_OF_FORMAT = {2: "0.4", 3: "0.5"}
 _JSON = "application/json"
 _OCTET = "application/octet-stream"
 
 
-class _NotFound(Exception):
-    pass
+class _NotFound(TensorNotFound):
+    """A path below a resolved image that names nothing of it."""
 
 
 class _Views:
     """ZarrImage per (array id, content version): built once, dropped when the data changes."""
 
-    def __init__(self, catalog: Catalog, policy: PyramidPolicy | None, size: int = 256) -> None:
-        self.catalog, self.policy, self.size = catalog, policy, size
+    def __init__(self, runtime: ServingRuntime, size: int = 256) -> None:
+        self.runtime, self.size = runtime, size
         self._views: OrderedDict[tuple[str, bytes], ZarrImage] = OrderedDict()
         self._lock = threading.Lock()
 
-    def resolve(self, segments: list[str]) -> tuple[ZarrImage, list[str]]:
-        """The image named by the longest prefix of ``segments``, and the rest of the path."""
-        first_error: Exception | None = None
-        for k in range(len(segments), 0, -1):
-            candidate = "/".join(segments[:k])
-            try:
-                tensor, _ = self.catalog.find_tensor(candidate)
-            except (TensorNotFound, InvalidArgument) as exc:
-                first_error = first_error or exc
-                continue
-            return self._image(tensor), segments[k:]
-        raise _NotFound(str(first_error) if first_error else "no array id in the path")
+    def resolve(self, caller: Caller, segments: list[str], zarr_format: int) -> tuple[ZarrImage, list[str]]:
+        """The image a path names and the zarr key after it (``http/paths.py``). Every
+        tensor comes through the runtime's lookup: the token and the upload gate hold."""
+        self.runtime.authenticate(caller)
+        return resolve_zarr_path(segments, zarr_format, lambda aid: self.runtime.tensor(aid, caller)[0], self.image)
 
-    def _image(self, tensor: Any) -> ZarrImage:
+    def image(self, tensor: Any) -> ZarrImage:
         key = (tensor.array_id, tensor.content_version)
         with self._lock:
             view = self._views.get(key)
             if view is not None:
                 self._views.move_to_end(key)
                 return view
-        source_id = tensor.array_id.split("/", 1)[0]
-        source = self.catalog.get_record(source_id).source
+        source = self.runtime.catalog.get_record(ArrayId.parse(tensor.array_id).source_id).source
         labels = {}
         if source is not None and not tensor.is_labels:
             for field, other in source.tensors.items():
                 if other.is_labels and other is not tensor:
                     labels[field.rsplit("/", 1)[-1]] = other
-        view = ZarrImage(tensor, name=tensor.array_id, labels=labels, policy=self.policy)
+        view = ZarrImage(tensor, name=tensor.array_id, labels=labels, policy=self.runtime.policy)
         with self._lock:
             self._views[key] = view
             while len(self._views) > self.size:
@@ -87,16 +82,25 @@ class _Views:
         return view
 
 
-def build_app(
-    catalog: Catalog,
-    engine: ReadEngine,
-    *,
-    token: str | None = None,
-    policy: PyramidPolicy | None = None,
-    on_chunk: Callable[[Any, Any], None] | None = None,
-):
-    """The Starlette application. ``on_chunk(tensor, chunk_id)`` is called after a chunk is
-    served (the precacher's trigger)."""
+def error_response(exc: BaseException) -> Any:
+    """The HTTP answer for an error: the class's status and slug, the message, and
+    ``Retry-After`` for what may be retried; an error that is not ours is a 500 naming its
+    type only (logged with its traceback)."""
+    from starlette.responses import PlainTextResponse
+
+    if not isinstance(exc, TensorServerError):
+        log.error("internal error answering an HTTP request", exc_info=exc)
+        return PlainTextResponse(internal_message(exc), status_code=500)
+    headers = {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(max(1, int(exc.retry_after)))
+    if exc.http_status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return PlainTextResponse(f"{exc.slug}: {bounded_message(str(exc))}", status_code=exc.http_status, headers=headers)
+
+
+def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications.Starlette
+    """The Starlette application over ``runtime``."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
@@ -105,17 +109,16 @@ def build_app(
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
 
-    views = _Views(catalog, policy)
-    calls: dict[str, int] = {"metadata": 0, "chunks": 0, "not_found": 0, "unauthorized": 0, "not_modified": 0}
+    views = _Views(runtime)
+    calls: dict[str, int] = {"metadata": 0, "chunks": 0, "errors": 0, "not_modified": 0}
 
-    def authorized(request: Request) -> bool:
-        if not token:
-            return True
+    def caller_of(request: Request) -> Caller:
         presented = request.query_params.get("token")
         header = request.headers.get("authorization", "")
         if header.startswith("Bearer "):
             presented = header[len("Bearer "):]
-        return presented is not None and hmac.compare_digest(presented.encode(), token.encode())
+        peer = request.client.host if request.client else ""
+        return Caller(token=presented, peer=peer, door="http")
 
     def respond(request: Request, body: bytes | memoryview, media_type: str, etag: str) -> Response:
         headers = {"ETag": etag, "Cache-Control": "no-cache", "Accept-Ranges": "bytes"}
@@ -133,31 +136,25 @@ def build_app(
         return Response(body, media_type=media_type, headers=headers)
 
     async def serve(request: Request) -> Response:
-        if not authorized(request):
-            calls["unauthorized"] += 1
-            return PlainTextResponse("unauthorized: a valid 'Authorization: Bearer <token>' header or ?token= is required",
-                                     status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        version = FLAVOURS.get(request.path_params["flavour"])
-        if version is None:
-            calls["not_found"] += 1
+        zarr_format = FLAVOURS.get(request.path_params["flavour"])
+        if zarr_format is None:
             return PlainTextResponse("not found: use /zarr/<array_id>/ (NGFF 0.4) or /zarr3/<array_id>/ (NGFF 0.5)",
                                      status_code=404)
         segments = [s for s in request.path_params["rest"].split("/") if s != ""]
+        caller = caller_of(request)
         try:
-            image, rest = views.resolve(segments)
-            return await _dispatch(request, image, rest, version)
-        except _NotFound as exc:
-            calls["not_found"] += 1
-            return PlainTextResponse(f"not found: {str(exc)[:300]}", status_code=404)
-        except TensorServerError as exc:
-            calls["not_found"] += 1
-            return PlainTextResponse(f"{type(exc).__name__}: {str(exc)[:300]}", status_code=404)
+            image, rest = await run_in_threadpool(views.resolve, caller, segments, zarr_format)
+            return await _dispatch(request, caller, image, rest, zarr_format)
+        except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
+            calls["errors"] += 1
+            return error_response(exc)
 
-    async def _dispatch(request: Request, image: ZarrImage, rest: list[str], version: str) -> Response:
-        zarr_format = 2 if version == "0.4" else 3
+    async def _dispatch(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
+                        ) -> Response:
+        version = NGFF_OF_FORMAT[zarr_format]
         tag = image.tensor.content_version.hex()
         if rest and rest[0] == "labels" and not image.is_label_of:
-            return await _labels(request, image, rest[1:], version)
+            return await _labels(request, caller, image, rest[1:], zarr_format)
         if not rest:
             doc = {"ngff": version, "array_id": image.tensor.array_id, "levels": [lv.path for lv in image.levels],
                    "labels": sorted(image.labels)}
@@ -168,23 +165,22 @@ def build_app(
             return respond(request, dumps(meta), _JSON, f'"{tag}-{"/".join(rest)}"')
         level = image.level(rest[0])
         if level is None:
-            raise _NotFound(f"{'/'.join(rest)} is not a level, metadata or chunk of {image.tensor.array_id}")
+            raise _NotFound(f"{'/'.join(rest)[:200]} is not a level, metadata or chunk of {image.tensor.array_id}")
         key = _chunk_key(rest[1:], zarr_format)
         cid = image.chunk_id(level, key) if key is not None else None
         if cid is None:
-            raise _NotFound(f"no chunk {'/'.join(rest[1:])} in level {level.path} (grid {level.grid()})")
-        body = await run_in_threadpool(_chunk_bytes, image, level, cid)
+            raise _NotFound(f"no chunk {'/'.join(rest[1:])[:200]} in level {level.path} (grid {level.grid()})")
+        body = await run_in_threadpool(_chunk_bytes, caller, image, level, cid)
         calls["chunks"] += 1
-        if on_chunk is not None:
-            on_chunk(image.tensor, cid)
         return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
 
-    def _chunk_bytes(image: ZarrImage, level: ZarrLevel, cid: Any) -> memoryview:
-        _, data = engine.chunk(cid, image.tensor)
+    def _chunk_bytes(caller: Caller, image: ZarrImage, level: ZarrLevel, cid: Any) -> memoryview:
+        _, data = runtime.chunk(cid, caller)
         return image.encode_chunk(level, data)
 
-    async def _labels(request: Request, image: ZarrImage, rest: list[str], version: str) -> Response:
-        zarr_format = 2 if version == "0.4" else 3
+    async def _labels(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
+                      ) -> Response:
+        version = NGFF_OF_FORMAT[zarr_format]
         tag = image.tensor.content_version.hex()
         if rest in ([".zattrs"], []) and zarr_format == 2 or rest == ["zarr.json"] and zarr_format == 3:
             attrs = image.labels_attributes(version)
@@ -193,10 +189,11 @@ def build_app(
         if rest == [".zgroup"] and zarr_format == 2:
             return respond(request, dumps({"zarr_format": 2}), _JSON, f'"{tag}-labels-zgroup"')
         if not rest or rest[0] not in image.labels:
-            raise _NotFound(f"{image.tensor.array_id} has no label image {rest[0] if rest else ''!r}")
+            raise _NotFound(f"{image.tensor.array_id} has no label image {rest[0][:100] if rest else ''!r}")
         label = image.labels[rest[0]]
+        runtime.check_readable(label)
         label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
-        return await _dispatch(request, label_view, rest[1:], version)
+        return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 
     routes = [Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
@@ -205,7 +202,6 @@ def build_app(
                              expose_headers=["ETag", "Content-Range", "Content-Length", "Accept-Ranges"])]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.calls = calls
-
     return app
 
 
@@ -239,7 +235,7 @@ def _chunk_key(parts: list[str], zarr_format: int) -> tuple[int, ...] | None:
         if not parts or parts[0] != "c":
             return None
         fields = parts[1:]
-    if not fields or not all(f.isdigit() for f in fields):
+    if not fields or not all(f.isascii() and f.isdigit() for f in fields):
         return None
     return tuple(int(f) for f in fields)
 

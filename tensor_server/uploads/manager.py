@@ -1,7 +1,7 @@
 """UploadManager: add_tensor, chunk writes, the PENDING/READY/DISCARDED ladder, TTL sweeps and
 boot adoption, for both store formats.
 
-Transport-free (flight/uploads.py turns its errors into Flight ones), so an in-process
+Transport-free (the service floor serves it; each door maps its errors), so an in-process
 producer can add and fill tensors while the wire verbs stay refused. Every uploaded tensor
 lives in ``<write_dir>/fields/<source_id>/...`` as a *member* directory and is attached to its
 source in the catalog, so reads go through the same read path as every other tensor. The
@@ -30,6 +30,7 @@ from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
+from tensor_server.core.identity import ArrayId
 from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
 from tensor_server.errors import FailedPrecondition, InvalidArgument, TensorNotFound, TensorServerError
 from tensor_server.uploads.cache_member import CacheMember
@@ -163,7 +164,7 @@ class UploadManager:
                 member.remove()
                 removed += 1
                 continue
-            source_id, _, fld = m.array_id.partition("/")
+            source_id, fld = ArrayId.parse(m.array_id)
             up = Upload(m.array_id, source_id, fld, member, member.reader(), READY, m.expires_at, now, adopted=True,
                         reason="adopted at boot (no progress record: uploaded_chunks is not known)")
             self._uploads[m.array_id] = up

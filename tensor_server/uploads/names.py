@@ -12,6 +12,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
+from tensor_server.core.identity import ArrayId
 from tensor_server.errors import InvalidArgument
 
 __all__ = ["FIELDS", "LABELS", "STORE_FORMATS", "UploadTarget", "parse_upload_id", "name_problem", "fold_name"]
@@ -97,12 +98,12 @@ def parse_upload_id(request_id: str) -> UploadTarget:
         if scheme != "zarr":
             raise UploadNameError(f"{request_id!r}: a label set is an OME-Zarr label image; use 'zarr://'")
         _check_name(name, request_id)
-        source_id, _, image_field = head.partition("/")
+        source_id, image_field = ArrayId.parse(head)
         if not source_id:
             raise UploadNameError(f"{request_id!r} names no image; use {_GRAMMAR}")
         field = f"{image_field}/{LABELS}/{name}" if image_field else f"{LABELS}/{name}"
         return UploadTarget(scheme, source_id, field, name, image_id=head)
-    source_id, _, field = rest.partition("/")
+    source_id, field = ArrayId.parse(rest)
     seg, slash, name = field.partition("/")
     if not source_id or seg != FIELDS or not slash:
         raise UploadNameError(

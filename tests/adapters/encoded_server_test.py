@@ -13,7 +13,9 @@ import pytest
 from tensor_server.catalog import Catalog
 from tensor_server_kernels import reference
 
-from ..flight.conftest import client_for, running_server
+from tensor_server.testing import serving
+
+from ..flight.conftest import client_for
 from .encoded_zarr_test import assert_decoded_equal
 
 N = 20_000
@@ -44,7 +46,7 @@ def lux_root(tmp_path_factory, luxar):
 def lux_server(lux_root):
     cat = Catalog([lux_root])
     cat.scan()
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         yield srv, cat
     cat.close()
 
@@ -112,7 +114,7 @@ def test_a_store_that_is_one_refused_array_stays_listed_with_the_reason(tmp_path
     arr.attrs["encoding"] = {"name": "lut_uint8", "lut": [1.0], "original_dtype": "float32", "extra": 1}
     cat = Catalog([tmp_path])
     cat.scan()
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         client = client_for(srv)
         (row,) = client.query("SELECT is_resolved, unresolved_reason FROM sources").to_pylist()
         assert row["is_resolved"] is False

@@ -19,7 +19,7 @@ from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
 from tensor_server.core.engine import Overloaded, ReadEngine
-from tensor_server.flight import ServerConfig, TensorFlightServer
+from tensor_server.testing import serving
 from tensor_server_kernels import reference
 
 
@@ -35,12 +35,8 @@ def volume_server(tmp_path_factory):
     cat = Catalog([root])
     cat.scan()
     cache = CacheManager(tmp_path_factory.mktemp("dist-cache"))
-    srv = TensorFlightServer(cat, ServerConfig(port=0, max_computes=4), cache_manager=cache)
-    thread = threading.Thread(target=srv.serve, daemon=True)
-    thread.start()
-    yield srv, cat.records()[0].source_id, vol
-    srv.shutdown()
-    thread.join(timeout=10)
+    with serving(cat, cache=cache, max_computes=4) as srv:
+        yield srv, cat.records()[0].source_id, vol
     cache.close()
     cat.close()
 
@@ -119,7 +115,7 @@ def test_admission_bounds_concurrent_computes_and_overload_is_retryable():
 
 
 def test_overload_is_unavailable_on_the_wire():
-    from tensor_server.flight.wire import flight_error
+    from tensor_server.flight.errors import flight_error
 
     err = flight_error(Overloaded("busy"))
     assert isinstance(err, flight.FlightUnavailableError)

@@ -1,32 +1,13 @@
-"""An in-process server on 127.0.0.1 with an ephemeral port, torn down cleanly."""
+"""Fixtures of the Flight tests: generated sources and an in-process server over them
+(``tensor_server.testing.serving``: 127.0.0.1, an ephemeral port, torn down cleanly)."""
 from __future__ import annotations
-
-import threading
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
-from tensor_server.flight import ServerConfig, TensorFlightServer
-
-
-@contextmanager
-def running_server(catalog: Catalog, *, cache_manager=None, upload_manager=None, **config):
-    """An in-process server of ``catalog`` on 127.0.0.1 (an ephemeral port unless ``port``
-    is given), stopped and joined on exit; ``config`` are ServerConfig fields."""
-    config.setdefault("port", 0)
-    server = TensorFlightServer(catalog, ServerConfig(**config), cache_manager=cache_manager,
-                                upload_manager=upload_manager)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        assert not thread.is_alive(), "server thread did not stop"
+from tensor_server.testing import serving
 
 
 def client_for(server, token=None):
@@ -75,7 +56,7 @@ def catalog(generated_root):
 
 @pytest.fixture(scope="module")
 def server(catalog):
-    with running_server(catalog) as srv:
+    with serving(catalog) as srv:
         yield srv
 
 

@@ -9,15 +9,7 @@ import pyarrow.flight as flight
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
-from tensor_server.flight import ServerConfig, TensorFlightServer
-
-
-def start(catalog, cache):
-    import threading
-
-    srv = TensorFlightServer(catalog, ServerConfig(port=0), cache_manager=cache)
-    threading.Thread(target=srv.serve, daemon=True).start()
-    return srv
+from tensor_server.testing import serving
 
 
 def test_warm_reads_of_16_cached_chunks_do_no_doget(tmp_path):
@@ -28,21 +20,20 @@ def test_warm_reads_of_16_cached_chunks_do_no_doget(tmp_path):
     cat.add_source(MemorySource(ArrayAdapter(arr, chunk_shape=(64, 64)), source_id="fast"))
     cat.first_scan_done.set()
     cache = CacheManager(tmp_path / "cache")
-    srv = start(cat, cache)
     try:
-        warm = TensorFlightClient(srv.location)
-        np.testing.assert_array_equal(warm.get_array("fast"), arr)  # resolves 16 chunks into the cache
-        assert len(cache) == 16
-        before = srv.calls["DoGet"]
-        fresh = TensorFlightClient(srv.location)  # no client-side chunk cache yet
-        got = fresh.get_array("fast")
-        np.testing.assert_array_equal(got, arr)
-        assert srv.calls["DoGet"] == before, "every chunk came through chunk_locate + mmap"
-        assert srv.calls["action:chunk_locate"] >= 16
-        stats = fresh.cache_stats()
-        assert stats["total_entries"] == 16 and stats["hits"] >= 16 and stats["max_bytes"] == cache.max_total_bytes
+        with serving(cat, cache=cache) as srv:
+            warm = TensorFlightClient(srv.location)
+            np.testing.assert_array_equal(warm.get_array("fast"), arr)  # resolves 16 chunks into the cache
+            assert len(cache) == 16
+            before = srv.runtime.calls["DoGet"]
+            fresh = TensorFlightClient(srv.location)  # no client-side chunk cache yet
+            got = fresh.get_array("fast")
+            np.testing.assert_array_equal(got, arr)
+            assert srv.runtime.calls["DoGet"] == before, "every chunk came through chunk_locate + mmap"
+            assert srv.runtime.calls["action:chunk_locate"] >= 16
+            stats = fresh.cache_stats()
+            assert stats["total_entries"] == 16 and stats["hits"] >= 16 and stats["max_bytes"] == cache.max_total_bytes
     finally:
-        srv.shutdown()
         cache.close()
 
 
@@ -57,47 +48,43 @@ def test_locate_refuses_stale_ids_and_scaled_chunks_locate_too(tmp_path):
     cat.add_source(MemorySource(t, source_id="loc"))
     cat.first_scan_done.set()
     cache = CacheManager(tmp_path / "cache")
-    srv = start(cat, cache)
     try:
-        c = flight.FlightClient(srv.location)
-        cid = plan_read(t, None, (2, 2), "area").chunks[0].chunk_id
-        body = ticket_pb2.TensorTicket(chunk_id=cid.encode()).SerializeToString()
-        info = json.loads(next(iter(c.do_action(flight.Action("chunk_locate", body)))).body.to_pybytes())
-        assert info["available"] and info["segment_path"].startswith(str(tmp_path))
-        import os
+        with serving(cat, cache=cache) as srv:
+            c = flight.FlightClient(srv.location)
+            cid = plan_read(t, None, (2, 2), "area").chunks[0].chunk_id
+            body = ticket_pb2.TensorTicket(chunk_id=cid.encode()).SerializeToString()
+            info = json.loads(next(iter(c.do_action(flight.Action("chunk_locate", body)))).body.to_pybytes())
+            assert info["available"] and info["segment_path"].startswith(str(tmp_path))
+            import os
 
-        import pyarrow as pa
+            import pyarrow as pa
 
-        assert os.stat(info["segment_path"]).st_ino == info["generation_id"]
-        with pa.memory_map(info["segment_path"]) as mm:
-            schema = pa.ipc.open_stream(mm).schema
-            mm.seek(info["byte_offset"])
-            batch = pa.ipc.read_record_batch(pa.ipc.read_message(mm), schema)
-        got = np.frombuffer(batch.column("data").buffers()[2], dtype=batch.column("dtype")[0].as_py()).reshape(batch.column("shape")[0].as_py())
-        from tensor_server_kernels import reference
+            assert os.stat(info["segment_path"]).st_ino == info["generation_id"]
+            with pa.memory_map(info["segment_path"]) as mm:
+                schema = pa.ipc.open_stream(mm).schema
+                mm.seek(info["byte_offset"])
+                batch = pa.ipc.read_record_batch(pa.ipc.read_message(mm), schema)
+            got = np.frombuffer(batch.column("data").buffers()[2], dtype=batch.column("dtype")[0].as_py()).reshape(batch.column("shape")[0].as_py())
+            from tensor_server_kernels import reference
 
-        np.testing.assert_array_equal(got, reference.downsample(arr, (2, 2), "area")[:64, :64])
-        stale = type(cid)(**{**cid.__dict__, "content_version": b"old"})
-        body = ticket_pb2.TensorTicket(chunk_id=stale.encode()).SerializeToString()
-        import pytest
+            np.testing.assert_array_equal(got, reference.downsample(arr, (2, 2), "area")[:64, :64])
+            stale = type(cid)(**{**cid.__dict__, "content_version": b"old"})
+            body = ticket_pb2.TensorTicket(chunk_id=stale.encode()).SerializeToString()
+            import pytest
 
-        with pytest.raises(flight.FlightError, match="stale"):
-            list(c.do_action(flight.Action("chunk_locate", body)))
+            with pytest.raises(flight.FlightError, match="stale"):
+                list(c.do_action(flight.Action("chunk_locate", body)))
     finally:
-        srv.shutdown()
         cache.close()
 
 
 def test_without_cache_locate_is_unknown_and_stats_empty(tmp_path):
     cat = Catalog([])
     cat.add_source(MemorySource(np.zeros((4, 4), np.uint8), source_id="x"))
-    srv = start(cat, None)
-    try:
+    with serving(cat) as srv:
         c = flight.FlightClient(srv.location)
         import pytest
 
         with pytest.raises(flight.FlightError, match="Unknown action: chunk_locate"):
             list(c.do_action(flight.Action("chunk_locate", b"")))
         assert list(c.do_action(flight.Action("cache_stats", b""))) == []
-    finally:
-        srv.shutdown()

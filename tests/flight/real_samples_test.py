@@ -11,7 +11,9 @@ import pytest
 from tensor_server.catalog import Catalog
 from tensor_server_kernels import reference
 
-from .conftest import client_for, running_server
+from tensor_server.testing import serving
+
+from .conftest import client_for
 
 MAX_ELEMENTS = 4_000_000  # keep the whole-tensor comparisons quick
 
@@ -20,7 +22,7 @@ MAX_ELEMENTS = 4_000_000  # keep the whole-tensor comparisons quick
 def real_server(testdata):
     cat = Catalog([testdata])
     cat.scan()
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         yield cat, srv
     cat.close()
 
@@ -77,7 +79,7 @@ def test_corrupt_files_of_every_format_never_take_the_server_down(testdata, tmp_
     cat = Catalog([tmp_path])
     summary = cat.scan()
     assert summary["total"] >= 2 * len(CORRUPTIBLE)
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         client = client_for(srv)
         failures = 0
         for rec in cat.records():

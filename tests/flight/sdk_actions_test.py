@@ -9,7 +9,8 @@ import pyarrow.flight as flight
 import pytest
 
 from tensor_server.catalog import Catalog
-from tests.flight.conftest import client_for, running_server
+from tensor_server.testing import serving
+from tests.flight.conftest import client_for
 
 
 def _write_tiff(path, data):
@@ -34,7 +35,7 @@ def tree(tmp_path):
 def served(tree, tmp_path):
     cat = Catalog([tree], rois_path=str(tmp_path / "rois.duckdb"))
     cat.scan()
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         yield srv, client_for(srv)
     cat.close()
 
@@ -129,7 +130,7 @@ def test_add_source_with_an_explicit_format(served, tmp_path):
 def test_add_source_needs_the_token(tree, tmp_path):
     cat = Catalog([tree])
     cat.scan()
-    with running_server(cat, token="s3cret") as srv:
+    with serving(cat, token="s3cret") as srv:
         with pytest.raises(flight.FlightUnauthenticatedError):
             client_for(srv, token="wrong").register_local_path(str(tmp_path))
     cat.close()
@@ -200,7 +201,7 @@ def test_rois_put_list_delete_and_query(served, tmp_path):
     # server-owned sets and bad geometry are refused, naming the reason
     with pytest.raises(flight.FlightServerError, match="server-owned"):
         client.put_rois(sid, [_roi(point=(0, 0), set_name="@ome")])
-    with pytest.raises(flight.FlightServerError, match="names no known source"):
+    with pytest.raises(flight.FlightServerError, match="names no tensor this server serves"):
         client.put_rois("nope", [_roi(point=(0, 0))])
     deleted = client.delete_rois(sid, ["p1"])
     assert list(deleted.deleted) == ["p1"]
@@ -213,7 +214,7 @@ def test_rois_persist_across_restarts(tree, tmp_path):
     for round_ in range(2):
         cat = Catalog([tree], rois_path=path)
         cat.scan()
-        with running_server(cat) as srv:
+        with serving(cat) as srv:
             client = client_for(srv)
             sid = _sid(client, "top.tif")
             if round_ == 0:
@@ -230,9 +231,9 @@ def test_roi_prune_reports_then_deletes_orphans(served, tree, tmp_path):
     gone = _sid(client, "one.tif")
     client.put_rois(gone, [_roi(point=(1, 1), roi_id="c")])
     (tree / "a/b/c/one.tif").unlink()
-    srv.catalog.scan()
+    srv.runtime.catalog.scan()
     # the orphan's last sighting was a while ago; the live source is stamped by the prune
-    store = srv.catalog.rois
+    store = srv.runtime.catalog.rois
     store._connection().execute("UPDATE rois SET last_seen_at = ?, created_at = ?",
                                 [datetime.now() - timedelta(days=40)] * 2)
     report = client.prune_rois(30)
@@ -270,7 +271,7 @@ def test_health_reports_catalog_generation_and_annotation_persistence(served, tr
     h1 = client.health_check()
     assert h1["catalog_generation"] > h0["catalog_generation"]
     assert client.health_check()["catalog_generation"] == h1["catalog_generation"]  # stable when idle
-    srv.catalog.scan()  # nothing changed on disk
+    srv.runtime.catalog.scan()  # nothing changed on disk
     assert client.health_check()["catalog_generation"] == h1["catalog_generation"]
 
 

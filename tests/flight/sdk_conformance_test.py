@@ -61,7 +61,7 @@ def test_residency_is_answered_when_asked(server, client, generated_root):
     assert not client.get_descriptor("demo").HasField("is_resident")
     sid = client.query("SELECT source_id FROM sources WHERE source_url LIKE '%arr.npy'", format="records")[0]["source_id"]
     assert client.get_descriptor(sid, with_residency=True).is_resident is True
-    rec = server.catalog.get_record(sid)
+    rec = server.runtime.catalog.get_record(sid)
     moved = generated_root / "arr.npy.away"
     (generated_root / "arr.npy").rename(moved)
     try:
@@ -99,7 +99,8 @@ def test_units_through_the_sdk(tmp_path):
     from tensor_server.adapters.memory import ArrayAdapter, MemorySource
     from tensor_server.catalog import Catalog
     from tensor_server.demo import _write_ome_zarr
-    from tests.flight.conftest import client_for, running_server
+    from tensor_server.testing import serving
+    from tests.flight.conftest import client_for
 
     img = np.zeros((2, 64, 64), np.uint16)
     _write_ome_zarr(tmp_path / "cells.ome.zarr", img, np.zeros((64, 64), np.uint32))  # axes say "micrometer"
@@ -112,7 +113,7 @@ def test_units_through_the_sdk(tmp_path):
     cat.scan()
     cat.add_source(MemorySource(ArrayAdapter(np.zeros((4, 4), np.uint8), "yx", physical_scale=(1.0, 1.0),
                                              physical_unit=("furlong", "micrometer")), source_id="mem"))
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         client = client_for(srv)
 
         def units(name):

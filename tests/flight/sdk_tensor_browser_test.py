@@ -19,7 +19,8 @@ import pytest
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
 from tensor_server.core.pyramid import PyramidPolicy
-from tests.flight.conftest import client_for, running_server
+from tensor_server.testing import serving
+from tests.flight.conftest import client_for
 
 
 @pytest.fixture
@@ -58,7 +59,7 @@ def served(tmp_path):
     cat.add_source(MemorySource(ArrayAdapter(np.arange(64 * 96, dtype=np.float32).reshape(64, 96), "yx"),
                                 source_id="mem"))
     # a small plane budget, so the 256x384 image advertises computed levels
-    with running_server(cat, pyramid=PyramidPolicy(plane_budget_px=96 * 96)) as srv:
+    with serving(cat, plane_budget_px=96 * 96) as srv:
         yield srv, client_for(srv), image
     cat.close()
 

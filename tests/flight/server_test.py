@@ -11,7 +11,9 @@ import pytest
 from tensor_server.core.bounds import Bounds
 from tensor_server_kernels import reference
 
-from .conftest import client_for, running_server
+from tensor_server.testing import serving
+
+from .conftest import client_for
 
 
 def tensor_of(catalog, array_id):
@@ -231,7 +233,7 @@ def test_concurrent_chunk_reads_match_serial(server, catalog):
 
 
 def test_token_required_except_health(catalog):
-    with running_server(catalog, token="s3cret") as srv:
+    with serving(catalog, token="s3cret") as srv:
         good = client_for(srv, token="s3cret")
         np.testing.assert_array_equal(good.get_array("demo")[0], (np.arange(7) * 3 + 1).astype(np.uint16))
         bare = flight.FlightClient(srv.location)
@@ -244,10 +246,11 @@ def test_token_required_except_health(catalog):
 
 
 def test_non_loopback_bind_without_token_refused(catalog):
-    from tensor_server.flight import ServerConfig, TensorFlightServer
+    from tensor_server.errors import InvalidArgument
 
-    with pytest.raises(ValueError, match="needs --token"):
-        TensorFlightServer(catalog, ServerConfig(host="0.0.0.0", port=0))
+    with pytest.raises(InvalidArgument, match="needs --token"):
+        with serving(catalog, host="0.0.0.0"):
+            pass
 
 
 def test_health_is_starting_until_the_first_scan(tmp_path):
@@ -256,7 +259,7 @@ def test_health_is_starting_until_the_first_scan(tmp_path):
     from tensor_server.catalog import Catalog
 
     cat = Catalog([tmp_path])
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         c = TensorFlightClient(srv.location)
         assert c.health_check()["status"] == "STARTING"
         cat.scan()
@@ -275,7 +278,7 @@ def test_changed_file_refuses_old_chunk_ids(tmp_path):
     np.save(p, np.zeros((40, 40), np.uint8))
     cat = Catalog([tmp_path])
     cat.scan()
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         c = flight.FlightClient(srv.location)
         sid = cat.records()[0].source_id
         opt = descriptor_pb2.TensorReadOption(array_id=sid)

@@ -48,13 +48,13 @@ def _catalog(root):
 
 @pytest.fixture(scope="module", params=["cached", "uncached"])
 def served(request, transposed_root, tmp_path_factory):
-    from tests.flight.conftest import running_server
+    from tensor_server.testing import serving
 
     root, vol = transposed_root
     cat, xfirst = _catalog(root)
     cache = CacheManager(tmp_path_factory.mktemp("cache")) if request.param == "cached" else None
     h5_id = next(r.source_id for r in cat.records() if r.type == "hdf5")
-    with running_server(cat, cache_manager=cache) as srv:
+    with serving(cat, cache=cache) as srv:
         yield srv, {h5_id: vol, "xfirst": xfirst}
     if cache is not None:
         cache.close()
@@ -70,7 +70,7 @@ def test_zoom_out_after_full_resolution_equals_the_oracle(served, method):
     srv, arrays = served
     client = client_for(srv)
     for array_id, want_full in arrays.items():
-        tensor, _ = srv.catalog.find_tensor(array_id)
+        tensor, _ = srv.runtime.catalog.find_tensor(array_id)
         assert isinstance(tensor, NormalizingAdapter), "the case needs a reordered tensor"
         np.testing.assert_array_equal(client.get_array(array_id), want_full)
         for scale in _scales(want_full.ndim):

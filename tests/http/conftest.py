@@ -13,26 +13,19 @@ from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core.pyramid import PyramidPolicy
-from tensor_server.http.app import HttpFrontEnd, build_app
-from tests.flight.conftest import running_server
+from tensor_server.testing import serving
 
 POLICY = PyramidPolicy(plane_budget_px=128 * 128, volume_budget_voxels=32 * 64 * 64)
 
 
 @contextmanager
-def serving(catalog, tmp_path, *, token=None, precache_bytes=0):
+def http_serving(catalog, tmp_path, *, token=None, precache_bytes=0):
+    """(Served, its HTTP front end) over ``catalog`` with a chunk cache and POLICY's levels."""
     cache = CacheManager(tmp_path / "cache")
     try:
-        with running_server(catalog, cache_manager=cache, token=token, pyramid=POLICY,
-                            precache_bytes=precache_bytes) as srv:
-            on_chunk = srv.precacher.after_read if srv.precacher is not None else None
-            http = HttpFrontEnd(build_app(catalog, srv.engine, token=token, policy=POLICY, on_chunk=on_chunk),
-                                "127.0.0.1", 0)
-            http.start()
-            try:
-                yield srv, http
-            finally:
-                http.stop()
+        with serving(catalog, cache=cache, http=True, token=token, plane_budget_px=POLICY.plane_budget_px,
+                     volume_budget_voxels=POLICY.volume_budget_voxels, precache_bytes=precache_bytes) as srv:
+            yield srv, srv.http
     finally:
         cache.close()
 
@@ -66,7 +59,7 @@ def http_catalog(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(http_catalog, tmp_path_factory):
-    with serving(http_catalog, tmp_path_factory.mktemp("http-cache")) as pair:
+    with http_serving(http_catalog, tmp_path_factory.mktemp("http-cache")) as pair:
         yield pair
 
 

@@ -21,7 +21,7 @@ import pytest
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
 
-from tests.http.conftest import serving
+from tests.http.conftest import http_serving
 
 
 def _browser():
@@ -54,7 +54,7 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
     cat.add_source(MemorySource(ArrayAdapter(halves, "yx", chunk_shape=(256, 256), physical_scale=(1.0, 1.0),
                                              physical_unit=("micrometer", "micrometer")), source_id="halves"))
     cat.first_scan_done.set()
-    with serving(cat, tmp_path) as (srv, http):
+    with http_serving(cat, tmp_path) as (srv, http):
         neuroglancer.set_server_bind_address("127.0.0.1")
         viewer = neuroglancer.Viewer()
         with viewer.txn() as state:

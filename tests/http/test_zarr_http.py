@@ -13,7 +13,7 @@ import pytest
 from tensor_server.core.chunk_id import PRECOMPUTE
 from tensor_server.http.zarr_view import ZarrImage
 
-from tests.http.conftest import POLICY, ids, serving
+from tests.http.conftest import POLICY, http_serving, ids
 
 
 def level_oracle(engine, tensor, level):
@@ -36,7 +36,7 @@ def test_zarr_python_reads_every_level_whole_and_sliced(served, http_catalog, pr
     assert len(view.levels) >= 2, f"{kind}: the case needs a pyramid"
     for level in view.levels:
         z = zarr.open_array(f"{http.url}/{prefix}/{array_id}/{level.path}", mode="r")
-        want = level_oracle(srv.engine, tensor, level)
+        want = level_oracle(srv.runtime.engine, tensor, level)
         assert z.shape == want.shape and z.dtype == want.dtype
         np.testing.assert_array_equal(z[...], want, err_msg=f"{kind} level {level.path}")
         sl = tuple(slice(n // 3, max(n // 3 + 1, n - n // 4)) for n in want.shape)
@@ -137,8 +137,8 @@ def test_http_chunks_are_the_engines_chunks(served, http_catalog):
     level = view.levels[1]
     body = httpx.get(f"{http.url}/zarr/{array_id}/1/1.1").content
     key = view.chunk_id(level, (1, 1)).encode()
-    assert srv.cache_manager.contains_all([key])
-    entry = srv.cache_manager.get(key)
+    assert srv.runtime.cache.contains_all([key])
+    entry = srv.runtime.cache.get(key)
     got = np.frombuffer(body, np.uint16).reshape(level.chunks)[: entry.shape[0], : entry.shape[1]]
     np.testing.assert_array_equal(got, entry)
     sdk_level = TensorFlightClient(srv.location).get_array(array_id, scale_hint=list(level.scale), reduction_method="area")
@@ -147,7 +147,7 @@ def test_http_chunks_are_the_engines_chunks(served, http_catalog):
 
 
 def test_token_is_required_when_configured(http_catalog, tmp_path):
-    with serving(http_catalog, tmp_path, token="s3cret") as (srv, http):
+    with http_serving(http_catalog, tmp_path, token="s3cret") as (srv, http):
         url = f"{http.url}/zarr/plane/.zattrs"
         assert httpx.get(url).status_code == 401
         assert httpx.get(url, headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -158,21 +158,21 @@ def test_token_is_required_when_configured(http_catalog, tmp_path):
 def test_precache_warms_neighbours_and_counts_hits(http_catalog, tmp_path):
     from biopb.tensor import TensorFlightClient
 
-    with serving(http_catalog, tmp_path, precache_bytes=64 << 20) as (srv, http):
+    with http_serving(http_catalog, tmp_path, precache_bytes=64 << 20) as (srv, http):
         tensor, _ = http_catalog.find_tensor("plane")
         view = ZarrImage(tensor, name="plane", policy=POLICY)
         level = view.levels[1]
         assert httpx.get(f"{http.url}/zarr/plane/{level.path}/1.1").status_code == 200
         deadline = time.monotonic() + 30
-        while not srv.precacher.idle() and time.monotonic() < deadline:
+        while not srv.runtime.precacher.idle() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert srv.precacher.stats["warmed"] > 0
+        assert srv.runtime.precacher.stats["warmed"] > 0
         neighbours = [view.chunk_id(level, (i, j)).encode() for i in (0, 1, 2) for j in (0, 1, 2)]
-        assert srv.cache_manager.contains_all(neighbours), "the 3x3 neighbourhood is cached"
+        assert srv.runtime.cache.contains_all(neighbours), "the 3x3 neighbourhood is cached"
         coarser = view.chunk_id(view.levels[2], (0, 0)).encode()
-        assert srv.cache_manager.contains_all([coarser]), "the next coarser level over the region is cached"
-        hits = srv.precacher.stats["hits"]
+        assert srv.runtime.cache.contains_all([coarser]), "the next coarser level over the region is cached"
+        hits = srv.runtime.precacher.stats["hits"]
         assert httpx.get(f"{http.url}/zarr/plane/{level.path}/0.1").status_code == 200
-        assert srv.precacher.stats["hits"] == hits + 1
+        assert srv.runtime.precacher.stats["hits"] == hits + 1
         stats = TensorFlightClient(srv.location).cache_stats()
         assert stats["precache"]["hits"] >= 1

@@ -5,14 +5,13 @@ for a damaged one. In practice ``chunk_locate`` resolves the chunk first (as DoG
 the damaged entry is caught there, recomputed into a fresh batch, and that one is offered."""
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
-from tensor_server.flight import ServerConfig, TensorFlightServer
+from tensor_server.testing import serving
 
 
 def test_a_damaged_batch_is_never_offered_to_the_fast_path(tmp_path):
@@ -23,30 +22,28 @@ def test_a_damaged_batch_is_never_offered_to_the_fast_path(tmp_path):
     cat.add_source(MemorySource(ArrayAdapter(arr, chunk_shape=(64, 64)), source_id="fp"))
     cat.first_scan_done.set()
     cache = CacheManager(tmp_path / "cache", memory_bytes=0)  # every hit goes to the segment
-    srv = TensorFlightServer(cat, ServerConfig(port=0), cache_manager=cache)
-    threading.Thread(target=srv.serve, daemon=True).start()
     try:
-        np.testing.assert_array_equal(TensorFlightClient(srv.location).get_array("fp"), arr)  # 4 chunks cached
-        assert len(cache) == 4
-        # flip one pixel byte of one cached batch under the running server (same size, same inode)
-        segment = next((tmp_path / "cache").glob("seg_*.arrow"))
-        raw = bytearray(segment.read_bytes())
-        at = raw.find(np.ascontiguousarray(arr[64:, :64]).tobytes())
-        assert at > 0
-        with open(segment, "r+b") as fh:
-            fh.seek(at + 777)
-            fh.write(bytes([raw[at + 777] ^ 0x10]))
-        before_doget = srv.calls["DoGet"]
-        got = TensorFlightClient(srv.location).get_array("fp")  # a fresh client: no client-side cache
-        np.testing.assert_array_equal(got, arr)
-        assert cache.stats["corrupt_entries"] == 1, "the damaged batch was caught at chunk_locate"
-        assert cache.stats["misses"] == 4 + 1, "exactly that chunk was recomputed"
-        assert srv.calls["DoGet"] == before_doget, "and offered from its fresh batch through the fast path"
-        assert len(list((tmp_path / "cache").glob("seg_*.arrow"))) == 1, "in the same (open) segment"
-        np.testing.assert_array_equal(TensorFlightClient(srv.location).get_array("fp"), arr)
-        assert cache.stats["corrupt_entries"] == 1 and srv.calls["DoGet"] == before_doget
+        with serving(cat, cache=cache) as srv:
+            np.testing.assert_array_equal(TensorFlightClient(srv.location).get_array("fp"), arr)  # 4 chunks cached
+            assert len(cache) == 4
+            # flip one pixel byte of one cached batch under the running server (same size, same inode)
+            segment = next((tmp_path / "cache").glob("seg_*.arrow"))
+            raw = bytearray(segment.read_bytes())
+            at = raw.find(np.ascontiguousarray(arr[64:, :64]).tobytes())
+            assert at > 0
+            with open(segment, "r+b") as fh:
+                fh.seek(at + 777)
+                fh.write(bytes([raw[at + 777] ^ 0x10]))
+            before_doget = srv.runtime.calls["DoGet"]
+            got = TensorFlightClient(srv.location).get_array("fp")  # a fresh client: no client-side cache
+            np.testing.assert_array_equal(got, arr)
+            assert cache.stats["corrupt_entries"] == 1, "the damaged batch was caught at chunk_locate"
+            assert cache.stats["misses"] == 4 + 1, "exactly that chunk was recomputed"
+            assert srv.runtime.calls["DoGet"] == before_doget, "and offered from its fresh batch through the fast path"
+            assert len(list((tmp_path / "cache").glob("seg_*.arrow"))) == 1, "in the same (open) segment"
+            np.testing.assert_array_equal(TensorFlightClient(srv.location).get_array("fp"), arr)
+            assert cache.stats["corrupt_entries"] == 1 and srv.runtime.calls["DoGet"] == before_doget
     finally:
-        srv.shutdown()
         cache.close()
 
 

@@ -17,7 +17,8 @@ import pytest
 
 from tensor_server.catalog import Catalog
 from tensor_server.testing.deadline import finishes_within
-from tests.flight.conftest import client_for, running_server
+from tensor_server.testing import serving
+from tests.flight.conftest import client_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -64,7 +65,7 @@ def test_health_reports_the_scan_error(tmp_path):
     os.mkfifo(tmp_path / "pipe.npy")
     cat = Catalog([tmp_path])
     finishes_within(cat.scan, 30)
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         raw = flight.FlightClient(srv.location)
         health = json.loads(next(iter(raw.do_action(flight.Action("health", b"")))).body.to_pybytes())
         assert health["status"] == "SERVING" and health["source_count"] == 1

@@ -23,7 +23,7 @@ from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
 
-from tests.flight.conftest import running_server
+from tensor_server.testing import serving
 
 CLEAN_CODES = {"INVALID_ARGUMENT", "NOT_FOUND"}
 ARR = np.random.default_rng(5).integers(0, 60000, (300, 500), dtype=np.uint16)
@@ -38,7 +38,7 @@ def served(tmp_path_factory):
     cat.scan()
     cat.add_source(MemorySource(ArrayAdapter(ARR, chunk_shape=(128, 128)), source_id="img"))
     cache = CacheManager(tmp_path_factory.mktemp("cache"))
-    with running_server(cat, cache_manager=cache) as srv:
+    with serving(cat, cache=cache) as srv:
         yield srv
     cache.close()
     cat.close()
@@ -101,7 +101,7 @@ def test_huge_scales_are_invalid_argument(served):
 
 def test_forged_and_malformed_chunk_ids(served):
     c = flight.FlightClient(served.location)
-    tensor, _ = served.catalog.find_tensor("img")
+    tensor, _ = served.runtime.catalog.find_tensor("img")
     real = plan_read(tensor).chunks[0].chunk_id
     whole = type(real)(**{**real.__dict__, "start": (0, 0), "stop": ARR.shape})
     assert "larger than one chunk" in str(_refused(lambda: _chunk(c, whole.encode())))
@@ -125,7 +125,7 @@ def test_garbage_chunk_locate_body_is_invalid_argument(served):
 def test_a_terabyte_sparse_file_is_not_planned_whole(served):
     from biopb.tensor import TensorFlightClient
 
-    huge = next(r.source_id for r in served.catalog.records() if r.source_id.startswith("huge"))
+    huge = next(r.source_id for r in served.runtime.catalog.records() if r.source_id.startswith("huge"))
     c = flight.FlightClient(served.location)
     opt = descriptor_pb2.TensorReadOption(array_id=huge)
     opt.fields.paths.append("endpoints")
@@ -166,7 +166,7 @@ def test_fuzzed_read_options_get_clean_errors(served, array_id, scale, start, st
 @given(data=st.data())
 def test_fuzzed_chunk_ids_get_clean_errors_or_correct_pixels(served, data):
     c = flight.FlightClient(served.location)
-    tensor, _ = served.catalog.find_tensor("img")
+    tensor, _ = served.runtime.catalog.find_tensor("img")
     real = data.draw(st.sampled_from(plan_read(tensor, None, (2, 2), "area").chunks)).chunk_id.encode()
     pos = data.draw(st.integers(0, len(real) - 1))
     byte = data.draw(st.integers(0, 255))

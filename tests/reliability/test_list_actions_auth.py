@@ -9,7 +9,7 @@ import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
-from tests.flight.conftest import running_server
+from tensor_server.testing import serving
 
 
 class _Bearer(flight.ClientMiddlewareFactory):
@@ -29,7 +29,7 @@ class _Bearer(flight.ClientMiddlewareFactory):
 def test_list_actions_needs_the_token_and_health_does_not():
     cat = Catalog()
     cat.add_source(MemorySource(ArrayAdapter(np.zeros((2, 2))), source_id="a"))
-    with running_server(cat, token="s3cret") as srv:
+    with serving(cat, token="s3cret") as srv:
         for bad in [flight.FlightClient(srv.location),
                     flight.FlightClient(srv.location, middleware=[_Bearer("wrong")])]:
             with pytest.raises(flight.FlightUnauthenticatedError):

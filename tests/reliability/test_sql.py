@@ -13,7 +13,8 @@ from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
 from tensor_server.catalog.sql import SqlLimits
 from tensor_server.testing.deadline import finishes_within
-from tests.flight.conftest import client_for, running_server
+from tensor_server.testing import serving
+from tests.flight.conftest import client_for
 
 PIXELS = (np.arange(64 * 96, dtype=np.uint16) * 7).reshape(64, 96)
 LIMITS = SqlLimits(max_query_chars=4096, max_result_rows=5000, max_result_bytes=1 << 20,
@@ -25,7 +26,7 @@ def server():
     cat = Catalog(sql_limits=LIMITS)
     cat.add_source(MemorySource(ArrayAdapter(PIXELS, chunk_shape=(32, 32)), source_id="img"))
     cat.add_source(MemorySource(ArrayAdapter(np.ones((4, 4), np.uint8)), source_id="small"))
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         yield srv
     cat.close()
 
@@ -99,7 +100,7 @@ def test_query_of_a_client_that_left_is_interrupted():
     """With one query slot and a 60 s deadline, a second query can only run promptly if the
     first one (whose client gave up after 0.5 s) was interrupted on the disconnect."""
     cat = Catalog(sql_limits=SqlLimits(timeout_seconds=60, max_concurrent=1))
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         raw = flight.FlightClient(srv.location)
         ticket = ticket_pb2.TensorTicket(catalog_query=descriptor_pb2.CatalogQuery(
             sql="SELECT count(*) FROM range(1000000000000000)"))

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
 from tensor_server.catalog.sql import SqlLimits
-from tests.flight.conftest import client_for, running_server
+from tensor_server.testing import serving
+from tests.flight.conftest import client_for
 
 FRAGMENTS = [
     "SELECT", "*", "count(*)", "FROM", "sources", "decode_rates", "WHERE", "is_resolved", "source_id", "=",
@@ -36,7 +37,7 @@ def served():
     cat = Catalog(sql_limits=SqlLimits(timeout_seconds=2, max_result_rows=10_000, max_result_bytes=4 << 20,
                                        memory_limit_bytes=64 << 20))
     cat.add_source(MemorySource(ArrayAdapter(np.arange(12, dtype=np.uint8).reshape(3, 4)), source_id="img"))
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         yield srv
     cat.close()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -15,7 +14,7 @@ from biopb.tensor import descriptor_pb2
 
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
-from tensor_server.flight import ServerConfig, TensorFlightServer
+from tensor_server.testing import serving as serving_runtime
 from tests.flight.conftest import client_for
 
 # 12 MiB: more than one 8 MiB transfer chunk, so a plan has several endpoints
@@ -29,14 +28,10 @@ def serving(root, cache_dir):
     cat = Catalog([root])
     cat.scan()
     cache = CacheManager(cache_dir, max_total_bytes=64 << 20)
-    server = TensorFlightServer(cat, ServerConfig(port=0), cache_manager=cache)
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
     try:
-        yield server, cat
+        with serving_runtime(cat, cache=cache) as server:
+            yield server, cat
     finally:
-        server.shutdown()
-        thread.join(10)
         cat.close()
         cache.close()
 

@@ -8,7 +8,8 @@ import pytest
 from tensor_server.catalog import Catalog
 from tensor_server.catalog.discovery import OUTSIDE_ROOTS
 from tensor_server.config import load_settings
-from tests.flight.conftest import client_for, running_server
+from tensor_server.testing import serving
+from tests.flight.conftest import client_for
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_links_out_of_the_roots_are_not_followed_by_default(layout):
     assert [r.path.resolve().name for r in cat.records()] == ["inside.tif"]
     skipped = {p.name: why for p, why in cat.skipped}
     assert skipped == {"link.tif": OUTSIDE_ROOTS, "link.zarr": OUTSIDE_ROOTS, "leak.tif": OUTSIDE_ROOTS}
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         c = client_for(srv)
         rows = c.query("SELECT source_url, unresolved_reason FROM sources").to_pylist()
         assert not any("private" in r["source_url"] or "secret" in r["source_url"] for r in rows)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from tensor_server.catalog import Catalog
-from tests.flight.conftest import client_for, running_server
+from tensor_server.testing import serving
+from tests.flight.conftest import client_for
 
 PLANE = np.arange(20 * 30, dtype=np.uint16).reshape(20, 30)
 
@@ -62,7 +63,7 @@ def test_an_unreadable_plane_file_is_named_in_the_row(tmp_path):
     (rec,) = cat.records()
     assert rec.type == "tiff-sequence" and not rec.is_resolved
     assert rec.unresolved_reason.startswith("img_z02.tif: cannot read the TIFF header")
-    with running_server(cat) as srv:
+    with serving(cat) as srv:
         rows = client_for(srv).query("SELECT unresolved_reason FROM sources").to_pylist()
     assert rows == [{"unresolved_reason": rec.unresolved_reason}]
     cat.close()

@@ -3,7 +3,6 @@ labels and a sharded zarr v3, plus their local copies (the oracle)."""
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -106,10 +105,3 @@ def s3_data(s3_endpoint, tmp_path_factory):
     return local, written
 
 
-@contextmanager
-def serving(catalog, cache=None, port: int = 0):
-    """An in-process server of ``catalog`` (with ``cache`` when given) on 127.0.0.1."""
-    from tests.flight.conftest import running_server
-
-    with running_server(catalog, cache_manager=cache, port=port) as server:
-        yield server

@@ -11,7 +11,8 @@ from tensor_server.adapters.upstream import Upstream, open_upstream_sources
 from tensor_server.adapters.zarr_remote import ObjectListing, RemoteZarrSource
 from tensor_server.catalog import Catalog
 from tensor_server.testing import AdapterTests
-from tests.remote.conftest import BUCKET, serving
+from tensor_server.testing import serving
+from tests.remote.conftest import BUCKET
 
 
 class TestS3Zarr(AdapterTests):
@@ -65,9 +66,9 @@ class TestRemoteTensorAdapter(AdapterTests):
         srv, arrays = upstream
         t = source.tensor("vol")
         assert t.reduces
-        before = srv.calls["GetFlightInfo"]
+        before = srv.runtime.calls["GetFlightInfo"]
         got = self.engine().read(t, None, (1, 2, 2), "area")
-        assert srv.calls["GetFlightInfo"] == before + 1
+        assert srv.runtime.calls["GetFlightInfo"] == before + 1
         from tensor_server_kernels import reference
 
         np.testing.assert_array_equal(got, reference.downsample(arrays["vol"], (1, 2, 2), "area"))

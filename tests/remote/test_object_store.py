@@ -15,8 +15,10 @@ from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
 from tensor_server.errors import StaleChunkId
-from tests.flight.conftest import client_for, running_server
-from tests.remote.conftest import BUCKET, SECRET, _forget_filesystems, s3fs_client, serving, write_sharded
+from tensor_server.testing import serving
+from tests.flight.conftest import client_for
+from tests.remote.conftest import BUCKET, SECRET, _forget_filesystems, s3fs_client, write_sharded
+from tensor_server.testing import serving
 from tensor_server_kernels import reference
 
 ROOT = f"s3://{BUCKET}/run1"
@@ -28,7 +30,7 @@ def served(s3_data, tmp_path_factory):
     cat = Catalog([ROOT, local])
     counts = cat.scan()
     cache = CacheManager(tmp_path_factory.mktemp("s3-cache"))
-    with serving(cat, cache) as srv:
+    with serving(cat, cache=cache) as srv:
         yield cat, srv, written, counts
     cache.close()
     cat.close()
@@ -96,7 +98,7 @@ def test_cached_chunks_fetch_no_object_twice(served, caplog, tmp_path):
     of a chunk object (moto logs every request it answers through werkzeug)."""
     cat, _, written, _ = served
     remote, _ = _pair(cat, "vol.zarr")
-    with CacheManager(tmp_path) as cache, serving(cat, cache) as srv:
+    with CacheManager(tmp_path) as cache, serving(cat, cache=cache) as srv:
         _read_twice(client_for(srv), remote, written, caplog)
 
 
@@ -190,7 +192,7 @@ def test_unreachable_endpoint_is_a_clear_row_and_local_roots_still_serve(s3_data
         assert len(down) == 1 and down[0].url == ROOT and not down[0].is_resolved
         assert down[0].unresolved_reason.startswith("cannot list the object store")
         assert counts["unresolved"] == 1
-        with running_server(cat) as srv:
+        with serving(cat) as srv:
             sdk = client_for(srv)
             rows = sdk.query("SELECT source_id, is_resolved FROM sources").to_pylist()
             assert {r["is_resolved"] for r in rows} == {True, False}
@@ -238,7 +240,7 @@ def test_an_endpoint_that_goes_away_fails_reads_clearly(s3_data, tmp_path, monke
         (rid,) = [r.source_id for r in cat.records() if r.url.startswith("s3://")]
         other.stop()
         stopped = True
-        with running_server(cat) as srv:
+        with serving(cat) as srv:
             sdk = client_for(srv)
             with pytest.raises(flight.FlightError, match="s3://transient/vol.zarr"):
                 sdk.get_tensor(rid).compute()

@@ -17,7 +17,7 @@ from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
 from tensor_server.errors import StaleChunkId
 from tests.flight.conftest import client_for
-from tests.remote.conftest import serving
+from tensor_server.testing import serving
 from tensor_server_kernels import reference
 
 
@@ -70,7 +70,7 @@ def proxy(port: int, own, tmp_path):
     cat.scan()
     cache = CacheManager(tmp_path / "proxy-cache")
     try:
-        with serving(cat, cache) as srv:
+        with serving(cat, cache=cache) as srv:
             yield cat, srv
     finally:
         cache.close()
@@ -125,11 +125,11 @@ def test_the_second_read_makes_no_upstream_call(setup, tmp_path):
         region = (slice(0, 2), slice(0, 200), slice(50, 300))
         first_full = via.get_tensor(vid, slice_hint=region).compute()
         first_scaled = via.get_tensor(vid, scale_hint=[1, 4, 4], reduction_method="max").compute()
-        calls = dict(up.calls)
+        calls = dict(up.runtime.calls)
         assert calls.get("DoGet", 0) > 0
         second_full = via.get_tensor(vid, slice_hint=region).compute()
         second_scaled = via.get_tensor(vid, scale_hint=[1, 4, 4], reduction_method="max").compute()
-        assert dict(up.calls) == calls, "the proxy called the upstream for cached chunks"
+        assert dict(up.runtime.calls) == calls, "the proxy called the upstream for cached chunks"
         np.testing.assert_array_equal(first_full, vol[region])
         np.testing.assert_array_equal(second_full, first_full)
         np.testing.assert_array_equal(second_scaled, first_scaled)
@@ -137,7 +137,7 @@ def test_the_second_read_makes_no_upstream_call(setup, tmp_path):
 
 
 def _upstream_vol_id(up) -> str:
-    return next(r.source_id for r in up.catalog.records() if r.url.startswith("file://"))
+    return next(r.source_id for r in up.runtime.catalog.records() if r.url.startswith("file://"))
 
 
 def test_an_upstream_restart_with_changed_data_makes_cached_chunks_stale(setup, tmp_path):
@@ -156,7 +156,7 @@ def test_an_upstream_restart_with_changed_data_makes_cached_chunks_stale(setup, 
             fresh, _ = cat.find_tensor(vid)
             assert fresh.content_version != tensor.content_version
             with pytest.raises(StaleChunkId):
-                px.engine.chunk(old_ids[0], fresh)
+                px.runtime.engine.chunk(old_ids[0], fresh)
             with pytest.raises(flight.FlightError, match="re-plan|changed"):
                 flight.FlightClient(px.location).do_get(flight.Ticket(_ticket(old_ids[0]))).read_all()
             np.testing.assert_array_equal(via.get_tensor(vid).compute(), changed)

@@ -79,13 +79,15 @@ def test_special_chunks_over_flight(tmp_path) -> None:
     from tensor_server.catalog import Catalog
     from tensor_server_kernels.reference import downsample
 
-    from ..flight.conftest import client_for, running_server
+    from tensor_server.testing import serving
+
+    from ..flight.conftest import client_for
 
     a = sparse_zarr(tmp_path / "w.zarr")
     cat = Catalog([tmp_path])
     cat.scan()
     try:
-        with running_server(cat) as server:
+        with serving(cat) as server:
             (rec,) = list(cat.records())
             t = rec.source.tensor()
             counted = ReadCounter(t)

@@ -10,7 +10,7 @@ import pytest
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
 from tensor_server.uploads import UploadManager
-from tests.flight.conftest import running_server
+from tensor_server.testing import serving
 
 
 class FakeClock:
@@ -48,8 +48,8 @@ def upload_server(tmp_path, *, writable=True, write_dir=True, clock=None, cache=
     manager = UploadManager(cat, wd, clock=clock, **cfg) if (wd is not None and clock is not None) else None
     cm = CacheManager(tmp_path / "chunks") if cache else None
     try:
-        with running_server(cat, cache_manager=cm, upload_manager=manager,
-                            write_dir=None if wd is None else str(wd), writable=writable) as srv:
+        with serving(cat, cache=cm, uploads=manager,
+                     write_dir=None if wd is None else str(wd), writable=writable) as srv:
             yield srv
     finally:
         if cm is not None:

@@ -58,15 +58,15 @@ def test_a_doput_outside_the_plan_is_refused(client, server):
     from tensor_server.core.bounds import Bounds
 
     desc = client.setup_array_upload("cache://scratch/@fields/offgrid", ARR, chunk_shape=(4, 2))
-    t = server.uploads.manager.get(desc.array_id).tensor
+    t = server.runtime.uploads.get(desc.array_id).tensor
     bad = mint(t, Bounds((1, 0), (5, 2)), (1, 1), "none").encode()
     with pytest.raises(Exception, match="not a chunk of its write plan"):
-        server.uploads.manager.write_chunk(bad, ARR[1:5, 0:2])
+        server.runtime.uploads.write_chunk(bad, ARR[1:5, 0:2])
     stale = mint(t, Bounds((0, 0), (4, 2)), (1, 1), "none")
     from dataclasses import replace
 
     with pytest.raises(Exception, match="re-plan"):
-        server.uploads.manager.write_chunk(replace(stale, content_version=b"x" * 16), ARR[0:4, 0:2])
+        server.runtime.uploads.write_chunk(replace(stale, content_version=b"x" * 16), ARR[0:4, 0:2])
 
 
 def test_writes_after_ready_are_refused_with_upload_refused(client):
@@ -82,7 +82,7 @@ def test_discard_removes_the_store_and_leaves_a_tombstone(client, server):
     for scheme in ("zarr", "cache"):
         desc = client.setup_array_upload(f"{scheme}://scratch/@fields/gone-{scheme}", ARR, chunk_shape=(4, 2))
         client.upload_array(desc, ARR)
-        store = server.uploads.manager.get(desc.array_id).member.path
+        store = server.runtime.uploads.get(desc.array_id).member.path
         assert store.is_dir()
         st = client.set_upload_status(desc.array_id, "DISCARDED", reason="wrong parameters")
         assert (st["state"], st["reason"]) == ("DISCARDED", "wrong parameters")
@@ -156,11 +156,11 @@ def test_read_only_server_refuses_every_write_verb_clearly(tmp_path, write_dir):
         with pytest.raises(flight.FlightServerError, match=want):
             w.close()
         if write_dir:  # an in-process producer still has the scratch source
-            up = srv.uploads.manager.add_tensor("cache://scratch/@fields/inproc", ARR.shape, ARR.dtype, chunk_shape=(6, 5))
+            up = srv.runtime.uploads.add_tensor("cache://scratch/@fields/inproc", ARR.shape, ARR.dtype, chunk_shape=(6, 5))
             from tensor_server.core.bounds import Bounds
 
-            srv.uploads.manager.write_chunk(mint(up.tensor, Bounds((0, 0), (6, 5)), (1, 1), "none"), ARR)
-            srv.uploads.manager.set_ready(up.array_id)
+            srv.runtime.uploads.write_chunk(mint(up.tensor, Bounds((0, 0), (6, 5)), (1, 1), "none"), ARR)
+            srv.runtime.uploads.set_ready(up.array_id)
             np.testing.assert_array_equal(c.get_array("scratch/@fields/inproc"), ARR)
 
 
@@ -223,18 +223,12 @@ def test_orphaned_field_is_kept_and_reattached_when_its_source_returns(tmp_path)
         cat.find_tensor(up.array_id)
     from biopb.tensor import descriptor_pb2
 
-    from tensor_server.flight import ServerConfig
-    from tensor_server.flight.uploads import UploadGlue
+    from tensor_server.config import Settings
+    from tensor_server.service import IN_PROCESS, ServingRuntime
 
-    class _Srv:  # the glue's view of a server: the same catalog
-        catalog = cat
-        config = ServerConfig(write_dir=str(tmp_path / "write"), writable=True)
-
-    glue = UploadGlue(_Srv(), m)
-    opt = descriptor_pb2.TensorReadOption(array_id=up.array_id)
-    opt.fields.paths.append("endpoints")
+    runtime = ServingRuntime(cat, Settings(write_dir=str(tmp_path / "write"), writable=True), uploads=m)
     with pytest.raises(Exception, match="unknown source"):
-        glue.tensor_info(opt)  # a plan of an orphan is refused like its DoGet
+        runtime.describe(IN_PROCESS, up.array_id, fields=["endpoints"])  # a plan of an orphan is refused like its DoGet
     assert m.sweep() == {"expired": 0, "idle": 0, "reclaimed": 0} and up.member.path.is_dir()
     m.close()
     cat.close()
@@ -298,7 +292,7 @@ def test_bool_and_signed_dtypes_round_trip(client, scheme):
 
 
 def test_an_untracked_store_is_never_reused_or_deleted(server):
-    m = server.uploads.manager
+    m = server.runtime.uploads
     stray = m.write_dir / "fields" / "scratch" / "stray"
     stray.mkdir(parents=True)
     (stray / "keep.txt").write_text("not ours to delete")

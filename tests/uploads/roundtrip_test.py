@@ -62,7 +62,7 @@ def test_upload_then_read_equals_array_and_oracle(client, srv, scheme, dtype, nd
 def test_zarr_member_plans_several_chunks_on_its_store_grid(client, srv):
     arr = _array((3, 1200, 1500), "uint16", 7)
     desc = client.setup_array_upload("zarr://scratch/@fields/big", arr, chunk_shape=(1, 512, 512))
-    up = srv.uploads.manager.get(desc.array_id)
+    up = srv.runtime.uploads.get(desc.array_id)
     assert tuple(up.member._array.chunks) == tuple(desc.chunk_shape)  # store chunk == transfer grid
     assert up.expected_chunks > 1
     client.upload_array(desc, arr)
@@ -72,7 +72,7 @@ def test_zarr_member_plans_several_chunks_on_its_store_grid(client, srv):
 
 @pytest.mark.parametrize("scheme", ["zarr", "cache"])
 def test_field_of_a_discovered_and_a_memory_source(client, srv, scheme):
-    cat = srv.catalog
+    cat = srv.runtime.catalog
     disc = discovered_id(cat)
     for sid in (disc, "mem"):
         arr = _array((40, 30), "uint16", 3)
@@ -85,7 +85,7 @@ def test_field_of_a_discovered_and_a_memory_source(client, srv, scheme):
         ids = [t["array_id"] for t in row["tensors"]]
         assert ids[-1] == desc.array_id, "listed after the format's own tensors once READY"
         np.testing.assert_array_equal(client.get_array(desc.array_id), arr)
-        assert (srv.uploads.manager.write_dir / "fields" / sid / f"result-{scheme}").is_dir()
+        assert (srv.runtime.uploads.write_dir / "fields" / sid / f"result-{scheme}").is_dir()
         client.set_upload_status(desc.array_id, "DISCARDED")
     # the source's own tensor is untouched
     np.testing.assert_array_equal(client.get_array(disc), np.arange(1200, dtype=np.uint16).reshape(40, 30))

@@ -15,7 +15,7 @@ ARR = np.arange(24, dtype=np.uint16).reshape(4, 6)
 def test_deadline_is_swept_in_any_state_and_the_tombstone_frees_the_name(tmp_path):
     clock = FakeClock()
     with upload_server(tmp_path, clock=clock, upload_ttl=600, scratch_ttl=0) as srv:
-        c, m = TensorFlightClient(srv.location), srv.uploads.manager
+        c, m = TensorFlightClient(srv.location), srv.runtime.uploads
         ready = c.setup_array_upload("cache://mem/@fields/ready", ARR, ttl_seconds=100)
         assert ready.ttl_seconds == 100
         c.upload_array(ready, ARR)
@@ -41,7 +41,7 @@ def test_deadline_is_swept_in_any_state_and_the_tombstone_frees_the_name(tmp_pat
 def test_idleness_applies_only_while_pending(tmp_path):
     clock = FakeClock()
     with upload_server(tmp_path, clock=clock, upload_ttl=300, scratch_ttl=0) as srv:
-        c, m = TensorFlightClient(srv.location), srv.uploads.manager
+        c, m = TensorFlightClient(srv.location), srv.runtime.uploads
         pend = c.setup_array_upload("cache://scratch/@fields/slow", ARR, chunk_shape=(2, 6))
         done = c.setup_array_upload("cache://scratch/@fields/done", ARR)
         c.upload_array(done, ARR)
@@ -59,7 +59,7 @@ def test_idleness_applies_only_while_pending(tmp_path):
 def test_scratch_ttl_caps_every_lifetime_on_scratch_only(tmp_path):
     clock = FakeClock()
     with upload_server(tmp_path, clock=clock, scratch_ttl=1000) as srv:
-        c, m = TensorFlightClient(srv.location), srv.uploads.manager
+        c, m = TensorFlightClient(srv.location), srv.runtime.uploads
         unasked = c.setup_array_upload("zarr://scratch/@fields/a", ARR)
         longer = c.setup_array_upload("zarr://scratch/@fields/b", ARR, ttl_seconds=5000)
         shorter = c.setup_array_upload("zarr://scratch/@fields/c", ARR, ttl_seconds=10)

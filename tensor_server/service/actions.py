@@ -1,0 +1,167 @@
+"""The action registry: every action any door serves, in one list.
+
+An ``Action`` is a name, a description (what ``list_actions`` and ``docs/wire-actions.md``
+say), a handler ``(runtime, caller, body, cancelled) -> iterable of result bodies``, and its
+rules: whether it is open without the token (only ``health``), whether it writes (refused by
+a server that takes no writes, and never listed there), whether it streams (results are sent
+as they are made, so a long one is cancellable and shows progress), and when it is available
+at all. Flight's ``list_actions`` / ``do_action`` are this list; so is any later door's.
+
+Adding an action is one entry here, a handler, and a test (``docs/service.md`` shows one).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from tensor_server.errors import InvalidArgument, Unimplemented
+from tensor_server.service import upload_verbs
+from tensor_server.service.bodies import decode_json, decode_message
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.service.caller import Caller
+    from tensor_server.service.runtime import ServingRuntime
+
+__all__ = ["Action", "ACTIONS", "find_action", "available_actions", "actions_table"]
+
+Handler = Callable[["ServingRuntime", "Caller", bytes, Callable[[], bool]], Iterable[bytes]]
+
+
+def _always(runtime: ServingRuntime) -> bool:
+    return True
+
+
+def _writable(runtime: ServingRuntime) -> bool:
+    return runtime.writable
+
+
+def _cached(runtime: ServingRuntime) -> bool:
+    return runtime.cache is not None
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    description: str
+    handler: Handler
+    writes: bool = False
+    streams: bool = False
+    open: bool = False
+    available: Callable[[ServingRuntime], bool] = _always
+
+
+def _json(value: object) -> Iterable[bytes]:
+    return [json.dumps(value).encode()]
+
+
+# ---- handlers (one line each where the verb lives elsewhere) -----------------------------------
+def _health(rt: ServingRuntime, caller: Caller, body: bytes, cancelled: Callable[[], bool]) -> Iterable[bytes]:
+    return _json(rt.health())
+
+
+def _server_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202 - Handler
+    return _json(rt.server_stats())
+
+
+def _cache_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    stats = rt.cache_stats()
+    return [] if stats is None else _json(stats)  # no result means "no cache" to the SDK
+
+
+def _chunk_locate(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    from biopb.tensor import ticket_pb2
+
+    ticket = decode_message(ticket_pb2.TensorTicket, body, "chunk_locate")
+    if ticket.WhichOneof("payload") != "chunk_id":
+        return _json({"available": False})
+    return _json(rt.locate(ticket.chunk_id, caller))
+
+
+def _tensor_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.stats import tensor_stats
+
+    usage = 'tensor_stats takes {"array_id": "...", "slice": {"start": [...], "stop": [...]}} (slice optional)'
+    request = decode_json(body, "tensor_stats", empty={})
+    if not isinstance(request, dict) or not isinstance(request.get("array_id"), str):
+        raise InvalidArgument(usage)
+    tensor, _ = rt.tensor(request["array_id"], caller)
+    region, bounds = request.get("slice"), None
+    if region is not None:
+        if not isinstance(region, dict) or not all(isinstance(region.get(k), list) for k in ("start", "stop")):
+            raise InvalidArgument(usage)
+        if not all(type(v) is int for v in region["start"] + region["stop"]):
+            raise InvalidArgument("tensor_stats: slice start and stop must be lists of integers")
+        bounds = Bounds(tuple(region["start"]), tuple(region["stop"])).clamp(tensor.shape)
+    return _json(tensor_stats(tensor, bounds, rt.engine))
+
+
+def _verb(method: str) -> Handler:
+    """A handler calling ``runtime.catalog_verbs.<method>(body)``."""
+    def handler(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+        return getattr(rt.catalog_verbs, method)(body)
+
+    handler.__name__ = method
+    return handler
+
+
+def _upload(fn: Callable[[ServingRuntime, bytes], Iterable[bytes]]) -> Handler:
+    def handler(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+        return fn(rt, body)
+
+    handler.__name__ = fn.__name__
+    return handler
+
+
+ACTIONS: tuple[Action, ...] = (
+    Action("health", "server status and protocol version (JSON)", _health, open=True),
+    Action("server_stats", "call counts and chunk reads by client address (JSON)", _server_stats),
+    Action("tensor_stats", "min/max/sum/mean/count_nonzero of a tensor or region (JSON body: array_id, slice)",
+           _tensor_stats),
+    Action("resolve", "open an unreadable source again now; streams its catalog row", _verb("resolve"), streams=True),
+    Action("add_source", "register a path on the server's disk for this server's lifetime (streams progress)",
+           _verb("add_source"), streams=True),
+    Action("remove_source", "deregister a path added with add_source (its dnd:// branch)", _verb("remove_source")),
+    Action("catalog_children", "one level of the catalog tree: the folders and sources under a folder (JSON)",
+           _verb("catalog_children")),
+    Action("roi_prune", "report (or with apply, delete) annotations whose source has been unseen for N days",
+           _verb("roi_prune")),
+    Action("add_tensor", "add a PENDING tensor to a source (uploads)", _upload(upload_verbs.add_tensor),
+           writes=True, available=_writable),
+    Action("set_upload_status", "move an upload to READY or DISCARDED", _upload(upload_verbs.set_upload_status),
+           writes=True, available=_writable),
+    Action("chunk_locate", "segment file and offset of a cached chunk (loopback only)", _chunk_locate,
+           available=_cached),
+    Action("cache_stats", "chunk cache statistics (JSON)", _cache_stats),
+)
+_BY_NAME = {a.name: a for a in ACTIONS}
+
+
+def find_action(runtime: ServingRuntime, name: str) -> Action:
+    """The action ``name``, or the refusal a client can act on: a write verb on a server
+    that takes none says how to turn writes on; an unknown name says "Unknown action"."""
+    action = _BY_NAME.get(name)
+    if action is None or (not action.available(runtime) and not action.writes):
+        raise Unimplemented(f"Unknown action: {name[:100]}; this server's actions: "
+                            f"{[a.name for a in available_actions(runtime)]}")
+    if not action.available(runtime):
+        upload_verbs.require_writable(runtime)  # raises ReadOnly naming the flag
+    return action
+
+
+def available_actions(runtime: ServingRuntime) -> list[Action]:
+    return [a for a in ACTIONS if a.available(runtime)]
+
+
+def actions_table() -> str:
+    """The Markdown table of every action (``docs/service.md`` holds it; a test compares)."""
+    rows = ["| action | what it does | writes | streams | open |", "|---|---|---|---|---|"]
+    for a in ACTIONS:
+        rows.append(f"| `{a.name}` | {a.description} | {'yes' if a.writes else ''} | "
+                    f"{'yes' if a.streams else ''} | {'yes' if a.open else ''} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(actions_table())

@@ -1,0 +1,361 @@
+"""The serving runtime: the one object every door calls, and the one place the rules live.
+
+A door (Flight, HTTP, a later IIIF or export door) translates its transport into calls on a
+``ServingRuntime`` and the runtime's answers and errors back; it decides nothing. Here, once:
+
+* **who may ask** — ``authenticate(caller)``: the server token when one is set (``health``
+  is the only verb open without it);
+* **lookup** — ``tensor(array_id, caller)``: the id grammar (``core.identity.ArrayId``), the
+  catalog, and the read gate: an uploaded tensor's pixels are served once it is READY, never
+  while PENDING or DISCARDED, on every door;
+* **every verb** — describe/plan, chunk (id decoded once, gate, engine, precache, admission),
+  locate, stats, catalog SQL, the actions (``service/actions.py``), the upload and ROI
+  writes (``service/upload_verbs.py``, ``service/catalog_verbs.py``);
+* **errors** — the classes of ``tensor_server/errors.py``; each door maps a class to its status.
+
+It owns the read engine, the precacher and the upload manager it builds; the catalog and the
+chunk cache are handed in (the command line opens them, choosing files another server does
+not hold) and closed by whoever opened them.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from tensor_server.config import Settings
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.chunk_id import UNSCALED, ChunkId
+from tensor_server.core.engine import ReadEngine, check_chunk_id
+from tensor_server.core.identity import ArrayId
+from tensor_server.core.plan import ReadPlan, plan_read
+from tensor_server.core.request import check_read_request
+from tensor_server.errors import (
+    InvalidArgument,
+    InvalidChunkId,
+    TensorNotFound,
+    Unauthenticated,
+)
+from tensor_server.service.caller import Caller
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.catalog.catalog import Catalog
+    from tensor_server.core.adapter_base import TensorAdapter
+    from tensor_server.uploads import Upload, UploadManager
+
+__all__ = ["ServingRuntime", "Described", "READ_MASK_PATHS", "PROTOCOL"]
+
+log = logging.getLogger(__name__)
+
+#: the biopb tensor protocol version this server speaks (health ``protocol``)
+PROTOCOL = 3
+#: describe field-mask paths this server answers. ``upload_status`` is answered by omission
+#: for tensors no upload backs; ``ticket_stub`` is not served (health: ``ticket_stubs:
+#: false``), so asking for it is refused like any unknown path.
+READ_MASK_PATHS = frozenset({"endpoints", "metadata_json", "pyramid", "is_resident", "upload_status"})
+#: distinct client addresses ``server_stats`` counts reads for; later ones share one row,
+#: so a client cycling source ports cannot grow the server
+MAX_PEERS_COUNTED = 256
+Cancelled = Callable[[], bool]
+
+
+@dataclass
+class Described:
+    """What a describe or plan answers (a door renders it: Flight as a TensorDescriptor)."""
+
+    tensor: TensorAdapter | None
+    echo: str
+    fields: frozenset[str]
+    plan: ReadPlan | None = None
+    had_slice: bool = False
+    metadata_json: str | None = None
+    is_resident: bool | None = None
+    #: the upload behind the id, when one is (its status is part of the answer)
+    upload: Upload | None = None
+
+    @property
+    def wants_endpoints(self) -> bool:
+        return "endpoints" in self.fields
+
+
+class ServingRuntime:
+    """Catalog + engine + cache + precache + uploads + the rules (module docstring)."""
+
+    def __init__(self, catalog: Catalog, settings: Settings | None = None, *, cache: Any | None = None,
+                 uploads: UploadManager | None = None) -> None:
+        self.settings = settings or Settings()
+        s = self.settings
+        self.catalog = catalog
+        self.cache = cache
+        self.policy = s.pyramid_policy()
+        #: the one read path: every pixel any door sends comes from here
+        self.engine = ReadEngine(cache, workers=s.read_workers or None, source_scaled_reads=s.source_scaled_reads,
+                                 max_computes=s.admission_bound(), admission_timeout=s.admission_timeout,
+                                 special_chunks=s.special_chunks, on_changed=catalog.reopen_changed)
+        self.precacher = None
+        if cache is not None and s.precache_bytes > 0:
+            from tensor_server.cache.precache import Precacher
+
+            self.precacher = Precacher(self.engine, policy=self.policy, budget_bytes=s.precache_bytes)
+        self._owns_uploads = uploads is None and bool(s.write_dir)
+        if self._owns_uploads:
+            from tensor_server.uploads import UploadManager
+
+            uploads = UploadManager(catalog, s.write_dir, upload_ttl=s.upload_ttl, scratch_ttl=s.scratch_ttl)
+            uploads.start_sweeps()
+        self.uploads = uploads
+        #: the wire write verbs are served (an in-process producer may use ``uploads`` anyway)
+        self.writable = bool(s.writable and uploads is not None)
+        self.started_at = time.time()
+        #: calls by verb, as the doors name them (server_stats; tests prove fast paths with it)
+        self.calls: Counter[str] = Counter()
+        self._peers: OrderedDict[str, int] = OrderedDict()
+        self._peers_lock = threading.Lock()
+        from tensor_server.service.catalog_verbs import CatalogVerbs
+
+        self.catalog_verbs = CatalogVerbs(self)
+
+    def close(self) -> None:
+        """Stop what the runtime started (sweeps, precache); the catalog and cache stay open."""
+        if self._owns_uploads and self.uploads is not None:
+            self.uploads.close()
+        if self.precacher is not None:
+            self.precacher.close()
+
+    # ---- who may ask ----------------------------------------------------------------------------
+    def authenticate(self, caller: Caller) -> None:
+        token = self.settings.token
+        if not token:
+            return
+        if caller.token is None or not hmac.compare_digest(caller.token.encode(), token.encode()):
+            raise Unauthenticated("unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
+                                  "<token>' header; HTTP: that header or ?token=<token>)")
+
+    # ---- lookup ---------------------------------------------------------------------------------
+    def tensor(self, array_id: str, caller: Caller, *, pixels: bool = True) -> tuple[TensorAdapter, str]:
+        """(tensor, the id to echo) for ``array_id``, with every read rule applied:
+        ``pixels`` (reads, stats, chunk sends) refuses an upload that is not READY."""
+        self.authenticate(caller)
+        tensor, echo = self.catalog.find_tensor(array_id)
+        if pixels:
+            self.check_readable(tensor)
+        return tensor, echo
+
+    def check_readable(self, tensor: TensorAdapter) -> None:
+        """The read gate: an uploaded tensor reads once READY (``UploadNotReadable``)."""
+        if self.uploads is None:
+            return
+        up = self.uploads.upload_of(tensor)
+        if up is not None:
+            self.uploads.check_readable(up)
+
+    def upload(self, array_id: str) -> Upload | None:
+        return None if self.uploads is None else self.uploads.get(array_id)
+
+    # ---- describe and plan ----------------------------------------------------------------------
+    def describe(self, caller: Caller, array_id: str, *, region: Bounds | None = None,
+                 scale: Sequence[int] | None = None, method: str = "", fields: Iterable[str] = ()) -> Described:
+        """A describe (no endpoints asked) or a read plan. An upload's id answers its write
+        plan while PENDING (unscaled), its status always, and a read plan once READY."""
+        self.authenticate(caller)
+        wanted = frozenset(fields)
+        unknown = sorted(wanted - READ_MASK_PATHS)
+        if unknown:
+            raise InvalidArgument(f"tensor_read: unknown field mask path(s) {unknown}; known: "
+                                  f"{sorted(READ_MASK_PATHS)}", slug="unknown_field_mask")
+        scale = list(scale or []) or None
+        scaled = bool(scale) and any(s != 1 for s in scale)
+        up = self.upload(array_id)
+        if up is not None:
+            from tensor_server.uploads.marker import DISCARDED
+            from tensor_server.uploads import UploadClosed
+
+            if up.state == DISCARDED:  # a tombstone: only its status is served
+                if "endpoints" in wanted or scaled:
+                    raise UploadClosed(up.array_id, DISCARDED, up.reason)
+                return Described(None, up.array_id, wanted, upload=up)
+            if scaled:
+                self.uploads.check_readable(up)  # an unscaled plan while PENDING is the write plan
+        tensor, echo = self.tensor(array_id, caller, pixels=False)
+        if self._reopened_if_stale(tensor, region):  # plan against the bytes on disk now
+            tensor, echo = self.tensor(array_id, caller, pixels=False)
+        check_read_request(region, scale, tensor.shape)
+        plan = None
+        if "endpoints" in wanted or region is not None or scaled:
+            plan = plan_read(tensor, region, scale, method)
+            if "endpoints" in wanted and not plan.chunks:
+                raise InvalidArgument(f"{array_id}: the requested region is empty")
+        record = self.catalog.get_record(ArrayId.parse(tensor.array_id).source_id)
+        metadata_json = record.source.metadata_json() if "metadata_json" in wanted and record.source else None
+        resident = record.is_resident() if "is_resident" in wanted else None
+        return Described(tensor, echo, wanted, plan, region is not None, metadata_json, resident,
+                         up if "upload_status" in wanted else None)
+
+    def _reopened_if_stale(self, tensor: TensorAdapter, region: Bounds | None) -> bool:
+        """Plan time: reopen the source when the bytes under the region changed since it was
+        opened (True), so the plan mints ids of the new content version."""
+        try:
+            bounds = Bounds.full(tensor.shape) if region is None else region.clamp(tensor.shape).validate(tensor.shape)
+        except InvalidArgument:
+            return False  # the request check reports the bad region
+        reason = tensor.stale_reason(bounds)
+        if reason is None:
+            return False
+        self.catalog.reopen_changed(tensor, reason)
+        return True
+
+    # ---- chunks ---------------------------------------------------------------------------------
+    def chunk_tensor(self, cid: ChunkId, caller: Caller) -> TensorAdapter:
+        """The tensor a chunk id names: exactly a tensor id (a bare source id names the default
+        tensor in requests, never in chunk ids), gate applied."""
+        tensor, _ = self.tensor(cid.array_id, caller)
+        if tensor.array_id != cid.array_id:
+            raise InvalidChunkId(f"chunk id names {cid.array_id[:120]!r}, which is not a tensor id")
+        return tensor
+
+    def chunk(self, chunk_id: bytes | ChunkId, caller: Caller, cancelled: Cancelled | None = None
+              ) -> tuple[ChunkId, np.ndarray]:
+        """(validated id, read-only pixels) of a planned chunk through the engine; work stops
+        when ``cancelled()`` turns true (the client went)."""
+        cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
+        tensor = self.chunk_tensor(cid, caller)
+        self._count_peer(caller)
+        if self.precacher is None:
+            return self.engine.chunk(cid, tensor, cancelled=cancelled)
+        with self.precacher.client_read():
+            cid, data = self.engine.chunk(cid, tensor, cancelled=cancelled)
+        self.precacher.after_read(tensor, cid)
+        return cid, data
+
+    def read(self, tensor: TensorAdapter, bounds: Bounds | None, scale: Sequence[int] | None, method: str | None,
+             caller: Caller, cancelled: Cancelled | None = None) -> np.ndarray:
+        """Pixels of a region at a scale (a door that serves regions rather than planned
+        chunks: tiles, exports). ``tensor`` comes from ``tensor()``, which gated it."""
+        self._count_peer(caller)
+        return self.engine.read(tensor, bounds, scale, method, cancelled=cancelled)
+
+    def locate(self, chunk_id: bytes, caller: Caller) -> dict[str, Any]:
+        """wire-protocol §7: the chunk's batch in a segment file the client can map. The chunk
+        goes through the same checks as a chunk read (a stale id is refused), is resolved into
+        the cache when missing, and is only offered to loopback peers: a path is useless, and
+        revealing, to a client on another machine."""
+        self.authenticate(caller)
+        if not caller.is_loopback or self.cache is None:
+            return {"available": False}
+        cid = ChunkId.decode(chunk_id)
+        own = self._member_location(cid, caller)  # a cache:// member chunk: its own sealed segment
+        if own is not None:
+            return own
+        cid, _ = self.chunk(cid, caller)
+        loc = self.cache.locate(cid.encode())
+        if loc is None:  # e.g. larger than the whole cache budget, or evicted just now
+            return {"available": False}
+        return {"available": True, "segment_path": loc.segment_path, "byte_offset": loc.byte_offset,
+                "byte_length": loc.byte_length, "generation_id": loc.generation_id}
+
+    def _member_location(self, cid: ChunkId, caller: Caller) -> dict[str, Any] | None:
+        up = self.upload(cid.array_id)
+        if up is None:
+            return None
+        self.chunk_tensor(cid, caller)  # the gate (and the token) first
+        cid = check_chunk_id(up.tensor, cid)
+        if cid.method != UNSCALED:
+            return None
+        loc = up.member.locate(Bounds(cid.start, cid.stop))
+        if loc is None:
+            return None
+        path, offset, length, inode = loc
+        return {"available": True, "segment_path": path, "byte_offset": offset, "byte_length": length,
+                "generation_id": inode}
+
+    def _count_peer(self, caller: Caller) -> None:
+        with self._peers_lock:
+            key = caller.peer or caller.door
+            if key not in self._peers and len(self._peers) >= MAX_PEERS_COUNTED:
+                key = "other"
+            self._peers[key] = self._peers.get(key, 0) + 1
+
+    # ---- catalog SQL ----------------------------------------------------------------------------
+    def query(self, sql: str, caller: Caller, cancelled: Cancelled | None = None):  # noqa: ANN201 - pa.Table
+        self.authenticate(caller)
+        return self.catalog.query(sql, cancelled=cancelled)
+
+    # ---- uploads: one chunk -----------------------------------------------------------------------
+    def put_chunk(self, chunk_ticket: bytes, pieces: Iterator[Any], caller: Caller) -> None:
+        """Store one planned chunk of a PENDING upload (``chunk_ticket``: a write plan's
+        TensorTicket). The ticket is checked before a byte is read; ``pieces`` (Arrow record
+        batches with a ``data`` column) are then taken one at a time within the chunk's own
+        size plus slack."""
+        from biopb.tensor import ticket_pb2
+
+        from tensor_server.service.bodies import decode_message
+        from tensor_server.service.upload_verbs import require_writable, take_chunk_values
+
+        self.authenticate(caller)
+        manager = require_writable(self)
+        ticket = decode_message(ticket_pb2.TensorTicket, chunk_ticket, "DoPut chunk_ticket")
+        if ticket.WhichOneof("payload") != "chunk_id":
+            raise InvalidArgument("DoPut: chunk_ticket carries no chunk id (use a ticket of the write plan)")
+        cid = ChunkId.decode(ticket.chunk_id)
+        up = manager.get(cid.array_id)
+        if up is None:
+            raise TensorNotFound(f"no upload {cid.array_id!r} (never added, or reclaimed)")
+        cid = check_chunk_id(up.tensor, cid)
+        manager.write_chunk(cid, take_chunk_values(pieces, cid.bounds, up.tensor.dtype, up.array_id))
+
+    # ---- actions --------------------------------------------------------------------------------
+    def do_action(self, name: str, body: bytes, caller: Caller, cancelled: Cancelled | None = None
+                  ) -> Iterator[bytes]:
+        """Run the action ``name`` (``service/actions.py``): its results, in order."""
+        from tensor_server.service.actions import find_action
+
+        action = find_action(self, name)
+        self.calls[f"action:{name}"] += 1
+        if not action.open:
+            self.authenticate(caller)
+        return action.handler(self, caller, body, cancelled or (lambda: False))
+
+    def list_actions(self, caller: Caller) -> list[tuple[str, str]]:
+        from tensor_server.service.actions import available_actions
+
+        self.authenticate(caller)
+        return [(a.name, a.description) for a in available_actions(self)]
+
+    # ---- status ---------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        cat = self.catalog
+        return {
+            "protocol": PROTOCOL,
+            "status": "SERVING" if cat.first_scan_done.is_set() else "STARTING",
+            "source_count": len(cat),
+            "uptime_seconds": int(time.time() - self.started_at),
+            "metadata_db_enabled": True,
+            "writable": self.writable,
+            "full_scan_in_progress": cat.scan_in_progress,
+            "last_full_scan_finished_at": cat.last_scan_finished_at,
+            "scan_error": cat.scan_error,
+            "ticket_stubs": False,
+            "registration_pending": 0,  # sources are opened during the scan, never left pending
+            "annotations_persisted": cat.rois.path is not None,
+            "catalog_generation": cat.generation,
+        }
+
+    def server_stats(self) -> dict[str, Any]:
+        with self._peers_lock:
+            peers = dict(self._peers)
+        return {"calls": dict(self.calls), "chunk_reads_by_peer": peers}
+
+    def cache_stats(self) -> dict[str, Any] | None:
+        if self.cache is None:
+            return None
+        body = self.cache.cache_stats()
+        if self.precacher is not None:
+            body["precache"] = dict(self.precacher.stats)
+        return body
+

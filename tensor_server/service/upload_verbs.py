@@ -1,0 +1,124 @@
+"""The upload write verbs (wire-protocol §8): ``add_tensor``, ``set_upload_status`` and the
+values of one chunk write. Write plans and status describes are ``ServingRuntime.describe``;
+the read gate is ``ServingRuntime.tensor``.
+
+A server without a write_dir, or one whose write verbs are off (``writable`` false: an
+in-process producer uses the manager directly), refuses every write verb with a message that
+says how to turn uploads on.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from tensor_server.core.bounds import Bounds
+from tensor_server.errors import InvalidArgument, ReadOnly, RequestTooLarge, TensorServerError
+from tensor_server.service.bodies import decode_message
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.service.runtime import ServingRuntime
+    from tensor_server.uploads import Upload, UploadManager
+
+__all__ = ["require_writable", "add_tensor", "set_upload_status", "take_chunk_values", "status_message"]
+
+#: bytes a chunk write may carry past the chunk's own size (Arrow framing of a few batches)
+CHUNK_SLACK_BYTES = 1 << 16
+
+
+def require_writable(runtime: ServingRuntime) -> UploadManager:
+    if runtime.uploads is None:
+        raise ReadOnly("this server is read-only: start it with --write-dir DIR to accept uploads")
+    if not runtime.writable:
+        raise ReadOnly("this server takes no uploads over the wire: start it with --writable (its --write-dir "
+                       "serves in-process producers only)")
+    return runtime.uploads
+
+
+def status_message(up: Upload) -> Any:
+    """The upload's status as the SDK's ``UploadStatus`` message."""
+    from biopb.tensor import descriptor_pb2
+
+    states = descriptor_pb2.UploadStatus.State
+    st = up.status()
+    state = st["state"] if st["state"] in ("PENDING", "READY", "DISCARDED") else "PENDING"
+    return descriptor_pb2.UploadStatus(state=states.Value(state), expected_chunks=st["expected_chunks"],
+                                       uploaded_chunks=st["uploaded_chunks"], reason=st["reason"])
+
+
+def add_tensor(runtime: ServingRuntime, body: bytes) -> Iterator[bytes]:
+    from biopb.tensor import descriptor_pb2
+
+    from tensor_server.cache.chunk_columns import wire_dtype
+
+    manager = require_writable(runtime)
+    req = decode_message(descriptor_pb2.TensorDescriptor, body, "add_tensor")
+    up = manager.add_tensor(req.array_id, req.shape, req.dtype, chunk_shape=req.chunk_shape,
+                            dim_labels=req.dim_labels, metadata_json=req.metadata_json,
+                            ttl_seconds=req.ttl_seconds if req.HasField("ttl_seconds") else None)
+    t = up.tensor
+    out = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape), dtype=wire_dtype(t.dtype),
+                                          chunk_shape=list(t.chunk_shape), dim_labels=list(t.dim_labels),
+                                          content_version=t.content_version)
+    out.upload_status.CopyFrom(status_message(up))
+    if up.granted_ttl is not None:
+        out.ttl_seconds = int(-(-up.granted_ttl // 1))
+    yield out.SerializeToString()
+
+
+def set_upload_status(runtime: ServingRuntime, body: bytes) -> Iterator[bytes]:
+    from biopb.tensor import descriptor_pb2, ticket_pb2
+
+    manager = require_writable(runtime)
+    states = descriptor_pb2.UploadStatus.State
+    req = decode_message(ticket_pb2.SetUploadStatus, body, "set_upload_status")
+    if req.state == states.DISCARDED:
+        up = manager.discard(req.array_id, req.reason)
+        if up is None:
+            _refuse_native(runtime, req.array_id)
+            yield descriptor_pb2.UploadStatus().SerializeToString()  # no upload record: the SDK reports UNKNOWN
+            return
+        yield status_message(up).SerializeToString()
+        return
+    if req.state != states.READY:
+        raise InvalidArgument(f"set_upload_status: {states.Name(req.state)} is not a state an upload can be "
+                              "moved to; use READY or DISCARDED")
+    if manager.get(req.array_id) is None:
+        raise InvalidArgument(f"set_upload_status: {req.array_id!r} is not an upload in progress")
+    yield status_message(manager.set_ready(req.array_id)).SerializeToString()
+
+
+def _refuse_native(runtime: ServingRuntime, array_id: str) -> None:
+    try:
+        runtime.catalog.find_tensor(array_id)
+    except TensorServerError:  # not a served tensor: nothing to refuse
+        return
+    raise InvalidArgument(f"set_upload_status: {array_id!r} is a tensor of its source's own files, not an "
+                          "upload; it cannot be discarded")
+
+
+def take_chunk_values(pieces: Iterator[Any], bounds: Bounds, dtype: np.dtype, array_id: str) -> np.ndarray:
+    """The ``data`` column of a chunk write's record batches as one flat array, read one
+    batch at a time and refused once it carries more than the chunk's bytes (plus slack):
+    a junk stream is never held whole."""
+    limit = int(np.prod(bounds.shape)) * np.dtype(dtype).itemsize + CHUNK_SLACK_BYTES
+    taken, size = [], 0
+    for batch in pieces:
+        if "data" not in batch.schema.names:
+            raise InvalidArgument(f"DoPut: the stream has no 'data' column (columns: {batch.schema.names})")
+        size += batch.nbytes
+        if size > limit:
+            raise RequestTooLarge(f"DoPut {array_id}: the stream carries more than chunk {bounds} holds "
+                                  f"({limit - CHUNK_SLACK_BYTES} bytes); send one planned chunk per DoPut")
+        taken.append(batch.column(batch.schema.get_field_index("data")))
+    if not taken:
+        raise InvalidArgument(f"DoPut {array_id}: the stream carried no rows for chunk {bounds}")
+    import pyarrow as pa
+
+    arr = taken[0] if len(taken) == 1 else pa.concat_arrays(taken)
+    if arr.null_count:
+        raise InvalidArgument("DoPut: the 'data' column holds nulls")
+    try:
+        return arr.to_numpy(zero_copy_only=str(arr.type) != "bool")
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a non-numeric column
+        raise InvalidArgument(f"DoPut: the 'data' column of type {arr.type} is not a numeric array: {exc}") from None

@@ -1,0 +1,211 @@
+"""DoorTests: the rules every door must hold, asserted through each door's own client.
+
+A door (Flight, HTTP, the in-process API, a later IIIF or export door) is a translation of
+the serving runtime, so every rule the runtime owns must read the same through it: the
+upload gate, auth, each error class and its status, unknown and stale ids, the id grammar,
+and that no internal error text reaches a client. A door's tests subclass ``DoorTests`` and
+provide a ``door`` fixture: an object with
+
+* ``read(array_id, token)`` → the whole tensor as an ndarray (the test tensors are one chunk);
+* ``refusal(exc)`` → ``Refusal(code, status, message)`` for an error the door's client
+  raised (``code``: the gRPC code name when the door has one, ``status``: the HTTP status
+  when it has one), or None when ``exc`` is not a refusal of this door;
+* optionally ``stats(array_id, token)``, ``read_chunk(chunk_id, token)`` and
+  ``add_source(path, token)``; a door without one sets it to None and those checks skip.
+
+The world every door is tested against is the ``world`` fixture (one server per door class:
+a runtime with a token, a write dir with a PENDING, a READY and a DISCARDED upload, and
+tensors whose reads raise each error class); a door fixture builds its client from it.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from tensor_server import errors
+from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+from tensor_server.core.bounds import Bounds
+
+__all__ = ["DoorTests", "DoorWorld", "Refusal", "TOKEN"]
+
+TOKEN = "door-tests-token"
+IMAGE = np.arange(32 * 24, dtype=np.uint16).reshape(32, 24)
+#: tensors of the "raising" source: reading each raises this error (class, message)
+RAISING = {
+    "invalid": (errors.InvalidArgument, "a region this tensor refuses"),
+    "overloaded": (errors.Overloaded, "too many reads waiting"),
+    "too-large": (errors.RequestTooLarge, "more than a request may carry"),
+    "denied": (errors.PermissionDenied, "not yours to read"),
+    "internal": (RuntimeError, "secret /etc/shadow detail"),
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str | None
+    status: int | None
+    message: str
+
+
+class _RaisingAdapter(ArrayAdapter):
+    """A tensor whose every read raises one error (the taxonomy, seen through each door)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(np.zeros((8, 8), np.uint8), "yx")
+        self._exc = exc
+
+    def read_region(self, bounds: Bounds) -> np.ndarray:
+        raise self._exc
+
+
+@dataclass
+class DoorWorld:
+    served: Any  # tensor_server.testing.Served
+    write_dir: Path
+    pending: str
+    ready: str
+    discarded: str
+    ready_pixels: np.ndarray
+
+
+def _uploads(runtime: Any) -> tuple[str, str, str, np.ndarray]:
+    from tensor_server.core.chunk_id import ChunkId
+
+    manager = runtime.uploads
+    ids = {}
+    for name in ("pending", "ready", "discarded"):
+        up = manager.add_tensor(f"cache://img/@fields/{name}", IMAGE.shape, IMAGE.dtype, chunk_shape=IMAGE.shape)
+        cid = ChunkId.for_extent(up.tensor.array_id, Bounds((0, 0), IMAGE.shape), (1, 1), "none",
+                                 up.tensor.content_version)
+        manager.write_chunk(cid, IMAGE + 1)
+        ids[name] = up.array_id
+    manager.set_ready(ids["ready"])
+    manager.discard(ids["discarded"], "door tests")
+    return ids["pending"], ids["ready"], ids["discarded"], IMAGE + 1
+
+
+class DoorTests:
+    """Subclass and provide a ``door`` fixture (see the module docstring)."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def world(cls) -> Iterator[DoorWorld]:
+        """A server with a token, uploads in every state and tensors that raise each error
+        class; Flight and HTTP doors on loopback. One per door class."""
+        from tensor_server.catalog import Catalog
+        from tensor_server.testing.servers import serving
+
+        with tempfile.TemporaryDirectory(prefix="door-tests-") as tmp:
+            cat = Catalog([])
+            cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=IMAGE.shape), source_id="img"))
+            cat.add_source(MemorySource({name: _RaisingAdapter(cls(msg)) for name, (cls, msg) in RAISING.items()},
+                                        source_id="raising"))
+            cat.first_scan_done.set()
+            write_dir = Path(tmp) / "write"
+            try:
+                with serving(cat, http=True, token=TOKEN, write_dir=str(write_dir), writable=True) as served:
+                    pending, ready, discarded, pixels = _uploads(served.runtime)
+                    yield DoorWorld(served, write_dir, pending, ready, discarded, pixels)
+            finally:
+                cat.close()
+
+    # ---- helpers --------------------------------------------------------------------------------
+    @staticmethod
+    def refused(door: Any, call: Any, *args: Any) -> Refusal:
+        """The refusal ``call(*args)`` gets; fails the test when it succeeds or dies otherwise."""
+        try:
+            call(*args)
+        except Exception as exc:  # noqa: BLE001 - each door's client raises its own types
+            refusal = door.refusal(exc)
+            assert refusal is not None, f"{type(exc).__name__} is not a refusal of this door: {exc}"
+            return refusal
+        pytest.fail(f"{getattr(call, '__name__', call)}{args!r} was not refused")
+
+    @staticmethod
+    def assert_class(refusal: Refusal, cls: type[errors.TensorServerError]) -> None:
+        if refusal.code is not None:
+            assert refusal.code == cls.code, refusal
+        if refusal.status is not None:
+            assert refusal.status == cls.http_status, refusal
+
+    # ---- reads and the gate ---------------------------------------------------------------------
+    def test_a_tensor_reads_with_the_token(self, door, world):
+        np.testing.assert_array_equal(door.read("img", TOKEN), IMAGE)
+
+    def test_a_ready_upload_reads(self, door, world):
+        np.testing.assert_array_equal(door.read(world.ready, TOKEN), world.ready_pixels)
+
+    def test_a_pending_upload_is_not_readable_yet(self, door, world):
+        refusal = self.refused(door, door.read, world.pending, TOKEN)
+        self.assert_class(refusal, errors.FailedPrecondition)
+        assert "not readable yet" in refusal.message
+
+    def test_a_discarded_upload_is_refused(self, door, world):
+        refusal = self.refused(door, door.read, world.discarded, TOKEN)
+        assert refusal.code in (None, "FAILED_PRECONDITION", "ABORTED", "NOT_FOUND"), refusal
+        assert refusal.status in (None, 404, 409), refusal
+        assert "discarded" in refusal.message
+
+    def test_stats_of_a_pending_upload_are_refused(self, door, world):
+        if getattr(door, "stats", None) is None:
+            pytest.skip("this door has no stats verb")
+        assert door.stats("img", TOKEN)["max"] == int(IMAGE.max())
+        self.assert_class(self.refused(door, door.stats, world.pending, TOKEN), errors.FailedPrecondition)
+
+    def test_the_write_dir_is_never_added_as_a_source(self, door, world):
+        if getattr(door, "add_source", None) is None:
+            pytest.skip("this door has no add_source verb")
+        for path in (world.write_dir, world.write_dir / "fields", world.write_dir.parent):
+            self.assert_class(self.refused(door, door.add_source, str(path), TOKEN), errors.PermissionDenied)
+
+    # ---- auth -----------------------------------------------------------------------------------
+    @pytest.mark.parametrize("token", [None, "wrong"])
+    def test_a_stranger_is_refused(self, door, world, token):
+        refusal = self.refused(door, door.read, "img", token)
+        self.assert_class(refusal, errors.Unauthenticated)
+
+    # ---- ids ------------------------------------------------------------------------------------
+    @pytest.mark.parametrize("array_id", ["nope", "img/no-such-field", "raising/nope"])
+    def test_an_unknown_id_is_not_found(self, door, world, array_id):
+        refusal = self.refused(door, door.read, array_id, TOKEN)
+        self.assert_class(refusal, errors.TensorNotFound)
+
+    def test_a_huge_id_is_refused_with_a_bounded_message(self, door, world):
+        refusal = self.refused(door, door.read, "x" * 60_000, TOKEN)  # httpx sends URLs up to 64 KiB
+        assert refusal.code in (None, "NOT_FOUND", "INVALID_ARGUMENT") and refusal.status in (None, 404, 400, 414)
+        assert len(refusal.message) < 4096
+
+    def test_the_listed_spelling_of_a_bare_id_reads(self, door, world):
+        """``source_id/`` names the default tensor (how the catalog lists it beside attached ones)."""
+        np.testing.assert_array_equal(door.read("img/", TOKEN), IMAGE)
+
+    def test_a_stale_chunk_id_is_refused(self, door, world):
+        if getattr(door, "read_chunk", None) is None:
+            pytest.skip("this door does not address chunks by id")
+        from tensor_server.core.chunk_id import ChunkId
+
+        stale = ChunkId.for_extent("img", Bounds((0, 0), IMAGE.shape), (1, 1), "none", b"\x00" * 16)
+        refusal = self.refused(door, door.read_chunk, stale.encode(), TOKEN)
+        self.assert_class(refusal, errors.StaleChunkId)
+        assert "re-plan" in refusal.message
+
+    # ---- the taxonomy ---------------------------------------------------------------------------
+    @pytest.mark.parametrize("field", sorted(RAISING))
+    def test_each_error_class_has_its_status(self, door, world, field):
+        cls, secret = RAISING[field]
+        refusal = self.refused(door, door.read, f"raising/{field}", TOKEN)
+        if issubclass(cls, errors.TensorServerError):
+            self.assert_class(refusal, cls)
+            assert secret in refusal.message
+        else:  # not ours: INTERNAL, and nothing of its text or a traceback reaches the client
+            assert refusal.code in (None, "INTERNAL") and refusal.status in (None, 500), refusal
+            assert "secret" not in refusal.message and "Traceback" not in refusal.message
+            assert "RuntimeError" in refusal.message
+
+    def test_the_server_is_still_serving(self, door, world):
+        np.testing.assert_array_equal(door.read("img", TOKEN), IMAGE)

@@ -1,0 +1,93 @@
+"""In-process servers for tests, benchmarks and asv: one helper instead of a copy in each.
+
+``serving(catalog, ...)`` (or ``start_serving``) builds the serving runtime from ``Settings`` fields, starts the
+Flight door (and, with ``http=True``, the HTTP door) on 127.0.0.1 ephemeral ports, and
+stops and joins them on exit, so a test never leaks a listening thread into the next.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from tensor_server.config import Settings
+
+__all__ = ["Served", "serving", "start_serving"]
+
+
+@dataclass
+class Served:
+    """A running runtime and its doors (``http`` is None unless asked for)."""
+
+    runtime: Any  # tensor_server.service.ServingRuntime
+    flight: Any  # tensor_server.flight.TensorFlightServer
+    http: Any | None = None
+    thread: threading.Thread | None = None
+
+    @property
+    def location(self) -> str:
+        return self.flight.location
+
+    @property
+    def http_url(self) -> str:
+        if self.http is None:
+            raise RuntimeError("started without http=True")
+        return self.http.url
+
+    def client(self, token: str | None = None):  # noqa: ANN201 - biopb.tensor.TensorFlightClient
+        from biopb.tensor import TensorFlightClient
+
+        return TensorFlightClient(self.location, token=token)
+
+    def stop(self) -> None:
+        """Stop the doors and join the Flight thread, then close what the runtime started."""
+        if self.http is not None:
+            self.http.stop()
+        self.flight.shutdown()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.runtime.close()
+        if self.thread is not None and self.thread.is_alive():
+            raise RuntimeError("the Flight door's thread did not stop")
+
+
+def start_serving(catalog: Any, *, cache: Any | None = None, uploads: Any | None = None, http: bool = False,
+                  host: str = "127.0.0.1", port: int = 0, **settings: Any) -> Served:
+    """A runtime over ``catalog`` (``settings``: ``Settings`` fields, e.g. ``token``,
+    ``write_dir``, ``writable``, ``max_computes``) behind a Flight door and optionally the
+    HTTP door; ``Served.stop()`` ends it (benchmarks with set-up and tear-down use this,
+    tests use ``serving``)."""
+    from tensor_server.flight import TensorFlightServer
+    from tensor_server.service import ServingRuntime
+
+    runtime = ServingRuntime(catalog, Settings(**settings), cache=cache, uploads=uploads)
+    try:
+        server = TensorFlightServer(runtime, host, port)
+    except BaseException:
+        runtime.close()
+        raise
+    thread = threading.Thread(target=server.serve, name="test-flight-door", daemon=True)
+    thread.start()
+    served = Served(runtime, server, None, thread)
+    if http:
+        from tensor_server.http.app import HttpFrontEnd, build_app
+
+        try:
+            served.http = HttpFrontEnd(build_app(runtime), host, 0)
+            served.http.start()
+        except BaseException:
+            served.http = None
+            served.stop()
+            raise
+    return served
+
+
+@contextmanager
+def serving(catalog: Any, **options: Any) -> Iterator[Served]:
+    """``start_serving(catalog, **options)``, stopped on exit."""
+    served = start_serving(catalog, **options)
+    try:
+        yield served
+    finally:
+        served.stop()

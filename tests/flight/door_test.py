@@ -1,0 +1,70 @@
+"""The door conformance suite through the Flight door: reads by the real biopb SDK, actions
+and chunk tickets by a plain pyarrow Flight client (what any Flight client sends)."""
+from __future__ import annotations
+
+import json
+
+import pyarrow.flight as flight
+import pytest
+
+from tensor_server.testing.door_tests import DoorTests, Refusal
+
+
+def _flight_error(exc):
+    """The FlightError behind ``exc`` (the SDK re-raises refusals as its own types, from it)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, flight.FlightError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+class FlightDoor:
+    def __init__(self, location) -> None:
+        self.location = location
+
+    def _options(self, token):
+        headers = [] if token is None else [(b"authorization", f"Bearer {token}".encode())]
+        return flight.FlightCallOptions(headers=headers)
+
+    def read(self, array_id, token):
+        from biopb.tensor import TensorFlightClient
+
+        return TensorFlightClient(self.location, token=token, cache_bytes=0).get_array(array_id)
+
+    def _action(self, name, body, token):
+        with flight.FlightClient(self.location) as c:
+            return [r.body.to_pybytes() for r in c.do_action(flight.Action(name, body), self._options(token))]
+
+    def stats(self, array_id, token):
+        return json.loads(self._action("tensor_stats", json.dumps({"array_id": array_id}).encode(), token)[0])
+
+    def add_source(self, path, token):
+        from biopb.tensor.descriptor_pb2 import AddSourceRequest
+
+        return self._action("add_source", AddSourceRequest(url=path).SerializeToString(), token)
+
+    def read_chunk(self, chunk_id, token):
+        from biopb.tensor import ticket_pb2
+
+        ticket = flight.Ticket(ticket_pb2.TensorTicket(chunk_id=chunk_id).SerializeToString())
+        with flight.FlightClient(self.location) as c:
+            return c.do_get(ticket, self._options(token)).read_all()
+
+    @staticmethod
+    def refusal(exc):
+        err = _flight_error(exc)
+        if err is None:
+            return None
+        info = json.loads(bytes(err.extra_info).decode()) if err.extra_info else {}
+        code = info.get("code")
+        if code is None and isinstance(err, flight.FlightUnauthenticatedError):
+            code = "UNAUTHENTICATED"
+        return Refusal(code, None, str(err).split(". Detail:")[0])
+
+
+class TestFlightDoor(DoorTests):
+    @pytest.fixture
+    def door(self, world):
+        return FlightDoor(world.served.location)

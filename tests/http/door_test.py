@@ -1,0 +1,49 @@
+"""The door conformance suite through the HTTP door: a real HTTP client (httpx) reading the
+virtual OME-Zarr view as any zarr client does (level 0's ``.zarray``, then its chunk)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensor_server.testing.door_tests import DoorTests, Refusal
+
+
+class HttpRefused(Exception):
+    def __init__(self, status, text):
+        super().__init__(f"{status}: {text}")
+        self.status, self.text = status, text
+
+
+class HttpDoor:
+    def __init__(self, url) -> None:
+        self.url = url
+
+    def _get(self, path, token):
+        import httpx
+
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        r = httpx.get(f"{self.url}/zarr/{path}", headers=headers, timeout=30)
+        if r.status_code != 200:
+            raise HttpRefused(r.status_code, r.text)
+        return r
+
+    def read(self, array_id, token):
+        meta = self._get(f"{array_id}/0/.zarray", token).json()
+        assert all(n <= c for n, c in zip(meta["shape"], meta["chunks"])), "door tests read one-chunk tensors"
+        body = self._get(f"{array_id}/0/{'.'.join('0' * len(meta['shape']))}", token).content
+        whole = np.frombuffer(body, dtype=np.dtype(meta["dtype"])).reshape(meta["chunks"])
+        return whole[tuple(slice(0, n) for n in meta["shape"])]
+
+    stats = read_chunk = add_source = None  # verbs this door does not serve
+
+    @staticmethod
+    def refusal(exc):
+        if not isinstance(exc, HttpRefused):
+            return None
+        return Refusal(None, exc.status, exc.text)
+
+
+class TestHttpDoor(DoorTests):
+    @pytest.fixture
+    def door(self, world):
+        return HttpDoor(world.served.http_url)
