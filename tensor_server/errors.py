@@ -30,6 +30,7 @@ __all__ = [
     "Unauthenticated",
     "PermissionDenied",
     "FailedPrecondition",
+    "AlreadyExists",
     "ReadOnly",
     "ResourceExhausted",
     "RequestTooLarge",
@@ -161,6 +162,12 @@ class FailedPrecondition(TensorServerError):
     not READY, a verb this server was started without)."""
 
     code, slug, http_status = "FAILED_PRECONDITION", "failed_precondition", 409
+
+
+class AlreadyExists(TensorServerError):
+    """A name is taken (an upload's field on its source): the message names what holds it."""
+
+    code, slug, http_status = "ALREADY_EXISTS", "already_exists", 409
 
 
 class ReadOnly(FailedPrecondition):

@@ -32,7 +32,7 @@ from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.identity import ArrayId
 from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
-from tensor_server.errors import FailedPrecondition, InvalidArgument, TensorNotFound, TensorServerError
+from tensor_server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, TensorNotFound, TensorServerError
 from tensor_server.uploads.cache_member import CacheMember
 from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
@@ -253,7 +253,8 @@ class UploadManager:
         for other in self._uploads.values():
             if other.source_id == target.source_id and fold_name(other.field) == folded:
                 state = "a discarded tensor until the reclaim sweep" if other.state == DISCARDED else other.state
-                raise InvalidArgument(f"add_tensor {request_id!r}: the name is taken by {other.array_id!r} ({state})")
+                raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
+                                    f"{other.array_id!r} ({state}); add the tensor under another name")
 
     @staticmethod
     def _check_metadata(target: Any, metadata_json: str, request_id: str) -> dict[str, Any]:

@@ -299,3 +299,16 @@ def test_an_untracked_store_is_never_reused_or_deleted(server):
     with pytest.raises(Exception, match="already exists and no upload holds it"):
         m.add_tensor("cache://scratch/@fields/stray", (4, 4), "<u2")
     assert (stray / "keep.txt").read_text() == "not ours to delete"
+
+
+def test_a_taken_name_is_refused_in_the_reference_servers_words(client):
+    """The biopb reference's own upload tests pin these phrases ("already exists as",
+    "advice ... another name", "not readable yet"); a client switching on them works here."""
+    desc = client.setup_array_upload("zarr://scratch/@fields/advice", ARR)
+    for again in ("zarr://scratch/@fields/advice", "cache://scratch/@fields/ADVICE"):
+        with pytest.raises(flight.FlightServerError, match="already exists as") as err:
+            client.setup_array_upload(again, ARR)
+        assert "advice" in str(err.value) and "another name" in str(err.value)
+        assert '"ALREADY_EXISTS"' in bytes(err.value.extra_info).decode()
+    with pytest.raises(flight.FlightError, match="not readable yet"):
+        client.get_array(desc.array_id)
