@@ -105,6 +105,10 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--read-workers", type=_count,
                         help="units a scaled read decodes ahead on a shared pool (default 0 = the cores)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
+        sp.add_argument("--read-only", action="store_true", default=None,
+                        help="refuse every verb that writes anything (uploads, added sources, annotations)")
+        sp.add_argument("--no-add-source", dest="add_source", action="store_false", default=None,
+                        help="refuse add_source / remove_source: serve the roots only")
         sp.add_argument("--http-port", type=int,
                         help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)")
 
@@ -143,6 +147,7 @@ def _settings(args: argparse.Namespace):
         cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir, writable=args.writable,
         rois_path=args.rois_db, read_workers=args.read_workers,
         rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
+        read_only=args.read_only, add_source=args.add_source,
     )
 
 

@@ -114,6 +114,10 @@ class Settings:
     precache_bytes: int = 64 << 20
     max_computes: int = 0
     admission_timeout: float = 30.0
+    #: refuse every verb that writes anything (uploads, added sources, annotations)
+    read_only: bool = False
+    #: serve add_source / remove_source (``--no-add-source`` turns them off)
+    add_source: bool = True
 
     def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -152,6 +156,8 @@ _KEYS = {
     ("cache", "precache_bytes"): "precache_bytes",
     ("read", "max_computes"): "max_computes",
     ("read", "admission_timeout"): "admission_timeout",
+    ("read_only",): "read_only",
+    ("catalog", "add_source"): "add_source",
 }
 
 

@@ -126,8 +126,7 @@ class TensorFlightServer(flight.FlightServerBase):
             batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
             return flight.RecordBatchStream(pa.Table.from_batches([batch], schema=CHUNK_SCHEMA))
         if kind == "roi_read":
-            self.runtime.authenticate(caller)
-            return flight.RecordBatchStream(self.runtime.catalog_verbs.roi_read(tt.roi_read))
+            return flight.RecordBatchStream(self.runtime.catalog_verbs.roi_read(tt.roi_read, caller))
         raise InvalidArgument(f"DoGet: unsupported ticket kind {kind!r}")
 
     # ---- DoPut ----------------------------------------------------------------------------------

@@ -56,10 +56,16 @@ class _Views:
         self._lock = threading.Lock()
 
     def resolve(self, caller: Caller, segments: list[str], zarr_format: int) -> tuple[ZarrImage, list[str]]:
-        """The image a path names and the zarr key after it (``http/paths.py``). Every
-        tensor comes through the runtime's lookup: the token and the upload gate hold."""
-        self.runtime.authenticate(caller)
-        return resolve_zarr_path(segments, zarr_format, lambda aid: self.runtime.tensor(aid, caller)[0], self.image)
+        """The image a path names and the zarr key after it (``http/paths.py``); the runtime's
+        read rules (the token or the tensor's grant, the upload gate) for the tensor chosen."""
+        try:
+            image, rest = resolve_zarr_path(segments, zarr_format, lambda aid: self.runtime.catalog.find_tensor(aid)[0],
+                                            self.image)
+        except TensorNotFound:
+            self.runtime.refuse_unknown(caller)
+            raise
+        self.runtime.authorize(caller, image.tensor)
+        return image, rest
 
     def image(self, tensor: Any) -> ZarrImage:
         key = (tensor.array_id, tensor.content_version)
@@ -191,7 +197,7 @@ def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications
         if not rest or rest[0] not in image.labels:
             raise _NotFound(f"{image.tensor.array_id} has no label image {rest[0][:100] if rest else ''!r}")
         label = image.labels[rest[0]]
-        runtime.check_readable(label)
+        runtime.authorize(caller, label)
         label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 

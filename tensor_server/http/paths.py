@@ -63,8 +63,9 @@ def _all_digits(parts: list[str]) -> bool:
 def resolve_zarr_path(segments: list[str], zarr_format: int, find: Callable[[str], TensorAdapter],
                       image_of: Callable[[TensorAdapter], ZarrImage]) -> tuple[ZarrImage, list[str]]:
     """(image, zarr key) for a URL path below ``/zarr/`` or ``/zarr3/`` (module docstring).
-    ``find(array_id)`` looks a tensor up with every read rule applied; ``image_of`` makes
-    (or reuses) its view. Raises TensorNotFound for a path that names nothing."""
+    ``find(array_id)`` looks a tensor up (the caller applies the read rules to the one
+    chosen); ``image_of`` makes (or reuses) its view. Raises TensorNotFound for a path that
+    names nothing."""
     if not segments:
         raise TensorNotFound("no array id in the path: use /zarr/<array_id>/ or /zarr3/<array_id>/")
     if len(segments) > MAX_PATH_SEGMENTS:

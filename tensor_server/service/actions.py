@@ -1,11 +1,12 @@
 """The action registry: every action any door serves, in one list.
 
-An ``Action`` is a name, a description (what ``list_actions`` and ``docs/wire-actions.md``
+An ``Action`` is a name, a description (what ``list_actions`` and ``docs/service.md``
 say), a handler ``(runtime, caller, body, cancelled) -> iterable of result bodies``, and its
-rules: whether it is open without the token (only ``health``), whether it writes (refused by
-a server that takes no writes, and never listed there), whether it streams (results are sent
-as they are made, so a long one is cancellable and shows progress), and when it is available
-at all. Flight's ``list_actions`` / ``do_action`` are this list; so is any later door's.
+rules: whether it is open without the token (only ``health``); whether it is a read of one
+tensor its handler authorizes itself (``per_tensor``: the server token or that tensor's
+grant, ``service/access.py``) rather than the control surface; whether it writes (refused,
+and not listed, on a ``--read-only`` server); whether it streams (results are sent as they
+are made, so a long one is cancellable and shows progress); and when it is available at all. Flight's ``list_actions`` / ``do_action`` are this list; so is any later door's.
 
 Adding an action is one entry here, a handler, and a test (``docs/service.md`` shows one).
 """
@@ -48,6 +49,7 @@ class Action:
     writes: bool = False
     streams: bool = False
     open: bool = False
+    per_tensor: bool = False
     available: Callable[[ServingRuntime], bool] = _always
 
 
@@ -106,33 +108,26 @@ def _verb(method: str) -> Handler:
     return handler
 
 
-def _upload(fn: Callable[[ServingRuntime, bytes], Iterable[bytes]]) -> Handler:
-    def handler(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
-        return fn(rt, body)
-
-    handler.__name__ = fn.__name__
-    return handler
-
-
 ACTIONS: tuple[Action, ...] = (
     Action("health", "server status and protocol version (JSON)", _health, open=True),
     Action("server_stats", "call counts and chunk reads by client address (JSON)", _server_stats),
     Action("tensor_stats", "min/max/sum/mean/count_nonzero of a tensor or region (JSON body: array_id, slice)",
-           _tensor_stats),
+           _tensor_stats, per_tensor=True),
     Action("resolve", "open an unreadable source again now; streams its catalog row", _verb("resolve"), streams=True),
     Action("add_source", "register a path on the server's disk for this server's lifetime (streams progress)",
-           _verb("add_source"), streams=True),
-    Action("remove_source", "deregister a path added with add_source (its dnd:// branch)", _verb("remove_source")),
+           _verb("add_source"), writes=True, streams=True),
+    Action("remove_source", "deregister a path added with add_source (its dnd:// branch)", _verb("remove_source"),
+           writes=True),
     Action("catalog_children", "one level of the catalog tree: the folders and sources under a folder (JSON)",
            _verb("catalog_children")),
     Action("roi_prune", "report (or with apply, delete) annotations whose source has been unseen for N days",
            _verb("roi_prune")),
-    Action("add_tensor", "add a PENDING tensor to a source (uploads)", _upload(upload_verbs.add_tensor),
+    Action("add_tensor", "add a PENDING tensor to a source (uploads)", upload_verbs.add_tensor,
            writes=True, available=_writable),
-    Action("set_upload_status", "move an upload to READY or DISCARDED", _upload(upload_verbs.set_upload_status),
+    Action("set_upload_status", "move an upload to READY or DISCARDED", upload_verbs.set_upload_status,
            writes=True, available=_writable),
     Action("chunk_locate", "segment file and offset of a cached chunk (loopback only)", _chunk_locate,
-           available=_cached),
+           per_tensor=True, available=_cached),
     Action("cache_stats", "chunk cache statistics (JSON)", _cache_stats),
 )
 _BY_NAME = {a.name: a for a in ACTIONS}
@@ -145,21 +140,26 @@ def find_action(runtime: ServingRuntime, name: str) -> Action:
     if action is None or (not action.available(runtime) and not action.writes):
         raise Unimplemented(f"Unknown action: {name[:100]}; this server's actions: "
                             f"{[a.name for a in available_actions(runtime)]}")
+    if action.writes:
+        runtime.refuse_if_read_only(name)
     if not action.available(runtime):
         upload_verbs.require_writable(runtime)  # raises ReadOnly naming the flag
     return action
 
 
 def available_actions(runtime: ServingRuntime) -> list[Action]:
-    return [a for a in ACTIONS if a.available(runtime)]
+    """The actions this server serves (what ``list_actions`` lists)."""
+    return [a for a in ACTIONS if a.available(runtime) and not (a.writes and runtime.settings.read_only)]
 
 
 def actions_table() -> str:
     """The Markdown table of every action (``docs/service.md`` holds it; a test compares)."""
-    rows = ["| action | what it does | writes | streams | open |", "|---|---|---|---|---|"]
+    rows = ["| action | what it does | writes | streams | who may call it |", "|---|---|---|---|---|"]
     for a in ACTIONS:
+        who = "anyone" if a.open else "the tensor's reader (server token or its grant)" if a.per_tensor else \
+            "the control surface (server token)"
         rows.append(f"| `{a.name}` | {a.description} | {'yes' if a.writes else ''} | "
-                    f"{'yes' if a.streams else ''} | {'yes' if a.open else ''} |")
+                    f"{'yes' if a.streams else ''} | {who} |")
     return "\n".join(rows)
 
 

@@ -66,6 +66,8 @@ class CatalogVerbs:
         )
 
         req = decode_message(AddSourceRequest, body, "add_source")
+        if not self.runtime.settings.add_source:
+            raise PermissionDenied("add_source: this server was started with --no-add-source; it serves its roots only")
         self._refuse_write_dir(req.url)
         progress: list[bytes] = []
 
@@ -144,10 +146,17 @@ class CatalogVerbs:
         except TensorNotFound:
             return None
 
-    def roi_read(self, req: Any) -> pa.Table:
+    def roi_read(self, req: Any, caller: Caller) -> pa.Table:
         """One tensor's annotations as ROI rows; ``truncated`` and the tensor's ``sets``
-        (JSON) ride the table's schema metadata, as the SDK decodes them."""
+        (JSON) ride the table's schema metadata, as the SDK decodes them. A read of that
+        tensor (its grant covers it); annotations of an id nothing serves any more are the
+        control surface's."""
         from biopb.tensor._roi_rows import rois_to_table
+
+        try:
+            self.runtime.tensor(req.array_id, caller, pixels=False)
+        except TensorNotFound:
+            self.runtime.authenticate(caller)
 
         array_id = self._roi_array_id(req.array_id, strict=False)
         rois, truncated = self.catalog.rois.list(array_id, req.set_name)
@@ -160,6 +169,7 @@ class CatalogVerbs:
         from biopb.image.annotation_pb2 import RoiDeleteResult, RoiPutResult
         from biopb.tensor._roi_rows import table_to_roi_ids, table_to_rois
 
+        self.runtime.refuse_if_read_only(cmd.WhichOneof("command"))
         if cmd.WhichOneof("command") == "roi_put":
             asked = cmd.roi_put.array_id
             array_id = self._roi_array_id(asked, strict=True)
@@ -188,6 +198,8 @@ class CatalogVerbs:
         from biopb.image.annotation_pb2 import RoiPruneRequest, RoiPruneResult, RoiUnseen
 
         req = decode_message(RoiPruneRequest, body, "roi_prune")
+        if req.apply:
+            self.runtime.refuse_if_read_only("roi_prune with apply")
         if not 0 < req.unseen_days <= 36500:
             raise InvalidArgument(f"roi_prune: unseen_days must be a positive number of days, at most 36500 "
                                   f"(100 years), got {req.unseen_days}")

@@ -19,7 +19,6 @@ not hold) and closed by whoever opened them.
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -39,9 +38,10 @@ from tensor_server.core.request import check_read_request
 from tensor_server.errors import (
     InvalidArgument,
     InvalidChunkId,
+    ReadOnly,
     TensorNotFound,
-    Unauthenticated,
 )
+from tensor_server.service.access import Access
 from tensor_server.service.caller import Caller
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -110,8 +110,9 @@ class ServingRuntime:
             uploads = UploadManager(catalog, s.write_dir, upload_ttl=s.upload_ttl, scratch_ttl=s.scratch_ttl)
             uploads.start_sweeps()
         self.uploads = uploads
+        self.access = Access(s, uploads)
         #: the wire write verbs are served (an in-process producer may use ``uploads`` anyway)
-        self.writable = bool(s.writable and uploads is not None)
+        self.writable = bool(s.writable and uploads is not None and not s.read_only)
         self.started_at = time.time()
         #: calls by verb, as the doors name them (server_stats; tests prove fast paths with it)
         self.calls: Counter[str] = Counter()
@@ -128,24 +129,42 @@ class ServingRuntime:
         if self.precacher is not None:
             self.precacher.close()
 
-    # ---- who may ask ----------------------------------------------------------------------------
+    # ---- who may ask (service/access.py) --------------------------------------------------------
     def authenticate(self, caller: Caller) -> None:
-        token = self.settings.token
-        if not token:
-            return
-        if caller.token is None or not hmac.compare_digest(caller.token.encode(), token.encode()):
-            raise Unauthenticated("unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
-                                  "<token>' header; HTTP: that header or ?token=<token>)")
+        """The control surface: the server token when one is configured."""
+        self.access.control(caller)
+
+    def refuse_if_read_only(self, verb: str) -> None:
+        """Every verb that writes (uploads, added sources, annotations) on a read-only server."""
+        if self.settings.read_only:
+            raise ReadOnly(f"{verb}: this server was started with --read-only and changes nothing (uploads, "
+                           "added sources, annotations); start it without --read-only to allow writes")
 
     # ---- lookup ---------------------------------------------------------------------------------
     def tensor(self, array_id: str, caller: Caller, *, pixels: bool = True) -> tuple[TensorAdapter, str]:
-        """(tensor, the id to echo) for ``array_id``, with every read rule applied:
-        ``pixels`` (reads, stats, chunk sends) refuses an upload that is not READY."""
-        self.authenticate(caller)
-        tensor, echo = self.catalog.find_tensor(array_id)
+        """(tensor, the id to echo) for ``array_id``, with every read rule applied: the
+        caller may read it (the server token, or the tensor's grant), and ``pixels`` (reads,
+        stats, chunk sends) refuses an upload that is not READY. A caller with no credential
+        learns nothing of which ids exist: an unknown id is UNAUTHENTICATED to them."""
+        try:
+            tensor, echo = self.catalog.find_tensor(array_id)
+        except TensorNotFound:
+            self.refuse_unknown(caller)
+            raise
+        self.authorize(caller, tensor, pixels=pixels)
+        return tensor, echo
+
+    def authorize(self, caller: Caller, tensor: TensorAdapter, *, pixels: bool = True) -> None:
+        """The read rules for a tensor a door found itself (``tensor()`` applies them too)."""
+        self.access.read(caller, tensor)
         if pixels:
             self.check_readable(tensor)
-        return tensor, echo
+
+    def refuse_unknown(self, caller: Caller) -> None:
+        """Before a NOT_FOUND: a caller without the server token hears the control surface's
+        refusal instead, so ids cannot be probed by strangers."""
+        if not self.access.full(caller):
+            self.access.control(caller)
 
     def check_readable(self, tensor: TensorAdapter) -> None:
         """The read gate: an uploaded tensor reads once READY (``UploadNotReadable``)."""
@@ -163,7 +182,6 @@ class ServingRuntime:
                  scale: Sequence[int] | None = None, method: str = "", fields: Iterable[str] = ()) -> Described:
         """A describe (no endpoints asked) or a read plan. An upload's id answers its write
         plan while PENDING (unscaled), its status always, and a read plan once READY."""
-        self.authenticate(caller)
         wanted = frozenset(fields)
         unknown = sorted(wanted - READ_MASK_PATHS)
         if unknown:
@@ -176,6 +194,7 @@ class ServingRuntime:
             from tensor_server.uploads.marker import DISCARDED
             from tensor_server.uploads import UploadClosed
 
+            self.access.read(caller, up.tensor)
             if up.state == DISCARDED:  # a tombstone: only its status is served
                 if "endpoints" in wanted or scaled:
                     raise UploadClosed(up.array_id, DISCARDED, up.reason)
@@ -245,7 +264,6 @@ class ServingRuntime:
         goes through the same checks as a chunk read (a stale id is refused), is resolved into
         the cache when missing, and is only offered to loopback peers: a path is useless, and
         revealing, to a client on another machine."""
-        self.authenticate(caller)
         if not caller.is_loopback or self.cache is None:
             return {"available": False}
         cid = ChunkId.decode(chunk_id)
@@ -297,7 +315,6 @@ class ServingRuntime:
         from tensor_server.service.bodies import decode_message
         from tensor_server.service.upload_verbs import require_writable, take_chunk_values
 
-        self.authenticate(caller)
         manager = require_writable(self)
         ticket = decode_message(ticket_pb2.TensorTicket, chunk_ticket, "DoPut chunk_ticket")
         if ticket.WhichOneof("payload") != "chunk_id":
@@ -305,7 +322,9 @@ class ServingRuntime:
         cid = ChunkId.decode(ticket.chunk_id)
         up = manager.get(cid.array_id)
         if up is None:
+            self.authenticate(caller)
             raise TensorNotFound(f"no upload {cid.array_id!r} (never added, or reclaimed)")
+        self.access.write(caller, up)
         cid = check_chunk_id(up.tensor, cid)
         manager.write_chunk(cid, take_chunk_values(pieces, cid.bounds, up.tensor.dtype, up.array_id))
 
@@ -317,7 +336,7 @@ class ServingRuntime:
 
         action = find_action(self, name)
         self.calls[f"action:{name}"] += 1
-        if not action.open:
+        if not (action.open or action.per_tensor):
             self.authenticate(caller)
         return action.handler(self, caller, body, cancelled or (lambda: False))
 

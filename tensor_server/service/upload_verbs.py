@@ -17,6 +17,7 @@ from tensor_server.errors import InvalidArgument, ReadOnly, RequestTooLarge, Ten
 from tensor_server.service.bodies import decode_message
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.service.caller import Caller
     from tensor_server.service.runtime import ServingRuntime
     from tensor_server.uploads import Upload, UploadManager
 
@@ -46,7 +47,8 @@ def status_message(up: Upload) -> Any:
                                        uploaded_chunks=st["uploaded_chunks"], reason=st["reason"])
 
 
-def add_tensor(runtime: ServingRuntime, body: bytes) -> Iterator[bytes]:
+def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None) -> Iterator[bytes]:
+    """A PENDING tensor; its owner is the caller (``service/access.py``)."""
     from biopb.tensor import descriptor_pb2
 
     from tensor_server.cache.chunk_columns import wire_dtype
@@ -55,7 +57,8 @@ def add_tensor(runtime: ServingRuntime, body: bytes) -> Iterator[bytes]:
     req = decode_message(descriptor_pb2.TensorDescriptor, body, "add_tensor")
     up = manager.add_tensor(req.array_id, req.shape, req.dtype, chunk_shape=req.chunk_shape,
                             dim_labels=req.dim_labels, metadata_json=req.metadata_json,
-                            ttl_seconds=req.ttl_seconds if req.HasField("ttl_seconds") else None)
+                            ttl_seconds=req.ttl_seconds if req.HasField("ttl_seconds") else None,
+                            owner=runtime.access.owner_for(caller))
     t = up.tensor
     out = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape), dtype=wire_dtype(t.dtype),
                                           chunk_shape=list(t.chunk_shape), dim_labels=list(t.dim_labels),
@@ -66,12 +69,17 @@ def add_tensor(runtime: ServingRuntime, body: bytes) -> Iterator[bytes]:
     yield out.SerializeToString()
 
 
-def set_upload_status(runtime: ServingRuntime, body: bytes) -> Iterator[bytes]:
+def set_upload_status(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None
+                      ) -> Iterator[bytes]:
+    """READY or DISCARDED, by the upload's owner only."""
     from biopb.tensor import descriptor_pb2, ticket_pb2
 
     manager = require_writable(runtime)
     states = descriptor_pb2.UploadStatus.State
     req = decode_message(ticket_pb2.SetUploadStatus, body, "set_upload_status")
+    up = manager.get(req.array_id)
+    if up is not None:
+        runtime.access.write(caller, up)
     if req.state == states.DISCARDED:
         up = manager.discard(req.array_id, req.reason)
         if up is None:

@@ -31,9 +31,11 @@ from tensor_server import errors
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.core.bounds import Bounds
 
-__all__ = ["DoorTests", "DoorWorld", "Refusal", "TOKEN"]
+__all__ = ["DoorTests", "DoorWorld", "Refusal", "TOKEN", "GRANT"]
 
 TOKEN = "door-tests-token"
+#: the grant one READY upload of the world carries (``service/access.py``)
+GRANT = "door-tests-grant"
 IMAGE = np.arange(32 * 24, dtype=np.uint16).reshape(32, 24)
 #: tensors of the "raising" source: reading each raises this error (class, message)
 RAISING = {
@@ -71,22 +73,27 @@ class DoorWorld:
     ready: str
     discarded: str
     ready_pixels: np.ndarray
+    granted: str
 
 
-def _uploads(runtime: Any) -> tuple[str, str, str, np.ndarray]:
+def _uploads(runtime: Any) -> dict[str, str]:
     from tensor_server.core.chunk_id import ChunkId
+    from tensor_server.service.access import grant_digest
 
     manager = runtime.uploads
     ids = {}
-    for name in ("pending", "ready", "discarded"):
-        up = manager.add_tensor(f"cache://img/@fields/{name}", IMAGE.shape, IMAGE.dtype, chunk_shape=IMAGE.shape)
+    for name in ("pending", "ready", "discarded", "granted"):
+        owner = grant_digest(GRANT) if name == "granted" else ""
+        up = manager.add_tensor(f"cache://img/@fields/{name}", IMAGE.shape, IMAGE.dtype, chunk_shape=IMAGE.shape,
+                                owner=owner)
         cid = ChunkId.for_extent(up.tensor.array_id, Bounds((0, 0), IMAGE.shape), (1, 1), "none",
                                  up.tensor.content_version)
         manager.write_chunk(cid, IMAGE + 1)
         ids[name] = up.array_id
     manager.set_ready(ids["ready"])
+    manager.set_ready(ids["granted"])
     manager.discard(ids["discarded"], "door tests")
-    return ids["pending"], ids["ready"], ids["discarded"], IMAGE + 1
+    return ids
 
 
 class DoorTests:
@@ -109,8 +116,9 @@ class DoorTests:
             write_dir = Path(tmp) / "write"
             try:
                 with serving(cat, http=True, token=TOKEN, write_dir=str(write_dir), writable=True) as served:
-                    pending, ready, discarded, pixels = _uploads(served.runtime)
-                    yield DoorWorld(served, write_dir, pending, ready, discarded, pixels)
+                    ids = _uploads(served.runtime)
+                    yield DoorWorld(served, write_dir, ids["pending"], ids["ready"], ids["discarded"], IMAGE + 1,
+                                    ids["granted"])
             finally:
                 cat.close()
 
@@ -168,6 +176,29 @@ class DoorTests:
     def test_a_stranger_is_refused(self, door, world, token):
         refusal = self.refused(door, door.read, "img", token)
         self.assert_class(refusal, errors.Unauthenticated)
+
+    # ---- per-tensor grants (the reference's ``test_a_stranger_is_refused`` and its variants) -----
+    def test_a_grant_holder_reads_its_tensor(self, door, world):
+        np.testing.assert_array_equal(door.read(world.granted, GRANT), world.ready_pixels)
+        np.testing.assert_array_equal(door.read(world.granted, TOKEN), world.ready_pixels)  # the server token too
+
+    @pytest.mark.parametrize("token", [None, "wrong"])
+    def test_a_stranger_is_refused_a_granted_tensor(self, door, world, token):
+        self.assert_class(self.refused(door, door.read, world.granted, token), errors.Unauthenticated)
+
+    def test_a_grant_reads_nothing_else(self, door, world):
+        for other in ("img", world.ready):
+            self.assert_class(self.refused(door, door.read, other, GRANT), errors.Unauthenticated)
+
+    def test_a_grant_never_opens_the_control_surface(self, door, world):
+        if getattr(door, "add_source", None) is None:
+            pytest.skip("this door has no add_source verb")
+        self.assert_class(self.refused(door, door.add_source, "/tmp", GRANT), errors.Unauthenticated)
+
+    def test_a_grant_covers_the_stats_of_its_tensor(self, door, world):
+        if getattr(door, "stats", None) is None:
+            pytest.skip("this door has no stats verb")
+        assert door.stats(world.granted, GRANT)["max"] == int(world.ready_pixels.max())
 
     # ---- ids ------------------------------------------------------------------------------------
     @pytest.mark.parametrize("array_id", ["nope", "img/no-such-field", "raising/nope"])

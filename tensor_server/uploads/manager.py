@@ -93,6 +93,8 @@ class Upload:
     discarded_at: float | None = None
     received: set[Bounds] = field(default_factory=set)
     inflight: int = 0
+    #: SHA-256 (hex) of the upload's grant ("" = none); the service floor checks callers against it
+    owner: str = ""
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     @property
@@ -166,7 +168,7 @@ class UploadManager:
                 continue
             source_id, fld = ArrayId.parse(m.array_id)
             up = Upload(m.array_id, source_id, fld, member, member.reader(), READY, m.expires_at, now, adopted=True,
-                        reason="adopted at boot (no progress record: uploaded_chunks is not known)")
+                        reason="adopted at boot (no progress record: uploaded_chunks is not known)", owner=m.owner)
             self._uploads[m.array_id] = up
             self.catalog.attach(source_id, fld, up.tensor, listed=True)
             adopted += 1
@@ -184,8 +186,9 @@ class UploadManager:
 
     # ---- add_tensor -------------------------------------------------------------------------
     def add_tensor(self, request_id: str, shape: Any, dtype: Any, *, chunk_shape: Any = (), dim_labels: Any = (),
-                   metadata_json: str = "", ttl_seconds: int | None = None) -> Upload:
-        """Create a PENDING tensor on an existing source (refused with the reason otherwise)."""
+                   metadata_json: str = "", ttl_seconds: int | None = None, owner: str = "") -> Upload:
+        """Create a PENDING tensor on an existing source (refused with the reason otherwise).
+        ``owner``: the SHA-256 (hex) of the grant it is created with ("" = none)."""
         target = parse_upload_id(request_id)
         shape = tuple(int(n) for n in shape)
         if not shape or any(n < 1 for n in shape):
@@ -235,14 +238,14 @@ class UploadManager:
                                       "remove it or choose another name")
             path.parent.mkdir(parents=True, exist_ok=True)
             marker = Marker(target.array_id, target.store_format, PENDING, uuid.uuid4().hex, now,
-                            None if granted is None else now + granted, dim_labels, is_labels)
+                            None if granted is None else now + granted, dim_labels, is_labels, owner)
             if target.store_format == "zarr":
                 member = ZarrMember.create(path, marker, shape, dt, grid, extra_attrs)
             else:
                 member = CacheMember.create(path, marker, shape, dt, grid)
             tensor = member.reader()
             up = Upload(target.array_id, target.source_id, target.field, member, tensor, PENDING, marker.expires_at, now,
-                        granted_ttl=granted)
+                        granted_ttl=granted, owner=owner)
             self._uploads[target.array_id] = up
             self.catalog.attach(target.source_id, target.field, tensor, listed=False)
         log.info("added %s tensor %s", target.store_format, target.array_id)

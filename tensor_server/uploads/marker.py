@@ -32,6 +32,9 @@ class Marker:
     expires_at: float | None
     dim_labels: tuple[str, ...] = ()
     is_labels: bool = False
+    #: SHA-256 (hex) of the grant the upload was created with: whoever holds that token owns
+    #: and reads it; "" = no grant (owned by the server token, readable as the catalog is)
+    owner: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -45,7 +48,8 @@ class Marker:
         try:
             return cls(str(d["array_id"]), str(d["store_format"]), str(d["state"]), str(d["content_version"]),
                        float(d["created_at"]), None if d.get("expires_at") is None else float(d["expires_at"]),
-                       tuple(str(x) for x in d.get("dim_labels") or ()), bool(d.get("is_labels", False)))
+                       tuple(str(x) for x in d.get("dim_labels") or ()), bool(d.get("is_labels", False)),
+                       str(d.get("owner") or ""))
         except (KeyError, TypeError, ValueError):
             return None
 

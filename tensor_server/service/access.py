@@ -1,0 +1,90 @@
+"""Who may do what: the server token, per-tensor grants and upload owners, decided once.
+
+Three rules, in the biopb reference's terms (its ``_authorize`` / ``_grants``):
+
+* **the control surface** (SQL, actions, ROI writes, creating uploads): the server token when
+  one is configured; open otherwise (local mode: the machine is the boundary);
+* **a read of one tensor** (describe, plan, chunk, the localhost fast path, stats, ROI reads,
+  every HTTP view): the server token grants everything; otherwise a tensor that carries a
+  grant is read only by the holder of that grant (a stranger is UNAUTHENTICATED even in local
+  mode), and one that carries none falls back to the control-surface rule. A grant never
+  authorizes the control surface;
+* **a write of one upload** (its chunks, READY, DISCARDED): its owner — the holder of the
+  grant it was created with, or the server token — and nobody else (PERMISSION_DENIED).
+
+Grants sit only on uploaded tensors: in local mode, a client that presents a token when it
+creates an upload makes that token the upload's grant; an in-process producer passes
+``owner=grant_digest(token)`` to ``UploadManager.add_tensor``. Only a SHA-256 of a grant is
+kept (in the upload's marker, so ownership survives restarts).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import TYPE_CHECKING, Any
+
+from tensor_server.errors import PermissionDenied, Unauthenticated
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.config import Settings
+    from tensor_server.service.caller import Caller
+
+__all__ = ["Access", "grant_digest"]
+
+
+def grant_digest(token: str) -> str:
+    """What is kept of a grant: its SHA-256, hex."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
+
+
+class Access:
+    """The three rules over one server's settings and its uploads (module docstring)."""
+
+    def __init__(self, settings: Settings, uploads: Any | None) -> None:
+        self.token = settings.token or None
+        self.uploads = uploads
+
+    def full(self, caller: Caller) -> bool:
+        """The caller holds the server token (there is one, and it was presented)."""
+        return self.token is not None and caller.token is not None and _same(caller.token, self.token)
+
+    def control(self, caller: Caller) -> None:
+        if self.token is not None and not self.full(caller):
+            raise Unauthenticated("unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
+                                  "<token>' header; HTTP: that header or ?token=<token>)")
+
+    def _owner(self, tensor: Any) -> str:
+        up = None if self.uploads is None else self.uploads.upload_of(tensor)
+        return "" if up is None else up.owner
+
+    def read(self, caller: Caller, tensor: Any) -> None:
+        if self.full(caller):
+            return
+        owner = self._owner(tensor)
+        if not owner:
+            self.control(caller)
+            return
+        if caller.token is None or not _same(grant_digest(caller.token), owner):
+            raise Unauthenticated(f"unauthenticated: {tensor.array_id} is read with its capability token (or the "
+                                  "server token); the token presented is neither")
+
+    def write(self, caller: Caller, up: Any) -> None:
+        if self.full(caller):
+            return
+        if not up.owner:
+            self.control(caller)
+            return
+        if caller.token is None or not _same(grant_digest(caller.token), up.owner):
+            raise PermissionDenied(f"upload {up.array_id} belongs to whoever created it: its writes, READY and "
+                                   "DISCARDED are theirs (present its token, or the server token)")
+
+    def owner_for(self, caller: Caller) -> str:
+        """The owner a new upload created by ``caller`` gets: in local mode the token it
+        presented, if any; with a server token, the server (none)."""
+        if self.token is None and caller.token:
+            return grant_digest(caller.token)
+        return ""

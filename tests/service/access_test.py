@@ -1,0 +1,125 @@
+"""Owners and read-only servers (``service/access.py``), through the real biopb SDK: an upload
+belongs to whoever created it; a ``--read-only`` server refuses every verb that writes."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.flight as flight
+import pytest
+from biopb.tensor import TensorFlightClient
+
+from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+from tensor_server.catalog import Catalog
+from tensor_server.testing import serving
+
+ARR = np.arange(8 * 6, dtype=np.uint16).reshape(8, 6)
+
+
+@pytest.fixture
+def catalog():
+    cat = Catalog([])
+    cat.add_source(MemorySource(ArrayAdapter(ARR, "yx"), source_id="img"))
+    cat.first_scan_done.set()
+    yield cat
+    cat.close()
+
+
+def test_an_upload_belongs_to_whoever_created_it(catalog, tmp_path):
+    """Local mode (no server token): alice's token becomes her upload's grant."""
+    with serving(catalog, write_dir=str(tmp_path / "w"), writable=True) as srv:
+        alice, bob, anon = (TensorFlightClient(srv.location, token=t) for t in ("alice", "bob", None))
+        desc = alice.setup_array_upload("cache://img/@fields/mine", ARR, chunk_shape=(4, 6))
+        for other in (bob, anon):
+            with pytest.raises(Exception, match="capability token"):  # its write plan is a read of it
+                other.upload_array(desc, ARR)
+            with pytest.raises(Exception, match="belongs to whoever created it"):
+                other.set_upload_status(desc.array_id, "DISCARDED")
+        assert alice.upload_array(desc, ARR)["state"] == "READY"
+        np.testing.assert_array_equal(alice.get_array(desc.array_id), ARR)
+        for other in (bob, anon):
+            with pytest.raises(Exception, match="capability token"):
+                other.get_array(desc.array_id)
+        np.testing.assert_array_equal(anon.get_array("img"), ARR)  # what carries no grant stays open
+
+
+def test_ownership_survives_a_restart(catalog, tmp_path):
+    wd = str(tmp_path / "w")
+    with serving(catalog, write_dir=wd, writable=True) as srv:
+        alice = TensorFlightClient(srv.location, token="alice")
+        desc = alice.setup_array_upload("cache://img/@fields/kept", ARR)
+        alice.upload_array(desc, ARR)
+    with serving(catalog, write_dir=wd, writable=True) as srv:
+        with pytest.raises(Exception, match="capability token"):
+            TensorFlightClient(srv.location, token="bob").get_array(desc.array_id)
+        np.testing.assert_array_equal(TensorFlightClient(srv.location, token="alice").get_array(desc.array_id), ARR)
+
+
+def test_with_a_server_token_a_stranger_cannot_create_or_touch_uploads(catalog, tmp_path):
+    with serving(catalog, token="s3cret", write_dir=str(tmp_path / "w"), writable=True) as srv:
+        owner = TensorFlightClient(srv.location, token="s3cret")
+        desc = owner.setup_array_upload("cache://img/@fields/served", ARR)
+        stranger = TensorFlightClient(srv.location, token="wrong")
+        with pytest.raises(flight.FlightUnauthenticatedError):
+            stranger.setup_array_upload("cache://img/@fields/theirs", ARR)
+        with pytest.raises(Exception, match="unauthenticated"):
+            stranger.upload_array(desc, ARR)
+        assert owner.upload_array(desc, ARR)["state"] == "READY"
+
+
+def test_a_read_only_server_refuses_every_write(catalog, tmp_path):
+    from biopb.tensor.descriptor_pb2 import AddSourceRequest
+
+    with serving(catalog, read_only=True, write_dir=str(tmp_path / "w"), writable=True) as srv:
+        raw = flight.FlightClient(srv.location)
+        listed = {a.type for a in raw.list_actions()}
+        assert not listed & {"add_tensor", "set_upload_status", "add_source", "remove_source"}
+        assert {"health", "tensor_stats", "catalog_children"} <= listed
+        body = AddSourceRequest(url=str(tmp_path)).SerializeToString()
+        with pytest.raises(flight.FlightServerError, match="--read-only"):
+            list(raw.do_action(flight.Action("add_source", body)))
+        sdk = TensorFlightClient(srv.location)
+        with pytest.raises(Exception, match="read-only|--writable"):
+            sdk.setup_array_upload("cache://img/@fields/x", ARR)
+        from biopb.image.annotation_pb2 import RoiAnnotation
+        from biopb.image.roi_pb2 import ROI
+
+        roi = ROI()
+        roi.point.x, roi.point.y = 1, 1
+        with pytest.raises(Exception, match="--read-only"):
+            sdk.put_rois("img", [RoiAnnotation(roi=roi, roi_id="a")])
+        np.testing.assert_array_equal(sdk.get_array("img"), ARR)
+
+
+def test_no_add_source_refuses_by_rule(catalog, tmp_path):
+    from biopb.tensor.descriptor_pb2 import AddSourceRequest
+
+    with serving(catalog, add_source=False) as srv:
+        body = AddSourceRequest(url=str(tmp_path)).SerializeToString()
+        with pytest.raises(flight.FlightUnauthorizedError, match="--no-add-source"):
+            list(flight.FlightClient(srv.location).do_action(flight.Action("add_source", body)))
+
+
+def test_a_chunk_write_by_another_is_permission_denied(catalog, tmp_path):
+    """The write verb itself, not only the plan before it: a DoPut of alice's planned chunk
+    by bob is refused by rule."""
+    with serving(catalog, write_dir=str(tmp_path / "w"), writable=True) as srv:
+        alice = TensorFlightClient(srv.location, token="alice")
+        desc = alice.setup_array_upload("cache://img/@fields/solo", ARR)
+        from biopb.tensor import descriptor_pb2, ticket_pb2
+
+        opt = descriptor_pb2.TensorReadOption(array_id=desc.array_id)
+        opt.fields.paths.append("endpoints")
+        headers = lambda t: flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {t}".encode())])  # noqa: E731
+        raw = flight.FlightClient(srv.location)
+        info = raw.get_flight_info(flight.FlightDescriptor.for_command(
+            descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()), headers("alice"))
+        chunk_id = ticket_pb2.TensorTicket.FromString(info.endpoints[0].ticket.ticket).chunk_id
+        cmd = ticket_pb2.PutCommand(chunk_ticket=ticket_pb2.TensorTicket(chunk_id=chunk_id).SerializeToString())
+        import pyarrow as pa
+
+        batch = pa.record_batch([pa.array(ARR.ravel())], names=["data"])
+        writer, _ = raw.do_put(flight.FlightDescriptor.for_command(cmd.SerializeToString()), batch.schema,
+                               headers("bob"))
+        with pytest.raises(flight.FlightUnauthorizedError, match="belongs to whoever created it"):
+            writer.write_batch(batch)
+            writer.close()
+        assert srv.runtime.uploads.get(desc.array_id).status()["uploaded_chunks"] == 0
