@@ -417,6 +417,8 @@ def _parse_slice(text: str, ndim: int) -> tuple[slice, ...]:
             out.append(slice(int(a) if a else None, int(b) if b else None) if sep else slice(int(a), int(a) + 1))
         except ValueError:
             raise InvalidArgument(f"--slice: {p!r} is not start:stop") from None
+        if out[-1].start is not None and out[-1].stop is not None and out[-1].stop <= out[-1].start:
+            raise InvalidArgument(f"--slice: {p!r} is empty (stop <= start); give start:stop with stop > start")
     return tuple(out)
 
 

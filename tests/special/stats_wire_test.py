@@ -71,6 +71,9 @@ def test_stats_cli(tmp_path, capsys) -> None:
     assert line["max"] == int(part.max()) and line["sum"] == int(part.sum(dtype=np.int64))
     assert line["count"] == part.size
     assert main(["stats", str(tmp_path / "missing.zarr")]) == 2
+    capsys.readouterr()
+    assert main(["stats", str(tmp_path / "c.zarr"), "--slice", "1:0"]) == 2  # empty: refused, not [1, 1)
+    assert "'1:0' is empty" in capsys.readouterr().err
 
 
 def test_special_chunks_over_flight(tmp_path) -> None:
