@@ -264,15 +264,63 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
     return (a, b) if 0 <= a < b else None
 
 
-class HttpFrontEnd:
-    """uvicorn serving ``build_app(...)`` on ``host:port`` in a background thread."""
+#: seconds a connection may take to send a request's headers (from its opening, or from the
+#: end of its previous response): a client trickling a byte a minute (slowloris) would
+#: otherwise hold a connection, and its memory, for ever
+HEADER_SECONDS = 10.0
 
-    def __init__(self, app: Any, host: str, port: int) -> None:
+
+def _header_deadline_protocol(seconds: float) -> type:
+    """uvicorn's httptools protocol with a deadline on each request's headers."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class HeaderDeadline(HttpToolsProtocol):
+        _deadline = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._expired)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expired(self) -> None:
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport):  # noqa: ANN001, ANN202 - asyncio protocol
+            super().connection_made(transport)
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc):  # noqa: ANN001, ANN202
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
+class HttpFrontEnd:
+    """uvicorn serving ``build_app(...)`` on ``host:port`` in a background thread; each
+    request's headers must arrive within ``header_seconds``."""
+
+    def __init__(self, app: Any, host: str, port: int, *, header_seconds: float = HEADER_SECONDS) -> None:
         import uvicorn
 
         self.app = app
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                     lifespan="off", access_log=False))
+                                                     lifespan="off", access_log=False,
+                                                     http=_header_deadline_protocol(header_seconds)))
         self._thread = threading.Thread(target=self._server.run, name="http-front-end", daemon=True)
         self.host = host
 

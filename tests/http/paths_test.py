@@ -129,3 +129,25 @@ def test_chunk_keys_that_are_not_ascii_digits_are_404(b2r_served, key):
     sid = next(r.source_id for r in cat.records() if r.source is not None)
     r = httpx.get(f"{srv.http_url}/zarr/{sid}/0/0.{key}")
     assert r.status_code == 404, (key, r.status_code, r.text)
+
+
+def test_a_slowloris_connection_is_closed_at_the_header_deadline(b2r_served):
+    """A client that never finishes its headers is cut off; a normal request on another
+    connection is answered meanwhile, and one finishing in time on this front end too."""
+    import socket
+
+    from tensor_server.http.app import HttpFrontEnd, build_app
+
+    srv, cat, img = b2r_served
+    front = HttpFrontEnd(build_app(srv.runtime), "127.0.0.1", 0, header_seconds=0.5)
+    front.start()
+    try:
+        with socket.create_connection(("127.0.0.1", front.port), timeout=10) as slow:
+            slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the blank line
+            assert httpx.get(f"{front.url}/healthz").text == "ok"
+            assert finishes_within(lambda: slow.recv(1024), 10) == b"", "the server closed the connection"
+        with socket.create_connection(("127.0.0.1", front.port), timeout=10) as ok:
+            ok.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert b"200 OK" in finishes_within(lambda: ok.recv(1024), 10)
+    finally:
+        front.stop()
