@@ -107,6 +107,19 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
         sp.add_argument("--http-port", type=int,
                         help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)")
+        # transport and browser safety (docs/security.md; service/tls.py, http/security.py)
+        sp.add_argument("--tls", action="store_true", default=None,
+                        help="TLS on both doors with a self-signed certificate minted once in the cache home")
+        sp.add_argument("--tls-cert", help="serve TLS with this PEM certificate (chain, leaf first); needs --tls-key")
+        sp.add_argument("--tls-key", help="the unencrypted PEM private key of --tls-cert")
+        sp.add_argument("--san", action="append", metavar="NAME",
+                        help="a name clients dial: added to a minted certificate and to the allowed HTTP Hosts")
+        sp.add_argument("--insecure", action="store_true", default=None,
+                        help="serve plaintext off loopback (the token and pixels travel in cleartext)")
+        sp.add_argument("--no-http-token", dest="http_token", action="store_false", default=None,
+                        help="do not require the per-run HTTP access token (non-browser clients only)")
+        sp.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                        help="an origin (https://viewer.example) whose pages may read over HTTP without the token")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
@@ -143,13 +156,40 @@ def _settings(args: argparse.Namespace):
         cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir, writable=args.writable,
         rois_path=args.rois_db, read_workers=args.read_workers,
         rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
+        tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key, sans=args.san, insecure=args.insecure,
+        http_token=args.http_token, cors_origins=args.cors_origin,
     )
 
 
-def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str) -> str:
+def _client_args(token: str | None, tls) -> str:  # noqa: ANN001 - a service.tls.ServerTls
+    """The keyword arguments a printed snippet passes TensorFlightClient (token, pinned cert)."""
+    return (f", token={token!r}" if token else "") + (f", tls_fingerprint={tls.fingerprint!r}" if tls else "")
+
+
+def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | None | exit code
+    """The certificate both doors serve (None: plaintext), after the transport rule
+    (service/tls.py); an exit code with the reason printed when it cannot be had."""
+    from tensor_server.config import default_cache_dir
+    from tensor_server.errors import TensorServerError
+    from tensor_server.service.tls import require_safe_transport, server_tls
+
+    wants = bool(settings.tls or settings.tls_cert or settings.tls_key)
+    try:
+        require_safe_transport(settings.host, wants, settings.insecure)
+        tls = server_tls(default_cache_dir(), cert=settings.tls_cert, key=settings.tls_key,
+                         sans=settings.sans) if wants else None
+    except TensorServerError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
+    for line in tls.startup_lines() if tls is not None else ():
+        print(line, file=sys.stderr)
+    return tls
+
+
+def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str, tls=None) -> str:  # noqa: ANN001
     """What ``run`` prints: list the array ids, read a scaled level, show the pyramid readably.
     The id printed is this machine's (ids hash the path); the query is what finds them anywhere."""
-    tok = f", token={token!r}" if token else ""
+    tok = _client_args(token, tls)
     return (
         "from biopb.tensor import TensorFlightClient\n"
         f"client = TensorFlightClient({location!r}{tok})\n"
@@ -186,8 +226,8 @@ def _take(explicit: str | None, default: Path, port: int, flag: str, opener, bus
     raise AssertionError("unreachable")
 
 
-def _upload_snippet(location: str, token: str | None) -> str:
-    tok = f", token={token!r}" if token else ""
+def _upload_snippet(location: str, token: str | None, tls=None) -> str:  # noqa: ANN001
+    tok = _client_args(token, tls)
     return (
         "import uuid\n"
         "import numpy as np\n"
@@ -233,6 +273,10 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.catalog.rois import RoiStoreBusy
     from tensor_server.config import default_cache_dir, default_data_dir
 
+    tls = _server_tls(settings)
+    if isinstance(tls, int):
+        return tls
+
     def open_catalog(rois_path: str) -> Catalog:
         Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
         cat = Catalog(settings.roots, rois_path=rois_path,
@@ -260,7 +304,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         scratch_ttl=settings.scratch_ttl, precache_bytes=settings.precache_bytes,
         max_computes=settings.max_computes or 2 * (os.cpu_count() or 1),
         admission_timeout=settings.admission_timeout, special_chunks=settings.special_chunks,
-        read_workers=settings.read_workers or None,
+        read_workers=settings.read_workers or None, tls=tls,
     )
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT
@@ -291,21 +335,28 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
     http = None
     if settings.http_port is not None:
+        from tensor_server.http.access_url import door_security, viewer_url, write_url_file
         from tensor_server.http.app import HttpFrontEnd, build_app
 
         on_chunk = server.precacher.after_read if server.precacher is not None else None
+        security, http_token = door_security(server_token=settings.token, per_run_token=settings.http_token,
+                                             bind_host=settings.host, sans=settings.sans,
+                                             allowed_hosts=settings.http_allowed_hosts,
+                                             cors_origins=settings.cors_origins)
         try:
             http = HttpFrontEnd(build_app(catalog, server.engine, token=settings.token, policy=config.pyramid,
-                                          on_chunk=on_chunk), settings.host, settings.http_port)
+                                          on_chunk=on_chunk, security=security), settings.host, settings.http_port,
+                                tls=tls)
             http.start()
+            url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token)
         except Exception as exc:
             server.shutdown()
             cache.close()
             print(f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); "
                   "pass another --http-port", file=sys.stderr)
             return 2
-        print(f"OME-Zarr over HTTP at {http.url}/zarr/<array_id>/ (NGFF 0.4) and /zarr3/<array_id>/ (NGFF 0.5)",
-              file=sys.stderr)
+        print(f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
+              f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)", file=sys.stderr)
 
     def background_start() -> None:
         progress = _ScanProgress()
@@ -326,13 +377,13 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             if pick is not None:
                 t, lv = pick
                 print("\nRead a scaled level with the biopb SDK (pip install 'biopb[tensor]'):\n", file=sys.stderr)
-                print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method), file=sys.stderr)
+                print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method, tls), file=sys.stderr)
                 if http is not None:
                     print(f"\nOpen it in an OME-Zarr viewer (napari-ome-zarr, neuroglancer 'zarr://...', vizarr):\n"
-                          f"{http.url}/zarr/{t.array_id}/", file=sys.stderr)
+                          f"{viewer_url(http.url, http_token, 'zarr', t.array_id)}", file=sys.stderr)
                 if server.uploads.writable:
                     print("\nUpload a result (to the scratch source) and read it back:\n", file=sys.stderr)
-                    print(_upload_snippet(location, settings.token), file=sys.stderr)
+                    print(_upload_snippet(location, settings.token, tls), file=sys.stderr)
                 print(f"\nor list what is served: {sys.executable} -m tensor_server list " + " ".join(settings.roots),
                       file=sys.stderr)
                 print("Ctrl-C stops the server.", file=sys.stderr)
@@ -349,6 +400,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         if http is not None:
             http.stop()
+            url_path.unlink(missing_ok=True)
         catalog.close()
         if cache is not None:
             cache.close()  # seals the open segment
@@ -364,10 +416,18 @@ def cmd_url(args: argparse.Namespace) -> int:
 
     from tensor_server.core.identity import source_id_for_path
 
+    from tensor_server.config import default_cache_dir
+    from tensor_server.http.access_url import read_url_file, viewer_url
+
     target = args.target
     array_id = source_id_for_path(target) if Path(target).exists() else target.strip("/")
     prefix = "zarr" if args.ngff == "0.4" else "zarr3"
-    print(f"http://{args.host}:{args.http_port}/{prefix}/{array_id}/")
+    running = read_url_file(default_cache_dir(), args.http_port)  # the access token of the server there
+    if running is None:
+        print(f"url: no server of this home is serving HTTP on port {args.http_port}; the URL carries no access "
+              "token", file=sys.stderr)
+    scheme = running["url"].split("://", 1)[0] if running else "http"
+    print(viewer_url(f"{scheme}://{args.host}:{args.http_port}", running and running.get("token"), prefix, array_id))
     return 0
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -43,8 +44,9 @@ def test_config_file_then_flags(tmp_path):
 
 
 def test_serve_refuses_public_bind_without_token(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--host", "0.0.0.0", "--port", "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--host", "0.0.0.0", "--port", "0",
+                          "--insecure"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")})
     assert out.returncode == 2 and "needs --token" in out.stderr
 
 

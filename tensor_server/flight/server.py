@@ -70,6 +70,8 @@ class ServerConfig:
     upload_ttl: float = 3600.0
     scratch_ttl: float = 86400.0
     read_workers: int | None = None  # scaled reads' read-ahead (stream_reduce workers); None = cores
+    #: a ``service.tls.ServerTls``: serve ``grpc+tls://`` with its certificate (None = plaintext)
+    tls: Any = None
 
 
 def _peer_is_loopback(peer: str | bytes) -> bool:
@@ -141,9 +143,12 @@ class TensorFlightServer(flight.FlightServerBase):
         #: uploads (flight/uploads.py); its manager is None without a write_dir. Built before
         #: the listener starts, so no call can arrive before it exists.
         self.uploads = UploadGlue(self, upload_manager)
-        location = f"grpc://{self.config.host}:{self.config.port}"
+        tls = self.config.tls
+        self.scheme = "grpc+tls" if tls is not None else "grpc"
+        certificates = [flight.CertKeyPair(cert=tls.cert_pem, key=tls.key_pem)] if tls is not None else None
+        location = f"{self.scheme}://{self.config.host}:{self.config.port}"
         try:
-            super().__init__(location, middleware={"auth": TokenMiddlewareFactory()})
+            super().__init__(location, middleware={"auth": TokenMiddlewareFactory()}, tls_certificates=certificates)
         except BaseException:
             self.uploads.close()
             raise
@@ -160,7 +165,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     @property
     def location(self) -> str:
-        return f"grpc://{self.config.host if self.config.host != '0.0.0.0' else '127.0.0.1'}:{self.port}"
+        return f"{self.scheme}://{self.config.host if self.config.host != '0.0.0.0' else '127.0.0.1'}:{self.port}"
 
     # ---- GetFlightInfo -------------------------------------------------------------------------
     def get_flight_info(self, context, descriptor):  # noqa: ANN001 - pyarrow signature
@@ -404,4 +409,5 @@ class TensorFlightServer(flight.FlightServerBase):
             "registration_pending": 0,  # sources are opened during the scan, never left pending
             "annotations_persisted": cat.rois.path is not None,
             "catalog_generation": cat.generation,
+            **(self.config.tls.health() if self.config.tls is not None else {"tls": False}),
         }

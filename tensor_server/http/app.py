@@ -11,19 +11,18 @@ is produced by ``engine.chunk`` (hits are cache entries), in a worker thread so 
 loop never blocks on a decode. Responses carry an ``ETag`` from the content version and
 ``Cache-Control: no-cache`` (clients may keep bytes but must revalidate: the file can
 change); ``If-None-Match`` answers 304, ``Range`` answers 206, HEAD is answered without a
-body, CORS allows any origin (browser viewers), unknown ids and chunks off the grid are 404,
-a wrong or missing token is 401 (``Authorization: Bearer`` or ``?token=`` for viewers that
-cannot set headers).
+body, unknown ids and chunks off the grid are 404. Host checks, tokens (401) and CORS are
+``http/security.py``'s middleware (browser safety: DNS rebinding, other pages' fetches).
 """
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable
 
 from tensor_server.errors import InvalidArgument, TensorNotFound, TensorServerError
+from tensor_server.http.security import HttpSecurity, SecurityMiddleware
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -94,28 +93,20 @@ def build_app(
     token: str | None = None,
     policy: PyramidPolicy | None = None,
     on_chunk: Callable[[Any, Any], None] | None = None,
+    security: HttpSecurity | None = None,
 ):
     """The Starlette application. ``on_chunk(tensor, chunk_id)`` is called after a chunk is
-    served (the precacher's trigger)."""
+    served (the precacher's trigger). ``security`` is what the browser-safety middleware
+    enforces (default: loopback Host names, ``token`` when given, no cross-origin reads)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
-    from starlette.middleware.cors import CORSMiddleware
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
 
     views = _Views(catalog, policy)
-    calls: dict[str, int] = {"metadata": 0, "chunks": 0, "not_found": 0, "unauthorized": 0, "not_modified": 0}
-
-    def authorized(request: Request) -> bool:
-        if not token:
-            return True
-        presented = request.query_params.get("token")
-        header = request.headers.get("authorization", "")
-        if header.startswith("Bearer "):
-            presented = header[len("Bearer "):]
-        return presented is not None and hmac.compare_digest(presented.encode(), token.encode())
+    calls: dict[str, int] = {"metadata": 0, "chunks": 0, "not_found": 0, "not_modified": 0}  # + the middleware's
 
     def respond(request: Request, body: bytes | memoryview, media_type: str, etag: str) -> Response:
         headers = {"ETag": etag, "Cache-Control": "no-cache", "Accept-Ranges": "bytes"}
@@ -133,10 +124,6 @@ def build_app(
         return Response(body, media_type=media_type, headers=headers)
 
     async def serve(request: Request) -> Response:
-        if not authorized(request):
-            calls["unauthorized"] += 1
-            return PlainTextResponse("unauthorized: a valid 'Authorization: Bearer <token>' header or ?token= is required",
-                                     status_code=401, headers={"WWW-Authenticate": "Bearer"})
         version = FLAVOURS.get(request.path_params["flavour"])
         if version is None:
             calls["not_found"] += 1
@@ -200,9 +187,8 @@ def build_app(
 
     routes = [Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
-    middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "HEAD"],
-                             allow_headers=["Authorization", "Range", "If-None-Match"],
-                             expose_headers=["ETag", "Content-Range", "Content-Length", "Accept-Ranges"])]
+    security = security or HttpSecurity.build(tokens=[token])
+    middleware = [Middleware(SecurityMiddleware, security=security, calls=calls)]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.calls = calls
 
@@ -265,12 +251,15 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
 class HttpFrontEnd:
     """uvicorn serving ``build_app(...)`` on ``host:port`` in a background thread."""
 
-    def __init__(self, app: Any, host: str, port: int) -> None:
+    def __init__(self, app: Any, host: str, port: int, tls: Any = None) -> None:
+        """``tls``: a ``service.tls.ServerTls`` to serve HTTPS with (its files on disk)."""
         import uvicorn
 
         self.app = app
+        files = {"ssl_certfile": str(tls.cert_path), "ssl_keyfile": str(tls.key_path)} if tls is not None else {}
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                     lifespan="off", access_log=False))
+                                                     lifespan="off", access_log=False, **files))
+        self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.run, name="http-front-end", daemon=True)
         self.host = host
 
@@ -296,7 +285,7 @@ class HttpFrontEnd:
     @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "", "localhost") else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     def stop(self) -> None:
         self._server.should_exit = True

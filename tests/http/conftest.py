@@ -16,18 +16,20 @@ from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.http.app import HttpFrontEnd, build_app
 from tests.flight.conftest import running_server
 
+#: the one cross-origin page the shared server lets read (tests/http/security_test.py has the rest)
+VIEWER_ORIGIN = "http://viewer.example"
 POLICY = PyramidPolicy(plane_budget_px=128 * 128, volume_budget_voxels=32 * 64 * 64)
 
 
 @contextmanager
-def serving(catalog, tmp_path, *, token=None, precache_bytes=0):
+def serving(catalog, tmp_path, *, token=None, precache_bytes=0, security=None, tls=None):
     cache = CacheManager(tmp_path / "cache")
     try:
         with running_server(catalog, cache_manager=cache, token=token, pyramid=POLICY,
                             precache_bytes=precache_bytes) as srv:
             on_chunk = srv.precacher.after_read if srv.precacher is not None else None
-            http = HttpFrontEnd(build_app(catalog, srv.engine, token=token, policy=POLICY, on_chunk=on_chunk),
-                                "127.0.0.1", 0)
+            http = HttpFrontEnd(build_app(catalog, srv.engine, token=token, policy=POLICY, on_chunk=on_chunk,
+                                          security=security), "127.0.0.1", 0, tls=tls)
             http.start()
             try:
                 yield srv, http
@@ -66,7 +68,10 @@ def http_catalog(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(http_catalog, tmp_path_factory):
-    with serving(http_catalog, tmp_path_factory.mktemp("http-cache")) as pair:
+    from tensor_server.http.security import HttpSecurity
+
+    security = HttpSecurity.build(cors_origins=[VIEWER_ORIGIN])  # no token: the semantics tests
+    with serving(http_catalog, tmp_path_factory.mktemp("http-cache"), security=security) as pair:
         yield pair
 
 
