@@ -35,7 +35,10 @@ def demo_server(tmp_path_factory):
     with running_server(cat, write_dir=str(home / ".tensor-server" / "uploads"), writable=True) as srv:
         from tensor_server.http.app import HttpFrontEnd, build_app
 
-        http = HttpFrontEnd(build_app(cat, srv.engine), "127.0.0.1", 0)
+        from tensor_server.http.security import HttpSecurity
+
+        # the README's URL carries the access token TOKEN, as the printed one does
+        http = HttpFrontEnd(build_app(cat, srv.engine, security=HttpSecurity.build(tokens=["TOKEN"])), "127.0.0.1", 0)
         http.start()
         srv.http = http
         yield srv, home
