@@ -272,7 +272,6 @@ def server_tls(home: Path, *, cert: str | None = None, key: str | None = None,
         return _describe(_read(cert_path, "--tls-cert"), _read(key_path, "--tls-key"), cert_path, key_path, False)
     folder = Path(home) / "tls"
     cert_path, key_path = folder / _CERT_FILE, folder / _KEY_FILE
-    dns, ips = host_names(sans)
     if cert_path.exists() and key_path.exists():
         stored = _describe(cert_path.read_bytes(), key_path.read_bytes(), cert_path, key_path, True)
         wanted = {s.strip().lower() for s in sans if s.strip()}
@@ -282,6 +281,7 @@ def server_tls(home: Path, *, cert: str | None = None, key: str | None = None,
         log.warning("the TLS certificate in %s lacks --san %s: minting a new one; clients that pinned %s must "
                     "clear that pin", folder, ", ".join(missing), stored.fingerprint[:16])
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    dns, ips = host_names(sans)
     cert_pem, key_pem = _mint(dns, ips, days)
     _write_private(key_path, key_pem, 0o600)
     _write_private(cert_path, cert_pem, 0o644)
