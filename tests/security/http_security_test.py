@@ -136,3 +136,20 @@ def test_url_prints_the_running_servers_token(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr()
     assert out.out.strip() == "http://127.0.0.1:18817/zarr3/img/a/"
     assert "no server of this home is serving HTTP on port 18817" in out.err
+
+
+def test_the_door_takes_both_tokens_and_this_hosts_names():
+    import socket
+
+    from tensor_server.http.access_url import door_security
+
+    security, access = door_security(server_token="server-tok", per_run_token=True, bind_host="0.0.0.0",
+                                     sans=["Viewer.Lab"], allowed_hosts=["tensors.lab"], cors_origins=[GOOD + "/"])
+    assert access is not None and len(access) == 32 and security.valid(access) and security.valid("server-tok")
+    assert not security.valid("guess") and not security.valid(None)
+    for host in (socket.gethostname(), "viewer.lab:8816", "tensors.lab", "127.0.0.1:8816", "[::1]:8816"):
+        assert security.host_allowed(host), host
+    assert not security.host_allowed("evil.example") and not security.host_allowed("0.0.0.0")
+    assert security.cors_origins == frozenset({GOOD})
+    opted_out, none = door_security(server_token=None, per_run_token=False, bind_host="127.0.0.1")
+    assert none is None and opted_out.tokens == ()
