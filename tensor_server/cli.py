@@ -424,8 +424,9 @@ def cmd_url(args: argparse.Namespace) -> int:
     prefix = "zarr" if args.ngff == "0.4" else "zarr3"
     running = read_url_file(default_cache_dir(), args.http_port)  # the access token of the server there
     if running is None:
-        print(f"url: no server of this home is serving HTTP on port {args.http_port}; the URL carries no access "
-              "token", file=sys.stderr)
+        print(f"url: no server with the home {default_cache_dir()} is serving HTTP on port {args.http_port}, so the "
+              "URL carries no access token; for `make run`'s server use `make url TARGET=...` (or set "
+              "TENSOR_SERVER_HOME to its home)", file=sys.stderr)
     scheme = running["url"].split("://", 1)[0] if running else "http"
     print(viewer_url(f"{scheme}://{args.host}:{args.http_port}", running and running.get("token"), prefix, array_id))
     return 0

@@ -135,7 +135,7 @@ def test_url_prints_the_running_servers_token(tmp_path, monkeypatch, capsys):
     assert main(["url", "img/a", "--http-port", "18817", "--ngff", "0.5"]) == 0
     out = capsys.readouterr()
     assert out.out.strip() == "http://127.0.0.1:18817/zarr3/img/a/"
-    assert "no server of this home is serving HTTP on port 18817" in out.err
+    assert f"no server with the home {tmp_path} is serving HTTP on port 18817" in out.err and "make url" in out.err
 
 
 def test_the_door_takes_both_tokens_and_this_hosts_names():
