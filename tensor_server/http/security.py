@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import logging
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Callable, Iterable
 from urllib.parse import parse_qsl
 
 __all__ = ["HttpSecurity", "SecurityMiddleware", "TOKEN_PATH_PREFIX", "cookie_name"]
-
-log = logging.getLogger(__name__)
 
 #: the path form of the token: ``/t/<token>/zarr/<id>/...``
 TOKEN_PATH_PREFIX = "/t/"
