@@ -78,3 +78,22 @@ def test_off_loopback_needs_tls_or_insecure():
     assert "--tls" in str(err.value) and "--insecure" in str(err.value)
     require_safe_transport("0.0.0.0", tls=True, insecure=False)
     require_safe_transport("0.0.0.0", tls=False, insecure=True)
+
+
+def test_tls_and_http_settings_from_config_and_flags(tmp_path):
+    from tensor_server.cli import _build_parser, _settings
+    from tensor_server.config import load_settings
+
+    cfg = tmp_path / "server.toml"
+    cfg.write_text('[tls]\nenabled = true\nsans = ["a.lab"]\ninsecure = false\n'
+                   '[http]\ntoken = false\ncors_origins = ["https://v.example"]\nallowed_hosts = ["t.lab"]\n')
+    s = load_settings(cfg)
+    assert (s.tls, s.sans, s.insecure, s.http_token) == (True, ["a.lab"], False, False)
+    assert (s.cors_origins, s.http_allowed_hosts) == (["https://v.example"], ["t.lab"])
+    args = _build_parser().parse_args(["serve", "/data", "--config", str(cfg), "--san", "b.lab", "--san", "10.0.0.9",
+                                       "--tls-cert", "c.pem", "--tls-key", "k.pem", "--cors-origin", "http://w"])
+    s = _settings(args)
+    assert (s.sans, s.tls_cert, s.tls_key, s.cors_origins) == (["b.lab", "10.0.0.9"], "c.pem", "k.pem", ["http://w"])
+    assert s.http_token is False  # the file's, no flag given
+    defaults = _settings(_build_parser().parse_args(["serve", "/data", "--no-http-token", "--insecure"]))
+    assert (defaults.tls, defaults.http_token, defaults.insecure, defaults.sans) == (False, False, True, [])
