@@ -30,7 +30,7 @@ BENCH_RECORD ?=
 export BENCH_RECORD
 SHELL := /bin/bash
 
-.PHONY: setup run test test-nojit browser bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
+.PHONY: setup run url test test-nojit browser bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,10 @@ $(STAMP): pyproject.toml
 # so `make clean` removes them
 run: $(STAMP)
 	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server run $(ROOT)
+
+# the viewer URL (with the access token) of a file or array id served by `make run`
+url: $(STAMP)
+	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server url $(TARGET)
 
 # The whole suite, then the kernel tests once more on the pure-Python path so the
 # oracle-equivalent interpreter path of every kernel stays correct (NUMBA_DISABLE_JIT=1).

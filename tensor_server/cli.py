@@ -111,6 +111,19 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="refuse add_source / remove_source: serve the roots only")
         sp.add_argument("--http-port", type=int,
                         help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)")
+        # transport and browser safety (docs/security.md; service/tls.py, http/security.py)
+        sp.add_argument("--tls", action="store_true", default=None,
+                        help="TLS on both doors with a self-signed certificate minted once in the cache home")
+        sp.add_argument("--tls-cert", help="serve TLS with this PEM certificate (chain, leaf first); needs --tls-key")
+        sp.add_argument("--tls-key", help="the unencrypted PEM private key of --tls-cert")
+        sp.add_argument("--san", action="append", metavar="NAME",
+                        help="a name clients dial: added to a minted certificate and to the allowed HTTP Hosts")
+        sp.add_argument("--insecure", action="store_true", default=None,
+                        help="serve plaintext off loopback (the token and pixels travel in cleartext)")
+        sp.add_argument("--no-http-token", dest="http_token", action="store_false", default=None,
+                        help="do not require the per-run HTTP access token (non-browser clients only)")
+        sp.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                        help="an origin (https://viewer.example) whose pages may read over HTTP without the token")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
@@ -147,14 +160,41 @@ def _settings(args: argparse.Namespace):
         cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir, writable=args.writable,
         rois_path=args.rois_db, read_workers=args.read_workers,
         rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
+        tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key, sans=args.san, insecure=args.insecure,
+        http_token=args.http_token, cors_origins=args.cors_origin,
         read_only=args.read_only, add_source=args.add_source,
     )
 
 
-def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str) -> str:
+def _client_args(token: str | None, tls) -> str:  # noqa: ANN001 - a service.tls.ServerTls
+    """The keyword arguments a printed snippet passes TensorFlightClient (token, pinned cert)."""
+    return (f", token={token!r}" if token else "") + (f", tls_fingerprint={tls.fingerprint!r}" if tls else "")
+
+
+def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | None | exit code
+    """The certificate both doors serve (None: plaintext), after the transport rule
+    (service/tls.py); an exit code with the reason printed when it cannot be had."""
+    from tensor_server.config import default_cache_dir
+    from tensor_server.errors import TensorServerError
+    from tensor_server.service.tls import require_safe_transport, server_tls
+
+    wants = bool(settings.tls or settings.tls_cert or settings.tls_key)
+    try:
+        require_safe_transport(settings.host, settings, wants)
+        tls = server_tls(default_cache_dir(), cert=settings.tls_cert, key=settings.tls_key,
+                         sans=settings.sans) if wants else None
+    except TensorServerError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
+    for line in tls.startup_lines() if tls is not None else ():
+        print(line, file=sys.stderr)
+    return tls
+
+
+def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str, tls=None) -> str:  # noqa: ANN001
     """What ``run`` prints: list the array ids, read a scaled level, show the pyramid readably.
     The id printed is this machine's (ids hash the path); the query is what finds them anywhere."""
-    tok = f", token={token!r}" if token else ""
+    tok = _client_args(token, tls)
     return (
         "from biopb.tensor import TensorFlightClient\n"
         f"client = TensorFlightClient({location!r}{tok})\n"
@@ -191,8 +231,8 @@ def _take(explicit: str | None, default: Path, port: int, flag: str, opener, bus
     raise AssertionError("unreachable")
 
 
-def _upload_snippet(location: str, token: str | None) -> str:
-    tok = f", token={token!r}" if token else ""
+def _upload_snippet(location: str, token: str | None, tls=None) -> str:  # noqa: ANN001
+    tok = _client_args(token, tls)
     return (
         "import uuid\n"
         "import numpy as np\n"
@@ -238,6 +278,10 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.catalog.rois import RoiStoreBusy
     from tensor_server.config import default_cache_dir, default_data_dir
 
+    tls = _server_tls(settings)
+    if isinstance(tls, int):
+        return tls
+
     def open_catalog(rois_path: str) -> Catalog:
         Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
         cat = Catalog(settings.roots, rois_path=rois_path,
@@ -268,8 +312,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except OSError as exc:  # the cache folder cannot be made or locked: serve uncached, never refuse
         print(f"serve: chunk cache disabled, the cache folder is unusable ({exc})", file=sys.stderr)
         cache = None
-    runtime = ServingRuntime(catalog, settings, cache=cache)
-    doors = _open_doors(runtime, settings)
+    from tensor_server.http.access_url import mint_access_token, viewer_url, write_url_file
+
+    http_token = mint_access_token() if settings.http_port is not None and settings.http_token else None
+    runtime = ServingRuntime(catalog, settings, cache=cache, tls=tls, access_tokens=[http_token] if http_token else [])
+    doors = _open_doors(runtime, settings, http_token)
     if doors is None:
         runtime.close()
         catalog.close()
@@ -277,11 +324,12 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             cache.close()
         return 2
     server, http = doors
+    url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
     location = server.location
     print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
     if http is not None:
-        print(f"OME-Zarr over HTTP at {http.url}/zarr/<array_id>/ (NGFF 0.4) and /zarr3/<array_id>/ (NGFF 0.5)",
-              file=sys.stderr)
+        print(f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
+              f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)", file=sys.stderr)
 
     def background_start() -> None:
         progress = _ScanProgress()
@@ -302,13 +350,13 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             if pick is not None:
                 t, lv = pick
                 print("\nRead a scaled level with the biopb SDK (pip install 'biopb[tensor]'):\n", file=sys.stderr)
-                print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method), file=sys.stderr)
+                print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method, tls), file=sys.stderr)
                 if http is not None:
                     print(f"\nOpen it in an OME-Zarr viewer (napari-ome-zarr, neuroglancer 'zarr://...', vizarr):\n"
-                          f"{http.url}/zarr/{t.array_id}/", file=sys.stderr)
+                          f"{viewer_url(http.url, http_token, 'zarr', t.array_id)}", file=sys.stderr)
                 if runtime.writable:
                     print("\nUpload a result (to the scratch source) and read it back:\n", file=sys.stderr)
-                    print(_upload_snippet(location, settings.token), file=sys.stderr)
+                    print(_upload_snippet(location, settings.token, tls), file=sys.stderr)
                 print(f"\nor list what is served: {sys.executable} -m tensor_server list " + " ".join(settings.roots),
                       file=sys.stderr)
                 print("Ctrl-C stops the server.", file=sys.stderr)
@@ -325,6 +373,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         if http is not None:
             http.stop()
+        if url_path is not None:
+            url_path.unlink(missing_ok=True)
         runtime.close()
         catalog.close()
         if cache is not None:
@@ -334,14 +384,15 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     return 0
 
 
-def _open_doors(runtime, settings):  # noqa: ANN001, ANN202 - (TensorFlightServer, HttpFrontEnd | None) or None
-    """The Flight door, and the HTTP door when ``http_port`` is set; None (after saying why
-    on stderr) when one cannot listen."""
+def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Flight, HTTP | None) or None
+    """The Flight door, and the HTTP door when ``http_port`` is set (its per-run access token
+    ``http_token``); None (after saying why on stderr) when one cannot listen."""
+    from tensor_server.errors import TensorServerError
     from tensor_server.flight import TensorFlightServer
 
     try:
         server = TensorFlightServer(runtime, settings.host, settings.port)
-    except InvalidArgument as exc:
+    except TensorServerError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return None
     except Exception as exc:  # noqa: BLE001 - pyarrow raises a bare ArrowException when the bind fails
@@ -350,10 +401,13 @@ def _open_doors(runtime, settings):  # noqa: ANN001, ANN202 - (TensorFlightServe
         return None
     if settings.http_port is None:
         return server, None
+    from tensor_server.http.access_url import door_security
     from tensor_server.http.app import HttpFrontEnd, build_app
 
+    security = door_security(runtime, access_token=http_token, bind_host=settings.host, sans=settings.sans,
+                             allowed_hosts=settings.http_allowed_hosts, cors_origins=settings.cors_origins)
     try:
-        http = HttpFrontEnd(build_app(runtime), settings.host, settings.http_port)
+        http = HttpFrontEnd(build_app(runtime, security), settings.host, settings.http_port, tls=runtime.tls)
         http.start()
     except Exception as exc:  # noqa: BLE001 - uvicorn reports a taken port in several ways
         server.shutdown()
@@ -370,10 +424,19 @@ def cmd_url(args: argparse.Namespace) -> int:
 
     from tensor_server.core.identity import source_id_for_path
 
+    from tensor_server.config import default_cache_dir
+    from tensor_server.http.access_url import read_url_file, viewer_url
+
     target = args.target
     array_id = source_id_for_path(target) if Path(target).exists() else target.strip("/")
     prefix = "zarr" if args.ngff == "0.4" else "zarr3"
-    print(f"http://{args.host}:{args.http_port}/{prefix}/{array_id}/")
+    running = read_url_file(default_cache_dir(), args.http_port)  # the access token of the server there
+    if running is None:
+        print(f"url: no server with the home {default_cache_dir()} is serving HTTP on port {args.http_port}, so the "
+              "URL carries no access token; for `make run`'s server use `make url TARGET=...` (or set "
+              "TENSOR_SERVER_HOME to its home)", file=sys.stderr)
+    scheme = running["url"].split("://", 1)[0] if running else "http"
+    print(viewer_url(f"{scheme}://{args.host}:{args.http_port}", running and running.get("token"), prefix, array_id))
     return 0
 
 

@@ -55,6 +55,18 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     [read]
     max_computes = 0            # chunk computations at once (0 = the machine's cores x 2)
     admission_timeout = 30.0    # seconds a computation may wait for a slot, then UNAVAILABLE
+
+    [tls]                       # both doors (docs/security.md)
+    enabled = false             # a self-signed certificate minted once in the cache home
+    cert = "/etc/tensor-server/cert.pem"  # or the operator's pair (implies enabled)
+    key = "/etc/tensor-server/key.pem"
+    sans = ["viewer.lab"]       # extra names clients dial (certificate SANs and allowed HTTP Hosts)
+    insecure = false            # serve plaintext off loopback anyway (the token travels in clear)
+
+    [http]
+    token = true                # a per-run access token on every HTTP request, even on loopback
+    cors_origins = ["https://viewer.example"]  # origins that may read without the token
+    allowed_hosts = ["tensors.lab"]            # Host names beyond loopback, the host's own and sans
 """
 from __future__ import annotations
 
@@ -114,6 +126,15 @@ class Settings:
     precache_bytes: int = 64 << 20
     max_computes: int = 0
     admission_timeout: float = 30.0
+    # transport and browser safety (service/tls.py, http/security.py)
+    tls: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    sans: list[str] = field(default_factory=list)
+    insecure: bool = False
+    http_token: bool = True
+    cors_origins: list[str] = field(default_factory=list)
+    http_allowed_hosts: list[str] = field(default_factory=list)
     #: refuse every verb that writes anything (uploads, added sources, annotations)
     read_only: bool = False
     #: serve add_source / remove_source (``--no-add-source`` turns them off)
@@ -158,6 +179,14 @@ _KEYS = {
     ("read", "admission_timeout"): "admission_timeout",
     ("read_only",): "read_only",
     ("catalog", "add_source"): "add_source",
+    ("tls", "enabled"): "tls",
+    ("tls", "cert"): "tls_cert",
+    ("tls", "key"): "tls_key",
+    ("tls", "sans"): "sans",
+    ("tls", "insecure"): "insecure",
+    ("http", "token"): "http_token",
+    ("http", "cors_origins"): "cors_origins",
+    ("http", "allowed_hosts"): "http_allowed_hosts",
 }
 
 
@@ -189,7 +218,7 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
         for key, value in flat.items():
             setattr(s, _KEYS[key], value)
     for name, value in overrides.items():
-        if value is None or (name == "roots" and not value):
+        if value is None or (name in ("roots", "sans", "cors_origins") and not value):
             continue
         if not hasattr(s, name):
             raise InvalidArgument(f"unknown setting {name!r}")

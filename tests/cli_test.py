@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -43,8 +44,9 @@ def test_config_file_then_flags(tmp_path):
 
 
 def test_serve_refuses_public_bind_without_token(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--host", "0.0.0.0", "--port", "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--host", "0.0.0.0", "--port", "0",
+                          "--insecure"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")})
     assert out.returncode == 2 and "needs --token" in out.stderr
 
 
@@ -125,3 +127,11 @@ def test_read_workers_from_config_and_flag(tmp_path, capsys):
     with pytest.raises(SystemExit):
         _build_parser().parse_args(["serve", "/data", "--read-workers", "-1"])
     assert "expected an integer >= 0" in capsys.readouterr().err
+
+
+def test_serve_refuses_public_plaintext_and_says_why(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--host", "0.0.0.0", "--port", "0",
+                          "--token", "t"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")})
+    assert out.returncode == 2
+    assert "without TLS" in out.stderr and "cleartext" in out.stderr and "--insecure" in out.stderr

@@ -32,7 +32,11 @@ def demo_server(tmp_path_factory):
     make_demo_dataset(home / ".tensor-server" / "demo")
     cat = Catalog([home / ".tensor-server" / "demo"], rois_path=str(home / ".tensor-server" / "annotations.duckdb"))
     cat.scan()
-    with serving(cat, http=True, write_dir=str(home / ".tensor-server" / "uploads"), writable=True) as srv:
+    from tensor_server.http.security import HttpSecurity
+
+    # the README's URL carries the access token TOKEN, as the printed one does
+    with serving(cat, http=True, http_security=HttpSecurity.build(tokens=["TOKEN"]),
+                 write_dir=str(home / ".tensor-server" / "uploads"), writable=True) as srv:
         yield srv, home
     cat.close()
 

@@ -38,14 +38,24 @@ FORBIDDEN = {
 }
 
 def _parse(source: str) -> ast.AST:
-    """``ast.parse`` on a fresh thread. CPython 3.11.7's AST validator compares the thread's
-    C recursion depth before and after, and a RecursionError caught earlier in the same
-    thread (the hostile-input tests parse 100k-deep JSON) can leave that count skewed:
-    "SystemError: AST constructor recursion depth mismatch". A new thread starts at zero."""
+    """``ast.parse`` on a fresh thread, or, failing that, in a fresh interpreter. CPython
+    3.11.7's AST validator compares the thread's C recursion depth before and after, and a
+    RecursionError caught earlier in the process (the hostile-input tests parse 100k-deep
+    JSON) can leave that count skewed: "SystemError: AST constructor recursion depth
+    mismatch". A new thread usually starts clean; a new process always does."""
     import concurrent.futures
+    import pickle
+    import subprocess
+    import sys
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(ast.parse, source).result()
+        try:
+            return pool.submit(ast.parse, source).result()
+        except SystemError:
+            pass
+    code = "import ast, pickle, sys; sys.stdout.buffer.write(pickle.dumps(ast.parse(sys.stdin.read())))"
+    done = subprocess.run([sys.executable, "-c", code], input=source.encode(), capture_output=True, check=True)
+    return pickle.loads(done.stdout)
 
 
 def imported_modules(source: str) -> list[tuple[int, str]]:

@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "upload_array MB/s to cache:// and zarr:// vs a bare pyarrow DoPut that discards"),
     "special": ("tensor_server.bench.special",
                 "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers"),
+    "tls": ("tensor_server.bench.tls",
+            "TLS vs plaintext in one run: 8 MiB and 64 KiB DoGet, 1 MiB HTTP chunks (MB/s, median latency)"),
     "gate": ("tensor_server.bench.gate",
              "the performance gate (make perf-gate): vs the previous commit, and floors vs peers"),
 }

@@ -23,7 +23,7 @@ from tensor_server.flight.errors import flight_error
 from tensor_server.flight.wire import CHUNK_SCHEMA, chunk_batch, described_flight_info, request_region
 from tensor_server.service import Caller, ServingRuntime
 from tensor_server.service.bodies import decode_message
-from tensor_server.service.caller import check_bind_address
+from tensor_server.service.tls import require_safe_transport
 
 __all__ = ["TensorFlightServer"]
 
@@ -57,14 +57,18 @@ class TensorFlightServer(flight.FlightServerBase):
     """Serve ``runtime`` at ``grpc://host:port`` (port 0 picks a free port: see ``.port``)."""
 
     def __init__(self, runtime: ServingRuntime, host: str = "127.0.0.1", port: int = 8815) -> None:
-        check_bind_address(host, runtime.settings)
+        require_safe_transport(host, runtime.settings, runtime.tls)
         self.runtime = runtime
         self.host = host
-        super().__init__(f"grpc://{host}:{port}", middleware={"auth": TokenMiddlewareFactory()})
+        tls = runtime.tls  # the server's certificate (service/tls.py), or None: plaintext
+        self.scheme = "grpc+tls" if tls is not None else "grpc"
+        certificates = [flight.CertKeyPair(cert=tls.cert_pem, key=tls.key_pem)] if tls is not None else None
+        super().__init__(f"{self.scheme}://{host}:{port}", middleware={"auth": TokenMiddlewareFactory()},
+                         tls_certificates=certificates)
 
     @property
     def location(self) -> str:
-        return f"grpc://{self.host if self.host != '0.0.0.0' else '127.0.0.1'}:{self.port}"
+        return f"{self.scheme}://{self.host if self.host != '0.0.0.0' else '127.0.0.1'}:{self.port}"
 
     @staticmethod
     def _caller(context: flight.ServerCallContext) -> Caller:

@@ -6,15 +6,16 @@ URLs (``<id>`` is an array id, ``/`` included; ``http/paths.py`` resolves a path
   ``<level>/<i>.<j>…``), labels under ``labels/<name>/``;
 * ``/zarr3/<id>/…`` — NGFF 0.5 on zarr v3 (``zarr.json``, ``<level>/c/<i>/<j>…``).
 
-A translation only, over the same ``ServingRuntime`` as the Flight door: the runtime
-authenticates (``Authorization: Bearer`` or ``?token=`` for viewers that cannot set
-headers), looks tensors up with the upload gate, and reads chunks through the engine, the
-cache and the precacher; an error's class gives the status (``errors.py``: 400, 401, 403,
-404, 409, 413, 503 with ``Retry-After``, ...), never a traceback. Lookups and reads run in
-worker threads so the event loop never blocks. Responses carry an ``ETag`` from the content
-version and ``Cache-Control: no-cache`` (clients may keep bytes but must revalidate: the file
-can change); ``If-None-Match`` answers 304, ``Range`` answers 206, HEAD is answered without a
-body, CORS allows any origin (browser viewers).
+A translation only, over the same ``ServingRuntime`` as the Flight door: the runtime decides
+who may read what (the server token, per-tensor grants, the upload gate), and reads chunks
+through the engine, the cache and the precacher; an error's class gives the status
+(``errors.py``: 400, 401, 403, 404, 409, 413, 503 with ``Retry-After``, ...), never a
+traceback. In front of the routes, ``http/security.py`` guards the transport against other
+web pages (Host names, the per-run access token, CORS, Private Network Access) and hands the
+credential it accepted to the runtime. Lookups and reads run in worker threads so the event
+loop never blocks. Responses carry an ``ETag`` from the content version and ``Cache-Control:
+no-cache`` (clients may keep bytes but must revalidate: the file can change);
+``If-None-Match`` answers 304, ``Range`` answers 206, HEAD is answered without a body.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from tensor_server.core.identity import ArrayId
 from tensor_server.errors import TensorNotFound, TensorServerError, bounded_message, internal_message
 from tensor_server.http.paths import resolve_zarr_path
+from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
 from tensor_server.service import Caller
 
@@ -105,12 +107,13 @@ def error_response(exc: BaseException) -> Any:
     return PlainTextResponse(f"{exc.slug}: {bounded_message(str(exc))}", status_code=exc.http_status, headers=headers)
 
 
-def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications.Starlette
-    """The Starlette application over ``runtime``."""
+def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  # noqa: ANN201 - Starlette
+    """The Starlette application over ``runtime``. ``security`` is what the browser-safety
+    middleware enforces (default: loopback Host names, no token of its own, no cross-origin
+    reads); whatever credential it accepts, the runtime judges."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
-    from starlette.middleware.cors import CORSMiddleware
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
@@ -119,10 +122,12 @@ def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications
     calls: dict[str, int] = {"metadata": 0, "chunks": 0, "errors": 0, "not_modified": 0}
 
     def caller_of(request: Request) -> Caller:
-        presented = request.query_params.get("token")
-        header = request.headers.get("authorization", "")
-        if header.startswith("Bearer "):
-            presented = header[len("Bearer "):]
+        presented = request.scope.get(CREDENTIAL_KEY)  # what the security middleware accepted
+        if presented is None:
+            presented = request.query_params.get("token")
+            header = request.headers.get("authorization", "")
+            if header.startswith("Bearer "):
+                presented = header[len("Bearer "):]
         peer = request.client.host if request.client else ""
         return Caller(token=presented, peer=peer, door="http")
 
@@ -203,9 +208,8 @@ def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications
 
     routes = [Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
-    middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "HEAD"],
-                             allow_headers=["Authorization", "Range", "If-None-Match"],
-                             expose_headers=["ETag", "Content-Range", "Content-Length", "Accept-Ranges"])]
+    security = security or HttpSecurity.build(recognizes=runtime.access.recognizes)
+    middleware = [Middleware(SecurityMiddleware, security=security, calls=calls)]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.calls = calls
     return app
@@ -314,13 +318,17 @@ class HttpFrontEnd:
     """uvicorn serving ``build_app(...)`` on ``host:port`` in a background thread; each
     request's headers must arrive within ``header_seconds``."""
 
-    def __init__(self, app: Any, host: str, port: int, *, header_seconds: float = HEADER_SECONDS) -> None:
+    def __init__(self, app: Any, host: str, port: int, *, tls: Any = None,
+                 header_seconds: float = HEADER_SECONDS) -> None:
+        """``tls``: a ``service.tls.ServerTls`` to serve HTTPS with (its files on disk)."""
         import uvicorn
 
         self.app = app
+        files = {"ssl_certfile": str(tls.cert_path), "ssl_keyfile": str(tls.key_path)} if tls is not None else {}
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                     lifespan="off", access_log=False,
+                                                     lifespan="off", access_log=False, **files,
                                                      http=_header_deadline_protocol(header_seconds)))
+        self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.run, name="http-front-end", daemon=True)
         self.host = host
 
@@ -346,7 +354,7 @@ class HttpFrontEnd:
     @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "", "localhost") else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     def stop(self) -> None:
         self._server.should_exit = True

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from tensor_server.errors import PermissionDenied, Unauthenticated
 
@@ -44,13 +44,25 @@ def _same(a: str, b: str) -> bool:
 class Access:
     """The three rules over one server's settings and its uploads (module docstring)."""
 
-    def __init__(self, settings: Settings, uploads: Any | None) -> None:
+    def __init__(self, settings: Settings, uploads: Any | None, access_tokens: Iterable[str] = ()) -> None:
         self.token = settings.token or None
+        #: credentials that hold full access: the server token and, e.g., the HTTP door's per-run token
+        self._full_tokens = tuple(t for t in (self.token, *access_tokens) if t)
         self.uploads = uploads
 
     def full(self, caller: Caller) -> bool:
-        """The caller holds the server token (there is one, and it was presented)."""
-        return self.token is not None and caller.token is not None and _same(caller.token, self.token)
+        """The caller holds a full-access credential (the server token, or one beside it)."""
+        return caller.token is not None and any(_same(caller.token, t) for t in self._full_tokens)
+
+    def recognizes(self, token: str) -> bool:
+        """Whether ``token`` is any credential of this server (full access, or the grant of an
+        upload): a door guarding its transport (HTTP against other web pages) lets it through
+        and the rules above decide what it may do."""
+        if any(_same(token, t) for t in self._full_tokens):
+            return True
+        uploads = [] if self.uploads is None else self.uploads.all_uploads()
+        digest = grant_digest(token)
+        return any(up.owner and _same(up.owner, digest) for up in uploads)
 
     def control(self, caller: Caller) -> None:
         if self.token is not None and not self.full(caller):

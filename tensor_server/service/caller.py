@@ -7,16 +7,9 @@ do. Doors never compare tokens themselves.
 from __future__ import annotations
 
 import ipaddress
-import socket
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from tensor_server.errors import InvalidArgument
-
-if TYPE_CHECKING:  # pragma: no cover
-    from tensor_server.config import Settings
-
-__all__ = ["Caller", "IN_PROCESS", "peer_is_loopback", "is_loopback_host", "check_bind_address"]
+__all__ = ["Caller", "IN_PROCESS", "peer_is_loopback"]
 
 
 def peer_is_loopback(peer: str) -> bool:
@@ -49,22 +42,3 @@ class Caller:
 #: the caller of in-process use (tests, benchmarks, a producer in the server's process)
 IN_PROCESS = Caller()
 
-
-def is_loopback_host(host: str) -> bool:
-    """Whether a bind address (or a name) reaches only this machine."""
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return all(ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(host, None))
-        except OSError:
-            return False
-
-
-def check_bind_address(host: str, settings: Settings) -> None:
-    """The rule every door applies before it listens: a non-loopback bind without a token
-    would expose every file under the roots to the network, so it is refused."""
-    if not is_loopback_host(host) and not settings.token:
-        raise InvalidArgument(f"refusing to bind {host}: a non-loopback address needs --token (or bind 127.0.0.1)")

@@ -88,7 +88,11 @@ class ServingRuntime:
     """Catalog + engine + cache + precache + uploads + the rules (module docstring)."""
 
     def __init__(self, catalog: Catalog, settings: Settings | None = None, *, cache: Any | None = None,
-                 uploads: UploadManager | None = None) -> None:
+                 uploads: UploadManager | None = None, tls: Any | None = None, access_tokens: Sequence[str] = ()
+                 ) -> None:
+        """``tls``: the server's certificate (``service/tls.py`` ``ServerTls``), which every door
+        serves and ``health`` describes; ``access_tokens``: credentials beside the server token
+        that hold full access (the HTTP door's per-run token, printed in its URLs)."""
         self.settings = settings or Settings()
         s = self.settings
         self.catalog = catalog
@@ -110,7 +114,8 @@ class ServingRuntime:
             uploads = UploadManager(catalog, s.write_dir, upload_ttl=s.upload_ttl, scratch_ttl=s.scratch_ttl)
             uploads.start_sweeps()
         self.uploads = uploads
-        self.access = Access(s, uploads)
+        self.access = Access(s, uploads, access_tokens)
+        self.tls = tls
         #: the wire write verbs are served (an in-process producer may use ``uploads`` anyway)
         self.writable = bool(s.writable and uploads is not None and not s.read_only)
         self.started_at = time.time()
@@ -363,6 +368,7 @@ class ServingRuntime:
             "registration_pending": 0,  # sources are opened during the scan, never left pending
             "annotations_persisted": cat.rois.path is not None,
             "catalog_generation": cat.generation,
+            **(self.tls.health() if self.tls is not None else {"tls": False}),
         }
 
     def server_stats(self) -> dict[str, Any]:

@@ -180,6 +180,11 @@ class UploadManager:
         with self._lock:
             return self._uploads.get(array_id)
 
+    def all_uploads(self) -> list[Upload]:
+        """Every upload (live and tombstones), a snapshot."""
+        with self._lock:
+            return list(self._uploads.values())
+
     def upload_of(self, tensor: TensorAdapter) -> Upload | None:
         up = self.get(tensor.array_id)
         return up if up is not None and up.tensor is tensor else None

@@ -15,16 +15,20 @@ from tensor_server.catalog import Catalog
 from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.testing import serving
 
+#: the one cross-origin page the shared server lets read (tests/http/security_test.py has the rest)
+VIEWER_ORIGIN = "http://viewer.example"
 POLICY = PyramidPolicy(plane_budget_px=128 * 128, volume_budget_voxels=32 * 64 * 64)
 
 
 @contextmanager
-def http_serving(catalog, tmp_path, *, token=None, precache_bytes=0):
-    """(Served, its HTTP front end) over ``catalog`` with a chunk cache and POLICY's levels."""
+def http_serving(catalog, tmp_path, *, token=None, precache_bytes=0, security=None, tls=None, **settings):
+    """(Served, its HTTP front end) over ``catalog`` with a chunk cache and POLICY's levels;
+    ``security`` is the HTTP door's browser-safety policy, ``tls`` the certificate both doors serve."""
     cache = CacheManager(tmp_path / "cache")
     try:
-        with serving(catalog, cache=cache, http=True, token=token, plane_budget_px=POLICY.plane_budget_px,
-                     volume_budget_voxels=POLICY.volume_budget_voxels, precache_bytes=precache_bytes) as srv:
+        with serving(catalog, cache=cache, http=True, http_security=security, tls=tls, token=token,
+                     plane_budget_px=POLICY.plane_budget_px, volume_budget_voxels=POLICY.volume_budget_voxels,
+                     precache_bytes=precache_bytes, **settings) as srv:
             yield srv, srv.http
     finally:
         cache.close()
@@ -59,7 +63,10 @@ def http_catalog(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(http_catalog, tmp_path_factory):
-    with http_serving(http_catalog, tmp_path_factory.mktemp("http-cache")) as pair:
+    from tensor_server.http.security import HttpSecurity
+
+    security = HttpSecurity.build(cors_origins=[VIEWER_ORIGIN])  # no token: the semantics tests
+    with http_serving(http_catalog, tmp_path_factory.mktemp("http-cache"), security=security) as pair:
         yield pair
 
 

@@ -1,5 +1,5 @@
 """A real browser viewer: neuroglancer (the web client its PyPI package ships) in headless
-Chromium opens ``zarr://http://127.0.0.1:PORT/zarr/<id>/`` and renders the served pixels.
+Chromium opens ``zarr://http://127.0.0.1:PORT/t/<token>/zarr/<id>/`` (from another origin) and renders the served pixels.
 
 The data is two flat halves along x (dark for x < 256, bright from 256), so the screenshot can
 be checked against it. Neuroglancer's "xy" panel shows the first two dimensions of its
@@ -54,12 +54,15 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
     cat.add_source(MemorySource(ArrayAdapter(halves, "yx", chunk_shape=(256, 256), physical_scale=(1.0, 1.0),
                                              physical_unit=("micrometer", "micrometer")), source_id="halves"))
     cat.first_scan_done.set()
-    with http_serving(cat, tmp_path) as (srv, http):
+    from tensor_server.http.security import HttpSecurity
+
+    token = "neuroglancer-token"  # in the URL path, as the server prints it: every sub-request keeps it
+    with http_serving(cat, tmp_path, security=HttpSecurity.build(tokens=[token])) as (srv, http):
         neuroglancer.set_server_bind_address("127.0.0.1")
         viewer = neuroglancer.Viewer()
         with viewer.txn() as state:
             state.layers["halves"] = neuroglancer.ImageLayer(
-                source=f"zarr://{http.url}/zarr/halves/",
+                source=f"zarr://{http.url}/t/{token}/zarr/halves/",
                 shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }",
             )
             state.layout = "xy"

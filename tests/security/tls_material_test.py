@@ -1,0 +1,104 @@
+"""service/tls.py: the certificate a server presents, and the rule for serving without one."""
+from __future__ import annotations
+
+import datetime
+import socket
+import stat
+
+import pytest
+
+from tensor_server.errors import FailedPrecondition, InvalidArgument
+from tensor_server.service.tls import (
+    EXPIRY_WARN_DAYS,
+    VALIDITY_DAYS,
+    expiry_warning,
+    format_fingerprint,
+    require_safe_transport,
+    server_tls,
+)
+
+
+def test_minted_certificate_names_every_address_and_lasts(tmp_path):
+    from biopb._security.tls_material import fingerprint as sdk_fingerprint
+
+    tls = server_tls(tmp_path, sans=["Viewer.Lab", "10.9.8.7"])
+    assert tls.minted and tls.cert_path == tmp_path / "tls" / "server-cert.pem"
+    assert {"localhost", socket.gethostname(), "viewer.lab"} <= set(tls.dns_names)
+    assert {"127.0.0.1", "::1", "10.9.8.7"} <= set(tls.ip_addresses)
+    assert tls.fingerprint == sdk_fingerprint(tls.cert_pem)  # what the SDK pins and compares
+    left = tls.not_after - datetime.datetime.now(datetime.timezone.utc)
+    assert VALIDITY_DAYS - 2 <= left.days <= VALIDITY_DAYS
+    assert stat.S_IMODE(tls.key_path.stat().st_mode) == 0o600
+    assert expiry_warning(tls.not_after) is None
+    assert tls.health() == {"tls": True, "tls_fingerprint": tls.fingerprint,
+                            "tls_not_after": tls.not_after.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    assert format_fingerprint(tls.fingerprint) in tls.startup_lines()[0]
+
+
+def test_the_stored_certificate_is_reused_until_a_new_san_is_asked_for(tmp_path):
+    first = server_tls(tmp_path, sans=["a.lab"])
+    again = server_tls(tmp_path, sans=["a.lab"])
+    assert again.fingerprint == first.fingerprint and again.cert_pem == first.cert_pem  # pins stay valid
+    assert server_tls(tmp_path).fingerprint == first.fingerprint
+    wider = server_tls(tmp_path, sans=["b.lab"])
+    assert wider.fingerprint != first.fingerprint and "b.lab" in wider.dns_names
+
+
+def test_an_operator_pair_is_loaded_and_checked(tmp_path):
+    minted = server_tls(tmp_path / "one")
+    other = server_tls(tmp_path / "two")
+    given = server_tls(tmp_path / "unused", cert=str(minted.cert_path), key=str(minted.key_path))
+    assert not given.minted and given.fingerprint == minted.fingerprint
+    assert not (tmp_path / "unused" / "tls").exists()
+    with pytest.raises(InvalidArgument, match="not the private key"):
+        server_tls(tmp_path, cert=str(minted.cert_path), key=str(other.key_path))
+    with pytest.raises(InvalidArgument, match="go together"):
+        server_tls(tmp_path, cert=str(minted.cert_path))
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(InvalidArgument, match="not a PEM certificate"):
+        server_tls(tmp_path, cert=str(tmp_path / "junk.pem"), key=str(minted.key_path))
+    with pytest.raises(InvalidArgument, match="cannot read"):
+        server_tls(tmp_path, cert=str(tmp_path / "absent.pem"), key=str(minted.key_path))
+
+
+def test_expiry_is_warned_ahead():
+    now = datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc)
+    assert expiry_warning(now + datetime.timedelta(days=EXPIRY_WARN_DAYS + 5), now) is None
+    soon = expiry_warning(now + datetime.timedelta(days=10), now)
+    assert soon is not None and "expires on 2030-01-11 (10 days)" in soon and "re-pin" in soon
+    gone = expiry_warning(now - datetime.timedelta(days=1), now)
+    assert gone is not None and "expired on 2029-12-31" in gone
+
+
+def test_off_loopback_needs_a_token_and_tls_or_insecure():
+    from tensor_server.config import Settings
+    from tensor_server.errors import InvalidArgument
+
+    for host in ("127.0.0.1", "localhost", "::1"):
+        require_safe_transport(host, Settings(), None)  # loopback: plaintext and no token are fine
+    with pytest.raises(InvalidArgument, match="needs --token"):
+        require_safe_transport("0.0.0.0", Settings(), object())
+    with pytest.raises(FailedPrecondition, match="cleartext") as err:
+        require_safe_transport("0.0.0.0", Settings(token="t"), None)
+    assert "--tls" in str(err.value) and "--insecure" in str(err.value)
+    require_safe_transport("0.0.0.0", Settings(token="t"), object())
+    require_safe_transport("0.0.0.0", Settings(token="t", insecure=True), None)
+
+
+def test_tls_and_http_settings_from_config_and_flags(tmp_path):
+    from tensor_server.cli import _build_parser, _settings
+    from tensor_server.config import load_settings
+
+    cfg = tmp_path / "server.toml"
+    cfg.write_text('[tls]\nenabled = true\nsans = ["a.lab"]\ninsecure = false\n'
+                   '[http]\ntoken = false\ncors_origins = ["https://v.example"]\nallowed_hosts = ["t.lab"]\n')
+    s = load_settings(cfg)
+    assert (s.tls, s.sans, s.insecure, s.http_token) == (True, ["a.lab"], False, False)
+    assert (s.cors_origins, s.http_allowed_hosts) == (["https://v.example"], ["t.lab"])
+    args = _build_parser().parse_args(["serve", "/data", "--config", str(cfg), "--san", "b.lab", "--san", "10.0.0.9",
+                                       "--tls-cert", "c.pem", "--tls-key", "k.pem", "--cors-origin", "http://w"])
+    s = _settings(args)
+    assert (s.sans, s.tls_cert, s.tls_key, s.cors_origins) == (["b.lab", "10.0.0.9"], "c.pem", "k.pem", ["http://w"])
+    assert s.http_token is False  # the file's, no flag given
+    defaults = _settings(_build_parser().parse_args(["serve", "/data", "--no-http-token", "--insecure"]))
+    assert (defaults.tls, defaults.http_token, defaults.insecure, defaults.sans) == (False, False, True, [])
