@@ -31,7 +31,8 @@ def tree(tmp_path):
 
 
 @pytest.fixture
-def served(tree, tmp_path):
+def served(tree, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # add_source allows the user's home (and the roots) by default
     cat = Catalog([tree], rois_path=str(tmp_path / "rois.duckdb"))
     cat.scan()
     with running_server(cat) as srv:
