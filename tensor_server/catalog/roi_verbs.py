@@ -43,14 +43,13 @@ def roi_target(catalog: Any, array_id: str, *, write: bool) -> str:
             raise InvalidArgument(f"array_id {array_id!r}: its source is unreadable ({rec.unresolved_reason}), so "
                                   "the tensor cannot be checked; resolve the source first")
         return array_id
-    if not write:
-        return array_id if fld else rec.source.tensor().array_id
-    try:
-        tensor, _ = catalog.find_tensor(array_id)
-    except (TensorNotFound, SourceUnresolved):
-        raise InvalidArgument(f"array_id {array_id!r} names no tensor of source {source_id!r}; "
-                              f"its tensors: {sorted(rec.source.tensors)[:20]}") from None
-    return tensor.array_id
+    if write and fld:
+        try:
+            catalog.find_tensor(array_id)
+        except (TensorNotFound, SourceUnresolved):
+            raise InvalidArgument(f"array_id {array_id!r} names no tensor of source {source_id!r}; "
+                                  f"its tensors: {sorted(rec.source.tensors)[:20]}") from None
+    return array_id if fld else rec.source.tensor().array_id
 
 
 def _source_url(catalog: Any, array_id: str) -> str | None:
