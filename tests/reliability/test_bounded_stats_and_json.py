@@ -2,10 +2,13 @@
 when its client goes; every JSON body decodes to a value or to INVALID_ARGUMENT."""
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tensor_server.adapters.memory import ArrayAdapter
 from tensor_server.core.bounds import Bounds
@@ -106,3 +109,21 @@ def test_json_bodies_are_bounded_in_bytes_and_decode_honest_ones():
                                                    "s": "\u00e9\U0001F600"}
     with pytest.raises(InvalidArgument, match="nested 3 deep"):
         decode_json(doc, "x", max_depth=2)
+
+
+_JSON_ALPHABET = list(b'[]{}",:\\0123456789eE+-.truefalsn \t\nNaIiy') + [0xED, 0xA0, 0x80, 0xFF]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=200), st.lists(st.sampled_from(_JSON_ALPHABET), max_size=300).map(bytes),
+                 st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                              lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=4), kids,
+                                                                                       max_size=3),
+                              max_leaves=20).map(lambda v: json.dumps(v).encode())))
+def test_any_body_decodes_or_is_refused_cleanly(body):
+    try:
+        value = decode_json(body, "fuzz", max_bytes=1 << 10, max_depth=8)
+    except (InvalidArgument, RequestTooLarge) as exc:
+        assert str(exc).startswith("fuzz: ")
+        return
+    assert json.loads(json.dumps(value, allow_nan=False)) == value  # a clean, re-encodable value
