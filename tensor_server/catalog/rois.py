@@ -20,6 +20,7 @@ Rules (the reference's behaviour, so client code written against it works):
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 import uuid
@@ -169,6 +170,15 @@ def _bbox(roi: Any, kind: str, limits: RoiLimits) -> list[float]:
     return [float(lo[0]), float(lo[1]), float(hi[0]), float(hi[1])]
 
 
+def _geometry_json(roi: Any) -> str:
+    """The ROI as one line of proto3 JSON: the text ``MessageToJson(indent=0)`` gives without
+    its newlines, but through the C JSON encoder (the indenting one is pure Python: 1 ms a
+    small polygon, most of a 10,000-row put)."""
+    from google.protobuf import json_format
+
+    return json.dumps(json_format.MessageToDict(roi), separators=(",", ": "))
+
+
 def _check_text_sizes(roi_id: str, roi: Any, limits: RoiLimits) -> None:
     label = roi.label
     caption = roi.roi.text.text if roi.roi.WhichOneof("shape") == "text" else ""
@@ -180,8 +190,6 @@ def _check_text_sizes(roi_id: str, roi: Any, limits: RoiLimits) -> None:
 
 
 def _prepare(array_id: str, roi: Any, limits: RoiLimits = RoiLimits()) -> _Prepared:
-    from google.protobuf import json_format
-
     if roi.array_id and roi.array_id != array_id:
         raise InvalidArgument(f"annotation array_id {roi.array_id!r} does not match the request's {array_id!r}")
     roi_id = roi.roi_id.strip()
@@ -205,7 +213,7 @@ def _prepare(array_id: str, roi: Any, limits: RoiLimits = RoiLimits()) -> _Prepa
     return _Prepared(
         roi_id=roi_id or uuid.uuid4().hex, set_name=set_name, label=roi.label, shape_kind=kind,
         plane=dict(roi.plane), bbox=_bbox(roi.roi, kind, limits),
-        geometry=json_format.MessageToJson(roi.roi, indent=0).replace("\n", ""),
+        geometry=_geometry_json(roi.roi),
         props_json=roi.props_json or None,
         drawn_against_version=roi.drawn_against_version.hex() if roi.HasField("drawn_against_version") else None,
         rev=roi.rev, roi=roi.roi,
