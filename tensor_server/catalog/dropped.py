@@ -160,7 +160,7 @@ class DroppedPaths:
             return
         served_inside = [r for r in self.catalog.roots if _under(r, path)]
         for root in served_inside:  # a parent of a root: the root's sources stay the root's
-            self._tally_served(root, tally)
+            self._tally_served(root, tally, say_when_none=False)
         label = self._label_for(path)
         budget = WalkBudget(self.limits.max_entries, self.limits.max_seconds, cancelled)
         claims = iter([Claim(path, known[source_type])]) if source_type else discover(
@@ -205,11 +205,11 @@ class DroppedPaths:
             tally.failed.append((str(claim.path), rec.unresolved_reason or "unreadable"))
         return sid
 
-    def _tally_served(self, path: Path, tally: AddTally) -> None:
-        for r in self.catalog.records():
-            if r.path is not None and _under(Path(r.path), path):
-                tally.already_present.append(r.source_id)
-        if not tally.already_present:
+    def _tally_served(self, path: Path, tally: AddTally, *, say_when_none: bool = True) -> None:
+        """Report the served sources at or under ``path`` as present (they stay the root's)."""
+        present = [r.source_id for r in self.catalog.records() if r.path is not None and _under(Path(r.path), path)]
+        tally.already_present.extend(present)
+        if not present and say_when_none:
             tally.failed.append((str(path), "under a served root, but no source there (yet: the next scan finds it)"))
 
     def remove(self, root_url: str) -> list[str]:
