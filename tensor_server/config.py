@@ -139,6 +139,8 @@ class Settings:
     read_only: bool = False
     #: serve add_source / remove_source (``--no-add-source`` turns them off)
     add_source: bool = True
+    #: folders an added path must lie under (None: the user's home and the served roots)
+    allowed_paths: list[str] | None = None
 
     def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -179,6 +181,7 @@ _KEYS = {
     ("read", "admission_timeout"): "admission_timeout",
     ("read_only",): "read_only",
     ("catalog", "add_source"): "add_source",
+    ("catalog", "allowed_paths"): "allowed_paths",
     ("tls", "enabled"): "tls",
     ("tls", "cert"): "tls_cert",
     ("tls", "key"): "tls_key",

@@ -13,19 +13,50 @@ FIFO would block the first read forever; sockets and devices are not data), a sy
 or a dangling link is skipped, and by default a symlink whose target leaves the served roots
 is not followed (it would serve any file the server can read, e.g. ``/etc/passwd``). Each
 skipped entry is reported through ``on_skip`` with the reason, and the walk goes on.
+
+A walk a client asks for (``add_source``) carries a ``WalkBudget``: every directory entry
+looked at is spent from it, and the walk stops with ``ResourceExhausted`` once it has looked
+at ``max_entries`` or run ``max_seconds``, or with ``ReadCancelled`` as soon as the client has
+gone. Folders in ``exclude`` (served roots, the write dir, the cache) are not entered.
 """
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from tensor_server.adapters.registry import HEAD_BYTES, FormatEntry, formats
+from tensor_server.errors import ReadCancelled, ResourceExhausted
 
-__all__ = ["Claim", "discover", "links_leaving"]
+__all__ = ["Claim", "WalkBudget", "discover", "links_leaving"]
+
+
+@dataclass
+class WalkBudget:
+    """What one client-asked walk may spend (see the module docstring)."""
+
+    max_entries: int = 100_000
+    max_seconds: float = 60.0
+    cancelled: Callable[[], bool] | None = None
+    entries: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def spend(self, what: Path) -> None:
+        """Count one entry; stop the walk when the client went or the budget is spent."""
+        self.entries += 1
+        if self.cancelled is not None and self.cancelled():
+            raise ReadCancelled(f"the walk of {what} was stopped: the client went away")
+        if self.entries > self.max_entries:
+            raise ResourceExhausted(f"the walk stopped at {what}: it looked at {self.max_entries} entries, the "
+                                    "limit of one request; add a smaller folder")
+        if time.monotonic() - self.started > self.max_seconds:
+            raise ResourceExhausted(f"the walk stopped at {what}: it ran {self.max_seconds:g} s, the limit of one "
+                                    "request; add a smaller folder")
 
 
 @dataclass(frozen=True)
@@ -115,16 +146,29 @@ def _claim(path: Path, entries: list[FormatEntry], is_dir: bool) -> FormatEntry 
     return None
 
 
+def _listing(folder: Path, budget: WalkBudget | None) -> list[os.DirEntry]:
+    """A folder's entries; under a budget, no more than it has left (plus one, to trip it),
+    so a folder of ten million files is not listed whole first."""
+    with os.scandir(folder) as it:
+        if budget is None:
+            return list(it)
+        return list(itertools.islice(it, max(0, budget.max_entries - budget.entries) + 1))
+
+
 def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] | None = None, *,
              allowed_roots: Sequence[str | os.PathLike[str]] | None = None,
-             on_skip: Callable[[Path, str], None] | None = None) -> Iterator[Claim]:
+             on_skip: Callable[[Path, str], None] | None = None, budget: WalkBudget | None = None,
+             exclude: Sequence[str | os.PathLike[str]] = ()) -> Iterator[Claim]:
     """Yield a Claim for every source under ``root`` (``root`` itself may be one).
 
     ``allowed_roots``: folders a symlink's target must lie in to be followed (None: follow
-    every symlink). ``on_skip(path, reason)`` hears about every entry refused on the way."""
+    every symlink). ``on_skip(path, reason)`` hears about every entry refused on the way.
+    ``budget``: spent per entry (raises when spent, see ``WalkBudget``). ``exclude``: folders
+    not entered (nor claimed)."""
     entries = formats()
     root = Path(root)
     allowed = None if allowed_roots is None else [os.path.realpath(r) for r in allowed_roots]
+    excluded = {os.path.realpath(e) for e in exclude}
 
     def refused(path: Path) -> tuple[bool, bool]:
         reason, is_dir = _refusal(path, allowed)
@@ -151,14 +195,18 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
         if on_progress is not None:
             on_progress(folder)
         try:
-            children = sorted(os.scandir(folder), key=lambda d: d.name)
+            children = sorted(_listing(folder, budget), key=lambda d: d.name)
         except OSError as exc:
             if on_skip is not None:
                 on_skip(folder, f"cannot list ({exc.strerror or exc})")
             continue
         subdirs = []
         for child in children:
+            if budget is not None:
+                budget.spend(Path(child.path))
             if child.name.startswith(".") or (owned and child.name.lower().endswith(owned)):
+                continue
+            if excluded and os.path.realpath(child.path) in excluded:
                 continue
             path = Path(child.path)
             skip, is_dir = refused(path)

@@ -20,22 +20,51 @@ Rules (the reference's behaviour, so client code written against it works):
 """
 from __future__ import annotations
 
+import json
 import math
 import threading
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
-from tensor_server.core.identity import ArrayId
-from tensor_server.errors import InvalidArgument
+import numpy as np
 
-__all__ = ["RoiStore", "RoiStoreBusy", "UnseenRois", "RESERVED_SET_PREFIX", "MAX_ROIS_PER_TENSOR"]
+from tensor_server.core.identity import ArrayId
+from tensor_server.errors import InvalidArgument, RequestTooLarge
+
+__all__ = ["RoiStore", "RoiStoreBusy", "RoiLimits", "UnseenRois", "RESERVED_SET_PREFIX", "MAX_ROIS_PER_TENSOR"]
 
 RESERVED_SET_PREFIX = "@"
 #: An annotation store, not a segmentation store: past this a label tensor is the tool.
 MAX_ROIS_PER_TENSOR = 10_000
 _MAX_ROI_ID_LEN = 128
+
+
+@dataclass(frozen=True)
+class RoiLimits:
+    """What one annotation and one request may hold. An annotation is a hand-drawn shape
+    with a caption, not a segmentation (that is a label tensor): past these a request is
+    refused (``RequestTooLarge``) before anything is stored, so no client can make the
+    store, or every later read of the tensor, slow for everyone."""
+
+    #: vertices of one polygon or polyline (a traced cell outline has hundreds)
+    max_points_per_shape: int = 65_536
+    #: characters of ``label`` / of a text caption
+    max_label_chars: int = 4096
+    #: characters of ``props_json``
+    max_props_json_chars: int = 65_536
+    #: rows of one roi_put (the biopb reference's documented batch maximum)
+    max_rows_per_put: int = MAX_ROIS_PER_TENSOR
+    #: ids of one roi_delete
+    max_ids_per_delete: int = MAX_ROIS_PER_TENSOR
+    #: bytes of the Arrow rows of one roi_put / roi_delete request
+    max_request_bytes: int = 64 << 20
+    #: characters of geometry and props one list_rois answer carries before it is truncated
+    max_list_chars: int = 256 << 20
+
+
 _ACCEPTED_SHAPES = frozenset({"point", "rectangle", "ellipse", "polygon", "polyline", "text"})
 
 _SCHEMA = """
@@ -98,31 +127,70 @@ def is_reserved_set(set_name: str) -> bool:
     return set_name.startswith(RESERVED_SET_PREFIX)
 
 
-def _bbox(roi: Any, kind: str) -> list[float]:
-    """Axis-aligned [x0, y0, x1, y1] in level-0 pixels: what makes the SQL surface useful."""
-    if kind in ("point", "text"):
-        p = roi.point if kind == "point" else roi.text.at
-        return [p.x, p.y, p.x, p.y]
-    if kind == "rectangle":
-        a, b = roi.rectangle.top_left, roi.rectangle.bottom_right
-        return [min(a.x, b.x), min(a.y, b.y), max(a.x, b.x), max(a.y, b.y)]
-    if kind == "ellipse":
-        c, r, t = roi.ellipse.center, roi.ellipse.radius, roi.ellipse.rotation
-        hx = math.hypot(r.x * math.cos(t), r.y * math.sin(t))
-        hy = math.hypot(r.x * math.sin(t), r.y * math.cos(t))
-        return [c.x - hx, c.y - hy, c.x + hx, c.y + hy]
+def _points(roi: Any, kind: str, limits: RoiLimits) -> np.ndarray:
+    """The (n, 2) vertices of a polygon or polyline, within the per-shape cap."""
     points = roi.polyline.points if kind == "polyline" else roi.polygon.points
     need = 2 if kind == "polyline" else 3
     if len(points) < need:
         raise InvalidArgument(f"a {kind} needs at least {need} points, got {len(points)}")
+    if len(points) > limits.max_points_per_shape:
+        raise RequestTooLarge(f"a {kind} of {len(points)} points is above the limit of {limits.max_points_per_shape} "
+                              "per annotation; simplify the outline, or store a segmentation as a label tensor")
+    return np.array([(p.x, p.y) for p in points], np.float64).reshape(-1, 2)
+
+
+def _finite(kind: str, values: Any) -> None:
+    if not np.isfinite(np.asarray(values, np.float64)).all():
+        raise InvalidArgument(f"a {kind} with a NaN or infinite coordinate cannot be stored; coordinates are "
+                              "finite level-0 pixel positions")
+
+
+def _bbox(roi: Any, kind: str, limits: RoiLimits) -> list[float]:
+    """Axis-aligned [x0, y0, x1, y1] in level-0 pixels: what makes the SQL surface useful.
+    Every coordinate must be finite: a NaN corner would make the bbox (and every spatial
+    query over it) meaningless."""
+    if kind in ("point", "text"):
+        p = roi.point if kind == "point" else roi.text.at
+        _finite(kind, [p.x, p.y, p.z])
+        return [p.x, p.y, p.x, p.y]
+    if kind == "rectangle":
+        a, b = roi.rectangle.top_left, roi.rectangle.bottom_right
+        _finite(kind, [a.x, a.y, a.z, b.x, b.y, b.z])
+        return [min(a.x, b.x), min(a.y, b.y), max(a.x, b.x), max(a.y, b.y)]
+    if kind == "ellipse":
+        c, r, t = roi.ellipse.center, roi.ellipse.radius, roi.ellipse.rotation
+        _finite(kind, [c.x, c.y, c.z, r.x, r.y, r.z, t])
+        hx = math.hypot(r.x * math.cos(t), r.y * math.sin(t))
+        hy = math.hypot(r.x * math.sin(t), r.y * math.cos(t))
+        return [c.x - hx, c.y - hy, c.x + hx, c.y + hy]
+    xy = _points(roi, kind, limits)
     pad = abs(roi.polyline.width) / 2.0 if kind == "polyline" else 0.0
-    xs, ys = [p.x for p in points], [p.y for p in points]
-    return [min(xs) - pad, min(ys) - pad, max(xs) + pad, max(ys) + pad]
+    _finite(kind, [pad])
+    _finite(kind, xy)
+    lo, hi = xy.min(axis=0) - pad, xy.max(axis=0) + pad
+    return [float(lo[0]), float(lo[1]), float(hi[0]), float(hi[1])]
 
 
-def _prepare(array_id: str, roi: Any) -> _Prepared:
+def _geometry_json(roi: Any) -> str:
+    """The ROI as one line of proto3 JSON: the text ``MessageToJson(indent=0)`` gives without
+    its newlines, but through the C JSON encoder (the indenting one is pure Python: 1 ms a
+    small polygon, most of a 10,000-row put)."""
     from google.protobuf import json_format
 
+    return json.dumps(json_format.MessageToDict(roi), separators=(",", ": "))
+
+
+def _check_text_sizes(roi_id: str, roi: Any, limits: RoiLimits) -> None:
+    label = roi.label
+    caption = roi.roi.text.text if roi.roi.WhichOneof("shape") == "text" else ""
+    for what, text, cap in (("label", label, limits.max_label_chars), ("caption text", caption, limits.max_label_chars),
+                            ("props_json", roi.props_json, limits.max_props_json_chars)):
+        if len(text) > cap:
+            raise RequestTooLarge(f"annotation {roi_id or '<new>'}: {what} of {len(text)} characters is above the "
+                                  f"limit of {cap}; keep bulk data in a file or a tensor and refer to it")
+
+
+def _prepare(array_id: str, roi: Any, limits: RoiLimits = RoiLimits()) -> _Prepared:
     if roi.array_id and roi.array_id != array_id:
         raise InvalidArgument(f"annotation array_id {roi.array_id!r} does not match the request's {array_id!r}")
     roi_id = roi.roi_id.strip()
@@ -130,6 +198,7 @@ def _prepare(array_id: str, roi: Any) -> _Prepared:
         raise InvalidArgument(f"roi_id is longer than {_MAX_ROI_ID_LEN} characters: {roi_id[:32]!r}...")
     if "," in roi_id:
         raise InvalidArgument(f"roi_id may not contain a comma: {roi_id!r}")
+    _check_text_sizes(roi_id, roi, limits)
     set_name = roi.set_name or "default"
     if is_reserved_set(set_name):
         raise InvalidArgument(f"set_name {set_name!r} is in the server-owned {RESERVED_SET_PREFIX!r} namespace; "
@@ -144,8 +213,8 @@ def _prepare(array_id: str, roi: Any) -> _Prepared:
         raise InvalidArgument("caption text is empty")
     return _Prepared(
         roi_id=roi_id or uuid.uuid4().hex, set_name=set_name, label=roi.label, shape_kind=kind,
-        plane=dict(roi.plane), bbox=_bbox(roi.roi, kind),
-        geometry=json_format.MessageToJson(roi.roi, indent=0).replace("\n", ""),
+        plane=dict(roi.plane), bbox=_bbox(roi.roi, kind, limits),
+        geometry=_geometry_json(roi.roi),
         props_json=roi.props_json or None,
         drawn_against_version=roi.drawn_against_version.hex() if roi.HasField("drawn_against_version") else None,
         rev=roi.rev, roi=roi.roi,
@@ -154,6 +223,40 @@ def _prepare(array_id: str, roi: Any) -> _Prepared:
 
 def _unix_ms(value: datetime | None) -> int:
     return int(value.timestamp() * 1000) if value is not None else 0
+
+
+def _rows_table(rows: Sequence[tuple[_Prepared, int]]) -> Any:
+    """The client-given columns of ``rows`` (with their new rev) as an Arrow table whose
+    types DuckDB casts to the ``rois`` columns."""
+    import pyarrow as pa
+
+    ps = [p for p, _ in rows]
+    return pa.table({
+        "roi_id": pa.array([p.roi_id for p in ps], pa.string()),
+        "set_name": pa.array([p.set_name for p in ps], pa.string()),
+        "label": pa.array([p.label for p in ps], pa.string()),
+        "shape_kind": pa.array([p.shape_kind for p in ps], pa.string()),
+        "plane": pa.array([list(p.plane.items()) for p in ps], pa.map_(pa.uint32(), pa.uint32())),
+        "bbox": pa.array([p.bbox for p in ps], pa.list_(pa.float64(), 4)),
+        "geometry": pa.array([p.geometry for p in ps], pa.large_string()),
+        "props_json": pa.array([p.props_json for p in ps], pa.large_string()),
+        "drawn_against_version": pa.array([p.drawn_against_version for p in ps], pa.string()),
+        "rev": pa.array([rev for _, rev in rows], pa.int64()),
+    })
+
+
+def _stored(array_id: str, p: _Prepared, rev: int, created: datetime, now: datetime) -> Any:
+    """The annotation as stored, built from the prepared row (no JSON round trip)."""
+    from biopb.image.annotation_pb2 import RoiAnnotation
+
+    out = RoiAnnotation(roi_id=p.roi_id, array_id=array_id, set_name=p.set_name, label=p.label or "",
+                        props_json=p.props_json or "", rev=rev, created_at_unix_ms=_unix_ms(created),
+                        updated_at_unix_ms=_unix_ms(now))
+    out.roi.CopyFrom(p.roi)
+    out.plane.update(p.plane)
+    if p.drawn_against_version is not None:
+        out.drawn_against_version = bytes.fromhex(p.drawn_against_version)
+    return out
 
 
 def _annotation(row: Sequence[Any]) -> Any:
@@ -175,8 +278,9 @@ class RoiStore:
     """The ``rois`` table in a DuckDB file (or in memory). Thread-safe: writers take one
     lock; every statement runs on its own cursor."""
 
-    def __init__(self, path: str | None = None) -> None:
+    def __init__(self, path: str | None = None, *, limits: RoiLimits = RoiLimits()) -> None:
         self.path = path
+        self.limits = limits
         self._lock = threading.Lock()
         self._con: Any = None
         #: bumped on every change, so the catalog re-publishes its snapshot only then
@@ -218,18 +322,19 @@ class RoiStore:
             ) -> tuple[list[Any], list[Any]]:
         """Create or update ``rois`` on ``array_id`` as one unit: ``(stored, conflicts)``.
         ``source_url`` is the source's catalog url when it is in the catalog now (a
-        sighting), else None."""
+        sighting), else None. Rows land in two set statements over an Arrow table (not
+        one statement per row), so a full batch costs the store a fraction of a second."""
         from biopb.image.annotation_pb2 import RoiConflict
 
-        prepared = [_prepare(array_id, r) for r in rois]
-        ids = [p.roi_id for p in prepared]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
+        limits = self.limits
+        if len(rois) > limits.max_rows_per_put:
+            raise RequestTooLarge(f"roi_put on {array_id}: {len(rois)} annotations in one request, above the limit "
+                                  f"of {limits.max_rows_per_put}; send them in several requests")
+        prepared = [_prepare(array_id, r, limits) for r in rois]
+        dup = sorted(i for i, n in Counter(p.roi_id for p in prepared).items() if n > 1)
         if dup:
-            raise InvalidArgument(f"duplicate roi_id in one batch: {dup}")
-        source_id = ArrayId.parse(array_id).source_id
+            raise InvalidArgument(f"duplicate roi_id in one batch: {dup[:20]}" + (" ..." if len(dup) > 20 else ""))
         con = self._connection()
-        stored: list[Any] = []
-        conflicts: list[Any] = []
         with self._lock:
             now = datetime.now()
             cur = con.cursor()
@@ -237,40 +342,20 @@ class RoiStore:
             try:
                 existing = {r[0]: (r[1], r[2], r[3]) for r in cur.execute(
                     "SELECT roi_id, rev, created_at, set_name FROM rois WHERE array_id = ?", [array_id]).fetchall()}
-                moved = sorted(p.roi_id for p in prepared if p.roi_id in existing and is_reserved_set(existing[p.roi_id][2]))
-                if moved:
-                    raise InvalidArgument(f"{', '.join(moved)}: stored in a server-owned set; give the copy a new roi_id")
-                authored = sum(1 for v in existing.values() if not is_reserved_set(v[2]))
-                new = sum(1 for p in prepared if p.roi_id not in existing)
-                if authored + new > MAX_ROIS_PER_TENSOR:
-                    raise InvalidArgument(f"annotation limit reached for {array_id}: {authored} stored + {new} new "
-                                          f"exceeds {MAX_ROIS_PER_TENSOR}; a segmentation belongs in a label tensor")
+                self._check_room(array_id, prepared, existing)
                 if source_url is not None:
                     cur.execute("UPDATE rois SET source_url = ?, last_seen_at = ? WHERE source_id = ?",
-                                [source_url, now, source_id])
+                                [source_url, now, ArrayId.parse(array_id).source_id])
+                stored, conflicts, inserts, updates = [], [], [], []
                 for p in prepared:
                     prior = existing.get(p.roi_id)
                     if prior is not None and check_rev and p.rev != prior[0]:
                         conflicts.append(RoiConflict(roi_id=p.roi_id, stored_rev=prior[0]))
                         continue
-                    client_cols = [p.set_name, p.label, p.shape_kind, p.plane, p.bbox, p.geometry, p.props_json,
-                                   p.drawn_against_version]
-                    if prior is None:
-                        rev, created = 1, now
-                        cur.execute(
-                            "INSERT INTO rois (roi_id, array_id, source_id, set_name, label, shape_kind, plane, bbox, "
-                            "geometry, props_json, drawn_against_version, rev, created_at, updated_at, source_url, "
-                            "last_seen_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            [p.roi_id, array_id, source_id, *client_cols, rev, now, now, source_url,
-                             now if source_url is not None else None])
-                    else:
-                        rev, created = prior[0] + 1, prior[1]
-                        cur.execute(
-                            "UPDATE rois SET set_name = ?, label = ?, shape_kind = ?, plane = ?, bbox = ?, geometry = ?, "
-                            "props_json = ?, drawn_against_version = ?, rev = ?, updated_at = ? "
-                            "WHERE array_id = ? AND roi_id = ?", [*client_cols, rev, now, array_id, p.roi_id])
-                    stored.append(_annotation((p.roi_id, array_id, p.set_name, p.label, p.plane, p.geometry,
-                                               p.props_json, p.drawn_against_version, rev, created, now)))
+                    rev, created = (1, now) if prior is None else (prior[0] + 1, prior[1])
+                    (inserts if prior is None else updates).append((p, rev))
+                    stored.append(_stored(array_id, p, rev, created, now))
+                self._write_rows(cur, array_id, inserts, updates, now, source_url)
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -280,25 +365,67 @@ class RoiStore:
             self.generation += 1
         return stored, conflicts
 
+    @staticmethod
+    def _check_room(array_id: str, prepared: Sequence[_Prepared], existing: Mapping[str, tuple]) -> None:
+        moved = sorted(p.roi_id for p in prepared if p.roi_id in existing and is_reserved_set(existing[p.roi_id][2]))
+        if moved:
+            raise InvalidArgument(f"{', '.join(moved[:20])}: stored in a server-owned set; give the copy a new roi_id")
+        authored = sum(1 for v in existing.values() if not is_reserved_set(v[2]))
+        new = sum(1 for p in prepared if p.roi_id not in existing)
+        if authored + new > MAX_ROIS_PER_TENSOR:
+            raise InvalidArgument(f"annotation limit reached for {array_id}: {authored} stored + {new} new "
+                                  f"exceeds {MAX_ROIS_PER_TENSOR}; a segmentation belongs in a label tensor")
+
+    @staticmethod
+    def _write_rows(cur: Any, array_id: str, inserts: Sequence[tuple[_Prepared, int]],
+                    updates: Sequence[tuple[_Prepared, int]], now: datetime, source_url: str | None) -> None:
+        """One INSERT ... SELECT and one UPDATE ... FROM over Arrow tables of the rows."""
+        if inserts:
+            rows = _rows_table(inserts)
+            cur.register("_new_rois", rows)
+            cur.execute(
+                "INSERT INTO rois (roi_id, array_id, source_id, set_name, label, shape_kind, plane, bbox, geometry, "
+                "props_json, drawn_against_version, rev, created_at, updated_at, source_url, last_seen_at) "
+                "SELECT roi_id, ?, ?, set_name, label, shape_kind, plane, bbox, geometry, props_json, "
+                "drawn_against_version, rev, ?, ?, ?, ? FROM _new_rois",
+                [array_id, ArrayId.parse(array_id).source_id, now, now, source_url, now if source_url is not None else None])
+            cur.unregister("_new_rois")
+        if updates:
+            cur.register("_upd_rois", _rows_table(updates))
+            cur.execute(
+                "UPDATE rois SET set_name = u.set_name, label = u.label, shape_kind = u.shape_kind, plane = u.plane, "
+                "bbox = u.bbox, geometry = u.geometry, props_json = u.props_json, "
+                "drawn_against_version = u.drawn_against_version, rev = u.rev, updated_at = ? "
+                "FROM _upd_rois u WHERE rois.array_id = ? AND rois.roi_id = u.roi_id", [now, array_id])
+            cur.unregister("_upd_rois")
+
     def delete(self, array_id: str, roi_ids: Iterable[str] = (), set_name: str = "") -> list[str]:
         """Delete those ids, else the whole set, else every client-owned annotation of the
         tensor; return the ids removed. Server-owned (``@``) sets are refused, never
-        silently skipped."""
+        silently skipped. The ids travel as one Arrow column, never as SQL text."""
+        import pyarrow as pa
+
         if is_reserved_set(set_name):
             raise InvalidArgument(f"set_name {set_name!r} is server-owned; there is nothing to delete there")
         ids = list(roi_ids)
+        if len(ids) > self.limits.max_ids_per_delete:
+            raise RequestTooLarge(f"roi_delete on {array_id}: {len(ids)} ids in one request, above the limit of "
+                                  f"{self.limits.max_ids_per_delete} (a tensor holds at most {MAX_ROIS_PER_TENSOR}); "
+                                  "delete the whole set by name, or send several requests")
         con = self._connection()
         with self._lock:
             cur = con.cursor()
             try:
                 if ids:
-                    marks = ", ".join("?" for _ in ids)
+                    cur.register("_ids", pa.table({"roi_id": pa.array(ids, pa.string())}))
                     owned = [r[0] for r in cur.execute(
-                        f"SELECT roi_id FROM rois WHERE array_id = ? AND roi_id IN ({marks}) AND starts_with(set_name, ?)",
-                        [array_id, *ids, RESERVED_SET_PREFIX]).fetchall()]
+                        "SELECT roi_id FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) "
+                        "AND starts_with(set_name, ?) LIMIT 21", [array_id, RESERVED_SET_PREFIX]).fetchall()]
                     if owned:
-                        raise InvalidArgument(f"{', '.join(sorted(owned))}: in a server-owned set; nothing was deleted")
-                    sql, params = f"DELETE FROM rois WHERE array_id = ? AND roi_id IN ({marks}) RETURNING roi_id", [array_id, *ids]
+                        raise InvalidArgument(f"{', '.join(sorted(owned)[:20])}: in a server-owned set; "
+                                              "nothing was deleted")
+                    sql = "DELETE FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) RETURNING roi_id"
+                    params: list[Any] = [array_id]
                 elif set_name:
                     sql, params = "DELETE FROM rois WHERE array_id = ? AND set_name = ? RETURNING roi_id", [array_id, set_name]
                 else:
@@ -352,19 +479,19 @@ class RoiStore:
     # ---- reads ----------------------------------------------------------------------------
     def list(self, array_id: str, set_name: str = "") -> tuple[list[Any], bool]:
         """``(annotations, truncated)`` in creation order; without ``set_name``, the
-        client-owned sets only (a server-owned set is read by naming it)."""
-        sql = f"SELECT {_READ_COLUMNS} FROM rois WHERE array_id = ?"
-        params: list[Any] = [array_id]
-        if set_name:
-            sql += " AND set_name = ?"
-            params.append(set_name)
-        else:
-            sql += " AND NOT starts_with(set_name, ?)"
-            params.append(RESERVED_SET_PREFIX)
-        rows = self._cursor().execute(sql + " ORDER BY created_at, roi_id LIMIT ?",
-                                      params + [MAX_ROIS_PER_TENSOR + 1]).fetchall()
-        truncated = len(rows) > MAX_ROIS_PER_TENSOR
-        return [_annotation(r) for r in rows[:MAX_ROIS_PER_TENSOR]], truncated
+        client-owned sets only (a server-owned set is read by naming it). At most
+        ``MAX_ROIS_PER_TENSOR`` rows and ``limits.max_list_chars`` of geometry and props
+        (always at least one row): ``truncated`` says when more are stored."""
+        where = "array_id = ?" + (" AND set_name = ?" if set_name else " AND NOT starts_with(set_name, ?)")
+        params: list[Any] = [array_id, set_name or RESERVED_SET_PREFIX]
+        size = "length(geometry) + COALESCE(length(props_json), 0) + COALESCE(length(label), 0)"
+        rows = self._cursor().execute(
+            f"SELECT {_READ_COLUMNS} FROM (SELECT *, sum({size}) OVER w AS upto, row_number() OVER w AS n "
+            f"FROM rois WHERE {where} WINDOW w AS (ORDER BY created_at, roi_id)) "
+            "WHERE n = 1 OR upto <= ? ORDER BY created_at, roi_id LIMIT ?",
+            params + [self.limits.max_list_chars, MAX_ROIS_PER_TENSOR]).fetchall()
+        total = self._cursor().execute(f"SELECT count(*) FROM rois WHERE {where}", params).fetchone()[0]
+        return [_annotation(r) for r in rows], len(rows) < total
 
     def sets(self, array_id: str) -> list[tuple[str, int]]:
         rows = self._cursor().execute(

@@ -38,8 +38,9 @@ arguments.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -155,19 +156,28 @@ class ReadEngine:
             raise StaleChunkId(f"{tensor.array_id}: {reason}; re-plan")
 
     # ---- paths ---------------------------------------------------------------------------------
-    def _admitted(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
-        """``_compute`` within the admission bound (see the class docstring)."""
+    @contextlib.contextmanager
+    def admitted(self) -> Iterator[None]:
+        """One computation slot of the admission bound (see the class docstring), for any
+        work that decodes pixels on a client's behalf (a chunk, a unit of tensor_stats), so
+        all of it shares one bound."""
         if self._admission is None:
-            return self._compute(tensor, cid, cancelled)
+            yield
+            return
         if not self._admission.acquire(timeout=self.admission_timeout):
             raise Overloaded(
                 f"{self.max_computes} chunk computations are running and more are waiting; "
                 f"retry (waited {self.admission_timeout:g} s)"
             )
         try:
-            return self._compute(tensor, cid, cancelled)
+            yield
         finally:
             self._admission.release()
+
+    def _admitted(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
+        """``_compute`` within the admission bound."""
+        with self.admitted():
+            return self._compute(tensor, cid, cancelled)
 
     def _compute(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
         """A validated chunk's pixels, computed (never looked up as a whole entry). A uniform

@@ -10,22 +10,40 @@ Semantics are NumPy's over the decoded pixels: NaN propagates into min, max, sum
 (``np.min`` / ``np.sum``), NaN counts as non-zero. Integer and bool sums are exact (Python
 ints); float sums accumulate float64, unit by unit, so they may differ from a one-pass NumPy
 sum in the last bits. Complex tensors get sum, mean and the non-zero count (no order).
+
+Bounded like every request: a region of more than ``StatsLimits.max_units`` units is refused
+before any work (ask for a slice), the decoded pixels of one call are capped at
+``max_decoded_bytes``, every decoded unit takes a slot of the engine's admission bound (so
+statistics share ``max_computes`` with chunk reads), and ``cancelled()`` is polled before
+each unit: a client that has gone stops the work (``ReadCancelled``).
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.stream_reduce import iter_units, streaming_unit
+from tensor_server.errors import ReadCancelled, RequestTooLarge
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
     from tensor_server.core.engine import ReadEngine
 
-__all__ = ["tensor_stats"]
+__all__ = ["tensor_stats", "StatsLimits"]
+
+
+@dataclass(frozen=True)
+class StatsLimits:
+    """What one tensor_stats call may cost."""
+
+    #: units (storage blocks) the region may span, uniform ones included
+    max_units: int = 100_000
+    #: bytes of pixels one call may decode (uniform units cost none)
+    max_decoded_bytes: int = 16 << 30
 
 
 def _unit(tensor: TensorAdapter) -> tuple[int, ...]:
@@ -34,13 +52,23 @@ def _unit(tensor: TensorAdapter) -> tuple[int, ...]:
     return streaming_unit(block if block is not None else tensor.chunk_shape, block, ones)
 
 
-def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: ReadEngine | None = None) -> dict[str, Any]:
+def _check_size(tensor: TensorAdapter, bounds: Bounds, unit: tuple[int, ...], limits: StatsLimits) -> None:
+    units = math.prod(-(-n // u) for n, u in zip(bounds.shape, unit))
+    if units > limits.max_units:
+        raise RequestTooLarge(f"tensor_stats of {tensor.array_id}: the region {bounds} spans {units} blocks of "
+                              f"{list(unit)}, above the limit of {limits.max_units} per call; ask for a slice")
+
+
+def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: ReadEngine | None = None, *,
+                 limits: StatsLimits = StatsLimits(), cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
     """``{count, count_nonzero, min, max, sum, mean, uniform_pixels, decoded_pixels}`` of
-    ``bounds`` (default the whole tensor); see the module docstring."""
+    ``bounds`` (default the whole tensor); see the module docstring for the bounds."""
     from tensor_server.core.engine import default_engine
 
     engine = engine or default_engine()
     bounds = tensor.check_bounds(bounds)
+    unit = _unit(tensor)
+    _check_size(tensor, bounds, unit, limits)
     dt = tensor.dtype
     ordered = dt.kind != "c"
     exact = dt.kind in "biu"
@@ -56,7 +84,9 @@ def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: Re
         lo = unit_lo if lo is None else np.minimum(lo, unit_lo)
         hi = unit_hi if hi is None else np.maximum(hi, unit_hi)
 
-    for ub in iter_units(bounds, _unit(tensor)):
+    for ub in iter_units(bounds, unit):
+        if cancelled is not None and cancelled():
+            raise ReadCancelled(f"tensor_stats of {tensor.array_id}: the client went away")
         n = ub.size
         v = engine.uniform(tensor, ub)
         if v is not None:
@@ -65,7 +95,12 @@ def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: Re
             nonzero += n if v != 0 or (dt.kind in "fc" and np.isnan(v)) else 0
             merge(v, v)
             continue
-        data = engine.read(tensor, ub)
+        if (decoded_px + n) * dt.itemsize > limits.max_decoded_bytes:
+            raise RequestTooLarge(f"tensor_stats of {tensor.array_id}: the region {bounds} needs more than "
+                                  f"{limits.max_decoded_bytes} bytes of pixels decoded, the limit of one call; "
+                                  "ask for a slice")
+        with engine.admitted():
+            data = engine.read(tensor, ub, cancelled=cancelled)
         decoded_px += n
         if exact:
             total += int(data.sum(dtype=np.int64)) if dt.itemsize < 8 or dt.kind == "b" else int(data.astype(object).sum())

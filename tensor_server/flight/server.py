@@ -146,10 +146,10 @@ class TensorFlightServer(flight.FlightServerBase):
         batches = (chunk.data for chunk in reader)
         if arm in ("roi_put", "roi_delete"):
             self.runtime.authenticate(caller)
-            writer.write(pa.py_buffer(self.runtime.catalog_verbs.roi_write(cmd, batches)))
+            writer.write(pa.py_buffer(self.runtime.catalog_verbs.roi_write(cmd, batches, context.is_cancelled)))
             return
         if arm == "chunk_ticket":
-            self.runtime.put_chunk(cmd.chunk_ticket, batches, caller)
+            self.runtime.put_chunk(cmd.chunk_ticket, batches, caller, context.is_cancelled)
             return
         raise Unimplemented(f"DoPut {arm or 'without a command'} is not supported by this server")
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from tensor_server.errors import InvalidArgument, Unimplemented
 from tensor_server.service import upload_verbs
-from tensor_server.service.bodies import decode_json, decode_message
+from tensor_server.core.json_body import decode_json
+from tensor_server.service.bodies import decode_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.caller import Caller
@@ -85,7 +86,7 @@ def _tensor_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     from tensor_server.core.stats import tensor_stats
 
     usage = 'tensor_stats takes {"array_id": "...", "slice": {"start": [...], "stop": [...]}} (slice optional)'
-    request = decode_json(body, "tensor_stats", empty={})
+    request = decode_json(body, "tensor_stats body") if body else {}
     if not isinstance(request, dict) or not isinstance(request.get("array_id"), str):
         raise InvalidArgument(usage)
     tensor, _ = rt.tensor(request["array_id"], caller)
@@ -96,7 +97,11 @@ def _tensor_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
         if not all(type(v) is int for v in region["start"] + region["stop"]):
             raise InvalidArgument("tensor_stats: slice start and stop must be lists of integers")
         bounds = Bounds(tuple(region["start"]), tuple(region["stop"])).clamp(tensor.shape)
-    return _json(tensor_stats(tensor, bounds, rt.engine))
+    return _json(tensor_stats(tensor, bounds, rt.engine, cancelled=cancelled))
+
+
+def _add_source(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    return rt.catalog_verbs.add_source(body, cancelled)
 
 
 def _verb(method: str) -> Handler:
@@ -115,7 +120,7 @@ ACTIONS: tuple[Action, ...] = (
            _tensor_stats, per_tensor=True),
     Action("resolve", "open an unreadable source again now; streams its catalog row", _verb("resolve"), streams=True),
     Action("add_source", "register a path on the server's disk for this server's lifetime (streams progress)",
-           _verb("add_source"), writes=True, streams=True),
+           _add_source, writes=True, streams=True),
     Action("remove_source", "deregister a path added with add_source (its dnd:// branch)", _verb("remove_source"),
            writes=True),
     Action("catalog_children", "one level of the catalog tree: the folders and sources under a folder (JSON)",

@@ -310,7 +310,8 @@ class ServingRuntime:
         return self.catalog.query(sql, cancelled=cancelled)
 
     # ---- uploads: one chunk -----------------------------------------------------------------------
-    def put_chunk(self, chunk_ticket: bytes, pieces: Iterator[Any], caller: Caller) -> None:
+    def put_chunk(self, chunk_ticket: bytes, pieces: Iterator[Any], caller: Caller,
+                  cancelled: Cancelled | None = None) -> None:
         """Store one planned chunk of a PENDING upload (``chunk_ticket``: a write plan's
         TensorTicket). The ticket is checked before a byte is read; ``pieces`` (Arrow record
         batches with a ``data`` column) are then taken one at a time within the chunk's own
@@ -318,20 +319,19 @@ class ServingRuntime:
         from biopb.tensor import ticket_pb2
 
         from tensor_server.service.bodies import decode_message
-        from tensor_server.service.upload_verbs import require_writable, take_chunk_values
+        from tensor_server.service.upload_verbs import require_writable
 
         manager = require_writable(self)
         ticket = decode_message(ticket_pb2.TensorTicket, chunk_ticket, "DoPut chunk_ticket")
         if ticket.WhichOneof("payload") != "chunk_id":
             raise InvalidArgument("DoPut: chunk_ticket carries no chunk id (use a ticket of the write plan)")
-        cid = ChunkId.decode(ticket.chunk_id)
-        up = manager.get(cid.array_id)
-        if up is None:
-            self.authenticate(caller)
-            raise TensorNotFound(f"no upload {cid.array_id!r} (never added, or reclaimed)")
-        self.access.write(caller, up)
-        cid = check_chunk_id(up.tensor, cid)
-        manager.write_chunk(cid, take_chunk_values(pieces, cid.bounds, up.tensor.dtype, up.array_id))
+        try:
+            plan = manager.plan_chunk_write(ticket.chunk_id)
+        except TensorNotFound:
+            self.refuse_unknown(caller)
+            raise
+        self.access.write(caller, plan.upload)
+        manager.write_chunk_stream(plan, pieces, cancelled=cancelled)
 
     # ---- actions --------------------------------------------------------------------------------
     def do_action(self, name: str, body: bytes, caller: Caller, cancelled: Cancelled | None = None

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-import numpy as np
-
-from tensor_server.core.bounds import Bounds
-from tensor_server.errors import InvalidArgument, ReadOnly, RequestTooLarge, TensorServerError
+from tensor_server.errors import InvalidArgument, ReadOnly, TensorServerError
 from tensor_server.service.bodies import decode_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,11 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.runtime import ServingRuntime
     from tensor_server.uploads import Upload, UploadManager
 
-__all__ = ["require_writable", "add_tensor", "set_upload_status", "take_chunk_values", "status_message"]
-
-#: bytes a chunk write may carry past the chunk's own size (Arrow framing of a few batches)
-CHUNK_SLACK_BYTES = 1 << 16
-
+__all__ = ["require_writable", "add_tensor", "set_upload_status", "status_message"]
 
 def require_writable(runtime: ServingRuntime) -> UploadManager:
     if runtime.uploads is None:
@@ -104,29 +97,3 @@ def _refuse_native(runtime: ServingRuntime, array_id: str) -> None:
     raise InvalidArgument(f"set_upload_status: {array_id!r} is a tensor of its source's own files, not an "
                           "upload; it cannot be discarded")
 
-
-def take_chunk_values(pieces: Iterator[Any], bounds: Bounds, dtype: np.dtype, array_id: str) -> np.ndarray:
-    """The ``data`` column of a chunk write's record batches as one flat array, read one
-    batch at a time and refused once it carries more than the chunk's bytes (plus slack):
-    a junk stream is never held whole."""
-    limit = int(np.prod(bounds.shape)) * np.dtype(dtype).itemsize + CHUNK_SLACK_BYTES
-    taken, size = [], 0
-    for batch in pieces:
-        if "data" not in batch.schema.names:
-            raise InvalidArgument(f"DoPut: the stream has no 'data' column (columns: {batch.schema.names})")
-        size += batch.nbytes
-        if size > limit:
-            raise RequestTooLarge(f"DoPut {array_id}: the stream carries more than chunk {bounds} holds "
-                                  f"({limit - CHUNK_SLACK_BYTES} bytes); send one planned chunk per DoPut")
-        taken.append(batch.column(batch.schema.get_field_index("data")))
-    if not taken:
-        raise InvalidArgument(f"DoPut {array_id}: the stream carried no rows for chunk {bounds}")
-    import pyarrow as pa
-
-    arr = taken[0] if len(taken) == 1 else pa.concat_arrays(taken)
-    if arr.null_count:
-        raise InvalidArgument("DoPut: the 'data' column holds nulls")
-    try:
-        return arr.to_numpy(zero_copy_only=str(arr.type) != "bool")
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a non-numeric column
-        raise InvalidArgument(f"DoPut: the 'data' column of type {arr.type} is not a numeric array: {exc}") from None

@@ -13,15 +13,18 @@ marker, so they survive restarts) and idleness, so tests drive sweeps without sl
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import quote
 
 import numpy as np
@@ -32,15 +35,19 @@ from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.identity import ArrayId
 from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
-from tensor_server.errors import AlreadyExists, FailedPrecondition, InvalidArgument, TensorNotFound, TensorServerError
+from tensor_server.core.bounded_stream import take_within
+from tensor_server.core.json_body import decode_json
+from tensor_server.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted, StorageFull, TensorNotFound,
+                                  TensorServerError)
 from tensor_server.uploads.cache_member import CacheMember
+from tensor_server.uploads.declared import checked_extent, chunk_values
 from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID, ScratchSource
 from tensor_server.uploads.zarr_member import ZarrMember
 
-__all__ = ["UploadManager", "Upload", "UploadClosed", "UploadNotReadable", "DEFAULT_UPLOAD_TTL",
-           "DEFAULT_SCRATCH_TTL"]
+__all__ = ["UploadManager", "Upload", "UploadClosed", "UploadNotReadable", "ChunkWrite", "DEFAULT_UPLOAD_TTL",
+           "DEFAULT_SCRATCH_TTL", "DEFAULT_MAX_PENDING_UPLOADS", "DEFAULT_CHUNK_SLACK_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,10 @@ log = logging.getLogger(__name__)
 DEFAULT_UPLOAD_TTL = 3600.0
 #: every lifetime on the scratch source is capped at this (0 = off)
 DEFAULT_SCRATCH_TTL = 86400.0
+#: PENDING uploads one write dir holds at once
+DEFAULT_MAX_PENDING_UPLOADS = 1024
+#: bytes a chunk's DoPut stream may carry beyond the chunk's values (Arrow framing, padding)
+DEFAULT_CHUNK_SLACK_BYTES = 1 << 20
 #: transient: READY is being published (writes refused, discard waits for the outcome)
 _SEALING = "SEALING"
 
@@ -74,6 +85,18 @@ class UploadNotReadable(FailedPrecondition):
     slug = "upload_not_readable"
 
 
+@dataclass(frozen=True)
+class ChunkWrite:
+    """A DoPut's target, checked before its stream is read: the upload, the chunk and the
+    most bytes its stream may carry."""
+
+    upload: "Upload"
+    chunk_id: ChunkId
+    bounds: Bounds
+    expected_bytes: int
+    max_stream_bytes: int
+
+
 @dataclass
 class Upload:
     """One uploaded tensor: its store, reader and progress (``adopted`` ones carry none)."""
@@ -91,7 +114,10 @@ class Upload:
     granted_ttl: float | None = None
     reason: str = ""
     discarded_at: float | None = None
+    #: chunks whose write returned (durable as far as the member goes: READY fsyncs them)
     received: set[Bounds] = field(default_factory=set)
+    #: chunks whose last write failed (ENOSPC, I/O error): a hole the client did not mean
+    failed: set[Bounds] = field(default_factory=set)
     inflight: int = 0
     #: SHA-256 (hex) of the upload's grant ("" = none); the service floor checks callers against it
     owner: str = ""
@@ -99,7 +125,11 @@ class Upload:
 
     @property
     def expected_chunks(self) -> int:
-        return int(np.prod([-(-n // c) for n, c in zip(self.tensor.shape, self.tensor.chunk_shape)]))
+        return int(np.prod([-(-n // c) for n, c in zip(self.tensor.shape, self.tensor.chunk_shape)], dtype=object))
+
+    @property
+    def declared_bytes(self) -> int:
+        return int(np.prod(self.tensor.shape, dtype=object)) * self.tensor.dtype.itemsize
 
     def status(self) -> dict[str, Any]:
         return {"state": self.state, "expected_chunks": self.expected_chunks,
@@ -122,8 +152,20 @@ class UploadManager:
     life left READY."""
 
     def __init__(self, catalog: Any, write_dir: str | os.PathLike[str], *, upload_ttl: float = DEFAULT_UPLOAD_TTL,
-                 scratch_ttl: float = DEFAULT_SCRATCH_TTL, clock: Callable[[], float] = time.time) -> None:
+                 scratch_ttl: float = DEFAULT_SCRATCH_TTL, clock: Callable[[], float] = time.time,
+                 max_pending_uploads: int = DEFAULT_MAX_PENDING_UPLOADS, max_declared_bytes: int | None = None,
+                 refuse_unwritten_chunks: bool = False, chunk_slack_bytes: int = DEFAULT_CHUNK_SLACK_BYTES) -> None:
+        """Quotas: at most ``max_pending_uploads`` PENDING at once, declaring at most
+        ``max_declared_bytes`` together (None: the write dir's free space when each is
+        added). ``refuse_unwritten_chunks``: READY is refused while a planned chunk was
+        never written, unless that call says holes are fill (the wire protocol reads them
+        as zeros, and a label upload skips its all-zero blocks, so the default is off).
+        A chunk whose write *failed* always blocks READY until it is written again."""
         self.catalog = catalog
+        self.max_pending_uploads = int(max_pending_uploads)
+        self.max_declared_bytes = max_declared_bytes
+        self.refuse_unwritten_chunks = refuse_unwritten_chunks
+        self.chunk_slack_bytes = int(chunk_slack_bytes)
         self.write_dir = Path(write_dir).resolve()
         (self.write_dir / "fields").mkdir(parents=True, exist_ok=True)
         self.upload_ttl = float(upload_ttl)
@@ -195,21 +237,17 @@ class UploadManager:
         """Create a PENDING tensor on an existing source (refused with the reason otherwise).
         ``owner``: the SHA-256 (hex) of the grant it is created with ("" = none)."""
         target = parse_upload_id(request_id)
-        shape = tuple(int(n) for n in shape)
-        if not shape or any(n < 1 for n in shape):
-            raise InvalidArgument(f"add_tensor {request_id!r}: shape must be positive, got {list(shape)}")
         try:
             dt = np.dtype(dtype)
         except TypeError:
-            raise InvalidArgument(f"add_tensor {request_id!r}: {dtype!r} is not a numpy dtype") from None
+            raise InvalidArgument(f"add_tensor {str(request_id)[:200]!r}: {str(dtype)[:40]!r} is not a numpy dtype") from None
         if dt.kind not in "biuf" or dt.byteorder == ">":
             raise InvalidArgument(f"add_tensor {request_id!r}: dtype {dt.str} is not a little-endian numeric dtype")
+        shape, chunk_shape, nbytes = checked_extent(tuple(shape), tuple(chunk_shape), dt.itemsize,
+                                                    f"add_tensor {request_id!r}")
         dim_labels = tuple(str(d).lower() for d in dim_labels)
         if dim_labels and len(dim_labels) != len(shape):
             raise InvalidArgument(f"add_tensor {request_id!r}: {len(dim_labels)} dim_labels for a {len(shape)}-D tensor")
-        chunk_shape = tuple(int(c) for c in chunk_shape) or shape
-        if len(chunk_shape) != len(shape) or any(c < 1 for c in chunk_shape):
-            raise InvalidArgument(f"add_tensor {request_id!r}: chunk_shape {list(chunk_shape)} does not fit shape {list(shape)}")
         extra_attrs = self._check_metadata(target, metadata_json, request_id)
         if ttl_seconds is not None and ttl_seconds <= 0:
             raise InvalidArgument(f"add_tensor {request_id!r}: ttl_seconds must be positive; leave it unset for no deadline")
@@ -237,6 +275,7 @@ class UploadManager:
         now = self.clock()
         with self._lock:
             self._check_free(target, request_id)
+            self._check_quota(nbytes, request_id)
             path = _member_dir(self.write_dir, target.source_id, target.field)
             if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
                 raise InvalidArgument(f"add_tensor {request_id!r}: {path} already exists and no upload holds it; "
@@ -244,10 +283,11 @@ class UploadManager:
             path.parent.mkdir(parents=True, exist_ok=True)
             marker = Marker(target.array_id, target.store_format, PENDING, uuid.uuid4().hex, now,
                             None if granted is None else now + granted, dim_labels, is_labels, owner)
-            if target.store_format == "zarr":
-                member = ZarrMember.create(path, marker, shape, dt, grid, extra_attrs)
-            else:
-                member = CacheMember.create(path, marker, shape, dt, grid)
+            with self._disk(f"add_tensor {request_id!r}"):
+                if target.store_format == "zarr":
+                    member = ZarrMember.create(path, marker, shape, dt, grid, extra_attrs)
+                else:
+                    member = CacheMember.create(path, marker, shape, dt, grid)
             tensor = member.reader()
             up = Upload(target.array_id, target.source_id, target.field, member, tensor, PENDING, marker.expires_at, now,
                         granted_ttl=granted, owner=owner)
@@ -264,14 +304,39 @@ class UploadManager:
                 raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
                                     f"{other.array_id!r} ({state}); add the tensor under another name")
 
+    def _check_quota(self, nbytes: int, request_id: str) -> None:
+        """Refuse an upload past the pending count or the declared-bytes quota (caller holds
+        ``_lock``)."""
+        pending = [u for u in self._uploads.values() if u.state in (PENDING, _SEALING)]
+        if len(pending) >= self.max_pending_uploads:
+            raise ResourceExhausted(f"add_tensor {request_id!r}: {len(pending)} uploads are PENDING, the limit of "
+                                    f"this server; finish (READY) or DISCARD some first")
+        declared = sum(u.declared_bytes for u in pending)
+        quota = self.max_declared_bytes
+        where = "max_declared_bytes"
+        if quota is None:
+            quota, where = shutil.disk_usage(self.write_dir).free, f"the free space of {self.write_dir}"
+        if declared + nbytes > quota:
+            raise ResourceExhausted(f"add_tensor {request_id!r}: {nbytes} bytes declared on top of {declared} by "
+                                    f"PENDING uploads exceeds {quota} ({where}); finish or DISCARD uploads, or "
+                                    "upload a smaller tensor")
+
+    @contextlib.contextmanager
+    def _disk(self, what: str) -> Iterator[None]:
+        """A full disk under the write dir as ``StorageFull`` naming it (not an OSError)."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFull(f"{what}: the disk under the write dir {self.write_dir} is full "
+                                  f"({exc.strerror}); free space there, then retry") from None
+            raise
+
     @staticmethod
     def _check_metadata(target: Any, metadata_json: str, request_id: str) -> dict[str, Any]:
         if not metadata_json:
             return {}
-        try:
-            doc = json.loads(metadata_json)
-        except ValueError as exc:
-            raise InvalidArgument(f"add_tensor {request_id!r}: metadata_json is not JSON: {exc}") from None
+        doc = decode_json(metadata_json, f"add_tensor {request_id!r}: metadata_json")
         if target.is_label_set and isinstance(doc, dict) and set(doc) <= {"image-label"}:
             return doc
         raise InvalidArgument(
@@ -289,8 +354,10 @@ class UploadManager:
                                   f"{list(image.shape)} or {list(no_channel)}, not {list(shape)}")
 
     # ---- writes ----------------------------------------------------------------------------
-    def write_chunk(self, chunk_id: bytes | ChunkId, data: np.ndarray) -> None:
-        """Store one planned chunk of a PENDING tensor (the ticket its write plan minted)."""
+    def plan_chunk_write(self, chunk_id: bytes | ChunkId) -> ChunkWrite:
+        """Check a DoPut's ticket before its stream is read: the upload exists and is
+        PENDING and the ticket names one chunk of its write plan. Returns the chunk and the
+        byte budget of its stream (its values plus ``chunk_slack_bytes``)."""
         cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
         up = self.get(cid.array_id)
         if up is None:
@@ -301,6 +368,28 @@ class UploadManager:
         grid = tensor.chunk_shape
         if cid.method != UNSCALED or any(a % c or e != min(a + c, n) for a, e, c, n in zip(b.start, b.stop, grid, tensor.shape)):
             raise InvalidArgument(f"{up.array_id}: {b} is not a chunk of its write plan (grid {list(grid)})")
+        if up.state != PENDING:
+            raise UploadClosed(up.array_id, up.state, up.reason)
+        expected = int(np.prod(b.shape, dtype=object)) * tensor.dtype.itemsize
+        return ChunkWrite(up, cid, b, expected, expected + self.chunk_slack_bytes)
+
+    def write_chunk_stream(self, chunk_id: bytes | ChunkId | ChunkWrite, pieces: Iterable[Any], *,
+                           cancelled: Callable[[], bool] | None = None) -> ChunkWrite:
+        """A DoPut: check the ticket, then take its pieces (Arrow record batches with one
+        ``data`` column, or numpy arrays) one at a time within the chunk's byte budget
+        (``RequestTooLarge`` past it, ``ReadCancelled`` when the client goes), then store."""
+        plan = chunk_id if isinstance(chunk_id, ChunkWrite) else self.plan_chunk_write(chunk_id)
+        taken = take_within(pieces, plan.max_stream_bytes, f"DoPut of {plan.upload.array_id} chunk {plan.bounds}",
+                            cancelled=cancelled)
+        self.write_chunk(plan.chunk_id, chunk_values(taken))
+        return plan
+
+    def write_chunk(self, chunk_id: bytes | ChunkId, data: np.ndarray) -> None:
+        """Store one planned chunk of a PENDING tensor (the ticket its write plan minted).
+        Only a write that returned is counted; a failed one marks the chunk as a hole that
+        blocks READY until it is written again."""
+        plan = self.plan_chunk_write(chunk_id)
+        up, b, tensor = plan.upload, plan.bounds, plan.upload.tensor
         data = np.asarray(data)
         if data.dtype != tensor.dtype:
             raise InvalidArgument(f"{up.array_id}: chunk dtype {data.dtype.str} is not the tensor's {tensor.dtype.str}")
@@ -310,18 +399,28 @@ class UploadManager:
             if up.state != PENDING:
                 raise UploadClosed(up.array_id, up.state, up.reason)
             up.inflight += 1
+        ok = False
         try:
-            up.member.write(b, data.reshape(b.shape))
+            with self._disk(f"DoPut of {up.array_id} chunk {b}"):
+                up.member.write(b, data.reshape(b.shape))
+            ok = True
         finally:
             with up.cond:
                 up.inflight -= 1
-                up.received.add(b)
+                if ok:
+                    up.received.add(b)
+                    up.failed.discard(b)
+                else:
+                    up.failed.add(b)
                 up.last_activity = self.clock()
                 up.cond.notify_all()
 
     # ---- lifecycle -------------------------------------------------------------------------
-    def set_ready(self, array_id: str) -> Upload:
-        """PENDING -> READY: seal writes (wait out those in flight), publish the store, open reads."""
+    def set_ready(self, array_id: str, *, holes_are_fill: bool | None = None) -> Upload:
+        """PENDING -> READY: seal writes (wait out those in flight), publish the store, open reads.
+        Refused (``FailedPrecondition``) while a chunk's last write failed, and, when
+        ``refuse_unwritten_chunks`` (or ``holes_are_fill=False``), while a planned chunk was
+        never written; ``holes_are_fill=True`` accepts never-written chunks as zeros."""
         up = self.get(array_id)
         if up is None:
             raise TensorNotFound(f"set_upload_status: {array_id!r} is not an upload")
@@ -336,8 +435,10 @@ class UploadManager:
             while up.inflight:
                 up.cond.wait()
         try:
-            up.member.publish(up.member.marker.with_state(READY))
-        except OSError:
+            self._check_complete(up, holes_are_fill)
+            with self._disk(f"set_upload_status READY of {array_id}"):
+                up.member.publish(up.member.marker.with_state(READY))
+        except (OSError, TensorServerError):
             with up.cond:
                 up.state = PENDING  # nothing was announced: the caller may retry
                 up.cond.notify_all()
@@ -349,6 +450,17 @@ class UploadManager:
         self.catalog.attach(up.source_id, up.field, up.tensor, listed=True)
         log.info("upload %s READY (%d/%d chunks)", array_id, len(up.received), up.expected_chunks)
         return up
+
+    def _check_complete(self, up: Upload, holes_are_fill: bool | None) -> None:
+        if up.failed:
+            first = min(up.failed, key=lambda b: b.start)
+            raise FailedPrecondition(f"{up.array_id}: {len(up.failed)} chunk(s) failed to write (first {first}) and "
+                                     "were not written again; re-send them, or DISCARD the upload", slug="upload_incomplete")
+        refuse = self.refuse_unwritten_chunks if holes_are_fill is None else not holes_are_fill
+        missing = up.expected_chunks - len(up.received)
+        if refuse and missing > 0:
+            raise FailedPrecondition(f"{up.array_id}: {missing} of {up.expected_chunks} planned chunks were never "
+                                     "written; send them, or say the holes are fill (zeros)", slug="upload_incomplete")
 
     def discard(self, array_id: str, reason: str = "") -> Upload | None:
         """-> DISCARDED from any state: unlist and release the store. None for an id with no

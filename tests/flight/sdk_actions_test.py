@@ -32,7 +32,8 @@ def tree(tmp_path):
 
 
 @pytest.fixture
-def served(tree, tmp_path):
+def served(tree, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # add_source allows the user's home (and the roots) by default
     cat = Catalog([tree], rois_path=str(tmp_path / "rois.duckdb"))
     cat.scan()
     with serving(cat) as srv:
@@ -201,7 +202,7 @@ def test_rois_put_list_delete_and_query(served, tmp_path):
     # server-owned sets and bad geometry are refused, naming the reason
     with pytest.raises(flight.FlightServerError, match="server-owned"):
         client.put_rois(sid, [_roi(point=(0, 0), set_name="@ome")])
-    with pytest.raises(flight.FlightServerError, match="names no tensor this server serves"):
+    with pytest.raises(flight.FlightServerError, match="names no known source"):
         client.put_rois("nope", [_roi(point=(0, 0))])
     deleted = client.delete_rois(sid, ["p1"])
     assert list(deleted.deleted) == ["p1"]

@@ -45,8 +45,10 @@ def browser(monkeypatch):
 
 
 @pytest.fixture
-def served(tmp_path):
+def served(tmp_path, monkeypatch):
     import tifffile
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # add_source allows the user's home (and the roots) by default
 
     root = tmp_path / "lab" / "plate1"
     rng = np.random.default_rng(3)
