@@ -2,7 +2,7 @@
 pylibCZIrw's writer, values against the arrays written, the real samples in
 ../shared/testdata/czi, the CZI == OME-TIFF identity, and bad input.
 
-The zoom= path (get_decimated_data) has its own file: tests/czi_adapter_test.py.
+The zoom= path (get_decimated_data) has its own file: tests/adapters/czi_zoom_test.py.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from tensor_server.errors import UnreadableSource
 from tensor_server.testing import AdapterTests, finishes_within
 
 
-# ---- fixture writers (also used by tests/czi_adapter_test.py) --------------------------------
+# ---- fixture writers (also used by tests/adapters/czi_zoom_test.py) --------------------------------
 def write_stack(path: Path) -> np.ndarray:
     """2 channels × 3 Z × 256×384 uint16, one subblock per plane at stage position (100, 50),
     0.2 µm pixels and 0.5 µm Z steps. Returns the written data as (t, c, z, y, x)."""

@@ -1,7 +1,7 @@
 """Headless Chromium: a page on one loopback origin cannot read the server on another without
 the access token, even after the user opened the token URL (the cookie it set is never enough
 for another origin); with the token in the URL it can. Skips (with the reason) only where
-Chromium or its driver cannot be had, like tests/http/test_neuroglancer.py."""
+Chromium or its driver cannot be had, like tests/http/neuroglancer_test.py."""
 from __future__ import annotations
 
 import functools

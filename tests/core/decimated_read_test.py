@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.adapter_read_block_test import all_adapter_classes
+from tests.adapters.read_block_test import all_adapter_classes
 
 DECIMATES = {
     "TiffPlaneGridAdapter": ("yes", "the step skips whole plane files on the grid axes and strides rows/columns of raw planes (mmap when the row gap exceeds readahead)"),
