@@ -23,7 +23,7 @@ import tensor_server.cache.segment_store as segment_store
 from tensor_server.cache import CacheManager
 from tensor_server.cache.segment_index import index_path, read_index
 from tests.reliability.server_process import TMPFS_WRAPPER, can_mount_tmpfs, serve_process
-from tests.reliability.test_cache_shutdown import array_id_of, read_all
+from tests.reliability.cache_shutdown_test import array_id_of, read_all
 
 
 def chunk(i: int, n: int = 64) -> np.ndarray:

@@ -40,7 +40,7 @@ def other_origin(tmp_path):
 
 
 def test_a_cross_origin_page_reads_only_with_the_token(tmp_path, other_origin):
-    from tests.http.test_neuroglancer import _browser
+    from tests.http.neuroglancer_test import _browser
 
     browser = _browser()  # skips without Chromium
     cat = Catalog([])
