@@ -59,10 +59,11 @@ class ServerProcess:
 
 
 @contextmanager
-def serve_process(roots, cache_dir, *, wrapper: list[str] | None = None, timeout: float = 120):
+def serve_process(roots, cache_dir, *, wrapper: list[str] | None = None, timeout: float = 120,
+                  extra_args: list[str] = ()):
     """Start a server on port 0, yield it once it is SERVING; kill it if the test left it running."""
     cmd = [sys.executable, "-m", "tensor_server", "serve", *map(str, roots), "--cache-dir", str(cache_dir),
-           "--port", "0", "--log-level", "warning", "--rescan-seconds", "0"]
+           "--port", "0", "--log-level", "warning", "--rescan-seconds", "0", *extra_args]
     proc = subprocess.Popen((wrapper or []) + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
     lines: list[str] = []
