@@ -1,14 +1,17 @@
 """``python -m tensor_server.bench load``: well-behaved clients beside a hostile one.
 
-A real server process (``python -m tensor_server serve``) over the bench fixtures; 8 biopb SDK
-clients (threads of this process, each with its own client) loop over mixed reads — a whole
-2048² plane, a crop, scaled area and nearest, a catalog query — for ``--seconds``, twice: alone,
-then with one hostile client beside them that sends huge scales, forged whole-tensor chunk ids
-and a never-ending SQL query. Reported per phase: requests, errors, p50/p99 latency of the
-well-behaved clients, and the server's RSS sampled every 0.25 s (peak and last).
+A real writable server process (``python -m tensor_server serve``, HTTP door on) over the bench
+fixtures; 8 biopb SDK clients (threads of this process, each with its own client) loop over
+mixed requests — a whole 2048² plane, a crop, scaled area and nearest, a catalog query, an
+upload, ROI writes and reads, HTTP chunks — for ``--seconds``, twice: alone, then with one
+hostile client beside them cycling through every finding of issues 12 and 23
+(``bench/load_attacks.py``). Reported per phase: requests, errors, p50/p99 latency of the
+well-behaved clients, the server's RSS sampled every 0.25 s (peak and last), and the server's
+CPU in the 2 s after the last request (``cpu_after_ms``: it must be back to idle).
 
-Targets (issue 12): 0 errors for the well-behaved clients, their p99 within 2× of the phase
-without the hostile client, RSS bounded by the cache budget plus a constant.
+Targets (issues 12, 23): 0 errors for the well-behaved clients, their p99 within 2× of the
+phase without the hostile client, RSS bounded by the cache budget plus a constant, CPU idle
+within 2 s of the last request.
 """
 from __future__ import annotations
 
@@ -46,21 +49,32 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def _start_server(root: Path, cache_dir: Path, budget: int) -> tuple[subprocess.Popen, str]:
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (seconds)."""
+    import os
+
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_server(root: Path, cache_dir: Path, budget: int) -> tuple[subprocess.Popen, str, str]:
     from biopb.tensor import TensorFlightClient
 
-    port = _free_port()
+    port, http_port = _free_port(), _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensor_server", "serve", str(root), "--port", str(port),
-         "--cache-dir", str(cache_dir), "--cache-max-bytes", str(budget)],
+         "--cache-dir", str(cache_dir), "--cache-max-bytes", str(budget), "--http-port", str(http_port),
+         "--no-http-token", "--write-dir", str(cache_dir.parent / "write"), "--writable",
+         "--rois-db", str(cache_dir.parent / "annotations.duckdb")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     location = f"grpc://127.0.0.1:{port}"
+    http_url = f"http://127.0.0.1:{http_port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             if TensorFlightClient(location).health_check().get("status") == "SERVING":
-                return proc, location
+                return proc, location, http_url
         except Exception:  # not listening yet
             pass
         if proc.poll() is not None:
@@ -70,11 +84,14 @@ def _start_server(root: Path, cache_dir: Path, budget: int) -> tuple[subprocess.
     raise RuntimeError("the server did not reach SERVING within 120 s")
 
 
-def _well_behaved(location: str, array_ids: list[str], stop: threading.Event, out: list, errors: list) -> None:
+def _well_behaved(location: str, http_url: str, array_ids: list[str], stop: threading.Event, out: list,
+                  errors: list) -> None:
     from biopb.tensor import TensorFlightClient
 
+    from tensor_server.bench.load_attacks import extra_well_behaved_ops
+
     client = TensorFlightClient(location)
-    ops = []
+    ops = extra_well_behaved_ops(client, array_ids[0], http_url, f"{threading.get_ident()}")
     for aid in array_ids:
         ops += [
             ("full", lambda a=aid: client.get_array(a)),
@@ -95,47 +112,44 @@ def _well_behaved(location: str, array_ids: list[str], stop: threading.Event, ou
             errors.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
 
 
-def _hostile(location: str, array_id: str, stop: threading.Event, sent: list) -> None:
+def _hostile(location: str, http_url: str, array_id: str, stop: threading.Event, sent: list) -> None:
     import pyarrow.flight as flight
-    from biopb.tensor import TensorFlightClient, descriptor_pb2, ticket_pb2
+    from biopb.tensor import descriptor_pb2, ticket_pb2
 
-    sdk = TensorFlightClient(location)
+    from tensor_server.bench.load_attacks import hostile_attacks
+    from tensor_server.core.chunk_id import ChunkId
+
     raw = flight.FlightClient(location)
     opt = descriptor_pb2.TensorReadOption(array_id=array_id)
     opt.fields.paths.append("endpoints")
     info = raw.get_flight_info(flight.FlightDescriptor.for_command(
         descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()))
-    real = ticket_pb2.TensorTicket()
-    real.ParseFromString(info.endpoints[0].ticket.ticket)
-    from tensor_server.core.chunk_id import ChunkId
-
+    real = ticket_pb2.TensorTicket.FromString(info.endpoints[0].ticket.ticket)
     cid = ChunkId.decode(real.chunk_id)
     forged = ChunkId(**{**cid.__dict__, "start": (0, 0), "stop": (1 << 40, 1 << 40)}).encode()
-    attacks = [
-        lambda: sdk.get_array(array_id, scale_hint=[1 << 28, 1 << 28], reduction_method="area"),
-        lambda: raw.do_get(flight.Ticket(ticket_pb2.TensorTicket(chunk_id=forged).SerializeToString())).read_all(),
-        lambda: sdk.query("SELECT count(*) FROM range(1000000000000000)"),
-    ]
+    attacks = hostile_attacks(location, array_id, http_url, ticket_pb2.TensorTicket(chunk_id=forged).SerializeToString())
     i = 0
     while not stop.is_set():
         try:
             attacks[i % len(attacks)]()
-        except Exception:  # refusals are the point
+        except Exception:  # noqa: BLE001 - refusals are the point
             pass
         sent.append(i)
         i += 1
 
 
-def _phase(location: str, pid: int, array_ids: list[str], seconds: float, hostile: bool) -> dict[str, Any]:
+def _phase(location: str, http_url: str, pid: int, array_ids: list[str], seconds: float, hostile: bool
+           ) -> dict[str, Any]:
     stop = threading.Event()
     samples: list[tuple[str, float]] = []
     errors: list[str] = []
     sent: list[int] = []
     rss: list[int] = []
-    threads = [threading.Thread(target=_well_behaved, args=(location, array_ids, stop, samples, errors), daemon=True)
-               for _ in range(CLIENTS)]
+    threads = [threading.Thread(target=_well_behaved, args=(location, http_url, array_ids, stop, samples, errors),
+                                daemon=True) for _ in range(CLIENTS)]
     if hostile:
-        threads.append(threading.Thread(target=_hostile, args=(location, array_ids[0], stop, sent), daemon=True))
+        threads.append(threading.Thread(target=_hostile, args=(location, http_url, array_ids[0], stop, sent),
+                                        daemon=True))
     for t in threads:
         t.start()
     end = time.monotonic() + seconds
@@ -145,6 +159,10 @@ def _phase(location: str, pid: int, array_ids: list[str], seconds: float, hostil
     stop.set()
     for t in threads:
         t.join(timeout=120)
+    time.sleep(0.2)  # the last replies leave
+    cpu0 = _cpu_seconds(pid)
+    time.sleep(2.0)
+    cpu_after_ms = (_cpu_seconds(pid) - cpu0) * 1e3
     lat = sorted(ms for _, ms in samples)
 
     def pct(p: float) -> float:
@@ -153,7 +171,7 @@ def _phase(location: str, pid: int, array_ids: list[str], seconds: float, hostil
     return {"phase": "with hostile client" if hostile else "alone", "requests": len(samples), "errors": len(errors),
             "first_error": errors[0] if errors else "", "p50_ms": statistics.median(lat) if lat else float("nan"),
             "p99_ms": pct(0.99), "hostile_requests": len(sent), "rss_peak_mib": max(rss) / 2**20 if rss else 0.0,
-            "rss_last_mib": rss[-1] / 2**20 if rss else 0.0}
+            "rss_last_mib": rss[-1] / 2**20 if rss else 0.0, "cpu_after_ms": cpu_after_ms}
 
 
 def run_load(size: str = "small", data_dir: str | None = None, json_path: str | None = None,
@@ -165,19 +183,21 @@ def run_load(size: str = "small", data_dir: str | None = None, json_path: str | 
     fixtures = make_fixtures(size, data_dir, with_czi=False)
     root = fixtures[0].path.parent
     wanted = {str(f.path.resolve()) for f in fixtures if f.name in ("ome-zarr", "ome-tiff")}
-    proc, location = _start_server(root, Path(tempfile.mkdtemp(prefix="ts-bench-load-cache-")), budget)
+    work = Path(tempfile.mkdtemp(prefix="ts-bench-load-"))
+    proc, location, http_url = _start_server(root, work / "cache", budget)
     try:
         rows = TensorFlightClient(location).query("SELECT source_id, source_url FROM sources WHERE is_resolved").to_pylist()
         array_ids = [r["source_id"] for r in rows if r["source_url"].removeprefix("file://") in wanted]
         assert len(array_ids) == 2, f"expected the zarr and TIFF fixtures, found {rows}"
-        results = [_phase(location, proc.pid, array_ids, seconds, hostile) for hostile in (False, True)]
+        results = [_phase(location, http_url, proc.pid, array_ids, seconds, hostile) for hostile in (False, True)]
         alive = TensorFlightClient(location).health_check().get("status") == "SERVING"
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    print_table(["phase", "requests", "errors", "p50 ms", "p99 ms", "hostile requests", "RSS peak MiB", "RSS last MiB"],
+    print_table(["phase", "requests", "errors", "p50 ms", "p99 ms", "hostile requests", "RSS peak MiB", "RSS last MiB",
+                 "CPU ms in 2 s after"],
                 [[r["phase"], r["requests"], r["errors"], r["p50_ms"], r["p99_ms"], r["hostile_requests"],
-                  r["rss_peak_mib"], r["rss_last_mib"]] for r in results])
+                  r["rss_peak_mib"], r["rss_last_mib"], r["cpu_after_ms"]] for r in results])
     base, attacked = results
     print(f"\np99 with / without the hostile client: {attacked['p99_ms'] / base['p99_ms']:.2f}x (target <= 2x); "
           f"server alive after the run: {alive}; cache budget {budget / 2**20:.0f} MiB")

@@ -85,7 +85,7 @@ def _table(batches: Iterable[Any], max_bytes: int, what: str, cancelled: Callabl
 
 
 def put_rois(catalog: Any, array_id: str, batches: Iterable[Any], *, check_rev: bool = False,
-             cancelled: Callable[[], bool] | None = None) -> Any:
+             cancelled: Callable[[], bool] | None = None, writer: str | None = None) -> Any:
     """A ``roi_put``: ``RoiPutResult``. ``batches`` are the stream's Arrow record batches,
     read only after the target is known and only within the request budget."""
     from biopb.image.annotation_pb2 import RoiPutResult
@@ -105,7 +105,8 @@ def put_rois(catalog: Any, array_id: str, batches: Iterable[Any], *, check_rev: 
     for roi in rois:
         if roi.array_id == array_id:
             roi.array_id = target
-    stored, conflicts = store.put(target, rois, source_url=_source_url(catalog, target), check_rev=check_rev)
+    stored, conflicts = store.put(target, rois, source_url=_source_url(catalog, target), check_rev=check_rev,
+                                  writer=writer)
     return RoiPutResult(stored=stored, conflicts=conflicts)
 
 
@@ -138,7 +139,8 @@ def _too_many(what: str, n: int, cap: int) -> RequestTooLarge:
 
 
 def delete_rois(catalog: Any, array_id: str, batches: Iterable[Any] = (), set_name: str = "", *,
-                cancelled: Callable[[], bool] | None = None) -> Any:
+                cancelled: Callable[[], bool] | None = None, writer: str | None = None) -> Any:
+    """``writer``: only rows it wrote are removed (None: any row, the server token's right)."""
     """A ``roi_delete``: ``RoiDeleteResult``. ``batches`` carry the ``roi_id`` column (none:
     the named set, else every client-owned annotation of the tensor)."""
     from biopb.image.annotation_pb2 import RoiDeleteResult
@@ -154,7 +156,7 @@ def delete_rois(catalog: Any, array_id: str, batches: Iterable[Any] = (), set_na
         ids = table_to_roi_ids(table)
     except ValueError as exc:
         raise InvalidArgument(f"{what}: {exc}") from None
-    return RoiDeleteResult(deleted=store.delete(target, ids, set_name))
+    return RoiDeleteResult(deleted=store.delete(target, ids, set_name, writer=writer))
 
 
 def prune_rois(catalog: Any, unseen_days: Any, apply: bool = False, *, now: datetime | None = None) -> Any:

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from tensor_server.core.identity import ArrayId
-from tensor_server.errors import InvalidArgument, RequestTooLarge
+from tensor_server.errors import InvalidArgument, PermissionDenied, RequestTooLarge
 
 __all__ = ["RoiStore", "RoiStoreBusy", "RoiLimits", "UnseenRois", "RESERVED_SET_PREFIX", "MAX_ROIS_PER_TENSOR"]
 
@@ -85,13 +85,28 @@ CREATE TABLE IF NOT EXISTS rois (
     created_at TIMESTAMP,
     updated_at TIMESTAMP,
     last_seen_at TIMESTAMP,
+    writer TEXT,
     PRIMARY KEY (array_id, roi_id)
-)
+);
+ALTER TABLE rois ADD COLUMN IF NOT EXISTS writer TEXT;
 """
+#: who wrote a row: the SHA-256 (hex) of the token its writer presented ("" = none); a writer
+#: updates and deletes only its own rows (None = full access: the server token, or in-process)
+ANYONE = None
 _READ_COLUMNS = ("roi_id, array_id, set_name, label, plane, geometry, props_json, "
                  "drawn_against_version, rev, created_at, updated_at")
 #: one predicate for the prune report and the prune itself, so what is shown is what goes
 _UNSEEN = "COALESCE(last_seen_at, created_at) < ? AND NOT starts_with(set_name, ?)"
+
+
+def _check_writer(array_id: str, prepared: Sequence[Any], existing: Mapping[str, tuple], writer: str | None) -> None:
+    """A writer updates only the rows it stored (``writer`` ``ANYONE``: every row)."""
+    if writer is ANYONE:
+        return
+    theirs = sorted(p.roi_id for p in prepared if p.roi_id in existing and existing[p.roi_id][3] != writer)
+    if theirs:
+        raise PermissionDenied(f"roi_put on {array_id}: {', '.join(theirs[:20])} were stored by another client; "
+                               "a client updates only its own annotations (give yours new roi_ids)")
 
 
 class RoiStoreBusy(InvalidArgument):
@@ -318,12 +333,14 @@ class RoiStore:
                 self._con = None
 
     # ---- writes ---------------------------------------------------------------------------
-    def put(self, array_id: str, rois: Sequence[Any], *, source_url: str | None, check_rev: bool = False
-            ) -> tuple[list[Any], list[Any]]:
+    def put(self, array_id: str, rois: Sequence[Any], *, source_url: str | None, check_rev: bool = False,
+            writer: str | None = ANYONE) -> tuple[list[Any], list[Any]]:
         """Create or update ``rois`` on ``array_id`` as one unit: ``(stored, conflicts)``.
         ``source_url`` is the source's catalog url when it is in the catalog now (a
-        sighting), else None. Rows land in two set statements over an Arrow table (not
-        one statement per row), so a full batch costs the store a fraction of a second."""
+        sighting), else None. ``writer`` (see ``ANYONE``) is recorded on new rows; a row
+        another writer stored is refused (PERMISSION_DENIED). Rows land in two set statements
+        over an Arrow table (not one statement per row), so a full batch costs the store a
+        fraction of a second."""
         from biopb.image.annotation_pb2 import RoiConflict
 
         limits = self.limits
@@ -340,9 +357,11 @@ class RoiStore:
             cur = con.cursor()
             cur.execute("BEGIN TRANSACTION")
             try:
-                existing = {r[0]: (r[1], r[2], r[3]) for r in cur.execute(
-                    "SELECT roi_id, rev, created_at, set_name FROM rois WHERE array_id = ?", [array_id]).fetchall()}
+                existing = {r[0]: (r[1], r[2], r[3], r[4]) for r in cur.execute(
+                    "SELECT roi_id, rev, created_at, set_name, COALESCE(writer, '') FROM rois WHERE array_id = ?",
+                    [array_id]).fetchall()}
                 self._check_room(array_id, prepared, existing)
+                _check_writer(array_id, prepared, existing, writer)
                 if source_url is not None:
                     cur.execute("UPDATE rois SET source_url = ?, last_seen_at = ? WHERE source_id = ?",
                                 [source_url, now, ArrayId.parse(array_id).source_id])
@@ -355,7 +374,7 @@ class RoiStore:
                     rev, created = (1, now) if prior is None else (prior[0] + 1, prior[1])
                     (inserts if prior is None else updates).append((p, rev))
                     stored.append(_stored(array_id, p, rev, created, now))
-                self._write_rows(cur, array_id, inserts, updates, now, source_url)
+                self._write_rows(cur, array_id, inserts, updates, now, source_url, writer or "")
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
@@ -378,17 +397,19 @@ class RoiStore:
 
     @staticmethod
     def _write_rows(cur: Any, array_id: str, inserts: Sequence[tuple[_Prepared, int]],
-                    updates: Sequence[tuple[_Prepared, int]], now: datetime, source_url: str | None) -> None:
+                    updates: Sequence[tuple[_Prepared, int]], now: datetime, source_url: str | None,
+                    writer: str) -> None:
         """One INSERT ... SELECT and one UPDATE ... FROM over Arrow tables of the rows."""
         if inserts:
             rows = _rows_table(inserts)
             cur.register("_new_rois", rows)
             cur.execute(
                 "INSERT INTO rois (roi_id, array_id, source_id, set_name, label, shape_kind, plane, bbox, geometry, "
-                "props_json, drawn_against_version, rev, created_at, updated_at, source_url, last_seen_at) "
+                "props_json, drawn_against_version, rev, created_at, updated_at, source_url, last_seen_at, writer) "
                 "SELECT roi_id, ?, ?, set_name, label, shape_kind, plane, bbox, geometry, props_json, "
-                "drawn_against_version, rev, ?, ?, ?, ? FROM _new_rois",
-                [array_id, ArrayId.parse(array_id).source_id, now, now, source_url, now if source_url is not None else None])
+                "drawn_against_version, rev, ?, ?, ?, ?, ? FROM _new_rois",
+                [array_id, ArrayId.parse(array_id).source_id, now, now, source_url, now if source_url is not None else None,
+                 writer])
             cur.unregister("_new_rois")
         if updates:
             cur.register("_upd_rois", _rows_table(updates))
@@ -399,10 +420,12 @@ class RoiStore:
                 "FROM _upd_rois u WHERE rois.array_id = ? AND rois.roi_id = u.roi_id", [now, array_id])
             cur.unregister("_upd_rois")
 
-    def delete(self, array_id: str, roi_ids: Iterable[str] = (), set_name: str = "") -> list[str]:
+    def delete(self, array_id: str, roi_ids: Iterable[str] = (), set_name: str = "", *,
+               writer: str | None = ANYONE) -> list[str]:
         """Delete those ids, else the whole set, else every client-owned annotation of the
-        tensor; return the ids removed. Server-owned (``@``) sets are refused, never
-        silently skipped. The ids travel as one Arrow column, never as SQL text."""
+        tensor; return the ids removed — only rows ``writer`` wrote, unless it is ``ANYONE``.
+        Server-owned (``@``) sets are refused, never silently skipped. The ids travel as one
+        Arrow column, never as SQL text."""
         import pyarrow as pa
 
         if is_reserved_set(set_name):
@@ -431,6 +454,9 @@ class RoiStore:
                 else:
                     sql = "DELETE FROM rois WHERE array_id = ? AND NOT starts_with(set_name, ?) RETURNING roi_id"
                     params = [array_id, RESERVED_SET_PREFIX]
+                if writer is not ANYONE:
+                    sql = sql.replace(" RETURNING", " AND COALESCE(writer, '') = ? RETURNING")
+                    params = [*params, writer]
                 deleted = [r[0] for r in cur.execute(sql, params).fetchall()]
             finally:
                 cur.close()
@@ -501,6 +527,6 @@ class RoiStore:
 
     def table(self) -> Any:
         """Every row as an Arrow table: the snapshot catalog SQL reads."""
-        rel = self._cursor().sql("SELECT * FROM rois")
+        rel = self._cursor().sql("SELECT * EXCLUDE (writer) FROM rois")  # who wrote a row is not published
         fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
         return fetch()

@@ -145,8 +145,8 @@ class TensorFlightServer(flight.FlightServerBase):
         arm = cmd.WhichOneof("command")
         batches = (chunk.data for chunk in reader)
         if arm in ("roi_put", "roi_delete"):
-            self.runtime.authenticate(caller)
-            writer.write(pa.py_buffer(self.runtime.catalog_verbs.roi_write(cmd, batches, context.is_cancelled)))
+            reply = self.runtime.catalog_verbs.roi_write(cmd, batches, caller, context.is_cancelled)
+            writer.write(pa.py_buffer(reply))
             return
         if arm == "chunk_ticket":
             self.runtime.put_chunk(cmd.chunk_ticket, batches, caller, context.is_cancelled)

@@ -94,6 +94,13 @@ class Access:
             raise PermissionDenied(f"upload {up.array_id} belongs to whoever created it: its writes, READY and "
                                    "DISCARDED are theirs (present its token, or the server token)")
 
+    def roi_writer(self, caller: Caller) -> str | None:
+        """Who an annotation write is by (``catalog/rois.py``): None for full access (it may
+        change any row), else the digest of the token presented ("" for none)."""
+        if self.full(caller):
+            return None
+        return grant_digest(caller.token) if caller.token else ""
+
     def owner_for(self, caller: Caller) -> str:
         """The owner a new upload created by ``caller`` gets: in local mode the token it
         presented, if any; with a server token, the server (none)."""

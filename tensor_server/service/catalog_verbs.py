@@ -112,16 +112,20 @@ class CatalogVerbs:
             self.runtime.authenticate(caller)
         return roi_verbs.read_rois(self.catalog, req.array_id, req.set_name)
 
-    def roi_write(self, cmd: Any, batches: Iterable[pa.RecordBatch], cancelled: Callable[[], bool]) -> bytes:
+    def roi_write(self, cmd: Any, batches: Iterable[pa.RecordBatch], caller: Caller,
+                  cancelled: Callable[[], bool]) -> bytes:
         """A ``roi_put`` or ``roi_delete``: the target is checked before the rows are read,
-        the rows are read within the request budget; the reply message's bytes."""
+        the rows are read within the request budget; a client changes only the rows it wrote
+        (the server token, any row). The reply message's bytes."""
+        self.runtime.authenticate(caller)
         self.runtime.refuse_if_read_only(cmd.WhichOneof("command"))
+        writer = self.runtime.access.roi_writer(caller)
         if cmd.WhichOneof("command") == "roi_put":
             reply = roi_verbs.put_rois(self.catalog, cmd.roi_put.array_id, batches, check_rev=cmd.roi_put.check_rev,
-                                       cancelled=cancelled)
+                                       cancelled=cancelled, writer=writer)
         else:
             reply = roi_verbs.delete_rois(self.catalog, cmd.roi_delete.array_id, batches, cmd.roi_delete.set_name,
-                                          cancelled=cancelled)
+                                          cancelled=cancelled, writer=writer)
         return reply.SerializeToString()
 
     def roi_prune(self, body: bytes) -> Iterator[bytes]:

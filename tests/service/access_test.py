@@ -123,3 +123,30 @@ def test_a_chunk_write_by_another_is_permission_denied(catalog, tmp_path):
             writer.write_batch(batch)
             writer.close()
         assert srv.runtime.uploads.get(desc.array_id).status()["uploaded_chunks"] == 0
+
+
+def test_annotations_carry_their_writer(catalog, tmp_path):
+    """A client changes and deletes only the rows it wrote; the server token, any row; who wrote
+    a row is not in the ``rois`` table clients query."""
+    from biopb.image.annotation_pb2 import RoiAnnotation
+    from biopb.image.roi_pb2 import ROI
+
+    def roi(roi_id):
+        r = ROI()
+        r.point.x, r.point.y = 1, 2
+        return RoiAnnotation(roi=r, roi_id=roi_id)
+
+    with serving(catalog) as srv:
+        alice, bob = (TensorFlightClient(srv.location, token=t) for t in ("alice", "bob"))
+        alice.put_rois("img", [roi("a1"), roi("a2")])
+        bob.put_rois("img", [roi("b1")])
+        with pytest.raises(Exception, match="stored by another client"):
+            bob.put_rois("img", [roi("a1")])
+        assert sorted(bob.delete_rois("img", ["a1", "b1"]).deleted) == ["b1"]
+        assert sorted(r.roi_id for r in alice.list_rois("img").rois) == ["a1", "a2"]
+        assert bob.delete_rois("img").deleted == []  # "all of mine": none left
+        columns = alice.query("SELECT * FROM rois LIMIT 1").column_names
+        assert "writer" not in columns and "roi_id" in columns
+    with serving(catalog, token="s3cret") as srv:
+        admin = TensorFlightClient(srv.location, token="s3cret")
+        assert sorted(admin.delete_rois("img").deleted) == ["a1", "a2"]
