@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
-from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
 
@@ -328,7 +328,7 @@ class TiffPlaneGridAdapter(TensorAdapter):
         grid_shape = self._file_index.shape[: self._ngrid]
         mosaic = tuple(c * e for c, e in zip(tile_counts, self._tile_extent))
         tiled = any(c > 1 for c in tile_counts)
-        super().__init__(
+        super().__init__(TensorInfo(
             tuple(grid_shape) + mosaic,
             self._stored_dtype,
             dim_labels=tuple(grid_labels) + tuple(plane_labels),
@@ -337,7 +337,7 @@ class TiffPlaneGridAdapter(TensorAdapter):
             physical_unit=physical_unit,
             content_version=content_version,
             metadata=metadata,
-        )
+        ))
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:

@@ -52,7 +52,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
@@ -214,7 +214,7 @@ class CziAdapter(TensorAdapter):
             shape.append(self.samples)
             labels.append("s")
             scales.append(None)
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=labels,
@@ -223,7 +223,7 @@ class CziAdapter(TensorAdapter):
             physical_unit=[None if s is None else MICROMETER for s in scales],
             content_version=file_content_version(file.path),
             metadata=metadata,
-        )
+        ))
         self._n_plane = len(self.plane_dims)
 
     @property

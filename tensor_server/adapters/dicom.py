@@ -49,7 +49,7 @@ import numpy as np
 
 from tensor_server.adapters._dicom_file import WSI_SOP_CLASS, DicomFile
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
@@ -184,7 +184,7 @@ class DicomAdapter(FrameAssembledReads, TensorAdapter):
                  content_paths: Sequence[Path] | None = None) -> None:
         self.path = path
         self._init_reads(layout)
-        super().__init__(
+        super().__init__(TensorInfo(
             layout.shape,
             layout.served_dtype,
             dim_labels=layout.labels,
@@ -193,7 +193,7 @@ class DicomAdapter(FrameAssembledReads, TensorAdapter):
             physical_unit=physical_unit,
             content_version=file_content_version(*(content_paths or [path])),
             metadata=metadata,
-        )
+        ))
 
 
 class DicomSeriesAdapter(FrameAssembledReads, TensorAdapter):
@@ -206,7 +206,7 @@ class DicomSeriesAdapter(FrameAssembledReads, TensorAdapter):
         self.path = folder
         self._init_reads(layout)
         paths = [f.path for f, _ in layout.frames]
-        super().__init__(
+        super().__init__(TensorInfo(
             layout.shape,
             layout.served_dtype,
             dim_labels=layout.labels,
@@ -215,7 +215,7 @@ class DicomSeriesAdapter(FrameAssembledReads, TensorAdapter):
             physical_unit=physical_unit,
             content_version=file_content_version(*paths),
             metadata=metadata,
-        )
+        ))
 
 
 # ---- building layouts -------------------------------------------------------------------------

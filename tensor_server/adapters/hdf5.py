@@ -64,7 +64,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
@@ -214,7 +214,7 @@ class Hdf5Adapter(TensorAdapter):
     def __init__(self, file: Hdf5File, info: DatasetInfo) -> None:
         self.file = file
         self.dataset_path = info.path
-        super().__init__(
+        super().__init__(TensorInfo(
             info.shape,
             info.dtype,
             dim_labels=info.dim_labels,
@@ -223,7 +223,7 @@ class Hdf5Adapter(TensorAdapter):
             physical_unit=info.physical_unit,
             content_version=file.content_version,
             metadata=info.metadata(),
-        )
+        ))
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         return self.file.read(self.dataset_path, bounds.to_slices(), self.dtype)

@@ -49,7 +49,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
@@ -149,7 +149,7 @@ class LifAdapter(TensorAdapter):
         shape = [d.size for d in self._outer_dims] + [len(channel_offsets)] + [d.size for d in self._plane_dims]
         physical = [_physical(scale_n, d) for d in self._outer_dims] + [(None, None)]
         physical += [_physical(scale_n, d) for d in self._plane_dims]
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=labels,
@@ -159,7 +159,7 @@ class LifAdapter(TensorAdapter):
             physical_unit=[p[1] for p in physical],
             content_version=content_version,
             metadata=metadata,
-        )
+        ))
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         return self._read(bounds, (1,) * self.ndim)

@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
@@ -131,7 +131,7 @@ class Nd2Adapter(TensorAdapter):
         )
         # The seed is one whole frame (C/Y/X/S), the unit nd2 addresses; see read_block_shape.
         seed = tuple(1 if i in self._loop_axes else int(n) for i, n in enumerate(shape))
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=[a.lower() for a in self.axes],
@@ -140,7 +140,7 @@ class Nd2Adapter(TensorAdapter):
             physical_unit=physical_unit,
             content_version=file_content_version(path),
             metadata=metadata,
-        )
+        ))
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:

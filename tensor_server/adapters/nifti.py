@@ -36,7 +36,7 @@ import numpy as np
 
 from tensor_server.adapters._memmap import strided_slices
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.arrays import owned_array
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
@@ -72,7 +72,7 @@ class NiftiAdapter(TensorAdapter):
                  physical_unit: Sequence[str | None], metadata: dict[str, Any]) -> None:
         self.path = path
         self._handle = handle
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=_LABELS[: len(shape)],
@@ -81,7 +81,7 @@ class NiftiAdapter(TensorAdapter):
             physical_unit=physical_unit,
             content_version=file_content_version(path),
             metadata=metadata,
-        )
+        ))
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:

@@ -37,7 +37,7 @@ import numpy as np
 from tensor_server.adapters._ngff import AXIS_ALIASES, dataset_scale, integer_factor, jsonable, ngff_axes
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
@@ -267,7 +267,7 @@ class ZarrAdapter(TensorAdapter):
         self._shard_indexes: dict[tuple[int, ...], np.ndarray | None] = {}
         self._fill: np.generic | None = None
         self._lock = threading.Lock()
-        super().__init__(
+        super().__init__(TensorInfo(
             array.shape,
             array.dtype,
             dim_labels=dim_labels,
@@ -277,7 +277,7 @@ class ZarrAdapter(TensorAdapter):
             is_labels=is_labels,
             content_version=content_version,
             metadata=meta,
-        )
+        ))
 
     def stale_reason(self, bounds: Bounds) -> str | None:
         # no chunk files tracked: an upload member, whose writes are its lifecycle's business
