@@ -175,10 +175,6 @@ class TensorAdapter(ABC):
         one; ``None`` means the reader can crop cheaply (memmap, ROI reads)."""
         return self.native_chunk_shape
 
-    def get_output_dtype(self, method: str | None = None) -> np.dtype:
-        """Scaled reads keep the input dtype, for every method."""
-        return self.dtype
-
     # ---- reads ------------------------------------------------------------------------------
     @abstractmethod
     def read_region(self, bounds: Bounds) -> np.ndarray:

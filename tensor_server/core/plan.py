@@ -32,10 +32,6 @@ class PlannedChunk:
     #: Bounds inside the realized output array (scaled pixels, 0-based): ChunkBounds on the wire.
     out_bounds: Bounds
 
-    @property
-    def source_bounds(self) -> Bounds:
-        return self.chunk_id.bounds
-
 
 @dataclass(frozen=True)
 class ReadPlan:
