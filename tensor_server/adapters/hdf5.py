@@ -72,6 +72,7 @@ from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import format_unit
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
+from tensor_server_kernels.reference import output_shape
 
 __all__ = [
     "Hdf5Adapter",
@@ -286,7 +287,7 @@ class Hdf5ContiguousAdapter(Hdf5Adapter):
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         bounds = self.check_bounds(bounds)
         step = tuple(int(s) for s in step)
-        out_shape = tuple(-(-n // s) for n, s in zip(bounds.shape, step))
+        out_shape = output_shape(bounds.shape, step)
         out = np.empty(out_shape, self.dtype)
         last = self.ndim - 1
         start, stop = bounds.start, bounds.stop

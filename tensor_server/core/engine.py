@@ -49,9 +49,10 @@ from tensor_server.core.chunk_id import PRECOMPUTE, SERVING_EPOCH, UNSCALED, Chu
 from tensor_server.core.chunk_store import ChunkStore, cache_sourced_units
 from tensor_server.core.methods import CANONICAL_METHODS, normalize_method
 from tensor_server.core.request import check_extent_within_chunk, check_scale
-from tensor_server.core.stream_reduce import scaled_output_shape, stream_reduce, streaming_unit
+from tensor_server.core.stream_reduce import stream_reduce, streaming_unit
 from tensor_server.core.uniform import covering_value, reduced_constant, uniform_array, uniform_value
 from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, Overloaded, ReadCancelled, StaleChunkId
+from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -179,7 +180,7 @@ class ReadEngine:
                 return uniform_array(v, cid.bounds.shape, tensor.dtype)
             return uniform_array(
                 reduced_constant(v, tensor.dtype, cid.scale, cid.method),
-                scaled_output_shape(cid.bounds.shape, cid.scale),
+                output_shape(cid.bounds.shape, cid.scale),
                 tensor.dtype,
             )
         if cid.method in (UNSCALED, PRECOMPUTE):
@@ -214,11 +215,11 @@ class ReadEngine:
         if unit_value is not None:
             v = unit_value(bounds)
             if v is not None:
-                return np.full(scaled_output_shape(bounds.shape, scale), v, dtype=tensor.dtype)
+                return np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype)
         if method == "nearest" and tensor.decimates:
             dec = tensor.get_decimated_data(bounds, scale)
             if dec is not None:
-                expected = scaled_output_shape(bounds.shape, scale)
+                expected = output_shape(bounds.shape, scale)
                 if tuple(dec.shape) != expected:
                     raise RuntimeError(
                         f"{type(tensor).__name__}.get_decimated_data returned {dec.shape}, expected {expected}"
@@ -239,7 +240,7 @@ class ReadEngine:
         if offer is None and tensor.reduces:
             reduced = tensor.get_reduced_data(bounds, scale, method)
             if reduced is not None:
-                expected = scaled_output_shape(bounds.shape, scale)
+                expected = output_shape(bounds.shape, scale)
                 if tuple(reduced.shape) != expected:
                     raise RuntimeError(
                         f"{type(tensor).__name__}.get_reduced_data returned {reduced.shape}, expected {expected}"
