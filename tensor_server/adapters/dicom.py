@@ -48,6 +48,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tensor_server.adapters._dicom_file import WSI_SOP_CLASS, DicomFile
+from tensor_server.adapters._strided import StridedReads
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
@@ -113,11 +114,10 @@ def _picked(start: int, stop: int, step: int, lo: int, hi: int) -> tuple[int, in
     return first, (end - 1 - first) // step + 1
 
 
-class FrameAssembledReads:
+class FrameAssembledReads(StridedReads):
     """``read_region`` / ``get_decimated_data`` over a FrameLayout (see module docstring)."""
 
     layout: FrameLayout
-    decimates = True
 
     def _init_reads(self, layout: FrameLayout) -> None:
         self.layout = layout
@@ -137,7 +137,8 @@ class FrameAssembledReads:
             arr = arr.astype(np.float64) * slope + inter
         return arr
 
-    def _assemble(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
+    def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
+        """Only the frames holding a picked pixel are decoded."""
         lay = self.layout
         nlead = len(lay.lead_shape)
         out_shape = tuple(len(range(a, b, s)) for a, b, s in zip(bounds.start, bounds.stop, step))
@@ -166,12 +167,6 @@ class FrameAssembledReads:
                     oy, ox = (fy - y0) // sy, (fx - x0) // sx
                     out[out_lead + (slice(oy, oy + ny), slice(ox, ox + nx))] = src
         return out
-
-    def read_region(self, bounds: Bounds) -> np.ndarray:
-        return self._assemble(bounds, (1,) * len(bounds.start))
-
-    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
-        return self._assemble(bounds, tuple(int(s) for s in step))
 
 
 class DicomAdapter(FrameAssembledReads, TensorAdapter):
