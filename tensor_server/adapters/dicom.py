@@ -179,16 +179,7 @@ class DicomAdapter(FrameAssembledReads, TensorAdapter):
                  content_paths: Sequence[Path] | None = None) -> None:
         self.path = path
         self._init_reads(layout)
-        super().__init__(TensorInfo(
-            layout.shape,
-            layout.served_dtype,
-            dim_labels=layout.labels,
-            native_chunk_shape=layout.frame_block,
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            content_version=file_content_version(*(content_paths or [path])),
-            metadata=metadata,
-        ))
+        super().__init__(_layout_info(layout, physical_scale, physical_unit, metadata, content_paths or [path]))
 
 
 class DicomSeriesAdapter(FrameAssembledReads, TensorAdapter):
@@ -201,16 +192,22 @@ class DicomSeriesAdapter(FrameAssembledReads, TensorAdapter):
         self.path = folder
         self._init_reads(layout)
         paths = [f.path for f, _ in layout.frames]
-        super().__init__(TensorInfo(
-            layout.shape,
-            layout.served_dtype,
-            dim_labels=layout.labels,
-            native_chunk_shape=layout.frame_block,
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            content_version=file_content_version(*paths),
-            metadata=metadata,
-        ))
+        super().__init__(_layout_info(layout, physical_scale, physical_unit, metadata, paths))
+
+
+def _layout_info(layout: FrameLayout, physical_scale: Sequence[float | None], physical_unit: Sequence[str | None],
+                 metadata: dict[str, Any], content_paths: Sequence[Path]) -> TensorInfo:
+    """The served tensor of frames laid out by ``layout``; its content is the files'."""
+    return TensorInfo(
+        layout.shape,
+        layout.served_dtype,
+        dim_labels=layout.labels,
+        native_chunk_shape=layout.frame_block,
+        physical_scale=physical_scale,
+        physical_unit=physical_unit,
+        content_version=file_content_version(*content_paths),
+        metadata=metadata,
+    )
 
 
 # ---- building layouts -------------------------------------------------------------------------

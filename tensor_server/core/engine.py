@@ -219,12 +219,7 @@ class ReadEngine:
         if method == "nearest" and tensor.decimates:
             dec = tensor.get_decimated_data(bounds, scale)
             if dec is not None:
-                expected = output_shape(bounds.shape, scale)
-                if tuple(dec.shape) != expected:
-                    raise RuntimeError(
-                        f"{type(tensor).__name__}.get_decimated_data returned {dec.shape}, expected {expected}"
-                    )
-                return owned_array(dec, tensor.dtype)
+                return _checked_answer(tensor, "get_decimated_data", dec, bounds, scale)
         unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
         if unit_value is not None:
             unit = _storage_block_unit(tensor, scale, unit)
@@ -240,12 +235,7 @@ class ReadEngine:
         if offer is None and tensor.reduces:
             reduced = tensor.get_reduced_data(bounds, scale, method)
             if reduced is not None:
-                expected = output_shape(bounds.shape, scale)
-                if tuple(reduced.shape) != expected:
-                    raise RuntimeError(
-                        f"{type(tensor).__name__}.get_reduced_data returned {reduced.shape}, expected {expected}"
-                    )
-                return owned_array(reduced, tensor.dtype)
+                return _checked_answer(tensor, "get_reduced_data", reduced, bounds, scale)
         if cancelled is not None:
             fetch = _stop_when(cancelled, fetch)
         if all(u >= n for u, n in zip(unit, bounds.shape)):
@@ -279,6 +269,17 @@ class ReadEngine:
 #: Smallest storage block worth streaming by when an extent has uniform blocks: below it, the
 #: per-unit overhead outweighs reading a few uniform blocks with their neighbours.
 MIN_BLOCK_UNIT_BYTES = 64 << 10
+
+
+def _checked_answer(tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: Bounds,
+                    scale: tuple[int, ...]) -> np.ndarray:
+    """A scaled answer the backend computed itself (``what``: a strided read, a reduction
+    next to the data), owned, after checking its shape: a wrong shape is an adapter bug and
+    must never reach a client as pixels."""
+    expected = output_shape(bounds.shape, scale)
+    if tuple(arr.shape) != expected:
+        raise RuntimeError(f"{type(tensor).__name__}.{what} returned {arr.shape}, expected {expected}")
+    return owned_array(arr, tensor.dtype)
 
 
 def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...]) -> tuple[int, ...]:
