@@ -21,6 +21,8 @@ from typing import Iterator
 
 import numpy as np
 
+from tensor_server_kernels.reference import METHODS
+
 __all__ = [
     "DTYPES",
     "FILLS",
@@ -156,14 +158,12 @@ TEST_GEOMETRIES: tuple[tuple[tuple[int, ...], tuple[int, ...], str], ...] = (
     ((130, 9), (128, 4), "block 512"),
 )
 
-_METHODS = ("nearest", "area", "min", "max", "mode", "median")
-
 
 def _test_cases() -> Iterator[Case]:
     for shape, scale, _ in TEST_GEOMETRIES:
         for dtype in DTYPES:
             for fill in fills_for(dtype):
-                for method in _METHODS:
+                for method in METHODS:
                     yield Case(method, dtype, shape, scale, fill)
 
 

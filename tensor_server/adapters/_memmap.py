@@ -8,26 +8,20 @@ rows. The copy out happens inside the handle's ``use()`` so no view outlives the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
+from tensor_server.adapters._strided import StridedReads, strided_slices
 from tensor_server.core.arrays import owned_array
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["MemmapReads", "strided_slices"]
+__all__ = ["MemmapReads"]
 
 
-def strided_slices(bounds: Bounds, step: Sequence[int] | None = None) -> tuple[slice, ...]:
-    """``bounds`` as slices, with ``step`` per axis when given (a decimated read)."""
-    if step is None:
-        return bounds.to_slices()
-    return tuple(slice(a, b, int(s)) for a, b, s in zip(bounds.start, bounds.stop, step))
-
-
-class MemmapReads:
+class MemmapReads(StridedReads):
     """Reads for an adapter whose pixels are one NumPy memmap held by ``self._handle``.
 
     Subclasses set ``self._handle`` (a LazyHandle) and implement ``_array(handle)`` returning
@@ -46,7 +40,7 @@ class MemmapReads:
     def read_block_shape(self) -> tuple[int, ...] | None:
         return None
 
-    def _read(self, bounds: Bounds, step: Sequence[int] | None) -> np.ndarray:
+    def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
         try:
             with self._handle.use() as handle:
                 return owned_array(self._array(handle)[strided_slices(bounds, step)], self.dtype)  # type: ignore[attr-defined]
@@ -54,12 +48,6 @@ class MemmapReads:
             raise
         except (OSError, ValueError) as exc:  # the file vanished or shrank since it was opened
             raise UnreadableSource(self.path, f"read failed: {type(exc).__name__}: {exc}") from exc
-
-    def read_region(self, bounds: Bounds) -> np.ndarray:
-        return self._read(bounds, None)
-
-    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
-        return self._read(bounds, step)
 
     def close(self) -> None:
         self._handle.close()

@@ -34,9 +34,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
-from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.adapters._strided import StridedReads
+from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
+from tensor_server_kernels.reference import output_shape
 
 __all__ = [
     "TIFF_SUFFIXES", "TIFFFILE_AXES", "FileLayout", "StrileDecoder", "TiffPlaneGridAdapter", "axis_label_for",
@@ -264,7 +266,7 @@ def read_strile_window(
 
 
 # ---- the plane grid ---------------------------------------------------------------------------
-class TiffPlaneGridAdapter(TensorAdapter):
+class TiffPlaneGridAdapter(StridedReads, TensorAdapter):
     """An N-D grid of 2-D planes (or mosaic tiles) stored in TIFF files.
 
     Axes: grid axes (from file names, acquisition metadata or an index) then the plane axes
@@ -328,7 +330,7 @@ class TiffPlaneGridAdapter(TensorAdapter):
         grid_shape = self._file_index.shape[: self._ngrid]
         mosaic = tuple(c * e for c, e in zip(tile_counts, self._tile_extent))
         tiled = any(c > 1 for c in tile_counts)
-        super().__init__(
+        super().__init__(TensorInfo(
             tuple(grid_shape) + mosaic,
             self._stored_dtype,
             dim_labels=tuple(grid_labels) + tuple(plane_labels),
@@ -337,7 +339,7 @@ class TiffPlaneGridAdapter(TensorAdapter):
             physical_unit=physical_unit,
             content_version=content_version,
             metadata=metadata,
-        )
+        ))
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:
@@ -356,17 +358,10 @@ class TiffPlaneGridAdapter(TensorAdapter):
         return None
 
     # ---- reads ------------------------------------------------------------------------------
-    def read_region(self, bounds: Bounds) -> np.ndarray:
-        return self._read(bounds, (1,) * self.ndim)
-
-    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
-        bounds = self.check_bounds(bounds)
-        return self._read(bounds, tuple(int(s) for s in step))
-
-    def _read(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
+    def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
         g = self._ngrid
         start, stop = bounds.start, bounds.stop
-        out = np.zeros(tuple(-(-(b - a) // s) for a, b, s in zip(start, stop, step)), self.dtype)
+        out = np.zeros(output_shape(bounds.shape, step), self.dtype)
         # along each plane axis: the tiles the window touches, as (tile, source, destination)
         plane_parts = []
         for j, (ext, crop) in enumerate(zip(self._tile_extent, self._tile_crop)):

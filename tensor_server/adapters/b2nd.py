@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
@@ -41,14 +41,14 @@ class B2ndAdapter(TensorAdapter):
         self._lock = threading.Lock()
         self._specials: tuple[bytes, dict[int, np.generic]] | None = None
         chunks = tuple(int(c) for c in array.chunks)
-        super().__init__(
+        super().__init__(TensorInfo(
             array.shape,
             array.dtype,
             native_chunk_shape=chunks,
             content_version=file_content_version(path),
             metadata={"chunks": list(chunks), "blocks": [int(b) for b in array.blocks],
                       "cparams": str(getattr(array.schunk, "cparams", ""))[:200]},
-        )
+        ))
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         try:

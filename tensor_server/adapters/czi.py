@@ -52,13 +52,13 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
-from tensor_server.core.stream_reduce import scaled_output_shape
 from tensor_server.core.units import MICROMETER
 from tensor_server.errors import TensorServerError, UnreadableSource
+from tensor_server_kernels.reference import output_shape
 
 __all__ = ["CziAdapter", "CziSource", "CZI_MAGIC", "sniff_czi"]
 
@@ -214,7 +214,7 @@ class CziAdapter(TensorAdapter):
             shape.append(self.samples)
             labels.append("s")
             scales.append(None)
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=labels,
@@ -223,7 +223,7 @@ class CziAdapter(TensorAdapter):
             physical_unit=[None if s is None else MICROMETER for s in scales],
             content_version=file_content_version(file.path),
             metadata=metadata,
-        )
+        ))
         self._n_plane = len(self.plane_dims)
 
     @property
@@ -331,7 +331,7 @@ class CziAdapter(TensorAdapter):
                 self._file.path, exc, bounds, f,
             )
             return None
-        expected = scaled_output_shape(bounds.shape, step)
+        expected = output_shape(bounds.shape, step)
         if out.shape != expected:  # construction guarantees it; never return a wrong shape
             raise RuntimeError(f"CziAdapter zoom produced {out.shape}, expected {expected}")
         return out
@@ -342,7 +342,7 @@ class CziAdapter(TensorAdapter):
         y, x = bounds.start[ya], bounds.start[xa]
         h, w = bounds.shape[ya], bounds.shape[xa]
         cells = self._zoom_cells(x, y, w, h, f)
-        out_shape = scaled_output_shape(bounds.shape, [f if a in (ya, xa) else 1 for a in range(self.ndim)])
+        out_shape = output_shape(bounds.shape, [f if a in (ya, xa) else 1 for a in range(self.ndim)])
         out = np.zeros(out_shape, dtype=self.dtype)  # zeros = libCZI's background
         origin = bounds.start[: self._n_plane]
         zoom = 1.0 / f

@@ -25,7 +25,7 @@ import numpy as np
 from tensor_server.adapters._memmap import MemmapReads
 from tensor_server.adapters.mrc import DV_MAGICS
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
@@ -48,7 +48,7 @@ class DeltaVisionAdapter(MemmapReads, TensorAdapter):
         self._stored_shape = stored_shape  # the 5-D memmap shape (section axes + Y, X)
         kept = [i for i, (d, n) in enumerate(zip(labels, stored_shape)) if not (d in "tc" and n == 1)]
         self._kept = tuple(kept)
-        super().__init__(
+        super().__init__(TensorInfo(
             tuple(stored_shape[i] for i in kept),
             dtype,
             dim_labels=tuple(labels[i] for i in kept),
@@ -57,7 +57,7 @@ class DeltaVisionAdapter(MemmapReads, TensorAdapter):
             physical_unit=tuple(physical_unit[i] for i in kept),
             content_version=file_content_version(path),
             metadata=metadata,
-        )
+        ))
 
     def _array(self, handle: Any) -> np.ndarray:
         # Dropping size-1 axes is always a view of the memmap, never a copy.

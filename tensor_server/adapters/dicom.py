@@ -48,8 +48,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from tensor_server.adapters._dicom_file import WSI_SOP_CLASS, DicomFile
+from tensor_server.adapters._strided import StridedReads
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
@@ -113,11 +114,10 @@ def _picked(start: int, stop: int, step: int, lo: int, hi: int) -> tuple[int, in
     return first, (end - 1 - first) // step + 1
 
 
-class FrameAssembledReads:
+class FrameAssembledReads(StridedReads):
     """``read_region`` / ``get_decimated_data`` over a FrameLayout (see module docstring)."""
 
     layout: FrameLayout
-    decimates = True
 
     def _init_reads(self, layout: FrameLayout) -> None:
         self.layout = layout
@@ -137,7 +137,8 @@ class FrameAssembledReads:
             arr = arr.astype(np.float64) * slope + inter
         return arr
 
-    def _assemble(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
+    def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
+        """Only the frames holding a picked pixel are decoded."""
         lay = self.layout
         nlead = len(lay.lead_shape)
         out_shape = tuple(len(range(a, b, s)) for a, b, s in zip(bounds.start, bounds.stop, step))
@@ -167,12 +168,6 @@ class FrameAssembledReads:
                     out[out_lead + (slice(oy, oy + ny), slice(ox, ox + nx))] = src
         return out
 
-    def read_region(self, bounds: Bounds) -> np.ndarray:
-        return self._assemble(bounds, (1,) * len(bounds.start))
-
-    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
-        return self._assemble(bounds, tuple(int(s) for s in step))
-
 
 class DicomAdapter(FrameAssembledReads, TensorAdapter):
     """One DICOM instance: a single frame, a multi-frame stack, or a WSI level of tiles."""
@@ -184,16 +179,7 @@ class DicomAdapter(FrameAssembledReads, TensorAdapter):
                  content_paths: Sequence[Path] | None = None) -> None:
         self.path = path
         self._init_reads(layout)
-        super().__init__(
-            layout.shape,
-            layout.served_dtype,
-            dim_labels=layout.labels,
-            native_chunk_shape=layout.frame_block,
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            content_version=file_content_version(*(content_paths or [path])),
-            metadata=metadata,
-        )
+        super().__init__(_layout_info(layout, physical_scale, physical_unit, metadata, content_paths or [path]))
 
 
 class DicomSeriesAdapter(FrameAssembledReads, TensorAdapter):
@@ -206,16 +192,22 @@ class DicomSeriesAdapter(FrameAssembledReads, TensorAdapter):
         self.path = folder
         self._init_reads(layout)
         paths = [f.path for f, _ in layout.frames]
-        super().__init__(
-            layout.shape,
-            layout.served_dtype,
-            dim_labels=layout.labels,
-            native_chunk_shape=layout.frame_block,
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            content_version=file_content_version(*paths),
-            metadata=metadata,
-        )
+        super().__init__(_layout_info(layout, physical_scale, physical_unit, metadata, paths))
+
+
+def _layout_info(layout: FrameLayout, physical_scale: Sequence[float | None], physical_unit: Sequence[str | None],
+                 metadata: dict[str, Any], content_paths: Sequence[Path]) -> TensorInfo:
+    """The served tensor of frames laid out by ``layout``; its content is the files'."""
+    return TensorInfo(
+        layout.shape,
+        layout.served_dtype,
+        dim_labels=layout.labels,
+        native_chunk_shape=layout.frame_block,
+        physical_scale=physical_scale,
+        physical_unit=physical_unit,
+        content_version=file_content_version(*content_paths),
+        metadata=metadata,
+    )
 
 
 # ---- building layouts -------------------------------------------------------------------------

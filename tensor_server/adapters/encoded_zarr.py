@@ -32,7 +32,7 @@ import numpy as np
 
 from tensor_server.adapters._encoded import ArrayEncoding, InvalidEncoding, parse_encoding, xxh64_of
 from tensor_server.adapters._luxar_delta import register_luxar_delta
-from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
 
@@ -88,13 +88,13 @@ class EncodedZarrAdapter(TensorAdapter):
                 chunks = (*chunks, shape[-1])
         metadata = {"zarr_path": zarr_path, "encoding": encoding.name,
                     "stored_dtype": encoding.stored_dtype.str, **(extra_metadata or {})}
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             source.dtype if source is not None else encoding.dtype,
             native_chunk_shape=chunks,
             content_version=content_version,
             metadata=metadata,
-        )
+        ))
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         if self._source is not None:

@@ -64,7 +64,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
@@ -72,6 +72,7 @@ from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import format_unit
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
+from tensor_server_kernels.reference import output_shape
 
 __all__ = [
     "Hdf5Adapter",
@@ -214,7 +215,7 @@ class Hdf5Adapter(TensorAdapter):
     def __init__(self, file: Hdf5File, info: DatasetInfo) -> None:
         self.file = file
         self.dataset_path = info.path
-        super().__init__(
+        super().__init__(TensorInfo(
             info.shape,
             info.dtype,
             dim_labels=info.dim_labels,
@@ -223,7 +224,7 @@ class Hdf5Adapter(TensorAdapter):
             physical_unit=info.physical_unit,
             content_version=file.content_version,
             metadata=info.metadata(),
-        )
+        ))
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         return self.file.read(self.dataset_path, bounds.to_slices(), self.dtype)
@@ -286,7 +287,7 @@ class Hdf5ContiguousAdapter(Hdf5Adapter):
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         bounds = self.check_bounds(bounds)
         step = tuple(int(s) for s in step)
-        out_shape = tuple(-(-n // s) for n, s in zip(bounds.shape, step))
+        out_shape = output_shape(bounds.shape, step)
         out = np.empty(out_shape, self.dtype)
         last = self.ndim - 1
         start, stop = bounds.start, bounds.stop

@@ -48,8 +48,9 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
+from tensor_server.adapters._strided import StridedReads
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
@@ -118,7 +119,7 @@ class _LifFileReader:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-class LifAdapter(TensorAdapter):
+class LifAdapter(StridedReads, TensorAdapter):
     """One LIF image, axes slowest-first: outer dims (reversed storage order), ``c``, then
     the stored plane (module docstring). The read block is one plane (read whole, cropped);
     ``decimates`` because the step skips whole planes on the outer axes."""
@@ -149,7 +150,7 @@ class LifAdapter(TensorAdapter):
         shape = [d.size for d in self._outer_dims] + [len(channel_offsets)] + [d.size for d in self._plane_dims]
         physical = [_physical(scale_n, d) for d in self._outer_dims] + [(None, None)]
         physical += [_physical(scale_n, d) for d in self._plane_dims]
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=labels,
@@ -159,15 +160,7 @@ class LifAdapter(TensorAdapter):
             physical_unit=[p[1] for p in physical],
             content_version=content_version,
             metadata=metadata,
-        )
-
-    def read_region(self, bounds: Bounds) -> np.ndarray:
-        return self._read(bounds, (1,) * self.ndim)
-
-    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
-        """``get_data(bounds)[::step]``: only planes on the step are read (design §4)."""
-        bounds = self.check_bounds(bounds)
-        return self._read(bounds, tuple(int(s) for s in step))
+        ))
 
     def plane_offset(self, outer_index: Sequence[int], channel: int) -> int:
         """File offset of the plane at outer indices (slowest first) and channel."""
@@ -180,7 +173,8 @@ class LifAdapter(TensorAdapter):
         data = self._reader.read(self.plane_offset(outer_index, channel), rows * cols * self._stored_dtype.itemsize)
         return np.frombuffer(data, dtype=self._stored_dtype).reshape(rows, cols)
 
-    def _read(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
+    def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
+        """``get_data(bounds)[::step]``: only planes on the step are read (design §4)."""
         picks = [range(a, b, s) for a, b, s in zip(bounds.start, bounds.stop, step)]
         out = np.empty(tuple(len(r) for r in picks), dtype=self.dtype)
         rows, cols = picks[-2], picks[-1]

@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 
@@ -41,7 +41,7 @@ class ArrayAdapter(TensorAdapter):
     ) -> None:
         self.array = array
         self._read_block = None if read_block_shape is None else tuple(int(b) for b in read_block_shape)
-        super().__init__(
+        super().__init__(TensorInfo(
             array.shape,
             array.dtype,
             dim_labels=dim_labels,
@@ -51,7 +51,7 @@ class ArrayAdapter(TensorAdapter):
             content_version=content_version,
             metadata=metadata,
             transfer_chunk_shape=chunk_shape,
-        )
+        ))
         self.reads = 0  # regions read, for tests that count source reads
 
     @property

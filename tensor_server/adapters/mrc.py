@@ -29,7 +29,7 @@ import numpy as np
 
 from tensor_server.adapters._memmap import MemmapReads
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.normalizing import normalize_axes
@@ -57,7 +57,7 @@ class MrcAdapter(MemmapReads, TensorAdapter):
                  metadata: dict[str, Any]) -> None:
         self.path = path
         self._handle = handle
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=dim_labels,
@@ -66,7 +66,7 @@ class MrcAdapter(MemmapReads, TensorAdapter):
             physical_unit=tuple(None if s is None else ANGSTROM for s in physical_scale),
             content_version=file_content_version(path),
             metadata=metadata,
-        )
+        ))
 
     def _array(self, handle: Any) -> np.ndarray:
         return handle.data

@@ -36,8 +36,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tensor_server.adapters._strided import StridedReads
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
@@ -91,7 +92,7 @@ class _FrameModel:
         return hwcc.reshape(h, w, nch * ncomp).transpose(2, 0, 1)[..., np.newaxis]
 
 
-class Nd2Adapter(TensorAdapter):
+class Nd2Adapter(StridedReads, TensorAdapter):
     """The frames of one ND2 file as a tensor in ``ND2File.sizes`` order (module docstring).
 
     ``read_block_shape`` is None: ``read_frame`` returns an mmap view for uncompressed files,
@@ -131,7 +132,7 @@ class Nd2Adapter(TensorAdapter):
         )
         # The seed is one whole frame (C/Y/X/S), the unit nd2 addresses; see read_block_shape.
         seed = tuple(1 if i in self._loop_axes else int(n) for i, n in enumerate(shape))
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=[a.lower() for a in self.axes],
@@ -140,20 +141,12 @@ class Nd2Adapter(TensorAdapter):
             physical_unit=physical_unit,
             content_version=file_content_version(path),
             metadata=metadata,
-        )
+        ))
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:
         """None: a frame is an mmap view, so a crop costs its own pages (design §3)."""
         return None
-
-    def read_region(self, bounds: Bounds) -> np.ndarray:
-        return self._read(bounds, (1,) * self.ndim)
-
-    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
-        """``get_data(bounds)[::step]``, decoding only the frames on the step (design §4)."""
-        bounds = self.check_bounds(bounds)
-        return self._read(bounds, tuple(int(s) for s in step))
 
     def uniform_blocks(self, bounds: Bounds) -> list[tuple[Bounds, np.generic]]:
         """Frames missing from the file's chunk map (an acquisition stopped early, a
@@ -198,7 +191,8 @@ class Nd2Adapter(TensorAdapter):
             number += int(i) * stride
         return number
 
-    def _read(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray:
+    def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
+        """``get_data(bounds)[::step]``, decoding only the frames on the step (design §4)."""
         """Read ``bounds`` with ``step`` into one owned output: frames on the step only."""
         picks = [range(a, b, s) for a, b, s in zip(bounds.start, bounds.stop, step)]
         out = np.empty(tuple(len(r) for r in picks), dtype=self.dtype)

@@ -34,9 +34,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tensor_server.adapters._memmap import strided_slices
+from tensor_server.adapters._strided import StridedReads, strided_slices
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.arrays import owned_array
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
@@ -62,17 +62,15 @@ def served_dtype(raw: np.dtype, slope: float, inter: float) -> np.dtype:
     return np.dtype(np.float32)
 
 
-class NiftiAdapter(TensorAdapter):
+class NiftiAdapter(StridedReads, TensorAdapter):
     """One NIfTI image in nibabel's native (x, y, z, t, ...) order."""
-
-    decimates = True
 
     def __init__(self, path: Path, handle: LazyHandle[Any], shape: Sequence[int], dtype: np.dtype,
                  physical_scale: Sequence[float | None],
                  physical_unit: Sequence[str | None], metadata: dict[str, Any]) -> None:
         self.path = path
         self._handle = handle
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=_LABELS[: len(shape)],
@@ -81,13 +79,13 @@ class NiftiAdapter(TensorAdapter):
             physical_unit=physical_unit,
             content_version=file_content_version(path),
             metadata=metadata,
-        )
+        ))
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:
         return None
 
-    def _read(self, bounds: Bounds, step: Sequence[int] | None) -> np.ndarray:
+    def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
         slices = strided_slices(bounds, step)
         want = tuple(len(range(*s.indices(n))) for s, n in zip(slices, self.shape))
         try:
@@ -101,12 +99,6 @@ class NiftiAdapter(TensorAdapter):
         if arr.shape != want:
             raise UnreadableSource(self.path, f"NIfTI read returned {arr.shape} for {bounds}")
         return arr
-
-    def read_region(self, bounds: Bounds) -> np.ndarray:
-        return self._read(bounds, None)
-
-    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
-        return self._read(bounds, step)
 
     def close(self) -> None:
         self._handle.close()

@@ -26,7 +26,7 @@ import numpy as np
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import DEFAULT_IDLE_SECONDS, LazyHandle
@@ -369,7 +369,7 @@ class TiffPageSeriesAdapter(TensorAdapter):
             raise UnreadableSource(handle.path, f"series {series_index} axes {self.axes!r} do not fit shape {shape}")
         if not shape or any(n < 1 for n in shape):
             raise UnreadableSource(handle.path, f"series {series_index} holds no image data (shape {shape})")
-        super().__init__(
+        super().__init__(TensorInfo(
             shape,
             dtype,
             dim_labels=dim_labels or tiff_dim_labels(self.axes),
@@ -379,7 +379,7 @@ class TiffPageSeriesAdapter(TensorAdapter):
             is_labels=is_labels,
             content_version=content_version or handle.content_version(),
             metadata=metadata,
-        )
+        ))
 
     def stale_reason(self, bounds: Bounds) -> str | None:
         return self.handle.stale_reason()  # any page may sit anywhere in the file(s)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import StaleChunkId, UnreadableSource
 
@@ -81,14 +81,14 @@ class RemoteTensorAdapter(TensorAdapter):
         unit = [u or None for u in descriptor.physical_unit] if len(descriptor.physical_unit) == ndim else None
         version = hashlib.blake2b(upstream.location.encode() + b"\0" + descriptor.array_id.encode() + b"\0"
                                   + self.upstream_version, digest_size=16).digest()
-        super().__init__(
+        super().__init__(TensorInfo(
             list(descriptor.shape), np.dtype(descriptor.dtype), dim_labels=list(descriptor.dim_labels),
             native_chunk_shape=list(descriptor.chunk_shape), physical_scale=scale, physical_unit=unit,
             content_version=version, transfer_chunk_shape=list(descriptor.chunk_shape),
             # the descriptor has no label flag; a label tensor's computed levels say ``mode``
             is_labels=any(level.reduction_method == "mode" for level in descriptor.pyramid),
             metadata={"upstream": upstream.location, "upstream_array_id": descriptor.array_id},
-        )
+        ))
 
     def _fetch(self, bounds: Bounds, scale: Sequence[int] | None, method: str | None) -> np.ndarray:
         client = self.upstream.client

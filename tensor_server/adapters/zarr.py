@@ -35,9 +35,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tensor_server.adapters._ngff import AXIS_ALIASES, dataset_scale, integer_factor, jsonable, ngff_axes
+from tensor_server.adapters._store_listing import ABSENT, file_stamp_of, stored_files
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
-from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
@@ -171,7 +172,11 @@ class _ChunkFiles:
     serves chunks rewritten while the server was down (the absent cells are also what a
     reader needs to skip chunks never written). Larger arrays would take too long to open
     that way: a cell is stamped the first time a chunk over it is served, which still keeps
-    a running server from serving old bytes, but their version covers the metadata only."""
+    a running server from serving old bytes, but their version covers the metadata only.
+
+    The eager stamps come from one listing of the folder, kept as ``listed``: the same
+    listing tells the adapter's uniform blocks which chunks are stored, so the two never
+    disagree and the folder is walked once at open."""
 
     def __init__(self, folder: Path, array: Any) -> None:
         self.folder = folder
@@ -181,15 +186,19 @@ class _ChunkFiles:
         self._encode = array.metadata.encode_chunk_key
         self.eager = math.prod(counts) <= _EAGER_CHUNKS
         self._stamps: dict[tuple[int, ...], tuple[int, int]] = {}
+        #: the store keys of the files under the folder at open (eager arrays), else None
+        self.listed: frozenset[str] | None = None
         if self.eager:
+            entries = stored_files(folder)
+            self.listed = frozenset(entries)
             for cell in itertools.product(*(range(c) for c in counts)):
-                self._stamps[cell] = self._stat(cell)
+                self._stamps[cell] = file_stamp_of(entries.get(self._encode(cell)))
 
     def _stat(self, cell: tuple[int, ...]) -> tuple[int, int]:
         try:
             st = os.stat(os.path.join(self.folder, self._encode(cell)))
         except FileNotFoundError:
-            return (-1, -1)
+            return ABSENT
         return (st.st_size, st.st_mtime_ns)
 
     def digest(self) -> bytes:
@@ -219,8 +228,9 @@ class ZarrAdapter(TensorAdapter):
     Uniform blocks: a chunk whose key is absent from the store reads as the fill value (zarr
     does not write chunks equal to it); in a sharded array an inner chunk whose shard is
     absent, or whose shard-index slot is empty (offset and length 2^64-1), does too. One
-    listing per array (``stored_chunk_keys``), made on first use and again when the content
-    version changes; shard indexes are read once each, when a read first touches the shard.
+    listing per array (``stored_files``): the one the chunk-file stamps were taken from at
+    open (arrays stamped eagerly), else made on first use; again when the content version
+    changes; shard indexes are read once each, when a read first touches the shard.
 
     The chunks of one read decode concurrently without any setting here: zarr-python 3's codec
     pipeline runs each chunk's decode in ``asyncio.to_thread`` (up to ``async.concurrency`` at
@@ -264,10 +274,14 @@ class ZarrAdapter(TensorAdapter):
         }
         meta.update(metadata or {})
         self._listing: tuple[bytes, frozenset[str]] | None = None
+        #: the chunk files' listing made at open, used by the first _stored_keys while the
+        #: content version is still the one it was made under
+        listed = None if chunk_files is None else chunk_files.listed
+        self._listed_at_open = None if listed is None else (content_version, listed)
         self._shard_indexes: dict[tuple[int, ...], np.ndarray | None] = {}
         self._fill: np.generic | None = None
         self._lock = threading.Lock()
-        super().__init__(
+        super().__init__(TensorInfo(
             array.shape,
             array.dtype,
             dim_labels=dim_labels,
@@ -277,7 +291,7 @@ class ZarrAdapter(TensorAdapter):
             is_labels=is_labels,
             content_version=content_version,
             metadata=meta,
-        )
+        ))
 
     def stale_reason(self, bounds: Bounds) -> str | None:
         # no chunk files tracked: an upload member, whose writes are its lifecycle's business
@@ -360,7 +374,11 @@ class ZarrAdapter(TensorAdapter):
         if listing is not None and listing[0] == self.content_version:
             return listing[1]
         with self._lock:
-            keys = stored_chunk_keys(self.store_path / self.zarr_path if self.zarr_path else self.store_path)
+            at_open, self._listed_at_open = self._listed_at_open, None
+            if at_open is not None and at_open[0] == self.content_version:
+                keys = at_open[1]
+            else:
+                keys = frozenset(stored_files(self.store_path / self.zarr_path if self.zarr_path else self.store_path))
             self._shard_indexes.clear()
             self._fill = self._absent_value(keys)
             self._listing = (self.content_version, keys)
@@ -408,16 +426,6 @@ class ZarrAdapter(TensorAdapter):
 
 _EMPTY_SLOT = np.uint64(2**64 - 1)
 
-
-def stored_chunk_keys(folder: Path) -> frozenset[str]:
-    """Every file under an array's folder as a store key relative to it (``c/0/1``, ``0.1``,
-    ``0/1``): one walk, the listing that tells written chunks from absent ones."""
-    out = []
-    for root, _dirs, files in os.walk(folder):
-        rel = os.path.relpath(root, folder)
-        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-        out.extend(prefix + f for f in files)
-    return frozenset(out)
 
 # ---- the store walker --------------------------------------------------------------------------
 class _StoreWalker:

@@ -26,7 +26,7 @@ __all__ = ["run_distributed"]
 
 
 def _synthetic(shape: tuple[int, ...]) -> Any:
-    from tensor_server.core.adapter_base import TensorAdapter
+    from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 
     class SyntheticVolume(TensorAdapter):
         """uint16 pixels ``7z + 3y + x`` (wrapping): deterministic, no memory held."""
@@ -38,7 +38,7 @@ def _synthetic(shape: tuple[int, ...]) -> Any:
             out += x[None, None, :]
             return out
 
-    return SyntheticVolume(shape, np.uint16, dim_labels="zyx")
+    return SyntheticVolume(TensorInfo(shape, np.uint16, dim_labels="zyx"))
 
 
 def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repeats: int = 2,

@@ -1,7 +1,7 @@
 """The read path's contract and machinery (no format libraries, no numba at import)."""
 from __future__ import annotations
 
-from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter
+from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import ChunkId
 from tensor_server.core.normalizing import NormalizingAdapter, normalize_axes
@@ -16,6 +16,7 @@ __all__ = [
     "ReadPlan",
     "SourceAdapter",
     "TensorAdapter",
+    "TensorInfo",
     "normalize_axes",
     "plan_read",
 ]

@@ -27,10 +27,10 @@ import json
 import os
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -40,7 +40,9 @@ from tensor_server.core.identity import minted_content_version, source_id_for_pa
 from tensor_server.core.transfer_grid import default_seed, transfer_chunk_shape
 from tensor_server.core.units import carried_unit
 
-__all__ = ["TensorAdapter", "SourceAdapter", "NativeLevel"]
+__all__ = ["TensorAdapter", "TensorInfo", "SourceAdapter", "NativeLevel"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,75 @@ class NativeLevel:
     scale: tuple[int, ...]
     tensor: TensorAdapter
 
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a tensor is, as its format declares it at open: the one record every adapter
+    builds (the constructor takes nothing else), normalized here once.
+
+    ``dtype`` is kept in native byte order; ``dim_labels`` default to the canonical tail
+    (``t c z y x``) and are lower-cased; ``content_version`` is minted when the format has
+    none; ``transfer_chunk_shape`` overrides the transfer grid the engine would derive from
+    ``native_chunk_shape`` (an upload's grid, an upstream's chunks)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    dim_labels: tuple[str, ...] | None = None
+    native_chunk_shape: tuple[int, ...] | None = None
+    physical_scale: tuple[float | None, ...] | None = None
+    physical_unit: tuple[str | None, ...] | None = None
+    is_labels: bool = False
+    content_version: bytes | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    transfer_chunk_shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(n) for n in self.shape)
+        labels = _default_labels(len(shape)) if self.dim_labels is None else self.dim_labels
+        if len(labels) != len(shape):
+            raise ValueError(f"{len(labels)} dim_labels for a {len(shape)}-D tensor")
+        normalized = {
+            "shape": shape,
+            "dtype": native_dtype(self.dtype),
+            "dim_labels": tuple(str(d).lower() for d in labels),
+            "native_chunk_shape": _ints_or_none(self.native_chunk_shape),
+            "physical_scale": None if self.physical_scale is None else tuple(self.physical_scale),
+            "physical_unit": None if self.physical_unit is None else tuple(carried_unit(u) for u in self.physical_unit),
+            "is_labels": bool(self.is_labels),
+            "content_version": self.content_version or minted_content_version(),
+            "metadata": dict(self.metadata or {}),
+            "transfer_chunk_shape": _ints_or_none(self.transfer_chunk_shape),
+        }
+        for name, value in normalized.items():
+            object.__setattr__(self, name, value)
+
+
+def _ints_or_none(values: Sequence[int] | None) -> tuple[int, ...] | None:
+    return None if values is None else tuple(int(v) for v in values)
+
+
+class _InfoField(Generic[T]):
+    """A TensorInfo field read as a tensor attribute; assigning it replaces the record."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, tensor: Any, owner: type | None = None) -> T:
+        if tensor is None:
+            return self  # type: ignore[return-value]
+        return getattr(tensor.info, self.name)
+
+    def __set__(self, tensor: Any, value: T) -> None:
+        tensor.info = replace(tensor.info, **{self.name: value})
+
 
 # ---- TensorAdapter ---------------------------------------------------------------------------
 class TensorAdapter(ABC):
     """One N-D tensor of a source. Subclasses implement :meth:`read_region`.
 
-    Attributes set by the constructor: ``shape``, ``dtype`` (native byte order),
-    ``dim_labels`` (lower-case), ``physical_scale``/``physical_unit`` (per axis or None),
-    ``is_labels``, ``content_version``, ``metadata``; ``array_id`` is bound by the source.
+    Built from a :class:`TensorInfo`; its fields read as attributes of the tensor
+    (``shape``, ``dtype``, ``dim_labels``, ...). Assigning one replaces ``info`` with a copy
+    carrying the new value (a TIFF level's physical scale, a refreshed content version).
+    ``array_id`` is bound by the source.
     """
 
     #: Whether get_decimated_data may serve nearest with a strided (or the format's own
@@ -69,42 +132,22 @@ class TensorAdapter(ABC):
     #: server reduces next to its data and sends only the result); None declines a request.
     reduces: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        shape: Sequence[int],
-        dtype: Any,
-        *,
-        dim_labels: Sequence[str] | None = None,
-        native_chunk_shape: Sequence[int] | None = None,
-        physical_scale: Sequence[float | None] | None = None,
-        physical_unit: Sequence[str | None] | None = None,
-        is_labels: bool = False,
-        content_version: bytes | None = None,
-        array_id: str = "",
-        metadata: Mapping[str, Any] | None = None,
-        transfer_chunk_shape: Sequence[int] | None = None,
-    ) -> None:
-        self.shape: tuple[int, ...] = tuple(int(n) for n in shape)
-        self.dtype: np.dtype = native_dtype(dtype)
-        ndim = len(self.shape)
-        if dim_labels is None:
-            dim_labels = _default_labels(ndim)
-        if len(dim_labels) != ndim:
-            raise ValueError(f"{len(dim_labels)} dim_labels for a {ndim}-D tensor")
-        self.dim_labels: tuple[str, ...] = tuple(str(d).lower() for d in dim_labels)
-        self.native_chunk_shape: tuple[int, ...] | None = (
-            None if native_chunk_shape is None else tuple(int(c) for c in native_chunk_shape)
-        )
-        self.physical_scale = None if physical_scale is None else tuple(physical_scale)
-        self.physical_unit = None if physical_unit is None else tuple(carried_unit(u) for u in physical_unit)
-        self.is_labels = bool(is_labels)
-        self.content_version: bytes = content_version or minted_content_version()
-        self.array_id = array_id
-        self.metadata: dict[str, Any] = dict(metadata or {})
-        self._transfer_override = (
-            None if transfer_chunk_shape is None else tuple(int(c) for c in transfer_chunk_shape)
-        )
+    #: Bound by the source (``SourceAdapter``) and rebound by the catalog; "" until then.
+    array_id: str = ""
+
+    def __init__(self, info: TensorInfo) -> None:
+        self.info = info
         self.native_levels: list[NativeLevel] = []
+
+    shape = _InfoField[tuple[int, ...]]()
+    dtype = _InfoField[np.dtype]()
+    dim_labels = _InfoField[tuple[str, ...]]()
+    native_chunk_shape = _InfoField[tuple[int, ...] | None]()
+    physical_scale = _InfoField[tuple[float | None, ...] | None]()
+    physical_unit = _InfoField[tuple[str | None, ...] | None]()
+    is_labels = _InfoField[bool]()
+    content_version = _InfoField[bytes]()
+    metadata = _InfoField[dict[str, Any]]()
 
     # ---- geometry ---------------------------------------------------------------------------
     @property
@@ -121,8 +164,9 @@ class TensorAdapter(ABC):
     @cached_property
     def chunk_shape(self) -> tuple[int, ...]:
         """The transfer grid (level-0 pixels per chunk)."""
-        if self._transfer_override is not None:
-            return tuple(min(c, n) for c, n in zip(self._transfer_override, self.shape))
+        override = self.info.transfer_chunk_shape
+        if override is not None:
+            return tuple(min(c, n) for c, n in zip(override, self.shape))
         return transfer_chunk_shape(self.shape, self.dtype.itemsize, self.seed_shape, self.dim_labels)
 
     @property
@@ -130,10 +174,6 @@ class TensorAdapter(ABC):
         """What this reader cannot read below (§3). Default: the native seed when there is
         one; ``None`` means the reader can crop cheaply (memmap, ROI reads)."""
         return self.native_chunk_shape
-
-    def get_output_dtype(self, method: str | None = None) -> np.dtype:
-        """Scaled reads keep the input dtype, for every method."""
-        return self.dtype
 
     # ---- reads ------------------------------------------------------------------------------
     @abstractmethod

@@ -93,9 +93,6 @@ class Bounds:
     def size(self) -> int:
         return prod(self.shape)
 
-    def is_empty(self) -> bool:
-        return any(b <= a for a, b in zip(self.start, self.stop))
-
     def to_slices(self) -> tuple[slice, ...]:
         return tuple(slice(a, b) for a, b in zip(self.start, self.stop))
 

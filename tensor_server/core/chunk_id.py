@@ -25,6 +25,7 @@ from typing import Sequence
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.methods import CANONICAL_METHODS, PRECOMPUTE
 from tensor_server.errors import InvalidChunkId
+from tensor_server_kernels.reference import output_shape
 
 __all__ = ["ChunkId", "SERVING_EPOCH", "UNSCALED"]
 
@@ -90,7 +91,7 @@ class ChunkId:
     @property
     def output_shape(self) -> tuple[int, ...]:
         """ceil(extent / scale) per axis: the delivered chunk's shape."""
-        return tuple(-(-(b - a) // s) for a, b, s in zip(self.start, self.stop, self.scale))
+        return output_shape(self.bounds.shape, self.scale)
 
     # ---- wire encoding --------------------------------------------------------------------
     def encode(self) -> bytes:

@@ -17,16 +17,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from tensor_server.errors import InvalidArgument
-from tensor_server_kernels.reference import METHODS as _KERNEL_METHODS
 from tensor_server_kernels.reference import check_arguments
 
-__all__ = ["METHODS", "downsample_block", "warm_up"]
+__all__ = ["downsample_block", "warm_up"]
 
 log = logging.getLogger(__name__)
 
-#: The six canonical reductions. Aliases (stride, mean, ...) are resolved by
-#: ``tensor_server.core.methods`` before a method reaches this module.
-METHODS: tuple[str, ...] = tuple(_KERNEL_METHODS)
+# Methods reach this module canonical: aliases (stride, mean, ...) are resolved by
+# ``tensor_server.core.methods`` first.
 
 _kernels: Any = None
 

@@ -50,9 +50,10 @@ from tensor_server.core.chunk_id import PRECOMPUTE, SERVING_EPOCH, UNSCALED, Chu
 from tensor_server.core.chunk_store import ChunkStore, cache_sourced_units
 from tensor_server.core.methods import CANONICAL_METHODS, normalize_method
 from tensor_server.core.request import check_extent_within_chunk, check_scale
-from tensor_server.core.stream_reduce import scaled_output_shape, stream_reduce, streaming_unit
+from tensor_server.core.stream_reduce import stream_reduce, streaming_unit
 from tensor_server.core.uniform import covering_value, reduced_constant, uniform_array, uniform_value
 from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, Overloaded, ReadCancelled, StaleChunkId
+from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -189,7 +190,7 @@ class ReadEngine:
                 return uniform_array(v, cid.bounds.shape, tensor.dtype)
             return uniform_array(
                 reduced_constant(v, tensor.dtype, cid.scale, cid.method),
-                scaled_output_shape(cid.bounds.shape, cid.scale),
+                output_shape(cid.bounds.shape, cid.scale),
                 tensor.dtype,
             )
         if cid.method in (UNSCALED, PRECOMPUTE):
@@ -224,16 +225,11 @@ class ReadEngine:
         if unit_value is not None:
             v = unit_value(bounds)
             if v is not None:
-                return np.full(scaled_output_shape(bounds.shape, scale), v, dtype=tensor.dtype)
+                return np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype)
         if method == "nearest" and tensor.decimates:
             dec = tensor.get_decimated_data(bounds, scale)
             if dec is not None:
-                expected = scaled_output_shape(bounds.shape, scale)
-                if tuple(dec.shape) != expected:
-                    raise RuntimeError(
-                        f"{type(tensor).__name__}.get_decimated_data returned {dec.shape}, expected {expected}"
-                    )
-                return owned_array(dec, tensor.dtype)
+                return _checked_answer(tensor, "get_decimated_data", dec, bounds, scale)
         unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
         if unit_value is not None:
             unit = _storage_block_unit(tensor, scale, unit)
@@ -249,12 +245,7 @@ class ReadEngine:
         if offer is None and tensor.reduces:
             reduced = tensor.get_reduced_data(bounds, scale, method)
             if reduced is not None:
-                expected = scaled_output_shape(bounds.shape, scale)
-                if tuple(reduced.shape) != expected:
-                    raise RuntimeError(
-                        f"{type(tensor).__name__}.get_reduced_data returned {reduced.shape}, expected {expected}"
-                    )
-                return owned_array(reduced, tensor.dtype)
+                return _checked_answer(tensor, "get_reduced_data", reduced, bounds, scale)
         if cancelled is not None:
             fetch = _stop_when(cancelled, fetch)
         if all(u >= n for u, n in zip(unit, bounds.shape)):
@@ -288,6 +279,17 @@ class ReadEngine:
 #: Smallest storage block worth streaming by when an extent has uniform blocks: below it, the
 #: per-unit overhead outweighs reading a few uniform blocks with their neighbours.
 MIN_BLOCK_UNIT_BYTES = 64 << 10
+
+
+def _checked_answer(tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: Bounds,
+                    scale: tuple[int, ...]) -> np.ndarray:
+    """A scaled answer the backend computed itself (``what``: a strided read, a reduction
+    next to the data), owned, after checking its shape: a wrong shape is an adapter bug and
+    must never reach a client as pixels."""
+    expected = output_shape(bounds.shape, scale)
+    if tuple(arr.shape) != expected:
+        raise RuntimeError(f"{type(tensor).__name__}.{what} returned {arr.shape}, expected {expected}")
+    return owned_array(arr, tensor.dtype)
 
 
 def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...]) -> tuple[int, ...]:

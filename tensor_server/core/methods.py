@@ -8,6 +8,7 @@ never confuse two spellings of the same reduction, or two different reductions.
 from __future__ import annotations
 
 from tensor_server.errors import InvalidArgument
+from tensor_server_kernels.reference import METHODS
 
 __all__ = [
     "CANONICAL_METHODS",
@@ -17,8 +18,9 @@ __all__ = [
     "default_method",
 ]
 
-#: The six reductions the kernels implement (tensor_server.core.downsample.METHODS).
-CANONICAL_METHODS = ("nearest", "area", "min", "max", "mode", "median")
+#: The six reductions the kernels implement. The list is the kernels' own (their oracle
+#: validates against it and they cannot import the server); every server module reads it here.
+CANONICAL_METHODS: tuple[str, ...] = METHODS
 
 #: Serve a level the file stores (a native pyramid level), not a computed one.
 PRECOMPUTE = "precompute"

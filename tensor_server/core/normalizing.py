@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.arrays import owned_array
 from tensor_server.core.bounds import Bounds
 
@@ -50,7 +50,7 @@ class NormalizingAdapter(TensorAdapter):
             raise ValueError(f"{self.order} is not a permutation of {inner.ndim} axes")
         self.inverse = tuple(int(i) for i in np.argsort(self.order))
         p = self._permute
-        super().__init__(
+        super().__init__(TensorInfo(
             p(inner.shape),
             inner.dtype,
             dim_labels=p(inner.dim_labels),
@@ -59,10 +59,9 @@ class NormalizingAdapter(TensorAdapter):
             physical_unit=None if inner.physical_unit is None else p(inner.physical_unit),
             is_labels=inner.is_labels,
             content_version=inner.content_version,
-            array_id=inner.array_id,
             metadata=inner.metadata,
             transfer_chunk_shape=p(inner.chunk_shape),
-        )
+        ))
         self.native_levels = [type(lv)(p(lv.scale), NormalizingAdapter(lv.tensor, self.order)) for lv in inner.native_levels]
 
     def _permute(self, values: Sequence[Any]) -> tuple[Any, ...]:

@@ -1,7 +1,7 @@
 """Read plans: which chunks answer a (tensor, region, scale, method) request.
 
 The algorithm is wire-protocol §3.4 (the reference server's): per axis, the virtual chunk is
-``V = transfer × scale`` level-0 pixels; the request is snapped outward to whole V (the
+``V = transfer × scale`` level-0 pixels (``scaled_virtual_chunk_size``, clamped to the axis); the request is snapped outward to whole V (the
 *realized* region, which goes in ``descriptor.slice_hint``); the output is
 ``ceil(realized / scale)``; each grid cell becomes one chunk with an id naming its level-0
 extent and output bounds relative to the realized region. Because the realized start is a
@@ -19,9 +19,9 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
 from tensor_server.core.methods import effective_method
 from tensor_server.core.request import MAX_PLAN_CHUNKS, check_scale
-from tensor_server.core.stream_reduce import scaled_output_shape
-from tensor_server.core.transfer_grid import CEILING_BYTES
+from tensor_server.core.transfer_grid import CEILING_BYTES, scaled_virtual_chunk_size
 from tensor_server.errors import InvalidArgument, InvalidBounds
+from tensor_server_kernels.reference import output_shape
 
 __all__ = ["PlannedChunk", "ReadPlan", "plan_read"]
 
@@ -31,10 +31,6 @@ class PlannedChunk:
     chunk_id: ChunkId
     #: Bounds inside the realized output array (scaled pixels, 0-based): ChunkBounds on the wire.
     out_bounds: Bounds
-
-    @property
-    def source_bounds(self) -> Bounds:
-        return self.chunk_id.bounds
 
 
 @dataclass(frozen=True)
@@ -81,11 +77,11 @@ def plan_read(
     if eff == PRECOMPUTE:
         return _plan_stored_level(tensor, region, scale_t)
     chunk = tensor.chunk_shape
-    virtual = tuple(c * s for c, s in zip(chunk, scale_t))
+    virtual = scaled_virtual_chunk_size(chunk, scale_t, shape)
     rs = tuple((a // v) * v for a, v in zip(region.start, virtual))
     re = tuple(min(-(-b // v) * v, n) for b, v, n in zip(region.stop, virtual, shape))
     realized = Bounds(rs, re)
-    out_shape = scaled_output_shape(realized.shape, scale_t)
+    out_shape = output_shape(realized.shape, scale_t)
     out_chunk = tuple(min(c, n) for c, n in zip(chunk, out_shape))
     if _prod(out_chunk) * tensor.dtype.itemsize > CEILING_BYTES:
         raise InvalidArgument(f"{tensor.array_id}: chunk {out_chunk} exceeds the 64 MiB ceiling")
@@ -95,10 +91,9 @@ def plan_read(
     chunks = []
     for vs in itertools.product(*starts_per_axis):
         ve = tuple(min(a + v, n) for a, v, n in zip(vs, virtual, shape))
-        o0 = tuple((a - r) // s for a, r, s in zip(vs, rs, scale_t))
-        o1 = tuple(-(-(b - r) // s) for b, r, s in zip(ve, rs, scale_t))
         cid = ChunkId.for_extent(tensor.array_id, Bounds(vs, ve), scale_t, eff, tensor.content_version)
-        chunks.append(PlannedChunk(cid, Bounds(o0, o1)))
+        o0 = tuple((a - r) // s for a, r, s in zip(vs, rs, scale_t))  # exact: vs - rs is whole virtual chunks
+        chunks.append(PlannedChunk(cid, Bounds(o0, tuple(o + n for o, n in zip(o0, cid.output_shape)))))
     return ReadPlan(
         array_id=tensor.array_id,
         realized=realized,

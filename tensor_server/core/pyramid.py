@@ -13,7 +13,7 @@ from math import prod
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.methods import PRECOMPUTE, default_method
-from tensor_server.core.stream_reduce import scaled_output_shape
+from tensor_server_kernels.reference import output_shape
 
 __all__ = ["PyramidLevelSpec", "PyramidPolicy", "advertised_levels"]
 
@@ -59,7 +59,7 @@ def advertised_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None
         scale[x] *= 2
         if y is not None:
             scale[y] *= 2
-        shape = scaled_output_shape(tensor.shape, scale)
+        shape = output_shape(tensor.shape, scale)
         levels.append(PyramidLevelSpec(tuple(scale), method, shape, False))
     if z is not None and tensor.shape[z] > 1:
         volume = lambda s: s[z] * plane(s)  # noqa: E731
@@ -68,6 +68,6 @@ def advertised_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None
                 for axis in (z, y, x):
                     if axis is not None:
                         scale[axis] *= 2
-                shape = scaled_output_shape(tensor.shape, scale)
+                shape = output_shape(tensor.shape, scale)
             levels.append(PyramidLevelSpec(tuple(scale), method, shape, False))
     return levels

@@ -38,8 +38,9 @@ import numpy as np
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.uniform import fill_uniform_units
+from tensor_server_kernels.reference import output_shape
 
-__all__ = ["streaming_unit", "stream_reduce", "scaled_output_shape", "iter_units", "default_workers"]
+__all__ = ["streaming_unit", "stream_reduce", "iter_units", "default_workers"]
 
 Fetch = Callable[[Bounds], np.ndarray]
 
@@ -47,11 +48,6 @@ Fetch = Callable[[Bounds], np.ndarray]
 def default_workers() -> int:
     """The read-ahead depth when none is configured: the machine's cores."""
     return os.cpu_count() or 1
-
-
-def scaled_output_shape(extent: Sequence[int], scale: Sequence[int]) -> tuple[int, ...]:
-    """ceil(extent / scale) per axis: the contract's output shape (edge padding included)."""
-    return tuple(-(-int(n) // int(s)) for n, s in zip(extent, scale))
 
 
 def streaming_unit(
@@ -168,7 +164,7 @@ def stream_reduce(
     workers = default_workers() if workers is None else int(workers)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    out_shape = scaled_output_shape(bounds.shape, scale)
+    out_shape = output_shape(bounds.shape, scale)
     if out is None:
         out = np.empty(out_shape, dtype=dtype)
     elif out.shape != out_shape:

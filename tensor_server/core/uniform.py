@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
+from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -149,5 +150,5 @@ def fill_uniform_units(
             yield ub
             continue
         o0 = tuple((a - b0) // s for a, b0, s in zip(ub.start, origin, scale))
-        o1 = tuple(o + -(-n // s) for o, n, s in zip(o0, ub.shape, scale))
+        o1 = tuple(o + n for o, n in zip(o0, output_shape(ub.shape, scale)))
         out[tuple(slice(a, b) for a, b in zip(o0, o1))] = v

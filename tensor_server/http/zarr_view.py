@@ -26,6 +26,7 @@ import numpy as np
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
 from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
+from tensor_server.core.transfer_grid import scaled_virtual_chunk_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -123,7 +124,7 @@ class ZarrImage:
             start = tuple(k * c for k, c in zip(key, level.chunks))
             stop = tuple(min(a + c, n) for a, c, n in zip(start, level.chunks, level.shape))
         else:
-            virtual = tuple(c * s for c, s in zip(level.chunks, level.scale))
+            virtual = scaled_virtual_chunk_size(level.chunks, level.scale, t.shape)
             start = tuple(k * v for k, v in zip(key, virtual))
             stop = tuple(min(a + v, n) for a, v, n in zip(start, virtual, t.shape))
         return ChunkId.for_extent(t.array_id, Bounds(start, stop), level.scale, level.method, t.content_version)

@@ -30,6 +30,7 @@ import pytest
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
+from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core.plan import plan_read
 from tensor_server.errors import InvalidBounds
 
@@ -50,7 +51,7 @@ def random_bounds(shape: tuple[int, ...], rng: np.random.Generator, max_extent: 
 class AdapterTests:
     """Base conformance suite (see module docstring)."""
 
-    methods: ClassVar[tuple[str, ...]] = ("nearest", "area", "min", "max", "mode", "median")
+    methods: ClassVar[tuple[str, ...]] = CANONICAL_METHODS
     max_tensors: ClassVar[int] = 4
     random_reads: ClassVar[int] = 6
     exact: ClassVar[bool] = True

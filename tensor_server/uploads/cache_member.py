@@ -27,7 +27,7 @@ import numpy as np
 from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_index import read_index
 from tensor_server.cache.segment_store import SegmentEntry, SegmentWriter, read_batch_at, segment_name, walk_segment
-from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.uploads.marker import MARKER_KEY, Marker, read_json, sync_path, write_json_atomic
 
@@ -227,9 +227,9 @@ class CacheMemberAdapter(TensorAdapter):
     def __init__(self, member: CacheMember) -> None:
         m = member.marker
         self.member = member
-        super().__init__(member.shape, member.dtype, dim_labels=m.dim_labels or None, is_labels=m.is_labels,
-                         content_version=bytes.fromhex(m.content_version), transfer_chunk_shape=member.grid,
-                         metadata={"store_format": "cache"})
+        super().__init__(TensorInfo(member.shape, member.dtype, dim_labels=m.dim_labels or None,
+                                    is_labels=m.is_labels, content_version=bytes.fromhex(m.content_version),
+                                    transfer_chunk_shape=member.grid, metadata={"store_format": "cache"}))
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:

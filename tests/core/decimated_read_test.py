@@ -37,6 +37,7 @@ DECIMATES = {
     "ZarrAdapter": ("no", "quantized: zarr decodes a whole chunk to return any of it, so a stride inside the chunk saves only a memcpy"),
     "EncodedZarrAdapter": ("yes", "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
+    "_RaisingAdapter": ("no", "the door suite's tensor whose every read raises one error class: nothing to stride"),
     "NormalizingAdapter": ("forwards", "decimates exactly when the wrapped adapter does"),
     "CacheMemberAdapter": ("no", "a cache:// upload's chunk is one mapped Arrow batch: a stride inside it saves only a memcpy"),
 }

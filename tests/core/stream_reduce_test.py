@@ -10,12 +10,13 @@ import weakref
 import numpy as np
 import pytest
 
+from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core import Bounds
 from tensor_server.core.downsample import downsample_block
 from tensor_server.core.stream_reduce import iter_units, stream_reduce, streaming_unit
 from tensor_server.testing.deadline import finishes_within
 
-METHODS = ["nearest", "area", "min", "max", "mode", "median"]
+METHODS = CANONICAL_METHODS
 DTYPES = ["uint8", "int16", "uint16", "float32", "float64", "bool"]
 
 

@@ -7,13 +7,14 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
+from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
 from tensor_server.core.normalizing import NormalizingAdapter
 from tensor_server_kernels.reference import downsample
 
-METHODS = ("nearest", "area", "min", "max", "mode", "median")
+METHODS = CANONICAL_METHODS
 
 
 class ReadCounter:
