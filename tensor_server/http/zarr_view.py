@@ -18,14 +18,14 @@ and both fill and hit the same chunk cache entries.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from tensor_server.core.bounds import Bounds
-from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
-from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
+from tensor_server.core.chunk_id import UNSCALED, ChunkId
+from tensor_server.core.level_grid import GridLevel as ZarrLevel
+from tensor_server.core.level_grid import grid_levels, level_chunk_id
+from tensor_server.core.pyramid import PyramidPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -55,24 +55,6 @@ def _ngff_unit(unit: str | None) -> str | None:
     return name if name in _NGFF_UNIT_NAMES else None
 
 
-@dataclass(frozen=True)
-class ZarrLevel:
-    """One level of the virtual image: path ``str(index)``."""
-
-    index: int
-    scale: tuple[int, ...]
-    method: str
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-
-    @property
-    def path(self) -> str:
-        return str(self.index)
-
-    def grid(self) -> tuple[int, ...]:
-        return tuple(-(-n // c) for n, c in zip(self.shape, self.chunks))
-
-
 class ZarrImage:
     """The OME-Zarr view of ``tensor`` (and of its label tensors under ``labels/``)."""
 
@@ -90,24 +72,9 @@ class ZarrImage:
         self.labels = dict(labels or {})
         self.policy = policy
         self.is_label_of = is_label_of
-        self.levels = self._levels()
+        self.levels = grid_levels(tensor, policy)
 
     # ---- levels and chunks ---------------------------------------------------------------------
-    def _levels(self) -> list[ZarrLevel]:
-        t = self.tensor
-        out = []
-        for i, spec in enumerate(advertised_levels(t, self.policy)):
-            scale = tuple(spec.scale)
-            if spec.method == PRECOMPUTE and any(s != 1 for s in scale):
-                lt = t.native_level(scale).tensor
-                shape, chunks = tuple(lt.shape), tuple(min(c, n) for c, n in zip(lt.chunk_shape, lt.shape))
-            else:
-                shape = tuple(spec.shape)
-                chunks = tuple(min(c, n) for c, n in zip(t.chunk_shape, shape))
-            method = UNSCALED if all(s == 1 for s in scale) else spec.method
-            out.append(ZarrLevel(i, scale, method, shape, chunks))
-        return out
-
     def level(self, path: str) -> ZarrLevel | None:
         if not path.isdigit():
             return None
@@ -116,17 +83,7 @@ class ZarrImage:
 
     def chunk_id(self, level: ZarrLevel, key: Sequence[int]) -> ChunkId | None:
         """The engine chunk behind zarr chunk ``key`` of ``level``, or None off the grid."""
-        t = self.tensor
-        if len(key) != t.ndim or any(k < 0 or k >= g for k, g in zip(key, level.grid())):
-            return None
-        if level.method == PRECOMPUTE:
-            start = tuple(k * c for k, c in zip(key, level.chunks))
-            stop = tuple(min(a + c, n) for a, c, n in zip(start, level.chunks, level.shape))
-        else:
-            virtual = tuple(c * s for c, s in zip(level.chunks, level.scale))
-            start = tuple(k * v for k, v in zip(key, virtual))
-            stop = tuple(min(a + v, n) for a, v, n in zip(start, virtual, t.shape))
-        return ChunkId.for_extent(t.array_id, Bounds(start, stop), level.scale, level.method, t.content_version)
+        return level_chunk_id(self.tensor, level, key)
 
     def encode_chunk(self, level: ZarrLevel, data: np.ndarray) -> memoryview:
         """Raw little-endian C-order bytes of a whole chunk (edge chunks padded with 0), as a
