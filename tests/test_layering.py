@@ -25,7 +25,12 @@ FORBIDDEN = {
     "catalog": {"uploads", "flight", "http", "bench", "testing", "cli", "demo"},
     "uploads": {"flight", "http", "bench", "testing", "cli", "demo"},
     "flight": {"bench", "testing", "cli", "demo"},
+    # rendering to 8-bit images: transport-free, over core only (the viewer doors call it)
+    "render": {"adapters", "cache", "catalog", "uploads", "flight", "http", "bench", "testing", "cli", "demo",
+               "config", "service"},
 }
+for _floor in ("core", "adapters", "cache", "catalog", "uploads"):
+    FORBIDDEN[_floor] = FORBIDDEN[_floor] | {"render"}
 
 
 def _parse(source: str) -> ast.AST:

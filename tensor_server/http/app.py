@@ -105,6 +105,9 @@ def build_app(
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
 
+    from tensor_server.http.viewer_provider import CatalogViewerProvider
+    from tensor_server.http.viewers import routes as viewer_routes
+
     views = _Views(catalog, policy)
     calls: dict[str, int] = {"metadata": 0, "chunks": 0, "not_found": 0, "unauthorized": 0, "not_modified": 0}
 
@@ -198,7 +201,8 @@ def build_app(
         label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
         return await _dispatch(request, label_view, rest[1:], version)
 
-    routes = [Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
+    routes = [*viewer_routes(CatalogViewerProvider(catalog, engine, token=token, policy=policy)),
+              Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
     middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "HEAD"],
                              allow_headers=["Authorization", "Range", "If-None-Match"],
