@@ -77,18 +77,16 @@ def _robust_window(values: np.ndarray, dtype: np.dtype) -> tuple[float, float]:
     return (lo, hi) if hi > lo else (lo, lo + 1.0)
 
 
-def settings_for(metadata: dict[str, Any], dtype: np.dtype, is_labels: bool, is_rgb: bool,
+def settings_for(metadata: dict[str, Any], dtype: np.dtype, is_labels: bool, is_rgb: bool, count: int,
                  coarse: Callable[[], np.ndarray]) -> RenderSettings:
-    """The settings of a tensor. ``coarse()`` gives its coarsest level as (channels, ...), read
-    only when a window must be measured."""
+    """The settings of a tensor of ``count`` channels. ``coarse()`` gives its coarsest level as
+    (channels, ...), read only when a window must be measured."""
     if is_labels:
         return RenderSettings((), "labels")
     if is_rgb and dtype == np.uint8:
         return RenderSettings((), "rgb")
     omero = metadata.get("omero") if isinstance(metadata, dict) else None
     channels_meta = omero.get("channels") if isinstance(omero, dict) else None
-    data = coarse()
-    count = data.shape[0]
     measured = None
     out = []
     for i in range(count):
@@ -98,6 +96,7 @@ def settings_for(metadata: dict[str, Any], dtype: np.dtype, is_labels: bool, is_
         start, end = window.get("start"), window.get("end")
         if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
             if measured is None:
+                data = coarse() if dtype != np.uint8 and dtype.kind != "b" else np.zeros((count, 1), dtype)
                 measured = [_robust_window(data[c], dtype) for c in range(count)]
             start, end = measured[i]
         colour = _hex(meta.get("color"), _default_colour(i, count))

@@ -63,8 +63,9 @@ class Renderer:
             return whole.read(self.provider, 0, 0, w, h, ow, oh)[0]
 
         key = (t.array_id + ";" + ";".join(f"{a}={i}" for a, i in sorted(whole.fixed.items())), t.content_version)
+        count = t.shape[view.channel_axis] if view.channel_axis is not None else 1
         return self.settings.get(key, lambda: settings_for(t.metadata, t.dtype, t.is_labels,
-                                                           view.sample_axis is not None, coarse))
+                                                           view.sample_axis is not None, count, coarse))
 
     def region(self, view: PlaneView, x: int, y: int, w: int, h: int, out_w: int, out_h: int,
                cancelled: Callable[[], bool] | None = None) -> Image.Image:
