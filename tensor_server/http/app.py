@@ -176,15 +176,15 @@ def build_app(
         cid = image.chunk_id(level, key) if key is not None else None
         if cid is None:
             raise _NotFound(f"no chunk {'/'.join(rest[1:])} in level {level.path} (grid {level.grid()})")
-        body = await run_in_threadpool(_chunk_bytes, image, level, cid)
+        body = await run_in_threadpool(_chunk_bytes, image, level, cid, zarr_format)
         calls["chunks"] += 1
         if on_chunk is not None:
             on_chunk(image.tensor, cid)
         return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
 
-    def _chunk_bytes(image: ZarrImage, level: ZarrLevel, cid: Any) -> memoryview:
+    def _chunk_bytes(image: ZarrImage, level: ZarrLevel, cid: Any, zarr_format: int) -> memoryview:
         _, data = engine.chunk(cid, image.tensor)
-        return image.encode_chunk(level, data)
+        return image.encode_chunk(level, data, zarr_format)
 
     async def _labels(request: Request, image: ZarrImage, rest: list[str], version: str) -> Response:
         zarr_format = 2 if version == "0.4" else 3
