@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode
 from tensor_server.core.level_grid import grid_levels
 from tensor_server.http.viewer_door import guarded, presented_token
 from tensor_server.render.image import Renderer
-from tensor_server.render.plane import split_identifier
+from tensor_server.render.plane import PlaneView, split_identifier
 
 __all__ = ["routes", "osd_dir"]
 
@@ -61,9 +61,12 @@ def _physical(tensor: Any) -> str:
 def _tensor_row(provider: Any, tensor: Any, token: str | None, host: str) -> str:
     aid = quote(tensor.array_id, safe="/")
     can_show = tensor.ndim >= 2
-    thumb = (f'<img class="thumb" alt="thumbnail of {escape(tensor.array_id)}" src="'
-             f'{escape(_with_token(f"/iiif/3/{aid}/full/!{THUMBNAIL},{THUMBNAIL}/0/default.jpg", token))}">'
-             if can_show else "—")
+    thumb = "—"
+    if can_show:
+        plane = PlaneView.of(tensor, {}, provider.policy)
+        size = "max" if max(plane.width, plane.height) <= THUMBNAIL else f"!{THUMBNAIL},{THUMBNAIL}"
+        thumb = (f'<img class="thumb" alt="thumbnail of {escape(tensor.array_id)}" src="'
+                 f'{escape(_with_token(f"/iiif/3/{aid}/full/{size}/0/default.jpg", token))}">')
     levels = grid_levels(tensor, provider.policy)
     level_text = "<br>".join(f"{lv.path}: {'×'.join(map(str, lv.shape))} ({lv.method if lv.index else 'full resolution'})"
                              for lv in levels)

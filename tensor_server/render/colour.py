@@ -11,7 +11,8 @@ channels add up (clipped), the usual fluorescence composite. The settings come f
 3. colours from ``DEFAULT_COLOURS``: one channel is grey (white), more channels take
    green, magenta, cyan, yellow, red, blue, white in turn.
 
-A colour-sample axis (RGB/RGBA, 3 or 4 samples) is shown as the colour it is. Labels are
+A colour-sample axis (RGB/RGBA, 3 or 4 samples) is shown as the colour it is (8-bit as stored;
+other types windowed per sample, in red, green and blue; alpha is not drawn). Labels are
 drawn in label colours: 0 (background) is black, every other id a stable colour of its own
 (``label_colours``), so the same object has the same colour at every level and in every tile.
 """
@@ -29,6 +30,8 @@ __all__ = ["ChannelSetting", "RenderSettings", "SettingsCache", "DEFAULT_COLOURS
 
 DEFAULT_COLOURS = ("00FF00", "FF00FF", "00FFFF", "FFFF00", "FF0000", "0000FF", "FFFFFF")
 GREY = "FFFFFF"
+#: samples of an RGB(A) tensor that is not 8-bit: windowed like channels, in their own colours
+RGB_COLOURS = ("FF0000", "00FF00", "0000FF")
 PERCENTILES = (0.1, 99.9)
 _SAMPLE_VALUES = 1 << 20  # values per channel the percentile window is taken from
 
@@ -99,11 +102,12 @@ def settings_for(metadata: dict[str, Any], dtype: np.dtype, is_labels: bool, is_
                 data = coarse() if dtype != np.uint8 and dtype.kind != "b" else np.zeros((count, 1), dtype)
                 measured = [_robust_window(data[c], dtype) for c in range(count)]
             start, end = measured[i]
-        colour = _hex(meta.get("color"), _default_colour(i, count))
-        out.append(ChannelSetting(colour, float(start), float(end), meta.get("active", True) is not False))
+        colour = _hex(meta.get("color"), RGB_COLOURS[i] if is_rgb and i < 3 else _default_colour(i, count))
+        active = meta.get("active", True) is not False and not (is_rgb and i >= 3)  # alpha is not a colour
+        out.append(ChannelSetting(colour, float(start), float(end), active))
     if not any(c.active for c in out):  # nothing to show would be a black image: show them all
         out = [ChannelSetting(c.colour, c.start, c.end, True) for c in out]
-    return RenderSettings(tuple(out), "rgb" if is_rgb else "channels")
+    return RenderSettings(tuple(out), "channels")
 
 
 def label_colours(ids: np.ndarray) -> np.ndarray:

@@ -63,7 +63,8 @@ class Renderer:
             return whole.read(self.provider, 0, 0, w, h, ow, oh)[0]
 
         key = (t.array_id + ";" + ";".join(f"{a}={i}" for a, i in sorted(whole.fixed.items())), t.content_version)
-        count = t.shape[view.channel_axis] if view.channel_axis is not None else 1
+        axis = view.sample_axis if view.sample_axis is not None else view.channel_axis
+        count = t.shape[axis] if axis is not None else 1
         return self.settings.get(key, lambda: settings_for(t.metadata, t.dtype, t.is_labels,
                                                            view.sample_axis is not None, count, coarse))
 
@@ -74,11 +75,8 @@ class Renderer:
 
         settings = self.settings_of(view)
         planes, level = view.read(self.provider, x, y, w, h, out_w, out_h, cancelled)
-        if view.channel_axis is not None and view.sample_axis is None:
-            sel = view.selected_channel
-            channels = [sel] if sel is not None else list(range(planes.shape[0]))
-        else:
-            channels = [0]
+        sel = view.selected_channel if view.sample_axis is None else None
+        channels = [sel] if sel is not None else list(range(planes.shape[0]))
         rgb = to_rgb8(planes, settings, channels)
         image = Image.fromarray(rgb)
         sy, sx = level.scale[view.y], level.scale[view.x]
