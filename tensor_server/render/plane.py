@@ -5,9 +5,10 @@ A viewer names a plane with an identifier suffix: ``<array_id>;z=3;t=0`` selects
 axis ``z`` and 0 of ``t`` (unnamed axes default to 0), ``;c=1`` shows channel 1 alone (by
 default every active channel is composited). The image axes are ``y`` and ``x`` (else the last
 two that are not channel or sample axes); a colour-sample axis (``s``/``rgb``/``rgba``) is
-kept whole. A region of ``w×h`` pixels shown at ``ow×oh`` is read at the coarsest served level
-whose scale does not exceed the reduction ``min(w/ow, h/oh)`` (``core.level_grid``), never
-at full resolution for a thumbnail; the caller resizes the rest of the way.
+kept whole. A region of ``w×h`` pixels shown at ``ow×oh`` is read at the coarsest level whose
+scale does not exceed the reduction ``min(w/ow, h/oh)`` (``core.level_grid``: the advertised
+levels, extended by factors of 2 down to one small tile), never at full resolution for a
+thumbnail; the caller resizes the rest of the way (less than a factor of 2).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import numpy as np
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.level_grid import GridLevel, grid_levels, read_level_region
+from tensor_server.core.methods import default_method
+from tensor_server.core.stream_reduce import scaled_output_shape
 from tensor_server.errors import InvalidArgument
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +32,8 @@ __all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER"]
 
 SAMPLE_AXES = frozenset({"s", "rgb", "rgba", "sample", "samples"})
 MAX_IDENTIFIER = 1024
+#: the plane side the coarsest rendering level fits in
+COARSEST = 256
 
 
 def split_identifier(identifier: str) -> tuple[str, dict[str, int]]:
@@ -44,6 +49,24 @@ def split_identifier(identifier: str) -> tuple[str, dict[str, int]]:
                                   "(e.g. ;z=3;t=0;c=1)")
         selection[name.lower()] = int(value)
     return array_id, selection
+
+
+def _plane_levels(tensor: TensorAdapter, policy: PyramidPolicy | None, y: int, x: int) -> tuple[GridLevel, ...]:
+    """The served levels that keep every non-image axis whole (a plane stays a plane), then,
+    past a computed pyramid's last level, more factors of 2 until the plane fits one
+    ``COARSEST`` tile: a thumbnail of a huge image is one cached chunk, not a resize of the
+    4 Mpx level every time. Their chunks are planned chunks like any other (same ids, cache)."""
+    levels = [lv for lv in grid_levels(tensor, policy) if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x))]
+    if tensor.native_levels:
+        return tuple(levels)
+    method, scale = default_method(tensor.is_labels), list(levels[-1].scale)
+    shape = levels[-1].shape
+    while max(shape[y], shape[x]) > COARSEST:
+        scale[y], scale[x] = scale[y] * 2, scale[x] * 2
+        shape = scaled_output_shape(tensor.shape, scale)
+        chunks = tuple(min(c, n) for c, n in zip(tensor.chunk_shape, shape))
+        levels.append(GridLevel(len(levels), tuple(scale), method, shape, chunks))
+    return tuple(levels)
 
 
 @dataclass(frozen=True)
@@ -83,10 +106,7 @@ class PlaneView:
         for axis in range(tensor.ndim):
             if axis not in (y, x, sample, channel):
                 fixed.setdefault(axis, 0)
-        # only levels that keep every non-image axis whole: a plane stays a plane
-        levels = tuple(lv for lv in grid_levels(tensor, policy)
-                       if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x)))
-        return cls(tensor, y, x, channel, sample, fixed, levels)
+        return cls(tensor, y, x, channel, sample, fixed, _plane_levels(tensor, policy, y, x))
 
     @property
     def width(self) -> int:

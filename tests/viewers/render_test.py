@@ -44,10 +44,14 @@ def test_a_region_is_read_at_the_level_that_serves_its_size():
     t = ArrayAdapter(np.zeros((2, 4096, 4096), np.uint16), "zyx", chunk_shape=(1, 256, 256))
     t.array_id = "t"
     view = PlaneView.of(t, {"z": 1}, PyramidPolicy(plane_budget_px=256 * 256))
-    assert [lv.scale[1] for lv in view.levels] == [1, 2, 4, 8, 16]
+    assert [lv.scale[1] for lv in view.levels] == [1, 2, 4, 8, 16]  # advertised to 256², then none needed
     assert view.level_for(4096 / 256).scale == (1, 16, 16)
     assert view.level_for(5.9).scale == (1, 4, 4) and view.level_for(1.0).scale == (1, 1, 1)
     assert view.fixed == {0: 1}
+    # past the advertised pyramid (4 Mpx by default), factors of 2 until the plane fits 256²
+    wide = PlaneView.of(t, {}, None)
+    assert [lv.scale[2] for lv in wide.levels] == [1, 2, 4, 8, 16] and wide.levels[-1].shape[1:] == (256, 256)
+    assert wide.levels[2].shape[1:] == (1024, 1024) and wide.levels[-1].method == "area"
     with pytest.raises(InvalidArgument, match="outside"):
         PlaneView.of(t, {"z": 2}, None)
     assert split_identifier("a/b;z=3;c=1") == ("a/b", {"z": 3, "c": 1})
