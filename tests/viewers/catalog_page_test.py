@@ -26,7 +26,8 @@ def page_server(tmp_path_factory):
     for rel in ("lab/a/plane.tif", "lab/a/other.tif", "lab/b/deep/vol.tif", "top.tif"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         shape = (3, 200, 300) if rel.endswith("vol.tif") else (300, 400)
-        tifffile.imwrite(root / rel, rng.integers(0, 4000, shape, dtype=np.uint16))
+        rgb = {"photometric": "rgb", "planarconfig": "separate"} if len(shape) == 3 else {}
+        tifffile.imwrite(root / rel, rng.integers(0, 4000, shape, dtype=np.uint16), **rgb)
     cat = Catalog([root])
     cat.scan()
     cat.add_source(MemorySource(ArrayAdapter(rng.integers(0, 255, (2, 64, 80), dtype=np.uint8), "cyx"),
