@@ -75,7 +75,7 @@ def _tensor_row(provider: Any, tensor: Any, token: str | None, host: str) -> str
         urls += [("IIIF info.json", f"/iiif/3/{aid}/info.json"), ("DeepZoom .dzi", f"/deepzoom/{aid}.dzi"),
                  ("viewer (OpenSeadragon)", f"/view/{aid}")]
     links = "".join(f'<a href="{escape(_with_token(u, token))}">{escape(name)}</a>' for name, u in urls)
-    location = getattr(provider, "flight_location", None) or f"grpc://{host}:8815"
+    location = provider.flight_location or f"grpc://{host}:8815"
     tok = f", token={token!r}" if token else ""
     snippet = (f"from biopb.tensor import TensorFlightClient\n"
                f"client = TensorFlightClient({location!r}{tok})\n"

@@ -22,8 +22,9 @@ __all__ = ["CatalogViewerProvider"]
 
 class CatalogViewerProvider:
     def __init__(self, catalog: Catalog, engine: ReadEngine, *, token: str | None = None,
-                 policy: PyramidPolicy | None = None) -> None:
+                 policy: PyramidPolicy | None = None, flight_location: str | None = None) -> None:
         self.catalog, self.engine, self.token, self.policy = catalog, engine, token, policy
+        self.flight_location = flight_location
         self._tree: tuple[int, CatalogTree] | None = None
 
     def authenticate(self, presented: str | None) -> None:

@@ -20,6 +20,8 @@ __all__ = ["ViewerProvider"]
 class ViewerProvider(Protocol):
     #: the pyramid policy the levels are advertised with (None: the default)
     policy: PyramidPolicy | None
+    #: the Flight address the catalog page's SDK snippet names (None: the page's host, port 8815)
+    flight_location: str | None
 
     def authenticate(self, presented: str | None) -> None:
         """Raise ``Unauthenticated`` unless ``presented`` is the door's token (or none is set)."""

@@ -66,3 +66,20 @@ def test_the_page_lists_every_source_with_working_thumbnails_and_links(page_serv
         for url in sorted(links):
             r = client.get(urljoin(http.url, url))
             assert r.status_code == 200, f"{url}: {r.status_code} {r.text[:200]}"
+
+
+def test_viewer_doors_need_the_token_and_refuse_bad_requests_plainly(page_server):
+    cat, http = page_server
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    for path in ("/iiif/3/inmemory/info.json", "/deepzoom/inmemory.dzi", "/view/inmemory"):
+        assert httpx.get(f"{http.url}{path}").status_code == 401
+        assert httpx.get(f"{http.url}{path}", headers=auth).status_code == 200
+    cases = {"/iiif/3/inmemory/0,0,0,0/max/0/default.jpg": 400, "/iiif/3/inmemory/full/max/45/default.jpg": 501,
+             "/iiif/3/nothing-here/info.json": 404, "/iiif/3/inmemory;z=1/info.json": 400,
+             "/deepzoom/inmemory_files/99/0_0.jpg": 400, "/iiif/3/" + "x" * 5000 + "/info.json": 400}
+    for path, status in cases.items():
+        r = httpx.get(f"{http.url}{path}", headers=auth)
+        assert r.status_code == status, f"{path[:80]}: {r.status_code} {r.text[:200]}"
+        assert "Traceback" not in r.text and len(r.text) < 1200
+    redirect = httpx.get(f"{http.url}/iiif/3/inmemory", headers=auth)
+    assert redirect.status_code == 303 and redirect.headers["location"].endswith("/iiif/3/inmemory/info.json")
