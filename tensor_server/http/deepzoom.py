@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from tensor_server.errors import InvalidArgument
-from tensor_server.http.viewer_door import guarded
+from tensor_server.http.viewer_door import guarded, while_connected
 from tensor_server.render import deepzoom
 from tensor_server.render.image import FORMATS, Renderer, available_formats, encode
 from tensor_server.render.plane import split_identifier
@@ -49,9 +49,10 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
         view = await run_in_threadpool(renderer.view, *split_identifier(m["id"]))
         tile = deepzoom.tile_region(view.width, view.height, int(m["level"]), int(m["col"]), int(m["row"]))
 
-        def render() -> bytes:
-            return encode(renderer.region(view, tile.x, tile.y, tile.w, tile.h, tile.out_w, tile.out_h), m["fmt"])
+        def render(cancelled: Any) -> bytes:
+            image = renderer.region(view, tile.x, tile.y, tile.w, tile.h, tile.out_w, tile.out_h, cancelled)
+            return encode(image, m["fmt"])
 
-        return Response(await run_in_threadpool(render), media_type=FORMATS[m["fmt"]][1], headers=headers)
+        return Response(await while_connected(request, render), media_type=FORMATS[m["fmt"]][1], headers=headers)
 
     return [Route(PREFIX + "{rest:path}", guarded(provider, serve), methods=["GET", "HEAD"])]

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from tensor_server.errors import InvalidArgument
-from tensor_server.http.viewer_door import guarded
+from tensor_server.http.viewer_door import guarded, while_connected
 from tensor_server.render import iiif
 from tensor_server.render.image import FORMATS, Renderer, available_formats, encode
 from tensor_server.render.plane import split_identifier
@@ -55,7 +55,7 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
             array_id, selection = split_identifier(identifier)
             view = await run_in_threadpool(renderer.view, array_id, selection)
             req = iiif.parse_request(*parts[-4:], view.width, view.height, formats)
-            body = await run_in_threadpool(_image, renderer, view, req)
+            body = await while_connected(request, lambda cancelled: _image(renderer, view, req, cancelled))
             return Response(body, media_type=FORMATS[req.format][1], headers=_headers(view))
         identifier = "/".join(p for p in parts if p)
         if not identifier:
@@ -66,8 +66,8 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
     return [Route(PREFIX + "{rest:path}", guarded(provider, serve), methods=["GET", "HEAD"])]
 
 
-def _image(renderer: Renderer, view: Any, req: iiif.ImageRequest) -> bytes:
-    image = renderer.region(view, req.x, req.y, req.w, req.h, req.out_w, req.out_h)
+def _image(renderer: Renderer, view: Any, req: iiif.ImageRequest, cancelled: Any) -> bytes:
+    image = renderer.region(view, req.x, req.y, req.w, req.h, req.out_w, req.out_h, cancelled)
     return encode(iiif.finish(image, req), req.format)
 
 

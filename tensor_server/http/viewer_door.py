@@ -7,7 +7,7 @@ from typing import Any, Awaitable, Callable
 
 from tensor_server.errors import TensorServerError
 
-__all__ = ["presented_token", "guarded"]
+__all__ = ["presented_token", "guarded", "while_connected"]
 
 log = logging.getLogger(__name__)
 
@@ -33,3 +33,27 @@ def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable
             return PlainTextResponse(f"{type(exc).__name__}: {str(exc)[:500]}", status_code=exc.http_status,
                                      headers=headers)
     return endpoint
+
+
+async def while_connected(request: Any, work: Callable[[Callable[[], bool]], Any]) -> Any:
+    """``work(cancelled)`` in a worker thread; ``cancelled()`` turns True once the client has
+    gone, so a region read stops between chunks instead of finishing for nobody."""
+    import asyncio
+    import threading
+
+    from starlette.concurrency import run_in_threadpool
+
+    gone = threading.Event()
+
+    async def watch() -> None:
+        while not gone.is_set():
+            if await request.is_disconnected():
+                gone.set()
+                return
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await run_in_threadpool(work, gone.is_set)
+    finally:
+        watcher.cancel()
