@@ -30,7 +30,7 @@ BENCH_RECORD ?=
 export BENCH_RECORD
 SHELL := /bin/bash
 
-.PHONY: setup run url test test-nojit browser bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
+.PHONY: setup run url test test-nojit browser viewer-assets bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
 
 setup: $(STAMP)
 
@@ -56,7 +56,7 @@ url: $(STAMP)
 # The whole suite, then the kernel tests once more on the pure-Python path so the
 # oracle-equivalent interpreter path of every kernel stays correct (NUMBA_DISABLE_JIT=1).
 # pytest exits 5 when it collected no tests; that is non-zero, so make fails on it.
-test: $(STAMP) browser
+test: $(STAMP) browser viewer-assets
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
 
@@ -66,6 +66,16 @@ browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 || \
 	    echo "note: chromium could not be installed; the neuroglancer test will skip"; }
+
+# OpenSeadragon (npm package) for the catalog page's viewer and tests/viewers, into the
+# git-ignored .viewer-assets/ (never committed); node/npm come from apt where missing.
+OSD := openseadragon@6.1.1
+viewer-assets:
+	@command -v npm >/dev/null || { (apt-get update -qq && apt-get install -y -qq nodejs npm) >/dev/null 2>&1 || \
+	  echo "note: npm could not be installed; the viewer page will say how to get OpenSeadragon"; }
+	@test -f .viewer-assets/node_modules/openseadragon/build/openseadragon/openseadragon.min.js || \
+	  { command -v npm >/dev/null && npm install --silent --no-save --prefix .viewer-assets '$(OSD)'; } || \
+	  echo "note: OpenSeadragon could not be installed; the OpenSeadragon tests will skip"
 
 test-nojit: $(STAMP)
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py

@@ -23,6 +23,7 @@ __all__ = [
     "InvalidBounds",
     "InvalidChunkId",
     "TensorNotFound",
+    "Unimplemented",
     "SourceUnresolved",
     "StaleChunkId",
     "UnreadableSource",
@@ -198,6 +199,13 @@ class Overloaded(TensorServerError):
     """More work was waiting than the server admits in time: retry later."""
 
     code, slug, http_status, retryable, retry_after = "UNAVAILABLE", "overloaded", 503, True, 1.0
+
+
+class Unimplemented(TensorServerError):
+    """A well-formed request for a feature this server does not offer (e.g. an IIIF rotation
+    that is not a multiple of 90): the request is valid, so retrying it will not help."""
+
+    code, slug, http_status = "UNIMPLEMENTED", "unimplemented", 501
 
 
 class ReadCancelled(TensorServerError):

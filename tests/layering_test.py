@@ -26,6 +26,7 @@ FORBIDDEN = {
     "config": {"adapters", "cache", "catalog", "uploads", "service", "render", "export"} | _ABOVE_SERVICE,
     "core": {"adapters", "cache", "catalog", "uploads", "service", "render", "export", "config"} | _ABOVE_SERVICE,
     "adapters": {"cache", "catalog", "uploads", "service", "render", "export", "config"} | _ABOVE_SERVICE,
+    # rendering to 8-bit images: transport-free, over core only (the viewer doors call it)
     "render": {"adapters", "cache", "catalog", "uploads", "service", "export", "config"} | _ABOVE_SERVICE,
     "cache": {"adapters", "catalog", "uploads", "service", "render", "export"} | _ABOVE_SERVICE,
     "catalog": {"uploads", "service", "render", "export"} | _ABOVE_SERVICE,

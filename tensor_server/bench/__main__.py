@@ -45,6 +45,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers"),
     "tls": ("tensor_server.bench.tls",
             "TLS vs plaintext in one run: 8 MiB and 64 KiB DoGet, 1 MiB HTTP chunks (MB/s, median latency)"),
+    "iiif": ("tensor_server.bench.iiif",
+             "512² IIIF JPEG tiles of every level of an image with no pyramid, cold and warm, vs tifffile + Pillow"),
     "gate": ("tensor_server.bench.gate",
              "the performance gate (make perf-gate): vs the previous commit, and floors vs peers"),
 }

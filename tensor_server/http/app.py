@@ -25,7 +25,8 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.identity import ArrayId
-from tensor_server.errors import TensorNotFound, TensorServerError, bounded_message, internal_message
+from tensor_server.errors import TensorNotFound
+from tensor_server.http.errors import error_response
 from tensor_server.http.paths import resolve_zarr_path
 from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
@@ -90,27 +91,16 @@ class _Views:
         return view
 
 
-def error_response(exc: BaseException) -> Any:
-    """The HTTP answer for an error: the class's status and slug, the message, and
-    ``Retry-After`` for what may be retried; an error that is not ours is a 500 naming its
-    type only (logged with its traceback)."""
-    from starlette.responses import PlainTextResponse
+def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # noqa: ANN201 - Starlette
+              flight_location: str | None = None):
+    """The Starlette application over ``runtime``: the OME-Zarr view, and the viewer doors
+    (IIIF, DeepZoom, the catalog page; ``flight_location`` is the Flight address their SDK
+    snippet names). ``security`` is what the browser-safety middleware enforces (default:
+    loopback Host names, no token of its own, no cross-origin reads); whatever credential it
+    accepts, the runtime judges."""
+    from tensor_server.http.viewer_provider import RuntimeViewerProvider
+    from tensor_server.http.viewers import routes as viewer_routes
 
-    if not isinstance(exc, TensorServerError):
-        log.error("internal error answering an HTTP request", exc_info=exc)
-        return PlainTextResponse(internal_message(exc), status_code=500)
-    headers = {}
-    if exc.retry_after is not None:
-        headers["Retry-After"] = str(max(1, int(exc.retry_after)))
-    if exc.http_status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    return PlainTextResponse(f"{exc.slug}: {bounded_message(str(exc))}", status_code=exc.http_status, headers=headers)
-
-
-def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  # noqa: ANN201 - Starlette
-    """The Starlette application over ``runtime``. ``security`` is what the browser-safety
-    middleware enforces (default: loopback Host names, no token of its own, no cross-origin
-    reads); whatever credential it accepts, the runtime judges."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
@@ -181,13 +171,13 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  #
         cid = image.chunk_id(level, key) if key is not None else None
         if cid is None:
             raise _NotFound(f"no chunk {'/'.join(rest[1:])[:200]} in level {level.path} (grid {level.grid()})")
-        body = await run_in_threadpool(_chunk_bytes, caller, image, level, cid)
+        body = await run_in_threadpool(_chunk_bytes, caller, image, level, cid, zarr_format)
         calls["chunks"] += 1
         return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
 
-    def _chunk_bytes(caller: Caller, image: ZarrImage, level: ZarrLevel, cid: Any) -> memoryview:
+    def _chunk_bytes(caller: Caller, image: ZarrImage, level: ZarrLevel, cid: Any, zarr_format: int) -> memoryview:
         _, data = runtime.chunk(cid, caller)
-        return image.encode_chunk(level, data)
+        return image.encode_chunk(level, data, zarr_format)
 
     async def _labels(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
                       ) -> Response:
@@ -206,7 +196,8 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  #
         label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 
-    routes = [Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
+    routes = [*viewer_routes(RuntimeViewerProvider(runtime, flight_location)),
+              Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
     security = security or HttpSecurity.build(recognizes=runtime.access.recognizes)
     middleware = [Middleware(SecurityMiddleware, security=security, calls=calls)]

@@ -72,6 +72,15 @@ class HttpSecurity:
         return cls(tuple(t for t in tokens if t), frozenset(h.lower().strip("[]") for h in allowed_hosts if h),
                    frozenset(o.rstrip("/").lower() for o in cors_origins if o), recognizes)
 
+    def origin_listed(self, origin: str) -> bool:
+        """A configured origin, or any when the operator listed ``*`` (a public image service,
+        e.g. IIIF, whose pages are anyone's)."""
+        return "*" in self.cors_origins or origin.rstrip("/").lower() in self.cors_origins
+
+    def allow_origin(self, origin: str) -> bytes:
+        """The ``Access-Control-Allow-Origin`` value: ``*`` for a public service, else the origin."""
+        return b"*" if "*" in self.cors_origins else origin.encode("latin-1")
+
     def host_allowed(self, host_header: str) -> bool:
         host = _host_name(host_header)
         if host in _LOOPBACK_NAMES or host.endswith(".localhost") or host in self.allowed_hosts:
@@ -124,7 +133,7 @@ class SecurityMiddleware:
         explicit = next((t for t in (path_token, query_token, header_token) if sec.valid(t)), None)
         origin = headers.get("origin")
         cross = origin is not None and origin.lower() != f"{scope.get('scheme', 'http')}://{host}".lower()
-        cors = cross and (origin.rstrip("/").lower() in sec.cors_origins or explicit is not None)
+        cors = cross and (sec.origin_listed(origin) or explicit is not None)
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
             return await self._preflight(send, headers, origin, sec.valid(path_token) or sec.valid(query_token))
         if cross and not cors:
@@ -144,7 +153,7 @@ class SecurityMiddleware:
             scope = {**scope, CREDENTIAL_KEY: presented}
         extra: list[tuple[bytes, bytes]] = []
         if cors:
-            extra += [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+            extra += [(b"access-control-allow-origin", sec.allow_origin(origin)), (b"vary", b"Origin"),
                       (b"access-control-expose-headers", _EXPOSE_HEADERS.encode())]
         url_token = path_token if sec.valid(path_token) else query_token if sec.valid(query_token) else None
         if url_token is not None and not cross:
@@ -167,14 +176,14 @@ class SecurityMiddleware:
         it comes)."""
         sec = self.security
         wants_auth = "authorization" in headers.get("access-control-request-headers", "").lower()
-        allowed = origin is not None and (origin.rstrip("/").lower() in sec.cors_origins or url_token_ok
+        allowed = origin is not None and (sec.origin_listed(origin) or url_token_ok
                                           or wants_auth)
         if not allowed:
             self.calls["cross_origin_refused"] += 1
             return await _refuse(send, 403, f"forbidden: cross-origin requests from {str(origin)[:100]!r} are not "
                                  "allowed; put the access token in the URL or an Authorization header, or list "
                                  "the origin with --cors-origin.")
-        out = [(b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin"),
+        out = [(b"access-control-allow-origin", sec.allow_origin(origin)), (b"vary", b"Origin"),
                (b"access-control-allow-methods", _ALLOW_METHODS.encode()),
                (b"access-control-allow-headers", _ALLOW_HEADERS.encode()),
                (b"access-control-max-age", b"600"), (b"content-length", b"0")]

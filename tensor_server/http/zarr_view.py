@@ -14,24 +14,30 @@ and both fill and hit the same chunk cache entries.
   codec): every zarr client decodes them, and on loopback compression costs more than it saves.
 * NGFF 0.4 (zarr v2: ``.zgroup``/``.zattrs``/``.zarray``) and NGFF 0.5 (zarr v3:
   ``zarr.json``) describe the same levels and chunks.
+* zarr v3 levels are sharded (``sharding_indexed``, index at the end, no index checksum): a
+  shard is one transfer-grid chunk (the same engine chunk and cache entry as the v2 chunk),
+  split into inner chunks of ``INNER`` per axis where that divides it, so neuroglancer reads
+  the index with a suffix range and fetches only the inner chunks it draws.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from tensor_server.core.bounds import Bounds
-from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
-from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
-from tensor_server.core.transfer_grid import scaled_virtual_chunk_size
+from tensor_server.core.chunk_id import UNSCALED, ChunkId
+from tensor_server.core.level_grid import GridLevel as ZarrLevel
+from tensor_server.core.level_grid import grid_levels, level_chunk_id
+from tensor_server.core.pyramid import PyramidPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
 __all__ = ["ZarrLevel", "ZarrImage", "NGFF_VERSIONS"]
+
+#: inner chunk side of a sharded zarr v3 level (a shard is one transfer-grid chunk)
+INNER = 64
 
 #: URL flavour -> (NGFF version, zarr format)
 NGFF_VERSIONS = {"0.4": 2, "0.5": 3}
@@ -56,24 +62,6 @@ def _ngff_unit(unit: str | None) -> str | None:
     return name if name in _NGFF_UNIT_NAMES else None
 
 
-@dataclass(frozen=True)
-class ZarrLevel:
-    """One level of the virtual image: path ``str(index)``."""
-
-    index: int
-    scale: tuple[int, ...]
-    method: str
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-
-    @property
-    def path(self) -> str:
-        return str(self.index)
-
-    def grid(self) -> tuple[int, ...]:
-        return tuple(-(-n // c) for n, c in zip(self.shape, self.chunks))
-
-
 class ZarrImage:
     """The OME-Zarr view of ``tensor`` (and of its label tensors under ``labels/``)."""
 
@@ -91,24 +79,9 @@ class ZarrImage:
         self.labels = dict(labels or {})
         self.policy = policy
         self.is_label_of = is_label_of
-        self.levels = self._levels()
+        self.levels = grid_levels(tensor, policy)
 
     # ---- levels and chunks ---------------------------------------------------------------------
-    def _levels(self) -> list[ZarrLevel]:
-        t = self.tensor
-        out = []
-        for i, spec in enumerate(advertised_levels(t, self.policy)):
-            scale = tuple(spec.scale)
-            if spec.method == PRECOMPUTE and any(s != 1 for s in scale):
-                lt = t.native_level(scale).tensor
-                shape, chunks = tuple(lt.shape), tuple(min(c, n) for c, n in zip(lt.chunk_shape, lt.shape))
-            else:
-                shape = tuple(spec.shape)
-                chunks = tuple(min(c, n) for c, n in zip(t.chunk_shape, shape))
-            method = UNSCALED if all(s == 1 for s in scale) else spec.method
-            out.append(ZarrLevel(i, scale, method, shape, chunks))
-        return out
-
     def level(self, path: str) -> ZarrLevel | None:
         if not path.isdigit():
             return None
@@ -117,26 +90,19 @@ class ZarrImage:
 
     def chunk_id(self, level: ZarrLevel, key: Sequence[int]) -> ChunkId | None:
         """The engine chunk behind zarr chunk ``key`` of ``level``, or None off the grid."""
-        t = self.tensor
-        if len(key) != t.ndim or any(k < 0 or k >= g for k, g in zip(key, level.grid())):
-            return None
-        if level.method == PRECOMPUTE:
-            start = tuple(k * c for k, c in zip(key, level.chunks))
-            stop = tuple(min(a + c, n) for a, c, n in zip(start, level.chunks, level.shape))
-        else:
-            virtual = scaled_virtual_chunk_size(level.chunks, level.scale, t.shape)
-            start = tuple(k * v for k, v in zip(key, virtual))
-            stop = tuple(min(a + v, n) for a, v, n in zip(start, virtual, t.shape))
-        return ChunkId.for_extent(t.array_id, Bounds(start, stop), level.scale, level.method, t.content_version)
+        return level_chunk_id(self.tensor, level, key)
 
-    def encode_chunk(self, level: ZarrLevel, data: np.ndarray) -> memoryview:
-        """Raw little-endian C-order bytes of a whole chunk (edge chunks padded with 0), as a
-        view of the chunk where no padding or byte swap is needed (no 8 MiB copy)."""
+    def encode_chunk(self, level: ZarrLevel, data: np.ndarray, zarr_format: int = 2) -> memoryview:
+        """A whole chunk's bytes: zarr v2, raw little-endian C order (edge chunks padded with
+        0), a view of the chunk where no padding or byte swap is needed (no 8 MiB copy); zarr v3,
+        the shard (``encode_shard``) when the level is sharded."""
         if tuple(data.shape) != level.chunks:
             padded = np.zeros(level.chunks, dtype=data.dtype)
             padded[tuple(slice(0, n) for n in data.shape)] = data
             data = padded
         little = data.dtype.newbyteorder("<") if data.dtype.byteorder not in ("|", "<") else data.dtype
+        if zarr_format == 3 and inner_chunks(level.chunks) != level.chunks:
+            return encode_shard(np.asarray(data, dtype=little), inner_chunks(level.chunks))
         return memoryview(np.ascontiguousarray(data, dtype=little)).cast("B")
 
     # ---- metadata ------------------------------------------------------------------------------
@@ -199,9 +165,50 @@ class ZarrImage:
             "data_type": self.tensor.dtype.name,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(level.chunks)}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": _fill(self.tensor.dtype), "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "fill_value": _fill(self.tensor.dtype), "codecs": self._codecs_v3(level),
             "dimension_names": list(self.tensor.dim_labels), "attributes": {},
         }
+
+
+    def _codecs_v3(self, level: ZarrLevel) -> list[dict[str, Any]]:
+        raw = [{"name": "bytes", "configuration": {"endian": "little"}}]
+        inner = inner_chunks(level.chunks)
+        if inner == level.chunks:
+            return raw
+        return [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": list(inner), "codecs": raw, "index_location": "end",
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}]
+
+
+def inner_chunks(shard: Sequence[int]) -> tuple[int, ...]:
+    """The inner chunks of a shard: ``INNER`` along an axis it divides, else the largest
+    divisor of the axis in ``[INNER // 4, INNER]``, else the whole axis (1 along an axis of 1)."""
+    out = []
+    for n in shard:
+        if n <= INNER:
+            out.append(n)
+            continue
+        out.append(next((d for d in range(INNER, INNER // 4 - 1, -1) if n % d == 0), n))
+    return tuple(out)
+
+
+def encode_shard(data: np.ndarray, inner: Sequence[int]) -> memoryview:
+    """A ``sharding_indexed`` shard of raw inner chunks (C order of the inner grid), then the
+    index at the end: per inner chunk ``(offset, nbytes)`` as little-endian uint64. Every inner
+    chunk is the same size, so the index is arithmetic and the body one transpose."""
+    grid = [n // c for n, c in zip(data.shape, inner)]
+    split = data.reshape([v for g, c in zip(grid, inner) for v in (g, c)])
+    nd = data.ndim
+    body = np.ascontiguousarray(split.transpose(list(range(0, 2 * nd, 2)) + list(range(1, 2 * nd, 2))))
+    count = int(np.prod(grid))
+    nbytes = body.nbytes // count
+    index = np.empty((count, 2), "<u8")
+    index[:, 0] = np.arange(count, dtype=np.uint64) * nbytes
+    index[:, 1] = nbytes
+    out = bytearray(body.nbytes + index.nbytes)
+    out[:body.nbytes] = memoryview(body).cast("B")
+    out[body.nbytes:] = index.tobytes()
+    return memoryview(out)
 
 
 def _fill(dtype: np.dtype) -> Any:

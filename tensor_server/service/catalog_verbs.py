@@ -90,10 +90,10 @@ class CatalogVerbs:
         key, limit = req.get("key", ""), req.get("limit", DEFAULT_LIMIT)
         if not isinstance(key, str) or isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(usage)
-        yield json.dumps(self._catalog_tree().children(key, limit), ensure_ascii=False,
+        yield json.dumps(self.catalog_tree().children(key, limit), ensure_ascii=False,
                          separators=(",", ":")).encode()
 
-    def _catalog_tree(self) -> CatalogTree:
+    def catalog_tree(self) -> CatalogTree:
         """The folder index, rebuilt only when the catalog's rows changed."""
         cached = self._tree
         generation = self.catalog.generation

@@ -1,0 +1,182 @@
+"""``python -m tensor_server.bench iiif``: 512² JPEG tiles of every level of a big image with no
+stored pyramid, through the IIIF door, cold and warm, beside the naive on-the-fly peer.
+
+The image (``--size small``: 8192², ``full``: 32768²) is a uint8 gradient with noise, written
+once as a 512²-tiled zlib TIFF and as a zarr array of 512² chunks. For each IIIF scale factor
+``f`` a viewport of up to 9×7 = 63 tiles (region 512·f, output 512) is requested over HTTP:
+
+* cold: a fresh server with an empty chunk cache per level (the level's chunks are computed
+  from the file);
+* warm: the same tiles again (chunk cache hits, crop, JPEG encode);
+* peer (tifffile + Pillow per tile, the naive tile server): read the tile's full-resolution
+  extent from the TIFF, reduce with Pillow's box filter, encode; its read alone is the decode
+  floor of the extent. The peer's coarse levels are capped at ``--peer-tiles`` tiles.
+
+Reported per level: p50/p99 ms of each. Cantaloupe's published figures for scale: 30 ms
+median per tile from a stored pyramid, 45–50 s per tile from a non-pyramidal TIFF
+(cantaloupe#455).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tensor_server.bench.timing import print_table, write_json
+
+__all__ = ["add_arguments", "main"]
+
+TILE = 512
+
+
+def _write_fixtures(root: Path, side: int) -> None:
+    import tifffile
+    import zarr
+
+    rng = np.random.default_rng(0)
+    ramp = (np.arange(TILE, dtype=np.uint16)[None, :] // 4).astype(np.uint8)
+
+    def tiles():
+        for row in range(side // TILE):
+            for col in range(side // TILE):
+                base = (row * 7 + col * 3) % 128
+                yield (ramp + base + rng.integers(0, 16, (TILE, TILE), dtype=np.uint8)).astype(np.uint8)
+
+    if not (root / "big.tif").exists():
+        tifffile.imwrite(root / "big.tif", tiles(), shape=(side, side), dtype=np.uint8, tile=(TILE, TILE),
+                         compression="zlib", photometric="minisblack")
+    if not (root / "big.zarr").exists():
+        src = tifffile.imread(root / "big.tif", aszarr=True)
+        z = zarr.create_array(str(root / "big.zarr"), shape=(side, side), chunks=(TILE, TILE), dtype=np.uint8,
+                              zarr_format=2)
+        arr = zarr.open(src, mode="r")
+        for row in range(0, side, 4 * TILE):
+            z[row:row + 4 * TILE] = arr[row:row + 4 * TILE]
+
+
+class _Server:
+    def __init__(self, root: Path) -> None:
+        from tensor_server.cache import CacheManager
+        from tensor_server.catalog import Catalog
+        from tensor_server.flight import ServerConfig, TensorFlightServer
+        from tensor_server.http.app import HttpFrontEnd, build_app
+
+        self.catalog = Catalog([root])
+        self.catalog.scan()
+        self.cache = CacheManager(tempfile.mkdtemp(prefix="ts-bench-iiif-"))
+        self.server = TensorFlightServer(self.catalog, ServerConfig(port=0), cache_manager=self.cache)
+        threading.Thread(target=self.server.serve, daemon=True).start()
+        self.http = HttpFrontEnd(build_app(self.catalog, self.server.engine), "127.0.0.1", 0)
+        self.http.start()
+
+    def ids(self) -> dict[str, str]:
+        return {r.type: t.array_id for r in self.catalog.records() for t in r.source.tensors.values()}
+
+    def close(self) -> None:
+        self.http.stop()
+        self.server.shutdown()
+        self.cache.close()
+        self.catalog.close()
+
+
+def _viewport(side: int, factor: int) -> list[tuple[int, int, int]]:
+    """(x, y, region side) of up to 9×7 tiles around the image centre at ``factor``."""
+    region = TILE * factor
+    n = -(-side // region)
+    cols = range(max(0, n // 2 - 4), min(n, n // 2 + 5))
+    rows = range(max(0, n // 2 - 3), min(n, n // 2 + 4))
+    return [(c * region, r * region, region) for r in rows for c in cols]
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def _served_times(root: Path, kind: str, side: int, factor: int) -> tuple[list[float], list[float]]:
+    import httpx
+
+    server = _Server(root)
+    try:
+        array_id = next(v for k, v in server.ids().items() if kind in k)
+        times: dict[str, list[float]] = {"cold": [], "warm": []}
+        with httpx.Client(base_url=server.http.url, timeout=600) as client:
+            for phase in ("cold", "warm"):
+                for x, y, region in _viewport(side, factor):
+                    w, h = min(region, side - x), min(region, side - y)
+                    size = f"{-(-w // factor)},{-(-h // factor)}"
+                    t0 = time.perf_counter()
+                    r = client.get(f"/iiif/3/{array_id}/{x},{y},{w},{h}/{size}/0/default.jpg")
+                    times[phase].append((time.perf_counter() - t0) * 1e3)
+                    if r.status_code != 200:
+                        raise RuntimeError(f"{r.status_code}: {r.text[:200]}")
+        return times["cold"], times["warm"]
+    finally:
+        server.close()
+
+
+def _peer_times(tif: Path, side: int, factor: int, cap: int) -> tuple[list[float], list[float]]:
+    """(whole tile ms, read-only ms) of tifffile + Pillow per tile."""
+    import tifffile
+    import zarr
+    from PIL import Image
+
+    store = tifffile.imread(tif, aszarr=True)
+    arr = zarr.open(store, mode="r")
+    whole, reads = [], []
+    for x, y, region in _viewport(side, factor)[:cap]:
+        t0 = time.perf_counter()
+        block = arr[y:y + region, x:x + region]
+        t1 = time.perf_counter()
+        image = Image.fromarray(np.ascontiguousarray(block))
+        if factor > 1:
+            image = image.resize((-(-block.shape[1] // factor), -(-block.shape[0] // factor)), Image.Resampling.BOX)
+        buf = io.BytesIO()
+        image.save(buf, "JPEG", quality=90)
+        whole.append((time.perf_counter() - t0) * 1e3)
+        reads.append((t1 - t0) * 1e3)
+    store.close()
+    return whole, reads
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", choices=("small", "full"), default="small", help="small: 8192², full: 32768²")
+    parser.add_argument("--data-dir", help="where the fixtures are written once (default: a temporary folder)")
+    parser.add_argument("--peer-tiles", type=int, default=9, help="tiles the peer reads per level (its coarse "
+                        "tiles read the whole extent at full resolution)")
+    parser.add_argument("--formats", default="tiff,zarr", help="comma-separated: tiff, zarr")
+    parser.add_argument("--json", dest="json_path")
+
+
+def main(ns: argparse.Namespace) -> int:
+    side = 8192 if ns.size == "small" else 32768
+    root = Path(ns.data_dir or tempfile.mkdtemp(prefix="ts-bench-iiif-data-")) / f"iiif-{side}"
+    root.mkdir(parents=True, exist_ok=True)
+    _write_fixtures(root, side)
+    from tensor_server.render.iiif import scale_factors
+
+    rows, out = [], []
+    for factor in scale_factors(side, side):
+        peer, floor = _peer_times(root / "big.tif", side, factor, ns.peer_tiles)
+        for kind in ns.formats.split(","):
+            cold, warm = _served_times(root, kind, side, factor)
+            row = {"format": kind, "scale": factor, "tiles": len(cold), "cold_p50": _pct(cold, 50),
+                   "cold_p99": _pct(cold, 99), "warm_p50": _pct(warm, 50), "warm_p99": _pct(warm, 99),
+                   "peer_p50": _pct(peer, 50), "peer_p99": _pct(peer, 99), "floor_p50": _pct(floor, 50)}
+            out.append(row)
+            rows.append([kind, factor, len(cold), row["cold_p50"], row["cold_p99"], row["warm_p50"], row["warm_p99"],
+                         row["peer_p50"], row["peer_p99"], row["floor_p50"]])
+            print_table(["format", "scale", "tiles", "cold p50", "cold p99", "warm p50", "warm p99",
+                         "peer p50", "peer p99", "floor p50"], rows[-1:])
+    print(f"\n{side}² uint8, 512² JPEG tiles over HTTP (ms); peer = tifffile + Pillow per tile "
+          f"(first {ns.peer_tiles} tiles per level); floor = the peer's read of the extent alone")
+    print_table(["format", "scale", "tiles", "cold p50", "cold p99", "warm p50", "warm p99",
+                 "peer p50", "peer p99", "floor p50"], rows)
+    print("Cantaloupe (published): 30 ms median per tile from a stored pyramid; 45-50 s per tile without one")
+    write_json(ns.json_path, "iiif", ns.size, out)
+    return 0

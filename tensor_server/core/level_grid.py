@@ -1,0 +1,111 @@
+"""The served levels of a tensor as chunk grids: the geometry every tiled door shares.
+
+A level is one advertised pyramid level (``core.pyramid.advertised_levels``) with the chunk
+grid a client addresses it by: a computed level's grid is the transfer grid in output pixels
+(cell ``k`` covers level-0 ``[k·c·s, (k+1)·c·s)``), a stored level's is the level tensor's own
+grid. Cell ``k`` of a level is exactly the engine chunk the planner mints for it, so the OME-Zarr
+view, IIIF, DeepZoom and the Flight plan fill and hit the same chunk cache entries, and a
+region of a level (``read_level_region``) is assembled from those chunks: a warm tile costs
+cache hits and a crop, never a reduction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
+
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
+from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
+from tensor_server.core.transfer_grid import scaled_virtual_chunk_size
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.core.adapter_base import TensorAdapter
+
+__all__ = ["GridLevel", "grid_levels", "level_chunk_id", "read_level_region", "MAX_REGION_CHUNKS"]
+
+#: chunks one level region may assemble (a budget on client-sized input: a 512² tile over
+#: 64² chunks is 64; a whole coarsest level of the default 4 Mpx budget at 256² is 64)
+MAX_REGION_CHUNKS = 4096
+
+
+@dataclass(frozen=True)
+class GridLevel:
+    """One served level: path ``str(index)``, its level-0 ``scale``, shape and chunk shape."""
+
+    index: int
+    scale: tuple[int, ...]
+    method: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+
+    @property
+    def path(self) -> str:
+        return str(self.index)
+
+    def grid(self) -> tuple[int, ...]:
+        return tuple(-(-n // c) for n, c in zip(self.shape, self.chunks))
+
+
+def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None) -> list[GridLevel]:
+    """Level 0 first, coarsest last (the advertised pyramid)."""
+    out = []
+    for i, spec in enumerate(advertised_levels(tensor, policy)):
+        scale = tuple(spec.scale)
+        if spec.method == PRECOMPUTE and any(s != 1 for s in scale):
+            lt = tensor.native_level(scale).tensor
+            shape, chunks = tuple(lt.shape), tuple(min(c, n) for c, n in zip(lt.chunk_shape, lt.shape))
+        else:
+            shape = tuple(spec.shape)
+            chunks = tuple(min(c, n) for c, n in zip(tensor.chunk_shape, shape))
+        method = UNSCALED if all(s == 1 for s in scale) else spec.method
+        out.append(GridLevel(i, scale, method, shape, chunks))
+    return out
+
+
+def level_chunk_id(tensor: TensorAdapter, level: GridLevel, key: Sequence[int]) -> ChunkId | None:
+    """The engine chunk behind grid cell ``key`` of ``level``, or None off the grid."""
+    if len(key) != tensor.ndim or any(k < 0 or k >= g for k, g in zip(key, level.grid())):
+        return None
+    if level.method == PRECOMPUTE:
+        start = tuple(k * c for k, c in zip(key, level.chunks))
+        stop = tuple(min(a + c, n) for a, c, n in zip(start, level.chunks, level.shape))
+    else:
+        virtual = scaled_virtual_chunk_size(level.chunks, level.scale, tensor.shape)
+        start = tuple(k * v for k, v in zip(key, virtual))
+        stop = tuple(min(a + v, n) for a, v, n in zip(start, virtual, tensor.shape))
+    return ChunkId.for_extent(tensor.array_id, Bounds(start, stop), level.scale, level.method,
+                              tensor.content_version)
+
+
+def read_level_region(
+    tensor: TensorAdapter,
+    level: GridLevel,
+    region: Bounds,
+    chunk: Callable[[ChunkId], np.ndarray],
+    cancelled: Callable[[], bool] | None = None,
+) -> np.ndarray:
+    """Pixels of ``region`` (in ``level`` coordinates, clipped by the caller to its shape)
+    assembled from the level's chunks, each got by ``chunk(id)`` (the engine's cached chunk
+    read). Refuses more than ``MAX_REGION_CHUNKS`` chunks; stops when ``cancelled()``."""
+    from tensor_server.errors import ReadCancelled, RequestTooLarge
+
+    first = tuple(a // c for a, c in zip(region.start, level.chunks))
+    last = tuple((b - 1) // c for b, c in zip(region.stop, level.chunks))
+    count = int(np.prod([b - a + 1 for a, b in zip(first, last)]))
+    if count > MAX_REGION_CHUNKS:
+        raise RequestTooLarge(f"a region of {region.shape} at level {level.path} of {tensor.array_id} spans "
+                              f"{count} chunks (limit {MAX_REGION_CHUNKS}); ask for a smaller region or size")
+    out = np.empty(region.shape, dtype=tensor.dtype)
+    for key in np.ndindex(*[b - a + 1 for a, b in zip(first, last)]):
+        if cancelled is not None and cancelled():
+            raise ReadCancelled(f"the read of a region of {tensor.array_id} was cancelled by the client")
+        cell = tuple(f + k for f, k in zip(first, key))
+        data = chunk(level_chunk_id(tensor, level, cell))
+        lo = tuple(k * c for k, c in zip(cell, level.chunks))
+        a = tuple(max(r, c0) for r, c0 in zip(region.start, lo))
+        b = tuple(min(r, c0 + n) for r, c0, n in zip(region.stop, lo, data.shape))
+        out[tuple(slice(x - r, y - r) for x, y, r in zip(a, b, region.start))] = \
+            data[tuple(slice(x - c0, y - c0) for x, y, c0 in zip(a, b, lo))]
+    return out

@@ -1,0 +1,157 @@
+"""The catalog page at ``/`` and the built-in viewer at ``/view/<identifier>``.
+
+``/?folder=<key>`` lists one level of the catalog tree (the same tree as the Flight action
+``catalog_children``): its folders, then its sources, each tensor with a thumbnail (an IIIF
+image), shape, dtype, axes, physical size and levels, the URL of every door (OME-Zarr v2 and
+v3, IIIF ``info.json``, DeepZoom ``.dzi``), the Flight array id with a copyable SDK snippet,
+and a link to ``/view/<identifier>``: OpenSeadragon on the IIIF (or, with ``?source=dzi``, the
+DeepZoom) source. OpenSeadragon comes from its npm package, installed by ``make viewer-assets``
+into the git-ignored ``.viewer-assets/`` (or the folder ``TENSOR_SERVER_OSD_DIR`` names), and
+is served under ``/assets/openseadragon/``; where it is absent the viewer page says how to get
+it. With a token, the page is opened as ``/?token=<token>`` and every link carries it (the
+viewer sends it as a Bearer header on its tile requests).
+"""
+from __future__ import annotations
+
+import json
+import os
+from html import escape
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from tensor_server.core.level_grid import grid_levels
+from tensor_server.http.viewer_door import guarded, presented_token
+from tensor_server.render.image import Renderer
+from tensor_server.render.plane import PlaneView, split_identifier
+
+__all__ = ["routes", "osd_dir"]
+
+THUMBNAIL = 160
+_STYLE = ("body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse}"
+          "td,th{border-bottom:1px solid #ddd;padding:.4em .6em;vertical-align:top;text-align:left}"
+          "img.thumb{max-width:160px;max-height:160px;background:#000}code,pre{background:#f4f4f4}"
+          "pre{padding:.4em;margin:.2em 0;white-space:pre-wrap}.urls a{display:block}")
+
+
+def osd_dir() -> Path:
+    """Where OpenSeadragon's built files are looked for."""
+    configured = os.environ.get("TENSOR_SERVER_OSD_DIR")
+    if configured:
+        return Path(configured)
+    root = Path(__file__).resolve().parents[2]
+    return root / ".viewer-assets" / "node_modules" / "openseadragon" / "build" / "openseadragon"
+
+
+def _with_token(url: str, token: str | None) -> str:
+    return url + ("&" if "?" in url else "?") + urlencode({"token": token}) if token else url
+
+
+def _physical(tensor: Any) -> str:
+    if not tensor.physical_scale:
+        return "—"
+    units = tensor.physical_unit or (None,) * tensor.ndim
+    out = []
+    for label, n, step, unit in zip(tensor.dim_labels, tensor.shape, tensor.physical_scale, units):
+        if step:
+            out.append(f"{label}: {step:g} {unit or ''}/px ({n * step:g} {unit or ''})")
+    return "<br>".join(escape(s) for s in out) or "—"
+
+
+def _tensor_row(provider: Any, tensor: Any, token: str | None, host: str) -> str:
+    aid = quote(tensor.array_id, safe="/")
+    can_show = tensor.ndim >= 2
+    thumb = "—"
+    if can_show:
+        plane = PlaneView.of(tensor, {}, provider.policy)
+        size = "max" if max(plane.width, plane.height) <= THUMBNAIL else f"!{THUMBNAIL},{THUMBNAIL}"
+        thumb = (f'<img class="thumb" alt="thumbnail of {escape(tensor.array_id)}" src="'
+                 f'{escape(_with_token(f"/iiif/3/{aid}/full/{size}/0/default.jpg", token))}">')
+    levels = grid_levels(tensor, provider.policy)
+    level_text = "<br>".join(f"{lv.path}: {'×'.join(map(str, lv.shape))} ({lv.method if lv.index else 'full resolution'})"
+                             for lv in levels)
+    urls = [("OME-Zarr v2 (NGFF 0.4)", f"/zarr/{aid}/"), ("OME-Zarr v3 (NGFF 0.5)", f"/zarr3/{aid}/")]
+    if can_show:
+        urls += [("IIIF info.json", f"/iiif/3/{aid}/info.json"), ("DeepZoom .dzi", f"/deepzoom/{aid}.dzi"),
+                 ("viewer (OpenSeadragon)", f"/view/{aid}")]
+    links = "".join(f'<a href="{escape(_with_token(u, token))}">{escape(name)}</a>' for name, u in urls)
+    location = provider.flight_location or f"grpc://{host}:8815"
+    tok = f", token={token!r}" if token else ""
+    snippet = (f"from biopb.tensor import TensorFlightClient\n"
+               f"client = TensorFlightClient({location!r}{tok})\n"
+               f"data = client.get_tensor({tensor.array_id!r}).compute()")
+    return (f"<tr><td>{thumb}</td><td><b>{escape(tensor.array_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
+            f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
+            f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
+            f'<td class="urls">{links}<pre>{escape(snippet)}</pre>'
+            f'<button onclick="navigator.clipboard.writeText(this.previousElementSibling.textContent)">'
+            f"copy</button></td></tr>")
+
+
+def catalog_html(provider: Any, key: str, token: str | None, host: str) -> str:
+    level = provider.children(key)
+    crumbs = ['<a href="' + escape(_with_token("/", token)) + '">catalog</a>']
+    parts = [p for p in key.split("/") if p]
+    for i in range(len(parts)):
+        crumbs.append(f'<a href="{escape(_with_token("/?" + urlencode({"folder": "/".join(parts[:i + 1])}), token))}">'
+                      f"{escape(parts[i])}</a>")
+    body = [f"<h1>tensor-server</h1><p>{' / '.join(crumbs)}</p>"]
+    if level["folders"]:
+        body.append("<h2>Folders</h2><ul>" + "".join(
+            f'<li><a class="folder" href="{escape(_with_token("/?" + urlencode({"folder": f["key"]}), token))}">'
+            f'{escape(f["name"])}/</a></li>' for f in level["folders"]) + "</ul>")
+    for source in level["sources"]:
+        tensors = provider.source_tensors(source["source_id"])
+        rows = "".join(_tensor_row(provider, t, token, host) for t in tensors.values())
+        body.append(f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
+                    "<table><tr><th></th><th>tensor</th><th>physical size</th><th>levels</th><th>doors</th></tr>"
+                    f"{rows}</table>")
+    if level["truncated"]:
+        body.append("<p>(more entries than one page lists)</p>")
+    if not level["folders"] and not level["sources"]:
+        body.append("<p>Nothing is served here yet.</p>")
+    return f"<!doctype html><meta charset=utf-8><title>tensor-server</title><style>{_STYLE}</style>{''.join(body)}"
+
+
+def viewer_html(identifier: str, source: str, token: str | None) -> str:
+    aid = quote(identifier, safe="/;=")
+    if not (osd_dir() / "openseadragon.min.js").is_file():
+        return ("<!doctype html><meta charset=utf-8><title>viewer</title><p>The zoomable viewer needs OpenSeadragon, "
+                "which is not installed. Run <code>make viewer-assets</code> in the tensor-server checkout (it runs "
+                "<code>npm install openseadragon</code> into <code>.viewer-assets/</code>), or point "
+                "<code>TENSOR_SERVER_OSD_DIR</code> at OpenSeadragon's <code>build/openseadragon</code> folder, then "
+                f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>")
+    tile_source = f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    options = {"id": "osd", "prefixUrl": "/assets/openseadragon/images/", "tileSources": tile_source,
+               "loadTilesWithAjax": bool(token), "ajaxHeaders": headers, "showNavigator": True,
+               "crossOriginPolicy": "Anonymous"}
+    return ("<!doctype html><meta charset=utf-8><title>" + escape(identifier) + "</title>"
+            "<style>html,body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}</style>"
+            '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
+            f"<script>window.viewer = OpenSeadragon({json.dumps(options)});</script>")
+
+
+def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    renderer = renderer or Renderer(provider)
+
+    async def catalog(request: Any) -> Any:
+        key = request.query_params.get("folder", "")[:4096]
+        html = await run_in_threadpool(catalog_html, provider, key, presented_token(request), request.url.netloc.split(":")[0])
+        return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
+
+    async def view(request: Any) -> Any:
+        identifier = request.path_params["identifier"]
+        await run_in_threadpool(renderer.view, *split_identifier(identifier))  # 404/400 now, not a blank viewer
+        source = request.query_params.get("source", "iiif")
+        return HTMLResponse(viewer_html(identifier, source, presented_token(request)))
+
+    return [Route("/", guarded(provider, catalog), methods=["GET", "HEAD"]),
+            Route("/view/{identifier:path}", guarded(provider, view), methods=["GET", "HEAD"]),
+            Mount("/assets/openseadragon", StaticFiles(directory=str(osd_dir()), check_dir=False))]
+

@@ -1,0 +1,58 @@
+"""DeepZoom door: ``/deepzoom/<identifier>.dzi`` and
+``/deepzoom/<identifier>_files/<level>/<col>_<row>.<format>`` (jpg, png, webp where offered).
+
+``<identifier>`` is an array id with an optional plane selection, as for IIIF
+(``render.plane``). The geometry is ``render.deepzoom``, the pixels ``render.image``.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import unquote
+
+from tensor_server.errors import InvalidArgument
+from tensor_server.http.viewer_door import guarded, while_connected
+from tensor_server.render import deepzoom
+from tensor_server.render.image import FORMATS, Renderer, available_formats, encode
+from tensor_server.render.plane import split_identifier
+
+__all__ = ["routes", "PREFIX"]
+
+PREFIX = "/deepzoom/"
+_TILE = re.compile(r"(?P<id>.+)_files/(?P<level>\d+)/(?P<col>\d+)_(?P<row>\d+)\.(?P<fmt>[a-z]+)")
+
+
+def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    renderer = renderer or Renderer(provider)
+    formats = available_formats()
+
+    async def serve(request: Any) -> Any:
+        raw = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
+        rest = unquote(raw[raw.find(PREFIX) + len(PREFIX):])
+        headers = {"Cache-Control": "no-cache"}
+        if rest.endswith(".dzi"):
+            view = await run_in_threadpool(renderer.view, *split_identifier(rest[:-len(".dzi")]))
+            fmt = request.query_params.get("format", "jpg")
+            if fmt not in formats:
+                raise InvalidArgument(f"format {fmt[:20]!r} is not offered; use one of {formats}")
+            return Response(deepzoom.dzi_xml(view.width, view.height, fmt), media_type="application/xml",
+                            headers=headers)
+        m = _TILE.fullmatch(rest)
+        if m is None:
+            raise InvalidArgument(f"{rest[:200]!r} is neither <id>.dzi nor <id>_files/<level>/<col>_<row>.<format>")
+        if m["fmt"] not in formats:
+            raise InvalidArgument(f"format {m['fmt'][:20]!r} is not offered; use one of {formats}")
+        view = await run_in_threadpool(renderer.view, *split_identifier(m["id"]))
+        tile = deepzoom.tile_region(view.width, view.height, int(m["level"]), int(m["col"]), int(m["row"]))
+
+        def render(cancelled: Any) -> bytes:
+            image = renderer.region(view, tile.x, tile.y, tile.w, tile.h, tile.out_w, tile.out_h, cancelled)
+            return encode(image, m["fmt"])
+
+        return Response(await while_connected(request, render), media_type=FORMATS[m["fmt"]][1], headers=headers)
+
+    return [Route(PREFIX + "{rest:path}", guarded(provider, serve), methods=["GET", "HEAD"])]

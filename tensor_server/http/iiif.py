@@ -1,0 +1,77 @@
+"""IIIF Image API 3.0 (compliance level 2) door: ``/iiif/3/<identifier>/…``.
+
+* ``/iiif/3/<identifier>/info.json`` — the image service description (``render.iiif.info_json``);
+* ``/iiif/3/<identifier>/<region>/<size>/<rotation>/<quality>.<format>`` — an image;
+* ``/iiif/3/<identifier>`` — 303 to its ``info.json``.
+
+``<identifier>`` is an array id (its ``/`` may be sent as ``%2F`` or as is) with an optional
+plane selection (``;z=3;t=0;c=1``, ``render.plane``). Only translation lives here: parsing is
+``render.iiif``, reading and rendering ``render.image``, the data comes from the provider.
+"""
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import unquote
+
+from tensor_server.errors import InvalidArgument
+from tensor_server.http.viewer_door import guarded, while_connected
+from tensor_server.render import iiif
+from tensor_server.render.image import FORMATS, Renderer, available_formats, encode
+from tensor_server.render.plane import split_identifier
+
+__all__ = ["routes", "PREFIX"]
+
+PREFIX = "/iiif/3/"
+
+
+def _segments(request: Any) -> list[str]:
+    raw = request.scope.get("raw_path") or request.url.path.encode()
+    path = raw.decode("latin-1")
+    at = path.find(PREFIX)
+    return [unquote(s) for s in path[at + len(PREFIX):].split("/")] if at >= 0 else []
+
+
+def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse, RedirectResponse, Response
+    from starlette.routing import Route
+
+    renderer = renderer or Renderer(provider)
+    formats = available_formats()
+
+    async def serve(request: Any) -> Any:
+        parts = _segments(request)
+        base = str(request.url.replace(query="")).split(PREFIX, 1)[0] + PREFIX
+        if len(parts) >= 2 and parts[-1] == "info.json":
+            identifier = "/".join(parts[:-1])
+            view = await run_in_threadpool(renderer.view, *split_identifier(identifier))
+            doc = iiif.info_json(base + request.url.path.split(PREFIX, 1)[1].rsplit("/", 1)[0],
+                                 view.width, view.height, formats)
+            ld = "application/ld+json" in request.headers.get("accept", "")
+            media = 'application/ld+json;profile="http://iiif.io/api/image/3/context.json"' if ld else "application/json"
+            return JSONResponse(doc, media_type=media, headers=_headers(view))
+        if len(parts) >= 5:
+            identifier = "/".join(parts[:-4])
+            array_id, selection = split_identifier(identifier)
+            view = await run_in_threadpool(renderer.view, array_id, selection)
+            req = iiif.parse_request(*parts[-4:], view.width, view.height, formats)
+            body = await while_connected(request, lambda cancelled: _image(renderer, view, req, cancelled))
+            return Response(body, media_type=FORMATS[req.format][1], headers=_headers(view))
+        identifier = "/".join(p for p in parts if p)
+        if not identifier:
+            raise InvalidArgument("name an image: /iiif/3/<identifier>/info.json")
+        await run_in_threadpool(renderer.view, *split_identifier(identifier))
+        return RedirectResponse(request.url.path.rstrip("/") + "/info.json", status_code=303)
+
+    return [Route(PREFIX + "{rest:path}", guarded(provider, serve), methods=["GET", "HEAD"])]
+
+
+def _image(renderer: Renderer, view: Any, req: iiif.ImageRequest, cancelled: Any) -> bytes:
+    image = renderer.region(view, req.x, req.y, req.w, req.h, req.out_w, req.out_h, cancelled)
+    return encode(iiif.finish(image, req), req.format)
+
+
+def _headers(view: Any) -> dict[str, str]:
+    """The profile link (IIIF ``profileLinkHeader``); no-cache: the file behind may change."""
+    return {"Link": f'<{iiif.PROFILE_URI}>;rel="profile"', "Cache-Control": "no-cache"}
+

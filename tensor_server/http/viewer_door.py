@@ -1,0 +1,61 @@
+"""What the viewer routes (IIIF, DeepZoom, the catalog page) share: the token a request
+presents, and the translation of ``tensor_server.errors`` into plain-text responses."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+from tensor_server.http.errors import error_response
+from tensor_server.http.security import CREDENTIAL_KEY
+
+__all__ = ["presented_token", "guarded", "while_connected"]
+
+log = logging.getLogger(__name__)
+
+
+def presented_token(request: Any) -> str | None:
+    """The credential the request presented: what the security middleware accepted (a
+    ``/t/<token>/`` path, the cookie), else ``Authorization: Bearer <token>`` or ``?token=``."""
+    accepted = request.scope.get(CREDENTIAL_KEY)
+    if accepted is not None:
+        return accepted
+    header = request.headers.get("authorization", "")
+    if header.startswith("Bearer "):
+        return header[len("Bearer "):]
+    return request.query_params.get("token")
+
+
+def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+    """``handler`` for the caller of the request (the provider applies the rules), with every
+    error answered by its class's HTTP status (``http/errors.py``)."""
+    async def endpoint(request: Any) -> Any:
+        try:
+            provider.authenticate(presented_token(request), request.client.host if request.client else "")
+            return await handler(request)
+        except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
+            return error_response(exc)
+    return endpoint
+
+
+async def while_connected(request: Any, work: Callable[[Callable[[], bool]], Any]) -> Any:
+    """``work(cancelled)`` in a worker thread; ``cancelled()`` turns True once the client has
+    gone, so a region read stops between chunks instead of finishing for nobody."""
+    import asyncio
+    import threading
+
+    from starlette.concurrency import run_in_threadpool
+
+    gone = threading.Event()
+
+    async def watch() -> None:
+        while not gone.is_set():
+            if await request.is_disconnected():
+                gone.set()
+                return
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await run_in_threadpool(work, gone.is_set)
+    finally:
+        watcher.cancel()

@@ -1,0 +1,58 @@
+"""``ViewerProvider`` (``render.provider``) over the serving runtime: what the viewer doors
+(IIIF, DeepZoom, the catalog page) read through, so every rule of the runtime — the token,
+per-tensor grants, the upload gate, admission, the precacher — holds on them as on every door.
+
+The renderer calls the provider without a caller (it renders for whoever asked); the caller of
+the request being served is a context variable, set by ``authenticate`` at the start of each
+request (``http/viewer_door.guarded``) and carried into worker threads with the context.
+"""
+from __future__ import annotations
+
+import contextvars
+from typing import TYPE_CHECKING, Any
+
+from tensor_server.core.identity import ArrayId
+from tensor_server.errors import TensorNotFound
+from tensor_server.service import Caller
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from tensor_server.core.adapter_base import TensorAdapter
+    from tensor_server.core.chunk_id import ChunkId
+    from tensor_server.service import ServingRuntime
+
+__all__ = ["RuntimeViewerProvider"]
+
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("viewer_caller", default=Caller(door="http"))
+
+
+class RuntimeViewerProvider:
+    def __init__(self, runtime: ServingRuntime, flight_location: str | None = None) -> None:
+        self.runtime = runtime
+        self.policy = runtime.policy
+        self.flight_location = flight_location
+
+    def authenticate(self, presented: str | None, peer: str = "") -> None:
+        """The caller of this request (what it presented); each call below applies the rules."""
+        _CALLER.set(Caller(token=presented, peer=peer, door="http"))
+
+    def tensor(self, array_id: str) -> TensorAdapter:
+        return self.runtime.tensor(array_id, _CALLER.get())[0]
+
+    def chunk(self, tensor: TensorAdapter, chunk_id: ChunkId) -> np.ndarray:
+        return self.runtime.chunk(chunk_id, _CALLER.get())[1]
+
+    def children(self, key: str) -> dict[str, Any]:
+        self.runtime.authenticate(_CALLER.get())
+        return self.runtime.catalog_verbs.catalog_tree().children(key)
+
+    def source_tensors(self, source_id: str) -> dict[str, TensorAdapter]:
+        """The tensors of a source the caller may read (a granted one it holds no grant for
+        is left out), by field; empty when the source cannot be opened."""
+        self.runtime.authenticate(_CALLER.get())
+        try:
+            rec = self.runtime.catalog.get_record(ArrayId.parse(source_id).source_id)
+        except TensorNotFound:  # dropped between the listing and this call: nothing to show
+            return {}
+        return dict(rec.source.tensors) if rec.source is not None else {}

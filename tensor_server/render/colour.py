@@ -1,0 +1,169 @@
+"""Raw microscopy pixels to 8-bit RGB: windows, channel colours, composites, label colours.
+
+Per channel a window ``[start, end]`` maps linearly to 0..255 and a colour tints it; active
+channels add up (clipped), the usual fluorescence composite. The settings come from:
+
+1. the source's ``omero`` block (OME-Zarr ``omero.channels``: ``color``, ``window.start/end``,
+   ``active``) when it has one;
+2. else a robust window per channel: the 0.1 and 99.9 percentiles of the tensor's coarsest
+   served level (computed once per tensor content version and cached), except 8-bit data,
+   which is shown as stored (0..255), and booleans (0..1);
+3. colours from ``DEFAULT_COLOURS``: one channel is grey (white), more channels take
+   green, magenta, cyan, yellow, red, blue, white in turn.
+
+A colour-sample axis (RGB/RGBA, 3 or 4 samples) is shown as the colour it is (8-bit as stored;
+other types windowed per sample, in red, green and blue; alpha is not drawn). Labels are
+drawn in label colours: 0 (background) is black, every other id a stable colour of its own
+(``label_colours``), so the same object has the same colour at every level and in every tile.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["ChannelSetting", "RenderSettings", "SettingsCache", "DEFAULT_COLOURS", "label_colours",
+           "to_rgb8", "settings_for"]
+
+DEFAULT_COLOURS = ("00FF00", "FF00FF", "00FFFF", "FFFF00", "FF0000", "0000FF", "FFFFFF")
+GREY = "FFFFFF"
+#: samples of an RGB(A) tensor that is not 8-bit: windowed like channels, in their own colours
+RGB_COLOURS = ("FF0000", "00FF00", "0000FF")
+PERCENTILES = (0.1, 99.9)
+_SAMPLE_VALUES = 1 << 20  # values per channel the percentile window is taken from
+
+
+@dataclass(frozen=True)
+class ChannelSetting:
+    colour: tuple[int, int, int]
+    start: float
+    end: float
+    active: bool = True
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    channels: tuple[ChannelSetting, ...]
+    #: "channels" (windowed composite), "rgb" (samples shown as colour), "labels"
+    mode: str
+
+
+def _hex(colour: Any, fallback: str) -> tuple[int, int, int]:
+    text = str(colour or fallback).lstrip("#")
+    try:
+        value = int(text[:6], 16) if len(text) >= 6 else int(fallback, 16)
+    except ValueError:
+        value = int(fallback, 16)
+    return (value >> 16) & 255, (value >> 8) & 255, value & 255
+
+
+def _default_colour(index: int, count: int) -> str:
+    return GREY if count == 1 else DEFAULT_COLOURS[index % len(DEFAULT_COLOURS)]
+
+
+def _robust_window(values: np.ndarray, dtype: np.dtype) -> tuple[float, float]:
+    if dtype == np.uint8:
+        return 0.0, 255.0
+    if dtype.kind == "b":
+        return 0.0, 1.0
+    flat = values.reshape(-1)
+    if flat.size > _SAMPLE_VALUES:
+        flat = flat[:: flat.size // _SAMPLE_VALUES]
+    flat = flat.astype(np.float64)
+    flat = flat[np.isfinite(flat)]
+    if flat.size == 0:
+        return 0.0, 1.0
+    lo, hi = (float(v) for v in np.percentile(flat, PERCENTILES))
+    return (lo, hi) if hi > lo else (lo, lo + 1.0)
+
+
+def settings_for(metadata: dict[str, Any], dtype: np.dtype, is_labels: bool, is_rgb: bool, count: int,
+                 coarse: Callable[[], np.ndarray]) -> RenderSettings:
+    """The settings of a tensor of ``count`` channels. ``coarse()`` gives its coarsest level as
+    (channels, ...), read only when a window must be measured."""
+    if is_labels:
+        return RenderSettings((), "labels")
+    if is_rgb and dtype == np.uint8:
+        return RenderSettings((), "rgb")
+    omero = metadata.get("omero") if isinstance(metadata, dict) else None
+    channels_meta = omero.get("channels") if isinstance(omero, dict) else None
+    measured = None
+    out = []
+    for i in range(count):
+        meta = channels_meta[i] if isinstance(channels_meta, list) and i < len(channels_meta) \
+            and isinstance(channels_meta[i], dict) else {}
+        window = meta.get("window") if isinstance(meta.get("window"), dict) else {}
+        start, end = window.get("start"), window.get("end")
+        if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
+            if measured is None:
+                data = coarse() if dtype != np.uint8 and dtype.kind != "b" else np.zeros((count, 1), dtype)
+                measured = [_robust_window(data[c], dtype) for c in range(count)]
+            start, end = measured[i]
+        colour = _hex(meta.get("color"), RGB_COLOURS[i] if is_rgb and i < 3 else _default_colour(i, count))
+        active = meta.get("active", True) is not False and not (is_rgb and i >= 3)  # alpha is not a colour
+        out.append(ChannelSetting(colour, float(start), float(end), active))
+    if not any(c.active for c in out):  # nothing to show would be a black image: show them all
+        out = [ChannelSetting(c.colour, c.start, c.end, True) for c in out]
+    return RenderSettings(tuple(out), "channels")
+
+
+def label_colours(ids: np.ndarray) -> np.ndarray:
+    """(…, 3) uint8 colours of label ids: 0 black, others a stable hash of the id."""
+    v = ids.astype(np.uint64, copy=False) if ids.dtype.kind in "ub" else ids.astype(np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        h = (v + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+    rgb = np.stack([(h >> np.uint64(s)) & np.uint64(255) for s in (8, 24, 40)], axis=-1).astype(np.uint8)
+    rgb |= 64  # never near-black, so objects stand out from the background
+    rgb[v == 0] = 0
+    return rgb
+
+
+def to_rgb8(planes: np.ndarray, settings: RenderSettings, channel_indices: list[int]) -> np.ndarray:
+    """(channels, h, w) raw pixels -> (h, w, 3) uint8, or (h, w) uint8 for one grey channel.
+    ``channel_indices`` says which of the tensor's channels ``planes`` holds."""
+    if settings.mode == "labels":
+        return label_colours(planes[0])
+    if settings.mode == "rgb":
+        return np.ascontiguousarray(np.moveaxis(planes[:3], 0, -1))
+    chosen = [(planes[k], settings.channels[c]) for k, c in enumerate(channel_indices)
+              if settings.channels[c].active or len(channel_indices) == 1]
+    if len(chosen) == 1 and chosen[0][1].colour == (255, 255, 255):
+        return _windowed(*chosen[0])
+    acc = np.zeros(planes.shape[1:] + (3,), np.float32)
+    for plane, setting in chosen:
+        level = _windowed(plane, setting).astype(np.float32)
+        acc += level[..., None] * (np.asarray(setting.colour, np.float32) / 255.0)
+    return np.clip(acc, 0, 255).astype(np.uint8)
+
+
+def _windowed(plane: np.ndarray, setting: ChannelSetting) -> np.ndarray:
+    if plane.dtype == np.uint8 and setting.start == 0 and setting.end == 255:
+        return plane
+    scaled = (plane.astype(np.float32) - setting.start) * (255.0 / (setting.end - setting.start))
+    return np.nan_to_num(np.clip(scaled, 0, 255), nan=0.0).astype(np.uint8)
+
+
+class SettingsCache:
+    """RenderSettings per (array id, content version), measured once (bounded LRU)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._items: OrderedDict[tuple[str, bytes], RenderSettings] = OrderedDict()
+        self._lock = threading.Lock()
+        self.size = size
+
+    def get(self, key: tuple[str, bytes], make: Callable[[], RenderSettings]) -> RenderSettings:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value

@@ -1,0 +1,151 @@
+"""A 2-D view of an N-D tensor: which axes are the image, which plane, and region reads at
+the level that serves the requested size.
+
+A viewer names a plane with an identifier suffix: ``<array_id>;z=3;t=0`` selects index 3 of
+axis ``z`` and 0 of ``t`` (unnamed axes default to 0), ``;c=1`` shows channel 1 alone (by
+default every active channel is composited). The image axes are ``y`` and ``x`` (else the last
+two that are not channel or sample axes); a colour-sample axis (``s``/``rgb``/``rgba``) is
+kept whole. A region of ``w×h`` pixels shown at ``ow×oh`` is read at the coarsest level whose
+scale does not exceed the reduction ``min(w/ow, h/oh)`` (``core.level_grid``: the advertised
+levels, extended by factors of 2 down to one small tile), never at full resolution for a
+thumbnail; the caller resizes the rest of the way (less than a factor of 2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.level_grid import GridLevel, grid_levels, read_level_region
+from tensor_server.core.methods import default_method
+from tensor_server_kernels.reference import output_shape
+from tensor_server.errors import InvalidArgument
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.core.adapter_base import TensorAdapter
+    from tensor_server.core.pyramid import PyramidPolicy
+    from tensor_server.render.provider import ViewerProvider
+
+__all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER"]
+
+SAMPLE_AXES = frozenset({"s", "rgb", "rgba", "sample", "samples"})
+MAX_IDENTIFIER = 1024
+#: the plane side the coarsest rendering level fits in
+COARSEST = 256
+
+
+def split_identifier(identifier: str) -> tuple[str, dict[str, int]]:
+    """``"id;z=3;c=1"`` -> ``("id", {"z": 3, "c": 1})``."""
+    if len(identifier) > MAX_IDENTIFIER:
+        raise InvalidArgument(f"the identifier is {len(identifier)} characters (limit {MAX_IDENTIFIER})")
+    array_id, *parts = identifier.split(";")
+    selection: dict[str, int] = {}
+    for part in parts:
+        name, eq, value = part.partition("=")
+        if not eq or not value.isdigit() or not name:
+            raise InvalidArgument(f"plane selector {part[:40]!r} of {array_id[:80]!r} is not axis=index "
+                                  "(e.g. ;z=3;t=0;c=1)")
+        selection[name.lower()] = int(value)
+    return array_id, selection
+
+
+def _plane_levels(tensor: TensorAdapter, policy: PyramidPolicy | None, y: int, x: int) -> tuple[GridLevel, ...]:
+    """The served levels that keep every non-image axis whole (a plane stays a plane), then,
+    past a computed pyramid's last level, more factors of 2 until the plane fits one
+    ``COARSEST`` tile: a thumbnail of a huge image is one cached chunk, not a resize of the
+    4 Mpx level every time. Their chunks are planned chunks like any other (same ids, cache)."""
+    levels = [lv for lv in grid_levels(tensor, policy) if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x))]
+    if tensor.native_levels:
+        return tuple(levels)
+    method, scale = default_method(tensor.is_labels), list(levels[-1].scale)
+    shape = levels[-1].shape
+    while max(shape[y], shape[x]) > COARSEST:
+        scale[y], scale[x] = scale[y] * 2, scale[x] * 2
+        shape = output_shape(tensor.shape, scale)
+        chunks = tuple(min(c, n) for c, n in zip(tensor.chunk_shape, shape))
+        levels.append(GridLevel(len(levels), tuple(scale), method, shape, chunks))
+    return tuple(levels)
+
+
+@dataclass(frozen=True)
+class PlaneView:
+    """The plane ``selection`` of ``tensor`` as an image of ``width × height``."""
+
+    tensor: TensorAdapter
+    y: int
+    x: int
+    channel_axis: int | None
+    sample_axis: int | None
+    #: index per other axis (the channel axis included when one channel is selected)
+    fixed: dict[int, int]
+    levels: tuple[GridLevel, ...]
+
+    @classmethod
+    def of(cls, tensor: TensorAdapter, selection: dict[str, int], policy: PyramidPolicy | None) -> PlaneView:
+        labels = tensor.dim_labels
+        sample = next((i for i, d in enumerate(labels) if d in SAMPLE_AXES and tensor.shape[i] in (3, 4)), None)
+        channel = labels.index("c") if "c" in labels else None
+        spatial = [i for i in range(tensor.ndim) if i not in (sample, channel)]
+        if "y" in labels and "x" in labels:
+            y, x = labels.index("y"), labels.index("x")
+        elif len(spatial) >= 2:
+            y, x = spatial[-2], spatial[-1]
+        else:
+            raise InvalidArgument(f"{tensor.array_id} has no two image axes (axes {''.join(labels)}); "
+                                  "it cannot be shown as an image")
+        fixed = {}
+        for name, index in selection.items():
+            if name not in labels or labels.index(name) in (y, x, sample):
+                raise InvalidArgument(f"{tensor.array_id} has no selectable axis {name!r} (axes {list(labels)})")
+            axis = labels.index(name)
+            if index >= tensor.shape[axis]:
+                raise InvalidArgument(f"{name}={index} is outside {tensor.array_id} (size {tensor.shape[axis]})")
+            fixed[axis] = index
+        for axis in range(tensor.ndim):
+            if axis not in (y, x, sample, channel):
+                fixed.setdefault(axis, 0)
+        return cls(tensor, y, x, channel, sample, fixed, _plane_levels(tensor, policy, y, x))
+
+    @property
+    def width(self) -> int:
+        return self.tensor.shape[self.x]
+
+    @property
+    def height(self) -> int:
+        return self.tensor.shape[self.y]
+
+    @property
+    def selected_channel(self) -> int | None:
+        return None if self.channel_axis is None else self.fixed.get(self.channel_axis)
+
+    def level_for(self, reduction: float) -> GridLevel:
+        """The coarsest level whose image-axis scale does not exceed ``reduction``."""
+        best = self.levels[0]
+        for lv in self.levels:
+            if max(lv.scale[self.y], lv.scale[self.x]) <= reduction + 1e-9:
+                best = lv
+        return best
+
+    def read(self, provider: ViewerProvider, x: int, y: int, w: int, h: int, out_w: int, out_h: int,
+             cancelled: Callable[[], bool] | None = None) -> tuple[np.ndarray, GridLevel]:
+        """Raw pixels of full-resolution region ``(x, y, w, h)`` at the level serving an
+        ``out_w × out_h`` rendering, as ``(channels, rows, cols)`` (samples as channels), and
+        that level."""
+        level = self.level_for(min(w / out_w, h / out_h))
+        sy, sx = level.scale[self.y], level.scale[self.x]
+        start, stop = [0] * self.tensor.ndim, list(level.shape)
+        start[self.y], stop[self.y] = y // sy, min(-(-(y + h) // sy), level.shape[self.y])
+        start[self.x], stop[self.x] = x // sx, min(-(-(x + w) // sx), level.shape[self.x])
+        for axis, index in self.fixed.items():
+            start[axis], stop[axis] = index, index + 1
+        data = read_level_region(self.tensor, level, Bounds(tuple(start), tuple(stop)),
+                                 lambda cid: provider.chunk(self.tensor, cid), cancelled)
+        chan = self.sample_axis if self.sample_axis is not None else self.channel_axis
+        order = ([chan] if chan is not None else []) + [self.y, self.x]
+        rest = [i for i in range(data.ndim) if i not in order]
+        planes = np.transpose(data, order + rest).reshape([data.shape[i] for i in order])
+        if chan is None:
+            planes = planes[None]
+        return planes, level

@@ -1,0 +1,53 @@
+"""The door conformance suite through the IIIF door (``full/max`` PNGs, as a web viewer fetches
+them; DeepZoom and the catalog page read through the same provider). Its reads are rendered
+8-bit images, so the suite checks their size; every rule (the gate, grants, tokens, error
+statuses) is checked as on every door."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from tensor_server.testing.door_tests import DoorTests, Refusal
+
+
+class HttpRefused(Exception):
+    def __init__(self, status, text):
+        super().__init__(f"{status}: {text}")
+        self.status, self.text = status, text
+
+
+class _ImageDoor:
+    renders = True
+    stats = read_chunk = add_source = None  # verbs these doors do not serve
+
+    def __init__(self, url) -> None:
+        self.url = url
+
+    def _get(self, path, token):
+        import httpx
+
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        r = httpx.get(f"{self.url}{path}", headers=headers, timeout=60)
+        if r.status_code != 200:
+            raise HttpRefused(r.status_code, r.text)
+        return r
+
+    @staticmethod
+    def refusal(exc):
+        return Refusal(None, exc.status, exc.text) if isinstance(exc, HttpRefused) else None
+
+
+class IiifDoor(_ImageDoor):
+    def read(self, array_id, token):
+        from PIL import Image
+
+        body = self._get(f"/iiif/3/{array_id}/full/max/0/default.png", token).content
+        return np.asarray(Image.open(io.BytesIO(body)))
+
+
+class TestIiifDoor(DoorTests):
+    @pytest.fixture
+    def door(self, world):
+        return IiifDoor(world.served.http_url)
