@@ -76,5 +76,7 @@ def test_write_streams_are_refused_within_their_budget(server):
                                 if r["source_id"].startswith("img"))
     assert _flood(client, flight.FlightDescriptor.for_command(put.SerializeToString()), rows.schema, rows) < SENT
     growth = _peak_rss(server.proc.pid) - before
-    assert growth < 256 * MIB, f"peak RSS grew by {growth >> 20} MiB for three {SENT >> 20} MiB floods"
+    # one request's budget may be held (roi_put: 64 MiB of rows) plus gRPC's and Arrow's buffers
+    # of the batches in flight; unbounded, the same floods grew the server by gigabytes
+    assert growth < 384 * MIB, f"peak RSS grew by {growth >> 20} MiB for three {SENT >> 20} MiB floods"
     assert server.action("health")["status"] == "SERVING"
