@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from tensor_server.adapters.registry import HEAD_BYTES, FormatEntry, formats
+from tensor_server.adapters.registry import FormatEntry, claim_format, formats
 
 __all__ = ["Claim", "discover", "links_leaving"]
 
@@ -32,14 +32,6 @@ __all__ = ["Claim", "discover", "links_leaving"]
 class Claim:
     path: Path
     format: FormatEntry
-
-
-def _head(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(HEAD_BYTES)
-    except OSError:
-        return b""
 
 
 OUTSIDE_ROOTS = "symlink to a target outside the served roots: not followed (follow_symlinks_outside_roots = false)"
@@ -98,30 +90,16 @@ def links_leaving(folder: Path, allowed: Sequence[str | os.PathLike[str]], limit
     return found
 
 
-def _claim(path: Path, entries: list[FormatEntry], is_dir: bool) -> FormatEntry | None:
-    head = b"" if is_dir else _head(path)
-    candidates = [e for e in entries if (e.folders if is_dir else e.files)]
-    for e in candidates:
-        if e.sniff is None:
-            continue
-        try:
-            if e.sniff(path, head):
-                return e
-        except Exception:
-            continue
-    for e in candidates:
-        if e.matches_extension(path):
-            return e
-    return None
-
-
 def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] | None = None, *,
              allowed_roots: Sequence[str | os.PathLike[str]] | None = None,
-             on_skip: Callable[[Path, str], None] | None = None) -> Iterator[Claim]:
+             on_skip: Callable[[Path, str], None] | None = None,
+             known: Callable[[Path, bool], FormatEntry | None] | None = None) -> Iterator[Claim]:
     """Yield a Claim for every source under ``root`` (``root`` itself may be one).
 
     ``allowed_roots``: folders a symlink's target must lie in to be followed (None: follow
-    every symlink). ``on_skip(path, reason)`` hears about every entry refused on the way."""
+    every symlink). ``on_skip(path, reason)`` hears about every entry refused on the way.
+    ``known(path, is_dir)``: the format a caller already knows the entry has (a rescan of
+    an unchanged file), asked before sniffing, so a rescan only stats what it knows."""
     entries = formats()
     root = Path(root)
     allowed = None if allowed_roots is None else [os.path.realpath(r) for r in allowed_roots]
@@ -137,7 +115,10 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
     skip, is_dir = refused(root)
     if skip:
         return
-    claim = _claim(root, entries, is_dir)
+    def claimed(path: Path, is_dir: bool) -> FormatEntry | None:
+        return (known(path, is_dir) if known is not None else None) or claim_format(path, is_dir, entries)
+
+    claim = claimed(root, is_dir)
     if claim is not None:
         yield Claim(root, claim)
         if not (is_dir and claim.claims):
@@ -164,7 +145,7 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
             skip, is_dir = refused(path)
             if skip:
                 continue
-            entry = _claim(path, entries, is_dir)
+            entry = claimed(path, is_dir)
             if entry is not None:
                 yield Claim(path, entry)
             if is_dir and not child.is_symlink() and (entry is None or entry.claims):
