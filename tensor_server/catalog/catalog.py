@@ -34,7 +34,7 @@ from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import source_id_for_path
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound, UnreadableSource
 
-__all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError"]
+__all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError", "looks_like_path"]
 
 log = logging.getLogger(__name__)
 
@@ -225,12 +225,14 @@ class Catalog:
                              slug="unknown_field")
 
     # ---- discovery -------------------------------------------------------------------------
-    def scan(self, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
+    def scan(self, progress: Callable[[str, int], None] | None = None,
+             on_unclaimed: Callable[[Path], None] | None = None) -> dict[str, int]:
         """Discover sources under the roots: open new or changed ones (on a pool of
         ``open_workers``, each put in the catalog as soon as it is open), drop vanished
         ones; an unchanged source costs a stat. Never raises for a bad file or entry: it
         becomes an unresolved row, or (an entry that must not be opened at all) a line in
-        ``skipped``; either way the scan goes on."""
+        ``skipped``; either way the scan goes on. ``on_unclaimed(path)``: each file no
+        format recognises (not a source, not an error: a README beside the data)."""
         self.scan_in_progress = True
         with self._counts_lock:
             self._counts = _ScanCounts(started_at=time.time())
@@ -243,11 +245,11 @@ class Catalog:
                 opening = _Opening(self, pool, tally, skipped)
                 for root in self.roots:
                     if not os.path.lexists(root):
-                        skipped.append((root, "the root does not exist"))
+                        skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
                         continue
                     claims = discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None,
                                       allowed_roots=allowed, on_skip=lambda p, why: skipped.append((p, why)),
-                                      known=self._known_format)
+                                      known=self._known_format, on_unclaimed=on_unclaimed)
                     for claim in claims:
                         self._count("files_seen")
                         opening.offer(claim, seen)
@@ -646,12 +648,19 @@ def _stored_row(rec: SourceRecord) -> StoredRow:
             "metadata_json": rec.metadata_json()}
 
 
+def looks_like_path(text: str) -> bool:
+    """Whether an id someone typed is a path or a file name rather than an array id (ids
+    are ``<stem>-<hash>[/field]``): it starts like a path, exists, or ends in a format's
+    extension."""
+    if text.startswith(("/", "~", ".", "file:")) or "\\" in text or os.path.exists(text):
+        return True
+    suffix = Path(text.split("/", 1)[0]).suffix.lower()
+    return bool(suffix) and any(suffix in e.extensions for e in formats())
+
+
 def _path_hint(requested: str) -> str:
     """A hint for an id that is a path or a file name (a common first mistake)."""
-    looks = requested.startswith(("/", "~", ".", "file:")) or "\\" in requested or os.path.exists(requested)
-    suffix = Path(requested.split("/", 1)[0]).suffix.lower()
-    looks = looks or (bool(suffix) and any(suffix in e.extensions for e in formats()))
-    if not looks:
+    if not looks_like_path(requested):
         return ""
     return ("; it looks like a path or file name, but ids are the source ids the catalog lists "
             "(`python -m tensor_server list ROOT` prints them, or SELECT source_id FROM sources)")

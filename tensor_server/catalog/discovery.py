@@ -93,13 +93,15 @@ def links_leaving(folder: Path, allowed: Sequence[str | os.PathLike[str]], limit
 def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] | None = None, *,
              allowed_roots: Sequence[str | os.PathLike[str]] | None = None,
              on_skip: Callable[[Path, str], None] | None = None,
-             known: Callable[[Path, bool], FormatEntry | None] | None = None) -> Iterator[Claim]:
+             known: Callable[[Path, bool], FormatEntry | None] | None = None,
+             on_unclaimed: Callable[[Path], None] | None = None) -> Iterator[Claim]:
     """Yield a Claim for every source under ``root`` (``root`` itself may be one).
 
     ``allowed_roots``: folders a symlink's target must lie in to be followed (None: follow
     every symlink). ``on_skip(path, reason)`` hears about every entry refused on the way.
     ``known(path, is_dir)``: the format a caller already knows the entry has (a rescan of
-    an unchanged file), asked before sniffing, so a rescan only stats what it knows."""
+    an unchanged file), asked before sniffing, so a rescan only stats what it knows.
+    ``on_unclaimed(path)`` hears about each file no format recognises (``list`` prints them)."""
     entries = formats()
     root = Path(root)
     allowed = None if allowed_roots is None else [os.path.realpath(r) for r in allowed_roots]
@@ -148,6 +150,8 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
             entry = claimed(path, is_dir)
             if entry is not None:
                 yield Claim(path, entry)
+            elif not is_dir and on_unclaimed is not None:
+                on_unclaimed(path)
             if is_dir and not child.is_symlink() and (entry is None or entry.claims):
                 subdirs.append((path, entry.claims if entry is not None else ()))  # a linked folder: only when claimed
         stack.extend(reversed(subdirs))
