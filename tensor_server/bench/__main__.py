@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "upload_array MB/s to cache:// and zarr:// vs a bare pyarrow DoPut that discards"),
     "special": ("tensor_server.bench.special",
                 "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers"),
+    "catalog-start": ("tensor_server.bench.catalog_start",
+                      "a root of 10,000 small + 100 large files: first scan vs one-at-a-time, restart, rescan, serve"),
     "gate": ("tensor_server.bench.gate",
              "the performance gate (make perf-gate): vs the previous commit, and floors vs peers"),
 }
