@@ -66,7 +66,7 @@ def _small(path: Path, i: int) -> None:
 
 
 def _large(path: Path, i: int, mib: int) -> None:
-    side = int((mib << 20) / 2 / 8) // 1024 * 1024 or 1024  # 8 planes of uint16
+    side = max(256, (mib << 20) // (2 * 8 * 1024))  # 8 planes of 1024 x side uint16
     plane = np.arange(side * 1024, dtype=np.uint16).reshape(1024, side)
     stack = np.broadcast_to(plane, (8, 1024, side))
     if i % 2:
@@ -186,9 +186,10 @@ def _serve_once(root: Path, home: Path, expected: int, timeout: float = 600) -> 
             now = time.perf_counter() - t0
             if h is not None and answered != answered:
                 answered = now
-            if h is not None and h.get("source_count", 0) >= expected:
+            if h is not None and h.get("source_count", 0) >= expected and listed != listed:
                 listed = now
-                break
+            if listed == listed and not h.get("full_scan_in_progress", True):
+                break  # the scan is over (its rows stored): the restart then sees an unchanged tree
             time.sleep(0.05)
         return answered, listed
     finally:

@@ -328,10 +328,13 @@ class Catalog:
     def discovery_progress(self) -> dict[str, Any]:
         """What discovery is doing, for health: whether a scan runs, what the current (or
         last) scan has seen, opened and failed to open, how many rows came back from the
-        store at boot, adapter opens since start, and when the last full scan finished."""
+        store at boot and how many of them are not opened yet (``pending_open``: opened on
+        first use), adapter opens since start, and when the last full scan finished."""
         with self._counts_lock:
             counts = dict(vars(self._counts))
-        return {"scan_in_progress": self.scan_in_progress, **counts, "restored": self.restored,
+        with self._lock:
+            pending = sum(r.is_open_pending() for r in self._records.values())
+        return {"scan_in_progress": self.scan_in_progress, **counts, "restored": self.restored, "pending_open": pending,
                 "opens": self.opens, "sources": len(self), "last_full_scan_finished_at": self.last_scan_finished_at}
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -470,7 +473,8 @@ class Catalog:
 
     def flush_store(self) -> None:
         """Write the queued rows to the store (a scan does every ``STORE_FLUSH_SECONDS``)."""
-        if self._store is None:
+        store = self._store
+        if store is None:
             return
         with self._lock:
             pending, self._unsaved = self._unsaved, {}
@@ -478,9 +482,10 @@ class Catalog:
             return
         rows = [_stored_row(r) for r in pending.values() if r is not None]
         try:
-            self._store.save(rows, [sid for sid, r in pending.items() if r is None])
+            store.save(rows, [sid for sid, r in pending.items() if r is None])
         except Exception as exc:  # the store is a cache: serving goes on without it
-            log.warning("catalog store %s: write failed (%s: %s)", self._store.path, type(exc).__name__, exc)
+            if self._store is not None:  # not closed meanwhile
+                log.warning("catalog store %s: write failed (%s: %s)", store.path, type(exc).__name__, exc)
 
     def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
         """Rescan every ``seconds`` in a daemon thread (0 = never)."""
@@ -502,8 +507,9 @@ class Catalog:
         self._rescan_stop.set()
         self.rois.close()
         self.flush_store()
-        if self._store is not None:
-            self._store.close()
+        store, self._store = self._store, None  # a scan still running stores nothing more
+        if store is not None:
+            store.close()
         with self._lock:
             recs = list(self._records.values())
             self._records.clear()

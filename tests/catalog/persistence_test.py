@@ -41,13 +41,14 @@ def test_restart_lists_every_row_with_zero_reopens(tmp_path):
     assert (summary["added"], summary["changed"], summary["removed"]) == (0, 0, 0)
     progress = again.discovery_progress()
     assert again.opens == 0 and progress["files_unchanged"] == readable + 1 and progress["files_opened"] == 0
+    assert progress["restored"] == readable + 1 and progress["pending_open"] == readable
     assert _rows(again) == before
     count = again.query("SELECT count(*) AS n FROM sources WHERE is_resolved").column("n").to_pylist()
     assert count == [readable]
 
     img3 = next(r for r in before if r["source_url"].endswith("/img03.npy"))
     tensor, _ = again.find_tensor(img3["source_id"])  # first use opens that one source only
-    assert again.opens == 1
+    assert again.opens == 1 and again.discovery_progress()["pending_open"] == readable - 1
     np.testing.assert_array_equal(tensor.get_data(), np.full((3, 7), 3, np.uint16))
     broken = next(r for r in before if r["source_url"].endswith("/broken.npy"))
     with pytest.raises(SourceUnresolved, match="npy"):
