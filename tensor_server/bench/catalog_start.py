@@ -82,7 +82,7 @@ def _large(path: Path, i: int, mib: int) -> None:
 
 def make_tree(root: Path, files: int, large: int, large_mib: int) -> int:
     """Write the tree (100 files a folder); return the number of sources in it."""
-    progress = Progress(files + large)
+    progress = Progress(-(-files // 500) + large)
     for i in range(files):
         folder = root / f"d{i // 100:04d}"
         folder.mkdir(parents=True, exist_ok=True)
