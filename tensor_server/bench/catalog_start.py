@@ -201,9 +201,15 @@ def main(args) -> int:  # noqa: ANN001 - argparse namespace
     base = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="tensor-server-catalog-start-"))
     try:
         root, home = base / "root", base / "home"
-        if root.exists():
-            shutil.rmtree(root)
-        expected = make_tree(root, args.files, args.large, args.large_mib)
+        marker = base / f"tree-{args.files}-{args.large}-{args.large_mib}.done"  # a --data-dir tree is reused
+        if not marker.exists():
+            shutil.rmtree(root, ignore_errors=True)
+            make_tree(root, args.files, args.large, args.large_mib)
+            marker.touch()
+        shutil.rmtree(home, ignore_errors=True)
+        for old in base.glob("catalog.duckdb*"):
+            old.unlink()
+        expected = args.files + args.large
         rows = _catalog_rows(root, expected, str(base / "catalog.duckdb"))
         for run in ("first start", "restart"):
             answered, listed = _serve_once(root, home, expected)

@@ -98,6 +98,12 @@ class Catalog:
         self.opens = 0
         self._counts = _ScanCounts()
         self._counts_lock = threading.Lock()
+        #: records by the path they were found at, as walked: a rescan looks its files up
+        #: without resolving them
+        self._by_claim_path: dict[str, SourceRecord] = {}
+        #: claims ``_known_format`` found unchanged in the running scan, by path as walked
+        self._unchanged_now: dict[str, SourceRecord] = {}
+        self._formats_by_name: dict[str, FormatEntry] = {}
         #: rows put back from the store at boot
         self.restored = 0
         self._store: CatalogStore | None = None
@@ -111,14 +117,30 @@ class Catalog:
         self._dirty = True
         self.generation += 1
 
+    def _set_record(self, rec: SourceRecord) -> SourceRecord | None:
+        """Put ``rec`` in place (caller holds ``_lock``); return the record it replaces."""
+        old = self._records.get(rec.source_id)
+        if old is not None and old.path is not None:
+            self._by_claim_path.pop(str(old.path), None)
+        self._records[rec.source_id] = rec
+        if rec.path is not None:
+            self._by_claim_path[str(rec.path)] = rec
+        return old
+
+    def _pop_record(self, source_id: str) -> SourceRecord:
+        """Take a record out (caller holds ``_lock``)."""
+        rec = self._records.pop(source_id)
+        if rec.path is not None and self._by_claim_path.get(str(rec.path)) is rec:
+            del self._by_claim_path[str(rec.path)]
+        return rec
+
     # ---- contents ----------------------------------------------------------------------------
     def add_source(self, source: SourceAdapter) -> SourceRecord:
         """Serve an already-open source (in-memory data, tests, the demo)."""
         rec = SourceRecord(source.source_id, source.url, source.type, source.path, source,
                            member_paths=set(source.member_paths))
         with self._lock:
-            old = self._records.get(source.source_id)
-            self._records[source.source_id] = rec
+            old = self._set_record(rec)
             self._changed()
         if old is not None:
             old.close_adapter(keep=source)
@@ -127,8 +149,7 @@ class Catalog:
     def put_record(self, rec: SourceRecord) -> None:
         """Add or replace one record (a dropped path, a resolve), closing what it replaces."""
         with self._lock:
-            old = self._records.get(rec.source_id)
-            self._records[rec.source_id] = rec
+            old = self._set_record(rec)
             self._changed()
         if old is not None:
             old.close_adapter(keep=rec.opened())
@@ -136,7 +157,7 @@ class Catalog:
     def remove_records(self, source_ids: Iterable[str]) -> list[str]:
         """Drop these records (closing their sources); return the ids that were present."""
         with self._lock:
-            removed = [self._records.pop(sid) for sid in source_ids if sid in self._records]
+            removed = [self._pop_record(sid) for sid in source_ids if sid in self._records]
             if removed:
                 self._changed()
             for r in removed:
@@ -236,6 +257,7 @@ class Catalog:
         self.scan_in_progress = True
         with self._counts_lock:
             self._counts = _ScanCounts(started_at=time.time())
+        self._unchanged_now = {}
         tally = {"added": 0, "changed": 0, "unresolved": 0, "removed": 0}
         seen: set[str] = set()
         skipped: list[tuple[Path, str]] = []
@@ -278,9 +300,9 @@ class Catalog:
         with self._lock:
             gone = {sid for sid, r in self._records.items()
                     if r.path is not None and sid not in seen
-                    and any(_under(r.path, root) for root in self.roots)}
+                    and any(_lexically_under(r.path, root) for root in self.roots)}
             gone |= self._shadowed_members()
-            removed = [self._records.pop(sid) for sid in gone]
+            removed = [self._pop_record(sid) for sid in gone]
             if removed:
                 self._changed()
             for sid in gone:
@@ -290,18 +312,34 @@ class Catalog:
         return len(removed)
 
     def _known_format(self, path: Path, is_dir: bool) -> FormatEntry | None:
-        """For discovery: the format a record of ``path`` was opened with, when its files
-        are unchanged since (a stat; no sniffing of what is already known)."""
+        """For discovery: the format the record found at ``path`` (as walked) was opened
+        with, when its files are unchanged since: a stat, no sniffing, no resolving. The
+        answer is kept for ``_prepare_claim`` of the same claim."""
         with self._lock:
-            rec = self._records.get(source_id_for_path(path))
-        if rec is None or rec.path is None or not rec.format_name or not rec.signature:
+            rec = self._by_claim_path.get(str(path))
+        if rec is None or not rec.format_name or not rec.signature:
             return None
-        if _stat_signature(path) != rec.signature:
+        sig = _stat_signature(path)
+        if sig != rec.signature:
             return None
-        return next((e for e in formats() if e.name == rec.format_name), None)
+        self._unchanged_now[str(path)] = rec
+        return self._format_named(rec.format_name)
+
+    def _format_named(self, name: str) -> FormatEntry | None:
+        known = self._formats_by_name
+        if name not in known:
+            known.update((e.name, e) for e in formats())
+        return known.get(name)
 
     def _prepare_claim(self, claim: Claim, covered: set[Path]) -> tuple[str, tuple, bool] | None:
         """None (not a source of its own), or (id, signature, unchanged)."""
+        known = self._unchanged_now.pop(str(claim.path), None)
+        with self._lock:
+            still = known is not None and self._records.get(known.source_id) is known
+        if still and not any(_lexically_under(claim.path, ex) for ex in self.excluded):
+            covered |= known.member_paths
+            self._count("files_unchanged")
+            return known.source_id, known.signature, True
         resolved = claim.path.resolve()
         if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
             return None
@@ -345,16 +383,16 @@ class Catalog:
         """Ids of file sources that another source covers (a member file of a multi-file
         dataset opened as its own source before the dataset was seen). Records are visited
         in id order and a record is dropped only when a *kept* one covers it, so two
-        sources that cover each other keep one of them."""
-        kept: list[SourceRecord] = []
+        sources that cover each other keep one of them. Linear in the member paths."""
+        covered: set[Path] = set()  # member paths of the records kept so far
         dropped: set[str] = set()
         for sid in sorted(self._records):
             r = self._records[sid]
-            own = r.path.resolve() if r.path is not None else None
-            if own is not None and any(own in k.member_paths for k in kept):
+            own = r.real_path()
+            if own is not None and own in covered:
                 dropped.add(sid)
             else:
-                kept.append(r)
+                covered |= r.member_paths
         return dropped
 
     def open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
@@ -429,7 +467,7 @@ class Catalog:
             (stale.append(row["source_id"]) if rec is None else restored.append(rec))
         with self._lock:
             for rec in restored:
-                self._records[rec.source_id] = rec
+                self._set_record(rec)
             self._changed()
             for sid in stale:
                 self._unsaved[sid] = None
@@ -513,6 +551,7 @@ class Catalog:
         with self._lock:
             recs = list(self._records.values())
             self._records.clear()
+            self._by_claim_path.clear()
         for r in recs:
             r.close_adapter()
         with self._db_lock:

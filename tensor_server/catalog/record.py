@@ -9,6 +9,7 @@ lists every source without opening any.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +31,7 @@ def stat_signature(path: Path) -> tuple:
     re-opens the source, which mints a new content version. ``()``: cannot be stat'ed."""
     try:
         st = path.stat()
-        if not path.is_dir():
+        if not stat.S_ISDIR(st.st_mode):
             return (st.st_ino, st.st_size, st.st_mtime_ns)
         kids = []
         for e in os.scandir(path):
@@ -61,6 +62,7 @@ class SourceRecord:
         self._adapter = source
         self._opener = opener
         self._open_lock = threading.Lock()
+        self._real_path: Path | None = None
 
     @property
     def source(self) -> SourceAdapter | None:
@@ -78,6 +80,13 @@ class SourceRecord:
     def source(self, value: SourceAdapter | None) -> None:
         self._adapter = value
         self._opener = None
+
+    def real_path(self) -> Path | None:
+        """``path`` resolved, once per record (a changed link target is a new record: its
+        signature changed)."""
+        if self._real_path is None and self.path is not None:
+            self._real_path = Path(self.path).resolve()
+        return self._real_path
 
     def opened(self) -> SourceAdapter | None:
         """The adapter if it is open, without opening it."""
