@@ -341,6 +341,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     location = server.location
     print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
+    if catalog.restored:
+        print(f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
+              file=sys.stderr)
     http = None
     if settings.http_port is not None:
         from tensor_server.http.app import HttpFrontEnd, build_app
@@ -414,9 +417,8 @@ def cmd_url(args: argparse.Namespace) -> int:
     tensor), anything else is taken as an array id."""
     from pathlib import Path
 
-    from tensor_server.core.identity import source_id_for_path
-
     from tensor_server.catalog.catalog import looks_like_path
+    from tensor_server.core.identity import source_id_for_path
 
     target = args.target
     if not Path(target).exists() and looks_like_path(target):
