@@ -8,9 +8,14 @@ STAMP := $(VENV)/.installed
 # It declares Python >= 3.12 and a large tree; its encoding modules need only the `test`
 # extra's arbol/hilbertcurve/numcodecs (+ xxhash, a runtime dep), so it is installed alone.
 LUXAR := luxar==2026.10.22
-# ROOT: what `make run` serves; empty = a small generated demo dataset.
+# ROOT: what `make run` serves; empty = a small generated demo dataset. PORT / HTTP_PORT: the
+# Flight and OME-Zarr HTTP ports of `make run` (empty = 8815 / 8816; 0 picks a free one).
 ROOT ?=
+PORT ?=
+HTTP_PORT ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (auto = one per core; 0 = in one process)
+TEST_WORKERS ?= auto
 # perf-gate (python -m tensor_server.bench gate): PERF_BASE is the commit HEAD is compared with
 # (gate 1); PERF_BENCH an asv regex replacing the gated set (GATED_BENCHMARKS in
 # tensor_server/bench/gate.py); PERF_FLOORS the gate-2 floors (all, none, or names);
@@ -34,20 +39,30 @@ SHELL := /bin/bash
 
 setup: $(STAMP)
 
+# Each step says what it installs; pip prints one line per package it fetches (progress).
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
-	# the Tensor Browser's Qt-free data layer, for tests/flight/sdk_tensor_browser_test.py;
-	# --no-deps: its other requirements are the Qt widget's (qtpy, magicgui, opencv)
-	$(PY) -m pip install --quiet --no-deps 'biopb-napari-widget>=0.2.1'
-	$(PY) -m pip install --quiet --no-deps --ignore-requires-python '$(LUXAR)'
-	touch $(STAMP)
+	@echo "setup 1/4: the virtual environment in $(VENV) ($(PYTHON) -m venv)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo "setup 2/4: tensor-server and its test and bench extras (about 250 packages, ~2 GB: numpy,"
+	@echo "           numba, zarr, pyarrow, the format libraries, napari, dask, moto, asv, tensorstore, ...;"
+	@echo "           several minutes on a fresh machine)"
+	@set -o pipefail; $(PY) -m pip install --progress-bar off -e '.[test,bench]' | \
+		{ grep --line-buffered -E '^(Collecting|Successfully)' || true; }
+	@# the Tensor Browser's Qt-free data layer, for tests/flight/sdk_tensor_browser_test.py;
+	@# --no-deps: its other requirements are the Qt widget's (qtpy, magicgui, opencv)
+	@echo "setup 3/4: biopb-napari-widget (the Tensor Browser's data layer, without Qt)"
+	@$(PY) -m pip install --quiet --no-deps 'biopb-napari-widget>=0.2.1'
+	@echo "setup 4/4: $(LUXAR) (the encoded-zarr reference codec, without its dependencies)"
+	@$(PY) -m pip install --quiet --no-deps --ignore-requires-python '$(LUXAR)'
+	@touch $(STAMP)
+	@echo "setup done: $(VENV) is ready"
 
 # the demo dataset, chunk cache and annotations of `make run` live in .tensor-server/ here,
 # so `make clean` removes them
 run: $(STAMP)
-	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server run $(ROOT)
+	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server run $(ROOT) \
+		$(if $(PORT),--port $(PORT)) $(if $(HTTP_PORT),--http-port $(HTTP_PORT))
 
 # the viewer URL (with the access token) of a file or array id served by `make run`
 url: $(STAMP)
@@ -55,16 +70,20 @@ url: $(STAMP)
 
 # The whole suite, then the kernel tests once more on the pure-Python path so the
 # oracle-equivalent interpreter path of every kernel stays correct (NUMBA_DISABLE_JIT=1).
-# pytest exits 5 when it collected no tests; that is non-zero, so make fails on it.
+# pytest exits 5 when it collected no tests; that is non-zero, so make fails on it. Tests run
+# on TEST_WORKERS pytest-xdist workers; the 25 slowest are listed at the end.
 test: $(STAMP) browser viewer-assets
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
 
 # The neuroglancer test (tests/http) drives Debian's Chromium; install it where apt can (CI
 # runs as root). Where it cannot, that one test skips and says why.
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-	  { (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 || \
+	  { echo "browser: installing Debian's chromium and chromium-driver with apt-get (about 300 MB; only the"; \
+	    echo "         neuroglancer test uses them; skipped when apt cannot)"; \
+	    (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 && \
+	    echo "browser: chromium installed" || \
 	    echo "note: chromium could not be installed; the neuroglancer test will skip"; }
 
 # OpenSeadragon (npm package) for the catalog page's viewer and tests/viewers, into the

@@ -231,6 +231,46 @@ def _take(explicit: str | None, default: Path, port: int, flag: str, opener, bus
     raise AssertionError("unreachable")
 
 
+def _port_clash(host: str, port: int | None, flag: str, make_var: str) -> str | None:
+    """Why ``port`` cannot be listened on (another process holds it), in plain words, or
+    None. Checked before anything starts, so the message is the first and only line."""
+    import errno
+    import socket
+
+    if not port:
+        return None
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return None  # an unresolvable host: the bind itself reports it
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(addr)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return None
+            return (f"cannot listen on {host}:{port}: port in use (another tensor-server, or another "
+                    f"program). Pass {flag} N (0 picks a free one), or with make: make run {make_var}=N")
+    return None
+
+
+def _roots_present(roots: list[str], command: str = "serve") -> bool:
+    """Whether there is a root to serve: a root that does not exist is an error when it is
+    the only one, and a loud warning when others exist (the server still starts)."""
+    from tensor_server.catalog.remote import is_remote_root
+
+    missing = [r for r in roots if not is_remote_root(r) and not os.path.lexists(r)]
+    if missing and len(missing) == len(roots):
+        print(f"{command}: no such folder or file: {', '.join(missing)}. Give an existing ROOT "
+              "(a typo, or a disk that is not mounted?)", file=sys.stderr)
+        return False
+    for r in missing:
+        print(f"{command}: WARNING: root {r} does not exist: going on with the other roots", file=sys.stderr)
+    return True
+
+
 def _upload_snippet(location: str, token: str | None, tls=None) -> str:  # noqa: ANN001
     tok = _client_args(token, tls)
     return (
@@ -253,7 +293,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.core.pyramid import advertised_levels
     from tensor_server.service import ServingRuntime
 
-    settings = _settings(args)
+    try:
+        settings = _settings(args)
+    except InvalidArgument as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
     setup_logging(settings.log_level)
     if demo and not settings.roots:
         from tensor_server.config import default_cache_dir
@@ -274,6 +318,15 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     if settings.writable and not settings.write_dir:
         print("serve: --writable needs --write-dir DIR (where uploaded tensors are stored)", file=sys.stderr)
         return 2
+    if demo and settings.http_port is None:
+        settings.http_port = DEMO_HTTP_PORT
+    clash = _port_clash(settings.host, settings.port, "--port", "PORT") or \
+        _port_clash(settings.host, settings.http_port, "--http-port", "HTTP_PORT")
+    if clash is not None:  # said first: before any file is opened or gRPC speaks
+        print(f"serve: {clash}", file=sys.stderr)
+        return 2
+    if not _roots_present(settings.roots):
+        return 2
     from tensor_server.cache import CacheLocked, CacheManager
     from tensor_server.catalog.rois import RoiStoreBusy
     from tensor_server.config import default_cache_dir, default_data_dir
@@ -286,7 +339,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
         cat = Catalog(settings.roots, rois_path=rois_path,
                       follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
-                      open_timeout_seconds=settings.open_timeout_seconds)
+                      open_timeout_seconds=settings.open_timeout_seconds,
+                      store_path=str(default_cache_dir() / "catalog.duckdb"))
         try:
             cat.rois.open()
         except Exception:
@@ -327,6 +381,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
     location = server.location
     print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
+    if catalog.restored:
+        print(f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
+              file=sys.stderr)
     if http is not None:
         print(f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
               f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)", file=sys.stderr)
@@ -422,12 +479,17 @@ def cmd_url(args: argparse.Namespace) -> int:
     tensor), anything else is taken as an array id."""
     from pathlib import Path
 
+    from tensor_server.catalog.catalog import looks_like_path
     from tensor_server.core.identity import source_id_for_path
 
     from tensor_server.config import default_cache_dir
     from tensor_server.http.access_url import read_url_file, viewer_url
 
     target = args.target
+    if not Path(target).exists() and looks_like_path(target):
+        print(f"url: {target}: no such file or folder (give an existing path, or an array id as "
+              "`python -m tensor_server list ROOT` prints it)", file=sys.stderr)
+        return 2
     array_id = source_id_for_path(target) if Path(target).exists() else target.strip("/")
     prefix = "zarr" if args.ngff == "0.4" else "zarr3"
     running = read_url_file(default_cache_dir(), args.http_port)  # the access token of the server there
@@ -450,21 +512,40 @@ def cmd_list(args: argparse.Namespace) -> int:
     from tensor_server.catalog import Catalog
 
     setup_logging("error")
+    if not _roots_present(args.roots, "list"):
+        return 2
     catalog = Catalog(args.roots)
-    catalog.scan()
+    unclaimed: list = []
+    progress = _ScanProgress() if sys.stderr.isatty() else None
+    summary = catalog.scan(progress, on_unclaimed=unclaimed.append)
+    if progress is not None:
+        progress.done(summary)
+    tensors = 0
     for rec in catalog.records():
         if rec.source is None:
             print(f"{rec.source_id}  [{rec.type}]  UNREADABLE: {rec.unresolved_reason}")
             continue
         print(f"{rec.source_id}  [{rec.type}]  {rec.path}")
         for name, t in rec.source.tensors.items():
+            tensors += 1
             levels = f", {len(t.native_levels)} stored levels" if t.native_levels else ""
             labels = " labels" if t.is_labels else ""
             print(f"    {t.array_id}  {'x'.join(map(str, t.shape))} {''.join(t.dim_labels) if all(len(d) == 1 for d in t.dim_labels) else t.dim_labels} {t.dtype.str}{labels}{levels}")
-    for path, why in catalog.skipped:
-        print(f"SKIPPED  {path}: {why}")
+    _print_skipped(catalog.skipped, unclaimed)
+    print(f"{summary['total']} sources ({summary['total'] - summary['unresolved']} readable, "
+          f"{summary['unresolved']} unreadable), {tensors} tensors; "
+          f"{len(catalog.skipped) + len(unclaimed)} files skipped ({len(unclaimed)} not a known format, "
+          f"{len(catalog.skipped)} refused)")
     catalog.close()
     return 0
+
+
+def _print_skipped(refused: list, unclaimed: list) -> None:
+    """One SKIPPED line per entry the scan did not serve, with the reason."""
+    for path, why in refused:
+        print(f"SKIPPED  {path}: {why}")
+    for path in unclaimed:
+        print(f"SKIPPED  {path}: no format recognises this file (by content or extension)")
 
 
 def _parse_slice(text: str, ndim: int) -> tuple[slice, ...]:

@@ -230,4 +230,16 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
         s.roots = [s.roots]
     if isinstance(s.read_workers, bool) or not isinstance(s.read_workers, int) or s.read_workers < 0:
         raise InvalidArgument(f"read workers must be an integer >= 0 (0 = the cores), got {s.read_workers!r}")
+    s.log_level = _log_level(s.log_level)
     return s
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+def _log_level(value: Any) -> str:
+    """The log level, lower case; anything else is refused (a typo must not silence the log)."""
+    level = value.lower() if isinstance(value, str) else value
+    if level not in LOG_LEVELS:
+        raise InvalidArgument(f"log level must be one of {', '.join(LOG_LEVELS)}; got {value!r}")
+    return level

@@ -135,3 +135,62 @@ def test_serve_refuses_public_plaintext_and_says_why(tmp_path):
                          env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")})
     assert out.returncode == 2
     assert "without TLS" in out.stderr and "cleartext" in out.stderr and "--insecure" in out.stderr
+def test_list_prints_skipped_files_with_reasons_and_totals(tmp_path, capsys):
+    np.save(tmp_path / "stack.npy", np.zeros((4, 5), np.uint16))
+    (tmp_path / "broken.npy").write_bytes(b"\x93NUMPY")
+    (tmp_path / "a.zip").write_bytes(b"PK\x03\x04")
+    (tmp_path / "b.zip").write_bytes(b"PK\x03\x04")
+    os.mkfifo(tmp_path / "pipe.npy")
+    assert main(["list", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"SKIPPED  {tmp_path / 'a.zip'}: no format recognises this file" in out
+    assert f"SKIPPED  {tmp_path / 'b.zip'}: no format recognises" in out
+    assert f"SKIPPED  {tmp_path / 'pipe.npy'}: not a regular file" in out
+    assert out.rstrip().endswith("2 sources (1 readable, 1 unreadable), 1 tensors; "
+                                 "3 files skipped (2 not a known format, 1 refused)")
+
+
+def test_a_missing_root_is_an_error_or_a_warning(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    assert main(["list", str(tmp_path / "nope")]) == 2
+    assert f"list: no such folder or file: {tmp_path / 'nope'}" in capsys.readouterr().err
+    assert main(["list", str(tmp_path), str(tmp_path / "nope")]) == 0
+    captured = capsys.readouterr()
+    assert f"list: WARNING: root {tmp_path / 'nope'} does not exist" in captured.err
+    assert f"SKIPPED  {tmp_path / 'nope'}: the root does not exist" in captured.out
+    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "nope"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"serve: no such folder or file: {tmp_path / 'nope'}" in out.stderr
+
+
+def test_url_of_a_missing_path_exits_non_zero(tmp_path, capsys):
+    assert main(["url", str(tmp_path / "missing.nd2")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+    assert main(["url", "image.nd2"]) == 2  # a file name, not an id
+    capsys.readouterr()
+    assert main(["url", "cells-1a2b3c4d/image"]) == 0  # an array id passes through
+    assert capsys.readouterr().out == "http://127.0.0.1:8816/zarr/cells-1a2b3c4d/image/\n"
+
+
+def test_log_level_is_validated():
+    assert load_settings(log_level="INFO").log_level == "info"
+    with pytest.raises(InvalidArgument, match="log level must be one of debug, info, warning, error, critical; got 'bogus'"):
+        load_settings(log_level="bogus")
+    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", "/tmp", "--log-level", "bogus", "--port", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("serve: log level must be one of")
+
+
+def test_a_busy_port_is_said_first_and_plainly(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--port", "0",
+                              "--http-port", str(port)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == [f"serve: cannot listen on 127.0.0.1:{port}: port in use (another tensor-server, "
+                                       "or another program). Pass --http-port N (0 picks a free one), or with make: "
+                                       "make run HTTP_PORT=N"]

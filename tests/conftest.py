@@ -48,3 +48,15 @@ def luxar():
     if lx is None:
         pytest.skip("luxar is not installed: run `make setup` (installs luxar==2026.10.22 --no-deps)")
     return lx
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_server_home(tmp_path_factory):
+    """Servers the tests start (in-process defaults and ``python -m tensor_server`` children)
+    keep their catalog, chunk caches and annotations in a folder of this session, one per
+    pytest-xdist worker: never in the user's ~/.cache or ~/.local/share (a test server would
+    rewrite the user's catalog), never in a file another worker holds."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("TENSOR_SERVER_HOME", str(tmp_path_factory.mktemp("server-home")))
+    yield
+    patch.undo()

@@ -20,7 +20,7 @@ from typing import Callable
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.errors import TensorServerError, UnknownFormat, UnreadableSource
 
-__all__ = ["FormatEntry", "register_format", "formats", "detect_format", "open_source", "open_budgeted",
+__all__ = ["FormatEntry", "register_format", "formats", "claim_format", "detect_format", "open_source", "open_budgeted",
            "HEAD_BYTES", "PROBE_BYTES"]
 
 HEAD_BYTES = 4096
@@ -63,9 +63,6 @@ class FormatEntry:
         name = path.name.lower().rstrip("/")
         return any(name.endswith(ext) for ext in self.extensions)
 
-    def accepts(self, path: Path) -> bool:
-        return self.folders if path.is_dir() else self.files
-
 
 _lock = threading.Lock()
 _formats: dict[str, FormatEntry] = {}
@@ -89,14 +86,38 @@ def _load_builtin() -> None:
     import tensor_server.adapters  # noqa: F401  (its __init__ imports the builtin modules)
 
 
-def _read_head(path: Path) -> bytes:
+def _read_head(path: Path) -> tuple[bytes, OSError | None]:
+    """The first HEAD_BYTES of a file (``b""`` for a folder), and the error when it cannot be read."""
     if path.is_dir():
-        return b""
+        return b"", None
     try:
         with open(path, "rb") as fh:
-            return fh.read(HEAD_BYTES)
+            return fh.read(HEAD_BYTES), None
     except OSError as exc:
-        raise UnreadableSource(path, f"cannot read: {exc.strerror or exc}") from None
+        return b"", exc
+
+
+def claim_format(path: Path, is_dir: bool | None = None, entries: list[FormatEntry] | None = None
+                 ) -> FormatEntry | None:
+    """The format that claims ``path`` (content first, extension second), or None: the one
+    detection rule, used by ``detect_format`` and by discovery. A file whose head cannot be
+    read (permission denied, an I/O error) is claimed by its extension alone, so it becomes
+    a source whose open names the error instead of vanishing. ``is_dir`` saves a stat when
+    the caller knows; ``entries`` saves sorting the registry per file in a walk."""
+    is_dir = path.is_dir() if is_dir is None else is_dir
+    head, _ = (b"", None) if is_dir else _read_head(path)
+    candidates = [e for e in (formats() if entries is None else entries) if (e.folders if is_dir else e.files)]
+    for entry in candidates:
+        if entry.sniff is not None:
+            try:
+                if entry.sniff(path, head):
+                    return entry
+            except Exception:  # a sniffer must never take detection down
+                continue
+    for entry in candidates:
+        if entry.matches_extension(path):
+            return entry
+    return None
 
 
 class _BudgetedFile(io.FileIO):
@@ -127,22 +148,16 @@ def open_budgeted(path: str | os.PathLike[str], max_bytes: int = PROBE_BYTES) ->
 
 
 def detect_format(path: str | os.PathLike[str]) -> FormatEntry:
-    """The format that claims ``path``: content first, extension second."""
+    """The format that claims ``path`` (``claim_format``), or an error naming why none does."""
     p = Path(path)
     if not p.exists():
         raise UnreadableSource(p, "no such file or directory")
-    head = _read_head(p)
-    entries = [e for e in formats() if e.accepts(p)]
-    for entry in entries:
-        if entry.sniff is not None:
-            try:
-                if entry.sniff(p, head):
-                    return entry
-            except Exception:  # a sniffer must never take detection down
-                continue
-    for entry in entries:
-        if entry.matches_extension(p):
-            return entry
+    entry = claim_format(p)
+    if entry is not None:
+        return entry
+    _, error = _read_head(p)
+    if error is not None:
+        raise UnreadableSource(p, f"cannot read: {error.strerror or error}")
     kind = "folder" if p.is_dir() else "file"
     raise UnknownFormat(p, f"no adapter recognises this {kind} (by content or extension)")
 

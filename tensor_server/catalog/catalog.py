@@ -1,6 +1,9 @@
 """The catalog: every discovered source, resolved or not, and read-only SQL over them.
 
-Sources live in memory (opened adapters, shared by all handlers); their rows live in an
+Sources live in memory (adapters shared by all handlers, opened on a bounded pool as the
+scan finds them, each within ``open_timeout_seconds``); with a store (``catalog/store.py``)
+their rows are also kept on disk and put back at boot as records opened on first use, so a
+restart lists everything at once and reopens only what changed. Their rows live in an
 Arrow snapshot served to SQL as the ``sources`` table of wire-protocol §9.2, so clients can
 query them with the SQL the biopb SDK issues (§9.3) or their own. Queries run in a DuckDB
 database opened read-only, with external access disabled and resource caps
@@ -9,6 +12,7 @@ nor exhaust the server.
 """
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import os
 import shutil
@@ -16,69 +20,43 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from tensor_server.adapters.registry import open_source
+from tensor_server.adapters.registry import FormatEntry, formats, open_source
 from tensor_server.catalog.discovery import Claim, discover, links_leaving
+from tensor_server.catalog.record import SourceRecord, stat_signature as _stat_signature, tensor_row
 from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
+from tensor_server.catalog.store import CatalogStore, StoredRow
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import SEP, ArrayId, source_id_for_path
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound, UnreadableSource
 
-__all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError"]
+__all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError", "looks_like_path"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class SourceRecord:
-    source_id: str
-    url: str
-    type: str
-    path: Path | None
-    source: SourceAdapter | None
-    unresolved_reason: str | None = None
-    signature: tuple = ()
-    member_paths: set[Path] = field(default_factory=set)
-    format_name: str | None = None  # the registry entry that opened it (to reopen it the same way)
-
-    @property
-    def is_resolved(self) -> bool:
-        return self.source is not None
-
-    def is_resident(self) -> bool:
-        """Whether the source's bytes are on this machine now: its files are all present
-        (a stat each; in-memory data always is)."""
-        paths = self.member_paths or ({Path(self.path)} if self.path is not None else set())
-        return all(p.exists() for p in paths)
-
-
-def _stat_signature(path: Path) -> tuple:
-    """Cheap change detector: a file's (mtime_ns, size); a folder's own mtime plus its direct
-    children's. A change re-opens the source, which mints a new content version."""
-    try:
-        st = path.stat()
-        if not path.is_dir():
-            return (st.st_mtime_ns, st.st_size)
-        kids = tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in os.scandir(path)))
-        return (st.st_mtime_ns, kids)
-    except OSError:
-        return ()
+#: adapters opened at once by a scan (threads: opening is mostly waiting on the disk)
+DEFAULT_OPEN_WORKERS = max(4, min(16, 4 * (os.cpu_count() or 1)))
+#: seconds between writes of the rows a running scan has found to the store
+STORE_FLUSH_SECONDS = 2.0
 
 
 class Catalog:
     """Sources under ``roots`` plus any added in memory; thread-safe.
 
     ``rois_path``: the DuckDB file of the ROI annotations (``rois`` table); None keeps them
-    in memory for this process only."""
+    in memory for this process only. ``store_path``: the DuckDB file the rows are kept in
+    across restarts (restored here, at construction); None keeps them in memory only.
+    ``open_workers``: adapters a scan opens at once."""
 
     def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None, *,
                  sql_limits: SqlLimits = SqlLimits(), follow_symlinks_outside_roots: bool = False,
-                 open_timeout_seconds: float = 60.0) -> None:
+                 open_timeout_seconds: float = 60.0, store_path: str | None = None,
+                 open_workers: int = DEFAULT_OPEN_WORKERS) -> None:
         self.roots = [Path(r) for r in roots if not is_remote_root(r)]
         #: object-store and upstream-server URLs (``catalog/remote.py``)
         self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
@@ -114,11 +92,47 @@ class Catalog:
         self._attached: dict[str, dict[str, tuple[TensorAdapter, bool]]] = {}
         #: folders never discovered (the write_dir: the upload subsystem registers what is in it)
         self.excluded: list[Path] = []
+        self.open_workers = max(1, int(open_workers))
+        #: adapters opened from files by this catalog (scans, lazy opens of restored rows,
+        #: reopens): a restart over an unchanged tree adds none
+        self.opens = 0
+        self._counts = _ScanCounts()
+        self._counts_lock = threading.Lock()
+        #: records by the path they were found at, as walked: a rescan looks its files up
+        #: without resolving them
+        self._by_claim_path: dict[str, SourceRecord] = {}
+        #: claims ``_known_format`` found unchanged in the running scan, by path as walked
+        self._unchanged_now: dict[str, SourceRecord] = {}
+        self._formats_by_name: dict[str, FormatEntry] = {}
+        #: rows put back from the store at boot
+        self.restored = 0
+        self._store: CatalogStore | None = None
+        #: source_id -> record to write, or None to delete, at the next flush of the store
+        self._unsaved: dict[str, SourceRecord | None] = {}
+        if store_path is not None:
+            self._open_store(store_path)
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
         self._dirty = True
         self.generation += 1
+
+    def _set_record(self, rec: SourceRecord) -> SourceRecord | None:
+        """Put ``rec`` in place (caller holds ``_lock``); return the record it replaces."""
+        old = self._records.get(rec.source_id)
+        if old is not None and old.path is not None:
+            self._by_claim_path.pop(str(old.path), None)
+        self._records[rec.source_id] = rec
+        if rec.path is not None:
+            self._by_claim_path[str(rec.path)] = rec
+        return old
+
+    def _pop_record(self, source_id: str) -> SourceRecord:
+        """Take a record out (caller holds ``_lock``)."""
+        rec = self._records.pop(source_id)
+        if rec.path is not None and self._by_claim_path.get(str(rec.path)) is rec:
+            del self._by_claim_path[str(rec.path)]
+        return rec
 
     # ---- contents ----------------------------------------------------------------------------
     def add_source(self, source: SourceAdapter) -> SourceRecord:
@@ -126,31 +140,30 @@ class Catalog:
         rec = SourceRecord(source.source_id, source.url, source.type, source.path, source,
                            member_paths=set(source.member_paths))
         with self._lock:
-            old = self._records.get(source.source_id)
-            self._records[source.source_id] = rec
+            old = self._set_record(rec)
             self._changed()
-        if old is not None and old.source is not None and old.source is not source:
-            old.source.close()
+        if old is not None:
+            old.close_adapter(keep=source)
         return rec
 
     def put_record(self, rec: SourceRecord) -> None:
         """Add or replace one record (a dropped path, a resolve), closing what it replaces."""
         with self._lock:
-            old = self._records.get(rec.source_id)
-            self._records[rec.source_id] = rec
+            old = self._set_record(rec)
             self._changed()
-        if old is not None and old.source is not None and old.source is not rec.source:
-            old.source.close()
+        if old is not None:
+            old.close_adapter(keep=rec.opened())
 
     def remove_records(self, source_ids: Iterable[str]) -> list[str]:
         """Drop these records (closing their sources); return the ids that were present."""
         with self._lock:
-            removed = [self._records.pop(sid) for sid in source_ids if sid in self._records]
+            removed = [self._pop_record(sid) for sid in source_ids if sid in self._records]
             if removed:
                 self._changed()
+            for r in removed:
+                self._unsave(r.source_id)
         for r in removed:
-            if r.source is not None:
-                r.source.close()
+            r.close_adapter()
         return [r.source_id for r in removed]
 
     def resolve(self, source_id: str) -> SourceRecord:
@@ -171,7 +184,10 @@ class Catalog:
         if rec.url != Path(rec.path).resolve().as_uri():  # a dropped path keeps its dnd:// url
             new.url = rec.url
         self.put_record(new)
+        with self._lock:
+            self._save_later(new)
         return new
+
     def attach(self, source_id: str, field: str, tensor: TensorAdapter, *, listed: bool) -> None:
         """Serve ``tensor`` as ``source_id/field``; ``listed`` puts it in the source's row."""
         tensor.array_id = f"{source_id}/{field}"
@@ -199,7 +215,7 @@ class Catalog:
         with self._lock:
             rec = self._records.get(source_id)
         if rec is None:
-            raise TensorNotFound(f"unknown source {source_id!r}")
+            raise TensorNotFound(f"unknown source {source_id!r}{_path_hint(source_id)}")
         return rec
 
     def find_tensor(self, array_id: str) -> tuple[TensorAdapter, str]:
@@ -211,6 +227,10 @@ class Catalog:
         if not array_id:
             raise InvalidArgument("empty array_id")
         aid = ArrayId.parse(array_id)
+        with self._lock:
+            known = aid.source_id in self._records
+        if not known:
+            raise TensorNotFound(f"unknown source {aid.source_id!r}{_path_hint(array_id)}")
         rec = self.get_record(aid.source_id)
         if rec.source is None:
             raise SourceUnresolved(f"source {aid.source_id!r} cannot be read: {rec.unresolved_reason}")
@@ -228,68 +248,100 @@ class Catalog:
                              slug="unknown_field")
 
     # ---- discovery -------------------------------------------------------------------------
-    def scan(self, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
-        """Discover sources under the roots: open new or changed ones, drop vanished ones.
-        Never raises for a bad file or entry: it becomes an unresolved row, or (an entry
-        that must not be opened at all) a line in ``skipped``; either way the scan goes on."""
+    def scan(self, progress: Callable[[str, int], None] | None = None,
+             on_unclaimed: Callable[[Path], None] | None = None) -> dict[str, int]:
+        """Discover sources under the roots: open new or changed ones (on a pool of
+        ``open_workers``, each put in the catalog as soon as it is open), drop vanished
+        ones; an unchanged source costs a stat. Never raises for a bad file or entry: it
+        becomes an unresolved row, or (an entry that must not be opened at all) a line in
+        ``skipped``; either way the scan goes on. ``on_unclaimed(path)``: each file no
+        format recognises (not a source, not an error: a README beside the data)."""
         self.scan_in_progress = True
-        added = changed = failed = remote_removed = 0
+        with self._counts_lock:
+            self._counts = _ScanCounts(started_at=time.time())
+        self._unchanged_now = {}
+        tally = {"added": 0, "changed": 0, "unresolved": 0, "removed": 0}
         seen: set[str] = set()
         skipped: list[tuple[Path, str]] = []
-        removed: list[SourceRecord] = []
         allowed = None if self.follow_symlinks_outside_roots else self.roots
         try:
-            covered: set[Path] = set()
-            for root in self.roots:
-                claims = discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None,
-                                  allowed_roots=allowed, on_skip=lambda p, why: skipped.append((p, why)))
-                for claim in claims:
-                    try:
-                        outcome = self._scan_claim(claim, covered)
-                    except Exception as exc:  # nothing about one entry may end the scan
-                        skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
+            with cf.ThreadPoolExecutor(self.open_workers, thread_name_prefix="tensor-server-scan") as pool:
+                opening = _Opening(self, pool, tally, skipped)
+                for root in self.roots:
+                    if not os.path.lexists(root):
+                        skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
                         continue
-                    if outcome is None:
-                        continue
-                    sid, rec, old = outcome
-                    seen.add(sid)
-                    if rec is None:
-                        continue
-                    added += old is None
-                    changed += old is not None
-                    failed += not rec.is_resolved
-            with self._lock:
-                gone = {sid for sid, r in self._records.items()
-                        if r.path is not None and sid not in seen
-                        and any(_under(r.path, root) for root in self.roots)}
-                gone |= self._shadowed_members()
-                removed = [self._records.pop(sid) for sid in gone]
-                if removed:
-                    self._changed()
-            for r in removed:
-                if r.source is not None:
-                    r.source.close()
+                    claims = discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None,
+                                      allowed_roots=allowed, on_skip=lambda p, why: skipped.append((p, why)),
+                                      known=self._known_format, on_unclaimed=on_unclaimed)
+                    for claim in claims:
+                        self._count("files_seen")
+                        opening.offer(claim, seen)
+                opening.finish()
+            tally["removed"] = self._drop_vanished(seen)
             for url in self.remote_roots:
                 counts = scan_remote_root(self, url)
-                added, changed, failed = added + counts["added"], changed + counts["changed"], failed + counts["unresolved"]
-                remote_removed += counts["removed"]
+                for key in ("added", "changed", "unresolved", "removed"):
+                    tally[key] += counts[key]
             self.scan_error = _skipped_summary(skipped)
         except Exception as exc:
             log.exception("scan of %s failed", self.roots)
             self.scan_error = f"scan failed: {type(exc).__name__}: {exc}"
         finally:
+            self.flush_store()
             self.skipped = skipped
             for path, why in skipped:
                 log.warning("skipped %s: %s", path, why)
             self.scan_in_progress = False
             self.last_scan_finished_at = time.time()
             self.first_scan_done.set()
-        return {"added": added, "changed": changed, "removed": len(removed) + remote_removed, "unresolved": failed,
-                "skipped": len(skipped), "total": len(self)}
+        return {**tally, "skipped": len(skipped), "total": len(self)}
 
-    def _scan_claim(self, claim: Claim, covered: set[Path]) -> tuple[str, SourceRecord | None, SourceRecord | None] | None:
-        """Open one claim unless unchanged or covered: None (not a source of its own), or
-        (id, the new record or None when unchanged, the record it replaces)."""
+    def _drop_vanished(self, seen: set[str]) -> int:
+        """Remove the rows under the roots the scan did not find, and shadowed members."""
+        with self._lock:
+            gone = {sid for sid, r in self._records.items()
+                    if r.path is not None and sid not in seen
+                    and any(_lexically_under(r.path, root) for root in self.roots)}
+            gone |= self._shadowed_members()
+            removed = [self._pop_record(sid) for sid in gone]
+            if removed:
+                self._changed()
+            for sid in gone:
+                self._unsave(sid)
+        for r in removed:
+            r.close_adapter()
+        return len(removed)
+
+    def _known_format(self, path: Path, is_dir: bool) -> FormatEntry | None:
+        """For discovery: the format the record found at ``path`` (as walked) was opened
+        with, when its files are unchanged since: a stat, no sniffing, no resolving. The
+        answer is kept for ``_prepare_claim`` of the same claim."""
+        with self._lock:
+            rec = self._by_claim_path.get(str(path))
+        if rec is None or not rec.format_name or not rec.signature:
+            return None
+        sig = _stat_signature(path)
+        if sig != rec.signature:
+            return None
+        self._unchanged_now[str(path)] = rec
+        return self._format_named(rec.format_name)
+
+    def _format_named(self, name: str) -> FormatEntry | None:
+        known = self._formats_by_name
+        if name not in known:
+            known.update((e.name, e) for e in formats())
+        return known.get(name)
+
+    def _prepare_claim(self, claim: Claim, covered: set[Path]) -> tuple[str, tuple, bool] | None:
+        """None (not a source of its own), or (id, signature, unchanged)."""
+        known = self._unchanged_now.pop(str(claim.path), None)
+        with self._lock:
+            still = known is not None and self._records.get(known.source_id) is known
+        if still and not any(_lexically_under(claim.path, ex) for ex in self.excluded):
+            covered |= known.member_paths
+            self._count("files_unchanged")
+            return known.source_id, known.signature, True
         resolved = claim.path.resolve()
         if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
             return None
@@ -299,30 +351,61 @@ class Catalog:
             old = self._records.get(sid)
         if old is not None and old.signature == sig and old.path is not None:
             covered |= old.member_paths
-            return sid, None, old
+            self._count("files_unchanged")
+            return sid, sig, True
+        return sid, sig, False
+
+    def _open_claim(self, claim: Claim, sid: str, sig: tuple) -> tuple[SourceRecord, bool]:
+        """(the opened record, whether it is new), put in the catalog as soon as it is open."""
         rec = self.open_record(claim.path, claim.format.name, sid, sig)
-        covered |= rec.member_paths  # a member of an earlier-opened multi-file source is not its own source
+        with self._lock:
+            is_new = sid not in self._records
         self.put_record(rec)
-        return sid, rec, old
+        with self._lock:
+            self._save_later(rec)
+        return rec, is_new
+
+    def discovery_progress(self) -> dict[str, Any]:
+        """What discovery is doing, for health: whether a scan runs, what the current (or
+        last) scan has seen, opened and failed to open, how many rows came back from the
+        store at boot and how many of them are not opened yet (``pending_open``: opened on
+        first use), adapter opens since start, and when the last full scan finished."""
+        with self._counts_lock:
+            counts = dict(vars(self._counts))
+        with self._lock:
+            pending = sum(r.is_open_pending() for r in self._records.values())
+        return {"scan_in_progress": self.scan_in_progress, **counts, "restored": self.restored, "pending_open": pending,
+                "opens": self.opens, "sources": len(self), "last_full_scan_finished_at": self.last_scan_finished_at}
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._counts_lock:
+            setattr(self._counts, name, getattr(self._counts, name) + n)
 
     def _shadowed_members(self) -> set[str]:
         """Ids of file sources that another source covers (a member file of a multi-file
         dataset opened as its own source before the dataset was seen). Records are visited
         in id order and a record is dropped only when a *kept* one covers it, so two
-        sources that cover each other keep one of them."""
-        kept: list[SourceRecord] = []
+        sources that cover each other keep one of them. Linear in the member paths."""
+        covered: set[Path] = set()  # member paths of the records kept so far
         dropped: set[str] = set()
         for sid in sorted(self._records):
             r = self._records[sid]
-            own = r.path.resolve() if r.path is not None else None
-            if own is not None and any(own in k.member_paths for k in kept):
+            own = r.real_path()
+            if own is not None and own in covered:
                 dropped.add(sid)
             else:
-                kept.append(r)
+                covered |= r.member_paths
         return dropped
 
     def open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
         """Open ``path`` as a record; an unreadable file is a record with the reason."""
+        with self._counts_lock:
+            self.opens += 1
+        rec = self._open_record(path, fmt, sid, sig)
+        self._count("files_opened" if rec.is_resolved else "files_failed")
+        return rec
+
+    def _open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
         try:
             src = _open_within(path, fmt, self.open_timeout_seconds)
         except UnreadableSource as exc:
@@ -358,12 +441,91 @@ class Catalog:
         with self._reopen_lock:
             with self._lock:
                 old = self._records.get(source_id)
-            if old is None or old.path is None or old.source is None:
+            current = old.opened() if old is not None else None
+            if current is None or old.path is None:
                 return
-            if not any(t is tensor for t in old.source.tensors.values()):
+            if not any(t is tensor for t in current.tensors.values()):
                 return  # already reopened by another request
             log.info("reopening %s: %s", old.path, reason)
             self._reopen(old, _stat_signature(old.path))
+
+    # ---- the store: rows kept across restarts ----------------------------------------------
+    def _open_store(self, path: str) -> None:
+        """Open the store and put its rows under the current roots back, unopened. A store
+        that cannot be opened (another server holds it, a damaged file) is warned about and
+        the catalog stays in memory."""
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._store = CatalogStore(path)
+            rows = self._store.load()
+        except Exception as exc:
+            log.warning("catalog store %s cannot be used (%s: %s): the catalog is kept in memory only, "
+                        "so the next start opens every source again", path, type(exc).__name__, exc)
+            self._store = None
+            return
+        restored, stale = [], []
+        for row in rows:
+            rec = self._restored_record(row)
+            (stale.append(row["source_id"]) if rec is None else restored.append(rec))
+        with self._lock:
+            for rec in restored:
+                self._set_record(rec)
+            self._changed()
+            for sid in stale:
+                self._unsaved[sid] = None
+        self.restored = len(restored)
+
+    def _restored_record(self, row: StoredRow) -> SourceRecord | None:
+        """The record of a stored row, opened on first use; None for a row under no current
+        root (a root removed from the config: its rows go)."""
+        path = Path(row["path"])
+        if not any(_lexically_under(path, root) for root in self.roots):
+            return None
+        resolved = bool(row["is_resolved"])
+        return SourceRecord(
+            row["source_id"], row["source_url"], row["source_type"], path, None, row["unresolved_reason"],
+            row["signature"], {Path(p) for p in row["member_paths"]}, row["format_name"],
+            listing=(row["tensors"], row["metadata_json"]) if resolved else None,
+            opener=self._open_restored if resolved else None)
+
+    def _open_restored(self, rec: SourceRecord) -> None:
+        """Open a restored row's adapter (its first use). The row is rewritten only when
+        what it lists changed (or the open failed)."""
+        listed = rec.listing[0] if rec.listing is not None else None
+        new = self.open_record(rec.path, rec.format_name or rec.type, rec.source_id, rec.signature)
+        rec.type, rec.member_paths, rec.unresolved_reason = new.type, new.member_paths, new.unresolved_reason
+        rec.source, rec.listing = new.opened(), None
+        if new.tensor_rows() != listed or not new.is_resolved:
+            with self._lock:
+                self._changed()
+                self._save_later(rec)
+
+    def _save_later(self, rec: SourceRecord) -> None:
+        """Queue ``rec`` for the store (caller holds ``_lock``): file sources under a root only
+        (a dropped path lives for this run, in-memory data has no file)."""
+        if self._store is not None and rec.path is not None and any(_under(rec.path, r) for r in self.roots):
+            self._unsaved[rec.source_id] = rec
+
+    def _unsave(self, source_id: str) -> None:
+        """Queue the row's removal from the store (caller holds ``_lock``)."""
+        if self._store is not None:
+            self._unsaved[source_id] = None
+
+    def flush_store(self) -> None:
+        """Write the queued rows to the store (a scan does every ``STORE_FLUSH_SECONDS``)."""
+        store = self._store
+        if store is None:
+            return
+        with self._lock:
+            pending, self._unsaved = self._unsaved, {}
+        if not pending:
+            return
+        rows = [_stored_row(r) for r in pending.values() if r is not None]
+        try:
+            store.save(rows, [sid for sid, r in pending.items() if r is None])
+        except Exception as exc:  # the store is a cache: serving goes on without it
+            if self._store is not None:  # not closed meanwhile
+                log.warning("catalog store %s: write failed (%s: %s)", store.path, type(exc).__name__, exc)
 
     def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
         """Rescan every ``seconds`` in a daemon thread (0 = never)."""
@@ -384,12 +546,16 @@ class Catalog:
     def close(self) -> None:
         self._rescan_stop.set()
         self.rois.close()
+        self.flush_store()
+        store, self._store = self._store, None  # a scan still running stores nothing more
+        if store is not None:
+            store.close()
         with self._lock:
             recs = list(self._records.values())
             self._records.clear()
+            self._by_claim_path.clear()
         for r in recs:
-            if r.source is not None:
-                r.source.close()
+            r.close_adapter()
         with self._db_lock:
             snapshot, self._snapshot, folder, self._sql_dir = self._snapshot, None, self._sql_dir, None
         if snapshot is not None:
@@ -409,19 +575,18 @@ class Catalog:
             rows["source_url"].append(r.url)
             rows["source_type"].append(r.type)
             rows["is_resolved"].append(r.is_resolved)
-            tensors = []
-            if r.source is not None:
+            tensors = r.tensor_rows()
+            if r.is_resolved:
                 with self._lock:
                     attached = [t for t, listed in self._attached.get(r.source_id, {}).values() if listed]
-                for t in [*r.source.tensors.values(), *attached]:
-                    # a bare-id tensor listed beside attached ones is spelled ``source_id/``:
-                    # the biopb SDK refuses a bare id of a source listing several tensors
-                    # for open-ended slices, and reads an exact id
-                    listed_id = t.array_id + SEP if attached and t.array_id == r.source_id else t.array_id
-                    tensors.append({"array_id": listed_id, "dim_labels": list(t.dim_labels),
-                                    "shape": list(t.shape), "dtype": t.dtype.str})
+                if attached:  # a bare-id tensor beside attached ones is listed as ``source_id/``: the
+                    # biopb SDK refuses a bare id of a source listing several tensors for
+                    # open-ended slices, and reads an exact id (core.identity.ArrayId)
+                    tensors = [{**row, "array_id": row["array_id"] + SEP} if row["array_id"] == r.source_id else row
+                               for row in tensors]
+                tensors += [tensor_row(t) for t in attached]
             rows["tensors"].append(tensors)
-            rows["metadata_json"].append(r.source.metadata_json() if r.source is not None else None)
+            rows["metadata_json"].append(r.metadata_json())
             rows["unresolved_reason"].append(r.unresolved_reason)
         return pa.table(rows, schema=sources_schema())
 
@@ -465,6 +630,98 @@ def sources_schema():
     return pa.schema([("source_id", pa.string()), ("source_url", pa.string()), ("source_type", pa.string()),
                       ("is_resolved", pa.bool_()), ("tensors", pa.list_(tensor)),
                       ("metadata_json", pa.string()), ("unresolved_reason", pa.string())])
+
+
+class _ScanCounts:
+    """What one scan has done so far (``Catalog.discovery_progress``)."""
+
+    def __init__(self, started_at: float | None = None) -> None:
+        self.scan_started_at = started_at
+        self.files_seen = 0  # claims discovery found
+        self.files_unchanged = 0  # of those, unchanged since they were opened: a stat only
+        self.files_opened = 0  # adapters opened
+        self.files_failed = 0  # opens that failed (unreadable rows)
+
+
+class _Opening:
+    """The claims of one scan, opened on ``pool``: at most ``4 x workers`` in flight, so a
+    walk of millions of files never queues millions of opens; each open is bounded by the
+    catalog's deadline (``_open_within``), so a slow file holds one worker, never the rest."""
+
+    def __init__(self, catalog: Catalog, pool: cf.ThreadPoolExecutor, tally: dict[str, int],
+                 skipped: list[tuple[Path, str]]) -> None:
+        self.catalog, self.pool, self.tally, self.skipped = catalog, pool, tally, skipped
+        self.covered: set[Path] = set()
+        self.inflight: dict[cf.Future, Claim] = {}
+        self.window = 4 * catalog.open_workers
+        self.flushed_at = time.monotonic()
+
+    def offer(self, claim: Claim, seen: set[str]) -> None:
+        try:
+            prepared = self.catalog._prepare_claim(claim, self.covered)
+        except Exception as exc:  # nothing about one entry may end the scan
+            self.skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
+            return
+        if prepared is None:
+            return
+        sid, sig, unchanged = prepared
+        seen.add(sid)
+        if not unchanged:
+            self.inflight[self.pool.submit(self.catalog._open_claim, claim, sid, sig)] = claim
+        self._collect(block=len(self.inflight) >= self.window)
+
+    def finish(self) -> None:
+        while self.inflight:
+            self._collect(block=True)
+
+    def _collect(self, block: bool) -> None:
+        done, _ = cf.wait(list(self.inflight), timeout=None if block else 0, return_when=cf.FIRST_COMPLETED)
+        for fut in done:
+            claim = self.inflight.pop(fut)
+            try:
+                rec, is_new = fut.result()
+            except Exception as exc:
+                self.skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
+                continue
+            self.covered |= rec.member_paths  # a member of an opened multi-file source is not its own source
+            self.tally["added" if is_new else "changed"] += 1
+            self.tally["unresolved"] += not rec.is_resolved
+        if time.monotonic() - self.flushed_at > STORE_FLUSH_SECONDS:
+            self.catalog.flush_store()
+            self.flushed_at = time.monotonic()
+
+
+def _stored_row(rec: SourceRecord) -> StoredRow:
+    """What the store keeps of a record: the listing, the claim and its signature."""
+    return {"source_id": rec.source_id, "path": str(rec.path), "format_name": rec.format_name or rec.type,
+            "source_url": rec.url, "source_type": rec.type, "is_resolved": rec.is_resolved,
+            "unresolved_reason": rec.unresolved_reason, "signature": rec.signature,
+            "member_paths": [str(p) for p in rec.member_paths], "tensors": rec.tensor_rows(),
+            "metadata_json": rec.metadata_json()}
+
+
+def looks_like_path(text: str) -> bool:
+    """Whether an id someone typed is a path or a file name rather than an array id (ids
+    are ``<stem>-<hash>[/field]``): it starts like a path, exists, or ends in a format's
+    extension."""
+    if text.startswith(("/", "~", ".", "file:")) or "\\" in text or os.path.exists(text):
+        return True
+    suffix = Path(text.split("/", 1)[0]).suffix.lower()
+    return bool(suffix) and any(suffix in e.extensions for e in formats())
+
+
+def _path_hint(requested: str) -> str:
+    """A hint for an id that is a path or a file name (a common first mistake)."""
+    if not looks_like_path(requested):
+        return ""
+    return ("; it looks like a path or file name, but ids are the source ids the catalog lists "
+            "(`python -m tensor_server list ROOT` prints them, or SELECT source_id FROM sources)")
+
+
+def _lexically_under(path: Path, root: Path) -> bool:
+    """``path`` is ``root`` or below it, as spelled (restoring 1e5 rows resolves nothing)."""
+    p, r = str(path), str(root).rstrip(os.sep)
+    return p == r or p.startswith(r + os.sep) or _under(path, root)
 
 
 def _open_within(path: Path, fmt: str, seconds: float) -> SourceAdapter:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from tensor_server.adapters.registry import HEAD_BYTES, FormatEntry, formats
+from tensor_server.adapters.registry import FormatEntry, claim_format, formats
 from tensor_server.errors import ReadCancelled, ResourceExhausted
 
 __all__ = ["Claim", "WalkBudget", "discover", "links_leaving"]
@@ -63,14 +63,6 @@ class WalkBudget:
 class Claim:
     path: Path
     format: FormatEntry
-
-
-def _head(path: Path) -> bytes:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(HEAD_BYTES)
-    except OSError:
-        return b""
 
 
 OUTSIDE_ROOTS = "symlink to a target outside the served roots: not followed (follow_symlinks_outside_roots = false)"
@@ -129,23 +121,6 @@ def links_leaving(folder: Path, allowed: Sequence[str | os.PathLike[str]], limit
     return found
 
 
-def _claim(path: Path, entries: list[FormatEntry], is_dir: bool) -> FormatEntry | None:
-    head = b"" if is_dir else _head(path)
-    candidates = [e for e in entries if (e.folders if is_dir else e.files)]
-    for e in candidates:
-        if e.sniff is None:
-            continue
-        try:
-            if e.sniff(path, head):
-                return e
-        except Exception:
-            continue
-    for e in candidates:
-        if e.matches_extension(path):
-            return e
-    return None
-
-
 def _listing(folder: Path, budget: WalkBudget | None) -> list[os.DirEntry]:
     """A folder's entries; under a budget, no more than it has left (plus one, to trip it),
     so a folder of ten million files is not listed whole first."""
@@ -158,13 +133,18 @@ def _listing(folder: Path, budget: WalkBudget | None) -> list[os.DirEntry]:
 def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] | None = None, *,
              allowed_roots: Sequence[str | os.PathLike[str]] | None = None,
              on_skip: Callable[[Path, str], None] | None = None, budget: WalkBudget | None = None,
-             exclude: Sequence[str | os.PathLike[str]] = ()) -> Iterator[Claim]:
+             exclude: Sequence[str | os.PathLike[str]] = (),
+             known: Callable[[Path, bool], FormatEntry | None] | None = None,
+             on_unclaimed: Callable[[Path], None] | None = None) -> Iterator[Claim]:
     """Yield a Claim for every source under ``root`` (``root`` itself may be one).
 
     ``allowed_roots``: folders a symlink's target must lie in to be followed (None: follow
     every symlink). ``on_skip(path, reason)`` hears about every entry refused on the way.
     ``budget``: spent per entry (raises when spent, see ``WalkBudget``). ``exclude``: folders
-    not entered (nor claimed)."""
+    not entered (nor claimed). ``known(path, is_dir)``: the format a caller already knows the
+    entry has (a rescan of an unchanged file), asked before sniffing, so a rescan only stats
+    what it knows. ``on_unclaimed(path)`` hears about each file no format recognises (``list``
+    prints them)."""
     entries = formats()
     root = Path(root)
     allowed = None if allowed_roots is None else [os.path.realpath(r) for r in allowed_roots]
@@ -181,7 +161,10 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
     skip, is_dir = refused(root)
     if skip:
         return
-    claim = _claim(root, entries, is_dir)
+    def claimed(path: Path, is_dir: bool) -> FormatEntry | None:
+        return (known(path, is_dir) if known is not None else None) or claim_format(path, is_dir, entries)
+
+    claim = claimed(root, is_dir)
     if claim is not None:
         yield Claim(root, claim)
         if not (is_dir and claim.claims):
@@ -212,9 +195,11 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
             skip, is_dir = refused(path)
             if skip:
                 continue
-            entry = _claim(path, entries, is_dir)
+            entry = claimed(path, is_dir)
             if entry is not None:
                 yield Claim(path, entry)
+            elif not is_dir and on_unclaimed is not None:
+                on_unclaimed(path)
             if is_dir and not child.is_symlink() and (entry is None or entry.claims):
                 subdirs.append((path, entry.claims if entry is not None else ()))  # a linked folder: only when claimed
         stack.extend(reversed(subdirs))

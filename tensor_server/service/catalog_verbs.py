@@ -98,7 +98,7 @@ class CatalogVerbs:
         cached = self._tree
         generation = self.catalog.generation
         if cached is None or cached[0] != generation:
-            rows = [(r.source_id, r.url, r.source is None or bool(r.source.tensors)) for r in self.catalog.records()]
+            rows = [(r.source_id, r.url, r.lists_tensors()) for r in self.catalog.records()]
             cached = self._tree = (generation, CatalogTree(rows))
         return cached[1]
 

@@ -108,3 +108,16 @@ def test_member_paths_suppress_duplicate_sources(tmp_path):
         from tensor_server.adapters import registry
 
         registry._formats.pop(entry.name)
+
+
+def test_an_id_that_looks_like_a_path_gets_a_hint(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    cat = Catalog([tmp_path])
+    cat.scan()
+    for wrong in (str(tmp_path / "a.npy"), "image.nd2", "image.nd2/field"):
+        with pytest.raises(TensorNotFound, match="looks like a path or file name, but ids are the source ids"):
+            cat.find_tensor(wrong)
+    with pytest.raises(TensorNotFound) as info:
+        cat.find_tensor("nosuch-1a2b3c4d")
+    assert str(info.value) == "unknown source 'nosuch-1a2b3c4d'"  # an id-shaped miss: no hint
+    cat.close()

@@ -80,3 +80,22 @@ def test_a_broken_sniffer_does_not_break_detection(tmp_path):
         from tensor_server.adapters import registry
 
         registry._formats.pop("zz-boom")
+
+
+def test_one_detection_rule_when_the_head_cannot_be_read(tmp_path):
+    """``detect_format`` and discovery share ``claim_format``: a file whose first bytes
+    cannot be read (EIO here: /proc/self/mem at offset 0) is claimed by its extension by
+    both, and the open names the error; with no extension, detection says it cannot read."""
+    from tensor_server.adapters.registry import claim_format
+    from tensor_server.catalog.discovery import discover
+
+    (tmp_path / "x.tif").symlink_to("/proc/self/mem")
+    (tmp_path / "noext").symlink_to("/proc/self/mem")
+    assert claim_format(tmp_path / "x.tif").name == "tiff"
+    assert detect_format(tmp_path / "x.tif").name == "tiff"
+    assert [(c.path.name, c.format.name) for c in discover(tmp_path)] == [("x.tif", "tiff")]
+    assert claim_format(tmp_path / "noext") is None
+    with pytest.raises(UnreadableSource, match="cannot read: Input/output error"):
+        detect_format(tmp_path / "noext")
+    with pytest.raises(UnreadableSource, match="x.tif"):
+        tensor_server.open(tmp_path / "x.tif")

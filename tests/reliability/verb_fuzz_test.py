@@ -65,12 +65,12 @@ _SEGMENT = st.one_of(st.sampled_from(["img", "0", "1", ".zarray", ".zattrs", "za
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flavour=st.sampled_from(["zarr", "zarr3", "nope"]), segments=st.lists(_SEGMENT, max_size=8),
-       rng=st.one_of(st.none(), st.text(max_size=20)))
+       rng=st.one_of(st.none(), st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=20)))
 def test_every_http_route_refuses_cleanly(served, flavour, segments, rng):
     from urllib.parse import quote
 
     path = "/".join(quote(s, safe="%") for s in segments)
-    headers = {} if rng is None else {"Range": rng.encode("ascii", "replace").decode()}
+    headers = {} if rng is None or not rng.strip() else {"Range": rng.strip()}  # h11 sends no blank values
     r = httpx.get(f"{served.http_url}/{flavour}/{path}", headers=headers, timeout=30)
     assert r.status_code < 500, (flavour, segments, r.status_code, r.text[:300])
     chunk = httpx.get(f"{served.http_url}/zarr/img/0/0.0", timeout=30)

@@ -114,6 +114,7 @@ def test_run_prints_an_upload_snippet_that_works(tmp_path):
     np.save(root / "a.npy", np.arange(600 * 700, dtype=np.uint16).reshape(600, 700))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO), str(_REPO / "kernels")]),
                XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env.pop("TENSOR_SERVER_HOME", None)  # the conftest's private home: this test checks the XDG default
     proc = subprocess.Popen([sys.executable, "-m", "tensor_server", "run", str(root), "--port", "0"],
                             stderr=subprocess.PIPE, text=True, env=env)
     try:

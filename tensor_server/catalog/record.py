@@ -1,0 +1,134 @@
+"""One catalog row: a source, opened now or on first use.
+
+A record restored from the catalog store (``catalog/store.py``) carries its listing (the
+tensors' ids, labels, shapes and dtypes, ``metadata_json``) and an opener instead of an
+adapter: the listing and SQL are served from the row, and the adapter is opened the first
+time a handler asks for ``record.source`` (a read, a descriptor). A restart therefore
+lists every source without opening any.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+
+__all__ = ["SourceRecord", "stat_signature", "tensor_row"]
+
+
+def tensor_row(t: TensorAdapter) -> dict[str, Any]:
+    """A tensor's entry of the ``sources.tensors`` column (wire-protocol §9.2)."""
+    return {"array_id": t.array_id, "dim_labels": list(t.dim_labels), "shape": [int(n) for n in t.shape],
+            "dtype": t.dtype.str}
+
+
+def stat_signature(path: Path) -> tuple:
+    """Cheap change detector, stats only: a file's (inode, size, mtime_ns); a folder's own
+    (inode, mtime_ns) plus its direct children's (name, inode, size, mtime_ns). A change
+    re-opens the source, which mints a new content version. ``()``: cannot be stat'ed."""
+    try:
+        st = path.stat()
+        if not stat.S_ISDIR(st.st_mode):
+            return (st.st_ino, st.st_size, st.st_mtime_ns)
+        kids = []
+        for e in os.scandir(path):
+            est = e.stat()
+            kids.append((e.name, est.st_ino, est.st_size, est.st_mtime_ns))
+        return (st.st_ino, st.st_mtime_ns, tuple(sorted(kids)))
+    except OSError:
+        return ()
+
+
+class SourceRecord:
+    """A source of the catalog, resolved or not.
+
+    ``source``: the open adapter; for a restored row it is opened on first access by
+    ``opener(record)``, which fills the adapter in (or the reason it failed). ``listing``:
+    ``(tensor rows, metadata_json)`` of a restored row until then."""
+
+    def __init__(self, source_id: str, url: str, type: str, path: Path | None, source: SourceAdapter | None,
+                 unresolved_reason: str | None = None, signature: tuple = (), member_paths: set[Path] | None = None,
+                 format_name: str | None = None, *, listing: tuple[list[dict], str | None] | None = None,
+                 opener: Callable[[SourceRecord], None] | None = None) -> None:
+        self.source_id, self.url, self.type, self.path = source_id, url, type, path
+        self.unresolved_reason = unresolved_reason
+        self.signature = signature
+        self.member_paths: set[Path] = set(member_paths or ())
+        self.format_name = format_name  # the registry entry that opened it (to reopen it the same way)
+        self.listing = listing
+        self._adapter = source
+        self._opener = opener
+        self._open_lock = threading.Lock()
+        self._real_path: Path | None = None
+
+    @property
+    def source(self) -> SourceAdapter | None:
+        """The adapter, opened now when this is a restored row not opened yet."""
+        if self._opener is not None:
+            with self._open_lock:  # one open; other callers wait for it
+                if self._opener is not None:
+                    try:
+                        self._opener(self)
+                    finally:
+                        self._opener = None
+        return self._adapter
+
+    @source.setter
+    def source(self, value: SourceAdapter | None) -> None:
+        self._adapter = value
+        self._opener = None
+
+    def real_path(self) -> Path | None:
+        """``path`` resolved, once per record (a changed link target is a new record: its
+        signature changed)."""
+        if self._real_path is None and self.path is not None:
+            self._real_path = Path(self.path).resolve()
+        return self._real_path
+
+    def opened(self) -> SourceAdapter | None:
+        """The adapter if it is open, without opening it."""
+        return self._adapter
+
+    def is_open_pending(self) -> bool:
+        """A restored row whose adapter has not been opened yet."""
+        return self._opener is not None
+
+    @property
+    def is_resolved(self) -> bool:
+        """Readable: open, or restored as readable and not opened yet (never opens)."""
+        return self._adapter is not None or self._opener is not None
+
+    def tensor_rows(self) -> list[dict[str, Any]]:
+        """The listed tensors of the source itself (never opens)."""
+        if self._adapter is not None:
+            return [tensor_row(t) for t in self._adapter.tensors.values()]
+        return list(self.listing[0]) if self.listing is not None and self._opener is not None else []
+
+    def metadata_json(self) -> str | None:
+        """The source's metadata (never opens)."""
+        if self._adapter is not None:
+            return self._adapter.metadata_json()
+        return self.listing[1] if self.listing is not None and self._opener is not None else None
+
+    def lists_tensors(self) -> bool:
+        """Shown in the catalog tree: unreadable (so the reason shows), or holds a tensor."""
+        return not self.is_resolved or bool(self.tensor_rows())
+
+    def close_adapter(self, keep: SourceAdapter | None = None) -> None:
+        """Close the open adapter unless it is ``keep`` (the one replacing it)."""
+        self._opener = None
+        if self._adapter is not None and self._adapter is not keep:
+            self._adapter.close()
+
+    def is_resident(self) -> bool:
+        """Whether the source's bytes are on this machine now: its files are all present
+        (a stat each; in-memory data always is)."""
+        paths = self.member_paths or ({Path(self.path)} if self.path is not None else set())
+        return all(p.exists() for p in paths)
+
+    def __repr__(self) -> str:
+        state = "pending open" if self._opener else ("open" if self._adapter else "unresolved")
+        return f"SourceRecord({self.source_id!r}, {self.type!r}, {state})"

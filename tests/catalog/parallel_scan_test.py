@@ -1,0 +1,77 @@
+"""Discovery opens files on a bounded pool: a slow or hostile file holds one worker and
+never delays the others, which are listed while it is still opening."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from tensor_server.adapters import registry
+from tensor_server.adapters.registry import FormatEntry, register_format
+from tensor_server.catalog import Catalog
+
+WAIT = 60.0  # a synchronisation bound (a hung test fails), never a measured time
+
+
+@pytest.fixture
+def slow_format():
+    """Files ``*.slow`` whose opener blocks until the test releases it."""
+    started, release = threading.Event(), threading.Event()
+
+    def opener(path):
+        started.set()
+        release.wait(WAIT)
+        raise ValueError("the slow file was given up by the test")
+
+    entry = register_format(FormatEntry(name="zz-slow", opener=opener, extensions=(".slow",), priority=1))
+    yield started, release
+    release.set()
+    registry._formats.pop(entry.name)
+
+
+def _wait_for(condition) -> bool:
+    done = threading.Event()
+    for _ in range(int(WAIT * 20)):
+        if condition():
+            return True
+        done.wait(0.05)
+    return False
+
+
+def test_a_slow_file_does_not_delay_the_others(tmp_path, slow_format):
+    started, release = slow_format
+    (tmp_path / "a.slow").write_bytes(b"x")  # discovered first (names are walked in order)
+    for i in range(10):
+        np.save(tmp_path / f"b{i}.npy", np.full((2, 2), i))
+    cat = Catalog([tmp_path], open_workers=3, open_timeout_seconds=WAIT)
+    scan = threading.Thread(target=cat.scan)
+    scan.start()
+    try:
+        assert started.wait(WAIT)
+        assert _wait_for(lambda: len(cat) == 10)  # every other file listed while the slow one is open
+        progress = cat.discovery_progress()
+        assert not release.is_set() and progress["scan_in_progress"] is True
+        assert (progress["files_seen"], progress["files_opened"], progress["files_failed"]) == (11, 10, 0)
+        assert progress["last_full_scan_finished_at"] is None
+        np.testing.assert_array_equal(cat.find_tensor(cat.records()[3].source_id)[0].get_data(), np.full((2, 2), 3))
+    finally:
+        release.set()
+        scan.join(WAIT)
+    progress = cat.discovery_progress()
+    assert progress["scan_in_progress"] is False and progress["files_failed"] == 1
+    assert progress["last_full_scan_finished_at"] is not None and cat.opens == 11
+    slow = next(r for r in cat.records() if r.path.name == "a.slow")
+    assert not slow.is_resolved and "given up by the test" in slow.unresolved_reason
+    cat.close()
+
+
+def test_a_file_past_the_deadline_is_an_unreadable_row(tmp_path, slow_format):
+    (tmp_path / "a.slow").write_bytes(b"x")
+    np.save(tmp_path / "b.npy", np.zeros(3))
+    cat = Catalog([tmp_path], open_workers=2, open_timeout_seconds=0.2)
+    summary = cat.scan()
+    assert (summary["total"], summary["unresolved"]) == (2, 1)
+    slow = next(r for r in cat.records() if r.path.name == "a.slow")
+    assert "gave up opening after 0.2 s" in slow.unresolved_reason
+    cat.close()
