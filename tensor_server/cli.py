@@ -380,7 +380,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     server, http = doors
     url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
     location = server.location
-    print(f"tensor-server listening on {location} (health answers STARTING until the scan ends)", file=sys.stderr)
+    print(f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)", file=sys.stderr)
     if catalog.restored:
         print(f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
               file=sys.stderr)

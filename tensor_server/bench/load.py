@@ -73,7 +73,7 @@ def _start_server(root: Path, cache_dir: Path, budget: int) -> tuple[subprocess.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if TensorFlightClient(location).health_check().get("status") == "SERVING":
+            if TensorFlightClient(location).health_check().get("first_scan_done"):
                 return proc, location, http_url
         except Exception:  # not listening yet
             pass

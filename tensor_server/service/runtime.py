@@ -353,15 +353,20 @@ class ServingRuntime:
 
     # ---- status ---------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
+        """SERVING from the moment the doors listen, as the reference does: sources are served
+        as discovery finds them (or as the last run's catalog restores them); ``discovery``
+        says what the scan is doing and ``first_scan_done`` when it has been everywhere."""
         cat = self.catalog
         return {
             "protocol": PROTOCOL,
-            "status": "SERVING" if cat.first_scan_done.is_set() else "STARTING",
+            "status": "SERVING",
             "source_count": len(cat),
             "uptime_seconds": int(time.time() - self.started_at),
             "metadata_db_enabled": True,
             "writable": self.writable,
-            "full_scan_in_progress": cat.scan_in_progress,
+            "first_scan_done": cat.first_scan_done.is_set(),
+            "discovery": cat.discovery_progress(),
+            "full_scan_in_progress": cat.scan_in_progress or not cat.first_scan_done.is_set(),
             "last_full_scan_finished_at": cat.last_scan_finished_at,
             "scan_error": cat.scan_error,
             "ticket_stubs": False,

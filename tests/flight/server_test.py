@@ -253,17 +253,23 @@ def test_non_loopback_bind_without_token_refused(catalog):
             pass
 
 
-def test_health_is_starting_until_the_first_scan(tmp_path):
+def test_health_serves_before_the_first_scan_and_says_when_it_is_done(tmp_path):
     from biopb.tensor import TensorFlightClient
 
     from tensor_server.catalog import Catalog
 
+    np.save(tmp_path / "a.npy", np.zeros((4, 4), np.uint8))
     cat = Catalog([tmp_path])
     with serving(cat) as srv:
         c = TensorFlightClient(srv.location)
-        assert c.health_check()["status"] == "STARTING"
+        h = c.health_check()
+        assert (h["status"], h["first_scan_done"], h["full_scan_in_progress"], h["source_count"]) == \
+            ("SERVING", False, True, 0)
         cat.scan()
-        assert c.health_check()["status"] == "SERVING"
+        h = c.health_check()
+        assert (h["status"], h["first_scan_done"], h["full_scan_in_progress"], h["source_count"]) == \
+            ("SERVING", True, False, 1)
+        assert h["discovery"]["files_opened"] == 1 and h["discovery"]["last_full_scan_finished_at"] is not None
 
 
 def test_changed_file_refuses_old_chunk_ids(tmp_path):

@@ -49,7 +49,7 @@ class ServerProcess:
 
     def wait_serving(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
-        while self.action("health").get("status") != "SERVING":
+        while not self.action("health").get("first_scan_done"):
             assert time.monotonic() < deadline, "server never finished its scan"
             time.sleep(0.1)
 
