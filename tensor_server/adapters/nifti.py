@@ -81,10 +81,6 @@ class NiftiAdapter(StridedReads, TensorAdapter):
             metadata=metadata,
         ))
 
-    @property
-    def read_block_shape(self) -> tuple[int, ...] | None:
-        return None
-
     def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
         slices = strided_slices(bounds, step)
         want = tuple(len(range(*s.indices(n))) for s, n in zip(slices, self.shape))

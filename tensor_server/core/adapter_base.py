@@ -52,6 +52,7 @@ class NativeLevel:
     scale: tuple[int, ...]
     tensor: TensorAdapter
 
+
 @dataclass(frozen=True)
 class TensorInfo:
     """What a tensor is, as its format declares it at open: the one record every adapter
@@ -60,7 +61,8 @@ class TensorInfo:
     ``dtype`` is kept in native byte order; ``dim_labels`` default to the canonical tail
     (``t c z y x``) and are lower-cased; ``content_version`` is minted when the format has
     none; ``transfer_chunk_shape`` overrides the transfer grid the engine would derive from
-    ``native_chunk_shape`` (an upload's grid, an upstream's chunks)."""
+    ``native_chunk_shape`` (an upload's grid, an upstream's chunks). ``metadata`` is a copy
+    of what was passed, and stays a dict a source may still add to."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
