@@ -25,6 +25,8 @@ FORBIDDEN = {
     "catalog": {"uploads", "flight", "http", "bench", "testing", "cli", "demo"},
     "uploads": {"flight", "http", "bench", "testing", "cli", "demo"},
     "flight": {"bench", "testing", "cli", "demo"},
+    # the exporter reads through core and adapters only; the doors (cli, flight) call it
+    "export": {"cache", "catalog", "uploads", "service", "flight", "http", "bench", "testing", "cli", "demo", "config"},
 }
 
 
