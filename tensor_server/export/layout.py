@@ -199,8 +199,12 @@ def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: st
         if value is not None and len(value) != out_ndim:
             raise InvalidArgument(f"{name} has {len(value)} values; the output has {out_ndim} axes {list(axes.out_labels)}")
     scales = level_scales(tensor, levels)
-    chunk = _source_shape(tensor, axes, chunks, default_chunk(tensor))
-    shard = _source_shape(tensor, axes, shards, default_shard(tensor, chunk))
+    chunk = tuple(min(c, n) for c, n in zip(_source_shape(tensor, axes, chunks, default_chunk(tensor)), tensor.shape))
+    shard = _source_shape(tensor, axes, shards, default_shard(tensor))
+    if shards is None:  # the default: the nearest whole number of chunks
+        shard = tuple(-(-s // c) * c for s, c in zip(shard, chunk))
+    # a shard never reaches past the chunks that cover the tensor
+    shard = tuple(min(s, -(-n // c) * c) for s, c, n in zip(shard, chunk, tensor.shape))
     if any(s % c for s, c in zip(shard, chunk)):
         raise InvalidArgument(f"shards {list(axes.out_shape(shard))} must be a whole number of chunks {list(axes.out_shape(chunk))}")
     unit = _unit(tensor, shard, chunk, scales[-1])
@@ -226,22 +230,22 @@ def default_chunk(tensor: TensorAdapter) -> dict[str, int]:
     return {"y": PLANE_CHUNK, "x": PLANE_CHUNK}
 
 
-def default_shard(tensor: TensorAdapter, chunk: Sequence[int]) -> dict[str, int]:
+def default_shard(tensor: TensorAdapter) -> dict[str, int]:
     labels = tensor.dim_labels
     volume = "z" in labels and tensor.shape[labels.index("z")] > 1
     return dict(zip("zyx", VOLUME_SHARD)) if volume else {"y": PLANE_SHARD, "x": PLANE_SHARD}
 
 
 def _source_shape(tensor: TensorAdapter, axes: AxisMap, given: Sequence[int] | None, default: dict[str, int]) -> tuple[int, ...]:
-    """A chunk or shard shape per source axis, clipped to the tensor. The samples axis is
-    always whole (a chunk holds every sample of its pixels)."""
+    """A chunk or shard shape per source axis. The samples axis is always whole (a chunk
+    holds every sample of its pixels)."""
     if given is not None:
         values = axes.source_value(given)
     else:
         values = [default.get(label, 1) for label in tensor.dim_labels]
     if "s" in tensor.dim_labels:
         values[tensor.dim_labels.index("s")] = tensor.shape[tensor.dim_labels.index("s")]
-    return tuple(max(1, min(v, n)) for v, n in zip(values, tensor.shape))
+    return tuple(max(1, v) for v in values)
 
 
 def _unit(tensor: TensorAdapter, shard: Sequence[int], chunk: Sequence[int], coarsest: Sequence[int]) -> tuple[int, ...]:

@@ -42,7 +42,7 @@ from tensor_server.errors import ReadCancelled
 from tensor_server.export.layout import Layout, plan_layout
 from tensor_server.export.ngff import image_attributes
 from tensor_server.export.options import ExportOptions
-from tensor_server.export.store import Staging, open_arrays, storage_errors, write_block
+from tensor_server.export.store import Staging, open_arrays, out_start, storage_errors, write_block
 
 __all__ = ["export_tensor", "Progress", "Cancelled"]
 
@@ -180,7 +180,7 @@ class _Pass:
             start = tuple(a // s for a, s in zip(ub.start, lv.scale))
             keys += write_block(array, self.layout, lv, start, block)
         files = {key: self.staging.file_entry(key) for key in keys}
-        return {"unit": index, "files": files, "range": _channel_range(self.layout, blocks[-1]),
+        return {"unit": index, "files": files, "range": _channel_range(self.layout, ub, blocks[-1]),
                 "read": int(blocks[0].nbytes)}
 
     def _commit(self, entry: dict[str, Any]) -> None:
@@ -194,14 +194,12 @@ class _Pass:
     # ---- the summary ---------------------------------------------------------------------------
     def channel_ranges(self) -> list[list[float]]:
         """Per output channel (min, max) over every unit's coarsest pixels, resumed ones included."""
-        ranges: list[list[float]] = []
+        found: dict[int, list[float]] = {}
         for entry in self.staging.done.values():
-            for i, (lo, hi) in enumerate(entry.get("range") or []):
-                if i == len(ranges):
-                    ranges.append([lo, hi])
-                else:
-                    ranges[i] = [min(ranges[i][0], lo), max(ranges[i][1], hi)]
-        return ranges
+            for channel, lo, hi in entry.get("range") or []:
+                old = found.setdefault(int(channel), [lo, hi])
+                found[int(channel)] = [min(old[0], lo), max(old[1], hi)]
+        return [found.get(i, [0.0, 0.0]) for i in range(max(found, default=-1) + 1)]
 
     def totals(self) -> dict[str, Any]:
         return {"units_total": self.total, "units_resumed": self.resumed, "bytes_read": self.bytes_read,
@@ -209,16 +207,20 @@ class _Pass:
                 "levels": [list(self.layout.axes.out_shape(lv.shape)) for lv in self.layout.levels]}
 
 
-def _channel_range(layout: Layout, block: np.ndarray) -> list[list[float]]:
-    """(min, max) per output channel of a source-ordered block (NaNs ignored)."""
+def _channel_range(layout: Layout, ub: Bounds, block: np.ndarray) -> list[list[float]]:
+    """[output channel, min, max] per channel of a unit's (source-ordered) coarsest block
+    (NaNs ignored)."""
     out = layout.axes.to_output(block)
     labels = layout.axes.out_labels
+    first = 0
     if "c" in labels:
         out = np.moveaxis(out, labels.index("c"), 0)
+        first = out_start(layout, ub.start)[labels.index("c")]
     else:
         out = out[np.newaxis]
     ranges = []
-    for plane in out:
+    for i, plane in enumerate(out):
         values = plane[~np.isnan(plane)] if plane.dtype.kind == "f" else plane
-        ranges.append([float(values.min()), float(values.max())] if values.size else [0.0, 0.0])
+        if values.size:
+            ranges.append([first + i, float(values.min()), float(values.max())])
     return ranges

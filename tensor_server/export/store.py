@@ -30,7 +30,7 @@ import numpy as np
 from tensor_server.errors import FailedPrecondition, InvalidArgument, StorageFull
 from tensor_server.export.layout import Layout, Level
 
-__all__ = ["Staging", "storage_errors", "open_arrays"]
+__all__ = ["Staging", "storage_errors", "open_arrays", "write_block", "out_start"]
 
 RECORD = ".export-progress.jsonl"
 RECORD_KIND = "tensor-server export progress"
@@ -262,15 +262,15 @@ def open_arrays(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, z
 def write_block(array: Any, layout: Layout, level: Level, start: tuple[int, ...], block: np.ndarray) -> list[str]:
     """Write a unit's (source-ordered) block of ``level`` whole; return the store keys of the
     files it covers (shards on v3, chunks on v2), relative to the staging folder."""
-    out_start = _out_start(layout, start)
+    origin = out_start(layout, start)
     data = layout.axes.to_output(block)
-    array[tuple(slice(a, a + n) for a, n in zip(out_start, data.shape))] = data
+    array[tuple(slice(a, a + n) for a, n in zip(origin, data.shape))] = data
     grid = array.metadata.chunks if array.metadata.zarr_format == 2 else layout.axes.out_shape(level.shard)
-    ranges = [range(a // g, -(-(a + n) // g)) for a, n, g in zip(out_start, data.shape, grid)]
+    ranges = [range(a // g, -(-(a + n) // g)) for a, n, g in zip(origin, data.shape, grid)]
     return [f"{level.path}/{array.metadata.encode_chunk_key(k)}" for k in itertools.product(*ranges)]
 
 
-def _out_start(layout: Layout, start: tuple[int, ...]) -> tuple[int, ...]:
+def out_start(layout: Layout, start: tuple[int, ...]) -> tuple[int, ...]:
     """A source-ordered block origin in output coordinates (a folded channel's origin is
     ``c · samples``; the samples axis is whole, so its own origin is 0)."""
     labels = layout.axes.source_labels
