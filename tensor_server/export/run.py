@@ -178,7 +178,7 @@ class _Pass:
         keys: list[str] = []
         for lv, array, block in zip(self.layout.levels, self.arrays, blocks):
             start = tuple(a // s for a, s in zip(ub.start, lv.scale))
-            keys += write_block(array, self.layout, lv, start, block)
+            keys += write_block(self.staging, array, self.layout, lv, start, block)
         files = {key: self.staging.file_entry(key) for key in keys}
         return {"unit": index, "files": files, "range": _channel_range(self.layout, ub, blocks[-1]),
                 "read": int(blocks[0].nbytes)}

@@ -259,15 +259,21 @@ def open_arrays(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, z
     return group, arrays
 
 
-def write_block(array: Any, layout: Layout, level: Level, start: tuple[int, ...], block: np.ndarray) -> list[str]:
+def write_block(staging: Staging, array: Any, layout: Layout, level: Level, start: tuple[int, ...],
+                block: np.ndarray) -> list[str]:
     """Write a unit's (source-ordered) block of ``level`` whole; return the store keys of the
-    files it covers (shards on v3, chunks on v2), relative to the staging folder."""
+    files it covers (shards on v3, chunks on v2), relative to the staging folder. Files left
+    there by an interrupted run are removed first: zarr would merge into them, and nothing
+    of theirs is trusted."""
     origin = out_start(layout, start)
     data = layout.axes.to_output(block)
-    array[tuple(slice(a, a + n) for a, n in zip(origin, data.shape))] = data
     grid = array.metadata.chunks if array.metadata.zarr_format == 2 else layout.axes.out_shape(level.shard)
     ranges = [range(a // g, -(-(a + n) // g)) for a, n, g in zip(origin, data.shape, grid)]
-    return [f"{level.path}/{array.metadata.encode_chunk_key(k)}" for k in itertools.product(*ranges)]
+    keys = [f"{level.path}/{array.metadata.encode_chunk_key(k)}" for k in itertools.product(*ranges)]
+    for key in keys:
+        (staging.path / key).unlink(missing_ok=True)
+    array[tuple(slice(a, a + n) for a, n in zip(origin, data.shape))] = data
+    return keys
 
 
 def out_start(layout: Layout, start: tuple[int, ...]) -> tuple[int, ...]:
