@@ -16,16 +16,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class GeneratedPlane(TensorAdapter):
-    """uint16 ``(3y + x) mod 65536`` plus a per-row wobble: deterministic, computed per read,
-    so a tensor of any size holds no memory."""
+    """uint16 ``3y + x + y mod 13`` (wrapping): deterministic, computed per read into the
+    output alone, so a tensor of any size holds no memory."""
 
     def __init__(self, shape, **kw) -> None:
         super().__init__(shape, np.uint16, dim_labels=("y", "x"), **kw)
         self.array_id = "generated"
 
     def read_region(self, bounds):  # noqa: ANN001, ANN201
-        y, x = (np.arange(s.start, s.stop, dtype=np.uint32) for s in bounds.to_slices())
-        return ((y[:, None] * 3 + x[None, :] + (y[:, None] * 7919) % 13) & 0xFFFF).astype(np.uint16)
+        y, x = (np.arange(s.start, s.stop, dtype=np.uint16) for s in bounds.to_slices())
+        out = np.empty(bounds.shape, np.uint16)
+        np.add((y * np.uint16(3) + y % np.uint16(13))[:, None], x[None, :], out=out)
+        return out
 
 
 def engine_level(tensor, scale, method, out_order):
