@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "upload_array MB/s to cache:// and zarr:// vs a bare pyarrow DoPut that discards"),
     "special": ("tensor_server.bench.special",
                 "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers"),
+    "export": ("tensor_server.bench.export",
+               "writing a pyramidal OME-Zarr: ours vs ngff-zarr and ome-zarr-py write_image over dask, and the floor"),
     "gate": ("tensor_server.bench.gate",
              "the performance gate (make perf-gate): vs the previous commit, and floors vs peers"),
 }
