@@ -100,13 +100,15 @@ class Staging:
     def _remove_staging(self) -> None:
         if not self.path.exists():
             return
-        if not self.record.is_file():
+        if not self.record.is_file() and any(self.path.iterdir()):
             raise FailedPrecondition(f"{self.path} exists but is not an export's staging folder; remove it yourself")
         shutil.rmtree(self.path)
 
     def _load_record(self) -> None:
         lines = self._record_lines()
         header = next(lines, None)
+        if header is None and not any(p.name != RECORD for p in self.path.iterdir()):
+            return  # stopped before anything was written: start it afresh
         if header is None or header.get("kind") != RECORD_KIND:
             raise FailedPrecondition(f"{self.record}: not a readable progress record; pass --overwrite to start over")
         if header.get("fingerprint") != self.fingerprint:
