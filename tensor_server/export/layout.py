@@ -38,7 +38,7 @@ __all__ = ["AxisMap", "Level", "Layout", "plan_layout"]
 
 NGFF_ORDER = ("t", "c", "z", "y", "x")
 #: how large a read unit may grow to keep the coarsest level's chunks whole (bytes of level 0)
-UNIT_BUDGET_BYTES = 64 << 20
+UNIT_BUDGET_BYTES = 32 << 20
 #: default chunk edge (Y, X) and shard edge for planes, and for volumes (Z, Y, X)
 PLANE_CHUNK, PLANE_SHARD = 256, 2048
 VOLUME_CHUNK, VOLUME_SHARD = (16, 256, 256), (16, 1024, 1024)
@@ -249,9 +249,18 @@ def _source_shape(tensor: TensorAdapter, axes: AxisMap, given: Sequence[int] | N
 
 
 def _unit(tensor: TensorAdapter, shard: Sequence[int], chunk: Sequence[int], coarsest: Sequence[int]) -> tuple[int, ...]:
-    """lcm(shard, coarsest scale) per axis, grown in Y and X (doubling, within
-    ``UNIT_BUDGET_BYTES``) while the coarsest level's chunks would be cut short."""
+    """lcm(shard, coarsest scale) per axis, then a whole number of the reader's blocks where
+    it cannot read less (``read_block_shape``, e.g. a TIFF page: a smaller unit would decode
+    the block once per unit, reading the source many times), then grown in Y and X (doubling,
+    within ``UNIT_BUDGET_BYTES``) while the coarsest level's chunks would be cut short."""
     unit = [_lcm(s, c) for s, c in zip(shard, coarsest)]
+    block = tensor.read_block_shape
+    if block is not None:
+        for axis, (b, n) in enumerate(zip(block, tensor.shape)):
+            step = unit[axis]
+            unit[axis] = _lcm(step, max(1, int(b)))
+            if unit[axis] >= n:  # the whole axis: the least multiple of the step that covers it
+                unit[axis] = -(-n // step) * step
     labels = tensor.dim_labels
     itemsize = tensor.dtype.itemsize
     for axis in (labels.index("y"), labels.index("x")):

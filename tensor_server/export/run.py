@@ -18,7 +18,9 @@ The pass (geometry in export/layout.py, files in export/store.py):
 
 Memory: at most ``read_ahead + write_ahead + 1`` units are held, each
 ``Layout.unit_bytes()`` (level 0 plus every level's share), plus zarr's encode buffers (one
-shard per writer thread) — independent of the image size (docs/export.md states it).
+shard per writer thread) — independent of the image size (docs/export.md states it). Units
+are as large as the reader's block (a TIFF page) at least, so for large units each side's
+depth is cut to keep ``INFLIGHT_BYTES`` (never below one unit each).
 
 ``progress(record)`` receives JSON-ready dicts (``event``: ``start``, ``unit``, ``done``);
 ``cancelled()`` is polled before each unit: True stops after the units in flight are
@@ -45,6 +47,9 @@ from tensor_server.export.options import ExportOptions
 from tensor_server.export.store import Staging, open_arrays, out_start, storage_errors, write_block
 
 __all__ = ["export_tensor", "Progress", "Cancelled"]
+
+#: what the units queued on each side (read, write) may hold together, once units are large
+INFLIGHT_BYTES = 256 << 20
 
 Progress = Callable[[dict], None]
 Cancelled = Callable[[], bool]
@@ -115,6 +120,8 @@ class _Pass:
         self.resumed = len(staging.done)
         self.bytes_read = self.bytes_written = 0
         self.t0 = time.monotonic()
+        fit = max(1, INFLIGHT_BYTES // max(1, layout.unit_bytes()))
+        self.read_ahead, self.write_ahead = min(options.read_ahead, fit), min(options.write_ahead, fit)
 
     # ---- the pass ------------------------------------------------------------------------------
     def stream(self) -> None:
@@ -124,7 +131,7 @@ class _Pass:
         todo = ((i, ub) for i, ub in enumerate(self.layout.units()) if i not in self.staging.done)
         reads: deque[Future] = deque()
         writes: deque[Future] = deque()
-        with ThreadPoolExecutor(self.options.read_ahead, thread_name_prefix="export-read") as read_pool, \
+        with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="export-read") as read_pool, \
                 ThreadPoolExecutor(self.options.workers, thread_name_prefix="export-write") as write_pool:
             try:
                 self._pump(todo, reads, writes, read_pool, write_pool)
@@ -140,7 +147,7 @@ class _Pass:
 
     def _pump(self, todo, reads, writes, read_pool, write_pool) -> None:
         def top_up() -> None:
-            while len(reads) < self.options.read_ahead:
+            while len(reads) < self.read_ahead:
                 if self.cancelled():
                     return
                 nxt = next(todo, None)
@@ -151,7 +158,7 @@ class _Pass:
         top_up()
         while reads:
             unit = reads.popleft().result()
-            while len(writes) >= self.options.write_ahead:
+            while len(writes) >= self.write_ahead:
                 self._commit(writes.popleft().result())
             writes.append(write_pool.submit(self._write_unit, *unit))
             top_up()

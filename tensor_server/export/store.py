@@ -108,7 +108,8 @@ class Staging:
         lines = self._record_lines()
         header = next(lines, None)
         if header is None and not any(p.name != RECORD for p in self.path.iterdir()):
-            return  # stopped before anything was written: start it afresh
+            self._write_record_atomically([])  # stopped before anything was written: start afresh
+            return
         if header is None or header.get("kind") != RECORD_KIND:
             raise FailedPrecondition(f"{self.record}: not a readable progress record; pass --overwrite to start over")
         if header.get("fingerprint") != self.fingerprint:
