@@ -41,7 +41,7 @@ NGFF_ORDER = ("t", "c", "z", "y", "x")
 UNIT_BUDGET_BYTES = 32 << 20
 #: default chunk edge (Y, X) and shard edge for planes, and for volumes (Z, Y, X)
 PLANE_CHUNK, PLANE_SHARD = 256, 2048
-VOLUME_CHUNK, VOLUME_SHARD = (16, 256, 256), (16, 1024, 1024)
+VOLUME_CHUNK, VOLUME_SHARD = (16, 256, 256), (16, 512, 512)
 
 
 def _lcm(a: int, b: int) -> int:

@@ -130,9 +130,9 @@ class ZarrImage:
             kind = AXIS_TYPES.get(label)
             if kind:
                 axis["type"] = kind
-                ngff_unit = ngff_unit(unit) if kind in ("space", "time") else None
-                if ngff_unit:
-                    axis["unit"] = ngff_unit
+                name = ngff_unit(unit) if kind in ("space", "time") else None
+                if name:
+                    axis["unit"] = name
             axes.append(axis)
         return axes
 

@@ -96,3 +96,23 @@ def test_rgb_samples_fold_into_channels(testdata, tmp_path):
             tt, c, s, z, y, x = ref.shape
             np.testing.assert_array_equal(group[str(k)][...], ref.reshape(tt, c * s, z, y, x))
         assert group["0"].shape[1] == 3
+
+
+def test_the_source_is_read_once_in_whole_reader_blocks(tmp_path, monkeypatch):
+    """Every pixel is read exactly once, and each read covers whole blocks of the reader (a
+    TIFF page here: a read of part of a page decodes all of it)."""
+    rng = np.random.default_rng(3)
+    stack = rng.integers(0, 2**16, (3, 900, 1100), dtype=np.uint16)
+    tifffile.imwrite(tmp_path / "s.ome.tif", stack, metadata={"axes": "ZYX"}, tile=(256, 256))
+    with open_source(tmp_path / "s.ome.tif") as src:
+        t = src.tensor()
+        block = t.read_block_shape
+        assert block is not None and block[1:] == (900, 1100)  # page mode: a read decodes the page
+        reads = []
+        original = type(t).read_region
+        monkeypatch.setattr(type(t), "read_region", lambda self, b: reads.append(b) or original(self, b))
+        export_tensor(t, tmp_path / "o.zarr", ExportOptions(levels=3, chunks=(1, 128, 128), shards=(1, 256, 256)))
+    assert sum(int(np.prod(b.shape)) for b in reads) == stack.size
+    for b in reads:
+        for a, z, n, blk in zip(b.start, b.stop, stack.shape, block):
+            assert a % blk == 0 and (z % blk == 0 or z == n), (b, block)
