@@ -1,4 +1,4 @@
-"""Command line: ``python -m tensor_server {serve,list,run,url,stats,version}``."""
+"""Command line: ``python -m tensor_server {serve,list,run,url,stats,export,version}``."""
 from __future__ import annotations
 
 import argparse
@@ -148,6 +148,9 @@ def _build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--slice", help="a region, numpy style per axis: '0:10,:,100:200'")
     stats.add_argument("--no-special-chunks", action="store_true", help="decode every block (for comparison)")
 
+    from tensor_server.export.command import add_arguments as export_arguments
+
+    export_arguments(sub.add_parser("export", help="write a tensor as a pyramidal, sharded OME-Zarr (docs/export.md)"))
     sub.add_parser("version", help="print the version")
     return p
 
@@ -603,4 +606,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_url(args)
     if args.command == "stats":
         return cmd_stats(args)
+    if args.command == "export":
+        from tensor_server.export.command import run as cmd_export
+
+        return cmd_export(args)
     return cmd_serve(args, demo=args.command == "run")

@@ -31,7 +31,8 @@ FORBIDDEN = {
     "cache": {"adapters", "catalog", "uploads", "service", "render", "export"} | _ABOVE_SERVICE,
     "catalog": {"uploads", "service", "render", "export"} | _ABOVE_SERVICE,
     "uploads": {"service", "render", "export"} | _ABOVE_SERVICE,
-    "export": {"catalog", "uploads", "service"} | _ABOVE_SERVICE,
+    # the exporter reads through core and adapters only; the doors (cli, flight) call it
+    "export": {"cache", "catalog", "uploads", "service", "render", "config"} | _ABOVE_SERVICE,
     "service": _ABOVE_SERVICE,
     "flight": {"http", "cli", "bench", "testing", "demo"},
     "http": {"flight", "cli", "bench", "testing", "demo"},

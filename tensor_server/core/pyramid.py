@@ -33,12 +33,17 @@ class PyramidLevelSpec:
     native: bool
 
 
-def advertised_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None) -> list[PyramidLevelSpec]:
-    """Level 0 first, coarsest last."""
+def advertised_levels(
+    tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, computed: bool = False
+) -> list[PyramidLevelSpec]:
+    """Level 0 first, coarsest last. ``computed``: the computed levels even when the tensor
+    stores its own (the exporter writes levels it computes, whatever the file stores)."""
     policy = policy or PyramidPolicy()
     ndim = tensor.ndim
-    base = PyramidLevelSpec((1,) * ndim, default_method(tensor.is_labels), tensor.shape, bool(tensor.native_levels))
-    if tensor.native_levels:
+    base = PyramidLevelSpec(
+        (1,) * ndim, default_method(tensor.is_labels), tensor.shape, bool(tensor.native_levels) and not computed
+    )
+    if tensor.native_levels and not computed:
         levels = [PyramidLevelSpec((1,) * ndim, PRECOMPUTE, tensor.shape, True)]
         for lv in sorted(tensor.native_levels, key=lambda lv: prod(lv.scale)):
             levels.append(PyramidLevelSpec(tuple(lv.scale), PRECOMPUTE, tuple(lv.tensor.shape), True))

@@ -29,6 +29,7 @@ import numpy as np
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.level_grid import GridLevel as ZarrLevel
 from tensor_server.core.level_grid import grid_levels, level_chunk_id
+from tensor_server.core.ngff import AXIS_TYPES, ngff_unit
 from tensor_server.core.pyramid import PyramidPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,25 +42,6 @@ INNER = 64
 
 #: URL flavour -> (NGFF version, zarr format)
 NGFF_VERSIONS = {"0.4": 2, "0.5": 3}
-
-_AXIS_TYPES = {"t": "time", "c": "channel", "z": "space", "y": "space", "x": "space"}
-# NGFF takes UDUNITS names; format metadata may spell units the microscopy way
-_NGFF_UNITS = {"µm": "micrometer", "μm": "micrometer", "um": "micrometer", "nm": "nanometer", "mm": "millimeter",
-               "Å": "angstrom", "s": "second", "ms": "millisecond", "µs": "microsecond", "min": "minute", "h": "hour"}
-_NGFF_UNIT_NAMES = {"angstrom", "attometer", "centimeter", "decimeter", "exameter", "femtometer", "foot", "gigameter",
-                    "hectometer", "inch", "kilometer", "megameter", "meter", "micrometer", "mile", "millimeter",
-                    "nanometer", "parsec", "petameter", "picometer", "terameter", "yard", "yoctometer", "yottameter",
-                    "zeptometer", "zettameter", "attosecond", "centisecond", "day", "decisecond", "exasecond",
-                    "femtosecond", "gigasecond", "hectosecond", "hour", "kilosecond", "megasecond", "microsecond",
-                    "millisecond", "minute", "nanosecond", "petasecond", "picosecond", "second", "terasecond",
-                    "yoctosecond", "yottasecond", "zeptosecond", "zettasecond"}
-
-
-def _ngff_unit(unit: str | None) -> str | None:
-    if not unit:
-        return None
-    name = _NGFF_UNITS.get(unit, unit)
-    return name if name in _NGFF_UNIT_NAMES else None
 
 
 class ZarrImage:
@@ -112,12 +94,12 @@ class ZarrImage:
         axes = []
         for label, unit in zip(t.dim_labels, units):
             axis: dict[str, Any] = {"name": label}
-            kind = _AXIS_TYPES.get(label)
+            kind = AXIS_TYPES.get(label)
             if kind:
                 axis["type"] = kind
-                ngff_unit = _ngff_unit(unit) if kind in ("space", "time") else None
-                if ngff_unit:
-                    axis["unit"] = ngff_unit
+                name = ngff_unit(unit) if kind in ("space", "time") else None
+                if name:
+                    axis["unit"] = name
             axes.append(axis)
         return axes
 

@@ -1,0 +1,124 @@
+"""The CLI's ``export`` command: flags, the progress display, Ctrl-C.
+
+Kept out of ``cli.py`` (which only registers the parser and calls ``run``) and light at import:
+argparse only; the exporter, zarr and the readers load when the command runs.
+
+Progress: a tqdm bar on a terminal, else one JSON line per record on stdout (the records
+``export_tensor`` emits, the ones a service action streams). Ctrl-C (SIGINT) asks the export to
+stop: the units in flight are written and recorded, and ``--resume`` continues from there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from typing import Any
+
+__all__ = ["add_arguments", "run"]
+
+#: exit codes: bad input or a failed export; stopped by Ctrl-C (the shell's 128 + SIGINT)
+EXIT_FAILED, EXIT_CANCELLED = 2, 130
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="SOURCE", help="a file or folder the server can open")
+    p.add_argument("dest", metavar="DEST", help="the OME-Zarr folder to write (written as DEST.partial, renamed when done)")
+    p.add_argument("--array-id", help="which tensor of SOURCE (its field or array id; default: the first)")
+    p.add_argument("--levels", default="auto", help="'auto' (the served pyramid) or N levels halving Y and X")
+    p.add_argument("--method", help="reduction: area (default), nearest, min, max, mode (labels' default), median")
+    p.add_argument("--chunks", help="chunk shape per output axis, e.g. 1,256,256")
+    p.add_argument("--shards", help="shard shape per output axis (a whole number of chunks), e.g. 1,2048,2048")
+    p.add_argument("--codec", default="blosc-zstd", choices=("zstd", "blosc-zstd", "none"))
+    p.add_argument("--ngff", default="0.5", choices=("0.5", "0.4"), help="0.5 (zarr v3, sharded; default) or 0.4 (zarr v2)")
+    p.add_argument("--workers", type=int, default=2, help="writer threads (default 2)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true", help="replace DEST (only once the new image is complete)")
+    mode.add_argument("--resume", action="store_true", help="continue an interrupted export of the same source and options")
+    p.add_argument("--progress", choices=("auto", "bar", "json", "none"), default="auto",
+                   help="a bar on a terminal, JSON lines otherwise (auto)")
+
+
+def _options(args: argparse.Namespace):
+    from tensor_server.export.options import ExportOptions, parse_shape
+
+    return ExportOptions(
+        levels="auto" if args.levels == "auto" else ExportOptions.from_mapping({"levels": args.levels}).levels,
+        method=args.method,
+        chunks=parse_shape(args.chunks, "--chunks") if args.chunks else None,
+        shards=parse_shape(args.shards, "--shards") if args.shards else None,
+        codec=args.codec, ngff=args.ngff, workers=args.workers,
+        mode="overwrite" if args.overwrite else "resume" if args.resume else "create",
+    )
+
+
+def _pick(source: Any, array_id: str | None) -> Any:
+    if array_id is None:
+        return source.tensor()
+    for field, tensor in source.tensors.items():
+        if array_id in (field, tensor.array_id):
+            return tensor
+    return source.tensor(array_id)  # raises TensorNotFound naming the fields
+
+
+class _Display:
+    """tqdm on a terminal, JSON lines otherwise (or nothing)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = ("bar" if sys.stderr.isatty() else "json") if kind == "auto" else kind
+        self.bar = None
+
+    def __call__(self, record: dict) -> None:
+        if self.kind == "json":
+            print(json.dumps(record), flush=True)
+        elif self.kind == "bar":
+            self._bar(record)
+
+    def _bar(self, record: dict) -> None:
+        from tqdm import tqdm
+
+        if record["event"] == "start":
+            self.bar = tqdm(total=record["units_total"], initial=record["units_resumed"], unit="unit",
+                            desc=f"export {record['dest']}", file=sys.stderr)
+        elif record["event"] == "unit" and self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(written=f"{record['bytes_written'] / 1e6:.0f} MB", refresh=False)
+        elif record["event"] == "done":
+            if self.bar is not None:
+                self.bar.close()
+            print(json.dumps(record), flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.errors import ReadCancelled, TensorServerError
+    from tensor_server.export.run import export_tensor
+
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    display = _Display(args.progress)
+    try:
+        options = _options(args)
+        with open_source(args.source) as source:
+            tensor = _pick(source, args.array_id)
+            export_tensor(tensor, args.dest, options, progress=display, cancelled=stop.is_set)
+        return 0
+    except ReadCancelled as exc:
+        display.close()
+        print(f"export: {exc}", file=sys.stderr)
+        return EXIT_CANCELLED
+    except TensorServerError as exc:
+        display.close()
+        print(f"export: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as exc:  # the destination cannot be written (permissions, a read-only disk)
+        display.close()
+        print(f"export: {exc.filename or args.dest}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        signal.signal(signal.SIGINT, previous)

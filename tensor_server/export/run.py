@@ -1,0 +1,233 @@
+"""``export_tensor``: one streamed pass from a tensor to a pyramidal OME-Zarr.
+
+The pass (geometry in export/layout.py, files in export/store.py):
+
+* units are read in row-major order through the read engine, ``read_ahead`` at a time on a
+  small pool, each reduced to every level on the thread that read it (the kernels release
+  the GIL): level k is ``downsample_block(unit, scale_k)`` — the engine's own streamed
+  reduction of those pixels, so level k equals ``engine.read(tensor, None, scale_k,
+  method)`` bit for bit. Where the oracle's semantics compose exactly (``nearest`` for every
+  dtype; ``min``/``max`` for integers and bool: a block's extreme is the extreme of its
+  sub-blocks' extremes, and edge padding repeats a value already in the block) level k is
+  reduced from level k-1 instead, which is cheaper and the same bits. ``area`` (a rounded
+  mean: a mean of rounded means is not the mean), ``mode`` and ``median`` never compose, and
+  float min/max are kept direct (which of ``-0.0``/``+0.0`` wins is unspecified);
+* a reduced unit is written whole (its shards at every level) on a pool of ``workers``
+  threads, ``write_ahead`` units queued at most, while the next units are read;
+* after a unit's files are fsynced its line goes into the progress record.
+
+Memory: at most ``read_ahead + write_ahead + 1`` units are held, each
+``Layout.unit_bytes()`` (level 0 plus every level's share), plus zarr's encode buffers (one
+shard per writer thread) — independent of the image size (docs/export.md states it). Units
+are as large as the reader's block (a TIFF page) at least, so for large units each side's
+depth is cut to keep ``INFLIGHT_BYTES`` (never below one unit each).
+
+``progress(record)`` receives JSON-ready dicts (``event``: ``start``, ``unit``, ``done``);
+``cancelled()`` is polled before each unit: True stops after the units in flight are
+written and recorded, raising ``ReadCancelled`` — a state ``--resume`` continues.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.downsample import downsample_block
+from tensor_server.core.engine import ReadEngine
+from tensor_server.errors import ReadCancelled
+from tensor_server.export.layout import Layout, plan_layout
+from tensor_server.export.ngff import image_attributes
+from tensor_server.export.options import ExportOptions
+from tensor_server.export.store import Staging, open_arrays, out_start, storage_errors, write_block
+
+__all__ = ["export_tensor", "Progress", "Cancelled"]
+
+#: what the units queued on each side (read, write) may hold together, once units are large
+INFLIGHT_BYTES = 256 << 20
+
+Progress = Callable[[dict], None]
+Cancelled = Callable[[], bool]
+
+
+def composes(method: str, dtype: np.dtype) -> bool:
+    """Whether level k may be reduced from level k-1 with the same bits (module docstring)."""
+    return method == "nearest" or (method in ("min", "max") and dtype.kind in "biu")
+
+
+def fingerprint(tensor: TensorAdapter, options: ExportOptions, layout: Layout) -> dict[str, Any]:
+    """What a resumed export must match: the same source content and the same output."""
+    kept = {k: v for k, v in options.as_dict().items() if k not in ("mode", "workers", "read_ahead", "write_ahead")}
+    return {
+        "array_id": tensor.array_id, "content_version": tensor.content_version.hex(),
+        "shape": list(tensor.shape), "dtype": tensor.dtype.str, "options": kept, "layout": layout.describe(),
+    }
+
+
+def export_tensor(
+    tensor: TensorAdapter,
+    dest: str | os.PathLike[str],
+    options: ExportOptions | None = None,
+    *,
+    engine: ReadEngine | None = None,
+    progress: Progress | None = None,
+    cancelled: Cancelled | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """Export ``tensor`` to the OME-Zarr image ``dest``; return the summary (the ``done``
+    record). See the module docstring for the pass, memory, progress and cancellation."""
+    options = options or ExportOptions()
+    layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks, shards=options.shards)
+    staging = Staging(dest, fingerprint(tensor, options, layout))
+    emit = progress or (lambda record: None)
+    with storage_errors(staging.path):
+        if not staging.prepare(options.mode):
+            summary = {"event": "done", "dest": str(staging.dest), "already_complete": True, "units_total": layout.unit_count()}
+            emit(summary)
+            return summary
+        _, arrays = open_arrays(staging, layout, tensor.dtype, options.codec, options.zarr_format)
+        run = _Pass(tensor, layout, staging, arrays, engine or ReadEngine(), options, emit, cancelled or (lambda: False))
+        run.stream()
+        group = _reopen_group(staging, options.zarr_format)
+        group.attrs.update(image_attributes(tensor, layout, name or tensor.array_id, options.ngff, run.channel_ranges()))
+        staging.publish()
+    summary = {"event": "done", "dest": str(staging.dest), "already_complete": False, **run.totals()}
+    emit(summary)
+    return summary
+
+
+def _reopen_group(staging: Staging, zarr_format: int) -> Any:
+    import zarr
+    from zarr.storage import LocalStore
+
+    return zarr.open_group(LocalStore(staging.path), mode="r+", zarr_format=zarr_format)
+
+
+class _Pass:
+    """One export's streamed pass (state shared by the read and write sides)."""
+
+    def __init__(self, tensor: TensorAdapter, layout: Layout, staging: Staging, arrays: list[Any], engine: ReadEngine,
+                 options: ExportOptions, emit: Progress, cancelled: Cancelled) -> None:
+        self.tensor, self.layout, self.staging, self.arrays = tensor, layout, staging, arrays
+        self.engine, self.options, self.emit, self.cancelled = engine, options, emit, cancelled
+        self.cascade = composes(layout.method, tensor.dtype)
+        self.total = layout.unit_count()
+        self.resumed = len(staging.done)
+        self.bytes_read = self.bytes_written = 0
+        self.t0 = time.monotonic()
+        fit = max(1, INFLIGHT_BYTES // max(1, layout.unit_bytes()))
+        self.read_ahead, self.write_ahead = min(options.read_ahead, fit), min(options.write_ahead, fit)
+
+    # ---- the pass ------------------------------------------------------------------------------
+    def stream(self) -> None:
+        self.emit({"event": "start", "dest": str(self.staging.dest), "staging": str(self.staging.path),
+                   "units_total": self.total, "units_resumed": self.resumed, "unit_bytes": self.layout.unit_bytes(),
+                   **self.layout.describe()})
+        todo = ((i, ub) for i, ub in enumerate(self.layout.units()) if i not in self.staging.done)
+        reads: deque[Future] = deque()
+        writes: deque[Future] = deque()
+        with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="export-read") as read_pool, \
+                ThreadPoolExecutor(self.options.workers, thread_name_prefix="export-write") as write_pool:
+            try:
+                self._pump(todo, reads, writes, read_pool, write_pool)
+            finally:
+                for f in reads:
+                    f.cancel()
+                for f in writes:  # what is being written is finished and recorded, or its error kept
+                    if not f.cancelled():
+                        try:
+                            self._commit(f.result())
+                        except BaseException:  # noqa: BLE001 - the first error is the one raised
+                            pass
+
+    def _pump(self, todo, reads, writes, read_pool, write_pool) -> None:
+        def top_up() -> None:
+            while len(reads) < self.read_ahead:
+                if self.cancelled():
+                    return
+                nxt = next(todo, None)
+                if nxt is None:
+                    return
+                reads.append(read_pool.submit(self._read_unit, *nxt))
+
+        top_up()
+        while reads:
+            unit = reads.popleft().result()
+            while len(writes) >= self.write_ahead:
+                self._commit(writes.popleft().result())
+            writes.append(write_pool.submit(self._write_unit, *unit))
+            top_up()
+        while writes:
+            self._commit(writes.popleft().result())
+        if self.cancelled() and len(self.staging.done) < self.total:
+            raise ReadCancelled(
+                f"export to {self.staging.dest} stopped: {len(self.staging.done)} of {self.total} units written "
+                f"to {self.staging.path}; rerun with --resume to continue"
+            )
+
+    def _read_unit(self, index: int, ub: Bounds) -> tuple[int, Bounds, list[np.ndarray]]:
+        """A unit's pixels at every level (level 0 first)."""
+        data = self.engine.read(self.tensor, ub, (1,) * self.tensor.ndim)
+        blocks = [data]
+        for lv in self.layout.levels[1:]:
+            if self.cascade and lv.step is not None and all(lv.step):
+                blocks.append(downsample_block(blocks[-1], lv.step, self.layout.method))
+            else:
+                blocks.append(downsample_block(data, lv.scale, self.layout.method))
+        return index, ub, blocks
+
+    def _write_unit(self, index: int, ub: Bounds, blocks: list[np.ndarray]) -> dict[str, Any]:
+        keys: list[str] = []
+        for lv, array, block in zip(self.layout.levels, self.arrays, blocks):
+            start = tuple(a // s for a, s in zip(ub.start, lv.scale))
+            keys += write_block(self.staging, array, self.layout, lv, start, block)
+        files = {key: self.staging.file_entry(key) for key in keys}
+        return {"unit": index, "files": files, "range": _channel_range(self.layout, ub, blocks[-1]),
+                "read": int(blocks[0].nbytes)}
+
+    def _commit(self, entry: dict[str, Any]) -> None:
+        self.staging.commit_unit(entry)
+        self.bytes_read += entry["read"]
+        self.bytes_written += sum(f[0] for f in entry["files"].values() if f)
+        self.emit({"event": "unit", "unit": entry["unit"], "units_done": len(self.staging.done),
+                   "units_total": self.total, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                   "elapsed_s": round(time.monotonic() - self.t0, 3)})
+
+    # ---- the summary ---------------------------------------------------------------------------
+    def channel_ranges(self) -> list[list[float]]:
+        """Per output channel (min, max) over every unit's coarsest pixels, resumed ones included."""
+        found: dict[int, list[float]] = {}
+        for entry in self.staging.done.values():
+            for channel, lo, hi in entry.get("range") or []:
+                old = found.setdefault(int(channel), [lo, hi])
+                found[int(channel)] = [min(old[0], lo), max(old[1], hi)]
+        return [found.get(i, [0.0, 0.0]) for i in range(max(found, default=-1) + 1)]
+
+    def totals(self) -> dict[str, Any]:
+        return {"units_total": self.total, "units_resumed": self.resumed, "bytes_read": self.bytes_read,
+                "bytes_written": self.bytes_written, "elapsed_s": round(time.monotonic() - self.t0, 3),
+                "levels": [list(self.layout.axes.out_shape(lv.shape)) for lv in self.layout.levels]}
+
+
+def _channel_range(layout: Layout, ub: Bounds, block: np.ndarray) -> list[list[float]]:
+    """[output channel, min, max] per channel of a unit's (source-ordered) coarsest block
+    (NaNs ignored)."""
+    out = layout.axes.to_output(block)
+    labels = layout.axes.out_labels
+    first = 0
+    if "c" in labels:
+        out = np.moveaxis(out, labels.index("c"), 0)
+        first = out_start(layout, ub.start)[labels.index("c")]
+    else:
+        out = out[np.newaxis]
+    ranges = []
+    for i, plane in enumerate(out):
+        values = plane[~np.isnan(plane)] if plane.dtype.kind == "f" else plane
+        if values.size:
+            ranges.append([first + i, float(values.min()), float(values.max())])
+    return ranges
