@@ -55,6 +55,13 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     [read]
     max_computes = 0            # chunk computations at once (0 = the machine's cores x 2)
     admission_timeout = 30.0    # seconds a computation may wait for a slot, then UNAVAILABLE
+
+    [metrics]                   # Prometheus /metrics on its own listener (docs/operating.md)
+    port = 8817                 # absent = off (``run`` turns it on at 8817)
+    host = "127.0.0.1"          # off loopback it needs the token (every scrape presents it)
+
+    [log]
+    format = "text"             # or "json": one object per line (the request log too)
 """
 from __future__ import annotations
 
@@ -88,7 +95,8 @@ def default_data_dir() -> Path:
 class Settings:
     """Every setting of a server, built once (by the command line, from the TOML file and
     the flags) and handed to the serving runtime; a door reads only its own transport
-    fields (``host``, ``port``, ``http_port``)."""
+    fields (``host``, ``port``, ``http_port``; the metrics listener ``metrics_host``,
+    ``metrics_port``)."""
 
     roots: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
@@ -114,6 +122,9 @@ class Settings:
     precache_bytes: int = 64 << 20
     max_computes: int = 0
     admission_timeout: float = 30.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    log_format: str = "text"
 
     def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -152,6 +163,9 @@ _KEYS = {
     ("cache", "precache_bytes"): "precache_bytes",
     ("read", "max_computes"): "max_computes",
     ("read", "admission_timeout"): "admission_timeout",
+    ("metrics", "port"): "metrics_port",
+    ("metrics", "host"): "metrics_host",
+    ("log", "format"): "log_format",
 }
 
 
@@ -192,4 +206,6 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
         s.roots = [s.roots]
     if isinstance(s.read_workers, bool) or not isinstance(s.read_workers, int) or s.read_workers < 0:
         raise InvalidArgument(f"read workers must be an integer >= 0 (0 = the cores), got {s.read_workers!r}")
+    if s.log_format not in ("text", "json"):
+        raise InvalidArgument(f"log format must be 'text' or 'json', got {s.log_format!r}")
     return s

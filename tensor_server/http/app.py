@@ -28,6 +28,8 @@ from tensor_server.errors import TensorNotFound, TensorServerError, bounded_mess
 from tensor_server.http.paths import resolve_zarr_path
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
 from tensor_server.service import Caller
+from tensor_server.service.metrics import current as current_request
+from tensor_server.service.metrics import timing
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service import ServingRuntime
@@ -82,21 +84,24 @@ class _Views:
         return view
 
 
-def error_response(exc: BaseException) -> Any:
+def error_response(exc: BaseException, request_id: str | None = None) -> Any:
     """The HTTP answer for an error: the class's status and slug, the message, and
     ``Retry-After`` for what may be retried; an error that is not ours is a 500 naming its
-    type only (logged with its traceback)."""
+    type only (logged with its traceback). ``request_id`` ends the message (the request
+    log's id, also in the ``X-Request-Id`` header), so a client's error can be found."""
     from starlette.responses import PlainTextResponse
 
+    tail = f" [request {request_id}]" if request_id else ""
     if not isinstance(exc, TensorServerError):
-        log.error("internal error answering an HTTP request", exc_info=exc)
-        return PlainTextResponse(internal_message(exc), status_code=500)
+        log.error("internal error answering HTTP request %s", request_id, exc_info=exc)
+        return PlainTextResponse(internal_message(exc) + tail, status_code=500)
     headers = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(max(1, int(exc.retry_after)))
     if exc.http_status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return PlainTextResponse(f"{exc.slug}: {bounded_message(str(exc))}", status_code=exc.http_status, headers=headers)
+    return PlainTextResponse(f"{exc.slug}: {bounded_message(str(exc))}{tail}", status_code=exc.http_status,
+                             headers=headers)
 
 
 def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications.Starlette
@@ -147,7 +152,10 @@ def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications
             return await _dispatch(request, caller, image, rest, zarr_format)
         except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
             calls["errors"] += 1
-            return error_response(exc)
+            rq = current_request()
+            if rq is not None:
+                rq.failed(exc)
+            return error_response(exc, rq.id if rq is not None else None)
 
     async def _dispatch(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
                         ) -> Response:
@@ -176,7 +184,8 @@ def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications
 
     def _chunk_bytes(caller: Caller, image: ZarrImage, level: ZarrLevel, cid: Any) -> memoryview:
         _, data = runtime.chunk(cid, caller)
-        return image.encode_chunk(level, data)
+        with timing("encode"):
+            return image.encode_chunk(level, data)
 
     async def _labels(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
                       ) -> Response:
@@ -197,12 +206,74 @@ def build_app(runtime: ServingRuntime):  # noqa: ANN201 - starlette.applications
 
     routes = [Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
-    middleware = [Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "HEAD"],
+    middleware = [Middleware(Observed, metrics=runtime.metrics),
+                  Middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["GET", "HEAD"],
                              allow_headers=["Authorization", "Range", "If-None-Match"],
-                             expose_headers=["ETag", "Content-Range", "Content-Length", "Accept-Ranges"])]
+                             expose_headers=["ETag", "Content-Range", "Content-Length", "Accept-Ranges",
+                                             "Server-Timing", "X-Request-Id"])]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.calls = calls
     return app
+
+
+class Observed:
+    """ASGI middleware around the whole app: each HTTP request is one request of the
+    metrics (its route class, never its path, as the label), and every response carries
+    ``Server-Timing`` (lookup, cache, decode, reduce, encode, total; ``Timing-Allow-Origin``
+    lets a browser viewer's devtools show it) and ``X-Request-Id`` (a client's valid one is
+    kept)."""
+
+    def __init__(self, app: Any, metrics: Any) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), None)
+        rq = self.metrics.begin("http", route_class(scope.get("path", "")), incoming)
+        client = scope.get("client")
+        rq.peer = client[0] if client else ""
+        rq.target = scope.get("path", "")[:200]
+
+        async def timed_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                rq.status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"server-timing", rq.server_timing().encode()),
+                                                  (b"timing-allow-origin", b"*"),
+                                                  (b"x-request-id", rq.id.encode())]}
+            elif message["type"] == "http.response.body":
+                rq.nbytes += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            self.metrics.end(rq)
+
+
+#: the zarr keys that are metadata documents
+_ZARR_METADATA = frozenset({".zarray", ".zattrs", ".zgroup", "zarr.json"})
+
+
+def route_class(path: str) -> str:
+    """The metrics' label of a URL path, from its shape alone (bounded: ``CALLS["http"]``)."""
+    if path == "/healthz":
+        return "healthz"
+    flavour, _, rest = path.lstrip("/").partition("/")
+    if flavour not in FLAVOURS:
+        return "other"
+    segments = [s for s in rest.split("/") if s]
+    if len(segments) <= 1:
+        return "zarr_index"
+    last = segments[-1]
+    if last in _ZARR_METADATA:
+        return "zarr_metadata"
+    if flavour == "zarr" and last.replace(".", "").isdigit() or flavour == "zarr3" and "c" in segments \
+            and last.isdigit():
+        return "zarr_chunk"
+    return "zarr_other"
 
 
 def _metadata(image: ZarrImage, rest: list[str], zarr_format: int, version: str) -> dict[str, Any] | None:

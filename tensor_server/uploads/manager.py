@@ -178,6 +178,11 @@ class UploadManager:
         with self._lock:
             return self._uploads.get(array_id)
 
+    def pending_count(self) -> int:
+        """Uploads in flight (PENDING): the metrics' gauge."""
+        with self._lock:
+            return sum(1 for up in self._uploads.values() if up.state == PENDING)
+
     def upload_of(self, tensor: TensorAdapter) -> Upload | None:
         up = self.get(tensor.array_id)
         return up if up is not None and up.tensor is tensor else None

@@ -1,0 +1,238 @@
+"""The metrics: a scrape before and after a known sequence moves each counter by exactly what
+the sequence implies; labels stay bounded under ids and paths a client makes up; the
+listener's bind rule; the request id a client's error names is the request log's; the
+decode_rates table the SDK reads is filled by full-resolution decodes."""
+from __future__ import annotations
+
+import logging
+import re
+import urllib.request
+from collections import Counter
+
+import numpy as np
+import pyarrow.flight as flight
+import pytest
+from biopb.tensor import ticket_pb2
+from prometheus_client.parser import text_string_to_metric_families
+
+from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+from tensor_server.cache import CacheManager
+from tensor_server.catalog import Catalog
+from tensor_server.config import Settings
+from tensor_server.errors import InvalidArgument
+from tensor_server.service import IN_PROCESS, Caller, ServingRuntime
+from tensor_server.service.metrics import ACCESS_LOG, MetricsListener
+from tensor_server.testing import serving
+
+SHAPE, CHUNK = (128, 128), (64, 64)
+
+
+@pytest.fixture
+def catalog():
+    cat = Catalog([])
+    rng = np.random.default_rng(3)
+    cat.add_source(MemorySource(ArrayAdapter(rng.integers(0, 60000, SHAPE, dtype=np.uint16), "yx",
+                                             chunk_shape=CHUNK), source_id="img"))
+    cat.first_scan_done.set()
+    cat.decode_rates_refresh = 0.0  # publish every sample (the default debounces a snapshot rewrite)
+    yield cat
+    cat.close()
+
+
+@pytest.fixture
+def served(catalog, tmp_path):
+    with CacheManager(tmp_path / "cache") as cache, serving(
+            catalog, cache=cache, http=True, metrics_port=0, precache_bytes=0,
+            write_dir=str(tmp_path / "w"), writable=True) as srv:
+        yield srv
+
+
+def scrape(srv, token=None) -> dict[tuple[str, frozenset], float]:
+    request = urllib.request.Request(srv.metrics_url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        text = resp.read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def moved(before, after, name, **labels) -> float:
+    key = (name, frozenset(labels.items()))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def chunk_tickets(runtime, scale=None, method=""):
+    described = runtime.describe(IN_PROCESS, "img", scale=scale, method=method, fields=["endpoints"])
+    return [flight.Ticket(ticket_pb2.TensorTicket(chunk_id=c.chunk_id.encode()).SerializeToString())
+            for c in described.plan.chunks]
+
+
+def test_each_counter_moves_by_what_the_sequence_implies(served):
+    client = flight.FlightClient(served.location)
+    tickets = chunk_tickets(served.runtime)  # 4 full-resolution chunks
+    assert len(tickets) == 4
+    before = scrape(served)
+    for t in tickets:  # 4 misses: decoded from the source ("direct")
+        client.do_get(t).read_all()
+    for t in tickets[:3]:  # 3 hits
+        client.do_get(t).read_all()
+    with pytest.raises(flight.FlightError):  # a stale / garbage ticket: INVALID_ARGUMENT
+        client.do_get(flight.Ticket(ticket_pb2.TensorTicket(chunk_id=b"garbage").SerializeToString())).read_all()
+    [scaled] = chunk_tickets(served.runtime, scale=[2, 2], method="area")  # from the 4 cached chunks
+    client.do_get(scaled).read_all()
+    after = scrape(served)
+
+    assert moved(before, after, "tensor_server_requests_total", door="flight", call="DoGet", code="OK") == 8
+    assert moved(before, after, "tensor_server_requests_total", door="flight", call="DoGet",
+                 code="INVALID_ARGUMENT") == 1
+    assert moved(before, after, "tensor_server_request_seconds_count", door="flight", call="DoGet") == 9
+    assert moved(before, after, "tensor_server_verb_calls_total", verb="chunk", code="OK") == 8
+    assert moved(before, after, "tensor_server_verb_calls_total", verb="chunk", code="INVALID_ARGUMENT") == 1
+    assert moved(before, after, "tensor_server_reads_total", path="direct") == 4
+    assert moved(before, after, "tensor_server_reads_total", path="cache") == 3
+    assert moved(before, after, "tensor_server_reads_total", path="cache_sourced") == 1
+    assert moved(before, after, "tensor_server_read_bytes_total", path="direct") == 4 * 64 * 64 * 2
+    assert moved(before, after, "tensor_server_decode_bytes_total", format="memory") == 4 * 64 * 64 * 2
+    assert moved(before, after, "tensor_server_decode_seconds_total", format="memory") > 0
+    assert moved(before, after, "tensor_server_cache_misses_total") == 5  # 4 + the scaled chunk
+    hits = sum(moved(before, after, "tensor_server_cache_hits_total", tier=t) for t in ("memory", "file", "uniform"))
+    assert hits == 3 + 4  # the 3 repeated reads, and the scaled read's 4 source units
+    assert after[("tensor_server_catalog_sources", frozenset())] == 2  # img and the scratch source
+
+
+def test_uploads_and_actions_count_what_they_did(served):
+    sdk = served.client()
+    before = scrape(served)
+    arr = np.arange(32 * 48, dtype=np.uint16).reshape(32, 48)
+    desc = sdk.setup_array_upload("zarr://scratch/@fields/metrics-up", arr, chunk_shape=(16, 24))
+    during = scrape(served)
+    status = sdk.upload_array(desc, arr)
+    after = scrape(served)
+    sdk.close()
+    puts = status["uploaded_chunks"]  # the write plan's chunks, one DoPut each
+    assert puts >= 1
+
+    assert during[("tensor_server_uploads_pending", frozenset())] == 1
+    assert after[("tensor_server_uploads_pending", frozenset())] == 0
+    assert moved(before, after, "tensor_server_upload_bytes_total") == arr.nbytes
+    assert moved(before, after, "tensor_server_verb_calls_total", verb="put_chunk", code="OK") == puts
+    assert moved(before, after, "tensor_server_requests_total", door="flight", call="DoPut", code="OK") == puts
+    assert moved(before, after, "tensor_server_verb_calls_total", verb="action:add_tensor", code="OK") == 1
+    assert moved(before, after, "tensor_server_verb_calls_total", verb="action:set_upload_status", code="OK") == 1
+
+
+def test_labels_stay_bounded_under_made_up_ids_and_paths(served):
+    import httpx
+
+    client = flight.FlightClient(served.location)
+    rng = np.random.default_rng(0)
+    made_up = [f"src{rng.integers(1 << 30)}/{'x' * int(rng.integers(1, 40))}" for _ in range(40)]
+    with httpx.Client(base_url=served.http_url) as http:
+        for i, name in enumerate(made_up):
+            http.get(f"/zarr/{name}/0/.zarray")
+            http.get(f"/zarr3/{name}/c/{i}/0")
+            http.get(f"/{name}/{i}")
+            with pytest.raises(flight.FlightError):
+                list(client.do_action(flight.Action(name, b"")))
+            with pytest.raises(flight.FlightError):
+                client.do_get(flight.Ticket(ticket_pb2.TensorTicket(chunk_id=name.encode()).SerializeToString()))
+    samples = scrape(served)
+    for (name, labels) in samples:
+        for key, value in labels:
+            assert not any(m in value for m in made_up), (name, key, value)
+    calls = {dict(labels)["call"] for name, labels in samples if name == "tensor_server_requests_total"
+             and dict(labels)["door"] == "http"}
+    assert calls == {"zarr_metadata", "zarr_chunk", "other"}
+    verbs = {dict(labels)["verb"] for name, labels in samples if name == "tensor_server_verb_calls_total"}
+    assert "action:unknown" in verbs and len(verbs) <= 4
+
+
+def parse_server_timing(header: str) -> dict[str, float]:
+    parts = {}
+    for item in header.split(","):
+        name, _, dur = item.strip().partition(";dur=")
+        parts[name] = float(dur)
+    return parts
+
+
+def test_server_timing_parses_and_its_parts_fit_in_the_request(served, catalog):
+    import time
+
+    import httpx
+
+    with httpx.Client(base_url=served.http_url) as http:
+        for key in ("0/.zarray", "0/0.0", "0/0.0", "1/0.0", "nope/0.0"):
+            t0 = time.perf_counter()
+            resp = http.get(f"/zarr/img/{key}")
+            elapsed_ms = (time.perf_counter() - t0) * 1e3
+            parts = parse_server_timing(resp.headers["server-timing"])
+            assert set(parts) == {"lookup", "cache", "decode", "reduce", "encode", "total"}
+            assert all(v >= 0 for v in parts.values())
+            assert sum(v for k, v in parts.items() if k != "total") <= parts["total"] + 0.01
+            assert parts["total"] <= elapsed_ms
+            assert parts["lookup"] > 0
+            if key == "0/0.0":
+                assert resp.status_code == 200 and parts["encode"] > 0
+            assert resp.headers["x-request-id"]
+    stats = served.runtime.server_stats()["server_timing"]["http"]
+    assert stats["requests"] == 5 and stats["lookup"] > 0 and stats["decode"] > 0
+    assert sum(stats[p] for p in ("lookup", "cache", "decode", "reduce", "encode")) <= stats["seconds"]
+
+
+def test_a_clients_error_names_the_request_the_log_holds(served, caplog):
+    import httpx
+
+    caplog.set_level(logging.INFO, logger=ACCESS_LOG.name)
+    with httpx.Client(base_url=served.http_url) as http:
+        resp = http.get("/zarr/nosuch/0/.zarray")
+    rid = resp.headers["x-request-id"]
+    assert resp.status_code == 404 and resp.text.endswith(f"[request {rid}]")
+    client = flight.FlightClient(served.location)
+    with pytest.raises(flight.FlightError) as err:
+        list(client.do_action(flight.Action("no_such_action", b"")))
+    flight_id = re.search(r"\[request ([0-9a-f]+-[0-9a-f]+)\]", str(err.value)).group(1)
+    lines = [r for r in caplog.records if r.name == ACCESS_LOG.name]
+    by_id = {r.request["request_id"]: r.request for r in lines}
+    assert by_id[rid]["code"] == "NOT_FOUND" and by_id[rid]["status"] == 404 and by_id[rid]["door"] == "http"
+    assert by_id[flight_id]["code"] == "UNIMPLEMENTED" and by_id[flight_id]["call"] == "DoAction"
+
+
+def test_the_decode_rates_table_is_filled_by_full_resolution_decodes(served):
+    client = flight.FlightClient(served.location)
+    for t in chunk_tickets(served.runtime):
+        client.do_get(t).read_all()
+        client.do_get(t).read_all()  # a hit: not a sample
+    [scaled] = chunk_tickets(served.runtime, scale=[2, 2], method="area")
+    client.do_get(scaled).read_all()  # scaled: not a sample
+    sdk = served.client()
+    rows = sdk.query("SELECT array_id, mbps, samples, updated_at FROM decode_rates ORDER BY mbps DESC",
+                     format="records")
+    sdk.close()
+    assert [(r["array_id"], r["samples"]) for r in rows] == [("img", 4)]
+    assert rows[0]["mbps"] > 0 and rows[0]["updated_at"] is not None
+
+
+def test_the_listener_refuses_off_loopback_without_a_token(catalog):
+    runtime = ServingRuntime(catalog, Settings(metrics_port=0, metrics_host="0.0.0.0"))
+    try:
+        with pytest.raises(InvalidArgument, match="non-loopback address needs --token"):
+            MetricsListener(runtime)
+    finally:
+        runtime.close()
+
+
+def test_with_a_token_every_scrape_presents_it(catalog):
+    with serving(catalog, token="s3cret", metrics_port=0) as srv:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            scrape(srv)
+        assert err.value.code == 401
+        assert ("tensor_server_catalog_sources", frozenset()) in scrape(srv, token="s3cret")
+
+
+def test_metrics_off_builds_no_instruments_but_still_times(catalog):
+    with serving(catalog) as srv:
+        assert srv.runtime.metrics.registry is None and srv.metrics is None
+        srv.runtime.chunk(srv.runtime.describe(IN_PROCESS, "img", fields=["endpoints"]).plan.chunks[0].chunk_id,
+                          Caller())
+        assert catalog.decode_rates.snapshot()["img"][1] == 1
