@@ -17,6 +17,8 @@ __all__ = ["main"]
 
 #: the HTTP port ``run`` (``make run``) serves OME-Zarr on, and ``url`` assumes
 DEMO_HTTP_PORT = 8816
+#: the Prometheus /metrics port ``run`` turns on (loopback)
+DEMO_METRICS_PORT = 8817
 
 log = logging.getLogger("tensor_server")
 
@@ -32,12 +34,29 @@ class _KeyValueFormatter(logging.Formatter):
         return out
 
 
-def setup_logging(level: str) -> None:
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line (``--log-format json``); a request line carries its fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname.lower(),
+               "logger": record.name, "msg": record.getMessage()}
+        out.update(getattr(record, "request", None) or {})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: str, fmt: str = "text", *, requests: bool = False) -> None:
+    """Log records to stderr at ``level``; ``requests``: also the request log, one line per
+    request (``tensor_server.access`` at INFO, whatever ``level`` is)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_KeyValueFormatter())
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.WARNING))
+    logging.getLogger("tensor_server.access").setLevel(logging.INFO if requests else logging.NOTSET)
 
 
 class _ScanProgress:
@@ -107,6 +126,9 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
         sp.add_argument("--http-port", type=int,
                         help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)")
+        sp.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics "
+                        f"(serve: off by default; run: {DEMO_METRICS_PORT}; docs/operating.md)")
+        sp.add_argument("--log-format", choices=("text", "json"), help="log lines as key=value text (default) or JSON")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
@@ -143,6 +165,7 @@ def _settings(args: argparse.Namespace):
         cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir, writable=args.writable,
         rois_path=args.rois_db, read_workers=args.read_workers,
         rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
+        metrics_port=args.metrics_port, log_format=args.log_format,
     )
 
 
@@ -209,7 +232,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.service import ServingRuntime
 
     settings = _settings(args)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format, requests=True)
     if demo and not settings.roots:
         from tensor_server.config import default_cache_dir
         from tensor_server.demo import make_demo_dataset
@@ -253,6 +276,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT
+    if demo and settings.metrics_port is None:
+        settings.metrics_port = DEMO_METRICS_PORT
     try:
         cache = _take(settings.cache_dir, default_cache_dir() / "chunks", settings.port, "--cache-dir",
                       lambda d: CacheManager(d, max_total_bytes=settings.cache_max_bytes), CacheLocked)
@@ -264,8 +289,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         print(f"serve: chunk cache disabled, the cache folder is unusable ({exc})", file=sys.stderr)
         cache = None
     runtime = ServingRuntime(catalog, settings, cache=cache)
-    doors = _open_doors(runtime, settings)
+    metrics, opened = _open_metrics(runtime)
+    doors = _open_doors(runtime, settings) if opened else None
     if doors is None:
+        if metrics is not None:
+            metrics.stop()
         runtime.close()
         catalog.close()
         if cache is not None:
@@ -320,6 +348,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         if http is not None:
             http.stop()
+        if metrics is not None:
+            metrics.stop()
         runtime.close()
         catalog.close()
         if cache is not None:
@@ -356,6 +386,28 @@ def _open_doors(runtime, settings):  # noqa: ANN001, ANN202 - (TensorFlightServe
               "pass another --http-port", file=sys.stderr)
         return None
     return server, http
+
+
+def _open_metrics(runtime):  # noqa: ANN001, ANN202 - (MetricsListener | None, ok)
+    """(the metrics listener when ``metrics_port`` is set, whether the server may go on):
+    a listener refused (off loopback without a token) or that cannot bind stops the start,
+    like a door, after saying why on stderr."""
+    s = runtime.settings
+    if s.metrics_port is None:
+        return None, True
+    from tensor_server.service.metrics import MetricsListener
+
+    try:
+        listener = MetricsListener(runtime)
+    except InvalidArgument as exc:
+        print(f"serve: metrics: {exc} ([metrics] host)", file=sys.stderr)
+        return None, False
+    except OSError as exc:
+        print(f"serve: cannot serve metrics on {s.metrics_host}:{s.metrics_port} ({exc}); pass another "
+              "--metrics-port", file=sys.stderr)
+        return None, False
+    print(f"Prometheus metrics at {listener.url}", file=sys.stderr)
+    return listener, True
 
 
 def cmd_url(args: argparse.Namespace) -> int:

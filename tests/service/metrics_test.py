@@ -4,10 +4,10 @@ listener's bind rule; the request id a client's error names is the request log's
 decode_rates table the SDK reads is filled by full-resolution decodes."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 import urllib.request
-from collections import Counter
 
 import numpy as np
 import pyarrow.flight as flight
@@ -236,3 +236,68 @@ def test_metrics_off_builds_no_instruments_but_still_times(catalog):
         srv.runtime.chunk(srv.runtime.describe(IN_PROCESS, "img", fields=["endpoints"]).plan.chunks[0].chunk_id,
                           Caller())
         assert catalog.decode_rates.snapshot()["img"][1] == 1
+
+
+def _start(cmd, env, until, timeout=90):
+    """A server process and its stderr lines up to the one containing ``until``."""
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if until in line:
+            break
+    return proc, lines
+
+
+def test_serve_with_metrics_port_and_json_request_log(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    np.save(tmp_path / "a.npy", np.arange(64 * 64, dtype=np.uint16).reshape(64, 64))
+    env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0", "--http-port", "0",
+           "--metrics-port", "0", "--log-format", "json"]
+    proc, lines = _start(cmd, env, "scan done")
+    try:
+        text = "".join(lines)
+        metrics_url = re.search(r"Prometheus metrics at (\S+)", text).group(1)
+        http_url = re.search(r"OME-Zarr over HTTP at (http://[\d.:]+)", text).group(1)
+        from tensor_server.core.identity import source_id_for_path
+
+        resp = httpx.get(f"{http_url}/zarr/{source_id_for_path(tmp_path / 'a.npy')}/0/.zarray", timeout=10)
+        assert resp.status_code == 200
+        rid = resp.headers["x-request-id"]
+        while True:  # the request's log line, as JSON, naming the same id
+            line = proc.stderr.readline()
+            assert line, "the server ended without logging the request"
+            if line.startswith("{") and rid in line:
+                break
+        record = json.loads(line)
+        assert record["logger"] == "tensor_server.access" and record["request_id"] == rid
+        assert record["door"] == "http" and record["call"] == "zarr_metadata" and record["status"] == 200
+        samples = {(s.name, frozenset(s.labels.items())): s.value for f in
+                   text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text) for s in f.samples}
+        key = ("tensor_server_requests_total", frozenset({"door": "http", "call": "zarr_metadata", "code": "OK"}.items()))
+        assert samples[key] == 1
+        assert samples[("process_open_fds", frozenset())] > 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    assert subprocess.run(cmd[:-2] + ["--config", str(_public_metrics_config(tmp_path))], env=env,
+                          capture_output=True, text=True, timeout=90).returncode == 2
+
+
+def _public_metrics_config(tmp_path):
+    cfg = tmp_path / "public-metrics.toml"
+    cfg.write_text('[metrics]\nhost = "0.0.0.0"\n')
+    return cfg
