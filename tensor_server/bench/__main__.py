@@ -43,6 +43,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "upload_array MB/s to cache:// and zarr:// vs a bare pyarrow DoPut that discards"),
     "special": ("tensor_server.bench.special",
                 "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers"),
+    "metrics": ("tensor_server.bench.metrics",
+                "small cached chunk DoGet and HTTP GET p50 with metrics on and off (target <= 3 % slower)"),
     "gate": ("tensor_server.bench.gate",
              "the performance gate (make perf-gate): vs the previous commit, and floors vs peers"),
 }

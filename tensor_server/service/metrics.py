@@ -31,6 +31,7 @@ and takes the token on every scrape when the server has one.
 """
 from __future__ import annotations
 
+import bisect
 import contextvars
 import functools
 import itertools
@@ -209,43 +210,30 @@ class Metrics:
 
     # ---- instruments ----------------------------------------------------------------------
     def _build(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+        from prometheus_client import CollectorRegistry, ProcessCollector
 
         reg = self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("tensor_server_requests", "Requests by door, call (Flight verb or HTTP route "
-                                "class) and outcome (error code)", ["door", "call", "code"], registry=reg)
-        self.request_seconds = Histogram("tensor_server_request_seconds", "Request latency by door and call",
-                                         ["door", "call"], buckets=_BUCKETS, registry=reg)
-        self.part_seconds = Counter("tensor_server_request_part_seconds", "Seconds of requests spent in each "
-                                    "part (Server-Timing: lookup, cache, decode, reduce, encode)",
-                                    ["door", "part"], registry=reg)
-        self.verbs = Counter("tensor_server_verb_calls", "Runtime verbs (and actions) by outcome",
-                             ["verb", "code"], registry=reg)
-        self.verb_seconds = Histogram("tensor_server_verb_seconds", "Runtime verb latency", ["verb"],
-                                      buckets=_BUCKETS, registry=reg)
-        self.reads = Counter("tensor_server_reads", "Reads by the path that served them (cache: a chunk the "
-                             "cache held whole)", ["path"], registry=reg)
-        self.read_seconds = Counter("tensor_server_read_seconds", "Seconds of computed reads by path", ["path"],
-                                    registry=reg)
-        self.read_bytes = Counter("tensor_server_read_bytes", "Bytes made by computed reads by path", ["path"],
-                                  registry=reg)
-        self.decode_seconds = Counter("tensor_server_decode_seconds", "Seconds of full-resolution source decodes "
-                                      "by format", ["format"], registry=reg)
-        self.decode_bytes = Counter("tensor_server_decode_bytes", "Bytes of full-resolution source decodes by "
-                                    "format", ["format"], registry=reg)
-        self.upload_bytes = Counter("tensor_server_upload_bytes", "Pixel bytes written by upload chunk puts",
-                                    registry=reg)
+        #: (family, *label values) -> value, and -> [per-bucket counts..., +Inf count, sum]:
+        #: plain numbers under ``_lock``, one acquisition per event (a prometheus_client
+        #: child costs a lock per increment: ~10 of them per cached chunk showed in its p50),
+        #: turned into families at scrape time by ``_InstrumentCollector``
+        self._counters: dict[tuple, float] = {}
+        self._hists: dict[tuple, list[float]] = {}
         ProcessCollector(registry=reg)  # RSS, open file handles, CPU seconds
+        reg.register(_InstrumentCollector(self))
         reg.register(_StateCollector(self))
-        self._children: dict[tuple, Any] = {}
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        """``metric.labels(*labels)``, remembered (``labels()`` costs a lock and a parse)."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+    def _add(self, key: tuple, value: float = 1.0) -> None:
+        """Counter ``key`` += ``value`` (the caller holds ``_lock``)."""
+        self._counters[key] = self._counters.get(key, 0.0) + value
+
+    def _observe(self, key: tuple, seconds: float) -> None:
+        """Histogram ``key`` observes ``seconds`` (the caller holds ``_lock``)."""
+        row = self._hists.get(key)
+        if row is None:
+            row = self._hists[key] = [0.0] * (len(_BUCKETS) + 2)
+        row[bisect.bisect_left(_BUCKETS, seconds)] += 1
+        row[-1] += seconds
 
     # ---- requests (the doors) ---------------------------------------------------------------
     def begin(self, door: str, call: str, request_id: str | None = None) -> RequestTiming:
@@ -273,12 +261,12 @@ class Metrics:
             row[1] += total
             for i, v in enumerate(rq.parts.values()):
                 row[2 + i] += v
-        if self.enabled:
-            self._child(self.requests, rq.door, rq.call, rq.code).inc()
-            self._child(self.request_seconds, rq.door, rq.call).observe(total)
-            for k, v in rq.parts.items():
-                if v:
-                    self._child(self.part_seconds, rq.door, k).inc(v)
+            if self.enabled:
+                self._add(("requests", rq.door, rq.call, rq.code))
+                self._observe(("request_seconds", rq.door, rq.call), total)
+                for k, v in rq.parts.items():
+                    if v:
+                        self._add(("part_seconds", rq.door, k), v)
         if ACCESS_LOG.isEnabledFor(logging.INFO):
             _log_request(rq, total)
         return total
@@ -323,10 +311,11 @@ class Metrics:
             if remainder is not None:
                 parts[remainder] += max(0.0, seconds - (sum(parts.values()) - before))
             if self.enabled:
-                if remainder is not None and code == "OK" and rq.reads == reads:
-                    self._child(self.reads, "cache").inc()
-                self._child(self.verbs, label, code).inc()
-                self._child(self.verb_seconds, label).observe(seconds)
+                with self._lock:
+                    if remainder is not None and code == "OK" and rq.reads == reads:
+                        self._add(("reads", "cache"))
+                    self._add(("verbs", label, code))
+                    self._observe(("verb_seconds", label), seconds)
             if token is not None:
                 _current.reset(token)
 
@@ -342,13 +331,14 @@ class Metrics:
             return
         if path not in _PART_OF_PATH:
             path = "other"
-        self._child(self.reads, path).inc()
-        self._child(self.read_seconds, path).inc(seconds)
-        self._child(self.read_bytes, path).inc(nbytes)
-        if path == "direct":
-            fmt = self._format_of(tensor)
-            self._child(self.decode_seconds, fmt).inc(seconds)
-            self._child(self.decode_bytes, fmt).inc(nbytes)
+        fmt = self._format_of(tensor) if path == "direct" else None
+        with self._lock:
+            self._add(("reads", path))
+            self._add(("read_seconds", path), seconds)
+            self._add(("read_bytes", path), nbytes)
+            if fmt is not None:
+                self._add(("decode_seconds", fmt), seconds)
+                self._add(("decode_bytes", fmt), nbytes)
 
     def _format_of(self, tensor: Any) -> str:
         """The catalog's source type of ``tensor`` (bounded: MAX_FORMATS names, then other)."""
@@ -373,7 +363,8 @@ class Metrics:
 
     def uploaded(self, nbytes: int) -> None:
         if self.enabled:
-            self.upload_bytes.inc(nbytes)
+            with self._lock:
+                self._add(("upload_bytes",), nbytes)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format (tests, the listener)."""
@@ -406,6 +397,60 @@ def _log_request(rq: RequestTiming, total: float) -> None:
               **{f"{k}_ms": round(v * 1e3, 3) for k, v in rq.parts.items() if v}}
     text = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
     ACCESS_LOG.info("request %s", text, extra={"request": fields})
+
+
+#: family -> (kind, help, label names): what ``Metrics`` counts (prefixed ``tensor_server_``)
+FAMILIES = {
+    "requests": ("counter", "Requests by door, call (Flight verb or HTTP route class) and outcome (error code)",
+                 ("door", "call", "code")),
+    "request_seconds": ("histogram", "Request latency by door and call", ("door", "call")),
+    "part_seconds": ("counter", "Seconds of requests spent in each part (Server-Timing: lookup, cache, decode, "
+                     "reduce, encode)", ("door", "part")),
+    "verbs": ("counter", "Runtime verbs (and actions) by outcome", ("verb", "code")),
+    "verb_seconds": ("histogram", "Runtime verb latency", ("verb",)),
+    "reads": ("counter", "Reads by the path that served them (cache: a chunk the cache held whole)", ("path",)),
+    "read_seconds": ("counter", "Seconds of computed reads by path", ("path",)),
+    "read_bytes": ("counter", "Bytes made by computed reads by path", ("path",)),
+    "decode_seconds": ("counter", "Seconds of full-resolution source decodes by format", ("format",)),
+    "decode_bytes": ("counter", "Bytes of full-resolution source decodes by format", ("format",)),
+    "upload_bytes": ("counter", "Pixel bytes written by upload chunk puts", ()),
+}
+#: exposed names (a counter's samples end in ``_total``)
+_NAMES = {"requests": "requests", "request_seconds": "request_seconds", "part_seconds": "request_part_seconds",
+          "verbs": "verb_calls", "verb_seconds": "verb_seconds", "reads": "reads", "read_seconds": "read_seconds",
+          "read_bytes": "read_bytes", "decode_seconds": "decode_seconds", "decode_bytes": "decode_bytes",
+          "upload_bytes": "upload_bytes"}
+
+
+class _InstrumentCollector:
+    """``Metrics``' counters and histograms as Prometheus families, at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        m = self.metrics
+        with m._lock:
+            counters = dict(m._counters)
+            hists = {k: list(v) for k, v in m._hists.items()}
+        families = {}
+        for family, (kind, text, labels) in FAMILIES.items():
+            cls = CounterMetricFamily if kind == "counter" else HistogramMetricFamily
+            families[family] = cls(f"tensor_server_{_NAMES[family]}", text, labels=list(labels))
+        for (family, *labels), value in counters.items():
+            families[family].add_metric(labels, value)
+        for (family, *labels), row in hists.items():
+            cumulative, buckets = 0.0, []
+            for bound, n in zip((*map(str, _BUCKETS), "+Inf"), row[:-1]):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            families[family].add_metric(labels, buckets, sum_value=row[-1])
+        yield from families.values()
 
 
 class _StateCollector:
