@@ -301,3 +301,18 @@ def _public_metrics_config(tmp_path):
     cfg = tmp_path / "public-metrics.toml"
     cfg.write_text('[metrics]\nhost = "0.0.0.0"\n')
     return cfg
+
+
+def test_every_metric_the_dashboard_queries_is_exposed(catalog, tmp_path):
+    from pathlib import Path
+
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    queried = {re.sub(r"_(bucket|total)$", "", name) for e in exprs
+               for name in re.findall(r"\b((?:tensor_server|process)_[a-z_]+)", e)}
+    with CacheManager(tmp_path / "cache") as cache, serving(catalog, cache=cache, metrics_port=0,  # precache on
+                                                            write_dir=str(tmp_path / "w"), writable=True) as srv:
+        flight.FlightClient(srv.location).do_get(chunk_tickets(srv.runtime)[0]).read_all()
+        with urllib.request.urlopen(srv.metrics_url, timeout=10) as resp:
+            exposed = {f.name for f in text_string_to_metric_families(resp.read().decode())}
+    assert queried and queried <= exposed, sorted(queried - exposed)
