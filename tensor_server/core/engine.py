@@ -105,6 +105,11 @@ class ReadEngine:
         self.max_computes = max_computes
         self.admission_timeout = admission_timeout
         self._admission = threading.BoundedSemaphore(max_computes) if max_computes else None
+        #: computations that found every slot taken (``waits``), ``waiting`` now, the seconds
+        #: they waited and those refused (``Overloaded``): the metrics' admission queue. Kept
+        #: on the slow path only: a free slot costs nothing more
+        self.admission = {"waits": 0, "waiting": 0, "wait_seconds": 0.0, "refused": 0}
+        self._admission_lock = threading.Lock()
         self.workers = workers
         self.source_scaled_reads = source_scaled_reads
 
@@ -173,7 +178,7 @@ class ReadEngine:
         """``_compute`` within the admission bound (see the class docstring)."""
         if self._admission is None:
             return self._compute(tensor, cid, cancelled)
-        if not self._admission.acquire(timeout=self.admission_timeout):
+        if not self._admission.acquire(blocking=False) and not self._waited_for_slot():
             raise Overloaded(
                 f"{self.max_computes} chunk computations are running and more are waiting; "
                 f"retry (waited {self.admission_timeout:g} s)"
@@ -182,6 +187,19 @@ class ReadEngine:
             return self._compute(tensor, cid, cancelled)
         finally:
             self._admission.release()
+
+    def _waited_for_slot(self) -> bool:
+        """Wait up to ``admission_timeout`` for a computation slot, counted in ``admission``."""
+        stats, t0 = self.admission, time.perf_counter()
+        with self._admission_lock:
+            stats["waits"] += 1
+            stats["waiting"] += 1
+        got = self._admission.acquire(timeout=self.admission_timeout)
+        with self._admission_lock:
+            stats["waiting"] -= 1
+            stats["wait_seconds"] += time.perf_counter() - t0
+            stats["refused"] += not got
+        return got
 
     def _compute(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
         """A validated chunk's pixels, computed (never looked up as a whole entry). A uniform

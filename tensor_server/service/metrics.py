@@ -454,8 +454,9 @@ class _InstrumentCollector:
 
 
 class _StateCollector:
-    """What other owners count, read at scrape time: the chunk cache per tier, the
-    precacher, the catalog and discovery, uploads, the decode-rate table."""
+    """What other owners count, read at scrape time: the engine's admission queue, the
+    chunk cache per tier, the precacher, the catalog and discovery, uploads, the decode-rate
+    table."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -477,6 +478,19 @@ class _StateCollector:
                                 value=cat.generation)
         yield GaugeMetricFamily("tensor_server_decode_rate_rows", "Tensors in the decode_rates table",
                                 value=len(cat.decode_rates.snapshot()))
+        engine = rt.engine
+        if engine.max_computes:
+            adm = dict(engine.admission)
+            yield GaugeMetricFamily("tensor_server_admission_slots", "Chunk computations allowed at once",
+                                    value=engine.max_computes)
+            yield GaugeMetricFamily("tensor_server_admission_waiting", "Computations waiting for a slot now",
+                                    value=adm["waiting"])
+            yield CounterMetricFamily("tensor_server_admission_waits", "Computations that waited for a slot",
+                                      value=adm["waits"])
+            yield CounterMetricFamily("tensor_server_admission_wait_seconds", "Seconds computations waited",
+                                      value=adm["wait_seconds"])
+            yield CounterMetricFamily("tensor_server_admission_refused", "Computations refused after waiting "
+                                      "(UNAVAILABLE, retryable)", value=adm["refused"])
         stats = rt.cache_stats()
         if stats is not None:
             pools = stats["pool_stats"]

@@ -284,3 +284,62 @@ def test_every_metric_the_dashboard_queries_is_exposed(catalog, tmp_path):
         with urllib.request.urlopen(srv.metrics_url, timeout=10) as resp:
             exposed = {f.name for f in text_string_to_metric_families(resp.read().decode())}
     assert queried and queried <= exposed, sorted(queried - exposed)
+
+
+class _Held(ArrayAdapter):
+    """Each read waits for ``gate``: computations hold their admission slot until then."""
+
+    def __init__(self, *a, **kw):
+        import threading
+
+        super().__init__(*a, **kw)
+        self.gate = threading.Event()
+
+    def read_region(self, bounds):
+        self.gate.wait(30)
+        return super().read_region(bounds)
+
+
+def test_the_admission_queue_shows_who_waits_and_who_is_refused():
+    import concurrent.futures
+    import time
+
+    from tensor_server.errors import Overloaded
+
+    cat = Catalog([])
+    held = _Held(np.zeros((64, 64), np.uint16), chunk_shape=(16, 64))
+    cat.add_source(MemorySource(held, source_id="held"))
+    cat.first_scan_done.set()
+    try:
+        with serving(cat, metrics_port=0, max_computes=1, admission_timeout=30.0, precache_bytes=0) as srv:
+            rt = srv.runtime
+            cids = [c.chunk_id for c in rt.describe(IN_PROCESS, "held", fields=["endpoints"]).plan.chunks]
+            with concurrent.futures.ThreadPoolExecutor(3) as pool:
+                futures = [pool.submit(rt.chunk, cid, Caller()) for cid in cids[:3]]
+                deadline = time.monotonic() + 30
+                while rt.engine.admission["waiting"] < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)  # a wait for a state, not a timing assertion
+                waiting = scrape(srv)
+                rt.engine.admission_timeout = 0.0  # the next one to find the slot taken is refused
+                with pytest.raises(Overloaded):
+                    rt.chunk(cids[3], Caller())
+                held.gate.set()
+                assert all(f.result()[1].shape == (16, 64) for f in futures)
+            after = scrape(srv)
+    finally:
+        cat.close()
+    assert waiting[("tensor_server_admission_waiting", frozenset())] == 2
+    assert waiting[("tensor_server_admission_slots", frozenset())] == 1
+    assert after[("tensor_server_admission_waiting", frozenset())] == 0
+    assert after[("tensor_server_admission_waits_total", frozenset())] == 3
+    assert after[("tensor_server_admission_refused_total", frozenset())] == 1
+    assert after[("tensor_server_verb_calls_total", frozenset({"verb": "chunk", "code": "UNAVAILABLE"}.items()))] == 1
+
+
+def test_a_query_the_client_left_counts_as_cancelled(served):
+    from tensor_server.catalog.sql import CatalogQueryError
+
+    with pytest.raises(CatalogQueryError, match="cancelled"):
+        served.runtime.query("SELECT count(*) FROM range(1000000000000000)", Caller(), lambda: True)
+    samples = scrape(served)
+    assert samples[("tensor_server_verb_calls_total", frozenset({"verb": "query", "code": "CANCELLED"}.items()))] == 1
