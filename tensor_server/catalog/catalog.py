@@ -89,6 +89,8 @@ class Catalog:
         #: runtime records into it), re-published at most every ``decode_rates_refresh``
         #: seconds: a snapshot is a database file written whole, dearer than a sample
         self.decode_rates = DecodeRates()
+        if rois_path:
+            self.decode_rates.attach(self.rois)  # kept beside the annotations, across restarts
         self.decode_rates_refresh = 10.0
         self._rates_published = (0, 0.0)
         #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
@@ -390,6 +392,7 @@ class Catalog:
 
     def close(self) -> None:
         self._rescan_stop.set()
+        self.decode_rates.flush()
         self.rois.close()
         with self._lock:
             recs = list(self._records.values())

@@ -343,3 +343,29 @@ def test_a_query_the_client_left_counts_as_cancelled(served):
         served.runtime.query("SELECT count(*) FROM range(1000000000000000)", Caller(), lambda: True)
     samples = scrape(served)
     assert samples[("tensor_server_verb_calls_total", frozenset({"verb": "query", "code": "CANCELLED"}.items()))] == 1
+
+
+def test_decode_rates_outlive_the_server_in_the_annotation_file(tmp_path):
+    db = str(tmp_path / "annotations.duckdb")
+    first = Catalog([], rois_path=db)
+    first.decode_rates.record("img", 4 << 20, (4 << 20) / 1e6 / 800.0)  # 800 MB/s
+    first.decode_rates.record("img", 4 << 20, (4 << 20) / 1e6 / 800.0)
+    assert first.rois.load_decode_rates() == {}  # not written per sample
+    measured_at = first.decode_rates.table().column("updated_at")[0].as_py()
+    first.close()  # written at close
+
+    second = Catalog([], rois_path=db)
+    try:
+        second.decode_rates.record("other", 1 << 20, (1 << 20) / 1e6 / 100.0)  # a live sample first
+        assert second.decode_rates.rate("img") == pytest.approx(800.0)
+        assert second.decode_rates.snapshot() == {"img": (pytest.approx(800.0), 2), "other": (pytest.approx(100.0), 1)}
+        second.decode_rates._next_flush = 0.0  # as if FLUSH_SECONDS had passed: the next sample writes through
+        second.decode_rates.record("other", 1 << 20, (1 << 20) / 1e6 / 100.0)
+        stored = second.rois.load_decode_rates()
+        assert {k: v[1] for k, v in stored.items()} == {"img": 2, "other": 2}
+        # a row keeps when it was measured across the restart (what the SDK's Updated shows)
+        kept = second.decode_rates.table().to_pydict()
+        assert abs(kept["updated_at"][kept["array_id"].index("img")] - measured_at).total_seconds() < 1e-3
+        assert stored["other"][2] > stored["img"][2]
+    finally:
+        second.close()
