@@ -1,14 +1,14 @@
 """Operability: Prometheus instruments, per-request timing, request ids and the request log.
 
 Every instrument of the server is defined here, once, with bounded labels: the door
-(``DOORS``), the door's call (Flight verb or HTTP route class, ``CALLS``), the runtime verb
+(``flight``, ``http``, ``in-process``), the door's call (Flight verb or HTTP route class, ``CALLS``), the runtime verb
 and action name (from the action registry), the engine's read path (``core.engine.READ_PATHS``
 plus ``cache``), the cache tier, the format name (capped), the error code of the taxonomy.
 Never an array id, a path or client text: a label outside its set is ``other``.
 
 Who records what:
 
-* a door opens a **request** (``Metrics.begin``/``end``, or ``request()``): its id, the
+* a door opens a **request** (``Metrics.begin``/``end``): its id, the
   door's per-call count and latency, the request log line;
 * the runtime's verbs are decorated (``@verb("chunk")``, ``@part("lookup")``): each verb's
   count by outcome and latency, and the **timing parts** of the current request — lookup,
@@ -50,13 +50,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.runtime import ServingRuntime
 
 __all__ = ["Metrics", "RequestTiming", "MetricsListener", "verb", "part", "timing", "current", "code_of", "PARTS",
-           "CALLS", "DOORS", "ACCESS_LOG"]
+           "CALLS", "ACCESS_LOG"]
 
 #: the request log's logger: one INFO line per request (the command line turns it on)
 ACCESS_LOG = logging.getLogger("tensor_server.access")
 
-DOORS = ("flight", "http", "in-process")
-#: per door, the calls it may name (a door adding a route class adds it here)
+#: per door (``flight``, ``http``; ``in-process`` for verbs called without one), the calls it may name (a door adding a route class adds it here)
 CALLS = {
     "flight": ("GetFlightInfo", "ListFlights", "GetSchema", "DoGet", "DoPut", "ListActions", "DoAction"),
     "http": ("zarr_index", "zarr_metadata", "zarr_chunk", "zarr_other", "healthz", "other"),
@@ -68,8 +67,6 @@ PARTS = ("lookup", "cache", "decode", "reduce", "encode")
 #: are; ``reduce`` computes a reduction (a streamed one overlaps its units' decoding)
 _PART_OF_PATH = {"direct": "decode", "decimated": "decode", "upstream": "decode",
                  "closed_form": "reduce", "streamed": "reduce", "cache_sourced": "reduce"}
-#: ``reads_total`` paths: the engine's, plus a chunk the cache answered whole
-READ_PATH_LABELS = ("cache", *_PART_OF_PATH)
 #: latency buckets (seconds): a cached chunk is ~0.1-1 ms, a cold scaled read seconds
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: distinct format labels kept; later ones count as ``other``
@@ -271,11 +268,6 @@ class Metrics:
             _log_request(rq, total)
         return total
 
-    def request(self, door: str, call: str) -> _Request:
-        """``with metrics.request("flight", "DoGet") as rq:`` — begin, record the error's
-        code if one leaves the block, end."""
-        return _Request(self, door, call)
-
     def breakdown(self) -> dict[str, dict[str, float]]:
         """Per door: requests, their total seconds and the seconds of each part (server_stats)."""
         with self._lock:
@@ -365,31 +357,6 @@ class Metrics:
         if self.enabled:
             with self._lock:
                 self._add(("upload_bytes",), nbytes)
-
-    def exposition(self) -> bytes:
-        """The registry in Prometheus' text format (tests, the listener)."""
-        from prometheus_client import generate_latest
-
-        if self.registry is None:
-            raise RuntimeError("metrics are off (no --metrics-port)")
-        return generate_latest(self.registry)
-
-
-class _Request:
-    __slots__ = ("metrics", "door", "call", "rq")
-
-    def __init__(self, metrics: Metrics, door: str, call: str) -> None:
-        self.metrics, self.door, self.call = metrics, door, call
-
-    def __enter__(self) -> RequestTiming:
-        self.rq = self.metrics.begin(self.door, self.call)
-        return self.rq
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is not None:
-            self.rq.failed(exc)
-        self.metrics.end(self.rq)
-
 
 def _log_request(rq: RequestTiming, total: float) -> None:
     fields = {"request_id": rq.id, "door": rq.door, "call": rq.call, "code": rq.code, "status": rq.status,
