@@ -17,6 +17,8 @@ __all__ = ["main"]
 
 #: the HTTP port ``run`` (``make run``) serves OME-Zarr on, and ``url`` assumes
 DEMO_HTTP_PORT = 8816
+#: the Prometheus /metrics port ``run`` turns on (loopback)
+DEMO_METRICS_PORT = 8817
 
 log = logging.getLogger("tensor_server")
 
@@ -32,12 +34,29 @@ class _KeyValueFormatter(logging.Formatter):
         return out
 
 
-def setup_logging(level: str) -> None:
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line (``--log-format json``); a request line carries its fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname.lower(),
+               "logger": record.name, "msg": record.getMessage()}
+        out.update(getattr(record, "request", None) or {})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: str, fmt: str = "text", *, requests: bool = False) -> None:
+    """Log records to stderr at ``level``; ``requests``: also the request log, one line per
+    request (``tensor_server.access`` at INFO, whatever ``level`` is)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_KeyValueFormatter())
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.WARNING))
+    logging.getLogger("tensor_server.access").setLevel(logging.INFO if requests else logging.NOTSET)
 
 
 class _ScanProgress:
@@ -124,6 +143,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="do not require the per-run HTTP access token (non-browser clients only)")
         sp.add_argument("--cors-origin", action="append", metavar="ORIGIN",
                         help="an origin (https://viewer.example) whose pages may read over HTTP without the token")
+        sp.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics "
+                        f"(serve: off by default; run: {DEMO_METRICS_PORT}; docs/operating.md)")
+        sp.add_argument("--log-format", choices=("text", "json"), help="log lines as key=value text (default) or JSON")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
@@ -166,6 +188,7 @@ def _settings(args: argparse.Namespace):
         tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key, sans=args.san, insecure=args.insecure,
         http_token=args.http_token, cors_origins=args.cors_origin,
         read_only=args.read_only, add_source=args.add_source,
+        metrics_port=args.metrics_port, log_format=args.log_format,
     )
 
 
@@ -301,7 +324,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except InvalidArgument as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format, requests=True)
     if demo and not settings.roots:
         from tensor_server.config import default_cache_dir
         from tensor_server.demo import make_demo_dataset
@@ -359,6 +382,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT
+    if demo and settings.metrics_port is None:
+        settings.metrics_port = DEMO_METRICS_PORT
     try:
         cache = _take(settings.cache_dir, default_cache_dir() / "chunks", settings.port, "--cache-dir",
                       lambda d: CacheManager(d, max_total_bytes=settings.cache_max_bytes), CacheLocked)
@@ -373,8 +398,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
 
     http_token = mint_access_token() if settings.http_port is not None and settings.http_token else None
     runtime = ServingRuntime(catalog, settings, cache=cache, tls=tls, access_tokens=[http_token] if http_token else [])
-    doors = _open_doors(runtime, settings, http_token)
+    metrics, opened = _open_metrics(runtime)
+    doors = _open_doors(runtime, settings, http_token) if opened else None
     if doors is None:
+        if metrics is not None:
+            metrics.stop()
         runtime.close()
         catalog.close()
         if cache is not None:
@@ -435,6 +463,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             http.stop()
         if url_path is not None:
             url_path.unlink(missing_ok=True)
+        if metrics is not None:
+            metrics.stop()
         runtime.close()
         catalog.close()
         if cache is not None:
@@ -475,6 +505,29 @@ def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Fligh
               "pass another --http-port", file=sys.stderr)
         return None
     return server, http
+
+
+def _open_metrics(runtime):  # noqa: ANN001, ANN202 - (MetricsListener | None, ok)
+    """(the metrics listener when ``metrics_port`` is set, whether the server may go on):
+    a listener refused (off loopback without a token) or that cannot bind stops the start,
+    like a door, after saying why on stderr."""
+    s = runtime.settings
+    if s.metrics_port is None:
+        return None, True
+    from tensor_server.errors import TensorServerError
+    from tensor_server.service.metrics import MetricsListener
+
+    try:
+        listener = MetricsListener(runtime)
+    except TensorServerError as exc:
+        print(f"serve: metrics: {exc} ([metrics] host)", file=sys.stderr)
+        return None, False
+    except OSError as exc:
+        print(f"serve: cannot serve metrics on {s.metrics_host}:{s.metrics_port} ({exc}); pass another "
+              "--metrics-port", file=sys.stderr)
+        return None, False
+    print(f"Prometheus metrics at {listener.url}", file=sys.stderr)
+    return listener, True
 
 
 def cmd_url(args: argparse.Namespace) -> int:

@@ -67,6 +67,12 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     token = true                # a per-run access token on every HTTP request, even on loopback
     cors_origins = ["https://viewer.example"]  # origins that may read without the token
     allowed_hosts = ["tensors.lab"]            # Host names beyond loopback, the host's own and sans
+    [metrics]                   # Prometheus /metrics on its own listener (docs/operating.md)
+    port = 8817                 # absent = off (``run`` turns it on at 8817)
+    host = "127.0.0.1"          # off loopback it needs the token (every scrape presents it)
+
+    [log]
+    format = "text"             # or "json": one object per line (the request log too)
 """
 from __future__ import annotations
 
@@ -100,7 +106,8 @@ def default_data_dir() -> Path:
 class Settings:
     """Every setting of a server, built once (by the command line, from the TOML file and
     the flags) and handed to the serving runtime; a door reads only its own transport
-    fields (``host``, ``port``, ``http_port``)."""
+    fields (``host``, ``port``, ``http_port``; the metrics listener ``metrics_host``,
+    ``metrics_port``)."""
 
     roots: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
@@ -141,6 +148,9 @@ class Settings:
     add_source: bool = True
     #: folders an added path must lie under (None: the user's home and the served roots)
     allowed_paths: list[str] | None = None
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    log_format: str = "text"
 
     def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -190,6 +200,9 @@ _KEYS = {
     ("http", "token"): "http_token",
     ("http", "cors_origins"): "cors_origins",
     ("http", "allowed_hosts"): "http_allowed_hosts",
+    ("metrics", "port"): "metrics_port",
+    ("metrics", "host"): "metrics_host",
+    ("log", "format"): "log_format",
 }
 
 
@@ -231,6 +244,8 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
     if isinstance(s.read_workers, bool) or not isinstance(s.read_workers, int) or s.read_workers < 0:
         raise InvalidArgument(f"read workers must be an integer >= 0 (0 = the cores), got {s.read_workers!r}")
     s.log_level = _log_level(s.log_level)
+    if s.log_format not in ("text", "json"):
+        raise InvalidArgument(f"log format must be 'text' or 'json', got {s.log_format!r}")
     return s
 
 

@@ -27,6 +27,7 @@ from tensor_server.adapters.registry import FormatEntry, formats, open_source
 from tensor_server.catalog.discovery import Claim, discover, links_leaving
 from tensor_server.catalog.record import SourceRecord, stat_signature as _stat_signature, tensor_row
 from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
+from tensor_server.catalog.decode_rates import DecodeRates
 from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
 from tensor_server.catalog.store import CatalogStore, StoredRow
@@ -62,6 +63,14 @@ class Catalog:
         self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
         self.rois = RoiStore(rois_path)
         self._rois_published = -1
+        #: measured decode throughput per tensor (the ``decode_rates`` table; the serving
+        #: runtime records into it), re-published at most every ``decode_rates_refresh``
+        #: seconds: a snapshot is a database file written whole, dearer than a sample
+        self.decode_rates = DecodeRates()
+        if rois_path:
+            self.decode_rates.attach(self.rois)  # kept beside the annotations, across restarts
+        self.decode_rates_refresh = 10.0
+        self._rates_published = (0, 0.0)
         #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
         self.follow_symlinks_outside_roots = follow_symlinks_outside_roots
         #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
@@ -545,6 +554,7 @@ class Catalog:
 
     def close(self) -> None:
         self._rescan_stop.set()
+        self.decode_rates.flush()
         self.rois.close()
         self.flush_store()
         store, self._store = self._store, None  # a scan still running stores nothing more
@@ -592,15 +602,16 @@ class Catalog:
 
     def _sql_snapshot(self) -> SqlSnapshot:
         """The current snapshot, acquired (the caller releases it); rebuilt first when the
-        sources changed since it was written."""
-        import pyarrow as pa
-
+        sources, the annotations or (at most every ``decode_rates_refresh`` s) the decode
+        rates changed since it was written."""
         with self._db_lock:
-            if self._dirty or self._snapshot is None or self._rois_published != self.rois.generation:
+            rates_gen, rates_at = self._rates_published
+            rates_due = (self.decode_rates.generation != rates_gen
+                         and time.monotonic() - rates_at >= self.decode_rates_refresh)
+            if self._dirty or self._snapshot is None or self._rois_published != self.rois.generation or rates_due:
                 self._dirty = False
-                decode_rates = pa.table({"array_id": pa.array([], pa.string()), "mbps": pa.array([], pa.float64()),
-                                         "samples": pa.array([], pa.int64()),
-                                         "updated_at": pa.array([], pa.timestamp("us"))})
+                self._rates_published = (self.decode_rates.generation, time.monotonic())
+                decode_rates = self.decode_rates.table()
                 if self._sql_dir is None:
                     self._sql_dir = tempfile.mkdtemp(prefix="tensor-server-catalog-")
                     weakref.finalize(self, shutil.rmtree, self._sql_dir, True)  # also when never closed

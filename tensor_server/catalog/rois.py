@@ -90,6 +90,16 @@ CREATE TABLE IF NOT EXISTS rois (
 );
 ALTER TABLE rois ADD COLUMN IF NOT EXISTS writer TEXT;
 """
+#: the measured decode rates (``catalog/decode_rates.py``) kept in the same file, so a restart
+#: does not re-measure every tensor; clearing the chunk cache keeps them too
+_DECODE_RATES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS decode_rates (
+    array_id TEXT PRIMARY KEY,
+    mbps DOUBLE NOT NULL,
+    samples BIGINT NOT NULL,
+    updated_at TIMESTAMP
+)
+"""
 #: who wrote a row: the SHA-256 (hex) of the token its writer presented ("" = none); a writer
 #: updates and deletes only its own rows (None = full access: the server token, or in-process)
 ANYONE = None
@@ -310,6 +320,7 @@ class RoiStore:
                     try:
                         con = duckdb.connect(self.path or ":memory:")
                         con.execute(_SCHEMA)
+                        con.execute(_DECODE_RATES_SCHEMA)
                     except duckdb.Error as exc:
                         kind = RoiStoreBusy if "lock" in str(exc).lower() else InvalidArgument
                         raise kind(f"annotation store {self.path}: cannot open: {exc}") from None
@@ -331,6 +342,28 @@ class RoiStore:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+
+    # ---- decode rates (the catalog's DecodeRates persists through these) --------------------
+    def load_decode_rates(self) -> dict[str, tuple[float, int, float]]:
+        """``array_id -> (mbps, samples, updated_at epoch seconds)`` as last saved."""
+        rows = self._cursor().execute("SELECT array_id, mbps, samples, epoch_us(updated_at) FROM decode_rates").fetchall()
+        return {r[0]: (float(r[1]), int(r[2]), (r[3] or 0) / 1e6) for r in rows}
+
+    def save_decode_rates(self, rows: Mapping[str, tuple[float, int, float]]) -> None:
+        """Replace the stored rates by ``rows`` (one transaction)."""
+        con = self._connection()
+        with self._lock:
+            cur = con.cursor()
+            cur.execute("BEGIN TRANSACTION")
+            try:
+                cur.execute("DELETE FROM decode_rates")
+                if rows:
+                    cur.executemany("INSERT INTO decode_rates VALUES (?, ?, ?, make_timestamp(?::BIGINT))",
+                                    [(k, v[0], v[1], round(v[2] * 1e6)) for k, v in rows.items()])
+                cur.execute("COMMIT")
+            except Exception:
+                cur.execute("ROLLBACK")
+                raise
 
     # ---- writes ---------------------------------------------------------------------------
     def put(self, array_id: str, rois: Sequence[Any], *, source_url: str | None, check_rev: bool = False,

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
@@ -58,7 +59,11 @@ from tensor_server_kernels.reference import output_shape
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
-__all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "check_chunk_id", "default_engine"]
+__all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "check_chunk_id", "default_engine", "READ_PATHS"]
+
+#: what ``on_read`` names the path that served a computed read (the module docstring's
+#: numbering; ``direct`` is a level-0 or stored-level read, no reduction)
+READ_PATHS = ("closed_form", "decimated", "cache_sourced", "upstream", "streamed", "direct")
 
 #: ``cancelled()`` is polled before each unit is fetched; True stops the read.
 Cancelled = Callable[[], bool]
@@ -76,6 +81,10 @@ class ReadEngine:
     retryable), so a cluster fanning out over a tensor cannot starve other clients. Cache
     hits are never queued. None = unbounded. ``special_chunks``: answer blocks an adapter's
     metadata says hold one value in closed form (path 0 of the module docstring).
+    ``on_read(tensor, path, seconds, nbytes)``: told after each computed read which path
+    served it (``READ_PATHS``), how long it took and the bytes it made, on the reading
+    thread (the serving runtime's metrics and decode rates; a cache hit computes nothing
+    and is not told).
     """
 
     def __init__(
@@ -88,14 +97,21 @@ class ReadEngine:
         admission_timeout: float = 30.0,
         special_chunks: bool = True,
         on_changed: Callable[[TensorAdapter, str], None] | None = None,
+        on_read: Callable[[TensorAdapter, str, float, int], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_read = on_read
         self.special_chunks = special_chunks
         #: told when a tensor's bytes changed under it (the server's catalog reopens the source)
         self.on_changed = on_changed
         self.max_computes = max_computes
         self.admission_timeout = admission_timeout
         self._admission = threading.BoundedSemaphore(max_computes) if max_computes else None
+        #: computations that found every slot taken (``waits``), ``waiting`` now, the seconds
+        #: they waited and those refused (``Overloaded``): the metrics' admission queue. Kept
+        #: on the slow path only: a free slot costs nothing more
+        self.admission = {"waits": 0, "waiting": 0, "wait_seconds": 0.0, "refused": 0}
+        self._admission_lock = threading.Lock()
         self.workers = workers
         self.source_scaled_reads = source_scaled_reads
 
@@ -111,11 +127,14 @@ class ReadEngine:
     ) -> np.ndarray:
         """Owned pixels of ``bounds`` (default: the whole tensor) reduced by ``scale`` with
         ``method``: shape ceil(extent / scale), the tensor's dtype. Scale 1 is ``get_data``."""
+        t0 = time.perf_counter()
         bounds = tensor.check_bounds(bounds)
         scale_t = check_scale(scale, tensor.shape)
         if all(s == 1 for s in scale_t):
             v = self.uniform(tensor, bounds)
-            return self._level0(tensor, bounds) if v is None else np.full(bounds.shape, v, dtype=tensor.dtype)
+            if v is None:
+                return self._level0(tensor, bounds)
+            return self._noted("closed_form", tensor, t0, np.full(bounds.shape, v, dtype=tensor.dtype))
         canonical = normalize_method(method)
         if canonical not in CANONICAL_METHODS:
             raise InvalidArgument(f"method {method!r} cannot be computed; it names stored levels")
@@ -165,7 +184,7 @@ class ReadEngine:
         if self._admission is None:
             yield
             return
-        if not self._admission.acquire(timeout=self.admission_timeout):
+        if not self._admission.acquire(blocking=False) and not self._waited_for_slot():
             raise Overloaded(
                 f"{self.max_computes} chunk computations are running and more are waiting; "
                 f"retry (waited {self.admission_timeout:g} s)"
@@ -180,19 +199,33 @@ class ReadEngine:
         with self.admitted():
             return self._compute(tensor, cid, cancelled)
 
+    def _waited_for_slot(self) -> bool:
+        """Wait up to ``admission_timeout`` for a computation slot, counted in ``admission``."""
+        stats, t0 = self.admission, time.perf_counter()
+        with self._admission_lock:
+            stats["waits"] += 1
+            stats["waiting"] += 1
+        got = self._admission.acquire(timeout=self.admission_timeout)
+        with self._admission_lock:
+            stats["waiting"] -= 1
+            stats["wait_seconds"] += time.perf_counter() - t0
+            stats["refused"] += not got
+        return got
+
     def _compute(self, tensor: TensorAdapter, cid: ChunkId, cancelled: Cancelled | None) -> np.ndarray:
         """A validated chunk's pixels, computed (never looked up as a whole entry). A uniform
         extent is a read-only broadcast array, which the store keeps as a value."""
+        t0 = time.perf_counter()
         owner = tensor.native_level(cid.scale).tensor if cid.method == PRECOMPUTE else tensor
         v = self.uniform(owner, cid.bounds)
         if v is not None:
             if cid.method in (UNSCALED, PRECOMPUTE):
-                return uniform_array(v, cid.bounds.shape, tensor.dtype)
-            return uniform_array(
+                return self._noted("closed_form", owner, t0, uniform_array(v, cid.bounds.shape, tensor.dtype))
+            return self._noted("closed_form", tensor, t0, uniform_array(
                 reduced_constant(v, tensor.dtype, cid.scale, cid.method),
                 output_shape(cid.bounds.shape, cid.scale),
                 tensor.dtype,
-            )
+            ))
         if cid.method in (UNSCALED, PRECOMPUTE):
             return self._level0(owner, cid.bounds)
         return self._scaled(tensor, cid.bounds, cid.scale, cid.method, cancelled)
@@ -201,13 +234,15 @@ class ReadEngine:
         """Owned level-0 pixels of a region that is not uniform as a whole. A region with
         some uniform blocks is assembled block by block (uniform ones filled, the others
         read), so its cost follows the non-uniform blocks; any other is one ``get_data``."""
+        t0 = time.perf_counter()
         ones = (1,) * tensor.ndim
         unit_value = self._closed_form(tensor, bounds, ones, "nearest")
         if unit_value is not None:
             unit = _storage_block_unit(tensor, ones, bounds.shape)
             if any(u < n for u, n in zip(unit, bounds.shape)):
-                return stream_reduce(bounds, unit, ones, "nearest", tensor.get_data, tensor.dtype, unit_value=unit_value)
-        return tensor.get_data(bounds)
+                return self._noted("direct", tensor, t0, stream_reduce(bounds, unit, ones, "nearest", tensor.get_data,
+                                                                       tensor.dtype, unit_value=unit_value))
+        return self._noted("direct", tensor, t0, tensor.get_data(bounds))
 
     def _scaled(
         self,
@@ -219,17 +254,20 @@ class ReadEngine:
     ) -> np.ndarray:
         from tensor_server.core.downsample import downsample_block
 
+        t0 = time.perf_counter()
         if all(s == 1 for s in scale):
-            return tensor.get_data(bounds)
+            return self._noted("direct", tensor, t0, tensor.get_data(bounds))
         unit_value = self._closed_form(tensor, bounds, scale, method)
         if unit_value is not None:
             v = unit_value(bounds)
             if v is not None:
-                return np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype)
+                return self._noted("closed_form", tensor, t0,
+                                   np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype))
         if method == "nearest" and tensor.decimates:
             dec = tensor.get_decimated_data(bounds, scale)
             if dec is not None:
-                return _checked_answer(tensor, "get_decimated_data", dec, bounds, scale)
+                return self._noted("decimated", tensor, t0,
+                                   _checked_answer(tensor, "get_decimated_data", dec, bounds, scale))
         unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
         if unit_value is not None:
             unit = _storage_block_unit(tensor, scale, unit)
@@ -245,12 +283,21 @@ class ReadEngine:
         if offer is None and tensor.reduces:
             reduced = tensor.get_reduced_data(bounds, scale, method)
             if reduced is not None:
-                return _checked_answer(tensor, "get_reduced_data", reduced, bounds, scale)
+                return self._noted("upstream", tensor, t0,
+                                   _checked_answer(tensor, "get_reduced_data", reduced, bounds, scale))
         if cancelled is not None:
             fetch = _stop_when(cancelled, fetch)
+        path = "streamed" if offer is None else "cache_sourced"
         if all(u >= n for u, n in zip(unit, bounds.shape)):
-            return owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype)
-        return stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype, workers=workers, unit_value=unit_value)
+            return self._noted(path, tensor, t0, owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype))
+        return self._noted(path, tensor, t0, stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype,
+                                                           workers=workers, unit_value=unit_value))
+
+    def _noted(self, path: str, tensor: TensorAdapter, t0: float, arr: np.ndarray) -> np.ndarray:
+        """``arr``, after telling ``on_read`` that ``path`` served it since ``t0``."""
+        if self.on_read is not None:
+            self.on_read(tensor, path, time.perf_counter() - t0, arr.nbytes)
+        return arr
 
     def _closed_form(
         self, tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...], method: str

@@ -29,15 +29,18 @@ _CLASS_BY_CODE = {
 }
 
 
-def flight_error(exc: BaseException) -> flight.FlightError:
+def flight_error(exc: BaseException, request_id: str | None = None) -> flight.FlightError:
     """The Flight error a client receives for ``exc``. A Flight error passes as it is; an
-    error that is not ours is INTERNAL, named by type only, and logged with its traceback."""
+    error that is not ours is INTERNAL, named by type only, and logged with its traceback.
+    ``request_id`` (the request log's) ends the message, so a client's error can be found
+    in the server log (``extra_info`` stays the wire contract's ``{code, reason, ...}``)."""
     if isinstance(exc, flight.FlightError):
         return exc
+    tail = f" [request {request_id}]" if request_id else ""
     if not isinstance(exc, TensorServerError):
-        log.error("internal error answering a request", exc_info=exc)
+        log.error("internal error answering request %s", request_id, exc_info=exc)
         info = {"code": "INTERNAL", "reason": "internal"}
-        return flight.FlightInternalError(internal_message(exc), extra_info=json.dumps(info).encode())
+        return flight.FlightInternalError(internal_message(exc) + tail, extra_info=json.dumps(info).encode())
     info = {"code": exc.code, "reason": exc.slug, **exc.details}
     cls = _CLASS_BY_CODE.get(exc.code, flight.FlightServerError)
-    return cls(bounded_message(str(exc)), extra_info=json.dumps(info, default=str).encode())
+    return cls(bounded_message(str(exc)) + tail, extra_info=json.dumps(info, default=str).encode())

@@ -24,6 +24,8 @@ from tensor_server.flight.wire import CHUNK_SCHEMA, chunk_batch, described_fligh
 from tensor_server.service import Caller, ServingRuntime
 from tensor_server.service.bodies import decode_message
 from tensor_server.service.tls import require_safe_transport
+from tensor_server.service.metrics import current as current_request
+from tensor_server.service.metrics import timing
 
 __all__ = ["TensorFlightServer"]
 
@@ -32,25 +34,33 @@ F = TypeVar("F", bound=Callable[..., Any])
 _SOURCES_PATH = ["sources"]
 
 
-def _translated(fn: F) -> F:
-    """Every error a handler raises leaves as the Flight error of its class."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - the one boundary: everything is translated
-            raise flight_error(exc) from None
+def _translated(call: str) -> Callable[[F], F]:
+    """The handler of Flight verb ``call``: one request (its id, count, latency and log
+    line: ``service/metrics.py``), and every error leaves as the Flight error of its class,
+    naming the request."""
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(self: TensorFlightServer, *args: Any, **kwargs: Any) -> Any:
+            rq = self.runtime.metrics.begin("flight", call)
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the one boundary: everything is translated
+                rq.failed(exc)
+                raise flight_error(exc, rq.id) from None
+            finally:
+                self.runtime.metrics.end(rq)
 
-    return wrapper  # type: ignore[return-value]
+        return wrapper  # type: ignore[return-value]
+    return deco
 
 
-def _streamed(results: Iterator[bytes]) -> Iterator[flight.Result]:
+def _streamed(results: Iterator[bytes], request_id: str) -> Iterator[flight.Result]:
     """An action's results as they are made; an error mid-stream is translated too."""
     try:
         for body in results:
             yield flight.Result(body)
     except Exception as exc:  # noqa: BLE001 - the one boundary
-        raise flight_error(exc) from None
+        raise flight_error(exc, request_id) from None
 
 
 class TensorFlightServer(flight.FlightServerBase):
@@ -73,11 +83,14 @@ class TensorFlightServer(flight.FlightServerBase):
     @staticmethod
     def _caller(context: flight.ServerCallContext) -> Caller:
         peer = context.peer()
-        return Caller(token=presented_token(context), peer=peer.decode() if isinstance(peer, bytes) else str(peer),
-                      door="flight")
+        peer = peer.decode() if isinstance(peer, bytes) else str(peer)
+        rq = current_request()
+        if rq is not None:
+            rq.peer = peer  # the request log's
+        return Caller(token=presented_token(context), peer=peer, door="flight")
 
     # ---- GetFlightInfo / ListFlights / GetSchema ------------------------------------------------
-    @_translated
+    @_translated("GetFlightInfo")
     def get_flight_info(self, context, descriptor):  # noqa: ANN001 - pyarrow signature
         self.runtime.calls["GetFlightInfo"] += 1
         caller = self._caller(context)
@@ -101,14 +114,14 @@ class TensorFlightServer(flight.FlightServerBase):
         endpoint = flight.FlightEndpoint(ticket.SerializeToString(), [])
         return flight.FlightInfo(sources_schema(), descriptor, [endpoint], -1, -1)
 
-    @_translated
+    @_translated("ListFlights")
     def list_flights(self, context, criteria):  # noqa: ANN001
         """The public catalog: one flight per queryable table (its schema and a ticket that
         reads it), so a stock Flight client can browse without a biopb proto."""
         self.runtime.authenticate(self._caller(context))
         return iter([self._sources_info(flight.FlightDescriptor.for_path(*_SOURCES_PATH))])
 
-    @_translated
+    @_translated("GetSchema")
     def get_schema(self, context, descriptor):  # noqa: ANN001
         self.runtime.authenticate(self._caller(context))
         if descriptor.descriptor_type != flight.DescriptorType.PATH:
@@ -117,7 +130,7 @@ class TensorFlightServer(flight.FlightServerBase):
         return flight.SchemaResult(self._sources_info(descriptor).schema)
 
     # ---- DoGet ----------------------------------------------------------------------------------
-    @_translated
+    @_translated("DoGet")
     def do_get(self, context, ticket):  # noqa: ANN001
         self.runtime.calls["DoGet"] += 1
         caller = self._caller(context)
@@ -127,14 +140,17 @@ class TensorFlightServer(flight.FlightServerBase):
             return flight.RecordBatchStream(self.runtime.query(tt.catalog_query.sql, caller, context.is_cancelled))
         if kind == "chunk_id":
             _, data = self.runtime.chunk(tt.chunk_id, caller, context.is_cancelled)
-            batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
-            return flight.RecordBatchStream(pa.Table.from_batches([batch], schema=CHUNK_SCHEMA))
+            with timing("encode"):
+                batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
+                table = pa.Table.from_batches([batch], schema=CHUNK_SCHEMA)
+            current_request().nbytes = data.nbytes
+            return flight.RecordBatchStream(table)
         if kind == "roi_read":
             return flight.RecordBatchStream(self.runtime.catalog_verbs.roi_read(tt.roi_read, caller))
         raise InvalidArgument(f"DoGet: unsupported ticket kind {kind!r}")
 
     # ---- DoPut ----------------------------------------------------------------------------------
-    @_translated
+    @_translated("DoPut")
     def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
         """The ``PutCommand`` arm the SDK puts in the descriptor: ROI annotation writes and
         pixel uploads (``chunk_ticket``). Rows are handed over batch by batch: the runtime
@@ -154,17 +170,17 @@ class TensorFlightServer(flight.FlightServerBase):
         raise Unimplemented(f"DoPut {arm or 'without a command'} is not supported by this server")
 
     # ---- actions --------------------------------------------------------------------------------
-    @_translated
+    @_translated("ListActions")
     def list_actions(self, context):  # noqa: ANN001
         return self.runtime.list_actions(self._caller(context))
 
-    @_translated
+    @_translated("DoAction")
     def do_action(self, context, action):  # noqa: ANN001
         from tensor_server.service.actions import find_action
 
         results = self.runtime.do_action(action.type, action.body.to_pybytes(), self._caller(context),
                                          context.is_cancelled)
         if find_action(self.runtime, action.type).streams:
-            return _streamed(iter(results))
+            return _streamed(iter(results), current_request().id)
         return iter([flight.Result(body) for body in results])
 

@@ -31,6 +31,8 @@ from tensor_server.http.paths import resolve_zarr_path
 from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
 from tensor_server.service import Caller
+from tensor_server.service.metrics import current as current_request
+from tensor_server.service.metrics import timing
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service import ServingRuntime
@@ -61,13 +63,14 @@ class _Views:
     def resolve(self, caller: Caller, segments: list[str], zarr_format: int) -> tuple[ZarrImage, list[str]]:
         """The image a path names and the zarr key after it (``http/paths.py``); the runtime's
         read rules (the token or the tensor's grant, the upload gate) for the tensor chosen."""
-        try:
-            image, rest = resolve_zarr_path(segments, zarr_format, lambda aid: self.runtime.catalog.find_tensor(aid)[0],
-                                            self.image)
-        except TensorNotFound:
-            self.runtime.refuse_unknown(caller)
-            raise
-        self.runtime.authorize(caller, image.tensor)
+        with timing("lookup"):
+            try:
+                image, rest = resolve_zarr_path(segments, zarr_format,
+                                                lambda aid: self.runtime.catalog.find_tensor(aid)[0], self.image)
+            except TensorNotFound:
+                self.runtime.refuse_unknown(caller)
+                raise
+            self.runtime.authorize(caller, image.tensor)
         return image, rest
 
     def image(self, tensor: Any) -> ZarrImage:
@@ -148,7 +151,10 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
             return await _dispatch(request, caller, image, rest, zarr_format)
         except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
             calls["errors"] += 1
-            return error_response(exc)
+            rq = current_request()
+            if rq is not None:
+                rq.failed(exc)
+            return error_response(exc, rq.id if rq is not None else None)
 
     async def _dispatch(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
                         ) -> Response:
@@ -177,7 +183,8 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
 
     def _chunk_bytes(caller: Caller, image: ZarrImage, level: ZarrLevel, cid: Any, zarr_format: int) -> memoryview:
         _, data = runtime.chunk(cid, caller)
-        return image.encode_chunk(level, data, zarr_format)
+        with timing("encode"):
+            return image.encode_chunk(level, data, zarr_format)
 
     async def _labels(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
                       ) -> Response:
@@ -200,10 +207,71 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
               Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
     security = security or HttpSecurity.build(recognizes=runtime.access.recognizes)
-    middleware = [Middleware(SecurityMiddleware, security=security, calls=calls)]
+    middleware = [Middleware(Observed, metrics=runtime.metrics),
+                  Middleware(SecurityMiddleware, security=security, calls=calls)]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.calls = calls
     return app
+
+
+class Observed:
+    """ASGI middleware around the whole app: each HTTP request is one request of the
+    metrics (its route class, never its path, as the label), and every response carries
+    ``Server-Timing`` (lookup, cache, decode, reduce, encode, total; ``Timing-Allow-Origin``
+    lets a browser viewer's devtools show it) and ``X-Request-Id`` (a client's valid one is
+    kept)."""
+
+    def __init__(self, app: Any, metrics: Any) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), None)
+        rq = self.metrics.begin("http", route_class(scope.get("path", "")), incoming)
+        client = scope.get("client")
+        rq.peer = client[0] if client else ""
+        rq.target = scope.get("path", "")[:200]
+
+        async def timed_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                rq.status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"server-timing", rq.server_timing().encode()),
+                                                  (b"timing-allow-origin", b"*"),
+                                                  (b"x-request-id", rq.id.encode())]}
+            elif message["type"] == "http.response.body":
+                rq.nbytes += len(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            self.metrics.end(rq)
+
+
+#: the zarr keys that are metadata documents
+_ZARR_METADATA = frozenset({".zarray", ".zattrs", ".zgroup", "zarr.json"})
+
+
+def route_class(path: str) -> str:
+    """The metrics' label of a URL path, from its shape alone (bounded: ``CALLS["http"]``)."""
+    if path == "/healthz":
+        return "healthz"
+    flavour, _, rest = path.lstrip("/").partition("/")
+    if flavour not in FLAVOURS:
+        return "other"
+    segments = [s for s in rest.split("/") if s]
+    if len(segments) <= 1:
+        return "zarr_index"
+    last = segments[-1]
+    if last in _ZARR_METADATA:
+        return "zarr_metadata"
+    if flavour == "zarr" and last.replace(".", "").isdigit() or flavour == "zarr3" and "c" in segments \
+            and last.isdigit():
+        return "zarr_chunk"
+    return "zarr_other"
 
 
 def _metadata(image: ZarrImage, rest: list[str], zarr_format: int, version: str) -> dict[str, Any] | None:

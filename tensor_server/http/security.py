@@ -42,7 +42,7 @@ TOKEN_PATH_PREFIX = "/t/"
 OPEN_PATHS = frozenset({"/healthz"})
 _ALLOW_METHODS = "GET, HEAD, OPTIONS"
 _ALLOW_HEADERS = "Authorization, Range, If-None-Match"
-_EXPOSE_HEADERS = "ETag, Content-Range, Content-Length, Accept-Ranges"
+_EXPOSE_HEADERS = "ETag, Content-Range, Content-Length, Accept-Ranges, Server-Timing, X-Request-Id"
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
 

@@ -6,6 +6,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from tensor_server.http.errors import error_response
+from tensor_server.service.metrics import current as current_request
 from tensor_server.http.security import CREDENTIAL_KEY
 
 __all__ = ["presented_token", "guarded", "while_connected"]
@@ -33,7 +34,8 @@ def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable
             provider.authenticate(presented_token(request), request.client.host if request.client else "")
             return await handler(request)
         except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
-            return error_response(exc)
+            rq = current_request()
+            return error_response(exc, rq.id if rq is not None else None)
     return endpoint
 
 

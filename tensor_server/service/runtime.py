@@ -42,6 +42,7 @@ from tensor_server.errors import (
     TensorNotFound,
 )
 from tensor_server.service.access import Access
+from tensor_server.service import metrics
 from tensor_server.service.caller import Caller
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,6 +103,9 @@ class ServingRuntime:
         self.engine = ReadEngine(cache, workers=s.read_workers or None, source_scaled_reads=s.source_scaled_reads,
                                  max_computes=s.admission_bound(), admission_timeout=s.admission_timeout,
                                  special_chunks=s.special_chunks, on_changed=catalog.reopen_changed)
+        #: instruments, request timing, decode rates (service/metrics.py); the engine tells it its paths
+        self.metrics = metrics.Metrics(self, enabled=s.metrics_port is not None)
+        self.engine.on_read = self.metrics.on_read
         self.precacher = None
         if cache is not None and s.precache_bytes > 0:
             from tensor_server.cache.precache import Precacher
@@ -146,6 +150,7 @@ class ServingRuntime:
                            "added sources, annotations); start it without --read-only to allow writes")
 
     # ---- lookup ---------------------------------------------------------------------------------
+    @metrics.part("lookup")
     def tensor(self, array_id: str, caller: Caller, *, pixels: bool = True) -> tuple[TensorAdapter, str]:
         """(tensor, the id to echo) for ``array_id``, with every read rule applied: the
         caller may read it (the server token, or the tensor's grant), and ``pixels`` (reads,
@@ -183,6 +188,7 @@ class ServingRuntime:
         return None if self.uploads is None else self.uploads.get(array_id)
 
     # ---- describe and plan ----------------------------------------------------------------------
+    @metrics.verb("describe")
     def describe(self, caller: Caller, array_id: str, *, region: Bounds | None = None,
                  scale: Sequence[int] | None = None, method: str = "", fields: Iterable[str] = ()) -> Described:
         """A describe (no endpoints asked) or a read plan. An upload's id answers its write
@@ -243,6 +249,7 @@ class ServingRuntime:
             raise InvalidChunkId(f"chunk id names {cid.array_id[:120]!r}, which is not a tensor id")
         return tensor
 
+    @metrics.verb("chunk", cancelled_arg=2, remainder="cache")
     def chunk(self, chunk_id: bytes | ChunkId, caller: Caller, cancelled: Cancelled | None = None
               ) -> tuple[ChunkId, np.ndarray]:
         """(validated id, read-only pixels) of a planned chunk through the engine; work stops
@@ -257,6 +264,7 @@ class ServingRuntime:
         self.precacher.after_read(tensor, cid)
         return cid, data
 
+    @metrics.verb("read", cancelled_arg=5)
     def read(self, tensor: TensorAdapter, bounds: Bounds | None, scale: Sequence[int] | None, method: str | None,
              caller: Caller, cancelled: Cancelled | None = None) -> np.ndarray:
         """Pixels of a region at a scale (a door that serves regions rather than planned
@@ -264,6 +272,7 @@ class ServingRuntime:
         self._count_peer(caller)
         return self.engine.read(tensor, bounds, scale, method, cancelled=cancelled)
 
+    @metrics.verb("locate")
     def locate(self, chunk_id: bytes, caller: Caller) -> dict[str, Any]:
         """wire-protocol §7: the chunk's batch in a segment file the client can map. The chunk
         goes through the same checks as a chunk read (a stale id is refused), is resolved into
@@ -305,11 +314,13 @@ class ServingRuntime:
             self._peers[key] = self._peers.get(key, 0) + 1
 
     # ---- catalog SQL ----------------------------------------------------------------------------
+    @metrics.verb("query", cancelled_arg=2)
     def query(self, sql: str, caller: Caller, cancelled: Cancelled | None = None):  # noqa: ANN201 - pa.Table
         self.authenticate(caller)
         return self.catalog.query(sql, cancelled=cancelled)
 
     # ---- uploads: one chunk -----------------------------------------------------------------------
+    @metrics.verb("put_chunk")
     def put_chunk(self, chunk_ticket: bytes, pieces: Iterator[Any], caller: Caller,
                   cancelled: Cancelled | None = None) -> None:
         """Store one planned chunk of a PENDING upload (``chunk_ticket``: a write plan's
@@ -332,8 +343,10 @@ class ServingRuntime:
             raise
         self.access.write(caller, plan.upload)
         manager.write_chunk_stream(plan, pieces, cancelled=cancelled)
+        self.metrics.uploaded(int(np.prod(plan.bounds.shape)) * plan.upload.tensor.dtype.itemsize)
 
     # ---- actions --------------------------------------------------------------------------------
+    @metrics.verb("action", action_arg=0)
     def do_action(self, name: str, body: bytes, caller: Caller, cancelled: Cancelled | None = None
                   ) -> Iterator[bytes]:
         """Run the action ``name`` (``service/actions.py``): its results, in order."""
@@ -379,7 +392,7 @@ class ServingRuntime:
     def server_stats(self) -> dict[str, Any]:
         with self._peers_lock:
             peers = dict(self._peers)
-        return {"calls": dict(self.calls), "chunk_reads_by_peer": peers}
+        return {"calls": dict(self.calls), "chunk_reads_by_peer": peers, "server_timing": self.metrics.breakdown()}
 
     def cache_stats(self) -> dict[str, Any] | None:
         if self.cache is None:

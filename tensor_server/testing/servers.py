@@ -24,6 +24,8 @@ class Served:
     flight: Any  # tensor_server.flight.TensorFlightServer
     http: Any | None = None
     thread: threading.Thread | None = None
+    #: the metrics listener (``metrics_port=0`` starts one on a free port)
+    metrics: Any | None = None
 
     @property
     def location(self) -> str:
@@ -35,6 +37,12 @@ class Served:
             raise RuntimeError("started without http=True")
         return self.http.url
 
+    @property
+    def metrics_url(self) -> str:
+        if self.metrics is None:
+            raise RuntimeError("started without metrics_port=0")
+        return self.metrics.url
+
     def client(self, token: str | None = None):  # noqa: ANN201 - biopb.tensor.TensorFlightClient
         from biopb.tensor import TensorFlightClient
 
@@ -42,6 +50,8 @@ class Served:
 
     def stop(self) -> None:
         """Stop the doors and join the Flight thread, then close what the runtime started."""
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.http is not None:
             self.http.stop()
         self.flight.shutdown()
@@ -81,6 +91,14 @@ def start_serving(catalog: Any, *, cache: Any | None = None, uploads: Any | None
             served.http.start()
         except BaseException:
             served.http = None
+            served.stop()
+            raise
+    if runtime.settings.metrics_port is not None:
+        from tensor_server.service.metrics import MetricsListener
+
+        try:
+            served.metrics = MetricsListener(runtime, host)
+        except BaseException:
             served.stop()
             raise
     return served

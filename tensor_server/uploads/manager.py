@@ -226,6 +226,10 @@ class UploadManager:
         """Every upload (live and tombstones), a snapshot."""
         with self._lock:
             return list(self._uploads.values())
+    def pending_count(self) -> int:
+        """Uploads in flight (PENDING): the metrics' gauge."""
+        with self._lock:
+            return sum(1 for up in self._uploads.values() if up.state == PENDING)
 
     def upload_of(self, tensor: TensorAdapter) -> Upload | None:
         up = self.get(tensor.array_id)

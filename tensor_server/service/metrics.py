@@ -1,0 +1,568 @@
+"""Operability: Prometheus instruments, per-request timing, request ids and the request log.
+
+Every instrument of the server is defined here, once, with bounded labels: the door
+(``flight``, ``http``, ``in-process``), the door's call (Flight verb or HTTP route class, ``CALLS``), the runtime verb
+and action name (from the action registry), the engine's read path (``core.engine.READ_PATHS``
+plus ``cache``), the cache tier, the format name (capped), the error code of the taxonomy.
+Never an array id, a path or client text: a label outside its set is ``other``.
+
+Who records what:
+
+* a door opens a **request** (``Metrics.begin``/``end``): its id, the
+  door's per-call count and latency, the request log line;
+* the runtime's verbs are decorated (``@verb("chunk")``, ``@part("lookup")``): each verb's
+  count by outcome and latency, and the **timing parts** of the current request — lookup,
+  cache, decode, reduce, encode — which HTTP sends as ``Server-Timing`` and ``server_stats``
+  sums per door;
+* the read engine tells ``Metrics.on_read`` which path served each computed read (a chunk
+  verb that computed nothing was a cache hit), which also feeds the catalog's
+  ``decode_rates`` table (full-resolution decodes only);
+* state that already has an owner (cache statistics, the catalog, uploads, the process) is
+  read at scrape time by a collector, never on the read path.
+
+The per-request record lives in a ``contextvars.ContextVar`` set by the door: the runtime and
+the engine's observer fill it on the same thread (and in Starlette's worker threads, which
+copy the context). With ``--metrics-port`` unset the Prometheus instruments are not even
+built (``enabled`` False): requests, parts, Server-Timing and the log line still work.
+
+``MetricsListener`` serves ``/metrics`` on its own port (loopback by default, so usage is
+not exposed on a public door); off loopback it refuses to start without the server token,
+and takes the token on every scrape when the server has one.
+"""
+from __future__ import annotations
+
+import bisect
+import contextvars
+import functools
+import itertools
+import logging
+import os
+import re
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from tensor_server.errors import TensorServerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import ssl
+
+    from tensor_server.service.runtime import ServingRuntime
+
+__all__ = ["Metrics", "RequestTiming", "MetricsListener", "verb", "part", "timing", "current", "code_of", "PARTS",
+           "CALLS", "ACCESS_LOG"]
+
+#: the request log's logger: one INFO line per request (the command line turns it on)
+ACCESS_LOG = logging.getLogger("tensor_server.access")
+
+#: per door (``flight``, ``http``; ``in-process`` for verbs called without one), the calls it may name (a door adding a route class adds it here)
+CALLS = {
+    "flight": ("GetFlightInfo", "ListFlights", "GetSchema", "DoGet", "DoPut", "ListActions", "DoAction"),
+    "http": ("zarr_index", "zarr_metadata", "zarr_chunk", "zarr_other", "healthz", "other"),
+    "in-process": (),
+}
+#: where a request's time went (Server-Timing names, in this order)
+PARTS = ("lookup", "cache", "decode", "reduce", "encode")
+#: the part each engine path's time is counted in: ``decode`` reads source bytes as they
+#: are; ``reduce`` computes a reduction (a streamed one overlaps its units' decoding)
+_PART_OF_PATH = {"direct": "decode", "decimated": "decode", "upstream": "decode",
+                 "closed_form": "reduce", "streamed": "reduce", "cache_sourced": "reduce"}
+#: latency buckets (seconds): a cached chunk is ~0.1-1 ms, a cold scaled read seconds
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: distinct format labels kept; later ones count as ``other``
+MAX_FORMATS = 64
+_INCOMING_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_ID_PREFIX = os.urandom(3).hex()
+_ids = itertools.count(1)
+
+_current: contextvars.ContextVar[RequestTiming | None] = contextvars.ContextVar("tensor_server_request", default=None)
+
+
+def current() -> RequestTiming | None:
+    """The request being served on this thread (None outside one)."""
+    return _current.get()
+
+
+def code_of(exc: BaseException) -> str:
+    """The taxonomy's code of an error (anything else is INTERNAL)."""
+    return exc.code if isinstance(exc, TensorServerError) else "INTERNAL"
+
+
+class RequestTiming:
+    """One request: its id, door and call, outcome, and the seconds of each part."""
+
+    __slots__ = ("id", "door", "call", "t0", "parts", "reads", "code", "status", "nbytes", "peer", "target",
+                 "_token")
+
+    def __init__(self, door: str, call: str, request_id: str | None = None) -> None:
+        self.id = request_id if request_id and _INCOMING_ID.fullmatch(request_id) else \
+            f"{_ID_PREFIX}-{next(_ids):x}"
+        self.door, self.call = door, call
+        self.t0 = time.perf_counter()
+        self.parts = dict.fromkeys(PARTS, 0.0)
+        self.reads = 0
+        self.code = "OK"
+        self.status: int | None = None
+        self.nbytes = 0
+        self.peer = ""
+        self.target = ""
+        self._token: contextvars.Token | None = None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def failed(self, exc: BaseException) -> None:
+        self.code = code_of(exc)
+
+    def server_timing(self) -> str:
+        """The ``Server-Timing`` header value: every part, then ``total`` (milliseconds)."""
+        total = self.elapsed()
+        return ", ".join([f"{k};dur={v * 1e3:.3f}" for k, v in self.parts.items()] + [f"total;dur={total * 1e3:.3f}"])
+
+
+class _Timer:
+    """``with timing("encode"):`` adds the block's seconds to the current request's part."""
+
+    __slots__ = ("name", "rq", "t0")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> _Timer:
+        self.rq = _current.get()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.rq is not None:
+            self.rq.parts[self.name] += time.perf_counter() - self.t0
+
+
+def timing(name: str) -> _Timer:
+    """A block's seconds counted in the current request's part ``name`` (``PARTS``)."""
+    return _Timer(name)
+
+
+# ---- decorators for the runtime's verbs ------------------------------------------------------
+def part(name: str) -> Callable:
+    """A runtime method whose time is the current request's part ``name`` (lookup)."""
+    def deco(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            rq = _current.get()
+            if rq is None:
+                return fn(self, *args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                rq.parts[name] += time.perf_counter() - t0
+        return wrapper
+    return deco
+
+
+def verb(name: str, *, cancelled_arg: int | None = None, action_arg: int | None = None,
+         remainder: str | None = None) -> Callable:
+    """A runtime verb, counted by outcome and timed (``self.metrics``). ``cancelled_arg``:
+    the position of its ``cancelled`` callable (an error after the client went counts as
+    CANCELLED); ``action_arg``: the position of an action name (the label is the registry's
+    name, or ``unknown``); ``remainder``: the part the verb's time not attributed to another
+    part goes to (``cache`` for chunks: the store's look-up and write), and a chunk verb that
+    computed nothing is counted as read from the cache."""
+    def deco(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            label = name if action_arg is None else _action_label(args[action_arg] if len(args) > action_arg else "")
+            return self.metrics.run_verb(label, fn, self, args, kwargs, cancelled_arg, remainder)
+        return wrapper
+    return deco
+
+
+_ACTION_NAMES: frozenset[str] | None = None
+
+
+def _action_label(action: object) -> str:
+    global _ACTION_NAMES
+    if _ACTION_NAMES is None:
+        from tensor_server.service.actions import ACTIONS
+
+        _ACTION_NAMES = frozenset(a.name for a in ACTIONS)
+    return f"action:{action}" if action in _ACTION_NAMES else "action:unknown"
+
+
+class Metrics:
+    """The instruments of one runtime (its own registry: two servers in a process, as in
+    tests, count apart). ``enabled`` builds the Prometheus instruments."""
+
+    def __init__(self, runtime: ServingRuntime | None = None, *, enabled: bool = False) -> None:
+        self.runtime = runtime
+        self.enabled = enabled
+        self._lock = threading.Lock()
+        #: door -> [requests, total seconds, *part seconds] (server_stats' breakdown)
+        self._totals: dict[str, list[float]] = {}
+        self._formats: dict[str, str] = {}
+        self.registry = None
+        if enabled:
+            self._build()
+
+    # ---- instruments ----------------------------------------------------------------------
+    def _build(self) -> None:
+        from prometheus_client import CollectorRegistry, ProcessCollector
+
+        reg = self.registry = CollectorRegistry(auto_describe=True)
+        #: (family, *label values) -> value, and -> [per-bucket counts..., +Inf count, sum]:
+        #: plain numbers under ``_lock``, one acquisition per event (a prometheus_client
+        #: child costs a lock per increment: ~10 of them per cached chunk showed in its p50),
+        #: turned into families at scrape time by ``_InstrumentCollector``
+        self._counters: dict[tuple, float] = {}
+        self._hists: dict[tuple, list[float]] = {}
+        ProcessCollector(registry=reg)  # RSS, open file handles, CPU seconds
+        reg.register(_InstrumentCollector(self))
+        reg.register(_StateCollector(self))
+
+    def _add(self, key: tuple, value: float = 1.0) -> None:
+        """Counter ``key`` += ``value`` (the caller holds ``_lock``)."""
+        self._counters[key] = self._counters.get(key, 0.0) + value
+
+    def _observe(self, key: tuple, seconds: float) -> None:
+        """Histogram ``key`` observes ``seconds`` (the caller holds ``_lock``)."""
+        row = self._hists.get(key)
+        if row is None:
+            row = self._hists[key] = [0.0] * (len(_BUCKETS) + 2)
+        row[bisect.bisect_left(_BUCKETS, seconds)] += 1
+        row[-1] += seconds
+
+    # ---- requests (the doors) ---------------------------------------------------------------
+    def begin(self, door: str, call: str, request_id: str | None = None) -> RequestTiming:
+        """Open a request on this thread; ``end`` closes it (same thread or task)."""
+        if call not in CALLS.get(door, ()):
+            call = "other"
+        rq = RequestTiming(door, call, request_id)
+        rq._token = _current.set(rq)
+        return rq
+
+    def end(self, rq: RequestTiming) -> float:
+        """Close ``rq``: count it, add its parts to the totals, write its log line."""
+        total = rq.elapsed()
+        if rq._token is not None:
+            try:
+                _current.reset(rq._token)
+            except ValueError:  # closed in another context than it was opened in
+                _current.set(None)
+            rq._token = None
+        with self._lock:
+            row = self._totals.get(rq.door)
+            if row is None:
+                row = self._totals[rq.door] = [0.0] * (2 + len(PARTS))
+            row[0] += 1
+            row[1] += total
+            for i, v in enumerate(rq.parts.values()):
+                row[2 + i] += v
+            if self.enabled:
+                self._add(("requests", rq.door, rq.call, rq.code))
+                self._observe(("request_seconds", rq.door, rq.call), total)
+                for k, v in rq.parts.items():
+                    if v:
+                        self._add(("part_seconds", rq.door, k), v)
+        if ACCESS_LOG.isEnabledFor(logging.INFO):
+            _log_request(rq, total)
+        return total
+
+    def breakdown(self) -> dict[str, dict[str, float]]:
+        """Per door: requests, their total seconds and the seconds of each part (server_stats)."""
+        with self._lock:
+            rows = {door: list(row) for door, row in self._totals.items()}
+        return {door: {"requests": int(row[0]), "seconds": row[1], **dict(zip(PARTS, row[2:]))}
+                for door, row in rows.items()}
+
+    # ---- verbs (the runtime) ----------------------------------------------------------------
+    def run_verb(self, label: str, fn: Callable, obj: Any, args: tuple, kwargs: dict, cancelled_arg: int | None,
+                 remainder: str | None) -> Any:
+        rq = _current.get()
+        token = None
+        if rq is None:  # an in-process call: a request of its own, so parts still add up
+            rq = RequestTiming("in-process", label)
+            token = _current.set(rq)
+        parts = rq.parts
+        before = sum(parts.values())
+        reads = rq.reads
+        code = "OK"
+        t0 = time.perf_counter()
+        try:
+            return fn(obj, *args, **kwargs)
+        except BaseException as exc:
+            code = code_of(exc)
+            cancelled = kwargs.get("cancelled")
+            if cancelled is None and cancelled_arg is not None and len(args) > cancelled_arg:
+                cancelled = args[cancelled_arg]
+            if cancelled is not None and cancelled():
+                code = "CANCELLED"
+            raise
+        finally:
+            seconds = time.perf_counter() - t0
+            if remainder is not None:
+                parts[remainder] += max(0.0, seconds - (sum(parts.values()) - before))
+            if self.enabled:
+                with self._lock:
+                    if remainder is not None and code == "OK" and rq.reads == reads:
+                        self._add(("reads", "cache"))
+                    self._add(("verbs", label, code))
+                    self._observe(("verb_seconds", label), seconds)
+            if token is not None:
+                _current.reset(token)
+
+    def on_read(self, tensor: Any, path: str, seconds: float, nbytes: int) -> None:
+        """The read engine's observer (``ReadEngine.on_read``)."""
+        rq = _current.get()
+        if rq is not None:
+            rq.parts[_PART_OF_PATH.get(path, "decode")] += seconds
+            rq.reads += 1
+        if path == "direct" and self.runtime is not None:
+            self.runtime.catalog.decode_rates.record(tensor.array_id, nbytes, seconds)
+        if not self.enabled:
+            return
+        if path not in _PART_OF_PATH:
+            path = "other"
+        fmt = self._format_of(tensor) if path == "direct" else None
+        with self._lock:
+            self._add(("reads", path))
+            self._add(("read_seconds", path), seconds)
+            self._add(("read_bytes", path), nbytes)
+            if fmt is not None:
+                self._add(("decode_seconds", fmt), seconds)
+                self._add(("decode_bytes", fmt), nbytes)
+
+    def _format_of(self, tensor: Any) -> str:
+        """The catalog's source type of ``tensor`` (bounded: MAX_FORMATS names, then other)."""
+        from tensor_server.core.identity import ArrayId
+
+        try:
+            source_id = ArrayId.parse(tensor.array_id).source_id
+        except Exception:  # noqa: BLE001 - a label, never a failed read
+            return "other"
+        fmt = self._formats.get(source_id)
+        if fmt is None:
+            try:
+                fmt = str(self.runtime.catalog.get_record(source_id).type)
+            except Exception:  # noqa: BLE001
+                fmt = "other"
+            if fmt not in self._formats.values() and len(set(self._formats.values())) >= MAX_FORMATS:
+                fmt = "other"
+            if len(self._formats) > 4096:
+                self._formats.clear()
+            self._formats[source_id] = fmt
+        return fmt
+
+    def uploaded(self, nbytes: int) -> None:
+        if self.enabled:
+            with self._lock:
+                self._add(("upload_bytes",), nbytes)
+
+def _log_request(rq: RequestTiming, total: float) -> None:
+    fields = {"request_id": rq.id, "door": rq.door, "call": rq.call, "code": rq.code, "status": rq.status,
+              "ms": round(total * 1e3, 3), "bytes": rq.nbytes, "peer": rq.peer[:64], "target": rq.target[:200],
+              **{f"{k}_ms": round(v * 1e3, 3) for k, v in rq.parts.items() if v}}
+    text = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
+    ACCESS_LOG.info("request %s", text, extra={"request": fields})
+
+
+#: family -> (kind, help, label names): what ``Metrics`` counts (prefixed ``tensor_server_``)
+FAMILIES = {
+    "requests": ("counter", "Requests by door, call (Flight verb or HTTP route class) and outcome (error code)",
+                 ("door", "call", "code")),
+    "request_seconds": ("histogram", "Request latency by door and call", ("door", "call")),
+    "part_seconds": ("counter", "Seconds of requests spent in each part (Server-Timing: lookup, cache, decode, "
+                     "reduce, encode)", ("door", "part")),
+    "verbs": ("counter", "Runtime verbs (and actions) by outcome", ("verb", "code")),
+    "verb_seconds": ("histogram", "Runtime verb latency", ("verb",)),
+    "reads": ("counter", "Reads by the path that served them (cache: a chunk the cache held whole)", ("path",)),
+    "read_seconds": ("counter", "Seconds of computed reads by path", ("path",)),
+    "read_bytes": ("counter", "Bytes made by computed reads by path", ("path",)),
+    "decode_seconds": ("counter", "Seconds of full-resolution source decodes by format", ("format",)),
+    "decode_bytes": ("counter", "Bytes of full-resolution source decodes by format", ("format",)),
+    "upload_bytes": ("counter", "Pixel bytes written by upload chunk puts", ()),
+}
+#: exposed names (a counter's samples end in ``_total``)
+_NAMES = {"requests": "requests", "request_seconds": "request_seconds", "part_seconds": "request_part_seconds",
+          "verbs": "verb_calls", "verb_seconds": "verb_seconds", "reads": "reads", "read_seconds": "read_seconds",
+          "read_bytes": "read_bytes", "decode_seconds": "decode_seconds", "decode_bytes": "decode_bytes",
+          "upload_bytes": "upload_bytes"}
+
+
+class _InstrumentCollector:
+    """``Metrics``' counters and histograms as Prometheus families, at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        m = self.metrics
+        with m._lock:
+            counters = dict(m._counters)
+            hists = {k: list(v) for k, v in m._hists.items()}
+        families = {}
+        for family, (kind, text, labels) in FAMILIES.items():
+            cls = CounterMetricFamily if kind == "counter" else HistogramMetricFamily
+            families[family] = cls(f"tensor_server_{_NAMES[family]}", text, labels=list(labels))
+        for (family, *labels), value in counters.items():
+            families[family].add_metric(labels, value)
+        for (family, *labels), row in hists.items():
+            cumulative, buckets = 0.0, []
+            for bound, n in zip((*map(str, _BUCKETS), "+Inf"), row[:-1]):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            families[family].add_metric(labels, buckets, sum_value=row[-1])
+        yield from families.values()
+
+
+class _StateCollector:
+    """What other owners count, read at scrape time: the engine's admission queue, the
+    chunk cache per tier, the precacher, the catalog and discovery, uploads, the decode-rate
+    table."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list:
+        return []  # unchecked: the families depend on what the runtime has (a cache or not)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        rt = self.metrics.runtime
+        if rt is None:
+            return
+        cat = rt.catalog
+        yield GaugeMetricFamily("tensor_server_catalog_sources", "Sources in the catalog", value=len(cat))
+        yield GaugeMetricFamily("tensor_server_catalog_scan_in_progress", "1 while discovery scans the roots",
+                                value=1 if cat.scan_in_progress else 0)
+        yield GaugeMetricFamily("tensor_server_catalog_generation", "Catalog generation (moves on every change)",
+                                value=cat.generation)
+        yield GaugeMetricFamily("tensor_server_decode_rate_rows", "Tensors in the decode_rates table",
+                                value=len(cat.decode_rates.snapshot()))
+        engine = rt.engine
+        if engine.max_computes:
+            adm = dict(engine.admission)
+            yield GaugeMetricFamily("tensor_server_admission_slots", "Chunk computations allowed at once",
+                                    value=engine.max_computes)
+            yield GaugeMetricFamily("tensor_server_admission_waiting", "Computations waiting for a slot now",
+                                    value=adm["waiting"])
+            yield CounterMetricFamily("tensor_server_admission_waits", "Computations that waited for a slot",
+                                      value=adm["waits"])
+            yield CounterMetricFamily("tensor_server_admission_wait_seconds", "Seconds computations waited",
+                                      value=adm["wait_seconds"])
+            yield CounterMetricFamily("tensor_server_admission_refused", "Computations refused after waiting "
+                                      "(UNAVAILABLE, retryable)", value=adm["refused"])
+        stats = rt.cache_stats()
+        if stats is not None:
+            pools = stats["pool_stats"]
+            hits = CounterMetricFamily("tensor_server_cache_hits", "Chunk cache hits by tier", labels=["tier"])
+            hits.add_metric(["memory"], pools["memory"]["hits"])
+            hits.add_metric(["file"], pools["file"]["hits"])
+            hits.add_metric(["uniform"], max(0, stats["hits"] - pools["memory"]["hits"] - pools["file"]["hits"]))
+            yield hits
+            size = GaugeMetricFamily("tensor_server_cache_bytes", "Chunk cache bytes held by tier", labels=["tier"])
+            size.add_metric(["memory"], pools["memory"]["bytes"])
+            size.add_metric(["file"], pools["file"]["bytes"])
+            yield size
+            for key, text in (("misses", "Chunk cache misses (computed)"), ("evictions", "Segments evicted"),
+                              ("pending_waits", "Reads that waited for another's computation of one chunk"),
+                              ("oversized_skips", "Chunks larger than the cache budget"),
+                              ("corrupt_entries", "Entries dropped on failed verification"),
+                              ("write_errors", "Writes the disk refused")):
+                yield CounterMetricFamily(f"tensor_server_cache_{key}", text, value=stats[key])
+            yield GaugeMetricFamily("tensor_server_cache_entries", "Entries in the file tier", value=stats["total_entries"])
+            yield GaugeMetricFamily("tensor_server_cache_max_bytes", "File-tier budget", value=stats["max_bytes"])
+            precache = stats.get("precache")
+            if precache:
+                fam = CounterMetricFamily("tensor_server_precache", "Precacher chunks by outcome", labels=["outcome"])
+                for key, value in precache.items():
+                    fam.add_metric([str(key)], value)
+                yield fam
+        if rt.uploads is not None:
+            yield GaugeMetricFamily("tensor_server_uploads_pending", "Uploads in flight (PENDING)",
+                                    value=rt.uploads.pending_count())
+
+
+class MetricsListener:
+    """``/metrics`` of ``runtime.metrics`` on ``host:port`` (default: the settings'
+    ``metrics_host``/``metrics_port``; port 0 picks a free one, see ``.port``), in daemon
+    threads. Refused (``InvalidArgument``) off loopback without the server token: the metrics
+    tell who reads what how often, which is the server's business only. With a token set,
+    every scrape must present it (``Authorization: Bearer``, as Prometheus'
+    ``authorization`` scrape setting sends it). ``ssl_context`` serves HTTPS (the server's
+    TLS setting, when it has one)."""
+
+    def __init__(self, runtime: ServingRuntime, host: str | None = None, port: int | None = None, *,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        import socket
+        import socketserver
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+        from prometheus_client import make_wsgi_app
+
+        from tensor_server.service.caller import Caller
+        from tensor_server.service.tls import require_safe_transport
+
+        s = runtime.settings
+        host = s.metrics_host if host is None else host
+        port = s.metrics_port if port is None else port
+        if ssl_context is None and runtime.tls is not None:  # the server's certificate, as on every door
+            import ssl
+
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(str(runtime.tls.cert_path), str(runtime.tls.key_path))
+        require_safe_transport(host, s, ssl_context)
+        if runtime.metrics.registry is None or port is None:
+            raise RuntimeError("metrics are off: build the runtime with Settings(metrics_port=...)")
+        scrape = make_wsgi_app(runtime.metrics.registry)
+
+        def app(environ: dict, start_response: Callable) -> list[bytes]:
+            header = environ.get("HTTP_AUTHORIZATION", "")
+            token = header[len("Bearer "):] if header.startswith("Bearer ") else None
+            try:
+                runtime.authenticate(Caller(token=token, peer=environ.get("REMOTE_ADDR", ""), door="metrics"))
+            except TensorServerError as exc:
+                start_response(f"{exc.http_status} {exc.slug}", [("Content-Type", "text/plain"),
+                                                                 ("WWW-Authenticate", "Bearer")])
+                return [f"{exc.slug}: {exc}".encode()]
+            if environ.get("PATH_INFO") not in ("/metrics", "/"):
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"not found: the metrics are at /metrics"]
+            return scrape(environ, start_response)
+
+        class _Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
+                pass
+
+        class _Server(socketserver.ThreadingMixIn, WSGIServer):
+            daemon_threads = True
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._server = make_server(host, port, app, _Server, handler_class=_Quiet)
+        if ssl_context is not None:
+            self._server.socket = ssl_context.wrap_socket(self._server.socket, server_side=True)
+        self.host = host
+        self.scheme = "https" if ssl_context is not None else "http"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-listener", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "localhost") else self.host
+        host = f"[{host}]" if ":" in host else host
+        return f"{self.scheme}://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
