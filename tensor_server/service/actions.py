@@ -104,6 +104,12 @@ def _add_source(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return rt.catalog_verbs.add_source(body, cancelled)
 
 
+def _export(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    from tensor_server.service.export_verb import export_action
+
+    return export_action(rt, caller, body, cancelled)
+
+
 def _verb(method: str) -> Handler:
     """A handler calling ``runtime.catalog_verbs.<method>(body)``."""
     def handler(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
@@ -134,6 +140,8 @@ ACTIONS: tuple[Action, ...] = (
     Action("chunk_locate", "segment file and offset of a cached chunk (loopback only)", _chunk_locate,
            per_tensor=True, available=_cached),
     Action("cache_stats", "chunk cache statistics (JSON)", _cache_stats),
+    Action("export", "write a tensor as a pyramidal, sharded OME-Zarr under the write dir (JSON body: array_id, "
+           "dest, options); streams progress records", _export, writes=True, streams=True, available=_writable),
 )
 _BY_NAME = {a.name: a for a in ACTIONS}
 
