@@ -57,13 +57,24 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
     records: queue.Queue = queue.Queue(maxsize=64)
     failure: list[BaseException] = []
 
+    written = [0]  # the records' bytes_written is a running total: the metric counts its growth
+
+    def noted(record: dict) -> None:
+        if record.get("event") == "unit":
+            total = int(record.get("bytes_written") or 0)
+            runtime.metrics.exported(total - written[0])
+            written[0] = total
+        records.put(record)
+
     def run() -> None:
+        runtime.metrics.export_started(+1)
         try:
-            export_tensor(tensor, dest, options, engine=runtime.engine, cancelled=cancelled,
-                          progress=lambda record: records.put(record), name=request["array_id"])
+            export_tensor(tensor, dest, options, engine=runtime.engine, cancelled=cancelled, progress=noted,
+                          name=request["array_id"])
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
             failure.append(exc)
         finally:
+            runtime.metrics.export_started(-1)
             records.put(_DONE)
 
     worker = threading.Thread(target=run, name="export", daemon=True)

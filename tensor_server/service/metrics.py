@@ -198,6 +198,8 @@ class Metrics:
         self.runtime = runtime
         self.enabled = enabled
         self._lock = threading.Lock()
+        #: exports running now (the export action), a gauge read at scrape time
+        self.exports_running = 0
         #: door -> [requests, total seconds, *part seconds] (server_stats' breakdown)
         self._totals: dict[str, list[float]] = {}
         self._formats: dict[str, str] = {}
@@ -358,6 +360,17 @@ class Metrics:
             with self._lock:
                 self._add(("upload_bytes",), nbytes)
 
+    def exported(self, nbytes: int) -> None:
+        """Bytes an export wrote (its progress records' count, as they come)."""
+        if self.enabled:
+            with self._lock:
+                self._add(("export_bytes",), nbytes)
+
+    def export_started(self, delta: int) -> None:
+        """+1 when an export starts, -1 when it ends (the ``exports_running`` gauge)."""
+        with self._lock:
+            self.exports_running += delta
+
 def _log_request(rq: RequestTiming, total: float) -> None:
     fields = {"request_id": rq.id, "door": rq.door, "call": rq.call, "code": rq.code, "status": rq.status,
               "ms": round(total * 1e3, 3), "bytes": rq.nbytes, "peer": rq.peer[:64], "target": rq.target[:200],
@@ -381,12 +394,13 @@ FAMILIES = {
     "decode_seconds": ("counter", "Seconds of full-resolution source decodes by format", ("format",)),
     "decode_bytes": ("counter", "Bytes of full-resolution source decodes by format", ("format",)),
     "upload_bytes": ("counter", "Pixel bytes written by upload chunk puts", ()),
+    "export_bytes": ("counter", "Bytes written by exports (the export action)", ()),
 }
 #: exposed names (a counter's samples end in ``_total``)
 _NAMES = {"requests": "requests", "request_seconds": "request_seconds", "part_seconds": "request_part_seconds",
           "verbs": "verb_calls", "verb_seconds": "verb_seconds", "reads": "reads", "read_seconds": "read_seconds",
           "read_bytes": "read_bytes", "decode_seconds": "decode_seconds", "decode_bytes": "decode_bytes",
-          "upload_bytes": "upload_bytes"}
+          "upload_bytes": "upload_bytes", "export_bytes": "export_bytes"}
 
 
 class _InstrumentCollector:
@@ -487,6 +501,8 @@ class _StateCollector:
         if rt.uploads is not None:
             yield GaugeMetricFamily("tensor_server_uploads_pending", "Uploads in flight (PENDING)",
                                     value=rt.uploads.pending_count())
+        yield GaugeMetricFamily("tensor_server_exports_running", "Exports in flight (the export action)",
+                                value=rt.metrics.exports_running)
 
 
 class MetricsListener:

@@ -56,3 +56,19 @@ def test_export_is_not_served_without_writes(tmp_path):
         with pytest.raises(flight.FlightServerError, match="read-only"):
             _export(srv, {"array_id": "img", "dest": "x"})
     cat.close()
+
+
+def test_exports_are_counted_in_the_metrics(tmp_path):
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cat = Catalog([])
+    cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=(128, 96)), source_id="img"))
+    cat.first_scan_done.set()
+    with serving(cat, write_dir=str(tmp_path / "w"), writable=True, metrics_port=0) as srv:
+        records = _export(srv, {"array_id": "img", "dest": "m.zarr", "options": {"levels": 1}})
+        text = httpx.get(srv.metrics_url).text
+    samples = {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples["tensor_server_export_bytes_total"] == records[-1]["bytes_written"] > 0
+    assert samples["tensor_server_exports_running"] == 0
+    cat.close()
