@@ -10,12 +10,7 @@ import numpy as np
 import pytest
 
 from tensor_server.testing.door_tests import DoorTests, Refusal
-
-
-class HttpRefused(Exception):
-    def __init__(self, status, text):
-        super().__init__(f"{status}: {text}")
-        self.status, self.text = status, text
+from tests.http.door_test import HttpRefused
 
 
 class _ImageDoor:
