@@ -14,18 +14,29 @@ class HttpRefused(Exception):
         self.status, self.text = status, text
 
 
+def http_get(url, token):
+    """GET ``url`` as a client presenting ``token`` (None: none); a non-200 is HttpRefused."""
+    import httpx
+
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    r = httpx.get(url, headers=headers, timeout=60)
+    if r.status_code != 200:
+        raise HttpRefused(r.status_code, r.text)
+    return r
+
+
+def http_refusal(exc):
+    return Refusal(None, exc.status, exc.text) if isinstance(exc, HttpRefused) else None
+
+
 class HttpDoor:
+    refusal = staticmethod(http_refusal)
+
     def __init__(self, url) -> None:
         self.url = url
 
     def _get(self, path, token):
-        import httpx
-
-        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-        r = httpx.get(f"{self.url}/zarr/{path}", headers=headers, timeout=30)
-        if r.status_code != 200:
-            raise HttpRefused(r.status_code, r.text)
-        return r
+        return http_get(f"{self.url}/zarr/{path}", token)
 
     def read(self, array_id, token):
         meta = self._get(f"{array_id}/0/.zarray", token).json()
@@ -35,12 +46,6 @@ class HttpDoor:
         return whole[tuple(slice(0, n) for n in meta["shape"])]
 
     stats = read_chunk = add_source = None  # verbs this door does not serve
-
-    @staticmethod
-    def refusal(exc):
-        if not isinstance(exc, HttpRefused):
-            return None
-        return Refusal(None, exc.status, exc.text)
 
 
 class TestHttpDoor(DoorTests):

@@ -66,16 +66,7 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
                 shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }",
             )
             state.layout = "xy"
-        browser = _browser()
-        try:
-            browser.get(viewer.get_viewer_url())
-            deadline = time.monotonic() + 60
-            while http.app.state.calls["chunks"] < 4 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            time.sleep(3)  # let the last chunks upload to the GPU and draw
-            png = browser.get_screenshot_as_png()
-        finally:
-            browser.quit()
+        png = screenshot_after_chunks(viewer, http)
         (tmp_path / "neuroglancer.png").write_bytes(png)
     assert http.app.state.calls["chunks"] >= 4, "neuroglancer fetched no chunks"
     shot = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
@@ -87,3 +78,18 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
     assert np.flatnonzero(dark).mean() < np.flatnonzero(bright).mean(), "the halves are in the wrong order"
     ratio = bright.sum() / dark.sum()
     assert 0.5 < ratio < 2.0, f"halves rendered unequally: {ratio:.2f}"
+
+
+def screenshot_after_chunks(viewer, http, chunks: int = 4) -> bytes:
+    """Open ``viewer`` in headless Chromium, wait (60 s at most) until the HTTP door served
+    ``chunks`` chunks, let them draw, and take a screenshot (PNG bytes)."""
+    browser = _browser()
+    try:
+        browser.get(viewer.get_viewer_url())
+        deadline = time.monotonic() + 60
+        while http.app.state.calls["chunks"] < chunks and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # let the last chunks upload to the GPU and draw
+        return browser.get_screenshot_as_png()
+    finally:
+        browser.quit()

@@ -5,7 +5,6 @@ volume from them."""
 from __future__ import annotations
 
 import io
-import time
 
 import httpx
 import numpy as np
@@ -15,7 +14,7 @@ from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
 from tensor_server.http.zarr_view import ZarrImage, encode_shard, inner_chunks
 from tests.http.conftest import POLICY, http_serving, ids
-from tests.http.neuroglancer_test import _browser
+from tests.http.neuroglancer_test import screenshot_after_chunks
 
 
 def test_shard_layout_is_inner_chunks_then_index():
@@ -81,16 +80,7 @@ def test_neuroglancer_draws_a_volume_from_the_sharded_view(tmp_path):
                 source=f"zarr3://{http.url}/t/{token}/zarr3/vol/",
                 shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }")
             state.layout = "yz"  # the panel of the 2nd and 3rd dimensions (y, x): a z plane
-        browser = _browser()
-        try:
-            browser.get(viewer.get_viewer_url())
-            deadline = time.monotonic() + 60
-            while http.app.state.calls["chunks"] < 4 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            time.sleep(3)
-            png = browser.get_screenshot_as_png()
-        finally:
-            browser.quit()
+        png = screenshot_after_chunks(viewer, http)
         (tmp_path / "neuroglancer-sharded.png").write_bytes(png)
     assert http.app.state.calls["chunks"] >= 4, "neuroglancer fetched no shards"
     shot = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)

@@ -9,8 +9,8 @@ import io
 import numpy as np
 import pytest
 
-from tensor_server.testing.door_tests import DoorTests, Refusal
-from tests.http.door_test import HttpRefused
+from tensor_server.testing.door_tests import DoorTests
+from tests.http.door_test import http_get, http_refusal
 
 
 class _ImageDoor:
@@ -20,18 +20,10 @@ class _ImageDoor:
     def __init__(self, url) -> None:
         self.url = url
 
+    refusal = staticmethod(http_refusal)
+
     def _get(self, path, token):
-        import httpx
-
-        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-        r = httpx.get(f"{self.url}{path}", headers=headers, timeout=60)
-        if r.status_code != 200:
-            raise HttpRefused(r.status_code, r.text)
-        return r
-
-    @staticmethod
-    def refusal(exc):
-        return Refusal(None, exc.status, exc.text) if isinstance(exc, HttpRefused) else None
+        return http_get(f"{self.url}{path}", token)
 
 
 class IiifDoor(_ImageDoor):
