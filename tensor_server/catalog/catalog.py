@@ -280,7 +280,7 @@ class Catalog:
                     if not os.path.lexists(root):
                         skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
                         continue
-                    claims = discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None,
+                    claims = discover(root, on_progress=lambda p: self._walked(p, progress, len(seen)),
                                       allowed_roots=allowed, on_skip=lambda p, why: skipped.append((p, why)),
                                       known=self._known_format, on_unclaimed=on_unclaimed)
                     for claim in claims:
@@ -385,6 +385,12 @@ class Catalog:
             pending = sum(r.is_open_pending() for r in self._records.values())
         return {"scan_in_progress": self.scan_in_progress, **counts, "restored": self.restored, "pending_open": pending,
                 "opens": self.opens, "sources": len(self), "last_full_scan_finished_at": self.last_scan_finished_at}
+
+    def _walked(self, folder: Path, progress: Callable[[str, int], None] | None, found: int) -> None:
+        """Discovery entered ``folder``: counted (health, metrics) and told to ``progress``."""
+        self._count("folders_walked")
+        if progress is not None:
+            progress(str(folder), found)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -648,6 +654,7 @@ class _ScanCounts:
 
     def __init__(self, started_at: float | None = None) -> None:
         self.scan_started_at = started_at
+        self.folders_walked = 0  # folders discovery listed
         self.files_seen = 0  # claims discovery found
         self.files_unchanged = 0  # of those, unchanged since they were opened: a stat only
         self.files_opened = 0  # adapters opened
