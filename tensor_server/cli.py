@@ -346,8 +346,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT
+    if demo and settings.metrics_port is None:
+        settings.metrics_port = DEMO_METRICS_PORT
     clash = _port_clash(settings.host, settings.port, "--port", "PORT") or \
-        _port_clash(settings.host, settings.http_port, "--http-port", "HTTP_PORT")
+        _port_clash(settings.host, settings.http_port, "--http-port", "HTTP_PORT") or \
+        _port_clash(settings.metrics_host, settings.metrics_port, "--metrics-port", "METRICS_PORT")
     if clash is not None:  # said first: before any file is opened or gRPC speaks
         print(f"serve: {clash}", file=sys.stderr)
         return 2
@@ -380,10 +383,6 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except (_Taken, InvalidArgument) as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    if demo and settings.http_port is None:
-        settings.http_port = DEMO_HTTP_PORT
-    if demo and settings.metrics_port is None:
-        settings.metrics_port = DEMO_METRICS_PORT
     try:
         cache = _take(settings.cache_dir, default_cache_dir() / "chunks", settings.port, "--cache-dir",
                       lambda d: CacheManager(d, max_total_bytes=settings.cache_max_bytes), CacheLocked)

@@ -181,16 +181,19 @@ def test_log_level_is_validated():
     assert out.returncode == 2 and out.stderr.startswith("serve: log level must be one of")
 
 
-def test_a_busy_port_is_said_first_and_plainly(tmp_path):
+@pytest.mark.parametrize("flag, make_var", [("--port", "PORT"), ("--http-port", "HTTP_PORT"),
+                                            ("--metrics-port", "METRICS_PORT")])
+def test_a_busy_port_is_said_first_and_plainly(tmp_path, flag, make_var):
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--port", "0",
-                              "--http-port", str(port)], capture_output=True, text=True, timeout=60)
+        ports = {"--port": "0", "--http-port": "0", "--metrics-port": "0", flag: str(port)}
+        out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path),
+                              *[a for kv in ports.items() for a in kv]], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.splitlines() == [f"serve: cannot listen on 127.0.0.1:{port}: port in use (another tensor-server, "
-                                       "or another program). Pass --http-port N (0 picks a free one), or with make: "
-                                       "make run HTTP_PORT=N"]
+                                       f"or another program). Pass {flag} N (0 picks a free one), or with make: "
+                                       f"make run {make_var}=N"]
