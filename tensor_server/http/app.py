@@ -25,10 +25,10 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.identity import ArrayId
-from tensor_server.errors import TensorNotFound
+from tensor_server.errors import TensorNotFound, code_of_http_status
 from tensor_server.http.errors import error_response
 from tensor_server.http.paths import resolve_zarr_path
-from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware
+from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware, split_path_token
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
 from tensor_server.service import Caller
 from tensor_server.service.metrics import current as current_request
@@ -229,14 +229,17 @@ class Observed:
             await self.app(scope, receive, send)
             return
         incoming = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), None)
-        rq = self.metrics.begin("http", route_class(scope.get("path", "")), incoming)
+        path, _ = split_path_token(scope.get("path", ""))
+        rq = self.metrics.begin("http", route_class(path), incoming)
         client = scope.get("client")
         rq.peer = client[0] if client else ""
-        rq.target = scope.get("path", "")[:200]
+        rq.target = path[:200]
 
         async def timed_send(message: dict) -> None:
             if message["type"] == "http.response.start":
                 rq.status = message["status"]
+                if rq.code == "OK":  # a refusal made without raising (the security middleware's)
+                    rq.code = code_of_http_status(rq.status)
                 message = {**message, "headers": [*message.get("headers", ()),
                                                   (b"server-timing", rq.server_timing().encode()),
                                                   (b"timing-allow-origin", b"*"),
@@ -255,11 +258,24 @@ class Observed:
 _ZARR_METADATA = frozenset({".zarray", ".zattrs", ".zgroup", "zarr.json"})
 
 
+#: the viewer doors' route classes by their path's first segment (``http/viewers.py``)
+_VIEWER_CLASSES = {"iiif": "iiif_image", "deepzoom": "dzi_tile", "view": "viewer_page", "assets": "viewer_assets"}
+
+
 def route_class(path: str) -> str:
-    """The metrics' label of a URL path, from its shape alone (bounded: ``CALLS["http"]``)."""
+    """The metrics' label of a URL path (without its ``/t/<token>`` prefix), from its shape
+    alone (bounded: ``CALLS["http"]``)."""
     if path == "/healthz":
         return "healthz"
+    if path == "/":
+        return "catalog_page"
     flavour, _, rest = path.lstrip("/").partition("/")
+    if flavour in _VIEWER_CLASSES:
+        if flavour == "iiif" and rest.endswith("/info.json"):
+            return "iiif_info"
+        if flavour == "deepzoom" and rest.endswith(".dzi"):
+            return "dzi"
+        return _VIEWER_CLASSES[flavour]
     if flavour not in FLAVOURS:
         return "other"
     segments = [s for s in rest.split("/") if s]

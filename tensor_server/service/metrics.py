@@ -58,7 +58,8 @@ ACCESS_LOG = logging.getLogger("tensor_server.access")
 #: per door (``flight``, ``http``; ``in-process`` for verbs called without one), the calls it may name (a door adding a route class adds it here)
 CALLS = {
     "flight": ("GetFlightInfo", "ListFlights", "GetSchema", "DoGet", "DoPut", "ListActions", "DoAction"),
-    "http": ("zarr_index", "zarr_metadata", "zarr_chunk", "zarr_other", "healthz", "other"),
+    "http": ("zarr_index", "zarr_metadata", "zarr_chunk", "zarr_other", "iiif_info", "iiif_image", "dzi", "dzi_tile",
+             "catalog_page", "viewer_page", "viewer_assets", "healthz", "other"),
     "in-process": (),
 }
 #: where a request's time went (Server-Timing names, in this order)
