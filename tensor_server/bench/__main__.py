@@ -47,6 +47,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "TLS vs plaintext in one run: 8 MiB and 64 KiB DoGet, 1 MiB HTTP chunks (MB/s, median latency)"),
     "iiif": ("tensor_server.bench.iiif",
              "512² IIIF JPEG tiles of every level of an image with no pyramid, cold and warm, vs tifffile + Pillow"),
+    "viewport": ("tensor_server.bench.viewport",
+                 "63 512² tiles per level of an image with no pyramid, concurrently, over Flight and IIIF vs TensorStore"),
     "catalog-start": ("tensor_server.bench.catalog_start",
                       "a root of 10,000 small + 100 large files: first scan vs one-at-a-time, restart, rescan, serve"),
     "export": ("tensor_server.bench.export",
