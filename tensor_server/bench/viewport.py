@@ -31,7 +31,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tensor_server.bench.timing import print_table, write_json
+from tensor_server.bench.fixtures import default_data_dir
+from tensor_server.bench.timing import add_common_arguments, print_table, write_json
 
 __all__ = ["add_arguments", "main"]
 
@@ -143,16 +144,14 @@ def _ours(root: Path, kind: str, tiles: list[tuple], factor: int, workers: int) 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--size", choices=("small", "full"), default="small", help="small: 8192², full: 32768²")
-    parser.add_argument("--data-dir", help="where the fixtures are written once (default: a temporary folder)")
+    add_common_arguments(parser, sizes="small: 8192², full: 32768² (2 GiB of fixtures)")
     parser.add_argument("--formats", default="zarr,tiff", help="comma-separated: zarr, tiff")
     parser.add_argument("--concurrency", type=int, default=6, help="tiles in flight (a browser's connections)")
-    parser.add_argument("--json", dest="json_path")
 
 
 def main(ns: argparse.Namespace) -> int:
     side = 8192 if ns.size == "small" else 32768
-    root = Path(ns.data_dir or tempfile.mkdtemp(prefix="ts-bench-viewport-data-")) / f"viewport-{side}"
+    root = Path(ns.data_dir or default_data_dir()) / f"viewport-{side}"
     root.mkdir(parents=True, exist_ok=True)
     _write_fixtures(root, side)
     load = os.getloadavg()
