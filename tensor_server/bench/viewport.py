@@ -154,6 +154,9 @@ def main(ns: argparse.Namespace) -> int:
     root = Path(ns.data_dir or default_data_dir()) / f"viewport-{side}"
     root.mkdir(parents=True, exist_ok=True)
     _write_fixtures(root, side)
+    from tensor_server.core.downsample import warm_up
+
+    warm_up()  # as a server does at start: cold means an empty chunk cache, not an unloaded kernel
     load = os.getloadavg()
     headers = ["format", "scale", "tiles", "ts total", "cold total", "ours/ts", "cold p50", "warm total",
                "warm p50", "iiif total", "iiif p50"]
