@@ -89,12 +89,17 @@ class Precacher:
         except Exception as exc:  # planning a neighbour must never fail the client's read
             log.debug("precache: cannot plan around %s: %s", cid.array_id, exc)
             return
+        self.warm(tensor, candidates, skip=key)
+
+    def warm(self, tensor: TensorAdapter, cids: list[ChunkId], skip: bytes | None = None) -> None:
+        """Queue the chunks of ``cids`` not cached or queued yet, up to ``budget_bytes``
+        (``after_read``'s neighbours; a door's chunks it served a cold region without)."""
         spent = 0
         store = self.engine.store
         with self._lock:
-            for nxt in candidates:
+            for nxt in cids:
                 nkey = nxt.encode()
-                if nkey == key or nkey in self._queued or nkey in self._warmed:
+                if nkey == skip or nkey in self._queued or nkey in self._warmed:
                     continue
                 nbytes = _prod(nxt.output_shape) * tensor.dtype.itemsize
                 if spent + nbytes > self.budget_bytes:
