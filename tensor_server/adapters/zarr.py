@@ -174,6 +174,8 @@ class _ChunkFiles:
     reader needs to skip chunks never written). Larger arrays would take too long to open
     that way: a cell is stamped the first time a chunk over it is served, which still keeps
     a running server from serving old bytes, but their version covers the metadata only.
+    An extent verified recently is not stat'ed file by file again while its folders are
+    unchanged (``verified``; ``_verified_extents`` states the bound on in-place rewrites).
 
     The eager stamps come from one listing of the folder, kept as ``listed``: the same
     listing tells the adapter's uniform blocks which chunks are stored, so the two never

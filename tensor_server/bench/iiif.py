@@ -1,27 +1,32 @@
 """``python -m tensor_server.bench iiif``: 512² JPEG tiles of every level of a big image with no
-stored pyramid, through the IIIF door, cold and warm, beside the naive on-the-fly peer.
+stored pyramid, through the IIIF door, cold and warm, beside the decode floor and the naive
+on-the-fly peer, in one run.
 
 The image (``--size small``: 8192², ``full``: 32768²) is a uint8 gradient with noise, written
-once as a 512²-tiled zlib TIFF and as a zarr array of 512² chunks. For each IIIF scale factor
-``f`` a viewport of up to 9×7 = 63 tiles (region 512·f, output 512) is requested over HTTP:
+once as a 512²-tiled zlib TIFF and as a zarr v2 array of 512² zstd chunks. For each IIIF scale
+factor ``f`` a viewport of up to 9×7 = 63 tiles (region 512·f, output 512) is requested over
+HTTP:
 
-* cold: a fresh server with an empty chunk cache per level (the level's chunks are computed
-  from the file);
-* warm: the same tiles again (chunk cache hits, crop, JPEG encode);
-* peer (tifffile + Pillow per tile, the naive tile server): read the tile's full-resolution
-  extent from the TIFF, reduce with Pillow's box filter, encode; its read alone is the decode
-  floor of the extent. The peer's coarse levels are capped at ``--peer-tiles`` tiles.
+* cold: a fresh server with an empty chunk cache per level, after the image's ``info.json``
+  (what a viewer asks first; it opens the source). A cold tile is computed from its own
+  extent while the precacher fills the level's chunks (``ServingRuntime.level_region``);
+* warm: the same tiles again once the precacher has settled (cache hits, crop, JPEG encode);
+* floor: read and decode, on all cores, the stored pieces (TIFF tiles, zarr chunk files)
+  under each tile's full-resolution extent (``decode_floor``): what no tile server can beat
+  without a stored pyramid; ``cold/floor`` is the median ratio over the same tiles;
+* peer (tifffile + Pillow per tile, the naive tile server): read the tile's extent from the
+  TIFF, reduce with Pillow's box filter, encode.
 
-Reported per level: p50/p99 ms of each. Cantaloupe's published figures for scale: 30 ms
-median per tile from a stored pyramid, 45–50 s per tile from a non-pyramidal TIFF
-(cantaloupe#455).
+The floor and the peer read the first ``--peer-tiles`` tiles of each level (a coarse tile's
+extent is the whole image). Printed beside them: Cantaloupe's published figures, 30 ms median
+per tile from a stored pyramid and 45–50 s per tile from a non-pyramidal TIFF (cantaloupe#455),
+and the load average after each row (the figures are only comparable within one run).
 """
 from __future__ import annotations
 
 import argparse
 import io
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -104,6 +109,9 @@ def _served_times(root: Path, kind: str, side: int, factor: int, settle_s: float
         array_id = next(v for k, v in server.ids().items() if kind in k)
         out: dict[str, Any] = {"cold": [], "warm": []}
         with httpx.Client(base_url=server.http.url, timeout=600) as client:
+            t0 = time.perf_counter()  # what a viewer asks first: opens the source, no pixels
+            client.get(f"/iiif/3/{array_id}/info.json").raise_for_status()
+            out["info"] = (time.perf_counter() - t0) * 1e3
             for phase in ("cold", "warm"):
                 if phase == "warm":
                     out["settle"] = _settle(server.served.runtime, settle_s)
@@ -170,7 +178,7 @@ def _floor_times(root: Path, kind: str, side: int, factor: int, cap: int) -> lis
 CANTALOUPE_PYRAMID_MS = 30.0
 CANTALOUPE_NO_PYRAMID_MS = (45_000.0, 50_000.0)
 _HEAD = ["format", "scale", "tiles", "cold 1st", "floor 1st", "1st/floor", "cold p50", "cold p99", "floor p50",
-         "warm p50", "warm p99", "peer p50", "peer p99", "settle s", "load"]
+         "cold/floor", "info", "warm p50", "warm p99", "peer p50", "peer p99", "settle s", "load"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -205,14 +213,15 @@ def main(ns: argparse.Namespace) -> int:
             row = {"format": kind, "scale": factor, "tiles": len(cold), "cold_first": cold[0],
                    "floor_first": floor[0], "first_over_floor": cold[0] / floor[0],
                    "cold_p50": _pct(cold, 50), "cold_p99": _pct(cold, 99), "floor_p50": _pct(floor, 50),
+                   "cold_over_floor": float(np.median([c / f for c, f in zip(cold, floor)])), "info": got["info"],
                    "warm_p50": _pct(warm, 50), "warm_p99": _pct(warm, 99), "peer_p50": _pct(peer, 50),
                    "peer_p99": _pct(peer, 99), "settle_s": got["settle"], "load": os.getloadavg()[0]}
             out.append(row)
             rows.append(list(row.values()))
             print_table(_HEAD, rows[-1:])
     print(f"\n{side}² uint8, 512² JPEG tiles over HTTP (ms), {os.cpu_count()} cores; cold: a fresh server per "
-          f"level; warm: the same tiles once the precacher settled; floor: read + decode (all cores) of the stored "
-          f"pieces under the tile's extent; peer: tifffile + Pillow per tile (first {ns.peer_tiles} tiles per level); "
+          f"level, after its info.json (info: ms); warm: the same tiles once the precacher settled; floor: read + decode (all cores) of the stored "
+          f"pieces under the tile's extent; cold/floor: the median over the floor's tiles of cold / floor; peer: tifffile + Pillow per tile (first {ns.peer_tiles} tiles per level); "
           "load: 1-min load average after the row")
     print_table(_HEAD, rows)
     print(f"Cantaloupe (published, cantaloupe#455): {CANTALOUPE_PYRAMID_MS:g} ms median per tile from a stored "

@@ -286,7 +286,7 @@ class ServingRuntime:
                                      cancelled)
         for _, cid in cells:  # the bytes under it are the ones the tensor was opened on
             self.engine.refuse_changed(tensor, cid)
-        with self.engine.admitted():
+        with self.precacher.client_read(), self.engine.admitted():  # the precacher starts nothing meanwhile
             data = self.read(tensor, extent, level.scale, None if level.method == UNSCALED else level.method,
                              caller, cancelled)
         self.precacher.warm(tensor, [cid for _, cid in cells])
