@@ -200,7 +200,10 @@ def main(ns: argparse.Namespace) -> int:
     root = Path(ns.data_dir or tempfile.mkdtemp(prefix="ts-bench-iiif-data-")) / f"iiif-{side}"
     root.mkdir(parents=True, exist_ok=True)
     _write_fixtures(root, side)
+    from tensor_server.core.downsample import warm_up
     from tensor_server.render.iiif import scale_factors
+
+    warm_up()  # the kernels, as ``serve`` loads them at start: not a cost of the first scaled tile
 
     factors = [int(f) for f in ns.scales.split(",")] if ns.scales else scale_factors(side, side)
     rows, out = [], []
