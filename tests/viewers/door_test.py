@@ -15,7 +15,7 @@ from urllib.parse import quote, unquote
 import numpy as np
 import pytest
 
-from tensor_server.testing.door_tests import DoorTests
+from tensor_server.testing.door_tests import GRANT, TOKEN, DoorTests
 from tests.http.door_test import http_get, http_refusal
 
 
@@ -92,7 +92,7 @@ class TestCatalogPageDoor(DoorTests):
     def test_the_listing_needs_the_server_token(self, door, world):
         """The folder listing is the control surface's view of the catalog: a grant opens its
         own tensor, never the listing."""
-        for token in (None, "wrong", "door-tests-grant"):
+        for token in (None, "wrong", GRANT):
             refusal = self.refused(door, door._get, "/", token)
             assert refusal.status == 401, refusal
-        assert "img" in door._get("/", "door-tests-token").text
+        assert "img" in door._get("/", TOKEN).text
