@@ -75,3 +75,69 @@ def test_a_file_past_the_deadline_is_an_unreadable_row(tmp_path, slow_format):
     slow = next(r for r in cat.records() if r.path.name == "a.slow")
     assert "gave up opening after 0.2 s" in slow.unresolved_reason
     cat.close()
+
+
+def _mixed_tree(root):
+    """Files of four formats, one broken, one no format claims; returns {name: array}."""
+    import h5py
+    import tifffile
+
+    root.mkdir()
+    arrays = {}
+    for i in range(3):
+        arrays[f"a{i}.npy"] = np.arange(12, dtype=np.int16).reshape(3, 4) + i
+        np.save(root / f"a{i}.npy", arrays[f"a{i}.npy"])
+    arrays["b.tif"] = np.arange(30, dtype=np.uint8).reshape(5, 6)
+    tifffile.imwrite(root / "b.tif", arrays["b.tif"])
+    arrays["c.h5"] = np.linspace(0, 1, 20, dtype=np.float32).reshape(4, 5)
+    with h5py.File(root / "c.h5", "w") as f:
+        f["data"] = arrays["c.h5"]
+    (root / "broken.npy").write_bytes(b"\x93NUMPY garbage")
+    (root / "notes.txt").write_text("not a source")
+    return arrays
+
+
+def test_a_big_scan_opens_on_worker_processes_and_lists_the_same_rows(tmp_path, monkeypatch):
+    from tensor_server.catalog import _opening
+
+    arrays = _mixed_tree(tmp_path / "data")
+    on_threads = Catalog([tmp_path / "data"], open_processes=0)
+    on_threads.scan()
+    expected = on_threads.sources_table().to_pylist()
+    on_threads.close()
+
+    monkeypatch.setattr(_opening, "PROCESSES_AFTER", 0)  # every open on a worker process
+    unclaimed = []
+    cat = Catalog([tmp_path / "data"], open_workers=2, open_processes=2, store_path=str(tmp_path / "c.duckdb"))
+    summary = cat.scan(on_unclaimed=unclaimed.append)
+    assert (summary["total"], summary["unresolved"]) == (len(arrays) + 1, 1)
+    assert [p.name for p in unclaimed] == ["notes.txt"]
+    progress = cat.discovery_progress()
+    assert (progress["files_seen"], progress["files_opened"], progress["files_failed"]) == (len(arrays) + 1, len(arrays), 1)
+    assert progress["pending_open"] == len(arrays) and cat.opens == len(arrays) + 1
+    assert cat.sources_table().to_pylist() == expected  # listed from the workers' rows
+    broken = next(r for r in cat.records() if r.path.name == "broken.npy")
+    assert not broken.is_resolved and "npy" in broken.unresolved_reason
+    for rec in cat.records():
+        if rec.is_resolved:  # opened here on first use, read bit-identical
+            np.testing.assert_array_equal(cat.find_tensor(rec.source_id)[0].get_data(), arrays[rec.path.name])
+    assert cat.opens == 2 * len(arrays) + 1
+    cat.close()
+
+
+def test_a_plugin_format_keeps_every_open_on_threads(tmp_path, monkeypatch, slow_format):
+    from tensor_server.catalog import _opening
+
+    started, release = slow_format
+    release.set()
+    (tmp_path / "a.slow").write_bytes(b"x")
+    np.save(tmp_path / "b.npy", np.zeros(3))
+    monkeypatch.setattr(_opening, "PROCESSES_AFTER", 0)
+    cat = Catalog([tmp_path], open_workers=2, open_processes=2)
+    summary = cat.scan()  # a worker process would not know zz-slow: "unknown format"
+    assert (summary["total"], summary["unresolved"]) == (2, 1)
+    slow = next(r for r in cat.records() if r.path.name == "a.slow")
+    assert "given up by the test" in slow.unresolved_reason
+    plain = next(r for r in cat.records() if r.path.name == "b.npy")
+    assert plain.opened() is not None and not plain.is_open_pending()  # opened here, on a thread
+    cat.close()
