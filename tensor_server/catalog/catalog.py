@@ -51,14 +51,17 @@ class Catalog:
 
     ``rois_path``: the DuckDB file of the ROI annotations (``rois`` table); None keeps them
     in memory for this process only. ``store_path``: the DuckDB file the rows are kept in
-    across restarts (restored here, at construction); None keeps them in memory only.
+    across restarts (restored here, at construction); None keeps them in memory only;
+    ``store``: that store already open, the caller's to close after the catalog (``serve``
+    opens it first, to pick a file no other server holds).
     ``open_workers``: adapters a scan opens at once on threads; ``open_processes``: worker
     processes a big scan opens the rest of its files on (``catalog/_opening.py``; 0: none)."""
 
     def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None, *,
                  sql_limits: SqlLimits = SqlLimits(), follow_symlinks_outside_roots: bool = False,
                  open_timeout_seconds: float = 60.0, store_path: str | None = None,
-                 open_workers: int = DEFAULT_OPEN_WORKERS, open_processes: int = DEFAULT_OPEN_PROCESSES) -> None:
+                 open_workers: int = DEFAULT_OPEN_WORKERS, open_processes: int = DEFAULT_OPEN_PROCESSES,
+                 store: CatalogStore | None = None) -> None:
         self.roots = [Path(r) for r in roots if not is_remote_root(r)]
         #: object-store and upstream-server URLs (``catalog/remote.py``)
         self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
@@ -123,8 +126,9 @@ class Catalog:
         self._store: CatalogStore | None = None
         #: source_id -> record to write, or None to delete, at the next flush of the store
         self._unsaved: dict[str, SourceRecord | None] = {}
-        if store_path is not None:
-            self._open_store(store_path)
+        self._owns_store = store is None
+        if store is not None or store_path is not None:
+            self._open_store(store_path, store)
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
@@ -477,17 +481,22 @@ class Catalog:
             self._reopen(old, _stat_signature(old.path))
 
     # ---- the store: rows kept across restarts ----------------------------------------------
-    def _open_store(self, path: str) -> None:
+    def _open_store(self, path: str | None, store: CatalogStore | None) -> None:
         """Open the store and put its rows under the current roots back, unopened. A store
         that cannot be opened (another server holds it, a damaged file) is warned about and
         the catalog stays in memory."""
         try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._store = CatalogStore(path)
+            if store is None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                store = CatalogStore(path)
+            self._store = store
             rows = self._store.load()
         except Exception as exc:
             log.warning("catalog store %s cannot be used (%s: %s): the catalog is kept in memory only, "
-                        "so the next start opens every source again", path, type(exc).__name__, exc)
+                        "so the next start opens every source again", store.path if store else path,
+                        type(exc).__name__, exc)
+            if store is not None and self._owns_store:
+                store.close()
             self._store = None
             return
         restored, stale = [], []
@@ -580,7 +589,7 @@ class Catalog:
         self.rois.close()
         self.flush_store()
         store, self._store = self._store, None  # a scan still running stores nothing more
-        if store is not None:
+        if store is not None and self._owns_store:
             store.close()
         with self._lock:
             recs = list(self._records.values())
