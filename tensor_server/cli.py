@@ -598,7 +598,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     setup_logging("error")
     if not _roots_present(args.roots, "list"):
         return 2
-    catalog = Catalog(args.roots)
+    catalog = Catalog(args.roots, open_processes=0)  # every source is printed from its adapter: open them here
     unclaimed: list = []
     progress = _ScanProgress() if sys.stderr.isatty() else None
     summary = catalog.scan(progress, on_unclaimed=unclaimed.append)

@@ -215,13 +215,14 @@ class Opening:
                                       initializer=_worker_start)
 
     def finish(self) -> None:
-        try:
-            while self.inflight:
-                self._collect(block=True)
-        finally:
-            if self.procs is not None:
-                self.procs.shutdown(wait=True, cancel_futures=True)
-                self.procs = None
+        while self.inflight:
+            self._collect(block=True)
+
+    def close(self) -> None:
+        """Stop the worker processes (a scan that ended early drops what they still hold)."""
+        if self.procs is not None:
+            self.procs.shutdown(wait=True, cancel_futures=True)
+            self.procs = None
 
     def _collect(self, block: bool) -> None:
         done, _ = cf.wait(list(self.inflight), timeout=None if block else 0, return_when=cf.FIRST_COMPLETED)

@@ -285,17 +285,21 @@ class Catalog:
         try:
             with cf.ThreadPoolExecutor(self.open_workers, thread_name_prefix="tensor-server-scan") as pool:
                 opening = Opening(self, pool, tally, skipped, seen, on_unclaimed)
-                for root in self.roots:
-                    if not os.path.lexists(root):
-                        skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
-                        continue
-                    claims = discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None,
-                                      allowed_roots=allowed, on_skip=lambda p, why: skipped.append((p, why)),
-                                      known=self._known_format, on_unclaimed=on_unclaimed, claim_files=False)
-                    for claim in claims:
-                        self._count("files_seen")
-                        opening.offer(claim)
-                opening.finish()
+                try:
+                    for root in self.roots:
+                        if not os.path.lexists(root):
+                            skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
+                            continue
+                        walked = (lambda p: progress(str(p), len(seen))) if progress else None
+                        claims = discover(root, on_progress=walked, allowed_roots=allowed,
+                                          on_skip=lambda p, why: skipped.append((p, why)), known=self._known_format,
+                                          on_unclaimed=on_unclaimed, claim_files=False)
+                        for claim in claims:
+                            self._count("files_seen")
+                            opening.offer(claim)
+                    opening.finish()
+                finally:
+                    opening.close()
             tally["removed"] = self._drop_vanished(seen)
             for url in self.remote_roots:
                 counts = scan_remote_root(self, url)
