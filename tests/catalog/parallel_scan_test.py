@@ -141,3 +141,47 @@ def test_a_plugin_format_keeps_every_open_on_threads(tmp_path, monkeypatch, slow
     plain = next(r for r in cat.records() if r.path.name == "b.npy")
     assert plain.opened() is not None and not plain.is_open_pending()  # opened here, on a thread
     cat.close()
+
+
+class _CrashingPool:
+    """Stands in for the worker processes: runs a task here, except that opening a file named
+    ``crash*`` breaks the pool, as a reader that kills its process does."""
+
+    def __init__(self, started: list) -> None:
+        started.append(self)
+
+    def submit(self, fn, path, *args):  # noqa: ANN001
+        import concurrent.futures as cf
+        from concurrent.futures.process import BrokenProcessPool
+
+        fut = cf.Future()
+        if path.rsplit("/", 1)[-1].startswith("crash"):
+            fut.set_exception(BrokenProcessPool("a worker died"))
+        else:
+            fut.set_result(fn(path, *args))
+        return fut
+
+    def shutdown(self, wait=True, cancel_futures=False):  # noqa: ANN001
+        pass
+
+
+def test_a_reader_that_kills_its_worker_costs_only_its_own_file(tmp_path, monkeypatch):
+    from tensor_server.catalog import _opening
+
+    for i in range(4):
+        np.save(tmp_path / f"a{i}.npy", np.full((2, 3), i, np.int32))
+    np.save(tmp_path / "crash.npy", np.zeros(2))
+    started: list = []
+    monkeypatch.setattr(_opening, "PROCESSES_AFTER", 0)
+    monkeypatch.setattr(_opening.Opening, "_start_processes", lambda self: _CrashingPool(started))
+    cat = Catalog([tmp_path], open_workers=2, open_processes=2)
+    summary = cat.scan()
+    assert (summary["total"], summary["unresolved"]) == (5, 1)
+    assert len(started) == 3  # the first pool, a fresh one for the retries, another after the crash again
+    crashed = next(r for r in cat.records() if r.path.name == "crash.npy")
+    assert crashed.unresolved_reason == "the reader crashed the process opening this file"
+    for rec in cat.records():
+        if rec.path.name != "crash.npy":
+            np.testing.assert_array_equal(cat.find_tensor(rec.source_id)[0].get_data(),
+                                          np.full((2, 3), int(rec.path.stem[1]), np.int32))
+    cat.close()
