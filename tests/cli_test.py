@@ -68,8 +68,8 @@ def test_serve_reports_a_busy_port(tmp_path):
 
 
 def test_a_second_server_gets_its_own_cache_and_annotation_files(tmp_path):
-    """Two servers with default folders: the second takes ``chunks-<n>`` and
-    ``annotations-<n>.duckdb`` instead of failing on the first one's locks; a folder given
+    """Two servers with default folders: the second takes ``chunks-<n>``,
+    ``annotations-<n>.duckdb`` and ``catalog-<n>.duckdb`` instead of failing on the first one's locks; a folder given
     with a flag that is taken is a clear error naming the flag."""
     import os
     import time
@@ -102,6 +102,9 @@ def test_a_second_server_gets_its_own_cache_and_annotation_files(tmp_path):
         assert "listening on" in second
         assert f"{home / 'chunks'} is held by another tensor-server; using {home}/chunks-" in second
         assert f"{home / 'annotations.duckdb'} is held by another tensor-server; using {home}/annotations-" in second
+        assert f"{home / 'catalog.duckdb'} is held by another tensor-server; using {home}/catalog-" in second
+        assert "kept in memory only" not in first + second  # each keeps its catalog across restarts
+        assert len(list(home.glob("catalog-*.duckdb"))) == 1
         third = start(["--cache-dir", str(home / "chunks")])
         assert procs[-1].returncode == 2 and "pass another --cache-dir" in third
     finally:

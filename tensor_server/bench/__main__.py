@@ -51,6 +51,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "63 512² tiles per level of an image with no pyramid, concurrently, over Flight and IIIF vs TensorStore"),
     "catalog-start": ("tensor_server.bench.catalog_start",
                       "a root of 10,000 small + 100 large files: first scan vs one-at-a-time, restart, rescan, serve"),
+    "hdf5-whole": ("tensor_server.bench.hdf5_whole",
+                   "a (60, 1065, 1030) HDF5 dataset read whole: engine and SDK vs a direct h5py read"),
     "export": ("tensor_server.bench.export",
                "writing a pyramidal OME-Zarr: ours vs ngff-zarr and ome-zarr-py write_image over dask, and the floor"),
     "metrics": ("tensor_server.bench.metrics",
