@@ -322,7 +322,7 @@ class TiffPageSeriesAdapter(TensorAdapter):
     """A tensor over one tifffile page series (or one pyramid level of it), read through a
     persistent ``series.aszarr(level=level, chunkmode=...)`` zarr array held by ``handle``.
 
-    Why the read block is the page: in page mode (tifffile ``chunkmode="page"``) the store's
+    Why the read block is the page (for pages read through the store): in page mode (tifffile ``chunkmode="page"``) the store's
     chunk is one page, and a read of any window decodes the whole page and slices it; nothing
     caches the decoded page, so N streaming units inside a page cost N decodes. The per-strile
     mode would read proportionally but loses strip coalescing and threaded tile decode, which
@@ -346,6 +346,22 @@ class TiffPageSeriesAdapter(TensorAdapter):
 
     #: Decoded page size above which the page is read tile by tile (strile mode).
     page_mode_max_bytes: ClassVar[int] = 256 << 20
+
+    @property
+    def read_block_shape(self) -> tuple[int, ...] | None:
+        """One page (the native chunk), or, where the series is read strile by strile, one page
+        along the page-sequence axes and, within the page, the transfer chunk rounded up to
+        whole striles: a
+        window then decodes only its striles, so
+        a streaming unit smaller than the page (a 2048² transfer chunk of an 8192² page) costs
+        its own striles and the page is never held whole; rounded, so that units meet on strile
+        edges and no strile is decoded by two units (class docstring)."""
+        striles = self._series_striles()
+        if striles is None:
+            return self.native_chunk_shape
+        lead = len(striles.lead_shape)
+        page = zip(self.chunk_shape[lead:], striles.decoder.block(), self.shape[lead:])
+        return (1,) * lead + tuple(min(-(-max(c, b) // b) * b, n) for c, b, n in page)
 
     @property
     def decimates(self) -> bool:  # type: ignore[override]

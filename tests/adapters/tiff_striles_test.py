@@ -5,6 +5,7 @@ extents included; only the striles a window touches are decoded; the decodes run
 and a failure in one of them is the read's error."""
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -138,3 +139,46 @@ def test_raw_pages_keep_their_reader(tmp_path):
     assert inner(tensor)._series_striles() is None and not tensor.decimates
     assert tensor.get_decimated_data(Bounds.full(tensor.shape), (2, 2)) is None
     np.testing.assert_array_equal(tensor.get_data(), arr)
+
+
+@pytest.fixture(scope="module")
+def big_page(tmp_path_factory):
+    """One 3000² uint16 page (18 MB) of 512² zlib tiles: larger than a transfer chunk."""
+    y, x = np.mgrid[0:3000, 0:3000]
+    data = ((y * 7 + x * 3) % 65521).astype(np.uint16)
+    path = tmp_path_factory.mktemp("big") / "big.tif"
+    tifffile.imwrite(path, data, tile=(512, 512), compression="zlib", photometric="minisblack")
+    return path, data
+
+
+def test_a_scaled_read_of_a_big_page_decodes_each_tile_once(big_page, monkeypatch):
+    """The read block is the transfer chunk rounded up to whole tiles, so an area read streams
+    units smaller than the page that meet on tile edges: every tile is decoded exactly once."""
+    path, data = big_page
+    tensor = tensor_server.open(path).tensor()
+    assert tensor.chunk_shape == (1500, 1500), "the grid divides the page"
+    assert tensor.read_block_shape == (1536, 1536)
+    decoded = []
+    real = _tiff_striles._decode_one
+    monkeypatch.setattr(_tiff_striles, "_decode_one", lambda fd, job, task: decoded.append(task[0]) or real(fd, job, task))
+    got = ReadEngine(store=None).read(tensor, Bounds.full(tensor.shape), (2, 2), "area")
+    np.testing.assert_array_equal(got, downsample(data, (2, 2), "area"))
+    assert sorted(decoded) == list(range(36))
+
+
+def test_nearest_never_holds_the_page(big_page):
+    """A decimated read holds its output and the tiles being decoded, never the 18 MB page."""
+    import tracemalloc
+
+    path, data = big_page
+    tensor = tensor_server.open(path).tensor()
+    tensor.get_decimated_data(Bounds((0, 0), (600, 600)), (4, 4))  # warm: open the file, plan the striles
+    tracemalloc.start()
+    try:
+        got = tensor.get_decimated_data(Bounds.full(tensor.shape), (4, 4))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(got, data[::4, ::4])
+    workers = os.cpu_count() or 1
+    assert peak < got.nbytes + (workers + 2) * 2 * 512 * 512 * 2, peak  # output + a few decoded tiles
