@@ -351,11 +351,10 @@ class TiffPageSeriesAdapter(TensorAdapter):
     def read_block_shape(self) -> tuple[int, ...] | None:
         """One page (the native chunk), or, where the series is read strile by strile, one page
         along the page-sequence axes and, within the page, the transfer chunk rounded up to
-        whole striles: a
-        window then decodes only its striles, so
-        a streaming unit smaller than the page (a 2048² transfer chunk of an 8192² page) costs
-        its own striles and the page is never held whole; rounded, so that units meet on strile
-        edges and no strile is decoded by two units (class docstring)."""
+        whole striles: a window then decodes only its striles, so a streaming unit smaller
+        than the page (a 2048² transfer chunk of an 8192² page) costs its own striles and the
+        page is never held whole; rounded, so that units meet on strile edges and no strile
+        is decoded by two units (class docstring)."""
         striles = self._series_striles()
         if striles is None:
             return self.native_chunk_shape
