@@ -21,13 +21,14 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import product
 from typing import Any, Sequence
 
 import numpy as np
 
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["StrileDecoder", "StrileWindow", "decode_windows", "read_strile_window"]
+__all__ = ["PageStriles", "SeriesStriles", "StrileDecoder", "StrileWindow", "decode_windows", "read_strile_window"]
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,21 @@ class SeriesStriles:
                 or np.dtype(key.dtype) != np.dtype(series.dtype)):
             return None
         return cls(lead, StrileDecoder.from_page(key))
+
+    def windows(self, window: tuple[slice, ...], out: np.ndarray, series: Any) -> list[StrileWindow] | None:
+        """The jobs reading ``window`` (slices with steps over the series' axes) into ``out``
+        (its strided shape): one per page the step picks. None when one of those pages is
+        absent from the file. Call it under the file's lock (``page``)."""
+        lead = len(self.lead_shape)
+        jobs = []
+        for index in product(*(range(w.start, w.stop, w.step) for w in window[:lead])):
+            page = self.page(int(np.ravel_multi_index(index, self.lead_shape)) if lead else 0, series)
+            if page is None:
+                return None
+            at = tuple((i - w.start) // w.step for i, w in zip(index, window))
+            jobs.append(StrileWindow(page.path, self.decoder, page.offsets, page.counts, page.jpegtables,
+                                     window[lead:], out[at]))
+        return jobs
 
     def page(self, k: int, series: Any) -> PageStriles | None:
         """Page ``k``'s striles (``series`` is only touched on the first call for ``k``: call

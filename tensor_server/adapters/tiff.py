@@ -19,7 +19,6 @@ import struct
 import threading
 from contextlib import contextmanager
 from functools import partial
-from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
@@ -27,7 +26,7 @@ import numpy as np
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters._strided import strided_slices
-from tensor_server.adapters._tiff_striles import SeriesStriles, StrileWindow, decode_windows
+from tensor_server.adapters._tiff_striles import SeriesStriles, decode_windows
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import file_content_version
@@ -458,20 +457,12 @@ class TiffPageSeriesAdapter(TensorAdapter):
         striles = self._series_striles()
         if striles is None:
             return None
-        lead = len(striles.lead_shape)
         window = strided_slices(bounds, step)
         out = np.empty(output_shape(bounds.shape, step), self.dtype)
-        jobs = []
         with self.handle.use() as opened:
-            series = opened.level_series(self.series_index, self.level)
-            for index in product(*(range(w.start, w.stop, w.step) for w in window[:lead])):
-                k = int(np.ravel_multi_index(index, striles.lead_shape)) if lead else 0
-                page = striles.page(k, series)
-                if page is None:
-                    return None
-                at = tuple((i - w.start) // w.step for i, w in zip(index, window))
-                jobs.append(StrileWindow(page.path, striles.decoder, page.offsets, page.counts, page.jpegtables,
-                                         window[lead:], out[at]))
+            jobs = striles.windows(window, out, opened.level_series(self.series_index, self.level))
+        if jobs is None:
+            return None
         decode_windows(jobs)
         return out
 
