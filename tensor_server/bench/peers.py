@@ -33,7 +33,8 @@ def _numpy_reduce(a: np.ndarray, s: int, method: str) -> np.ndarray:
 
 
 def run_peers(size: str = "small", data_dir: str | None = None, json_path: str | None = None,
-              cold_repeats: int = 3, warm_repeats: int = 5) -> list[dict[str, Any]]:
+              cold_repeats: int = 3, warm_repeats: int = 5, formats: tuple[str, ...] = ("ome-zarr", "ome-tiff")
+              ) -> list[dict[str, Any]]:
     import tifffile
     import zarr
 
@@ -52,7 +53,7 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
         ts = None
     for s in SCALES:
         for method in ("nearest", "area"):
-            if ts is not None:
+            if ts is not None and "ome-zarr" in formats:
                 def tsread(s=s, method=method):
                     store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(zfx.path / "0")}}, read=True).result()
                     return ts.downsample(store, [s, s], "stride" if method == "nearest" else "mean").read().result()
@@ -62,12 +63,14 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
             def zread(s=s, method=method):
                 return _numpy_reduce(zarr.open_array(str(zfx.path / "0"), mode="r")[...], s, method)
 
-            jobs.append(("ome-zarr", "zarr-python + numpy", s, method, zread, lambda: None))
+            if "ome-zarr" in formats:
+                jobs.append(("ome-zarr", "zarr-python + numpy", s, method, zread, lambda: None))
 
             def tread(s=s, method=method):
                 return _numpy_reduce(tifffile.imread(tfx.path), s, method)
 
-            jobs.append(("ome-tiff", "tifffile + numpy", s, method, tread, lambda: None))
+            if "ome-tiff" in formats:
+                jobs.append(("ome-tiff", "tifffile + numpy", s, method, tread, lambda: None))
 
     floors = {"ome-zarr": zarr_decode_floor(zfx.path / "0"), "ome-tiff": tiff_decode_floor(tfx.path)}
     rows = []
@@ -113,8 +116,10 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
 
 def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
     add_common_arguments(parser)
+    parser.add_argument("--format", dest="formats", action="append", choices=("ome-zarr", "ome-tiff"),
+                        help="only these fixtures' rows (repeatable; default both)")
 
 
 def main(args) -> int:  # noqa: ANN001
-    run_peers(args.size, args.data_dir, args.json_path)
+    run_peers(args.size, args.data_dir, args.json_path, formats=tuple(args.formats or ("ome-zarr", "ome-tiff")))
     return 0

@@ -349,11 +349,20 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
 HEADER_SECONDS = 10.0
 
 
-def _header_deadline_protocol(seconds: float) -> type:
-    """uvicorn's httptools protocol with a deadline on each request's headers."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+#: HTTP/1.1 parsers uvicorn can run the door on, measured in ``bench http`` (issue 25)
+PARSERS = ("httptools", "h11")
 
-    class HeaderDeadline(HttpToolsProtocol):
+
+def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type:
+    """uvicorn's protocol for ``parser`` with a deadline on each request's headers."""
+    if parser == "h11":
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol
+    elif parser == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Protocol
+    else:
+        raise ValueError(f"unknown HTTP parser {parser!r} (one of {', '.join(PARSERS)})")
+
+    class HeaderDeadline(Protocol):
         _deadline = None
 
         def _arm(self) -> None:
@@ -373,9 +382,14 @@ def _header_deadline_protocol(seconds: float) -> type:
             super().connection_made(transport)
             self._arm()
 
-        def on_headers_complete(self) -> None:
+        def on_headers_complete(self) -> None:  # httptools: the headers are in
             self._disarm()
             super().on_headers_complete()
+
+        def handle_events(self) -> None:  # h11: a request cycle starts once its headers are in
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -394,15 +408,16 @@ class HttpFrontEnd:
     request's headers must arrive within ``header_seconds``."""
 
     def __init__(self, app: Any, host: str, port: int, *, tls: Any = None,
-                 header_seconds: float = HEADER_SECONDS) -> None:
-        """``tls``: a ``service.tls.ServerTls`` to serve HTTPS with (its files on disk)."""
+                 header_seconds: float = HEADER_SECONDS, parser: str | None = None) -> None:
+        """``tls``: a ``service.tls.ServerTls`` to serve HTTPS with (its files on disk);
+        ``parser``: one of ``PARSERS`` (default httptools, the faster in ``bench http``)."""
         import uvicorn
 
         self.app = app
         files = {"ssl_certfile": str(tls.cert_path), "ssl_keyfile": str(tls.key_path)} if tls is not None else {}
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                      lifespan="off", access_log=False, **files,
-                                                     http=_header_deadline_protocol(header_seconds)))
+                                                     http=_header_deadline_protocol(header_seconds, parser or "httptools")))
         self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.run, name="http-front-end", daemon=True)
         self.host = host
