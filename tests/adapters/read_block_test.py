@@ -50,6 +50,7 @@ def all_adapter_classes() -> list[type]:
     for mod in pkgutil.iter_modules(tensor_server.adapters.__path__):
         importlib.import_module(f"tensor_server.adapters.{mod.name}")
     importlib.import_module("tensor_server.uploads")  # the readers of uploaded tensors
+    importlib.import_module("tensor_server.testing.door_tests")  # the door suite's raising tensor
     seen, stack = [], [TensorAdapter]
     while stack:
         cls = stack.pop()
