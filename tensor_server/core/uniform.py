@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
-from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -144,11 +143,11 @@ def fill_uniform_units(
     """The streamed reduction's hook: write each unit that ``unit_value`` answers (the reduced
     value of a uniform unit) straight into ``out`` and yield only the others, to be read and
     reduced. A unit starts on a reduction block edge, so its output box is exact."""
+    axes = tuple(zip(origin, scale))
     for ub in units:
         v = unit_value(ub)
         if v is None:
             yield ub
             continue
-        o0 = tuple((a - b0) // s for a, b0, s in zip(ub.start, origin, scale))
-        o1 = tuple(o + n for o, n in zip(o0, output_shape(ub.shape, scale)))
-        out[tuple(slice(a, b) for a, b in zip(o0, o1))] = v
+        # ceil on both ends: a unit starts on a block edge, its stop may be the extent's ragged end
+        out[tuple(slice((a - b0) // s, -(-(b - b0) // s)) for a, b, (b0, s) in zip(ub.start, ub.stop, axes))] = v
