@@ -49,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="small arrays (smoke run; ratios are not representative)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per cell (>= 5)")
     parser.add_argument("--only", default="", help="run only cases whose name contains this")
+    parser.add_argument("--peers", default="",
+                        help="only peers whose name contains one of these (comma-separated, e.g. tensorstore)")
     parser.add_argument("--plane", type=int, default=0,
                         help="side of the 2-D cases' planes instead of the table's (e.g. 4096)")
 
@@ -117,8 +119,8 @@ class _Peers:
             sl = tuple(slice(None, None, k) for k in s)
             out["numpy x[::s].copy()"] = lambda: x[sl].copy()
         elif m in ("max", "min"):
-            fn = x.reshape(split).max if m == "max" else x.reshape(split).min
-            out[f"numpy reshape-{m}"] = lambda: fn(axis=red)
+            extreme = x.reshape(split).max if m == "max" else x.reshape(split).min
+            out[f"numpy reshape-{m}"] = lambda: extreme(axis=red)
         if self.skimage_transform is not None and m == "area":
             out["scikit-image downscale_local_mean"] = (
                 lambda: self.skimage_transform.downscale_local_mean(x, s))
@@ -178,7 +180,10 @@ def main(args: argparse.Namespace) -> int:
         notes: dict[str, str] = {}
         order = [ours_name, PROBE]
         ts_name, ts_out = None, None
+        wanted = [w for w in args.peers.split(",") if w]
         for name, fn in peers.thunks(x, case).items():
+            if wanted and not any(w in name for w in wanted):
+                continue
             order.append(name)
             try:
                 r = np.asarray(fn())
