@@ -37,6 +37,32 @@ __all__ = ["PLAIN_S2", "area_kernel", "extreme_kernel", "nearest_kernel"]
 #: last-axis scales with a plain-rows kernel
 PLAIN_S2 = (2, 4, 8, 16, 32)
 
+# Helpers are module-level functions taking the factory's constants as arguments (LLVM inlines
+# them and folds the constants): a kernel's closure cells are part of numba's on-disk cache
+# key, and a dispatcher in a cell pickles differently in every process, so a kernel closing
+# over its helpers recompiled at every start.
+
+
+@njit(cache=True, nogil=True)
+def _rounded(v, m, A, half, k, one):  # type: ignore[no-untyped-def]
+    """``v / block`` rounded half to even, with ``m = 2**(k - log2 block)`` (module docstring)."""
+    w = A(v * m)
+    return A(A(w + half) + A(A(w >> k) & one)) >> k
+
+
+@njit(cache=True, nogil=True)
+def _pair(w, fw, A, mask, bits):  # type: ignore[no-untyped-def]
+    """The sum of the two pixels of a word: no lane shuffles, unlike widening each pixel."""
+    w = w ^ fw
+    return A(A(w & mask) + A(w >> bits))
+
+
+@njit(cache=True, nogil=True)
+def _pick(a, b, is_max):  # type: ignore[no-untyped-def]
+    if is_max:
+        return a if a > b else b
+    return a if a < b else b
+
 
 @lru_cache(maxsize=None)
 def area_kernel(S: int, acc: np.dtype, K: int, B: int) -> Callable[..., Any]:
@@ -48,17 +74,6 @@ def area_kernel(S: int, acc: np.dtype, K: int, B: int) -> Callable[..., Any]:
     ONE = A(1)
     MASK = (1 << B) - 1
     H = S // 2
-
-    @njit(cache=True, nogil=True)
-    def rounded(v, m):  # type: ignore[no-untyped-def]
-        w = A(v * m)
-        return A(A(w + HALF) + A(A(w >> K) & ONE)) >> K
-
-    @njit(cache=True, nogil=True)
-    def pair(w, fw):  # type: ignore[no-untyped-def]
-        """The sum of the two pixels of a word: no lane shuffles, unlike widening each pixel."""
-        w = w ^ fw
-        return A(A(w & MASK) + A(w >> B))
 
     @njit(cache=True, nogil=True)
     def area_plain(x, xw, out, table, buf, m, f, fw):  # type: ignore[no-untyped-def]
@@ -73,34 +88,35 @@ def area_kernel(S: int, acc: np.dtype, K: int, B: int) -> Callable[..., Any]:
             w0 = xw[table[o, 0]]
             if nrows == 1:
                 for q in range(full):
-                    v = pair(w0[q * H], fw)
+                    v = _pair(w0[q * H], fw, A, MASK, B)
                     for j in range(1, H):
-                        v = A(v + pair(w0[q * H + j], fw))
-                    orow[q] = rounded(v, mA) ^ f
+                        v = A(v + _pair(w0[q * H + j], fw, A, MASK, B))
+                    orow[q] = _rounded(v, mA, A, HALF, K, ONE) ^ f
             elif S == 2 and nrows == 2:
                 w1 = xw[table[o, 1]]
                 for q in range(full):
-                    orow[q] = rounded(A(pair(w0[q], fw) + pair(w1[q], fw)), mA) ^ f
+                    v = A(_pair(w0[q], fw, A, MASK, B) + _pair(w1[q], fw, A, MASK, B))
+                    orow[q] = _rounded(v, mA, A, HALF, K, ONE) ^ f
             else:
                 w1 = xw[table[o, 1]]
                 for i in range(nw):
-                    buf[i] = A(pair(w0[i], fw) + pair(w1[i], fw))
+                    buf[i] = A(_pair(w0[i], fw, A, MASK, B) + _pair(w1[i], fw, A, MASK, B))
                 for k in range(2, nrows):
                     w = xw[table[o, k]]
                     for i in range(nw):
-                        buf[i] = A(buf[i] + pair(w[i], fw))
+                        buf[i] = A(buf[i] + _pair(w[i], fw, A, MASK, B))
                 for q in range(full):
                     v = buf[q * H]
                     for j in range(1, H):
                         v = A(v + buf[q * H + j])
-                    orow[q] = rounded(v, mA) ^ f
+                    orow[q] = _rounded(v, mA, A, HALF, K, ONE) ^ f
             for q in range(full, oL):  # the ragged block: clamped lanes are the edge padding
                 v = A(0)
                 for k in range(nrows):
                     r = x[table[o, k]]
                     for j in range(S):
                         v = A(v + A(r[min(q * S + j, L - 1)] ^ f))
-                orow[q] = rounded(v, mA) ^ f
+                orow[q] = _rounded(v, mA, A, HALF, K, ONE) ^ f
 
     return area_plain
 
@@ -115,12 +131,6 @@ def extreme_kernel(S: int, is_max: bool, B: int) -> Callable[..., Any]:
     MASK = (1 << B) - 1
     H = S // 2
     W = np.uint16 if B == 8 else np.uint32  # the word of two pixels
-
-    @njit(cache=True, nogil=True)
-    def pick(a, b):  # type: ignore[no-untyped-def]
-        if is_max:
-            return a if a > b else b
-        return a if a < b else b
 
     @njit(cache=True, nogil=True)
     def extreme_plain(x, out, table, buf, bufw, f):  # type: ignore[no-untyped-def]
@@ -138,24 +148,24 @@ def extreme_kernel(S: int, is_max: bool, B: int) -> Callable[..., Any]:
             else:
                 r1 = x[table[o, 1]]
                 for e in range(n):
-                    buf[e] = pick(r0[e] ^ f, r1[e] ^ f)
+                    buf[e] = _pick(r0[e] ^ f, r1[e] ^ f, is_max)
                 for k in range(2, nrows):
                     r = x[table[o, k]]
                     for e in range(n):
-                        buf[e] = pick(buf[e], r[e] ^ f)
+                        buf[e] = _pick(buf[e], r[e] ^ f, is_max)
             for q in range(full):
                 w = bufw[q * H]
-                v = pick(W(w & MASK), W(w >> B))
+                v = _pick(W(w & MASK), W(w >> B), is_max)
                 for j in range(1, H):
                     w = bufw[q * H + j]
-                    v = pick(v, pick(W(w & MASK), W(w >> B)))
+                    v = _pick(v, _pick(W(w & MASK), W(w >> B), is_max), is_max)
                 orow[q] = v ^ f
             for q in range(full, oL):
                 v = r0[q * S] ^ f
                 for k in range(nrows):
                     r = x[table[o, k]]
                     for j in range(S):
-                        v = pick(v, r[min(q * S + j, L - 1)] ^ f)
+                        v = _pick(v, r[min(q * S + j, L - 1)] ^ f, is_max)
                 orow[q] = v ^ f
 
     return extreme_plain
