@@ -613,12 +613,14 @@ def _as_kernel_input(arr: np.ndarray) -> tuple[np.ndarray, Any]:
 
 
 def _nearest(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
-    """Plain rows at a ``_PLAIN_S2`` last-axis scale: the plain kernel on the same-width unsigned
-    view (a bit copy, so any 1/2/4/8-byte dtype), 2x NumPy's strided copy at scale 2. Anything
-    else: NumPy's strided copy, which takes every dtype."""
-    if arr.size and arr.dtype.itemsize in (1, 2, 4, 8) and arr.dtype.kind in "biuf":
+    """Plain rows at a ``_PLAIN_NEAREST_S2`` last-axis scale: the plain kernel on the same-width
+    unsigned view (a bit copy, so any 1/2/4/8-byte dtype), 1.5x NumPy's strided copy at scales 2
+    and 4. Anything else: NumPy's strided copy, which takes every dtype (at scale 8 and above
+    the copy is so small that building the rows layout costs more than the kernel saves)."""
+    if arr.size and sc[-1] in _plan._PLAIN_NEAREST_S2 and arr.dtype.itemsize in (1, 2, 4, 8) \
+            and arr.dtype.kind in "biuf":
         lay = _Layout(arr.view(f"u{arr.dtype.itemsize}"), sc, keep_unit_axes=False)
-        if lay.C == 1 and lay.s2 in _plan._PLAIN_S2:
+        if lay.C == 1 and lay.s2 in _plan._PLAIN_NEAREST_S2:
             out2 = np.empty(lay.out2_shape, dtype=lay.x2.dtype)
             _plain("nearest", lay.s2)(lay.x2, out2, lay.table)
             return lay.finish(out2).view(arr.dtype)

@@ -318,8 +318,8 @@ class ReadEngine:
         a dense extent pays one metadata look-up, not one per unit). The extent's blocks are
         listed once; a unit that is exactly one listed block (the usual case: units are storage
         blocks) is answered by a dict look-up, any other asks the adapter again. Why: asking
-        per unit cost ~0.1 ms of Python each (a listing of the unit's blocks), which for a
-        mostly uniform tensor of a few hundred blocks was most of a closed-form answer."""
+        per unit re-listed each unit's blocks through the adapter, which for a mostly uniform
+        tensor of a few hundred blocks was a large share of a closed-form answer."""
         if not self.special_chunks or not tensor.reports_uniform_blocks:
             return None
         blocks = tensor.uniform_blocks(bounds)
@@ -348,7 +348,7 @@ def _reduced_lookup(value_of: Callable[[Bounds], np.generic | None] | None, dtyp
         v = value_of(ub)
         if v is None:
             return None
-        key = v.tobytes() if isinstance(v, np.generic) else np.asarray(v, dtype=dtype).tobytes()
+        key = np.asarray(v, dtype=dtype).tobytes()  # the value the closed form reduces
         r = memo.get(key)
         if r is None:
             r = memo[key] = reduced_constant(v, dtype, scale, method)
