@@ -19,6 +19,7 @@ import numpy as np
 
 from tensor_server.core.downsample import downsample_block
 from tensor_server_kernels.cases import BENCH_CASES
+from tensor_server_kernels.probe import read_probe
 
 _CASES = {c.name: c for c in BENCH_CASES}
 
@@ -64,6 +65,21 @@ class TimeKernels:
         return self.x.nbytes / (time.perf_counter() - t0) / 1e9
 
     track_input_gb_per_s.unit = "GB/s"
+
+    def track_fraction_of_read_bandwidth(self, name):
+        """The bandwidth probe's time over the kernel's on the same input (best of 5 each,
+        interleaved): the fraction of one core's read bandwidth the kernel reaches."""
+        best = {"probe": float("inf"), "kernel": float("inf")}
+        read_probe(self.x)
+        for _ in range(5):
+            for what, call in (("probe", lambda: read_probe(self.x)),
+                               ("kernel", lambda: downsample_block(self.x, self.scale, self.method))):
+                t0 = time.perf_counter()
+                call()
+                best[what] = min(best[what], time.perf_counter() - t0)
+        return best["probe"] / best["kernel"]
+
+    track_fraction_of_read_bandwidth.unit = "fraction"
 
 
 _ONE_KERNEL = (

@@ -146,6 +146,7 @@ TEST_GEOMETRIES: tuple[tuple[tuple[int, ...], tuple[int, ...], str], ...] = (
     ((7, 15), (1, 7), "scale-1 first axis, non-dyadic 7"),
     ((1, 9), (2, 2), "single-element axis with scale > 1"),
     ((17,), (4,), "1-D ragged"),
+    ((3, 18), (1, 4), "one block row per output row, even width (plain rows, ragged)"),
     ((5,), (7,), "scale larger than the axis"),
     ((5, 6, 7), (2, 2, 2), "3-D ragged"),
     ((4, 9, 10), (1, 2, 2), "3-D stack of planes"),
@@ -184,18 +185,25 @@ WIDE_S2_CASES: tuple[Case, ...] = tuple(
     for fill in (("random", "max", "labels") if method == "area" else ("random", "labels"))
 )
 
-#: (dtype, scale, expected path) for the gate test: integer area, power-of-two scales.
+#: (dtype, scale, expected path) for the gate test: integer area, power-of-two scales ("plain":
+#: the plain-rows kernel when the rows are plain and of even width, else the block-size gate).
 GATE_CASES: tuple[tuple[str, tuple[int, ...], str], ...] = (
-    ("uint16", (2, 2), "strided-add"),
-    ("uint16", (16, 16), "strided-add"),
-    ("uint16", (128, 4), "strided-add"),
+    ("uint16", (2, 2), "plain"),
+    ("uint16", (16, 16), "plain"),
+    ("uint16", (128, 4), "plain"),
+    ("uint16", (4, 128), "strided-add"),
     ("uint16", (64, 64), "strided-add"),
     ("uint16", (64, 128), "reshape-sum"),
-    ("uint8", (16, 16, 16), "strided-add"),
-    ("uint8", (16, 16, 32), "reshape-sum"),
-    ("int16", (1, 16, 16), "strided-add"),
+    ("uint8", (16, 16, 16), "plain"),
+    ("uint8", (16, 16, 32), "plain"),
+    ("uint8", (4, 16, 64), "strided-add"),
+    ("uint8", (8, 16, 64), "reshape-sum"),
+    ("int16", (1, 16, 16), "plain"),
+    ("int16", (1, 16, 64), "strided-add"),
     ("int32", (1, 1, 8192), "reshape-sum"),
-    ("bool", (2, 2), "strided-add"),
+    ("int32", (2, 2), "strided-add"),
+    ("bool", (2, 2), "plain"),
+    ("bool", (2, 64), "strided-add"),
     ("uint16", (3, 3), "generic"),
     ("float32", (2, 2), "float"),
     ("int64", (2, 2), "wide"),
@@ -240,7 +248,7 @@ class BenchCase:
 
 
 def _bench_cases() -> Iterator[BenchCase]:
-    for method in ("area", "nearest", "max"):
+    for method in ("area", "nearest", "max", "min"):
         for s in (2, 4, 8, 16, 32):
             yield BenchCase(method, "uint16", (8192, 8192), (2048, 2048), (s, s))
     yield BenchCase("area", "uint8", (512, 1024, 1024), (64, 512, 512), (2, 2, 2))

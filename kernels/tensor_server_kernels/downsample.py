@@ -32,6 +32,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from tensor_server_kernels import plain as _plain_kernels
+from tensor_server_kernels import plan as _plan
 from tensor_server_kernels import reference as _ref
 from tensor_server_kernels.plan import (  # noqa: F401  (re-exported for tests and callers)
     _KERNEL_DTYPES,
@@ -40,6 +42,7 @@ from tensor_server_kernels.plan import (  # noqa: F401  (re-exported for tests a
     _Layout,
     _plan_integer_area,
     area_path,
+    plain_area_accumulator,
 )
 from tensor_server_kernels.reference import METHODS, check_arguments, output_shape
 
@@ -560,6 +563,16 @@ def _kernel(name: str, dtype: np.dtype, s2: int) -> Callable[..., Any]:
     return _VARIANTS[0][name]
 
 
+def _plain(name: str, *key: Any) -> Callable[..., Any]:
+    """The plain-rows kernel ``name`` (``plain.py``) for ``key`` (its factory's arguments)."""
+    return getattr(_plain_kernels, f"{name}_kernel")(*key)
+
+
+def _word(dtype: np.dtype) -> np.dtype:
+    """The unsigned dtype of two pixels of ``dtype`` (8 or 16 bits)."""
+    return np.dtype(f"u{2 * dtype.itemsize}")
+
+
 # --------------------------------------------------------------------------------------------
 # Public API (same names as the oracle)
 # --------------------------------------------------------------------------------------------
@@ -600,7 +613,17 @@ def _as_kernel_input(arr: np.ndarray) -> tuple[np.ndarray, Any]:
 
 
 def _nearest(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
-    # No kernel: a strided NumPy copy is within 1.3x of anything measured, takes every dtype.
+    """Plain rows at a ``_PLAIN_NEAREST_S2`` last-axis scale: the plain kernel on the same-width
+    unsigned view (a bit copy, so any 1/2/4/8-byte dtype), 1.5x NumPy's strided copy at scales 2
+    and 4. Anything else: NumPy's strided copy, which takes every dtype (at scale 8 and above
+    the copy is so small that building the rows layout costs more than the kernel saves)."""
+    if arr.size and sc[-1] in _plan._PLAIN_NEAREST_S2 and arr.dtype.itemsize in (1, 2, 4, 8) \
+            and arr.dtype.kind in "biuf":
+        lay = _Layout(arr.view(f"u{arr.dtype.itemsize}"), sc, keep_unit_axes=False)
+        if lay.C == 1 and lay.s2 in _plan._PLAIN_NEAREST_S2:
+            out2 = np.empty(lay.out2_shape, dtype=lay.x2.dtype)
+            _plain("nearest", lay.s2)(lay.x2, out2, lay.table)
+            return lay.finish(out2).view(arr.dtype)
     return np.array(arr[tuple(slice(None, None, s) for s in sc)], order="C", copy=True)
 
 
@@ -635,6 +658,18 @@ def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
         return _epilogue(lay.finish(w.astype(x.dtype, copy=False)), orig)
     plan = _plan_integer_area(x.dtype, block)
     shift = block.bit_length() - 1 if _is_pow2(block) else -1
+    if path == "plain" and lay.C == 1 and lay.x2.shape[1] % 2 == 0:
+        xw = lay.x2.view(_word(x.dtype))
+        if xw.flags.aligned:
+            bits = 8 * x.dtype.itemsize
+            K = 8 * plan.itemsize - bits
+            buf = np.empty((lay.x2.shape[1] // lay.s2) * (lay.s2 // 2), dtype=plan)
+            _plain("area", lay.s2, plan, K, bits)(
+                lay.x2, xw, out2, lay.table, buf, 1 << (K - shift), flip,
+                xw.dtype.type(int(flip) * ((1 << bits) + 1)))
+            return _epilogue(lay.finish(out2), orig)
+    if path == "plain":  # interleaved channels, odd width: the block-size gate decides
+        path = "strided-add" if block <= _plan._STRIDED_ADD_MAX_BLOCK else "reshape-sum"
     if path == "strided-add":
         acc = np.empty(lay.x2.shape[1], dtype=plan)
         _kernel("area_strided", x.dtype, lay.s2)(
@@ -659,6 +694,12 @@ def _extreme(arr: np.ndarray, sc: tuple[int, ...], method: str) -> np.ndarray:
     x, flip = _as_kernel_input(arr)
     lay = _Layout(x, sc, keep_unit_axes=False)
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
+    if lay.C == 1 and lay.s2 in _plan._PLAIN_S2 and x.dtype.kind == "u" and x.dtype.itemsize <= 2:
+        buf = np.empty(lay.x2.shape[1] // 2 * 2, dtype=x.dtype)
+        bufw = buf.view(_word(x.dtype))
+        _plain("extreme", lay.s2, method == "max", 8 * x.dtype.itemsize)(
+            lay.x2, out2, lay.table, buf, bufw, flip)
+        return _epilogue(lay.finish(out2), orig)
     acc = np.empty(lay.x2.shape[1], dtype=x.dtype)
     _kernel("extreme", x.dtype, lay.s2)(
         lay.x2, out2, lay.table, lay.C, lay.s2, acc, method == "max", flip)

@@ -217,7 +217,8 @@ class ReadEngine:
         extent is a read-only broadcast array, which the store keeps as a value."""
         t0 = time.perf_counter()
         owner = tensor.native_level(cid.scale).tensor if cid.method == PRECOMPUTE else tensor
-        v = self.uniform(owner, cid.bounds)
+        value_of = self.uniform_lookup(owner, cid.bounds)  # listed once, for the streamed units too
+        v = value_of(cid.bounds) if value_of is not None else None
         if v is not None:
             if cid.method in (UNSCALED, PRECOMPUTE):
                 return self._noted("closed_form", owner, t0, uniform_array(v, cid.bounds.shape, tensor.dtype))
@@ -228,7 +229,7 @@ class ReadEngine:
             ))
         if cid.method in (UNSCALED, PRECOMPUTE):
             return self._level0(owner, cid.bounds)
-        return self._scaled(tensor, cid.bounds, cid.scale, cid.method, cancelled)
+        return self._scaled(tensor, cid.bounds, cid.scale, cid.method, cancelled, value_of=value_of)
 
     def _level0(self, tensor: TensorAdapter, bounds: Bounds) -> np.ndarray:
         """Owned level-0 pixels of a region that is not uniform as a whole. A region with
@@ -251,13 +252,18 @@ class ReadEngine:
         scale: tuple[int, ...],
         method: str,
         cancelled: Cancelled | None,
+        value_of: Callable[[Bounds], np.generic | None] | None | bool = True,
     ) -> np.ndarray:
+        """``value_of``: the extent's ``uniform_lookup`` when the caller already made it
+        (None: it found nothing); True: make it here."""
         from tensor_server.core.downsample import downsample_block
 
         t0 = time.perf_counter()
         if all(s == 1 for s in scale):
             return self._noted("direct", tensor, t0, tensor.get_data(bounds))
-        unit_value = self._closed_form(tensor, bounds, scale, method)
+        if value_of is True:
+            value_of = self.uniform_lookup(tensor, bounds)
+        unit_value = _reduced_lookup(value_of, tensor.dtype, scale, method)
         if unit_value is not None:
             v = unit_value(bounds)
             if v is not None:
@@ -303,10 +309,17 @@ class ReadEngine:
         self, tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...], method: str
     ) -> Callable[[Bounds], np.generic | None] | None:
         """``unit -> reduced value`` for the uniform units of ``bounds``, or None when there
-        are none to find (special chunks off, nothing declared, or no uniform block in the
-        extent: a dense read pays one metadata look-up, not one per unit). The extent's
-        blocks are listed once; a unit that is exactly one listed block (the usual case:
-        units are storage blocks) is answered by a dict look-up, any other asks again."""
+        are none to find (``uniform_lookup``)."""
+        return _reduced_lookup(self.uniform_lookup(tensor, bounds), tensor.dtype, scale, method)
+
+    def uniform_lookup(self, tensor: TensorAdapter, bounds: Bounds) -> Callable[[Bounds], np.generic | None] | None:
+        """``unit -> value`` for units of ``bounds`` that hold one value, or None when there are
+        none to find (special chunks off, nothing declared, or no uniform block in the extent:
+        a dense extent pays one metadata look-up, not one per unit). The extent's blocks are
+        listed once; a unit that is exactly one listed block (the usual case: units are storage
+        blocks) is answered by a dict look-up, any other asks the adapter again. Why: asking
+        per unit re-listed each unit's blocks through the adapter, which for a mostly uniform
+        tensor of a few hundred blocks was a large share of a closed-form answer."""
         if not self.special_chunks or not tensor.reports_uniform_blocks:
             return None
         blocks = tensor.uniform_blocks(bounds)
@@ -314,13 +327,34 @@ class ReadEngine:
             return None
         exact = {(box.start, box.stop): v for box, v in blocks}
 
-        def unit_value(ub: Bounds) -> np.generic | None:
+        def value_of(ub: Bounds) -> np.generic | None:
             v = exact.get((ub.start, ub.stop))
             if v is None:
                 v = covering_value(blocks, bounds) if ub == bounds else uniform_value(tensor, ub)
-            return None if v is None else reduced_constant(v, tensor.dtype, scale, method)
+            return v
 
-        return unit_value
+        return value_of
+
+
+def _reduced_lookup(value_of: Callable[[Bounds], np.generic | None] | None, dtype: np.dtype,
+                    scale: tuple[int, ...], method: str) -> Callable[[Bounds], np.generic | None] | None:
+    """``unit -> reduced value`` from a ``uniform_lookup`` (None stays None): each unit's value
+    reduced in closed form, memoised per value (an extent's uniform units mostly share one)."""
+    if value_of is None:
+        return None
+    memo: dict[bytes, np.generic] = {}
+
+    def unit_value(ub: Bounds) -> np.generic | None:
+        v = value_of(ub)
+        if v is None:
+            return None
+        key = np.asarray(v, dtype=dtype).tobytes()  # the value the closed form reduces
+        r = memo.get(key)
+        if r is None:
+            r = memo[key] = reduced_constant(v, dtype, scale, method)
+        return r
+
+    return unit_value
 
 
 #: Smallest storage block worth streaming by when an extent has uniform blocks: below it, the

@@ -1,8 +1,8 @@
 """Whole-tensor (or region) statistics, in closed form over uniform blocks.
 
 ``tensor_stats`` walks the region in units of the storage block (the transfer chunk when the
-reader has none). A unit the engine says is uniform (``ReadEngine.uniform``: the adapter's
-metadata names its one value ``v``) contributes ``v`` to min and max, ``v * n`` to the sum
+reader has none). A unit the engine says is uniform (``ReadEngine.uniform_lookup``, asked once
+for the region: the adapter's metadata names its one value ``v``) contributes ``v`` to min and max, ``v * n`` to the sum
 and ``n`` or 0 to the non-zero count without being read; every other unit is read once
 through the engine. A mostly-empty mask costs the reads of its non-empty blocks.
 
@@ -84,16 +84,23 @@ def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: Re
         lo = unit_lo if lo is None else np.minimum(lo, unit_lo)
         hi = unit_hi if hi is None else np.maximum(hi, unit_hi)
 
+    # uniform units: pixels per distinct value, folded in once at the end (order-free: integer
+    # sums are exact, min/max/non-zero do not depend on order); float sums stay unit by unit
+    tally: dict[bytes, list[Any]] = {}
+    value_of = engine.uniform_lookup(tensor, bounds)
     for ub in iter_units(bounds, unit):
         if cancelled is not None and cancelled():
             raise ReadCancelled(f"tensor_stats of {tensor.array_id}: the client went away")
         n = ub.size
-        v = engine.uniform(tensor, ub)
+        v = value_of(ub) if value_of is not None else None
         if v is not None:
-            uniform_px += n
-            total += int(v) * n if exact else (complex(v) if dt.kind == "c" else float(v)) * n
-            nonzero += n if v != 0 or (dt.kind in "fc" and np.isnan(v)) else 0
-            merge(v, v)
+            seen = tally.get(key := np.asarray(v).tobytes())
+            if seen is None:
+                tally[key] = [v, n]
+            else:
+                seen[1] += n
+            if not exact:
+                total += (complex(v) if dt.kind == "c" else float(v)) * n
             continue
         if (decoded_px + n) * dt.itemsize > limits.max_decoded_bytes:
             raise RequestTooLarge(f"tensor_stats of {tensor.array_id}: the region {bounds} needs more than "
@@ -109,6 +116,12 @@ def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: Re
         nonzero += int(np.count_nonzero(data))
         if ordered:
             merge(data.min(), data.max())
+    for v, n in tally.values():
+        uniform_px += n
+        if exact:
+            total += int(v) * n
+        nonzero += n if v != 0 or (dt.kind in "fc" and np.isnan(v)) else 0
+        merge(v, v)
     count = bounds.size
     return {
         "array_id": tensor.array_id,

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
-from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -56,6 +55,8 @@ UniformBlock = tuple[Bounds, np.generic]
 def same_value(a: np.generic, b: np.generic) -> bool:
     """Bitwise equality: NaN equals a NaN of the same bits; -0.0 and +0.0 differ (a block of
     -0.0 next to one of +0.0 is decoded, never guessed)."""
+    if a is b:  # one fill value object for every absent block: the common case, and cheap
+        return True
     return np.asarray(a).tobytes() == np.asarray(b).tobytes() and np.asarray(a).dtype == np.asarray(b).dtype
 
 
@@ -73,14 +74,16 @@ def covering_value(blocks: Iterable[UniformBlock], bounds: Bounds) -> np.generic
     value: np.generic | None = None
     covered = 0
     for box, v in blocks:
-        inter = box.intersect(bounds)
-        if inter is None:
+        n = 1
+        for a, b, c, d in zip(box.start, box.stop, bounds.start, bounds.stop):
+            n *= max(0, min(b, d) - max(a, c))
+        if n == 0:
             continue
         if value is None:
             value = v
         elif not same_value(value, v):
             return None
-        covered += inter.size
+        covered += n
     return value if value is not None and covered == bounds.size else None
 
 
@@ -97,9 +100,9 @@ def grid_uniform_blocks(
     for idx in itertools.product(*ranges):
         v = value_at(idx)
         if v is not None:
-            start = tuple(i * c for i, c in zip(idx, block))
-            stop = tuple(min(s + c, n) for s, c, n in zip(start, block, shape))
-            out.append((Bounds(start, stop), v))
+            start = tuple(int(i) * int(c) for i, c in zip(idx, block))
+            stop = tuple(min(s + int(c), int(n)) for s, c, n in zip(start, block, shape))
+            out.append((Bounds.of_ints(start, stop), v))
     return out
 
 
@@ -144,11 +147,11 @@ def fill_uniform_units(
     """The streamed reduction's hook: write each unit that ``unit_value`` answers (the reduced
     value of a uniform unit) straight into ``out`` and yield only the others, to be read and
     reduced. A unit starts on a reduction block edge, so its output box is exact."""
+    axes = tuple(zip(origin, scale))
     for ub in units:
         v = unit_value(ub)
         if v is None:
             yield ub
             continue
-        o0 = tuple((a - b0) // s for a, b0, s in zip(ub.start, origin, scale))
-        o1 = tuple(o + n for o, n in zip(o0, output_shape(ub.shape, scale)))
-        out[tuple(slice(a, b) for a, b in zip(o0, o1))] = v
+        # ceil on both ends: a unit starts on a block edge, its stop may be the extent's ragged end
+        out[tuple(slice((a - b0) // s, -(-(b - b0) // s)) for a, b, (b0, s) in zip(ub.start, ub.stop, axes))] = v

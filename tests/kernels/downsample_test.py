@@ -319,23 +319,35 @@ def test_numpy_integer_scales_accepted():
 def test_area_gate_routes_by_block_size(dtype, scale, expected, monkeypatch):
     assert K.area_path(dtype, scale) == expected
     block = int(np.prod(scale))
+    gate = "strided-add" if block <= K._STRIDED_ADD_MAX_BLOCK else "reshape-sum"
     if expected in ("strided-add", "reshape-sum"):
-        assert (block <= K._STRIDED_ADD_MAX_BLOCK) == (expected == "strided-add")
+        assert expected == gate
     # and the kernel that runs is the one named
     called: list[str] = []
-    real = K._kernel
+    real, real_plain = K._kernel, K._plain
 
     def spy(name, dt, s2):
         kernel = real(name, dt, s2)
         return lambda *a: (called.append(name), kernel(*a))[1]
 
+    def spy_plain(name, *key):
+        kernel = real_plain(name, *key)
+        return lambda *a: (called.append(f"{name}_plain"), kernel(*a))[1]
+
     monkeypatch.setattr(K, "_kernel", spy)
-    shape = tuple(2 * s + 1 for s in scale) if block <= 4096 else tuple(s + 1 for s in scale)
-    x = cases.make_array(dtype, shape, "random", 0)
-    assert_same(R.downsample(x, scale, "area"), K.downsample(x, scale, "area"), str(scale))
-    kernel = {"strided-add": ["area_strided"], "reshape-sum": ["area_reshape"],
-              "generic": ["area_reshape"], "float": ["area_float"]}.get(expected, [])
-    assert called == kernel
+    monkeypatch.setattr(K, "_plain", spy_plain)
+    kernels = {"strided-add": "area_strided", "reshape-sum": "area_reshape", "generic": "area_reshape",
+               "float": "area_float", "plain": "area_plain"}
+    # ragged on every axis; the plain kernel needs rows of even width, else the gate decides
+    widths = [(2 * scale[-1] if block <= 4096 else scale[-1]) + 2] if expected == "plain" else []
+    widths.append(2 * scale[-1] + 1 if block <= 4096 else scale[-1] + 1)
+    for width in widths:
+        called.clear()
+        shape = tuple(2 * s + 1 if block <= 4096 else s + 1 for s in scale[:-1]) + (width,)
+        x = cases.make_array(dtype, shape, "random", 0)
+        assert_same(R.downsample(x, scale, "area"), K.downsample(x, scale, "area"), f"{scale} {shape}")
+        name = kernels.get(gate if expected == "plain" and width % 2 else expected)
+        assert called == ([name] if name else []), shape
 
 
 def _scale_for_block(block: int, ndim: int) -> tuple[int, ...]:
@@ -360,6 +372,7 @@ def test_both_area_kernels_equal_the_oracle_around_the_crossover(block, dtype, n
     and on all-maximum inputs (the accumulator bound)."""
     from tensor_server_kernels import plan
 
+    monkeypatch.setattr(plan, "_PLAIN_S2", ())  # these are the general kernels' tests
     scale = _scale_for_block(block, ndim)
     assert int(np.prod(scale)) == block
     shape = tuple(s + 1 + (s > 1) for s in scale)  # one full block and a ragged edge block per axis

@@ -1,0 +1,189 @@
+"""Fast kernels for the reductions a server runs all day: plain rows, small power-of-two scales.
+
+"Plain" means the rows layout of :mod:`tensor_server_kernels.plan` with no interleaved channels
+(``C == 1``) and a last-axis scale ``S`` in :data:`PLAIN_S2`, compiled as a constant. The
+general kernels in :mod:`tensor_server_kernels.downsample` serve everything else and stay
+exact for these cases too (the tests force them). Semantics are the oracle's; the kernels here
+only change how the work is laid out:
+
+* **Lanes as narrow as the sum allows.** numba types integer arithmetic at 64 bits, so a sum of
+  uint16 pixels ran in 8-lane int64 vectors. Every intermediate here is cast back to the
+  accumulator dtype ``A`` (uint16 or uint32, sized by ``plan._plan_integer_area``), which LLVM
+  then narrows: 16 or 32 lanes per AVX-512 op.
+* **No division, no run-time shift.** The block sum ``v`` (at most ``block * max``) is scaled by
+  ``m = 2**(K - log2(block))`` with the constant ``K = bits(A) - bits(input)``, so every block
+  size rounds with the same constant shift ``K``: ``(v*m + 2**(K-1) - 1 + ((v*m >> K) & 1)) >> K``
+  is ``v / block`` rounded half to even (the odd quotient bit supplies the tie), and ``v*m`` never
+  exceeds ``2**bits(A)`` because ``block * 2**bits(input) <= 2**bits(A)``. A run-time shift
+  kept the whole chain at 64 bits.
+* **Row-wise accumulation.** Block rows are added element-wise into one row buffer of ``A``
+  (contiguous, vectorised; the first two rows fused), then the buffer is folded ``S`` lanes at a
+  time into the output row. 2x2 blocks skip the buffer: both rows are read once, side by side.
+
+Signed data arrives as its unsigned view with the sign bit as ``f`` (xor-ed on every read and
+on the result; see ``plan._KERNEL_DTYPES``). All kernels are ``cache=True, nogil=True`` and
+single-threaded, like the others.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Callable
+
+import numpy as np
+from numba import njit
+
+__all__ = ["PLAIN_S2", "area_kernel", "extreme_kernel", "nearest_kernel"]
+
+#: last-axis scales with a plain-rows kernel
+PLAIN_S2 = (2, 4, 8, 16, 32)
+
+# Helpers are module-level functions taking the factory's constants as arguments (LLVM inlines
+# them and folds the constants): a kernel's closure cells are part of numba's on-disk cache
+# key, and a dispatcher in a cell pickles differently in every process, so a kernel closing
+# over its helpers recompiled at every start.
+
+
+@njit(cache=True, nogil=True)
+def _rounded(v, m, A, half, k, one):  # type: ignore[no-untyped-def]
+    """``v / block`` rounded half to even, with ``m = 2**(k - log2 block)`` (module docstring)."""
+    w = A(v * m)
+    return A(A(w + half) + A(A(w >> k) & one)) >> k
+
+
+@njit(cache=True, nogil=True)
+def _pair(w, fw, A, mask, bits):  # type: ignore[no-untyped-def]
+    """The sum of the two pixels of a word: no lane shuffles, unlike widening each pixel."""
+    w = w ^ fw
+    return A(A(w & mask) + A(w >> bits))
+
+
+@njit(cache=True, nogil=True)
+def _pick(a, b, is_max):  # type: ignore[no-untyped-def]
+    if is_max:
+        return a if a > b else b
+    return a if a < b else b
+
+
+@lru_cache(maxsize=None)
+def area_kernel(S: int, acc: np.dtype, K: int, B: int) -> Callable[..., Any]:
+    """``area_plain(x, xw, out, table, buf, m, f, fw)`` for last-axis scale ``S``, accumulator
+    ``acc``, rounding shift ``K`` and ``B``-bit input (module docstring). ``xw`` is ``x`` viewed
+    as words of two pixels, ``fw`` the flip of both; ``buf`` holds ``L * S // 2`` accumulators."""
+    A = np.dtype(acc).type
+    HALF = (1 << (K - 1)) - 1
+    ONE = A(1)
+    MASK = (1 << B) - 1
+    H = S // 2
+
+    @njit(cache=True, nogil=True)
+    def area_plain(x, xw, out, table, buf, m, f, fw):  # type: ignore[no-untyped-def]
+        L = x.shape[1]
+        oL = out.shape[1]
+        full = L // S
+        nw = full * H
+        nrows = table.shape[1]
+        mA = A(m)
+        for o in range(out.shape[0]):
+            orow = out[o]
+            w0 = xw[table[o, 0]]
+            if nrows == 1:
+                for q in range(full):
+                    v = _pair(w0[q * H], fw, A, MASK, B)
+                    for j in range(1, H):
+                        v = A(v + _pair(w0[q * H + j], fw, A, MASK, B))
+                    orow[q] = _rounded(v, mA, A, HALF, K, ONE) ^ f
+            elif S == 2 and nrows == 2:
+                w1 = xw[table[o, 1]]
+                for q in range(full):
+                    v = A(_pair(w0[q], fw, A, MASK, B) + _pair(w1[q], fw, A, MASK, B))
+                    orow[q] = _rounded(v, mA, A, HALF, K, ONE) ^ f
+            else:
+                w1 = xw[table[o, 1]]
+                for i in range(nw):
+                    buf[i] = A(_pair(w0[i], fw, A, MASK, B) + _pair(w1[i], fw, A, MASK, B))
+                for k in range(2, nrows):
+                    w = xw[table[o, k]]
+                    for i in range(nw):
+                        buf[i] = A(buf[i] + _pair(w[i], fw, A, MASK, B))
+                for q in range(full):
+                    v = buf[q * H]
+                    for j in range(1, H):
+                        v = A(v + buf[q * H + j])
+                    orow[q] = _rounded(v, mA, A, HALF, K, ONE) ^ f
+            for q in range(full, oL):  # the ragged block: clamped lanes are the edge padding
+                v = A(0)
+                for k in range(nrows):
+                    r = x[table[o, k]]
+                    for j in range(S):
+                        v = A(v + A(r[min(q * S + j, L - 1)] ^ f))
+                orow[q] = _rounded(v, mA, A, HALF, K, ONE) ^ f
+
+    return area_plain
+
+
+@lru_cache(maxsize=None)
+def extreme_kernel(S: int, is_max: bool, B: int) -> Callable[..., Any]:
+    """``extreme_plain(x, out, table, buf, bufw, f)``: block min or max of ``B``-bit integers
+    (floats keep the general kernel, which propagates NaN). Block rows are combined
+    element-wise in the input's own lanes into ``buf`` (one input row; ``bufw`` is the same
+    memory as words of two pixels), then folded a word at a time. One kernel per method: a
+    run-time choice inside the loop stops it vectorising."""
+    MASK = (1 << B) - 1
+    H = S // 2
+    W = np.uint16 if B == 8 else np.uint32  # the word of two pixels
+
+    @njit(cache=True, nogil=True)
+    def extreme_plain(x, out, table, buf, bufw, f):  # type: ignore[no-untyped-def]
+        L = x.shape[1]
+        oL = out.shape[1]
+        full = L // S
+        n = full * S
+        nrows = table.shape[1]
+        for o in range(out.shape[0]):
+            orow = out[o]
+            r0 = x[table[o, 0]]
+            if nrows == 1:
+                for e in range(n):
+                    buf[e] = r0[e] ^ f
+            else:
+                r1 = x[table[o, 1]]
+                for e in range(n):
+                    buf[e] = _pick(r0[e] ^ f, r1[e] ^ f, is_max)
+                for k in range(2, nrows):
+                    r = x[table[o, k]]
+                    for e in range(n):
+                        buf[e] = _pick(buf[e], r[e] ^ f, is_max)
+            for q in range(full):
+                w = bufw[q * H]
+                v = _pick(W(w & MASK), W(w >> B), is_max)
+                for j in range(1, H):
+                    w = bufw[q * H + j]
+                    v = _pick(v, _pick(W(w & MASK), W(w >> B), is_max), is_max)
+                orow[q] = v ^ f
+            for q in range(full, oL):
+                v = r0[q * S] ^ f
+                for k in range(nrows):
+                    r = x[table[o, k]]
+                    for j in range(S):
+                        v = _pick(v, r[min(q * S + j, L - 1)] ^ f, is_max)
+                orow[q] = v ^ f
+
+    return extreme_plain
+
+
+@lru_cache(maxsize=None)
+def nearest_kernel(S: int) -> Callable[..., Any]:
+    """``nearest_plain(x, out, table)``: the first element of each block (any dtype, run on
+    its same-width unsigned view). NumPy's strided copy moves one element at a time; this
+    loop packs lanes (scale 2 of uint16 is a 32-to-16-bit truncation per pair)."""
+
+    @njit(cache=True, nogil=True)
+    def nearest_plain(x, out, table):  # type: ignore[no-untyped-def]
+        oL = out.shape[1]
+        for o in range(out.shape[0]):
+            r = x[table[o, 0]]
+            orow = out[o]
+            for q in range(oL):
+                orow[q] = r[q * S]
+
+    return nearest_plain
