@@ -24,7 +24,8 @@ Paths, in the order they are tried for a scaled read:
    ``get_reduced_data`` computes the extent next to the data, so only reduced pixels travel;
    it may decline with None. Asked after the store, which needs no transfer at all;
 4. streamed reduction: units floored at ``read_block_shape`` and rounded to whole reduction
-   blocks (``stream_reduce``), read ahead on a bounded pool while the kernels reduce.
+   blocks (``stream_reduce``), each read and reduced on a bounded pool (into a buffer the
+   pool thread reuses when the adapter ``reads_into``).
 
 Adapters are pure readers (``read_region`` and declared capabilities) and never see the
 store. The store is reached only through the ``ChunkStore`` Protocol, keyed by chunk ids of
@@ -272,12 +273,13 @@ class ReadEngine:
         if unit_value is not None:
             unit = _storage_block_unit(tensor, scale, unit)
         fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
+        fetch_into = tensor.read_region_into if tensor.reads_into else None
         workers = self.workers
         offer = None
         if self.store is not None and self.source_scaled_reads:
             offer = cache_sourced_units(self.store, tensor, bounds, unit, scale, method)
             if offer is not None:
-                fetch, unit = offer.fetch, offer.unit
+                fetch, unit, fetch_into = offer.fetch, offer.unit, None
                 if offer.serial:
                     workers = 1
         if offer is None and tensor.reduces:
@@ -287,11 +289,13 @@ class ReadEngine:
                                    _checked_answer(tensor, "get_reduced_data", reduced, bounds, scale))
         if cancelled is not None:
             fetch = _stop_when(cancelled, fetch)
+            fetch_into = None if fetch_into is None else _stop_when(cancelled, fetch_into)
         path = "streamed" if offer is None else "cache_sourced"
         if all(u >= n for u, n in zip(unit, bounds.shape)):
             return self._noted(path, tensor, t0, owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype))
         return self._noted(path, tensor, t0, stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype,
-                                                           workers=workers, unit_value=unit_value))
+                                                           workers=workers, unit_value=unit_value,
+                                                           fetch_into=fetch_into))
 
     def _noted(self, path: str, tensor: TensorAdapter, t0: float, arr: np.ndarray) -> np.ndarray:
         """``arr``, after telling ``on_read`` that ``path`` served it since ``t0``."""
@@ -380,11 +384,11 @@ def check_chunk_id(tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:
     return cid
 
 
-def _stop_when(cancelled: Cancelled, fetch: Callable[[Bounds], np.ndarray]) -> Callable[[Bounds], np.ndarray]:
-    def checked(ub: Bounds) -> np.ndarray:
+def _stop_when(cancelled: Cancelled, fetch: Callable[..., np.ndarray | None]) -> Callable[..., np.ndarray | None]:
+    def checked(ub: Bounds, *into: np.ndarray) -> np.ndarray | None:
         if cancelled():
             raise ReadCancelled("the client cancelled the read")
-        return fetch(ub)
+        return fetch(ub, *into)
 
     return checked
 
