@@ -164,12 +164,15 @@ class ShardIndexes:
         hit = self._cache.get(shard)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        raw = os.pread(fd, self.size, st.st_size - self.size if self.at_end else 0)
-        if len(raw) != self.size:
-            raise ValueError(f"shard {self.encode(shard)!r} is shorter than its index ({len(raw)} < {self.size} bytes)")
-        body = _crc32c_strip(raw) if self.crc else np.frombuffer(raw, np.uint8)
-        index = body.view("<u8").reshape(-1, 2)
-        with self._lock:
+        with self._lock:  # one read per shard even when several threads touch it first at once
+            hit = self._cache.get(shard)
+            if hit is not None and hit[0] == stamp:
+                return hit[1]
+            raw = os.pread(fd, self.size, st.st_size - self.size if self.at_end else 0)
+            if len(raw) != self.size:
+                raise ValueError(f"shard {self.encode(shard)!r} is shorter than its index ({len(raw)} < {self.size} bytes)")
+            body = _crc32c_strip(raw) if self.crc else np.frombuffer(raw, np.uint8)
+            index = body.view("<u8").reshape(-1, 2)
             self._cache[shard] = (stamp, index)
         return index
 

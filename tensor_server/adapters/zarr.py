@@ -14,9 +14,11 @@ whose root group carries NGFF metadata (``multiscales``, ``plate``, ``well`` or
 
 Group metadata is parsed here with ``json`` (so a corrupt document is reported naming the
 file, and sniffing needs no zarr import); arrays are opened with zarr-python 3 once, when the
-source opens, and reused: zarr's sync API submits every read to its own event loop, so
-concurrent reads from server threads are safe without a lock. There is no file handle to
-reap: the local store opens and closes each chunk file per read.
+source opens, and reused. The pixels of a local store are read by the server's own chunk
+reader (``_zarr_chunks``: pread and numcodecs on every core); zarr-python reads the rest, its
+sync API submitting every read to its own event loop, so concurrent reads from server threads
+are safe without a lock either way. There is no file handle to reap: each chunk (or shard)
+file is opened and closed per read.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ import numpy as np
 
 from tensor_server.adapters._ngff import AXIS_ALIASES, dataset_scale, integer_factor, jsonable, ngff_axes
 from tensor_server.adapters._store_listing import ABSENT, file_stamp_of, stored_files
-from tensor_server.adapters._zarr_chunks import LocalChunks, ShardIndexes
+from tensor_server.adapters._zarr_chunks import DECODER, LocalChunks, ShardIndexes
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
@@ -46,7 +48,7 @@ from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["ZarrAdapter", "ZarrSource"]
+__all__ = ["ZarrAdapter", "ZarrSource", "DECODER"]
 
 _log = logging.getLogger(__name__)
 

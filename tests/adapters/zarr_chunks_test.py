@@ -177,3 +177,46 @@ def test_sharding_with_unsupported_inner_codecs_keeps_zarr(tmp_path):
     assert LocalChunks.of(z, tmp_path / "s.zarr", ShardIndexes(z, tmp_path / "s.zarr")) is None
     with tensor_server.open(tmp_path / "s.zarr") as src:
         np.testing.assert_array_equal(src.tensor().get_data(), data)
+
+
+@pytest.mark.parametrize("method", ["area", "nearest"])
+def test_peak_memory_is_output_plus_workers_plus_one_units(tmp_path, method):
+    """tracemalloc: a scaled read of a 4096² plane (four 2048² units of four 1024² chunks)
+    through the server's reader allocates at most the output plus (workers + 1) units above
+    baseline, area (units read into reused buffers) and nearest (each chunk strided into the
+    output as decoded); reading the plane whole (what the bound forbids) exceeds it."""
+    import tracemalloc
+
+    from tensor_server.core.downsample import downsample_block, warm_up
+    from tensor_server.core.engine import ReadEngine
+
+    data = RNG.integers(0, 60000, (4096, 4096), dtype=np.uint16)
+    z = zarr.open_array(str(tmp_path / "p.zarr"), mode="w", shape=data.shape, chunks=(1024, 1024), dtype="u2",
+                        zarr_format=2, compressor=numcodecs.Blosc("lz4", 1))
+    z[...] = data
+    workers, scale = 2, (4, 4)
+    engine = ReadEngine(workers=workers)
+    with tensor_server.open(tmp_path / "p.zarr") as src:
+        t = src.tensor()
+        b = Bounds.full(t.shape)
+        assert t.chunk_shape == (2048, 2048)  # the unit: four of the read block
+        warm_up()
+        want = engine.read(t, b, scale, method)  # compiles, and fills the reused buffers
+        np.testing.assert_array_equal(want, reference.downsample(data, scale, method))
+        out_bytes, unit_bytes = want.nbytes, 2048 * 2048 * 2
+        bound = out_bytes + (workers + 1) * unit_bytes + (64 << 10)
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            got = engine.read(t, b, scale, method)
+            peak = tracemalloc.get_traced_memory()[1] - base
+            np.testing.assert_array_equal(got, want)
+            del got
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            downsample_block(t.get_data(b), scale, method)
+            whole = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+    assert peak <= bound, f"peak {(peak - out_bytes) / unit_bytes:.2f} units above the output"
+    assert whole > bound
