@@ -236,9 +236,13 @@ class LocalChunks:
         return cls(array, folder, _Pipeline(decoders, stored, "C"), indexes if sharded else None)
 
     def read(self, bounds: Bounds, step: Sequence[int], absent: Callable[[tuple[slice, ...]], np.ndarray],
-             out: np.ndarray | None = None) -> np.ndarray:
+             out: np.ndarray | None = None, parallel: bool = True) -> np.ndarray:
         """``array[bounds][::step]`` into ``out`` (allocated when None; returned); ``absent(slices)``
-        reads a part whose chunk is not stored. The chunks decode on every core (``run_parallel``)."""
+        reads a part whose chunk is not stored. The chunks decode on every core (``run_parallel``),
+        or on this thread alone when not ``parallel`` (a caller that already keeps every core
+        busy with other reads: each hand-off costs a wake-up, which on a loaded machine is
+        a wait for a core)."""
+        spread = run_parallel if parallel else _serially
         shape = tuple(len(range(a, b, s)) for a, b, s in zip(bounds.start, bounds.stop, step))
         if out is None:
             out = np.empty(shape, self.dtype)
@@ -263,9 +267,9 @@ class LocalChunks:
                                        for i, c, s in zip(idx, self.chunks, src)))
 
         if self.indexes is None:
-            run_parallel(pieces, lambda piece: place(piece, self._chunk_bytes(piece[0])))
+            spread(pieces, lambda piece: place(piece, self._chunk_bytes(piece[0])))
         else:
-            run_parallel(self._shard_jobs(pieces), lambda job: self._read_shard_job(job, place))
+            spread(self._shard_jobs(pieces), lambda job: self._read_shard_job(job, place))
         return out
 
     def _pieces(self, bounds: Bounds, step: Sequence[int]) -> Iterator[_Piece]:
@@ -351,6 +355,11 @@ class LocalChunks:
 _Piece = tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]
 #: at most this many inner chunks are read and decoded by one job of a sharded read
 _RUN_CHUNKS = 16
+
+
+def _serially(jobs: Sequence[Any], run: Callable[[Any], None]) -> None:
+    for job in jobs:
+        run(job)
 
 
 def _slot(idx: tuple[int, ...], per: tuple[int, ...]) -> int:

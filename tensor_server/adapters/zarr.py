@@ -332,16 +332,19 @@ class ZarrAdapter(TensorAdapter):
         return self._chunks is not None
 
     def read_region_into(self, bounds: Bounds, out: np.ndarray) -> None:
+        """A streamed reduction's unit: its chunks decoded on this thread (the reduction keeps
+        the other cores busy with the next units)."""
         if self._chunks is None:
             out[...] = self.read_region(bounds)
         else:
-            self._read(bounds, (1,) * bounds.ndim, out)
+            self._read(bounds, (1,) * bounds.ndim, out, parallel=False)
 
-    def _read(self, bounds: Bounds, step: tuple[int, ...], out: np.ndarray | None = None) -> np.ndarray:
+    def _read(self, bounds: Bounds, step: tuple[int, ...], out: np.ndarray | None = None,
+              parallel: bool = True) -> np.ndarray:
         """``array[bounds][::step]`` through the server's own decoder (``_zarr_chunks``), a
         chunk that is not stored through zarr (its fill value)."""
         try:
-            return self._chunks.read(bounds, step, lambda sl: np.asarray(self._array[sl]), out)
+            return self._chunks.read(bounds, step, lambda sl: np.asarray(self._array[sl]), out, parallel)
         except Exception as exc:  # a corrupt or truncated chunk surfaces only here
             raise UnreadableSource(
                 self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"

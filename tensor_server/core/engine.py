@@ -272,6 +272,8 @@ class ReadEngine:
         unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
         if unit_value is not None:
             unit = _storage_block_unit(tensor, scale, unit)
+        elif tensor.reads_into:
+            unit = _storage_block_unit(tensor, scale, unit, MIN_READ_INTO_UNIT_BYTES)
         fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
         fetch_into = tensor.read_region_into if tensor.reads_into else None
         workers = self.workers
@@ -330,6 +332,10 @@ class ReadEngine:
 #: Smallest storage block worth streaming by when an extent has uniform blocks: below it, the
 #: per-unit overhead outweighs reading a few uniform blocks with their neighbours.
 MIN_BLOCK_UNIT_BYTES = 64 << 10
+#: Smallest storage block a reader that ``reads_into`` is streamed by: its units cost no
+#: allocation, and a unit of one block is decoded straight into its buffer (no assembling
+#: copy); below this the per-unit overhead outweighs that.
+MIN_READ_INTO_UNIT_BYTES = 1 << 20
 
 
 def _checked_answer(tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: Bounds,
@@ -343,12 +349,15 @@ def _checked_answer(tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: B
     return owned_array(arr, tensor.dtype)
 
 
-def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...]) -> tuple[int, ...]:
-    """The unit of an extent that has uniform blocks: the storage block (rounded to whole
-    reduction blocks) instead of the transfer chunk, so that only the non-uniform blocks are
-    read (cost in proportion to them). Kept when the block is tiny or the reader has none."""
+def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...],
+                        min_bytes: int = MIN_BLOCK_UNIT_BYTES) -> tuple[int, ...]:
+    """The storage block (rounded to whole reduction blocks) as the unit instead of the
+    transfer chunk: for an extent that has uniform blocks, so that only the non-uniform blocks
+    are read (cost in proportion to them); for a reader that ``reads_into``, so that each unit
+    is one block decoded straight into its buffer. Kept when the block is smaller than
+    ``min_bytes`` or the reader has none."""
     block = tensor.read_block_shape
-    if block is None or int(np.prod(block)) * tensor.dtype.itemsize < MIN_BLOCK_UNIT_BYTES:
+    if block is None or int(np.prod(block)) * tensor.dtype.itemsize < min_bytes:
         return unit
     return streaming_unit(block, block, scale)
 

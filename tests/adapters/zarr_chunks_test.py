@@ -181,10 +181,11 @@ def test_sharding_with_unsupported_inner_codecs_keeps_zarr(tmp_path):
 
 @pytest.mark.parametrize("method", ["area", "nearest"])
 def test_peak_memory_is_output_plus_workers_plus_one_units(tmp_path, method):
-    """tracemalloc: a scaled read of a 4096² plane (four 2048² units of four 1024² chunks)
-    through the server's reader allocates at most the output plus (workers + 1) units above
-    baseline, area (units read into reused buffers) and nearest (each chunk strided into the
-    output as decoded); reading the plane whole (what the bound forbids) exceeds it."""
+    """tracemalloc: a scaled read of a 4096² plane (sixteen 1024² chunks, each a unit: a reader
+    that reads into a buffer is streamed by its block) through the server's reader allocates
+    at most the output plus (workers + 1) units above baseline, area (units read into reused
+    buffers) and nearest (each chunk strided into the output as decoded); reading the plane
+    whole (what the bound forbids) exceeds it."""
     import tracemalloc
 
     from tensor_server.core.downsample import downsample_block, warm_up
@@ -199,11 +200,11 @@ def test_peak_memory_is_output_plus_workers_plus_one_units(tmp_path, method):
     with tensor_server.open(tmp_path / "p.zarr") as src:
         t = src.tensor()
         b = Bounds.full(t.shape)
-        assert t.chunk_shape == (2048, 2048)  # the unit: four of the read block
+        assert t.chunk_shape == (2048, 2048) and t.read_block_shape == (1024, 1024)
         warm_up()
         want = engine.read(t, b, scale, method)  # compiles, and fills the reused buffers
         np.testing.assert_array_equal(want, reference.downsample(data, scale, method))
-        out_bytes, unit_bytes = want.nbytes, 2048 * 2048 * 2
+        out_bytes, unit_bytes = want.nbytes, 1024 * 1024 * 2
         bound = out_bytes + (workers + 1) * unit_bytes + (64 << 10)
         tracemalloc.start()
         try:
