@@ -25,8 +25,11 @@ __all__ = ["zarr_decode_floor", "tiff_decode_floor", "zarr_floor_candidates"]
 
 
 def _decode_all(path_of: Callable[[int], Path], spans: Sequence[tuple[int, int]],
-                decode: Callable[[bytes, int], int]) -> int:
-    """Read and decode every piece on all cores; return the decoded bytes (the plane's size)."""
+                decode: Callable[[bytes, int], int]) -> Callable[[], int]:
+    """A call that reads and decodes every piece on all cores and returns the decoded bytes
+    (the plane's size). Its pool (and so each thread's reused buffer) lives as long as it."""
+    pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="decode-floor")
+
     def one(i: int) -> int:
         fd = os.open(path_of(i), os.O_RDONLY)
         try:
@@ -35,8 +38,7 @@ def _decode_all(path_of: Callable[[int], Path], spans: Sequence[tuple[int, int]]
         finally:
             os.close(fd)
 
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        return sum(pool.map(one, range(len(spans))))
+    return lambda: sum(pool.map(one, range(len(spans))))
 
 
 def _zarr_pieces(array_dir: Path) -> tuple[list[Path], list[tuple[int, int]], Any]:
@@ -84,7 +86,7 @@ def zarr_decode_floor(array_dir: Path) -> Callable[[], int]:
         reader.pipeline.decode_into(data, buf)
         return chunk_bytes
 
-    return lambda: _decode_all(files.__getitem__, spans, decode)
+    return _decode_all(files.__getitem__, spans, decode)
 
 
 def zarr_floor_candidates(array_dir: Path) -> dict[str, Callable[[], Any]]:
@@ -119,4 +121,4 @@ def tiff_decode_floor(path: Path) -> Callable[[], int]:
         page = tf.pages.first
         decode = page.decode  # tifffile's per-page decoder; it is what its own threads call
         spans = list(zip(page.dataoffsets, page.databytecounts))
-    return lambda: _decode_all(lambda i: path, spans, lambda data, i: decode(data, i)[0].nbytes)
+    return _decode_all(lambda i: path, spans, lambda data, i: decode(data, i)[0].nbytes)
