@@ -16,10 +16,11 @@ Paths, in the order they are tried for a scaled read:
    mixed extent reads only its non-uniform units. Unscaled reads of a uniform region are
    ``np.full``; chunks come back as read-only broadcast arrays (one element of memory) that
    the store keeps as a value. ``special_chunks=False`` turns this path off (benchmarks);
-1. ``nearest`` on an adapter that declares ``decimates``: ``get_decimated_data`` (a strided
+1. cache-sourced units: every full-resolution chunk under the extent is in the store
+   (``chunk_store.cache_sourced_units``); asked first because cached chunks need no decode,
+   and a decimated read may decode (a zarr chunk is decoded whole to stride it);
+2. ``nearest`` on an adapter that declares ``decimates``: ``get_decimated_data`` (a strided
    read, or a format's own reduced read such as CZI's zoom), which may decline with None;
-2. cache-sourced units: every full-resolution chunk under the extent is in the store
-   (``chunk_store.cache_sourced_units``);
 3. a backend that declares ``reduces`` (another server in front of which this one sits):
    ``get_reduced_data`` computes the extent next to the data, so only reduced pixels travel;
    it may decline with None. Asked after the store, which needs no transfer at all;
@@ -64,7 +65,7 @@ __all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "check_chunk_id", "defau
 
 #: what ``on_read`` names the path that served a computed read (the module docstring's
 #: numbering; ``direct`` is a level-0 or stored-level read, no reduction)
-READ_PATHS = ("closed_form", "decimated", "cache_sourced", "upstream", "streamed", "direct")
+READ_PATHS = ("closed_form", "cache_sourced", "decimated", "upstream", "streamed", "direct")
 
 #: ``cancelled()`` is polled before each unit is fetched; True stops the read.
 Cancelled = Callable[[], bool]
@@ -264,11 +265,6 @@ class ReadEngine:
             if v is not None:
                 return self._noted("closed_form", tensor, t0,
                                    np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype))
-        if method == "nearest" and tensor.decimates:
-            dec = tensor.get_decimated_data(bounds, scale)
-            if dec is not None:
-                return self._noted("decimated", tensor, t0,
-                                   _checked_answer(tensor, "get_decimated_data", dec, bounds, scale))
         unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
         if unit_value is not None:
             unit = _storage_block_unit(tensor, scale, unit)
@@ -284,6 +280,11 @@ class ReadEngine:
                 fetch, unit, fetch_into = offer.fetch, offer.unit, None
                 if offer.serial:
                     workers = 1
+        if offer is None and method == "nearest" and tensor.decimates:
+            dec = tensor.get_decimated_data(bounds, scale)
+            if dec is not None:
+                return self._noted("decimated", tensor, t0,
+                                   _checked_answer(tensor, "get_decimated_data", dec, bounds, scale))
         if offer is None and tensor.reduces:
             reduced = tensor.get_reduced_data(bounds, scale, method)
             if reduced is not None:
