@@ -38,9 +38,10 @@ from tensor_server.core.stream_reduce import run_parallel, scratch
 __all__ = ["DECODER", "LocalChunks", "ShardIndexes"]
 
 #: the decoder a local zarr read uses (one line of ``server_stats``)
-DECODER = "numcodecs on the server's decode pool (zarr-python for remote stores and other codecs)"
+DECODER = "numcodecs on the server's read pool (zarr-python for object stores and other codecs)"
 
 _EMPTY = 2**64 - 1
+
 
 # ---- codecs ------------------------------------------------------------------------------------
 def _crc32c_strip(data: Any) -> np.ndarray:
