@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
-from tensor_server.core.stream_reduce import run_parallel, scratch
+from tensor_server.core.stream_reduce import SCRATCH_MIN, run_parallel, scratch
 
 __all__ = ["DECODER", "LocalChunks", "ShardIndexes"]
 
@@ -248,15 +248,21 @@ class LocalChunks:
         if out is None:
             out = np.empty(shape, self.dtype)
         pieces = list(self._pieces(bounds, step))
+        whole = tuple(slice(0, c, 1) for c in self.chunks)
+        small = math.prod(self.chunks) * self.pipeline.stored.itemsize < SCRATCH_MIN
 
         def place(piece: _Piece, data: Any) -> None:
             idx, src, dst = piece
             target = out[dst]
             if data is not None:
-                whole = all(s.step == 1 and s.start == 0 and s.stop == c for s, c in zip(src, self.chunks))
                 try:
-                    if whole and self.pipeline.direct(target):
+                    if src == whole and self.pipeline.direct(target):
                         self.pipeline.decode_into(data, target)
+                        return
+                    if small:  # the heap reuses small buffers: no scratch bookkeeping
+                        chunk = np.empty(self.chunks, self.pipeline.stored)
+                        self.pipeline.decode_into(data, chunk)
+                        target[...] = chunk[src]
                         return
                     with scratch(self.chunks, self.pipeline.stored, "chunk") as chunk:
                         self.pipeline.decode_into(data, chunk)
