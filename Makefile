@@ -8,11 +8,13 @@ STAMP := $(VENV)/.installed
 # It declares Python >= 3.12 and a large tree; its encoding modules need only the `test`
 # extra's arbol/hilbertcurve/numcodecs (+ xxhash, a runtime dep), so it is installed alone.
 LUXAR := luxar==2026.10.22
-# ROOT: what `make run` serves; empty = a small generated demo dataset. PORT / HTTP_PORT: the
-# Flight and OME-Zarr HTTP ports of `make run` (empty = 8815 / 8816; 0 picks a free one).
+# ROOT: what `make run` serves; empty = a small generated demo dataset. PORT / HTTP_PORT /
+# METRICS_PORT: the Flight, OME-Zarr HTTP and Prometheus ports of `make run` (empty = 8815 /
+# 8816 / 8817; 0 picks a free one).
 ROOT ?=
 PORT ?=
 HTTP_PORT ?=
+METRICS_PORT ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` (auto = one per core; 0 = in one process)
 TEST_WORKERS ?= auto
@@ -62,7 +64,8 @@ $(STAMP): pyproject.toml
 # so `make clean` removes them
 run: $(STAMP)
 	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server run $(ROOT) \
-		$(if $(PORT),--port $(PORT)) $(if $(HTTP_PORT),--http-port $(HTTP_PORT))
+		$(if $(PORT),--port $(PORT)) $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) \
+		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 # the viewer URL (with the access token) of a file or array id served by `make run`
 url: $(STAMP)

@@ -252,9 +252,34 @@ def _take(explicit: str | None, default: Path, port: int, flag: str, opener, bus
             if i + 1 < len(candidates):
                 print(f"serve: {path} is held by another tensor-server; using {candidates[i + 1]}", file=sys.stderr)
                 continue
-            raise _Taken(f"{exc}; pass another {flag}") from None
+            raise _Taken(f"{exc}; pass another {flag}" if flag else str(exc)) from None
         return result
     raise AssertionError("unreachable")
+
+
+def _catalog_store(port: int):  # noqa: ANN202 - CatalogStore | None
+    """The catalog store in the server home, or a file of its own beside it when another
+    server holds that one (``_take``); None (said on stderr) when neither can be had: the
+    catalog is then kept in memory, and the next start opens every source again."""
+    from tensor_server.catalog.store import CatalogStore, CatalogStoreBusy
+    from tensor_server.config import default_cache_dir
+
+    def open_store(path: str) -> CatalogStore:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return CatalogStore(path)
+
+    try:
+        return _take(None, default_cache_dir() / "catalog.duckdb", port, "", open_store, CatalogStoreBusy)
+    except Exception as exc:  # the store is a cache: serve without it
+        print(f"serve: the catalog is kept in memory only ({exc})", file=sys.stderr)
+        return None
+
+
+def _close_catalog(catalog, store) -> None:  # noqa: ANN001 - Catalog, CatalogStore | None
+    """Close the catalog, then the store it wrote to (``_catalog_store`` opened it)."""
+    catalog.close()
+    if store is not None:
+        store.close()
 
 
 def _port_clash(host: str, port: int | None, flag: str, make_var: str) -> str | None:
@@ -346,8 +371,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     if demo and settings.http_port is None:
         settings.http_port = DEMO_HTTP_PORT
+    if demo and settings.metrics_port is None:
+        settings.metrics_port = DEMO_METRICS_PORT
     clash = _port_clash(settings.host, settings.port, "--port", "PORT") or \
-        _port_clash(settings.host, settings.http_port, "--http-port", "HTTP_PORT")
+        _port_clash(settings.host, settings.http_port, "--http-port", "HTTP_PORT") or \
+        _port_clash(settings.metrics_host, settings.metrics_port, "--metrics-port", "METRICS_PORT")
     if clash is not None:  # said first: before any file is opened or gRPC speaks
         print(f"serve: {clash}", file=sys.stderr)
         return 2
@@ -361,12 +389,13 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     if isinstance(tls, int):
         return tls
 
+    store = _catalog_store(settings.port)
+
     def open_catalog(rois_path: str) -> Catalog:
         Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
         cat = Catalog(settings.roots, rois_path=rois_path,
                       follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
-                      open_timeout_seconds=settings.open_timeout_seconds,
-                      store_path=str(default_cache_dir() / "catalog.duckdb"))
+                      open_timeout_seconds=settings.open_timeout_seconds, store=store)
         try:
             cat.rois.open()
         except Exception:
@@ -378,17 +407,15 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         catalog = _take(settings.rois_path, default_data_dir() / "annotations.duckdb", settings.port, "--rois-db",
                         open_catalog, RoiStoreBusy)
     except (_Taken, InvalidArgument) as exc:
+        if store is not None:
+            store.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    if demo and settings.http_port is None:
-        settings.http_port = DEMO_HTTP_PORT
-    if demo and settings.metrics_port is None:
-        settings.metrics_port = DEMO_METRICS_PORT
     try:
         cache = _take(settings.cache_dir, default_cache_dir() / "chunks", settings.port, "--cache-dir",
                       lambda d: CacheManager(d, max_total_bytes=settings.cache_max_bytes), CacheLocked)
     except _Taken as exc:
-        catalog.close()
+        _close_catalog(catalog, store)
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # the cache folder cannot be made or locked: serve uncached, never refuse
@@ -404,7 +431,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         if metrics is not None:
             metrics.stop()
         runtime.close()
-        catalog.close()
+        _close_catalog(catalog, store)
         if cache is not None:
             cache.close()
         return 2
@@ -466,7 +493,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         if metrics is not None:
             metrics.stop()
         runtime.close()
-        catalog.close()
+        _close_catalog(catalog, store)
         if cache is not None:
             cache.close()  # seals the open segment
         if in_main:
@@ -570,7 +597,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     setup_logging("error")
     if not _roots_present(args.roots, "list"):
         return 2
-    catalog = Catalog(args.roots)
+    catalog = Catalog(args.roots, open_processes=0)  # every source is printed from its adapter: open them here
     unclaimed: list = []
     progress = _ScanProgress() if sys.stderr.isatty() else None
     summary = catalog.scan(progress, on_unclaimed=unclaimed.append)

@@ -42,6 +42,7 @@ __all__ = [
     "MAX_ERROR_CHARS",
     "bounded_message",
     "internal_message",
+    "code_of_http_status",
 ]
 
 #: gRPC carries error text in metadata (8 KiB by default for all of it), and an HTTP client
@@ -219,3 +220,21 @@ class Unimplemented(TensorServerError):
     starts "Unknown action": the biopb SDK recognises an older server by it."""
 
     code, slug, http_status = "UNIMPLEMENTED", "unimplemented", 501
+
+
+def code_of_http_status(status: int) -> str:
+    """The taxonomy's code for an HTTP status a door answered without raising one of these
+    (the security middleware's 401/403, a framework's 405, a viewer door's 400): the code of
+    the class with that status nearest the base (breadth first, in definition order); else INVALID_ARGUMENT for 4xx
+    and INTERNAL for 5xx. So the metrics count every refusal under a code, whoever made it."""
+    if status < 400:
+        return "OK"
+    pending, seen = [TensorServerError], []
+    while pending:
+        cls = pending.pop(0)
+        seen.append(cls)
+        pending.extend(cls.__subclasses__())
+    for cls in seen:
+        if cls.http_status == status:
+            return cls.code
+    return "INVALID_ARGUMENT" if status < 500 else "INTERNAL"

@@ -68,8 +68,8 @@ def test_serve_reports_a_busy_port(tmp_path):
 
 
 def test_a_second_server_gets_its_own_cache_and_annotation_files(tmp_path):
-    """Two servers with default folders: the second takes ``chunks-<n>`` and
-    ``annotations-<n>.duckdb`` instead of failing on the first one's locks; a folder given
+    """Two servers with default folders: the second takes ``chunks-<n>``,
+    ``annotations-<n>.duckdb`` and ``catalog-<n>.duckdb`` instead of failing on the first one's locks; a folder given
     with a flag that is taken is a clear error naming the flag."""
     import os
     import time
@@ -102,6 +102,9 @@ def test_a_second_server_gets_its_own_cache_and_annotation_files(tmp_path):
         assert "listening on" in second
         assert f"{home / 'chunks'} is held by another tensor-server; using {home}/chunks-" in second
         assert f"{home / 'annotations.duckdb'} is held by another tensor-server; using {home}/annotations-" in second
+        assert f"{home / 'catalog.duckdb'} is held by another tensor-server; using {home}/catalog-" in second
+        assert "kept in memory only" not in first + second  # each keeps its catalog across restarts
+        assert len(list(home.glob("catalog-*.duckdb"))) == 1
         third = start(["--cache-dir", str(home / "chunks")])
         assert procs[-1].returncode == 2 and "pass another --cache-dir" in third
     finally:
@@ -181,16 +184,19 @@ def test_log_level_is_validated():
     assert out.returncode == 2 and out.stderr.startswith("serve: log level must be one of")
 
 
-def test_a_busy_port_is_said_first_and_plainly(tmp_path):
+@pytest.mark.parametrize("flag, make_var", [("--port", "PORT"), ("--http-port", "HTTP_PORT"),
+                                            ("--metrics-port", "METRICS_PORT")])
+def test_a_busy_port_is_said_first_and_plainly(tmp_path, flag, make_var):
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--port", "0",
-                              "--http-port", str(port)], capture_output=True, text=True, timeout=60)
+        ports = {"--port": "0", "--http-port": "0", "--metrics-port": "0", flag: str(port)}
+        out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path),
+                              *[a for kv in ports.items() for a in kv]], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.splitlines() == [f"serve: cannot listen on 127.0.0.1:{port}: port in use (another tensor-server, "
-                                       "or another program). Pass --http-port N (0 picks a free one), or with make: "
-                                       "make run HTTP_PORT=N"]
+                                       f"or another program). Pass {flag} N (0 picks a free one), or with make: "
+                                       f"make run {make_var}=N"]

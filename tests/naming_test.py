@@ -9,8 +9,9 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 #: top-level test modules: their subjects are top-level too (the README, the command line, the
-#: package's import graph, this convention)
-TOP_LEVEL = {"readme_test.py", "cli_test.py", "layering_test.py", "import_hygiene_test.py", "naming_test.py"}
+#: package's import graph, the error taxonomy, this convention)
+TOP_LEVEL = {"readme_test.py", "cli_test.py", "layering_test.py", "import_hygiene_test.py", "errors_test.py",
+             "naming_test.py"}
 
 
 def misnamed(path: Path, source: str) -> str | None:

@@ -14,9 +14,9 @@ Read granularity (design §3)
   readahead), so a window costs its own rows: ``read_block_shape`` is None and the tensor
   decimates (the step skips whole planes on the file axes and rows inside a plane).
   Compressed or tiled planes keep their strip/tile offsets from that same header parse, and
-  a window reads (one ``pread`` each) and decodes only the striles it touches, with tifffile's
-  own per-page decoder (``TiffPage.decode``, shared by every file with the same page hash):
-  the block is one strile, declared from the first file. Decoding the whole page for every
+  a window reads (one ``pread`` each) and decodes only the striles it touches, in parallel,
+  with tifffile's own per-page decoder (``TiffPage.decode``, shared by every file with the
+  same page hash; ``_tiff_striles.py``): the block is one strile, declared from the first file. Decoding the whole page for every
   window would make N streaming units cost N page decodes; tifffile's zarr store in strile
   mode reads the same striles but re-parses the file and costs ~5x more per small read.
 """
@@ -35,13 +35,14 @@ import numpy as np
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters._strided import StridedReads
+from tensor_server.adapters._tiff_striles import StrileDecoder, read_strile_window
 from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
 from tensor_server_kernels.reference import output_shape
 
 __all__ = [
-    "TIFF_SUFFIXES", "TIFFFILE_AXES", "FileLayout", "StrileDecoder", "TiffPlaneGridAdapter", "axis_label_for",
+    "TIFF_SUFFIXES", "TIFFFILE_AXES", "FileLayout", "TiffPlaneGridAdapter", "axis_label_for",
     "is_tiff_name", "plane_file_header", "raw_offset", "read_file_header", "series_layout", "unique_label",
 ]
 
@@ -173,96 +174,6 @@ def read_raw_window(
         buf = _read_exact(fh, span * stride, pos, path, what)
     arr = np.frombuffer(buf, dtype, count=span * inner_items).reshape((span,) + inner_shape)
     return arr[(slice(None, None, outer.step),) + window[1:]]
-
-
-@dataclass(frozen=True)
-class StrileDecoder:
-    """What decoding a strip/tile of a page needs, captured while its file is open (some of
-    tifffile's lazily computed page properties read the file, e.g. JPEG's ``is_jfif``)."""
-
-    decode: Any  # tifffile's TiffPage.decode closure
-    axes: str  # the page's axes: YX, YXS or SYX
-    dtype: np.dtype
-    length: int
-    width: int
-    rows: int  # strile height
-    cols: int  # strile width
-    samples: int
-    planar: bool
-    jpeg_kwargs: tuple[tuple[str, Any], ...]
-
-    @classmethod
-    def from_page(cls, page: Any) -> "StrileDecoder":
-        if page.is_tiled:
-            rows, cols = int(page.tilelength), int(page.tilewidth)
-        else:
-            rows, cols = int(min(page.rowsperstrip or page.imagelength, page.imagelength)), int(page.imagewidth)
-        jpeg = ()
-        if page.compression in (6, 7, 34892, 33007):  # JPEG flavours
-            jpeg = (("jpegheader", page.jpegheader),)
-        return cls(page.decode, page.axes, np.dtype(page.dtype), int(page.imagelength), int(page.imagewidth),
-                   rows, cols, int(page.samplesperpixel), page.planarconfig == 2, jpeg)
-
-    def block(self) -> tuple[int, ...]:
-        """One strip or tile in the page's own axes."""
-        sizes = {"Y": self.rows, "X": self.cols, "S": 1 if self.planar else self.samples}
-        return tuple(sizes[a] for a in self.axes)
-
-
-def read_strile_window(
-    path: str,
-    decoder: StrileDecoder,
-    offsets: Sequence[int],
-    counts: Sequence[int],
-    jpegtables: bytes | None,
-    window: tuple[slice, ...],
-) -> np.ndarray:
-    """``window`` of a compressed (or otherwise not raw) plane: only the strips/tiles the
-    window touches are read (one ``pread`` each) and decoded with tifffile's decoder."""
-    axes = decoder.axes
-    win = dict(zip(axes, window))
-    ys, xs = win["Y"], win["X"]
-    ss = win.get("S", slice(0, 1, 1))
-    rows, cols, planar = decoder.rows, decoder.cols, decoder.planar
-    # working buffer: (separate sample, y, x, contiguous sample) over the unstrided window
-    y0, y1, x0, x1, s0, s1 = ys.start, ys.stop, xs.start, xs.stop, ss.start, ss.stop
-    sep = range(s0, s1) if planar else range(1)
-    con = (0, 1) if planar or decoder.samples == 1 else (s0, s1)
-    work = np.zeros((len(sep), y1 - y0, x1 - x0, con[1] - con[0]), decoder.dtype)
-    across = -(-decoder.width // cols)
-    per_sample = -(-decoder.length // rows) * across
-    wanted = []
-    for si, s in enumerate(sep):
-        for r in range(y0 // rows, (y1 - 1) // rows + 1):
-            for c in range(x0 // cols, (x1 - 1) // cols + 1):
-                wanted.append((s * per_sample + r * across + c, si))
-    kwargs: dict[str, Any] = dict(decoder.jpeg_kwargs)
-    if kwargs:
-        kwargs["jpegtables"] = jpegtables
-    with open(path, "rb", buffering=0) as fh:
-        for index, si in sorted(wanted, key=lambda w: offsets[w[0]] if w[0] < len(offsets) else 0):
-            if index >= len(offsets) or counts[index] <= 0 or offsets[index] <= 0:
-                continue  # an empty strile reads as zeros, as in tifffile
-            data = bytes(_read_exact(fh, counts[index], offsets[index], path, f"strile {index}"))
-            seg, (_, _, sy, sx, _), _shape = decoder.decode(data, index, **kwargs)
-            if seg is None:
-                continue
-            seg = seg.reshape(seg.shape[-3:])  # (rows, cols, contiguous samples)
-            ly0, ly1 = max(y0, sy), min(y1, sy + seg.shape[0])
-            lx0, lx1 = max(x0, sx), min(x1, sx + seg.shape[1])
-            if ly0 >= ly1 or lx0 >= lx1:
-                continue
-            work[si, ly0 - y0 : ly1 - y0, lx0 - x0 : lx1 - x0] = seg[
-                ly0 - sy : ly1 - sy, lx0 - sx : lx1 - sx, con[0] : con[1]
-            ]
-    if axes == "YX":
-        out = work[0, :, :, 0]
-    elif axes == "YXS":
-        out = work[0]
-    else:  # SYX
-        out = work[:, :, :, 0]
-    steps = tuple(slice(None, None, s.step) for s in window)
-    return out[steps]
 
 
 # ---- the plane grid ---------------------------------------------------------------------------

@@ -38,6 +38,7 @@ import numpy as np
 
 from tensor_server.adapters._ngff import AXIS_ALIASES, dataset_scale, integer_factor, jsonable, ngff_axes
 from tensor_server.adapters._store_listing import ABSENT, file_stamp_of, stored_files
+from tensor_server.adapters._verified_extents import VerifiedExtents
 from tensor_server.adapters._zarr_chunks import DECODER, LocalChunks, ShardIndexes
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
@@ -176,6 +177,8 @@ class _ChunkFiles:
     reader needs to skip chunks never written). Larger arrays would take too long to open
     that way: a cell is stamped the first time a chunk over it is served, which still keeps
     a running server from serving old bytes, but their version covers the metadata only.
+    An extent verified recently is not stat'ed file by file again while its folders are
+    unchanged (``verified``; ``_verified_extents`` states the bound on in-place rewrites).
 
     The eager stamps come from one listing of the folder, kept as ``listed``: the same
     listing tells the adapter's uniform blocks which chunks are stored, so the two never
@@ -189,6 +192,7 @@ class _ChunkFiles:
         self._encode = array.metadata.encode_chunk_key
         self.eager = math.prod(counts) <= _EAGER_CHUNKS
         self._stamps: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.verified = VerifiedExtents(folder)
         #: the store keys of the files under the folder at open (eager arrays), else None
         self.listed: frozenset[str] | None = None
         if self.eager:
@@ -197,9 +201,9 @@ class _ChunkFiles:
             for cell in itertools.product(*(range(c) for c in counts)):
                 self._stamps[cell] = file_stamp_of(entries.get(self._encode(cell)))
 
-    def _stat(self, cell: tuple[int, ...]) -> tuple[int, int]:
+    def _stat(self, key: str) -> tuple[int, int]:
         try:
-            st = os.stat(os.path.join(self.folder, self._encode(cell)))
+            st = os.stat(os.path.join(self.folder, key))
         except FileNotFoundError:
             return ABSENT
         return (st.st_size, st.st_mtime_ns)
@@ -209,12 +213,21 @@ class _ChunkFiles:
         return hashlib.blake2b(stamps.tobytes() if self.eager else b"lazy", digest_size=16).digest()
 
     def changed(self, bounds: Bounds) -> str | None:
-        """The first chunk file under ``bounds`` whose stamp differs from the one recorded."""
+        """The first chunk file under ``bounds`` whose stamp differs from the one recorded;
+        not asked again of an extent verified recently whose folders are unchanged
+        (``_verified_extents``: what that saves, and the staleness bound it costs)."""
+        extent = (bounds.start, bounds.stop)
+        if self.verified.fresh(extent):
+            return None
         ranges = [range(a // g, -(-b // g)) for a, b, g in zip(bounds.start, bounds.stop, self.grid)]
-        for cell in itertools.product(*ranges):
-            now = self._stat(cell)
+        cells = list(itertools.product(*ranges))
+        keys = [self._encode(cell) for cell in cells]
+        verification = self.verified.begin(keys)
+        for cell, key in zip(cells, keys):
+            now = self._stat(key)
             if self._stamps.setdefault(cell, now) != now:
-                return f"chunk file {self._encode(cell)!r} changed since the store was opened"
+                return f"chunk file {key!r} changed since the store was opened"
+        self.verified.verified(extent, verification)
         return None
 
 

@@ -13,6 +13,7 @@ the best of (TensorStore's and, when installed, the ``zarrs`` codec pipeline's w
 """
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["zarr_decode_floor", "tiff_decode_floor", "zarr_floor_candidates"]
+__all__ = ["zarr_decode_floor", "tiff_decode_floor", "zarr_floor_candidates", "zarr_extent_floor", "tiff_extent_floor"]
 
 
 def _decode_all(path_of: Callable[[int], Path], spans: Sequence[tuple[int, int]],
@@ -122,3 +123,46 @@ def tiff_decode_floor(path: Path) -> Callable[[], int]:
         decode = page.decode  # tifffile's per-page decoder; it is what its own threads call
         spans = list(zip(page.dataoffsets, page.databytecounts))
     return _decode_all(lambda i: path, spans, lambda data, i: decode(data, i)[0].nbytes)
+
+
+def _extent_pieces(x: int, y: int, w: int, h: int, tile: tuple[int, int], across: int) -> list[tuple[int, int, int]]:
+    """(row, col, index in row-major order) of the stored 2-D pieces under a region."""
+    th, tw = tile
+    return [(r, c, r * across + c) for r in range(y // th, -(-(y + h) // th))
+            for c in range(x // tw, -(-(x + w) // tw))]
+
+
+def zarr_extent_floor(array_dir: Path) -> Callable[[int, int, int, int], int]:
+    """``floor(x, y, w, h)``: decode the chunk files of a 2-D zarr v2 array under a region."""
+    import numcodecs
+
+    meta = json.loads((array_dir / ".zarray").read_text())
+    codec = numcodecs.get_codec(meta["compressor"])
+    sep = meta.get("dimension_separator", ".")
+    tile = tuple(meta["chunks"])
+    across = -(-meta["shape"][1] // tile[1])
+
+    def floor(x: int, y: int, w: int, h: int) -> int:
+        files = [array_dir / f"{r}{sep}{c}" for r, c, _ in _extent_pieces(x, y, w, h, tile, across)]
+        spans = [(0, p.stat().st_size) for p in files]
+        return _decode_all(files.__getitem__, spans, lambda data, i: memoryview(codec.decode(data)).nbytes)()
+
+    return floor
+
+
+def tiff_extent_floor(path: Path) -> Callable[[int, int, int, int], int]:
+    """``floor(x, y, w, h)``: decode the tiles of a tiled TIFF's first page under a region."""
+    import tifffile
+
+    with tifffile.TiffFile(path) as tf:
+        page = tf.pages.first
+        decode, tile = page.decode, (page.tilelength, page.tilewidth)
+        spans = list(zip(page.dataoffsets, page.databytecounts))
+        across = -(-page.imagewidth // page.tilewidth)
+
+    def floor(x: int, y: int, w: int, h: int) -> int:
+        index = [i for _, _, i in _extent_pieces(x, y, w, h, tile, across)]
+        return _decode_all(lambda i: path, [spans[i] for i in index],
+                           lambda data, i: decode(data, index[i])[0].nbytes)()
+
+    return floor

@@ -1,27 +1,32 @@
 """``python -m tensor_server.bench iiif``: 512² JPEG tiles of every level of a big image with no
-stored pyramid, through the IIIF door, cold and warm, beside the naive on-the-fly peer.
+stored pyramid, through the IIIF door, cold and warm, beside the decode floor and the naive
+on-the-fly peer, in one run.
 
 The image (``--size small``: 8192², ``full``: 32768²) is a uint8 gradient with noise, written
-once as a 512²-tiled zlib TIFF and as a zarr array of 512² chunks. For each IIIF scale factor
-``f`` a viewport of up to 9×7 = 63 tiles (region 512·f, output 512) is requested over HTTP:
+once as a 512²-tiled zlib TIFF and as a zarr v2 array of 512² zstd chunks. For each IIIF scale
+factor ``f`` a viewport of up to 9×7 = 63 tiles (region 512·f, output 512) is requested over
+HTTP:
 
-* cold: a fresh server with an empty chunk cache per level (the level's chunks are computed
-  from the file);
-* warm: the same tiles again (chunk cache hits, crop, JPEG encode);
-* peer (tifffile + Pillow per tile, the naive tile server): read the tile's full-resolution
-  extent from the TIFF, reduce with Pillow's box filter, encode; its read alone is the decode
-  floor of the extent. The peer's coarse levels are capped at ``--peer-tiles`` tiles.
+* cold: a fresh server with an empty chunk cache per level, after the image's ``info.json``
+  (what a viewer asks first; it opens the source). A cold tile is computed from its own
+  extent while the precacher fills the level's chunks (``ServingRuntime.level_region``);
+* warm: the same tiles again once the precacher has settled (cache hits, crop, JPEG encode);
+* floor: read and decode, on all cores, the stored pieces (TIFF tiles, zarr chunk files)
+  under each tile's full-resolution extent (``decode_floor``): what no tile server can beat
+  without a stored pyramid; ``cold/floor`` is the median ratio over the same tiles;
+* peer (tifffile + Pillow per tile, the naive tile server): read the tile's extent from the
+  TIFF, reduce with Pillow's box filter, encode.
 
-Reported per level: p50/p99 ms of each. Cantaloupe's published figures for scale: 30 ms
-median per tile from a stored pyramid, 45–50 s per tile from a non-pyramidal TIFF
-(cantaloupe#455).
+The floor and the peer read the first ``--peer-tiles`` tiles of each level (a coarse tile's
+extent is the whole image). Printed beside them: Cantaloupe's published figures, 30 ms median
+per tile from a stored pyramid and 45–50 s per tile from a non-pyramidal TIFF (cantaloupe#455),
+and the load average after each row (the figures are only comparable within one run).
 """
 from __future__ import annotations
 
 import argparse
 import io
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,23 +69,19 @@ class _Server:
     def __init__(self, root: Path) -> None:
         from tensor_server.cache import CacheManager
         from tensor_server.catalog import Catalog
-        from tensor_server.flight import ServerConfig, TensorFlightServer
-        from tensor_server.http.app import HttpFrontEnd, build_app
+        from tensor_server.testing import start_serving
 
         self.catalog = Catalog([root])
         self.catalog.scan()
         self.cache = CacheManager(tempfile.mkdtemp(prefix="ts-bench-iiif-"))
-        self.server = TensorFlightServer(self.catalog, ServerConfig(port=0), cache_manager=self.cache)
-        threading.Thread(target=self.server.serve, daemon=True).start()
-        self.http = HttpFrontEnd(build_app(self.catalog, self.server.engine), "127.0.0.1", 0)
-        self.http.start()
+        self.served = start_serving(self.catalog, cache=self.cache, http=True)
+        self.http = self.served.http
 
     def ids(self) -> dict[str, str]:
         return {r.type: t.array_id for r in self.catalog.records() for t in r.source.tensors.values()}
 
     def close(self) -> None:
-        self.http.stop()
-        self.server.shutdown()
+        self.served.stop()
         self.cache.close()
         self.catalog.close()
 
@@ -98,85 +99,135 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def _served_times(root: Path, kind: str, side: int, factor: int) -> tuple[list[float], list[float]]:
+def _served_times(root: Path, kind: str, side: int, factor: int, settle_s: float) -> dict[str, Any]:
+    """Cold then warm ms per tile of the viewport at ``factor`` through a fresh server, and
+    the seconds the precacher took to settle in between."""
     import httpx
 
     server = _Server(root)
     try:
         array_id = next(v for k, v in server.ids().items() if kind in k)
-        times: dict[str, list[float]] = {"cold": [], "warm": []}
+        out: dict[str, Any] = {"cold": [], "warm": []}
         with httpx.Client(base_url=server.http.url, timeout=600) as client:
+            t0 = time.perf_counter()  # what a viewer asks first: opens the source, no pixels
+            client.get(f"/iiif/3/{array_id}/info.json").raise_for_status()
+            out["info"] = (time.perf_counter() - t0) * 1e3
             for phase in ("cold", "warm"):
+                if phase == "warm":
+                    out["settle"] = _settle(server.served.runtime, settle_s)
                 for x, y, region in _viewport(side, factor):
                     w, h = min(region, side - x), min(region, side - y)
                     size = f"{-(-w // factor)},{-(-h // factor)}"
                     t0 = time.perf_counter()
                     r = client.get(f"/iiif/3/{array_id}/{x},{y},{w},{h}/{size}/0/default.jpg")
-                    times[phase].append((time.perf_counter() - t0) * 1e3)
+                    out[phase].append((time.perf_counter() - t0) * 1e3)
                     if r.status_code != 200:
                         raise RuntimeError(f"{r.status_code}: {r.text[:200]}")
-        return times["cold"], times["warm"]
+        return out
     finally:
         server.close()
 
 
-def _peer_times(tif: Path, side: int, factor: int, cap: int) -> tuple[list[float], list[float]]:
-    """(whole tile ms, read-only ms) of tifffile + Pillow per tile."""
+def _settle(runtime: Any, limit_s: float) -> float:
+    """Wait (up to ``limit_s``) until the precacher has warmed what the cold pass queued:
+    warm means every tile is a cache hit and nothing else is computing."""
+    t0 = time.perf_counter()
+    while runtime.precacher is not None and not runtime.precacher.idle() and time.perf_counter() - t0 < limit_s:
+        time.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+def _peer_times(tif: Path, side: int, factor: int, cap: int) -> list[float]:
+    """Whole-tile ms of tifffile + Pillow per tile (read the extent, box-reduce, encode)."""
     import tifffile
     import zarr
     from PIL import Image
 
     store = tifffile.imread(tif, aszarr=True)
     arr = zarr.open(store, mode="r")
-    whole, reads = [], []
+    whole = []
     for x, y, region in _viewport(side, factor)[:cap]:
         t0 = time.perf_counter()
         block = arr[y:y + region, x:x + region]
-        t1 = time.perf_counter()
         image = Image.fromarray(np.ascontiguousarray(block))
         if factor > 1:
             image = image.resize((-(-block.shape[1] // factor), -(-block.shape[0] // factor)), Image.Resampling.BOX)
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=90)
         whole.append((time.perf_counter() - t0) * 1e3)
-        reads.append((t1 - t0) * 1e3)
     store.close()
-    return whole, reads
+    return whole
+
+
+def _floor_times(root: Path, kind: str, side: int, factor: int, cap: int) -> list[float]:
+    """ms to read and decode (all cores) the stored pieces under each tile's extent, first tile
+    first: the least a cold tile can cost (``decode_floor``)."""
+    from tensor_server.bench.decode_floor import tiff_extent_floor, zarr_extent_floor
+
+    floor = tiff_extent_floor(root / "big.tif") if kind == "tiff" else zarr_extent_floor(root / "big.zarr")
+    out = []
+    for x, y, region in _viewport(side, factor)[:cap]:
+        t0 = time.perf_counter()
+        floor(x, y, min(region, side - x), min(region, side - y))
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+#: Cantaloupe's published per-tile figures (cantaloupe#455, its docs): median from a stored
+#: pyramid, and the range from a non-pyramidal TIFF
+CANTALOUPE_PYRAMID_MS = 30.0
+CANTALOUPE_NO_PYRAMID_MS = (45_000.0, 50_000.0)
+_HEAD = ["format", "scale", "tiles", "cold 1st", "floor 1st", "1st/floor", "cold p50", "cold p99", "floor p50",
+         "cold/floor", "info", "warm p50", "warm p99", "peer p50", "peer p99", "settle s", "load"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=("small", "full"), default="small", help="small: 8192², full: 32768²")
     parser.add_argument("--data-dir", help="where the fixtures are written once (default: a temporary folder)")
-    parser.add_argument("--peer-tiles", type=int, default=9, help="tiles the peer reads per level (its coarse "
-                        "tiles read the whole extent at full resolution)")
+    parser.add_argument("--peer-tiles", type=int, default=9, help="tiles the peer and the floor read per level "
+                        "(a coarse tile's extent is the whole image at full resolution)")
     parser.add_argument("--formats", default="tiff,zarr", help="comma-separated: tiff, zarr")
+    parser.add_argument("--scales", help="comma-separated scale factors (default: every level)")
+    parser.add_argument("--settle", type=float, default=120.0, help="seconds to wait for the precacher before "
+                        "the warm pass")
     parser.add_argument("--json", dest="json_path")
 
 
 def main(ns: argparse.Namespace) -> int:
+    import os
+
     side = 8192 if ns.size == "small" else 32768
     root = Path(ns.data_dir or tempfile.mkdtemp(prefix="ts-bench-iiif-data-")) / f"iiif-{side}"
     root.mkdir(parents=True, exist_ok=True)
     _write_fixtures(root, side)
+    from tensor_server.core.downsample import warm_up
     from tensor_server.render.iiif import scale_factors
 
+    warm_up()  # the kernels, as ``serve`` loads them at start: not a cost of the first scaled tile
+
+    factors = [int(f) for f in ns.scales.split(",")] if ns.scales else scale_factors(side, side)
     rows, out = [], []
-    for factor in scale_factors(side, side):
-        peer, floor = _peer_times(root / "big.tif", side, factor, ns.peer_tiles)
+    for factor in factors:
+        peer = _peer_times(root / "big.tif", side, factor, ns.peer_tiles)
         for kind in ns.formats.split(","):
-            cold, warm = _served_times(root, kind, side, factor)
-            row = {"format": kind, "scale": factor, "tiles": len(cold), "cold_p50": _pct(cold, 50),
-                   "cold_p99": _pct(cold, 99), "warm_p50": _pct(warm, 50), "warm_p99": _pct(warm, 99),
-                   "peer_p50": _pct(peer, 50), "peer_p99": _pct(peer, 99), "floor_p50": _pct(floor, 50)}
+            floor = _floor_times(root, kind, side, factor, ns.peer_tiles)
+            got = _served_times(root, kind, side, factor, ns.settle)
+            cold, warm = got["cold"], got["warm"]
+            row = {"format": kind, "scale": factor, "tiles": len(cold), "cold_first": cold[0],
+                   "floor_first": floor[0], "first_over_floor": cold[0] / floor[0],
+                   "cold_p50": _pct(cold, 50), "cold_p99": _pct(cold, 99), "floor_p50": _pct(floor, 50),
+                   "cold_over_floor": float(np.median([c / f for c, f in zip(cold, floor)])), "info": got["info"],
+                   "warm_p50": _pct(warm, 50), "warm_p99": _pct(warm, 99), "peer_p50": _pct(peer, 50),
+                   "peer_p99": _pct(peer, 99), "settle_s": got["settle"], "load": os.getloadavg()[0]}
             out.append(row)
-            rows.append([kind, factor, len(cold), row["cold_p50"], row["cold_p99"], row["warm_p50"], row["warm_p99"],
-                         row["peer_p50"], row["peer_p99"], row["floor_p50"]])
-            print_table(["format", "scale", "tiles", "cold p50", "cold p99", "warm p50", "warm p99",
-                         "peer p50", "peer p99", "floor p50"], rows[-1:])
-    print(f"\n{side}² uint8, 512² JPEG tiles over HTTP (ms); peer = tifffile + Pillow per tile "
-          f"(first {ns.peer_tiles} tiles per level); floor = the peer's read of the extent alone")
-    print_table(["format", "scale", "tiles", "cold p50", "cold p99", "warm p50", "warm p99",
-                 "peer p50", "peer p99", "floor p50"], rows)
-    print("Cantaloupe (published): 30 ms median per tile from a stored pyramid; 45-50 s per tile without one")
+            rows.append(list(row.values()))
+            print_table(_HEAD, rows[-1:])
+    print(f"\n{side}² uint8, 512² JPEG tiles over HTTP (ms), {os.cpu_count()} cores; cold: a fresh server per "
+          f"level, after its info.json (info: ms); warm: the same tiles once the precacher settled; floor: read + decode (all cores) of the stored "
+          f"pieces under the tile's extent; cold/floor: the median over the floor's tiles of cold / floor; peer: tifffile + Pillow per tile (first {ns.peer_tiles} tiles per level); "
+          "load: 1-min load average after the row")
+    print_table(_HEAD, rows)
+    print(f"Cantaloupe (published, cantaloupe#455): {CANTALOUPE_PYRAMID_MS:g} ms median per tile from a stored "
+          f"pyramid; {CANTALOUPE_NO_PYRAMID_MS[0] / 1e3:g}-{CANTALOUPE_NO_PYRAMID_MS[1] / 1e3:g} s per tile without one")
     write_json(ns.json_path, "iiif", ns.size, out)
     return 0

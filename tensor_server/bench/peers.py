@@ -125,7 +125,8 @@ def run_zarr_peers(size: str = "small", data_dir: str | None = None, cold_repeat
 
 
 def run_peers(size: str = "small", data_dir: str | None = None, json_path: str | None = None,
-              cold_repeats: int = 3, warm_repeats: int = 5, tables: str = "all") -> list[dict[str, Any]]:
+              cold_repeats: int = 3, warm_repeats: int = 5, tables: str = "all",
+              formats: tuple[str, ...] = ("ome-zarr", "ome-tiff")) -> list[dict[str, Any]]:
     import os
 
     from tensor_server.core.downsample import warm_up
@@ -134,7 +135,7 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = []
     if tables in ("all", "plane"):
-        rows += _run_plane_peers(size, data_dir, cold_repeats, warm_repeats)
+        rows += _run_plane_peers(size, data_dir, cold_repeats, warm_repeats, formats)
     if tables in ("all", "zarr"):
         rows += run_zarr_peers(size, data_dir, cold_repeats, warm_repeats)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -142,7 +143,8 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
     return rows
 
 
-def _run_plane_peers(size: str, data_dir: str | None, cold_repeats: int, warm_repeats: int) -> list[dict[str, Any]]:
+def _run_plane_peers(size: str, data_dir: str | None, cold_repeats: int, warm_repeats: int,
+                     formats: tuple[str, ...]) -> list[dict[str, Any]]:
     import tifffile
     import zarr
 
@@ -157,7 +159,7 @@ def _run_plane_peers(size: str, data_dir: str | None, cold_repeats: int, warm_re
         ts = None
     for s in SCALES:
         for method in ("nearest", "area"):
-            if ts is not None:
+            if ts is not None and "ome-zarr" in formats:
                 def tsread(s=s, method=method):
                     store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(zfx.path / "0")}}, read=True).result()
                     return ts.downsample(store, [s, s], "stride" if method == "nearest" else "mean").read().result()
@@ -167,12 +169,14 @@ def _run_plane_peers(size: str, data_dir: str | None, cold_repeats: int, warm_re
             def zread(s=s, method=method):
                 return _numpy_reduce(zarr.open_array(str(zfx.path / "0"), mode="r")[...], s, method)
 
-            jobs.append(("ome-zarr", "zarr-python + numpy", s, method, zread))
+            if "ome-zarr" in formats:
+                jobs.append(("ome-zarr", "zarr-python + numpy", s, method, zread))
 
             def tread(s=s, method=method):
                 return _numpy_reduce(tifffile.imread(tfx.path), s, method)
 
-            jobs.append(("ome-tiff", "tifffile + numpy", s, method, tread))
+            if "ome-tiff" in formats:
+                jobs.append(("ome-tiff", "tifffile + numpy", s, method, tread))
 
     floors = {"ome-zarr": zarr_decode_floor(zfx.path / "0"), "ome-tiff": tiff_decode_floor(tfx.path)}
     rows = []
@@ -191,8 +195,11 @@ def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
     add_common_arguments(parser)
     parser.add_argument("--tables", choices=("all", "plane", "zarr"), default="all",
                         help="plane: the OME-Zarr/OME-TIFF plane vs each peer; zarr: every zarr layout vs TensorStore")
+    parser.add_argument("--format", dest="formats", action="append", choices=("ome-zarr", "ome-tiff"),
+                        help="the plane table: only these fixtures' rows (repeatable; default both)")
 
 
 def main(args) -> int:  # noqa: ANN001
-    run_peers(args.size, args.data_dir, args.json_path, tables=args.tables)
+    run_peers(args.size, args.data_dir, args.json_path, tables=args.tables,
+              formats=tuple(args.formats or ("ome-zarr", "ome-tiff")))
     return 0

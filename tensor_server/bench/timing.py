@@ -70,10 +70,11 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], stream
             stream.write("  ".join("-" * w for w in widths) + "\n")
 
 
-def add_common_arguments(parser, *, data_dir: bool = True) -> None:  # noqa: ANN001 - argparse parser
-    """The options every fixture-based bench command takes."""
+def add_common_arguments(parser, *, data_dir: bool = True, sizes: str | None = None) -> None:  # noqa: ANN001
+    """The options every fixture-based bench command takes (``sizes``: what ``--size`` means
+    for this command, when not the plane benches' 2048² / 8192²)."""
     parser.add_argument("--size", choices=("small", "full"), default="small",
-                        help="small: 2048² planes (minutes); full: 8192² planes as in the design doc")
+                        help=sizes or "small: 2048² planes (minutes); full: 8192² planes as in the design doc")
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
     if data_dir:
         parser.add_argument("--data-dir", help="where fixtures are generated once (default: the user's cache dir)")

@@ -8,8 +8,11 @@ their ids are the ones the client will send — and queues the ones not cached y
 engine, which stores them in the chunk cache.
 
 Never delaying a client's own read: the worker runs at the lowest scheduling priority
-(``os.setpriority`` on its own thread id) and waits while any client read is in flight
-(``client_read()`` brackets them), so precache work only fills idle time. The queue is bounded
+(``os.setpriority`` on its own thread id) and starts an item only once no client read has
+been in flight for ``QUIET_S`` (``client_read()`` brackets them), so precache work only fills
+idle time: a viewer's burst of tile requests is not shared with a chunk computation started
+between two of them (in one process the worker's GIL turns and its cores would slow every
+tile of the burst). The queue is bounded
 (oldest dropped): a fast-panning viewer's stale neighbours are not worth warming.
 
 ``stats``: scheduled, warmed, dropped, and ``hits`` — client reads served from an entry the
@@ -38,6 +41,8 @@ __all__ = ["Precacher"]
 
 log = logging.getLogger(__name__)
 _SPATIAL = ("z", "y", "x")
+#: seconds without a client read before the worker starts the next item
+QUIET_S = 0.2
 
 
 class Precacher:
@@ -61,6 +66,7 @@ class Precacher:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._active_client_reads = 0
+        self._last_client_read = 0.0  # time.monotonic() when the last client read ended
         self.stats = {"scheduled": 0, "warmed": 0, "dropped": 0, "hits": 0, "errors": 0}
         self._thread = threading.Thread(target=self._run, name="precache", daemon=True)
         self._thread.start()
@@ -76,6 +82,7 @@ class Precacher:
         finally:
             with self._lock:
                 self._active_client_reads -= 1
+                self._last_client_read = time.monotonic()
 
     def after_read(self, tensor: TensorAdapter, cid: ChunkId) -> None:
         """A client read ``cid`` of ``tensor``: count a hit if we warmed it, queue what is next."""
@@ -89,12 +96,17 @@ class Precacher:
         except Exception as exc:  # planning a neighbour must never fail the client's read
             log.debug("precache: cannot plan around %s: %s", cid.array_id, exc)
             return
+        self.warm(tensor, candidates, skip=key)
+
+    def warm(self, tensor: TensorAdapter, cids: list[ChunkId], skip: bytes | None = None) -> None:
+        """Queue the chunks of ``cids`` not cached or queued yet, up to ``budget_bytes``
+        (``after_read``'s neighbours; a door's chunks it served a cold region without)."""
         spent = 0
         store = self.engine.store
         with self._lock:
-            for nxt in candidates:
+            for nxt in cids:
                 nkey = nxt.encode()
-                if nkey == key or nkey in self._queued or nkey in self._warmed:
+                if nkey == skip or nkey in self._queued or nkey in self._warmed:
                     continue
                 nbytes = _prod(nxt.output_shape) * tensor.dtype.itemsize
                 if spent + nbytes > self.budget_bytes:
@@ -151,11 +163,12 @@ class Precacher:
             pass
         while not self._stop.is_set():
             with self._lock:
-                item = self._queue.popleft() if self._queue and self._active_client_reads == 0 else None
+                quiet = self._active_client_reads == 0 and time.monotonic() - self._last_client_read >= QUIET_S
+                item = self._queue.popleft() if self._queue and quiet else None
                 waiting = bool(self._queue)
             if item is None:
                 if waiting:
-                    time.sleep(0.005)  # a client read is in flight: yield to it
+                    time.sleep(0.01)  # a client read is in flight or just ended: yield to it
                 else:
                     self._wake.wait(0.5)
                     self._wake.clear()

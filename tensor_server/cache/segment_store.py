@@ -35,7 +35,7 @@ import xxhash
 from tensor_server.cache.chunk_columns import encode_chunk_columns, one_value_column
 
 __all__ = ["SEGMENT_SCHEMA", "CorruptEntry", "SegmentEntry", "SegmentWriter", "chunk_record_batch",
-           "header_ok", "read_batch_at", "verify_batch", "walk_segment", "segment_name"]
+           "header_ok", "message_parts", "read_batch_at", "verify_batch", "walk_segment", "segment_name"]
 
 SEGMENT_SCHEMA = pa.schema(
     [
@@ -84,6 +84,43 @@ def chunk_record_batch(arr: np.ndarray, key: bytes) -> pa.RecordBatch:
         [data, shape, dtype, one_value_column(key, pa.binary()),
          pa.Array.from_buffers(pa.uint64(), 1, [None, pa.py_buffer(np.array([digest], np.uint64))])],
         schema=SEGMENT_SCHEMA)
+
+
+class _Gather:
+    """A write-only file for pyarrow's IPC writer that keeps what it is given (pyarrow hands
+    body buffers over as views of their memory, not copies)."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.parts: list = []
+
+    def write(self, data) -> int:  # noqa: ANN001 - bytes-like
+        self.parts.append(data)
+        return memoryview(data).nbytes
+
+    def flush(self) -> None:
+        pass
+
+
+def message_parts(batch: pa.RecordBatch) -> list:
+    """The IPC message of ``batch`` (exactly the bytes of ``batch.serialize()``) as the
+    pieces pyarrow's stream writer emits: framing and metadata, then each body buffer as a
+    view of the batch's own memory, padding. A writer's stream starts with the schema
+    message, which is ``_HEADER`` for the segment schema; it is checked and dropped."""
+    sink = _Gather()
+    writer = pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), SEGMENT_SCHEMA)
+    writer.write_batch(batch)
+    parts, skip, head = sink.parts, len(_HEADER), bytearray()
+    while skip:
+        view = memoryview(parts.pop(0)).cast("B")
+        head += view[:skip]
+        if len(view) > skip:
+            parts.insert(0, view[skip:])
+        skip -= min(skip, len(view))
+    if head != _HEADER:  # a pyarrow that frames the schema otherwise: its own serialisation
+        return [batch.serialize()]
+    return parts
 
 
 def header_ok(segment_bytes) -> bool:  # noqa: ANN001 - bytes-like
@@ -170,16 +207,25 @@ class SegmentWriter:
             raise
 
     def _write(self, data) -> None:  # noqa: ANN001 - bytes-like
-        """All of ``data`` at the end, or nothing: on an error (ENOSPC) the partial tail is cut
-        off, which is safe for mapping clients because no location ever pointed into it."""
-        view = memoryview(data).cast("B")
+        """All of ``data`` at the end, or nothing (``_write_parts``)."""
+        self._write_parts([data])
+
+    def _write_parts(self, parts: list) -> None:
+        """All of ``parts`` (bytes-likes, in order) at the end in gathered writes, or nothing:
+        on an error (ENOSPC) the partial tail is cut off, which is safe for mapping clients
+        because no location ever pointed into it."""
+        views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]
         written = 0
         try:
-            while written < len(view):
-                n = self._fh.write(view[written:])
+            while views:
+                n = os.writev(self._fh.fileno(), views)
                 if not n:
                     raise OSError(f"{self.path}: short write")
                 written += n
+                while views and n >= len(views[0]):
+                    n -= len(views.pop(0))
+                if n:
+                    views[0] = views[0][n:]
         except OSError:
             try:
                 os.ftruncate(self._fh.fileno(), self.size)
@@ -190,12 +236,15 @@ class SegmentWriter:
         self.size += written
 
     def append(self, arr: np.ndarray, key: bytes) -> SegmentEntry:
+        """One batch of ``arr`` at the end: its message written from ``arr``'s own memory in
+        one gathered write (``message_parts``), no serialised copy of the chunk."""
         if self.sealed:
             raise RuntimeError(f"{self.path} is sealed")
-        message = chunk_record_batch(arr, key).serialize()
+        parts = message_parts(chunk_record_batch(arr, key))
         offset = self.size
-        self._write(message)  # unbuffered: readers (and other processes) map the file at once
-        entry = SegmentEntry(key, offset, message.size, int(arr.nbytes))
+        self._write_parts(parts)  # unbuffered: readers (and other processes) map the file at once
+        size = self.size - offset
+        entry = SegmentEntry(key, offset, size, int(arr.nbytes))
         self.entries.append(entry)
         return entry
 

@@ -23,8 +23,10 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from tensor_server.adapters.registry import FormatEntry, formats, open_source
-from tensor_server.catalog.discovery import Claim, discover, links_leaving
+from tensor_server.adapters.registry import FormatEntry, formats
+from tensor_server.catalog._opening import (DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record,
+                                            stored_row)
+from tensor_server.catalog.discovery import Claim, discover
 from tensor_server.catalog.record import SourceRecord, stat_signature as _stat_signature, tensor_row
 from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.decode_rates import DecodeRates
@@ -33,17 +35,15 @@ from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
 from tensor_server.catalog.store import CatalogStore, StoredRow
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import SEP, ArrayId, source_id_for_path
-from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound, UnreadableSource
+from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError", "looks_like_path"]
 
 log = logging.getLogger(__name__)
 
 
-#: adapters opened at once by a scan (threads: opening is mostly waiting on the disk)
+#: adapters opened at once by a scan on threads (a big scan adds processes: ``_opening.py``)
 DEFAULT_OPEN_WORKERS = max(4, min(16, 4 * (os.cpu_count() or 1)))
-#: seconds between writes of the rows a running scan has found to the store
-STORE_FLUSH_SECONDS = 2.0
 
 
 class Catalog:
@@ -51,13 +51,17 @@ class Catalog:
 
     ``rois_path``: the DuckDB file of the ROI annotations (``rois`` table); None keeps them
     in memory for this process only. ``store_path``: the DuckDB file the rows are kept in
-    across restarts (restored here, at construction); None keeps them in memory only.
-    ``open_workers``: adapters a scan opens at once."""
+    across restarts (restored here, at construction); None keeps them in memory only;
+    ``store``: that store already open, the caller's to close after the catalog (``serve``
+    opens it first, to pick a file no other server holds).
+    ``open_workers``: adapters a scan opens at once on threads; ``open_processes``: worker
+    processes a big scan opens the rest of its files on (``catalog/_opening.py``; 0: none)."""
 
     def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None, *,
                  sql_limits: SqlLimits = SqlLimits(), follow_symlinks_outside_roots: bool = False,
                  open_timeout_seconds: float = 60.0, store_path: str | None = None,
-                 open_workers: int = DEFAULT_OPEN_WORKERS) -> None:
+                 open_workers: int = DEFAULT_OPEN_WORKERS, open_processes: int = DEFAULT_OPEN_PROCESSES,
+                 store: CatalogStore | None = None) -> None:
         self.roots = [Path(r) for r in roots if not is_remote_root(r)]
         #: object-store and upstream-server URLs (``catalog/remote.py``)
         self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
@@ -102,6 +106,7 @@ class Catalog:
         #: folders never discovered (the write_dir: the upload subsystem registers what is in it)
         self.excluded: list[Path] = []
         self.open_workers = max(1, int(open_workers))
+        self.open_processes = max(0, int(open_processes))
         #: adapters opened from files by this catalog (scans, lazy opens of restored rows,
         #: reopens): a restart over an unchanged tree adds none
         self.opens = 0
@@ -112,14 +117,18 @@ class Catalog:
         self._by_claim_path: dict[str, SourceRecord] = {}
         #: claims ``_known_format`` found unchanged in the running scan, by path as walked
         self._unchanged_now: dict[str, SourceRecord] = {}
+        #: folders of the running scan, resolved (a file's real path is its folder's plus its
+        #: name unless it is a link: one lstat instead of one per path component)
+        self._real_folders: dict[str, str] = {}
         self._formats_by_name: dict[str, FormatEntry] = {}
         #: rows put back from the store at boot
         self.restored = 0
         self._store: CatalogStore | None = None
         #: source_id -> record to write, or None to delete, at the next flush of the store
         self._unsaved: dict[str, SourceRecord | None] = {}
-        if store_path is not None:
-            self._open_store(store_path)
+        self._owns_store = store is None
+        if store is not None or store_path is not None:
+            self._open_store(store_path, store)
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
@@ -268,25 +277,29 @@ class Catalog:
         self.scan_in_progress = True
         with self._counts_lock:
             self._counts = _ScanCounts(started_at=time.time())
-        self._unchanged_now = {}
+        self._unchanged_now, self._real_folders = {}, {}
         tally = {"added": 0, "changed": 0, "unresolved": 0, "removed": 0}
         seen: set[str] = set()
         skipped: list[tuple[Path, str]] = []
         allowed = None if self.follow_symlinks_outside_roots else self.roots
         try:
             with cf.ThreadPoolExecutor(self.open_workers, thread_name_prefix="tensor-server-scan") as pool:
-                opening = _Opening(self, pool, tally, skipped)
-                for root in self.roots:
-                    if not os.path.lexists(root):
-                        skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
-                        continue
-                    claims = discover(root, on_progress=(lambda p: progress(str(p), len(seen))) if progress else None,
-                                      allowed_roots=allowed, on_skip=lambda p, why: skipped.append((p, why)),
-                                      known=self._known_format, on_unclaimed=on_unclaimed)
-                    for claim in claims:
-                        self._count("files_seen")
-                        opening.offer(claim, seen)
-                opening.finish()
+                opening = Opening(self, pool, tally, skipped, seen, on_unclaimed)
+                try:
+                    for root in self.roots:
+                        if not os.path.lexists(root):
+                            skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
+                            continue
+                        claims = discover(root, on_progress=lambda p: self._walked(p, progress, len(seen)),
+                                          allowed_roots=allowed,
+                                          on_skip=lambda p, why: skipped.append((p, why)), known=self._known_format,
+                                          on_unclaimed=on_unclaimed, claim_files=False)
+                        for claim in claims:
+                            self._count("files_seen")
+                            opening.offer(claim)
+                    opening.finish()
+                finally:
+                    opening.close()
             tally["removed"] = self._drop_vanished(seen)
             for url in self.remote_roots:
                 counts = scan_remote_root(self, url)
@@ -351,10 +364,10 @@ class Catalog:
             covered |= known.member_paths
             self._count("files_unchanged")
             return known.source_id, known.signature, True
-        resolved = claim.path.resolve()
+        resolved = self._real_path(claim.path)
         if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
             return None
-        sid = source_id_for_path(claim.path)
+        sid = source_id_for_path(resolved, resolved=True)
         sig = _stat_signature(claim.path)
         with self._lock:
             old = self._records.get(sid)
@@ -364,11 +377,49 @@ class Catalog:
             return sid, sig, True
         return sid, sig, False
 
-    def _open_claim(self, claim: Claim, sid: str, sig: tuple) -> tuple[SourceRecord, bool]:
-        """(the opened record, whether it is new), put in the catalog as soon as it is open."""
-        rec = self.open_record(claim.path, claim.format.name, sid, sig)
+    def _real_path(self, path: Path) -> Path:
+        """``path.resolve()``, its folder resolved once per scan."""
+        folder, name = os.path.split(str(path))
+        if not name or name in (".", "..") or os.path.islink(path):
+            return path.resolve()
+        real = self._real_folders.get(folder)
+        if real is None:
+            real = self._real_folders[folder] = os.path.realpath(folder)
+        return Path(os.path.join(real, name))
+
+    def _open_claim(self, claim: Claim, sid: str, sig: tuple) -> tuple[SourceRecord, bool] | None:
+        """(the opened record, whether it is new), put in the catalog as soon as it is open;
+        None for a file no format recognises (a claim without a format is sniffed here)."""
+        with self._counts_lock:
+            self.opens += 1
+        rec = claim_and_open(claim.path, claim.format.name if claim.format else None, sid, sig, self.roots,
+                             self.follow_symlinks_outside_roots, self.open_timeout_seconds)
+        if rec is None:
+            with self._counts_lock:
+                self.opens -= 1
+            return None
+        self._count("files_opened" if rec.is_resolved else "files_failed")
+        return self._put_found(rec)
+
+    def _listed_claim(self, claim: Claim, sid: str, sig: tuple, row: StoredRow | None
+                      ) -> tuple[SourceRecord, bool] | None:
+        """Like ``_open_claim`` for the row a worker process opened the claim into: listed
+        now, its adapter opened here on first use."""
+        if row is None:
+            return None
+        with self._counts_lock:
+            self.opens += 1
+        rec = self._row_record(row)
+        self._count("files_opened" if rec.is_resolved else "files_failed")
+        if not rec.is_resolved:
+            log.warning("unreadable source %s: %s", rec.path, rec.unresolved_reason)
+        return self._put_found(rec)
+
+    def _put_found(self, rec: SourceRecord) -> tuple[SourceRecord, bool]:
+        if rec.path is not None:
+            rec.know_real_path(self._real_path(rec.path))
         with self._lock:
-            is_new = sid not in self._records
+            is_new = rec.source_id not in self._records
         self.put_record(rec)
         with self._lock:
             self._save_later(rec)
@@ -385,6 +436,12 @@ class Catalog:
             pending = sum(r.is_open_pending() for r in self._records.values())
         return {"scan_in_progress": self.scan_in_progress, **counts, "restored": self.restored, "pending_open": pending,
                 "opens": self.opens, "sources": len(self), "last_full_scan_finished_at": self.last_scan_finished_at}
+
+    def _walked(self, folder: Path, progress: Callable[[str, int], None] | None, found: int) -> None:
+        """Discovery entered ``folder``: counted (health, metrics) and told to ``progress``."""
+        self._count("folders_walked")
+        if progress is not None:
+            progress(str(folder), found)
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._counts_lock:
@@ -410,35 +467,10 @@ class Catalog:
         """Open ``path`` as a record; an unreadable file is a record with the reason."""
         with self._counts_lock:
             self.opens += 1
-        rec = self._open_record(path, fmt, sid, sig)
+        rec = open_file_record(path, fmt, sid, sig, self.roots, self.follow_symlinks_outside_roots,
+                               self.open_timeout_seconds)
         self._count("files_opened" if rec.is_resolved else "files_failed")
         return rec
-
-    def _open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
-        try:
-            src = _open_within(path, fmt, self.open_timeout_seconds)
-        except UnreadableSource as exc:
-            reason = exc.reason
-            member = Path(exc.path).resolve()
-            if member != path.resolve():  # a member file failed: the row names it
-                reason = f"{os.path.relpath(member, path.resolve()) if path.is_dir() else member}: {reason}"
-            log.warning("unreadable source %s: %s", path, reason)
-            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
-        except Exception as exc:  # never let one file take the scan down
-            reason = f"{type(exc).__name__}: {exc}"
-            log.warning("unreadable source %s: %s", path, reason)
-            return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
-        if path.is_dir() and not self.follow_symlinks_outside_roots:
-            leaving = links_leaving(path, self.roots)
-            if leaving:
-                src.close()
-                reason = (f"holds symlinks to targets outside the served roots ({', '.join(sorted(leaving)[:3])}"
-                          f"{', ...' if len(leaving) > 3 else ''}): not served (follow_symlinks_outside_roots = false)")
-                log.warning("unreadable source %s: %s", path, reason)
-                return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
-        if src.source_id != sid:
-            src.source_id = sid
-        return SourceRecord(sid, src.url, src.type, path, src, None, sig, set(src.member_paths) | {path.resolve()}, fmt)
 
     def reopen_changed(self, tensor: TensorAdapter, reason: str) -> None:
         """Reopen the source of ``tensor`` because its bytes changed under it (``reason``,
@@ -459,17 +491,22 @@ class Catalog:
             self._reopen(old, _stat_signature(old.path))
 
     # ---- the store: rows kept across restarts ----------------------------------------------
-    def _open_store(self, path: str) -> None:
+    def _open_store(self, path: str | None, store: CatalogStore | None) -> None:
         """Open the store and put its rows under the current roots back, unopened. A store
         that cannot be opened (another server holds it, a damaged file) is warned about and
         the catalog stays in memory."""
         try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self._store = CatalogStore(path)
+            if store is None:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                store = CatalogStore(path)
+            self._store = store
             rows = self._store.load()
         except Exception as exc:
             log.warning("catalog store %s cannot be used (%s: %s): the catalog is kept in memory only, "
-                        "so the next start opens every source again", path, type(exc).__name__, exc)
+                        "so the next start opens every source again", store.path if store else path,
+                        type(exc).__name__, exc)
+            if store is not None and self._owns_store:
+                store.close()
             self._store = None
             return
         restored, stale = [], []
@@ -490,10 +527,18 @@ class Catalog:
         path = Path(row["path"])
         if not any(_lexically_under(path, root) for root in self.roots):
             return None
+        return self._row_record(row, path)
+
+    def _row_record(self, row: StoredRow, path: Path | None = None) -> SourceRecord:
+        """The record of a row (from the store, or from a worker process), opened on first use.
+        A file's member path is usually its own path: one Path object then (10,000 rows
+        restored at boot parse a third of the paths)."""
+        path = Path(row["path"]) if path is None else path
         resolved = bool(row["is_resolved"])
+        members = {path if p == row["path"] else Path(p) for p in row["member_paths"]}
         return SourceRecord(
             row["source_id"], row["source_url"], row["source_type"], path, None, row["unresolved_reason"],
-            row["signature"], {Path(p) for p in row["member_paths"]}, row["format_name"],
+            row["signature"], members, row["format_name"],
             listing=(row["tensors"], row["metadata_json"]) if resolved else None,
             opener=self._open_restored if resolved else None)
 
@@ -512,7 +557,7 @@ class Catalog:
     def _save_later(self, rec: SourceRecord) -> None:
         """Queue ``rec`` for the store (caller holds ``_lock``): file sources under a root only
         (a dropped path lives for this run, in-memory data has no file)."""
-        if self._store is not None and rec.path is not None and any(_under(rec.path, r) for r in self.roots):
+        if self._store is not None and rec.path is not None and any(_lexically_under(rec.path, r) for r in self.roots):
             self._unsaved[rec.source_id] = rec
 
     def _unsave(self, source_id: str) -> None:
@@ -529,7 +574,7 @@ class Catalog:
             pending, self._unsaved = self._unsaved, {}
         if not pending:
             return
-        rows = [_stored_row(r) for r in pending.values() if r is not None]
+        rows = [stored_row(r) for r in pending.values() if r is not None]
         try:
             store.save(rows, [sid for sid, r in pending.items() if r is None])
         except Exception as exc:  # the store is a cache: serving goes on without it
@@ -558,7 +603,7 @@ class Catalog:
         self.rois.close()
         self.flush_store()
         store, self._store = self._store, None  # a scan still running stores nothing more
-        if store is not None:
+        if store is not None and self._owns_store:
             store.close()
         with self._lock:
             recs = list(self._records.values())
@@ -648,67 +693,11 @@ class _ScanCounts:
 
     def __init__(self, started_at: float | None = None) -> None:
         self.scan_started_at = started_at
+        self.folders_walked = 0  # folders discovery listed
         self.files_seen = 0  # claims discovery found
         self.files_unchanged = 0  # of those, unchanged since they were opened: a stat only
         self.files_opened = 0  # adapters opened
         self.files_failed = 0  # opens that failed (unreadable rows)
-
-
-class _Opening:
-    """The claims of one scan, opened on ``pool``: at most ``4 x workers`` in flight, so a
-    walk of millions of files never queues millions of opens; each open is bounded by the
-    catalog's deadline (``_open_within``), so a slow file holds one worker, never the rest."""
-
-    def __init__(self, catalog: Catalog, pool: cf.ThreadPoolExecutor, tally: dict[str, int],
-                 skipped: list[tuple[Path, str]]) -> None:
-        self.catalog, self.pool, self.tally, self.skipped = catalog, pool, tally, skipped
-        self.covered: set[Path] = set()
-        self.inflight: dict[cf.Future, Claim] = {}
-        self.window = 4 * catalog.open_workers
-        self.flushed_at = time.monotonic()
-
-    def offer(self, claim: Claim, seen: set[str]) -> None:
-        try:
-            prepared = self.catalog._prepare_claim(claim, self.covered)
-        except Exception as exc:  # nothing about one entry may end the scan
-            self.skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
-            return
-        if prepared is None:
-            return
-        sid, sig, unchanged = prepared
-        seen.add(sid)
-        if not unchanged:
-            self.inflight[self.pool.submit(self.catalog._open_claim, claim, sid, sig)] = claim
-        self._collect(block=len(self.inflight) >= self.window)
-
-    def finish(self) -> None:
-        while self.inflight:
-            self._collect(block=True)
-
-    def _collect(self, block: bool) -> None:
-        done, _ = cf.wait(list(self.inflight), timeout=None if block else 0, return_when=cf.FIRST_COMPLETED)
-        for fut in done:
-            claim = self.inflight.pop(fut)
-            try:
-                rec, is_new = fut.result()
-            except Exception as exc:
-                self.skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
-                continue
-            self.covered |= rec.member_paths  # a member of an opened multi-file source is not its own source
-            self.tally["added" if is_new else "changed"] += 1
-            self.tally["unresolved"] += not rec.is_resolved
-        if time.monotonic() - self.flushed_at > STORE_FLUSH_SECONDS:
-            self.catalog.flush_store()
-            self.flushed_at = time.monotonic()
-
-
-def _stored_row(rec: SourceRecord) -> StoredRow:
-    """What the store keeps of a record: the listing, the claim and its signature."""
-    return {"source_id": rec.source_id, "path": str(rec.path), "format_name": rec.format_name or rec.type,
-            "source_url": rec.url, "source_type": rec.type, "is_resolved": rec.is_resolved,
-            "unresolved_reason": rec.unresolved_reason, "signature": rec.signature,
-            "member_paths": [str(p) for p in rec.member_paths], "tensors": rec.tensor_rows(),
-            "metadata_json": rec.metadata_json()}
 
 
 def looks_like_path(text: str) -> bool:
@@ -733,39 +722,6 @@ def _lexically_under(path: Path, root: Path) -> bool:
     """``path`` is ``root`` or below it, as spelled (restoring 1e5 rows resolves nothing)."""
     p, r = str(path), str(root).rstrip(os.sep)
     return p == r or p.startswith(r + os.sep) or _under(path, root)
-
-
-def _open_within(path: Path, fmt: str, seconds: float) -> SourceAdapter:
-    """``open_source`` with a deadline: a reader that does not finish in time (a huge or
-    misnamed file, a hung disk) is abandoned and the path reported unreadable, so one entry
-    cannot stall the scan. An abandoned reader that finishes later closes what it opened."""
-    box: dict[str, Any] = {}
-    done = threading.Event()
-    lock = threading.Lock()
-
-    def run() -> None:
-        try:
-            result: Any = open_source(path, format=fmt, timeout=seconds)
-        except BaseException as exc:  # re-raised in the scanning thread
-            result = exc
-        with lock:
-            if box.get("abandoned"):
-                if isinstance(result, SourceAdapter):
-                    result.close()
-                return
-            box["result"] = result
-            done.set()
-
-    threading.Thread(target=run, name="tensor-server-open", daemon=True).start()
-    if not done.wait(seconds):
-        with lock:
-            if not done.is_set():
-                box["abandoned"] = True
-                raise UnreadableSource(path, f"{fmt}: gave up opening after {seconds:g} s "
-                                             "(the file may be huge, or not what its name says)")
-    if isinstance(box["result"], BaseException):
-        raise box["result"]
-    return box["result"]
 
 
 def _skipped_summary(skipped: list[tuple[Path, str]]) -> str | None:

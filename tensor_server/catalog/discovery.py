@@ -61,8 +61,11 @@ class WalkBudget:
 
 @dataclass(frozen=True)
 class Claim:
+    """A source found by the walk; ``format`` None: a file whose format its opener sniffs
+    (``discover(claim_files=False)``)."""
+
     path: Path
-    format: FormatEntry
+    format: FormatEntry | None
 
 
 OUTSIDE_ROOTS = "symlink to a target outside the served roots: not followed (follow_symlinks_outside_roots = false)"
@@ -135,7 +138,7 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
              on_skip: Callable[[Path, str], None] | None = None, budget: WalkBudget | None = None,
              exclude: Sequence[str | os.PathLike[str]] = (),
              known: Callable[[Path, bool], FormatEntry | None] | None = None,
-             on_unclaimed: Callable[[Path], None] | None = None) -> Iterator[Claim]:
+             on_unclaimed: Callable[[Path], None] | None = None, claim_files: bool = True) -> Iterator[Claim]:
     """Yield a Claim for every source under ``root`` (``root`` itself may be one).
 
     ``allowed_roots``: folders a symlink's target must lie in to be followed (None: follow
@@ -144,7 +147,9 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
     not entered (nor claimed). ``known(path, is_dir)``: the format a caller already knows the
     entry has (a rescan of an unchanged file), asked before sniffing, so a rescan only stats
     what it knows. ``on_unclaimed(path)`` hears about each file no format recognises (``list``
-    prints them)."""
+    prints them). ``claim_files`` False: a file not ``known`` is yielded with no format, unsniffed:
+    the caller's opener sniffs it (where the work runs in parallel), and reports the files no
+    format recognises itself."""
     entries = formats()
     root = Path(root)
     allowed = None if allowed_roots is None else [os.path.realpath(r) for r in allowed_roots]
@@ -164,6 +169,9 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
     def claimed(path: Path, is_dir: bool) -> FormatEntry | None:
         return (known(path, is_dir) if known is not None else None) or claim_format(path, is_dir, entries)
 
+    if not is_dir and not claim_files:
+        yield Claim(root, known(root, False) if known is not None else None)
+        return
     claim = claimed(root, is_dir)
     if claim is not None:
         yield Claim(root, claim)
@@ -194,6 +202,9 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
             path = Path(child.path)
             skip, is_dir = refused(path)
             if skip:
+                continue
+            if not is_dir and not claim_files:
+                yield Claim(path, known(path, False) if known is not None else None)
                 continue
             entry = claimed(path, is_dir)
             if entry is not None:

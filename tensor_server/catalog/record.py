@@ -88,6 +88,10 @@ class SourceRecord:
             self._real_path = Path(self.path).resolve()
         return self._real_path
 
+    def know_real_path(self, real: Path) -> None:
+        """``path`` resolved, when the caller has it (a scan resolves each folder once)."""
+        self._real_path = real
+
     def opened(self) -> SourceAdapter | None:
         """The adapter if it is open, without opening it."""
         return self._adapter

@@ -33,7 +33,15 @@ __all__ = ["CatalogQueryError", "SqlLimits", "SqlSnapshot"]
 
 
 class CatalogQueryError(InvalidArgument):
-    """A catalog query was refused (not one SELECT, over a limit) or failed."""
+    """A catalog query was refused (not one SELECT, over a limit) or failed. The message is
+    one line, and also travels as ``message`` in the error's details (Flight ``extra_info``):
+    pyarrow's client appends gRPC's debug text to every Flight error it formats, so a
+    client that shows only the problem takes it from there (docs/wire-protocol.md §12)."""
+
+    slug = "catalog_query"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, message=message)
 
 
 @dataclass(frozen=True)
@@ -55,12 +63,19 @@ _WATCH_INTERVAL = 0.05
 _PATH = re.compile(r"(?<![\w.])/(?:[^\s\"'/]+/)+[^\s\"'/]*")
 
 
+_WHERE = re.compile(r"^LINE (\d+): (.*)\n( *)\^", re.MULTILINE)
+
+
 def _clean(message: str) -> str:
-    """DuckDB's error text without host paths and without its multi-line advice."""
+    """DuckDB's error text on one line: its first line without host paths, then where in
+    the query it points (DuckDB draws a caret under a quoted line; the line and column say
+    the same in a message that stays readable after a client appends to it)."""
     text = _PATH.sub("<path>", message.strip())
-    head, _, rest = text.partition("\n")
-    if rest.lstrip().startswith("LINE "):  # keep the caret lines that point into the query
-        return text[:2000]
+    head = text.partition("\n")[0]
+    where = _WHERE.search(text)
+    if where is not None:
+        column = len(where.group(3)) - len(f"LINE {where.group(1)}: ") + 1
+        head += f" (line {where.group(1)}, column {max(1, column)})"
     return head[:2000]
 
 

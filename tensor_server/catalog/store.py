@@ -7,8 +7,11 @@ the rows back as records whose adapters open on first use, so a restart lists ev
 at once; the scan then stats each file and reopens only those whose signature changed
 (the biopb reference's ``docs/catalog-persistence.md``: restore, then verify by walking).
 
-The file is a cache: ``FORMAT`` changing drops and rebuilds it, a file that cannot be
-opened (another server holds it) leaves the catalog in memory only, with a warning.
+The file is a cache: ``FORMAT`` changing drops and rebuilds it. DuckDB lets one process
+write a file: a file another server holds raises ``CatalogStoreBusy``, and ``serve`` then
+takes a file of its own beside it (``catalog-<port>.duckdb``, as for the annotations and
+the chunk cache), so a second server on a machine keeps its catalog across restarts too.
+Any other file that cannot be opened leaves the catalog in memory only, with a warning.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import logging
 import threading
 from typing import Any, Iterable
 
-__all__ = ["CatalogStore", "StoredRow", "FORMAT"]
+__all__ = ["CatalogStore", "CatalogStoreBusy", "StoredRow", "FORMAT"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,10 @@ def decode_signature(text: str) -> tuple:
     return _tuples(json.loads(text))
 
 
+class CatalogStoreBusy(Exception):
+    """Another process holds the store's file (DuckDB allows one writer process)."""
+
+
 class CatalogStore:
     """Rows in ``path`` (a DuckDB file). Writes come in batches (``save``), from the scan
     thread and from lazy opens; one lock serialises them."""
@@ -60,7 +67,12 @@ class CatalogStore:
 
         self.path = path
         self._lock = threading.Lock()
-        self._con = duckdb.connect(path)
+        try:
+            self._con = duckdb.connect(path)
+        except duckdb.Error as exc:
+            if "lock" in str(exc).lower():
+                raise CatalogStoreBusy(f"the catalog store {path} is held by another process") from None
+            raise
         self._con.execute(_SCHEMA)
         found = self._con.execute("SELECT value FROM catalog_meta WHERE key = 'format'").fetchone()
         if found is None or found[0] != FORMAT:

@@ -265,16 +265,12 @@ class ReadEngine:
             if v is not None:
                 return self._noted("closed_form", tensor, t0,
                                    np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype))
-        unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
-        if unit_value is not None:
-            unit = _storage_block_unit(tensor, scale, unit)
-        elif tensor.reads_into:
-            unit = _storage_block_unit(tensor, scale, unit, MIN_READ_INTO_UNIT_BYTES)
         fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
         fetch_into = tensor.read_region_into if tensor.reads_into else None
         workers = self.workers
-        offer = None
+        offer = unit = None
         if self.store is not None and self.source_scaled_reads:
+            unit = _stream_unit(tensor, scale, unit_value is not None)
             offer = cache_sourced_units(self.store, tensor, bounds, unit, scale, method)
             if offer is not None:
                 fetch, unit, fetch_into = offer.fetch, offer.unit, None
@@ -285,6 +281,8 @@ class ReadEngine:
             if dec is not None:
                 return self._noted("decimated", tensor, t0,
                                    _checked_answer(tensor, "get_decimated_data", dec, bounds, scale))
+        if unit is None:
+            unit = _stream_unit(tensor, scale, unit_value is not None)
         if offer is None and tensor.reduces:
             reduced = tensor.get_reduced_data(bounds, scale, method)
             if reduced is not None:
@@ -348,6 +346,16 @@ def _checked_answer(tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: B
     if tuple(arr.shape) != expected:
         raise RuntimeError(f"{type(tensor).__name__}.{what} returned {arr.shape}, expected {expected}")
     return owned_array(arr, tensor.dtype)
+
+
+def _stream_unit(tensor: TensorAdapter, scale: tuple[int, ...], has_uniform: bool) -> tuple[int, ...]:
+    """The unit a streamed reduction of ``tensor`` at ``scale`` reads by (module docstring, 4)."""
+    unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
+    if has_uniform:
+        return _storage_block_unit(tensor, scale, unit)
+    if tensor.reads_into:
+        return _storage_block_unit(tensor, scale, unit, MIN_READ_INTO_UNIT_BYTES)
+    return unit
 
 
 def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...],

@@ -69,10 +69,11 @@ def minted_content_version() -> bytes:
     return uuid.uuid4().bytes
 
 
-def source_id_for_path(path: str | os.PathLike[str]) -> str:
+def source_id_for_path(path: str | os.PathLike[str], *, resolved: bool = False) -> str:
     """Stable id for a source at ``path``: readable stem plus a hash of the resolved path.
-    Same across restarts, unique per path, never contains ``/``."""
-    resolved = str(Path(path).resolve())
+    Same across restarts, unique per path, never contains ``/``. ``resolved``: the caller
+    resolved ``path`` already (a scan resolves each folder once)."""
+    resolved = str(path) if resolved else str(Path(path).resolve())
     return _readable_id(Path(resolved).name, resolved)
 
 

@@ -23,7 +23,8 @@ from tensor_server.core.transfer_grid import scaled_virtual_chunk_size
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
-__all__ = ["GridLevel", "grid_levels", "level_chunk_id", "read_level_region", "MAX_REGION_CHUNKS"]
+__all__ = ["GridLevel", "grid_levels", "level_chunk_id", "level_extent", "read_level_region", "region_cells",
+           "MAX_REGION_CHUNKS"]
 
 #: chunks one level region may assemble (a budget on client-sized input: a 512² tile over
 #: 64² chunks is 64; a whole coarsest level of the default 4 Mpx budget at 256² is 64)
@@ -79,6 +80,31 @@ def level_chunk_id(tensor: TensorAdapter, level: GridLevel, key: Sequence[int]) 
                               tensor.content_version)
 
 
+def region_cells(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> list[tuple[tuple[int, ...], ChunkId]]:
+    """(grid cell, engine chunk id) of every chunk of ``level`` under ``region`` (level
+    coordinates, clipped by the caller to its shape). Refuses more than ``MAX_REGION_CHUNKS``."""
+    from tensor_server.errors import RequestTooLarge
+
+    first = tuple(a // c for a, c in zip(region.start, level.chunks))
+    last = tuple((b - 1) // c for b, c in zip(region.stop, level.chunks))
+    count = int(np.prod([b - a + 1 for a, b in zip(first, last)]))
+    if count > MAX_REGION_CHUNKS:
+        raise RequestTooLarge(f"a region of {region.shape} at level {level.path} of {tensor.array_id} spans "
+                              f"{count} chunks (limit {MAX_REGION_CHUNKS}); ask for a smaller region or size")
+    cells = [tuple(f + k for f, k in zip(first, key)) for key in np.ndindex(*[b - a + 1 for a, b in zip(first, last)])]
+    return [(cell, level_chunk_id(tensor, level, cell)) for cell in cells]
+
+
+def level_extent(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> Bounds | None:
+    """The level-0 extent a computed level's ``region`` is reduced from (reading it at the
+    level's scale gives exactly the region: windows start at multiples of the scale, as the
+    chunks' do); None for a stored level, whose region is not computed from level 0."""
+    if level.method == PRECOMPUTE:
+        return None
+    return Bounds(tuple(a * s for a, s in zip(region.start, level.scale)),
+                  tuple(min(b * s, n) for b, s, n in zip(region.stop, level.scale, tensor.shape)))
+
+
 def read_level_region(
     tensor: TensorAdapter,
     level: GridLevel,
@@ -89,20 +115,13 @@ def read_level_region(
     """Pixels of ``region`` (in ``level`` coordinates, clipped by the caller to its shape)
     assembled from the level's chunks, each got by ``chunk(id)`` (the engine's cached chunk
     read). Refuses more than ``MAX_REGION_CHUNKS`` chunks; stops when ``cancelled()``."""
-    from tensor_server.errors import ReadCancelled, RequestTooLarge
+    from tensor_server.errors import ReadCancelled
 
-    first = tuple(a // c for a, c in zip(region.start, level.chunks))
-    last = tuple((b - 1) // c for b, c in zip(region.stop, level.chunks))
-    count = int(np.prod([b - a + 1 for a, b in zip(first, last)]))
-    if count > MAX_REGION_CHUNKS:
-        raise RequestTooLarge(f"a region of {region.shape} at level {level.path} of {tensor.array_id} spans "
-                              f"{count} chunks (limit {MAX_REGION_CHUNKS}); ask for a smaller region or size")
     out = np.empty(region.shape, dtype=tensor.dtype)
-    for key in np.ndindex(*[b - a + 1 for a, b in zip(first, last)]):
+    for cell, cid in region_cells(tensor, level, region):
         if cancelled is not None and cancelled():
             raise ReadCancelled(f"the read of a region of {tensor.array_id} was cancelled by the client")
-        cell = tuple(f + k for f, k in zip(first, key))
-        data = chunk(level_chunk_id(tensor, level, cell))
+        data = chunk(cid)
         lo = tuple(k * c for k, c in zip(cell, level.chunks))
         a = tuple(max(r, c0) for r, c0 in zip(region.start, lo))
         b = tuple(min(r, c0 + n) for r, c0, n in zip(region.stop, lo, data.shape))

@@ -25,10 +25,10 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.identity import ArrayId
-from tensor_server.errors import TensorNotFound
+from tensor_server.errors import TensorNotFound, code_of_http_status
 from tensor_server.http.errors import error_response
 from tensor_server.http.paths import resolve_zarr_path
-from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware
+from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware, split_path_token
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
 from tensor_server.service import Caller
 from tensor_server.service.metrics import current as current_request
@@ -229,14 +229,17 @@ class Observed:
             await self.app(scope, receive, send)
             return
         incoming = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), None)
-        rq = self.metrics.begin("http", route_class(scope.get("path", "")), incoming)
+        path, _ = split_path_token(scope.get("path", ""))
+        rq = self.metrics.begin("http", route_class(path), incoming)
         client = scope.get("client")
         rq.peer = client[0] if client else ""
-        rq.target = scope.get("path", "")[:200]
+        rq.target = path[:200]
 
         async def timed_send(message: dict) -> None:
             if message["type"] == "http.response.start":
                 rq.status = message["status"]
+                if rq.code == "OK":  # a refusal made without raising (the security middleware's)
+                    rq.code = code_of_http_status(rq.status)
                 message = {**message, "headers": [*message.get("headers", ()),
                                                   (b"server-timing", rq.server_timing().encode()),
                                                   (b"timing-allow-origin", b"*"),
@@ -255,11 +258,24 @@ class Observed:
 _ZARR_METADATA = frozenset({".zarray", ".zattrs", ".zgroup", "zarr.json"})
 
 
+#: the viewer doors' route classes by their path's first segment (``http/viewers.py``)
+_VIEWER_CLASSES = {"iiif": "iiif_image", "deepzoom": "dzi_tile", "view": "viewer_page", "assets": "viewer_assets"}
+
+
 def route_class(path: str) -> str:
-    """The metrics' label of a URL path, from its shape alone (bounded: ``CALLS["http"]``)."""
+    """The metrics' label of a URL path (without its ``/t/<token>`` prefix), from its shape
+    alone (bounded: ``CALLS["http"]``)."""
     if path == "/healthz":
         return "healthz"
+    if path == "/":
+        return "catalog_page"
     flavour, _, rest = path.lstrip("/").partition("/")
+    if flavour in _VIEWER_CLASSES:
+        if flavour == "iiif" and rest.endswith("/info.json"):
+            return "iiif_info"
+        if flavour == "deepzoom" and rest.endswith(".dzi"):
+            return "dzi"
+        return _VIEWER_CLASSES[flavour]
     if flavour not in FLAVOURS:
         return "other"
     segments = [s for s in rest.split("/") if s]
@@ -333,11 +349,20 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
 HEADER_SECONDS = 10.0
 
 
-def _header_deadline_protocol(seconds: float) -> type:
-    """uvicorn's httptools protocol with a deadline on each request's headers."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+#: HTTP/1.1 parsers uvicorn can run the door on, measured in ``bench http`` (issue 25)
+PARSERS = ("httptools", "h11")
 
-    class HeaderDeadline(HttpToolsProtocol):
+
+def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type:
+    """uvicorn's protocol for ``parser`` with a deadline on each request's headers."""
+    if parser == "h11":
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol
+    elif parser == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Protocol
+    else:
+        raise ValueError(f"unknown HTTP parser {parser!r} (one of {', '.join(PARSERS)})")
+
+    class HeaderDeadline(Protocol):
         _deadline = None
 
         def _arm(self) -> None:
@@ -357,9 +382,14 @@ def _header_deadline_protocol(seconds: float) -> type:
             super().connection_made(transport)
             self._arm()
 
-        def on_headers_complete(self) -> None:
+        def on_headers_complete(self) -> None:  # httptools: the headers are in
             self._disarm()
             super().on_headers_complete()
+
+        def handle_events(self) -> None:  # h11: a request cycle starts once its headers are in
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -378,15 +408,16 @@ class HttpFrontEnd:
     request's headers must arrive within ``header_seconds``."""
 
     def __init__(self, app: Any, host: str, port: int, *, tls: Any = None,
-                 header_seconds: float = HEADER_SECONDS) -> None:
-        """``tls``: a ``service.tls.ServerTls`` to serve HTTPS with (its files on disk)."""
+                 header_seconds: float = HEADER_SECONDS, parser: str | None = None) -> None:
+        """``tls``: a ``service.tls.ServerTls`` to serve HTTPS with (its files on disk);
+        ``parser``: one of ``PARSERS`` (default httptools, the faster in ``bench http``)."""
         import uvicorn
 
         self.app = app
         files = {"ssl_certfile": str(tls.cert_path), "ssl_keyfile": str(tls.key_path)} if tls is not None else {}
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                      lifespan="off", access_log=False, **files,
-                                                     http=_header_deadline_protocol(header_seconds)))
+                                                     http=_header_deadline_protocol(header_seconds, parser or "httptools")))
         self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.run, name="http-front-end", daemon=True)
         self.host = host

@@ -193,13 +193,20 @@ class SecurityMiddleware:
         await send({"type": "http.response.body", "body": b""})
 
 
+def split_path_token(path: str) -> tuple[str, str | None]:
+    """``/t/<token>/rest`` -> (``/rest``, token); other paths -> (path, None). The metrics
+    label and the request log use the path without the token (a log never holds one)."""
+    if not path.startswith(TOKEN_PATH_PREFIX):
+        return path, None
+    token, _, rest = path[len(TOKEN_PATH_PREFIX):].partition("/")
+    return "/" + rest, token
+
+
 def _strip_path_token(scope: dict) -> tuple[dict, str | None]:
     """``/t/<token>/rest`` -> (scope with path ``/rest``, token); other paths unchanged."""
-    path = scope["path"]
-    if not path.startswith(TOKEN_PATH_PREFIX):
+    new_path, token = split_path_token(scope["path"])
+    if token is None:
         return scope, None
-    token, _, rest = path[len(TOKEN_PATH_PREFIX):].partition("/")
-    new_path = "/" + rest
     return {**scope, "path": new_path, "raw_path": new_path.encode("latin-1")}, token
 
 

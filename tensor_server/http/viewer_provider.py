@@ -9,7 +9,7 @@ request (``http/viewer_door.guarded``) and carried into worker threads with the 
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tensor_server.core.identity import ArrayId
 from tensor_server.errors import TensorNotFound
@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from tensor_server.core.adapter_base import TensorAdapter
-    from tensor_server.core.chunk_id import ChunkId
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.level_grid import GridLevel
     from tensor_server.service import ServingRuntime
 
 __all__ = ["RuntimeViewerProvider"]
@@ -40,8 +41,9 @@ class RuntimeViewerProvider:
     def tensor(self, array_id: str) -> TensorAdapter:
         return self.runtime.tensor(array_id, _CALLER.get())[0]
 
-    def chunk(self, tensor: TensorAdapter, chunk_id: ChunkId) -> np.ndarray:
-        return self.runtime.chunk(chunk_id, _CALLER.get())[1]
+    def level_region(self, tensor: TensorAdapter, level: GridLevel, region: Bounds,
+                     cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        return self.runtime.level_region(tensor, level, region, _CALLER.get(), cancelled)
 
     def children(self, key: str) -> dict[str, Any]:
         self.runtime.authenticate(_CALLER.get())

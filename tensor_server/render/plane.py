@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
-from tensor_server.core.level_grid import GridLevel, grid_levels, read_level_region
+from tensor_server.core.level_grid import GridLevel, grid_levels
 from tensor_server.core.methods import default_method
 from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
@@ -140,8 +140,7 @@ class PlaneView:
         start[self.x], stop[self.x] = x // sx, min(-(-(x + w) // sx), level.shape[self.x])
         for axis, index in self.fixed.items():
             start[axis], stop[axis] = index, index + 1
-        data = read_level_region(self.tensor, level, Bounds(tuple(start), tuple(stop)),
-                                 lambda cid: provider.chunk(self.tensor, cid), cancelled)
+        data = provider.level_region(self.tensor, level, Bounds(tuple(start), tuple(stop)), cancelled)
         chan = self.sample_axis if self.sample_axis is not None else self.channel_axis
         order = ([chan] if chan is not None else []) + [self.y, self.x]
         rest = [i for i in range(data.ndim) if i not in order]

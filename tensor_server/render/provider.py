@@ -6,13 +6,14 @@ raises ``tensor_server.errors`` classes.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
     from tensor_server.core.adapter_base import TensorAdapter
-    from tensor_server.core.chunk_id import ChunkId
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.level_grid import GridLevel
     from tensor_server.core.pyramid import PyramidPolicy
 
 __all__ = ["ViewerProvider"]
@@ -31,8 +32,10 @@ class ViewerProvider(Protocol):
     def tensor(self, array_id: str) -> TensorAdapter:
         """The served tensor ``array_id`` (``TensorNotFound``/``InvalidArgument`` otherwise)."""
 
-    def chunk(self, tensor: TensorAdapter, chunk_id: ChunkId) -> np.ndarray:
-        """The pixels of a planned chunk (``ReadEngine.chunk``: cached, computed on a miss)."""
+    def level_region(self, tensor: TensorAdapter, level: GridLevel, region: Bounds,
+                     cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+        """The pixels of ``region`` of a served level (``ServingRuntime.level_region``: from
+        the level's cached chunks, or computed from the region's own extent when cold)."""
 
     def children(self, key: str) -> dict[str, Any]:
         """One level of the catalog tree (``CatalogTree.children``)."""

@@ -58,7 +58,8 @@ ACCESS_LOG = logging.getLogger("tensor_server.access")
 #: per door (``flight``, ``http``; ``in-process`` for verbs called without one), the calls it may name (a door adding a route class adds it here)
 CALLS = {
     "flight": ("GetFlightInfo", "ListFlights", "GetSchema", "DoGet", "DoPut", "ListActions", "DoAction"),
-    "http": ("zarr_index", "zarr_metadata", "zarr_chunk", "zarr_other", "healthz", "other"),
+    "http": ("zarr_index", "zarr_metadata", "zarr_chunk", "zarr_other", "iiif_info", "iiif_image", "dzi", "dzi_tile",
+             "catalog_page", "viewer_page", "viewer_assets", "healthz", "other"),
     "in-process": (),
 }
 #: where a request's time went (Server-Timing names, in this order)
@@ -455,6 +456,7 @@ class _StateCollector:
         yield GaugeMetricFamily("tensor_server_catalog_sources", "Sources in the catalog", value=len(cat))
         yield GaugeMetricFamily("tensor_server_catalog_scan_in_progress", "1 while discovery scans the roots",
                                 value=1 if cat.scan_in_progress else 0)
+        yield from _discovery_families(cat.discovery_progress(), len(cat.skipped))
         yield GaugeMetricFamily("tensor_server_catalog_generation", "Catalog generation (moves on every change)",
                                 value=cat.generation)
         yield GaugeMetricFamily("tensor_server_decode_rate_rows", "Tensors in the decode_rates table",
@@ -503,6 +505,28 @@ class _StateCollector:
                                     value=rt.uploads.pending_count())
         yield GaugeMetricFamily("tensor_server_exports_running", "Exports in flight (the export action)",
                                 value=rt.metrics.exports_running)
+
+
+#: the per-scan counts of ``Catalog.discovery_progress`` exported as one labelled gauge
+_DISCOVERY_COUNTS = ("folders_walked", "files_seen", "files_unchanged", "files_opened", "files_failed",
+                     "pending_open")
+
+
+def _discovery_families(progress: dict[str, Any], skipped: int) -> Iterator[Any]:
+    """Discovery progress: the current (or last) scan's counts by kind (``skipped``: entries of
+    the last finished scan refused without opening), and when the last full scan finished."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    fam = GaugeMetricFamily("tensor_server_discovery", "What the current (or last) discovery scan has "
+                            "done, by kind", labels=["kind"])
+    for kind in _DISCOVERY_COUNTS:
+        fam.add_metric([kind], progress[kind])
+    fam.add_metric(["skipped"], skipped)
+    yield fam
+    finished = progress["last_full_scan_finished_at"]
+    if finished is not None:
+        yield GaugeMetricFamily("tensor_server_discovery_last_scan_finished_timestamp_seconds",
+                                "Unix time the last full scan finished", value=finished)
 
 
 class MetricsListener:

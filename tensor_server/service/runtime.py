@@ -34,6 +34,7 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import ReadEngine, check_chunk_id
 from tensor_server.core.identity import ArrayId
+from tensor_server.core.level_grid import GridLevel, level_extent, read_level_region, region_cells
 from tensor_server.core.plan import ReadPlan, plan_read
 from tensor_server.core.request import check_read_request
 from tensor_server.errors import (
@@ -264,6 +265,40 @@ class ServingRuntime:
             cid, data = self.engine.chunk(cid, tensor, cancelled=cancelled)
         self.precacher.after_read(tensor, cid)
         return cid, data
+
+    def level_region(self, tensor: TensorAdapter, level: GridLevel, region: Bounds, caller: Caller,
+                     cancelled: Cancelled | None = None) -> np.ndarray:
+        """Pixels of ``region`` of a served level (level coordinates), for a door that shows
+        tiles (IIIF, DeepZoom). ``tensor`` comes from ``tensor()``, which gated it.
+
+        Warm (every chunk under the region cached): assembled from the chunks, each a
+        ``chunk`` read (a warm tile is cache hits and a crop). Cold, on a computed level whose
+        chunks reach well beyond the region (a 512² tile in a 2048×4096 transfer chunk, a
+        tile of a coarse level whose one chunk is the whole image): the region is computed
+        from its own extent, so a cold tile costs the decode of what it shows rather than of
+        its chunks, and the chunks are queued on the precacher, which computes them at idle
+        priority for the tiles that follow. The result is the same pixels either way
+        (``level_extent``). Without a precacher (or a cache) the chunks are computed here.
+        """
+        cells = region_cells(tensor, level, region)
+        extent = level_extent(tensor, level, region)
+        if extent is None or not self._colder_than_its_chunks(extent, [cid for _, cid in cells]):
+            return read_level_region(tensor, level, region, lambda cid: self.chunk(cid, caller, cancelled)[1],
+                                     cancelled)
+        for _, cid in cells:  # the bytes under it are the ones the tensor was opened on
+            self.engine.refuse_changed(tensor, cid)
+        with self.precacher.client_read(), self.engine.admitted():  # the precacher starts nothing meanwhile
+            data = self.read(tensor, extent, level.scale, None if level.method == UNSCALED else level.method,
+                             caller, cancelled)
+        self.precacher.warm(tensor, [cid for _, cid in cells])
+        return data
+
+    def _colder_than_its_chunks(self, extent: Bounds, cids: list[ChunkId]) -> bool:
+        """Some chunk is not cached, the precacher can warm them, and they cover at least
+        twice the extent (otherwise computing the chunks costs about the same)."""
+        if self.precacher is None or self.cache is None or self.cache.contains_all([c.encode() for c in cids]):
+            return False
+        return 2 * int(np.prod(extent.shape)) <= sum(int(np.prod(c.bounds.shape)) for c in cids)
 
     @metrics.verb("read", cancelled_arg=5)
     def read(self, tensor: TensorAdapter, bounds: Bounds | None, scale: Sequence[int] | None, method: str | None,

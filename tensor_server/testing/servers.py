@@ -63,12 +63,13 @@ class Served:
 
 
 def start_serving(catalog: Any, *, cache: Any | None = None, uploads: Any | None = None, http: bool = False,
-                  http_security: Any | None = None, tls: Any | None = None, access_tokens: Any = (),
+                  http_security: Any | None = None, http_parser: str | None = None, tls: Any | None = None,
+                  access_tokens: Any = (),
                   host: str = "127.0.0.1", port: int = 0, **settings: Any) -> Served:
     """A runtime over ``catalog`` (``settings``: ``Settings`` fields, e.g. ``token``,
     ``write_dir``, ``writable``, ``max_computes``) behind a Flight door and optionally the
     HTTP door (``http_security``: its browser-safety policy, default loopback Hosts and no
-    token of its own); ``tls``: a ``service.tls.ServerTls`` both doors serve. ``Served.stop()``
+    token of its own; ``http_parser``: ``HttpFrontEnd``'s parser); ``tls``: a ``service.tls.ServerTls`` both doors serve. ``Served.stop()``
     ends it (benchmarks with set-up and tear-down use this, tests use ``serving``)."""
     from tensor_server.flight import TensorFlightServer
     from tensor_server.service import ServingRuntime
@@ -87,7 +88,7 @@ def start_serving(catalog: Any, *, cache: Any | None = None, uploads: Any | None
         from tensor_server.http.app import HttpFrontEnd, build_app
 
         try:
-            served.http = HttpFrontEnd(build_app(runtime, http_security), host, 0, tls=tls)
+            served.http = HttpFrontEnd(build_app(runtime, http_security), host, 0, tls=tls, parser=http_parser)
             served.http.start()
         except BaseException:
             served.http = None

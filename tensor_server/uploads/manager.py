@@ -385,14 +385,14 @@ class UploadManager:
         plan = chunk_id if isinstance(chunk_id, ChunkWrite) else self.plan_chunk_write(chunk_id)
         taken = take_within(pieces, plan.max_stream_bytes, f"DoPut of {plan.upload.array_id} chunk {plan.bounds}",
                             cancelled=cancelled)
-        self.write_chunk(plan.chunk_id, chunk_values(taken))
+        self.write_chunk(plan, chunk_values(taken))
         return plan
 
-    def write_chunk(self, chunk_id: bytes | ChunkId, data: np.ndarray) -> None:
-        """Store one planned chunk of a PENDING tensor (the ticket its write plan minted).
-        Only a write that returned is counted; a failed one marks the chunk as a hole that
-        blocks READY until it is written again."""
-        plan = self.plan_chunk_write(chunk_id)
+    def write_chunk(self, chunk_id: bytes | ChunkId | ChunkWrite, data: np.ndarray) -> None:
+        """Store one planned chunk of a PENDING tensor (the ticket its write plan minted, or
+        the checked ``ChunkWrite``). Only a write that returned is counted; a failed one marks
+        the chunk as a hole that blocks READY until it is written again."""
+        plan = chunk_id if isinstance(chunk_id, ChunkWrite) else self.plan_chunk_write(chunk_id)
         up, b, tensor = plan.upload, plan.bounds, plan.upload.tensor
         data = np.asarray(data)
         if data.dtype != tensor.dtype:

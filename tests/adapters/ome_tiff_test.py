@@ -63,7 +63,7 @@ class TestTiledPyramidOmeTiff(OmeFileTests):
         t = source.tensor()
         assert isinstance(inner(t), OmeTiffAdapter)
         assert t.dim_labels == ("c", "z", "y", "x") and t.shape == (2, 3, 200, 180)
-        assert t.read_block_shape == (1, 1, 200, 180)  # one page: every tile of one plane
+        assert t.read_block_shape == (1, 1, 200, 180)  # the transfer chunk (a page) in whole tiles
         assert [lv.scale for lv in t.native_levels] == [(1, 1, 2, 2), (1, 1, 4, 4)]
         for i, lv in enumerate(t.native_levels, start=1):
             ref, axes = tifffile_series(source.path, 0, i)

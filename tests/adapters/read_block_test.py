@@ -26,10 +26,10 @@ READ_BLOCK = {
     "DicomAdapter": ("block", "one frame (a WSI tile, one frame of a multi-frame object): pydicom decodes a frame whole to return any of it"),
     "DicomSeriesAdapter": ("block", "one slice file: each slice is a single frame decoded whole"),
     "CziAdapter": ("none", "a libCZI ROI read composes only the subblocks it touches (no store chunk to floor at); nearest at f>=2 is the zoom= override of get_scaled_data"),
-    "TiffPageSeriesAdapter": ("block", "one page: aszarr(chunkmode='page') decodes a page whole and slices the window, nothing caches it; strile mode (one tile/strip) only for pages above page_mode_max_bytes"),
-    "TiffAdapter": ("block", "one page (a plane of a stack, all tiles of a tiled plane): page mode decodes it whole, with strip coalescing and threaded tile decode; one tile for a multi-GB slide page"),
-    "LsmAdapter": ("block", "one page: an LSM page is one Z/T plane with all channels as planar strips, decoded whole by page mode"),
-    "OmeTiffAdapter": ("block", "one page: under chunkmode='page' tifffile decodes the whole page and slices the window; per-strile mode loses coalescing and threaded decode (1.6-9x slower per page)"),
+    "TiffPageSeriesAdapter": ("block", "raw pages: one page (aszarr(chunkmode='page') decodes a page whole and slices the window); compressed pages, read strile by strile: the transfer chunk in whole striles, so units meet on strile edges"),
+    "TiffAdapter": ("block", "as TiffPageSeriesAdapter: one page when raw; compressed (tiled slides, zlib stacks) the transfer chunk in whole striles, each strile decoded once"),
+    "LsmAdapter": ("block", "one page: an LSM page is one Z/T plane with all channels as planar strips (raw as a rule: page mode); compressed, the transfer chunk in whole strips"),
+    "OmeTiffAdapter": ("block", "raw pages: one page (page mode decodes it whole); compressed pages are read strile by strile on all cores: the transfer chunk in whole tiles/strips"),
     "Nd2Adapter": ("none", "read_frame returns an mmap view for uncompressed ND2, so a crop costs its own pages; the seed (a whole C/Y/X frame) would floor every scaled read at the frame"),
     "LifAdapter": ("block", "one plane: each stored LIF plane is read whole (one contiguous read at the XML byte offset) and Y/X are cropped from it"),
     "Hdf5Adapter": ("block", "HDF5 runs the filter pipeline on whole chunks, so any read of a chunk decodes all of it: the dataset chunk (None for a virtual dataset, whose sources decide)"),
@@ -50,6 +50,7 @@ def all_adapter_classes() -> list[type]:
     for mod in pkgutil.iter_modules(tensor_server.adapters.__path__):
         importlib.import_module(f"tensor_server.adapters.{mod.name}")
     importlib.import_module("tensor_server.uploads")  # the readers of uploaded tensors
+    importlib.import_module("tensor_server.testing.door_tests")  # the door suite's raising tensor
     seen, stack = [], [TensorAdapter]
     while stack:
         cls = stack.pop()

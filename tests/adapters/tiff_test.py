@@ -123,7 +123,7 @@ class TestRgbTiledPyramidTiff(TiffFileTests):
     def test_levels_match_tifffile(self, source):
         t = source.tensor()
         assert t.dim_labels == ("y", "x", "s")
-        assert t.read_block_shape == (200, 150, 3)  # the whole page: all its tiles
+        assert t.read_block_shape == (200, 150, 3)  # the transfer chunk (the page) in whole tiles
         assert [lv.scale for lv in t.native_levels] == [(2, 2, 1), (4, 4, 1)]
         for i, lv in enumerate(t.native_levels, start=1):
             ref, axes = tifffile_series(source.path, 0, i)
@@ -286,7 +286,7 @@ def test_huge_tiled_page_reads_by_tile(tmp_path, monkeypatch):
     with tensor_server.open(path) as src:
         t = src.tensor()
         assert inner(t).chunkmode == 0
-        assert t.read_block_shape == (64, 64)
+        assert t.read_block_shape == t.chunk_shape  # the transfer chunk in whole tiles: reads cost their tiles
         np.testing.assert_array_equal(t.get_data(Bounds((30, 70), (140, 199))), data[30:140, 70:199])
 
 

@@ -1,5 +1,6 @@
 """A whole-tensor read of a one-page TIFF tensor decodes the page directly (no copy through the
-zarr store); it must equal tifffile's own read, and every other read goes through the store."""
+zarr store); it must equal tifffile's own read, and every other read goes through the store
+(or, for compressed pages, strile by strile: tiff_striles_test.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,9 +38,10 @@ def test_whole_page_read_equals_tifffile(tmp_path, shape, kwargs, whole):
 
 
 def test_whole_page_read_is_handed_over_without_a_copy(tmp_path, monkeypatch):
-    """get_data returns the decoded page itself (a reshape view would be copied once more)."""
+    """get_data returns the decoded page itself (a reshape view would be copied once more).
+    A raw page: compressed pages are read strile by strile (tiff_striles_test.py)."""
     arr = np.random.default_rng(5).integers(0, 60000, (256, 256), dtype=np.uint16)
-    tifffile.imwrite(tmp_path / "t.tif", arr, tile=(64, 64), compression="zlib")
+    tifffile.imwrite(tmp_path / "t.tif", arr)
     tensor = tensor_server.open(tmp_path / "t.tif").tensor()
     decoded = []
     real = tifffile.TiffPage.asarray

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tensor_server.bench.decode_floor import tiff_decode_floor, zarr_decode_floor
+from tensor_server.bench.decode_floor import tiff_decode_floor, tiff_extent_floor, zarr_decode_floor, zarr_extent_floor
 
 
 def _plane():
@@ -44,3 +44,21 @@ def test_tiff_floor_decodes_every_tile(tmp_path):
     tifffile.imwrite(tmp_path / "t.tif", arr, tile=(64, 64), compression="zlib")
     # 5 x 5 tiles of 64^2 (edge tiles decode full size)
     assert tiff_decode_floor(tmp_path / "t.tif")() == 25 * 64 * 64 * 2
+
+
+def test_the_extent_floors_decode_only_the_pieces_under_the_region(tmp_path):
+    import numcodecs
+    import tifffile
+    import zarr
+
+    arr = _plane()
+    tifffile.imwrite(tmp_path / "t.tif", arr, tile=(64, 64), compression="zlib")
+    z = zarr.open_array(str(tmp_path / "a"), mode="w", shape=arr.shape, chunks=(64, 64), dtype=arr.dtype,
+                        zarr_format=2, compressor=numcodecs.Zstd(0))
+    z[...] = arr
+    piece = 64 * 64 * 2
+    for floor in (tiff_extent_floor(tmp_path / "t.tif"), zarr_extent_floor(tmp_path / "a")):
+        assert floor(0, 0, 64, 64) == piece  # one piece
+        assert floor(60, 10, 10, 100) == 2 * 2 * piece  # x 60-70 (2 columns), y 10-110 (2 rows)
+        assert floor(256, 256, 4, 44) == piece  # the corner piece (x 256-260, y 256-300)
+        assert floor(200, 250, 60, 50) == 4 * piece

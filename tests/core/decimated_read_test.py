@@ -1,11 +1,14 @@
 """Every TensorAdapter class declares whether it serves nearest as a strided read (design §4).
 
-Rows: "yes" (``decimates = True``; get_decimated_data strides the read) or "no", with why.
+Rows: "yes" (``decimates = True``; get_decimated_data strides the read), "no", or "per tensor"
+(``decimates`` is a property: the TIFF series whose pages are read strile by strile), with why.
 Values of decimated reads are checked per adapter by the conformance suite
 (``AdapterTests.test_decimated_read``: equals ``get_data(bounds)[::step]`` on ragged,
 off-origin bounds) and on real files in each adapter's tests.
 """
 from __future__ import annotations
+
+import inspect
 
 import pytest
 
@@ -23,10 +26,10 @@ DECIMATES = {
     "DicomAdapter": ("yes", "the step selects frames (multi-frame, focal planes, optical paths) and skips WSI tiles holding no picked pixel; Y/X strided inside a decoded frame"),
     "DicomSeriesAdapter": ("yes", "the step on z skips whole slice files (never decoded), like LifAdapter's plane skipping; Y/X strided inside a decoded slice"),
     "CziAdapter": ("yes", "libCZI read(zoom=1/f) picks exactly data[::f, ::f] where the gate holds (same Y/X factor, other axes 1, f divides the extent, no stored pyramid); it declines with None elsewhere and the engine streams"),
-    "TiffPageSeriesAdapter": ("no", "quantized at the page: the page is decoded whole to return any window, so a stride inside it saves only a memcpy"),
-    "TiffAdapter": ("no", "page-mode reads decode the whole page; striding inside a decoded page saves only a memcpy"),
-    "LsmAdapter": ("no", "page-mode reads decode the whole plane (all channels); striding inside it saves only a memcpy"),
-    "OmeTiffAdapter": ("no", "page-mode reads decode the whole page (and SubIFD levels serve precompute); a stride inside a page saves only a memcpy"),
+    "TiffPageSeriesAdapter": ("per tensor", "compressed pages are read strile by strile: the step picks from each decoded strile straight into the output (no page buffer); pages stored raw are not (a property says which)"),
+    "TiffAdapter": ("per tensor", "as TiffPageSeriesAdapter: compressed pages stride each decoded strile into the output, raw pages decline"),
+    "LsmAdapter": ("per tensor", "as TiffPageSeriesAdapter: compressed planes stride each decoded strip, raw (the usual LSM) decline"),
+    "OmeTiffAdapter": ("per tensor", "as TiffPageSeriesAdapter: compressed pages stride each decoded tile into the output, raw pages decline"),
     "Nd2Adapter": ("yes", "the step selects only the frames on the step along T/P/Z and strides the mmap view inside each frame"),
     "LifAdapter": ("yes", "its block is one plane: the step skips whole planes on T/C/Z/M/wavelength axes, Y/X stride a plane read whole"),
     "Hdf5Adapter": ("no", "chunked HDF5: a strided hyperslab measured 2-45x slower than reading whole chunks (256² chunks step 8: 46 vs 24 ms; plane-axis stride on (1,1024,1024) chunks: 913 vs 20 ms), and a chunk decodes whole anyway"),
@@ -54,7 +57,11 @@ def test_flag_matches_the_row(cls):
     assert len(reason) > 20
     if kind == "forwards":
         return
-    assert bool(cls.decimates) == (kind == "yes"), f"{cls.__name__}.decimates disagrees with its row"
+    if kind == "per tensor":  # a property: whether this tensor's pages can be strided
+        assert isinstance(inspect.getattr_static(cls, "decimates"), property), f"{cls.__name__}.decimates is fixed"
+        kind = "yes"
+    else:
+        assert bool(cls.decimates) == (kind == "yes"), f"{cls.__name__}.decimates disagrees with its row"
     # an adapter class (or an adapter base it inherits from) must override the method
     overrides = any(
         "get_decimated_data" in vars(c) for c in cls.__mro__ if c.__module__.startswith("tensor_server.adapters")

@@ -131,15 +131,17 @@ def test_chunk_keys_that_are_not_ascii_digits_are_404(b2r_served, key):
     assert r.status_code == 404, (key, r.status_code, r.text)
 
 
-def test_a_slowloris_connection_is_closed_at_the_header_deadline(b2r_served):
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_a_slowloris_connection_is_closed_at_the_header_deadline(b2r_served, parser):
     """A client that never finishes its headers is cut off; a normal request on another
-    connection is answered meanwhile, and one finishing in time on this front end too."""
+    connection is answered meanwhile, and one finishing in time on this front end too (with
+    either HTTP parser the door can run on)."""
     import socket
 
     from tensor_server.http.app import HttpFrontEnd, build_app
 
     srv, cat, img = b2r_served
-    front = HttpFrontEnd(build_app(srv.runtime), "127.0.0.1", 0, header_seconds=0.5)
+    front = HttpFrontEnd(build_app(srv.runtime), "127.0.0.1", 0, header_seconds=0.5, parser=parser)
     front.start()
     try:
         with socket.create_connection(("127.0.0.1", front.port), timeout=10) as slow:
@@ -147,7 +149,16 @@ def test_a_slowloris_connection_is_closed_at_the_header_deadline(b2r_served):
             assert httpx.get(f"{front.url}/healthz").text == "ok"
             assert finishes_within(lambda: slow.recv(1024), 10) == b"", "the server closed the connection"
         with socket.create_connection(("127.0.0.1", front.port), timeout=10) as ok:
-            ok.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            ok.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert b"200 OK" in finishes_within(lambda: ok.recv(1024), 10)
+            time.sleep(1.0)  # idle past the deadline after a response: the next headers are owed too
+            assert finishes_within(lambda: ok.recv(1024), 10) == b""
     finally:
         front.stop()
+
+
+def test_an_unknown_parser_is_refused():
+    from tensor_server.http.app import HttpFrontEnd
+
+    with pytest.raises(ValueError, match="unknown HTTP parser"):
+        HttpFrontEnd(object(), "127.0.0.1", 0, parser="nghttp9")

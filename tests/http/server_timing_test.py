@@ -83,7 +83,38 @@ def test_a_clients_request_id_is_kept_when_valid(served):
     ("/zarr/img/", "zarr_index"), ("/zarr/img/.zattrs", "zarr_metadata"), ("/zarr/img/0/.zarray", "zarr_metadata"),
     ("/zarr3/a/b/zarr.json", "zarr_metadata"), ("/zarr/img/0/3.4", "zarr_chunk"), ("/zarr3/img/0/c/3/4", "zarr_chunk"),
     ("/zarr/img/labels/cells/0/1.2", "zarr_chunk"), ("/zarr/img/0/x.y", "zarr_other"), ("/healthz", "healthz"),
-    ("/iiif/../../etc/passwd", "other"), ("/" + "z" * 5000, "other"),
+    ("/iiif/3/img/info.json", "iiif_info"), ("/iiif/3/img/full/max/0/default.jpg", "iiif_image"),
+    ("/iiif/../../etc/passwd", "iiif_image"), ("/deepzoom/img.dzi", "dzi"), ("/deepzoom/img_files/9/0_1.jpg", "dzi_tile"),
+    ("/", "catalog_page"), ("/view/img", "viewer_page"), ("/assets/openseadragon/openseadragon.min.js", "viewer_assets"),
+    ("/" + "z" * 5000, "other"), ("/t", "other"),
 ])
 def test_route_classes_follow_the_path_shape(path, cls):
     assert route_class(path) == cls and cls in CALLS["http"]
+
+
+def test_the_token_in_a_path_reaches_neither_the_label_nor_the_log(tmp_path, caplog):
+    """``/t/<token>/...``: the route class is the path's without the prefix, and the request
+    log's target never holds the token."""
+    import logging
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tensor_server.http.security import HttpSecurity
+    from tensor_server.service.metrics import ACCESS_LOG
+
+    cat = Catalog([])
+    cat.add_source(MemorySource(ArrayAdapter(np.zeros((64, 64), np.uint8), "yx"), source_id="img"))
+    cat.first_scan_done.set()
+    token = "s3cret-token-xyz"
+    with serving(cat, http=True, http_security=HttpSecurity.build(tokens=[token]), metrics_port=0) as srv, \
+            caplog.at_level(logging.INFO, logger=ACCESS_LOG.name):
+        assert httpx.get(f"{srv.http_url}/zarr/img/0/.zarray").status_code == 401
+        assert httpx.get(f"{srv.http_url}/t/{token}/zarr/img/0/.zarray").status_code == 200
+        samples = {(s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(
+            httpx.get(srv.metrics_url).text) for s in f.samples}
+    cat.close()
+    ok = ("tensor_server_requests_total", frozenset({"door": "http", "call": "zarr_metadata", "code": "OK"}.items()))
+    assert samples[ok] == 1
+    lines = [r.getMessage() for r in caplog.records if r.name == ACCESS_LOG.name]
+    assert sum("/zarr/img/0/.zarray" in line for line in lines) == 2, lines
+    assert not any(token in line for line in lines), lines

@@ -176,3 +176,21 @@ def test_precache_warms_neighbours_and_counts_hits(http_catalog, tmp_path):
         assert srv.runtime.precacher.stats["hits"] == hits + 1
         stats = TensorFlightClient(srv.location).cache_stats()
         assert stats["precache"]["hits"] >= 1
+
+
+def test_a_whole_chunk_is_answered_from_its_own_memory(http_catalog):
+    """A chunk that needs no padding or byte swap is sent without a copy: the bytes the door
+    hands to the response are the chunk's own (encode_chunk), and the response keeps them as
+    they are; an edge chunk is padded into a new buffer."""
+    from starlette.responses import Response
+
+    tensor, _ = http_catalog.find_tensor("plane")
+    view = ZarrImage(tensor, name="plane", policy=POLICY)
+    level = view.levels[0]
+    data = np.ascontiguousarray(tensor.get_data(view.chunk_id(level, (0, 0)).bounds))
+    assert data.shape == level.chunks, "the case needs a whole chunk at the origin"
+    body = Response(view.encode_chunk(level, data), media_type="application/octet-stream").body
+    assert np.shares_memory(np.frombuffer(body, np.uint8), data)
+    edge = data[:-1]
+    padded = view.encode_chunk(level, edge)
+    assert not np.shares_memory(np.frombuffer(padded, np.uint8), edge) and len(padded) == data.nbytes

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import io
+import os
 import shlex
 import signal
 import sys
@@ -46,7 +47,7 @@ def test_a_1mb_budget_holds_the_folder_to_1mb(tmp_path):
         assert c.stats["evictions"] > 0
 
 
-# ---- injected ENOSPC ---------------------------------------------------------------------------
+# ---- injected ENOSPC (file writes and segment_store's gathered writes) ---------------------------
 class _FullDisk(io.FileIO):
     """A segment file on a disk with ``room`` bytes left: writes past it are short, then ENOSPC;
     after the ENOSPC, ``freed`` bytes become free again (as the cut-off tail is released)."""
@@ -63,11 +64,36 @@ class _FullDisk(io.FileIO):
         return super().write(memoryview(data).cast("B")[:n])
 
 
+class _FullDiskOs:
+    """``os`` for segment_store, whose gathered writes (``os.writev``) meet the same full disk
+    as ``_FullDisk.write``: short past ``room``, then ENOSPC."""
+
+    def __getattr__(self, name):  # noqa: ANN001, ANN204
+        return getattr(os, name)
+
+    @staticmethod
+    def writev(fd, views):  # noqa: ANN001, ANN205
+        if _FullDisk.room <= 0:
+            _FullDisk.room, _FullDisk.freed = _FullDisk.freed, 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        cut, left = [], _FullDisk.room
+        for v in views:
+            v = memoryview(v).cast("B")[:left]
+            cut.append(v)
+            left -= len(v)
+            if not left:
+                break
+        n = os.writev(fd, cut)
+        _FullDisk.room -= n
+        return n
+
+
 @pytest.fixture()
 def full_disk(monkeypatch):
     """Segment files opened from now on get ``room`` bytes (set by the test)."""
     monkeypatch.setattr(segment_store, "open", lambda path, mode="r", **k: _FullDisk(path, mode.replace("b", ""))
                         if "x" in mode else open(path, mode, **k), raising=False)
+    monkeypatch.setattr(segment_store, "os", _FullDiskOs())
     monkeypatch.setattr(manager_module, "WRITE_RETRY_SECONDS", 0.0)
     return _FullDisk
 

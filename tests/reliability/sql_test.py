@@ -119,3 +119,20 @@ def test_errors_do_not_show_host_paths(server, sql):
     msg = str(info.value).split(". Detail:")[0]
     assert _code(info.value) == "INVALID_ARGUMENT"
     assert ".duckdb" not in msg and "/root" not in msg and "/etc/passwd" not in msg and "<path>" in msg
+
+
+@pytest.mark.parametrize("sql, problem", [
+    ("SELEC 1", 'Catalog query failed: Parser Error: syntax error at or near "SELEC" (line 1, column 1)'),
+    ("SELECT 1,\n  2 +", 'Catalog query failed: Parser Error: syntax error at or near "+" (line 2, column 5)'),
+    ("SELECT nope FROM sources", 'Catalog query failed: Binder Error: Referenced column "nope" not found in FROM clause!'),
+    ("DELETE FROM sources", "Catalog query refused: only SELECT is allowed, not DELETE"),
+])
+def test_an_sql_error_reaches_the_sdk_as_one_line_naming_the_problem(server, sql, problem):
+    """What the SDK's caller sees: ``str(exc)`` starts with the one-line problem (pyarrow's
+    client appends gRPC's debug text after it; the server cannot stop that), and
+    ``extra_info`` carries the problem alone."""
+    with pytest.raises(flight.FlightServerError) as info:
+        client_for(server).query(sql)
+    extra = json.loads(info.value.extra_info)
+    assert extra == {"code": "INVALID_ARGUMENT", "reason": "catalog_query", "message": problem}
+    assert str(info.value).startswith(problem + " [request ")

@@ -269,3 +269,84 @@ def test_the_engine_refuses_changed_chunks_for_every_caller(tmp_path):
     assert len(changed) == 1 and changed[0][0] is t and "img.tif was rewritten" in changed[0][1]
     cache.close()
     src.close()
+
+
+# ---- the zarr check's memo of verified extents (adapters/_verified_extents.py) ------------------
+def _age_folders(store):
+    """Every folder of ``store`` last modified 10 s ago: settled, so a verification of its
+    chunk files is remembered (a folder changed within ``RACY_S`` of its stat is not)."""
+    for folder in [store, *(p for p in store.rglob("*") if p.is_dir())]:
+        st = os.stat(folder)
+        os.utime(folder, ns=(st.st_atime_ns, st.st_mtime_ns - 10 * 10**9))
+
+
+def _rewrite_in_place(path):
+    """New bytes into the same inode, its folder untouched (no rename, no new file)."""
+    ino, data = os.stat(path).st_ino, bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    with open(path, "r+b") as f:
+        f.write(data)
+    _bump_mtime(path)
+    assert os.stat(path).st_ino == ino
+
+
+@pytest.fixture
+def zarr_tensor(tmp_path):
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.bounds import Bounds
+
+    _write_zarr(tmp_path / "img.zarr", OLD[:2])
+    _age_folders(tmp_path / "img.zarr")
+    src = open_source(tmp_path / "img.zarr")
+    yield src.tensor(), Bounds.full(src.tensor().shape), tmp_path / "img.zarr"
+    src.close()
+
+
+def test_a_chunk_rewritten_in_place_is_seen_within_the_window(zarr_tensor, monkeypatch):
+    """The bound: an in-place rewrite of a chunk file under an extent verified less than
+    ``WINDOW_S`` ago may go unseen until the window ends, never longer."""
+    import time
+
+    from tensor_server.adapters import _verified_extents
+
+    monkeypatch.setattr(_verified_extents, "WINDOW_S", 0.5)
+    t, whole, store = zarr_tensor
+    assert t.stale_reason(whole) is None  # every chunk file stat'ed, the extent remembered
+    t0 = time.monotonic()
+    _rewrite_in_place(store / "c" / "1" / "3" / "2")
+    if time.monotonic() - t0 < 0.4:
+        assert t.stale_reason(whole) is None  # within the window: not stat'ed file by file
+    time.sleep(0.6)
+    assert "'c/1/3/2' changed" in t.stale_reason(whole)
+
+
+def test_a_chunk_replaced_by_a_rename_is_seen_at_once(zarr_tensor, monkeypatch):
+    """zarr-python (and tensorstore) write a chunk to a new file renamed over the old one: its
+    folder's mtime changes, which every check compares, however long the window."""
+    from tensor_server.adapters import _verified_extents
+
+    monkeypatch.setattr(_verified_extents, "WINDOW_S", 3600.0)
+    t, whole, store = zarr_tensor
+    assert t.stale_reason(whole) is None
+    zarr = pytest.importorskip("zarr")
+    zarr.open_array(str(store), mode="r+")[1, 768:, 512:768] = NEW[1, 768:, 512:768]  # one chunk file
+    assert "'c/1/3/2' changed" in t.stale_reason(whole)
+
+
+def test_a_store_being_written_is_checked_file_by_file(tmp_path, monkeypatch):
+    """A folder modified within ``RACY_S`` of its stat could change again in the same clock
+    tick unseen: no verification is remembered, so an in-place rewrite right after is seen."""
+    from tensor_server.adapters import _verified_extents
+    from tensor_server.adapters.registry import open_source
+    from tensor_server.core.bounds import Bounds
+
+    monkeypatch.setattr(_verified_extents, "WINDOW_S", 3600.0)
+    monkeypatch.setattr(_verified_extents, "RACY_S", 3600.0)  # every folder counts as just written
+    _write_zarr(tmp_path / "img.zarr", OLD[:2])
+    src = open_source(tmp_path / "img.zarr")
+    t = src.tensor()
+    whole = Bounds.full(t.shape)
+    assert t.stale_reason(whole) is None
+    _rewrite_in_place(tmp_path / "img.zarr" / "c" / "0" / "0" / "1")
+    assert "'c/0/0/1' changed" in t.stale_reason(whole)
+    src.close()

@@ -369,3 +369,30 @@ def test_decode_rates_outlive_the_server_in_the_annotation_file(tmp_path):
         assert stored["other"][2] > stored["img"][2]
     finally:
         second.close()
+
+
+def test_discovery_counts_what_the_scan_walked_opened_and_skipped(tmp_path):
+    import os
+
+    import tifffile
+
+    root = tmp_path / "root"
+    for sub in ("a", "b/c"):
+        (root / sub).mkdir(parents=True)
+        tifffile.imwrite(root / sub / "img.tif", np.arange(64, dtype=np.uint8).reshape(8, 8))
+        (root / sub / "README.txt").write_text("not a source")
+    (root / "a" / "broken.tif").write_bytes(b"II*\x00" + b"\x00" * 12)  # a TIFF header, no IFD
+    os.mkfifo(root / "b" / "pipe.tif")  # never opened: skipped
+    cat = Catalog([str(root)])
+    cat.scan()
+    try:
+        with serving(cat, metrics_port=0) as srv:
+            after = scrape(srv)
+        counts = {dict(labels)["kind"]: value for (name, labels), value in after.items()
+                  if name == "tensor_server_discovery"}
+        assert counts == {"folders_walked": 4, "files_seen": 3, "files_unchanged": 0, "files_opened": 2,
+                          "files_failed": 1, "pending_open": 0, "skipped": 1}
+        finished = after[("tensor_server_discovery_last_scan_finished_timestamp_seconds", frozenset())]
+        assert finished == cat.last_scan_finished_at
+    finally:
+        cat.close()

@@ -1,0 +1,83 @@
+"""``ServingRuntime.level_region``: a cold tile is computed from its own extent and its chunks
+are queued on the precacher; a warm one is assembled from the cached chunks. Both are the
+pixels the level's chunks hold (the NumPy oracle: the chunks, computed by the engine)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+from tensor_server.cache import CacheManager
+from tensor_server.catalog import Catalog
+from tensor_server.config import Settings
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.level_grid import grid_levels, level_chunk_id, read_level_region
+from tensor_server.service import Caller, ServingRuntime
+
+DATA = np.random.default_rng(7).integers(0, 60000, (700, 900), dtype=np.uint16)
+#: level regions (y0, x0, y1, x1) as fractions of the level: interior, unaligned, the far edge
+REGIONS = [(0.0, 0.0, 0.2, 0.3), (0.31, 0.17, 0.52, 0.61), (0.7, 0.8, 1.0, 1.0)]
+
+
+@pytest.fixture
+def runtime(tmp_path):
+    cat = Catalog([])
+    cat.add_source(MemorySource(ArrayAdapter(DATA, "yx", chunk_shape=(350, 450)), source_id="img"))
+    cat.first_scan_done.set()
+    cache = CacheManager(tmp_path / "cache", max_total_bytes=64 << 20)
+    rt = ServingRuntime(cat, Settings(plane_budget_px=64 * 64), cache=cache)  # levels down to 64²
+    yield rt
+    rt.close()
+    cache.close()
+    cat.close()
+
+
+def _settle(rt):
+    deadline = time.monotonic() + 60
+    while not rt.precacher.idle():
+        assert time.monotonic() < deadline, "the precacher did not settle"
+        time.sleep(0.02)
+
+
+def _region(level, frac):
+    h, w = level.shape
+    y0, x0, y1, x1 = frac
+    return Bounds((int(y0 * h), int(x0 * w)), (max(int(y1 * h), int(y0 * h) + 1), max(int(x1 * w), int(x0 * w) + 1)))
+
+
+def test_cold_and_warm_regions_are_the_chunks_pixels(runtime, monkeypatch):
+    caller = Caller()
+    direct, read = [], runtime.read
+    monkeypatch.setattr(runtime, "read", lambda *a, **k: direct.append(a[1]) or read(*a, **k))
+    tensor, _ = runtime.tensor("img", caller)
+    levels = grid_levels(tensor, runtime.policy)
+    assert len(levels) > 2 and any(lv.shape != lv.chunks for lv in levels)
+    for level in levels:
+        for frac in REGIONS:
+            region = _region(level, frac)
+            want = read_level_region(tensor, level, region, lambda cid: runtime.engine.chunk(cid, tensor)[1])
+            runtime.cache.clear()
+            cold = runtime.level_region(tensor, level, region, caller)
+            np.testing.assert_array_equal(cold, want, err_msg=f"cold, level {level.path}, {region}")
+            _settle(runtime)
+            warm = runtime.level_region(tensor, level, region, caller)
+            np.testing.assert_array_equal(warm, want, err_msg=f"warm, level {level.path}, {region}")
+    assert len(direct) >= 2 * len(REGIONS), "most cold regions are computed from their own extent"
+
+
+def test_a_cold_tile_reads_its_extent_and_queues_its_chunks(runtime, monkeypatch):
+    caller = Caller()
+    tensor, _ = runtime.tensor("img", caller)
+    level = grid_levels(tensor, runtime.policy)[0]
+    assert level.chunks[0] >= 256 and level.chunks[1] >= 256  # one chunk ≫ a 64² tile
+    region = Bounds((0, 0), (64, 64))
+    chunk_reads = []
+    monkeypatch.setattr(runtime, "chunk", lambda *a, **k: chunk_reads.append(a) or pytest.fail("read a chunk"))
+    runtime.level_region(tensor, level, region, caller)  # cold: no chunk read, the chunk queued
+    assert runtime.precacher.stats["scheduled"] >= 1
+    _settle(runtime)
+    monkeypatch.undo()
+    assert runtime.cache.contains_all([level_chunk_id(tensor, level, (0, 0)).encode()])
+    np.testing.assert_array_equal(runtime.level_region(tensor, level, region, caller), DATA[:64, :64])
