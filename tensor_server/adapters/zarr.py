@@ -14,9 +14,11 @@ whose root group carries NGFF metadata (``multiscales``, ``plate``, ``well`` or
 
 Group metadata is parsed here with ``json`` (so a corrupt document is reported naming the
 file, and sniffing needs no zarr import); arrays are opened with zarr-python 3 once, when the
-source opens, and reused: zarr's sync API submits every read to its own event loop, so
-concurrent reads from server threads are safe without a lock. There is no file handle to
-reap: the local store opens and closes each chunk file per read.
+source opens, and reused. The pixels of a local store are read by the server's own chunk
+reader (``_zarr_chunks``: pread and numcodecs on every core); zarr-python reads the rest, its
+sync API submitting every read to its own event loop, so concurrent reads from server threads
+are safe without a lock either way. There is no file handle to reap: each chunk (or shard)
+file is opened and closed per read.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import numpy as np
 from tensor_server.adapters._ngff import AXIS_ALIASES, dataset_scale, integer_factor, jsonable, ngff_axes
 from tensor_server.adapters._store_listing import ABSENT, file_stamp_of, stored_files
 from tensor_server.adapters._verified_extents import VerifiedExtents
+from tensor_server.adapters._zarr_chunks import DECODER, LocalChunks, ShardIndexes
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
@@ -46,7 +49,7 @@ from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["ZarrAdapter", "ZarrSource"]
+__all__ = ["ZarrAdapter", "ZarrSource", "DECODER"]
 
 _log = logging.getLogger(__name__)
 
@@ -232,11 +235,17 @@ class _ChunkFiles:
 class ZarrAdapter(TensorAdapter):
     """One zarr array (an OME-Zarr level, a label level or a plain array).
 
-    The read block is the store chunk: a chunk is the unit of compression, so zarr decodes a
-    whole chunk to return any part of it. In a sharded v3 array it is the shard's *inner*
-    chunk (``array.chunks``; ``array.shards`` is the shard): zarr reads the shard index and
-    fetches only the inner chunks a selection touches. The same chunk seeds the transfer grid.
-    No decimated read: a stride inside a chunk saves a memcpy, not a decode.
+    The read block is the store chunk: a chunk is the unit of compression, so a whole chunk
+    is decoded to return any part of it. In a sharded v3 array it is the shard's *inner*
+    chunk (``array.chunks``; ``array.shards`` is the shard): only the inner chunks a
+    selection touches are read, located by the shard's index. The same chunk seeds the
+    transfer grid.
+
+    Pixels of a local store are read and decoded by the server itself (``_zarr_chunks``: raw
+    chunk bytes, numcodecs, every core, each chunk straight into the output where it fits);
+    nearest is then a decimated read, each chunk strided into the output as it is decoded.
+    zarr-python reads the rest (object stores, codecs the server does not decode, chunks
+    never written) and those reads offer no decimated read.
 
     Uniform blocks: a chunk whose key is absent from the store reads as the fill value (zarr
     does not write chunks equal to it); in a sharded array an inner chunk whose shard is
@@ -244,12 +253,6 @@ class ZarrAdapter(TensorAdapter):
     listing per array (``stored_files``): the one the chunk-file stamps were taken from at
     open (arrays stamped eagerly), else made on first use; again when the content version
     changes; shard indexes are read once each, when a read first touches the shard.
-
-    The chunks of one read decode concurrently without any setting here: zarr-python 3's codec
-    pipeline runs each chunk's decode in ``asyncio.to_thread`` (up to ``async.concurrency`` at
-    once), and blosc/zstd release the GIL. blosc's own threads stay off: numcodecs'
-    ``use_threads`` is process-wide state, and its threaded path is not safe for concurrent
-    callers.
     """
 
     @property
@@ -291,7 +294,11 @@ class ZarrAdapter(TensorAdapter):
         #: content version is still the one it was made under
         listed = None if chunk_files is None else chunk_files.listed
         self._listed_at_open = None if listed is None else (content_version, listed)
-        self._shard_indexes: dict[tuple[int, ...], np.ndarray | None] = {}
+        local = isinstance(store_path, Path) and type(array.store).__name__ == "LocalStore"
+        folder = store_path / zarr_path if zarr_path else store_path
+        self._indexes = ShardIndexes(array, folder) if local and shards is not None else None
+        #: the server's own chunk reader (``_zarr_chunks``), None where zarr-python reads
+        self._chunks = LocalChunks.of(array, folder, self._indexes) if local else None
         self._fill: np.generic | None = None
         self._lock = threading.Lock()
         super().__init__(TensorInfo(
@@ -312,47 +319,51 @@ class ZarrAdapter(TensorAdapter):
         return None if why is None else f"zarr array {self.zarr_path or '/'!r}: {why}"
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
+        if self._chunks is not None:
+            return self._read(bounds, (1,) * bounds.ndim)
         try:
-            whole = self._whole_chunk(bounds)
-            if whole is not None:
-                return whole
             return np.asarray(self._array[bounds.to_slices()])
         except Exception as exc:  # a corrupt or truncated chunk surfaces only here
             raise UnreadableSource(
                 self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    # ---- uniform blocks (class docstring) ------------------------------------------------------
-    def _whole_chunk(self, bounds: Bounds) -> np.ndarray | None:
-        """``bounds`` decoded straight from its chunk file when it is exactly one stored chunk
-        of a zarr v2 array whose only codec is a compressor (C order, numeric dtype); None
-        otherwise, and for a missing chunk (zarr fills it).
+    @property
+    def decimates(self) -> bool:  # type: ignore[override]
+        """Nearest is a strided read when the server decodes the chunks itself: each chunk is
+        strided into the output as it is decoded, with no full-resolution buffer."""
+        return self._chunks is not None
 
-        Why: zarr decodes a chunk into one buffer and then copies it into a fresh output; in a
-        scaled read of 4096² blosc chunks that copy took a third of the decode time (py-spy).
-        A streaming unit is usually exactly one chunk and needs neither.
-        """
-        md = self._array.metadata
-        chunks = self.native_chunk_shape
-        if md.zarr_format != 2 or md.filters or md.order != "C" or self.dtype.kind not in "biuf":
+    def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
+        if self._chunks is None:
             return None
-        if any(a % c or b - a != c for a, b, c in zip(bounds.start, bounds.stop, chunks)):
-            return None
-        from zarr.core.buffer import default_buffer_prototype
-        from zarr.core.sync import sync
+        bounds = self.check_bounds(bounds)
+        return self._read(bounds, tuple(int(s) for s in step))
 
-        store_path = self._array.store_path
-        key = _join(store_path.path, md.encode_chunk_key(tuple(a // c for a, c in zip(bounds.start, chunks))))
-        data = sync(store_path.store.get(key, prototype=default_buffer_prototype()))
-        if data is None:
-            return None
-        out = np.empty(chunks, dtype=md.dtype.to_native_dtype())
-        if md.compressor is None:
-            out.reshape(-1).view(np.uint8)[:] = data.as_numpy_array()
+    @property
+    def reads_into(self) -> bool:  # type: ignore[override]
+        return self._chunks is not None
+
+    def read_region_into(self, bounds: Bounds, out: np.ndarray) -> None:
+        """A streamed reduction's unit: its chunks decoded on this thread (the reduction keeps
+        the other cores busy with the next units)."""
+        if self._chunks is None:
+            out[...] = self.read_region(bounds)
         else:
-            md.compressor.decode(data.as_numpy_array(), out=out)
-        return out
+            self._read(bounds, (1,) * bounds.ndim, out, parallel=False)
 
+    def _read(self, bounds: Bounds, step: tuple[int, ...], out: np.ndarray | None = None,
+              parallel: bool = True) -> np.ndarray:
+        """``array[bounds][::step]`` through the server's own decoder (``_zarr_chunks``), a
+        chunk that is not stored through zarr (its fill value)."""
+        try:
+            return self._chunks.read(bounds, step, lambda sl: np.asarray(self._array[sl]), out, parallel)
+        except Exception as exc:  # a corrupt or truncated chunk surfaces only here
+            raise UnreadableSource(
+                self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    # ---- uniform blocks (class docstring) ------------------------------------------------------
     def uniform_blocks(self, bounds: Bounds) -> list[UniformBlock]:
         if not self.reports_uniform_blocks:
             return []
@@ -392,7 +403,8 @@ class ZarrAdapter(TensorAdapter):
                 keys = at_open[1]
             else:
                 keys = frozenset(stored_files(self.store_path / self.zarr_path if self.zarr_path else self.store_path))
-            self._shard_indexes.clear()
+            if self._indexes is not None:
+                self._indexes.clear()
             self._fill = self._absent_value(keys)
             self._listing = (self.content_version, keys)
         return keys
@@ -413,28 +425,7 @@ class ZarrAdapter(TensorAdapter):
     def _shard_index(self, shard: tuple[int, ...], per_shard: tuple[int, ...]) -> np.ndarray | None:
         """(n, 2) uint64 offsets and lengths of a stored shard's inner chunks, or None when
         the index encoding is not the default (little-endian bytes, optional crc32c)."""
-        if shard in self._shard_indexes:
-            return self._shard_indexes[shard]
-        index = None
-        codec = self._array.metadata.codecs[0]
-        names = [type(c).__name__ for c in getattr(codec, "index_codecs", ())]
-        endian = getattr(getattr(codec, "index_codecs", (None,))[0], "endian", None)
-        if names in (["BytesCodec"], ["BytesCodec", "Crc32cCodec"]) and getattr(endian, "value", "little") == "little":
-            n = int(np.prod(per_shard))
-            size = 16 * n + (4 if len(names) == 2 else 0)
-            path = (self.store_path / self.zarr_path if self.zarr_path else self.store_path) / self._array.metadata.encode_chunk_key(shard)
-            at_end = str(getattr(codec.index_location, "value", codec.index_location)) == "end"
-            try:
-                with open(path, "rb") as fh:
-                    if at_end:
-                        fh.seek(-size, os.SEEK_END)
-                    raw = fh.read(16 * n)
-                if len(raw) == 16 * n:
-                    index = np.frombuffer(raw, dtype="<u8").reshape(n, 2)
-            except OSError:
-                index = None  # unreadable: the read reports it; here it is just not uniform
-        self._shard_indexes[shard] = index
-        return index
+        return None if self._indexes is None else self._indexes.get(shard)
 
 
 _EMPTY_SLOT = np.uint64(2**64 - 1)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Fixture", "SIZES", "plane", "make_fixtures", "default_data_dir", "drop_page_cache"]
+__all__ = ["Fixture", "SIZES", "plane", "make_fixtures", "zarr_layouts", "default_data_dir", "drop_page_cache"]
 
 SIZES = {"small": 2048, "full": 8192}
 
@@ -99,6 +99,43 @@ def make_fixtures(size: str = "small", data_dir: str | os.PathLike[str] | None =
     if (root / "plane.czi").exists():
         out.append(Fixture("czi", root / "plane.czi", f"{n}² x 3C", ()))
     return [Fixture(f.name, f.path, f.layout, _files_under(f.path)) for f in out]
+
+
+def zarr_layouts(size: str = "small", data_dir: str | os.PathLike[str] | None = None) -> list[Fixture]:
+    """The zarr layouts of ``bench peers``' zarr table, one plane each (blosc-zstd 5, byte
+    shuffle, zarr-python's writer): v2 and v3 with chunks of half and an eighth of the plane
+    (4096² and 1024² at full size) and v3 shards of half the plane holding inner chunks of a
+    thirty-second (4096² shards of 256² chunks at full size)."""
+    import numcodecs
+    import zarr
+    from zarr.codecs import BloscCodec
+
+    n = SIZES[size]
+    root = Path(data_dir or default_data_dir()) / size / "zarr-layouts"
+    layouts = [
+        (f"zarr v2, {n // 2}² chunks", "v2-half", 2, n // 2, None),
+        (f"zarr v2, {n // 8}² chunks", "v2-eighth", 2, n // 8, None),
+        (f"zarr v3, {n // 2}² chunks", "v3-half", 3, n // 2, None),
+        (f"zarr v3, {n // 8}² chunks", "v3-eighth", 3, n // 8, None),
+        (f"zarr v3, {n // 2}² shards of {n // 32}²", "v3-sharded", 3, n // 32, n // 2),
+    ]
+    data = None
+    out = []
+    for label, name, fmt, chunk, shard in layouts:
+        path = root / f"{name}.zarr"
+        if not (path / ".complete").exists():
+            data = plane(n) if data is None else data
+            if fmt == 2:
+                z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=(chunk, chunk), dtype=np.uint16,
+                                    zarr_format=2, compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE))
+            else:
+                z = zarr.create_array(str(path), shape=data.shape, chunks=(chunk, chunk),
+                                      shards=None if shard is None else (shard, shard), dtype=np.uint16, zarr_format=3,
+                                      compressors=BloscCodec(cname="zstd", clevel=5, shuffle="shuffle"), overwrite=True)
+            z[...] = data
+            (path / ".complete").write_text("")
+        out.append(Fixture(label, path, label, _files_under(path)))
+    return out
 
 
 def drop_page_cache(files: tuple[Path, ...]) -> None:

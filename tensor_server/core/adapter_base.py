@@ -16,6 +16,9 @@ Declared capabilities (class attributes or properties, never probed):
   closed form without reading (``core/uniform.py``).
 * ``reduces``: ``get_reduced_data(bounds, scale, method)`` may serve any scaled read
   computed by the backend itself (another server, next to its data); None declines.
+* ``reads_into``: ``read_region_into(bounds, out)`` writes level-0 pixels into a buffer the
+  caller gives, so a streamed reduction reuses one buffer per thread instead of a fresh unit
+  per read (``core/stream_reduce.py`` says why that matters).
 
 ``get_data`` (owned level-0 pixels) is the one read every caller uses; ``get_scaled_data``
 is a convenience that asks the store-less default engine. The conformance suite
@@ -133,6 +136,8 @@ class TensorAdapter(ABC):
     #: Whether get_reduced_data may serve a scaled read computed by the backend (an upstream
     #: server reduces next to its data and sends only the result); None declines a request.
     reduces: ClassVar[bool] = False
+    #: Whether read_region_into writes into the caller's buffer without a read_region first.
+    reads_into: ClassVar[bool] = False
 
     #: Bound by the source (``SourceAdapter``) and rebound by the catalog; "" until then.
     array_id: str = ""
@@ -182,6 +187,12 @@ class TensorAdapter(ABC):
     def read_region(self, bounds: Bounds) -> np.ndarray:
         """Level-0 pixels of validated ``bounds``, shape ``bounds.shape``. May return a view
         onto reader memory: ``get_data`` makes it owned."""
+
+    def read_region_into(self, bounds: Bounds, out: np.ndarray) -> None:
+        """Level-0 pixels of validated ``bounds`` written into ``out`` (a writeable array of
+        ``bounds.shape`` and this tensor's dtype, possibly a non-contiguous view). Offer it by
+        overriding and setting ``reads_into = True``; this default copies ``read_region``."""
+        out[...] = self.read_region(bounds)
 
     def check_bounds(self, bounds: Bounds | Sequence[slice] | None) -> Bounds:
         if bounds is None:

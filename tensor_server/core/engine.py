@@ -16,15 +16,17 @@ Paths, in the order they are tried for a scaled read:
    mixed extent reads only its non-uniform units. Unscaled reads of a uniform region are
    ``np.full``; chunks come back as read-only broadcast arrays (one element of memory) that
    the store keeps as a value. ``special_chunks=False`` turns this path off (benchmarks);
-1. ``nearest`` on an adapter that declares ``decimates``: ``get_decimated_data`` (a strided
+1. cache-sourced units: every full-resolution chunk under the extent is in the store
+   (``chunk_store.cache_sourced_units``); asked first because cached chunks need no decode,
+   and a decimated read may decode (a zarr chunk is decoded whole to stride it);
+2. ``nearest`` on an adapter that declares ``decimates``: ``get_decimated_data`` (a strided
    read, or a format's own reduced read such as CZI's zoom), which may decline with None;
-2. cache-sourced units: every full-resolution chunk under the extent is in the store
-   (``chunk_store.cache_sourced_units``);
 3. a backend that declares ``reduces`` (another server in front of which this one sits):
    ``get_reduced_data`` computes the extent next to the data, so only reduced pixels travel;
    it may decline with None. Asked after the store, which needs no transfer at all;
 4. streamed reduction: units floored at ``read_block_shape`` and rounded to whole reduction
-   blocks (``stream_reduce``), read ahead on a bounded pool while the kernels reduce.
+   blocks (``stream_reduce``), each read and reduced on a bounded pool (into a buffer the
+   pool thread reuses when the adapter ``reads_into``).
 
 Adapters are pure readers (``read_region`` and declared capabilities) and never see the
 store. The store is reached only through the ``ChunkStore`` Protocol, keyed by chunk ids of
@@ -63,7 +65,7 @@ __all__ = ["ReadEngine", "ReadCancelled", "Overloaded", "check_chunk_id", "defau
 
 #: what ``on_read`` names the path that served a computed read (the module docstring's
 #: numbering; ``direct`` is a level-0 or stored-level read, no reduction)
-READ_PATHS = ("closed_form", "decimated", "cache_sourced", "upstream", "streamed", "direct")
+READ_PATHS = ("closed_form", "cache_sourced", "decimated", "upstream", "streamed", "direct")
 
 #: ``cancelled()`` is polled before each unit is fetched; True stops the read.
 Cancelled = Callable[[], bool]
@@ -269,23 +271,24 @@ class ReadEngine:
             if v is not None:
                 return self._noted("closed_form", tensor, t0,
                                    np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype))
-        if method == "nearest" and tensor.decimates:
+        fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
+        fetch_into = tensor.read_region_into if tensor.reads_into else None
+        workers = self.workers
+        offer = unit = None
+        if self.store is not None and self.source_scaled_reads:
+            unit = _stream_unit(tensor, scale, unit_value is not None)
+            offer = cache_sourced_units(self.store, tensor, bounds, unit, scale, method)
+            if offer is not None:
+                fetch, unit, fetch_into = offer.fetch, offer.unit, None
+                if offer.serial:
+                    workers = 1
+        if offer is None and method == "nearest" and tensor.decimates:
             dec = tensor.get_decimated_data(bounds, scale)
             if dec is not None:
                 return self._noted("decimated", tensor, t0,
                                    _checked_answer(tensor, "get_decimated_data", dec, bounds, scale))
-        unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
-        if unit_value is not None:
-            unit = _storage_block_unit(tensor, scale, unit)
-        fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
-        workers = self.workers
-        offer = None
-        if self.store is not None and self.source_scaled_reads:
-            offer = cache_sourced_units(self.store, tensor, bounds, unit, scale, method)
-            if offer is not None:
-                fetch, unit = offer.fetch, offer.unit
-                if offer.serial:
-                    workers = 1
+        if unit is None:
+            unit = _stream_unit(tensor, scale, unit_value is not None)
         if offer is None and tensor.reduces:
             reduced = tensor.get_reduced_data(bounds, scale, method)
             if reduced is not None:
@@ -293,11 +296,13 @@ class ReadEngine:
                                    _checked_answer(tensor, "get_reduced_data", reduced, bounds, scale))
         if cancelled is not None:
             fetch = _stop_when(cancelled, fetch)
+            fetch_into = None if fetch_into is None else _stop_when(cancelled, fetch_into)
         path = "streamed" if offer is None else "cache_sourced"
         if all(u >= n for u, n in zip(unit, bounds.shape)):
             return self._noted(path, tensor, t0, owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype))
         return self._noted(path, tensor, t0, stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype,
-                                                           workers=workers, unit_value=unit_value))
+                                                           workers=workers, unit_value=unit_value,
+                                                           fetch_into=fetch_into))
 
     def _noted(self, path: str, tensor: TensorAdapter, t0: float, arr: np.ndarray) -> np.ndarray:
         """``arr``, after telling ``on_read`` that ``path`` served it since ``t0``."""
@@ -360,6 +365,10 @@ def _reduced_lookup(value_of: Callable[[Bounds], np.generic | None] | None, dtyp
 #: Smallest storage block worth streaming by when an extent has uniform blocks: below it, the
 #: per-unit overhead outweighs reading a few uniform blocks with their neighbours.
 MIN_BLOCK_UNIT_BYTES = 64 << 10
+#: Smallest storage block a reader that ``reads_into`` is streamed by: its units cost no
+#: allocation, and a unit of one block is decoded straight into its buffer (no assembling
+#: copy); below this the per-unit overhead outweighs that.
+MIN_READ_INTO_UNIT_BYTES = 1 << 20
 
 
 def _checked_answer(tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: Bounds,
@@ -373,12 +382,25 @@ def _checked_answer(tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: B
     return owned_array(arr, tensor.dtype)
 
 
-def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...]) -> tuple[int, ...]:
-    """The unit of an extent that has uniform blocks: the storage block (rounded to whole
-    reduction blocks) instead of the transfer chunk, so that only the non-uniform blocks are
-    read (cost in proportion to them). Kept when the block is tiny or the reader has none."""
+def _stream_unit(tensor: TensorAdapter, scale: tuple[int, ...], has_uniform: bool) -> tuple[int, ...]:
+    """The unit a streamed reduction of ``tensor`` at ``scale`` reads by (module docstring, 4)."""
+    unit = streaming_unit(tensor.chunk_shape, tensor.read_block_shape, scale)
+    if has_uniform:
+        return _storage_block_unit(tensor, scale, unit)
+    if tensor.reads_into:
+        return _storage_block_unit(tensor, scale, unit, MIN_READ_INTO_UNIT_BYTES)
+    return unit
+
+
+def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...],
+                        min_bytes: int = MIN_BLOCK_UNIT_BYTES) -> tuple[int, ...]:
+    """The storage block (rounded to whole reduction blocks) as the unit instead of the
+    transfer chunk: for an extent that has uniform blocks, so that only the non-uniform blocks
+    are read (cost in proportion to them); for a reader that ``reads_into``, so that each unit
+    is one block decoded straight into its buffer. Kept when the block is smaller than
+    ``min_bytes`` or the reader has none."""
     block = tensor.read_block_shape
-    if block is None or int(np.prod(block)) * tensor.dtype.itemsize < MIN_BLOCK_UNIT_BYTES:
+    if block is None or int(np.prod(block)) * tensor.dtype.itemsize < min_bytes:
         return unit
     return streaming_unit(block, block, scale)
 
@@ -414,11 +436,11 @@ def check_chunk_id(tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:
     return cid
 
 
-def _stop_when(cancelled: Cancelled, fetch: Callable[[Bounds], np.ndarray]) -> Callable[[Bounds], np.ndarray]:
-    def checked(ub: Bounds) -> np.ndarray:
+def _stop_when(cancelled: Cancelled, fetch: Callable[..., np.ndarray | None]) -> Callable[..., np.ndarray | None]:
+    def checked(ub: Bounds, *into: np.ndarray) -> np.ndarray | None:
         if cancelled():
             raise ReadCancelled("the client cancelled the read")
-        return fetch(ub)
+        return fetch(ub, *into)
 
     return checked
 

@@ -88,6 +88,13 @@ class NormalizingAdapter(TensorAdapter):
     def reports_uniform_blocks(self) -> bool:  # type: ignore[override]
         return self.inner.reports_uniform_blocks
 
+    @property
+    def reads_into(self) -> bool:  # type: ignore[override]
+        return self.inner.reads_into
+
+    def read_region_into(self, bounds: Bounds, out: np.ndarray) -> None:
+        self.inner.read_region_into(self._inner_bounds(bounds), np.transpose(out, self.inverse))
+
     def uniform_blocks(self, bounds: Bounds) -> list[tuple[Bounds, np.generic]]:
         return [(box.permute(self.order), v) for box, v in self.inner.uniform_blocks(self._inner_bounds(bounds))]
 

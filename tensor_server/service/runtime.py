@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from tensor_server.adapters.zarr import DECODER as ZARR_DECODER
 from tensor_server.config import Settings
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
@@ -427,7 +428,8 @@ class ServingRuntime:
     def server_stats(self) -> dict[str, Any]:
         with self._peers_lock:
             peers = dict(self._peers)
-        return {"calls": dict(self.calls), "chunk_reads_by_peer": peers, "server_timing": self.metrics.breakdown()}
+        return {"calls": dict(self.calls), "chunk_reads_by_peer": peers, "server_timing": self.metrics.breakdown(),
+                "zarr_decoder": ZARR_DECODER}
 
     def cache_stats(self) -> dict[str, Any] | None:
         if self.cache is None:

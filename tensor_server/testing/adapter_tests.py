@@ -173,6 +173,21 @@ class AdapterTests:
             if t.decimates:
                 assert served, f"{type(t).__name__} declares decimates but declined every read"
 
+    def test_read_into_equals_get_data(self, source: SourceAdapter) -> None:
+        """``read_region_into`` (declared or the default copy) writes exactly ``get_data``,
+        into a C-contiguous buffer and into a strided view, touching nothing around it."""
+        rng = np.random.default_rng(8)
+        for field, t in self.tensors(source):
+            for b in (random_bounds(t.shape, rng), random_bounds(t.shape, rng), Bounds.full(t.shape)):
+                want = t.get_data(b)
+                buf = np.empty(b.shape, t.dtype)
+                t.read_region_into(b, buf)
+                self.assert_same(buf, want)
+                wide = np.zeros(tuple(2 * n for n in b.shape), t.dtype)
+                t.read_region_into(b, wide[tuple(slice(None, None, 2) for _ in b.shape)])
+                self.assert_same(wide[tuple(slice(None, None, 2) for _ in b.shape)], want)
+                assert not wide[tuple(slice(1, None, 2) for _ in b.shape)].any()
+
     def test_uniform_blocks_hold_their_value(self, source: SourceAdapter) -> None:
         """Not declared: no blocks. Declared: every reported block decodes to its value
         (bitwise), blocks lie inside the tensor, and reads with the closed-form path equal

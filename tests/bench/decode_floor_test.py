@@ -22,6 +22,21 @@ def test_zarr_floor_decodes_every_chunk(tmp_path):
     assert zarr_decode_floor(tmp_path / "a")() == 9 * 128 * 128 * 2
 
 
+def test_zarr_v3_and_sharded_floors_decode_every_stored_inner_chunk(tmp_path):
+    import zarr
+
+    arr = _plane()
+    zarr.create_array(str(tmp_path / "v3"), data=arr, chunks=(128, 128), zarr_format=3)
+    assert zarr_decode_floor(tmp_path / "v3")() == 9 * 128 * 128 * 2
+    z = zarr.create_array(str(tmp_path / "s"), shape=arr.shape, chunks=(64, 64), shards=(128, 128), dtype=arr.dtype,
+                          zarr_format=3, fill_value=0)
+    z[...] = arr
+    z[:64, :64] = 0  # one inner chunk equal to the fill value is not stored
+    # 3 x 3 shards of 2 x 2 inner chunks; inner chunks wholly past the edge are not stored
+    stored = sum(1 for i in range(6) for j in range(6) if i * 64 < 300 and j * 64 < 260) - 1
+    assert zarr_decode_floor(tmp_path / "s")() == stored * 64 * 64 * 2
+
+
 def test_tiff_floor_decodes_every_tile(tmp_path):
     import tifffile
 

@@ -37,7 +37,7 @@ DECIMATES = {
     # class name: (yes/no, reason)
     "B2ndAdapter": ("no", "quantized: blosc2 decompresses a whole chunk to return any of it, so a stride inside it saves only a memcpy"),
     "RemoteTensorAdapter": ("no", "an upstream server's tensor: nearest is one of the reductions it declares with reduces (get_reduced_data), computed upstream next to the data"),
-    "ZarrAdapter": ("no", "quantized: zarr decodes a whole chunk to return any of it, so a stride inside the chunk saves only a memcpy"),
+    "ZarrAdapter": ("yes", "a local store's chunks are decoded on every core and each is strided into the output as it is decoded (no full-resolution buffer); declines (None) where zarr-python reads"),
     "EncodedZarrAdapter": ("yes", "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
     "_RaisingAdapter": ("no", "the door suite's tensor whose every read raises one error class: nothing to stride"),

@@ -62,3 +62,4 @@ def test_the_open_action_needs_no_token_and_the_others_do(catalog):
             list(srv.runtime.do_action("server_stats", b"", Caller()))
         stats = json.loads(b"".join(srv.runtime.do_action("server_stats", b"", Caller(token="t"))))
         assert stats["calls"]["action:health"] == 1
+        assert stats["zarr_decoder"].startswith("numcodecs on the server's")  # the one zarr decoder field

@@ -18,7 +18,8 @@ METHODS = CANONICAL_METHODS
 
 
 class ReadCounter:
-    """Wraps the innermost ``read_region`` of a tensor and records every region it decodes."""
+    """Wraps the innermost ``read_region`` (and ``read_region_into``) of a tensor and records
+    every region it decodes."""
 
     def __init__(self, tensor: TensorAdapter) -> None:
         inner = tensor
@@ -33,6 +34,13 @@ class ReadCounter:
             return original(bounds)
 
         inner.read_region = counted  # type: ignore[method-assign]
+        original_into = inner.read_region_into
+
+        def counted_into(bounds: Bounds, out: np.ndarray) -> None:  # a reader that reads into a buffer
+            self.regions.append(bounds)
+            original_into(bounds, out)
+
+        inner.read_region_into = counted_into  # type: ignore[method-assign]
 
     @property
     def pixels(self) -> int:
