@@ -34,7 +34,7 @@ from tensor_server.core.pyramid import advertised_levels
 from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["AxisMap", "Level", "Layout", "plan_layout"]
+__all__ = ["AxisMap", "Level", "Layout", "plan_layout", "label_scales", "label_shape_option"]
 
 NGFF_ORDER = ("t", "c", "z", "y", "x")
 #: how large a read unit may grow to keep the coarsest level's chunks whole (bytes of level 0)
@@ -183,6 +183,21 @@ def level_scales(tensor: TensorAdapter, levels: str | int) -> list[tuple[int, ..
     return scales
 
 
+def label_scales(image: TensorAdapter, image_layout: Layout, label: TensorAdapter) -> list[tuple[int, ...]]:
+    """The image's level factors on a label image's axes (by label; 1 where the image has
+    no such axis)."""
+    names = image.dim_labels
+    return [tuple(lv.scale[names.index(a)] if a in names else 1 for a in label.dim_labels) for lv in image_layout.levels]
+
+
+def label_shape_option(image_axes: AxisMap, label: TensorAdapter, value: Sequence[int] | None) -> tuple[int, ...] | None:
+    """A chunk or shard shape given on the image's output axes, on a label image's (by name)."""
+    if value is None:
+        return None
+    by_name = dict(zip(image_axes.out_labels, value))
+    return tuple(by_name.get(a, 1) for a in AxisMap.of(label).out_labels)
+
+
 def export_method(tensor: TensorAdapter, method: str | None) -> str:
     m = default_method(tensor.is_labels) if not method else effective_method(method, is_labels=tensor.is_labels)
     if m == PRECOMPUTE:
@@ -191,14 +206,16 @@ def export_method(tensor: TensorAdapter, method: str | None) -> str:
 
 
 def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: str | None = None,
-                chunks: Sequence[int] | None = None, shards: Sequence[int] | None = None) -> Layout:
-    """The geometry of exporting ``tensor`` (see the module docstring)."""
+                chunks: Sequence[int] | None = None, shards: Sequence[int] | None = None,
+                scales: Sequence[Sequence[int]] | None = None) -> Layout:
+    """The geometry of exporting ``tensor`` (see the module docstring); ``scales`` (per level,
+    source order) instead of ``levels``: a label image takes its image's levels."""
     axes = AxisMap.of(tensor)
     out_ndim = len(axes.out_labels)
     for name, value in (("chunks", chunks), ("shards", shards)):
         if value is not None and len(value) != out_ndim:
             raise InvalidArgument(f"{name} has {len(value)} values; the output has {out_ndim} axes {list(axes.out_labels)}")
-    scales = level_scales(tensor, levels)
+    scales = [tuple(s) for s in scales] if scales is not None else level_scales(tensor, levels)
     chunk = tuple(min(c, n) for c, n in zip(_source_shape(tensor, axes, chunks, default_chunk(tensor)), tensor.shape))
     shard = _source_shape(tensor, axes, shards, default_shard(tensor))
     if shards is None:  # the default: the nearest whole number of chunks
