@@ -119,8 +119,6 @@ class Level:
     shape: tuple[int, ...]
     shard: tuple[int, ...]
     chunk: tuple[int, ...]
-    #: per-axis factor from the previous level (None for level 0)
-    step: tuple[int, ...] | None
 
     @property
     def path(self) -> str:
@@ -225,16 +223,14 @@ def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: st
     if any(s % c for s, c in zip(shard, chunk)):
         raise InvalidArgument(f"shards {list(axes.out_shape(shard))} must be a whole number of chunks {list(axes.out_shape(chunk))}")
     unit = _unit(tensor, shard, chunk, scales[-1])
-    built, prev = [], None
+    built = []
     for k, scale in enumerate(scales):
         shape = output_shape(tensor.shape, scale)
         lv_shard = tuple(gcd(s, u // sc) for s, u, sc in zip(shard, unit, scale))
         lv_chunk = tuple(gcd(c, s) for c, s in zip(chunk, lv_shard))
         lv_chunk = tuple(min(c, n) for c, n in zip(lv_chunk, shape))
         lv_shard = tuple(min(s, -(-n // c) * c) for s, n, c in zip(lv_shard, shape, lv_chunk))
-        step = None if prev is None else tuple(s // p if s % p == 0 else 0 for s, p in zip(scale, prev))
-        built.append(Level(k, scale, shape, lv_shard, lv_chunk, step))
-        prev = scale
+        built.append(Level(k, scale, shape, lv_shard, lv_chunk))
     return Layout(axes, export_method(tensor, method), tuple(built), unit, tensor.shape, tensor.dtype.itemsize)
 
 

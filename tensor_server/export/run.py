@@ -3,15 +3,13 @@
 The pass (geometry in export/layout.py, files in export/store.py):
 
 * units are read in row-major order through the read engine, ``read_ahead`` at a time on a
-  small pool, each reduced to every level on the thread that read it (the kernels release
-  the GIL): level k is ``downsample_block(unit, scale_k)`` — the engine's own streamed
-  reduction of those pixels, so level k equals ``engine.read(tensor, None, scale_k,
-  method)`` bit for bit. Where the oracle's semantics compose exactly (``nearest`` for every
-  dtype; ``min``/``max`` for integers and bool: a block's extreme is the extreme of its
-  sub-blocks' extremes, and edge padding repeats a value already in the block) level k is
-  reduced from level k-1 instead, which is cheaper and the same bits. ``area`` (a rounded
-  mean: a mean of rounded means is not the mean), ``mode`` and ``median`` never compose, and
-  float min/max are kept direct (which of ``-0.0``/``+0.0`` wins is unspecified);
+  small pool, each reduced to every level on the thread that read it (NumPy and the kernels
+  release the GIL): level k is ``downsample_block(unit, scale_k)``'s bits — the engine's own
+  streamed reduction of those pixels, so level k equals ``engine.read(tensor, None,
+  scale_k, method)`` bit for bit (export/reduce.py computes them, cascading exact integer
+  sums and extremes level to level, without numba where NumPy does as well);
+* the image's label images (``labels``) are further parts of the same pass, each on the
+  image's levels, written under ``labels/<name>/``;
 * a reduced unit is written whole (its shards at every level) on a pool of ``workers``
   threads, ``write_ahead`` units queued at most, while the next units are read;
 * after a unit's files are fsynced its line goes into the progress record.
@@ -39,12 +37,12 @@ import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
-from tensor_server.core.downsample import downsample_block
 from tensor_server.core.engine import ReadEngine
 from tensor_server.errors import ReadCancelled
 from tensor_server.export.layout import Layout, label_scales, label_shape_option, plan_layout
 from tensor_server.export.ngff import image_attributes, labels_attributes
 from tensor_server.export.options import ExportOptions
+from tensor_server.export.reduce import unit_levels
 from tensor_server.export.store import Staging, open_arrays, out_start, storage_errors, write_block
 
 __all__ = ["export_tensor", "Progress", "Cancelled"]
@@ -54,11 +52,6 @@ INFLIGHT_BYTES = 256 << 20
 
 Progress = Callable[[dict], None]
 Cancelled = Callable[[], bool]
-
-
-def composes(method: str, dtype: np.dtype) -> bool:
-    """Whether level k may be reduced from level k-1 with the same bits (module docstring)."""
-    return method == "nearest" or (method in ("min", "max") and dtype.kind in "biu")
 
 
 @dataclass(frozen=True)
@@ -219,15 +212,8 @@ class _Pass:
 
     def _read_unit(self, part: _Part, index: int, ub: Bounds) -> tuple[_Part, int, Bounds, list[np.ndarray]]:
         """A unit's pixels at every level (level 0 first)."""
-        layout = part.layout
         data = self.engine.read(part.tensor, ub, (1,) * part.tensor.ndim)
-        cascade = composes(layout.method, part.tensor.dtype)
-        blocks = [data]
-        for lv in layout.levels[1:]:
-            if cascade and lv.step is not None and all(lv.step):
-                blocks.append(downsample_block(blocks[-1], lv.step, layout.method))
-            else:
-                blocks.append(downsample_block(data, lv.scale, layout.method))
+        blocks = unit_levels(data, [lv.scale for lv in part.layout.levels], part.layout.method)
         return part, index, ub, blocks
 
     def _write_unit(self, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray]) -> dict[str, Any]:
