@@ -81,8 +81,8 @@ def fingerprint(parts: list[_Part], options: ExportOptions) -> dict[str, Any]:
 
 
 def _plan(tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: ExportOptions) -> list[_Part]:
-    """The image's geometry, then each label image's on the image's levels (method: the
-    labels' default, ``mode``, unless the option names one a label accepts)."""
+    """The image's geometry, then each label image's on the image's levels, reduced with the
+    labels' method (``mode``: ``--method`` is the image's), chunks and shards by axis name."""
     layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks, shards=options.shards)
     parts = [_Part("", tensor, layout)]
     for name in sorted(labels):
