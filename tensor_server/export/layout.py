@@ -234,19 +234,28 @@ def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: st
     return Layout(axes, export_method(tensor, method), tuple(built), unit, tensor.shape, tensor.dtype.itemsize)
 
 
+def _volume(tensor: TensorAdapter) -> bool:
+    """Whether the default chunks are volume chunks (16 planes deep): a z axis, and a reader
+    that can read 16 planes' worth of a unit without decoding 16 whole planes. A reader whose
+    block is a whole plane (a TIFF page, decoded whole) would make every unit 16 planes
+    (16 x 32 MiB for a 4096² uint16 page, held while it is written): such volumes get plane
+    chunks, and a unit is one page."""
+    labels = tensor.dim_labels
+    if "z" not in labels or tensor.shape[labels.index("z")] <= 1:
+        return False
+    block = tensor.read_block_shape
+    return block is None or VOLUME_CHUNK[0] * prod(block) * tensor.dtype.itemsize <= UNIT_BUDGET_BYTES
+
+
 def default_chunk(tensor: TensorAdapter) -> dict[str, int]:
     """Chunk edges by label: planes 256² (one plane deep), volumes 16×256²."""
-    labels = tensor.dim_labels
-    volume = "z" in labels and tensor.shape[labels.index("z")] > 1
-    if volume:
+    if _volume(tensor):
         return dict(zip("zyx", VOLUME_CHUNK))
     return {"y": PLANE_CHUNK, "x": PLANE_CHUNK}
 
 
 def default_shard(tensor: TensorAdapter) -> dict[str, int]:
-    labels = tensor.dim_labels
-    volume = "z" in labels and tensor.shape[labels.index("z")] > 1
-    return dict(zip("zyx", VOLUME_SHARD)) if volume else {"y": PLANE_SHARD, "x": PLANE_SHARD}
+    return dict(zip("zyx", VOLUME_SHARD)) if _volume(tensor) else {"y": PLANE_SHARD, "x": PLANE_SHARD}
 
 
 def _source_shape(tensor: TensorAdapter, axes: AxisMap, given: Sequence[int] | None, default: dict[str, int]) -> tuple[int, ...]:
