@@ -89,11 +89,29 @@ class _Display:
             self.bar.close()
 
 
+def _steady_allocator() -> None:
+    """glibc's malloc, told to give a streamed pass's memory back: large blocks (a unit, a
+    shard) always mmap'd (returned to the system when freed; the default threshold grows
+    with every freed block until units land on the heap, which keeps them) and two arenas
+    (not eight per core, each holding freed units of its threads). A 30x4096² export held
+    694 MB resident without it, 392 MB with it. No-op off glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_arena_max, m_mmap_threshold = -8, -3
+    libc.mallopt(m_mmap_threshold, 1 << 20)
+    libc.mallopt(m_arena_max, 2)
+
+
 def run(args: argparse.Namespace) -> int:
     from tensor_server.errors import ReadCancelled, TensorServerError
     from tensor_server.export.run import export_tensor
     from tensor_server.export.sources import open_export_source
 
+    _steady_allocator()
     stop = threading.Event()
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
     display = _Display(args.progress)
