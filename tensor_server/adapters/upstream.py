@@ -35,15 +35,16 @@ TOKEN_ENV = "TENSOR_SERVER_UPSTREAM_TOKEN"
 
 class Upstream:
     """One upstream server: its public address, one shared SDK client (thread-safe), and the
-    errors of talking to it turned into UnreadableSource naming the address."""
+    errors of talking to it turned into UnreadableSource naming the address. The bearer
+    token: ``token``, else the URL's user part, else ``TOKEN_ENV``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("grpc", "grpc+tcp", "grpcs", "grpc+tls") or not parts.hostname or not parts.port:
             raise UnreadableSource(url, "an upstream is grpc://host:port[/source_id]")
         self.location = f"{parts.scheme}://{parts.hostname}:{parts.port}"
         self.source_id = parts.path.strip("/") or None
-        self._token = parts.username or os.environ.get(TOKEN_ENV) or None
+        self._token = token or parts.username or os.environ.get(TOKEN_ENV) or None
         self._client: Any = None
         self._lock = threading.Lock()
 

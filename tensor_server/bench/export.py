@@ -14,6 +14,7 @@ Each runs in its own process, one after the other, so its wall time and peak RSS
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -129,16 +130,40 @@ def _pixels(plane: int, y: int, x: int, n: int) -> np.ndarray:
     return ((yy * 3 + xx * 2 + plane * 100) % 40000 + noise).astype(np.uint16)
 
 
-def _run(cmd: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes, stderr tail) of one writer in its own process."""
+def _run(cmd: list[str], timeout: float, rss_cap: int) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS bytes, error) of one writer in its own process; a writer past
+    ``timeout`` seconds or ``rss_cap`` bytes resident is stopped and that is its error (the
+    figure recorded: it did not finish within the limit)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    err = proc.stderr.read().decode(errors="replace")
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - t0
-    return wall, usage.ru_maxrss * 1024, "" if proc.returncode == 0 else err[-300:]
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+        stopped = ""
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            rss = _rss(proc.pid)
+            if not stopped and time.perf_counter() - t0 > timeout:
+                stopped = f"stopped: not done in {timeout:.0f} s"
+            elif not stopped and rss > rss_cap:
+                stopped = f"stopped: resident memory above {rss_cap / 1e9:.0f} GB"
+            if stopped:
+                proc.kill()
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        tail = err.read().decode(errors="replace")[-300:]
+    return wall, usage.ru_maxrss * 1024, stopped or ("" if proc.returncode == 0 else tail)
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
 
 
 def _writers(src: Path, dest: Path, ndim: int) -> dict[str, list[str]]:
@@ -158,6 +183,8 @@ def add_arguments(parser) -> None:  # noqa: ANN001
         if action.dest == "size":
             action.choices = tuple(SIZES)
     parser.add_argument("--only", help="comma-separated source names to run (e.g. 'plane zarr')")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds a writer may take before it is stopped")
+    parser.add_argument("--rss-cap-gb", type=float, default=16, help="resident GB a writer may hold before it is stopped")
 
 
 def main(args) -> int:  # noqa: ANN001
@@ -170,9 +197,10 @@ def main(args) -> int:  # noqa: ANN001
         source_mb = src.stat().st_size / 1e6 if src.is_file() else sum(p.stat().st_size for p in src.rglob("*")) / 1e6
         for writer, cmd in _writers(src, data_dir / "out.zarr", ndim).items():
             subprocess.run(["rm", "-rf", str(data_dir / "out.zarr")], check=True)
-            wall, rss, err = _run(cmd)
+            wall, rss, err = _run(cmd, args.timeout, int(args.rss_cap_gb * 1e9))
             rows.append({"source": name, "writer": writer, "wall_s": round(wall, 2), "peak_rss_mb": round(rss / 1e6),
-                         "source_mb": round(source_mb), "error": err})
+                         "source_mb": round(source_mb), "error": err, "load": [round(v, 2) for v in os.getloadavg()]})
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # a long run's figures as they come
             table.append([name, writer, wall, rss / 1e6, err.splitlines()[-1][:60] if err else ""])
         subprocess.run(["rm", "-rf", str(data_dir / "out.zarr")], check=True)
     print_table(["source", "writer", "wall s", "peak RSS MB", "error"], table)

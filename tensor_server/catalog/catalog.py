@@ -221,6 +221,15 @@ class Catalog:
                 self._attached.pop(source_id, None)
             self._dirty = True
 
+    def fields(self, source_id: str) -> dict[str, TensorAdapter]:
+        """Every tensor served under ``source_id`` by field: the source's own (when it is
+        open) and the attached ones, listed or not (an image's uploaded label sets)."""
+        with self._lock:
+            rec = self._records.get(source_id)
+            attached = {f: t for f, (t, _) in self._attached.get(source_id, {}).items()}
+        own = dict(rec.source.tensors) if rec is not None and rec.source is not None else {}
+        return {**own, **attached}
+
     def records(self) -> list[SourceRecord]:
         with self._lock:
             return sorted(self._records.values(), key=lambda r: r.source_id)

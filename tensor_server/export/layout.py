@@ -34,7 +34,7 @@ from tensor_server.core.pyramid import advertised_levels
 from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["AxisMap", "Level", "Layout", "plan_layout"]
+__all__ = ["AxisMap", "Level", "Layout", "plan_layout", "label_scales", "label_shape_option"]
 
 NGFF_ORDER = ("t", "c", "z", "y", "x")
 #: how large a read unit may grow to keep the coarsest level's chunks whole (bytes of level 0)
@@ -119,8 +119,6 @@ class Level:
     shape: tuple[int, ...]
     shard: tuple[int, ...]
     chunk: tuple[int, ...]
-    #: per-axis factor from the previous level (None for level 0)
-    step: tuple[int, ...] | None
 
     @property
     def path(self) -> str:
@@ -183,6 +181,21 @@ def level_scales(tensor: TensorAdapter, levels: str | int) -> list[tuple[int, ..
     return scales
 
 
+def label_scales(image: TensorAdapter, image_layout: Layout, label: TensorAdapter) -> list[tuple[int, ...]]:
+    """The image's level factors on a label image's axes (by label; 1 where the image has
+    no such axis)."""
+    names = image.dim_labels
+    return [tuple(lv.scale[names.index(a)] if a in names else 1 for a in label.dim_labels) for lv in image_layout.levels]
+
+
+def label_shape_option(image_axes: AxisMap, label: TensorAdapter, value: Sequence[int] | None) -> tuple[int, ...] | None:
+    """A chunk or shard shape given on the image's output axes, on a label image's (by name)."""
+    if value is None:
+        return None
+    by_name = dict(zip(image_axes.out_labels, value))
+    return tuple(by_name.get(a, 1) for a in AxisMap.of(label).out_labels)
+
+
 def export_method(tensor: TensorAdapter, method: str | None) -> str:
     m = default_method(tensor.is_labels) if not method else effective_method(method, is_labels=tensor.is_labels)
     if m == PRECOMPUTE:
@@ -191,14 +204,16 @@ def export_method(tensor: TensorAdapter, method: str | None) -> str:
 
 
 def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: str | None = None,
-                chunks: Sequence[int] | None = None, shards: Sequence[int] | None = None) -> Layout:
-    """The geometry of exporting ``tensor`` (see the module docstring)."""
+                chunks: Sequence[int] | None = None, shards: Sequence[int] | None = None,
+                scales: Sequence[Sequence[int]] | None = None) -> Layout:
+    """The geometry of exporting ``tensor`` (see the module docstring); ``scales`` (per level,
+    source order) instead of ``levels``: a label image takes its image's levels."""
     axes = AxisMap.of(tensor)
     out_ndim = len(axes.out_labels)
     for name, value in (("chunks", chunks), ("shards", shards)):
         if value is not None and len(value) != out_ndim:
             raise InvalidArgument(f"{name} has {len(value)} values; the output has {out_ndim} axes {list(axes.out_labels)}")
-    scales = level_scales(tensor, levels)
+    scales = [tuple(s) for s in scales] if scales is not None else level_scales(tensor, levels)
     chunk = tuple(min(c, n) for c, n in zip(_source_shape(tensor, axes, chunks, default_chunk(tensor)), tensor.shape))
     shard = _source_shape(tensor, axes, shards, default_shard(tensor))
     if shards is None:  # the default: the nearest whole number of chunks
@@ -208,32 +223,39 @@ def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: st
     if any(s % c for s, c in zip(shard, chunk)):
         raise InvalidArgument(f"shards {list(axes.out_shape(shard))} must be a whole number of chunks {list(axes.out_shape(chunk))}")
     unit = _unit(tensor, shard, chunk, scales[-1])
-    built, prev = [], None
+    built = []
     for k, scale in enumerate(scales):
         shape = output_shape(tensor.shape, scale)
         lv_shard = tuple(gcd(s, u // sc) for s, u, sc in zip(shard, unit, scale))
         lv_chunk = tuple(gcd(c, s) for c, s in zip(chunk, lv_shard))
         lv_chunk = tuple(min(c, n) for c, n in zip(lv_chunk, shape))
         lv_shard = tuple(min(s, -(-n // c) * c) for s, n, c in zip(lv_shard, shape, lv_chunk))
-        step = None if prev is None else tuple(s // p if s % p == 0 else 0 for s, p in zip(scale, prev))
-        built.append(Level(k, scale, shape, lv_shard, lv_chunk, step))
-        prev = scale
+        built.append(Level(k, scale, shape, lv_shard, lv_chunk))
     return Layout(axes, export_method(tensor, method), tuple(built), unit, tensor.shape, tensor.dtype.itemsize)
+
+
+def _volume(tensor: TensorAdapter) -> bool:
+    """Whether the default chunks are volume chunks (16 planes deep): a z axis, and a reader
+    that can read 16 planes' worth of a unit without decoding 16 whole planes. A reader whose
+    block is a whole plane (a TIFF page, decoded whole) would make every unit 16 planes
+    (16 x 32 MiB for a 4096² uint16 page, held while it is written): such volumes get plane
+    chunks, and a unit is one page."""
+    labels = tensor.dim_labels
+    if "z" not in labels or tensor.shape[labels.index("z")] <= 1:
+        return False
+    block = tensor.read_block_shape
+    return block is None or VOLUME_CHUNK[0] * prod(block) * tensor.dtype.itemsize <= UNIT_BUDGET_BYTES
 
 
 def default_chunk(tensor: TensorAdapter) -> dict[str, int]:
     """Chunk edges by label: planes 256² (one plane deep), volumes 16×256²."""
-    labels = tensor.dim_labels
-    volume = "z" in labels and tensor.shape[labels.index("z")] > 1
-    if volume:
+    if _volume(tensor):
         return dict(zip("zyx", VOLUME_CHUNK))
     return {"y": PLANE_CHUNK, "x": PLANE_CHUNK}
 
 
 def default_shard(tensor: TensorAdapter) -> dict[str, int]:
-    labels = tensor.dim_labels
-    volume = "z" in labels and tensor.shape[labels.index("z")] > 1
-    return dict(zip("zyx", VOLUME_SHARD)) if volume else {"y": PLANE_SHARD, "x": PLANE_SHARD}
+    return dict(zip("zyx", VOLUME_SHARD)) if _volume(tensor) else {"y": PLANE_SHARD, "x": PLANE_SHARD}
 
 
 def _source_shape(tensor: TensorAdapter, axes: AxisMap, given: Sequence[int] | None, default: dict[str, int]) -> tuple[int, ...]:

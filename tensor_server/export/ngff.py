@@ -4,7 +4,7 @@ Axes carry their NGFF types and units (``core/ngff.py``); each level's ``scale``
 the source's physical pixel size times the level's factor (1 where the source has none).
 The ``omero`` rendering block gives every channel a display window from the range of its
 pixels at the coarsest level (the range the export saw, cheap to keep per unit; a display
-hint, not a statistic).
+hint, not a statistic). A label image (``labels/<name>``) has ``image-label`` instead.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.ngff import AXIS_TYPES, ngff_unit
 from tensor_server.export.layout import Layout
 
-__all__ = ["image_attributes"]
+__all__ = ["image_attributes", "labels_attributes"]
 
 _COLORS = ("FFFFFF",)
 _MULTI_COLORS = ("00FF00", "FF00FF", "00FFFF", "FF0000", "0000FF", "FFFF00")
@@ -83,11 +83,22 @@ def _omero(layout: Layout, ranges: Sequence[Sequence[float]] | None) -> dict[str
 
 
 def image_attributes(tensor: TensorAdapter, layout: Layout, name: str, version: str,
-                     ranges: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
-    """The image group's attributes (0.5: under ``ome``; 0.4: top level)."""
+                     ranges: Sequence[Sequence[float]] | None = None, *, label_of: bool = False) -> dict[str, Any]:
+    """The image group's attributes (0.5: under ``ome``; 0.4: top level). ``label_of``: a
+    label image under ``labels/<name>``, whose ``image-label`` block points back at the
+    image two groups up."""
     attrs: dict[str, Any] = {"multiscales": [_multiscale(tensor, layout, name, version)]}
-    if not tensor.is_labels:
+    if label_of:
+        attrs["image-label"] = {"source": {"image": "../../"}}
+        if version == "0.4":
+            attrs["image-label"]["version"] = "0.4"
+    elif not tensor.is_labels:
         attrs["omero"] = _omero(layout, ranges)
     if version == "0.4":
         return attrs
     return {"ome": {"version": "0.5", **attrs}}
+
+
+def labels_attributes(names: Sequence[str], version: str) -> dict[str, Any]:
+    """The ``labels/`` group's attributes: the names of its label images."""
+    return {"labels": list(names)} if version == "0.4" else {"ome": {"version": "0.5", "labels": list(names)}}

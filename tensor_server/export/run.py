@@ -3,15 +3,13 @@
 The pass (geometry in export/layout.py, files in export/store.py):
 
 * units are read in row-major order through the read engine, ``read_ahead`` at a time on a
-  small pool, each reduced to every level on the thread that read it (the kernels release
-  the GIL): level k is ``downsample_block(unit, scale_k)`` — the engine's own streamed
-  reduction of those pixels, so level k equals ``engine.read(tensor, None, scale_k,
-  method)`` bit for bit. Where the oracle's semantics compose exactly (``nearest`` for every
-  dtype; ``min``/``max`` for integers and bool: a block's extreme is the extreme of its
-  sub-blocks' extremes, and edge padding repeats a value already in the block) level k is
-  reduced from level k-1 instead, which is cheaper and the same bits. ``area`` (a rounded
-  mean: a mean of rounded means is not the mean), ``mode`` and ``median`` never compose, and
-  float min/max are kept direct (which of ``-0.0``/``+0.0`` wins is unspecified);
+  small pool, each reduced to every level on the thread that read it (NumPy and the kernels
+  release the GIL): level k is ``downsample_block(unit, scale_k)``'s bits — the engine's own
+  streamed reduction of those pixels, so level k equals ``engine.read(tensor, None,
+  scale_k, method)`` bit for bit (export/reduce.py computes them, cascading exact integer
+  sums and extremes level to level, without numba where NumPy does as well);
+* the image's label images (``labels``) are further parts of the same pass, each on the
+  image's levels, written under ``labels/<name>/``;
 * a reduced unit is written whole (its shards at every level) on a pool of ``workers``
   threads, ``write_ahead`` units queued at most, while the next units are read;
 * after a unit's files are fsynced its line goes into the progress record.
@@ -32,18 +30,19 @@ import os
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
-from tensor_server.core.downsample import downsample_block
 from tensor_server.core.engine import ReadEngine
 from tensor_server.errors import ReadCancelled
-from tensor_server.export.layout import Layout, plan_layout
-from tensor_server.export.ngff import image_attributes
+from tensor_server.export.layout import Layout, label_scales, label_shape_option, plan_layout
+from tensor_server.export.ngff import image_attributes, labels_attributes
 from tensor_server.export.options import ExportOptions
+from tensor_server.export.reduce import unit_levels
 from tensor_server.export.store import Staging, open_arrays, out_start, storage_errors, write_block
 
 __all__ = ["export_tensor", "Progress", "Cancelled"]
@@ -55,18 +54,44 @@ Progress = Callable[[dict], None]
 Cancelled = Callable[[], bool]
 
 
-def composes(method: str, dtype: np.dtype) -> bool:
-    """Whether level k may be reduced from level k-1 with the same bits (module docstring)."""
-    return method == "nearest" or (method in ("min", "max") and dtype.kind in "biu")
+@dataclass(frozen=True)
+class _Part:
+    """One image the pass writes: the image itself (``root`` "") or one of its label images
+    (``root`` "labels/<name>/"), with its own geometry and arrays."""
+
+    root: str
+    tensor: TensorAdapter
+    layout: Layout
+    arrays: tuple[Any, ...] = ()
 
 
-def fingerprint(tensor: TensorAdapter, options: ExportOptions, layout: Layout) -> dict[str, Any]:
+def fingerprint(parts: list[_Part], options: ExportOptions) -> dict[str, Any]:
     """What a resumed export must match: the same source content and the same output."""
     kept = {k: v for k, v in options.as_dict().items() if k not in ("mode", "workers", "read_ahead", "write_ahead")}
-    return {
-        "array_id": tensor.array_id, "content_version": tensor.content_version.hex(),
-        "shape": list(tensor.shape), "dtype": tensor.dtype.str, "options": kept, "layout": layout.describe(),
+    image = parts[0]
+    out = {
+        "array_id": image.tensor.array_id, "content_version": image.tensor.content_version.hex(),
+        "shape": list(image.tensor.shape), "dtype": image.tensor.dtype.str, "options": kept,
+        "layout": image.layout.describe(),
     }
+    if len(parts) > 1:
+        out["labels"] = {p.root: {"array_id": p.tensor.array_id, "content_version": p.tensor.content_version.hex(),
+                                  "dtype": p.tensor.dtype.str, "layout": p.layout.describe()} for p in parts[1:]}
+    return out
+
+
+def _plan(tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: ExportOptions) -> list[_Part]:
+    """The image's geometry, then each label image's on the image's levels, reduced with the
+    labels' method (``mode``: ``--method`` is the image's), chunks and shards by axis name."""
+    layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks, shards=options.shards)
+    parts = [_Part("", tensor, layout)]
+    for name in sorted(labels):
+        label = labels[name]
+        parts.append(_Part(f"labels/{name}/", label, plan_layout(
+            label, scales=label_scales(tensor, layout, label), method=None,
+            chunks=label_shape_option(layout.axes, label, options.chunks),
+            shards=label_shape_option(layout.axes, label, options.shards))))
+    return parts
 
 
 def export_tensor(
@@ -74,61 +99,76 @@ def export_tensor(
     dest: str | os.PathLike[str],
     options: ExportOptions | None = None,
     *,
+    labels: Mapping[str, TensorAdapter] | None = None,
     engine: ReadEngine | None = None,
     progress: Progress | None = None,
     cancelled: Cancelled | None = None,
     name: str | None = None,
 ) -> dict[str, Any]:
-    """Export ``tensor`` to the OME-Zarr image ``dest``; return the summary (the ``done``
-    record). See the module docstring for the pass, memory, progress and cancellation."""
+    """Export ``tensor`` (and its ``labels``, name -> label tensor, written under ``labels/``)
+    to the OME-Zarr image ``dest``; return the summary (the ``done`` record). See the module
+    docstring for the pass, memory, progress and cancellation."""
     options = options or ExportOptions()
-    layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks, shards=options.shards)
-    staging = Staging(dest, fingerprint(tensor, options, layout))
+    parts = _plan(tensor, labels or {}, options)
+    staging = Staging(dest, fingerprint(parts, options))
     emit = progress or (lambda record: None)
+    total = sum(p.layout.unit_count() for p in parts)
     with storage_errors(staging.path):
         if not staging.prepare(options.mode):
-            summary = {"event": "done", "dest": str(staging.dest), "already_complete": True, "units_total": layout.unit_count()}
+            summary = {"event": "done", "dest": str(staging.dest), "already_complete": True, "units_total": total}
             emit(summary)
             return summary
-        _, arrays = open_arrays(staging, layout, tensor.dtype, options.codec, options.zarr_format)
-        run = _Pass(tensor, layout, staging, arrays, engine or ReadEngine(), options, emit, cancelled or (lambda: False))
+        parts = [_Part(p.root, p.tensor, p.layout, tuple(open_arrays(staging, p.layout, p.tensor.dtype, options.codec,
+                                                                      options.zarr_format, p.root)))
+                 for p in parts]
+        run = _Pass(parts, staging, engine or ReadEngine(), options, emit, cancelled or (lambda: False))
         run.stream()
-        group = _reopen_group(staging, options.zarr_format)
-        group.attrs.update(image_attributes(tensor, layout, name or tensor.array_id, options.ngff, run.channel_ranges()))
+        _write_metadata(staging, parts, run, options, name or tensor.array_id)
         staging.publish()
     summary = {"event": "done", "dest": str(staging.dest), "already_complete": False, **run.totals()}
     emit(summary)
     return summary
 
 
-def _reopen_group(staging: Staging, zarr_format: int) -> Any:
+def _write_metadata(staging: Staging, parts: list[_Part], run: _Pass, options: ExportOptions, name: str) -> None:
+    """The image's attributes, then ``labels/`` and each label image's (``image-label``)."""
     import zarr
     from zarr.storage import LocalStore
 
-    return zarr.open_group(LocalStore(staging.path), mode="r+", zarr_format=zarr_format)
+    group = zarr.open_group(LocalStore(staging.path), mode="r+", zarr_format=options.zarr_format)
+    image = parts[0]
+    group.attrs.update(image_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")))
+    if len(parts) == 1:
+        return
+    names = [p.root.split("/")[1] for p in parts[1:]]
+    group["labels"].attrs.update(labels_attributes(names, options.ngff))
+    for part, label_name in zip(parts[1:], names):
+        group[part.root.rstrip("/")].attrs.update(
+            image_attributes(part.tensor, part.layout, label_name, options.ngff, label_of=True))
 
 
 class _Pass:
-    """One export's streamed pass (state shared by the read and write sides)."""
+    """One export's streamed pass over its parts (state shared by the read and write sides)."""
 
-    def __init__(self, tensor: TensorAdapter, layout: Layout, staging: Staging, arrays: list[Any], engine: ReadEngine,
-                 options: ExportOptions, emit: Progress, cancelled: Cancelled) -> None:
-        self.tensor, self.layout, self.staging, self.arrays = tensor, layout, staging, arrays
+    def __init__(self, parts: list[_Part], staging: Staging, engine: ReadEngine, options: ExportOptions,
+                 emit: Progress, cancelled: Cancelled) -> None:
+        self.parts, self.staging = parts, staging
         self.engine, self.options, self.emit, self.cancelled = engine, options, emit, cancelled
-        self.cascade = composes(layout.method, tensor.dtype)
-        self.total = layout.unit_count()
+        self.total = sum(p.layout.unit_count() for p in parts)
         self.resumed = len(staging.done)
         self.bytes_read = self.bytes_written = 0
         self.t0 = time.monotonic()
-        fit = max(1, INFLIGHT_BYTES // max(1, layout.unit_bytes()))
+        fit = max(1, INFLIGHT_BYTES // max(1, max(p.layout.unit_bytes() for p in parts)))
         self.read_ahead, self.write_ahead = min(options.read_ahead, fit), min(options.write_ahead, fit)
 
     # ---- the pass ------------------------------------------------------------------------------
     def stream(self) -> None:
+        image = self.parts[0].layout
         self.emit({"event": "start", "dest": str(self.staging.dest), "staging": str(self.staging.path),
-                   "units_total": self.total, "units_resumed": self.resumed, "unit_bytes": self.layout.unit_bytes(),
-                   **self.layout.describe()})
-        todo = ((i, ub) for i, ub in enumerate(self.layout.units()) if i not in self.staging.done)
+                   "units_total": self.total, "units_resumed": self.resumed, "unit_bytes": image.unit_bytes(),
+                   **image.describe(), "labels": [p.root.split("/")[1] for p in self.parts[1:]]})
+        todo = ((part, i, ub) for part in self.parts for i, ub in enumerate(part.layout.units())
+                if (part.root, i) not in self.staging.done)
         reads: deque[Future] = deque()
         writes: deque[Future] = deque()
         with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="export-read") as read_pool, \
@@ -170,39 +210,43 @@ class _Pass:
                 f"to {self.staging.path}; rerun with --resume to continue"
             )
 
-    def _read_unit(self, index: int, ub: Bounds) -> tuple[int, Bounds, list[np.ndarray]]:
+    def _read_unit(self, part: _Part, index: int, ub: Bounds) -> tuple[_Part, int, Bounds, list[np.ndarray]]:
         """A unit's pixels at every level (level 0 first)."""
-        data = self.engine.read(self.tensor, ub, (1,) * self.tensor.ndim)
-        blocks = [data]
-        for lv in self.layout.levels[1:]:
-            if self.cascade and lv.step is not None and all(lv.step):
-                blocks.append(downsample_block(blocks[-1], lv.step, self.layout.method))
-            else:
-                blocks.append(downsample_block(data, lv.scale, self.layout.method))
-        return index, ub, blocks
+        data = self.engine.read(part.tensor, ub, (1,) * part.tensor.ndim)
+        blocks = unit_levels(data, [lv.scale for lv in part.layout.levels], part.layout.method)
+        return part, index, ub, blocks
 
-    def _write_unit(self, index: int, ub: Bounds, blocks: list[np.ndarray]) -> dict[str, Any]:
+    def _write_unit(self, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray]) -> dict[str, Any]:
         keys: list[str] = []
-        for lv, array, block in zip(self.layout.levels, self.arrays, blocks):
+        for lv, array, block in zip(part.layout.levels, part.arrays, blocks):
             start = tuple(a // s for a, s in zip(ub.start, lv.scale))
-            keys += write_block(self.staging, array, self.layout, lv, start, block)
+            keys += write_block(self.staging, array, part.layout, lv, start, block, part.root)
         files = {key: self.staging.file_entry(key) for key in keys}
-        return {"unit": index, "files": files, "range": _channel_range(self.layout, ub, blocks[-1]),
-                "read": int(blocks[0].nbytes)}
+        entry = {"unit": index, "files": files, "read": int(blocks[0].nbytes)}
+        if part.root:
+            entry["part"] = part.root
+        else:
+            entry["range"] = _channel_range(part.layout, ub, blocks[-1])
+        return entry
 
     def _commit(self, entry: dict[str, Any]) -> None:
         self.staging.commit_unit(entry)
         self.bytes_read += entry["read"]
         self.bytes_written += sum(f[0] for f in entry["files"].values() if f)
-        self.emit({"event": "unit", "unit": entry["unit"], "units_done": len(self.staging.done),
-                   "units_total": self.total, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
-                   "elapsed_s": round(time.monotonic() - self.t0, 3)})
+        record = {"event": "unit", "unit": entry["unit"], "units_done": len(self.staging.done),
+                  "units_total": self.total, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                  "elapsed_s": round(time.monotonic() - self.t0, 3)}
+        if entry.get("part"):
+            record["part"] = entry["part"]
+        self.emit(record)
 
     # ---- the summary ---------------------------------------------------------------------------
-    def channel_ranges(self) -> list[list[float]]:
+    def channel_ranges(self, root: str) -> list[list[float]]:
         """Per output channel (min, max) over every unit's coarsest pixels, resumed ones included."""
         found: dict[int, list[float]] = {}
-        for entry in self.staging.done.values():
+        for (part, _), entry in self.staging.done.items():
+            if part != root:
+                continue
             for channel, lo, hi in entry.get("range") or []:
                 old = found.setdefault(int(channel), [lo, hi])
                 found[int(channel)] = [min(old[0], lo), max(old[1], hi)]
@@ -211,7 +255,9 @@ class _Pass:
     def totals(self) -> dict[str, Any]:
         return {"units_total": self.total, "units_resumed": self.resumed, "bytes_read": self.bytes_read,
                 "bytes_written": self.bytes_written, "elapsed_s": round(time.monotonic() - self.t0, 3),
-                "levels": [list(self.layout.axes.out_shape(lv.shape)) for lv in self.layout.levels]}
+                "levels": [list(self.parts[0].layout.axes.out_shape(lv.shape)) for lv in self.parts[0].layout.levels],
+                "labels": {p.root.split("/")[1]: [list(p.layout.axes.out_shape(lv.shape)) for lv in p.layout.levels]
+                           for p in self.parts[1:]}}
 
 
 def _channel_range(layout: Layout, ub: Bounds, block: np.ndarray) -> list[list[float]]:

@@ -67,7 +67,8 @@ class Staging:
         self.path = self.dest.with_name(self.dest.name + ".partial")
         self.record = self.path / RECORD
         self.fingerprint = dict(fingerprint)
-        self.done: dict[int, dict[str, Any]] = {}
+        #: (part, unit index) -> the unit's record line; part "" is the image, "labels/<name>/" a label image
+        self.done: dict[tuple[str, int], dict[str, Any]] = {}
 
     # ---- before writing ------------------------------------------------------------------------
     def prepare(self, mode: str) -> bool:
@@ -118,9 +119,9 @@ class Staging:
                 "pass --overwrite to start over, or the same options to resume"
             )
         for entry in lines:
-            unit = entry.get("unit")
-            if isinstance(unit, int) and self._verified(entry.get("files")):
-                self.done[unit] = entry
+            unit, part = entry.get("unit"), entry.get("part", "")
+            if isinstance(unit, int) and isinstance(part, str) and self._verified(entry.get("files")):
+                self.done[(part, unit)] = entry
         self._write_record_atomically(list(self.done.values()))
 
     def _record_lines(self) -> Iterator[dict[str, Any]]:
@@ -168,7 +169,7 @@ class Staging:
             f.write(json.dumps(entry) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self.done[entry["unit"]] = entry
+        self.done[(entry.get("part", ""), entry["unit"])] = entry
 
     def file_entry(self, key: str) -> list[int] | None:
         """(size, crc) of a written file, fsynced first; None when zarr wrote none."""
@@ -234,15 +235,19 @@ def _fill(dtype: np.dtype) -> Any:
     return False if dtype.kind == "b" else 0
 
 
-def open_arrays(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, zarr_format: int) -> tuple[Any, list[Any]]:
-    """(group, one array per level) in the staging folder: the ones a resumed export made
-    (same metadata, since the fingerprint matched), the others created."""
+def open_arrays(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, zarr_format: int,
+                root: str = "") -> list[Any]:
+    """One array per level in the staging folder (under the group ``root``, "" or
+    "labels/<name>/"): the ones a resumed export made (same metadata, since the fingerprint
+    matched), the others created."""
     import zarr
     from zarr.storage import LocalStore
 
     store = LocalStore(staging.path)
     # "a": the folder already holds the progress record, which "w" would delete
     group = zarr.open_group(store, mode="a", zarr_format=zarr_format)
+    for name in filter(None, root.split("/")):
+        group = group[name] if name in group else group.create_group(name)
     out = layout.axes.out_shape
     arrays = []
     for lv in layout.levels:
@@ -259,20 +264,21 @@ def open_arrays(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, z
             lv.path, shape=out(lv.shape), dtype=dtype, chunks=out(lv.chunk), compressors=_compressors(codec, zarr_format),
             fill_value=_fill(dtype), **kw,
         ))
-    return group, arrays
+    return arrays
 
 
 def write_block(staging: Staging, array: Any, layout: Layout, level: Level, start: tuple[int, ...],
-                block: np.ndarray) -> list[str]:
-    """Write a unit's (source-ordered) block of ``level`` whole; return the store keys of the
-    files it covers (shards on v3, chunks on v2), relative to the staging folder. Files left
+                block: np.ndarray, root: str = "") -> list[str]:
+    """Write a unit's (source-ordered) block of ``level`` (of the group ``root``) whole; return
+    the store keys of the files it covers (shards on v3, chunks on v2), relative to the
+    staging folder. Files left
     there by an interrupted run are removed first: zarr would merge into them, and nothing
     of theirs is trusted."""
     origin = out_start(layout, start)
     data = layout.axes.to_output(block)
     grid = array.metadata.chunks if array.metadata.zarr_format == 2 else layout.axes.out_shape(level.shard)
     ranges = [range(a // g, -(-(a + n) // g)) for a, n, g in zip(origin, data.shape, grid)]
-    keys = [f"{level.path}/{array.metadata.encode_chunk_key(k)}" for k in itertools.product(*ranges)]
+    keys = [f"{root}{level.path}/{array.metadata.encode_chunk_key(k)}" for k in itertools.product(*ranges)]
     for key in keys:
         (staging.path / key).unlink(missing_ok=True)
     array[tuple(slice(a, a + n) for a, n in zip(origin, data.shape))] = data

@@ -40,6 +40,27 @@ def _destination(runtime: ServingRuntime, dest: Any) -> Path:
     return runtime.uploads.write_dir / "exports" / dest
 
 
+def _readable_labels(runtime: ServingRuntime, caller: Caller, tensor: Any) -> dict[str, Any]:
+    """The image's label images (export/sources.py's rule, uploaded label sets included)
+    that the caller may read too; the others are left out, as a read of them would be refused."""
+    from tensor_server.core.identity import ArrayId
+    from tensor_server.errors import TensorServerError
+    from tensor_server.export.sources import label_images
+
+    aid = ArrayId.parse(tensor.array_id)
+    fields = runtime.catalog.fields(aid.source_id)
+    field = next((f for f, t in fields.items() if t is tensor), aid.field)
+    found = label_images(fields, field, tensor, next(iter(fields), field))
+    readable = {}
+    for name, label in found.labels.items():
+        try:
+            runtime.authorize(caller, label)
+        except TensorServerError:
+            continue
+        readable[name] = label
+    return readable
+
+
 def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Callable[[], bool]
                   ) -> Iterator[bytes]:
     from tensor_server.export import ExportOptions, export_tensor
@@ -53,6 +74,7 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
     options = ExportOptions.from_mapping(request.get("options") or {})
     dest = _destination(runtime, request.get("dest"))
     tensor, _ = runtime.tensor(request["array_id"], caller)  # the read rules: token or grant, the gate
+    labels = _readable_labels(runtime, caller, tensor)
     dest.parent.mkdir(parents=True, exist_ok=True)
     records: queue.Queue = queue.Queue(maxsize=64)
     failure: list[BaseException] = []
@@ -69,8 +91,8 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
     def run() -> None:
         runtime.metrics.export_started(+1)
         try:
-            export_tensor(tensor, dest, options, engine=runtime.engine, cancelled=cancelled, progress=noted,
-                          name=request["array_id"])
+            export_tensor(tensor, dest, options, labels=labels, engine=runtime.engine, cancelled=cancelled,
+                          progress=noted, name=request["array_id"])
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
             failure.append(exc)
         finally:

@@ -80,14 +80,16 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
     assert 0.5 < ratio < 2.0, f"halves rendered unequally: {ratio:.2f}"
 
 
-def screenshot_after_chunks(viewer, http, chunks: int = 4) -> bytes:
-    """Open ``viewer`` in headless Chromium, wait (60 s at most) until the HTTP door served
-    ``chunks`` chunks, let them draw, and take a screenshot (PNG bytes)."""
+def screenshot_after_chunks(viewer, http=None, chunks: int = 4, *, served=None) -> bytes:
+    """Open ``viewer`` in headless Chromium, wait (60 s at most) until the HTTP door (or
+    whatever ``served()`` counts) served ``chunks`` chunks, let them draw, and take a
+    screenshot (PNG bytes)."""
+    served = served or (lambda: http.app.state.calls["chunks"])
     browser = _browser()
     try:
         browser.get(viewer.get_viewer_url())
         deadline = time.monotonic() + 60
-        while http.app.state.calls["chunks"] < chunks and time.monotonic() < deadline:
+        while served() < chunks and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(3)  # let the last chunks upload to the GPU and draw
         return browser.get_screenshot_as_png()

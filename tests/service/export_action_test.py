@@ -72,3 +72,35 @@ def test_exports_are_counted_in_the_metrics(tmp_path):
     assert samples["tensor_server_export_bytes_total"] == records[-1]["bytes_written"] > 0
     assert samples["tensor_server_exports_running"] == 0
     cat.close()
+
+
+def test_an_uploaded_label_set_is_exported_beside_its_image_by_the_action_and_by_server(tmp_path):
+    """The label set uploaded onto an image (``<image>/@labels/<name>``) lands under the
+    export's ``labels/<name>``, through the action and through ``export --server``."""
+    import zarr
+    from biopb.tensor import TensorFlightClient
+
+    from tensor_server_kernels import reference
+    from tests.export.helpers import run_cli
+    from tests.uploads.conftest import upload_server
+
+    img = np.random.default_rng(0).integers(0, 4000, (2, 30, 40), dtype=np.uint16)
+    labels = np.zeros((30, 40), np.uint32)
+    labels[5:15, 10:30] = 3
+    with upload_server(tmp_path) as srv:
+        client = TensorFlightClient(srv.location)
+        field = client.setup_array_upload("zarr://scratch/@fields/img", img, dim_labels=["c", "y", "x"])
+        client.upload_array(field, img)
+        desc = client.setup_array_upload("zarr://scratch/@fields/img/@labels/cells", labels)
+        client.upload_array(desc, labels)
+        records = _export(srv, {"array_id": field.array_id, "dest": "img.ome.zarr", "options": {"levels": 2}})
+        assert records[0]["labels"] == ["cells"]
+        by_server = tmp_path / "by-server.zarr"
+        done = run_cli(field.array_id, str(by_server), "--server", srv.location, "--levels", "2", "--progress", "none")
+        assert done.returncode == 0, done.stderr
+        for out in (srv.runtime.uploads.write_dir / "exports" / "img.ome.zarr", by_server):
+            group = zarr.open_group(str(out), mode="r")
+            np.testing.assert_array_equal(group["0"][...], img)
+            np.testing.assert_array_equal(group["labels/cells/0"][...], labels)
+            np.testing.assert_array_equal(group["labels/cells/1"][...], reference.downsample(labels, [2, 2], "mode"))
+            assert group.attrs["ome"]["multiscales"][0]["axes"][0]["name"] == "c"
