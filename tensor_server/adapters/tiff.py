@@ -413,7 +413,7 @@ class TiffPageSeriesAdapter(TensorAdapter):
         return self.handle.stale_reason()  # any page may sit anywhere in the file(s)
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
-        try:
+        with self._read_failures(str(bounds)):
             out = self._strile_read(bounds, (1,) * bounds.ndim)
             if out is not None:
                 return out
@@ -425,28 +425,26 @@ class TiffPageSeriesAdapter(TensorAdapter):
                     return decoded if decoded.shape == bounds.shape else decoded.reshape(bounds.shape)
                 arr = opened.array(self.series_index, self.level, self.chunkmode)
                 return np.asarray(arr[bounds.to_slices()])
-        except (UnreadableSource, MemoryError):
-            raise
-        except Exception as exc:  # a corrupt strip/tile found at read time
-            raise UnreadableSource(
-                self.handle.path,
-                f"reading series {self.series_index} level {self.level} {bounds} failed: "
-                f"{type(exc).__name__}: {exc}",
-            ) from exc
 
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
         """``nearest`` as a strided read of the striles (``_strile_read``); None (the engine
         streams) where the series is not read strile by strile."""
         bounds = self.check_bounds(bounds)
-        try:
+        with self._read_failures(f"{bounds} step {tuple(step)}"):
             return self._strile_read(bounds, tuple(int(s) for s in step))
+
+    @contextmanager
+    def _read_failures(self, what: str) -> Iterator[None]:
+        """A corrupt strip or tile found at read time is the source's error (UnreadableSource,
+        naming the series, level and ``what`` was read), never an arbitrary exception."""
+        try:
+            yield
         except (UnreadableSource, MemoryError):
             raise
-        except Exception as exc:  # a corrupt strip/tile found at read time
+        except Exception as exc:
             raise UnreadableSource(
                 self.handle.path,
-                f"reading series {self.series_index} level {self.level} {bounds} step {tuple(step)} failed: "
-                f"{type(exc).__name__}: {exc}",
+                f"reading series {self.series_index} level {self.level} {what} failed: {type(exc).__name__}: {exc}",
             ) from exc
 
     def _strile_read(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray | None:
