@@ -1,5 +1,6 @@
-"""Shared pieces of the export tests: a generated tensor that holds no pixels, and the
-engine's scaled read of a level in the output's (NGFF) axis order."""
+"""Shared pieces of the export tests: a generated tensor that holds no pixels, a small
+OME-Zarr with a label image, and the engine's scaled read of a level in the output's (NGFF)
+axis order."""
 from __future__ import annotations
 
 import os
@@ -13,6 +14,16 @@ from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.engine import ReadEngine
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def write_cells(path: Path, shape: tuple[int, int] = (300, 413)) -> Path:
+    """A 2-channel OME-Zarr (NGFF 0.4) at ``path`` with one label image ``cells`` (y, x)."""
+    from tensor_server.demo import _write_ome_zarr, synthetic_cells
+
+    nuclei, labels = synthetic_cells(shape, 20, seed=1)
+    membrane, _ = synthetic_cells(shape, 10, seed=2)
+    _write_ome_zarr(path, np.stack([nuclei, membrane]), labels.astype(np.uint16))
+    return path
 
 
 class GeneratedPlane(TensorAdapter):

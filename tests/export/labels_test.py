@@ -13,19 +13,16 @@ import zarr
 
 from tensor_server.adapters.memory import ArrayAdapter
 from tensor_server.core.engine import ReadEngine
-from tensor_server.demo import _write_ome_zarr, synthetic_cells
 from tensor_server.export import ExportOptions, export_tensor
 from tensor_server.export.sources import label_images, open_export_source
-from tests.export.helpers import run_cli
+from tests.export.helpers import run_cli, write_cells
 
 
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory):
     """A 2-channel 300x413 OME-Zarr (NGFF 0.4) with one label image ``cells`` (y, x)."""
     path = tmp_path_factory.mktemp("src") / "cells.ome.zarr"
-    nuclei, labels = synthetic_cells((300, 413), 20, seed=1)
-    membrane, _ = synthetic_cells((300, 413), 10, seed=2)
-    _write_ome_zarr(path, np.stack([nuclei, membrane]), labels.astype(np.uint16))
+    write_cells(path)
     return path
 
 

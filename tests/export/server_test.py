@@ -13,9 +13,8 @@ import zarr
 from tensor_server.adapters.registry import open_source
 from tensor_server.catalog import Catalog
 from tensor_server.core.engine import ReadEngine
-from tensor_server.demo import _write_ome_zarr, synthetic_cells
 from tensor_server.testing import serving
-from tests.export.helpers import run_cli
+from tests.export.helpers import run_cli, write_cells
 
 TOKEN = "export-token"
 
@@ -23,9 +22,7 @@ TOKEN = "export-token"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     path = tmp_path_factory.mktemp("src") / "cells.ome.zarr"
-    nuclei, labels = synthetic_cells((300, 413), 20, seed=1)
-    membrane, _ = synthetic_cells((300, 413), 10, seed=2)
-    _write_ome_zarr(path, np.stack([nuclei, membrane]), labels.astype(np.uint16))
+    write_cells(path)
     cat = Catalog([])
     with open_source(path) as src:
         cat.add_source(src)
