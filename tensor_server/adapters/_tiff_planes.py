@@ -258,8 +258,8 @@ class TiffPlaneGridAdapter(StridedReads, TensorAdapter):
         planes (see the module docstring)."""
         return self._read_block
 
-    def stale_reason(self, bounds: Bounds) -> str | None:
-        """Stats only the files holding planes under ``bounds``."""
+    def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
+        """Stats only the files holding planes under ``bounds`` (always all of them: exact)."""
         g = self._ngrid
         sel = [slice(a, b) for a, b in zip(bounds.start[:g], bounds.stop[:g])]
         sel += [slice(a // e, -(-b // e)) for a, b, e in zip(bounds.start[g:], bounds.stop[g:], self._tile_extent)]

@@ -409,8 +409,8 @@ class TiffPageSeriesAdapter(TensorAdapter):
             metadata=metadata,
         ))
 
-    def stale_reason(self, bounds: Bounds) -> str | None:
-        return self.handle.stale_reason()  # any page may sit anywhere in the file(s)
+    def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
+        return self.handle.stale_reason()  # any page may sit anywhere in the file(s); always exact
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         with self._read_failures(str(bounds)):

@@ -212,12 +212,12 @@ class _ChunkFiles:
         stamps = np.array(list(self._stamps.values()) if self.eager else [], np.int64)
         return hashlib.blake2b(stamps.tobytes() if self.eager else b"lazy", digest_size=16).digest()
 
-    def changed(self, bounds: Bounds) -> str | None:
+    def changed(self, bounds: Bounds, exact: bool = False) -> str | None:
         """The first chunk file under ``bounds`` whose stamp differs from the one recorded;
-        not asked again of an extent verified recently whose folders are unchanged
-        (``_verified_extents``: what that saves, and the staleness bound it costs)."""
+        unless ``exact``, not asked again of an extent verified recently whose folders are
+        unchanged (``_verified_extents``: what that saves, and the staleness bound it costs)."""
         extent = (bounds.start, bounds.stop)
-        if self.verified.fresh(extent):
+        if not exact and self.verified.fresh(extent):
             return None
         ranges = [range(a // g, -(-b // g)) for a, b, g in zip(bounds.start, bounds.stop, self.grid)]
         cells = list(itertools.product(*ranges))
@@ -313,9 +313,9 @@ class ZarrAdapter(TensorAdapter):
             metadata=meta,
         ))
 
-    def stale_reason(self, bounds: Bounds) -> str | None:
+    def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
         # no chunk files tracked: an upload member, whose writes are its lifecycle's business
-        why = None if self._chunk_files is None else self._chunk_files.changed(bounds)
+        why = None if self._chunk_files is None else self._chunk_files.changed(bounds, exact)
         return None if why is None else f"zarr array {self.zarr_path or '/'!r}: {why}"
 
     def read_region(self, bounds: Bounds) -> np.ndarray:

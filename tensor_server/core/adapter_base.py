@@ -245,11 +245,15 @@ class TensorAdapter(ABC):
 
         return default_engine().read(self, bounds, scale_hint, reduction_method)
 
-    def stale_reason(self, bounds: Bounds) -> str | None:
+    def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
         """Why the bytes under ``bounds`` may differ from what this tensor saw at open (a
         chunk file or the file rewritten in place), or None. Called before serving every
         chunk, cached or not, so it must be cheap (stats, never reads). A reason makes the
         server refuse the chunk as stale and reopen the source under a new content version.
+        ``exact``: every file is stat'ed now, never trusting a recent verification (a store
+        of many chunk files may otherwise see an in-place rewrite only within a window,
+        ``adapters/_verified_extents``); plan time asks so, since the ids it mints must name
+        the bytes on disk now or a later chunk read would refuse them as stale.
         Default None: nothing cheap to check (in-memory data, formats not overriding it)."""
         return None
 

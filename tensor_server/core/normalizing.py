@@ -120,8 +120,8 @@ class NormalizingAdapter(TensorAdapter):
         dec = self.inner.get_decimated_data(self._inner_bounds(bounds), self._to_inner(step))
         return None if dec is None else self._out(dec)
 
-    def stale_reason(self, bounds: Bounds) -> str | None:
-        return self.inner.stale_reason(self._inner_bounds(bounds))
+    def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
+        return self.inner.stale_reason(self._inner_bounds(bounds), exact)
 
     def close(self) -> None:
         self.inner.close()

@@ -231,12 +231,15 @@ class ServingRuntime:
 
     def _reopened_if_stale(self, tensor: TensorAdapter, region: Bounds | None) -> bool:
         """Plan time: reopen the source when the bytes under the region changed since it was
-        opened (True), so the plan mints ids of the new content version."""
+        opened (True), so the plan mints ids of the new content version. Exact (every file
+        stat'ed, no recent verification trusted): ids minted from a window-old answer would be
+        refused as stale by the first chunk read that stats the files (CI saw it: a plan right
+        after an in-place rewrite, refused mid-``get_array``)."""
         try:
             bounds = Bounds.full(tensor.shape) if region is None else region.clamp(tensor.shape).validate(tensor.shape)
         except InvalidArgument:
             return False  # the request check reports the bad region
-        reason = tensor.stale_reason(bounds)
+        reason = tensor.stale_reason(bounds, exact=True)
         if reason is None:
             return False
         self.catalog.reopen_changed(tensor, reason)

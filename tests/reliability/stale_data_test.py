@@ -333,6 +333,32 @@ def test_a_chunk_replaced_by_a_rename_is_seen_at_once(zarr_tensor, monkeypatch):
     assert "'c/1/3/2' changed" in t.stale_reason(whole)
 
 
+def test_a_plan_right_after_an_in_place_rewrite_names_the_new_bytes(tmp_path, monkeypatch):
+    """Plan time stats every file (``stale_reason(exact=True)``), whatever the window: a plan
+    that trusted an extent verified before the rewrite would mint ids of the old version,
+    which the first chunk read that stats its files refuses as stale, mid-``get_array``
+    (CI saw it under load). Every chunk file is rewritten in place with valid new bytes."""
+    from tensor_server.adapters import _verified_extents
+
+    monkeypatch.setattr(_verified_extents, "WINDOW_S", 3600.0)
+    root = tmp_path / "root"
+    root.mkdir()
+    _write_zarr(root / "img.zarr", OLD)
+    _write_zarr(tmp_path / "new.zarr", NEW)
+    _age_folders(root / "img.zarr")
+    with serving(root, tmp_path / "cache") as (srv, cat):
+        sid = cat.records()[0].source_id
+        assert len(_plan(flight.FlightClient(srv.location), sid)) > 1  # the whole extent verified
+        for src in (tmp_path / "new.zarr" / "c").rglob("*"):
+            if src.is_file():
+                dst = root / "img.zarr" / src.relative_to(tmp_path / "new.zarr")
+                with open(dst, "r+b") as f:  # same inode, folder untouched
+                    f.write(src.read_bytes())
+                    f.truncate()
+                _bump_mtime(dst)
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
+
+
 def test_a_store_being_written_is_checked_file_by_file(tmp_path, monkeypatch):
     """A folder modified within ``RACY_S`` of its stat could change again in the same clock
     tick unseen: no verification is remembered, so an in-place rewrite right after is seen."""
