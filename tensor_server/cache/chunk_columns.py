@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["encode_chunk_columns", "decode_chunk", "one_value_column", "wire_dtype"]
+__all__ = ["encode_chunk_columns", "decode_chunk", "one_value_column", "binary_column", "int64_column",
+           "int64_values", "wire_dtype"]
 
 
 def wire_dtype(dtype: np.dtype) -> str:
@@ -44,6 +45,25 @@ def one_value_column(value: bytes, type_: pa.DataType) -> pa.Array:
     """A one-row binary or string array holding ``value``, built from buffers (see above)."""
     offsets = pa.py_buffer(np.array([0, len(value)], dtype=np.int32))
     return pa.Array.from_buffers(type_, 1, [None, offsets, pa.py_buffer(value)])
+
+
+def binary_column(values: list[bytes]) -> pa.Array:
+    """A binary array of ``values``, built from buffers (see above)."""
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
+
+
+def int64_column(values: list[int]) -> pa.Array:
+    """An int64 array of ``values``, built from buffers (see above)."""
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(np.asarray(values, np.int64))])
+
+
+def int64_values(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """The values of a null-free int64 column as a read-only array: from its buffer, since
+    ``to_numpy()`` imports pandas too."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return np.frombuffer(arr.buffers()[1], np.int64, count=len(arr), offset=arr.offset * 8)
 
 
 def decode_chunk(batch: pa.RecordBatch) -> np.ndarray:

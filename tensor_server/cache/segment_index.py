@@ -19,6 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import xxhash
 
+from tensor_server.cache.chunk_columns import binary_column, int64_column, int64_values
 from tensor_server.cache.segment_store import SegmentEntry
 
 __all__ = ["index_path", "write_index", "read_index"]
@@ -35,13 +36,11 @@ def index_path(segment: Path) -> Path:
 def write_index(segment: Path, entries: list[SegmentEntry], segment_size: int) -> Path:
     """Write the sidecar atomically (temp file + rename): a crash leaves none or a whole one.
     Raises OSError when the disk refuses (the temp file is removed)."""
-    table = pa.table(
-        {
-            "key": pa.array([e.key for e in entries], pa.binary()),
-            "byte_offset": pa.array([e.byte_offset for e in entries], pa.int64()),
-            "byte_length": pa.array([e.byte_length for e in entries], pa.int64()),
-            "nbytes": pa.array([e.nbytes for e in entries], pa.int64()),
-        },
+    # columns from buffers: ``pa.array``/``to_numpy`` import pandas on first use (1.2-2 s,
+    # paid by the read whose put seals the first segment, or by a restart reading the index)
+    table = pa.Table.from_arrays(
+        [binary_column([e.key for e in entries]), int64_column([e.byte_offset for e in entries]),
+         int64_column([e.byte_length for e in entries]), int64_column([e.nbytes for e in entries])],
         schema=_SCHEMA.with_metadata({b"segment_size": str(segment_size).encode()}),
     )
     sink = pa.BufferOutputStream()
@@ -88,8 +87,8 @@ def read_index(segment: Path) -> list[SegmentEntry] | None:
         return None
     if recorded != segment_size or any(c.null_count for c in table.columns):
         return None
-    offsets = table.column("byte_offset").to_numpy()
-    lengths = table.column("byte_length").to_numpy()
+    offsets = int64_values(table.column("byte_offset"))
+    lengths = int64_values(table.column("byte_length"))
     if len(offsets) and (offsets.min() < 0 or lengths.min() <= 0 or (offsets + lengths).max() > segment_size):
         return None
     keys = table.column("key").to_pylist()
