@@ -2,10 +2,13 @@
 
 A viewer that has just read chunk ``k`` of a level next pans (the neighbouring chunks of the
 same level) or zooms (the chunk of the next coarser level covering the region, the chunks of
-the next finer one). ``Precacher.after_read`` plans those through the normal planner — so
-their ids are the ones the client will send — and queues the ones not cached yet, up to
-``budget_bytes`` of output per trigger. One worker thread computes them through the read
-engine, which stores them in the chunk cache.
+the next finer one). ``Precacher.after_read`` notes the chunk read; the worker thread plans
+its neighbours through the normal planner — so their ids are the ones the client will send —
+queues the ones not cached yet, up to ``budget_bytes`` of output per trigger, and computes
+them through the read engine, which stores them in the chunk cache. Planning is the worker's,
+not the client's: done on the request thread it cost a warm 512² IIIF tile 1.1 ms of its
+6.2 ms (p50 over HTTP, idle machine); a chunk already planned around (the last
+``MAX_PLANNED`` of them) is not planned around again.
 
 Never delaying a client's own read: the worker runs at the lowest scheduling priority
 (``os.setpriority`` on its own thread id) and starts an item only once no client read has
@@ -43,6 +46,8 @@ log = logging.getLogger(__name__)
 _SPATIAL = ("z", "y", "x")
 #: seconds without a client read before the worker starts the next item
 QUIET_S = 0.2
+#: chunks whose neighbours were planned, remembered so a re-read does not plan them again
+MAX_PLANNED = 4096
 
 
 class Precacher:
@@ -62,6 +67,11 @@ class Precacher:
         self._queue: deque[tuple[TensorAdapter, ChunkId]] = deque(maxlen=max_queue)
         self._queued: set[bytes] = set()
         self._warmed: OrderedDict[bytes, None] = OrderedDict()
+        #: chunks read, their neighbours not planned yet (the oldest dropped beyond max_queue)
+        self._triggers: OrderedDict[bytes, tuple[TensorAdapter, ChunkId]] = OrderedDict()
+        self._max_triggers = max_queue
+        self._planned: OrderedDict[bytes, None] = OrderedDict()
+        self._planning = False  # a trigger popped, its neighbours not queued yet (not idle)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -85,15 +95,30 @@ class Precacher:
                 self._last_client_read = time.monotonic()
 
     def after_read(self, tensor: TensorAdapter, cid: ChunkId) -> None:
-        """A client read ``cid`` of ``tensor``: count a hit if we warmed it, queue what is next."""
+        """A client read ``cid`` of ``tensor``: count a hit if we warmed it; the worker plans
+        what is next (unless it did around this chunk already)."""
         key = cid.encode()
         with self._lock:
             if key in self._warmed:
                 del self._warmed[key]
                 self.stats["hits"] += 1
+            if key in self._planned:
+                self._planned.move_to_end(key)
+                return
+            self._triggers[key] = (tensor, cid)
+            if len(self._triggers) > self._max_triggers:
+                self._triggers.popitem(last=False)
+                self.stats["dropped"] += 1
+        self._wake.set()
+
+    def _plan_around(self, key: bytes, tensor: TensorAdapter, cid: ChunkId) -> None:
+        with self._lock:
+            self._planned[key] = None
+            while len(self._planned) > MAX_PLANNED:
+                self._planned.popitem(last=False)
         try:
             candidates = self._next_reads(tensor, cid)
-        except Exception as exc:  # planning a neighbour must never fail the client's read
+        except Exception as exc:  # a neighbour that cannot be planned is not warmed, nothing more
             log.debug("precache: cannot plan around %s: %s", cid.array_id, exc)
             return
         self.warm(tensor, candidates, skip=key)
@@ -164,8 +189,17 @@ class Precacher:
         while not self._stop.is_set():
             with self._lock:
                 quiet = self._active_client_reads == 0 and time.monotonic() - self._last_client_read >= QUIET_S
-                item = self._queue.popleft() if self._queue and quiet else None
-                waiting = bool(self._queue)
+                trigger = self._triggers.popitem(last=False) if self._triggers and quiet else None
+                self._planning = trigger is not None
+                item = self._queue.popleft() if self._queue and quiet and trigger is None else None
+                waiting = bool(self._queue or self._triggers)
+            if trigger is not None:  # plan first: the neighbours queue ahead of older items' turn
+                try:
+                    self._plan_around(trigger[0], *trigger[1])
+                finally:
+                    with self._lock:
+                        self._planning = False
+                continue
             if item is None:
                 if waiting:
                     time.sleep(0.01)  # a client read is in flight or just ended: yield to it
@@ -192,7 +226,7 @@ class Precacher:
 
     def idle(self) -> bool:
         with self._lock:
-            return not self._queue and not self._queued
+            return not (self._queue or self._queued or self._triggers or self._planning)
 
     def close(self) -> None:
         self._stop.set()

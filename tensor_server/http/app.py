@@ -147,7 +147,9 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
         segments = [s for s in request.path_params["rest"].split("/") if s != ""]
         caller = caller_of(request)
         try:
-            image, rest = await run_in_threadpool(views.resolve, caller, segments, zarr_format)
+            image, rest, chunk = await run_in_threadpool(_resolved, caller, segments, zarr_format)
+            if chunk is not None:
+                return _chunk_response(request, image, *chunk)
             return await _dispatch(request, caller, image, rest, zarr_format)
         except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
             calls["errors"] += 1
@@ -155,6 +157,24 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
             if rq is not None:
                 rq.failed(exc)
             return error_response(exc, rq.id if rq is not None else None)
+
+    def _resolved(caller: Caller, segments: list[str], zarr_format: int) -> tuple[ZarrImage, list[str], Any]:
+        """The path resolved and, when it names a chunk of a level, the chunk's bytes: one
+        worker-thread hop for a chunk request (a hop costs 0.5-0.8 ms on 2 cores, a warm
+        chunk about as much)."""
+        image, rest = views.resolve(caller, segments, zarr_format)
+        level = image.level(rest[0]) if rest else None
+        key = _chunk_key(rest[1:], zarr_format) if level is not None else None
+        cid = image.chunk_id(level, key) if key is not None else None
+        if cid is None:  # not a chunk (metadata, labels, an index) or none there: _dispatch says which
+            return image, rest, None
+        return image, rest, (level, key, _chunk_bytes(caller, image, level, cid, zarr_format))
+
+    def _chunk_response(request: Request, image: ZarrImage, level: ZarrLevel, key: tuple[int, ...],
+                        body: memoryview) -> Response:
+        calls["chunks"] += 1
+        tag = image.tensor.content_version.hex()
+        return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
 
     async def _dispatch(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
                         ) -> Response:
@@ -177,9 +197,8 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
         cid = image.chunk_id(level, key) if key is not None else None
         if cid is None:
             raise _NotFound(f"no chunk {'/'.join(rest[1:])[:200]} in level {level.path} (grid {level.grid()})")
-        body = await run_in_threadpool(_chunk_bytes, caller, image, level, cid, zarr_format)
-        calls["chunks"] += 1
-        return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
+        body = await run_in_threadpool(_chunk_bytes, caller, image, level, cid, zarr_format)  # a label's chunk
+        return _chunk_response(request, image, level, key, body)
 
     def _chunk_bytes(caller: Caller, image: ZarrImage, level: ZarrLevel, cid: Any, zarr_format: int) -> memoryview:
         _, data = runtime.chunk(cid, caller)

@@ -46,10 +46,10 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
             raise InvalidArgument(f"{rest[:200]!r} is neither <id>.dzi nor <id>_files/<level>/<col>_<row>.<format>")
         if m["fmt"] not in formats:
             raise InvalidArgument(f"format {m['fmt'][:20]!r} is not offered; use one of {formats}")
-        view = await run_in_threadpool(renderer.view, *split_identifier(m["id"]))
-        tile = deepzoom.tile_region(view.width, view.height, int(m["level"]), int(m["col"]), int(m["row"]))
 
-        def render(cancelled: Any) -> bytes:
+        def render(cancelled: Any) -> bytes:  # one worker-thread hop for the whole tile (see iiif._image)
+            view = renderer.view(*split_identifier(m["id"]))
+            tile = deepzoom.tile_region(view.width, view.height, int(m["level"]), int(m["col"]), int(m["row"]))
             image = renderer.region(view, tile.x, tile.y, tile.w, tile.h, tile.out_w, tile.out_h, cancelled)
             return encode(image, m["fmt"])
 

@@ -49,12 +49,12 @@ async def while_connected(request: Any, work: Callable[[Callable[[], bool]], Any
 
     gone = threading.Event()
 
-    async def watch() -> None:
+    async def watch() -> None:  # first look after 0.1 s: most tiles are done by then
         while not gone.is_set():
+            await asyncio.sleep(0.1)
             if await request.is_disconnected():
                 gone.set()
                 return
-            await asyncio.sleep(0.1)
 
     watcher = asyncio.ensure_future(watch())
     try:

@@ -1,0 +1,62 @@
+"""The precacher (tensor_server/cache/precache.py): a client's read only notes the chunk; the
+worker plans its neighbours (never the client's thread), warms them into the cache, and does
+not plan around the same chunk twice."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tensor_server.adapters.memory import ArrayAdapter
+from tensor_server.cache import CacheManager
+from tensor_server.cache.precache import Precacher
+from tensor_server.core.engine import ReadEngine
+from tensor_server.core.plan import plan_read
+
+DATA = np.arange(256 * 256, dtype=np.uint16).reshape(256, 256)
+
+
+@pytest.fixture
+def precacher(tmp_path):
+    cache = CacheManager(tmp_path / "cache", max_total_bytes=64 << 20)
+    p = Precacher(ReadEngine(cache), budget_bytes=64 << 20)
+    yield p, cache
+    p.close()
+    cache.close()
+
+
+def _settle(p: Precacher) -> None:
+    deadline = time.monotonic() + 30
+    while not p.idle():
+        assert time.monotonic() < deadline, "the precacher did not settle"
+        time.sleep(0.02)
+
+
+def test_neighbours_are_planned_on_the_worker_and_warmed(precacher, monkeypatch):
+    p, cache = precacher
+    tensor = ArrayAdapter(DATA, "yx", chunk_shape=(64, 64))
+    chunks = [pc.chunk_id for pc in plan_read(tensor).chunks]
+    middle = chunks[5]  # row 1, column 1 of the 4x4 grid
+    planned_on: list[str] = []
+    plan = p._next_reads
+
+    def recording(t, cid):
+        planned_on.append(threading.current_thread().name)
+        return plan(t, cid)
+
+    monkeypatch.setattr(p, "_next_reads", recording)
+    p.after_read(tensor, middle)
+    assert planned_on == [], "after_read planned on the client's thread"
+    _settle(p)
+    assert planned_on == ["precache"]
+    around = [cid for cid in chunks if abs(cid.start[0] - middle.start[0]) <= 64 and abs(cid.start[1] - middle.start[1]) <= 64]
+    assert len(around) == 9 and cache.contains_all([c.encode() for c in around if c != middle])
+    assert not cache.contains_all([chunks[15].encode()]), "a chunk two away is not a neighbour"
+    p.after_read(tensor, middle)  # read again: its neighbourhood was planned already
+    _settle(p)
+    assert planned_on == ["precache"]
+    hits = p.stats["hits"]
+    p.after_read(tensor, chunks[0])  # a chunk the precacher warmed: counted as its hit
+    assert p.stats["hits"] == hits + 1
