@@ -193,7 +193,7 @@ class Precacher:
                 self._planning = trigger is not None
                 item = self._queue.popleft() if self._queue and quiet and trigger is None else None
                 waiting = bool(self._queue or self._triggers)
-            if trigger is not None:  # plan first: the neighbours queue ahead of older items' turn
+            if trigger is not None:  # planning is cheap beside a chunk: it goes before the next item
                 try:
                     self._plan_around(trigger[0], *trigger[1])
                 finally:
