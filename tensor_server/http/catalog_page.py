@@ -123,9 +123,13 @@ def viewer_html(identifier: str, source: str, token: str | None) -> str:
                 f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>")
     tile_source = f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    # timeout/retries: a cold coarse tile of a large image with no pyramid is a reduction of the
+    # whole image (2.4-2.9 s for 32768² on an idle 2-core machine, several times that under
+    # load), longer than OpenSeadragon's 30 s default allows on a busy server; a tile it gives
+    # up on is never drawn and never retried (tileRetryMax 0)
     options = {"id": "osd", "prefixUrl": "/assets/openseadragon/images/", "tileSources": tile_source,
                "loadTilesWithAjax": bool(token), "ajaxHeaders": headers, "showNavigator": True,
-               "crossOriginPolicy": "Anonymous"}
+               "crossOriginPolicy": "Anonymous", "timeout": 300_000, "tileRetryMax": 2}
     return ("<!doctype html><meta charset=utf-8><title>" + escape(identifier) + "</title>"
             "<style>html,body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}</style>"
             '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'

@@ -85,6 +85,9 @@ def test_openseadragon_shows_the_image_at_two_zoom_levels(big_server, source):
     browser = _browser()
     try:
         browser.get(f"{http.url}/view/{array_id}?source={source}")
+        # a cold coarse tile here reduces the whole 1 GiB image: OpenSeadragon must wait for it
+        # (its default gives up after 30 s, never to retry, which a loaded CI machine exceeded)
+        assert browser.execute_script("return [viewer.timeout, viewer.tileRetryMax]") == [300_000, 2]
         _wait_loaded(browser)
         _check(browser, [(8000, 16000), (24000, 16000), (8000, 30000), (30000, 6000)])
         browser.execute_script("viewer.viewport.fitBounds(new OpenSeadragon.Rect(0, 0, 2048 / 32768, 2048 / 32768), true);")
