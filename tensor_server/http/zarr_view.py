@@ -65,7 +65,7 @@ class ZarrImage:
 
     # ---- levels and chunks ---------------------------------------------------------------------
     def level(self, path: str) -> ZarrLevel | None:
-        if not path.isdigit():
+        if not (path.isascii() and path.isdigit()):  # "²".isdigit() is True, int("²") raises
             return None
         i = int(path)
         return self.levels[i] if i < len(self.levels) else None

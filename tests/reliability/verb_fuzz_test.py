@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pyarrow.flight as flight
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
@@ -66,6 +66,7 @@ _SEGMENT = st.one_of(st.sampled_from(["img", "0", "1", ".zarray", ".zattrs", "za
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(flavour=st.sampled_from(["zarr", "zarr3", "nope"]), segments=st.lists(_SEGMENT, max_size=8),
        rng=st.one_of(st.none(), st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=20)))
+@example(flavour="zarr", segments=["img", "\u00b2"], rng=None)  # "²".isdigit(): a level name, int() refused it (CI)
 def test_every_http_route_refuses_cleanly(served, flavour, segments, rng):
     from urllib.parse import quote
 
