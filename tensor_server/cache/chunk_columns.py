@@ -43,15 +43,14 @@ def encode_chunk_columns(arr: np.ndarray) -> tuple[pa.Array, pa.Array, pa.Array]
 
 def one_value_column(value: bytes, type_: pa.DataType) -> pa.Array:
     """A one-row binary or string array holding ``value``, built from buffers (see above)."""
-    offsets = pa.py_buffer(np.array([0, len(value)], dtype=np.int32))
-    return pa.Array.from_buffers(type_, 1, [None, offsets, pa.py_buffer(value)])
+    return binary_column([value], type_)
 
 
-def binary_column(values: list[bytes]) -> pa.Array:
-    """A binary array of ``values``, built from buffers (see above)."""
+def binary_column(values: list[bytes], type_: pa.DataType = pa.binary()) -> pa.Array:
+    """A binary (or string) array of ``values``, built from buffers (see above)."""
     offsets = np.zeros(len(values) + 1, np.int32)
     np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
-    return pa.Array.from_buffers(pa.binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(values))])
 
 
 def int64_column(values: list[int]) -> pa.Array:
