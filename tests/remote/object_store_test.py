@@ -102,6 +102,22 @@ def test_cached_chunks_fetch_no_object_twice(served, caplog, tmp_path):
         _read_twice(client_for(srv), remote, written, caplog)
 
 
+def test_a_chunk_object_costs_one_get_and_no_head(served, caplog):
+    """A whole-object chunk read is one GET. s3fs sends a HEAD before each one unless its
+    ``max_concurrency`` is 1 (it decides on the size whether to split the object), which
+    doubled the round trips of every chunk; moto logs each request it answers."""
+    cat, _, written, _ = served
+    remote, _ = _pair(cat, "cells.ome.zarr")
+    prefix = "/lab-data/run1/cells.ome.zarr/0/"
+    with caplog.at_level(logging.INFO, logger="werkzeug"):
+        got = remote.source.tensor("image").get_data()
+    requests = [rec.getMessage() for rec in caplog.records if prefix in rec.getMessage()]
+    np.testing.assert_array_equal(got, written["image"])
+    # 2 x 300 x 260 in 1 x 64 x 64 chunks: 2 x 5 x 5 objects, and .zarray is read at open
+    assert sum(f"GET {prefix}" in r for r in requests) == 50, requests
+    assert not [r for r in requests if f"HEAD {prefix}" in r], requests
+
+
 def _read_twice(sdk, remote, written, caplog):
     region = (slice(0, 6), slice(0, 100), slice(0, 120))
 
