@@ -37,7 +37,7 @@ BENCH_RECORD ?=
 export BENCH_RECORD
 SHELL := /bin/bash
 
-.PHONY: setup run url test test-nojit browser viewer-assets bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
+.PHONY: setup run url test test-nojit browser viewer-assets kernels-warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
 
 setup: $(STAMP)
 
@@ -74,8 +74,11 @@ url: $(STAMP)
 # The whole suite, then the kernel tests once more on the pure-Python path so the
 # oracle-equivalent interpreter path of every kernel stays correct (NUMBA_DISABLE_JIT=1).
 # pytest exits 5 when it collected no tests; that is non-zero, so make fails on it. Tests run
-# on TEST_WORKERS pytest-xdist workers; the 25 slowest are listed at the end.
-test: $(STAMP) browser viewer-assets
+# on TEST_WORKERS pytest-xdist workers; the 25 slowest are listed at the end. First, side by
+# side: Chromium, OpenSeadragon, and numba's cache filled once on every core
+# (kernels-warm), so the workers do not each compile the same kernels.
+test: $(STAMP)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target browser viewer-assets kernels-warm
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
 
@@ -98,6 +101,11 @@ viewer-assets:
 	@test -f .viewer-assets/node_modules/openseadragon/build/openseadragon/openseadragon.min.js || \
 	  { command -v npm >/dev/null && npm install --silent --no-save --prefix .viewer-assets '$(OSD)'; } || \
 	  echo "note: OpenSeadragon could not be installed; the OpenSeadragon tests will skip"
+
+# numba's on-disk cache filled with the case table's kernels (tensor_server_kernels/warm.py
+# says why and what it saves); a no-op in seconds when the cache is already warm
+kernels-warm: $(STAMP)
+	@$(PY) -m tensor_server_kernels.warm
 
 test-nojit: $(STAMP)
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py
