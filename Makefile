@@ -37,13 +37,11 @@ BENCH_RECORD ?=
 export BENCH_RECORD
 SHELL := /bin/bash
 
-.PHONY: setup run url test test-nojit browser viewer-assets kernels-warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
+.PHONY: setup run url test test-nojit browser viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
 
 setup: $(STAMP)
 
 # Each step says what it installs; pip prints one line per package it fetches (progress).
-# --no-compile: pip byte-compiles every installed module (~2 GB of packages), 82 of the 151 s
-# this install took with a warm pip cache (69 s without); Python compiles what is imported, once.
 $(STAMP): pyproject.toml
 	@echo "setup 1/4: the virtual environment in $(VENV) ($(PYTHON) -m venv)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,14 +49,14 @@ $(STAMP): pyproject.toml
 	@echo "setup 2/4: tensor-server and its test and bench extras (about 250 packages, ~2 GB: numpy,"
 	@echo "           numba, zarr, pyarrow, the format libraries, napari, dask, moto, asv, tensorstore, ...;"
 	@echo "           several minutes on a fresh machine)"
-	@set -o pipefail; $(PY) -m pip install --no-compile --progress-bar off -e '.[test,bench]' | \
+	@set -o pipefail; $(PY) -m pip install --progress-bar off -e '.[test,bench]' | \
 		{ grep --line-buffered -E '^(Collecting|Successfully)' || true; }
 	@# the Tensor Browser's Qt-free data layer, for tests/flight/sdk_tensor_browser_test.py;
 	@# --no-deps: its other requirements are the Qt widget's (qtpy, magicgui, opencv)
 	@echo "setup 3/4: biopb-napari-widget (the Tensor Browser's data layer, without Qt)"
-	@$(PY) -m pip install --quiet --no-compile --no-deps 'biopb-napari-widget>=0.2.1'
+	@$(PY) -m pip install --quiet --no-deps 'biopb-napari-widget>=0.2.1'
 	@echo "setup 4/4: $(LUXAR) (the encoded-zarr reference codec, without its dependencies)"
-	@$(PY) -m pip install --quiet --no-compile --no-deps --ignore-requires-python '$(LUXAR)'
+	@$(PY) -m pip install --quiet --no-deps --ignore-requires-python '$(LUXAR)'
 	@touch $(STAMP)
 	@echo "setup done: $(VENV) is ready"
 
@@ -77,10 +75,10 @@ url: $(STAMP)
 # oracle-equivalent interpreter path of every kernel stays correct (NUMBA_DISABLE_JIT=1).
 # pytest exits 5 when it collected no tests; that is non-zero, so make fails on it. Tests run
 # on TEST_WORKERS pytest-xdist workers; the 25 slowest are listed at the end. First, side by
-# side: Chromium, OpenSeadragon, and numba's cache filled once on every core
-# (kernels-warm), so the workers do not each compile the same kernels.
+# side: Chromium, OpenSeadragon, and the bytecode and numba caches filled once on every core
+# (warm), so the workers do not each compile the same kernels.
 test: $(STAMP)
-	@$(MAKE) --no-print-directory -j3 --output-sync=target browser viewer-assets kernels-warm
+	@$(MAKE) --no-print-directory -j3 --output-sync=target browser viewer-assets warm
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
 
@@ -104,9 +102,13 @@ viewer-assets:
 	  { command -v npm >/dev/null && npm install --silent --no-save --prefix .viewer-assets '$(OSD)'; } || \
 	  echo "note: OpenSeadragon could not be installed; the OpenSeadragon tests will skip"
 
-# numba's on-disk cache filled with the case table's kernels (tensor_server_kernels/warm.py
-# says why and what it saves); a no-op in seconds when the cache is already warm
-kernels-warm: $(STAMP)
+# Caches every test process reads: the project's bytecode (pip compiles what it installs, not
+# an editable project, and where PYTHONDONTWRITEBYTECODE is set, as here, Python never writes
+# it: each of the suite's hundreds of processes compiled the ~0.3 s of our modules it imports),
+# and numba's on-disk cache filled with the case table's kernels (tensor_server_kernels/warm.py
+# says why and what it saves). Seconds when both are already warm.
+warm: $(STAMP)
+	@$(PY) -m compileall -q tensor_server kernels/tensor_server_kernels
 	@$(PY) -m tensor_server_kernels.warm
 
 test-nojit: $(STAMP)
