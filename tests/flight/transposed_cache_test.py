@@ -79,8 +79,31 @@ def test_zoom_out_after_full_resolution_equals_the_oracle(served, method):
             np.testing.assert_array_equal(got, want, err_msg=f"{array_id} {method} {scale}")
 
 
-def test_concurrent_clients_equal_serial_reads(served):
-    srv, arrays = served
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "uncached"])
+def test_concurrent_clients_equal_serial_reads(transposed_root, tmp_path, cached):
+    """Eight client threads at once against one server. Each client has the SDK's copy cache
+    off (``cache_bytes=0``, on a server of its own so no earlier client of that location made
+    one): biopb 0.13.0 shares one ``cachey.Cache`` between a process's threads without a lock,
+    and its heapdict livelocked here once (py-spy: eight threads in ``heapdict._swap`` for
+    24 minutes). What this test checks is the server under concurrent requests."""
+    from biopb.tensor import TensorFlightClient
+
+    from tensor_server.testing import serving
+
+    root, vol = transposed_root
+    cat, xfirst = _catalog(root)
+    arrays = {next(r.source_id for r in cat.records() if r.type == "hdf5"): vol, "xfirst": xfirst}
+    cache = CacheManager(tmp_path / "cache") if cached else None
+    try:
+        with serving(cat, cache=cache) as srv:
+            _concurrent_equal_serial(lambda: TensorFlightClient(srv.location, cache_bytes=0), arrays)
+    finally:
+        if cache is not None:
+            cache.close()
+        cat.close()
+
+
+def _concurrent_equal_serial(new_client, arrays):
     jobs = []
     for array_id, want_full in arrays.items():
         jobs.append((array_id, None, None))
@@ -91,7 +114,7 @@ def test_concurrent_clients_equal_serial_reads(served):
 
     def read(job):
         array_id, scale, method = job
-        client = client_for(srv)
+        client = new_client()
         if scale is None:
             return client.get_array(array_id)
         return client.get_array(array_id, scale_hint=list(scale), reduction_method=method)
