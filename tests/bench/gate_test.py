@@ -7,6 +7,12 @@ on top of this repository's HEAD: the same code twice, so any slowdown is the on
 benchmark only. One kernel benchmark, asv's screen cut to one round per commit, and one cheap
 floor keep it to about two minutes: the test is of the gate's logic (screen, confirmation,
 verdict), and the confirmation step it exercises runs as in CI.
+
+The injected slowdown is 8x, not the 1.5x the gate exists for: this test runs beside the rest of
+the suite, and asv's one-round screen measures base and head seconds apart. In CI's make test
+the base measured 41.7 ms against 11.6 ms idle (3.6x, the other worker's tests), so an injected
+3x read as under the screen's 1.3x and the gate passed. The gate's own CI run comes after the
+tests, on an idle machine, with asv's two interleaved rounds.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from tensor_server.bench import gate, gate_floors
 REPO = Path(__file__).resolve().parents[2]
 KERNEL_BENCH = r"^kernels\.TimeKernels\.time_downsample_block\('area 8192\^2 uint16 s16'\)$"
 LABEL = "kernels.TimeKernels.time_downsample_block('area 8192^2 uint16 s16')"
+SLOWDOWN = 8
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -62,7 +69,7 @@ def test_perf_gate_fails_on_a_slowed_kernel_and_passes_without(clone):
     head = _git(clone, "rev-parse", "HEAD")
     base = _git(clone, "rev-parse", "HEAD~1")
 
-    slowed = _perf_gate(clone, f"{head}:3")
+    slowed = _perf_gate(clone, f"{head}:{SLOWDOWN}")
     out = slowed.stdout
     assert slowed.returncode != 0, out[-3000:]
     verdict = out[out.index("PERF GATE FAILED"):]
@@ -70,9 +77,9 @@ def test_perf_gate_fails_on_a_slowed_kernel_and_passes_without(clone):
     m = re.search(rf"base {base[:10]} ([\d.]+) ms, head {head[:10]} ([\d.]+) ms, ratio ([\d.]+)x", verdict)
     assert m, verdict
     base_ms, head_ms, ratio = map(float, m.groups())
-    # injected 3x; the gate's own threshold is 1.4x, and on an oversubscribed machine one process
-    # pair can be 1.5x off either way, so only the verdict's consistency is asserted tightly
-    assert 1.4 <= ratio <= 4.5 and abs(ratio - head_ms / base_ms) < 0.02 * ratio, verdict
+    # the gate's own threshold is 1.4x, and on an oversubscribed machine one process pair can be
+    # 1.5x off either way, so only the verdict's consistency is asserted tightly
+    assert 1.4 <= ratio <= 1.5 * SLOWDOWN and abs(ratio - head_ms / base_ms) < 0.02 * ratio, verdict
     assert "best call of each side over 3 fresh base/head process pairs" in verdict, verdict
     assert f"reproduce: make perf-gate PERF_BASE={base[:12]} PERF_BENCH=" in verdict, verdict
     assert "fast-path-vs-doget" not in verdict  # the floor held; only the slowed kernel is named
