@@ -122,7 +122,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="accept uploads over Flight (add_tensor, DoPut, set_upload_status); needs --write-dir")
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
         sp.add_argument("--read-workers", type=_count,
-                        help="units a scaled read decodes ahead on a shared pool (default 0 = the cores)")
+                        help="threads a scaled read decodes its units on, from a shared pool (default 0 = the cores)")
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
         sp.add_argument("--read-only", action="store_true", default=None,
                         help="refuse every verb that writes anything (uploads, added sources, annotations)")
