@@ -18,14 +18,13 @@ predictor, bit unpacking, JPEG tables), and a strile absent from the file (offse
 from __future__ import annotations
 
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import product
 from typing import Any, Sequence
 
 import numpy as np
 
+from tensor_server.core.stream_reduce import run_parallel
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["PageStriles", "SeriesStriles", "StrileDecoder", "StrileWindow", "decode_windows", "read_strile_window"]
@@ -155,21 +154,6 @@ def _decode_one(fd: int, job: StrileWindow, task: tuple) -> None:
     dst[...] = seg[ysrc, xsrc, con]
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _decode_pool() -> ThreadPoolExecutor:
-    """One pool of all cores for every TIFF read's strile decodes (zlib, JPEG and friends
-    release the GIL in imagecodecs, and so does NumPy's strided copy into the output). Its
-    tasks never wait on anything, so a read-ahead thread of the engine may block on them."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="tensor-tiff-decode")
-        return _pool
-
-
 def decode_windows(jobs: Sequence[StrileWindow]) -> None:
     """Fill every job's ``out`` from the striles its window touches, all of them decoded in
     parallel (in file order, so a cold read walks the file forwards). Raises the first error
@@ -184,18 +168,9 @@ def decode_windows(jobs: Sequence[StrileWindow]) -> None:
             tasks = _tasks(job)
             tasks.sort(key=lambda t: job.offsets[t[0]] if t[0] < len(job.offsets) else 0)
             work += [(fd, job, t) for t in tasks]
-        if len(work) <= 1:
-            for item in work:
-                _decode_one(*item)
-            return
-        futures = [_decode_pool().submit(_decode_one, *item) for item in work]
-        error = None
-        for f in futures:  # wait for all: no task may still write into ``out`` after we return
-            exc = f.exception()
-            if exc is not None and error is None:
-                error = exc
-        if error is not None:
-            raise error
+        # this thread and the shared read pool each take the next strile (run_parallel: it
+        # returns once none is being decoded, so nothing writes into ``out`` after)
+        run_parallel(work, lambda item: _decode_one(*item))
     finally:
         for fd in fds.values():
             os.close(fd)
