@@ -116,3 +116,19 @@ def test_the_source_is_read_once_in_whole_reader_blocks(tmp_path, monkeypatch):
     for b in reads:
         for a, z, n, blk in zip(b.start, b.stop, stack.shape, block):
             assert a % blk == 0 and (z % blk == 0 or z == n), (b, block)
+
+
+@pytest.mark.parametrize("codec, stored", [("zstd", 4), ("none", 2)])
+def test_fill_valued_chunks_are_written_only_when_compressed(tmp_path, codec, stored):
+    """A compressed chunk of zeros costs a few dozen bytes, so every chunk is written (skipping
+    zarr's per-chunk equality check); uncompressed, the zero chunks are left out. The pixels
+    read back the same either way."""
+    plane = np.zeros((128, 128), np.uint16)
+    plane[:, 64:] = np.arange(64 * 128, dtype=np.uint16).reshape(128, 64)  # right half non-zero
+    zarr.create_array(str(tmp_path / "src.zarr"), data=plane, chunks=(64, 64))
+    with open_source(tmp_path / "src.zarr") as src:
+        export_tensor(src.tensor(), tmp_path / "o.zarr",
+                      ExportOptions(levels=1, chunks=(64, 64), codec=codec, ngff="0.4"))
+    level0 = tmp_path / "o.zarr" / "0"
+    assert sum(1 for p in level0.rglob("*") if p.is_file() and not p.name.startswith(".")) == stored
+    np.testing.assert_array_equal(zarr.open_array(str(level0), mode="r")[...], plane)
