@@ -135,10 +135,10 @@ def scratch(shape: Sequence[int], dtype: np.dtype, slot: str) -> Iterator[np.nda
     keep = default_workers() + 1
     with _free_lock:
         free = _free.setdefault(slot, [])  # smallest first
-        buf = next((b for b in free if b.nbytes >= nbytes), None)
-        if buf is not None:
-            free.remove(buf)
-        elif len(free) >= keep:
+        fits = next((i for i, b in enumerate(free) if b.nbytes >= nbytes), None)
+        # by index: list.remove compares arrays with ==, which fails on buffers of two sizes
+        buf = free.pop(fits) if fits is not None else None
+        if buf is None and len(free) >= keep:
             free.pop(0)  # every kept one is too small: make room for a larger one
     if buf is None:
         buf = np.empty(nbytes, np.uint8)

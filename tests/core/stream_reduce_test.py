@@ -262,3 +262,20 @@ def test_many_concurrent_reads_with_nested_pool_use_finish_on_a_bounded_pool():
 def test_workers_must_be_positive():
     with pytest.raises(ValueError, match="workers"):
         stream_reduce(Bounds((0,), (4,)), (2,), (2,), "area", lambda b: np.zeros(b.shape), np.uint8, workers=0)
+
+
+def test_scratch_serves_buffers_of_two_sizes_and_reuses_them():
+    """A slot holding a small and a large buffer serves the large one to a large request and
+    the same memory again the next time. Two sizes in one slot is the ordinary case of a
+    server reading arrays with different chunks; taking the large one out by ``list.remove``
+    compared the arrays with ``==`` and failed ("operands could not be broadcast")."""
+    from tensor_server.core.stream_reduce import SCRATCH_MIN, scratch
+
+    small, large = (SCRATCH_MIN // 2,), (SCRATCH_MIN,)
+    with scratch(small, np.uint16, "test-two-sizes") as a, scratch(large, np.uint16, "test-two-sizes") as b:
+        first = b.__array_interface__["data"][0]
+        assert a.nbytes == SCRATCH_MIN and b.nbytes == 2 * SCRATCH_MIN
+    with scratch(large, np.uint16, "test-two-sizes") as c:
+        assert c.shape == large and c.__array_interface__["data"][0] == first
+    with scratch(small, np.uint16, "test-two-sizes") as d:
+        assert d.shape == small
