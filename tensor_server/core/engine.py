@@ -24,9 +24,10 @@ Paths, in the order they are tried for a scaled read:
 3. a backend that declares ``reduces`` (another server in front of which this one sits):
    ``get_reduced_data`` computes the extent next to the data, so only reduced pixels travel;
    it may decline with None. Asked after the store, which needs no transfer at all;
-4. streamed reduction: units floored at ``read_block_shape`` and rounded to whole reduction
-   blocks (``stream_reduce``), each read and reduced on a bounded pool (into a buffer the
-   pool thread reuses when the adapter ``reads_into``).
+4. streamed reduction: units floored at ``read_block_shape`` (for an adapter that
+   ``reads_into``: its blocks stacked into 4 MiB units, ``_stacked_blocks``) and rounded to
+   whole reduction blocks (``stream_reduce``), each read and reduced by the caller and a
+   bounded pool (into a buffer the thread reuses when the adapter ``reads_into``).
 
 Adapters are pure readers (``read_region`` and declared capabilities) and never see the
 store. The store is reached only through the ``ChunkStore`` Protocol, keyed by chunk ids of
@@ -365,9 +366,12 @@ def _reduced_lookup(value_of: Callable[[Bounds], np.generic | None] | None, dtyp
 #: Smallest storage block worth streaming by when an extent has uniform blocks: below it, the
 #: per-unit overhead outweighs reading a few uniform blocks with their neighbours.
 MIN_BLOCK_UNIT_BYTES = 64 << 10
-#: Smallest storage block a reader that ``reads_into`` is streamed by: its units cost no
-#: allocation, and a unit of one block is decoded straight into its buffer (no assembling
-#: copy); below this the per-unit overhead outweighs that.
+#: What a reader that ``reads_into`` is streamed by: its storage blocks stacked along their
+#: outermost split axis up to this many bytes (``_stacked_blocks``).
+READ_INTO_UNIT_BYTES = 4 << 20
+#: Where its blocks cannot be stacked, the smallest storage block it is streamed by (a unit of
+#: one block is decoded straight into its buffer; below this the per-unit overhead outweighs
+#: that, and the transfer-chunk unit is kept).
 MIN_READ_INTO_UNIT_BYTES = 1 << 20
 
 
@@ -393,11 +397,6 @@ def _stream_unit(tensor: TensorAdapter, scale: tuple[int, ...], has_uniform: boo
             return streaming_unit(stacked, stacked, scale)
         return _storage_block_unit(tensor, scale, unit, MIN_READ_INTO_UNIT_BYTES)
     return unit
-
-
-#: What a reader that ``reads_into`` is streamed by: its storage blocks stacked along their
-#: outermost split axis up to this many bytes (``_stacked_blocks``).
-READ_INTO_UNIT_BYTES = 4 << 20
 
 
 def _stacked_blocks(tensor: TensorAdapter) -> tuple[int, ...] | None:
