@@ -394,7 +394,9 @@ def _stream_unit(tensor: TensorAdapter, scale: tuple[int, ...], has_uniform: boo
     if tensor.reads_into:
         stacked = _stacked_blocks(tensor)
         if stacked is not None:
-            return streaming_unit(stacked, stacked, scale)
+            rounded = streaming_unit(stacked, stacked, scale)
+            if rounded == stacked:  # else a scale that cuts blocks: units would decode them twice
+                return rounded
         return _storage_block_unit(tensor, scale, unit, MIN_READ_INTO_UNIT_BYTES)
     return unit
 

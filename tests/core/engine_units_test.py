@@ -44,3 +44,14 @@ def test_stacked_units_read_the_oracle(tmp_path, scale):
     for method in ("area", "max", "mode"):
         got = ReadEngine().read(t, b, scale, method)
         np.testing.assert_array_equal(got, reference.downsample(data[37:, 11:690], scale, method))
+
+
+def test_a_scale_that_cuts_the_blocks_keeps_the_old_unit(tmp_path):
+    """Scale 3 on 512-wide blocks: a stacked unit rounded to whole reduction blocks (513 wide)
+    would straddle every block column and decode each twice, so the unit is the one a
+    ``reads_into`` reader had before stacking (the transfer chunk, rounded to scale)."""
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=(16384, 4096), chunks=(512, 512), dtype="uint8", fill_value=1)
+    t = tensor_server.open(tmp_path / "a.zarr").tensor()
+    assert _stream_unit(t, (1, 1), has_uniform=False) == (8192, 512)
+    unit = _stream_unit(t, (3, 3), has_uniform=False)
+    assert unit != (8193, 513) and all(u % 3 == 0 for u in unit) and unit[1] > 513
