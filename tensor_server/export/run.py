@@ -43,7 +43,8 @@ from tensor_server.export.layout import Layout, label_scales, label_shape_option
 from tensor_server.export.ngff import image_attributes, labels_attributes
 from tensor_server.export.options import ExportOptions
 from tensor_server.export.reduce import unit_levels
-from tensor_server.export.store import Staging, open_arrays, out_start, storage_errors, write_block
+from tensor_server.export.chunk_files import ChunkFiles
+from tensor_server.export.store import Staging, open_levels, out_start, storage_errors, write_block
 
 __all__ = ["export_tensor", "Progress", "Cancelled"]
 
@@ -57,12 +58,12 @@ Cancelled = Callable[[], bool]
 @dataclass(frozen=True)
 class _Part:
     """One image the pass writes: the image itself (``root`` "") or one of its label images
-    (``root`` "labels/<name>/"), with its own geometry and arrays."""
+    (``root`` "labels/<name>/"), with its own geometry and its levels' files."""
 
     root: str
     tensor: TensorAdapter
     layout: Layout
-    arrays: tuple[Any, ...] = ()
+    files: tuple[ChunkFiles, ...] = ()
 
 
 def fingerprint(parts: list[_Part], options: ExportOptions) -> dict[str, Any]:
@@ -118,7 +119,7 @@ def export_tensor(
             summary = {"event": "done", "dest": str(staging.dest), "already_complete": True, "units_total": total}
             emit(summary)
             return summary
-        parts = [_Part(p.root, p.tensor, p.layout, tuple(open_arrays(staging, p.layout, p.tensor.dtype, options.codec,
+        parts = [_Part(p.root, p.tensor, p.layout, tuple(open_levels(staging, p.layout, p.tensor.dtype, options.codec,
                                                                       options.zarr_format, p.root)))
                  for p in parts]
         run = _Pass(parts, staging, engine or ReadEngine(), options, emit, cancelled or (lambda: False))
@@ -217,11 +218,10 @@ class _Pass:
         return part, index, ub, blocks
 
     def _write_unit(self, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray]) -> dict[str, Any]:
-        keys: list[str] = []
-        for lv, array, block in zip(part.layout.levels, part.arrays, blocks):
+        files: dict[str, list[int] | None] = {}
+        for lv, level_files, block in zip(part.layout.levels, part.files, blocks):
             start = tuple(a // s for a, s in zip(ub.start, lv.scale))
-            keys += write_block(self.staging, array, part.layout, lv, start, block, part.root)
-        files = {key: self.staging.file_entry(key) for key in keys}
+            files.update(write_block(self.staging, level_files, part.layout, lv, start, block, part.root))
         entry = {"unit": index, "files": files, "read": int(blocks[0].nbytes)}
         if part.root:
             entry["part"] = part.root

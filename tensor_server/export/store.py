@@ -1,4 +1,5 @@
-"""Where an export writes: a staging folder, its zarr arrays, and the progress record.
+"""Where an export writes: a staging folder, its zarr arrays (their files' bytes are made in
+export/chunk_files.py), and the progress record.
 
 Why a staging folder. An export writes into ``DEST.partial`` and renames it to ``DEST`` only
 when every level is written and the image metadata is in place, so ``DEST`` either does not
@@ -9,7 +10,7 @@ very end).
 The progress record (``DEST.partial/.export-progress.jsonl``): a header line with the
 export's fingerprint (source identity and version, shape, dtype, options, geometry), then one
 line per finished unit naming every file the unit wrote with its size and CRC-32 (or null
-where zarr wrote nothing: an all-fill shard). A line is appended only after the unit's files
+where the unit leaves no file: an all-fill uncompressed shard). A line is appended only after the unit's files
 are fsynced, and fsynced itself. ``--resume`` trusts a unit only when its line parses and
 every file it names still has that size and checksum; a torn last line or a changed file
 means the unit is written again, and the record is rewritten from the verified lines first.
@@ -17,7 +18,6 @@ means the unit is written again, and the record is rewritten from the verified l
 from __future__ import annotations
 
 import errno
-import itertools
 import json
 import os
 import shutil
@@ -28,9 +28,10 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from tensor_server.errors import FailedPrecondition, InvalidArgument, StorageFull
+from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.layout import Layout, Level
 
-__all__ = ["Staging", "storage_errors", "open_arrays", "write_block", "out_start"]
+__all__ = ["Staging", "storage_errors", "open_levels", "write_block", "out_start"]
 
 RECORD = ".export-progress.jsonl"
 RECORD_KIND = "tensor-server export progress"
@@ -171,18 +172,25 @@ class Staging:
             os.fsync(f.fileno())
         self.done[(entry.get("part", ""), entry["unit"])] = entry
 
-    def file_entry(self, key: str) -> list[int] | None:
-        """(size, crc) of a written file, fsynced first; None when zarr wrote none."""
+    def write_file(self, key: str, payload: bytes | None) -> list[int] | None:
+        """Write ``payload`` as the file ``key`` whole and fsync it; return [size, CRC-32] of
+        the bytes (from memory: nothing is read back). None removes the file: an all-fill
+        uncompressed shard or chunk is no file, and one left by an interrupted run is not
+        trusted."""
         path = self.path / key
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        if payload is None:
+            path.unlink(missing_ok=True)
             return None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)
-        return [path.stat().st_size, file_crc(path)]
+        return [len(payload), zlib.crc32(payload)]
 
     # ---- at the end ----------------------------------------------------------------------------
     def publish(self) -> None:
@@ -235,11 +243,11 @@ def _fill(dtype: np.dtype) -> Any:
     return False if dtype.kind == "b" else 0
 
 
-def open_arrays(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, zarr_format: int,
-                root: str = "") -> list[Any]:
-    """One array per level in the staging folder (under the group ``root``, "" or
-    "labels/<name>/"): the ones a resumed export made (same metadata, since the fingerprint
-    matched), the others created."""
+def open_levels(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, zarr_format: int,
+                root: str = "") -> list[ChunkFiles]:
+    """The files of one array per level in the staging folder (under the group ``root``, ""
+    or "labels/<name>/"): the arrays a resumed export made (same metadata, since the
+    fingerprint matched), the others created."""
     import zarr
     from zarr.storage import LocalStore
 
@@ -260,33 +268,21 @@ def open_arrays(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, z
             kw["dimension_names"] = list(layout.axes.out_labels)
         else:
             kw["chunk_key_encoding"] = {"name": "v2", "separator": "/"}
-        # A compressed chunk of fill values is a few dozen bytes, so every chunk is written:
-        # zarr-python's check for fill-valued chunks (np.array_equal per inner chunk) was 18 %
-        # of the busy samples of a 30x4096² export (py-spy; 23.2-23.9 -> 21.8 s, the same
-        # bytes). Uncompressed, a skipped chunk saves its whole size, so there it is kept.
         arrays.append(group.create_array(
             lv.path, shape=out(lv.shape), dtype=dtype, chunks=out(lv.chunk), compressors=_compressors(codec, zarr_format),
-            fill_value=_fill(dtype), config={"write_empty_chunks": codec != "none"}, **kw,
+            fill_value=_fill(dtype), **kw,
         ))
-    return arrays
+    return [ChunkFiles(a) for a in arrays]
 
 
-def write_block(staging: Staging, array: Any, layout: Layout, level: Level, start: tuple[int, ...],
-                block: np.ndarray, root: str = "") -> list[str]:
-    """Write a unit's (source-ordered) block of ``level`` (of the group ``root``) whole; return
-    the store keys of the files it covers (shards on v3, chunks on v2), relative to the
-    staging folder. Files left
-    there by an interrupted run are removed first: zarr would merge into them, and nothing
-    of theirs is trusted."""
-    origin = out_start(layout, start)
+def write_block(staging: Staging, files: ChunkFiles, layout: Layout, level: Level, start: tuple[int, ...],
+                block: np.ndarray, root: str = "") -> dict[str, list[int] | None]:
+    """Write the files (shards on v3, chunks on v2) a unit's (source-ordered) block of
+    ``level`` (of the group ``root``) fills, each whole and fsynced; return each one's key,
+    relative to the staging folder, with its [size, CRC-32] (None: no file)."""
     data = layout.axes.to_output(block)
-    grid = array.metadata.chunks if array.metadata.zarr_format == 2 else layout.axes.out_shape(level.shard)
-    ranges = [range(a // g, -(-(a + n) // g)) for a, n, g in zip(origin, data.shape, grid)]
-    keys = [f"{root}{level.path}/{array.metadata.encode_chunk_key(k)}" for k in itertools.product(*ranges)]
-    for key in keys:
-        (staging.path / key).unlink(missing_ok=True)
-    array[tuple(slice(a, a + n) for a, n in zip(origin, data.shape))] = data
-    return keys
+    return {f"{root}{level.path}/{name}": staging.write_file(f"{root}{level.path}/{name}", payload)
+            for name, payload in files.files(out_start(layout, start), data)}
 
 
 def out_start(layout: Layout, start: tuple[int, ...]) -> tuple[int, ...]:
