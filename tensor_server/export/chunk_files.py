@@ -6,8 +6,8 @@ event loop: a fill buffer per shard, one coroutine and one executor hop per inne
 idle) that assembly was about 13 % of the busy samples, against 59 % for Blosc itself. A unit
 always covers whole files (export/layout.py), so nothing is ever merged into an existing file
 and the assembly is simple enough to do directly: each inner chunk is encoded by numcodecs on
-the writer's own thread (Blosc and Zstd release the GIL), the pieces are joined once, and the
-caller writes, fsyncs and checksums the bytes it already holds.
+the writer's own thread (Blosc and Zstd release the GIL), the pieces are written with one gathered
+write (never joined), and the caller fsyncs and checksums the bytes it already holds.
 
 What a file holds is what zarr-python would read back, by the array's own metadata:
 
@@ -87,18 +87,29 @@ class ChunkFiles:
             self.sharded = True
         self.write_fill_chunks = self.codec is not None
 
-    def files(self, origin: tuple[int, ...], data: np.ndarray) -> Iterator[tuple[str, bytes | None]]:
-        """(key relative to the array, bytes or None for no file) of each file ``data``
-        (placed at ``origin``) fills. ``data`` must cover each such file's part of the array
-        whole: a unit holds whole files, and a file is never merged."""
+    def files(self, origin: tuple[int, ...], data: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """(key relative to the array, the file's part of ``data``) of each file ``data``
+        (placed at ``origin``) fills; ``encode`` makes a part's bytes. ``data`` must cover
+        each such file's part of the array whole: a unit holds whole files, and a file is
+        never merged."""
         ranges = [range(a // g, -(-(a + n) // g)) for a, n, g in zip(origin, data.shape, self.file_shape)]
+        out = []
         for index in itertools.product(*ranges):
             start = tuple(i * g for i, g in zip(index, self.file_shape))
             stop = tuple(min(a + g, n) for a, g, n in zip(start, self.file_shape, self.shape))
             if any(a < o or z > o + n for a, z, o, n in zip(start, stop, origin, data.shape)):
                 raise ValueError(f"block at {origin} of shape {data.shape} covers file {index} only in part")
-            view = data[tuple(slice(a - o, z - o) for a, z, o in zip(start, stop, origin))]
-            yield self.key(index), (self._shard(view) if self.sharded else self._chunk(view))
+            out.append((self.key(index), data[tuple(slice(a - o, z - o) for a, z, o in zip(start, stop, origin))]))
+        return out
+
+    def encode(self, part: np.ndarray) -> list[bytes] | None:
+        """A file's bytes from its part of the array (``files``), as the pieces to write one
+        after the other (never joined: a shard is written with one gathered write); None: no
+        file."""
+        if self.sharded:
+            return self._shard(part)
+        chunk = self._chunk(part)
+        return None if chunk is None else [chunk]
 
     def _chunk(self, piece: np.ndarray) -> bytes | None:
         """One chunk's stored bytes (``piece`` is its part inside the array)."""
@@ -111,8 +122,8 @@ class ChunkFiles:
             whole[tuple(slice(0, n) for n in piece.shape)] = piece
         return bytes(self.codec.encode(whole)) if self.codec is not None else whole.tobytes()
 
-    def _shard(self, view: np.ndarray) -> bytes | None:
-        """One shard's bytes: its inner chunks in C order, then the index and its CRC-32C."""
+    def _shard(self, view: np.ndarray) -> list[bytes] | None:
+        """One shard's pieces: its inner chunks in C order, then the index and its CRC-32C."""
         import google_crc32c
 
         per_shard = tuple(-(-f // c) for f, c in zip(self.file_shape, self.chunk_shape))
@@ -129,5 +140,4 @@ class ChunkFiles:
         if not pieces:
             return None
         table = index.tobytes()
-        pieces += [table, np.uint32(google_crc32c.value(table)).astype("<u4").tobytes()]
-        return b"".join(pieces)
+        return pieces + [table, np.uint32(google_crc32c.value(table)).astype("<u4").tobytes()]

@@ -10,12 +10,13 @@ The pass (geometry in export/layout.py, files in export/store.py):
   sums and extremes level to level, without numba where NumPy does as well);
 * the image's label images (``labels``) are further parts of the same pass, each on the
   image's levels, written under ``labels/<name>/``;
-* a reduced unit is written whole (its shards at every level) on a pool of ``workers``
-  threads, ``write_ahead`` units queued at most, while the next units are read;
+* a reduced unit is written whole (its shards at every level), each file one job on a pool
+  of ``workers`` threads (so one large unit is encoded on every core), ``write_ahead``
+  units queued at most, while the next units are read;
 * after a unit's files are fsynced its line goes into the progress record.
 
 Memory: at most ``read_ahead + write_ahead + 1`` units are held, each
-``Layout.unit_bytes()`` (level 0 plus every level's share), plus zarr's encode buffers (one
+``Layout.unit_bytes()`` (level 0 plus every level's share), plus the encode buffers (one
 shard per writer thread) — independent of the image size (docs/export.md states it). Units
 are as large as the reader's block (a TIFF page) at least, so for large units each side's
 depth is cut to keep ``INFLIGHT_BYTES`` (never below one unit each).
@@ -44,12 +45,17 @@ from tensor_server.export.ngff import image_attributes, labels_attributes
 from tensor_server.export.options import ExportOptions
 from tensor_server.export.reduce import unit_levels
 from tensor_server.export.chunk_files import ChunkFiles
-from tensor_server.export.store import Staging, open_levels, out_start, storage_errors, write_block
+from tensor_server.export.store import Staging, block_files, open_levels, out_start, storage_errors
 
 __all__ = ["export_tensor", "Progress", "Cancelled"]
 
-#: what the units queued on each side (read, write) may hold together, once units are large
-INFLIGHT_BYTES = 256 << 20
+#: what the units queued on each side (read, write) may hold together, once units are large.
+#: A 30x4096² zarr export (42 MiB units of 16x1024²) at depth 2/2 took 14.5 s and 343 MB
+#: peak, at 1/1 15.9 s and 234 MB (2026-12-03, idle): once a unit's files keep every writer
+#: thread busy, a second unit on each side buys little time for its memory. Units of 11 MiB
+#: (2048² planes) keep depth 2/2: at 1/1 the read and write sides take turns (22-50 s
+#: instead of 14-30 s).
+INFLIGHT_BYTES = 64 << 20
 
 Progress = Callable[[dict], None]
 Cancelled = Callable[[], bool]
@@ -171,7 +177,7 @@ class _Pass:
         todo = ((part, i, ub) for part in self.parts for i, ub in enumerate(part.layout.units())
                 if (part.root, i) not in self.staging.done)
         reads: deque[Future] = deque()
-        writes: deque[Future] = deque()
+        writes: deque[Callable[[], dict[str, Any]]] = deque()
         with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="export-read") as read_pool, \
                 ThreadPoolExecutor(self.options.workers, thread_name_prefix="export-write") as write_pool:
             try:
@@ -179,12 +185,11 @@ class _Pass:
             finally:
                 for f in reads:
                     f.cancel()
-                for f in writes:  # what is being written is finished and recorded, or its error kept
-                    if not f.cancelled():
-                        try:
-                            self._commit(f.result())
-                        except BaseException:  # noqa: BLE001 - the first error is the one raised
-                            pass
+                for finished in writes:  # what is being written is finished and recorded, or its error kept
+                    try:
+                        self._commit(finished())
+                    except BaseException:  # noqa: BLE001 - the first error is the one raised
+                        pass
 
     def _pump(self, todo, reads, writes, read_pool, write_pool) -> None:
         def top_up() -> None:
@@ -200,11 +205,11 @@ class _Pass:
         while reads:
             unit = reads.popleft().result()
             while len(writes) >= self.write_ahead:
-                self._commit(writes.popleft().result())
-            writes.append(write_pool.submit(self._write_unit, *unit))
+                self._commit(writes.popleft()())
+            writes.append(self._write_unit(write_pool, *unit))
             top_up()
         while writes:
-            self._commit(writes.popleft().result())
+            self._commit(writes.popleft()())
         if self.cancelled() and len(self.staging.done) < self.total:
             raise ReadCancelled(
                 f"export to {self.staging.dest} stopped: {len(self.staging.done)} of {self.total} units written "
@@ -217,11 +222,22 @@ class _Pass:
         blocks = unit_levels(data, [lv.scale for lv in part.layout.levels], part.layout.method)
         return part, index, ub, blocks
 
-    def _write_unit(self, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray]) -> dict[str, Any]:
-        files: dict[str, list[int] | None] = {}
-        for lv, level_files, block in zip(part.layout.levels, part.files, blocks):
-            start = tuple(a // s for a, s in zip(ub.start, lv.scale))
-            files.update(write_block(self.staging, level_files, part.layout, lv, start, block, part.root))
+    def _write_unit(self, pool: ThreadPoolExecutor, part: _Part, index: int, ub: Bounds,
+                    blocks: list[np.ndarray]) -> Callable[[], dict[str, Any]]:
+        """Queue each file of the unit (every level) on the write pool, one job a file, so a
+        large unit is encoded on every writer thread at once; return the call that waits for
+        them and makes the unit's record line."""
+        jobs = [(key, pool.submit(self._write_file, level_files, key, data))
+                for lv, level_files, block in zip(part.layout.levels, part.files, blocks)
+                for key, data in block_files(level_files, part.layout, lv,
+                                             tuple(a // s for a, s in zip(ub.start, lv.scale)), block, part.root)]
+        return lambda: self._unit_entry(part, index, ub, blocks, {key: job.result() for key, job in jobs})
+
+    def _write_file(self, level_files: ChunkFiles, key: str, data: np.ndarray) -> list[int] | None:
+        return self.staging.write_file(key, level_files.encode(data))
+
+    def _unit_entry(self, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray],
+                    files: dict[str, list[int] | None]) -> dict[str, Any]:
         entry = {"unit": index, "files": files, "read": int(blocks[0].nbytes)}
         if part.root:
             entry["part"] = part.root

@@ -31,7 +31,7 @@ from tensor_server.errors import FailedPrecondition, InvalidArgument, StorageFul
 from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.layout import Layout, Level
 
-__all__ = ["Staging", "storage_errors", "open_levels", "write_block", "out_start"]
+__all__ = ["Staging", "storage_errors", "open_levels", "block_files", "out_start"]
 
 RECORD = ".export-progress.jsonl"
 RECORD_KIND = "tensor-server export progress"
@@ -172,25 +172,26 @@ class Staging:
             os.fsync(f.fileno())
         self.done[(entry.get("part", ""), entry["unit"])] = entry
 
-    def write_file(self, key: str, payload: bytes | None) -> list[int] | None:
-        """Write ``payload`` as the file ``key`` whole and fsync it; return [size, CRC-32] of
-        the bytes (from memory: nothing is read back). None removes the file: an all-fill
-        uncompressed shard or chunk is no file, and one left by an interrupted run is not
-        trusted."""
+    def write_file(self, key: str, pieces: list[bytes] | None) -> list[int] | None:
+        """Write ``pieces`` one after the other as the file ``key``, whole, and fsync it;
+        return [size, CRC-32] of the bytes (from memory: nothing is read back). None removes
+        the file: an all-fill uncompressed shard or chunk is no file, and one left by an
+        interrupted run is not trusted."""
         path = self.path / key
-        if payload is None:
+        if pieces is None:
             path.unlink(missing_ok=True)
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, pieces)
             os.fsync(fd)
         finally:
             os.close(fd)
-        return [len(payload), zlib.crc32(payload)]
+        crc = 0
+        for piece in pieces:
+            crc = zlib.crc32(piece, crc)
+        return [sum(len(p) for p in pieces), crc]
 
     # ---- at the end ----------------------------------------------------------------------------
     def publish(self) -> None:
@@ -216,6 +217,19 @@ def file_crc(path: Path) -> int:
         while piece := f.read(1 << 20):
             crc = zlib.crc32(piece, crc)
     return crc
+
+
+def _write_all(fd: int, pieces: list[bytes]) -> None:
+    """``os.writev`` until every piece is written (a write may stop short, and an IOV_MAX of
+    1024 pieces is the most one call takes)."""
+    views = [memoryview(p) for p in pieces if len(p)]
+    while views:
+        done = os.writev(fd, views[:1024])
+        while views and done >= len(views[0]):
+            done -= len(views[0])
+            views.pop(0)
+        if done:
+            views[0] = views[0][done:]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -275,14 +289,13 @@ def open_levels(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, z
     return [ChunkFiles(a) for a in arrays]
 
 
-def write_block(staging: Staging, files: ChunkFiles, layout: Layout, level: Level, start: tuple[int, ...],
-                block: np.ndarray, root: str = "") -> dict[str, list[int] | None]:
-    """Write the files (shards on v3, chunks on v2) a unit's (source-ordered) block of
-    ``level`` (of the group ``root``) fills, each whole and fsynced; return each one's key,
-    relative to the staging folder, with its [size, CRC-32] (None: no file)."""
+def block_files(files: ChunkFiles, layout: Layout, level: Level, start: tuple[int, ...], block: np.ndarray,
+                root: str = "") -> list[tuple[str, np.ndarray]]:
+    """The files (shards on v3, chunks on v2) a unit's (source-ordered) block of ``level`` (of
+    the group ``root``) fills: each one's key relative to the staging folder and its part of
+    the block, which ``files.encode`` turns into the file's bytes."""
     data = layout.axes.to_output(block)
-    return {f"{root}{level.path}/{name}": staging.write_file(f"{root}{level.path}/{name}", payload)
-            for name, payload in files.files(out_start(layout, start), data)}
+    return [(f"{root}{level.path}/{name}", part) for name, part in files.files(out_start(layout, start), data)]
 
 
 def out_start(layout: Layout, start: tuple[int, ...]) -> tuple[int, ...]:
