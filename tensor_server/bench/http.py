@@ -46,6 +46,7 @@ class _Served:
                                                    precache_bytes=precache_bytes,
                                                    plane_budget_px=self.POLICY_PLANE_PX))
         self.server, self.http = served.flight, served.http
+        self.runtime = served.runtime
         self.policy = served.runtime.policy
 
     def close(self) -> None:
