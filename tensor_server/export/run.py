@@ -40,11 +40,11 @@ from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
 from tensor_server.errors import ReadCancelled
+from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.layout import Layout, label_scales, label_shape_option, plan_layout
 from tensor_server.export.ngff import image_attributes, labels_attributes
 from tensor_server.export.options import ExportOptions
 from tensor_server.export.reduce import unit_levels
-from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.store import Staging, block_files, open_levels, out_start, storage_errors
 
 __all__ = ["export_tensor", "Progress", "Cancelled"]

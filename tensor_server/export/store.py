@@ -10,8 +10,8 @@ very end).
 The progress record (``DEST.partial/.export-progress.jsonl``): a header line with the
 export's fingerprint (source identity and version, shape, dtype, options, geometry), then one
 line per finished unit naming every file the unit wrote with its size and CRC-32 (or null
-where the unit leaves no file: an all-fill uncompressed shard). A line is appended only after the unit's files
-are fsynced, and fsynced itself. ``--resume`` trusts a unit only when its line parses and
+where the unit leaves no file: an all-fill uncompressed shard). A line is appended only after
+the unit's files are fsynced, and fsynced itself. ``--resume`` trusts a unit only when its line parses and
 every file it names still has that size and checksum; a torn last line or a changed file
 means the unit is written again, and the record is rewritten from the verified lines first.
 """
