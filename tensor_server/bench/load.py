@@ -15,27 +15,19 @@ within 2 s of the last request.
 """
 from __future__ import annotations
 
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from tensor_server.bench.server_process import cpu_seconds, server_process
 from tensor_server.bench.timing import add_common_arguments, print_table, write_json
 
 __all__ = ["run_load"]
 
 CLIENTS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_bytes(pid: int) -> int:
@@ -47,41 +39,6 @@ def _rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (seconds)."""
-    import os
-
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _start_server(root: Path, cache_dir: Path, budget: int) -> tuple[subprocess.Popen, str, str]:
-    from biopb.tensor import TensorFlightClient
-
-    port, http_port = _free_port(), _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tensor_server", "serve", str(root), "--port", str(port),
-         "--cache-dir", str(cache_dir), "--cache-max-bytes", str(budget), "--http-port", str(http_port),
-         "--no-http-token", "--write-dir", str(cache_dir.parent / "write"), "--writable",
-         "--rois-db", str(cache_dir.parent / "annotations.duckdb")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    location = f"grpc://127.0.0.1:{port}"
-    http_url = f"http://127.0.0.1:{http_port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if TensorFlightClient(location).health_check().get("first_scan_done"):
-                return proc, location, http_url
-        except Exception:  # not listening yet
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} before serving")
-        time.sleep(0.25)
-    proc.kill()
-    raise RuntimeError("the server did not reach SERVING within 120 s")
 
 
 def _well_behaved(location: str, http_url: str, array_ids: list[str], stop: threading.Event, out: list,
@@ -160,9 +117,9 @@ def _phase(location: str, http_url: str, pid: int, array_ids: list[str], seconds
     for t in threads:
         t.join(timeout=120)
     time.sleep(0.2)  # the last replies leave
-    cpu0 = _cpu_seconds(pid)
+    cpu0 = cpu_seconds(pid)
     time.sleep(2.0)
-    cpu_after_ms = (_cpu_seconds(pid) - cpu0) * 1e3
+    cpu_after_ms = (cpu_seconds(pid) - cpu0) * 1e3
     lat = sorted(ms for _, ms in samples)
 
     def pct(p: float) -> float:
@@ -184,16 +141,14 @@ def run_load(size: str = "small", data_dir: str | None = None, json_path: str | 
     root = fixtures[0].path.parent
     wanted = {str(f.path.resolve()) for f in fixtures if f.name in ("ome-zarr", "ome-tiff")}
     work = Path(tempfile.mkdtemp(prefix="ts-bench-load-"))
-    proc, location, http_url = _start_server(root, work / "cache", budget)
-    try:
+    with server_process([root], work / "cache", "--cache-max-bytes", str(budget), "--write-dir", str(work / "write"),
+                        "--writable", "--rois-db", str(work / "annotations.duckdb")) as served:
+        location, http_url = served.location, served.http_url
         rows = TensorFlightClient(location).query("SELECT source_id, source_url FROM sources WHERE is_resolved").to_pylist()
         array_ids = [r["source_id"] for r in rows if r["source_url"].removeprefix("file://") in wanted]
         assert len(array_ids) == 2, f"expected the zarr and TIFF fixtures, found {rows}"
-        results = [_phase(location, http_url, proc.pid, array_ids, seconds, hostile) for hostile in (False, True)]
+        results = [_phase(location, http_url, served.pid, array_ids, seconds, hostile) for hostile in (False, True)]
         alive = TensorFlightClient(location).health_check().get("status") == "SERVING"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     print_table(["phase", "requests", "errors", "p50 ms", "p99 ms", "hostile requests", "RSS peak MiB", "RSS last MiB",
                  "CPU ms in 2 s after"],
                 [[r["phase"], r["requests"], r["errors"], r["p50_ms"], r["p99_ms"], r["hostile_requests"],

@@ -10,10 +10,14 @@ gradient with noise in a zarr v2 array of 512² blosc-zstd chunks and a 512²-ti
   at once (its own thread pool decodes on every core); the store is opened once per level
   before the clock starts, with its cache off, so every level decodes from the file;
 * ours over Flight: the biopb SDK's ``get_array(id, slice_hint, scale_hint, "mean")``, one per
-  tile, from ``--concurrency`` threads; a fresh server (empty chunk cache) per level: *cold*,
-  then the same tiles again: *warm* (cache hits);
-* ours over HTTP: the IIIF door's 512² JPEG of the same regions (what OpenSeadragon fetches;
-  the JPEG encode is ours alone, TensorStore's tiles stay raw).
+  tile, from ``--concurrency`` threads of this process, against a server process of its own
+  (``bench/server_process.py``: a client in the server's interpreter competes for its GIL),
+  fresh per level (empty chunk cache; the process warmed by a read of a corner the viewport
+  does not show and by what a viewer asks first, IIIF ``info.json`` and a thumbnail, then left
+  to go idle): *cold*, then the same tiles again: *warm* (cache hits);
+* ours over HTTP: the IIIF door's 512² JPEG of the same regions (what OpenSeadragon fetches),
+  over keep-alive connections (http.client, one per thread); the JPEG encode is ours alone,
+  TensorStore's tiles stay raw.
 
 Reported per level: each path's wall time for the whole viewport (``total``: the screen is
 drawn when the last tile lands) and per-tile p50; ``ours/ts`` is the cold Flight total over
@@ -106,39 +110,52 @@ def _tensorstore_total(path: Path, tiles: list[tuple], factor: int) -> float:
 
 
 def _ours(root: Path, kind: str, tiles: list[tuple], factor: int, workers: int) -> dict[str, float]:
-    """Cold and warm Flight viewports and a warm IIIF one, on a fresh server (empty cache)."""
-    import httpx
+    """Cold and warm Flight viewports and a warm IIIF one, on a fresh server process (empty
+    chunk cache); the clients are this process's threads, as a viewer's are its own."""
+    import http.client
+    import threading
+    import urllib.request
 
-    from tensor_server.cache import CacheManager
-    from tensor_server.catalog import Catalog
-    from tensor_server.testing import serving
+    from biopb.tensor import TensorFlightClient
 
-    catalog = Catalog([str(root / ("big.zarr" if kind == "zarr" else "big.tif"))])
-    catalog.scan()
-    aid = next(t.array_id for r in catalog.records() for t in r.source.tensors.values())
-    with tempfile.TemporaryDirectory(prefix="ts-bench-viewport-") as cache_dir, \
-            CacheManager(cache_dir) as cache, serving(catalog, cache=cache, http=True, precache_bytes=0) as srv:
-        client = srv.client()
+    from tensor_server.bench.server_process import server_process, wait_idle
+
+    path = root / ("big.zarr" if kind == "zarr" else "big.tif")
+    with tempfile.TemporaryDirectory(prefix="ts-bench-viewport-") as work, \
+            server_process([path], Path(work) / "cache") as srv:
+        client = TensorFlightClient(srv.location)
+        aid = client.query("SELECT source_id FROM sources").to_pylist()[0]["source_id"]
+        aid = client.get_descriptor(aid).array_id  # the tensor id: what a viewer holds after its first describe
         scale = [factor, factor]
+        # warm the process (imports, kernels), not the tiles: a corner the viewport does not
+        # show, and what a viewer asks first (info.json, a thumbnail: the rendering window)
+        client.get_array(aid, slice_hint=(slice(0, 1024), slice(0, 1024)), scale_hint=[2, 2], reduction_method="max")
+        for path in (f"/iiif/3/{aid}/info.json", f"/iiif/3/{aid}/full/128,/0/default.jpg"):
+            with urllib.request.urlopen(srv.http_url + path, timeout=600) as r:
+                r.read()
+        wait_idle(srv.pid)  # and the precacher's work around them done
 
         def flight_tile(t: tuple) -> None:
             y, x, h, w = t
             client.get_array(aid, slice_hint=(slice(y, y + h), slice(x, x + w)), scale_hint=scale,
                              reduction_method="mean")
 
-        http = httpx.Client(base_url=srv.http_url, timeout=600, limits=httpx.Limits(max_connections=workers))
+        local = threading.local()  # one keep-alive connection per thread, as a browser keeps per host
+        host, port = srv.http_url.removeprefix("http://").split(":")
 
         def iiif_tile(t: tuple) -> None:
+            if not hasattr(local, "conn"):
+                local.conn = http.client.HTTPConnection(host, int(port), timeout=600)
             y, x, h, w = t
-            r = http.get(f"/iiif/3/{aid}/{x},{y},{w},{h}/{-(-w // factor)},/0/default.jpg")
-            if r.status_code != 200:
-                raise RuntimeError(f"IIIF {r.status_code}: {r.text[:200]}")
+            local.conn.request("GET", f"/iiif/3/{aid}/{x},{y},{w},{h}/{-(-w // factor)},/0/default.jpg")
+            r = local.conn.getresponse()
+            body = r.read()
+            if r.status != 200:
+                raise RuntimeError(f"IIIF {r.status}: {body[:200]!r}")
 
         cold, cold_each = _concurrently(flight_tile, tiles, workers)
         warm, warm_each = _concurrently(flight_tile, tiles, workers)
         iiif, iiif_each = _concurrently(iiif_tile, tiles, workers)  # warm chunks: crop, render, encode
-        http.close()
-    catalog.close()
     return {"cold_total": cold, "cold_p50": float(np.median(cold_each)), "warm_total": warm,
             "warm_p50": float(np.median(warm_each)), "iiif_total": iiif, "iiif_p50": float(np.median(iiif_each))}
 

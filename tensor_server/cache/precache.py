@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import PRECOMPUTE, ChunkId
-from tensor_server.core.plan import plan_read
+from tensor_server.core.plan import grid_of, plan_read
 from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -159,23 +159,24 @@ class Precacher:
         else:
             level0 = cid.bounds
         here = next((i for i, (scale, _) in enumerate(levels) if scale == cid.scale), None)
+        grid = grid_of(tensor, cid)  # a tile's neighbours are the tiles the viewer asks next
         out: list[ChunkId] = []
-        grown = self._grow(tensor, level0, cid.scale)
-        out += [pc.chunk_id for pc in plan_read(tensor, grown, cid.scale, _wire(cid.method)).chunks]
+        grown = self._grow(tensor, level0, cid.scale, tensor.tile_shape if grid == "tile" else tensor.chunk_shape)
+        out += [pc.chunk_id for pc in plan_read(tensor, grown, cid.scale, _wire(cid.method), grid).chunks]
         if here is not None:
             for j in (here + 1, here - 1):
                 if 0 <= j < len(levels):
                     scale, method = levels[j]
-                    out += [pc.chunk_id for pc in plan_read(tensor, level0, scale, method).chunks]
+                    out += [pc.chunk_id for pc in plan_read(tensor, level0, scale, method, grid).chunks]
         return out
 
     @staticmethod
-    def _grow(tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...]) -> Bounds:
-        """``bounds`` widened by one chunk on the spatial axes (clamped to the tensor)."""
+    def _grow(tensor: TensorAdapter, bounds: Bounds, scale: tuple[int, ...], chunk: tuple[int, ...]) -> Bounds:
+        """``bounds`` widened by one ``chunk`` (at ``scale``) on the spatial axes (clamped)."""
         start, stop = list(bounds.start), list(bounds.stop)
         for axis, label in enumerate(tensor.dim_labels):
             if label in _SPATIAL:
-                step = tensor.chunk_shape[axis] * scale[axis]
+                step = chunk[axis] * scale[axis]
                 start[axis] = max(0, start[axis] - step)
                 stop[axis] = min(tensor.shape[axis], stop[axis] + step)
         return Bounds(tuple(start), tuple(stop))

@@ -40,7 +40,7 @@ import numpy as np
 from tensor_server.core.arrays import native_dtype, owned_array
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.identity import minted_content_version, source_id_for_path
-from tensor_server.core.transfer_grid import default_seed, transfer_chunk_shape
+from tensor_server.core.transfer_grid import default_seed, spatial_axes, tile_chunk_shape, transfer_chunk_shape
 from tensor_server.core.units import carried_unit
 
 __all__ = ["TensorAdapter", "TensorInfo", "SourceAdapter", "NativeLevel"]
@@ -175,6 +175,14 @@ class TensorAdapter(ABC):
         if override is not None:
             return tuple(min(c, n) for c, n in zip(override, self.shape))
         return transfer_chunk_shape(self.shape, self.dtype.itemsize, self.seed_shape, self.dim_labels)
+
+    @cached_property
+    def tile_shape(self) -> tuple[int, ...]:
+        """The tile grid (level-0 pixels per chunk): the transfer grid cut for small reads
+        (``transfer_grid.tile_chunk_shape``; which one a read uses: ``core/plan.py``), never
+        through a block the reader decodes whole (``read_block_shape``; None: it crops cheaply)."""
+        blocks = self.read_block_shape or (1,) * self.ndim
+        return tile_chunk_shape(self.chunk_shape, blocks, spatial_axes(self.ndim, self.dim_labels))
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:

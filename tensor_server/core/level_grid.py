@@ -1,10 +1,12 @@
 """The served levels of a tensor as chunk grids: the geometry every tiled door shares.
 
 A level is one advertised pyramid level (``core.pyramid.advertised_levels``) with the chunk
-grid a client addresses it by: a computed level's grid is the transfer grid in output pixels
-(cell ``k`` covers level-0 ``[k·c·s, (k+1)·c·s)``), a stored level's is the level tensor's own
-grid. Cell ``k`` of a level is exactly the engine chunk the planner mints for it, so the OME-Zarr
-view, IIIF, DeepZoom and the Flight plan fill and hit the same chunk cache entries, and a
+grid a client addresses it by: a computed level's grid is the transfer grid (the OME-Zarr view)
+or the tile grid (IIIF, DeepZoom) in output pixels (cell ``k`` covers level-0
+``[k·c·s, (k+1)·c·s)``), a stored level's is the level tensor's own grid. Cell ``k`` of a level
+is exactly the engine chunk the planner mints for it on that grid, so the OME-Zarr view and a
+whole read over Flight, and the tile doors and a viewer's tile reads over Flight, fill and hit
+the same chunk cache entries, and a
 region of a level (``read_level_region``) is assembled from those chunks: a warm tile costs
 cache hits and a crop, never a reduction.
 """
@@ -49,8 +51,12 @@ class GridLevel:
         return tuple(-(-n // c) for n, c in zip(self.shape, self.chunks))
 
 
-def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None) -> list[GridLevel]:
-    """Level 0 first, coarsest last (the advertised pyramid)."""
+def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, tiles: bool = False
+                ) -> list[GridLevel]:
+    """Level 0 first, coarsest last (the advertised pyramid). ``tiles``: computed levels on
+    the tile grid (``tensor.tile_shape``, what a tile viewer's reads plan on), else on the
+    transfer grid (the OME-Zarr view's chunks)."""
+    grid = tensor.tile_shape if tiles else tensor.chunk_shape
     out = []
     for i, spec in enumerate(advertised_levels(tensor, policy)):
         scale = tuple(spec.scale)
@@ -59,7 +65,7 @@ def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None) -> l
             shape, chunks = tuple(lt.shape), tuple(min(c, n) for c, n in zip(lt.chunk_shape, lt.shape))
         else:
             shape = tuple(spec.shape)
-            chunks = tuple(min(c, n) for c, n in zip(tensor.chunk_shape, shape))
+            chunks = tuple(min(c, n) for c, n in zip(grid, shape))
         method = UNSCALED if all(s == 1 for s in scale) else spec.method
         out.append(GridLevel(i, scale, method, shape, chunks))
     return out

@@ -7,6 +7,15 @@ The algorithm is wire-protocol §3.4 (the reference server's): per axis, the vir
 extent and output bounds relative to the realized region. Because the realized start is a
 multiple of V (hence of the scale), output pixel ``i`` maps to level-0 ``start + i·scale``,
 which is what the client's crop assumes, and scaled chunks are independent of the request.
+
+Two grids, one per request (``grid``): the transfer grid (``tensor.chunk_shape``), and for a
+read far smaller than its transfer chunks, the tile grid (``tensor.tile_shape``, ``transfer_grid.tile_chunk_shape``).
+``"fit"`` takes the tile grid when the region snapped to the transfer grid is at least
+``TILE_SAVING`` times the region snapped to the tile grid: a viewer's 512² tile then moves
+and computes its own extent, while a whole-tensor read, a dask graph and a write plan keep the
+transfer grid (a write plan must: an upload stores that grid). Either grid's chunks tile the
+realized region and name their own extent, so the engine, the cache and the client need not
+know which grid minted them.
 """
 from __future__ import annotations
 
@@ -23,7 +32,13 @@ from tensor_server.core.transfer_grid import CEILING_BYTES, scaled_virtual_chunk
 from tensor_server.errors import InvalidArgument, InvalidBounds
 from tensor_server_kernels.reference import output_shape
 
-__all__ = ["PlannedChunk", "ReadPlan", "plan_read"]
+__all__ = ["PlannedChunk", "ReadPlan", "plan_read", "GRIDS", "TILE_SAVING", "grid_of"]
+
+#: ``plan_read``'s grid choices (module docstring)
+GRIDS = ("fit", "transfer", "tile")
+#: how much smaller (realized level-0 pixels) the tile grid's region must be for ``"fit"`` to
+#: take it: below that, the transfer grid's fewer, larger chunks cost fewer round trips
+TILE_SAVING = 4
 
 
 @dataclass(frozen=True)
@@ -53,8 +68,10 @@ def plan_read(
     region: Bounds | None = None,
     scale: Sequence[int] | None = None,
     method: str | None = None,
+    grid: str = "fit",
 ) -> ReadPlan:
-    """Plan a read of ``region`` (level-0, default the whole tensor) at ``scale``.
+    """Plan a read of ``region`` (level-0, default the whole tensor) at ``scale`` on ``grid``
+    (one of ``GRIDS``, module docstring).
 
     ``method`` is a wire method string; label tensors get their label-safe method
     (``effective_method``). Stops beyond the axis are clamped (the client's crop clips too);
@@ -76,11 +93,10 @@ def plan_read(
         eff = UNSCALED
     if eff == PRECOMPUTE:
         return _plan_stored_level(tensor, region, scale_t)
-    chunk = tensor.chunk_shape
+    chunk = _grid_chunk(tensor, region, scale_t, grid)
     virtual = scaled_virtual_chunk_size(chunk, scale_t, shape)
-    rs = tuple((a // v) * v for a, v in zip(region.start, virtual))
-    re = tuple(min(-(-b // v) * v, n) for b, v, n in zip(region.stop, virtual, shape))
-    realized = Bounds(rs, re)
+    realized = _snapped(region, virtual, shape)
+    rs, re = realized.start, realized.stop
     out_shape = output_shape(realized.shape, scale_t)
     out_chunk = tuple(min(c, n) for c, n in zip(chunk, out_shape))
     if _prod(out_chunk) * tensor.dtype.itemsize > CEILING_BYTES:
@@ -103,6 +119,39 @@ def plan_read(
         chunk_shape=out_chunk,
         chunks=tuple(chunks),
     )
+
+
+def grid_of(tensor: TensorAdapter, cid: ChunkId) -> str:
+    """The grid a computed chunk id was planned on, as far as its extent tells: ``"tile"``
+    when it fits one tile-grid chunk and that grid is finer, else ``"transfer"`` (a transfer
+    chunk cut short at the tensor's edge may read as a tile; either answer plans valid ids)."""
+    tile = tensor.tile_shape
+    if cid.method == PRECOMPUTE or tile == tensor.chunk_shape:
+        return "transfer"
+    fits = all(e <= t * s for e, t, s in zip(cid.bounds.shape, tile, cid.scale))
+    return "tile" if fits else "transfer"
+
+
+def _grid_chunk(tensor: TensorAdapter, region: Bounds, scale: tuple[int, ...], grid: str) -> tuple[int, ...]:
+    """The chunk shape of the grid this plan is laid on."""
+    if grid not in GRIDS:
+        raise ValueError(f"grid must be one of {GRIDS}, not {grid!r}")
+    transfer = tensor.chunk_shape
+    if grid == "transfer":
+        return transfer
+    tile = tensor.tile_shape
+    if grid == "tile" or tile == transfer:
+        return tile
+    shape = tensor.shape
+    on_transfer = _snapped(region, scaled_virtual_chunk_size(transfer, scale, shape), shape)
+    on_tile = _snapped(region, scaled_virtual_chunk_size(tile, scale, shape), shape)
+    return tile if _prod(on_transfer.shape) >= TILE_SAVING * _prod(on_tile.shape) else transfer
+
+
+def _snapped(region: Bounds, virtual: Sequence[int], shape: Sequence[int]) -> Bounds:
+    """``region`` snapped outward to whole virtual chunks (clamped to the tensor)."""
+    return Bounds(tuple((a // v) * v for a, v in zip(region.start, virtual)),
+                  tuple(min(-(-b // v) * v, n) for b, v, n in zip(region.stop, virtual, shape)))
 
 
 def _plan_stored_level(tensor: TensorAdapter, region: Bounds, scale: tuple[int, ...]) -> ReadPlan:

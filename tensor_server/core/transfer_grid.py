@@ -14,6 +14,13 @@ and either coalesces whole seeds up to ``TARGET_BYTES`` or divides a larger seed
 A chunk never exceeds ``CEILING_BYTES``. Scaled chunks reuse the grid: a scaled chunk's source
 extent is ``transfer × scale`` (``scaled_virtual_chunk_size``), so a delivered scaled chunk is
 one transfer chunk and chunks tile without splitting a reduction block.
+
+A second, finer grid serves small reads (``tile_chunk_shape``): a viewer's 512² tile on the
+transfer grid of a uint8 image is one 2048×4096 chunk, so it moved and copied 32× its bytes,
+and a tile of a computed level reduced 32× its extent (at scale 8 of an 8192² image, the whole
+image for every tile). The tile grid halves the transfer chunk's plane axes down to
+``TILE_MIN_PX``, never splitting a block the reader decodes whole, so a tile costs about what
+it shows; the plan picks it per request (``core/plan.py``).
 """
 from __future__ import annotations
 
@@ -27,10 +34,16 @@ __all__ = [
     "default_seed",
     "transfer_chunk_shape",
     "scaled_virtual_chunk_size",
+    "TILE_MIN_PX",
+    "tile_chunk_shape",
 ]
 
 TARGET_BYTES = 8 << 20
 CEILING_BYTES = 64 << 20
+#: The tile grid's least plane extent: the tile viewers ask for (OpenSeadragon's IIIF and
+#: DeepZoom tiles, napari's are 256-1024). Smaller would cost a round trip per 256² of a
+#: 512² tile, and a round trip (~1 ms) costs more than the bytes it saves.
+TILE_MIN_PX = 512
 
 # Axes a chunk is cut along last when dividing: splitting colour samples of one pixel into
 # separate chunks would make every RGB read fetch three chunks.
@@ -172,3 +185,27 @@ def scaled_virtual_chunk_size(
 ) -> tuple[int, ...]:
     """Source extent of one scaled chunk: ``transfer × scale``, clamped to the tensor."""
     return tuple(min(int(c) * int(s), int(n)) for c, s, n in zip(chunk_shape, scale, shape))
+
+
+def tile_chunk_shape(transfer: Sequence[int], blocks: Sequence[int], spatial: Sequence[int]) -> tuple[int, ...]:
+    """The tile grid: ``transfer`` with its plane axes halved, the largest first (equal ones
+    together, so square tiles stay square), while each halved extent is even, at least
+    ``TILE_MIN_PX`` and a whole number of ``blocks`` (what the reader decodes whole: a zarr
+    chunk, a TIFF tile; 1 where it crops cheaply). A block is never split: the tiles of one
+    block would each decode all of it (a 4096² zarr chunk decoded 64 times for its 512²
+    tiles), so where the transfer chunk is within one block the tile grid is the transfer
+    grid. Other axes keep the transfer extent."""
+    chunk = [int(c) for c in transfer]
+
+    def halvable(axis: int) -> bool:
+        c, half = chunk[axis], chunk[axis] // 2
+        return c % 2 == 0 and half >= TILE_MIN_PX and half % int(blocks[axis]) == 0
+
+    while spatial:
+        largest = max(chunk[a] for a in spatial)
+        axes = [a for a in spatial if chunk[a] == largest]
+        if not all(halvable(a) for a in axes):
+            break
+        for a in axes:
+            chunk[a] //= 2
+    return tuple(chunk)

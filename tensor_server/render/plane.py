@@ -56,7 +56,8 @@ def _plane_levels(tensor: TensorAdapter, policy: PyramidPolicy | None, y: int, x
     past a computed pyramid's last level, more factors of 2 until the plane fits one
     ``COARSEST`` tile: a thumbnail of a huge image is one cached chunk, not a resize of the
     4 Mpx level every time. Their chunks are planned chunks like any other (same ids, cache)."""
-    levels = [lv for lv in grid_levels(tensor, policy) if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x))]
+    levels = [lv for lv in grid_levels(tensor, policy, tiles=True)
+              if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x))]
     if tensor.native_levels:
         return tuple(levels)
     method, scale = default_method(tensor.is_labels), list(levels[-1].scale)
@@ -64,7 +65,7 @@ def _plane_levels(tensor: TensorAdapter, policy: PyramidPolicy | None, y: int, x
     while max(shape[y], shape[x]) > COARSEST:
         scale[y], scale[x] = scale[y] * 2, scale[x] * 2
         shape = output_shape(tensor.shape, scale)
-        chunks = tuple(min(c, n) for c, n in zip(tensor.chunk_shape, shape))
+        chunks = tuple(min(c, n) for c, n in zip(tensor.tile_shape, shape))
         levels.append(GridLevel(len(levels), tuple(scale), method, shape, chunks))
     return tuple(levels)
 

@@ -203,8 +203,9 @@ class ServingRuntime:
         scale = list(scale or []) or None
         scaled = bool(scale) and any(s != 1 for s in scale)
         up = self.upload(array_id)
+        write_plan = False
         if up is not None:
-            from tensor_server.uploads.marker import DISCARDED
+            from tensor_server.uploads.marker import DISCARDED, PENDING
             from tensor_server.uploads import UploadClosed
 
             self.access.read(caller, up.tensor)
@@ -214,13 +215,15 @@ class ServingRuntime:
                 return Described(None, up.array_id, wanted, upload=up)
             if scaled:
                 self.uploads.check_readable(up)  # an unscaled plan while PENDING is the write plan
+            write_plan = up.state == PENDING and not scaled
         tensor, echo = self.tensor(array_id, caller, pixels=False)
         if self._reopened_if_stale(tensor, region):  # plan against the bytes on disk now
             tensor, echo = self.tensor(array_id, caller, pixels=False)
         check_read_request(region, scale, tensor.shape)
         plan = None
         if "endpoints" in wanted or region is not None or scaled:
-            plan = plan_read(tensor, region, scale, method)
+            # a write plan keeps the stored grid: the upload's chunks are that grid's cells
+            plan = plan_read(tensor, region, scale, method, grid="transfer" if write_plan else "fit")
             if "endpoints" in wanted and not plan.chunks:
                 raise InvalidArgument(f"{array_id}: the requested region is empty")
         record = self.catalog.get_record(ArrayId.parse(tensor.array_id).source_id)

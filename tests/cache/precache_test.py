@@ -60,3 +60,26 @@ def test_neighbours_are_planned_on_the_worker_and_warmed(precacher, monkeypatch)
     hits = p.stats["hits"]
     p.after_read(tensor, chunks[0])  # a chunk the precacher warmed: counted as its hit
     assert p.stats["hits"] == hits + 1
+
+
+def test_a_tiles_neighbours_are_tiles(precacher):
+    """A viewer reading 512² tiles (the tile grid, core/plan.py) pans to the next tiles: the
+    neighbours warmed are those tiles, not the 2048×4096 transfer chunks around them."""
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.plan import grid_of
+
+    p, cache = precacher
+    arr = np.arange(8192 * 8192, dtype=np.uint32).astype(np.uint8).reshape(8192, 8192)
+    tensor = ArrayAdapter(arr, "yx", chunk_shape=(2048, 4096), read_block_shape=(512, 512))
+    tile = plan_read(tensor, Bounds((2048, 2048), (2560, 2560))).chunks[0].chunk_id
+    assert tile.bounds == Bounds((2048, 2048), (2560, 2560)) and grid_of(tensor, tile) == "tile"
+    assert grid_of(tensor, plan_read(tensor).chunks[0].chunk_id) == "transfer"
+    p.after_read(tensor, tile)
+    _settle(p)
+    for dy in (-512, 0, 512):
+        for dx in (-512, 0, 512):
+            if dy or dx:
+                box = Bounds((2048 + dy, 2048 + dx), (2560 + dy, 2560 + dx))
+                assert cache.contains_all([plan_read(tensor, box).chunks[0].chunk_id.encode()]), box
+    transfer = plan_read(tensor, Bounds((2048, 2048), (2560, 2560)), grid="transfer").chunks[0].chunk_id
+    assert not cache.contains_all([transfer.encode()])

@@ -138,3 +138,51 @@ def test_precompute_plans_on_the_stored_level_grid():
     np.testing.assert_array_equal(crop, level1[2:5, 2:6])
     with pytest.raises(InvalidArgument, match="stores no level"):
         plan_read(t, None, (4, 4), "precompute")
+
+
+def _tiled_plane():
+    """A uint8 8192² plane whose reader decodes 512² blocks, on 2048×4096 transfer chunks
+    (what the transfer grid gives a zarr of 512² chunks)."""
+    rng = np.random.default_rng(5)
+    t = ArrayAdapter(rng.integers(0, 255, (8192, 8192), dtype=np.uint8), "yx", chunk_shape=(2048, 4096),
+                     read_block_shape=(512, 512))
+    MemorySource(t, source_id="tiles")
+    return t
+
+
+def test_a_tile_sized_read_plans_on_the_tile_grid():
+    t = _tiled_plane()
+    assert t.chunk_shape == (2048, 4096) and t.tile_shape == (512, 512)
+    tile = plan_read(t, Bounds((1024, 1536), (1536, 2048)))  # one 512² viewer tile
+    assert [pc.chunk_id.bounds for pc in tile.chunks] == [Bounds((1024, 1536), (1536, 2048))]
+    assert tile.chunk_shape == (512, 512)
+    scaled = plan_read(t, Bounds((4096, 0), (8192, 4096)), (8, 8), "area")  # a 512² tile of level 3
+    assert [pc.chunk_id.bounds for pc in scaled.chunks] == [Bounds((4096, 0), (8192, 4096))]
+    whole = plan_read(t, None, (8, 8), "area")  # on the transfer grid, the whole image was every tile's chunk
+    assert [pc.chunk_id.bounds for pc in whole.chunks] == [Bounds.full((8192, 8192))]
+    assert plan_read(t).chunk_shape == (2048, 4096) and len(plan_read(t).chunks) == 8
+    forced = plan_read(t, Bounds((1024, 1536), (1536, 2048)), grid="transfer")
+    assert [pc.chunk_id.bounds for pc in forced.chunks] == [Bounds((0, 0), (2048, 4096))]
+    with pytest.raises(ValueError, match="grid must be one of"):
+        plan_read(t, None, grid="tiles")
+
+
+def test_fit_keeps_the_transfer_grid_unless_tiles_save_four_times():
+    t = _tiled_plane()
+    # 1500² across a transfer-chunk row boundary: 4096² on the transfer grid, 2048×1536 on tiles (5.3x)
+    assert plan_read(t, Bounds((1800, 0), (3300, 1500))).chunk_shape == (512, 512)
+    # 3000² from the origin: 4096² against 3072² of tiles (1.8x), too little for 36 round trips instead of 2
+    assert plan_read(t, Bounds((0, 0), (3000, 3000))).chunk_shape == (2048, 4096)
+
+
+@pytest.mark.parametrize("scale, method", [((1, 1), None), ((2, 2), "area"), ((4, 4), "nearest"), ((8, 8), "max")])
+def test_tile_and_transfer_plans_give_the_same_pixels(scale, method):
+    t = _tiled_plane()
+    region = Bounds((1000, 3000), (1000 + 512 * scale[0] + 7, 3000 + 512 * scale[1] - 5))
+    tile, transfer = plan_read(t, region, scale, method, grid="tile"), plan_read(t, region, scale, method, grid="transfer")
+    assert tile.chunk_shape != transfer.chunk_shape
+    a, b = assemble(t, tile), assemble(t, transfer)
+    off = tuple((p - q) // s for p, q, s in zip(tile.realized.start, transfer.realized.start, scale))
+    np.testing.assert_array_equal(a, b[tuple(slice(o, o + n) for o, n in zip(off, a.shape))])
+    want = downsample_block(t.get_data(tile.realized), scale, normalize_method(method or "nearest"))
+    np.testing.assert_array_equal(a, want)

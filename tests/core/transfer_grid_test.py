@@ -8,8 +8,10 @@ import pytest
 from tensor_server.core.transfer_grid import (
     CEILING_BYTES,
     TARGET_BYTES,
+    TILE_MIN_PX,
     scaled_virtual_chunk_size,
     spatial_axes,
+    tile_chunk_shape,
     transfer_chunk_shape,
 )
 
@@ -76,3 +78,26 @@ def test_ceiling_never_exceeded_even_with_a_big_target():
 def test_scaled_virtual_chunk_size_clamps():
     assert scaled_virtual_chunk_size((2048, 2048), (4, 4), (8192, 5000)) == (8192, 5000)
     assert scaled_virtual_chunk_size((1, 512), (1, 2), (3, 4096)) == (1, 1024)
+
+
+@pytest.mark.parametrize(
+    "transfer, blocks, spatial, tile",
+    [
+        ((2048, 4096), (512, 512), (0, 1), (512, 512)),  # a uint8 plane of 512² tiles: the larger axis first
+        ((2048, 2048), (1024, 1024), (0, 1), (1024, 1024)),  # never splits a block
+        ((2048, 2048), (4096, 4096), (0, 1), (2048, 2048)),  # within one block: a split would decode it again
+        ((1, 2048, 2048), (1, 256, 256), (1, 2), (1, 512, 512)),  # other axes keep the transfer extent
+        ((16, 1024, 1024), (16, 512, 512), (1, 2), (16, 512, 512)),
+        ((512, 512), (256, 256), (0, 1), (512, 512)),  # already at the floor
+        ((2048, 2048), (1, 1), (0, 1), (512, 512)),  # a reader that crops cheaply (memmap)
+        ((300, 2000), (300, 500), (0, 1), (300, 1000)),  # 500 is under the floor
+        ((1536, 1536), (512, 512), (0, 1), (1536, 1536)),  # 768 is not whole 512-px blocks
+    ],
+)
+def test_tile_grid_halves_the_plane_down_to_whole_blocks(transfer, blocks, spatial, tile):
+    got = tile_chunk_shape(transfer, blocks, spatial)
+    assert got == tile
+    for axis, (t, c) in enumerate(zip(got, transfer)):
+        assert c % t == 0, "a tile grid chunk divides the transfer chunk"
+        if axis in spatial and t != c:
+            assert t >= TILE_MIN_PX

@@ -312,3 +312,22 @@ def test_a_taken_name_is_refused_in_the_reference_servers_words(client):
         assert '"ALREADY_EXISTS"' in bytes(err.value.extra_info).decode()
     with pytest.raises(flight.FlightError, match="not readable yet"):
         client.get_array(desc.array_id)
+
+
+@pytest.mark.parametrize("scheme", ["zarr", "cache"])
+def test_a_small_write_plan_stays_on_the_upload_grid(client, server, scheme):
+    """A read this small plans on the finer tile grid (core/plan.py); a write plan must not:
+    the upload stores its own grid's chunks, and a tile-sized DoPut is not one of them."""
+    arr = (np.arange(4096 * 4096, dtype=np.uint32) % 251).astype(np.uint8).reshape(4096, 4096)
+    desc = client.setup_array_upload(f"{scheme}://scratch/@fields/grid-{scheme}", arr)
+    tensor = server.runtime.uploads.get(desc.array_id).tensor
+    assert tensor.tile_shape != tensor.chunk_shape  # else this test could not fail
+    st = client.upload_array(desc, arr, slice_hint=(slice(0, 512), slice(0, 512)))
+    assert st["uploaded_chunks"] == 1 and st["expected_chunks"] == len(plan_cells(tensor.chunk_shape, arr.shape))
+    client.upload_array(desc, arr)
+    np.testing.assert_array_equal(client.get_array(desc.array_id, slice_hint=(slice(0, 512), slice(0, 512))),
+                                  arr[:512, :512])
+
+
+def plan_cells(chunk, shape):
+    return [(i, j) for i in range(0, shape[0], chunk[0]) for j in range(0, shape[1], chunk[1])]

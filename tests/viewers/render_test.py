@@ -59,6 +59,22 @@ def test_a_region_is_read_at_the_level_that_serves_its_size():
         split_identifier("a;z=x")
 
 
+def test_tile_doors_address_the_tile_grid():
+    """IIIF and DeepZoom read a level's chunks on the tile grid, the cells a viewer's Flight
+    tile reads plan too (core/plan.py), so both doors fill and hit the same cache entries."""
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.level_grid import level_chunk_id
+    from tensor_server.core.plan import plan_read
+
+    t = ArrayAdapter(np.zeros((8192, 8192), np.uint8), "yx", chunk_shape=(2048, 4096), read_block_shape=(512, 512))
+    t.array_id = "t"
+    view = PlaneView.of(t, {}, None)
+    assert all(lv.chunks == (512, 512) for lv in view.levels if lv.shape[0] >= 512)
+    level = next(lv for lv in view.levels if lv.scale == (4, 4))
+    cid = level_chunk_id(t, level, (1, 2))
+    assert cid == plan_read(t, Bounds((2048, 4096), (4096, 6144)), (4, 4), level.method).chunks[0].chunk_id
+
+
 def test_iiif_parameters():
     fmts = ["jpg", "png"]
     r = iiif.parse_request("pct:50,0,50,100", "!100,100", "!90", "gray.png", 1000, 600, fmts)
