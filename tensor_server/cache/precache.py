@@ -31,6 +31,8 @@ from collections import OrderedDict, deque
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
+import numpy as np
+
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import PRECOMPUTE, ChunkId
 from tensor_server.core.plan import grid_of, plan_read
@@ -66,6 +68,9 @@ class Precacher:
         self.budget_bytes = int(budget_bytes)
         self._queue: deque[tuple[TensorAdapter, ChunkId]] = deque(maxlen=max_queue)
         self._queued: set[bytes] = set()
+        #: pixels a door computed for a queued chunk (``keep``): stored, not recomputed
+        self._kept: dict[bytes, np.ndarray] = {}
+        self._kept_bytes = 0
         self._warmed: OrderedDict[bytes, None] = OrderedDict()
         #: chunks read, their neighbours not planned yet (the oldest dropped beyond max_queue)
         self._triggers: OrderedDict[bytes, tuple[TensorAdapter, ChunkId]] = OrderedDict()
@@ -123,6 +128,22 @@ class Precacher:
             return
         self.warm(tensor, candidates, skip=key)
 
+    def keep(self, tensor: TensorAdapter, cid: ChunkId, pixels: np.ndarray) -> None:
+        """A door computed ``cid``'s pixels without storing them, to answer sooner: store
+        them when idle instead of recomputing them (at most ``budget_bytes`` held; past that
+        the chunk is queued to be recomputed), and plan its neighbours as for a read."""
+        key = cid.encode()
+        with self._lock:
+            held = key in self._kept or self._kept_bytes + pixels.nbytes > self.budget_bytes
+            if not held:  # (a chunk queued as a neighbour gets them too)
+                self._kept[key] = pixels.copy()  # the door goes on using its own array
+                self._kept_bytes += pixels.nbytes
+        self.warm(tensor, [cid])
+        with self._lock:
+            if key not in self._queued:  # cached or warmed already: nothing to store
+                self._forget(key)
+        self.after_read(tensor, cid)
+
     def warm(self, tensor: TensorAdapter, cids: list[ChunkId], skip: bytes | None = None) -> None:
         """Queue the chunks of ``cids`` not cached or queued yet, up to ``budget_bytes``
         (``after_read``'s neighbours; a door's chunks it served a cold region without)."""
@@ -140,7 +161,7 @@ class Precacher:
                     continue
                 if len(self._queue) == self._queue.maxlen:
                     _, dropped = self._queue.popleft()
-                    self._queued.discard(dropped.encode())
+                    self._forget(dropped.encode())
                     self.stats["dropped"] += 1
                 self._queue.append((tensor, nxt))
                 self._queued.add(nkey)
@@ -210,8 +231,13 @@ class Precacher:
                 continue
             tensor, cid = item
             key = cid.encode()
+            with self._lock:
+                kept = self._kept.get(key)
             try:
-                self.engine.chunk(cid, tensor)
+                if kept is not None:
+                    self.engine.store.get_or_compute(key, lambda: kept)
+                else:
+                    self.engine.chunk(cid, tensor)
                 with self._lock:
                     self.stats["warmed"] += 1
                     self._warmed[key] = None
@@ -223,7 +249,14 @@ class Precacher:
                 log.debug("precache of %s failed: %s", cid.array_id, exc)
             finally:
                 with self._lock:
-                    self._queued.discard(key)
+                    self._forget(key)
+
+    def _forget(self, key: bytes) -> None:
+        """``key`` leaves the queue (warmed, failed or dropped); under the lock."""
+        self._queued.discard(key)
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self._kept_bytes -= kept.nbytes
 
     def idle(self) -> bool:
         with self._lock:

@@ -179,7 +179,8 @@ def test_fit_keeps_the_transfer_grid_unless_tiles_save_four_times():
 def test_tile_and_transfer_plans_give_the_same_pixels(scale, method):
     t = _tiled_plane()
     region = Bounds((1000, 3000), (1000 + 512 * scale[0] + 7, 3000 + 512 * scale[1] - 5))
-    tile, transfer = plan_read(t, region, scale, method, grid="tile"), plan_read(t, region, scale, method, grid="transfer")
+    tile = plan_read(t, region, scale, method, grid="tile")
+    transfer = plan_read(t, region, scale, method, grid="transfer")
     assert tile.chunk_shape != transfer.chunk_shape
     a, b = assemble(t, tile), assemble(t, transfer)
     off = tuple((p - q) // s for p, q, s in zip(tile.realized.start, transfer.realized.start, scale))

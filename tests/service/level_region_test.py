@@ -13,6 +13,7 @@ from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.config import Settings
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.chunk_id import ChunkId
 from tensor_server.core.level_grid import grid_levels, level_chunk_id, read_level_region
 from tensor_server.service import Caller, ServingRuntime
 
@@ -81,3 +82,41 @@ def test_a_cold_tile_reads_its_extent_and_queues_its_chunks(runtime, monkeypatch
     monkeypatch.undo()
     assert runtime.cache.contains_all([level_chunk_id(tensor, level, (0, 0)).encode()])
     np.testing.assert_array_equal(runtime.level_region(tensor, level, region, caller), DATA[:64, :64])
+
+
+def test_a_cold_tile_that_is_its_chunk_is_stored_not_recomputed(tmp_path):
+    """On the tile grid a 512² tile is exactly one chunk: it is computed from its extent, and
+    the precacher stores those pixels when idle instead of computing the chunk again."""
+    from tensor_server.render.plane import PlaneView
+
+    data = np.random.default_rng(3).integers(0, 255, (4096, 4096), dtype=np.uint8)
+    source = ArrayAdapter(data, "yx", chunk_shape=(2048, 4096), read_block_shape=(512, 512))
+    cat = Catalog([])
+    cat.add_source(MemorySource(source, source_id="tiles"))
+    cat.first_scan_done.set()
+    cache = CacheManager(tmp_path / "cache", max_total_bytes=64 << 20)
+    rt = ServingRuntime(cat, Settings(), cache=cache)
+    try:
+        caller = Caller()
+        tensor, _ = rt.tensor("tiles", caller)
+        level = next(lv for lv in PlaneView.of(tensor, {}, rt.policy).levels if lv.scale == (2, 2))
+        assert level.chunks == (512, 512)
+        cid = level_chunk_id(tensor, level, (1, 2))
+        computed, chunk = [], rt.engine.chunk
+
+        def recording(c, t, **k):
+            computed.append(ChunkId.decode(c) if isinstance(c, bytes) else c)
+            return chunk(c, t, **k)
+
+        rt.engine.chunk = recording
+        tile = rt.level_region(tensor, level, Bounds((512, 1024), (1024, 1536)), caller)
+        want = data[1024:2048, 2048:3072].reshape(512, 2, 512, 2).astype(np.float64).mean(axis=(1, 3))
+        np.testing.assert_array_equal(tile, np.round(want).astype(np.uint8))  # area: round half to even
+        _settle(rt)
+        assert rt.cache.contains_all([cid.encode()]), "the tile's chunk is stored"
+        assert cid not in computed and len(computed) > 0, "its neighbours were computed, the tile was not again"
+        np.testing.assert_array_equal(rt.cache.get(cid.encode()), tile)
+    finally:
+        rt.close()
+        cache.close()
+        cat.close()
