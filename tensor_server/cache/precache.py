@@ -68,8 +68,8 @@ class Precacher:
         self.budget_bytes = int(budget_bytes)
         self._queue: deque[tuple[TensorAdapter, ChunkId]] = deque(maxlen=max_queue)
         self._queued: set[bytes] = set()
-        #: pixels a door computed for a queued chunk (``keep``): stored, not recomputed
-        self._kept: dict[bytes, np.ndarray] = {}
+        #: chunks a door computed and did not store (``keep``): stored first, never dropped
+        self._kept: OrderedDict[bytes, tuple[ChunkId, np.ndarray]] = OrderedDict()
         self._kept_bytes = 0
         self._warmed: OrderedDict[bytes, None] = OrderedDict()
         #: chunks read, their neighbours not planned yet (the oldest dropped beyond max_queue)
@@ -130,18 +130,17 @@ class Precacher:
 
     def keep(self, tensor: TensorAdapter, cid: ChunkId, pixels: np.ndarray) -> None:
         """A door computed ``cid``'s pixels without storing them, to answer sooner: store
-        them when idle instead of recomputing them (at most ``budget_bytes`` held; past that
-        the chunk is queued to be recomputed), and plan its neighbours as for a read."""
+        them when idle, before any other work and never dropped for a neighbour (at most
+        ``budget_bytes`` held; past that the chunk is queued to be recomputed), and plan its
+        neighbours as for a read."""
         key = cid.encode()
         with self._lock:
-            held = key in self._kept or self._kept_bytes + pixels.nbytes > self.budget_bytes
-            if not held:  # (a chunk queued as a neighbour gets them too)
-                self._kept[key] = pixels.copy()  # the door goes on using its own array
+            fits = self._kept_bytes + pixels.nbytes <= self.budget_bytes
+            if fits and key not in self._kept and not self.engine.store.contains_all([key]):
+                self._kept[key] = (cid, pixels.copy())  # the door goes on using its own array
                 self._kept_bytes += pixels.nbytes
-        self.warm(tensor, [cid])
-        with self._lock:
-            if key not in self._queued:  # cached or warmed already: nothing to store
-                self._forget(key)
+        if not fits:
+            self.warm(tensor, [cid])
         self.after_read(tensor, cid)
 
     def warm(self, tensor: TensorAdapter, cids: list[ChunkId], skip: bytes | None = None) -> None:
@@ -152,7 +151,7 @@ class Precacher:
         with self._lock:
             for nxt in cids:
                 nkey = nxt.encode()
-                if nkey == skip or nkey in self._queued or nkey in self._warmed:
+                if nkey == skip or nkey in self._queued or nkey in self._warmed or nkey in self._kept:
                     continue
                 nbytes = _prod(nxt.output_shape) * tensor.dtype.itemsize
                 if spent + nbytes > self.budget_bytes:
@@ -161,7 +160,7 @@ class Precacher:
                     continue
                 if len(self._queue) == self._queue.maxlen:
                     _, dropped = self._queue.popleft()
-                    self._forget(dropped.encode())
+                    self._queued.discard(dropped.encode())
                     self.stats["dropped"] += 1
                 self._queue.append((tensor, nxt))
                 self._queued.add(nkey)
@@ -211,10 +210,14 @@ class Precacher:
         while not self._stop.is_set():
             with self._lock:
                 quiet = self._active_client_reads == 0 and time.monotonic() - self._last_client_read >= QUIET_S
-                trigger = self._triggers.popitem(last=False) if self._triggers and quiet else None
+                kept = next(iter(self._kept.items())) if self._kept and quiet else None
+                trigger = self._triggers.popitem(last=False) if self._triggers and quiet and kept is None else None
                 self._planning = trigger is not None
-                item = self._queue.popleft() if self._queue and quiet and trigger is None else None
-                waiting = bool(self._queue or self._triggers)
+                item = self._queue.popleft() if self._queue and quiet and trigger is None and kept is None else None
+                waiting = bool(self._queue or self._triggers or self._kept)
+            if kept is not None:  # a store, no computation: it makes a tile a hit, so it goes first
+                self._store_kept(kept[0], *kept[1])
+                continue
             if trigger is not None:  # planning is cheap beside a chunk: it goes before the next item
                 try:
                     self._plan_around(trigger[0], *trigger[1])
@@ -231,13 +234,8 @@ class Precacher:
                 continue
             tensor, cid = item
             key = cid.encode()
-            with self._lock:
-                kept = self._kept.get(key)
             try:
-                if kept is not None:
-                    self.engine.store.get_or_compute(key, lambda: kept)
-                else:
-                    self.engine.chunk(cid, tensor)
+                self.engine.chunk(cid, tensor)
                 with self._lock:
                     self.stats["warmed"] += 1
                     self._warmed[key] = None
@@ -249,18 +247,23 @@ class Precacher:
                 log.debug("precache of %s failed: %s", cid.array_id, exc)
             finally:
                 with self._lock:
-                    self._forget(key)
+                    self._queued.discard(key)
 
-    def _forget(self, key: bytes) -> None:
-        """``key`` leaves the queue (warmed, failed or dropped); under the lock."""
-        self._queued.discard(key)
-        kept = self._kept.pop(key, None)
-        if kept is not None:
-            self._kept_bytes -= kept.nbytes
+    def _store_kept(self, key: bytes, cid: ChunkId, pixels: np.ndarray) -> None:
+        try:
+            self.engine.store.get_or_compute(key, lambda: pixels)
+        except Exception as exc:  # a full disk: the chunk is computed on its next read
+            with self._lock:
+                self.stats["errors"] += 1
+            log.debug("precache: cannot store %s: %s", cid.array_id, exc)
+        finally:
+            with self._lock:
+                self._kept.pop(key, None)
+                self._kept_bytes -= pixels.nbytes
 
     def idle(self) -> bool:
         with self._lock:
-            return not (self._queue or self._queued or self._triggers or self._planning)
+            return not (self._queue or self._queued or self._triggers or self._planning or self._kept)
 
     def close(self) -> None:
         self._stop.set()

@@ -83,3 +83,28 @@ def test_a_tiles_neighbours_are_tiles(precacher):
                 assert cache.contains_all([plan_read(tensor, box).chunks[0].chunk_id.encode()]), box
     transfer = plan_read(tensor, Bounds((2048, 2048), (2560, 2560)), grid="transfer").chunks[0].chunk_id
     assert not cache.contains_all([transfer.encode()])
+
+
+def test_kept_pixels_are_stored_first_and_never_dropped(tmp_path):
+    """A door's computed tiles (``keep``) are stored ahead of speculative work, and a full
+    neighbour queue never drops them: the tile a viewer saw is the one it asks for again."""
+    from tensor_server.core.bounds import Bounds
+
+    cache = CacheManager(tmp_path / "cache", max_total_bytes=256 << 20)
+    p = Precacher(ReadEngine(cache), budget_bytes=64 << 20, max_queue=4)
+    try:
+        arr = np.random.default_rng(1).integers(0, 255, (8192, 8192), dtype=np.uint8)
+        tensor = ArrayAdapter(arr, "yx", chunk_shape=(2048, 4096), read_block_shape=(512, 512))
+        tiles = [plan_read(tensor, Bounds((r * 512, c * 512), ((r + 1) * 512, (c + 1) * 512))).chunks[0].chunk_id
+                 for r in range(4) for c in range(4)]
+        with p.client_read():  # a burst: nothing runs until it ends
+            for cid in tiles:
+                p.keep(tensor, cid, arr[cid.bounds.to_slices()])
+        _settle(p)
+        assert cache.contains_all([cid.encode() for cid in tiles])
+        assert p.stats["dropped"] > 0, "the neighbour queue overflowed, and the kept tiles stayed"
+        for cid in tiles:
+            np.testing.assert_array_equal(cache.get(cid.encode()), arr[cid.bounds.to_slices()])
+    finally:
+        p.close()
+        cache.close()
