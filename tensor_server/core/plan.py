@@ -9,8 +9,8 @@ multiple of V (hence of the scale), output pixel ``i`` maps to level-0 ``start +
 which is what the client's crop assumes, and scaled chunks are independent of the request.
 
 Two grids, one per request (``grid``): the transfer grid (``tensor.chunk_shape``), and for a
-read far smaller than its transfer chunks, the tile grid (``tensor.tile_shape``, ``transfer_grid.tile_chunk_shape``).
-``"fit"`` takes the tile grid when the region snapped to the transfer grid is at least
+read far smaller than its transfer chunks, the tile grid (``tensor.tile_shape``,
+``transfer_grid.tile_chunk_shape``). ``"fit"`` takes the tile grid when the region snapped to the transfer grid is at least
 ``TILE_SAVING`` times the region snapped to the tile grid: a viewer's 512² tile then moves
 and computes its own extent, while a whole-tensor read, a dask graph and a write plan keep the
 transfer grid (a write plan must: an upload stores that grid). Either grid's chunks tile the
