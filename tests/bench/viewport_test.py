@@ -21,3 +21,27 @@ def test_the_viewport_is_a_centred_block_of_tiles_clipped_to_the_image(side, fac
     assert all(b - a == region for a, b in zip(ys, ys[1:])) and all(b - a == region for a, b in zip(xs, xs[1:]))
     n = -(-side // region)
     assert xs[0] // region in (max(0, n // 2 - 4),) and ys[0] // region == max(0, n // 2 - 3)
+
+
+def test_ours_runs_against_a_server_process_of_its_own(tmp_path):
+    """The bench's measured paths run end to end (the ``http`` bench once crashed before
+    timing anything, unnoticed): a ``serve`` process over the fixtures, the SDK's tile reads
+    and the IIIF tiles, cold then warm; and the server process answers the fixture's pixels."""
+    import math
+
+    import numpy as np
+    import zarr
+    from biopb.tensor import TensorFlightClient
+
+    from tensor_server.bench.server_process import server_process
+    from tensor_server.bench.viewport import _ours, _write_fixtures
+
+    _write_fixtures(tmp_path, 1024)
+    got = _ours(tmp_path, "zarr", viewport(1024, 1), 1, 2)
+    assert set(got) == {"cold_total", "cold_p50", "warm_total", "warm_p50", "iiif_total", "iiif_p50"}
+    assert all(math.isfinite(v) and v > 0 for v in got.values())
+    with server_process([tmp_path / "big.tif"], tmp_path / "cache") as srv:
+        client = TensorFlightClient(srv.location)
+        aid = client.query("SELECT source_id FROM sources").to_pylist()[0]["source_id"]
+        tile = client.get_array(aid, slice_hint=(slice(512, 1024), slice(0, 512)))
+        np.testing.assert_array_equal(tile, zarr.open_array(str(tmp_path / "big.zarr"), mode="r")[512:1024, 0:512])
