@@ -89,31 +89,43 @@ def test_a_full_disk_is_a_clear_error_and_nothing_claims_to_be_complete(tmp_path
 
 RSS_SCRIPT = """
 import json, resource, sys
+import numpy as np
 from tests.export.helpers import GeneratedPlane
 from tensor_server.export import ExportOptions, export_tensor
 # the same levels on a small image first: compiling the kernels costs memory once, not per image
 export_tensor(GeneratedPlane((600, 700)), sys.argv[1] + "/warm.zarr", ExportOptions(codec="zstd", levels=4))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-s = export_tensor(GeneratedPlane((12288, 12288)), sys.argv[1] + "/big.zarr", ExportOptions(codec="zstd"),
+edge, limit = int(sys.argv[2]), int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))  # the process may not even address the image
+try:
+    np.empty((edge, edge), np.uint16)
+    held = True
+except MemoryError:
+    held = False
+s = export_tensor(GeneratedPlane((edge, edge)), sys.argv[1] + "/big.zarr", ExportOptions(codec="zstd"),
                   progress=lambda r: r["event"] == "start" and print(json.dumps(r)))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"base": base, "peak": peak, "levels": s["levels"]}))
+print(json.dumps({"base": base, "peak": peak, "levels": s["levels"], "image_fits": held}))
 """
 
 
 def test_peak_memory_does_not_grow_with_the_image(tmp_path):
-    """A 288 MiB image (12288², uint16) exported with the default geometry: the peak RSS grows
-    by less than the stated bound, (read_ahead + write_ahead + 2) units plus one shard's
-    encode buffers per writer — far less than the image."""
-    done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=900,
+    """A 1.125 GiB image (24576², uint16) exported with the default geometry by a process
+    whose address space is limited to 1 GiB (it cannot allocate the image: checked), and its
+    peak RSS grows by less than the stated bound, (read_ahead + write_ahead + 2) units plus
+    one shard's encode buffers per writer — far less than the image."""
+    edge, limit = 24576, 1 << 30
+    done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path), str(edge), str(limit)],
+                          capture_output=True, text=True, timeout=900,
                           cwd=REPO, env={"PYTHONPATH": f"{REPO}:{REPO / 'kernels'}", "PATH": "/usr/bin:/bin",
-                                         "HOME": str(tmp_path)})
+                                         "HOME": str(tmp_path), "MALLOC_ARENA_MAX": "2"})  # as the command sets
     assert done.returncode == 0, done.stderr[-2000:]
     start, result = (json.loads(line) for line in done.stdout.splitlines()[-2:])
-    image = 12288 * 12288 * 2
+    image = edge * edge * 2
+    assert image > limit and not result["image_fits"]
     options = ExportOptions()
     shard_bytes = 2048 * 2048 * 2
     bound = (options.read_ahead + options.write_ahead + 2) * start["unit_bytes"] + 2 * options.workers * shard_bytes
     growth = result["peak"] - result["base"]
-    assert result["levels"][-1] == [1536, 1536]
+    assert result["levels"][0] == [edge, edge] and result["levels"][-1] == [1536, 1536]
     assert growth < bound < image / 2, (growth, bound, image)

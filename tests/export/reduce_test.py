@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensor_server.export.reduce import numpy_handles, unit_levels
+from tensor_server.export.reduce import SLAB_BYTES, numpy_handles, unit_levels
 from tensor_server_kernels import cases
 from tensor_server_kernels import reference as R
 
@@ -26,14 +26,17 @@ def _same(want: np.ndarray, got: np.ndarray, what: str) -> None:
         assert np.array_equal(want, got), what
 
 
+@pytest.mark.parametrize("slab_bytes", [SLAB_BYTES, 1], ids=["whole", "slabs"])
 @pytest.mark.parametrize("key", list(_GROUPS), ids=lambda k: f"{'x'.join(map(str, k[0]))}-s{'x'.join(map(str, k[1]))}-{k[2]}")
-def test_numpy_levels_match_the_oracle(key):
+def test_numpy_levels_match_the_oracle(key, slab_bytes):
+    """Whole (the case tables' arrays are smaller than a slab) and in slabs of the least
+    whole number of blocks (one byte asked for)."""
     for case in _GROUPS[key]:
         x = case.make(seed=hash(case.id) % 1000)
         before = x.copy()
         factors = (1, 2, 3, 4) if np.prod(case.scale) <= 16 else (1, 2)  # one strided view per block offset
         scales = [(1,) * x.ndim] + [tuple(s * k for s in case.scale) for k in factors]
-        levels = unit_levels(x, scales, case.method)
+        levels = unit_levels(x, scales, case.method, slab_bytes)
         assert levels[0] is x
         for scale, got in zip(scales[1:], levels[1:]):
             _same(R.downsample(x, scale, case.method), got, f"{case.id} at {scale}")
@@ -45,14 +48,16 @@ def test_a_dyadic_volume_pyramid_cascades_to_the_oracle():
     x = cases.make_array("uint16", (9, 70, 45), "extremes", seed=3)
     scales = [(1, 1, 1), (1, 2, 2), (1, 4, 4), (2, 8, 8)]
     for method in ("area", "min", "max", "nearest"):
-        for scale, got in zip(scales[1:], unit_levels(x, scales, method)[1:]):
-            _same(R.downsample(x, scale, method), got, f"{method} {scale}")
+        for slab_bytes in (SLAB_BYTES, 1, 70 * 45 * 2 * 4):  # whole; slabs of 2 planes; of 4 (the last ragged)
+            for scale, got in zip(scales[1:], unit_levels(x, scales, method, slab_bytes)[1:]):
+                _same(R.downsample(x, scale, method), got, f"{method} {scale} in slabs of {slab_bytes} B")
 
 
 def test_what_numpy_leaves_to_the_kernels():
     assert not numpy_handles("mode", np.dtype(np.uint16)) and not numpy_handles("median", np.dtype(np.float32))
     assert not numpy_handles("area", np.dtype(np.uint64)) and numpy_handles("area", np.dtype(np.uint32))
     x = cases.make_labels((20, 30), "uint32", seed=1)
-    _same(R.downsample(x, (4, 4), "mode"), unit_levels(x, [(1, 1), (2, 2), (4, 4)], "mode")[2], "mode")
+    for slab_bytes in (SLAB_BYTES, 1):
+        _same(R.downsample(x, (4, 4), "mode"), unit_levels(x, [(1, 1), (2, 2), (4, 4)], "mode", slab_bytes)[2], "mode")
     big = np.full((4, 4), 2**31 - 1, np.int32)  # an int32 area sum needs int64: still exact
     _same(R.downsample(big, (4, 4), "area"), unit_levels(big, [(1, 1), (4, 4)], "area")[1], "int32 area")
