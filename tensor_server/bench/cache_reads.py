@@ -22,6 +22,11 @@ __all__ = ["run_cache_reads"]
 
 
 def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: int = 7) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory(prefix="ts-bench-cache-") as work:
+        return _measure(Path(work), size, json_path, repeats)
+
+
+def _measure(work: Path, size: str, json_path: str | None, repeats: int) -> list[dict[str, Any]]:
     import numcodecs
     import zarr
 
@@ -36,7 +41,6 @@ def run_cache_reads(size: str = "small", json_path: str | None = None, repeats: 
 
     warm_up()
     n = SIZES[size]
-    work = Path(tempfile.mkdtemp(prefix="ts-bench-cache-"))
     z = zarr.open_array(str(work / "img.zarr"), mode="w", shape=(n, n), chunks=(n // 2, n // 2), dtype=np.uint16,
                         zarr_format=2, compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE))
     z[...] = plane(n)

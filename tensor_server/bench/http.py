@@ -40,8 +40,8 @@ class _Served:
 
         self.catalog = Catalog([root])
         self.catalog.scan()
-        self.cache = CacheManager(tempfile.mkdtemp(prefix="ts-bench-http-"))
         self._stack = contextlib.ExitStack()
+        self.cache = CacheManager(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ts-bench-http-")))
         served = self._stack.enter_context(serving(self.catalog, cache=self.cache, http=True,
                                                    precache_bytes=precache_bytes,
                                                    plane_budget_px=self.POLICY_PLANE_PX))
@@ -50,8 +50,8 @@ class _Served:
         self.policy = served.runtime.policy
 
     def close(self) -> None:
+        self.cache.close()  # before the stack removes its folder
         self._stack.close()
-        self.cache.close()
         self.catalog.close()
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -53,16 +54,18 @@ def _write_fixtures(root: Path, side: int) -> None:
                 base = (row * 7 + col * 3) % 128
                 yield (ramp + base + rng.integers(0, 16, (TILE, TILE), dtype=np.uint8)).astype(np.uint8)
 
-    if not (root / "big.tif").exists():
-        tifffile.imwrite(root / "big.tif", tiles(), shape=(side, side), dtype=np.uint8, tile=(TILE, TILE),
+    if not (root / "big.tif").exists():  # written aside, then renamed: an interrupted run leaves no half file
+        tifffile.imwrite(root / "big.tif.partial", tiles(), shape=(side, side), dtype=np.uint8, tile=(TILE, TILE),
                          compression="zlib", photometric="minisblack")
+        os.replace(root / "big.tif.partial", root / "big.tif")
     if not (root / "big.zarr").exists():
         src = tifffile.imread(root / "big.tif", aszarr=True)
-        z = zarr.create_array(str(root / "big.zarr"), shape=(side, side), chunks=(TILE, TILE), dtype=np.uint8,
-                              zarr_format=2)
+        z = zarr.create_array(str(root / "big.zarr.partial"), shape=(side, side), chunks=(TILE, TILE), dtype=np.uint8,
+                              zarr_format=2, overwrite=True)
         arr = zarr.open(src, mode="r")
         for row in range(0, side, 4 * TILE):
             z[row:row + 4 * TILE] = arr[row:row + 4 * TILE]
+        os.replace(root / "big.zarr.partial", root / "big.zarr")
 
 
 class _Server:
@@ -73,7 +76,8 @@ class _Server:
 
         self.catalog = Catalog([root])
         self.catalog.scan()
-        self.cache = CacheManager(tempfile.mkdtemp(prefix="ts-bench-iiif-"))
+        self._cache_dir = tempfile.TemporaryDirectory(prefix="ts-bench-iiif-")
+        self.cache = CacheManager(self._cache_dir.name)
         self.served = start_serving(self.catalog, cache=self.cache, http=True)
         self.http = self.served.http
 
@@ -84,6 +88,7 @@ class _Server:
         self.served.stop()
         self.cache.close()
         self.catalog.close()
+        self._cache_dir.cleanup()
 
 
 def _viewport(side: int, factor: int) -> list[tuple[int, int, int]]:
@@ -206,10 +211,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(ns: argparse.Namespace) -> int:
-    import os
-
     side = 8192 if ns.size == "small" else 32768
-    root = Path(ns.data_dir or tempfile.mkdtemp(prefix="ts-bench-iiif-data-")) / f"iiif-{side}"
+    root = Path(ns.data_dir or Path(tempfile.gettempdir()) / "ts-bench-iiif-data") / f"iiif-{side}"  # kept: reused
     root.mkdir(parents=True, exist_ok=True)
     _write_fixtures(root, side)
     from tensor_server.core.downsample import warm_up

@@ -140,9 +140,10 @@ def run_load(size: str = "small", data_dir: str | None = None, json_path: str | 
     fixtures = make_fixtures(size, data_dir, with_czi=False)
     root = fixtures[0].path.parent
     wanted = {str(f.path.resolve()) for f in fixtures if f.name in ("ome-zarr", "ome-tiff")}
-    work = Path(tempfile.mkdtemp(prefix="ts-bench-load-"))
-    with server_process([root], work / "cache", "--cache-max-bytes", str(budget), "--write-dir", str(work / "write"),
-                        "--writable", "--rois-db", str(work / "annotations.duckdb")) as served:
+    with tempfile.TemporaryDirectory(prefix="ts-bench-load-") as tmp, \
+            server_process([root], Path(tmp) / "cache", "--cache-max-bytes", str(budget),
+                           "--write-dir", str(Path(tmp) / "write"), "--writable",
+                           "--rois-db", str(Path(tmp) / "annotations.duckdb")) as served:
         location, http_url = served.location, served.http_url
         rows = TensorFlightClient(location).query("SELECT source_id, source_url FROM sources WHERE is_resolved").to_pylist()
         array_ids = [r["source_id"] for r in rows if r["source_url"].removeprefix("file://") in wanted]

@@ -56,7 +56,8 @@ def run_metrics(requests: int = 400, rounds: int = 8) -> list[dict]:
     with contextlib.ExitStack() as stack:
         servers = {}
         for mode, extra in (("on", {"metrics_port": 0}), ("off", {})):
-            cache = stack.enter_context(CacheManager(tempfile.mkdtemp(prefix=f"ts-bench-metrics-{mode}-")))
+            cache_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"ts-bench-metrics-{mode}-"))
+            cache = stack.enter_context(CacheManager(cache_dir))
             srv = stack.enter_context(serving(catalog, cache=cache, http=True, precache_bytes=0, **extra))
             plan = srv.runtime.describe(IN_PROCESS, "img", fields=["endpoints"]).plan
             tickets = [flight.Ticket(ticket_pb2.TensorTicket(chunk_id=c.chunk_id.encode()).SerializeToString())

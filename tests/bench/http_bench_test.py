@@ -4,6 +4,7 @@ anything, on a renamed attribute, with no test to say so)."""
 from __future__ import annotations
 
 import http.client
+import tempfile
 
 import numpy as np
 import pyarrow.flight as flight
@@ -12,7 +13,10 @@ import zarr
 from tensor_server.bench.http import _level_reads, _Served
 
 
-def test_the_bench_server_answers_every_chunk_it_times_on_both_transports(tmp_path):
+def test_the_bench_server_answers_every_chunk_it_times_on_both_transports(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     plane = (np.arange(1024 * 1024, dtype=np.uint32) % 65521).astype(np.uint16).reshape(1024, 1024)
     zarr.create_array(str(tmp_path / "p.zarr"), data=plane, chunks=(512, 512))
     served = _Served(tmp_path / "p.zarr")
@@ -30,3 +34,4 @@ def test_the_bench_server_answers_every_chunk_it_times_on_both_transports(tmp_pa
         assert table.num_rows >= 1
     finally:
         served.close()
+    assert not list(scratch.iterdir()), "the bench left its cache folder behind"
