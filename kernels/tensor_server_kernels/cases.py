@@ -40,7 +40,7 @@ __all__ = [
 
 DTYPES = (
     "bool", "uint8", "uint16", "uint32", "uint64",
-    "int8", "int16", "int32", "int64", "float32", "float64",
+    "int8", "int16", "int32", "int64", "float16", "float32", "float64",
 )
 
 #: How the values are drawn. "random": uniform over the whole dtype range (floats: normal);

@@ -20,6 +20,10 @@ Scratch is one row: input width in the accumulator dtype for strided-add area an
 of KiB for an image; for 1-D input that is the whole array), output width otherwise. Kernels
 are single-threaded: the server's other core is busy serving.
 
+float16 ``area`` (numba has no float16 arithmetic) runs the float kernel on the pixels' bits,
+each widened exactly through a table of the 65536 bit patterns' float64 values: 10x the
+oracle's speed on a 64x512² volume at scale 4 (128 -> 12.4 ms), 5x on an 8192² plane at scale 2.
+
 Integer ``area`` sums into the accumulator ``plan._plan_integer_area`` sizes from the block
 (never a fixed narrow width: it would wrap silently) and rounds half to even with shifts
 (power-of-two blocks) or an exact division.
@@ -114,6 +118,33 @@ def _flip_overload(v, f):  # type: ignore[no-untyped-def]
     if isinstance(v, types.Float):
         return lambda v, f: v
     return lambda v, f: v ^ f
+
+
+def _widen(v, lut):  # type: ignore[no-untyped-def]
+    """A float pixel as it is; a float16 pixel's bits (uint16) through ``lut``, the exact
+    float64 of every float16 (numba has no float16 arithmetic). Python version for
+    NUMBA_DISABLE_JIT; the overload below is what kernels compile."""
+    if isinstance(v, (float, np.floating)):
+        return v
+    return lut[v]
+
+
+@overload(_widen)
+def _widen_overload(v, lut):  # type: ignore[no-untyped-def]
+    if isinstance(v, types.Float):
+        return lambda v, lut: v
+    return lambda v, lut: lut[v]
+
+
+_HALF_LUT: np.ndarray | None = None
+
+
+def _half_lut() -> np.ndarray:
+    """float64 of each of the 65536 float16 bit patterns (512 KiB, made on first use)."""
+    global _HALF_LUT
+    if _HALF_LUT is None:
+        _HALF_LUT = np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float64)
+    return _HALF_LUT
 
 
 @njit(cache=True, nogil=True)
@@ -362,9 +393,11 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     orow[e] = _round_div(np.int64(acc[e]), block) ^ f
 
     @njit(cache=True, nogil=True)
-    def area_float(x, out, table, C, s2, acc, block):  # type: ignore[no-untyped-def]
+    def area_float(x, out, table, C, s2, acc, block, lut):  # type: ignore[no-untyped-def]
         """Float mean in float64, adding the block's elements one at a time in C order of the
-        block offsets: exactly the oracle's order, so the result is bit-identical."""
+        block offsets: exactly the oracle's order, so the result is bit-identical. float16
+        pixels come as their bits and are widened through ``lut`` (``_widen``) into a float64
+        ``out``, which the caller rounds to float16 once, as the oracle does."""
         s = S if S > 0 else s2
         L = x.shape[1] // C
         oL = out.shape[1] // C
@@ -378,13 +411,13 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     for q in range(full):
                         t = acc[q]
                         for j in range(s):
-                            t += row[q * s + j]
+                            t += _widen(row[q * s + j], lut)
                         acc[q] = t
                 for q in range(full if C == 1 else 0, oL):
                     for c in range(C):
                         t = acc[q * C + c]
                         for j in range(s):
-                            t += row[min(q * s + j, L - 1) * C + c]
+                            t += _widen(row[min(q * s + j, L - 1) * C + c], lut)
                         acc[q * C + c] = t
             orow = out[o]
             for e in range(oL * C):
@@ -627,24 +660,45 @@ def _nearest(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
     return np.array(arr[tuple(slice(None, None, s) for s in sc)], order="C", copy=True)
 
 
+def _area_half(lay: _Layout, out2: np.ndarray, block: float) -> np.ndarray:
+    """float16 area into ``out2`` (the float16 bits, as uint16): ``area_float`` on the pixels'
+    bits into float64 rows, a band of about 1 MiB at a time, each rounded to float16 once (the
+    oracle's single rounding). One float64 output the size of the whole (4x a float16 one) cost
+    its page faults: 8192² at scale 2 took 192 ms against 48 for float32."""
+    rows = max(1, (1 << 17) // max(1, out2.shape[1]))
+    band = np.empty((min(rows, out2.shape[0]), out2.shape[1]), np.float64)
+    acc = np.empty(out2.shape[1], dtype=np.float64)
+    kernel, lut = _kernel("area_float", lay.x2.dtype, lay.s2), _half_lut()
+    with np.errstate(invalid="ignore", over="ignore"):  # (pure-Python mode: inf - inf)
+        for o in range(0, out2.shape[0], rows):
+            n = min(rows, out2.shape[0] - o)
+            kernel(lay.x2, band[:n], lay.table[o:o + n], lay.C, lay.s2, acc, block, lut)
+            out2[o:o + n] = band[:n].astype(np.float16).view(np.uint16)
+    return out2
+
+
 def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
     early = _early(arr, sc, "area")
     if early is not None:
         return early
     orig = arr.dtype
     arr = _native(arr)
-    if area_path(arr.dtype, sc) == "reference":
+    path = area_path(arr.dtype, sc)
+    if path == "reference":
         return _ref.downsample_area(arr, sc).astype(orig, copy=False)
     float_area = arr.dtype.kind == "f"
-    x, flip = _as_kernel_input(arr)
+    half = arr.dtype == np.float16  # (also at scale 1, where area_path says "identity")
+    x, flip = (arr.view(np.uint16), 0) if half else _as_kernel_input(arr)
     lay = _Layout(x, sc, keep_unit_axes=float_area)
     block = lay.table.shape[1] * lay.s2
     out2 = np.empty(lay.out2_shape, dtype=x.dtype)
+    if half:
+        return lay.finish(_area_half(lay, out2, float(block))).view(np.float16).astype(orig, copy=False)
     if float_area:
         acc = np.empty(lay.out2_shape[1], dtype=np.float64)
         with np.errstate(invalid="ignore", over="ignore"):  # (pure-Python mode: inf - inf)
             _kernel("area_float", x.dtype, lay.s2)(
-                lay.x2, out2, lay.table, lay.C, lay.s2, acc, float(block))
+                lay.x2, out2, lay.table, lay.C, lay.s2, acc, float(block), np.empty(0, np.float64))
         return _epilogue(lay.finish(out2), orig)
     path = area_path(x.dtype, lay.kernel_scale)  # the block the kernel actually reduces
     if path == "identity":

@@ -122,8 +122,9 @@ def _is_pow2(n: int) -> bool:
 def area_path(dtype: Any, scale: Sequence[int]) -> str:
     """Which area kernel ``downsample_area`` uses for this dtype and scale (observable for tests).
 
-    ``"identity"`` (all scales 1), ``"reference"`` (float16), ``"float"`` (float64 accumulator in
-    oracle order), ``"wide"`` (exact two-limb integer path), ``"strided-add"`` /
+    ``"identity"`` (all scales 1), ``"float"`` (float64 accumulator in oracle order), ``"half"``
+    (float16: the float kernel on the pixels' bits, widened exactly through a table),
+    ``"reference"`` (other floats and complex: the oracle), ``"wide"`` (exact two-limb integer path), ``"strided-add"`` /
     ``"reshape-sum"`` (integer, power-of-two scales, gated by block size at
     ``_STRIDED_ADD_MAX_BLOCK``), ``"plain"`` (8/16-bit integers, power-of-two scales, last-axis
     scale in ``_PLAIN_S2``, a uint16/uint32 accumulator; used when the rows are plain and of even
@@ -136,7 +137,7 @@ def area_path(dtype: Any, scale: Sequence[int]) -> str:
     if block == 1:
         return "identity"
     if dt.kind == "f":
-        return "float" if dt in _KERNEL_DTYPES else "reference"
+        return "float" if dt in _KERNEL_DTYPES else "half" if dt == np.float16 else "reference"
     if dt.kind not in "biu":
         return "reference"
     if block >= 2**31 or _plan_integer_area(dt, block) is None:

@@ -272,6 +272,12 @@ def test_other_dtypes_follow_oracle(dtype):
         assert_same(R.downsample(x, (2, 3), m), K.downsample(x, (2, 3), m), f"{m} {dtype}")
 
 
+def test_float16_area_in_bands_follows_oracle():
+    """Output rows over ~1 MiB of float64 are rounded band by band (here one row a band)."""
+    x = cases.make_array("float16", (6, 2**17 + 3), "nonfinite", seed=5)
+    assert_same(R.downsample(x, (2, 2), "area"), K.downsample(x, (2, 2), "area"), "float16 area in bands")
+
+
 # ---------------------------------------------------------------------------------------------
 # Argument errors
 # ---------------------------------------------------------------------------------------------
