@@ -63,7 +63,17 @@ def _wait_loaded(browser, seconds=240):
             time.sleep(0.5)  # the last tiles drawn
             return
         time.sleep(0.3)
-    raise AssertionError("OpenSeadragon did not finish loading its tiles")
+    raise AssertionError(f"OpenSeadragon did not finish loading its tiles; {_failures(browser)}")
+
+
+_WATCH_FAILURES = ("window.tileFailures = [];"
+                   "viewer.addHandler('tile-load-failed', function (e) {"
+                   " window.tileFailures.push((e.tile && e.tile.getUrl ? e.tile.getUrl() : '?') + ': ' + e.message); });")
+
+
+def _failures(browser) -> str:
+    """What OpenSeadragon reported failing (a failed tile stays black: the likeliest flake)."""
+    return f"tiles that failed to load: {browser.execute_script('return window.tileFailures || null')}"
 
 
 def _check(browser, points):
@@ -76,7 +86,8 @@ def _check(browser, points):
             "return [Math.round(p.x), Math.round(p.y)];", x, y)
         assert 3 <= px < shot.shape[1] - 3 and 3 <= py < shot.shape[0] - 3, f"image point {(x, y)} is off screen"
         got = shot[py - 2:py + 3, px - 2:px + 3].mean()
-        assert abs(got - expected(x, y)) < 25, f"image point {(x, y)} drawn as {got:.0f}, expected {expected(x, y)}"
+        assert abs(got - expected(x, y)) < 25, \
+            f"image point {(x, y)} drawn as {got:.0f}, expected {expected(x, y)}; {_failures(browser)}"
 
 
 @pytest.mark.parametrize("source", ["dzi", "iiif"])
@@ -85,6 +96,7 @@ def test_openseadragon_shows_the_image_at_two_zoom_levels(big_server, source):
     browser = _browser()
     try:
         browser.get(f"{http.url}/view/{array_id}?source={source}")
+        browser.execute_script(_WATCH_FAILURES)
         # a cold coarse tile here reduces the whole 1 GiB image: OpenSeadragon must wait for it
         # (its default gives up after 30 s, never to retry, which a loaded CI machine exceeded)
         assert browser.execute_script("return [viewer.timeout, viewer.tileRetryMax]") == [300_000, 2]
