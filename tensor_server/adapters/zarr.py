@@ -39,7 +39,7 @@ import numpy as np
 from tensor_server.adapters._ngff import AXIS_ALIASES, dataset_scale, integer_factor, jsonable, ngff_axes
 from tensor_server.adapters._store_listing import ABSENT, file_stamp_of, stored_files
 from tensor_server.adapters._verified_extents import VerifiedExtents
-from tensor_server.adapters._zarr_chunks import DECODER, LocalChunks, ShardIndexes
+from tensor_server.adapters._zarr_chunks import LocalChunks, ShardIndexes, decoder_name
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
@@ -49,7 +49,7 @@ from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["ZarrAdapter", "ZarrSource", "DECODER"]
+__all__ = ["ZarrAdapter", "ZarrSource", "decoder_name"]
 
 _log = logging.getLogger(__name__)
 

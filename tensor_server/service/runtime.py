@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from tensor_server.adapters.zarr import DECODER as ZARR_DECODER
+from tensor_server.adapters.zarr import decoder_name as zarr_decoder_name
 from tensor_server.config import Settings
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
@@ -444,7 +444,7 @@ class ServingRuntime:
         with self._peers_lock:
             peers = dict(self._peers)
         return {"calls": dict(self.calls), "chunk_reads_by_peer": peers, "server_timing": self.metrics.breakdown(),
-                "zarr_decoder": ZARR_DECODER}
+                "zarr_decoder": zarr_decoder_name()}
 
     def cache_stats(self) -> dict[str, Any] | None:
         if self.cache is None:

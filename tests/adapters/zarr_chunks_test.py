@@ -166,6 +166,26 @@ def test_a_shard_index_is_read_once_per_shard_until_the_file_changes(tmp_path, m
         assert reads.count(index_bytes) == 1
 
 
+def test_a_run_of_a_shard_s_chunks_is_one_read_in_file_order(tmp_path, monkeypatch):
+    """zarr-python stores inner chunks in Morton order: a row of 16 of a 16 x 16 shard spans
+    86 chunks of the file. Runs are taken in file order, so each run is one ``pread``."""
+    data = RNG.integers(0, 60000, (256, 256), dtype=np.uint16)
+    z = zarr.create_array(str(tmp_path / "m.zarr"), shape=data.shape, chunks=(16, 16), shards=(256, 256),
+                          dtype="u2", zarr_format=3)
+    z[...] = data
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # runs of 16 chunks on any machine
+    with tensor_server.open(tmp_path / "m.zarr") as src:
+        lc = src.tensor()._chunks
+        whole = Bounds((0, 0), data.shape)
+        lc.read(whole, (1, 1), None, parallel=False)  # the index, read once
+        jobs = lc._shard_jobs(list(lc._pieces(whole, (1, 1))))
+        reads = []
+        real = os.pread
+        monkeypatch.setattr(os, "pread", lambda fd, n, offset: reads.append(n) or real(fd, n, offset))
+        np.testing.assert_array_equal(lc.read(whole, (1, 1), None, parallel=False), data)
+    assert len(reads) == len(jobs) < 256, (len(reads), len(jobs))
+
+
 def test_sharding_with_unsupported_inner_codecs_keeps_zarr(tmp_path):
     from zarr.codecs import TransposeCodec
 
