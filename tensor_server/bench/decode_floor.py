@@ -6,7 +6,9 @@ Why: a scaled read has to decode every piece of the plane, so this is the limit 
 approach. A row far above its floor spends its time elsewhere (serial decoding, copies, a
 reduction that does not overlap decoding); a row near it can only get faster with a faster
 codec. Each piece is read with its own ``pread`` and decoded on a pool of ``os.cpu_count()``
-threads, using the codec the store names (numcodecs for zarr, tifffile's for TIFF). A zarr
+threads, using the codec the store names, decoded as the server decodes it (for zarr the
+server's chunk pipeline: libblosc2 for blosc frames, numcodecs for the rest; tifffile's
+codecs for TIFF). A zarr
 piece is decoded into a buffer its thread reuses (first touches of fresh memory would add page
 faults no reader has to pay); ``zarr_floor_candidates`` adds the other decoders a floor may be
 the best of (TensorStore's and, when installed, the ``zarrs`` codec pipeline's whole read).
@@ -44,7 +46,7 @@ def _decode_all(path_of: Callable[[int], Path], spans: Sequence[tuple[int, int]]
 
 def _zarr_pieces(array_dir: Path) -> tuple[list[Path], list[tuple[int, int]], Any]:
     """(file, (offset, length)) of every stored chunk, or inner chunk of a shard, and the
-    decode of one piece's bytes into a buffer (numcodecs, the store's codecs)."""
+    decode of one piece's bytes into a buffer (the server's chunk pipeline, the store's codecs)."""
     import zarr
 
     from tensor_server.adapters._zarr_chunks import LocalChunks, ShardIndexes
@@ -91,14 +93,14 @@ def zarr_decode_floor(array_dir: Path) -> Callable[[], int]:
 
 
 def zarr_floor_candidates(array_dir: Path) -> dict[str, Callable[[], Any]]:
-    """Decoders the zarr floor is the best of: numcodecs on all cores (above), TensorStore's
+    """Decoders the zarr floor is the best of: the server's (libblosc2 / numcodecs) on all cores (above), TensorStore's
     whole read, and the ``zarrs`` codec pipeline's whole read when that package is installed."""
     import tensorstore as ts
 
     array_dir = Path(array_dir)
     driver = "zarr3" if (array_dir / "zarr.json").is_file() else "zarr"
     spec = {"driver": driver, "kvstore": {"driver": "file", "path": str(array_dir)}}
-    out = {"numcodecs": zarr_decode_floor(array_dir),
+    out = {"libblosc2/numcodecs": zarr_decode_floor(array_dir),
            "tensorstore": lambda: ts.open(spec, read=True).result().read().result()}
     try:
         import zarrs  # noqa: F401 - only whether it is installed

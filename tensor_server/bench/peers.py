@@ -9,7 +9,7 @@ or tiles on all cores, the limit a scaled read can approach) and ours/floor. Our
 and the floor are timed alternately, repeat by repeat, so background load hits all three.
 A second table (``--tables zarr``, in ``all`` too) runs ours against TensorStore on every zarr
 layout of issue 25 (``fixtures.zarr_layouts``: v2 and v3, half- and eighth-plane chunks, v3
-shards of thirty-second chunks), warm and cold, with the numcodecs decode floor timed in each
+shards of thirty-second chunks), warm and cold, with the decode floor (libblosc2 / numcodecs) timed in each
 row; once per layout the floor's other candidates (TensorStore's and ``zarrs``' whole reads)
 are timed against it, and the table says which decoder is the floor's best.
 Peers reduce with their own edge rules (TensorStore: partial blocks averaged over the
@@ -113,11 +113,11 @@ def run_zarr_peers(size: str = "small", data_dir: str | None = None, cold_repeat
 
                 row = {"format": fx.name, "peer": "tensorstore downsample", "scale": s, "method": method,
                        "load_average": os.getloadavg()[0]}
-                row.update(_time_row(fx, tsread, candidates["numcodecs"], s, method, cold_repeats, warm_repeats))
+                row.update(_time_row(fx, tsread, candidates["libblosc2/numcodecs"], s, method, cold_repeats, warm_repeats))
                 rows.append(row)
                 progress.step(f"{fx.name} x{s} {method}")
     progress.close()
-    print("\nzarr layouts: decode-floor candidates (median ms, cold then warm; the floor column is numcodecs)")
+    print("\nzarr layouts: decode-floor candidates (median ms, cold then warm; the floor column is libblosc2/numcodecs)")
     for line in floors:
         print("  " + "; ".join(line))
     _print_rows(rows)
