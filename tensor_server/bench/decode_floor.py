@@ -76,9 +76,8 @@ def _zarr_pieces(array_dir: Path) -> tuple[list[Path], list[tuple[int, int]], An
     return files, spans, reader
 
 
-def zarr_decode_floor(array_dir: Path) -> Callable[[], int]:
-    """Decode every stored chunk (every inner chunk of every shard) of a zarr v2 or v3 array."""
-    files, spans, reader = _zarr_pieces(Path(array_dir))
+def _server_decode(reader: Any) -> Callable[[bytes, int], int]:
+    """One chunk's bytes decoded by the server's pipeline into a buffer its thread reuses."""
     local = threading.local()
     chunk_bytes = int(np.prod(reader.chunks)) * reader.pipeline.stored.itemsize
 
@@ -89,7 +88,13 @@ def zarr_decode_floor(array_dir: Path) -> Callable[[], int]:
         reader.pipeline.decode_into(data, buf)
         return chunk_bytes
 
-    return _decode_all(files.__getitem__, spans, decode)
+    return decode
+
+
+def zarr_decode_floor(array_dir: Path) -> Callable[[], int]:
+    """Decode every stored chunk (every inner chunk of every shard) of a zarr v2 or v3 array."""
+    files, spans, reader = _zarr_pieces(Path(array_dir))
+    return _decode_all(files.__getitem__, spans, _server_decode(reader))
 
 
 def zarr_floor_candidates(array_dir: Path) -> dict[str, Callable[[], Any]]:
@@ -136,10 +141,15 @@ def _extent_pieces(x: int, y: int, w: int, h: int, tile: tuple[int, int], across
 
 def zarr_extent_floor(array_dir: Path) -> Callable[[int, int, int, int], int]:
     """``floor(x, y, w, h)``: decode the chunk files of a 2-D zarr v2 array under a region."""
-    import numcodecs
+    import zarr
+
+    from tensor_server.adapters._zarr_chunks import LocalChunks
 
     meta = json.loads((array_dir / ".zarray").read_text())
-    codec = numcodecs.get_codec(meta["compressor"])
+    reader = LocalChunks.of(zarr.open_array(str(array_dir), mode="r"), array_dir, None)
+    if reader is None:
+        raise ValueError(f"{array_dir}: the decode floor takes the codecs the server decodes itself")
+    decode = _server_decode(reader)
     sep = meta.get("dimension_separator", ".")
     tile = tuple(meta["chunks"])
     across = -(-meta["shape"][1] // tile[1])
@@ -147,7 +157,7 @@ def zarr_extent_floor(array_dir: Path) -> Callable[[int, int, int, int], int]:
     def floor(x: int, y: int, w: int, h: int) -> int:
         files = [array_dir / f"{r}{sep}{c}" for r, c, _ in _extent_pieces(x, y, w, h, tile, across)]
         spans = [(0, p.stat().st_size) for p in files]
-        return _decode_all(files.__getitem__, spans, lambda data, i: memoryview(codec.decode(data)).nbytes)()
+        return _decode_all(files.__getitem__, spans, decode)()
 
     return floor
 
