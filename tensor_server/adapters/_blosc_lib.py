@@ -88,6 +88,19 @@ class _Context:
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
+#: each thread's one context, whatever it decodes: a context keeps its block buffers (up to a
+#: chunk's blocks), so one per array and thread would grow with the arrays a server has read
+_local = threading.local()
+
+
+def _decompress_into(frame: Any, target: np.ndarray) -> bool:
+    lib = _state["lib"]
+    ctx = getattr(_local, "ctx", None)
+    if ctx is None:
+        ctx = _local.ctx = _Context(lib)
+    src = np.frombuffer(frame, np.uint8)
+    return lib.blosc2_decompress_ctx(ctx.ptr, src.ctypes.data, src.size, target.ctypes.data,
+                                     target.nbytes) == target.nbytes
 
 
 def decompressor() -> Callable[[Any, np.ndarray], bool] | None:
@@ -97,17 +110,4 @@ def decompressor() -> Callable[[Any, np.ndarray], bool] | None:
     with _lock:
         if "lib" not in _state:
             _state["lib"] = _load()
-    lib = _state["lib"]
-    if lib is None:
-        return None
-    local = threading.local()
-    decompress = lib.blosc2_decompress_ctx
-
-    def decompress_into(frame: Any, target: np.ndarray) -> bool:
-        ctx = getattr(local, "ctx", None)
-        if ctx is None:
-            ctx = local.ctx = _Context(lib)
-        src = np.frombuffer(frame, np.uint8)
-        return decompress(ctx.ptr, src.ctypes.data, src.size, target.ctypes.data, target.nbytes) == target.nbytes
-
-    return decompress_into
+    return None if _state["lib"] is None else _decompress_into

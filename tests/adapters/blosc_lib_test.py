@@ -62,3 +62,20 @@ def test_the_struct_is_checked_against_the_shipped_header():
     grown = header.replace("} blosc2_dparams;", "  int32_t added;\n} blosc2_dparams;")
     assert _blosc_lib._header_fields(grown) != _blosc_lib._DPARAMS_FIELDS  # would keep numcodecs
     assert _blosc_lib._header_fields("no such struct") is None
+
+
+def test_one_context_per_thread_whatever_it_decodes(decode, monkeypatch):
+    """A context keeps its block buffers: one per (array, thread) would grow with the arrays
+    a server has read."""
+    made = []
+    real = _blosc_lib._Context.__init__
+    monkeypatch.setattr(_blosc_lib._Context, "__init__", lambda self, lib: made.append(1) or real(self, lib))
+    assert _blosc_lib.decompressor() is decode  # every array's pipeline shares it
+    frames = [numcodecs.Blosc(cname=c).encode(np.arange(5000, dtype=d)) for c, d in (("zstd", "u2"), ("lz4", "f4"))]
+
+    def run(_):
+        return all(decode(f, np.empty(5000, d)) for f, d in zip(frames, ("u2", "f4")) for _ in range(3))
+
+    with ThreadPoolExecutor(3) as pool:
+        assert all(pool.map(run, range(3)))
+    assert 1 <= len(made) <= 3
