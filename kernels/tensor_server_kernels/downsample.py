@@ -37,6 +37,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from tensor_server_kernels import plain as _plain_kernels
+from tensor_server_kernels.half import half_lut, widen
 from tensor_server_kernels import plan as _plan
 from tensor_server_kernels import reference as _ref
 from tensor_server_kernels.plan import (  # noqa: F401  (re-exported for tests and callers)
@@ -118,33 +119,6 @@ def _flip_overload(v, f):  # type: ignore[no-untyped-def]
     if isinstance(v, types.Float):
         return lambda v, f: v
     return lambda v, f: v ^ f
-
-
-def _widen(v, lut):  # type: ignore[no-untyped-def]
-    """A float pixel as it is; a float16 pixel's bits (uint16) through ``lut``, the exact
-    float64 of every float16 (numba has no float16 arithmetic). Python version for
-    NUMBA_DISABLE_JIT; the overload below is what kernels compile."""
-    if isinstance(v, (float, np.floating)):
-        return v
-    return lut[v]
-
-
-@overload(_widen)
-def _widen_overload(v, lut):  # type: ignore[no-untyped-def]
-    if isinstance(v, types.Float):
-        return lambda v, lut: v
-    return lambda v, lut: lut[v]
-
-
-_HALF_LUT: np.ndarray | None = None
-
-
-def _half_lut() -> np.ndarray:
-    """float64 of each of the 65536 float16 bit patterns (512 KiB, made on first use)."""
-    global _HALF_LUT
-    if _HALF_LUT is None:
-        _HALF_LUT = np.arange(2**16, dtype=np.uint16).view(np.float16).astype(np.float64)
-    return _HALF_LUT
 
 
 @njit(cache=True, nogil=True)
@@ -396,7 +370,7 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
     def area_float(x, out, table, C, s2, acc, block, lut):  # type: ignore[no-untyped-def]
         """Float mean in float64, adding the block's elements one at a time in C order of the
         block offsets: exactly the oracle's order, so the result is bit-identical. float16
-        pixels come as their bits and are widened through ``lut`` (``_widen``) into a float64
+        pixels come as their bits and are widened through ``lut`` (``half.widen``) into a float64
         ``out``, which the caller rounds to float16 once, as the oracle does."""
         s = S if S > 0 else s2
         L = x.shape[1] // C
@@ -411,13 +385,13 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     for q in range(full):
                         t = acc[q]
                         for j in range(s):
-                            t += _widen(row[q * s + j], lut)
+                            t += widen(row[q * s + j], lut)
                         acc[q] = t
                 for q in range(full if C == 1 else 0, oL):
                     for c in range(C):
                         t = acc[q * C + c]
                         for j in range(s):
-                            t += _widen(row[min(q * s + j, L - 1) * C + c], lut)
+                            t += widen(row[min(q * s + j, L - 1) * C + c], lut)
                         acc[q * C + c] = t
             orow = out[o]
             for e in range(oL * C):
@@ -668,7 +642,7 @@ def _area_half(lay: _Layout, out2: np.ndarray, block: float) -> np.ndarray:
     rows = max(1, (1 << 17) // max(1, out2.shape[1]))
     band = np.empty((min(rows, out2.shape[0]), out2.shape[1]), np.float64)
     acc = np.empty(out2.shape[1], dtype=np.float64)
-    kernel, lut = _kernel("area_float", lay.x2.dtype, lay.s2), _half_lut()
+    kernel, lut = _kernel("area_float", lay.x2.dtype, lay.s2), half_lut()
     with np.errstate(invalid="ignore", over="ignore"):  # (pure-Python mode: inf - inf)
         for o in range(0, out2.shape[0], rows):
             n = min(rows, out2.shape[0] - o)
