@@ -33,11 +33,11 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from numba import njit, types
-from numba.extending import overload
+from numba import njit
 
 from tensor_server_kernels import plain as _plain_kernels
 from tensor_server_kernels.half import half_lut, widen
+from tensor_server_kernels.scalars import flip_sign, mode4, mode_of, pick_max, pick_min, round_div, round_shift, same, sort
 from tensor_server_kernels import plan as _plan
 from tensor_server_kernels import reference as _ref
 from tensor_server_kernels.plan import (  # noqa: F401  (re-exported for tests and callers)
@@ -84,195 +84,6 @@ _CONST_DTYPES: dict[str, frozenset[np.dtype]] = {
 _MODE_DISTINCT_CAP = 8
 
 # --------------------------------------------------------------------------------------------
-# Scalar helpers (inlined by LLVM)
-# --------------------------------------------------------------------------------------------
-
-
-@njit(cache=True, nogil=True)
-def _round_shift(v: int, shift: int) -> int:
-    """``v / 2**shift`` rounded half to even, in int64 (arithmetic shift = floor, also for
-    negative sums)."""
-    q = v >> shift
-    twice = (v - (q << shift)) << 1
-    block = np.int64(1) << shift
-    return q + (np.int64(twice > block) | (np.int64(twice == block) & (q & 1)))
-
-
-@njit(cache=True, nogil=True)
-def _round_div(v: int, block: int) -> int:
-    """``v / block`` rounded half to even, in int64 (numba's ``//`` floors like Python)."""
-    q = v // block
-    twice = (v - q * block) << 1
-    return q + (np.int64(twice > block) | (np.int64(twice == block) & (q & 1)))
-
-
-def _flip(v, f):  # type: ignore[no-untyped-def]
-    """``v ^ f`` for integers (f = sign bit for signed data viewed unsigned, else 0); identity for
-    floats. Python version for NUMBA_DISABLE_JIT; the overload below is what kernels compile."""
-    if isinstance(v, (float, np.floating)):
-        return v
-    return v ^ f
-
-
-@overload(_flip)
-def _flip_overload(v, f):  # type: ignore[no-untyped-def]
-    if isinstance(v, types.Float):
-        return lambda v, f: v
-    return lambda v, f: v ^ f
-
-
-@njit(cache=True, nogil=True)
-def _pick_max(a, b):  # type: ignore[no-untyped-def]
-    """max with NaN propagation (for integers ``a != a`` folds away); bitwise ops keep it branch-free."""
-    return a if (a > b) | (a != a) else b
-
-
-@njit(cache=True, nogil=True)
-def _pick_min(a, b):  # type: ignore[no-untyped-def]
-    return a if (a < b) | (a != a) else b
-
-
-@njit(cache=True, nogil=True)
-def _same(a, b):  # type: ignore[no-untyped-def]
-    """Equality in which NaN equals NaN (mode counts all NaNs as one value)."""
-    return (a == b) | ((a != a) & (b != b))
-
-
-@njit(cache=True, nogil=True)
-def _less(a, b):  # type: ignore[no-untyped-def]
-    """NumPy sort order: NaN above everything."""
-    return (a < b) | ((b != b) & (a == a))
-
-
-@njit(cache=True, nogil=True)
-def _sort(buf):  # type: ignore[no-untyped-def]
-    """Shell sort (Knuth gaps) in NumPy order (NaN last). Why not ``buf.sort()``: numba's
-    quicksort doubled the compile time of the gather kernel for every dtype, and blocks are
-    small (a block of 1024 takes some 10-30k comparisons)."""
-    n = buf.shape[0]
-    h = 1
-    while h < n // 3:
-        h = 3 * h + 1
-    while h >= 1:
-        for i in range(h, n):
-            v = buf[i]
-            j = i
-            while j >= h and _less(v, buf[j - h]):
-                buf[j] = buf[j - h]
-                j -= h
-            buf[j] = v
-        h //= 3
-
-
-@njit(cache=True, nogil=True)
-def _mode4(a, b, c, d):  # type: ignore[no-untyped-def]
-    """Mode of four values, ties to the smallest: six compares and selects, no branches, so a
-    loop of these vectorises (2x2 is the most common label reduction)."""
-    ab, ac, ad = _same(a, b), _same(a, c), _same(a, d)
-    bc, bd, cd = _same(b, c), _same(b, d), _same(c, d)
-    na = 1 + ab + ac + ad
-    nb = 1 + ab + bc + bd
-    nc = 1 + ac + bc + cd
-    nd = 1 + ad + bd + cd
-    better = (nb > na) | ((nb == na) & _less(b, a))
-    best = b if better else a
-    best_n = nb if better else na
-    better = (nc > best_n) | ((nc == best_n) & _less(c, best))
-    best = c if better else best
-    best_n = nc if better else best_n
-    better = (nd > best_n) | ((nd == best_n) & _less(d, best))
-    return d if better else best
-
-
-@njit(cache=True, nogil=True)
-def _mode_of(buf, s, vals, cnts):  # type: ignore[no-untyped-def]
-    """Most frequent value of ``buf`` (the whole block, as rows of ``s``), ties to the smallest.
-
-    Blocks of up to 64 values: vectorised pairwise counts (below). Larger blocks: distinct values
-    are counted in the short list ``vals``/``cnts`` (label blocks hold a few labels), and a block
-    with more than ``len(vals)`` distinct values is sorted instead and scanned for the longest
-    run (count-distinct would be quadratic on noise). ``buf`` may be reordered.
-    """
-    B = buf.shape[0]
-    if B == 4:
-        return _mode4(buf[0], buf[1], buf[2], buf[3])
-    if B <= 64:
-        # A mixed label block mostly holds two labels: count the first value and the first
-        # value that differs from it (two vectorised passes); a strict majority or a two-value
-        # block is decided there.
-        a = buf[0]
-        na = 0
-        for j in range(B):
-            na += _same(buf[j], a)
-        if 2 * na > B:
-            return a
-        i = 1
-        while _same(buf[i], a):
-            i += 1
-        b = buf[i]
-        nb = 0
-        for j in range(B):
-            nb += _same(buf[j], b)
-        if na + nb == B or 2 * nb > B or 2 * na == B:
-            if nb > na or (nb == na and _less(b, a)):
-                return b
-            return a
-        # Small blocks: count each value against the whole block with a branch-free, vectorised
-        # loop, skipping a value equal to its left or upper neighbour (``buf`` holds the block as
-        # rows of ``s``): that value was already counted, and in a label image nearly every
-        # value repeats a neighbour. Count-distinct's data-dependent branches mispredicted
-        # enough to cost more than the whole uniform-block pass.
-        best = buf[0]
-        best_n = 0
-        for i in range(B):
-            v = buf[i]
-            if (i > 0 and _same(v, buf[i - 1])) or (i >= s and _same(v, buf[i - s])):
-                continue
-            n = 0
-            for j in range(B):
-                n += _same(buf[j], v)
-            better = (n > best_n) | ((n == best_n) & _less(v, best))
-            best = v if better else best
-            best_n = n if better else best_n
-        return best
-    cap = vals.shape[0]
-    nd = 0
-    for i in range(B):
-        v = buf[i]
-        t = 0
-        while t < nd and not _same(vals[t], v):
-            t += 1
-        if t < nd:
-            cnts[t] += 1
-        elif nd < cap:
-            vals[nd] = v
-            cnts[nd] = 1
-            nd += 1
-        else:
-            nd = -1
-            break
-    if nd > 0:
-        bi = 0
-        for t in range(1, nd):
-            if cnts[t] > cnts[bi] or (cnts[t] == cnts[bi] and _less(vals[t], vals[bi])):
-                bi = t
-        return vals[bi]
-    _sort(buf)  # NaN last, as in NumPy
-    best = buf[0]
-    best_n = 0
-    i = 0
-    while i < B:
-        j = i + 1
-        while j < B and _same(buf[j], buf[i]):
-            j += 1
-        if j - i > best_n:  # strictly longer: ties keep the earlier, smaller value
-            best_n = j - i
-            best = buf[i]
-        i = j
-    return best
-
-
-# --------------------------------------------------------------------------------------------
 # Kernel factory: one set of kernels per constant last-axis scale (0 = runtime ``s2``)
 # --------------------------------------------------------------------------------------------
 
@@ -307,13 +118,13 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     v = np.int64(acc[q * s])
                     for j in range(1, s):
                         v += acc[q * s + j]
-                    orow[q] = _round_shift(v, shift) ^ f
+                    orow[q] = round_shift(v, shift) ^ f
             for q in range(full if C == 1 else 0, oL):  # ragged tail (clamp = edge padding)
                 for c in range(C):
                     v = np.int64(0)
                     for j in range(s):
                         v += acc[min(q * s + j, L - 1) * C + c]
-                    orow[q * C + c] = _round_shift(v, shift) ^ f
+                    orow[q * C + c] = round_shift(v, shift) ^ f
 
     @njit(cache=True, nogil=True)
     def area_reshape(x, out, table, C, s2, acc, tmp, block, shift, f):  # type: ignore[no-untyped-def]
@@ -361,10 +172,10 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
             orow = out[o]
             if shift >= 0:
                 for e in range(oL * C):
-                    orow[e] = _round_shift(np.int64(acc[e]), shift) ^ f
+                    orow[e] = round_shift(np.int64(acc[e]), shift) ^ f
             else:
                 for e in range(oL * C):
-                    orow[e] = _round_div(np.int64(acc[e]), block) ^ f
+                    orow[e] = round_div(np.int64(acc[e]), block) ^ f
 
     @njit(cache=True, nogil=True)
     def area_float(x, out, table, C, s2, acc, block, lut):  # type: ignore[no-untyped-def]
@@ -412,42 +223,42 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
         for o in range(out.shape[0]):
             r = table[o, 0]
             for e in range(W):
-                acc[e] = _flip(x[r, e], f)
+                acc[e] = flip_sign(x[r, e], f)
             for k in range(1, nrows):
                 r = table[o, k]
                 if is_max:
                     for e in range(W):
-                        acc[e] = _pick_max(acc[e], _flip(x[r, e], f))
+                        acc[e] = pick_max(acc[e], flip_sign(x[r, e], f))
                 else:
                     for e in range(W):
-                        acc[e] = _pick_min(acc[e], _flip(x[r, e], f))
+                        acc[e] = pick_min(acc[e], flip_sign(x[r, e], f))
             if C == 1 and is_max:  # the hot cases, written out so each loop vectorises
                 for q in range(full):
                     m = acc[q * s]
                     for j in range(1, s):
-                        m = _pick_max(m, acc[q * s + j])
-                    out[o, q] = _flip(m, f)
+                        m = pick_max(m, acc[q * s + j])
+                    out[o, q] = flip_sign(m, f)
             elif C == 1:
                 for q in range(full):
                     m = acc[q * s]
                     for j in range(1, s):
-                        m = _pick_min(m, acc[q * s + j])
-                    out[o, q] = _flip(m, f)
+                        m = pick_min(m, acc[q * s + j])
+                    out[o, q] = flip_sign(m, f)
             first = full if C == 1 else 0
             for q in range(first, oL):  # ragged tail, and interleaved channels
                 for c in range(C):
                     m = acc[q * s * C + c]
                     for j in range(1, s):
                         v = acc[min(q * s + j, L - 1) * C + c]
-                        m = _pick_max(m, v) if is_max else _pick_min(m, v)
-                    out[o, q * C + c] = _flip(m, f)
+                        m = pick_max(m, v) if is_max else pick_min(m, v)
+                    out[o, q * C + c] = flip_sign(m, f)
 
     @njit(cache=True, nogil=True)
     def gather(x, out, table, C, s2, buf, vals, cnts, flags, is_median, f):  # type: ignore[no-untyped-def]
         """mode and median share the block gather (one compiled kernel per dtype).
 
         median: sort the block (NaN last, as NumPy) and take element (B - 1) // 2.
-        mode: see ``_mode_of``. Most blocks of a label image are uniform, so for plain rows
+        mode: see ``scalars.mode_of``. Most blocks of a label image are uniform, so for plain rows
         (C == 1) uniformity is checked straight from the input before anything is gathered.
         """
         s = S if S > 0 else s2
@@ -467,11 +278,11 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                 orow = out[o]
                 if f == 0:  # (unsigned, float: keep the native width, twice the SIMD lanes)
                     for q in range(full):
-                        orow[q] = _mode4(r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1])
+                        orow[q] = mode4(r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1])
                 else:
                     for q in range(full):
-                        orow[q] = _flip(_mode4(_flip(r0[2 * q], f), _flip(r0[2 * q + 1], f),
-                                               _flip(r1[2 * q], f), _flip(r1[2 * q + 1], f)), f)
+                        orow[q] = flip_sign(mode4(flip_sign(r0[2 * q], f), flip_sign(r0[2 * q + 1], f),
+                                               flip_sign(r1[2 * q], f), flip_sign(r1[2 * q + 1], f)), f)
             elif C == 1 and not is_median:
                 # Pass 1, branch-free and vectorised: the block's first value, and whether
                 # every value equals it (uniform blocks: most of a label image).
@@ -485,7 +296,7 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     row = x[table[o, k]]
                     for j in range(s):
                         for q in range(full):
-                            flags[q] &= _same(row[q * s + j], orow[q])
+                            flags[q] &= same(row[q * s + j], orow[q])
                 # Pass 2: the mixed blocks.
                 for q in range(full):
                     if flags[q]:
@@ -494,22 +305,22 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     for k in range(nrows):
                         r = table[o, k]
                         for j in range(s):
-                            buf[n] = _flip(x[r, q * s + j], f)
+                            buf[n] = flip_sign(x[r, q * s + j], f)
                             n += 1
-                    orow[q] = _flip(_mode_of(buf, np.int64(s), vals, cnts), f)
+                    orow[q] = flip_sign(mode_of(buf, np.int64(s), vals, cnts), f)
             for q in range(first_q, oL):
                 for c in range(C):
                     n = 0
                     for k in range(nrows):
                         r = table[o, k]
                         for j in range(s):
-                            buf[n] = _flip(x[r, min(q * s + j, L - 1) * C + c], f)
+                            buf[n] = flip_sign(x[r, min(q * s + j, L - 1) * C + c], f)
                             n += 1
                     if is_median:
-                        _sort(buf)
-                        out[o, q * C + c] = _flip(buf[(B - 1) // 2], f)
+                        sort(buf)
+                        out[o, q * C + c] = flip_sign(buf[(B - 1) // 2], f)
                     else:
-                        out[o, q * C + c] = _flip(_mode_of(buf, np.int64(s), vals, cnts), f)
+                        out[o, q * C + c] = flip_sign(mode_of(buf, np.int64(s), vals, cnts), f)
 
     return {
         "area_strided": area_strided,

@@ -70,7 +70,7 @@ _PLAIN_S2 = (2, 4, 8, 16, 32)
 _PLAIN_NEAREST_S2 = (2, 4)
 
 # The dtypes the kernels are compiled for. bool runs as uint8; signed integers run as their
-# unsigned view with the sign bit flipped (``_flip``), which preserves order, equality and - since
+# unsigned view with the sign bit flipped (``scalars.flip_sign``), which preserves order, equality and - since
 # the flip is a bias of 2**(bits-1), an even number - the half-to-even rounding of a mean. So a
 # cold test run compiles each kernel for 6 dtypes instead of 11, and int16 gets the fast
 # constant-scale kernels of uint16.
