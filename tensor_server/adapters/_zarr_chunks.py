@@ -41,7 +41,6 @@ from tensor_server.core.stream_reduce import SCRATCH_MIN, run_parallel, scratch
 __all__ = ["decoder_name", "LocalChunks", "ShardIndexes"]
 
 
-
 def decoder_name() -> str:
     """The decoders a local zarr read uses (one line of ``server_stats``)."""
     blosc = "libblosc2 (the blosc2 wheel's, per-thread contexts) for blosc, " if blosc_decompressor() else ""
