@@ -30,6 +30,7 @@ Integer ``area`` sums into the accumulator ``plan._plan_integer_area`` sizes fro
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -431,18 +432,34 @@ def _as_kernel_input(arr: np.ndarray) -> tuple[np.ndarray, Any]:
 
 
 def _nearest(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
-    """Plain rows at a ``_PLAIN_NEAREST_S2`` last-axis scale: the plain kernel on the same-width
-    unsigned view (a bit copy, so any 1/2/4/8-byte dtype), 1.5x NumPy's strided copy at scales 2
-    and 4. Anything else: NumPy's strided copy, which takes every dtype (at scale 8 and above
-    the copy is so small that building the rows layout costs more than the kernel saves)."""
+    """Plain rows at a ``_PLAIN_NEAREST_S2`` last-axis scale: a plain kernel on the same-width
+    unsigned view (a bit copy, so any 1/2/4/8-byte dtype), reading each block's word where the
+    rows allow (``_block_words``). Anything else: NumPy's strided copy, which takes every dtype
+    (at scale 8 and above the copy is so small that building the rows layout costs more than
+    the kernel saves)."""
     if arr.size and sc[-1] in _plan._PLAIN_NEAREST_S2 and arr.dtype.itemsize in (1, 2, 4, 8) \
             and arr.dtype.kind in "biuf":
         lay = _Layout(arr.view(f"u{arr.dtype.itemsize}"), sc, keep_unit_axes=False)
         if lay.C == 1 and lay.s2 in _plan._PLAIN_NEAREST_S2:
             out2 = np.empty(lay.out2_shape, dtype=lay.x2.dtype)
-            _plain("nearest", lay.s2)(lay.x2, out2, lay.table)
+            xw = _block_words(lay.x2, lay.s2)
+            if xw is None:
+                _plain("nearest", lay.s2)(lay.x2, out2, lay.table)
+            else:
+                _plain("nearest_words", lay.s2, arr.dtype.itemsize)(lay.x2, xw, out2, lay.table)
             return lay.finish(out2).view(arr.dtype)
     return np.array(arr[tuple(slice(None, None, s) for s in sc)], order="C", copy=True)
+
+
+def _block_words(x2: np.ndarray, s2: int) -> np.ndarray | None:
+    """The whole blocks of each row of ``x2`` as one unsigned word per block (``s2`` pixels,
+    at most 8 bytes), whose low bytes are the block's first pixel on a little-endian machine;
+    None where there is no such word or the rows do not start on a word boundary."""
+    nbytes = s2 * x2.dtype.itemsize
+    if nbytes > 8 or sys.byteorder != "little":
+        return None
+    words = x2[:, : x2.shape[1] // s2 * s2].view(f"u{nbytes}")
+    return words if words.flags.aligned else None
 
 
 def _area_half(lay: _Layout, out2: np.ndarray, block: float) -> np.ndarray:

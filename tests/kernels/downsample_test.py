@@ -272,6 +272,22 @@ def test_other_dtypes_follow_oracle(dtype):
         assert_same(R.downsample(x, (2, 3), m), K.downsample(x, (2, 3), m), f"{m} {dtype}")
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "float32", "uint64"])
+@pytest.mark.parametrize("shape, scale, words", [
+    ((7, 2 * 9), (2, 2), True),  # rows of whole blocks: one word per block
+    ((1, 4 * 5 + 3), (1, 4), True),  # one row: words, then the ragged block element-wise
+    ((5, 2 * 9 + 1), (2, 2), False),  # odd width: rows off the word boundary, element-wise
+])
+def test_nearest_words_and_elements_follow_oracle(dtype, shape, scale, words):
+    """Both plain nearest kernels, the word one and the element one, on the oracle's values
+    (uint64 at scale 2 has no word: 16 bytes)."""
+    x = cases.make_array(dtype, shape, "random", seed=3)
+    u = x.view(f"u{x.dtype.itemsize}")
+    reads_words = K._block_words(u.reshape(-1, shape[-1]), scale[-1]) is not None
+    assert reads_words == (words and x.dtype.itemsize * scale[-1] <= 8)
+    assert_same(R.downsample(x, scale, "nearest"), K.downsample(x, scale, "nearest"), f"{dtype} {shape}")
+
+
 def test_float16_area_in_bands_follows_oracle():
     """Output rows over ~1 MiB of float64 are rounded band by band (here one row a band)."""
     x = cases.make_array("float16", (6, 2**17 + 3), "nonfinite", seed=5)
