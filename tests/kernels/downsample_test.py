@@ -288,6 +288,18 @@ def test_nearest_words_and_elements_follow_oracle(dtype, shape, scale, words):
     assert_same(R.downsample(x, scale, "nearest"), K.downsample(x, scale, "nearest"), f"{dtype} {shape}")
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int16"])
+@pytest.mark.parametrize("scale", [(4, 4), (8, 2), (16, 8)])
+@pytest.mark.parametrize("method", ["area", "min", "max"])
+def test_long_rows_four_at_a_time_follow_oracle(dtype, scale, method):
+    """Rows of at least ``QUAD_MIN_ROW_BYTES`` are combined four block rows a pass (twice over
+    for 8 and 16 rows); a ragged last block of rows and of columns included."""
+    from tensor_server_kernels.plain import QUAD_MIN_ROW_BYTES
+    width = QUAD_MIN_ROW_BYTES // np.dtype(dtype).itemsize + 4  # even: the word kernels
+    x = cases.make_array(dtype, (2 * scale[0] + 3, width), "random", seed=7)
+    assert_same(R.downsample(x, scale, method), K.downsample(x, scale, method), f"{method} {dtype} {scale}")
+
+
 def test_float16_area_in_bands_follows_oracle():
     """Output rows over ~1 MiB of float64 are rounded band by band (here one row a band)."""
     x = cases.make_array("float16", (6, 2**17 + 3), "nonfinite", seed=5)
