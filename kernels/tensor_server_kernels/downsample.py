@@ -255,7 +255,7 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                     out[o, q * C + c] = flip_sign(m, f)
 
     @njit(cache=True, nogil=True)
-    def gather(x, out, table, C, s2, buf, vals, cnts, flags, is_median, f):  # type: ignore[no-untyped-def]
+    def gather(x, out, table, C, s2, buf, vals, cnts, flags, down, mixed, is_median, f):  # type: ignore[no-untyped-def]
         """mode and median share the block gather (one compiled kernel per dtype).
 
         median: sort the block (NaN last, as NumPy) and take element (B - 1) // 2.
@@ -285,23 +285,36 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                         orow[q] = flip_sign(mode4(flip_sign(r0[2 * q], f), flip_sign(r0[2 * q + 1], f),
                                                flip_sign(r1[2 * q], f), flip_sign(r1[2 * q + 1], f)), f)
             elif C == 1 and not is_median:
-                # Pass 1, branch-free and vectorised: the block's first value, and whether
-                # every value equals it (uniform blocks: most of a label image).
+                # Pass 1, branch-free and vectorised: whether every value of a block equals its
+                # first (uniform blocks: most of a label image). Each block row is compared with
+                # the first, element by element (contiguous), then each block's first row is
+                # checked lane by lane: 8192² uint32 labels at scale 4 took 27.7 ms comparing
+                # each lane offset with the first value (strided), 21.7 like this.
                 first_q = full
                 orow = out[o]
-                row = x[table[o, 0]]
-                for q in range(full):
-                    orow[q] = row[q * s]
-                    flags[q] = 1
-                for k in range(nrows):
+                r0 = x[table[o, 0]]
+                n = full * s
+                for e in range(n):
+                    down[e] = 1
+                for k in range(1, nrows):
                     row = x[table[o, k]]
-                    for j in range(s):
-                        for q in range(full):
-                            flags[q] &= same(row[q * s + j], orow[q])
-                # Pass 2: the mixed blocks.
+                    for e in range(n):
+                        down[e] &= same(row[e], r0[e])
                 for q in range(full):
-                    if flags[q]:
-                        continue
+                    v = r0[q * s]
+                    orow[q] = v
+                    u = down[q * s]
+                    for j in range(1, s):
+                        u &= down[q * s + j] & same(r0[q * s + j], v)
+                    flags[q] = u
+                # Pass 2: the mixed blocks, listed first (a branch per block mispredicted:
+                # 56.3 -> 51.5 ms at scale 4, 46.2 -> 43.8 at 8).
+                m = 0
+                for q in range(full):
+                    mixed[m] = q
+                    m += 1 - flags[q]
+                for i in range(m):
+                    q = mixed[i]
                     n = 0
                     for k in range(nrows):
                         r = table[o, k]
@@ -579,7 +592,8 @@ def _gathering(arr: np.ndarray, sc: tuple[int, ...], method: str) -> np.ndarray:
     _kernel("gather", x.dtype, lay.s2)(
         lay.x2, out2, lay.table, lay.C, lay.s2, buf,
         np.empty(cap, dtype=x.dtype), np.empty(cap, dtype=np.int64),
-        np.empty(lay.out2_shape[1], dtype=np.uint8), method == "median", flip)
+        np.empty(lay.out2_shape[1], dtype=np.uint8), np.empty(lay.x2.shape[1], dtype=np.uint8),
+        np.empty(lay.out2_shape[1], dtype=np.intp), method == "median", flip)
     return _epilogue(lay.finish(out2), orig)
 
 
