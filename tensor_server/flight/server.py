@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Any, Callable, Iterator, TypeVar
 
 import pyarrow as pa
@@ -32,6 +33,34 @@ __all__ = ["TensorFlightServer"]
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 _SOURCES_PATH = ["sources"]
+
+
+#: How stale a handler's "has the client gone?" answer may be. Flight's ``context.is_cancelled``
+#: costs 80-88 us a call here (pyarrow 26: 1,000 calls from DoGet or DoAction), and the engine
+#: asks before every unit it reads: a tensor_stats over 256 blocks spent 21 of its 30 ms asking
+#: (7 ms with this), a scale-4 DoGet of 1024² zarr chunks asked 32 times (2.6 ms). Asking at
+#: most every 20 ms costs 0.4 % of a long call, and a gone client's work stops within 20 ms.
+_CANCEL_POLL_S = 0.02
+
+
+class _ClientGone:
+    """``context.is_cancelled`` asked at most every ``_CANCEL_POLL_S``; once True, always True.
+    The first call asks, so a client gone before the work starts is seen at once."""
+
+    __slots__ = ("_ask", "_next", "_gone")
+
+    def __init__(self, ask: Callable[[], bool]) -> None:
+        self._ask = ask
+        self._next = 0.0
+        self._gone = False
+
+    def __call__(self) -> bool:
+        if not self._gone:
+            now = time.monotonic()
+            if now >= self._next:
+                self._gone = bool(self._ask())
+                self._next = now + _CANCEL_POLL_S
+        return self._gone
 
 
 def _translated(call: str) -> Callable[[F], F]:
@@ -137,9 +166,10 @@ class TensorFlightServer(flight.FlightServerBase):
         tt = decode_message(ticket_pb2.TensorTicket, ticket.ticket, "DoGet")
         kind = tt.WhichOneof("payload")
         if kind == "catalog_query":
-            return flight.RecordBatchStream(self.runtime.query(tt.catalog_query.sql, caller, context.is_cancelled))
+            gone = _ClientGone(context.is_cancelled)
+            return flight.RecordBatchStream(self.runtime.query(tt.catalog_query.sql, caller, gone))
         if kind == "chunk_id":
-            _, data = self.runtime.chunk(tt.chunk_id, caller, context.is_cancelled)
+            _, data = self.runtime.chunk(tt.chunk_id, caller, _ClientGone(context.is_cancelled))
             with timing("encode"):
                 batch = chunk_batch(data)  # wraps the (possibly mapped) bytes; Flight serialises them
                 table = pa.Table.from_batches([batch], schema=CHUNK_SCHEMA)
@@ -161,11 +191,11 @@ class TensorFlightServer(flight.FlightServerBase):
         arm = cmd.WhichOneof("command")
         batches = (chunk.data for chunk in reader)
         if arm in ("roi_put", "roi_delete"):
-            reply = self.runtime.catalog_verbs.roi_write(cmd, batches, caller, context.is_cancelled)
+            reply = self.runtime.catalog_verbs.roi_write(cmd, batches, caller, _ClientGone(context.is_cancelled))
             writer.write(pa.py_buffer(reply))
             return
         if arm == "chunk_ticket":
-            self.runtime.put_chunk(cmd.chunk_ticket, batches, caller, context.is_cancelled)
+            self.runtime.put_chunk(cmd.chunk_ticket, batches, caller, _ClientGone(context.is_cancelled))
             return
         raise Unimplemented(f"DoPut {arm or 'without a command'} is not supported by this server")
 
@@ -179,7 +209,7 @@ class TensorFlightServer(flight.FlightServerBase):
         from tensor_server.service.actions import find_action
 
         results = self.runtime.do_action(action.type, action.body.to_pybytes(), self._caller(context),
-                                         context.is_cancelled)
+                                         _ClientGone(context.is_cancelled))
         if find_action(self.runtime, action.type).streams:
             return _streamed(iter(results), current_request().id)
         return iter([flight.Result(body) for body in results])
