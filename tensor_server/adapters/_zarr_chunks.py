@@ -22,6 +22,13 @@ included).
 Blosc frames decode through libblosc2 where it loads (``_blosc_lib``: 25-40 % faster than
 numcodecs here), numcodecs otherwise and for any frame libblosc2 refuses. ``decoder_name()``
 names this path for ``server_stats`` (the service runtime reports it).
+
+Cold reads: the decoding threads each read a chunk file, then decode it, so with two cores at
+most two reads were in flight; a read's chunk files are now opened first and advised
+``WILLNEED`` (``_open_ahead``), and the kernel fetches them all at once. A cold 8192² scale-4
+read of 64 chunk files of 1024²: 83 -> 70-72 ms (TensorStore, which keeps many reads in
+flight, 70); four files of 4096² are unchanged (84). Warm, the advice costs a system call per
+file (the file is opened once either way).
 """
 from __future__ import annotations
 
@@ -282,7 +289,11 @@ class LocalChunks:
                                        for i, c, s in zip(idx, self.chunks, src)))
 
         if self.indexes is None:
-            spread(pieces, lambda piece: place(piece, self._chunk_bytes(piece[0])))
+            ahead = self._open_ahead(pieces)
+            try:
+                spread(pieces, lambda piece: place(piece, self._chunk_bytes(piece[0], ahead)))
+            finally:
+                _close_all(ahead)
         else:
             spread(self._shard_jobs(pieces), lambda job: self._read_shard_job(job, place))
         return out
@@ -310,12 +321,39 @@ class LocalChunks:
         inner = ", ".join(str(i % p) for i, p in zip(idx, per))
         return f"{self.encode(tuple(i // p for i, p in zip(idx, per)))}[{inner}]"
 
-    def _chunk_bytes(self, idx: tuple[int, ...]) -> bytes | None:
-        """The stored bytes of an unsharded chunk, None when it is not stored."""
+    def _open_ahead(self, pieces: list[_Piece]) -> dict[tuple[int, ...], int]:
+        """The first ``_AHEAD_FILES`` chunk files of a read, opened and advised ``WILLNEED``
+        before any is decoded (``_ABSENT`` for a chunk with no file): the kernel then reads
+        them all at once, not two at a time as the decoding threads reach them (module
+        docstring, "Cold reads")."""
+        ahead: dict[tuple[int, ...], int] = {}
+        if not hasattr(os, "posix_fadvise"):
+            return ahead
         try:
-            fd = os.open(os.path.join(self.folder, self.encode(idx)), os.O_RDONLY)
-        except FileNotFoundError:
+            for idx, _, _ in pieces[:_AHEAD_FILES]:
+                try:
+                    fd = os.open(os.path.join(self.folder, self.encode(idx)), os.O_RDONLY)
+                except FileNotFoundError:
+                    ahead[idx] = _ABSENT
+                    continue
+                ahead[idx] = fd
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except BaseException:
+            _close_all(ahead)
+            raise
+        return ahead
+
+    def _chunk_bytes(self, idx: tuple[int, ...], ahead: dict[tuple[int, ...], int]) -> bytes | None:
+        """The stored bytes of an unsharded chunk, None when it is not stored; its file is
+        taken from ``ahead`` when it was opened there."""
+        fd = ahead.pop(idx, None)
+        if fd == _ABSENT:
             return None
+        if fd is None:
+            try:
+                fd = os.open(os.path.join(self.folder, self.encode(idx)), os.O_RDONLY)
+            except FileNotFoundError:
+                return None
         try:
             return os.pread(fd, os.fstat(fd).st_size, 0)
         finally:
@@ -376,6 +414,17 @@ class LocalChunks:
 _Piece = tuple[tuple[int, ...], tuple[slice, ...], tuple[slice, ...]]
 #: at most this many inner chunks are read and decoded by one job of a sharded read
 _RUN_CHUNKS = 16
+#: chunk files of one unsharded read opened ahead and advised WILLNEED (one descriptor each
+#: until the chunk is read; the per-process descriptor limit is usually 1024)
+_AHEAD_FILES = 64
+#: in ``_open_ahead``'s table: the chunk has no file
+_ABSENT = -1
+
+
+def _close_all(ahead: dict[tuple[int, ...], int]) -> None:
+    for fd in ahead.values():
+        if fd != _ABSENT:
+            os.close(fd)
 
 
 def _serially(jobs: Sequence[Any], run: Callable[[Any], None]) -> None:

@@ -186,6 +186,47 @@ def test_a_run_of_a_shard_s_chunks_is_one_read_in_file_order(tmp_path, monkeypat
     assert len(reads) == len(jobs) < 256, (len(reads), len(jobs))
 
 
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or not os.path.isdir("/proc/self/fd"),
+                    reason="posix_fadvise and /proc/self/fd are Linux's")
+def test_chunk_files_are_advised_ahead_and_every_descriptor_closed(tmp_path, monkeypatch):
+    """A read's first ``_AHEAD_FILES`` stored chunk files are opened and advised WILLNEED
+    before any is decoded (an absent chunk is skipped); each is read through that descriptor,
+    and none is left open, also when a chunk turns out corrupt."""
+    from tensor_server.adapters import _zarr_chunks
+
+    data = RNG.integers(0, 60000, (64, 96), dtype=np.uint16)
+    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(16, 16), dtype="u2", zarr_format=3)
+    z[...] = data
+    (tmp_path / "a.zarr" / "c" / "0" / "1").unlink()  # one absent chunk: zarr fills it
+    data[0:16, 16:32] = 0
+    monkeypatch.setattr(_zarr_chunks, "_AHEAD_FILES", 10)
+    advised, opened = [], []
+    real_advise, real_open = os.posix_fadvise, os.open
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, o, n, a: advised.append((fd, a)) or real_advise(fd, o, n, a))
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append(str(path)) or real_open(path, *a, **k))
+    with tensor_server.open(tmp_path / "a.zarr") as src:
+        lc = src.tensor()._chunks
+        before = _open_fds()
+
+        def zeros(s):
+            return np.zeros(tuple(len(range(x.start, x.stop, x.step)) for x in s), np.uint16)
+
+        np.testing.assert_array_equal(lc.read(Bounds((0, 0), data.shape), (1, 1), zeros), data)
+        assert _open_fds() == before
+        assert len(advised) == 9 and {a for _, a in advised} == {os.POSIX_FADV_WILLNEED}  # 10 pieces, 1 absent
+        chunk_opens = [p for p in opened if "/c/" in p]
+        assert len(chunk_opens) == len(set(chunk_opens)) == 4 * 6  # each chunk file looked up once
+        f = tmp_path / "a.zarr" / "c" / "0" / "2"
+        f.write_bytes(b"garbage!" + f.read_bytes()[8:])
+        with pytest.raises(ValueError, match="chunk 'c/0/2'"):
+            lc.read(Bounds((0, 0), data.shape), (1, 1), zeros)
+        assert _open_fds() == before
+
+
 def test_sharding_with_unsupported_inner_codecs_keeps_zarr(tmp_path):
     from zarr.codecs import TransposeCodec
 
