@@ -306,8 +306,8 @@ def test_changed_file_refuses_old_chunk_ids(tmp_path):
 
 def test_client_gone_asks_flight_at_most_once_per_interval(monkeypatch):
     """Flight's is_cancelled costs ~80 us; the engine asks before every unit. The handler's
-    answer asks gRPC on its first call, then at most once per interval, and a gone client stays
-    gone."""
+    answer asks gRPC once an interval has passed since the call began, then at most once per
+    interval, and a gone client stays gone."""
     from tensor_server.flight import server as flight_server
 
     asks = []
@@ -320,13 +320,14 @@ def test_client_gone_asks_flight_at_most_once_per_interval(monkeypatch):
     monkeypatch.setattr(flight_server, "_CANCEL_POLL_S", 60.0)
     gone = flight_server._ClientGone(ask)
     assert [gone() for _ in range(100)] == [False] * 100
-    assert len(asks) == 1
-    monkeypatch.setattr(flight_server, "_CANCEL_POLL_S", 0.0)
-    gone()  # the 60 s window set by the first ask is still open
-    assert len(asks) == 1
-    gone._next = 0.0  # the window has passed
+    assert asks == []  # a short call never asks
+    gone._next = 0.0  # the interval has passed
+    assert gone() is False and len(asks) == 1
+    assert [gone() for _ in range(100)] == [False] * 100
+    assert len(asks) == 1  # the next 60 s window is open
+    gone._next = 0.0
     answer[0] = True
     assert gone() is True and len(asks) == 2
     answer[0] = False
+    gone._next = 0.0
     assert gone() is True and len(asks) == 2  # gone stays gone, without asking again
-
