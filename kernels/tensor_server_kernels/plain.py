@@ -199,8 +199,9 @@ def extreme_kernel(S: int, is_max: bool, B: int) -> Callable[..., Any]:
     """``extreme_plain(x, out, table, buf, bufw, f)``: block min or max of ``B``-bit integers
     (floats keep the general kernel, which propagates NaN). Block rows are combined
     element-wise in the input's own lanes into ``buf`` (one input row; ``bufw`` is the same
-    memory as words of two pixels), then folded a word at a time. One kernel per method: a
-    run-time choice inside the loop stops it vectorising."""
+    memory as words of two pixels), then folded a word at a time; 2x2 blocks go straight to
+    the output (8192² uint16: 12.1 -> 10.4 ms through the buffer and without). One kernel per
+    method: a run-time choice inside the loop stops it vectorising."""
     MASK = (1 << B) - 1
     H = S // 2
     W = np.uint16 if B == 8 else np.uint32  # the word of two pixels

@@ -38,9 +38,9 @@ _SOURCES_PATH = ["sources"]
 #: How stale a handler's "has the client gone?" answer may be. Flight's ``context.is_cancelled``
 #: costs 80-88 us a call here (pyarrow 26: 1,000 calls from DoGet or DoAction), and the engine
 #: asks before every unit it reads: a tensor_stats over 256 blocks spent 21 of its 30 ms asking
-#: (7 ms with this), a scale-4 DoGet of 1024² zarr chunks asked 32 times (2.6 ms), and every
-#: DoGet of a viewer's tile asked once. Asking at most every 20 ms costs 0.4 % of a long call
-#: and nothing of a short one, and a gone client's work stops within 20 ms.
+#: (7 ms with this), and a scale-4 DoGet of 1024² zarr chunks asked 32 times (2.6 ms). Asking
+#: at most every 20 ms costs 0.4 % of a long call and nothing of a short one, and a gone
+#: client's work stops within 20 ms.
 _CANCEL_POLL_S = 0.02
 
 
