@@ -44,7 +44,10 @@ PLAIN_S2 = (2, 4, 8, 16, 32)
 #: four a pass, max and area): 8192-pixel rows at scale 8 9.0 / 8.0 and 11.1 / 8.6; 2048-pixel
 #: rows 9.3 / 8.4 and 10.6 / 8.6; 1024-pixel rows 9.0 / 11.3 and 10.2 / 13.0, and a 512x1024²
 #: uint8 volume at 2x2x2 52 / 59 (area). The hardware prefetcher follows a stream within a 4 KiB
-#: page: rows shorter than a page end before four streams pay off.
+#: page: rows shorter than a page end before four streams pay off. The area kernel and
+#: ``_combine_rows`` (min/max) each spell out this pass schedule: a jitted helper shared by
+#: both would be compiled by two warm-up families into one numba cache index, which
+#: ``tests/kernels/warm_test.py`` forbids (the families compile in parallel).
 QUAD_MIN_ROW_BYTES = 4096
 
 # Helpers are module-level functions taking the factory's constants as arguments (LLVM inlines
