@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import unquote
 
@@ -19,7 +18,6 @@ from tensor_server.render.plane import split_identifier
 __all__ = ["routes", "PREFIX"]
 
 PREFIX = "/deepzoom/"
-_TILE = re.compile(r"(?P<id>.+)_files/(?P<level>\d+)/(?P<col>\d+)_(?P<row>\d+)\.(?P<fmt>[a-z]+)")
 
 
 def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
@@ -41,18 +39,16 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
                 raise InvalidArgument(f"format {fmt[:20]!r} is not offered; use one of {formats}")
             return Response(deepzoom.dzi_xml(view.width, view.height, fmt), media_type="application/xml",
                             headers=headers)
-        m = _TILE.fullmatch(rest)
-        if m is None:
-            raise InvalidArgument(f"{rest[:200]!r} is neither <id>.dzi nor <id>_files/<level>/<col>_<row>.<format>")
-        if m["fmt"] not in formats:
-            raise InvalidArgument(f"format {m['fmt'][:20]!r} is not offered; use one of {formats}")
+        path = deepzoom.parse_tile_path(rest)
+        if path.format not in formats:
+            raise InvalidArgument(f"format {path.format[:20]!r} is not offered; use one of {formats}")
 
         def render(cancelled: Any) -> bytes:  # one worker-thread hop for the whole tile (see iiif._image)
-            view = renderer.view(*split_identifier(m["id"]))
-            tile = deepzoom.tile_region(view.width, view.height, int(m["level"]), int(m["col"]), int(m["row"]))
+            view = renderer.view(*split_identifier(path.identifier))
+            tile = deepzoom.tile_region(view.width, view.height, path.level, path.col, path.row)
             image = renderer.region(view, tile.x, tile.y, tile.w, tile.h, tile.out_w, tile.out_h, cancelled)
-            return encode(image, m["fmt"])
+            return encode(image, path.format)
 
-        return Response(await while_connected(request, render), media_type=FORMATS[m["fmt"]][1], headers=headers)
+        return Response(await while_connected(request, render), media_type=FORMATS[path.format][1], headers=headers)
 
     return [Route(PREFIX + "{rest:path}", guarded(provider, serve), methods=["GET", "HEAD"])]

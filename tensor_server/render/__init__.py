@@ -4,7 +4,8 @@ Transport-free (core, numpy and Pillow only): ``render.plane`` picks a 2-D plane
 tensor and reads a region of it at the level that serves the requested size; ``render.colour``
 turns raw pixels into 8-bit RGB (the ``omero`` block, else a percentile window; channel
 colours; label colours); ``render.image`` renders regions and writes JPEG/PNG/WebP; ``render.iiif`` and
-``render.deepzoom`` are the IIIF Image API 3 and DeepZoom request grammars. The HTTP doors
+``render.deepzoom`` are the IIIF Image API 3 and DeepZoom request grammars, whose numbers
+``render.numbers`` parses with bounds (ASCII digits, at most 9). The HTTP doors
 (``http/iiif.py``, ``http/deepzoom.py``, ``http/catalog_page.py``) only translate, through
 the ``ViewerProvider`` Protocol (``render.provider``).
 """

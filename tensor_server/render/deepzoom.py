@@ -4,7 +4,9 @@ Level ``L`` of ``0..max_level`` (``max_level = ceil(log2(max(w, h)))``) is the i
 by ``2^(max_level - L)`` (rounded up); its tiles are ``TILE_SIZE`` square with ``OVERLAP``
 pixels repeated from each neighbour (none at the image edge), as OpenSeadragon expects.
 ``tile_region`` gives the full-resolution region and output size of a tile, which the renderer
-reads at the level that serves it.
+reads at the level that serves it. ``parse_tile_path`` splits a tile's path with
+``rpartition``/``partition`` and digit tests (``render.numbers``: ASCII digits, at most 9),
+linear in the path; a level or tile past the image is a 400 naming it.
 """
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import math
 from dataclasses import dataclass
 
 from tensor_server.errors import InvalidArgument
+from tensor_server.render.numbers import whole_number
 
-__all__ = ["TILE_SIZE", "OVERLAP", "max_level", "dzi_xml", "tile_region", "TileRegion"]
+__all__ = ["TILE_SIZE", "OVERLAP", "max_level", "dzi_xml", "tile_region", "TileRegion", "TilePath",
+           "parse_tile_path"]
 
 TILE_SIZE = 254
 OVERLAP = 1
@@ -27,6 +31,28 @@ def dzi_xml(width: int, height: int, fmt: str) -> str:
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
             f'<Image xmlns="http://schemas.microsoft.com/deepzoom/2008" TileSize="{TILE_SIZE}" '
             f'Overlap="{OVERLAP}" Format="{fmt}"><Size Width="{width}" Height="{height}"/></Image>\n')
+
+
+@dataclass(frozen=True)
+class TilePath:
+    identifier: str
+    level: int
+    col: int
+    row: int
+    format: str
+
+
+def parse_tile_path(path: str) -> TilePath:
+    """``<identifier>_files/<level>/<col>_<row>.<format>`` (the identifier may hold ``_files/``
+    itself: the last one ends it, as the tile part holds none)."""
+    identifier, files, tail = path.rpartition("_files/")
+    level, slash, name = tail.partition("/")
+    tile, dot, fmt = name.partition(".")
+    col, underscore, row = tile.partition("_")
+    if not (identifier and files and slash and dot and underscore):
+        raise InvalidArgument(f"{path[:200]!r} is neither <id>.dzi nor <id>_files/<level>/<col>_<row>.<format>")
+    return TilePath(identifier, whole_number(level, "DeepZoom level"), whole_number(col, "DeepZoom tile column"),
+                    whole_number(row, "DeepZoom tile row"), fmt)
 
 
 @dataclass(frozen=True)
