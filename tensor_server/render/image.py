@@ -70,7 +70,9 @@ class Renderer:
 
     def region(self, view: PlaneView, x: int, y: int, w: int, h: int, out_w: int, out_h: int,
                cancelled: Callable[[], bool] | None = None) -> Image.Image:
-        """Full-resolution region ``(x, y, w, h)`` rendered at ``out_w × out_h``."""
+        """Full-resolution region ``(x, y, w, h)`` rendered at ``out_w × out_h``: resized from
+        the level ``render.plane`` reads it at, smoothly (bicubic) where an axis is upscaled, as
+        the less reduced axis of a distorted size may be, else by averaging (box)."""
         from PIL import Image
 
         settings = self.settings_of(view)

@@ -5,10 +5,27 @@ A viewer names a plane with an identifier suffix: ``<array_id>;z=3;t=0`` selects
 axis ``z`` and 0 of ``t`` (unnamed axes default to 0), ``;c=1`` shows channel 1 alone (by
 default every active channel is composited). The image axes are ``y`` and ``x`` (else the last
 two that are not channel or sample axes); a colour-sample axis (``s``/``rgb``/``rgba``) is
-kept whole. A region of ``w×h`` pixels shown at ``ow×oh`` is read at the coarsest level whose
-scale does not exceed the reduction ``min(w/ow, h/oh)`` (``core.level_grid``: the advertised
-levels, extended by factors of 2 down to one small tile), never at full resolution for a
-thumbnail; the caller resizes the rest of the way (less than a factor of 2).
+kept whole.
+
+The level a region of ``w×h`` pixels shown at ``ow×oh`` is read at (``PlaneView.level_for``;
+levels are ``core.level_grid``'s advertised ones, extended by factors of 2 down to one small
+tile) bounds the read by the output: at most ``READ_PER_OUTPUT_PX`` level pixels per output
+pixel (plus one row and column for region edges inside a level pixel).
+
+* Sharp: the coarsest level that upsamples neither axis (scale at most ``w/ow`` on x and
+  ``h/oh`` on y), never full resolution for a thumbnail; the caller resizes the rest of the
+  way (by less than a factor of 2 on a near-square request). Within the bound for every near-square request:
+  every IIIF and DeepZoom tile is read there, as before the bound (bar the one-pixel-high
+  DeepZoom levels of a sliver image, read from the coarsest level: fewer pixels).
+* A distorted size (``full/8192,64`` of an 8192² image: ``w/ow`` 1, ``h/oh`` 128) would read
+  far more than it shows at the sharp level (64 Mpx for 0.5 Mpx); it is read at the finest
+  coarser level within the bound instead (there 1024², 2 px per output pixel), and the less
+  reduced axis is shown upscaled (8× there; at most ``sqrt`` of the two reductions' ratio).
+  The finest level within the bound, not the one the larger reduction names (64² there,
+  128× upscaled), keeps what resolution the bound allows.
+* Only the coarsest level is left when even that is over the bound: a tiny output of a big
+  region (at most one ``COARSEST`` tile on a computed pyramid) or a stored pyramid whose
+  coarsest level is large. Reading more than ``MAX_LEVEL_READ_PX`` is refused (400).
 """
 from __future__ import annotations
 
@@ -22,18 +39,26 @@ from tensor_server.core.level_grid import GridLevel, grid_levels
 from tensor_server.core.methods import default_method
 from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
+from tensor_server.render.numbers import whole_number
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
     from tensor_server.core.pyramid import PyramidPolicy
     from tensor_server.render.provider import ViewerProvider
 
-__all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER"]
+__all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER", "READ_PER_OUTPUT_PX",
+           "MAX_LEVEL_READ_PX"]
 
 SAMPLE_AXES = frozenset({"s", "rgb", "rgba", "sample", "samples"})
 MAX_IDENTIFIER = 1024
 #: the plane side the coarsest rendering level fits in
 COARSEST = 256
+#: level pixels a region read may take per output pixel: the sharp level of a near-square
+#: request reads under 4 (its scale is over half the reduction on both axes)
+READ_PER_OUTPUT_PX = 4
+#: the most one region read may take when only the coarsest level is left: 4 × the IIIF
+#: maxArea, what the sharp level of a ``max`` request may read
+MAX_LEVEL_READ_PX = 4 * 4096 * 4096
 
 
 def split_identifier(identifier: str) -> tuple[str, dict[str, int]]:
@@ -44,10 +69,10 @@ def split_identifier(identifier: str) -> tuple[str, dict[str, int]]:
     selection: dict[str, int] = {}
     for part in parts:
         name, eq, value = part.partition("=")
-        if not eq or not value.isdigit() or not name:
+        if not eq or not name:
             raise InvalidArgument(f"plane selector {part[:40]!r} of {array_id[:80]!r} is not axis=index "
                                   "(e.g. ;z=3;t=0;c=1)")
-        selection[name.lower()] = int(value)
+        selection[name.lower()] = whole_number(value, f"plane selector {name[:40]!r}: the index")
     return array_id, selection
 
 
@@ -121,24 +146,45 @@ class PlaneView:
     def selected_channel(self) -> int | None:
         return None if self.channel_axis is None else self.fixed.get(self.channel_axis)
 
-    def level_for(self, reduction: float) -> GridLevel:
-        """The coarsest level whose image-axis scale does not exceed ``reduction``."""
-        best = self.levels[0]
-        for lv in self.levels:
-            if max(lv.scale[self.y], lv.scale[self.x]) <= reduction + 1e-9:
-                best = lv
-        return best
+    def level_for(self, x: int, y: int, w: int, h: int, out_w: int, out_h: int) -> GridLevel:
+        """The level region ``(x, y, w, h)`` shown at ``out_w × out_h`` is read at (module
+        docstring): the sharp level, else the finest coarser one within the read bound, else
+        the coarsest, if its read is at most ``MAX_LEVEL_READ_PX``."""
+        sharp = 0
+        for i, lv in enumerate(self.levels):
+            if lv.scale[self.x] <= w / out_w + 1e-9 and lv.scale[self.y] <= h / out_h + 1e-9:
+                sharp = i
+        bound = READ_PER_OUTPUT_PX * (out_w + 1) * (out_h + 1)
+        for lv in self.levels[sharp:]:
+            if self._read_px(lv, x, y, w, h) <= bound:
+                return lv
+        coarsest = self.levels[-1]
+        read_px = self._read_px(coarsest, x, y, w, h)
+        if read_px > MAX_LEVEL_READ_PX:
+            raise InvalidArgument(
+                f"a {w}x{h} region of {self.tensor.array_id} shown at {out_w}x{out_h} would read {read_px} "
+                f"pixels even at its coarsest level (limit {MAX_LEVEL_READ_PX}, or {READ_PER_OUTPUT_PX} per "
+                "output pixel); ask for a larger size or a smaller region")
+        return coarsest
+
+    def _level_window(self, level: GridLevel, x: int, y: int, w: int, h: int) -> tuple[int, int, int, int]:
+        """``(y0, y1, x0, x1)``: the level pixels covering full-resolution region ``(x, y, w, h)``."""
+        sy, sx = level.scale[self.y], level.scale[self.x]
+        return (y // sy, min(-(-(y + h) // sy), level.shape[self.y]),
+                x // sx, min(-(-(x + w) // sx), level.shape[self.x]))
+
+    def _read_px(self, level: GridLevel, x: int, y: int, w: int, h: int) -> int:
+        y0, y1, x0, x1 = self._level_window(level, x, y, w, h)
+        return (y1 - y0) * (x1 - x0)
 
     def read(self, provider: ViewerProvider, x: int, y: int, w: int, h: int, out_w: int, out_h: int,
              cancelled: Callable[[], bool] | None = None) -> tuple[np.ndarray, GridLevel]:
         """Raw pixels of full-resolution region ``(x, y, w, h)`` at the level serving an
-        ``out_w × out_h`` rendering, as ``(channels, rows, cols)`` (samples as channels), and
-        that level."""
-        level = self.level_for(min(w / out_w, h / out_h))
-        sy, sx = level.scale[self.y], level.scale[self.x]
+        ``out_w × out_h`` rendering (``level_for``), as ``(channels, rows, cols)`` (samples as
+        channels), and that level."""
+        level = self.level_for(x, y, w, h, out_w, out_h)
         start, stop = [0] * self.tensor.ndim, list(level.shape)
-        start[self.y], stop[self.y] = y // sy, min(-(-(y + h) // sy), level.shape[self.y])
-        start[self.x], stop[self.x] = x // sx, min(-(-(x + w) // sx), level.shape[self.x])
+        start[self.y], stop[self.y], start[self.x], stop[self.x] = self._level_window(level, x, y, w, h)
         for axis, index in self.fixed.items():
             start[axis], stop[axis] = index, index + 1
         data = provider.level_region(self.tensor, level, Bounds(tuple(start), tuple(stop)), cancelled)
