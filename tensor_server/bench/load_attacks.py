@@ -4,7 +4,9 @@ issues 12 and 23 — huge scales, forged chunk ids, endless SQL, junk DoPut stre
 declared 10¹¹-element upload with a short client timeout, ``add_source`` of ``/`` and
 ``/proc``, ROI floods (a 10⁶-point polygon, 10⁶ ids, a 32 MiB label, NaN coordinates),
 100,000-deep JSON bodies, ``roi_prune`` 2³¹−1, a 5 MB catalog key, HTTP keys like ``%C2%B2``
-and a 30,000-segment URL. Each is expected to be refused; none may slow the others past 2×."""
+and a 30,000-segment URL — and of issue 38: a JSON body of escaped quotes, an export of a file
+per pixel, thin and huge IIIF sizes, script in a viewer link, idle and half-sent connections to
+the HTTP and metrics doors. Each is expected to be refused; none may slow the others past 2×."""
 from __future__ import annotations
 
 import json
@@ -13,7 +15,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["extra_well_behaved_ops", "hostile_attacks"]
+__all__ = ["extra_well_behaved_ops", "hostile_attacks", "well_behaved_urls"]
 
 
 def _call(raw: Any, name: str, body: bytes, timeout: float | None = None) -> list:
@@ -46,31 +48,91 @@ def _roi(points: int = 1, label: str = "", nan: bool = False) -> Any:
     return RoiAnnotation(roi=roi, label=label)
 
 
-def extra_well_behaved_ops(client: Any, array_id: str, http_url: str | None, tag: str) -> list[tuple[str, Callable]]:
-    """Uploads (a small cache:// result, then discarded), ROI put/list, HTTP chunk reads."""
+def extra_well_behaved_ops(client: Any, array_id: str, tag: str) -> list[tuple[str, Callable, Callable]]:
+    """(kind, call, check) of the mix beyond plain reads: an upload read back (a mismatch
+    raises AssertionError: a wrong answer), then discarded; ROI put then list."""
     result = np.arange(256 * 256, dtype=np.uint16).reshape(256, 256)
 
     def upload() -> None:  # a fresh name each time: a discarded name stays taken until the sweep
         desc = client.setup_array_upload(f"cache://scratch/@fields/load-{tag}-{uuid.uuid4().hex[:12]}", result,
                                          chunk_shape=(128, 128))
         client.upload_array(desc, result)
+        back = np.asarray(client.get_array(desc.array_id))
         client.set_upload_status(desc.array_id, "DISCARDED")
+        assert np.array_equal(back, result), "an uploaded tensor read back differs from what was uploaded"
 
-    def rois() -> None:
+    def rois() -> int:
         client.put_rois(array_id, [_roi()])
-        client.list_rois(array_id)
+        return len(client.list_rois(array_id).rois)
 
-    ops = [("upload", upload), ("rois", rois)]
+    return [("upload", upload, lambda _: True), ("rois", rois, lambda count: count >= 1)]
+
+
+def well_behaved_urls(http_url: str, array_id: str) -> dict[str, str]:
+    """The HTTP requests of the well-behaved mix: an OME-Zarr chunk and an IIIF tile."""
+    return {"http chunk": f"{http_url}/zarr/{array_id}/0/0.0",
+            "iiif tile": f"{http_url}/iiif/3/{array_id}/0,0,512,512/256,/0/default.png"}
+
+
+class _HeldSockets:
+    """Connections a hostile client opens and leaves idle or half-sent (no TLS handshake, a
+    header never finished), up to ``count`` per port at a time: each call closes the previous
+    batch and opens a new one, so the server must not give a thread or a handshake to each."""
+
+    def __init__(self, urls: list[str], count: int = 64) -> None:
+        from urllib.parse import urlsplit
+
+        self.addresses = [(urlsplit(u).hostname, urlsplit(u).port) for u in urls]
+        self.count = count
+        self.held: list[Any] = []
+
+    def __call__(self) -> None:
+        import socket
+
+        self.close()
+        for host, port in self.addresses:
+            for i in range(self.count):
+                try:
+                    sock = socket.create_connection((host, port), timeout=2)
+                except OSError:
+                    break
+                if i % 2:  # every other one starts a request and never ends its headers
+                    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+                self.held.append(sock)
+
+    def close(self) -> None:
+        for sock in self.held:
+            sock.close()
+        self.held.clear()
+
+
+def _issue38_attacks(raw: Any, array_id: str, http_url: str | None) -> list[Callable[[], Any]]:
+    """Issue 38's findings: a quadratic-regex JSON body, an export of a file per pixel, thin
+    and huge IIIF sizes, script in a viewer link."""
+    escapes = b'"' + b'\\"' * (1 << 18)  # 512 KiB of escaped quotes in an unterminated string
+    export = json.dumps({"array_id": array_id, "dest": f"hostile-{uuid.uuid4().hex[:8]}",
+                         "options": {"chunks": [1, 1], "levels": 1}}).encode()
+    attacks: list[Callable[[], Any]] = [
+        lambda: _call(raw, "tensor_stats", escapes, timeout=10),
+        lambda: _call(raw, "export", export, timeout=5),
+    ]
     if http_url:
         import httpx
 
-        http = httpx.Client(timeout=60)
-        ops.append(("http chunk", lambda: http.get(f"{http_url}/zarr/{array_id}/0/0.0").raise_for_status()))
-    return ops
+        http = httpx.Client(timeout=30)
+        iiif = f"{http_url}/iiif/3/{array_id}"
+        attacks += [lambda path=path: http.get(f"{iiif}/{path}") for path in (
+            "full/2048,16/0/default.jpg", "full/16,2048/0/default.jpg", "full/^1,16777216/0/default.jpg",
+            "full/99999999999999999999,/0/default.jpg", "0,0,99999999999999999999,1/max/0/default.jpg",
+            "full/pct:1e308/0/default.jpg", "full/!0,0/0/default.jpg")]
+        attacks.append(lambda: http.get(f"{http_url}/view/{array_id}",
+                                        params={"token": "</script><script>alert(1)</script>"}))
+    return attacks
 
 
-def hostile_attacks(location: str, array_id: str, http_url: str | None, forged_chunk_ticket: bytes
-                    ) -> list[Callable[[], Any]]:
+def hostile_attacks(location: str, array_id: str, http_url: str | None, metrics_url: str | None,
+                    forged_chunk_ticket: bytes) -> tuple[list[Callable[[], Any]], Callable[[], None]]:
+    """The hostile client's cycle, and what closes the connections it holds open."""
     import pyarrow as pa
     import pyarrow.flight as flight
     from biopb.image.annotation_pb2 import RoiPruneRequest
@@ -110,4 +172,7 @@ def hostile_attacks(location: str, array_id: str, http_url: str | None, forged_c
         http = httpx.Client(timeout=30)
         attacks += [lambda: http.get(f"{http_url}/zarr/{array_id}/0/0.%C2%B2"),
                     lambda: http.get(f"{http_url}/zarr/{array_id}/" + "a/" * 30_000)]
-    return attacks
+    attacks += _issue38_attacks(raw, array_id, http_url)
+    held = _HeldSockets([u for u in (http_url, metrics_url) if u])
+    attacks.append(held)
+    return attacks, held.close
