@@ -8,18 +8,16 @@ Arrow snapshot served to SQL as the ``sources`` table of wire-protocol §9.2, so
 query them with the SQL the biopb SDK issues (§9.3) or their own. Queries run in a DuckDB
 database opened read-only, with external access disabled and resource caps
 (``catalog/sql.py``), so SQL can neither change what other clients see, nor read the disk,
-nor exhaust the server.
+nor exhaust the server; each class of caller queries a database holding only the rows of
+the tensors it may read (``query``'s ``view``).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -31,7 +29,7 @@ from tensor_server.catalog.record import SourceRecord, stat_signature as _stat_s
 from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.decode_rates import DecodeRates
 from tensor_server.catalog.rois import RoiStore
-from tensor_server.catalog.sql import CatalogQueryError, SqlLimits, SqlSnapshot
+from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits, SqlViews
 from tensor_server.catalog.store import CatalogStore, StoredRow
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import SEP, ArrayId, source_id_for_path
@@ -66,7 +64,6 @@ class Catalog:
         #: object-store and upstream-server URLs (``catalog/remote.py``)
         self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
         self.rois = RoiStore(rois_path)
-        self._rois_published = -1
         #: measured decode throughput per tensor (the ``decode_rates`` table; the serving
         #: runtime records into it), re-published at most every ``decode_rates_refresh``
         #: seconds: a snapshot is a database file written whole, dearer than a sample
@@ -83,11 +80,10 @@ class Catalog:
         self._lock = threading.RLock()
         self._db_lock = threading.Lock()
         self._reopen_lock = threading.Lock()
-        self._snapshot: SqlSnapshot | None = None
-        self._sql_dir: str | None = None
         self.sql_limits = sql_limits
-        self._sql_slots = threading.BoundedSemaphore(sql_limits.max_concurrent)
-        self._dirty = True
+        self._sql_views = SqlViews(sql_limits)
+        #: bumped whenever the rows SQL publishes change (sources, attached tensors)
+        self._tables_version = 0
         #: bumped whenever a row is written or removed: a client holding what it read under
         #: one value knows it is current while the value stays (health ``catalog_generation``)
         self.generation = 0
@@ -132,7 +128,7 @@ class Catalog:
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
-        self._dirty = True
+        self._tables_version += 1
         self.generation += 1
 
     def _set_record(self, rec: SourceRecord) -> SourceRecord | None:
@@ -211,7 +207,7 @@ class Catalog:
         tensor.array_id = f"{source_id}/{field}"
         with self._lock:
             self._attached.setdefault(source_id, {})[field] = (tensor, listed)
-            self._dirty = True
+            self._tables_version += 1
 
     def detach(self, source_id: str, field: str) -> None:
         with self._lock:
@@ -219,7 +215,7 @@ class Catalog:
             fields.pop(field, None)
             if not fields:
                 self._attached.pop(source_id, None)
-            self._dirty = True
+            self._tables_version += 1
 
     def fields(self, source_id: str) -> dict[str, TensorAdapter]:
         """Every tensor served under ``source_id`` by field: the source's own (when it is
@@ -621,16 +617,12 @@ class Catalog:
         for r in recs:
             r.close_adapter()
         with self._db_lock:
-            snapshot, self._snapshot, folder, self._sql_dir = self._snapshot, None, self._sql_dir, None
-        if snapshot is not None:
-            snapshot.retire()
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            self._sql_views.close()
 
     # ---- SQL ---------------------------------------------------------------------------------
-    def sources_table(self, records: Iterable[SourceRecord] | None = None):
+    def sources_table(self, records: Iterable[SourceRecord] | None = None, view: RowView = EVERY_ROW):
         """The ``sources`` rows (of ``records``, default all) as an Arrow table
-        (wire-protocol §9.2 columns)."""
+        (wire-protocol §9.2 columns), listing only the tensors ``view`` shows."""
         import pyarrow as pa
 
         rows = {k: [] for k in ("source_id", "source_url", "source_type", "is_resolved", "tensors", "metadata_json", "unresolved_reason")}
@@ -639,10 +631,11 @@ class Catalog:
             rows["source_url"].append(r.url)
             rows["source_type"].append(r.type)
             rows["is_resolved"].append(r.is_resolved)
-            tensors = r.tensor_rows()
+            tensors = [row for row in r.tensor_rows() if not view.hides(row["array_id"])]
             if r.is_resolved:
                 with self._lock:
-                    attached = [t for t, listed in self._attached.get(r.source_id, {}).values() if listed]
+                    attached = [t for t, listed in self._attached.get(r.source_id, {}).values()
+                                if listed and not view.hides(t.array_id)]
                 if attached:  # a bare-id tensor beside attached ones is listed as ``source_id/``: the
                     # biopb SDK refuses a bare id of a source listing several tensors for
                     # open-ended slices, and reads an exact id (core.identity.ArrayId)
@@ -654,33 +647,27 @@ class Catalog:
             rows["unresolved_reason"].append(r.unresolved_reason)
         return pa.table(rows, schema=sources_schema())
 
-    def _sql_snapshot(self) -> SqlSnapshot:
-        """The current snapshot, acquired (the caller releases it); rebuilt first when the
-        sources, the annotations or (at most every ``decode_rates_refresh`` s) the decode
-        rates changed since it was written."""
-        with self._db_lock:
-            rates_gen, rates_at = self._rates_published
-            rates_due = (self.decode_rates.generation != rates_gen
-                         and time.monotonic() - rates_at >= self.decode_rates_refresh)
-            if self._dirty or self._snapshot is None or self._rois_published != self.rois.generation or rates_due:
-                self._dirty = False
-                self._rates_published = (self.decode_rates.generation, time.monotonic())
-                decode_rates = self.decode_rates.table()
-                if self._sql_dir is None:
-                    self._sql_dir = tempfile.mkdtemp(prefix="tensor-server-catalog-")
-                    weakref.finalize(self, shutil.rmtree, self._sql_dir, True)  # also when never closed
-                self._rois_published = self.rois.generation
-                tables = {"sources": self.sources_table(), "decode_rates": decode_rates, "rois": self.rois.table()}
-                old, self._snapshot = self._snapshot, SqlSnapshot(Path(self._sql_dir), tables, self.sql_limits,
-                                                                  self._sql_slots)
-                if old is not None:
-                    old.retire()
-            return self._snapshot.acquire()
+    def _sql_tables(self, view: RowView) -> dict[str, Any]:
+        """Every table SQL publishes, with only the rows ``view`` shows (each table is keyed
+        by tensor: a hidden tensor leaves no row anywhere)."""
+        return {"sources": self.sources_table(view=view), "decode_rates": view.rows_of(self.decode_rates.table()),
+                "rois": view.rows_of(self.rois.table())}
 
-    def query(self, sql: str, cancelled: Callable[[], bool] | None = None):
-        """Run one read-only SELECT within ``self.sql_limits``; return an Arrow table.
+    def _sql_stamp(self) -> tuple[int, int, int]:
+        """The version of the published tables (caller holds ``_db_lock``): the rows, the
+        annotations and the decode rates (these at most every ``decode_rates_refresh`` s:
+        a snapshot is a database file written whole, dearer than a sample)."""
+        rates_gen, rates_at = self._rates_published
+        if self.decode_rates.generation != rates_gen and time.monotonic() - rates_at >= self.decode_rates_refresh:
+            self._rates_published = (self.decode_rates.generation, time.monotonic())
+        return self._tables_version, self.rois.generation, self._rates_published[0]
+
+    def query(self, sql: str, cancelled: Callable[[], bool] | None = None, view: RowView = EVERY_ROW):
+        """Run one read-only SELECT within ``self.sql_limits`` over the rows ``view`` shows
+        (``catalog/sql.py``: each view queries its own snapshot); return an Arrow table.
         ``cancelled`` is polled while it runs, to stop the work of a client that left."""
-        snapshot = self._sql_snapshot()
+        with self._db_lock:
+            snapshot = self._sql_views.acquire(view, self._sql_stamp(), self._sql_tables)
         try:
             return snapshot.query(sql, cancelled)
         finally:

@@ -122,6 +122,15 @@ class DecodeRates:
         if due:
             self.flush()
 
+    def forget(self, array_id: str) -> None:
+        """Drop a tensor that is gone for good (a discarded upload); the store follows at the
+        next flush."""
+        with self._lock:
+            if not self._loaded:
+                self._load()
+            if self._rows.pop(array_id, None) is not None:
+                self.generation += 1
+
     def rate(self, array_id: str) -> float | None:
         """``array_id``'s MB/s, or None when it was never sampled."""
         with self._lock:

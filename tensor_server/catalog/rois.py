@@ -496,6 +496,20 @@ class RoiStore:
             self.generation += bool(deleted)
         return deleted
 
+    def forget(self, array_id: str) -> int:
+        """Delete every row of a tensor that is gone for good (a discarded upload: its id may
+        later name another's upload), server-owned sets included; the number removed."""
+        con = self._connection()
+        with self._lock:
+            cur = con.cursor()
+            try:
+                removed = len(cur.execute("DELETE FROM rois WHERE array_id = ? RETURNING roi_id",
+                                          [array_id]).fetchall())
+            finally:
+                cur.close()
+            self.generation += bool(removed)
+        return removed
+
     def mark_seen(self, source_urls: Mapping[str, str]) -> None:
         """Stamp a sighting on every annotation whose source is in ``source_urls``
         (source_id -> url): the catalog lists it now. Absent sources are left alone."""

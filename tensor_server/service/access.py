@@ -10,7 +10,16 @@ Three rules, in the biopb reference's terms (its ``_authorize`` / ``_grants``):
   mode), and one that carries none falls back to the control-surface rule. A grant never
   authorizes the control surface;
 * **a write of one upload** (its chunks, READY, DISCARDED): its owner — the holder of the
-  grant it was created with, or the server token — and nobody else (PERMISSION_DENIED).
+  grant it was created with, or the server token. That is exactly who may read it, so a
+  stranger's write hears the read refusal: nothing tells it the upload is writable, or in
+  which state it is.
+
+One read rule for everything about a tensor: its existence, shape, state and rows are a read
+of it. SQL rows (``sources.tensors``, ``rois``, ``decode_rates``; ``row_view``), ``resolve``'s
+row, ROI reads and writes, and every refusal that would name a granted tensor's shape or
+state (``add_tensor`` of a label set or a taken name, a chunk write, ``set_upload_status``)
+apply the read check first, so a stranger sees neither a granted tensor's rows nor that it
+exists beyond what a read of its id answers.
 
 Grants sit only on uploaded tensors: in local mode, a client that presents a token when it
 creates an upload makes that token the upload's grant; an in-process producer passes
@@ -23,7 +32,8 @@ import hashlib
 import hmac
 from typing import TYPE_CHECKING, Any, Iterable
 
-from tensor_server.errors import PermissionDenied, Unauthenticated
+from tensor_server.catalog.sql import EVERY_ROW, RowView
+from tensor_server.errors import Unauthenticated
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.config import Settings
@@ -85,14 +95,27 @@ class Access:
                                   "server token); the token presented is neither")
 
     def write(self, caller: Caller, up: Any) -> None:
+        """A write of an upload: its owner's (its grant's holder, or full access; an upload
+        with no grant, the control surface's) — the read rule, refusal included."""
+        self.read(caller, up.tensor)
+
+    def row_view(self, caller: Caller) -> RowView:
+        """The rows of the catalog's SQL tables (and listings) ``caller`` sees: every row with
+        full access; otherwise the rows of the tensors it may read — everything no grant
+        covers (the control rule let it in already) and the uploads whose grant it holds.
+        Callers holding no grant of any upload share one view, so strangers cycling tokens
+        share one snapshot; each grant holder has its own (``catalog/sql.py``)."""
         if self.full(caller):
-            return
-        if not up.owner:
-            self.control(caller)
-            return
-        if caller.token is None or not _same(grant_digest(caller.token), up.owner):
-            raise PermissionDenied(f"upload {up.array_id} belongs to whoever created it: its writes, READY and "
-                                   "DISCARDED are theirs (present its token, or the server token)")
+            return EVERY_ROW
+        uploads = [] if self.uploads is None else self.uploads.all_uploads()
+        digest = grant_digest(caller.token) if caller.token else ""
+        held = next((up.owner for up in uploads if up.owner and digest and _same(up.owner, digest)), "")
+        return RowView(("grant", held), lambda array_id: self._granted_to_another(array_id, held))
+
+    def _granted_to_another(self, array_id: str, held: str) -> bool:
+        """``array_id`` is an upload (live or a tombstone) whose grant is not ``held``."""
+        up = None if self.uploads is None else self.uploads.get(array_id)
+        return up is not None and bool(up.owner) and not (held and _same(up.owner, held))
 
     def roi_writer(self, caller: Caller) -> str | None:
         """Who an annotation write is by (``catalog/rois.py``): None for full access (it may

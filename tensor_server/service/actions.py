@@ -104,6 +104,10 @@ def _add_source(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return rt.catalog_verbs.add_source(body, cancelled)
 
 
+def _resolve(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    return rt.catalog_verbs.resolve(body, caller)  # its row lists only what the caller may read
+
+
 def _export(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     from tensor_server.service.export_verb import export_action
 
@@ -124,7 +128,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("server_stats", "call counts and chunk reads by client address (JSON)", _server_stats),
     Action("tensor_stats", "min/max/sum/mean/count_nonzero of a tensor or region (JSON body: array_id, slice)",
            _tensor_stats, per_tensor=True),
-    Action("resolve", "open an unreadable source again now; streams its catalog row", _verb("resolve"), streams=True),
+    Action("resolve", "open an unreadable source again now; streams its catalog row", _resolve, streams=True),
     Action("add_source", "register a path on the server's disk for this server's lifetime (streams progress)",
            _add_source, writes=True, streams=True),
     Action("remove_source", "deregister a path added with add_source (its dnd:// branch)", _verb("remove_source"),

@@ -39,18 +39,20 @@ class CatalogVerbs:
         self._tree: tuple[int, CatalogTree] | None = None  # (catalog generation, its index)
 
     # ---- sources ---------------------------------------------------------------------------
-    def _row_ipc(self, rec: SourceRecord) -> bytes:
-        table = self.catalog.sources_table([rec])
+    def _row_ipc(self, rec: SourceRecord, caller: Caller) -> bytes:
+        """The source's ``sources`` row as one Arrow IPC stream, listing only the tensors the
+        caller may read (the rows SQL shows it: ``Access.row_view``)."""
+        table = self.catalog.sources_table([rec], view=self.runtime.access.row_view(caller))
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
         return sink.getvalue().to_pybytes()
 
-    def resolve(self, body: bytes) -> Iterator[bytes]:
+    def resolve(self, body: bytes, caller: Caller) -> Iterator[bytes]:
         from biopb.tensor.descriptor_pb2 import ResolveStreamMessage
 
         rec = self.catalog.resolve(bytes(body).decode("utf-8", "replace").strip())
-        yield ResolveStreamMessage(source_row=self._row_ipc(rec)).SerializeToString()
+        yield ResolveStreamMessage(source_row=self._row_ipc(rec, caller)).SerializeToString()
 
     def add_source(self, body: bytes, cancelled: Callable[[], bool]) -> Iterator[bytes]:
         """Streams one progress message per source as the walk finds it, then the result;
@@ -103,27 +105,34 @@ class CatalogVerbs:
         return cached[1]
 
     # ---- ROI annotations (catalog/roi_verbs.py holds their rules) ----------------------------
-    def roi_read(self, req: Any, caller: Caller) -> pa.Table:
-        """One tensor's annotations as ROI rows. A read of that tensor (its grant covers it);
-        annotations of an id nothing serves any more are the control surface's."""
+    def _may_read(self, array_id: str, caller: Caller) -> None:
+        """A tensor's annotations fall under its read rule (its grant covers them, a stranger
+        hears the read refusal); those of an id nothing serves are the control surface's."""
         try:
-            self.runtime.tensor(req.array_id, caller, pixels=False)
+            self.runtime.tensor(array_id, caller, pixels=False)
         except TensorNotFound:
             self.runtime.authenticate(caller)
+
+    def roi_read(self, req: Any, caller: Caller) -> pa.Table:
+        """One tensor's annotations as ROI rows: a read of that tensor."""
+        self._may_read(req.array_id, caller)
         return roi_verbs.read_rois(self.catalog, req.array_id, req.set_name)
 
     def roi_write(self, cmd: Any, batches: Iterable[pa.RecordBatch], caller: Caller,
                   cancelled: Callable[[], bool]) -> bytes:
-        """A ``roi_put`` or ``roi_delete``: the target is checked before the rows are read,
-        the rows are read within the request budget; a client changes only the rows it wrote
-        (the server token, any row). The reply message's bytes."""
+        """A ``roi_put`` or ``roi_delete``: the control surface, and the target's read rule
+        (a stranger's write onto a granted tensor is refused as its read is), both before
+        the rows are read; the rows are read within the request budget; a client changes
+        only the rows it wrote (the server token, any row). The reply message's bytes."""
         self.runtime.authenticate(caller)
         self.runtime.refuse_if_read_only(cmd.WhichOneof("command"))
         writer = self.runtime.access.roi_writer(caller)
         if cmd.WhichOneof("command") == "roi_put":
+            self._may_read(cmd.roi_put.array_id, caller)
             reply = roi_verbs.put_rois(self.catalog, cmd.roi_put.array_id, batches, check_rev=cmd.roi_put.check_rev,
                                        cancelled=cancelled, writer=writer)
         else:
+            self._may_read(cmd.roi_delete.array_id, caller)
             reply = roi_verbs.delete_rois(self.catalog, cmd.roi_delete.array_id, batches, cmd.roi_delete.set_name,
                                           cancelled=cancelled, writer=writer)
         return reply.SerializeToString()

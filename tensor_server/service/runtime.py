@@ -367,8 +367,10 @@ class ServingRuntime:
     # ---- catalog SQL ----------------------------------------------------------------------------
     @metrics.verb("query", cancelled_arg=2)
     def query(self, sql: str, caller: Caller, cancelled: Cancelled | None = None):  # noqa: ANN201 - pa.Table
+        """The control surface; the tables hold only the rows of tensors the caller may read
+        (``Access.row_view``: a granted upload's rows are its grant holder's)."""
         self.authenticate(caller)
-        return self.catalog.query(sql, cancelled=cancelled)
+        return self.catalog.query(sql, cancelled=cancelled, view=self.access.row_view(caller))
 
     # ---- uploads: one chunk -----------------------------------------------------------------------
     @metrics.verb("put_chunk")
@@ -387,12 +389,16 @@ class ServingRuntime:
         ticket = decode_message(ticket_pb2.TensorTicket, chunk_ticket, "DoPut chunk_ticket")
         if ticket.WhichOneof("payload") != "chunk_id":
             raise InvalidArgument("DoPut: chunk_ticket carries no chunk id (use a ticket of the write plan)")
+        cid = ChunkId.decode(ticket.chunk_id)
+        up = manager.get(cid.array_id)
+        if up is not None:  # before a refusal names its state or its grid
+            self.access.write(caller, up)
         try:
-            plan = manager.plan_chunk_write(ticket.chunk_id)
+            plan = manager.plan_chunk_write(cid)
         except TensorNotFound:
             self.refuse_unknown(caller)
             raise
-        self.access.write(caller, plan.upload)
+        self.access.write(caller, plan.upload)  # the upload the plan found (the name may have been reused since)
         manager.write_chunk_stream(plan, pieces, cancelled=cancelled)
         self.metrics.uploaded(int(np.prod(plan.bounds.shape)) * plan.upload.tensor.dtype.itemsize)
 

@@ -8,6 +8,7 @@ says how to turn uploads on.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Iterator
 
 from tensor_server.errors import InvalidArgument, ReadOnly, TensorServerError
@@ -41,7 +42,9 @@ def status_message(up: Upload) -> Any:
 
 
 def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None) -> Iterator[bytes]:
-    """A PENDING tensor; its owner is the caller (``service/access.py``)."""
+    """A PENDING tensor; its owner is the caller (``service/access.py``). A refusal that would
+    describe another tensor (a label set's image, an upload holding the name) is the read
+    refusal when the caller may not read that tensor."""
     from biopb.tensor import descriptor_pb2
 
     from tensor_server.cache.chunk_columns import wire_dtype
@@ -51,7 +54,8 @@ def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: 
     up = manager.add_tensor(req.array_id, req.shape, req.dtype, chunk_shape=req.chunk_shape,
                             dim_labels=req.dim_labels, metadata_json=req.metadata_json,
                             ttl_seconds=req.ttl_seconds if req.HasField("ttl_seconds") else None,
-                            owner=runtime.access.owner_for(caller))
+                            owner=runtime.access.owner_for(caller),
+                            authorize=functools.partial(runtime.access.read, caller))
     t = up.tensor
     out = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape), dtype=wire_dtype(t.dtype),
                                           chunk_shape=list(t.chunk_shape), dim_labels=list(t.dim_labels),
@@ -64,7 +68,7 @@ def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: 
 
 def set_upload_status(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None
                       ) -> Iterator[bytes]:
-    """READY or DISCARDED, by the upload's owner only."""
+    """READY or DISCARDED, by the upload's owner only (anyone else hears the read refusal)."""
     from biopb.tensor import descriptor_pb2, ticket_pb2
 
     manager = require_writable(runtime)

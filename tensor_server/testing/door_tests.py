@@ -12,16 +12,25 @@ provide a ``door`` fixture: an object with
   when it has one), or None when ``exc`` is not a refusal of this door;
 * optionally ``stats(array_id, token)``, ``read_chunk(chunk_id, token)`` and
   ``add_source(path, token)``; a door without one sets it to None and those checks skip;
+* optionally the verbs that list or describe tensors, which follow the same read rule as a
+  read (a stranger sees no row and no refusal text of a granted tensor): ``query(sql, token)``
+  → rows as dicts; ``resolve(source_id, token)`` → the source's ``sources`` row as a dict;
+  ``roi_put(array_id, token)`` → stores ``point_roi()``, the number of rows stored;
+  ``add_tensor(request_id, shape, token)`` → adds a uint16 upload, its array id;
 * ``renders = True`` for a door that answers rendered 8-bit images (IIIF, DeepZoom): its
   reads are checked for the tensor's plane size, not its values.
 
 The world every door is tested against is the ``world`` fixture (one server per door class:
 a runtime with a token, a write dir with a PENDING, a READY and a DISCARDED upload, and
-tensors whose reads raise each error class); a door fixture builds its client from it.
+tensors whose reads raise each error class); a door fixture builds its client from it. A
+door class that defines ``door_on(world)`` is also tested against ``local_world``: the same
+uploads on a server without a token (local mode, where the control surface is open and only
+grants keep a tensor from strangers), with annotations and decode rates on the granted one.
 """
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,7 +42,7 @@ from tensor_server import errors
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.core.bounds import Bounds
 
-__all__ = ["DoorTests", "DoorWorld", "Refusal", "TOKEN", "GRANT"]
+__all__ = ["DoorTests", "DoorWorld", "Refusal", "TOKEN", "GRANT", "point_roi"]
 
 TOKEN = "door-tests-token"
 #: the grant one READY upload of the world carries (``service/access.py``)
@@ -98,6 +107,46 @@ def _uploads(runtime: Any) -> dict[str, str]:
     return ids
 
 
+def point_roi() -> Any:
+    """One point annotation (what a door's ``roi_put`` stores)."""
+    from biopb.image.annotation_pb2 import RoiAnnotation
+    from biopb.image.roi_pb2 import ROI
+
+    roi = ROI()
+    roi.point.x, roi.point.y = 3, 4
+    return RoiAnnotation(roi=roi, label="door tests")
+
+
+@contextmanager
+def _served_world(**options: Any) -> Iterator[DoorWorld]:
+    """The catalog and uploads of a world, served with ``options`` (``testing.serving``)."""
+    from tensor_server.catalog import Catalog
+    from tensor_server.testing.servers import serving
+
+    with tempfile.TemporaryDirectory(prefix="door-tests-") as tmp:
+        cat = Catalog([])
+        cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=IMAGE.shape), source_id="img"))
+        cat.add_source(MemorySource({name: _RaisingAdapter(cls(msg)) for name, (cls, msg) in RAISING.items()},
+                                    source_id="raising"))
+        cat.first_scan_done.set()
+        write_dir = Path(tmp) / "write"
+        try:
+            with serving(cat, write_dir=str(write_dir), writable=True, **options) as served:
+                ids = _uploads(served.runtime)
+                yield DoorWorld(served, write_dir, ids["pending"], ids["ready"], ids["discarded"], IMAGE + 1,
+                                ids["granted"])
+        finally:
+            cat.close()
+
+
+#: what the stranger tests ask of each table: the tensor ids its rows are of
+TABLE_IDS = {
+    "sources": "SELECT unnest(tensors).array_id AS array_id FROM sources",
+    "rois": "SELECT array_id FROM rois",
+    "decode_rates": "SELECT array_id FROM decode_rates",
+}
+
+
 class DoorTests:
     """Subclass and provide a ``door`` fixture (see the module docstring)."""
 
@@ -106,23 +155,38 @@ class DoorTests:
     def world(cls) -> Iterator[DoorWorld]:
         """A server with a token, uploads in every state and tensors that raise each error
         class; Flight and HTTP doors on loopback. One per door class."""
-        from tensor_server.catalog import Catalog
-        from tensor_server.testing.servers import serving
+        with _served_world(http=True, token=TOKEN) as world:
+            yield world
 
-        with tempfile.TemporaryDirectory(prefix="door-tests-") as tmp:
-            cat = Catalog([])
-            cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=IMAGE.shape), source_id="img"))
-            cat.add_source(MemorySource({name: _RaisingAdapter(cls(msg)) for name, (cls, msg) in RAISING.items()},
-                                        source_id="raising"))
-            cat.first_scan_done.set()
-            write_dir = Path(tmp) / "write"
-            try:
-                with serving(cat, http=True, token=TOKEN, write_dir=str(write_dir), writable=True) as served:
-                    ids = _uploads(served.runtime)
-                    yield DoorWorld(served, write_dir, ids["pending"], ids["ready"], ids["discarded"], IMAGE + 1,
-                                    ids["granted"])
-            finally:
-                cat.close()
+    @pytest.fixture(scope="class")
+    @classmethod
+    def local_world(cls) -> Iterator[DoorWorld]:
+        """The world's uploads on a server without a token (local mode), Flight door only;
+        the granted upload and ``img`` carry an annotation and a decode rate each (the
+        granted one's written by its grant holder)."""
+        from tensor_server.service.access import grant_digest
+
+        with _served_world() as world:
+            cat = world.served.runtime.catalog
+            cat.decode_rates_refresh = 0.0  # publish every sample
+            for array_id, writer in ((world.granted, grant_digest(GRANT)), ("img", "")):
+                cat.rois.put(array_id, [point_roi()], source_url=None, writer=writer)
+                cat.decode_rates.record(array_id, 1 << 20, 0.01)
+            yield world
+
+    def door_on(self, world: DoorWorld) -> Any | None:
+        """A door of this class on ``world``'s server; None (the default): the local-mode
+        checks skip for this door."""
+        return None
+
+    @pytest.fixture
+    def local(self, request: Any) -> tuple[Any, DoorWorld]:
+        """(door, world) in local mode; skips, without starting that server, for a door class
+        without ``door_on``."""
+        if type(self).door_on is DoorTests.door_on:
+            pytest.skip("this door is not tested on the local-mode world")
+        world = request.getfixturevalue("local_world")
+        return self.door_on(world), world
 
     # ---- helpers --------------------------------------------------------------------------------
     @staticmethod
@@ -249,3 +313,101 @@ class DoorTests:
 
     def test_the_server_is_still_serving(self, door, world):
         self.assert_pixels(door, door.read("img", TOKEN), IMAGE)
+
+    # ---- one read rule: rows, listings and refusals (a stranger sees nothing of a granted tensor) --
+    @staticmethod
+    def needs(door: Any, verb: str) -> None:
+        if getattr(door, verb, None) is None:
+            pytest.skip(f"this door has no {verb} verb")
+
+    @staticmethod
+    def table_ids(door: Any, table: str, token: str | None) -> set[str]:
+        return {row["array_id"] for row in door.query(TABLE_IDS[table], token)}
+
+    @pytest.mark.parametrize("token", [None, "wrong", GRANT])
+    def test_sql_and_resolve_name_no_granted_tensor_to_a_non_full_caller(self, door, world, token):
+        """With a server token, SQL and resolve are the control surface: a stranger (and a
+        grant, which never opens it) is refused, and the refusal names nothing of the world."""
+        self.needs(door, "query")
+        self.needs(door, "resolve")
+        for refusal in (self.refused(door, door.query, TABLE_IDS["sources"], token),
+                        self.refused(door, door.resolve, "img", token)):
+            self.assert_class(refusal, errors.Unauthenticated)
+            assert world.granted not in refusal.message and "@fields" not in refusal.message
+
+    def test_the_server_token_sees_every_row(self, door, world):
+        self.needs(door, "query")
+        self.needs(door, "resolve")
+        assert {world.granted, world.ready} <= self.table_ids(door, "sources", TOKEN)
+        assert {world.granted, world.ready} <= {t["array_id"] for t in door.resolve("img", TOKEN)["tensors"]}
+
+    @pytest.mark.parametrize("token", [None, "wrong"])
+    def test_a_strangers_label_set_refusal_shows_nothing_of_a_granted_image(self, door, world, token):
+        self.needs(door, "add_tensor")
+        refusal = self.refused(door, door.add_tensor, f"zarr://{world.granted}/@labels/x", (3, 3), token)
+        self.assert_class(refusal, errors.Unauthenticated)
+        assert str(list(IMAGE.shape)) not in refusal.message and "READY" not in refusal.message
+        refusal = self.refused(door, door.add_tensor, f"zarr://{world.granted}/@labels/x", (3, 3), TOKEN)
+        self.assert_class(refusal, errors.InvalidArgument)  # its reader is told why
+        assert str(list(IMAGE.shape)) in refusal.message
+
+    @pytest.mark.parametrize("token", [None, "wrong"])
+    def test_a_strangers_roi_put_onto_a_granted_tensor_is_refused(self, door, world, token):
+        self.needs(door, "roi_put")
+        self.assert_class(self.refused(door, door.roi_put, world.granted, token), errors.Unauthenticated)
+
+    # ---- the same in local mode, where the control surface is open and only the grant guards ----
+    @pytest.mark.parametrize("token", [None, "wrong"])
+    @pytest.mark.parametrize("table", sorted(TABLE_IDS))
+    def test_local_sql_shows_a_stranger_no_row_of_a_granted_tensor(self, local, table, token):
+        door, world = local
+        self.needs(door, "query")
+        ids = self.table_ids(door, table, token)
+        assert world.granted not in ids
+        assert ids & {"img", world.ready}, ids  # what carries no grant is listed
+        assert not [r for r in door.query(f"SELECT * FROM {table}", token) if world.granted in str(r)]
+
+    @pytest.mark.parametrize("table", sorted(TABLE_IDS))
+    def test_local_sql_shows_a_grant_holder_its_own_rows(self, local, table):
+        door, world = local
+        self.needs(door, "query")
+        assert world.granted in self.table_ids(door, table, GRANT)
+
+    @pytest.mark.parametrize("token", [None, "wrong", GRANT])
+    def test_local_resolve_lists_a_granted_tensor_to_its_holder_alone(self, local, token):
+        door, world = local
+        self.needs(door, "resolve")
+        listed = {t["array_id"] for t in door.resolve("img", token)["tensors"]}
+        assert world.ready in listed
+        assert (world.granted in listed) == (token == GRANT)
+
+    @pytest.mark.parametrize("token", [None, "wrong"])
+    def test_local_roi_put_onto_a_granted_tensor_is_its_holders_alone(self, local, token):
+        door, world = local
+        self.needs(door, "roi_put")
+        rois = world.served.runtime.catalog.rois
+        before = len(rois.list(world.granted)[0])
+        refusal = self.refused(door, door.roi_put, world.granted, token)
+        self.assert_class(refusal, errors.Unauthenticated)
+        assert "capability token" in refusal.message  # the read refusal
+        assert len(rois.list(world.granted)[0]) == before
+        assert door.roi_put(world.granted, GRANT) == 1
+        assert len(rois.list(world.granted)[0]) == before + 1
+
+    @pytest.mark.parametrize("token", [None, "wrong"])
+    def test_local_add_tensor_refusals_show_a_stranger_nothing_of_a_granted_tensor(self, local, token):
+        """A label set of the granted image, and the granted upload's own name: the read
+        refusal for a stranger (no shape, no state); the grant holder is told why."""
+        door, world = local
+        self.needs(door, "add_tensor")
+        label_set, same_name = f"zarr://{world.granted}/@labels/x", f"cache://{world.granted}"
+        for request_id in (label_set, same_name):
+            refusal = self.refused(door, door.add_tensor, request_id, (3, 3), token)
+            self.assert_class(refusal, errors.Unauthenticated)
+            assert str(list(IMAGE.shape)) not in refusal.message and "READY" not in refusal.message, refusal
+        refusal = self.refused(door, door.add_tensor, label_set, (3, 3), GRANT)
+        self.assert_class(refusal, errors.InvalidArgument)
+        assert str(list(IMAGE.shape)) in refusal.message
+        refusal = self.refused(door, door.add_tensor, same_name, (3, 3), GRANT)
+        self.assert_class(refusal, errors.AlreadyExists)
+        assert "READY" in refusal.message

@@ -206,6 +206,7 @@ class UploadManager:
             if m.state != READY or (m.expires_at is not None and now >= m.expires_at):
                 log.info("boot: removing %s upload %s (%s)", m.state, m.array_id, d)
                 member.remove()
+                self._forget_rows(m.array_id)
                 removed += 1
                 continue
             source_id, fld = ArrayId.parse(m.array_id)
@@ -237,9 +238,16 @@ class UploadManager:
 
     # ---- add_tensor -------------------------------------------------------------------------
     def add_tensor(self, request_id: str, shape: Any, dtype: Any, *, chunk_shape: Any = (), dim_labels: Any = (),
-                   metadata_json: str = "", ttl_seconds: int | None = None, owner: str = "") -> Upload:
+                   metadata_json: str = "", ttl_seconds: int | None = None, owner: str = "",
+                   authorize: Callable[[TensorAdapter], None] | None = None) -> Upload:
         """Create a PENDING tensor on an existing source (refused with the reason otherwise).
-        ``owner``: the SHA-256 (hex) of the grant it is created with ("" = none)."""
+        ``owner``: the SHA-256 (hex) of the grant it is created with ("" = none).
+        ``authorize(tensor)``: the requester's read check (the service's), applied to every
+        tensor a refusal would describe — a label set's image before its shape is compared,
+        an upload holding the name before its id and state are named — so a stranger hears
+        the read refusal, not a granted tensor's shape or state (None: an in-process producer,
+        trusted)."""
+        authorize = authorize or (lambda tensor: None)
         target = parse_upload_id(request_id)
         try:
             dt = np.dtype(dtype)
@@ -262,6 +270,7 @@ class UploadManager:
         is_labels = False
         if target.is_label_set:
             image, _ = self.catalog.find_tensor(target.image_id)
+            authorize(image)
             if image.array_id != target.image_id:  # e.g. 'src/img' of a single-tensor source 'src'
                 target = parse_upload_id(f"zarr://{image.array_id}/{LABELS}/{target.name}")
             self._check_label_binding(image, shape, request_id)
@@ -278,7 +287,7 @@ class UploadManager:
         granted = ttl_seconds if cap is None else min(ttl_seconds or cap, cap)
         now = self.clock()
         with self._lock:
-            self._check_free(target, request_id)
+            self._check_free(target, request_id, authorize)
             self._check_quota(nbytes, request_id)
             path = _member_dir(self.write_dir, target.source_id, target.field)
             if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
@@ -300,10 +309,11 @@ class UploadManager:
         log.info("added %s tensor %s", target.store_format, target.array_id)
         return up
 
-    def _check_free(self, target: Any, request_id: str) -> None:
+    def _check_free(self, target: Any, request_id: str, authorize: Callable[[TensorAdapter], None]) -> None:
         folded = fold_name(target.field)
         for other in self._uploads.values():
             if other.source_id == target.source_id and fold_name(other.field) == folded:
+                authorize(other.tensor)
                 state = "a discarded tensor until the reclaim sweep" if other.state == DISCARDED else other.state
                 raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
                                     f"{other.array_id!r} ({state}); add the tensor under another name")
@@ -484,6 +494,7 @@ class UploadManager:
                 up.cond.wait()
         self.catalog.detach(up.source_id, up.field)
         up.member.remove()
+        self._forget_rows(array_id)
         if up.adopted:
             with self._lock:
                 self._uploads.pop(array_id, None)
@@ -494,6 +505,13 @@ class UploadManager:
         for set_id in sets:
             self.discard(set_id, f"its image {array_id} was discarded")
         return up
+
+    def _forget_rows(self, array_id: str) -> None:
+        """An upload's annotations and decode rate go with it: once its name is free the id
+        may name another owner's upload, and rows no upload record covers would fall under
+        the control rule, readable by anyone in local mode (``service/access.py``)."""
+        self.catalog.rois.forget(array_id)
+        self.catalog.decode_rates.forget(array_id)
 
     def check_readable(self, up: Upload) -> None:
         if up.state == DISCARDED:
@@ -515,6 +533,7 @@ class UploadManager:
                 if self.upload_ttl > 0 and up.discarded_at is not None and now - up.discarded_at >= self.upload_ttl:
                     with self._lock:
                         self._uploads.pop(up.array_id, None)
+                    self._forget_rows(up.array_id)  # any a write in flight at the discard stored
                     reclaimed += 1
             elif up.expires_at is not None and now >= up.expires_at:
                 self.discard(up.array_id, "ttl_seconds deadline passed")

@@ -7,7 +7,7 @@ import json
 import pyarrow.flight as flight
 import pytest
 
-from tensor_server.testing.door_tests import DoorTests, Refusal
+from tensor_server.testing.door_tests import DoorTests, Refusal, point_roi
 
 
 def _flight_error(exc):
@@ -28,10 +28,13 @@ class FlightDoor:
         headers = [] if token is None else [(b"authorization", f"Bearer {token}".encode())]
         return flight.FlightCallOptions(headers=headers)
 
-    def read(self, array_id, token):
+    def _sdk(self, token):
         from biopb.tensor import TensorFlightClient
 
-        return TensorFlightClient(self.location, token=token, cache_bytes=0).get_array(array_id)
+        return TensorFlightClient(self.location, token=token, cache_bytes=0)
+
+    def read(self, array_id, token):
+        return self._sdk(token).get_array(array_id)
 
     def _action(self, name, body, token):
         with flight.FlightClient(self.location) as c:
@@ -44,6 +47,21 @@ class FlightDoor:
         from biopb.tensor.descriptor_pb2 import AddSourceRequest
 
         return self._action("add_source", AddSourceRequest(url=path).SerializeToString(), token)
+
+    def query(self, sql, token):
+        return self._sdk(token).query(sql, format="records")
+
+    def resolve(self, source_id, token):
+        return self._sdk(token).resolve_source(source_id)
+
+    def roi_put(self, array_id, token):
+        return len(self._sdk(token).put_rois(array_id, [point_roi()]).stored)
+
+    def add_tensor(self, request_id, shape, token):
+        from biopb.tensor.descriptor_pb2 import TensorDescriptor
+
+        body = TensorDescriptor(array_id=request_id, shape=list(shape), dtype="<u2").SerializeToString()
+        return TensorDescriptor.FromString(self._action("add_tensor", body, token)[0]).array_id
 
     def read_chunk(self, chunk_id, token):
         from biopb.tensor import ticket_pb2
@@ -65,6 +83,9 @@ class FlightDoor:
 
 
 class TestFlightDoor(DoorTests):
+    def door_on(self, world):
+        return FlightDoor(world.served.location)
+
     @pytest.fixture
     def door(self, world):
-        return FlightDoor(world.served.location)
+        return self.door_on(world)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from tensor_server.errors import TensorServerError, internal_message
 from tensor_server.service import Caller
-from tensor_server.testing.door_tests import DoorTests, Refusal
+from tensor_server.testing.door_tests import DoorTests, Refusal, point_roi
 
 
 class InProcessDoor:
@@ -38,6 +39,32 @@ class InProcessDoor:
         return list(self.runtime.do_action("add_source", AddSourceRequest(url=path).SerializeToString(),
                                            Caller(token=token)))
 
+    def query(self, sql, token):
+        return self.runtime.query(sql, Caller(token=token)).to_pylist()
+
+    def resolve(self, source_id, token):
+        from biopb.tensor.descriptor_pb2 import ResolveStreamMessage
+
+        reply = b"".join(self.runtime.do_action("resolve", source_id.encode(), Caller(token=token)))
+        return pa.ipc.open_stream(ResolveStreamMessage.FromString(reply).source_row).read_all().to_pylist()[0]
+
+    def roi_put(self, array_id, token):
+        from biopb.image.annotation_pb2 import RoiPutResult
+        from biopb.tensor import ticket_pb2
+        from biopb.tensor._roi_rows import rois_to_table
+
+        cmd = ticket_pb2.PutCommand(roi_put=ticket_pb2.RoiPut(array_id=array_id))
+        reply = self.runtime.catalog_verbs.roi_write(cmd, rois_to_table([point_roi()]).to_batches(),
+                                                     Caller(token=token), lambda: False)
+        return len(RoiPutResult.FromString(reply).stored)
+
+    def add_tensor(self, request_id, shape, token):
+        from biopb.tensor.descriptor_pb2 import TensorDescriptor
+
+        body = TensorDescriptor(array_id=request_id, shape=list(shape), dtype="<u2").SerializeToString()
+        return TensorDescriptor.FromString(b"".join(self.runtime.do_action("add_tensor", body,
+                                                                           Caller(token=token)))).array_id
+
     @staticmethod
     def refusal(exc):
         if isinstance(exc, TensorServerError):
@@ -46,6 +73,9 @@ class InProcessDoor:
 
 
 class TestInProcessDoor(DoorTests):
+    def door_on(self, world):
+        return InProcessDoor(world.served.runtime)
+
     @pytest.fixture
     def door(self, world):
-        return InProcessDoor(world.served.runtime)
+        return self.door_on(world)
