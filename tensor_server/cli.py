@@ -350,6 +350,10 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level, settings.log_format, requests=True)
+    from tensor_server.config import keep_home_files_private
+
+    for warning in keep_home_files_private():  # before the first file is written (the demo dataset)
+        print(warning, file=sys.stderr)
     if demo and not settings.roots:
         from tensor_server.config import default_cache_dir
         from tensor_server.demo import make_demo_dataset
