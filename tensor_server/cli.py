@@ -350,6 +350,10 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.log_level, settings.log_format, requests=True)
+    from tensor_server.config import keep_home_files_private
+
+    for warning in keep_home_files_private():  # before the first file is written (the demo dataset)
+        print(warning, file=sys.stderr)
     if demo and not settings.roots:
         from tensor_server.config import default_cache_dir
         from tensor_server.demo import make_demo_dataset
@@ -534,27 +538,27 @@ def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Fligh
     return server, http
 
 
-def _open_metrics(runtime):  # noqa: ANN001, ANN202 - (MetricsListener | None, ok)
-    """(the metrics listener when ``metrics_port`` is set, whether the server may go on):
-    a listener refused (off loopback without a token) or that cannot bind stops the start,
-    like a door, after saying why on stderr."""
+def _open_metrics(runtime):  # noqa: ANN001, ANN202 - (MetricsDoor | None, ok)
+    """(the metrics door when ``metrics_port`` is set, whether the server may go on): a
+    door refused (off loopback without a token) or that cannot bind stops the start, like
+    the other doors, after saying why on stderr."""
     s = runtime.settings
     if s.metrics_port is None:
         return None, True
     from tensor_server.errors import TensorServerError
-    from tensor_server.service.metrics import MetricsListener
+    from tensor_server.http.metrics_door import MetricsDoor
 
     try:
-        listener = MetricsListener(runtime)
+        door = MetricsDoor(runtime)
     except TensorServerError as exc:
         print(f"serve: metrics: {exc} ([metrics] host)", file=sys.stderr)
         return None, False
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - uvicorn reports a taken port in several ways
         print(f"serve: cannot serve metrics on {s.metrics_host}:{s.metrics_port} ({exc}); pass another "
               "--metrics-port", file=sys.stderr)
         return None, False
-    print(f"Prometheus metrics at {listener.url}", file=sys.stderr)
-    return listener, True
+    print(f"Prometheus metrics at {door.url}", file=sys.stderr)
+    return door, True
 
 
 def cmd_url(args: argparse.Namespace) -> int:

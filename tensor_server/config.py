@@ -83,7 +83,14 @@ from typing import Any, Mapping
 
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["Settings", "load_settings", "default_cache_dir", "default_data_dir"]
+__all__ = ["Settings", "load_settings", "default_cache_dir", "default_data_dir", "keep_home_files_private",
+           "PRIVATE_UMASK"]
+
+#: the umask a server runs under: what it writes (the catalog, the annotations, cached pixels,
+#: the TLS key, the HTTP access token, uploads, exports) is its user's only, files 0600 and
+#: folders 0700. A umask, not a mode at each creation point: DuckDB, zarr and tifffile create
+#: files (and DuckDB its write-ahead log, later) with the process's umask and take no mode
+PRIVATE_UMASK = 0o077
 
 
 def default_cache_dir() -> Path:
@@ -102,11 +109,33 @@ def default_data_dir() -> Path:
     return Path(base) / "tensor-server"
 
 
+def keep_home_files_private() -> list[str]:
+    """Set the process umask to ``PRIVATE_UMASK`` for the rest of the process (a server's
+    process: ``serve`` calls this once, before it writes anything) and make the cache and data
+    homes 0700 when they do not exist yet. Returns a warning for each home that exists open
+    to other users (an older server made it 0755): files written there before this umask may
+    be readable by them. A home is not narrowed here: ``TENSOR_SERVER_HOME`` may name a
+    folder the user shares on purpose, or ``/tmp``; the warning names the fix."""
+    os.umask(PRIVATE_UMASK)
+    warnings = []
+    for home in dict.fromkeys((default_cache_dir(), default_data_dir())):
+        try:
+            home.mkdir(parents=True, exist_ok=True, mode=0o700)
+            mode = home.stat().st_mode & 0o777
+        except OSError:  # the store or cache that needs it says why, with its flag
+            continue
+        if mode & 0o077:
+            warnings.append(f"WARNING: the server home {home} is open to other users (mode {mode:04o}): what an "
+                            f"earlier server wrote there (catalog, annotations, cached pixels) may be readable by "
+                            f"them. Fix: chmod -R go-rwx {home}")
+    return warnings
+
+
 @dataclass
 class Settings:
     """Every setting of a server, built once (by the command line, from the TOML file and
     the flags) and handed to the serving runtime; a door reads only its own transport
-    fields (``host``, ``port``, ``http_port``; the metrics listener ``metrics_host``,
+    fields (``host``, ``port``, ``http_port``; the metrics door ``metrics_host``,
     ``metrics_port``)."""
 
     roots: list[str] = field(default_factory=list)

@@ -2,7 +2,8 @@
 
 Shared by the TIFF family's ``stale_reason``: a file rewritten in place must not be read
 through what was parsed from its old bytes (offsets, pages), nor mixed with chunks already
-served from it; the stamp is the same (mtime_ns, size) the content version is made of.
+served from it; the stamp is the content version (``core.identity.file_stat_stamp``: size,
+mtime, ctime and inode, so a rewrite whose mtime was set back is still seen).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ __all__ = ["file_stamp", "changed_since"]
 
 
 def file_stamp(path: str | os.PathLike[str]) -> bytes | None:
-    """The file's (mtime_ns, size) stamp, or None when it cannot be stat'ed."""
+    """The file's stamp (its content version), or None when it cannot be stat'ed."""
     try:
         return file_content_version(path)
     except OSError:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import os
 
+from tensor_server.core.identity import file_stat_stamp
+
 __all__ = ["ABSENT", "stored_files", "file_stamp_of"]
 
 #: The stamp of a chunk file that does not exist.
-ABSENT = (-1, -1)
+ABSENT = (-1, -1, -1, -1)
 
 
 def stored_files(folder: str | os.PathLike[str]) -> dict[str, os.DirEntry[str]]:
@@ -39,12 +41,12 @@ def stored_files(folder: str | os.PathLike[str]) -> dict[str, os.DirEntry[str]]:
     return out
 
 
-def file_stamp_of(entry: os.DirEntry[str] | None) -> tuple[int, int]:
-    """(size, mtime_ns) of a listed file (of its target, for a link), or ABSENT."""
+def file_stamp_of(entry: os.DirEntry[str] | None) -> tuple[int, ...]:
+    """``file_stat_stamp`` of a listed file (of its target, for a link), or ABSENT."""
     if entry is None:
         return ABSENT
     try:
         st = entry.stat()
     except FileNotFoundError:  # a dangling link, or removed since the listing
         return ABSENT
-    return (st.st_size, st.st_mtime_ns)
+    return file_stat_stamp(st)

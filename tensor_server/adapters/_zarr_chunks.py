@@ -9,7 +9,7 @@ contiguous part of the output (a unit of one chunk, the usual streamed unit) is 
 straight into it; any other is decoded into a chunk-sized buffer and cropped, or strided for a
 nearest read, into the output, so a strided read never holds a full-resolution buffer. A
 sharded array's inner chunks are read alone, located by the shard's index, which is read once
-per shard file and kept while the file's (size, mtime) stay the same.
+per shard file and kept while the file's stamp (size, mtime, ctime, inode) stays the same.
 
 What is read here (``LocalChunks.of``): a local folder's v2 arrays with a compressor and no
 filters, and v3 arrays whose codecs are ``bytes`` then ``blosc`` / ``zstd`` / ``gzip`` /
@@ -47,6 +47,7 @@ import numpy as np
 
 from tensor_server.adapters._blosc_lib import decompressor as blosc_decompressor
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.identity import file_stat_stamp
 from tensor_server.core.stream_reduce import SCRATCH_MIN, run_parallel, scratch
 
 __all__ = ["decoder_name", "LocalChunks", "ShardIndexes"]
@@ -146,7 +147,7 @@ class _Pipeline:
 # ---- shard indexes -----------------------------------------------------------------------------
 class ShardIndexes:
     """(n, 2) uint64 offsets and lengths of each shard file's inner chunks, read once per
-    file: a chunk read (``of_fd``) re-reads it when the file's (size, mtime_ns) stamp changed,
+    file: a chunk read (``of_fd``) re-reads it when the file's ``file_stat_stamp`` changed,
     ``clear`` drops all when the source's content version changes. The adapter's uniform
     blocks ask ``get`` (one reader of indexes); None for a non-default index encoding."""
 
@@ -180,7 +181,7 @@ class ShardIndexes:
     def of_fd(self, shard: tuple[int, ...], fd: int) -> np.ndarray:
         """The index of the shard open at ``fd`` (read when new or when the file changed)."""
         st = os.fstat(fd)
-        stamp = (st.st_size, st.st_mtime_ns)
+        stamp = file_stat_stamp(st)
         hit = self._cache.get(shard)
         if hit is not None and hit[0] == stamp:
             return hit[1]

@@ -43,7 +43,7 @@ from tensor_server.adapters._zarr_chunks import LocalChunks, ShardIndexes, decod
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
+from tensor_server.core.identity import file_content_version, file_stat_stamp
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
@@ -167,7 +167,8 @@ def _import_zarr() -> Any:
 # ---- chunk files -------------------------------------------------------------------------------
 class _ChunkFiles:
     """The stored chunk files (shard files, when sharded) of one array and their stamps
-    (size, mtime_ns; (-1, -1) where no file exists), per cell of the storage grid.
+    (``file_stat_stamp``: size, mtime_ns, ctime_ns, inode; ABSENT where no file exists), per
+    cell of the storage grid.
 
     Why: a chunk rewritten in place leaves the metadata untouched, so only these stats tell
     that the bytes changed. ``changed`` compares the files under a region with their stamps
@@ -192,7 +193,7 @@ class _ChunkFiles:
         counts = tuple(-(-int(n) // g) for n, g in zip(array.shape, self.grid))
         self._encode = array.metadata.encode_chunk_key
         self.eager = math.prod(counts) <= _EAGER_CHUNKS
-        self._stamps: dict[tuple[int, ...], tuple[int, int]] = {}
+        self._stamps: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.verified = VerifiedExtents(folder)
         #: the store keys of the files under the folder at open (eager arrays), else None
         self.listed: frozenset[str] | None = None
@@ -202,12 +203,12 @@ class _ChunkFiles:
             for cell in itertools.product(*(range(c) for c in counts)):
                 self._stamps[cell] = file_stamp_of(entries.get(self._encode(cell)))
 
-    def _stat(self, key: str) -> tuple[int, int]:
+    def _stat(self, key: str) -> tuple[int, ...]:
         try:
             st = os.stat(self._prefix + key)  # not os.path.join of a Path: 2 of its 3.5 us a file
         except FileNotFoundError:
             return ABSENT
-        return (st.st_size, st.st_mtime_ns)
+        return file_stat_stamp(st)
 
     def digest(self) -> bytes:
         stamps = np.array(list(self._stamps.values()) if self.eager else [], np.int64)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import file_stat_stamp
 
 __all__ = ["SourceRecord", "stat_signature", "tensor_row"]
 
@@ -26,18 +27,18 @@ def tensor_row(t: TensorAdapter) -> dict[str, Any]:
 
 
 def stat_signature(path: Path) -> tuple:
-    """Cheap change detector, stats only: a file's (inode, size, mtime_ns); a folder's own
-    (inode, mtime_ns) plus its direct children's (name, inode, size, mtime_ns). A change
-    re-opens the source, which mints a new content version. ``()``: cannot be stat'ed."""
+    """Cheap change detector, stats only: a file's ``file_stat_stamp`` (size, mtime_ns,
+    ctime_ns, inode: a rewrite whose mtime was set back still changes it); a folder's own
+    stamp plus its direct children's (name, *stamp). A change re-opens the source, which
+    mints a new content version. ``()``: cannot be stat'ed."""
     try:
         st = path.stat()
         if not stat.S_ISDIR(st.st_mode):
-            return (st.st_ino, st.st_size, st.st_mtime_ns)
+            return file_stat_stamp(st)
         kids = []
         for e in os.scandir(path):
-            est = e.stat()
-            kids.append((e.name, est.st_ino, est.st_size, est.st_mtime_ns))
-        return (st.st_ino, st.st_mtime_ns, tuple(sorted(kids)))
+            kids.append((e.name, *file_stat_stamp(e.stat())))
+        return (*file_stat_stamp(st), tuple(sorted(kids)))
     except OSError:
         return ()
 

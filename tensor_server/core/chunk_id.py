@@ -5,7 +5,7 @@ processes (wire-protocol §3.6), so an id is a *content identity*. It carries:
 
 * ``array_id``, the level-0 extent ``start..stop``, ``scale`` and the canonical ``method``:
   different arrays, extents, scales or reductions never share an id;
-* ``content_version``: bytes naming the data version (file mtime_ns + size, or a token
+* ``content_version``: bytes naming the data version (file stats: size, mtime, ctime, inode; or a token
   minted for in-memory data), so changed bytes can never be served under an old id;
 * ``epoch``: the serving epoch, bumped in this module whenever the pixels served for the
   same (content, extent, scale, method) change meaning (for example a kernel rounding rule),

@@ -12,7 +12,8 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["ArrayId", "file_content_version", "minted_content_version", "source_id_for_path", "source_id_for_url"]
+__all__ = ["ArrayId", "file_content_version", "file_stat_stamp", "minted_content_version", "source_id_for_path",
+           "source_id_for_url"]
 
 #: the separator of an array id's two parts; a source id never contains it, a field may
 SEP = "/"
@@ -53,15 +54,19 @@ class ArrayId(tuple):
 
 
 def file_content_version(*paths: str | os.PathLike[str]) -> bytes:
-    """A data version from file stats: mtime_ns and size of each path (16 bytes for one
-    file, a digest for several), so a rewritten file never matches an old chunk id."""
-    parts = []
-    for p in paths:
-        st = os.stat(p)
-        parts.append(st.st_mtime_ns.to_bytes(8, "little", signed=True) + st.st_size.to_bytes(8, "little"))
-    if len(parts) == 1:
-        return parts[0]
+    """A data version from file stats (16 bytes): a digest of each path's ``file_stat_stamp``,
+    so a rewritten file never matches an old chunk id."""
+    parts = [b"".join(v.to_bytes(8, "little", signed=True) for v in file_stat_stamp(os.stat(p))) for p in paths]
     return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+
+
+def file_stat_stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    """(size, mtime_ns, ctime_ns, inode): what says a file's bytes may have changed. The
+    mtime alone does not: a file rewritten in place can have its mtime set back (``touch
+    -r``, ``os.utime``, ``cp -p``, a restore), and one replaced by a rename can carry the
+    old one. The ctime cannot be set back by a user (any write or ``utime`` moves it) and a
+    replacement is a new inode, so a rewrite changes the stamp whatever the mtime says."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 def minted_content_version() -> bytes:

@@ -397,8 +397,13 @@ def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type
                 self._deadline = None
 
         def _expired(self) -> None:
-            if not self.transport.is_closing():
+            # abort, not close, unless a response is still draining: over TLS a close waits for
+            # the client's close_notify (up to the loop's 30 s shutdown timeout), and a client
+            # that stopped mid-header sends none, so the connection, and a stop, would wait
+            if self.transport.get_write_buffer_size():
                 self.transport.close()
+            else:
+                self.transport.abort()
 
         def connection_made(self, transport):  # noqa: ANN001, ANN202 - asyncio protocol
             super().connection_made(transport)

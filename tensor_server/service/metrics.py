@@ -25,9 +25,10 @@ the engine's observer fill it on the same thread (and in Starlette's worker thre
 copy the context). With ``--metrics-port`` unset the Prometheus instruments are not even
 built (``enabled`` False): requests, parts, Server-Timing and the log line still work.
 
-``MetricsListener`` serves ``/metrics`` on its own port (loopback by default, so usage is
-not exposed on a public door); off loopback it refuses to start without the server token,
-and takes the token on every scrape when the server has one.
+The metrics door (``http/metrics_door.py``) serves ``/metrics`` of ``Metrics.registry`` on a
+port of its own (loopback by default, so usage is not exposed on a public door); off loopback
+it refuses to start without the server token, and takes the token on every scrape when the
+server has one.
 """
 from __future__ import annotations
 
@@ -45,11 +46,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from tensor_server.errors import TensorServerError
 
 if TYPE_CHECKING:  # pragma: no cover
-    import ssl
-
     from tensor_server.service.runtime import ServingRuntime
 
-__all__ = ["Metrics", "RequestTiming", "MetricsListener", "verb", "part", "timing", "current", "code_of", "PARTS",
+__all__ = ["Metrics", "RequestTiming", "verb", "part", "timing", "current", "code_of", "PARTS",
            "CALLS", "ACCESS_LOG"]
 
 #: the request log's logger: one INFO line per request (the command line turns it on)
@@ -527,82 +526,3 @@ def _discovery_families(progress: dict[str, Any], skipped: int) -> Iterator[Any]
     if finished is not None:
         yield GaugeMetricFamily("tensor_server_discovery_last_scan_finished_timestamp_seconds",
                                 "Unix time the last full scan finished", value=finished)
-
-
-class MetricsListener:
-    """``/metrics`` of ``runtime.metrics`` on ``host:port`` (default: the settings'
-    ``metrics_host``/``metrics_port``; port 0 picks a free one, see ``.port``), in daemon
-    threads. Refused (``InvalidArgument``) off loopback without the server token: the metrics
-    tell who reads what how often, which is the server's business only. With a token set,
-    every scrape must present it (``Authorization: Bearer``, as Prometheus'
-    ``authorization`` scrape setting sends it). ``ssl_context`` serves HTTPS (the server's
-    TLS setting, when it has one)."""
-
-    def __init__(self, runtime: ServingRuntime, host: str | None = None, port: int | None = None, *,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
-        import socket
-        import socketserver
-        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-
-        from prometheus_client import make_wsgi_app
-
-        from tensor_server.service.caller import Caller
-        from tensor_server.service.tls import require_safe_transport
-
-        s = runtime.settings
-        host = s.metrics_host if host is None else host
-        port = s.metrics_port if port is None else port
-        if ssl_context is None and runtime.tls is not None:  # the server's certificate, as on every door
-            import ssl
-
-            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ssl_context.load_cert_chain(str(runtime.tls.cert_path), str(runtime.tls.key_path))
-        require_safe_transport(host, s, ssl_context)
-        if runtime.metrics.registry is None or port is None:
-            raise RuntimeError("metrics are off: build the runtime with Settings(metrics_port=...)")
-        scrape = make_wsgi_app(runtime.metrics.registry)
-
-        def app(environ: dict, start_response: Callable) -> list[bytes]:
-            header = environ.get("HTTP_AUTHORIZATION", "")
-            token = header[len("Bearer "):] if header.startswith("Bearer ") else None
-            try:
-                runtime.authenticate(Caller(token=token, peer=environ.get("REMOTE_ADDR", ""), door="metrics"))
-            except TensorServerError as exc:
-                start_response(f"{exc.http_status} {exc.slug}", [("Content-Type", "text/plain"),
-                                                                 ("WWW-Authenticate", "Bearer")])
-                return [f"{exc.slug}: {exc}".encode()]
-            if environ.get("PATH_INFO") not in ("/metrics", "/"):
-                start_response("404 Not Found", [("Content-Type", "text/plain")])
-                return [b"not found: the metrics are at /metrics"]
-            return scrape(environ, start_response)
-
-        class _Quiet(WSGIRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - base signature
-                pass
-
-        class _Server(socketserver.ThreadingMixIn, WSGIServer):
-            daemon_threads = True
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        self._server = make_server(host, port, app, _Server, handler_class=_Quiet)
-        if ssl_context is not None:
-            self._server.socket = ssl_context.wrap_socket(self._server.socket, server_side=True)
-        self.host = host
-        self.scheme = "https" if ssl_context is not None else "http"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-listener", daemon=True)
-        self._thread.start()
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "localhost") else self.host
-        host = f"[{host}]" if ":" in host else host
-        return f"{self.scheme}://{host}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)

@@ -31,8 +31,8 @@ from typing import Any, Iterable, Sequence
 
 from tensor_server.errors import FailedPrecondition, InvalidArgument
 
-__all__ = ["ServerTls", "server_tls", "host_names", "fingerprint", "format_fingerprint",
-           "expiry_warning", "require_safe_transport", "is_loopback_host", "VALIDITY_DAYS",
+__all__ = ["ServerTls", "server_tls", "host_names", "canonical_name", "fingerprint", "format_fingerprint",
+           "expiry_warning", "key_mode_warning", "require_safe_transport", "is_loopback_host", "VALIDITY_DAYS",
            "EXPIRY_WARN_DAYS"]
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ class ServerTls:
     dns_names: tuple[str, ...]
     ip_addresses: tuple[str, ...]
     minted: bool  # self-signed by this server (False: the operator's --tls-cert)
+    key_mode: int = 0o600  # the key file's permission bits when it was read
 
     def health(self) -> dict[str, object]:
         """What ``health`` reports, so a user can pin the certificate it saw."""
@@ -72,9 +73,9 @@ class ServerTls:
         origin = "self-signed, " + str(self.cert_path) if self.minted else str(self.cert_path)
         lines = [f"TLS certificate ({origin}), SHA-256 fingerprint {format_fingerprint(self.fingerprint)}",
                  f"  pin it: TensorFlightClient('grpcs://HOST:PORT', tls_fingerprint='{self.fingerprint}')"]
-        warning = expiry_warning(self.not_after)
-        if warning:
-            lines.append(warning)
+        for warning in (expiry_warning(self.not_after), key_mode_warning(self.key_path, self.key_mode)):
+            if warning:
+                lines.append(warning)
         return lines
 
 
@@ -108,6 +109,16 @@ def expiry_warning(not_after: datetime.datetime, now: datetime.datetime | None =
     if left.days < EXPIRY_WARN_DAYS:
         return f"WARNING: the TLS certificate expires on {stamp} ({left.days} days); before then, {fix}."
     return None
+
+
+def key_mode_warning(key_path: Path, mode: int) -> str | None:
+    """A sentence when the private key file is open to other users (any group or other
+    permission bit), else None: whoever reads it can impersonate this server to every
+    client that pinned it. The server still serves it (it is the operator's file)."""
+    if not mode & 0o077:
+        return None
+    return (f"WARNING: the TLS private key {key_path} is readable by other users of this machine (mode "
+            f"{mode & 0o777:04o}); whoever reads it can impersonate this server. Fix: chmod 600 {key_path}")
 
 
 def is_loopback_host(host: str) -> bool:
@@ -176,14 +187,24 @@ def host_names(extra: Iterable[str] = ()) -> tuple[list[str], list[str]]:
     resolved = _bounded(lambda: [info[4][0] for info in socket.getaddrinfo(hostname, None)], [])
     ips += resolved
     for value in extra:
-        value = value.strip()
-        if not value:
-            continue
-        try:
-            ips.append(str(ipaddress.ip_address(value.strip("[]"))))
-        except ValueError:
-            dns.append(value.lower())
+        name, is_ip = canonical_name(value)
+        if name:
+            (ips if is_ip else dns).append(name)
     return list(dict.fromkeys(dns)), list(dict.fromkeys(ip.split("%", 1)[0] for ip in ips))
+
+
+def canonical_name(value: str) -> tuple[str, bool]:
+    """(the one spelling of a name a client may dial, whether it is an IP address): an IP
+    literal in ``ipaddress``'s form (``[::1]``, ``0:0::1`` and ``::1`` are ``::1``; a zone
+    ``%eth0`` dropped: a certificate names no zone), a DNS name lower-case without its
+    trailing dot (``LOCALHOST`` and ``localhost.`` are ``localhost``). ``("", False)`` for
+    a blank. A ``--san`` and a stored certificate's names are compared in this form, so a
+    spelling of a name the certificate holds never re-mints it (which breaks every pin)."""
+    value = value.strip()
+    try:
+        return str(ipaddress.ip_address(value.strip("[]").split("%", 1)[0])), True
+    except ValueError:
+        return value.rstrip(".").lower(), False
 
 
 def _mint(dns: Sequence[str], ips: Sequence[str], days: int) -> tuple[bytes, bytes]:
@@ -251,8 +272,12 @@ def _describe(cert_pem: bytes, key_pem: bytes, cert_path: Path, key_path: Path, 
         ips = tuple(str(a) for a in san.get_values_for_type(x509.IPAddress))
     except x509.ExtensionNotFound:
         dns, ips = (), ()
+    try:
+        key_mode = os.stat(key_path).st_mode & 0o777
+    except OSError:  # read a moment ago: gone since, nothing left to warn about
+        key_mode = 0o600
     return ServerTls(cert_pem, key_pem, cert_path, key_path, fingerprint(cert_pem), cert.not_valid_after_utc,
-                     dns, ips, minted)
+                     dns, ips, minted, key_mode)
 
 
 def _read(path: Path, flag: str) -> bytes:
@@ -279,8 +304,8 @@ def server_tls(home: Path, *, cert: str | None = None, key: str | None = None,
     cert_path, key_path = folder / _CERT_FILE, folder / _KEY_FILE
     if cert_path.exists() and key_path.exists():
         stored = _describe(cert_path.read_bytes(), key_path.read_bytes(), cert_path, key_path, True)
-        wanted = {s.strip().lower() for s in sans if s.strip()}
-        missing = sorted(wanted - {d.lower() for d in stored.dns_names} - set(stored.ip_addresses))
+        held = {canonical_name(n)[0] for n in stored.dns_names + stored.ip_addresses}
+        missing = sorted({canonical_name(n)[0] for n in sans} - held - {""})
         if not missing:
             return stored
         log.warning("the TLS certificate in %s lacks --san %s: minting a new one; clients that pinned %s must "
@@ -289,6 +314,6 @@ def server_tls(home: Path, *, cert: str | None = None, key: str | None = None,
     dns, ips = host_names(sans)
     cert_pem, key_pem = _mint(dns, ips, days)
     _write_private(key_path, key_pem, 0o600)
-    _write_private(cert_path, cert_pem, 0o644)
+    _write_private(cert_path, cert_pem, 0o600)  # public, but the server home is private (docs/security.md)
     log.info("minted a self-signed TLS certificate in %s for %s", folder, dns + ips)
     return _describe(cert_pem, key_pem, cert_path, key_path, True)

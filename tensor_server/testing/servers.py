@@ -24,7 +24,7 @@ class Served:
     flight: Any  # tensor_server.flight.TensorFlightServer
     http: Any | None = None
     thread: threading.Thread | None = None
-    #: the metrics listener (``metrics_port=0`` starts one on a free port)
+    #: the metrics door (``metrics_port=0`` starts one on a free port)
     metrics: Any | None = None
 
     @property
@@ -95,10 +95,10 @@ def start_serving(catalog: Any, *, cache: Any | None = None, uploads: Any | None
             served.stop()
             raise
     if runtime.settings.metrics_port is not None:
-        from tensor_server.service.metrics import MetricsListener
+        from tensor_server.http.metrics_door import MetricsDoor
 
         try:
-            served.metrics = MetricsListener(runtime, host)
+            served.metrics = MetricsDoor(runtime, host)
         except BaseException:
             served.stop()
             raise

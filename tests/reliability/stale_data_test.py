@@ -23,10 +23,13 @@ NEW = OLD + 1
 
 
 @contextmanager
-def serving(root, cache_dir):
-    """Catalog + persistent cache + server, as ``serve`` builds them (no periodic rescan)."""
-    cat = Catalog([root])
-    cat.scan()
+def serving(root, cache_dir, store_path=None, scan=True):
+    """Catalog + persistent cache + server, as ``serve`` builds them (no periodic rescan);
+    ``store_path``: the catalog kept across restarts; ``scan`` False serves the restored rows
+    as ``serve`` does before its background scan has reached them."""
+    cat = Catalog([root], store_path=store_path)
+    if scan:
+        cat.scan()
     cache = CacheManager(cache_dir, max_total_bytes=64 << 20)
     try:
         with serving_runtime(cat, cache=cache) as server:
@@ -159,6 +162,53 @@ def test_tiff_rewrite_while_down_is_not_served_from_the_persistent_cache(tmp_pat
     _bump_mtime(root / "img.tif")
     with serving(root, cache_dir) as (srv, cat):
         np.testing.assert_array_equal(client_for(srv).get_array(sid), NEW)
+
+
+def _rewrite_keeping_mtime(path, write):
+    """``write()`` new bytes over ``path``, then set its mtime (and atime) back as
+    ``touch -r`` or a restore would: only the ctime (and a new inode, if replaced) tell."""
+    before = os.stat(path)
+    write()
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_mtime_ns, after.st_size) == (before.st_mtime_ns, before.st_size)
+
+
+def test_tiff_rewritten_with_its_mtime_set_back_is_served_new_after_a_restart(tmp_path):
+    root, cache_dir, store = tmp_path / "root", tmp_path / "cache", str(tmp_path / "home" / "catalog.duckdb")
+    root.mkdir()
+    small_old, small_new = OLD[:2, :512, :512], NEW[:2, :512, :512]
+    _write_tiff(root / "img.tif", small_old)
+    with serving(root, cache_dir, store) as (srv, cat):
+        sid = cat.records()[0].source_id
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), small_old)  # now cached
+    _rewrite_keeping_mtime(root / "img.tif", lambda: _write_tiff(root / "img.tif", small_new))
+    with serving(root, cache_dir, store, scan=False) as (srv, cat):
+        assert cat.restored == 1  # the row came back from the store, its file not looked at yet
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), small_new)
+        assert cat.scan()["changed"] == 1  # the stored signature does not match the file either
+
+
+def test_zarr_chunks_rewritten_with_their_mtimes_set_back_are_served_new_after_a_restart(tmp_path):
+    import zarr
+
+    root, cache_dir, store = tmp_path / "root", tmp_path / "cache", str(tmp_path / "home" / "catalog.duckdb")
+    root.mkdir()
+    small_old, small_new = OLD[:2, :512, :512], NEW[:2, :512, :512]
+    z = zarr.create_array(str(root / "img.zarr"), shape=small_old.shape, chunks=(1, 256, 256),
+                          dtype=small_old.dtype, zarr_format=3, compressors=None)  # every chunk file one size
+    z[...] = small_old
+    with serving(root, cache_dir, store) as (srv, cat):
+        sid = cat.records()[0].source_id
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), small_old)
+    chunk_files = sorted(f for f in (root / "img.zarr" / "c").rglob("*") if f.is_file())
+    stats = {f: os.stat(f) for f in chunk_files}
+    zarr.open_array(str(root / "img.zarr"), mode="r+")[...] = small_new
+    for f, st in stats.items():
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (os.stat(f).st_size, os.stat(f).st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    with serving(root, cache_dir, store, scan=False) as (srv, cat):
+        np.testing.assert_array_equal(client_for(srv).get_array(sid), small_new)
 
 
 def test_tiff_sequence_stale_reason_names_only_files_under_the_bounds(tmp_path):

@@ -11,6 +11,7 @@ from tensor_server.errors import FailedPrecondition, InvalidArgument
 from tensor_server.service.tls import (
     EXPIRY_WARN_DAYS,
     VALIDITY_DAYS,
+    canonical_name,
     expiry_warning,
     format_fingerprint,
     require_safe_transport,
@@ -42,6 +43,38 @@ def test_the_stored_certificate_is_reused_until_a_new_san_is_asked_for(tmp_path)
     assert server_tls(tmp_path).fingerprint == first.fingerprint
     wider = server_tls(tmp_path, sans=["b.lab"])
     assert wider.fingerprint != first.fingerprint and "b.lab" in wider.dns_names
+
+
+def test_every_spelling_of_a_san_the_certificate_holds_reuses_it(tmp_path):
+    first = server_tls(tmp_path, sans=["[::1]"])
+    again = server_tls(tmp_path, sans=["[::1]"])  # the second start with the same flag
+    assert again.fingerprint == first.fingerprint
+    spellings = ["::1", "0:0::1", "[0:0:0:0:0:0:0:1]", "LOCALHOST", "localhost.", " 127.0.0.1 ", "::1%lo", ""]
+    for san in spellings:
+        assert server_tls(tmp_path, sans=[san]).fingerprint == first.fingerprint, san
+    wider = server_tls(tmp_path, sans=["[fd00::7]", "Viewer.Lab."])  # names it lacks: minted anew
+    assert wider.fingerprint != first.fingerprint
+    assert "fd00::7" in wider.ip_addresses and "viewer.lab" in wider.dns_names
+    assert server_tls(tmp_path, sans=["FD00:0::7", "viewer.lab"]).fingerprint == wider.fingerprint
+    assert canonical_name("[::FFFF:10.0.0.1]") == ("::ffff:a00:1", True)
+    assert canonical_name("Host.Example.") == ("host.example", False)
+
+
+def test_a_key_file_open_to_other_users_is_served_with_a_warning(tmp_path):
+    minted = server_tls(tmp_path)
+    assert stat.S_IMODE(minted.cert_path.stat().st_mode) == 0o600  # the home is private: the cert too
+    assert not any("WARNING" in line for line in minted.startup_lines())
+    minted.key_path.chmod(0o644)  # as an older server, a copy or an archive left it
+    reused = server_tls(tmp_path)
+    assert reused.fingerprint == minted.fingerprint  # still served
+    [warning] = [line for line in reused.startup_lines() if "WARNING" in line]
+    assert str(minted.key_path) in warning and "mode 0644" in warning
+    assert warning.endswith(f"Fix: chmod 600 {minted.key_path}")
+    operator = tmp_path / "operator-key.pem"
+    operator.write_bytes(minted.key_pem)
+    operator.chmod(0o640)
+    given = server_tls(tmp_path / "unused", cert=str(minted.cert_path), key=str(operator))
+    assert any(f"chmod 600 {operator}" in line for line in given.startup_lines())
 
 
 def test_an_operator_pair_is_loaded_and_checked(tmp_path):

@@ -20,8 +20,9 @@ from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.config import Settings
 from tensor_server.errors import InvalidArgument
+from tensor_server.http.metrics_door import MetricsDoor
 from tensor_server.service import IN_PROCESS, Caller, ServingRuntime
-from tensor_server.service.metrics import ACCESS_LOG, MetricsListener
+from tensor_server.service.metrics import ACCESS_LOG
 from tensor_server.testing import serving
 
 SHAPE, CHUNK = (128, 128), (64, 64)
@@ -185,7 +186,7 @@ def test_the_listener_refuses_off_loopback_without_a_token(catalog):
     runtime = ServingRuntime(catalog, Settings(metrics_port=0, metrics_host="0.0.0.0"))
     try:
         with pytest.raises(InvalidArgument, match="non-loopback address needs --token"):
-            MetricsListener(runtime)
+            MetricsDoor(runtime)
     finally:
         runtime.close()
 
