@@ -142,7 +142,7 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--no-http-token", dest="http_token", action="store_false", default=None,
                         help="do not require the per-run HTTP access token (non-browser clients only)")
         sp.add_argument("--cors-origin", action="append", metavar="ORIGIN",
-                        help="an origin (https://viewer.example) whose pages may read over HTTP without the token")
+                        help="an origin allowed CORS reads; its requests still need a token unless --no-http-token")
         sp.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics "
                         f"(serve: off by default; run: {DEMO_METRICS_PORT}; docs/operating.md)")
         sp.add_argument("--log-format", choices=("text", "json"), help="log lines as key=value text (default) or JSON")

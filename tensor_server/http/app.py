@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.identity import ArrayId
@@ -99,8 +100,10 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
     """The Starlette application over ``runtime``: the OME-Zarr view, and the viewer doors
     (IIIF, DeepZoom, the catalog page; ``flight_location`` is the Flight address their SDK
     snippet names). ``security`` is what the browser-safety middleware enforces (default:
-    loopback Host names, no token of its own, no cross-origin reads); whatever credential it
-    accepts, the runtime judges."""
+    loopback Host names, the server's token if it has one, no cross-origin reads); whatever
+    credential it accepts, the runtime judges. Its tokens must be full-access credentials of
+    the runtime (``ServingRuntime(access_tokens=...)``): a door that asks for a token lets a
+    grant read only its own tensor."""
     from tensor_server.http.viewer_provider import RuntimeViewerProvider
     from tensor_server.http.viewers import routes as viewer_routes
 
@@ -114,15 +117,15 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
     views = _Views(runtime)
     calls: dict[str, int] = {"metadata": 0, "chunks": 0, "errors": 0, "not_modified": 0}
 
+    security = _door_security(runtime, security)
+    requires_credential = bool(security.tokens)
+
     def caller_of(request: Request) -> Caller:
-        presented = request.scope.get(CREDENTIAL_KEY)  # what the security middleware accepted
-        if presented is None:
-            presented = request.query_params.get("token")
-            header = request.headers.get("authorization", "")
-            if header.startswith("Bearer "):
-                presented = header[len("Bearer "):]
+        """The credential the security middleware checked (nothing else of the request), and
+        whether this door asked for one (then a grant reads its own tensor only)."""
         peer = request.client.host if request.client else ""
-        return Caller(token=presented, peer=peer, door="http")
+        return Caller(token=request.scope.get(CREDENTIAL_KEY), peer=peer, door="http",
+                      door_requires_credential=requires_credential)
 
     def respond(request: Request, body: bytes | memoryview, media_type: str, etag: str) -> Response:
         headers = {"ETag": etag, "Cache-Control": "no-cache", "Accept-Ranges": "bytes"}
@@ -218,15 +221,27 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
         label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 
-    routes = [*viewer_routes(RuntimeViewerProvider(runtime, flight_location)),
+    routes = [*viewer_routes(RuntimeViewerProvider(runtime, flight_location,
+                                                   door_requires_credential=requires_credential)),
               Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
-    security = security or HttpSecurity.build(recognizes=runtime.access.recognizes)
     middleware = [Middleware(Observed, metrics=runtime.metrics),
                   Middleware(SecurityMiddleware, security=security, calls=calls)]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.calls = calls
     return app
+
+
+def _door_security(runtime: ServingRuntime, security: HttpSecurity | None) -> HttpSecurity:
+    """``security`` (default: the server's token, if any) with the runtime judging every other
+    credential (a grant); its tokens must be full-access credentials of the runtime."""
+    security = security or HttpSecurity.build(tokens=[runtime.settings.token])
+    if security.recognizes is None:
+        security = replace(security, recognizes=runtime.access.recognizes)
+    if any(not runtime.access.full(Caller(token=t)) for t in security.tokens):
+        raise ValueError("the HTTP door's tokens must be full-access credentials of its runtime "
+                         "(the server token, or ServingRuntime(access_tokens=...))")
+    return security
 
 
 class Observed:

@@ -8,8 +8,14 @@ and a link to ``/view/<identifier>``: OpenSeadragon on the IIIF (or, with ``?sou
 DeepZoom) source. OpenSeadragon comes from its npm package, installed by ``make viewer-assets``
 into the git-ignored ``.viewer-assets/`` (or the folder ``TENSOR_SERVER_OSD_DIR`` names), and
 is served under ``/assets/openseadragon/``; where it is absent the viewer page says how to get
-it. With a token, the page is opened as ``/?token=<token>`` and every link carries it (the
-viewer sends it as a Bearer header on its tile requests).
+it.
+
+No credential is written into a page's links or script: the page opened from a token-bearing
+URL (``/?token=<token>``, ``/t/<token>/``) got the door's cookie (``http/security.py``), which
+admits its links, thumbnails and the viewer's tile requests; only the SDK snippet shows the
+token, as text for the user. The pages run no inline script (their ``Content-Security-Policy``
+allows only the server's own files): the viewer's options travel as JSON in a
+``<script type="application/json">`` element that the served ``pages.js`` reads.
 """
 from __future__ import annotations
 
@@ -25,13 +31,48 @@ from tensor_server.http.viewer_door import guarded, presented_token
 from tensor_server.render.image import Renderer
 from tensor_server.render.plane import PlaneView, split_identifier
 
-__all__ = ["routes", "osd_dir"]
+__all__ = ["osd_dir", "routes", "script_json"]
 
 THUMBNAIL = 160
+#: the pages' own files, served at ``/assets/page/<name>`` (a policy of ``script-src 'self'``
+#: runs no inline script, ``style-src 'self'`` applies no inline style)
+PAGE_ASSETS_PREFIX = "/assets/page/"
 _STYLE = ("body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse}"
           "td,th{border-bottom:1px solid #ddd;padding:.4em .6em;vertical-align:top;text-align:left}"
           "img.thumb{max-width:160px;max-height:160px;background:#000}code,pre{background:#f4f4f4}"
-          "pre{padding:.4em;margin:.2em 0;white-space:pre-wrap}.urls a{display:block}")
+          "pre{padding:.4em;margin:.2em 0;white-space:pre-wrap}.urls a{display:block}"
+          "html.viewer,html.viewer body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}")
+_SCRIPT = """"use strict";
+(function () {
+  var options = document.getElementById("viewer-options");
+  if (options) { window.viewer = OpenSeadragon(JSON.parse(options.textContent)); }
+  document.querySelectorAll("button.copy").forEach(function (button) {
+    button.addEventListener("click", function () {
+      navigator.clipboard.writeText(button.previousElementSibling.textContent);
+    });
+  });
+})();
+"""
+_PAGE_ASSETS = {"pages.js": (_SCRIPT, "text/javascript"), "pages.css": (_STYLE, "text/css")}
+#: what JSON escapes further inside HTML: no ``</script>``, ``<!--``, entity or line terminator
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def script_json(value: Any) -> str:
+    """``value`` as JSON safe inside a ``<script>`` element (the one way data enters a page's
+    script): ``<``, ``>``, ``&`` and U+2028/2029 as ``\\uXXXX`` escapes, which JSON reads back
+    unchanged and HTML never sees as markup."""
+    return json.dumps(value).translate(_SCRIPT_SAFE)
+
+
+def _page(title: str, body: str, html_class: str = "") -> str:
+    """A whole page: ``title`` (plain text, escaped here), ``body`` (HTML), the pages' own
+    style sheet and script."""
+    html = f'<html class="{escape(html_class)}">' if html_class else "<html>"
+    return (f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
+            f'<link rel="stylesheet" href="{PAGE_ASSETS_PREFIX}pages.css">{body}'
+            f'<script src="{PAGE_ASSETS_PREFIX}pages.js"></script>')
 
 
 def osd_dir() -> Path:
@@ -41,10 +82,6 @@ def osd_dir() -> Path:
         return Path(configured)
     root = Path(__file__).resolve().parents[2]
     return root / ".viewer-assets" / "node_modules" / "openseadragon" / "build" / "openseadragon"
-
-
-def _with_token(url: str, token: str | None) -> str:
-    return url + ("&" if "?" in url else "?") + urlencode({"token": token}) if token else url
 
 
 def _physical(tensor: Any) -> str:
@@ -66,40 +103,43 @@ def _tensor_row(provider: Any, tensor: Any, token: str | None, host: str) -> str
         plane = PlaneView.of(tensor, {}, provider.policy)
         size = "max" if max(plane.width, plane.height) <= THUMBNAIL else f"!{THUMBNAIL},{THUMBNAIL}"
         thumb = (f'<img class="thumb" alt="thumbnail of {escape(tensor.array_id)}" src="'
-                 f'{escape(_with_token(f"/iiif/3/{aid}/full/{size}/0/default.jpg", token))}">')
+                 f'{escape(f"/iiif/3/{aid}/full/{size}/0/default.jpg")}">')
     levels = grid_levels(tensor, provider.policy)
-    level_text = "<br>".join(f"{lv.path}: {'×'.join(map(str, lv.shape))} ({lv.method if lv.index else 'full resolution'})"
-                             for lv in levels)
+    level_text = "<br>".join(escape(f"{lv.path}: {'×'.join(map(str, lv.shape))} "
+                                    f"({lv.method if lv.index else 'full resolution'})") for lv in levels)
     urls = [("OME-Zarr v2 (NGFF 0.4)", f"/zarr/{aid}/"), ("OME-Zarr v3 (NGFF 0.5)", f"/zarr3/{aid}/")]
     if can_show:
         urls += [("IIIF info.json", f"/iiif/3/{aid}/info.json"), ("DeepZoom .dzi", f"/deepzoom/{aid}.dzi"),
                  ("viewer (OpenSeadragon)", f"/view/{aid}")]
-    links = "".join(f'<a href="{escape(_with_token(u, token))}">{escape(name)}</a>' for name, u in urls)
-    location = provider.flight_location or f"grpc://{host}:8815"
-    tok = f", token={token!r}" if token else ""
+    links = "".join(f'<a href="{escape(u)}">{escape(name)}</a>' for name, u in urls)
+    location = provider.flight_location or f"grpc://{f'[{host}]' if ':' in host else host}:8815"
+    tok = f", token={token!r}" if token else ""  # for the user to copy: HTML text, escaped below
     snippet = (f"from biopb.tensor import TensorFlightClient\n"
                f"client = TensorFlightClient({location!r}{tok})\n"
                f"data = client.get_tensor({tensor.array_id!r}).compute()")
     return (f"<tr><td>{thumb}</td><td><b>{escape(tensor.array_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
             f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
             f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
-            f'<td class="urls">{links}<pre>{escape(snippet)}</pre>'
-            f'<button onclick="navigator.clipboard.writeText(this.previousElementSibling.textContent)">'
-            f"copy</button></td></tr>")
+            f'<td class="urls">{links}<pre>{escape(snippet)}</pre><button class="copy">copy</button></td></tr>')
+
+
+def _folder_link(key: str) -> str:
+    return escape("/?" + urlencode({"folder": key}))
 
 
 def catalog_html(provider: Any, key: str, token: str | None, host: str) -> str:
+    """The page of folder ``key``; ``token`` appears only in the SDK snippets (links are
+    admitted by the door's cookie)."""
     level = provider.children(key)
-    crumbs = ['<a href="' + escape(_with_token("/", token)) + '">catalog</a>']
+    crumbs = ['<a href="/">catalog</a>']
     parts = [p for p in key.split("/") if p]
     for i in range(len(parts)):
-        crumbs.append(f'<a href="{escape(_with_token("/?" + urlencode({"folder": "/".join(parts[:i + 1])}), token))}">'
-                      f"{escape(parts[i])}</a>")
+        crumbs.append(f'<a href="{_folder_link("/".join(parts[:i + 1]))}">{escape(parts[i])}</a>')
     body = [f"<h1>tensor-server</h1><p>{' / '.join(crumbs)}</p>"]
     if level["folders"]:
         body.append("<h2>Folders</h2><ul>" + "".join(
-            f'<li><a class="folder" href="{escape(_with_token("/?" + urlencode({"folder": f["key"]}), token))}">'
-            f'{escape(f["name"])}/</a></li>' for f in level["folders"]) + "</ul>")
+            f'<li><a class="folder" href="{_folder_link(f["key"])}">{escape(f["name"])}/</a></li>'
+            for f in level["folders"]) + "</ul>")
     for source in level["sources"]:
         tensors = provider.source_tensors(source["source_id"])
         rows = "".join(_tensor_row(provider, t, token, host) for t in tensors.values())
@@ -110,35 +150,33 @@ def catalog_html(provider: Any, key: str, token: str | None, host: str) -> str:
         body.append("<p>(more entries than one page lists)</p>")
     if not level["folders"] and not level["sources"]:
         body.append("<p>Nothing is served here yet.</p>")
-    return f"<!doctype html><meta charset=utf-8><title>tensor-server</title><style>{_STYLE}</style>{''.join(body)}"
+    return _page("tensor-server", "".join(body))
 
 
-def viewer_html(identifier: str, source: str, token: str | None) -> str:
+def viewer_html(identifier: str, source: str) -> str:
+    """OpenSeadragon on ``identifier``: its options as JSON data, started by ``pages.js``; no
+    credential in the page (the tiles are admitted by the door's cookie)."""
     aid = quote(identifier, safe="/;=")
     if not (osd_dir() / "openseadragon.min.js").is_file():
-        return ("<!doctype html><meta charset=utf-8><title>viewer</title><p>The zoomable viewer needs OpenSeadragon, "
-                "which is not installed. Run <code>make viewer-assets</code> in the tensor-server checkout (it runs "
-                "<code>npm install openseadragon</code> into <code>.viewer-assets/</code>), or point "
-                "<code>TENSOR_SERVER_OSD_DIR</code> at OpenSeadragon's <code>build/openseadragon</code> folder, then "
-                f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>")
+        return _page("viewer", "<p>The zoomable viewer needs OpenSeadragon, which is not installed. Run "
+                     "<code>make viewer-assets</code> in the tensor-server checkout (it runs <code>npm install "
+                     "openseadragon</code> into <code>.viewer-assets/</code>), or point <code>TENSOR_SERVER_OSD_DIR"
+                     "</code> at OpenSeadragon's <code>build/openseadragon</code> folder, then "
+                     f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>")
     tile_source = f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json"
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     # timeout/retries: a cold coarse tile of a large image with no pyramid is a reduction of the
     # whole image (2.4-2.9 s for 32768² on an idle 2-core machine, several times that under
     # load), longer than OpenSeadragon's 30 s default allows on a busy server; a tile it gives
     # up on is never drawn and never retried (tileRetryMax 0)
     options = {"id": "osd", "prefixUrl": "/assets/openseadragon/images/", "tileSources": tile_source,
-               "loadTilesWithAjax": bool(token), "ajaxHeaders": headers, "showNavigator": True,
-               "crossOriginPolicy": "Anonymous", "timeout": 300_000, "tileRetryMax": 2}
-    return ("<!doctype html><meta charset=utf-8><title>" + escape(identifier) + "</title>"
-            "<style>html,body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}</style>"
-            '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
-            f"<script>window.viewer = OpenSeadragon({json.dumps(options)});</script>")
+               "showNavigator": True, "crossOriginPolicy": "Anonymous", "timeout": 300_000, "tileRetryMax": 2}
+    return _page(identifier, '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
+                 f'<script type="application/json" id="viewer-options">{script_json(options)}</script>', "viewer")
 
 
 def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
     from starlette.concurrency import run_in_threadpool
-    from starlette.responses import HTMLResponse
+    from starlette.responses import HTMLResponse, PlainTextResponse, Response
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
@@ -146,16 +184,23 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
 
     async def catalog(request: Any) -> Any:
         key = request.query_params.get("folder", "")[:4096]
-        html = await run_in_threadpool(catalog_html, provider, key, presented_token(request), request.url.netloc.split(":")[0])
+        html = await run_in_threadpool(catalog_html, provider, key, presented_token(request),
+                                       request.url.hostname or "127.0.0.1")
         return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
 
     async def view(request: Any) -> Any:
         identifier = request.path_params["identifier"]
         await run_in_threadpool(renderer.view, *split_identifier(identifier))  # 404/400 now, not a blank viewer
-        source = request.query_params.get("source", "iiif")
-        return HTMLResponse(viewer_html(identifier, source, presented_token(request)))
+        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif")))
+
+    async def page_asset(request: Any) -> Any:
+        asset = _PAGE_ASSETS.get(request.path_params["name"])
+        if asset is None:
+            return PlainTextResponse(f"not found: the pages' files are {', '.join(sorted(_PAGE_ASSETS))}",
+                                     status_code=404)
+        return Response(asset[0], media_type=asset[1], headers={"Cache-Control": "no-cache"})
 
     return [Route("/", guarded(provider, catalog), methods=["GET", "HEAD"]),
             Route("/view/{identifier:path}", guarded(provider, view), methods=["GET", "HEAD"]),
+            Route(PAGE_ASSETS_PREFIX + "{name}", page_asset, methods=["GET", "HEAD"]),
             Mount("/assets/openseadragon", StaticFiles(directory=str(osd_dir()), check_dir=False))]
-

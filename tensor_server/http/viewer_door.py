@@ -15,15 +15,10 @@ log = logging.getLogger(__name__)
 
 
 def presented_token(request: Any) -> str | None:
-    """The credential the request presented: what the security middleware accepted (a
-    ``/t/<token>/`` path, the cookie), else ``Authorization: Bearer <token>`` or ``?token=``."""
-    accepted = request.scope.get(CREDENTIAL_KEY)
-    if accepted is not None:
-        return accepted
-    header = request.headers.get("authorization", "")
-    if header.startswith("Bearer "):
-        return header[len("Bearer "):]
-    return request.query_params.get("token")
+    """The credential the request presented, exactly as the security middleware checked it
+    (``http/security.py``: a ``/t/<token>/`` path, ``?token=``, ``Authorization``, the cookie);
+    nothing else of the request is read as one."""
+    return request.scope.get(CREDENTIAL_KEY)
 
 
 def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:

@@ -29,14 +29,19 @@ _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("viewer_caller"
 
 
 class RuntimeViewerProvider:
-    def __init__(self, runtime: ServingRuntime, flight_location: str | None = None) -> None:
+    def __init__(self, runtime: ServingRuntime, flight_location: str | None = None, *,
+                 door_requires_credential: bool = False) -> None:
+        """``door_requires_credential``: the HTTP door asks every request for its token
+        (``Caller.door_requires_credential``)."""
         self.runtime = runtime
         self.policy = runtime.policy
         self.flight_location = flight_location
+        self.door_requires_credential = door_requires_credential
 
     def authenticate(self, presented: str | None, peer: str = "") -> None:
         """The caller of this request (what it presented); each call below applies the rules."""
-        _CALLER.set(Caller(token=presented, peer=peer, door="http"))
+        _CALLER.set(Caller(token=presented, peer=peer, door="http",
+                           door_requires_credential=self.door_requires_credential))
 
     def tensor(self, array_id: str) -> TensorAdapter:
         return self.runtime.tensor(array_id, _CALLER.get())[0]

@@ -3,7 +3,8 @@
 Three rules, in the biopb reference's terms (its ``_authorize`` / ``_grants``):
 
 * **the control surface** (SQL, actions, ROI writes, creating uploads): the server token when
-  one is configured; open otherwise (local mode: the machine is the boundary);
+  one is configured; open otherwise (local mode: the machine is the boundary), except to a
+  caller of a door that requires a credential (the HTTP door's access token), who needs a full one;
 * **a read of one tensor** (describe, plan, chunk, the localhost fast path, stats, ROI reads,
   every HTTP view): the server token grants everything; otherwise a tensor that carries a
   grant is read only by the holder of that grant (a stranger is UNAUTHENTICATED even in local
@@ -75,7 +76,10 @@ class Access:
         return any(up.owner and _same(up.owner, digest) for up in uploads)
 
     def control(self, caller: Caller) -> None:
-        if self.token is not None and not self.full(caller):
+        """The control-surface rule; also what a tensor without a grant falls back to. A caller
+        of a door that requires a credential needs a full one even in local mode (a grant
+        passed that door for its own tensor, not for the rest: ``Caller.door_requires_credential``)."""
+        if (self.token is not None or caller.door_requires_credential) and not self.full(caller):
             raise Unauthenticated("unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
                                   "<token>' header; HTTP: that header or ?token=<token>)")
 

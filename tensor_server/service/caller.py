@@ -28,11 +28,16 @@ def peer_is_loopback(peer: str) -> bool:
 @dataclass(frozen=True)
 class Caller:
     """``token``: the credential presented (None: none); ``peer``: the client's address as
-    the door names it, used to count reads per client and to offer the localhost fast path."""
+    the door names it, used to count reads per client and to offer the localhost fast path;
+    ``door_requires_credential``: the door let the caller in only with a credential (the HTTP
+    door with its access token): in local mode too, what is open to anyone without a grant
+    then needs a full-access credential, so a tensor's grant read through that door reads its
+    tensor and nothing else (``Access.control``)."""
 
     token: str | None = None
     peer: str = ""
     door: str = "in-process"
+    door_requires_credential: bool = False
 
     @property
     def is_loopback(self) -> bool:

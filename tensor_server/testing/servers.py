@@ -68,14 +68,16 @@ def start_serving(catalog: Any, *, cache: Any | None = None, uploads: Any | None
                   host: str = "127.0.0.1", port: int = 0, **settings: Any) -> Served:
     """A runtime over ``catalog`` (``settings``: ``Settings`` fields, e.g. ``token``,
     ``write_dir``, ``writable``, ``max_computes``) behind a Flight door and optionally the
-    HTTP door (``http_security``: its browser-safety policy, default loopback Hosts and no
-    token of its own; ``http_parser``: ``HttpFrontEnd``'s parser); ``tls``: a ``service.tls.ServerTls`` both doors serve. ``Served.stop()``
+    HTTP door (``http_security``: its browser-safety policy, default loopback Hosts and the
+    server token if any; its tokens become full-access credentials of the runtime, as in
+    ``serve``; ``http_parser``: ``HttpFrontEnd``'s parser); ``tls``: a ``service.tls.ServerTls`` both doors serve. ``Served.stop()``
     ends it (benchmarks with set-up and tear-down use this, tests use ``serving``)."""
     from tensor_server.flight import TensorFlightServer
     from tensor_server.service import ServingRuntime
 
+    door_tokens = http_security.tokens if http_security is not None else ()  # full access, as in serve
     runtime = ServingRuntime(catalog, Settings(**settings), cache=cache, uploads=uploads, tls=tls,
-                             access_tokens=access_tokens)
+                             access_tokens=(*access_tokens, *door_tokens))
     try:
         server = TensorFlightServer(runtime, host, port)
     except BaseException:
