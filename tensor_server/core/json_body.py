@@ -13,6 +13,7 @@ run of escapes (``"`` + ``\\"`` x 24,576 held the GIL for over 10 s before issue
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,15 @@ def _refuse_constant(name: str) -> Any:
     raise InvalidArgument(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number past the float range (``1e99999``) would decode as infinity: refused
+    like the ``Infinity`` literal, before a handler does arithmetic with it."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{text[:40]} is beyond the range of a JSON number here (a 64-bit float)")
+    return value
+
+
 def _check_text(value: Any, what: str) -> None:
     """Every string (keys included) must be valid Unicode: a lone surrogate cannot be stored,
     logged or sent back. Depth is already bounded, so the recursion is too."""
@@ -83,8 +93,8 @@ def decode_json(body: bytes | str, what: str, *, max_bytes: int = DEFAULT_MAX_JS
                 max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> object:
     """The value of JSON ``body``, or a refusal naming ``what`` (e.g. ``"tensor_stats body"``)
     and the reason: too many bytes (``RequestTooLarge``), not UTF-8, nested deeper than
-    ``max_depth``, not JSON, a NaN/Infinity literal, a lone surrogate, an integer of more
-    digits than Python parses (``InvalidArgument``)."""
+    ``max_depth``, not JSON, a NaN/Infinity literal or a number past the float range, a lone
+    surrogate, an integer of more digits than Python parses (``InvalidArgument``)."""
     raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body)
     if len(raw) > max_bytes:
         raise RequestTooLarge(f"{what}: {len(raw)} bytes of JSON, above the limit of {max_bytes}")
@@ -96,7 +106,7 @@ def decode_json(body: bytes | str, what: str, *, max_bytes: int = DEFAULT_MAX_JS
     if depth > max_depth:
         raise InvalidArgument(f"{what}: JSON nested {depth} deep, above the limit of {max_depth}")
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except InvalidArgument as exc:
         raise InvalidArgument(f"{what}: {exc}") from None
     except RecursionError:  # the depth pre-check makes this unreachable for max_depth <= ~900

@@ -120,3 +120,10 @@ def test_a_megabyte_of_escapes_is_answered_well_under_a_second():
     """)
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=20, check=True)
     assert float(done.stdout) < 1.0, done.stdout
+
+
+@pytest.mark.parametrize("body", [b"1e99999", b'{"limit": -1e400}', b"[0.5, 1" + b"0" * 400 + b".0]"])
+def test_a_number_past_the_float_range_is_refused_like_infinity(body):
+    with pytest.raises(InvalidArgument, match="beyond the range of a JSON number"):
+        decode_json(body, "x")
+    assert decode_json(b"[1e308, -2.5e-300, 0.1]", "x") == [1e308, -2.5e-300, 0.1]
