@@ -28,7 +28,11 @@ HEAD_BYTES = 4096
 PROBE_BYTES = 64 << 20
 _probe = threading.local()
 # bytes literals a library quotes from the file (tifffile: "header=b'root'"): a reason is shown
-# to every client, and the file may be one the server should never have read (/etc/passwd)
+# to every client, and the file may be one the server should never have read (/etc/passwd).
+# Linear on any text (a reason may quote a client-chosen file at length): a literal opens only
+# at b' or b", never at an escaped quote, so an attempt that finds no closing quote leaves no
+# later opening of its kind to retry from (unlike a bare '"(?:[^"\\]|\\.)*"', quadratic on
+# '"' + '\\"' x n: the issue 38 freeze).
 _BYTES_LITERAL = re.compile(r"b'(?:[^'\\]|\\.)*'" + r'|b"(?:[^"\\]|\\.)*"')
 _MAX_REASON = 500  # .deadline: time.monotonic() by which the open in this thread must end
 

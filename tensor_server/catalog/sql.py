@@ -102,10 +102,14 @@ EVERY_ROW = RowView("every row", lambda array_id: False)
 _BATCH_ROWS = 8192
 _WATCH_INTERVAL = 0.05
 # absolute paths in DuckDB's messages (its extension and secret directories under the
-# server's home) say nothing useful to a client and reveal the host's layout
+# server's home) say nothing useful to a client and reveal the host's layout. A message
+# quotes the client's query, so both patterns run over client text (up to max_query_chars);
+# both are linear (docs/service.md, "Parsing client input"): here each segment ends at the
+# one "/" its class excludes, so an attempt never backtracks into an earlier segment, and
+# one that fails has scanned only up to the first space or quote, where the next may start.
 _PATH = re.compile(r"(?<![\w.])/(?:[^\s\"'/]+/)+[^\s\"'/]*")
-
-
+# anchored at a line start; ".*" stops at the line's end, so each line is scanned at most
+# twice (its own attempt, and as the caret line of the one before)
 _WHERE = re.compile(r"^LINE (\d+): (.*)\n( *)\^", re.MULTILINE)
 
 

@@ -128,6 +128,7 @@ class TensorFlightServer(flight.FlightServerBase):
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             self.runtime.authenticate(caller)
             return self._sources_info(descriptor)
+        self.runtime.refuse_stranger(caller)  # the caller before the body, on every body-taking verb
         request = decode_message(descriptor_pb2.FlightRequest, descriptor.command, "GetFlightInfo")
         if request.WhichOneof("request") != "tensor_read":
             raise InvalidArgument("GetFlightInfo: the FlightRequest carries no tensor_read")
@@ -165,6 +166,7 @@ class TensorFlightServer(flight.FlightServerBase):
     def do_get(self, context, ticket):  # noqa: ANN001
         self.runtime.calls["DoGet"] += 1
         caller = self._caller(context)
+        self.runtime.refuse_stranger(caller)
         tt = decode_message(ticket_pb2.TensorTicket, ticket.ticket, "DoGet")
         kind = tt.WhichOneof("payload")
         if kind == "catalog_query":
@@ -189,6 +191,7 @@ class TensorFlightServer(flight.FlightServerBase):
         checks the target first and stops reading past its budget."""
         self.runtime.calls["DoPut"] += 1
         caller = self._caller(context)
+        self.runtime.refuse_stranger(caller)
         cmd = decode_message(ticket_pb2.PutCommand, descriptor.command, "DoPut")
         arm = cmd.WhichOneof("command")
         batches = (chunk.data for chunk in reader)

@@ -4,9 +4,12 @@ An ``Action`` is a name, a description (what ``list_actions`` and ``docs/service
 say), a handler ``(runtime, caller, body, cancelled) -> iterable of result bodies``, and its
 rules: whether it is open without the token (only ``health``); whether it is a read of one
 tensor its handler authorizes itself (``per_tensor``: the server token or that tensor's
-grant, ``service/access.py``) rather than the control surface; whether it writes (refused,
-and not listed, on a ``--read-only`` server); whether it streams (results are sent as they
-are made, so a long one is cancellable and shows progress); and when it is available at all. Flight's ``list_actions`` / ``do_action`` are this list; so is any later door's.
+grant, ``service/access.py``; a caller with no credential the server knows is refused
+before the body is parsed) rather than the control surface (checked before the handler
+runs); whether it writes (refused, and not listed, on a ``--read-only`` server); whether it
+streams (results are sent as they are made, so a long one is cancellable and shows
+progress); and when it is available at all. Flight's ``list_actions`` / ``do_action`` are
+this list; so is any later door's.
 
 Adding an action is one entry here, a handler, and a test (``docs/service.md`` shows one).
 """

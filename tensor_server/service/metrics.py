@@ -71,6 +71,7 @@ _PART_OF_PATH = {"direct": "decode", "decimated": "decode", "upstream": "decode"
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: distinct format labels kept; later ones count as ``other``
 MAX_FORMATS = 64
+#: a client's X-Request-Id worth echoing; fullmatch of one class, at most 64 long: bounded work on any header
 _INCOMING_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ID_PREFIX = os.urandom(3).hex()
 _ids = itertools.count(1)

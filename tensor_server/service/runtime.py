@@ -145,6 +145,18 @@ class ServingRuntime:
         """The control surface: the server token when one is configured."""
         self.access.control(caller)
 
+    def refuse_stranger(self, caller: Caller) -> None:
+        """Before a verb on one tensor (whose rule a grant may satisfy) parses its request: on
+        a server with a token, a caller presenting no credential this server knows (neither
+        full access nor any upload's grant) can read or write nothing, so it hears the control
+        surface's refusal before a byte of its body is parsed. What it may do is still decided
+        per tensor after the parse (``tensor()``, ``access.write``); this only moves a certain
+        refusal ahead of the work."""
+        if self.access.token is None or self.access.full(caller):
+            return
+        if caller.token is None or not self.access.recognizes(caller.token):
+            self.access.control(caller)
+
     def refuse_if_read_only(self, verb: str) -> None:
         """Every verb that writes (uploads, added sources, annotations) on a read-only server."""
         if self.settings.read_only:
@@ -406,12 +418,17 @@ class ServingRuntime:
     @metrics.verb("action", action_arg=0)
     def do_action(self, name: str, body: bytes, caller: Caller, cancelled: Cancelled | None = None
                   ) -> Iterator[bytes]:
-        """Run the action ``name`` (``service/actions.py``): its results, in order."""
+        """Run the action ``name`` (``service/actions.py``): its results, in order. The caller
+        is checked before the handler parses ``body``: the control surface's token, or, for
+        a per-tensor read, a credential that could read some tensor (the handler then
+        applies that tensor's rule)."""
         from tensor_server.service.actions import find_action
 
         action = find_action(self, name)
         self.calls[f"action:{name}"] += 1
-        if not (action.open or action.per_tensor):
+        if action.per_tensor:
+            self.refuse_stranger(caller)
+        elif not action.open:
             self.authenticate(caller)
         return action.handler(self, caller, body, cancelled or (lambda: False))
 
