@@ -29,13 +29,17 @@ encoded inner chunks with the ones zarr-python writes.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 __all__ = ["ChunkFiles"]
 
 _ABSENT = np.uint64(2**64 - 1)
+
+
+def _go_on() -> None:
+    """The checkpoint of an encode nobody stops."""
 
 
 def _numcodec(config: dict[str, Any] | None) -> Any:
@@ -102,12 +106,15 @@ class ChunkFiles:
             out.append((self.key(index), data[tuple(slice(a - o, z - o) for a, z, o in zip(start, stop, origin))]))
         return out
 
-    def encode(self, part: np.ndarray) -> list[bytes] | None:
+    def encode(self, part: np.ndarray, checkpoint: Callable[[], None] | None = None) -> list[bytes] | None:
         """A file's bytes from its part of the array (``files``), as the pieces to write one
         after the other (never joined: a shard is written with one gathered write); None: no
-        file."""
+        file. ``checkpoint()`` is called before each chunk is encoded: it raises to stop a
+        shard part way (an export asked to stop), so a stop waits for one chunk, not a shard."""
+        checkpoint = checkpoint or _go_on
         if self.sharded:
-            return self._shard(part)
+            return self._shard(part, checkpoint)
+        checkpoint()
         chunk = self._chunk(part)
         return None if chunk is None else [chunk]
 
@@ -122,7 +129,7 @@ class ChunkFiles:
             whole[tuple(slice(0, n) for n in piece.shape)] = piece
         return bytes(self.codec.encode(whole)) if self.codec is not None else whole.tobytes()
 
-    def _shard(self, view: np.ndarray) -> list[bytes] | None:
+    def _shard(self, view: np.ndarray, checkpoint: Callable[[], None]) -> list[bytes] | None:
         """One shard's pieces: its inner chunks in C order, then the index and its CRC-32C."""
         import google_crc32c
 
@@ -131,6 +138,7 @@ class ChunkFiles:
         pieces: list[bytes] = []
         offset = 0
         for inner in itertools.product(*(range(-(-n // c)) for n, c in zip(view.shape, self.chunk_shape))):
+            checkpoint()
             piece = self._chunk(view[tuple(slice(i * c, (i + 1) * c) for i, c in zip(inner, self.chunk_shape))])
             if piece is None:
                 continue

@@ -5,7 +5,8 @@ argparse only; the exporter, zarr and the readers load when the command runs.
 
 Progress: a tqdm bar on a terminal, else one JSON line per record on stdout (the records
 ``export_tensor`` emits, the ones a service action streams). Ctrl-C (SIGINT) asks the export to
-stop: the units in flight are written and recorded, and ``--resume`` continues from there.
+stop, within one chunk's encoding: the units already written whole are recorded, and
+``--resume`` continues from there.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import json
 import signal
 import sys
 import threading
-from typing import Any
 
 __all__ = ["add_arguments", "run"]
 
@@ -32,14 +32,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-labels", action="store_true", help="leave the source's label images out (default: under labels/)")
     p.add_argument("--levels", default="auto", help="'auto' (the served pyramid) or N levels halving Y and X")
     p.add_argument("--method", help="reduction: area (default), nearest, min, max, mode (labels' default), median")
-    p.add_argument("--chunks", help="chunk shape per output axis, e.g. 1,256,256")
-    p.add_argument("--shards", help="shard shape per output axis (a whole number of chunks), e.g. 1,2048,2048")
+    p.add_argument("--chunks", help="chunk shape per output axis, e.g. 1,256,256 (Y and X at least 64)")
+    p.add_argument("--shards", help="shard shape per output axis (a whole number of chunks; one shard at every "
+                   "level at most 64 MiB), e.g. 1,2048,2048")
     p.add_argument("--codec", default="blosc-zstd", choices=("zstd", "blosc-zstd", "none"))
     p.add_argument("--ngff", default="0.5", choices=("0.5", "0.4"), help="0.5 (zarr v3, sharded; default) or 0.4 (zarr v2)")
     p.add_argument("--workers", type=int, default=2, help="writer threads (default 2)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--overwrite", action="store_true", help="replace DEST (only once the new image is complete)")
-    mode.add_argument("--resume", action="store_true", help="continue an interrupted export of the same source and options")
+    mode.add_argument("--overwrite", action="store_true",
+                      help="replace DEST, an image this command exported (only once the new image is complete)")
+    mode.add_argument("--resume", action="store_true",
+                      help="continue an interrupted export of the same source and options (nothing to do if DEST "
+                      "is that export, finished)")
     p.add_argument("--progress", choices=("auto", "bar", "json", "none"), default="auto",
                    help="a bar on a terminal, JSON lines otherwise (auto)")
 

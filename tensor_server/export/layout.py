@@ -12,6 +12,12 @@ still holds whole ones); chunks are ``gcd(chunk, shard_k)``. The unit starts at
 ``lcm(shard, coarsest scale)`` and grows in Y and X (up to ``UNIT_BUDGET_BYTES``) while the
 coarsest level's chunks would be smaller than asked.
 
+Bounds (export/options.py says why): asked chunks and shards are at least ``MIN_CHUNK_EDGE``
+in Y and X; ``lcm(shard, coarsest scale)`` with its levels holds at most ``MAX_UNIT_BYTES``
+(default shards halve until it does; asked shards, or levels so deep that the coarsest block
+is larger, are refused naming the option and the most that fits); ``check_file_count`` refuses
+an export of more than ``MAX_FILES`` files before anything is written.
+
 Axes: NGFF wants (t, c, z, y, x) in that order, at most one of each. The source's axes are
 mapped there: known labels keep their meaning, an RGB samples axis ``s`` is folded into the
 channel axis (channel = c·S + s), size-1 axes NGFF has no name for are dropped, and any
@@ -33,8 +39,9 @@ from tensor_server.core.methods import PRECOMPUTE, default_method, effective_met
 from tensor_server.core.pyramid import advertised_levels
 from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
+from tensor_server.export.options import MAX_FILES, MAX_UNIT_BYTES, MIN_CHUNK_EDGE
 
-__all__ = ["AxisMap", "Level", "Layout", "plan_layout", "label_scales", "label_shape_option"]
+__all__ = ["AxisMap", "Level", "Layout", "plan_layout", "label_scales", "label_shape_option", "check_file_count"]
 
 NGFF_ORDER = ("t", "c", "z", "y", "x")
 #: how large a read unit may grow to keep the coarsest level's chunks whole (bytes of level 0)
@@ -46,6 +53,15 @@ VOLUME_CHUNK, VOLUME_SHARD = (16, 256, 256), (16, 512, 512)
 
 def _lcm(a: int, b: int) -> int:
     return a * b // gcd(a, b)
+
+
+def _levels_bytes(unit: Sequence[int], scales: Sequence[Sequence[int]], itemsize: int) -> int:
+    """Bytes of a unit's pixels at every level (level 0 included)."""
+    return int(sum(prod(-(-u // s) for u, s in zip(unit, scale)) for scale in scales) * itemsize)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"
 
 
 @dataclass(frozen=True)
@@ -88,11 +104,10 @@ class AxisMap:
     def out_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """The output shape of a source-ordered ``shape``."""
         moved = [shape[i] for i in self.order[self.dropped :]]
-        if self.merge_samples:
+        if self.merge_samples and "c" in self.source_labels:  # c then s, side by side: one axis of c·S
             s_pos = self.order[self.dropped :].index(self.source_labels.index("s"))
-            c = moved[s_pos - 1] if "c" in self.source_labels else 1
-            moved[s_pos - 1 : s_pos + 1] = [c * moved[s_pos]] if "c" in self.source_labels else [moved[s_pos]]
-        return tuple(moved)
+            moved[s_pos - 1 : s_pos + 1] = [moved[s_pos - 1] * moved[s_pos]]
+        return tuple(moved)  # without c, the samples axis is the channel axis, already in its place
 
     def to_output(self, block: np.ndarray) -> np.ndarray:
         """A source-ordered block in output order (a view when no samples axis merges)."""
@@ -145,7 +160,12 @@ class Layout:
 
     def unit_bytes(self) -> int:
         """Bytes of one unit's pixels at every level (what one unit in flight holds)."""
-        return int(sum(prod(-(-u // s) for u, s in zip(self.unit, lv.scale)) for lv in self.levels) * self.itemsize)
+        return _levels_bytes(self.unit, [lv.scale for lv in self.levels], self.itemsize)
+
+    def file_count(self, sharded: bool) -> int:
+        """The chunk files (zarr v2) or shard files (v3) every level of this image writes."""
+        return sum(prod(-(-n // f) for n, f in zip(lv.shape, lv.shard if sharded else lv.chunk))
+                   for lv in self.levels)
 
     def describe(self) -> dict:
         """JSON-ready: the record's and summary's account of the geometry, in output order."""
@@ -209,10 +229,9 @@ def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: st
     """The geometry of exporting ``tensor`` (see the module docstring); ``scales`` (per level,
     source order) instead of ``levels``: a label image takes its image's levels."""
     axes = AxisMap.of(tensor)
-    out_ndim = len(axes.out_labels)
     for name, value in (("chunks", chunks), ("shards", shards)):
-        if value is not None and len(value) != out_ndim:
-            raise InvalidArgument(f"{name} has {len(value)} values; the output has {out_ndim} axes {list(axes.out_labels)}")
+        if value is not None:
+            _check_asked_shape(tensor, axes, name, value)
     scales = [tuple(s) for s in scales] if scales is not None else level_scales(tensor, levels)
     chunk = tuple(min(c, n) for c, n in zip(_source_shape(tensor, axes, chunks, default_chunk(tensor)), tensor.shape))
     shard = _source_shape(tensor, axes, shards, default_shard(tensor))
@@ -222,6 +241,10 @@ def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: st
     shard = tuple(min(s, -(-n // c) * c) for s, c, n in zip(shard, chunk, tensor.shape))
     if any(s % c for s, c in zip(shard, chunk)):
         raise InvalidArgument(f"shards {list(axes.out_shape(shard))} must be a whole number of chunks {list(axes.out_shape(chunk))}")
+    if shards is None:
+        shard = _fitted_default_shard(tensor, shard, chunk, scales)
+    _check_unit_bytes(tensor, axes, shard, scales, asked="shards" if shards is not None
+                      else "chunks" if shard == chunk and chunks is not None else None)
     unit = _unit(tensor, shard, chunk, scales[-1])
     built = []
     for k, scale in enumerate(scales):
@@ -232,6 +255,84 @@ def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: st
         lv_shard = tuple(min(s, -(-n // c) * c) for s, n, c in zip(lv_shard, shape, lv_chunk))
         built.append(Level(k, scale, shape, lv_shard, lv_chunk))
     return Layout(axes, export_method(tensor, method), tuple(built), unit, tensor.shape, tensor.dtype.itemsize)
+
+
+def _check_asked_shape(tensor: TensorAdapter, axes: AxisMap, name: str, value: Sequence[int]) -> None:
+    """An asked chunk or shard shape: one value per output axis, Y and X edges at least
+    ``MIN_CHUNK_EDGE`` (or the whole axis where it is shorter)."""
+    if len(value) != len(axes.out_labels):
+        raise InvalidArgument(f"{name} has {len(value)} values; the output has {len(axes.out_labels)} axes "
+                              f"{list(axes.out_labels)}")
+    extents = axes.out_shape(tensor.shape)
+    for label in ("y", "x"):
+        i = axes.out_labels.index(label)
+        if value[i] < min(MIN_CHUNK_EDGE, extents[i]):
+            raise InvalidArgument(
+                f"{name} {list(value)}: the {label} edge {value[i]} is below the minimum of {MIN_CHUNK_EDGE} pixels "
+                f"(or the whole axis, {extents[i]}, where it is shorter); every chunk is a codec call and an index "
+                f"entry (a file on --ngff 0.4), so tiny chunks cost more than their pixels"
+            )
+
+
+def _fitted_default_shard(tensor: TensorAdapter, shard: tuple[int, ...], chunk: tuple[int, ...],
+                          scales: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The default shard, its Y and X halved (staying whole chunks) while a unit would hold
+    more than ``MAX_UNIT_BYTES`` (a wide dtype or many samples: 2048² float64 RGB is 96 MiB)."""
+    fitted = list(shard)
+    itemsize = tensor.dtype.itemsize
+    while _levels_bytes([_lcm(s, c) for s, c in zip(fitted, scales[-1])], scales, itemsize) > MAX_UNIT_BYTES:
+        halved = False
+        for axis in (tensor.dim_labels.index("y"), tensor.dim_labels.index("x")):
+            half = fitted[axis] // 2
+            if half >= chunk[axis] and half % chunk[axis] == 0:
+                fitted[axis], halved = half, True
+        if not halved:
+            break  # left to _check_unit_bytes, which names what to change
+    return tuple(fitted)
+
+
+def _check_unit_bytes(tensor: TensorAdapter, axes: AxisMap, shard: Sequence[int], scales: Sequence[Sequence[int]],
+                      asked: str | None) -> None:
+    """Refuse a geometry whose unit (``lcm(shard, coarsest scale)``, every level) would hold
+    more than ``MAX_UNIT_BYTES``, naming the option that makes it so (``asked``: "shards",
+    or "chunks" when the default shard is one asked chunk) and what fits."""
+    itemsize = tensor.dtype.itemsize
+    unit = [_lcm(s, c) for s, c in zip(shard, scales[-1])]
+    held = _levels_bytes(unit, scales, itemsize)
+    if held <= MAX_UNIT_BYTES:
+        return
+    limit = f"an export holds at most {_mib(MAX_UNIT_BYTES)} per unit of work"
+    if list(unit) == list(shard):
+        what = asked or "shards"
+        pixels = int(MAX_UNIT_BYTES * prod(unit) / held)  # a shard's pixels that fit, its levels' share included
+        raise InvalidArgument(
+            f"{what} {list(axes.out_shape(shard))}: a unit of work (one shard, with its pyramid levels) would hold "
+            f"{_mib(held)} of {tensor.dtype} pixels, and {limit}: ask for smaller {what} "
+            f"(at most {pixels:,} pixels each)"
+        )
+    fits = max((k for k in range(1, len(scales) + 1)
+                if _levels_bytes([_lcm(s, c) for s, c in zip(shard, scales[k - 1])], scales[:k], itemsize)
+                <= MAX_UNIT_BYTES), default=1)
+    raise InvalidArgument(
+        f"levels: the coarsest level's scale {list(axes.out_shape(scales[-1]))} makes each unit of work "
+        f"{list(axes.out_shape(unit))} pixels ({_mib(held)} with its levels), and {limit}: "
+        f"ask for at most {fits} levels"
+    )
+
+
+def check_file_count(layouts: Sequence[Layout], sharded: bool) -> int:
+    """The files an export of these images (the image, then its label images) writes;
+    more than ``MAX_FILES`` is refused before anything is written, naming the count."""
+    files = sum(layout.file_count(sharded) for layout in layouts)
+    if files > MAX_FILES:
+        kind = "shard" if sharded else "chunk"
+        how = "larger --shards" if sharded else "larger --chunks, or --ngff 0.5 (sharded: a file per shard)"
+        raise InvalidArgument(
+            f"this export would write {files:,} {kind} files (every level"
+            f"{' and label image' if len(layouts) > 1 else ''}), more than the {MAX_FILES:,} an export writes: "
+            f"use {how}{' or leave the label images out' if len(layouts) > 1 else ''}"
+        )
+    return files
 
 
 def _volume(tensor: TensorAdapter) -> bool:

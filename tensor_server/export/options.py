@@ -3,6 +3,25 @@
 The same options come from the CLI's flags and from a service action's JSON body
 (``ExportOptions.from_mapping``), so both doors refuse the same input with the same words.
 Every refusal is an ``InvalidArgument`` naming the option and what it accepts.
+
+The limits an export's geometry must keep (checked where the geometry is known, in
+export/layout.py, against the tensor; docs/export.md states them):
+
+* ``MIN_CHUNK_EDGE``: asked chunks (and so shards, whole chunks) are at least 64 pixels in Y
+  and in X, or the whole axis when it is shorter. Every inner chunk is one codec call and one
+  index entry, every v2 chunk one file: 1×1 chunks made a file per pixel (4.2 M for a 2048²
+  plane) and a unit's encode loop run for hours. 64 is the smallest edge NGFF writers use in
+  practice (ngff-zarr's volumes ``-c 64``, neuroglancer's 64³; their defaults are 128-256 for
+  volumes and 256-1024 for planes, bioformats2raw's tiles 1024²); z, c and t chunks may be 1.
+* ``MAX_UNIT_BYTES``: a read unit (one shard at every level: what is held in memory at once,
+  export/layout.py) holds at most 64 MiB with its levels. An 8192² uint16 shard made units of
+  168 MiB (+173 MB resident; up to three units are in flight); default shards shrink to fit, asked
+  shards or a pyramid so deep that its coarsest block is larger are refused. (A unit is never
+  less than one of the reader's blocks, e.g. a TIFF page decoded whole: that is the source's
+  own floor, not the options'.)
+* ``MAX_FILES``: an export writes at most 100,000 chunk or shard files, counted from the
+  layout before anything is written (levels and label images summed): directories of more
+  entries are slow to list, copy and back up, and object stores charge per file.
 """
 from __future__ import annotations
 
@@ -23,6 +42,12 @@ MODES = ("create", "overwrite", "resume")
 MAX_LEVELS = 16
 #: bounds on the worker counts a caller may ask for (threads, not processes)
 MAX_WORKERS = 64
+#: the least chunk edge asked in Y and X (the whole axis when shorter; module docstring)
+MIN_CHUNK_EDGE = 64
+#: the most a read unit may hold, its levels included (module docstring)
+MAX_UNIT_BYTES = 64 << 20
+#: the most chunk or shard files one export writes, every level and label image summed
+MAX_FILES = 100_000
 
 
 @dataclass(frozen=True)
@@ -85,8 +110,14 @@ class ExportOptions:
     def from_mapping(cls, body: Mapping[str, Any]) -> ExportOptions:
         """Options from a JSON body (an action's): shapes as lists or "1,256,256" strings,
         ``levels`` as "auto", an int or its string; unknown keys are refused."""
+        if not isinstance(body, Mapping):
+            raise InvalidArgument(f"export options must be a JSON object of option: value, got {type(body).__name__}")
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(body) - known)
+        flags = [k for k in unknown if k in MODES]  # the CLI's --resume / --overwrite, as JSON keys
+        if flags:
+            raise InvalidArgument(f"export option {flags[0]!r} is spelled \"mode\": \"{flags[0]}\" "
+                                  f"(mode is one of {', '.join(MODES)})")
         if unknown:
             raise InvalidArgument(f"unknown export option(s) {unknown[:8]}; known: {sorted(known)}")
         kw = dict(body)

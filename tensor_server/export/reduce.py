@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from math import prod
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -52,10 +52,11 @@ def numpy_handles(method: str, dtype: np.dtype) -> bool:
 
 
 def unit_levels(data: np.ndarray, scales: Sequence[Sequence[int]], method: str,
-                slab_bytes: int = SLAB_BYTES) -> list[np.ndarray]:
+                slab_bytes: int = SLAB_BYTES, checkpoint: Callable[[], None] | None = None) -> list[np.ndarray]:
     """``[level 0, level 1, ...]`` of ``data`` for the per-level ``scales`` (the first all
     ones), each bit-identical to ``downsample_block(data, scale, method)``, reduced one slab of
-    about ``slab_bytes`` at a time (see ``SLAB_BYTES``)."""
+    about ``slab_bytes`` at a time (see ``SLAB_BYTES``). ``checkpoint()`` is called before each
+    slab: it raises to stop a unit's reduction part way (an export asked to stop)."""
     scales = [tuple(int(v) for v in s) for s in scales]
     whole = tuple(int(np.lcm.reduce([s[i] for s in scales])) for i in range(data.ndim))
     axis = next((a for a in range(data.ndim) if data.shape[a] > whole[a]), None)
@@ -67,6 +68,8 @@ def unit_levels(data: np.ndarray, scales: Sequence[Sequence[int]], method: str,
         return _levels(data, scales, method, whole)
     out = [data]
     for lo in range(0, data.shape[axis], step):
+        if checkpoint is not None:
+            checkpoint()
         piece = data[(slice(None),) * axis + (slice(lo, lo + step),)]
         blocks = _levels(piece, scales, method, whole)[1:]
         if lo == 0:  # each level's dtype is its first slab's

@@ -22,8 +22,13 @@ are as large as the reader's block (a TIFF page) at least, so for large units ea
 depth is cut to keep ``INFLIGHT_BYTES`` (never below one unit each).
 
 ``progress(record)`` receives JSON-ready dicts (``event``: ``start``, ``unit``, ``done``);
-``cancelled()`` is polled before each unit: True stops after the units in flight are
-written and recorded, raising ``ReadCancelled`` — a state ``--resume`` continues.
+``cancelled()`` is polled before each unit is read and within each unit — before each slab
+of its reduction and before each chunk it encodes, on every thread of the pass — so a stop
+waits for one chunk's encoding or one unit's read, never for a whole unit's work. True
+stops the pass: units whose files are all written are recorded, a unit part way through is
+left unrecorded (its files are written again on resume: the record is what is trusted), and
+``ReadCancelled`` is raised — a state ``--resume`` continues. ``cancelled`` may be called
+from any of the pass's threads.
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
 from tensor_server.errors import ReadCancelled
 from tensor_server.export.chunk_files import ChunkFiles
-from tensor_server.export.layout import Layout, label_scales, label_shape_option, plan_layout
+from tensor_server.export.layout import Layout, check_file_count, label_scales, label_shape_option, plan_layout
 from tensor_server.export.ngff import image_attributes, labels_attributes
 from tensor_server.export.options import ExportOptions
 from tensor_server.export.reduce import unit_levels
@@ -59,6 +64,11 @@ INFLIGHT_BYTES = 64 << 20
 
 Progress = Callable[[dict], None]
 Cancelled = Callable[[], bool]
+
+
+class _Stopped(Exception):
+    """Raised through a unit's work (a read, a reduction slab, a chunk's encoding) once the
+    export is asked to stop; ``_Pass.stream`` turns it into ``ReadCancelled``."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,7 @@ def _plan(tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: E
             label, scales=label_scales(tensor, layout, label), method=None,
             chunks=label_shape_option(layout.axes, label, options.chunks),
             shards=label_shape_option(layout.axes, label, options.shards))))
+    check_file_count([p.layout for p in parts], sharded=options.zarr_format == 3)
     return parts
 
 
@@ -117,10 +128,9 @@ def export_tensor(
     docstring for the pass, memory, progress and cancellation."""
     options = options or ExportOptions()
     parts = _plan(tensor, labels or {}, options)
-    staging = Staging(dest, fingerprint(parts, options))
     emit = progress or (lambda record: None)
     total = sum(p.layout.unit_count() for p in parts)
-    with storage_errors(staging.path):
+    with Staging(dest, fingerprint(parts, options)) as staging, storage_errors(staging.path):
         if not staging.prepare(options.mode):
             summary = {"event": "done", "dest": str(staging.dest), "already_complete": True, "units_total": total}
             emit(summary)
@@ -138,13 +148,15 @@ def export_tensor(
 
 
 def _write_metadata(staging: Staging, parts: list[_Part], run: _Pass, options: ExportOptions, name: str) -> None:
-    """The image's attributes, then ``labels/`` and each label image's (``image-label``)."""
+    """The image's attributes (with the writer's mark, ``Staging.export_marker``), then
+    ``labels/`` and each label image's (``image-label``)."""
     import zarr
     from zarr.storage import LocalStore
 
     group = zarr.open_group(LocalStore(staging.path), mode="r+", zarr_format=options.zarr_format)
     image = parts[0]
-    group.attrs.update(image_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")))
+    group.attrs.update({**image_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")),
+                        **staging.export_marker()})
     if len(parts) == 1:
         return
     names = [p.root.split("/")[1] for p in parts[1:]]
@@ -164,6 +176,7 @@ class _Pass:
         self.total = sum(p.layout.unit_count() for p in parts)
         self.resumed = len(staging.done)
         self.bytes_read = self.bytes_written = 0
+        self.stopped = False
         self.t0 = time.monotonic()
         fit = max(1, INFLIGHT_BYTES // max(1, max(p.layout.unit_bytes() for p in parts)))
         self.read_ahead, self.write_ahead = min(options.read_ahead, fit), min(options.write_ahead, fit)
@@ -182,19 +195,38 @@ class _Pass:
                 ThreadPoolExecutor(self.options.workers, thread_name_prefix="export-write") as write_pool:
             try:
                 self._pump(todo, reads, writes, read_pool, write_pool)
+            except _Stopped:
+                pass  # raised below as ReadCancelled, once what is finished is recorded
             finally:
                 for f in reads:
                     f.cancel()
-                for finished in writes:  # what is being written is finished and recorded, or its error kept
+                for finished in writes:  # what is written whole is recorded; a stopped unit or an error is not
                     try:
                         self._commit(finished())
                     except BaseException:  # noqa: BLE001 - the first error is the one raised
                         pass
+        if self._asked_to_stop() and len(self.staging.done) < self.total:
+            raise ReadCancelled(
+                f"export to {self.staging.dest} stopped: {len(self.staging.done)} of {self.total} units written "
+                f"to {self.staging.path}; rerun with --resume to continue"
+            )
+
+    def _asked_to_stop(self) -> bool:
+        """Whether the export is asked to stop (once asked, from then on)."""
+        if not self.stopped and self.cancelled():
+            self.stopped = True
+        return self.stopped
+
+    def _checkpoint(self) -> None:
+        """Called between the steps of a unit's work, on any of the pass's threads: raises
+        ``_Stopped`` once the export is asked to stop."""
+        if self._asked_to_stop():
+            raise _Stopped
 
     def _pump(self, todo, reads, writes, read_pool, write_pool) -> None:
         def top_up() -> None:
             while len(reads) < self.read_ahead:
-                if self.cancelled():
+                if self._asked_to_stop():
                     return
                 nxt = next(todo, None)
                 if nxt is None:
@@ -210,16 +242,13 @@ class _Pass:
             top_up()
         while writes:
             self._commit(writes.popleft()())
-        if self.cancelled() and len(self.staging.done) < self.total:
-            raise ReadCancelled(
-                f"export to {self.staging.dest} stopped: {len(self.staging.done)} of {self.total} units written "
-                f"to {self.staging.path}; rerun with --resume to continue"
-            )
 
     def _read_unit(self, part: _Part, index: int, ub: Bounds) -> tuple[_Part, int, Bounds, list[np.ndarray]]:
         """A unit's pixels at every level (level 0 first)."""
+        self._checkpoint()
         data = self.engine.read(part.tensor, ub, (1,) * part.tensor.ndim)
-        blocks = unit_levels(data, [lv.scale for lv in part.layout.levels], part.layout.method)
+        blocks = unit_levels(data, [lv.scale for lv in part.layout.levels], part.layout.method,
+                             checkpoint=self._checkpoint)
         return part, index, ub, blocks
 
     def _write_unit(self, pool: ThreadPoolExecutor, part: _Part, index: int, ub: Bounds,
@@ -234,7 +263,7 @@ class _Pass:
         return lambda: self._unit_entry(part, index, ub, blocks, {key: job.result() for key, job in jobs})
 
     def _write_file(self, level_files: ChunkFiles, key: str, data: np.ndarray) -> list[int] | None:
-        return self.staging.write_file(key, level_files.encode(data))
+        return self.staging.write_file(key, level_files.encode(data, self._checkpoint))
 
     def _unit_entry(self, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray],
                     files: dict[str, list[int] | None]) -> dict[str, Any]:

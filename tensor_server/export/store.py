@@ -5,7 +5,18 @@ Why a staging folder. An export writes into ``DEST.partial`` and renames it to `
 when every level is written and the image metadata is in place, so ``DEST`` either does not
 exist or is a complete image: nothing written claims to be complete before it is, and an
 ``--overwrite`` that fails leaves the old image whole (it is replaced by two renames at the
-very end).
+very end: the old image to a fresh hidden name of its own, ``.DEST.replaced-XXXXXXXX``, then
+the staging folder to ``DEST``; the old image is deleted last).
+
+What an export deletes: only what an export made. The image's group attributes carry the
+writer's mark (``tensor_server_export``: its kind and fingerprint, ``export_marker``), so
+``--overwrite`` replaces ``DEST`` only when it is a folder (not a symbolic link) with that mark
+and nothing at its top an export does not write; a staging folder is removed only when its
+progress record says it is one. A symbolic link at ``DEST`` or ``DEST.partial`` is refused,
+never followed, and a resumed staging folder holding one is not trusted (an export never makes
+one). No fixed sibling name is ever deleted (a user's ``DEST.replaced`` is theirs).
+``shutil.rmtree`` removes links inside a tree without following them. One export at a time
+writes a given ``DEST`` in this process (``Staging`` is a context manager that claims it).
 
 The progress record (``DEST.partial/.export-progress.jsonl``): a header line with the
 export's fingerprint (source identity and version, shape, dtype, options, geometry), then one
@@ -21,6 +32,9 @@ import errno
 import json
 import os
 import shutil
+import stat
+import tempfile
+import threading
 import zlib
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -31,11 +45,21 @@ from tensor_server.errors import FailedPrecondition, InvalidArgument, StorageFul
 from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.layout import Layout, Level
 
-__all__ = ["Staging", "storage_errors", "open_levels", "block_files", "out_start"]
+__all__ = ["Staging", "storage_errors", "open_levels", "block_files", "out_start", "written_export"]
 
 RECORD = ".export-progress.jsonl"
 RECORD_KIND = "tensor-server export progress"
+#: the image group's attribute that marks a folder as an export's (``export_marker``)
+MARKER = "tensor_server_export"
+MARKER_KIND = "tensor-server export"
+#: what an export writes at the top of ``DEST`` (besides level folders "0", "1", ...)
+_EXPORT_ENTRIES = frozenset({"zarr.json", ".zgroup", ".zattrs", "labels"})
+#: a group metadata file larger than this is not one an export wrote
+_MAX_METADATA_BYTES = 4 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+#: destinations an export of this process is writing (``Staging.__enter__``)
+_CLAIMED: set[str] = set()
+_CLAIMED_LOCK = threading.Lock()
 
 
 class storage_errors:
@@ -56,12 +80,59 @@ class storage_errors:
         return False
 
 
-def _looks_like_zarr(path: Path) -> bool:
-    return any((path / name).is_file() for name in ("zarr.json", ".zgroup", ".zattrs", ".zarray"))
+def written_export(path: Path) -> dict[str, Any] | None:
+    """The writer's mark (``export_marker``) of the export at ``path``, or None when ``path``
+    is no folder an export wrote (a symbolic link never is)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+    except FileNotFoundError:
+        return None
+    for name, inside in (("zarr.json", "attributes"), (".zattrs", None)):
+        try:  # never through a link, never waiting on a FIFO
+            fd = os.open(path / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            text = f.read(_MAX_METADATA_BYTES + 1)
+        try:
+            attrs = json.loads(text) if len(text) <= _MAX_METADATA_BYTES else None
+        except ValueError:
+            attrs = None
+        if isinstance(attrs, dict) and inside:
+            attrs = attrs.get(inside)
+        mark = attrs.get(MARKER) if isinstance(attrs, dict) else None
+        return mark if isinstance(mark, dict) and mark.get("kind") == MARKER_KIND else None
+    return None
+
+
+def _refuse_link(path: Path) -> None:
+    if path.is_symlink():
+        raise FailedPrecondition(
+            f"{path} is a symbolic link; an export never writes through one, nor deletes what it points to: "
+            "remove the link or choose another DEST"
+        )
+
+
+def check_replaceable(dest: Path) -> None:
+    """Refuse to replace ``dest`` unless it is an export this tool wrote, as it wrote it."""
+    _refuse_link(dest)
+    if written_export(dest) is None:
+        raise FailedPrecondition(
+            f"{dest} exists and is not an image this export tool wrote (its metadata has no {MARKER!r} mark); "
+            "not replacing it: remove it yourself or choose another DEST"
+        )
+    strays = sorted(e for e in os.listdir(dest) if e not in _EXPORT_ENTRIES and not e.isdigit())
+    if strays:
+        raise FailedPrecondition(f"{dest} holds {strays[:5]}, which no export writes; not replacing it")
 
 
 class Staging:
-    """The staging folder of ``dest`` and its progress record."""
+    """The staging folder of ``dest`` and its progress record. As a context manager it claims
+    ``dest`` for this export: a second export to it in this process is refused until this one
+    ends (two would delete each other's staging folder)."""
 
     def __init__(self, dest: str | os.PathLike[str], fingerprint: Mapping[str, Any]) -> None:
         self.dest = Path(dest)
@@ -70,39 +141,100 @@ class Staging:
         self.fingerprint = dict(fingerprint)
         #: (part, unit index) -> the unit's record line; part "" is the image, "labels/<name>/" a label image
         self.done: dict[tuple[str, int], dict[str, Any]] = {}
+        self._claim = os.path.join(os.path.realpath(self.dest.parent), self.dest.name)
+
+    def __enter__(self) -> Staging:
+        with _CLAIMED_LOCK:
+            if self._claim in _CLAIMED:
+                raise FailedPrecondition(f"{self.dest}: another export to it is running; wait for it to end")
+            _CLAIMED.add(self._claim)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _CLAIMED_LOCK:
+            _CLAIMED.discard(self._claim)
+
+    def export_marker(self) -> dict[str, Any]:
+        """The image group's attribute that marks it as this export's (``written_export``)."""
+        return {MARKER: {"kind": MARKER_KIND, "version": 1, "fingerprint": self.fingerprint}}
 
     # ---- before writing ------------------------------------------------------------------------
     def prepare(self, mode: str) -> bool:
         """Make the staging folder ready for ``mode``; return False when there is nothing to
-        do (``resume`` of an export that already finished). Fills ``done`` on resume."""
+        do (``resume`` of this very export, already finished). Fills ``done`` on resume."""
         if not self.dest.parent.is_dir():
             raise InvalidArgument(f"{self.dest.parent}: the destination's folder does not exist")
+        _refuse_link(self.path)
         if mode == "create":
-            if self.dest.exists():
+            if os.path.lexists(self.dest):
                 raise FailedPrecondition(f"{self.dest} exists; pass --overwrite to replace it")
-            if self.path.exists():
+            if os.path.lexists(self.path):
                 raise FailedPrecondition(
                     f"{self.path} holds an interrupted export; pass --resume to continue it or --overwrite to start over"
                 )
         if mode == "overwrite":
-            if self.dest.exists() and not (self.dest.is_dir() and _looks_like_zarr(self.dest)):
-                raise FailedPrecondition(f"{self.dest} exists and is not a zarr folder; not replacing it")
+            if os.path.lexists(self.dest):
+                check_replaceable(self.dest)
             self._remove_staging()
         if mode == "resume":
-            if not self.path.exists():
-                if self.dest.exists():
+            if not os.path.lexists(self.path):
+                if os.path.lexists(self.dest):
+                    self._check_finished()
                     return False
             else:
+                self._check_no_links()
                 self._load_record()
         if not self.path.exists():
             self.path.mkdir()
             self._write_record_atomically([])
         return True
 
+    def _check_finished(self) -> None:
+        """``resume`` with nothing staged: ``dest`` must be this export, finished."""
+        _refuse_link(self.dest)
+        mark = written_export(self.dest)
+        if mark is None or mark.get("fingerprint") != self.fingerprint:
+            raise FailedPrecondition(
+                f"{self.dest} exists and is not this export, finished ("
+                + ("another source or other options" if mark is not None else "not an image this export tool wrote")
+                + "); there is nothing to resume: pass --overwrite to replace it, or choose another DEST"
+            )
+
+    def _check_no_links(self) -> None:
+        """A staging folder to resume holds no symbolic link (an export never makes one; a
+        link would send its writes elsewhere)."""
+        if not self.path.is_dir():
+            raise FailedPrecondition(f"{self.path} is not a folder; it is no export's staging folder")
+        for root, dirs, files in os.walk(self.path):
+            for name in dirs + files:
+                if os.path.islink(os.path.join(root, name)):
+                    rel = os.path.relpath(os.path.join(root, name), self.path)
+                    raise FailedPrecondition(
+                        f"{self.path} holds a symbolic link ({rel}), which an export never writes; not resuming "
+                        "into it: pass --overwrite to start over"
+                    )
+
+    def _is_staging(self) -> bool:
+        """Whether the staging path is an export's staging folder: its record's header says
+        so, or it is empty (made, then stopped before the record)."""
+        if not self.path.is_dir():
+            return False
+        if not any(self.path.iterdir()):
+            return True
+        if self.record.is_symlink() or not self.record.is_file():
+            return False
+        with open(self.record, "rb") as f:
+            first = f.readline(1 << 20)
+        try:
+            header = json.loads(first)
+        except ValueError:
+            return False
+        return isinstance(header, dict) and header.get("kind") == RECORD_KIND
+
     def _remove_staging(self) -> None:
-        if not self.path.exists():
+        if not os.path.lexists(self.path):
             return
-        if not self.record.is_file() and any(self.path.iterdir()):
+        if not self._is_staging():
             raise FailedPrecondition(f"{self.path} exists but is not an export's staging folder; remove it yourself")
         shutil.rmtree(self.path)
 
@@ -195,17 +327,25 @@ class Staging:
 
     # ---- at the end ----------------------------------------------------------------------------
     def publish(self) -> None:
-        """Drop the record and move the staging folder to ``dest`` (replacing an old image
-        only now, by renames, so it is never half overwritten)."""
+        """Drop the record and move the staging folder to ``dest``, replacing an old image
+        only now (checked again: it must still be an export's), by renames, so it is never
+        half overwritten; the old image goes to a fresh name of its own first, never onto a
+        name something else may hold."""
+        replacing = os.path.lexists(self.dest)
+        if replacing:  # before the record goes: refused, the finished work can still be resumed
+            check_replaceable(self.dest)
         self.record.unlink()
         _fsync_dir(self.path)
         old = None
-        if self.dest.exists():
-            old = self.dest.with_name(self.dest.name + ".replaced")
-            if old.exists():
-                shutil.rmtree(old)
-            os.replace(self.dest, old)
-        os.replace(self.path, self.dest)
+        if replacing:
+            old = Path(tempfile.mkdtemp(prefix=f".{self.dest.name[:64]}.replaced-", dir=self.dest.parent))
+            os.replace(self.dest, old)  # onto the empty folder mkdtemp made: a rename, never a merge
+        try:
+            os.replace(self.path, self.dest)
+        except BaseException:
+            if old is not None:
+                os.replace(old, self.dest)
+            raise
         _fsync_dir(self.dest.parent)
         if old is not None:
             shutil.rmtree(old)

@@ -48,6 +48,13 @@ def engine_level(tensor, scale, method, out_order):
     return np.transpose(ref, out_order)
 
 
+def peak_rss() -> int:
+    """This process's own peak resident bytes (``VmHWM``). Not ``ru_maxrss``: a child's starts
+    at the forking parent's (a pytest process of 170 MB hid a smaller export's growth)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def run_cli(*args: str, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}"}
     return subprocess.run([sys.executable, "-m", "tensor_server", "export", *args], capture_output=True, text=True,

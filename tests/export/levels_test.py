@@ -98,6 +98,24 @@ def test_rgb_samples_fold_into_channels(testdata, tmp_path):
         assert group["0"].shape[1] == 3
 
 
+@pytest.mark.parametrize("ngff", ["0.5", "0.4"])
+def test_an_rgb_plane_without_a_channel_axis_exports_its_samples_as_channels(tmp_path, ngff):
+    """An RGB TIFF reads as (y, x, s): the samples axis is the channel axis, in front (it
+    used to be placed twice, and the export failed inside zarr-python)."""
+    rgb = np.random.default_rng(4).integers(0, 256, (300, 410, 3), dtype=np.uint8)
+    tifffile.imwrite(tmp_path / "rgb.tif", rgb, photometric="rgb")
+    with open_source(tmp_path / "rgb.tif") as src:
+        t = src.tensor()
+        assert t.dim_labels == ("y", "x", "s")
+        summary = export_tensor(t, tmp_path / "o.zarr", ExportOptions(levels=2, ngff=ngff))
+        assert summary["levels"] == [[3, 300, 410], [3, 150, 205]]
+        _check_levels(t, tmp_path / "o.zarr", "area", (2, 0, 1), 2)
+    attrs = zarr.open_group(str(tmp_path / "o.zarr"), mode="r").attrs
+    ms = attrs["ome"] if ngff == "0.5" else attrs
+    assert [a["name"] for a in ms["multiscales"][0]["axes"]] == ["c", "y", "x"]
+    assert [c["label"] for c in ms["omero"]["channels"]] == ["R", "G", "B"]
+
+
 def test_the_source_is_read_once_in_whole_reader_blocks(tmp_path, monkeypatch):
     """Every pixel is read exactly once, and each read covers whole blocks of the reader (a
     TIFF page here: a read of part of a page decodes all of it)."""
