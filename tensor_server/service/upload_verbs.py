@@ -41,7 +41,9 @@ def status_message(up: Upload) -> Any:
 
 
 def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None) -> Iterator[bytes]:
-    """A PENDING tensor; its owner is the caller (``service/access.py``)."""
+    """A PENDING tensor; its owner is the caller (``service/access.py``). The name of a PENDING
+    upload declared again the same way answers that upload (a crashed uploader re-plans and
+    resumes), to its owner only: a re-plan is a write of it."""
     from biopb.tensor import descriptor_pb2
 
     from tensor_server.cache.chunk_columns import wire_dtype
@@ -51,7 +53,8 @@ def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: 
     up = manager.add_tensor(req.array_id, req.shape, req.dtype, chunk_shape=req.chunk_shape,
                             dim_labels=req.dim_labels, metadata_json=req.metadata_json,
                             ttl_seconds=req.ttl_seconds if req.HasField("ttl_seconds") else None,
-                            owner=runtime.access.owner_for(caller))
+                            owner=runtime.access.owner_for(caller),
+                            may_resume=lambda held: runtime.access.write(caller, held))
     t = up.tensor
     out = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape), dtype=wire_dtype(t.dtype),
                                           chunk_shape=list(t.chunk_shape), dim_labels=list(t.dim_labels),
