@@ -275,6 +275,28 @@ def _catalog_store(port: int):  # noqa: ANN202 - CatalogStore | None
         return None
 
 
+def _open_uploads(catalog, settings, explicit: bool):
+    """The upload manager over ``settings.write_dir`` (None without one), which holds that
+    folder for this server's life. A folder given with ``--write-dir`` that another server
+    holds is refused; the demo's default gives way to ``<default>-<port>`` (``_take``)."""
+    from tensor_server.uploads import UploadManager, WriteDirHeld
+
+    if not settings.write_dir:
+        return None
+
+    def open_manager(path: str) -> UploadManager:
+        try:
+            manager = UploadManager(catalog, path, upload_ttl=settings.upload_ttl, scratch_ttl=settings.scratch_ttl)
+        except OSError as exc:
+            raise _Taken(f"the write dir {path} is unusable ({exc}); pass another --write-dir") from None
+        settings.write_dir = path
+        manager.start_sweeps()
+        return manager
+
+    return _take(settings.write_dir if explicit else None, Path(settings.write_dir), settings.port, "--write-dir",
+                 open_manager, WriteDirHeld)
+
+
 def _close_catalog(catalog, store) -> None:  # noqa: ANN001 - Catalog, CatalogStore | None
     """Close the catalog, then the store it wrote to (``_catalog_store`` opened it)."""
     catalog.close()
@@ -362,6 +384,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         print(f"no ROOT given: serving the demo dataset in {folder} (generated on first use; delete the "
               "folder to remove it)", file=sys.stderr)
         settings.roots = [str(make_demo_dataset(folder))]
+    own_write_dir = bool(settings.write_dir)  # the demo's default is taken like the other defaults (_take)
     if demo and not settings.write_dir:  # make run shows uploads too
         from tensor_server.config import default_cache_dir
 
@@ -425,16 +448,27 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except OSError as exc:  # the cache folder cannot be made or locked: serve uncached, never refuse
         print(f"serve: chunk cache disabled, the cache folder is unusable ({exc})", file=sys.stderr)
         cache = None
+    try:
+        uploads = _open_uploads(catalog, settings, own_write_dir)
+    except _Taken as exc:
+        _close_catalog(catalog, store)
+        if cache is not None:
+            cache.close()
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
     from tensor_server.http.access_url import mint_access_token, viewer_url, write_url_file
 
     http_token = mint_access_token() if settings.http_port is not None and settings.http_token else None
-    runtime = ServingRuntime(catalog, settings, cache=cache, tls=tls, access_tokens=[http_token] if http_token else [])
+    runtime = ServingRuntime(catalog, settings, cache=cache, uploads=uploads, tls=tls,
+                             access_tokens=[http_token] if http_token else [])
     metrics, opened = _open_metrics(runtime)
     doors = _open_doors(runtime, settings, http_token) if opened else None
     if doors is None:
         if metrics is not None:
             metrics.stop()
         runtime.close()
+        if uploads is not None:
+            uploads.close()
         _close_catalog(catalog, store)
         if cache is not None:
             cache.close()
@@ -497,6 +531,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         if metrics is not None:
             metrics.stop()
         runtime.close()
+        if uploads is not None:
+            uploads.close()  # releases the write dir
         _close_catalog(catalog, store)
         if cache is not None:
             cache.close()  # seals the open segment

@@ -30,7 +30,6 @@ The cache is an optimisation, so its disk can never make a read fail or the serv
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import stat
@@ -48,6 +47,7 @@ from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_index import index_path, read_index, write_index
 from tensor_server.cache.segment_store import (CorruptEntry, SegmentEntry, SegmentWriter, header_ok, segment_name,
                                                verify_batch, walk_segment)
+from tensor_server.core.folder_lock import FolderHeld, FolderLock
 from tensor_server.core.uniform import constant_value
 
 __all__ = ["CacheManager", "CacheLocked", "Location", "WRITE_RETRY_SECONDS"]
@@ -61,7 +61,7 @@ WRITE_RETRY_SECONDS = 10.0  # after the disk refused a write; a full disk is not
 UNIFORM_ENTRIES = 1 << 16
 
 
-class CacheLocked(RuntimeError):
+class CacheLocked(FolderHeld):
     """Another server (process or manager) holds this cache folder."""
 
 
@@ -112,12 +112,7 @@ class CacheManager:
         # a quarter of the budget at most: eviction frees room in steps smaller than the budget
         self.segment_bytes = max(1, min(int(segment_bytes), self.max_total_bytes // 4))
         self._lock = threading.RLock()
-        self._lock_file = open(self.dir / "lock", "a+")
-        try:
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.close()
-            raise CacheLocked(f"{self.dir}: another tensor-server holds this cache folder (lock file)") from None
+        self._folder_lock = FolderLock(self.dir, "lock", CacheLocked)
         self._memory: OrderedDict[bytes, np.ndarray] = OrderedDict()
         self._memory_used = 0
         self._uniform: OrderedDict[bytes, np.ndarray] = OrderedDict()
@@ -517,9 +512,7 @@ class CacheManager:
             self._seal_quietly()
             for seg in self._segments.values():
                 seg.buffer = None
-            if not self._lock_file.closed:
-                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
-                self._lock_file.close()
+            self._folder_lock.release()
 
     def __enter__(self) -> CacheManager:
         return self

@@ -44,7 +44,9 @@ def status_message(up: Upload) -> Any:
 def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None) -> Iterator[bytes]:
     """A PENDING tensor; its owner is the caller (``service/access.py``). A refusal that would
     describe another tensor (a label set's image, an upload holding the name) is the read
-    refusal when the caller may not read that tensor."""
+    refusal when the caller may not read that tensor. The name of a PENDING upload declared
+    again the same way answers that upload (a crashed uploader re-plans and resumes), to its
+    owner only: a re-plan is a write of it, and writing an upload is reading it."""
     from biopb.tensor import descriptor_pb2
 
     from tensor_server.cache.chunk_columns import wire_dtype

@@ -8,9 +8,10 @@ from tensor_server.uploads.manager import (
     UploadClosed,
     UploadManager,
     UploadNotReadable,
+    WriteDirHeld,
 )
 from tensor_server.uploads.names import parse_upload_id
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID
 
-__all__ = ["UploadManager", "Upload", "UploadClosed", "UploadNotReadable", "DEFAULT_UPLOAD_TTL",
+__all__ = ["UploadManager", "WriteDirHeld", "Upload", "UploadClosed", "UploadNotReadable", "DEFAULT_UPLOAD_TTL",
            "DEFAULT_SCRATCH_TTL", "SCRATCH_SOURCE_ID", "parse_upload_id"]

@@ -29,6 +29,7 @@ from tensor_server.cache.segment_index import read_index
 from tensor_server.cache.segment_store import SegmentEntry, SegmentWriter, read_batch_at, segment_name, walk_segment
 from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
+from tensor_server.uploads.integrity import StoreDamaged, check_manifest, require_files, write_manifest
 from tensor_server.uploads.marker import MARKER_KEY, Marker, read_json, sync_path, write_json_atomic
 
 __all__ = ["CacheMember", "CacheMemberAdapter"]
@@ -96,11 +97,21 @@ class CacheMember:
 
     @classmethod
     def open(cls, path: Path) -> CacheMember | None:
+        """The member at ``path`` for adoption (None when it carries no marker); raises
+        ``StoreDamaged`` when its descriptor is incomplete or a segment READY recorded is
+        missing or cut short (a torn segment would otherwise lose its tail chunks quietly)."""
         doc = read_json(path / DESCRIPTOR)
         marker = Marker.from_json((doc or {}).get(MARKER_KEY))
         if marker is None:
             return None
-        member = cls(path, marker, tuple(doc["shape"]), np.dtype(doc["dtype"]), tuple(doc["chunk_shape"]))
+        try:
+            shape = tuple(int(n) for n in doc["shape"])
+            grid = tuple(int(n) for n in doc["chunk_shape"])
+            dtype = np.dtype(doc["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise StoreDamaged(f"{DESCRIPTOR} has no valid shape, dtype and chunk_shape") from None
+        check_manifest(path)
+        member = cls(path, marker, shape, dtype, grid)
         for seg in sorted(path.glob("seg_*.arrow")):
             entries = read_index(seg)
             if entries is None:
@@ -145,8 +156,12 @@ class CacheMember:
                 self._free.append(writer)
 
     def publish(self, marker: Marker) -> None:
-        """READY (no write in flight: the manager waits them out): seal the open segments,
-        writing their sidecars, then flip the marker."""
+        """READY (no write in flight: the manager waits them out): the descriptor and every
+        segment holding a chunk are there; seal the open segments (fsync, sidecars), record
+        the segments' sizes, then flip the marker."""
+        with self._lock:
+            segments = sorted({seg.name for seg, _ in self._index.values()})
+        require_files(self.path, [DESCRIPTOR, *segments], marker.array_id)
         with self._lock:
             writers, self._free = self._free, []
             syncs, self._syncs = self._syncs, []
@@ -155,6 +170,10 @@ class CacheMember:
             f.result()
         for writer in writers:
             writer.seal()
+        files = sorted(self.path.glob("seg_*.arrow"))
+        for seg in files:  # the sealed ones have nothing left to flush; one abandoned after a failed write may
+            sync_path(seg)
+        write_manifest(self.path, files)
         write_json_atomic(self.path / DESCRIPTOR, self._descriptor(marker))
         self.marker = marker
 

@@ -33,21 +33,23 @@ from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
+from tensor_server.core.folder_lock import FolderHeld, FolderLock
 from tensor_server.core.identity import ArrayId
 from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
 from tensor_server.core.bounded_stream import take_within
 from tensor_server.core.json_body import decode_json
-from tensor_server.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, ResourceExhausted, StorageFull, TensorNotFound,
-                                  TensorServerError)
+from tensor_server.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, PermissionDenied,
+                                  ResourceExhausted, StorageFull, TensorNotFound, TensorServerError)
 from tensor_server.uploads.cache_member import CacheMember
 from tensor_server.uploads.declared import checked_extent, chunk_values
-from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker
+from tensor_server.uploads.integrity import DamagedMember, StoreDamaged, layout_array_id
+from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker, sync_path
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID, ScratchSource
 from tensor_server.uploads.zarr_member import ZarrMember
 
-__all__ = ["UploadManager", "Upload", "UploadClosed", "UploadNotReadable", "ChunkWrite", "DEFAULT_UPLOAD_TTL",
-           "DEFAULT_SCRATCH_TTL", "DEFAULT_MAX_PENDING_UPLOADS", "DEFAULT_CHUNK_SLACK_BYTES"]
+__all__ = ["UploadManager", "WriteDirHeld", "Upload", "UploadClosed", "UploadNotReadable", "ChunkWrite",
+           "DEFAULT_UPLOAD_TTL", "DEFAULT_SCRATCH_TTL", "DEFAULT_MAX_PENDING_UPLOADS", "DEFAULT_CHUNK_SLACK_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ DEFAULT_MAX_PENDING_UPLOADS = 1024
 DEFAULT_CHUNK_SLACK_BYTES = 1 << 20
 #: transient: READY is being published (writes refused, discard waits for the outcome)
 _SEALING = "SEALING"
+#: the write dir's lock file (``core/folder_lock.py``): one server per write dir
+LOCK_FILE = "tensor-server.lock"
 
 
 class UploadClosed(TensorServerError):
@@ -136,6 +140,10 @@ class Upload:
                 "uploaded_chunks": len(self.received), "reason": self.reason}
 
 
+def _shown(value: Any) -> str:
+    return str(list(value)) if isinstance(value, tuple) else str(value)
+
+
 def _member_dir(write_dir: Path, source_id: str, target_field: str) -> Path:
     """``fields/<source_id>/<name>`` for a field; ``fields/<source_id>/@labels/<image>/<name>``
     for a label set (the image field quoted into one component)."""
@@ -146,10 +154,15 @@ def _member_dir(write_dir: Path, source_id: str, target_field: str) -> Path:
     return base / LABELS / quote(image.rstrip("/") or "@default", safe="") / name
 
 
+class WriteDirHeld(FolderHeld):
+    """Another server holds this write dir (its lock file names the pid)."""
+
+
 class UploadManager:
     """Every uploaded tensor of one write_dir (see the module docstring). Constructing it
-    serves the scratch source, keeps the catalog out of write_dir and adopts what a previous
-    life left READY."""
+    takes the write dir's lock (``WriteDirHeld`` when another server has it), serves the
+    scratch source, keeps the catalog out of write_dir and adopts what a previous life left
+    READY."""
 
     def __init__(self, catalog: Any, write_dir: str | os.PathLike[str], *, upload_ttl: float = DEFAULT_UPLOAD_TTL,
                  scratch_ttl: float = DEFAULT_SCRATCH_TTL, clock: Callable[[], float] = time.time,
@@ -167,7 +180,9 @@ class UploadManager:
         self.refuse_unwritten_chunks = refuse_unwritten_chunks
         self.chunk_slack_bytes = int(chunk_slack_bytes)
         self.write_dir = Path(write_dir).resolve()
-        (self.write_dir / "fields").mkdir(parents=True, exist_ok=True)
+        self.write_dir.mkdir(parents=True, exist_ok=True)
+        #: one server per write dir: taken before the boot sweep looks at anything in it
+        self._folder_lock = FolderLock(self.write_dir, LOCK_FILE, WriteDirHeld)
         self.upload_ttl = float(upload_ttl)
         self.scratch_ttl = float(scratch_ttl)
         self.clock = clock
@@ -176,46 +191,76 @@ class UploadManager:
         self._uploads: dict[str, Upload] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        catalog.excluded.append(self.write_dir)
-        catalog.add_source(ScratchSource())
-        self.boot_summary = self._adopt()
+        try:
+            (self.write_dir / "fields").mkdir(exist_ok=True)
+            catalog.excluded.append(self.write_dir)
+            catalog.add_source(ScratchSource())
+            self.boot_summary = self._adopt()
+        except BaseException:
+            self._folder_lock.release()
+            raise
 
     # ---- boot ------------------------------------------------------------------------------
     def _member_dirs(self) -> list[Path]:
-        """Directories under fields/ that carry a member marker (the zarr array's own
-        ``0/.zattrs`` carries none, whatever the member is named)."""
-        out = set()
-        for f in (self.write_dir / "fields").rglob(".zattrs"):
-            if ZarrMember.read_marker(f.parent) is not None:
-                out.add(f.parent)
-        for f in (self.write_dir / "fields").rglob("descriptor.json"):
-            if CacheMember.read_marker(f.parent) is not None:
-                out.add(f.parent)
-        return sorted(out)
+        """Every directory where a member lives: ``fields/<source_id>/<name>`` and
+        ``fields/<source_id>/@labels/<image>/<name>`` (``_member_dir``), marker or not."""
+        fields = self.write_dir / "fields"
+        out = []
+        for source in sorted(p for p in fields.iterdir() if p.is_dir()):
+            for d in sorted(p for p in source.iterdir() if p.is_dir()):
+                if d.name != LABELS:
+                    out.append(d)
+                    continue
+                for image in sorted(p for p in d.iterdir() if p.is_dir()):
+                    out += sorted(p for p in image.iterdir() if p.is_dir())
+        return out
 
     def _adopt(self) -> dict[str, int]:
         """Adopt READY members; remove PENDING ones a crash left behind and READY ones whose
-        deadline passed while the server was down."""
-        adopted = removed = 0
+        deadline passed while the server was down (this server holds the write dir's lock, so
+        none is another live server's). A member that cannot be adopted (``integrity.py``)
+        becomes a DISCARDED tombstone with the reason and one warning; its files are kept."""
+        counts = {"adopted": 0, "removed": 0, "damaged": 0}
         now = self.clock()
         for d in self._member_dirs():
-            member = ZarrMember.open(d) if (d / ".zattrs").is_file() else CacheMember.open(d)
-            if member is None:
+            kind = next((k for k in (ZarrMember, CacheMember) if k.read_marker(d) is not None), None)
+            marker = None if kind is None else kind.read_marker(d)
+            if marker is not None and (marker.state != READY or (marker.expires_at is not None
+                                                                 and now >= marker.expires_at)):
+                log.info("boot: removing %s upload %s (%s)", marker.state, marker.array_id, d)
+                shutil.rmtree(d, ignore_errors=True)
+                self._forget_rows(marker.array_id)
+                counts["removed"] += 1
                 continue
-            m = member.marker
-            if m.state != READY or (m.expires_at is not None and now >= m.expires_at):
-                log.info("boot: removing %s upload %s (%s)", m.state, m.array_id, d)
-                member.remove()
-                self._forget_rows(m.array_id)
-                removed += 1
-                continue
-            source_id, fld = ArrayId.parse(m.array_id)
-            up = Upload(m.array_id, source_id, fld, member, member.reader(), READY, m.expires_at, now, adopted=True,
-                        reason="adopted at boot (no progress record: uploaded_chunks is not known)", owner=m.owner)
-            self._uploads[m.array_id] = up
-            self.catalog.attach(source_id, fld, up.tensor, listed=True)
-            adopted += 1
-        return {"adopted": adopted, "removed": removed}
+            try:
+                if marker is None:
+                    present = [n for n in (".zattrs", "descriptor.json") if (d / n).is_file()]
+                    raise StoreDamaged(f"{' and '.join(present)} holds no readable upload marker" if present
+                                       else "no upload marker (.zattrs or descriptor.json)")
+                self._adopt_member(kind.open(d), now)
+                counts["adopted"] += 1
+            except Exception as exc:  # noqa: BLE001 - a damaged store raises whatever its library raises
+                self._keep_damaged(d, marker, " ".join(str(exc).split())[:300] or type(exc).__name__, now)
+                counts["damaged"] += 1
+        return counts
+
+    def _adopt_member(self, member: Any, now: float) -> None:
+        m = member.marker
+        source_id, fld = ArrayId.parse(m.array_id)
+        up = Upload(m.array_id, source_id, fld, member, member.reader(), READY, m.expires_at, now, adopted=True,
+                    reason="adopted at boot (no progress record: uploaded_chunks is not known)", owner=m.owner)
+        self.catalog.attach(source_id, fld, up.tensor, listed=True)
+        self._uploads[m.array_id] = up
+
+    def _keep_damaged(self, d: Path, marker: Marker | None, why: str, now: float) -> None:
+        array_id = marker.array_id if marker is not None else layout_array_id(d, self.write_dir / "fields")
+        reason = f"the upload store {d} is damaged ({why}); its files are kept: remove the folder to free the name"
+        log.warning("boot: upload %s is DISCARDED: %s", array_id, reason)
+        source_id, fld = ArrayId.parse(array_id)
+        member = DamagedMember(d, array_id, marker, why)
+        self._uploads[array_id] = Upload(array_id, source_id, fld, member, member.reader(), DISCARDED, None, now,
+                                         adopted=True, reason=reason, discarded_at=now,
+                                         owner=marker.owner if marker is not None else "")
 
     # ---- lookup ----------------------------------------------------------------------------
     def get(self, array_id: str) -> Upload | None:
@@ -246,7 +291,12 @@ class UploadManager:
         tensor a refusal would describe — a label set's image before its shape is compared,
         an upload holding the name before its id and state are named — so a stranger hears
         the read refusal, not a granted tensor's shape or state (None: an in-process producer,
-        trusted)."""
+        trusted, whose ``owner`` must then match to re-plan).
+
+        The name of a PENDING upload, declared again the same way, answers that upload as it
+        stands (``_replan``): a crashed uploader re-plans and resumes. A re-plan is a write of
+        the upload, which is its reader's (``service/access.py``): ``authorize`` decides it."""
+        trusted = authorize is None
         authorize = authorize or (lambda tensor: None)
         target = parse_upload_id(request_id)
         try:
@@ -257,7 +307,7 @@ class UploadManager:
             raise InvalidArgument(f"add_tensor {request_id!r}: dtype {dt.str} is not a little-endian numeric dtype")
         shape, chunk_shape, nbytes = checked_extent(tuple(shape), tuple(chunk_shape), dt.itemsize,
                                                     f"add_tensor {request_id!r}")
-        dim_labels = tuple(str(d).lower() for d in dim_labels)
+        dim_labels = asked_labels = tuple(str(d).lower() for d in dim_labels)
         if dim_labels and len(dim_labels) != len(shape):
             raise InvalidArgument(f"add_tensor {request_id!r}: {len(dim_labels)} dim_labels for a {len(shape)}-D tensor")
         extra_attrs = self._check_metadata(target, metadata_json, request_id)
@@ -287,7 +337,12 @@ class UploadManager:
         granted = ttl_seconds if cap is None else min(ttl_seconds or cap, cap)
         now = self.clock()
         with self._lock:
-            self._check_free(target, request_id, authorize)
+            holder = self._holder(target)
+            if holder is not None:
+                authorize(holder.tensor)  # before its id, state or declaration is named
+                declared = {"store format": target.store_format, "shape": shape, "dtype": dt.str, "chunk_shape": grid,
+                            "dim_labels": asked_labels or None}
+                return self._replan(holder, target, request_id, declared, owner, trusted)
             self._check_quota(nbytes, request_id)
             path = _member_dir(self.write_dir, target.source_id, target.field)
             if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
@@ -309,14 +364,38 @@ class UploadManager:
         log.info("added %s tensor %s", target.store_format, target.array_id)
         return up
 
-    def _check_free(self, target: Any, request_id: str, authorize: Callable[[TensorAdapter], None]) -> None:
+    def _holder(self, target: Any) -> Upload | None:
+        """The upload (any state) whose name is the target's, compared case-folded."""
         folded = fold_name(target.field)
-        for other in self._uploads.values():
-            if other.source_id == target.source_id and fold_name(other.field) == folded:
-                authorize(other.tensor)
-                state = "a discarded tensor until the reclaim sweep" if other.state == DISCARDED else other.state
-                raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
-                                    f"{other.array_id!r} ({state}); add the tensor under another name")
+        return next((u for u in self._uploads.values()
+                     if u.source_id == target.source_id and fold_name(u.field) == folded), None)
+
+    def _replan(self, holder: Upload, target: Any, request_id: str, declared: dict[str, Any], owner: str,
+                trusted: bool) -> Upload:
+        """add_tensor of a taken name (caller holds ``_lock``): the PENDING upload of exactly
+        this name, re-declared by its owner as it was added, is answered as it stands (its
+        write plan, its ``uploaded_chunks``); any other holder keeps the name."""
+        if holder.state != PENDING or holder.array_id != target.array_id:
+            state = "a discarded tensor until the reclaim sweep" if holder.state == DISCARDED else holder.state
+            raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
+                                f"{holder.array_id!r} ({state}); add the tensor under another name")
+        if trusted and holder.owner != owner:  # a door's caller passed its read check in add_tensor
+            raise PermissionDenied(f"add_tensor {request_id!r}: {holder.array_id} is a PENDING upload of another "
+                                   "owner; only its owner may re-plan it")
+        t = holder.tensor
+        was = {"store format": holder.member.store_format, "shape": t.shape, "dtype": t.dtype.str,
+               "chunk_shape": t.chunk_shape, "dim_labels": t.dim_labels if declared["dim_labels"] else None}
+        diff = [f"{key} {_shown(was[key])} (not {_shown(value)})"
+                for key, value in declared.items() if was[key] != value]
+        if diff:
+            raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
+                                f"{holder.array_id!r} (PENDING, declared with {', '.join(diff)}); re-plan it as it "
+                                "was added to resume it, add the tensor under another name, or DISCARD it first")
+        with holder.cond:
+            holder.last_activity = self.clock()
+        log.info("re-planned PENDING upload %s (%d of %d chunks written)", holder.array_id, len(holder.received),
+                 holder.expected_chunks)
+        return holder
 
     def _check_quota(self, nbytes: int, request_id: str) -> None:
         """Refuse an upload past the pending count or the declared-bytes quota (caller holds
@@ -451,6 +530,7 @@ class UploadManager:
         try:
             self._check_complete(up, holes_are_fill)
             with self._disk(f"set_upload_status READY of {array_id}"):
+                self._sync_parents(up.member.path)
                 up.member.publish(up.member.marker.with_state(READY))
         except (OSError, TensorServerError):
             with up.cond:
@@ -464,6 +544,14 @@ class UploadManager:
         self.catalog.attach(up.source_id, up.field, up.tensor, listed=True)
         log.info("upload %s READY (%d/%d chunks)", array_id, len(up.received), up.expected_chunks)
         return up
+
+    def _sync_parents(self, path: Path) -> None:
+        """fsync the folders from the member's up to the write dir: the member's own entry
+        (made at add_tensor) is on the disk before a READY marker inside it is."""
+        for folder in path.parents:
+            sync_path(folder)
+            if folder == self.write_dir:
+                return
 
     def _check_complete(self, up: Upload, holes_are_fill: bool | None) -> None:
         if up.failed:
@@ -564,3 +652,4 @@ class UploadManager:
             ups = list(self._uploads.values())
         for up in ups:
             up.member.close()
+        self._folder_lock.release()

@@ -4,7 +4,10 @@ array ``0/``), chunked on the tensor's transfer grid.
 Writes land with zarr's own encoder; reads go through the ordinary zarr adapter
 (``adapters/zarr.py``), so an uploaded zarr tensor is read exactly like a discovered one and
 unwritten chunks read as the fill value (0). The store chunk *is* the transfer grid, so a
-planned chunk covers whole store chunks and concurrent DoPuts never share one.
+planned chunk covers whole store chunks and concurrent DoPuts never share one. Zarr writes no
+file for a chunk of fill values, so the files its metadata names are the metadata files
+(``METADATA_FILES``): READY and boot require those, and boot also the chunk files READY
+recorded (``integrity.py``).
 """
 from __future__ import annotations
 
@@ -16,9 +19,13 @@ from typing import Any
 import numpy as np
 
 from tensor_server.core.bounds import Bounds
+from tensor_server.uploads.integrity import StoreDamaged, check_manifest, require_files, write_manifest
 from tensor_server.uploads.marker import MARKER_KEY, Marker, read_json, sync_path, write_json_atomic
 
-__all__ = ["ZarrMember"]
+__all__ = ["METADATA_FILES", "ZarrMember"]
+
+#: the group's and the array's metadata (zarr v2: members are written as v2 groups)
+METADATA_FILES = (".zgroup", ".zattrs", "0/.zarray")
 
 
 def _zattrs(marker: Marker, ndim: int, extra: dict[str, Any] | None) -> dict[str, Any]:
@@ -56,12 +63,18 @@ class ZarrMember:
 
     @classmethod
     def open(cls, path: Path) -> ZarrMember | None:
+        """The member at ``path`` for adoption (None when it carries no marker); raises
+        ``StoreDamaged`` when a metadata file or a file READY recorded is missing or cut."""
         import zarr
 
         attrs = read_json(path / ".zattrs")
         marker = Marker.from_json((attrs or {}).get(MARKER_KEY))
         if marker is None:
             return None
+        missing = [n for n in METADATA_FILES if not (path / n).is_file()]
+        if missing:
+            raise StoreDamaged(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing")
+        check_manifest(path)
         extra = {k: v for k, v in attrs.items() if k not in ("multiscales", MARKER_KEY)}
         return cls(path, marker, zarr.open_array(str(path / "0"), mode="r+"), extra)
 
@@ -82,12 +95,17 @@ class ZarrMember:
         self._array[bounds.to_slices()] = data
 
     def publish(self, marker: Marker) -> None:
-        """READY: the chunks zarr wrote (it never fsyncs) reach the disk, then the marker flips,
-        so a READY marker never names chunks a power cut could lose."""
+        """READY: the metadata files are all there, the files zarr wrote (it never fsyncs)
+        reach the disk and are recorded, then the marker flips, so a READY marker never names
+        a file a power cut could lose or one that was never there."""
+        require_files(self.path, METADATA_FILES, marker.array_id)
+        written, folders = [self.path / ".zgroup"], []
         for folder, _, files in os.walk(self.path / "0"):
-            for name in files:
-                sync_path(Path(folder) / name)
-            sync_path(Path(folder))
+            written += [Path(folder) / name for name in files]
+            folders.append(Path(folder))
+        for f in written + folders:
+            sync_path(f)
+        write_manifest(self.path, written)
         write_json_atomic(self.path / ".zattrs", _zattrs(marker, self._array.ndim, self._extra))
         self.marker = marker
 

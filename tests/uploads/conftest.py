@@ -52,6 +52,8 @@ def upload_server(tmp_path, *, writable=True, write_dir=True, clock=None, cache=
                      write_dir=None if wd is None else str(wd), writable=writable) as srv:
             yield srv
     finally:
+        if manager is not None:
+            manager.close()  # releases the write dir for a restart in the same test
         if cm is not None:
             cm.close()
         cat.close()

@@ -238,7 +238,7 @@ def test_orphaned_field_is_kept_and_reattached_when_its_source_returns(tmp_path)
     cat.scan()
     m = UploadManager(cat, tmp_path / "write")
     try:
-        assert m.boot_summary == {"adopted": 1, "removed": 0}
+        assert m.boot_summary == {"adopted": 1, "removed": 0, "damaged": 0}
         shutil.move(moved, tmp_path / "root" / "disc.zarr")
         cat.scan()  # the source returns: the field is re-attached
         tensor, _ = cat.find_tensor(up.array_id)
@@ -304,11 +304,12 @@ def test_an_untracked_store_is_never_reused_or_deleted(server):
 
 def test_a_taken_name_is_refused_in_the_reference_servers_words(client):
     """The biopb reference's own upload tests pin these phrases ("already exists as",
-    "advice ... another name", "not readable yet"); a client switching on them works here."""
+    "advice ... another name", "not readable yet"); a client switching on them works here.
+    (The same name declared the same way re-plans the PENDING upload: resume_test.py.)"""
     desc = client.setup_array_upload("zarr://scratch/@fields/advice", ARR)
-    for again in ("zarr://scratch/@fields/advice", "cache://scratch/@fields/ADVICE"):
+    for again, arr in (("zarr://scratch/@fields/advice", ARR[:3]), ("cache://scratch/@fields/ADVICE", ARR)):
         with pytest.raises(flight.FlightServerError, match="already exists as") as err:
-            client.setup_array_upload(again, ARR)
+            client.setup_array_upload(again, arr)
         assert "advice" in str(err.value) and "another name" in str(err.value)
         assert '"ALREADY_EXISTS"' in bytes(err.value.extra_info).decode()
     with pytest.raises(flight.FlightError, match="not readable yet"):

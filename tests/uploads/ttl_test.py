@@ -83,7 +83,7 @@ def test_deadline_survives_restart_and_expired_while_down_is_swept_at_boot(tmp_p
     cat = make_catalog(tmp_path / "root")
     m = UploadManager(cat, tmp_path / "write", clock=clock, scratch_ttl=0)
     try:
-        assert m.boot_summary == {"adopted": 1, "removed": 1}
+        assert m.boot_summary == {"adopted": 1, "removed": 1, "damaged": 0}
         assert m.get("mem/@fields/short") is None
         assert not (tmp_path / "write" / "fields" / "mem" / "short").exists()
         long = m.get("mem/@fields/long")
