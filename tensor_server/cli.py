@@ -177,6 +177,47 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def cli_reference() -> str:
+    """``docs/cli.md``: every command and flag of the parser as Markdown. Generated, so the
+    reference says what ``--help`` says (``tests/readme_test.py`` compares the file with it).
+    Regenerate: ``python -c 'import tensor_server.cli as c; print(c.cli_reference(), end="")' > docs/cli.md``."""
+    parser = _build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    summaries = {choice.dest: choice.help for choice in commands._choices_actions}
+    out = ["# Command-line reference", "",
+           "<!-- generated from the argparse parser by tensor_server.cli.cli_reference(); do not edit -->", "",
+           f"`{parser.prog} <command> [arguments]`: {parser.description} Commands:", ""]
+    out += [f"- [`{name}`](#{name}): {summaries[name]}" for name in commands.choices]
+    for name, command in commands.choices.items():
+        out += ["", f"## {name}", "", f"{summaries[name][0].upper()}{summaries[name][1:]}.", ""]
+        arguments = [a for a in command._actions if not isinstance(a, argparse._HelpAction)]
+        if not arguments:
+            out.append("No arguments.")
+            continue
+        out += ["| argument | value | default | what it does |", "|---|---|---|---|"]
+        out += [_argument_row(a) for a in arguments]
+        for group in command._mutually_exclusive_groups:
+            out += ["", " and ".join(f"`{a.option_strings[0]}`" for a in group._group_actions) + " exclude each other."]
+    return "\n".join(out) + "\n"
+
+
+def _argument_row(action: argparse.Action) -> str:
+    """One table row: the argument, the value it takes, its default and its help text."""
+    name = ", ".join(action.option_strings) or action.metavar or action.dest
+    if action.nargs == 0:
+        value = "(a switch)"
+    elif action.choices:
+        value = " \\| ".join(f"`{c}`" for c in action.choices)
+    else:
+        value = f"`{action.metavar or action.dest.upper()}`" if action.option_strings else \
+            {"*": "zero or more", "+": "one or more"}.get(str(action.nargs), "one")
+    if isinstance(action, argparse._AppendAction):
+        value += ", repeatable"
+    default = "" if action.default in (None, False, argparse.SUPPRESS) or action.nargs == 0 else f"`{action.default}`"
+    what = (action.help or "").replace("|", "\\|").replace("<", "\\<")  # not a table cell's end, not an HTML tag
+    return f"| `{name}` | {value} | {default} | {what} |"
+
+
 def _settings(args: argparse.Namespace):
     from tensor_server.config import load_settings
 

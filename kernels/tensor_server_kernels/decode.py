@@ -4,7 +4,7 @@ The formulas and their operation order are ``tensor_server.adapters._encoded``'s
 mirror the reference decoder's NumPy expressions): each element is computed in float64 and
 rounded once into the float output. NumPy evaluates the same expression as separate passes
 with float64 temporaries; one fused loop reads the codes once and writes the output once
-(measured by ``python -m tensor_server.bench encoded``; see the README).
+(measured by ``python -m tensor_server.bench encoded``; see docs/performance.md).
 
 Exactness: without fast-math, numba does the same IEEE float64 operations (no FMA
 contraction), so the linear families (bounded, rgb, linear per-channel) are bit-identical to

@@ -23,7 +23,7 @@ How a verified extent stays trusted (``VerifiedExtents.fresh``), and the guarant
   "racily clean" index entries), so a store being written is checked file by file until
   it settles.
 
-The README (Changed files) states this bound; ``tests/reliability/stale_data_test.py``
+docs/reads.md (Changed files) states this bound; ``tests/reliability/stale_data_test.py``
 asserts both halves.
 """
 from __future__ import annotations

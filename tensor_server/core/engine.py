@@ -407,7 +407,7 @@ def _stacked_blocks(tensor: TensorAdapter) -> tuple[int, ...] | None:
     longer than 1 on an axis before that one). Why: C-order blocks stacked on that axis lie
     one after another in the unit, so each decodes straight into it (a transfer-chunk unit
     copies every block into place), and a unit's fixed cost (its kernel call, its turn on a
-    thread) is paid once per stack. Measured on 2 cores: see the README's zarr tables."""
+    thread) is paid once per stack. Measured on 2 cores: docs/performance-history.md's zarr tables."""
     block = tensor.read_block_shape
     if block is None:
         return None
