@@ -386,6 +386,11 @@ def _byte_range(header: str, size: int) -> tuple[int, int] | None:
 HEADER_SECONDS = 10.0
 
 
+#: seconds a stop waits for requests in flight: a TLS client that never answers the server's
+#: close would otherwise hold ``stop()`` (and SIGTERM) until the thread join gives up
+SHUTDOWN_SECONDS = 5.0
+
+
 #: HTTP/1.1 parsers uvicorn can run the door on, measured in ``bench http`` (issue 25)
 PARSERS = ("httptools", "h11")
 
@@ -459,6 +464,7 @@ class HttpFrontEnd:
         files = {"ssl_certfile": str(tls.cert_path), "ssl_keyfile": str(tls.key_path)} if tls is not None else {}
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                      lifespan="off", access_log=False, **files,
+                                                     timeout_graceful_shutdown=SHUTDOWN_SECONDS,
                                                      http=_header_deadline_protocol(header_seconds, parser or "httptools")))
         self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.run, name="http-front-end", daemon=True)
