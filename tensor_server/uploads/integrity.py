@@ -101,7 +101,7 @@ def _declared(path: Path) -> tuple[tuple[int, ...], np.dtype]:
     return (), np.dtype(np.uint8)
 
 
-class _UnreadableTensor(TensorAdapter):
+class DamagedStoreTensor(TensorAdapter):
     """What a damaged member's tombstone describes: its declared shape and dtype, no pixels."""
 
     def __init__(self, array_id: str, path: Path, marker: Marker | None, reason: str) -> None:
@@ -125,7 +125,7 @@ class DamagedMember:
     def __init__(self, path: Path, array_id: str, marker: Marker | None, reason: str) -> None:
         self.path = path
         self.marker = marker
-        self.tensor = _UnreadableTensor(array_id, path, marker, reason)
+        self.tensor = DamagedStoreTensor(array_id, path, marker, reason)
 
     def reader(self) -> TensorAdapter:
         return self.tensor

@@ -40,6 +40,7 @@ READ_BLOCK = {
     "ZarrAdapter": ("block", "the store chunk (a sharded v3 array's inner chunk): zarr decodes a whole chunk to return any of it, and reads only the inner chunks a selection touches"),
     "EncodedZarrAdapter": ("block", "the store chunk of the codes (a row LUT's index chunk times the row width): zarr decodes whole chunks; None for a broadcast row (np.broadcast_to crops for free), a reference forwards its target's"),
     "ArrayAdapter": ("none", "slicing memory (or a .npy memmap) crops for free; tests may declare a block to exercise the floor"),
+    "DamagedStoreTensor": ("none", "the tombstone of an upload store boot could not adopt: every read is refused, nothing is decoded"),
     "_RaisingAdapter": ("none", "the door suite's ArrayAdapter whose every read raises: it reads nothing"),
     "NormalizingAdapter": ("forwards", "reports the wrapped adapter's block, permuted"),
     "CacheMemberAdapter": ("none", "a cache:// upload's chunks are stored whole as Arrow batches in mapped segments; a crop slices the mapped batches it overlaps, no decode"),

@@ -40,6 +40,7 @@ DECIMATES = {
     "ZarrAdapter": ("yes", "a local store's chunks are decoded on every core and each is strided into the output as it is decoded (no full-resolution buffer); declines (None) where zarr-python reads"),
     "EncodedZarrAdapter": ("yes", "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view"),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
+    "DamagedStoreTensor": ("no", "the tombstone of an upload store boot could not adopt: every read is refused, nothing to stride"),
     "_RaisingAdapter": ("no", "the door suite's tensor whose every read raises one error class: nothing to stride"),
     "NormalizingAdapter": ("forwards", "decimates exactly when the wrapped adapter does"),
     "CacheMemberAdapter": ("no", "a cache:// upload's chunk is one mapped Arrow batch: a stride inside it saves only a memcpy"),
