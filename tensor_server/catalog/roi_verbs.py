@@ -159,11 +159,13 @@ def delete_rois(catalog: Any, array_id: str, batches: Iterable[Any] = (), set_na
     return RoiDeleteResult(deleted=store.delete(target, ids, set_name, writer=writer))
 
 
-def prune_rois(catalog: Any, unseen_days: Any, apply: bool = False, *, now: datetime | None = None) -> Any:
+def prune_rois(catalog: Any, unseen_days: Any, apply: bool = False, *, now: datetime | None = None,
+               hides: Callable[[str], bool] | None = None) -> Any:
     """Report, and with ``apply`` delete, annotations whose source has not been in the
     catalog for ``unseen_days`` (1 to ``MAX_UNSEEN_DAYS``): ``RoiPruneResult``. Sightings
     are stamped first, but only from a complete catalog: a source missing from a
-    half-finished scan is not evidence of anything."""
+    half-finished scan is not evidence of anything. ``hides(array_id)``: the tensors whose
+    rows the caller may not read (``Access.row_view``), neither reported nor deleted."""
     from biopb.image.annotation_pb2 import RoiPruneResult, RoiUnseen
 
     days = bounded_int(unseen_days, "roi_prune: unseen_days", 1, MAX_UNSEEN_DAYS)
@@ -174,5 +176,8 @@ def prune_rois(catalog: Any, unseen_days: Any, apply: bool = False, *, now: date
     unseen = [RoiUnseen(array_id=u.array_id, source_url=u.source_url or "", count=u.count,
                         last_seen_at_unix_ms=int(u.last_seen_at.timestamp() * 1000) if u.last_seen_at else 0)
               for u in store.unseen(before)]
-    deleted = store.prune(before) if apply and unseen else 0
+    shown = [u for u in unseen if hides is None or not hides(u.array_id)]
+    only = None if len(shown) == len(unseen) else [u.array_id for u in shown]
+    deleted = store.prune(before, only) if apply and shown else 0
+    unseen = shown
     return RoiPruneResult(unseen=unseen, deleted=deleted)

@@ -537,13 +537,18 @@ class RoiStore:
             [before, RESERVED_SET_PREFIX]).fetchall()
         return [UnseenRois(a, url, int(n), seen) for a, url, n, seen in rows]
 
-    def prune(self, before: datetime) -> int:
+    def prune(self, before: datetime, array_ids: Sequence[str] | None = None) -> int:
+        """Delete the annotations unseen since ``before``; only those of ``array_ids`` when
+        given (the ones the caller may read)."""
+        if array_ids is not None and not array_ids:
+            return 0
+        only = "" if array_ids is None else " AND list_contains(?, array_id)"
+        params: list[Any] = [before, RESERVED_SET_PREFIX] + ([list(array_ids)] if array_ids is not None else [])
         con = self._connection()
         with self._lock:
             cur = con.cursor()
             try:
-                n = len(cur.execute(f"DELETE FROM rois WHERE {_UNSEEN} RETURNING roi_id",
-                                    [before, RESERVED_SET_PREFIX]).fetchall())
+                n = len(cur.execute(f"DELETE FROM rois WHERE {_UNSEEN}{only} RETURNING roi_id", params).fetchall())
             finally:
                 cur.close()
             self.generation += bool(n)

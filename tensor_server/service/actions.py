@@ -117,6 +117,10 @@ def _export(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return export_action(rt, caller, body, cancelled)
 
 
+def _roi_prune(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    return rt.catalog_verbs.roi_prune(body, caller)
+
+
 def _verb(method: str) -> Handler:
     """A handler calling ``runtime.catalog_verbs.<method>(body)``."""
     def handler(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
@@ -139,7 +143,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("catalog_children", "one level of the catalog tree: the folders and sources under a folder (JSON)",
            _verb("catalog_children")),
     Action("roi_prune", "report (or with apply, delete) annotations whose source has been unseen for N days",
-           _verb("roi_prune")),
+           _roi_prune),
     Action("add_tensor", "add a PENDING tensor to a source (uploads)", upload_verbs.add_tensor,
            writes=True, available=_writable),
     Action("set_upload_status", "move an upload to READY or DISCARDED", upload_verbs.set_upload_status,

@@ -137,10 +137,13 @@ class CatalogVerbs:
                                           cancelled=cancelled, writer=writer)
         return reply.SerializeToString()
 
-    def roi_prune(self, body: bytes) -> Iterator[bytes]:
+    def roi_prune(self, body: bytes, caller: Caller) -> Iterator[bytes]:
+        """The report and the deletion cover only the annotations the caller may read: a
+        granted tensor's rows are its holder's (the read rule)."""
         from biopb.image.annotation_pb2 import RoiPruneRequest
 
         req = decode_message(RoiPruneRequest, body, "roi_prune")
         if req.apply:
             self.runtime.refuse_if_read_only("roi_prune with apply")
-        yield roi_verbs.prune_rois(self.catalog, req.unseen_days, req.apply).SerializeToString()
+        hides = self.runtime.access.row_view(caller).hides
+        yield roi_verbs.prune_rois(self.catalog, req.unseen_days, req.apply, hides=hides).SerializeToString()

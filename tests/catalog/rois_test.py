@@ -80,3 +80,22 @@ def test_prune_uses_the_last_sighting(store):
     assert [(u.array_id, u.count, u.source_url) for u in store.unseen(cut)] == [("gone/t", 1, None)]
     assert store.prune(cut) == 1
     assert store.list("gone/t")[0] == [] and len(store.list("seen/t")[0]) == 1
+
+
+def test_prune_reports_and_deletes_only_what_the_caller_may_read(store):
+    """roi_prune is the read rule's too: a granted tensor's annotations are neither reported
+    to nor deleted by a caller who may not read it (``hides``, from ``Access.row_view``)."""
+    from types import SimpleNamespace
+
+    from tensor_server.catalog.roi_verbs import prune_rois
+
+    for array_id in ("gone/mine", "gone/granted"):
+        store.put(array_id, [RoiAnnotation(roi=_ellipse(1, 1, 1, 1))], source_url=None)
+    catalog = SimpleNamespace(rois=store, first_scan_done=SimpleNamespace(is_set=lambda: False))
+    later = datetime.now() + timedelta(days=10)
+    hides = {"gone/granted"}.__contains__
+    report = prune_rois(catalog, 5, apply=True, now=later, hides=hides)
+    assert [u.array_id for u in report.unseen] == ["gone/mine"] and report.deleted == 1
+    assert store.list("gone/mine")[0] == [] and len(store.list("gone/granted")[0]) == 1
+    everything = prune_rois(catalog, 5, apply=True, now=later)
+    assert [u.array_id for u in everything.unseen] == ["gone/granted"] and everything.deleted == 1
