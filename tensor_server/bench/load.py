@@ -47,11 +47,13 @@ RSS_TAIL_SECONDS = 10.0
 Op = tuple[str, Callable[[], Any], Callable[[Any], bool]]
 
 
-def _rss_bytes(pid: int) -> int:
+def _rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident bytes of ``pid``: all of it (``VmRSS``), or its anonymous memory (``RssAnon``:
+    the heap, without the chunk cache's mapped segment files, which the kernel may drop)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
@@ -176,6 +178,7 @@ def _phase(name: str, ops_of: Callable[[], list[Op]], pid: int, seconds: float,
     wrong: list[str] = []
     sent: list[int] = []
     rss: list[tuple[float, int]] = []
+    anon: list[tuple[float, int]] = []
     threads = [threading.Thread(target=_well_behaved, args=(ops_of, stop, samples, errors, wrong), daemon=True)
                for _ in range(CLIENTS)]
     if hostile is not None:
@@ -186,6 +189,7 @@ def _phase(name: str, ops_of: Callable[[], list[Op]], pid: int, seconds: float,
     end = start + seconds
     while time.monotonic() < end:
         rss.append((time.monotonic() - start, _rss_bytes(pid)))
+        anon.append((time.monotonic() - start, _rss_bytes(pid, "RssAnon")))
         time.sleep(0.25)
     stop.set()
     for t in threads:
@@ -195,21 +199,28 @@ def _phase(name: str, ops_of: Callable[[], list[Op]], pid: int, seconds: float,
     time.sleep(2.0)
     cpu_after_ms = (cpu_seconds(pid) - cpu0) * 1e3
     lat = sorted(ms for _, ms in samples)
-    tail = [b for t, b in rss if t >= seconds - RSS_TAIL_SECONDS] or [b for _, b in rss[-1:]]
+
+    def tail(samples: list[tuple[float, int]]) -> float:
+        last = [b for t, b in samples if t >= seconds - RSS_TAIL_SECONDS] or [b for _, b in samples[-1:]]
+        return statistics.median(last) / 2**20 if last else 0.0
 
     def pct(p: float) -> float:
         return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else float("nan")
 
+    by_kind: dict[str, list[float]] = {}
+    for kind, ms in samples:
+        by_kind.setdefault(kind, []).append(ms)
     return {"phase": name, "requests": len(samples), "errors": len(errors), "wrong": len(wrong),
+            "p50_ms_by_kind": {k: statistics.median(v) for k, v in sorted(by_kind.items())},
             "first_error": errors[0] if errors else "", "first_wrong": wrong[0] if wrong else "",
             "p50_ms": statistics.median(lat) if lat else float("nan"), "p99_ms": pct(0.99),
             "hostile_requests": len(sent), "rss_peak_mib": max(b for _, b in rss) / 2**20 if rss else 0.0,
-            "rss_end_mib": statistics.median(tail) / 2**20 if tail else 0.0, "cpu_after_ms": cpu_after_ms}
+            "rss_end_mib": tail(rss), "rss_anon_end_mib": tail(anon), "cpu_after_ms": cpu_after_ms}
 
 
 def run_load(size: str = "small", data_dir: str | None = None, json_path: str | None = None,
              seconds: float = 60.0, budget: int = 512 << 20, hostile_seconds: float = 180.0,
-             after_seconds: float = 60.0) -> list[dict[str, Any]]:
+             after_seconds: float = 60.0, control: bool = False) -> list[dict[str, Any]]:
     import socket
 
     import httpx
@@ -245,7 +256,8 @@ def run_load(size: str = "small", data_dir: str | None = None, json_path: str | 
 
         _phase("warm-up", ops_of, served.pid, min(seconds, 10.0))
         results = [_phase("quiet", ops_of, served.pid, seconds),
-                   _phase("with hostile client", ops_of, served.pid, hostile_seconds, hostile),
+                   _phase("control: no hostile client" if control else "with hostile client", ops_of, served.pid,
+                          hostile_seconds, None if control else hostile),
                    _phase("after", ops_of, served.pid, after_seconds)]
         alive = TensorFlightClient(location).health_check().get("status") == "SERVING"
     _report(results, alive, budget)
@@ -255,12 +267,17 @@ def run_load(size: str = "small", data_dir: str | None = None, json_path: str | 
 
 def _report(results: list[dict[str, Any]], alive: bool, budget: int) -> None:
     print_table(["phase", "requests", "errors", "wrong", "p50 ms", "p99 ms", "hostile requests", "RSS peak MiB",
-                 "RSS end MiB", "CPU ms in 2 s after"],
+                 "RSS end MiB", "anon end MiB", "CPU ms in 2 s after"],
                 [[r["phase"], r["requests"], r["errors"], r["wrong"], r["p50_ms"], r["p99_ms"], r["hostile_requests"],
-                  r["rss_peak_mib"], r["rss_end_mib"], r["cpu_after_ms"]] for r in results])
+                  r["rss_peak_mib"], r["rss_end_mib"], r["rss_anon_end_mib"], r["cpu_after_ms"]] for r in results])
     quiet, attacked, after = results
+    kinds = sorted(quiet["p50_ms_by_kind"])
+    print("\np50 ms by request kind:")
+    print_table(["kind", *(r["phase"] for r in results)],
+                [[k, *(r["p50_ms_by_kind"].get(k, float("nan")) for r in results)] for k in kinds])
     print(f"\np99 with / without the hostile client: {attacked['p99_ms'] / quiet['p99_ms']:.2f}x (target <= 2x); "
-          f"RSS after / quiet: {after['rss_end_mib'] / quiet['rss_end_mib']:.3f} (target <= 1.10); "
+          f"RSS after / quiet: {after['rss_end_mib'] / quiet['rss_end_mib']:.3f} (target <= 1.10), anonymous "
+          f"{after['rss_anon_end_mib'] / quiet['rss_anon_end_mib']:.3f}; "
           f"server alive after the run: {alive}; cache budget {budget / 2**20:.0f} MiB")
     for r in results:
         for key in ("first_error", "first_wrong"):
@@ -276,9 +293,11 @@ def add_arguments(parser) -> None:  # noqa: ANN001
     parser.add_argument("--after-seconds", type=float, default=60.0,
                         help="length of the phase after it, whose end RSS is compared (default 60)")
     parser.add_argument("--cache-max-bytes", type=int, default=512 << 20, help="the server's cache budget")
+    parser.add_argument("--control", action="store_true",
+                        help="the same phases with no hostile client: the memory growth of the honest load alone")
 
 
 def main(args) -> int:  # noqa: ANN001
     run_load(args.size, args.data_dir, args.json_path, args.seconds, args.cache_max_bytes, args.hostile_seconds,
-             args.after_seconds)
+             args.after_seconds, args.control)
     return 0

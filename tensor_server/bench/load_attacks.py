@@ -50,7 +50,8 @@ def _roi(points: int = 1, label: str = "", nan: bool = False) -> Any:
 
 def extra_well_behaved_ops(client: Any, array_id: str, tag: str) -> list[tuple[str, Callable, Callable]]:
     """(kind, call, check) of the mix beyond plain reads: an upload read back (a mismatch
-    raises AssertionError: a wrong answer), then discarded; ROI put then list."""
+    raises AssertionError: a wrong answer), then discarded; ROI put, list and delete (so the
+    workload itself does not grow the server's state from one phase to the next)."""
     result = np.arange(256 * 256, dtype=np.uint16).reshape(256, 256)
 
     def upload() -> None:  # a fresh name each time: a discarded name stays taken until the sweep
@@ -61,11 +62,12 @@ def extra_well_behaved_ops(client: Any, array_id: str, tag: str) -> list[tuple[s
         client.set_upload_status(desc.array_id, "DISCARDED")
         assert np.array_equal(back, result), "an uploaded tensor read back differs from what was uploaded"
 
-    def rois() -> int:
-        client.put_rois(array_id, [_roi()])
-        return len(client.list_rois(array_id).rois)
+    def rois() -> bool:  # what it stores it deletes: the tensor's annotations stay as many
+        stored = [r.roi_id for r in client.put_rois(array_id, [_roi()]).stored]
+        listed = {r.roi_id for r in client.list_rois(array_id).rois}
+        return set(client.delete_rois(array_id, stored).deleted) == set(stored) and set(stored) <= listed
 
-    return [("upload", upload, lambda _: True), ("rois", rois, lambda count: count >= 1)]
+    return [("upload", upload, lambda _: True), ("rois", rois, lambda ok: ok)]
 
 
 def well_behaved_urls(http_url: str, array_id: str) -> dict[str, str]:
