@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tensor_server.errors import InvalidArgument
+from tensor_server.service.memory import MemoryReturn
 
 __all__ = ["main"]
 
@@ -556,6 +557,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 print("Ctrl-C stops the server.", file=sys.stderr)
 
     threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
+    memory = MemoryReturn()  # a burst of large requests must not keep the server at its peak size
     in_main = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
     try:
@@ -565,6 +567,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+        memory.close()
         if http is not None:
             http.stop()
         if url_path is not None:

@@ -1,0 +1,52 @@
+"""MemoryReturn: the server gives freed memory back on a timer, and stops when closed."""
+from __future__ import annotations
+
+import threading
+import time
+
+from tensor_server.service import memory
+from tensor_server.service.memory import MemoryReturn, release_unused_memory
+
+
+def test_it_calls_the_release_function_on_its_interval_and_stops_when_closed() -> None:
+    calls: list[float] = []
+    twice = threading.Event()
+
+    def release() -> None:
+        calls.append(time.monotonic())
+        if len(calls) >= 2:
+            twice.set()
+
+    returner = MemoryReturn(interval=0.01, release=release)
+    assert twice.wait(10), "the release function was not called twice"
+    returner.close()
+    after_close = len(calls)
+    time.sleep(0.1)  # ten intervals: a thread still running would have called it again
+    assert len(calls) == after_close
+    assert not any(t.name == "tensor-server-memory-return" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_failing_release_does_not_end_the_thread() -> None:
+    calls = 0
+    third = threading.Event()
+
+    def release() -> None:
+        nonlocal calls
+        calls += 1
+        if calls >= 3:
+            third.set()
+        raise RuntimeError("allocator said no")
+
+    returner = MemoryReturn(interval=0.01, release=release)
+    try:
+        assert third.wait(10), "the thread stopped after a failing release"
+    finally:
+        returner.close()
+
+
+def test_release_unused_memory_trims_the_c_heap(monkeypatch) -> None:  # noqa: ANN001
+    assert memory._TRIM is not None, "glibc's malloc_trim was not found (every machine of this project has glibc)"
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "_TRIM", lambda: trims.append(1))
+    release_unused_memory()
+    assert trims == [1]
