@@ -105,7 +105,7 @@ def _count(text: str) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tensor_server", description="Serve bio-imaging files as N-D tensors over Arrow Flight (biopb protocol).")
+    p = argparse.ArgumentParser(prog="tensor-server", description="Serve bio-imaging files as N-D tensors over Arrow Flight (biopb protocol).")
     sub = p.add_subparsers(dest="command", required=True)
 
     def server_flags(sp: argparse.ArgumentParser) -> None:

@@ -200,3 +200,11 @@ def test_a_busy_port_is_said_first_and_plainly(tmp_path, flag, make_var):
     assert out.stderr.splitlines() == [f"serve: cannot listen on 127.0.0.1:{port}: port in use (another tensor-server, "
                                        f"or another program). Pass {flag} N (0 picks a free one), or with make: "
                                        f"make run {make_var}=N"]
+
+
+@pytest.mark.parametrize("command", ["list", "serve", "url"])
+def test_usage_names_the_installed_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`tensor-server list` once printed its usage as `python -m tensor_server list` (issue 40)."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert capsys.readouterr().out.startswith(f"usage: tensor-server {command}")
