@@ -655,7 +655,7 @@ def cmd_url(args: argparse.Namespace) -> int:
     target = args.target
     if not Path(target).exists() and looks_like_path(target):
         print(f"url: {target}: no such file or folder (give an existing path, or an array id as "
-              "`python -m tensor_server list ROOT` prints it)", file=sys.stderr)
+              "`tensor-server list ROOT` prints it)", file=sys.stderr)
         return 2
     array_id = source_id_for_path(target) if Path(target).exists() else target.strip("/")
     prefix = "zarr" if args.ngff == "0.4" else "zarr3"
