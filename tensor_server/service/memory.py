@@ -5,10 +5,12 @@ A refused request still allocates what it was refused for: a 32 MiB label or a 2
 arrives in Arrow buffers and gRPC slices before its size is checked, and a junk DoPut stream
 is read up to its budget. The allocators keep what was freed for reuse — glibc's malloc
 arenas (one per thread that allocated, so every worker thread of a burst keeps its own) and
-Arrow's mimalloc pool — so the resident size stays at the burst's peak. Measured on the load
-bench (``bench/load.py``): after a 3-minute hostile client, RSS stayed 1.5× its quiet level
-a minute later; twelve 32 MiB label floods left +50 MiB that one ``malloc_trim`` took back to
-+18 MiB.
+Arrow's mimalloc pool — so the resident size stays at the burst's peak. Twelve 32 MiB label
+floods left +50 MiB that one ``malloc_trim`` took back to +18 MiB. It is not the whole answer:
+on the load bench (``bench/load.py``, 2026-12-04) RSS a minute after a 3-minute hostile client
+was still 1.48× its quiet level with this thread running (1.51× in an earlier run without it), against 1.07× for
+the same load with no hostile client (``--control``) — the rest is memory still held, not
+free-list slack.
 
 ``MemoryReturn`` asks both allocators to release what they hold unused every ``interval``
 seconds: ``pyarrow``'s ``release_unused()`` and glibc's ``malloc_trim(0)`` (0.06 ms on an
@@ -17,7 +19,6 @@ idle 360 MiB server; a no-op where glibc is not the C library).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import threading
 from typing import Callable
@@ -28,11 +29,10 @@ log = logging.getLogger(__name__)
 
 
 def _malloc_trim() -> Callable[[], None] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS): its allocator returns memory itself
-        return None
+    """glibc's ``malloc_trim(0)``, looked up in the process's own symbols (no ``find_library``
+    subprocess at import); None where the C library has none (musl, macOS return memory
+    themselves)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is None:
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
