@@ -106,6 +106,7 @@ class TensorFlightServer(flight.FlightServerBase):
         certificates = [flight.CertKeyPair(cert=tls.cert_pem, key=tls.key_pem)] if tls is not None else None
         super().__init__(f"{self.scheme}://{host}:{port}", middleware={"auth": TokenMiddlewareFactory()},
                          tls_certificates=certificates)
+        runtime.flight_listening(host, self.port)
 
     @property
     def location(self) -> str:
