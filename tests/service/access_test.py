@@ -145,7 +145,10 @@ def test_annotations_carry_their_writer(catalog, tmp_path):
         bob.put_rois("img", [roi("b1")])
         with pytest.raises(Exception, match="stored by another client"):
             bob.put_rois("img", [roi("a1")])
-        assert sorted(bob.delete_rois("img", ["a1", "b1"]).deleted) == ["b1"]
+        with pytest.raises(flight.FlightUnauthorizedError, match=r"roi_delete on img: a1 were stored by another "
+                           "client; .* nothing was deleted"):
+            bob.delete_rois("img", ["a1", "b1"])  # by id: another's row is refused, never skipped in silence
+        assert bob.delete_rois("img", ["b1", "gone"]).deleted == ["b1"]  # an id no one holds is no one's
         assert sorted(r.roi_id for r in alice.list_rois("img").rois) == ["a1", "a2"]
         assert bob.delete_rois("img").deleted == []  # "all of mine": none left
         columns = alice.query("SELECT * FROM rois LIMIT 1").column_names
