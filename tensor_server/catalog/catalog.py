@@ -84,8 +84,10 @@ class Catalog:
         self._sql_views = SqlViews(sql_limits)
         #: bumped whenever the rows SQL publishes change (sources, attached tensors)
         self._tables_version = 0
-        #: bumped whenever a row is written or removed: a client holding what it read under
-        #: one value knows it is current while the value stays (health ``catalog_generation``)
+        #: bumped whenever a row is written or removed, or a listed tensor is attached to a
+        #: source or detached (an upload published or discarded): a client holding what it
+        #: read under one value knows it is current while the value stays (health
+        #: ``catalog_generation``; the Tensor Browser re-lists when it moves)
         self.generation = 0
         self.first_scan_done = threading.Event()
         self.scan_in_progress = False
@@ -203,19 +205,27 @@ class Catalog:
         return new
 
     def attach(self, source_id: str, field: str, tensor: TensorAdapter, *, listed: bool) -> None:
-        """Serve ``tensor`` as ``source_id/field``; ``listed`` puts it in the source's row."""
+        """Serve ``tensor`` as ``source_id/field``; ``listed`` puts it in the source's row
+        (and moves the generation: the listing changed)."""
         tensor.array_id = f"{source_id}/{field}"
         with self._lock:
-            self._attached.setdefault(source_id, {})[field] = (tensor, listed)
+            fields = self._attached.setdefault(source_id, {})
+            was = fields.get(field)
+            fields[field] = (tensor, listed)
             self._tables_version += 1
+            if listed or (was is not None and was[1]):
+                self.generation += 1
 
     def detach(self, source_id: str, field: str) -> None:
+        """Stop serving ``source_id/field``; the generation moves when it was listed."""
         with self._lock:
             fields = self._attached.get(source_id, {})
-            fields.pop(field, None)
+            was = fields.pop(field, None)
             if not fields:
                 self._attached.pop(source_id, None)
             self._tables_version += 1
+            if was is not None and was[1]:
+                self.generation += 1
 
     def fields(self, source_id: str) -> dict[str, TensorAdapter]:
         """Every tensor served under ``source_id`` by field: the source's own (when it is

@@ -66,6 +66,19 @@ def served(tmp_path, monkeypatch):
     cat.close()
 
 
+@pytest.fixture
+def writable(tmp_path):
+    """A server taking uploads (local mode: no server token) over one in-memory image, and
+    the catalog it serves."""
+    cat = Catalog([])
+    cat.add_source(MemorySource(ArrayAdapter(np.arange(64 * 96, dtype=np.uint16).reshape(64, 96), "yx"),
+                                source_id="mem"))
+    cat.first_scan_done.set()
+    with serving(cat, write_dir=str(tmp_path / "write"), writable=True) as srv:
+        yield srv
+    cat.close()
+
+
 class _Connection:
     def __init__(self, client):
         self.client = client
@@ -144,3 +157,35 @@ def test_drop_resolve_and_remove(browser, served, tmp_path):
     assert sl.resolve(sid).is_resolved  # a resolve of a readable source is a no-op
     removed = sl.remove("dnd://dropped")
     assert list(removed.removed) == [sid] and sl.dropped_roots == frozenset()
+
+
+def test_the_generation_moves_when_an_upload_is_published_or_discarded(browser, writable):
+    """The browser's watch re-lists when ``catalog_generation`` moves: a READY upload and a
+    DISCARDED one (how the SDK deletes an upload) each move it; a PENDING one lists nothing."""
+    client = client_for(writable)
+    sl = browser.sources.SourceList(_Connection(client))
+
+    def generation():
+        return sl.update_health()["catalog_generation"]
+
+    arr = np.arange(40 * 50, dtype=np.float32).reshape(40, 50)
+    start = generation()
+    assert generation() == start  # stable when idle
+    desc = client.setup_array_upload("zarr://scratch/@fields/result", arr, chunk_shape=(20, 25))
+    assert generation() == start  # PENDING: nothing new is listed
+    assert client.upload_array(desc, arr)["state"] == "READY"
+    published = generation()
+    assert published > start
+    labels = client.setup_array_upload("zarr://mem/@labels/cells", np.zeros((64, 96), np.uint8),
+                                       chunk_shape=(64, 96))
+    client.upload_array(labels, np.ones((64, 96), np.uint8))
+    labelled = generation()
+    assert labelled > published
+    assert client.set_upload_status(desc, "DISCARDED", "superseded")["state"] == "DISCARDED"
+    discarded = generation()
+    assert discarded > labelled
+    assert client.set_upload_status(labels, "DISCARDED", "deleted")["state"] == "DISCARDED"
+    deleted = generation()
+    assert deleted > discarded
+    assert client.set_upload_status(labels, "DISCARDED")["state"] == "DISCARDED"  # again: nothing changes
+    assert generation() == deleted
