@@ -236,6 +236,18 @@ class Catalog:
         own = dict(rec.source.tensors) if rec is not None and rec.source is not None else {}
         return {**own, **attached}
 
+    def lists_tensors(self, rec: SourceRecord, view: RowView = EVERY_ROW) -> bool:
+        """Shown in the catalog tree to the callers of ``view``: unreadable (so the reason
+        shows), or its ``sources`` row lists a tensor they may read, its own or an attached
+        one (the scratch source holds only uploads). Never opens."""
+        if not rec.is_resolved:
+            return True
+        if any(not view.hides(row["array_id"]) for row in rec.tensor_rows()):
+            return True
+        with self._lock:
+            attached = list(self._attached.get(rec.source_id, {}).values())
+        return any(listed and not view.hides(t.array_id) for t, listed in attached)
+
     def records(self) -> list[SourceRecord]:
         with self._lock:
             return sorted(self._records.values(), key=lambda r: r.source_id)

@@ -118,10 +118,6 @@ class SourceRecord:
             return self._adapter.metadata_json()
         return self.listing[1] if self.listing is not None and self._opener is not None else None
 
-    def lists_tensors(self) -> bool:
-        """Shown in the catalog tree: unreadable (so the reason shows), or holds a tensor."""
-        return not self.is_resolved or bool(self.tensor_rows())
-
     def close_adapter(self, keep: SourceAdapter | None = None) -> None:
         """Close the open adapter unless it is ``keep`` (the one replacing it)."""
         self._opener = None

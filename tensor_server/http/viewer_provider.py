@@ -52,8 +52,9 @@ class RuntimeViewerProvider:
         return self.runtime.flight_location(client_host)
 
     def children(self, key: str) -> dict[str, Any]:
-        self.runtime.authenticate(_CALLER.get())
-        return self.runtime.catalog_verbs.catalog_tree().children(key)
+        caller = _CALLER.get()
+        self.runtime.authenticate(caller)
+        return self.runtime.catalog_verbs.catalog_tree(caller).children(key)
 
     def source_tensors(self, source_id: str) -> dict[str, TensorAdapter]:
         """The tensors of a source the caller may read (a granted one it holds no grant for

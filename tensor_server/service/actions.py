@@ -117,6 +117,10 @@ def _export(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return export_action(rt, caller, body, cancelled)
 
 
+def _catalog_children(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    return rt.catalog_verbs.catalog_children(body, caller)  # lists only what the caller may read
+
+
 def _roi_prune(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return rt.catalog_verbs.roi_prune(body, caller)
 
@@ -141,7 +145,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("remove_source", "deregister a path added with add_source (its dnd:// branch)", _verb("remove_source"),
            writes=True),
     Action("catalog_children", "one level of the catalog tree: the folders and sources under a folder (JSON)",
-           _verb("catalog_children")),
+           _catalog_children),
     Action("roi_prune", "report (or with apply, delete) annotations whose source has been unseen for N days",
            _roi_prune),
     Action("add_tensor", "add a PENDING tensor to a source (uploads)", upload_verbs.add_tensor,

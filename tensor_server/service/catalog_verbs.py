@@ -9,13 +9,16 @@ against it works here. Transport-free: bodies in, bytes (or an Arrow table) out.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator
 
 import pyarrow as pa
 
 from tensor_server.catalog import roi_verbs
 from tensor_server.catalog.catalog import SourceRecord
 from tensor_server.catalog.dropped import AddTally, DroppedPaths
+from tensor_server.catalog.sql import MAX_VIEWS
 from tensor_server.catalog.tree import DEFAULT_LIMIT, CatalogTree
 from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, PermissionDenied, TensorNotFound
@@ -36,7 +39,10 @@ class CatalogVerbs:
         refused = [runtime.cache.dir] if runtime.cache is not None else []
         self.dropped = DroppedPaths(runtime.catalog, allowed_paths=runtime.settings.allowed_paths,
                                     refused_paths=refused)
-        self._tree: tuple[int, CatalogTree] | None = None  # (catalog generation, its index)
+        #: the folder index of the catalog generation ``_trees_generation``, by row view key
+        self._trees: OrderedDict[Hashable, CatalogTree] = OrderedDict()
+        self._trees_generation = -1
+        self._trees_lock = threading.Lock()
 
     # ---- sources ---------------------------------------------------------------------------
     def _row_ipc(self, rec: SourceRecord, caller: Caller) -> bytes:
@@ -84,7 +90,7 @@ class CatalogVerbs:
         req = decode_message(RemoveSourceRequest, body, "remove_source")
         yield RemoveSourceResult(removed=self.dropped.remove(req.root_url)).SerializeToString()
 
-    def catalog_children(self, body: bytes) -> Iterator[bytes]:
+    def catalog_children(self, body: bytes, caller: Caller) -> Iterator[bytes]:
         req = decode_json(body, "catalog_children body") if body else {}
         usage = 'catalog_children takes a JSON object with a string key and a positive integer limit: {"key": "", "limit": 100}'
         if not isinstance(req, dict):
@@ -92,17 +98,33 @@ class CatalogVerbs:
         key, limit = req.get("key", ""), req.get("limit", DEFAULT_LIMIT)
         if not isinstance(key, str) or isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(usage)
-        yield json.dumps(self.catalog_tree().children(key, limit), ensure_ascii=False,
+        yield json.dumps(self.catalog_tree(caller).children(key, limit), ensure_ascii=False,
                          separators=(",", ":")).encode()
 
-    def catalog_tree(self) -> CatalogTree:
-        """The folder index, rebuilt only when the catalog's rows changed."""
-        cached = self._tree
+    def catalog_tree(self, caller: Caller) -> CatalogTree:
+        """The folder index ``caller`` sees: a source is in it when its SQL row lists a tensor
+        the caller may read (``Catalog.lists_tensors`` under ``Access.row_view``: the scratch
+        source, which holds only uploads, shows once one of them is READY and readable to
+        it). Built once per catalog generation and class of caller (callers of one row view
+        see the same tree); the last few classes are kept."""
+        view = self.runtime.access.row_view(caller)
         generation = self.catalog.generation
-        if cached is None or cached[0] != generation:
-            rows = [(r.source_id, r.url, r.lists_tensors()) for r in self.catalog.records()]
-            cached = self._tree = (generation, CatalogTree(rows))
-        return cached[1]
+        with self._trees_lock:
+            if self._trees_generation != generation:
+                self._trees.clear()
+                self._trees_generation = generation
+            tree = self._trees.get(view.key)
+            if tree is not None:
+                self._trees.move_to_end(view.key)
+                return tree
+        rows = [(r.source_id, r.url, self.catalog.lists_tensors(r, view)) for r in self.catalog.records()]
+        tree = CatalogTree(rows)
+        with self._trees_lock:
+            if self._trees_generation == generation:
+                self._trees[view.key] = tree
+                while len(self._trees) > MAX_VIEWS:
+                    self._trees.popitem(last=False)
+        return tree
 
     # ---- ROI annotations (catalog/roi_verbs.py holds their rules) ----------------------------
     def _may_read(self, array_id: str, caller: Caller) -> None:

@@ -189,3 +189,37 @@ def test_the_generation_moves_when_an_upload_is_published_or_discarded(browser, 
     assert deleted > discarded
     assert client.set_upload_status(labels, "DISCARDED")["state"] == "DISCARDED"  # again: nothing changes
     assert generation() == deleted
+
+
+def test_uploaded_results_are_listed_in_the_tree_to_whoever_may_read_them(browser, writable):
+    """The scratch source holds only uploads: the tree lists it once one is READY, to a caller
+    that may read one of them (the read rule SQL rows follow), and the browser opens it."""
+    from tensor_server.service.access import grant_digest
+
+    uploader = client_for(writable)
+    sl = browser.sources.SourceList(_Connection(client_for(writable)))
+
+    def top():
+        sl.refresh()
+        return [s["source_id"] for s in sl.levels[""]["sources"]]
+
+    assert top() == ["mem"]  # empty: nothing to open
+    arr = np.arange(40 * 50, dtype=np.float32).reshape(40, 50)
+    desc = uploader.setup_array_upload("zarr://scratch/@fields/result", arr, chunk_shape=(20, 25))
+    assert top() == ["mem"]  # PENDING: not readable yet
+    uploader.upload_array(desc, arr)
+    assert top() == ["mem", "scratch"]
+    scratch = sl.sources["scratch"]
+    assert scratch.is_resolved and [t.array_id for t in scratch.tensors] == ["scratch/@fields/result"]
+    np.testing.assert_array_equal(uploader.get_array("scratch/@fields/result"), arr)
+
+    # a private upload (an in-process producer's, granted to alice) is alice's alone
+    uploader.set_upload_status(desc, "DISCARDED", "moved")
+    manager = writable.runtime.uploads
+    up = manager.add_tensor("cache://scratch/@fields/private", (4, 5), "<u1", owner=grant_digest("alice"))
+    manager.set_ready(up.array_id, holes_are_fill=True)
+    assert top() == ["mem"]  # the stranger (no token) may read no tensor of scratch
+    alice = browser.sources.SourceList(_Connection(client_for(writable, token="alice")))
+    alice.refresh()
+    assert [s["source_id"] for s in alice.levels[""]["sources"]] == ["mem", "scratch"]
+    assert [t.array_id for t in alice.sources["scratch"].tensors] == ["scratch/@fields/private"]
