@@ -13,7 +13,7 @@ keep it from reading the user's pixels or running script in the server's origin:
   ``?token=``, ``Authorization: Bearer`` or the cookie. A credential the request presents
   explicitly (path, query, header) must be valid, or the request is refused 401 even when a
   valid cookie came with it; what is handed to the runtime (``CREDENTIAL_KEY``) is exactly the
-  credential checked. A tensor's grant (an upload's token) passes the door too, for the
+  credential checked. A tensor's read grant (a private upload's) passes the door too, for the
   runtime to judge: it reads its own tensor, nothing else (``Caller.door_requires_credential``).
 * **The cookie**: a request that brings a door credential in its URL sets it (``HttpOnly;
   SameSite=Strict``, one name per port), as Jupyter does, so a page opened from that URL and

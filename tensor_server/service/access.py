@@ -1,4 +1,4 @@
-"""Who may do what: the server token, per-tensor grants and upload owners, decided once.
+"""Who may do what: the server token, per-tensor read grants and upload owners, decided once.
 
 Three rules, in the biopb reference's terms (its ``_authorize`` / ``_grants``):
 
@@ -7,25 +7,31 @@ Three rules, in the biopb reference's terms (its ``_authorize`` / ``_grants``):
   caller of a door that requires a credential (the HTTP door's access token), who needs a full one;
 * **a read of one tensor** (describe, plan, chunk, the localhost fast path, stats, ROI reads,
   every HTTP view): the server token grants everything; otherwise a tensor that carries a
-  grant is read only by the holder of that grant (a stranger is UNAUTHENTICATED even in local
-  mode), and one that carries none falls back to the control-surface rule. A grant never
-  authorizes the control surface;
-* **a write of one upload** (its chunks, READY, DISCARDED): its owner — the holder of the
-  token it was created with, or the server token; an upload created without one, the control
-  surface's. Anyone else is PERMISSION_DENIED, told whose the upload is to write and never its
-  state or grid (the same answer whatever its state).
+  read grant is read only by the holder of that grant (a stranger is UNAUTHENTICATED even in
+  local mode), and one that carries none falls back to the control-surface rule. A grant
+  never authorizes the control surface;
+* **a write of one upload** (its chunks, a re-plan, READY, DISCARDED): its owner — the holder
+  of the token it was created with, or the server token; an upload created without one, the
+  control surface's. Anyone else is PERMISSION_DENIED, told whose the upload is to write and
+  never its state or grid (the same answer whatever its state).
+
+Owner and read grant are told apart, as in the reference, which never derives a read grant
+from a presented token: in local mode the token a client presents when it creates an upload
+makes it the upload's **owner** and nothing more, so a notebook that uploads with
+``token="your-token"`` publishes results the token-less Tensor Browser reads, as it reads any
+served file. A **read grant** is given on purpose: the SDK's ``setup_array_upload`` has no
+private option, so uploads over the wire carry none; an in-process producer makes a private
+upload with ``UploadManager.add_tensor(..., grant=grant_digest(token))`` (and
+``owner=grant_digest(token)`` to write it). With a server token, uploads are the server's.
+Only SHA-256s are kept (in the upload's marker, so both survive restarts).
 
 One read rule for everything about a tensor: its existence, shape, state and rows are a read
 of it. SQL rows (``sources.tensors``, ``rois``, ``decode_rates``; ``row_view``), ``resolve``'s
-row, ROI reads and writes, and every refusal that would name a granted tensor's shape or
-state (``add_tensor`` of a label set or a taken name, a chunk write, ``set_upload_status``)
-apply the read check first, so a stranger sees neither a granted tensor's rows nor that it
-exists beyond what a read of its id answers.
-
-Grants sit only on uploaded tensors: in local mode, a client that presents a token when it
-creates an upload makes that token the upload's grant; an in-process producer passes
-``owner=grant_digest(token)`` to ``UploadManager.add_tensor``. Only a SHA-256 of a grant is
-kept (in the upload's marker, so ownership survives restarts).
+row, ``catalog_children``, ROI reads and writes, and every refusal that would name a private
+tensor's shape or state (``add_tensor`` of a label set or a taken name, a describe or write
+plan) apply the read check first, so a stranger sees neither a private tensor's rows nor its
+shape or state; a write of an upload by another (a chunk, ``set_upload_status``) hears the
+owner rule, which names the upload and neither.
 """
 from __future__ import annotations
 
@@ -52,6 +58,11 @@ def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
 
 
+def _holds(caller: Caller, digest: str) -> bool:
+    """The caller presented the token whose SHA-256 is ``digest``."""
+    return caller.token is not None and _same(grant_digest(caller.token), digest)
+
+
 class Access:
     """The three rules over one server's settings and its uploads (module docstring)."""
 
@@ -66,14 +77,15 @@ class Access:
         return caller.token is not None and any(_same(caller.token, t) for t in self._full_tokens)
 
     def recognizes(self, token: str) -> bool:
-        """Whether ``token`` is any credential of this server (full access, or the grant of an
-        upload): a door guarding its transport (HTTP against other web pages) lets it through
-        and the rules above decide what it may do."""
+        """Whether ``token`` is any credential of this server (full access, or the read grant
+        of an upload): a door guarding its transport (HTTP against other web pages) lets it
+        through and the rules above decide what it may do. An owner's token is none: it
+        writes only what anyone may read (open in local mode, the server token's otherwise)."""
         if any(_same(token, t) for t in self._full_tokens):
             return True
         uploads = [] if self.uploads is None else self.uploads.all_uploads()
         digest = grant_digest(token)
-        return any(up.owner and _same(up.owner, digest) for up in uploads)
+        return any(up.grant and _same(up.grant, digest) for up in uploads)
 
     def control(self, caller: Caller) -> None:
         """The control-surface rule; also what a tensor without a grant falls back to. A caller
@@ -83,52 +95,52 @@ class Access:
             raise Unauthenticated("unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
                                   "<token>' header; HTTP: that header or ?token=<token>)")
 
-    def _owner(self, tensor: Any) -> str:
+    def _grant(self, tensor: Any) -> str:
         up = None if self.uploads is None else self.uploads.upload_of(tensor)
-        return "" if up is None else up.owner
+        return "" if up is None else up.grant
 
     def read(self, caller: Caller, tensor: Any) -> None:
         if self.full(caller):
             return
-        owner = self._owner(tensor)
-        if not owner:
+        grant = self._grant(tensor)
+        if not grant:
             self.control(caller)
             return
-        if caller.token is None or not _same(grant_digest(caller.token), owner):
+        if not _holds(caller, grant):
             raise Unauthenticated(f"unauthenticated: {tensor.array_id} is read with its capability token (or the "
                                   "server token); the token presented is neither")
 
     def write(self, caller: Caller, up: Any) -> None:
-        """A write of an upload: its owner's (the holder of the token it was created with, or
-        full access; an upload with no owner, the control surface's). Anyone else hears why,
-        never the upload's state or grid."""
+        """A write of an upload (its chunks, a re-plan, READY, DISCARDED): its owner's (the
+        holder of the token it was created with, or full access; an upload with no owner, the
+        control surface's). Anyone else hears why, never the upload's state or grid."""
         if self.full(caller):
             return
         if not up.owner:
             self.control(caller)
             return
-        if caller.token is None or not _same(grant_digest(caller.token), up.owner):
+        if not _holds(caller, up.owner):
             raise PermissionDenied(f"permission denied: {up.array_id} is an upload whose chunks and status only "
                                    "its owner writes (the client whose token created it) or the server token; the "
                                    "token presented is neither", upload=up.array_id)
 
     def row_view(self, caller: Caller) -> RowView:
         """The rows of the catalog's SQL tables (and listings) ``caller`` sees: every row with
-        full access; otherwise the rows of the tensors it may read — everything no grant
+        full access; otherwise the rows of the tensors it may read — everything no read grant
         covers (the control rule let it in already) and the uploads whose grant it holds.
         Callers holding no grant of any upload share one view, so strangers cycling tokens
         share one snapshot; each grant holder has its own (``catalog/sql.py``)."""
         if self.full(caller):
             return EVERY_ROW
         uploads = [] if self.uploads is None else self.uploads.all_uploads()
-        digest = grant_digest(caller.token) if caller.token else ""
-        held = next((up.owner for up in uploads if up.owner and digest and _same(up.owner, digest)), "")
+        digest = grant_digest(caller.token) if caller.token else ""  # once, not once per upload
+        held = next((up.grant for up in uploads if up.grant and digest and _same(up.grant, digest)), "")
         return RowView(("grant", held), lambda array_id: self._granted_to_another(array_id, held))
 
     def _granted_to_another(self, array_id: str, held: str) -> bool:
-        """``array_id`` is an upload (live or a tombstone) whose grant is not ``held``."""
+        """``array_id`` is an upload (live or a tombstone) whose read grant is not ``held``."""
         up = None if self.uploads is None else self.uploads.get(array_id)
-        return up is not None and bool(up.owner) and not (held and _same(up.owner, held))
+        return up is not None and bool(up.grant) and not (held and _same(up.grant, held))
 
     def roi_writer(self, caller: Caller) -> str | None:
         """Who an annotation write is by (``catalog/rois.py``): None for full access (it may
@@ -139,7 +151,7 @@ class Access:
 
     def owner_for(self, caller: Caller) -> str:
         """The owner a new upload created by ``caller`` gets: in local mode the token it
-        presented, if any; with a server token, the server (none)."""
+        presented, if any; with a server token, the server (none). Never a read grant."""
         if self.token is None and caller.token:
             return grant_digest(caller.token)
         return ""

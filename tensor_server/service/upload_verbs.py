@@ -42,11 +42,11 @@ def status_message(up: Upload) -> Any:
 
 
 def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None) -> Iterator[bytes]:
-    """A PENDING tensor; its owner is the caller (``service/access.py``). A refusal that would
-    describe another tensor (a label set's image, an upload holding the name) is the read
-    refusal when the caller may not read that tensor. The name of a PENDING upload declared
-    again the same way answers that upload (a crashed uploader re-plans and resumes), to its
-    owner only: a re-plan is a write of it, and writing an upload is reading it."""
+    """A PENDING tensor; its owner is the caller, and it carries no read grant (the SDK asks
+    for none: ``service/access.py``). A refusal that would describe another tensor (a label
+    set's image, an upload holding the name) is the read refusal when the caller may not read
+    that tensor. The name of a PENDING upload declared again the same way answers that upload
+    (a crashed uploader re-plans and resumes), to its owner only: a re-plan is a write of it."""
     from biopb.tensor import descriptor_pb2
 
     from tensor_server.cache.chunk_columns import wire_dtype
@@ -57,7 +57,8 @@ def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: 
                             dim_labels=req.dim_labels, metadata_json=req.metadata_json,
                             ttl_seconds=req.ttl_seconds if req.HasField("ttl_seconds") else None,
                             owner=runtime.access.owner_for(caller),
-                            authorize=functools.partial(runtime.access.read, caller))
+                            authorize=functools.partial(runtime.access.read, caller),
+                            may_write=functools.partial(runtime.access.write, caller))
     t = up.tensor
     out = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape), dtype=wire_dtype(t.dtype),
                                           chunk_shape=list(t.chunk_shape), dim_labels=list(t.dim_labels),

@@ -94,9 +94,9 @@ def _uploads(runtime: Any) -> dict[str, str]:
     manager = runtime.uploads
     ids = {}
     for name in ("pending", "ready", "discarded", "granted"):
-        owner = grant_digest(GRANT) if name == "granted" else ""
+        grant = grant_digest(GRANT) if name == "granted" else ""  # a private upload, its grant's holder's
         up = manager.add_tensor(f"cache://img/@fields/{name}", IMAGE.shape, IMAGE.dtype, chunk_shape=IMAGE.shape,
-                                owner=owner)
+                                owner=grant, grant=grant)
         cid = ChunkId.for_extent(up.tensor.array_id, Bounds((0, 0), IMAGE.shape), (1, 1), "none",
                                  up.tensor.content_version)
         manager.write_chunk(cid, IMAGE + 1)

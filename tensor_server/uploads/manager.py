@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -123,8 +124,11 @@ class Upload:
     #: chunks whose last write failed (ENOSPC, I/O error): a hole the client did not mean
     failed: set[Bounds] = field(default_factory=set)
     inflight: int = 0
-    #: SHA-256 (hex) of the upload's grant ("" = none); the service floor checks callers against it
+    #: SHA-256 (hex) of its owner's token ("" = the server's): who may write, publish, discard it
     owner: str = ""
+    #: SHA-256 (hex) of its read grant ("" = none: read as the catalog is); the service floor
+    #: checks callers against both (``service/access.py``)
+    grant: str = ""
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     @property
@@ -142,6 +146,13 @@ class Upload:
 
 def _shown(value: Any) -> str:
     return str(list(value)) if isinstance(value, tuple) else str(value)
+
+
+def _same_owner(owner: str, request_id: str, up: Upload) -> None:
+    """An in-process producer's write check: the owner it names is the upload's."""
+    if up.owner != owner:
+        raise PermissionDenied(f"add_tensor {request_id!r}: {up.array_id} is a PENDING upload of another owner; only "
+                               "its owner may re-plan it")
 
 
 def _member_dir(write_dir: Path, source_id: str, target_field: str) -> Path:
@@ -248,7 +259,8 @@ class UploadManager:
         m = member.marker
         source_id, fld = ArrayId.parse(m.array_id)
         up = Upload(m.array_id, source_id, fld, member, member.reader(), READY, m.expires_at, now, adopted=True,
-                    reason="adopted at boot (no progress record: uploaded_chunks is not known)", owner=m.owner)
+                    reason="adopted at boot (no progress record: uploaded_chunks is not known)", owner=m.owner,
+                    grant=m.grant)
         self.catalog.attach(source_id, fld, up.tensor, listed=True)
         self._uploads[m.array_id] = up
 
@@ -260,7 +272,8 @@ class UploadManager:
         member = DamagedMember(d, array_id, marker, why)
         self._uploads[array_id] = Upload(array_id, source_id, fld, member, member.reader(), DISCARDED, None, now,
                                          adopted=True, reason=reason, discarded_at=now,
-                                         owner=marker.owner if marker is not None else "")
+                                         owner=marker.owner if marker is not None else "",
+                                         grant=marker.grant if marker is not None else "")
 
     # ---- lookup ----------------------------------------------------------------------------
     def get(self, array_id: str) -> Upload | None:
@@ -283,20 +296,23 @@ class UploadManager:
 
     # ---- add_tensor -------------------------------------------------------------------------
     def add_tensor(self, request_id: str, shape: Any, dtype: Any, *, chunk_shape: Any = (), dim_labels: Any = (),
-                   metadata_json: str = "", ttl_seconds: int | None = None, owner: str = "",
-                   authorize: Callable[[TensorAdapter], None] | None = None) -> Upload:
+                   metadata_json: str = "", ttl_seconds: int | None = None, owner: str = "", grant: str = "",
+                   authorize: Callable[[TensorAdapter], None] | None = None,
+                   may_write: Callable[[Upload], None] | None = None) -> Upload:
         """Create a PENDING tensor on an existing source (refused with the reason otherwise).
-        ``owner``: the SHA-256 (hex) of the grant it is created with ("" = none).
+        ``owner``: the SHA-256 (hex) of its owner's token ("" = the server's); ``grant``: the
+        SHA-256 of a read grant it is given on purpose, making it private ("" = none).
         ``authorize(tensor)``: the requester's read check (the service's), applied to every
         tensor a refusal would describe — a label set's image before its shape is compared,
         an upload holding the name before its id and state are named — so a stranger hears
-        the read refusal, not a granted tensor's shape or state (None: an in-process producer,
-        trusted, whose ``owner`` must then match to re-plan).
+        the read refusal, not a private tensor's shape or state (None: an in-process
+        producer, trusted).
 
         The name of a PENDING upload, declared again the same way, answers that upload as it
         stands (``_replan``): a crashed uploader re-plans and resumes. A re-plan is a write of
-        the upload, which is its reader's (``service/access.py``): ``authorize`` decides it."""
-        trusted = authorize is None
+        the upload: ``may_write(upload)`` (the service's write check) decides it, and without
+        one the ``owner`` given must be the upload's."""
+        may_write = may_write or functools.partial(_same_owner, owner, request_id)
         authorize = authorize or (lambda tensor: None)
         target = parse_upload_id(request_id)
         try:
@@ -342,7 +358,7 @@ class UploadManager:
                 authorize(holder.tensor)  # before its id, state or declaration is named
                 declared = {"store format": target.store_format, "shape": shape, "dtype": dt.str, "chunk_shape": grid,
                             "dim_labels": asked_labels or None}
-                return self._replan(holder, target, request_id, declared, owner, trusted)
+                return self._replan(holder, target, request_id, declared, may_write)
             self._check_quota(nbytes, request_id)
             path = _member_dir(self.write_dir, target.source_id, target.field)
             if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
@@ -350,7 +366,7 @@ class UploadManager:
                                       "remove it or choose another name")
             path.parent.mkdir(parents=True, exist_ok=True)
             marker = Marker(target.array_id, target.store_format, PENDING, uuid.uuid4().hex, now,
-                            None if granted is None else now + granted, dim_labels, is_labels, owner)
+                            None if granted is None else now + granted, dim_labels, is_labels, owner, grant)
             with self._disk(f"add_tensor {request_id!r}"):
                 if target.store_format == "zarr":
                     member = ZarrMember.create(path, marker, shape, dt, grid, extra_attrs)
@@ -358,7 +374,7 @@ class UploadManager:
                     member = CacheMember.create(path, marker, shape, dt, grid)
             tensor = member.reader()
             up = Upload(target.array_id, target.source_id, target.field, member, tensor, PENDING, marker.expires_at, now,
-                        granted_ttl=granted, owner=owner)
+                        granted_ttl=granted, owner=owner, grant=grant)
             self._uploads[target.array_id] = up
             self.catalog.attach(target.source_id, target.field, tensor, listed=False)
         log.info("added %s tensor %s", target.store_format, target.array_id)
@@ -370,18 +386,16 @@ class UploadManager:
         return next((u for u in self._uploads.values()
                      if u.source_id == target.source_id and fold_name(u.field) == folded), None)
 
-    def _replan(self, holder: Upload, target: Any, request_id: str, declared: dict[str, Any], owner: str,
-                trusted: bool) -> Upload:
+    def _replan(self, holder: Upload, target: Any, request_id: str, declared: dict[str, Any],
+                may_write: Callable[[Upload], None]) -> Upload:
         """add_tensor of a taken name (caller holds ``_lock``): the PENDING upload of exactly
-        this name, re-declared by its owner as it was added, is answered as it stands (its
-        write plan, its ``uploaded_chunks``); any other holder keeps the name."""
+        this name, re-declared as it was added by one who may write it, is answered as it
+        stands (its write plan, its ``uploaded_chunks``); any other holder keeps the name."""
         if holder.state != PENDING or holder.array_id != target.array_id:
             state = "a discarded tensor until the reclaim sweep" if holder.state == DISCARDED else holder.state
             raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
                                 f"{holder.array_id!r} ({state}); add the tensor under another name")
-        if trusted and holder.owner != owner:  # a door's caller passed its read check in add_tensor
-            raise PermissionDenied(f"add_tensor {request_id!r}: {holder.array_id} is a PENDING upload of another "
-                                   "owner; only its owner may re-plan it")
+        may_write(holder)  # a re-plan is a write: before its declaration is named
         t = holder.tensor
         was = {"store format": holder.member.store_format, "shape": t.shape, "dtype": t.dtype.str,
                "chunk_shape": t.chunk_shape, "dim_labels": t.dim_labels if declared["dim_labels"] else None}

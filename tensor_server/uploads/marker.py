@@ -32,9 +32,12 @@ class Marker:
     expires_at: float | None
     dim_labels: tuple[str, ...] = ()
     is_labels: bool = False
-    #: SHA-256 (hex) of the grant the upload was created with: whoever holds that token owns
-    #: and reads it; "" = no grant (owned by the server token, readable as the catalog is)
+    #: SHA-256 (hex) of the token the upload was created with: its holder writes, publishes
+    #: and discards it; "" = the server's (the control surface)
     owner: str = ""
+    #: SHA-256 (hex) of the read grant the upload was given on purpose (a private upload):
+    #: only its holder (or the server token) reads it; "" = read as the catalog is
+    grant: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -49,12 +52,18 @@ class Marker:
             return cls(str(d["array_id"]), str(d["store_format"]), str(d["state"]), str(d["content_version"]),
                        float(d["created_at"]), None if d.get("expires_at") is None else float(d["expires_at"]),
                        tuple(str(x) for x in d.get("dim_labels") or ()), bool(d.get("is_labels", False)),
-                       str(d.get("owner") or ""))
+                       str(d.get("owner") or ""), _grant(d))
         except (KeyError, TypeError, ValueError):
             return None
 
     def with_state(self, state: str) -> Marker:
         return replace(self, state=state)
+
+
+def _grant(d: dict[str, Any]) -> str:
+    """A marker written before owners and grants were told apart (no ``grant`` key) made its
+    owner the read grant: it stays private, as it was created."""
+    return str((d["grant"] if "grant" in d else d.get("owner")) or "")
 
 
 def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:

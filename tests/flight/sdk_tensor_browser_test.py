@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pyarrow.flight as flight
 import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
@@ -216,10 +217,33 @@ def test_uploaded_results_are_listed_in_the_tree_to_whoever_may_read_them(browse
     # a private upload (an in-process producer's, granted to alice) is alice's alone
     uploader.set_upload_status(desc, "DISCARDED", "moved")
     manager = writable.runtime.uploads
-    up = manager.add_tensor("cache://scratch/@fields/private", (4, 5), "<u1", owner=grant_digest("alice"))
+    alice_grant = grant_digest("alice")
+    up = manager.add_tensor("cache://scratch/@fields/private", (4, 5), "<u1", owner=alice_grant, grant=alice_grant)
     manager.set_ready(up.array_id, holes_are_fill=True)
     assert top() == ["mem"]  # the stranger (no token) may read no tensor of scratch
     alice = browser.sources.SourceList(_Connection(client_for(writable, token="alice")))
     alice.refresh()
     assert [s["source_id"] for s in alice.levels[""]["sources"]] == ["mem", "scratch"]
     assert [t.array_id for t in alice.sources["scratch"].tensors] == ["scratch/@fields/private"]
+
+
+def test_a_notebooks_upload_opens_in_the_token_less_browser(browser, writable):
+    """Local mode: a notebook that follows the reference README (``token="your-token"``) owns
+    what it uploads, and nothing more: the Tensor Browser, which presents no token, lists and
+    reads the result; only the notebook discards it."""
+    notebook = client_for(writable, token="your-token")
+    arr = np.arange(40 * 50, dtype=np.uint16).reshape(40, 50)
+    desc = notebook.setup_array_upload("zarr://scratch/@fields/segmented", arr, chunk_shape=(20, 25))
+    assert notebook.upload_array(desc, arr)["state"] == "READY"
+
+    viewer = client_for(writable)
+    sl = browser.sources.SourceList(_Connection(viewer))
+    sl.refresh()
+    assert [s["source_id"] for s in sl.levels[""]["sources"]] == ["mem", "scratch"]
+    tensor = sl.sources["scratch"].tensors[0]
+    assert tensor.array_id == desc.array_id
+    levels = browser.tensor_utils.build_pyramid_levels(viewer, "scratch", tensor.array_id, tensor)
+    np.testing.assert_array_equal(levels[0].compute(), arr)
+    with pytest.raises(flight.FlightUnauthorizedError, match="is an upload whose chunks"):
+        viewer.set_upload_status(desc, "DISCARDED")
+    assert notebook.set_upload_status(desc, "DISCARDED")["state"] == "DISCARDED"

@@ -2,8 +2,9 @@
 is no door credential, and every response carries the headers that keep pages unframed and
 unsniffed.
 
-One local-mode server (no server token) with the door's per-run token and a READY upload whose
-grant is a script-injection payload (a local user may upload with any token), driven through
+One local-mode server (no server token) with the door's per-run token and READY private uploads
+whose read grants are script-injection payloads (a local producer may give its upload any grant;
+the holder fills it through the SDK with that token as its owner), driven through
 the real door with httpx, and the viewer in headless Chromium (skips without it, like
 tests/http/neuroglancer_test.py): it loads its tiles through the cookie alone, with the page's
 Content-Security-Policy in force.
@@ -26,7 +27,7 @@ from tensor_server.http.security import DATA_POLICY, PAGE_POLICY, HttpSecurity, 
 from tests.http.conftest import http_serving
 
 TOKEN = "door-token-of-this-run"
-#: grants a local user may upload with: each would run script if a page echoed it raw
+#: grants a local producer may give an upload: each would run script if a page echoed it raw
 PAYLOADS = ("</script><script>window.pwned='script'</script>", '"><img src=x onerror="window.pwned=\'attr\'">',
             "'-alert(1)-'</script><!--<script>")
 EVIL = "http://evil.example"
@@ -43,16 +44,20 @@ def _catalog() -> Catalog:
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
     """(HTTP front end, {payload grant: its upload's id}) in local mode, the door asking its token."""
+    from tensor_server.service.access import grant_digest
+
     tmp = tmp_path_factory.mktemp("pages")
     cat = _catalog()
     security = HttpSecurity.build(tokens=[TOKEN])
     with http_serving(cat, tmp, security=security, write_dir=str(tmp / "w"), writable=True) as (srv, http):
         granted = {}
         for i, grant in enumerate(PAYLOADS):
+            digest = grant_digest(grant)
+            up = srv.runtime.uploads.add_tensor(f"cache://img/@fields/mine{i}", ARR.shape, ARR.dtype,
+                                                chunk_shape=(32, 32), owner=digest, grant=digest)
             owner = TensorFlightClient(srv.location, token=grant)
-            desc = owner.setup_array_upload(f"cache://img/@fields/mine{i}", ARR, chunk_shape=(32, 32))
-            assert owner.upload_array(desc, ARR)["state"] == "READY"
-            granted[grant] = desc.array_id
+            assert owner.upload_array(owner.get_descriptor(up.array_id), ARR)["state"] == "READY"
+            granted[grant] = up.array_id
         yield http, granted
     cat.close()
 

@@ -3,8 +3,11 @@ source's row, not its shape or state in a refusal; its reads are refused, and it
 its (PERMISSION_DENIED: only its owner writes it).
 
 Local mode (no server token): the control surface is open to every client on the machine, so
-only the grant stands between alice's upload and bob (or a client with no token). Through the
-real biopb SDK, as the red-team findings of issue 38 were made.
+only the grant stands between alice's private upload and bob (or a client with no token). A
+read grant is given on purpose (``service/access.py``: the SDK has no private option, so an
+in-process producer creates the upload with ``grant=``); alice fills it, reads and annotates
+it through the real biopb SDK, and the strangers try theirs through it, as the red-team
+findings of issue 38 were made.
 """
 from __future__ import annotations
 
@@ -33,9 +36,23 @@ def _roi(label: str = LABEL):
     return RoiAnnotation(roi=roi, label=label)
 
 
+def _private_upload(served, token: str, name: str):
+    """A private upload on scratch, owned by and granted to ``token``, filled and published by
+    its holder through the SDK; its descriptor."""
+    from tensor_server.service.access import grant_digest
+
+    digest = grant_digest(token)
+    up = served.runtime.uploads.add_tensor(f"zarr://scratch/@fields/{name}", ARR.shape, ARR.dtype,
+                                           owner=digest, grant=digest)
+    client = served.client(token)
+    desc = client.get_descriptor(up.array_id)
+    assert client.upload_array(desc, ARR)["state"] == "READY"
+    return desc
+
+
 @pytest.fixture
 def alice(tmp_path):
-    """A local-mode server where alice uploaded ``scratch/@fields/alice-secret`` with her token,
+    """A local-mode server where alice uploaded a private ``scratch/@fields/alice-secret``,
     annotated it and read it (a decode-rate sample); ``img`` carries no grant and one ROI by a
     client with no token. Yields (served, alice's array id)."""
     cat = Catalog([])
@@ -45,8 +62,7 @@ def alice(tmp_path):
     try:
         with serving(cat, write_dir=str(tmp_path / "w"), writable=True) as served:
             client = served.client("alice")
-            desc = client.setup_array_upload("zarr://scratch/@fields/alice-secret", ARR)
-            assert client.upload_array(desc, ARR)["state"] == "READY"
+            desc = _private_upload(served, "alice", "alice-secret")
             assert len(client.put_rois(desc.array_id, [_roi()]).stored) == 1
             np.testing.assert_array_equal(client.get_array(desc.array_id), ARR)
             assert cat.decode_rates.rate(desc.array_id) is not None  # the read was sampled
@@ -91,7 +107,9 @@ def test_a_stranger_is_listed_nothing_of_a_granted_upload(alice, token):
     assert _ids(stranger, "decode_rates") == {"img"}
     assert "alice-secret" not in json.dumps(stranger.query("SELECT * FROM sources", format="records"), default=str)
     assert stranger.resolve_source("scratch")["tensors"] == []
-    assert "alice-secret" not in json.dumps(stranger.catalog_children(""), default=str)
+    top = stranger.catalog_children("")
+    assert "alice-secret" not in json.dumps(top, default=str)
+    assert [s["source_id"] for s in top["sources"]] == ["img"]  # scratch holds nothing it may read
 
 
 def test_the_grant_holder_sees_her_own_rows(alice):
@@ -101,18 +119,23 @@ def test_the_grant_holder_sees_her_own_rows(alice):
     assert _tensor_ids(client, "scratch") == {aid}
     assert _ids(client, "decode_rates") == {aid, "img"}
     assert [t["array_id"] for t in client.resolve_source("scratch")["tensors"]] == [aid]
+    assert [s["source_id"] for s in client.catalog_children("")["sources"]] == ["img", "scratch"]
     assert [r.label for r in client.list_rois(aid).rois] == [LABEL]
 
 
 def test_another_grant_holder_sees_only_its_own(alice):
-    """Bob's own upload is his; alice's stays hers: each sees one granted tensor."""
+    """Bob's own private upload is his; alice's stays hers: each sees one granted tensor. An
+    upload made over the wire asks for no grant: everyone sees it, alice's stays hers."""
     served, aid = alice
     bob = served.client("bob")
-    desc = bob.setup_array_upload("zarr://scratch/@fields/bobs", ARR)
-    bob.upload_array(desc, ARR)
+    desc = _private_upload(served, "bob", "bobs")
     assert _tensor_ids(bob, "scratch") == {desc.array_id}
     assert _tensor_ids(served.client("alice"), "scratch") == {aid}
     assert _tensor_ids(served.client(None), "scratch") == set()
+    shared = bob.setup_array_upload("zarr://scratch/@fields/shared", ARR)
+    bob.upload_array(shared, ARR)
+    assert _tensor_ids(served.client(None), "scratch") == {shared.array_id}
+    assert _tensor_ids(served.client("alice"), "scratch") == {aid, shared.array_id}
 
 
 @pytest.mark.parametrize("token", STRANGERS)

@@ -56,15 +56,27 @@ def test_a_replan_with_another_declaration_names_the_difference(server):
     assert c.get_upload_status("scratch/@fields/declared")["state"] == "PENDING"  # untouched by the refusals
 
 
-def test_only_the_owner_may_replan_a_pending_upload(tmp_path):
+@pytest.mark.parametrize("private", [False, True])
+def test_only_the_owner_may_replan_a_pending_upload(tmp_path, private):
     """Local mode: the token an upload was created with owns it; another token's re-plan is a
-    write of someone else's upload, which is a read of it: refused with the read refusal
-    (UNAUTHENTICATED, naming neither state nor shape) before any declaration is compared."""
+    write of someone else's upload, refused before any declaration is compared: PERMISSION_DENIED
+    when bob may read the upload, the read refusal (UNAUTHENTICATED, naming neither state nor
+    shape) when it is private (a read grant given on purpose, here by an in-process producer)."""
+    from tensor_server.service.access import grant_digest
+
     with upload_server(tmp_path) as srv:
         alice, bob = _client(srv, "alice-token"), _client(srv, "bob-token")
-        desc = alice.setup_array_upload("cache://scratch/@fields/owned", ARR, chunk_shape=(1024, 2048))
-        for arr in (ARR, ARR[:512]):  # the same declaration or not: the shape is not bob's to learn
-            with pytest.raises(flight.FlightUnauthenticatedError, match="the token presented is neither") as err:
+        if private:
+            digest = grant_digest("alice-token")
+            srv.runtime.uploads.add_tensor("cache://scratch/@fields/owned", ARR.shape, ARR.dtype,
+                                           chunk_shape=(1024, 2048), owner=digest, grant=digest)
+            desc = alice.get_descriptor("scratch/@fields/owned")
+            refusal = (flight.FlightUnauthenticatedError, "the token presented is neither")
+        else:
+            desc = alice.setup_array_upload("cache://scratch/@fields/owned", ARR, chunk_shape=(1024, 2048))
+            refusal = (flight.FlightUnauthorizedError, "is an upload whose chunks")
+        for arr in (ARR, ARR[:512]):  # the same declaration or not: refused before it is compared
+            with pytest.raises(refusal[0], match=refusal[1]) as err:
                 bob.setup_array_upload("cache://scratch/@fields/owned", arr, chunk_shape=(1024, 2048))
             assert "PENDING" not in str(err.value) and "2048" not in str(err.value)
         again = alice.setup_array_upload("cache://scratch/@fields/owned", ARR, chunk_shape=(1024, 2048))
