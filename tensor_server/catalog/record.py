@@ -11,19 +11,37 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_stat_stamp
 
-__all__ = ["SourceRecord", "stat_signature", "tensor_row"]
+__all__ = ["SourceRecord", "ServedTensor", "stat_signature", "tensor_row"]
 
 
 def tensor_row(t: TensorAdapter) -> dict[str, Any]:
     """A tensor's entry of the ``sources.tensors`` column (wire-protocol §9.2)."""
     return {"array_id": t.array_id, "dim_labels": list(t.dim_labels), "shape": [int(n) for n in t.shape],
             "dtype": t.dtype.str}
+
+
+@dataclass(frozen=True)
+class ServedTensor:
+    """One tensor a source serves, as every listing shows it (``Catalog.served``)."""
+
+    #: the tensor's own id (what the read rule and the SQL views are keyed on)
+    array_id: str
+    #: the id it is listed, and read, by: its own, except a bare-id tensor beside attached ones,
+    #: listed as ``source_id/`` (the biopb SDK refuses a bare id of a source listing several
+    #: tensors for open-ended slices, and reads an exact id: ``core.identity.ArrayId``)
+    listed_id: str
+    #: its entry of the ``sources.tensors`` column, ``array_id`` as listed
+    row: dict[str, Any]
+    #: the tensor and its field; None for the own tensors of a restored row not opened yet
+    tensor: TensorAdapter | None = None
+    field: str | None = None
 
 
 def stat_signature(path: Path) -> tuple:
@@ -117,10 +135,6 @@ class SourceRecord:
         if self._adapter is not None:
             return self._adapter.metadata_json()
         return self.listing[1] if self.listing is not None and self._opener is not None else None
-
-    def lists_tensors(self) -> bool:
-        """Shown in the catalog tree: unreadable (so the reason shows), or holds a tensor."""
-        return not self.is_resolved or bool(self.tensor_rows())
 
     def close_adapter(self, keep: SourceAdapter | None = None) -> None:
         """Close the open adapter unless it is ``keep`` (the one replacing it)."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Awaitable, Callable
+from urllib.parse import quote
 
 from tensor_server.http.errors import error_response
 from tensor_server.service.metrics import current as current_request
-from tensor_server.http.security import CREDENTIAL_KEY
+from tensor_server.http.security import CREDENTIAL_KEY, TOKEN_PATH_PREFIX
 
-__all__ = ["presented_token", "guarded", "while_connected"]
+__all__ = ["presented_token", "token_path", "guarded", "while_connected"]
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,14 @@ def presented_token(request: Any) -> str | None:
     (``http/security.py``: a ``/t/<token>/`` path, ``?token=``, ``Authorization``, the cookie);
     nothing else of the request is read as one."""
     return request.scope.get(CREDENTIAL_KEY)
+
+
+def token_path(token: str | None) -> str:
+    """The path form of a credential (``/t/<token>``, "" for none), put before the links a
+    door emits so they work where they are pasted: zarr clients keep a path prefix on every
+    key they fetch (a ``?token=`` query becomes ``…/?token=T/zarr.json``), and an IIIF viewer
+    on another origin fetches tiles from the ``id`` of ``info.json`` with no cookie."""
+    return f"{TOKEN_PATH_PREFIX}{quote(token, safe='')}" if token else ""
 
 
 def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:

@@ -37,8 +37,6 @@ class ViewerProvider(Protocol):
         """The pixels of ``region`` of a served level (``ServingRuntime.level_region``: from
         the level's cached chunks, or computed from the region's own extent when cold)."""
 
-    def children(self, key: str) -> dict[str, Any]:
-        """One level of the catalog tree (``CatalogTree.children``)."""
-
-    def source_tensors(self, source_id: str) -> dict[str, TensorAdapter]:
-        """The listed tensors of a source, by field (empty when it cannot be opened)."""
+    def catalog_level(self, key: str) -> dict[str, Any]:
+        """One level of the catalog tree (``CatalogTree.children``), each source with the
+        ``ServedTensor``s it serves to the caller and its ``unresolved_reason``."""

@@ -98,6 +98,14 @@ class Access:
             raise Unauthenticated(f"unauthenticated: {tensor.array_id} is read with its capability token (or the "
                                   "server token); the token presented is neither")
 
+    def may_read(self, caller: Caller, tensor: Any) -> bool:
+        """``read`` as a yes or no (a listing leaves out what it would refuse)."""
+        try:
+            self.read(caller, tensor)
+        except Unauthenticated:
+            return False
+        return True
+
     def write(self, caller: Caller, up: Any) -> None:
         """A write of an upload: its owner's (its grant's holder, or full access; an upload
         with no grant, the control surface's) — the read rule, refusal included."""

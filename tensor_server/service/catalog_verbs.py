@@ -95,12 +95,35 @@ class CatalogVerbs:
         yield json.dumps(self.catalog_tree().children(key, limit), ensure_ascii=False,
                          separators=(",", ":")).encode()
 
+    def catalog_level(self, key: str, caller: Caller, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
+        """One level of the catalog as the HTTP door shows it (the page, ``/api/catalog``):
+        ``catalog_children``'s folders and sources, each source with the tensors it serves to
+        ``caller`` (``ServingRuntime.fields``: ``ServedTensor``s) or the reason it cannot be
+        read. A key that names no folder but a source (``scratch``, a source with no path,
+        sits at the top under its id) lists that source alone. The control surface's view."""
+        self.runtime.authenticate(caller)
+        level = self.catalog_tree().children(key, limit)
+        if not level["folders"] and not level["sources"] and key and "/" not in key:
+            level["sources"] = [{"name": key, "source_id": key}]  # dropped below unless it is a source
+        sources = []
+        for entry in level["sources"]:
+            try:
+                rec = self.catalog.get_record(entry["source_id"])
+                tensors = list(self.runtime.fields(rec.source_id, caller).values())
+            except TensorNotFound:  # removed since the tree was built: nothing to show
+                continue
+            sources.append({**entry, "tensors": tensors, "unresolved_reason": rec.unresolved_reason})
+        return {**level, "sources": sources}
+
     def catalog_tree(self) -> CatalogTree:
-        """The folder index, rebuilt only when the catalog's rows changed."""
+        """The folder index, rebuilt only when the catalog's rows changed (a READY upload, a
+        discarded one, included: ``Catalog.attach``). A source is listed when it cannot be
+        read (so the reason shows) or serves a tensor (``Catalog.served``)."""
         cached = self._tree
         generation = self.catalog.generation
         if cached is None or cached[0] != generation:
-            rows = [(r.source_id, r.url, r.lists_tensors()) for r in self.catalog.records()]
+            rows = [(r.source_id, r.url, not r.is_resolved or bool(self.catalog.served(r)))
+                    for r in self.catalog.records()]
             cached = self._tree = (generation, CatalogTree(rows))
         return cached[1]
 
