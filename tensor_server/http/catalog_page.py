@@ -14,11 +14,11 @@ it.
 for ``catalog_children``: ``CatalogVerbs.catalog_level``). A source that cannot be read shows
 the reason.
 
-The page's links carry the credential it was asked with in the path form ``/t/<token>/``
-(``http/security.py``), which zarr clients keep on every key they fetch, so a door URL copied
-from the page works where it is pasted; the thumbnails are admitted by the door's cookie, set
-when the page was opened from a token-bearing URL; the SDK snippet shows the token as text for
-the user. No credential is written into a page's script. The pages run no inline script (their ``Content-Security-Policy``
+The page's links carry the credential the request presented (its URL or ``Authorization``,
+never the cookie's) in the path form ``/t/<token>/`` (``http/security.py``), which zarr clients
+keep on every key they fetch, so a door URL copied from the page works where it is pasted; the
+thumbnails are admitted by the door's cookie, set when the page was opened from a
+token-bearing URL; the SDK snippet shows the token as text for the user. No credential is written into a page's script. The pages run no inline script (their ``Content-Security-Policy``
 allows only the server's own files): the viewer's options travel as JSON in a
 ``<script type="application/json">`` element that the served ``pages.js`` reads.
 """
@@ -104,7 +104,7 @@ def _physical(tensor: Any) -> str:
 
 def _door_urls(tensor: Any, prefix: str) -> list[tuple[str, str]]:
     """(name, path) of every door serving ``tensor``, each under ``prefix`` (``/t/<token>``
-    or nothing: ``_token_prefix``)."""
+    or nothing: ``viewer_door.token_path``)."""
     aid = quote(tensor.array_id, safe="/")
     urls = [("OME-Zarr v2 (NGFF 0.4)", f"{prefix}/zarr/{aid}/"), ("OME-Zarr v3 (NGFF 0.5)", f"{prefix}/zarr3/{aid}/")]
     if tensor.ndim >= 2:
@@ -113,7 +113,7 @@ def _door_urls(tensor: Any, prefix: str) -> list[tuple[str, str]]:
     return urls
 
 
-def _tensor_row(provider: Any, served: Any, token: str | None, host: str) -> str:
+def _tensor_row(provider: Any, served: Any, token: str | None, host: str, prefix: str) -> str:
     tensor = served.tensor
     aid = quote(tensor.array_id, safe="/")
     thumb = "—"
@@ -125,7 +125,7 @@ def _tensor_row(provider: Any, served: Any, token: str | None, host: str) -> str
     levels = grid_levels(tensor, provider.policy)
     level_text = "<br>".join(escape(f"{lv.path}: {'×'.join(map(str, lv.shape))} "
                                     f"({lv.method if lv.index else 'full resolution'})") for lv in levels)
-    links = "".join(f'<a href="{escape(u)}">{escape(name)}</a>' for name, u in _door_urls(tensor, token_path(token)))
+    links = "".join(f'<a href="{escape(u)}">{escape(name)}</a>' for name, u in _door_urls(tensor, prefix))
     location = provider.flight_location or f"grpc://{f'[{host}]' if ':' in host else host}:8815"
     tok = f", token={token!r}" if token else ""  # for the user to copy: HTML text, escaped below
     snippet = (f"from biopb.tensor import TensorFlightClient\n"
@@ -141,21 +141,21 @@ def _folder_link(key: str, prefix: str = "") -> str:
     return escape(f"{prefix}/?" + urlencode({"folder": key}))
 
 
-def _source_html(provider: Any, source: dict[str, Any], token: str | None, host: str) -> str:
+def _source_html(provider: Any, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
     """A source's heading, then its tensors' table, or the reason it cannot be read."""
     head = f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
     if source["unresolved_reason"] is not None:
         return f'{head}<p class="unresolved">cannot be read: {escape(source["unresolved_reason"])}</p>'
-    rows = "".join(_tensor_row(provider, t, token, host) for t in source["tensors"])
+    rows = "".join(_tensor_row(provider, t, token, host, prefix) for t in source["tensors"])
     return (f"{head}<table><tr><th></th><th>tensor</th><th>physical size</th><th>levels</th><th>doors</th></tr>"
             f"{rows}</table>")
 
 
-def catalog_html(provider: Any, key: str, token: str | None, host: str) -> str:
-    """The page of folder ``key`` (``provider.catalog_level``); its links carry ``token`` in
-    their path (``_token_prefix``), as does the SDK snippet."""
+def catalog_html(provider: Any, key: str, token: str | None, host: str, prefix: str = "") -> str:
+    """The page of folder ``key`` (``provider.catalog_level``): its links under ``prefix`` (the
+    path form of the credential the request presented itself: ``viewer_door.token_path``),
+    ``token`` (the one it came with, the cookie's too) in the SDK snippet, as text."""
     level = provider.catalog_level(key)
-    prefix = token_path(token)
     crumbs = [f'<a href="{escape(prefix)}/">catalog</a>']
     parts = [p for p in key.split("/") if p]
     for i in range(len(parts)):
@@ -165,7 +165,7 @@ def catalog_html(provider: Any, key: str, token: str | None, host: str) -> str:
         body.append("<h2>Folders</h2><ul>" + "".join(
             f'<li><a class="folder" href="{_folder_link(f["key"], prefix)}">{escape(f["name"])}/</a></li>'
             for f in level["folders"]) + "</ul>")
-    body += [_source_html(provider, source, token, host) for source in level["sources"]]
+    body += [_source_html(provider, source, token, host, prefix) for source in level["sources"]]
     if level["truncated"]:
         body.append("<p>(more entries than one page lists)</p>")
     if not level["folders"] and not level["sources"]:
@@ -173,13 +173,12 @@ def catalog_html(provider: Any, key: str, token: str | None, host: str) -> str:
     return _page("tensor-server", "".join(body))
 
 
-def catalog_json(provider: Any, key: str, token: str | None) -> dict[str, Any]:
+def catalog_json(provider: Any, key: str, prefix: str = "") -> dict[str, Any]:
     """``/api/catalog?folder=<key>``: the page's level as JSON (``provider.catalog_level``, the
     same call), for scripts and web clients that do not speak Flight. Each tensor: its id as
     listed (what the SDK reads), axes, shape, dtype, whether it is a label image, physical
     scale and unit, and its door URLs (relative, in the page's form)."""
     level = provider.catalog_level(key)
-    prefix = token_path(token)
 
     def tensor_json(served: Any) -> dict[str, Any]:
         t = served.tensor
@@ -225,12 +224,12 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
     async def catalog(request: Any) -> Any:
         key = request.query_params.get("folder", "")[:4096]
         html = await run_in_threadpool(catalog_html, provider, key, presented_token(request),
-                                       request.url.hostname or "127.0.0.1")
+                                       request.url.hostname or "127.0.0.1", token_path(request))
         return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
 
     async def catalog_api(request: Any) -> Any:
         key = request.query_params.get("folder", "")[:4096]
-        doc = await run_in_threadpool(catalog_json, provider, key, presented_token(request))
+        doc = await run_in_threadpool(catalog_json, provider, key, token_path(request))
         return JSONResponse(doc, headers={"Cache-Control": "no-cache"})
 
     async def view(request: Any) -> Any:
