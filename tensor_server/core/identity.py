@@ -12,8 +12,8 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["ArrayId", "NO_DEFAULT_TENSOR", "file_content_version", "file_stat_stamp", "minted_content_version", "source_id_for_path",
-           "source_id_for_url"]
+__all__ = ["ArrayId", "NO_DEFAULT_TENSOR", "file_content_version", "file_stat_stamp", "minted_content_version",
+           "source_id_for_path", "source_id_for_url"]
 
 #: the separator of an array id's two parts; a source id never contains it, a field may
 SEP = "/"

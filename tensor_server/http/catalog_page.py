@@ -10,17 +10,18 @@ into the git-ignored ``.viewer-assets/`` (or the folder ``TENSOR_SERVER_OSD_DIR`
 is served under ``/assets/openseadragon/``; where it is absent the viewer page says how to get
 it.
 
-``/api/catalog?folder=<key>`` answers the same level as JSON (one service call for both, and
-for ``catalog_children``: ``CatalogVerbs.catalog_level``). A source that cannot be read shows
-the reason.
+``/api/catalog?folder=<key>`` answers the same level as JSON: both come from one service
+call (``CatalogVerbs.catalog_level``: the tree ``catalog_children`` lists, each source with
+the tensors ``ServingRuntime.fields`` serves the caller, or the reason it cannot be read).
 
 The page's links carry the credential the request presented (its URL or ``Authorization``,
 never the cookie's) in the path form ``/t/<token>/`` (``http/security.py``), which zarr clients
 keep on every key they fetch, so a door URL copied from the page works where it is pasted; the
 thumbnails are admitted by the door's cookie, set when the page was opened from a
-token-bearing URL; the SDK snippet shows the token as text for the user. No credential is written into a page's script. The pages run no inline script (their ``Content-Security-Policy``
-allows only the server's own files): the viewer's options travel as JSON in a
-``<script type="application/json">`` element that the served ``pages.js`` reads.
+token-bearing URL; the SDK snippet shows the token as text for the user. No credential is
+written into a page's script. The pages run no inline script (their
+``Content-Security-Policy`` allows only the server's own files): the viewer's options travel
+as JSON in a ``<script type="application/json">`` element that the served ``pages.js`` reads.
 """
 from __future__ import annotations
 

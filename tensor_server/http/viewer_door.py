@@ -7,8 +7,8 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import quote
 
 from tensor_server.http.errors import error_response
-from tensor_server.service.metrics import current as current_request
 from tensor_server.http.security import CREDENTIAL_KEY, EXPLICIT_CREDENTIAL_KEY, TOKEN_PATH_PREFIX
+from tensor_server.service.metrics import current as current_request
 
 __all__ = ["presented_token", "token_path", "guarded", "while_connected"]
 

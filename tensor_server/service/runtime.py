@@ -203,9 +203,11 @@ class ServingRuntime:
         """The one answer to "which tensors does this source serve to this caller", by field:
         what the catalog lists for it (``Catalog.served``: its own tensors, then its READY
         uploads), less the tensors the read rule refuses this caller (a grant held by another).
-        SQL rows (the same list under the caller's row view), the catalog page and JSON, the
-        OME-Zarr ``labels/`` listing and export all take their tensors from here. The source is
-        opened (a restored row's adapter) to name its fields; an unreadable one serves none."""
+        The catalog page and JSON, the OME-Zarr ``labels/`` listing and export take their
+        tensors from here; SQL rows are the same list under the caller's row view (built for a
+        class of callers at once, without opening restored rows: ``Access.row_view`` hides
+        exactly what ``Access.read`` refuses a caller the control surface admitted). The source
+        is opened (a restored row's adapter) to name its fields; an unreadable one serves none."""
         try:
             rec = self.catalog.get_record(source_id)
         except TensorNotFound:
@@ -213,10 +215,9 @@ class ServingRuntime:
             raise
         if rec.source is None:  # opens a restored row, whose own tensors then carry their fields
             return {}
-        served = [t for t in self.catalog.served(rec) if t.tensor is not None and t.field is not None]
-        if not self.access.full(caller):
-            served = [t for t in served if self.access.may_read(caller, t.tensor)]
-        return {t.field: t for t in served}
+        full = self.access.full(caller)
+        return {t.field: t for t in self.catalog.served(rec)
+                if t.field is not None and t.tensor is not None and (full or self.access.may_read(caller, t.tensor))}
 
     def upload(self, array_id: str) -> Upload | None:
         return None if self.uploads is None else self.uploads.get(array_id)
