@@ -228,17 +228,16 @@ class Catalog:
         with self._lock:
             attached = [(f, t) for f, (t, listed) in self._attached.get(rec.source_id, {}).items() if listed]
         src = rec.opened()
-        own: list[tuple[str | None, dict[str, Any], TensorAdapter | None]]
+        own: list[tuple[str, str | None, TensorAdapter | None, dict[str, Any] | None]]
         if src is not None:
-            own = [(f, tensor_row(t), t) for f, t in src.tensors.items()]
+            own = [(t.array_id, f, t, None) for f, t in src.tensors.items()]
         else:
-            own = [(None, row, None) for row in rec.tensor_rows()]
+            own = [(row["array_id"], None, None, row) for row in rec.tensor_rows()]
         out = []
-        for field, row, tensor in own:
-            aid = row["array_id"]
+        for aid, field, tensor, stored in own:
             listed = aid + SEP if attached and aid == rec.source_id else aid
-            out.append(ServedTensor(aid, listed, {**row, "array_id": listed}, tensor, field))
-        out += [ServedTensor(t.array_id, t.array_id, tensor_row(t), t, f) for f, t in attached]
+            out.append(ServedTensor(aid, listed, tensor, field, stored))
+        out += [ServedTensor(t.array_id, t.array_id, t, f) for f, t in attached]
         return out
 
     def records(self) -> list[SourceRecord]:

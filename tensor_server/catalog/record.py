@@ -37,11 +37,18 @@ class ServedTensor:
     #: listed as ``source_id/`` (the biopb SDK refuses a bare id of a source listing several
     #: tensors for open-ended slices, and reads an exact id: ``core.identity.ArrayId``)
     listed_id: str
-    #: its entry of the ``sources.tensors`` column, ``array_id`` as listed
-    row: dict[str, Any]
     #: the tensor and its field; None for the own tensors of a restored row not opened yet
     tensor: TensorAdapter | None = None
     field: str | None = None
+    #: such a tensor's stored entry of the ``sources.tensors`` column
+    stored_row: dict[str, Any] | None = None
+
+    @property
+    def row(self) -> dict[str, Any]:
+        """Its entry of the ``sources.tensors`` column, ``array_id`` as listed (made when asked:
+        most listings want the tensor, not the row)."""
+        row = tensor_row(self.tensor) if self.tensor is not None else dict(self.stored_row or {})
+        return {**row, "array_id": self.listed_id}
 
 
 def stat_signature(path: Path) -> tuple:
