@@ -19,7 +19,6 @@ import shutil
 import ssl
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -38,39 +37,32 @@ _SETS = {  # name -> (shape, chunk shape): 8 MiB, 64 KiB and 1 MiB uint16 chunks
 
 
 class _Pair:
-    """A Flight server and its HTTP door over ``catalog``, plaintext or TLS."""
+    """A serving runtime over ``catalog`` behind both doors, plaintext or TLS, with its own
+    chunk cache (so each transport's warm reads come from its own cache)."""
 
     def __init__(self, catalog: Any, tls: Any) -> None:
         from tensor_server.cache import CacheManager
-        from tensor_server.flight import ServerConfig, TensorFlightServer
-        from tensor_server.http.app import HttpFrontEnd, build_app
+        from tensor_server.testing import start_serving
 
         self.cache_dir = tempfile.mkdtemp(prefix="ts-bench-tls-")
         self.cache = CacheManager(self.cache_dir)
-        self.server = TensorFlightServer(catalog, ServerConfig(port=0, precache_bytes=0, tls=tls),
-                                         cache_manager=self.cache)
-        self.thread = threading.Thread(target=self.server.serve, daemon=True)
-        self.thread.start()
-        self.http = HttpFrontEnd(build_app(catalog, self.server.engine), "127.0.0.1", 0, tls=tls)
-        self.http.start()
+        self.served = start_serving(catalog, cache=self.cache, http=True, tls=tls, precache_bytes=0)
         self.tls = tls
 
     def flight_client(self):  # noqa: ANN201 - pyarrow FlightClient
         import pyarrow.flight as flight
 
         extra = {"tls_root_certs": self.tls.cert_pem} if self.tls is not None else {}
-        return flight.FlightClient(self.server.location, **extra)
+        return flight.FlightClient(self.served.location, **extra)
 
     def http_client(self):  # noqa: ANN201 - httpx Client
         import httpx
 
         verify = ssl.create_default_context(cadata=self.tls.cert_pem.decode()) if self.tls is not None else True
-        return httpx.Client(base_url=self.http.url, verify=verify, timeout=60)
+        return httpx.Client(base_url=self.served.http_url, verify=verify, timeout=60)
 
     def close(self) -> None:
-        self.http.stop()
-        self.server.shutdown()
-        self.thread.join(timeout=10)
+        self.served.stop()
         self.cache.close()
         shutil.rmtree(self.cache_dir, ignore_errors=True)
 
@@ -123,7 +115,10 @@ def _timed(read: Callable[[Any], int], items: list) -> Callable[[], list[tuple[f
     return run
 
 
-def run_tls(rounds: int = 5, json_path: str | None = None) -> list[dict[str, Any]]:
+def run_tls(rounds: int = 5, json_path: str | None = None,
+            sets: dict[str, tuple[tuple[int, int], tuple[int, int]]] = _SETS) -> list[dict[str, Any]]:
+    """The table's rows; ``sets`` (name -> (shape, chunk shape) of ``_SETS``' three names) lets
+    a test run the same code on tiny arrays."""
     from tensor_server.adapters.memory import ArrayAdapter, MemorySource
     from tensor_server.catalog import Catalog
     from tensor_server.http.zarr_view import ZarrImage
@@ -131,7 +126,7 @@ def run_tls(rounds: int = 5, json_path: str | None = None) -> list[dict[str, Any
 
     rng = np.random.default_rng(0)
     cat = Catalog([])
-    for name, (shape, chunks) in _SETS.items():
+    for name, (shape, chunks) in sets.items():
         cat.add_source(MemorySource(ArrayAdapter(rng.integers(0, 60000, shape, dtype=np.uint16), "yx",
                                                  chunk_shape=chunks), source_id=name))
     cat.first_scan_done.set()

@@ -140,9 +140,9 @@ def _too_many(what: str, n: int, cap: int) -> RequestTooLarge:
 
 def delete_rois(catalog: Any, array_id: str, batches: Iterable[Any] = (), set_name: str = "", *,
                 cancelled: Callable[[], bool] | None = None, writer: str | None = None) -> Any:
-    """``writer``: only rows it wrote are removed (None: any row, the server token's right)."""
     """A ``roi_delete``: ``RoiDeleteResult``. ``batches`` carry the ``roi_id`` column (none:
-    the named set, else every client-owned annotation of the tensor)."""
+    the named set, else every client-owned annotation of the tensor). ``writer``: only rows it
+    wrote are removed, and an id another wrote is refused (None: any row, the server token's right)."""
     from biopb.image.annotation_pb2 import RoiDeleteResult
     from biopb.tensor._roi_rows import ROI_ID_SCHEMA, table_to_roi_ids
 

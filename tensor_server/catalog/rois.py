@@ -119,6 +119,19 @@ def _check_writer(array_id: str, prepared: Sequence[Any], existing: Mapping[str,
                                "a client updates only its own annotations (give yours new roi_ids)")
 
 
+def _refuse_others_ids(cur: Any, array_id: str, writer: str) -> None:
+    """A delete by id of rows another client stored is refused whole (as ``_check_writer``
+    refuses their update), naming them: an id that is not deleted never passes in silence.
+    ``cur`` holds the requested ids as ``_ids``."""
+    theirs = [r[0] for r in cur.execute(
+        "SELECT roi_id FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) "
+        "AND COALESCE(writer, '') <> ? LIMIT 21", [array_id, writer]).fetchall()]
+    if theirs:
+        raise PermissionDenied(f"roi_delete on {array_id}: {', '.join(sorted(theirs)[:20])} were stored by another "
+                               "client; a client deletes only its own annotations (the server token deletes any); "
+                               "nothing was deleted")
+
+
 class RoiStoreBusy(InvalidArgument):
     """Another process holds the annotation file (DuckDB allows one writer process)."""
 
@@ -456,7 +469,8 @@ class RoiStore:
     def delete(self, array_id: str, roi_ids: Iterable[str] = (), set_name: str = "", *,
                writer: str | None = ANYONE) -> list[str]:
         """Delete those ids, else the whole set, else every client-owned annotation of the
-        tensor; return the ids removed — only rows ``writer`` wrote, unless it is ``ANYONE``.
+        tensor; return the ids removed — only rows ``writer`` wrote, unless it is ``ANYONE``
+        (a set or "all" means all of the writer's; an id another wrote is PERMISSION_DENIED).
         Server-owned (``@``) sets are refused, never silently skipped. The ids travel as one
         Arrow column, never as SQL text."""
         import pyarrow as pa
@@ -480,6 +494,8 @@ class RoiStore:
                     if owned:
                         raise InvalidArgument(f"{', '.join(sorted(owned)[:20])}: in a server-owned set; "
                                               "nothing was deleted")
+                    if writer is not ANYONE:
+                        _refuse_others_ids(cur, array_id, writer)
                     sql = "DELETE FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) RETURNING roi_id"
                     params: list[Any] = [array_id]
                 elif set_name:

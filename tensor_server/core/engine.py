@@ -224,29 +224,33 @@ class ReadEngine:
         v = value_of(cid.bounds) if value_of is not None else None
         if v is not None:
             if cid.method in (UNSCALED, PRECOMPUTE):
-                return self._noted("closed_form", owner, t0, uniform_array(v, cid.bounds.shape, tensor.dtype))
+                return self._noted("closed_form", tensor, t0, uniform_array(v, cid.bounds.shape, tensor.dtype))
             return self._noted("closed_form", tensor, t0, uniform_array(
                 reduced_constant(v, tensor.dtype, cid.scale, cid.method),
                 output_shape(cid.bounds.shape, cid.scale),
                 tensor.dtype,
             ))
         if cid.method in (UNSCALED, PRECOMPUTE):
-            return self._level0(owner, cid.bounds)
+            return self._level0(owner, cid.bounds, asked=tensor)
         return self._scaled(tensor, cid.bounds, cid.scale, cid.method, cancelled, value_of=value_of)
 
-    def _level0(self, tensor: TensorAdapter, bounds: Bounds) -> np.ndarray:
+    def _level0(self, tensor: TensorAdapter, bounds: Bounds, asked: TensorAdapter | None = None) -> np.ndarray:
         """Owned level-0 pixels of a region that is not uniform as a whole. A region with
         some uniform blocks is assembled block by block (uniform ones filled, the others
-        read), so its cost follows the non-uniform blocks; any other is one ``get_data``."""
+        read), so its cost follows the non-uniform blocks; any other is one ``get_data``.
+        ``asked``: the tensor the client asked for, which ``on_read`` is told of (default
+        ``tensor``): a stored level's tensor, read here, carries no array id of its own, so its
+        decode rate and format are its tensor's."""
         t0 = time.perf_counter()
+        asked = tensor if asked is None else asked
         ones = (1,) * tensor.ndim
         unit_value = self._closed_form(tensor, bounds, ones, "nearest")
         if unit_value is not None:
             unit = _storage_block_unit(tensor, ones, bounds.shape)
             if any(u < n for u, n in zip(unit, bounds.shape)):
-                return self._noted("direct", tensor, t0, stream_reduce(bounds, unit, ones, "nearest", tensor.get_data,
-                                                                       tensor.dtype, unit_value=unit_value))
-        return self._noted("direct", tensor, t0, tensor.get_data(bounds))
+                return self._noted("direct", asked, t0, stream_reduce(bounds, unit, ones, "nearest", tensor.get_data,
+                                                                      tensor.dtype, unit_value=unit_value))
+        return self._noted("direct", asked, t0, tensor.get_data(bounds))
 
     def _scaled(
         self,

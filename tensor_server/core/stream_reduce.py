@@ -51,7 +51,8 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.uniform import fill_uniform_units
 from tensor_server_kernels.reference import output_shape
 
-__all__ = ["streaming_unit", "stream_reduce", "iter_units", "default_workers", "run_parallel", "scratch"]
+__all__ = ["streaming_unit", "stream_reduce", "iter_units", "default_workers", "run_parallel", "scratch",
+           "trim_scratch"]
 
 Fetch = Callable[[Bounds], np.ndarray]
 FetchInto = Callable[[Bounds, np.ndarray], None]
@@ -116,6 +117,8 @@ def _submit(run: Callable[[], None], workers: int) -> None:
 
 
 _free: dict[str, list[np.ndarray]] = {}
+#: per slot, the largest buffer a read asked for since the last ``trim_scratch``
+_asked: dict[str, int] = {}
 _free_lock = threading.Lock()
 
 
@@ -134,6 +137,7 @@ def scratch(shape: Sequence[int], dtype: np.dtype, slot: str) -> Iterator[np.nda
         return
     keep = default_workers() + 1
     with _free_lock:
+        _asked[slot] = max(_asked.get(slot, 0), nbytes)
         free = _free.setdefault(slot, [])  # smallest first
         fits = next((i for i, b in enumerate(free) if b.nbytes >= nbytes), None)
         # by index: list.remove compares arrays with ==, which fails on buffers of two sizes
@@ -149,6 +153,25 @@ def scratch(shape: Sequence[int], dtype: np.dtype, slot: str) -> Iterator[np.nda
             if len(free) < keep:
                 free.append(buf)
                 free.sort(key=lambda b: b.nbytes)
+
+
+def trim_scratch() -> int:
+    """Free the kept buffers no read asked for since the last call: those larger than the
+    largest size asked of their slot (all of a slot nobody used). Returns the bytes freed.
+
+    The kept buffers only grow (a read that needs more than every kept one evicts the smallest),
+    so one 32 MiB-unit read — a client's ``tensor_stats`` of a large image — left 3 × 32 MiB per
+    slot for the life of the process: +88 MiB anonymous memory on the load bench's server after
+    its hostile client had gone. Called by the service's ``MemoryReturn`` every few seconds; a
+    steady load keeps the sizes it asks for, so its reads still find touched memory."""
+    freed = 0
+    with _free_lock:
+        for slot, free in _free.items():
+            asked = _asked.pop(slot, 0)
+            kept = [b for b in free if b.nbytes <= asked]
+            freed += sum(b.nbytes for b in free) - sum(b.nbytes for b in kept)
+            free[:] = kept
+    return freed
 
 
 def run_parallel(jobs: Iterable[object], run: Callable[[object], None], helpers: int | None = None) -> None:

@@ -15,7 +15,7 @@ import pyarrow.flight as flight
 
 from tensor_server.errors import TensorServerError, bounded_message, internal_message
 
-__all__ = ["flight_error", "bounded_message"]
+__all__ = ["flight_error", "schema_error", "bounded_message"]
 
 log = logging.getLogger(__name__)
 
@@ -44,3 +44,40 @@ def flight_error(exc: BaseException, request_id: str | None = None) -> flight.Fl
     info = {"code": exc.code, "reason": exc.slug, **exc.details}
     cls = _CLASS_BY_CODE.get(exc.code, flight.FlightServerError)
     return cls(bounded_message(str(exc)) + tail, extra_info=json.dumps(info, default=str).encode())
+
+
+class _SchemaRefusal(Exception):
+    """A GetSchema refusal: its message as it is (KeyError would quote it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class _SchemaNotFound(_SchemaRefusal, KeyError):
+    pass
+
+
+class _SchemaInvalid(_SchemaRefusal, ValueError):
+    pass
+
+
+class _SchemaUnimplemented(_SchemaRefusal, NotImplementedError):
+    pass
+
+
+#: the Python classes pyarrow turns into these codes when a GetSchema handler raises them
+_SCHEMA_CLASS_BY_CODE: dict[str, type[_SchemaRefusal]] = {
+    "NOT_FOUND": _SchemaNotFound, "INVALID_ARGUMENT": _SchemaInvalid, "UNIMPLEMENTED": _SchemaUnimplemented}
+
+
+def schema_error(exc: BaseException, request_id: str | None = None) -> Exception:
+    """What a GetSchema handler raises for ``exc``: ``flight_error``'s message, as a class
+    pyarrow maps to the taxonomy's gRPC code. pyarrow 26 does not catch a FlightError raised
+    in GetSchema (``_flight.pyx`` ``_get_schema`` lacks the ``except FlightError`` of every
+    other handler), so its Flight class would reach the client as UNKNOWN; a KeyError,
+    ValueError or NotImplementedError becomes NOT_FOUND, INVALID_ARGUMENT or UNIMPLEMENTED
+    (other codes stay UNKNOWN: Arrow has no status for them). pyarrow still appends the
+    formatted Python traceback to any error a GetSchema handler raises."""
+    err = flight_error(exc, request_id)
+    code = json.loads(err.extra_info or b"{}").get("code", "")
+    return _SCHEMA_CLASS_BY_CODE.get(code, _SchemaRefusal)(str(err))

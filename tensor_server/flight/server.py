@@ -18,9 +18,9 @@ import pyarrow.flight as flight
 from biopb.tensor import descriptor_pb2, ticket_pb2
 
 from tensor_server.catalog.catalog import sources_schema
-from tensor_server.errors import InvalidArgument, Unimplemented
+from tensor_server.errors import InvalidArgument, TensorNotFound, Unimplemented
 from tensor_server.flight.auth import TokenMiddlewareFactory, presented_token
-from tensor_server.flight.errors import flight_error
+from tensor_server.flight.errors import flight_error, schema_error
 from tensor_server.flight.wire import CHUNK_SCHEMA, chunk_batch, described_flight_info, request_region
 from tensor_server.service import Caller, ServingRuntime
 from tensor_server.service.bodies import decode_message
@@ -65,10 +65,11 @@ class _ClientGone:
         return self._gone
 
 
-def _translated(call: str) -> Callable[[F], F]:
+def _translated(call: str, translate: Callable[[BaseException, str], Exception] = flight_error
+                ) -> Callable[[F], F]:
     """The handler of Flight verb ``call``: one request (its id, count, latency and log
-    line: ``service/metrics.py``), and every error leaves as the Flight error of its class,
-    naming the request."""
+    line: ``service/metrics.py``), and every error leaves as ``translate`` makes it (the
+    Flight error of its class), naming the request."""
     def deco(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(self: TensorFlightServer, *args: Any, **kwargs: Any) -> Any:
@@ -77,7 +78,7 @@ def _translated(call: str) -> Callable[[F], F]:
                 return fn(self, *args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the one boundary: everything is translated
                 rq.failed(exc)
-                raise flight_error(exc, rq.id) from None
+                raise translate(exc, rq.id) from None
             finally:
                 self.runtime.metrics.end(rq)
 
@@ -106,6 +107,7 @@ class TensorFlightServer(flight.FlightServerBase):
         certificates = [flight.CertKeyPair(cert=tls.cert_pem, key=tls.key_pem)] if tls is not None else None
         super().__init__(f"{self.scheme}://{host}:{port}", middleware={"auth": TokenMiddlewareFactory()},
                          tls_certificates=certificates)
+        runtime.flight_listening(host, self.port)
 
     @property
     def location(self) -> str:
@@ -139,9 +141,10 @@ class TensorFlightServer(flight.FlightServerBase):
         return described_flight_info(described, self.runtime.policy, option.SerializeToString())
 
     def _sources_info(self, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
-        path = [p.decode() if isinstance(p, bytes) else p for p in descriptor.path]
+        path = [p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in descriptor.path]
         if path != _SOURCES_PATH:
-            raise InvalidArgument(f"unknown flight path {path[:4]!r}; the catalog is at {_SOURCES_PATH}")
+            raise TensorNotFound(f"unknown flight path {path[:4]!r}; the catalog is at {_SOURCES_PATH}",
+                                 slug="unknown_flight_path")
         ticket = ticket_pb2.TensorTicket(catalog_query=descriptor_pb2.CatalogQuery(sql="SELECT * FROM sources"))
         endpoint = flight.FlightEndpoint(ticket.SerializeToString(), [])
         return flight.FlightInfo(sources_schema(), descriptor, [endpoint], -1, -1)
@@ -149,14 +152,24 @@ class TensorFlightServer(flight.FlightServerBase):
     @_translated("ListFlights")
     def list_flights(self, context, criteria):  # noqa: ANN001
         """The public catalog: one flight per queryable table (its schema and a ticket that
-        reads it), so a stock Flight client can browse without a biopb proto."""
+        reads it), so a stock Flight client can browse without a biopb proto. It takes no
+        criteria: there is nothing to filter."""
         self.runtime.authenticate(self._caller(context))
+        if criteria:
+            raise InvalidArgument(f"ListFlights takes no criteria (got {len(criteria)} bytes): it lists the one "
+                                  f"table, {_SOURCES_PATH}; send empty criteria")
         return iter([self._sources_info(flight.FlightDescriptor.for_path(*_SOURCES_PATH))])
 
-    @_translated("GetSchema")
+    @_translated("GetSchema", schema_error)
     def get_schema(self, context, descriptor):  # noqa: ANN001
+        """The catalog table's schema by its path; a tensor read's command is well formed but
+        not answered here (its schema is its plan's chunk schema, GetFlightInfo)."""
         self.runtime.authenticate(self._caller(context))
         if descriptor.descriptor_type != flight.DescriptorType.PATH:
+            request = decode_message(descriptor_pb2.FlightRequest, descriptor.command, "GetSchema")
+            if request.WhichOneof("request") != "tensor_read":
+                raise InvalidArgument("GetSchema: the command is no FlightRequest with a tensor_read; GetSchema "
+                                      f"answers the catalog table's path {_SOURCES_PATH}")
             raise Unimplemented("GetSchema answers the catalog table's path ['sources']; a tensor's schema is "
                                 "the chunk schema of its plan (GetFlightInfo)")
         return flight.SchemaResult(self._sources_info(descriptor).schema)

@@ -118,11 +118,9 @@ def _with_labels(image: ZarrImage, served: dict[str, Any]) -> ZarrImage:
     return labelled
 
 
-def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # noqa: ANN201 - Starlette
-              flight_location: str | None = None):
+def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  # noqa: ANN201 - Starlette
     """The Starlette application over ``runtime``: the OME-Zarr view, and the viewer doors
-    (IIIF, DeepZoom, the catalog page; ``flight_location`` is the Flight address their SDK
-    snippet names). ``security`` is what the browser-safety middleware enforces (default:
+    (IIIF, DeepZoom, the catalog page). ``security`` is what the browser-safety middleware enforces (default:
     loopback Host names, the server's token if it has one, no cross-origin reads); whatever
     credential it accepts, the runtime judges. Its tokens must be full-access credentials of
     the runtime (``ServingRuntime(access_tokens=...)``): a door that asks for a token lets a
@@ -245,8 +243,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
         label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 
-    routes = [*viewer_routes(RuntimeViewerProvider(runtime, flight_location,
-                                                   door_requires_credential=requires_credential)),
+    routes = [*viewer_routes(RuntimeViewerProvider(runtime, door_requires_credential=requires_credential)),
               Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
               Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
     middleware = [Middleware(Observed, metrics=runtime.metrics),

@@ -127,15 +127,18 @@ def _tensor_row(provider: Any, served: Any, token: str | None, host: str, prefix
     level_text = "<br>".join(escape(f"{lv.path}: {'×'.join(map(str, lv.shape))} "
                                     f"({lv.method if lv.index else 'full resolution'})") for lv in levels)
     links = "".join(f'<a href="{escape(u)}">{escape(name)}</a>' for name, u in _door_urls(tensor, prefix))
-    location = provider.flight_location or f"grpc://{f'[{host}]' if ':' in host else host}:8815"
-    tok = f", token={token!r}" if token else ""  # for the user to copy: HTML text, escaped below
-    snippet = (f"from biopb.tensor import TensorFlightClient\n"
-               f"client = TensorFlightClient({location!r}{tok})\n"
-               f"data = client.get_tensor({served.listed_id!r}).compute()")
+    location = provider.flight_location(host)
+    sdk = ""  # no Flight door listens: nothing to paste
+    if location is not None:
+        tok = f", token={token!r}" if token else ""  # for the user to copy: HTML text, escaped below
+        snippet = (f"from biopb.tensor import TensorFlightClient\n"
+                   f"client = TensorFlightClient({location!r}{tok})\n"
+                   f"data = client.get_tensor({served.listed_id!r}).compute()")
+        sdk = f'<pre>{escape(snippet)}</pre><button class="copy">copy</button>'
     return (f"<tr><td>{thumb}</td><td><b>{escape(served.listed_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
             f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
             f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
-            f'<td class="urls">{links}<pre>{escape(snippet)}</pre><button class="copy">copy</button></td></tr>')
+            f'<td class="urls">{links}{sdk}</td></tr>')
 
 
 def _folder_link(key: str, prefix: str = "") -> str:

@@ -27,13 +27,11 @@ _CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("viewer_caller"
 
 
 class RuntimeViewerProvider:
-    def __init__(self, runtime: ServingRuntime, flight_location: str | None = None, *,
-                 door_requires_credential: bool = False) -> None:
+    def __init__(self, runtime: ServingRuntime, *, door_requires_credential: bool = False) -> None:
         """``door_requires_credential``: the HTTP door asks every request for its token
         (``Caller.door_requires_credential``)."""
         self.runtime = runtime
         self.policy = runtime.policy
-        self.flight_location = flight_location
         self.door_requires_credential = door_requires_credential
 
     def authenticate(self, presented: str | None, peer: str = "") -> None:
@@ -47,6 +45,9 @@ class RuntimeViewerProvider:
     def level_region(self, tensor: TensorAdapter, level: GridLevel, region: Bounds,
                      cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         return self.runtime.level_region(tensor, level, region, _CALLER.get(), cancelled)
+
+    def flight_location(self, client_host: str) -> str | None:
+        return self.runtime.flight_location(client_host)
 
     def catalog_level(self, key: str) -> dict[str, Any]:
         """One level of the catalog with each source's tensors for this caller

@@ -22,8 +22,6 @@ __all__ = ["ViewerProvider"]
 class ViewerProvider(Protocol):
     #: the pyramid policy the levels are advertised with (None: the default)
     policy: PyramidPolicy | None
-    #: the Flight address the catalog page's SDK snippet names (None: the page's host, port 8815)
-    flight_location: str | None
 
     def authenticate(self, presented: str | None, peer: str = "") -> None:
         """Who asks this request: the credential it presented and its address (the calls
@@ -36,6 +34,10 @@ class ViewerProvider(Protocol):
                      cancelled: Callable[[], bool] | None = None) -> np.ndarray:
         """The pixels of ``region`` of a served level (``ServingRuntime.level_region``: from
         the level's cached chunks, or computed from the region's own extent when cold)."""
+
+    def flight_location(self, client_host: str) -> str | None:
+        """The Flight location the catalog page's SDK snippet names, for a client that reached
+        the page as ``client_host`` (``ServingRuntime.flight_location``; None: no Flight door)."""
 
     def catalog_level(self, key: str) -> dict[str, Any]:
         """One level of the catalog tree (``CatalogTree.children``), each source with the

@@ -11,9 +11,9 @@ Three rules, in the biopb reference's terms (its ``_authorize`` / ``_grants``):
   mode), and one that carries none falls back to the control-surface rule. A grant never
   authorizes the control surface;
 * **a write of one upload** (its chunks, READY, DISCARDED): its owner — the holder of the
-  grant it was created with, or the server token. That is exactly who may read it, so a
-  stranger's write hears the read refusal: nothing tells it the upload is writable, or in
-  which state it is.
+  token it was created with, or the server token; an upload created without one, the control
+  surface's. Anyone else is PERMISSION_DENIED, told whose the upload is to write and never its
+  state or grid (the same answer whatever its state).
 
 One read rule for everything about a tensor: its existence, shape, state and rows are a read
 of it. SQL rows (``sources.tensors``, ``rois``, ``decode_rates``; ``row_view``), ``resolve``'s
@@ -34,7 +34,7 @@ import hmac
 from typing import TYPE_CHECKING, Any, Iterable
 
 from tensor_server.catalog.sql import EVERY_ROW, RowView
-from tensor_server.errors import Unauthenticated
+from tensor_server.errors import PermissionDenied, Unauthenticated
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.config import Settings
@@ -107,9 +107,18 @@ class Access:
         return True
 
     def write(self, caller: Caller, up: Any) -> None:
-        """A write of an upload: its owner's (its grant's holder, or full access; an upload
-        with no grant, the control surface's) — the read rule, refusal included."""
-        self.read(caller, up.tensor)
+        """A write of an upload: its owner's (the holder of the token it was created with, or
+        full access; an upload with no owner, the control surface's). Anyone else hears why,
+        never the upload's state or grid."""
+        if self.full(caller):
+            return
+        if not up.owner:
+            self.control(caller)
+            return
+        if caller.token is None or not _same(grant_digest(caller.token), up.owner):
+            raise PermissionDenied(f"permission denied: {up.array_id} is an upload whose chunks and status only "
+                                   "its owner writes (the client whose token created it) or the server token; the "
+                                   "token presented is neither", upload=up.array_id)
 
     def row_view(self, caller: Caller) -> RowView:
         """The rows of the catalog's SQL tables (and listings) ``caller`` sees: every row with

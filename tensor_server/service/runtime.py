@@ -66,6 +66,8 @@ READ_MASK_PATHS = frozenset({"endpoints", "metadata_json", "pyramid", "is_reside
 #: distinct client addresses ``server_stats`` counts reads for; later ones share one row,
 #: so a client cycling source ports cannot grow the server
 MAX_PEERS_COUNTED = 256
+#: bind addresses that listen on every interface: a client dials the name it used instead
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 Cancelled = Callable[[], bool]
 
 
@@ -123,6 +125,8 @@ class ServingRuntime:
         self.uploads = uploads
         self.access = Access(s, uploads, access_tokens)
         self.tls = tls
+        #: where the Flight door listens, (bind host, port), once it does (``flight_listening``)
+        self.flight_bind: tuple[str, int] | None = None
         #: the wire write verbs are served (an in-process producer may use ``uploads`` anyway)
         self.writable = bool(s.writable and uploads is not None and not s.read_only)
         self.started_at = time.time()
@@ -140,6 +144,23 @@ class ServingRuntime:
             self.uploads.close()
         if self.precacher is not None:
             self.precacher.close()
+
+    def flight_listening(self, host: str, port: int) -> None:
+        """The Flight door says where it listens (its port resolved when it asked for 0), so
+        another door can tell a client the location to dial (``flight_location``)."""
+        self.flight_bind = (host, port)
+
+    def flight_location(self, client_host: str) -> str | None:
+        """The location a client that reached this server by the name ``client_host`` passes
+        to ``TensorFlightClient``: ``grpcs://`` when the server speaks TLS (the SDK's spelling),
+        the port the Flight door listens on, and its bind host, or ``client_host`` when the door
+        listens on every address. None while no Flight door listens."""
+        if self.flight_bind is None:
+            return None
+        bind, port = self.flight_bind
+        host = client_host if bind in _WILDCARD_HOSTS else bind
+        host = f"[{host.strip('[]')}]" if ":" in host else host
+        return f"{'grpcs' if self.tls is not None else 'grpc'}://{host}:{port}"
 
     # ---- who may ask (service/access.py) --------------------------------------------------------
     def authenticate(self, caller: Caller) -> None:

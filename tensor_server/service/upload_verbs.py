@@ -70,7 +70,7 @@ def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: 
 
 def set_upload_status(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None
                       ) -> Iterator[bytes]:
-    """READY or DISCARDED, by the upload's owner only (anyone else hears the read refusal)."""
+    """READY or DISCARDED, by the upload's owner only (anyone else: PERMISSION_DENIED, ``Access.write``)."""
     from biopb.tensor import descriptor_pb2, ticket_pb2
 
     manager = require_writable(runtime)

@@ -279,3 +279,23 @@ def test_scratch_serves_buffers_of_two_sizes_and_reuses_them():
         assert c.shape == large and c.__array_interface__["data"][0] == first
     with scratch(small, np.uint16, "test-two-sizes") as d:
         assert d.shape == small
+
+
+def test_trim_scratch_frees_the_buffers_no_read_asked_for_since_the_last_trim():
+    """A large read keeps large buffers; once the reads since the last trim ask only for small
+    ones, the trim frees the large ones (and a slot nobody used is emptied), so one client's
+    large reduction does not hold its unit buffers for the life of the server."""
+    from tensor_server.core.stream_reduce import SCRATCH_MIN, _free, scratch, trim_scratch
+
+    slot = "test-trim"
+    trim_scratch()  # forget what earlier tests asked for
+    with scratch((8 * SCRATCH_MIN,), np.uint8, slot), scratch((SCRATCH_MIN,), np.uint8, slot):
+        pass
+    assert sorted(b.nbytes for b in _free[slot]) == [SCRATCH_MIN, 8 * SCRATCH_MIN]
+    trim_scratch()  # both sizes were asked for since the last trim: both stay
+    assert sorted(b.nbytes for b in _free[slot]) == [SCRATCH_MIN, 8 * SCRATCH_MIN]
+    with scratch((SCRATCH_MIN,), np.uint8, slot) as small:
+        assert small.nbytes == SCRATCH_MIN
+    assert trim_scratch() >= 8 * SCRATCH_MIN and [b.nbytes for b in _free[slot]] == [SCRATCH_MIN]
+    trim_scratch()
+    assert _free[slot] == []

@@ -41,6 +41,7 @@ def _browser():
                 f"--user-data-dir={tempfile.mkdtemp(prefix='ts-chromium-')}"):
         opts.add_argument(arg)
     opts.binary_location = chromium
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console lines for a failure's message
     return webdriver.Chrome(service=Service(driver), options=opts)
 
 

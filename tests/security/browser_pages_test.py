@@ -230,7 +230,10 @@ def test_the_viewer_loads_its_tiles_through_the_cookie_under_its_policy(door):
         deadline = time.monotonic() + 60
         while not browser.execute_script("return !!(window.viewer && viewer.world.getItemCount()"
                                           " && viewer.world.getItemAt(0).getFullyLoaded())"):
-            assert time.monotonic() < deadline, "OpenSeadragon did not load its tiles"
+            assert time.monotonic() < deadline, ("OpenSeadragon did not load its tiles", browser.execute_script(
+                "return [performance.getEntriesByType('resource').map(e => [e.name, e.responseStatus]),"
+                " window.violations, !!window.viewer, window.viewer && viewer.world.getItemCount()]"),
+                browser.get_log("browser"))
             time.sleep(0.2)
         assert browser.execute_script("return viewer.world.getItemAt(0).source.width") == 48
         fetched = browser.execute_script("return performance.getEntriesByType('resource')"

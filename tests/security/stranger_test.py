@@ -1,5 +1,6 @@
 """A stranger sees nothing of another's granted tensor: not its rows in SQL, not its entry in a
-source's row, not its shape or state in a refusal; writes onto it are refused as its reads are.
+source's row, not its shape or state in a refusal; its reads are refused, and its writes are not
+its (PERMISSION_DENIED: only its owner writes it).
 
 Local mode (no server token): the control surface is open to every client on the machine, so
 only the grant stands between alice's upload and bob (or a client with no token). Through the
@@ -129,16 +130,18 @@ def test_a_strangers_annotation_write_on_a_granted_tensor_is_refused(alice, toke
 @pytest.mark.parametrize("token", STRANGERS)
 def test_upload_refusals_show_a_stranger_nothing_of_a_granted_tensor(alice, token):
     """A label set of alice's image (its shape was echoed), her upload's own name (its state was
-    echoed) and DISCARDED: each the read refusal, nothing else; its status is not told."""
+    echoed): each the read refusal, nothing else; DISCARDED: PERMISSION_DENIED (only its owner
+    writes it), nothing else; its status is not told."""
     served, aid = alice
     stranger = served.client(token)
     attempts = [
-        lambda: stranger.setup_array_upload(f"zarr://{aid}/@labels/cells", np.zeros((2, 2), np.uint32)),
-        lambda: stranger.setup_array_upload(f"zarr://{aid}", ARR),
-        lambda: stranger.set_upload_status(aid, "DISCARDED"),
+        (lambda: stranger.setup_array_upload(f"zarr://{aid}/@labels/cells", np.zeros((2, 2), np.uint32)),
+         "capability token"),
+        (lambda: stranger.setup_array_upload(f"zarr://{aid}", ARR), "capability token"),
+        (lambda: stranger.set_upload_status(aid, "DISCARDED"), f"permission denied: {aid} is an upload whose chunks"),
     ]
-    for attempt in attempts:
-        with pytest.raises(Exception, match="capability token") as refused:
+    for attempt, refusal in attempts:
+        with pytest.raises(Exception, match=refusal) as refused:
             attempt()
         assert SHAPE_TEXT not in str(refused.value) and "READY" not in str(refused.value)
     assert stranger.get_upload_status(aid)["state"] == "UNKNOWN"  # the SDK's word for a refused describe

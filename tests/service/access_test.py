@@ -31,8 +31,9 @@ def test_an_upload_belongs_to_whoever_created_it(catalog, tmp_path):
         for other in (bob, anon):
             with pytest.raises(Exception, match="capability token"):  # its write plan is a read of it
                 other.upload_array(desc, ARR)
-            with pytest.raises(Exception, match="capability token"):  # a stranger hears the read refusal
-                other.set_upload_status(desc.array_id, "DISCARDED")
+            for state in ("READY", "DISCARDED"):  # a write of it: only its owner's
+                with pytest.raises(flight.FlightUnauthorizedError, match=f"{desc.array_id} is an upload whose chunks"):
+                    other.set_upload_status(desc.array_id, state)
         assert alice.upload_array(desc, ARR)["state"] == "READY"
         np.testing.assert_array_equal(alice.get_array(desc.array_id), ARR)
         for other in (bob, anon):
@@ -98,9 +99,9 @@ def test_no_add_source_refuses_by_rule(catalog, tmp_path):
             list(flight.FlightClient(srv.location).do_action(flight.Action("add_source", body)))
 
 
-def test_a_chunk_write_by_another_is_refused_as_a_read(catalog, tmp_path):
+def test_a_chunk_write_by_another_is_permission_denied(catalog, tmp_path):
     """The write verb itself, not only the plan before it: a DoPut of alice's planned chunk
-    by bob is refused as a read of her upload would be (nothing of its state or grid)."""
+    by bob is PERMISSION_DENIED, naming the upload and why (nothing of its state or grid)."""
     with serving(catalog, write_dir=str(tmp_path / "w"), writable=True) as srv:
         alice = TensorFlightClient(srv.location, token="alice")
         desc = alice.setup_array_upload("cache://img/@fields/solo", ARR)
@@ -119,9 +120,11 @@ def test_a_chunk_write_by_another_is_refused_as_a_read(catalog, tmp_path):
         batch = pa.record_batch([pa.array(ARR.ravel())], names=["data"])
         writer, _ = raw.do_put(flight.FlightDescriptor.for_command(cmd.SerializeToString()), batch.schema,
                                headers("bob"))
-        with pytest.raises(flight.FlightUnauthenticatedError, match="capability token"):
+        with pytest.raises(flight.FlightUnauthorizedError, match=f"{desc.array_id} is an upload whose chunks and "
+                           "status only its owner writes") as refused:
             writer.write_batch(batch)
             writer.close()
+        assert "PENDING" not in str(refused.value) and str(list(ARR.shape)) not in str(refused.value)
         assert srv.runtime.uploads.get(desc.array_id).status()["uploaded_chunks"] == 0
 
 
@@ -142,7 +145,10 @@ def test_annotations_carry_their_writer(catalog, tmp_path):
         bob.put_rois("img", [roi("b1")])
         with pytest.raises(Exception, match="stored by another client"):
             bob.put_rois("img", [roi("a1")])
-        assert sorted(bob.delete_rois("img", ["a1", "b1"]).deleted) == ["b1"]
+        with pytest.raises(flight.FlightUnauthorizedError, match=r"roi_delete on img: a1 were stored by another "
+                           "client; .* nothing was deleted"):
+            bob.delete_rois("img", ["a1", "b1"])  # by id: another's row is refused, never skipped in silence
+        assert bob.delete_rois("img", ["b1", "gone"]).deleted == ["b1"]  # an id no one holds is no one's
         assert sorted(r.roi_id for r in alice.list_rois("img").rois) == ["a1", "a2"]
         assert bob.delete_rois("img").deleted == []  # "all of mine": none left
         columns = alice.query("SELECT * FROM rois LIMIT 1").column_names

@@ -182,6 +182,35 @@ def test_the_decode_rates_table_is_filled_by_full_resolution_decodes(served):
     assert rows[0]["mbps"] > 0 and rows[0]["updated_at"] is not None
 
 
+def test_a_stored_levels_decodes_are_its_tensors_rows(tmp_path):
+    """A read of a stored pyramid level (an OME-Zarr's ``1``) is sampled under the id the
+    client read, never an empty one (a level's own tensor carries no id)."""
+    import zarr
+    from ome_zarr.format import FormatV04
+    from ome_zarr.writer import write_image
+
+    img = np.random.default_rng(5).integers(0, 4000, (128, 96), dtype=np.uint16)
+    write_image(img, zarr.open_group(str(tmp_path / "root" / "pyr.zarr"), mode="w", zarr_format=2),
+                scale_factors=[2, 4], scaler=None, axes="yx", fmt=FormatV04(),
+                storage_options={"chunks": (32, 32)})
+    cat = Catalog([tmp_path / "root"])
+    cat.scan()
+    cat.decode_rates_refresh = 0.0
+    try:
+        [rec] = cat.records()
+        tensor = rec.source.tensor()
+        assert [lv.scale for lv in tensor.native_levels] == [(2, 2), (4, 4)]
+        with CacheManager(tmp_path / "cache") as cache, serving(cat, cache=cache, precache_bytes=0) as srv:
+            sdk = srv.client()
+            got = sdk.get_array(tensor.array_id, scale_hint=[2, 2], reduction_method="precompute")
+            np.testing.assert_array_equal(got, tensor.native_levels[0].tensor.get_data())
+            rows = sdk.query("SELECT array_id, samples FROM decode_rates", format="records")
+            sdk.close()
+        assert [r["array_id"] for r in rows] == [tensor.array_id] and rows[0]["samples"] >= 1
+    finally:
+        cat.close()
+
+
 def test_the_listener_refuses_off_loopback_without_a_token(catalog):
     runtime = ServingRuntime(catalog, Settings(metrics_port=0, metrics_host="0.0.0.0"))
     try:
