@@ -10,6 +10,8 @@ import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.chunk_id import ChunkId
 from tensor_server.service import Caller
 from tensor_server.service.access import grant_digest
 from tensor_server.testing import serving
@@ -24,8 +26,7 @@ GRANT = "fields-grant"
 def srv(tmp_path_factory):
     """A local-mode server (no token) with an image, a multi-tensor source, and, uploaded
     through the SDK: a READY result on the scratch source, a READY label set of the image, a
-    PENDING result, and a READY result granted to ``GRANT`` (made in process, as a producer
-    passing an owner does)."""
+    PENDING result; and, granted to ``GRANT``, a READY result and a READY label set."""
     cat = Catalog([])
     cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=(16, 16)), source_id="img"))
     cat.add_source(MemorySource({"a": ArrayAdapter(IMAGE[:8], "yx"), "b": ArrayAdapter(IMAGE[:4], "yx")},
@@ -38,17 +39,18 @@ def srv(tmp_path_factory):
         labels = client.setup_array_upload("zarr://img/@labels/nuclei", NUCLEI, chunk_shape=(40, 30))
         client.upload_array(labels, NUCLEI)
         client.setup_array_upload("zarr://scratch/@fields/pending", RESULT, chunk_shape=(24, 20))
-        manager = served.runtime.uploads
-        up = manager.add_tensor("cache://scratch/@fields/granted", RESULT.shape, RESULT.dtype,
-                                chunk_shape=RESULT.shape, owner=grant_digest(GRANT))
-        from tensor_server.core.bounds import Bounds
-        from tensor_server.core.chunk_id import ChunkId
-
-        cid = ChunkId.for_extent(up.array_id, Bounds((0, 0), RESULT.shape), (1, 1), "none", up.tensor.content_version)
-        manager.write_chunk(cid, RESULT)
-        manager.set_ready(up.array_id)
+        for request_id, data in (("cache://scratch/@fields/granted", RESULT), ("zarr://img/@labels/secret", NUCLEI)):
+            _granted_upload(served.runtime.uploads, request_id, data)
         yield served
     cat.close()
+
+
+def _granted_upload(manager, request_id, data):
+    """A READY upload granted to ``GRANT`` (as an in-process producer passing an owner makes one)."""
+    up = manager.add_tensor(request_id, data.shape, data.dtype, chunk_shape=data.shape, owner=grant_digest(GRANT))
+    cid = ChunkId.for_extent(up.array_id, Bounds((0, 0), data.shape), (1, 1), "none", up.tensor.content_version)
+    manager.write_chunk(cid, data)
+    manager.set_ready(up.array_id)
 
 
 def listed(served, source_id, token=None):
@@ -60,6 +62,7 @@ def test_fields_list_own_tensors_then_ready_uploads_for_the_caller(srv):
     assert listed(srv, "pair") == ["pair/a", "pair/b"]
     assert listed(srv, "scratch") == ["scratch/@fields/result"]  # not PENDING, not another's grant
     assert listed(srv, "scratch", GRANT) == ["scratch/@fields/result", "scratch/@fields/granted"]
+    assert listed(srv, "img", GRANT) == ["img/", "img/@labels/nuclei", "img/@labels/secret"]
     fields = srv.runtime.fields("img", Caller())  # by field: the image's own, then the label set's
     own, label_set = fields.values()
     assert own.tensor.array_id == "img" and list(fields)[1] == "@labels/nuclei" and label_set.tensor.is_labels
@@ -117,6 +120,15 @@ def test_the_page_and_the_json_catalog_list_the_scratch_uploads(srv):
     scratch = next(s for s in doc["sources"] if s["source_id"] == "scratch")
     assert [t["array_id"] for t in scratch["tensors"]] == ["scratch/@fields/result"]
     assert scratch["tensors"][0]["shape"] == list(RESULT.shape) and scratch["tensors"][0]["dtype"] == "<f4"
+
+
+def test_a_granted_label_set_is_listed_to_its_holder_alone(srv):
+    for token, want in ((None, ["nuclei"]), ("wrong", ["nuclei"]), (GRANT, ["nuclei", "secret"])):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        assert httpx.get(f"{srv.http_url}/zarr/img/labels/.zattrs", headers=headers).json()["labels"] == want
+        assert httpx.get(f"{srv.http_url}/zarr/img/", headers=headers).json()["labels"] == want
+    refused = httpx.get(f"{srv.http_url}/zarr/img/labels/secret/0/.zarray")
+    assert refused.status_code == 404 and "no label image 'secret'" in refused.text  # nothing of its shape
 
 
 def test_export_takes_the_uploaded_label_set(srv):
