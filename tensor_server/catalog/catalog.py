@@ -25,7 +25,7 @@ from tensor_server.adapters.registry import FormatEntry, formats
 from tensor_server.catalog._opening import (DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record,
                                             stored_row)
 from tensor_server.catalog.discovery import Claim, discover
-from tensor_server.catalog.record import SourceRecord, stat_signature as _stat_signature, tensor_row
+from tensor_server.catalog.record import ServedTensor, SourceRecord, stat_signature as _stat_signature, tensor_row
 from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.decode_rates import DecodeRates
 from tensor_server.catalog.rois import RoiStore
@@ -227,14 +227,28 @@ class Catalog:
             if was is not None and was[1]:
                 self.generation += 1
 
-    def fields(self, source_id: str) -> dict[str, TensorAdapter]:
-        """Every tensor served under ``source_id`` by field: the source's own (when it is
-        open) and the attached ones, listed or not (an image's uploaded label sets)."""
+    def served(self, rec: SourceRecord) -> list[ServedTensor]:
+        """Every tensor ``rec`` serves and lists, in order: the source's own (from its adapter,
+        or from a restored row's listing without opening it), then the attached ones that are
+        listed (READY uploads, label sets included); none while it cannot be read. The one
+        answer to "which tensors does this source serve" below the callers' rule: SQL rows,
+        the catalog tree and page, and ``ServingRuntime.fields`` all start from it."""
+        if not rec.is_resolved:
+            return []
         with self._lock:
-            rec = self._records.get(source_id)
-            attached = {f: t for f, (t, _) in self._attached.get(source_id, {}).items()}
-        own = dict(rec.source.tensors) if rec is not None and rec.source is not None else {}
-        return {**own, **attached}
+            attached = [(f, t) for f, (t, listed) in self._attached.get(rec.source_id, {}).items() if listed]
+        src = rec.opened()
+        own: list[tuple[str, str | None, TensorAdapter | None, dict[str, Any] | None]]
+        if src is not None:
+            own = [(t.array_id, f, t, None) for f, t in src.tensors.items()]
+        else:
+            own = [(row["array_id"], None, None, row) for row in rec.tensor_rows()]
+        out = []
+        for aid, field, tensor, stored in own:
+            listed = aid + SEP if attached and aid == rec.source_id else aid
+            out.append(ServedTensor(aid, listed, tensor, field, stored))
+        out += [ServedTensor(t.array_id, t.array_id, t, f) for f, t in attached]
+        return out
 
     def lists_tensors(self, rec: SourceRecord, view: RowView = EVERY_ROW) -> bool:
         """Shown in the catalog tree to the callers of ``view``: unreadable (so the reason
@@ -653,18 +667,7 @@ class Catalog:
             rows["source_url"].append(r.url)
             rows["source_type"].append(r.type)
             rows["is_resolved"].append(r.is_resolved)
-            tensors = [row for row in r.tensor_rows() if not view.hides(row["array_id"])]
-            if r.is_resolved:
-                with self._lock:
-                    attached = [t for t, listed in self._attached.get(r.source_id, {}).values()
-                                if listed and not view.hides(t.array_id)]
-                if attached:  # a bare-id tensor beside attached ones is listed as ``source_id/``: the
-                    # biopb SDK refuses a bare id of a source listing several tensors for
-                    # open-ended slices, and reads an exact id (core.identity.ArrayId)
-                    tensors = [{**row, "array_id": row["array_id"] + SEP} if row["array_id"] == r.source_id else row
-                               for row in tensors]
-                tensors += [tensor_row(t) for t in attached]
-            rows["tensors"].append(tensors)
+            rows["tensors"].append([t.row for t in self.served(r) if not view.hides(t.array_id)])
             rows["metadata_json"].append(r.metadata_json())
             rows["unresolved_reason"].append(r.unresolved_reason)
         return pa.table(rows, schema=sources_schema())

@@ -11,19 +11,44 @@ from __future__ import annotations
 import os
 import stat
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_stat_stamp
 
-__all__ = ["SourceRecord", "stat_signature", "tensor_row"]
+__all__ = ["SourceRecord", "ServedTensor", "stat_signature", "tensor_row"]
 
 
 def tensor_row(t: TensorAdapter) -> dict[str, Any]:
     """A tensor's entry of the ``sources.tensors`` column (wire-protocol §9.2)."""
     return {"array_id": t.array_id, "dim_labels": list(t.dim_labels), "shape": [int(n) for n in t.shape],
             "dtype": t.dtype.str}
+
+
+@dataclass(frozen=True)
+class ServedTensor:
+    """One tensor a source serves, as every listing shows it (``Catalog.served``)."""
+
+    #: the tensor's own id (what the read rule and the SQL views are keyed on)
+    array_id: str
+    #: the id it is listed, and read, by: its own, except a bare-id tensor beside attached ones,
+    #: listed as ``source_id/`` (the biopb SDK refuses a bare id of a source listing several
+    #: tensors for open-ended slices, and reads an exact id: ``core.identity.ArrayId``)
+    listed_id: str
+    #: the tensor and its field; None for the own tensors of a restored row not opened yet
+    tensor: TensorAdapter | None = None
+    field: str | None = None
+    #: such a tensor's stored entry of the ``sources.tensors`` column
+    stored_row: dict[str, Any] | None = None
+
+    @property
+    def row(self) -> dict[str, Any]:
+        """Its entry of the ``sources.tensors`` column, ``array_id`` as listed (made when asked:
+        most listings want the tensor, not the row)."""
+        row = tensor_row(self.tensor) if self.tensor is not None else dict(self.stored_row or {})
+        return {**row, "array_id": self.listed_id}
 
 
 def stat_signature(path: Path) -> tuple:

@@ -12,11 +12,14 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["ArrayId", "file_content_version", "file_stat_stamp", "minted_content_version", "source_id_for_path",
-           "source_id_for_url"]
+__all__ = ["ArrayId", "NO_DEFAULT_TENSOR", "file_content_version", "file_stat_stamp", "minted_content_version",
+           "source_id_for_path", "source_id_for_url"]
 
 #: the separator of an array id's two parts; a source id never contains it, a field may
 SEP = "/"
+#: the slug of the NOT_FOUND a bare source id answers when its source holds no tensor of its
+#: own (the scratch source: every tensor on it is a field, named in full)
+NO_DEFAULT_TENSOR = "no_default_tensor"
 
 
 class ArrayId(tuple):

@@ -19,6 +19,7 @@ no-cache`` (clients may keep bytes but must revalidate: the file can change);
 """
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections import OrderedDict
@@ -63,36 +64,58 @@ class _Views:
 
     def resolve(self, caller: Caller, segments: list[str], zarr_format: int) -> tuple[ZarrImage, list[str]]:
         """The image a path names and the zarr key after it (``http/paths.py``); the runtime's
-        read rules (the token or the tensor's grant, the upload gate) for the tensor chosen."""
+        read rules (the token or the tensor's grant, the upload gate) for the tensor chosen.
+        A path through ``labels/`` sees the images with the label images the caller may read."""
+        served: dict[str, Any] | None = None
+
+        def image_of(tensor: Any) -> ZarrImage:
+            nonlocal served
+            view = self.image(tensor)
+            if "labels" not in segments:
+                return view
+            if served is None:  # one source per path: its fields are asked once
+                served = self.runtime.fields(ArrayId.parse(tensor.array_id).source_id, caller)
+            return _with_labels(view, served)
+
         with timing("lookup"):
             try:
                 image, rest = resolve_zarr_path(segments, zarr_format,
-                                                lambda aid: self.runtime.catalog.find_tensor(aid)[0], self.image)
+                                                lambda aid: self.runtime.catalog.find_tensor(aid)[0], image_of)
             except TensorNotFound:
                 self.runtime.refuse_unknown(caller)
                 raise
             self.runtime.authorize(caller, image.tensor)
         return image, rest
 
+    def labelled(self, image: ZarrImage, caller: Caller) -> ZarrImage:
+        """``image`` with the label images its source serves to ``caller``."""
+        return _with_labels(image, self.runtime.fields(ArrayId.parse(image.tensor.array_id).source_id, caller))
+
     def image(self, tensor: Any) -> ZarrImage:
+        """The view of ``tensor`` without its labels (they depend on the caller: ``labelled``)."""
         key = (tensor.array_id, tensor.content_version)
         with self._lock:
             view = self._views.get(key)
             if view is not None:
                 self._views.move_to_end(key)
                 return view
-        source = self.runtime.catalog.get_record(ArrayId.parse(tensor.array_id).source_id).source
-        labels = {}
-        if source is not None and not tensor.is_labels:
-            for field, other in source.tensors.items():
-                if other.is_labels and other is not tensor:
-                    labels[field.rsplit("/", 1)[-1]] = other
-        view = ZarrImage(tensor, name=tensor.array_id, labels=labels, policy=self.runtime.policy)
+        view = ZarrImage(tensor, name=tensor.array_id, policy=self.runtime.policy)
         with self._lock:
             self._views[key] = view
             while len(self._views) > self.size:
                 self._views.popitem(last=False)
         return view
+
+
+def _with_labels(image: ZarrImage, served: dict[str, Any]) -> ZarrImage:
+    """A copy of ``image`` whose label images are the label tensors among ``served``
+    (``ServingRuntime.fields``), each named by its field's last segment; a label image has none."""
+    if image.tensor.is_labels:
+        return image
+    labelled = copy.copy(image)
+    labelled.labels = {field.rsplit("/", 1)[-1]: t.tensor for field, t in served.items()
+                       if t.tensor.is_labels and t.tensor is not image.tensor}
+    return labelled
 
 
 def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  # noqa: ANN201 - Starlette
@@ -182,6 +205,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  #
         if rest and rest[0] == "labels" and not image.is_label_of:
             return await _labels(request, caller, image, rest[1:], zarr_format)
         if not rest:
+            image = await run_in_threadpool(views.labelled, image, caller)
             doc = {"ngff": version, "array_id": image.tensor.array_id, "levels": [lv.path for lv in image.levels],
                    "labels": sorted(image.labels)}
             return respond(request, dumps(doc), _JSON, f'"{tag}-index"')

@@ -10,12 +10,18 @@ into the git-ignored ``.viewer-assets/`` (or the folder ``TENSOR_SERVER_OSD_DIR`
 is served under ``/assets/openseadragon/``; where it is absent the viewer page says how to get
 it.
 
-No credential is written into a page's links or script: the page opened from a token-bearing
-URL (``/?token=<token>``, ``/t/<token>/``) got the door's cookie (``http/security.py``), which
-admits its links, thumbnails and the viewer's tile requests; only the SDK snippet shows the
-token, as text for the user. The pages run no inline script (their ``Content-Security-Policy``
-allows only the server's own files): the viewer's options travel as JSON in a
-``<script type="application/json">`` element that the served ``pages.js`` reads.
+``/api/catalog?folder=<key>`` answers the same level as JSON: both come from one service
+call (``CatalogVerbs.catalog_level``: the tree ``catalog_children`` lists, each source with
+the tensors ``ServingRuntime.fields`` serves the caller, or the reason it cannot be read).
+
+The page's links carry the credential the request presented (its URL or ``Authorization``,
+never the cookie's) in the path form ``/t/<token>/`` (``http/security.py``), which zarr clients
+keep on every key they fetch, so a door URL copied from the page works where it is pasted; the
+thumbnails are admitted by the door's cookie, set when the page was opened from a
+token-bearing URL; the SDK snippet shows the token as text for the user. No credential is
+written into a page's script. The pages run no inline script (their
+``Content-Security-Policy`` allows only the server's own files): the viewer's options travel
+as JSON in a ``<script type="application/json">`` element that the served ``pages.js`` reads.
 """
 from __future__ import annotations
 
@@ -27,13 +33,15 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from tensor_server.core.level_grid import grid_levels
-from tensor_server.http.viewer_door import guarded, presented_token
+from tensor_server.http.viewer_door import guarded, presented_token, token_path
 from tensor_server.render.image import Renderer
 from tensor_server.render.plane import PlaneView, split_identifier
 
-__all__ = ["osd_dir", "routes", "script_json"]
+__all__ = ["osd_dir", "routes", "script_json", "API_CATALOG"]
 
 THUMBNAIL = 160
+#: the JSON catalog: ``?folder=<key>`` as for the page
+API_CATALOG = "/api/catalog"
 #: the pages' own files, served at ``/assets/page/<name>`` (a policy of ``script-src 'self'``
 #: runs no inline script, ``style-src 'self'`` applies no inline style)
 PAGE_ASSETS_PREFIX = "/assets/page/"
@@ -95,65 +103,97 @@ def _physical(tensor: Any) -> str:
     return "<br>".join(escape(s) for s in out) or "—"
 
 
-def _tensor_row(provider: Any, tensor: Any, token: str | None, host: str) -> str:
+def _door_urls(tensor: Any, prefix: str) -> list[tuple[str, str]]:
+    """(name, path) of every door serving ``tensor``, each under ``prefix`` (``/t/<token>``
+    or nothing: ``viewer_door.token_path``)."""
     aid = quote(tensor.array_id, safe="/")
-    can_show = tensor.ndim >= 2
+    urls = [("OME-Zarr v2 (NGFF 0.4)", f"{prefix}/zarr/{aid}/"), ("OME-Zarr v3 (NGFF 0.5)", f"{prefix}/zarr3/{aid}/")]
+    if tensor.ndim >= 2:
+        urls += [("IIIF info.json", f"{prefix}/iiif/3/{aid}/info.json"),
+                 ("DeepZoom .dzi", f"{prefix}/deepzoom/{aid}.dzi"), ("viewer (OpenSeadragon)", f"{prefix}/view/{aid}")]
+    return urls
+
+
+def _tensor_row(provider: Any, served: Any, token: str | None, host: str, prefix: str) -> str:
+    tensor = served.tensor
+    aid = quote(tensor.array_id, safe="/")
     thumb = "—"
-    if can_show:
+    if tensor.ndim >= 2:
         plane = PlaneView.of(tensor, {}, provider.policy)
         size = "max" if max(plane.width, plane.height) <= THUMBNAIL else f"!{THUMBNAIL},{THUMBNAIL}"
-        thumb = (f'<img class="thumb" alt="thumbnail of {escape(tensor.array_id)}" src="'
+        thumb = (f'<img class="thumb" alt="thumbnail of {escape(served.listed_id)}" src="'
                  f'{escape(f"/iiif/3/{aid}/full/{size}/0/default.jpg")}">')
     levels = grid_levels(tensor, provider.policy)
     level_text = "<br>".join(escape(f"{lv.path}: {'×'.join(map(str, lv.shape))} "
                                     f"({lv.method if lv.index else 'full resolution'})") for lv in levels)
-    urls = [("OME-Zarr v2 (NGFF 0.4)", f"/zarr/{aid}/"), ("OME-Zarr v3 (NGFF 0.5)", f"/zarr3/{aid}/")]
-    if can_show:
-        urls += [("IIIF info.json", f"/iiif/3/{aid}/info.json"), ("DeepZoom .dzi", f"/deepzoom/{aid}.dzi"),
-                 ("viewer (OpenSeadragon)", f"/view/{aid}")]
-    links = "".join(f'<a href="{escape(u)}">{escape(name)}</a>' for name, u in urls)
+    links = "".join(f'<a href="{escape(u)}">{escape(name)}</a>' for name, u in _door_urls(tensor, prefix))
     location = provider.flight_location(host)
     sdk = ""  # no Flight door listens: nothing to paste
     if location is not None:
         tok = f", token={token!r}" if token else ""  # for the user to copy: HTML text, escaped below
         snippet = (f"from biopb.tensor import TensorFlightClient\n"
                    f"client = TensorFlightClient({location!r}{tok})\n"
-                   f"data = client.get_tensor({tensor.array_id!r}).compute()")
+                   f"data = client.get_tensor({served.listed_id!r}).compute()")
         sdk = f'<pre>{escape(snippet)}</pre><button class="copy">copy</button>'
-    return (f"<tr><td>{thumb}</td><td><b>{escape(tensor.array_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
+    return (f"<tr><td>{thumb}</td><td><b>{escape(served.listed_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
             f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
             f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
             f'<td class="urls">{links}{sdk}</td></tr>')
 
 
-def _folder_link(key: str) -> str:
-    return escape("/?" + urlencode({"folder": key}))
+def _folder_link(key: str, prefix: str = "") -> str:
+    return escape(f"{prefix}/?" + urlencode({"folder": key}))
 
 
-def catalog_html(provider: Any, key: str, token: str | None, host: str) -> str:
-    """The page of folder ``key``; ``token`` appears only in the SDK snippets (links are
-    admitted by the door's cookie)."""
-    level = provider.children(key)
-    crumbs = ['<a href="/">catalog</a>']
+def _source_html(provider: Any, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
+    """A source's heading, then its tensors' table, or the reason it cannot be read."""
+    head = f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
+    if source["unresolved_reason"] is not None:
+        return f'{head}<p class="unresolved">cannot be read: {escape(source["unresolved_reason"])}</p>'
+    rows = "".join(_tensor_row(provider, t, token, host, prefix) for t in source["tensors"])
+    return (f"{head}<table><tr><th></th><th>tensor</th><th>physical size</th><th>levels</th><th>doors</th></tr>"
+            f"{rows}</table>")
+
+
+def catalog_html(provider: Any, key: str, token: str | None, host: str, prefix: str = "") -> str:
+    """The page of folder ``key`` (``provider.catalog_level``): its links under ``prefix`` (the
+    path form of the credential the request presented itself: ``viewer_door.token_path``),
+    ``token`` (the one it came with, the cookie's too) in the SDK snippet, as text."""
+    level = provider.catalog_level(key)
+    crumbs = [f'<a href="{escape(prefix)}/">catalog</a>']
     parts = [p for p in key.split("/") if p]
     for i in range(len(parts)):
-        crumbs.append(f'<a href="{_folder_link("/".join(parts[:i + 1]))}">{escape(parts[i])}</a>')
+        crumbs.append(f'<a href="{_folder_link("/".join(parts[:i + 1]), prefix)}">{escape(parts[i])}</a>')
     body = [f"<h1>tensor-server</h1><p>{' / '.join(crumbs)}</p>"]
     if level["folders"]:
         body.append("<h2>Folders</h2><ul>" + "".join(
-            f'<li><a class="folder" href="{_folder_link(f["key"])}">{escape(f["name"])}/</a></li>'
+            f'<li><a class="folder" href="{_folder_link(f["key"], prefix)}">{escape(f["name"])}/</a></li>'
             for f in level["folders"]) + "</ul>")
-    for source in level["sources"]:
-        tensors = provider.source_tensors(source["source_id"])
-        rows = "".join(_tensor_row(provider, t, token, host) for t in tensors.values())
-        body.append(f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
-                    "<table><tr><th></th><th>tensor</th><th>physical size</th><th>levels</th><th>doors</th></tr>"
-                    f"{rows}</table>")
+    body += [_source_html(provider, source, token, host, prefix) for source in level["sources"]]
     if level["truncated"]:
         body.append("<p>(more entries than one page lists)</p>")
     if not level["folders"] and not level["sources"]:
         body.append("<p>Nothing is served here yet.</p>")
     return _page("tensor-server", "".join(body))
+
+
+def catalog_json(provider: Any, key: str, prefix: str = "") -> dict[str, Any]:
+    """``/api/catalog?folder=<key>``: the page's level as JSON (``provider.catalog_level``, the
+    same call), for scripts and web clients that do not speak Flight. Each tensor: its id as
+    listed (what the SDK reads), axes, shape, dtype, whether it is a label image, physical
+    scale and unit, and its door URLs (relative, in the page's form)."""
+    level = provider.catalog_level(key)
+
+    def tensor_json(served: Any) -> dict[str, Any]:
+        t = served.tensor
+        return {**served.row, "is_labels": bool(t.is_labels),
+                "physical_scale": list(t.physical_scale) if t.physical_scale else None,
+                "physical_unit": list(t.physical_unit) if t.physical_unit else None,
+                "urls": {name: url for name, url in _door_urls(t, prefix)}}
+
+    sources = [{"name": s["name"], "source_id": s["source_id"], "unresolved_reason": s["unresolved_reason"],
+                "tensors": [tensor_json(t) for t in s["tensors"]]} for s in level["sources"]]
+    return {"key": level["key"], "folders": level["folders"], "sources": sources, "truncated": level["truncated"]}
 
 
 def viewer_html(identifier: str, source: str) -> str:
@@ -179,7 +219,7 @@ def viewer_html(identifier: str, source: str) -> str:
 
 def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
     from starlette.concurrency import run_in_threadpool
-    from starlette.responses import HTMLResponse, PlainTextResponse, Response
+    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
@@ -188,8 +228,13 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
     async def catalog(request: Any) -> Any:
         key = request.query_params.get("folder", "")[:4096]
         html = await run_in_threadpool(catalog_html, provider, key, presented_token(request),
-                                       request.url.hostname or "127.0.0.1")
+                                       request.url.hostname or "127.0.0.1", token_path(request))
         return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
+
+    async def catalog_api(request: Any) -> Any:
+        key = request.query_params.get("folder", "")[:4096]
+        doc = await run_in_threadpool(catalog_json, provider, key, token_path(request))
+        return JSONResponse(doc, headers={"Cache-Control": "no-cache"})
 
     async def view(request: Any) -> Any:
         identifier = request.path_params["identifier"]
@@ -204,6 +249,7 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
         return Response(asset[0], media_type=asset[1], headers={"Cache-Control": "no-cache"})
 
     return [Route("/", guarded(provider, catalog), methods=["GET", "HEAD"]),
+            Route(API_CATALOG, guarded(provider, catalog_api), methods=["GET", "HEAD"]),
             Route("/view/{identifier:path}", guarded(provider, view), methods=["GET", "HEAD"]),
             Route(PAGE_ASSETS_PREFIX + "{name}", page_asset, methods=["GET", "HEAD"]),
             Mount("/assets/openseadragon", StaticFiles(directory=str(osd_dir()), check_dir=False))]

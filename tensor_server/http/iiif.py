@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from tensor_server.errors import InvalidArgument
-from tensor_server.http.viewer_door import guarded, while_connected
+from tensor_server.http.viewer_door import guarded, token_path, while_connected
 from tensor_server.render import iiif
 from tensor_server.render.image import FORMATS, Renderer, available_formats, encode
 from tensor_server.render.plane import split_identifier
@@ -41,7 +41,9 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
 
     async def serve(request: Any) -> Any:
         parts = _segments(request)
-        base = str(request.url.replace(query="")).split(PREFIX, 1)[0] + PREFIX
+        # the id carries the credential the request came with: a viewer on another origin
+        # (no cookie there) fetches every tile from it
+        base = str(request.url.replace(query="")).split(PREFIX, 1)[0] + token_path(request) + PREFIX
         if len(parts) >= 2 and parts[-1] == "info.json":
             identifier = "/".join(parts[:-1])
             view = await run_in_threadpool(renderer.view, *split_identifier(identifier))

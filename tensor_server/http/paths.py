@@ -5,7 +5,8 @@ has no ``/``); a field may span several segments. A path is read as one of two t
 
 (a) the source's tensor named by the longest run of segments after the source id that is
     one of its fields, with the zarr key after it, or
-(b) the source's default tensor with the whole rest as the zarr key.
+(b) the source's default tensor with the whole rest as the zarr key (a source with none of
+    its own, the scratch source, has only (a)).
 
 The one that leaves a valid key of its image wins; when both do, (a) wins unless its field
 *is* the default tensor, in which case (b) (the default tensor's URL is its source id:
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from tensor_server.core.identity import SEP
+from tensor_server.core.identity import NO_DEFAULT_TENSOR, SEP
 from tensor_server.errors import TensorNotFound
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,8 +72,13 @@ def resolve_zarr_path(segments: list[str], zarr_format: int, find: Callable[[str
     if len(segments) > MAX_PATH_SEGMENTS:
         raise TensorNotFound(f"a path of {len(segments)} segments names no array (at most {MAX_PATH_SEGMENTS})")
     source_id, after = segments[0], segments[1:]
-    default = find(source_id)
-    default_image = image_of(default)
+    try:
+        default: TensorAdapter | None = find(source_id)
+    except TensorNotFound as exc:
+        if exc.slug != NO_DEFAULT_TENSOR or not after:
+            raise
+        default, no_default = None, exc  # a source of fields only (scratch): a field must be named
+    default_image = image_of(default) if default is not None else None
     for k in range(min(len(after), MAX_FIELD_SEGMENTS), 0, -1):
         try:
             tensor = find(source_id + SEP + SEP.join(after[:k]))
@@ -80,10 +86,13 @@ def resolve_zarr_path(segments: list[str], zarr_format: int, find: Callable[[str
             continue
         image, rest = image_of(tensor), after[k:]
         field_fits = zarr_key_valid(image, rest, zarr_format)
-        default_fits = zarr_key_valid(default_image, after, zarr_format)
+        default_fits = default_image is not None and zarr_key_valid(default_image, after, zarr_format)
         if field_fits and not (default_fits and tensor is default):
             return image, rest
-        if default_fits:
+        if default_fits and default_image is not None:
             return default_image, after
         return image, rest  # neither fits: the field's view says what is missing
+    if default_image is None:
+        raise TensorNotFound(f"no tensor of {source_id!r} is named by {SEP.join(after)[:200]!r} ({no_default})",
+                             slug="unknown_field")
     return default_image, after

@@ -42,12 +42,17 @@ from http.cookies import SimpleCookie
 from typing import Awaitable, Callable, Iterable
 from urllib.parse import parse_qsl
 
-__all__ = ["HttpSecurity", "SecurityMiddleware", "TOKEN_PATH_PREFIX", "CREDENTIAL_KEY", "cookie_name",
+__all__ = ["HttpSecurity", "SecurityMiddleware", "TOKEN_PATH_PREFIX", "CREDENTIAL_KEY", "EXPLICIT_CREDENTIAL_KEY",
+           "cookie_name",
            "host_name", "PAGE_POLICY", "DATA_POLICY"]
 
 #: the ASGI scope key under which the credential a request presented is handed to the routes
 #: (the serving runtime decides what it may read: the server token, a tensor's grant)
 CREDENTIAL_KEY = "tensor_server.credential"
+#: set (True) beside it when the request presented that credential itself (its URL or an
+#: ``Authorization`` header), not through the cookie: only such a one is written back into the
+#: links a door answers with (the cookie is ``HttpOnly``: pages never learn it)
+EXPLICIT_CREDENTIAL_KEY = "tensor_server.credential_explicit"
 
 #: the path form of the token: ``/t/<token>/zarr/<id>/...``
 TOKEN_PATH_PREFIX = "/t/"
@@ -210,7 +215,7 @@ class SecurityMiddleware:
             if refusal is not None:
                 return await refusal(send)
         if presented is not None:
-            scope = {**scope, CREDENTIAL_KEY: presented}
+            scope = {**scope, CREDENTIAL_KEY: presented, EXPLICIT_CREDENTIAL_KEY: bool(explicit)}
         extra = self._answer_headers(scope, origin if cors else None, presented if url_tokens and not cross else None)
         return await self.app(scope, receive, _with_headers(send, extra) if extra else send)
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from typing import Any, Awaitable, Callable
+from urllib.parse import quote
 
 from tensor_server.http.errors import error_response
+from tensor_server.http.security import CREDENTIAL_KEY, EXPLICIT_CREDENTIAL_KEY, TOKEN_PATH_PREFIX
 from tensor_server.service.metrics import current as current_request
-from tensor_server.http.security import CREDENTIAL_KEY
 
-__all__ = ["presented_token", "guarded", "while_connected"]
+__all__ = ["presented_token", "token_path", "guarded", "while_connected"]
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,18 @@ def presented_token(request: Any) -> str | None:
     (``http/security.py``: a ``/t/<token>/`` path, ``?token=``, ``Authorization``, the cookie);
     nothing else of the request is read as one."""
     return request.scope.get(CREDENTIAL_KEY)
+
+
+def token_path(request: Any) -> str:
+    """The path form (``/t/<token>``) of the credential the request presented itself (its URL
+    or an ``Authorization`` header; "" for none, or the cookie's), put before the links a door
+    answers with so they work where they are pasted: zarr clients keep a path prefix on every
+    key they fetch (a ``?token=`` query becomes ``…/?token=T/zarr.json``), and an IIIF viewer
+    on another origin fetches every tile from the ``id`` of ``info.json``, with no cookie."""
+    token = request.scope.get(CREDENTIAL_KEY)
+    if not token or not request.scope.get(EXPLICIT_CREDENTIAL_KEY):
+        return ""
+    return f"{TOKEN_PATH_PREFIX}{quote(token, safe='')}"
 
 
 def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:

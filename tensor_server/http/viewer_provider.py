@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextvars
 from typing import TYPE_CHECKING, Any, Callable
 
-from tensor_server.core.identity import ArrayId
-from tensor_server.errors import TensorNotFound
 from tensor_server.service import Caller
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,17 +49,7 @@ class RuntimeViewerProvider:
     def flight_location(self, client_host: str) -> str | None:
         return self.runtime.flight_location(client_host)
 
-    def children(self, key: str) -> dict[str, Any]:
-        caller = _CALLER.get()
-        self.runtime.authenticate(caller)
-        return self.runtime.catalog_verbs.catalog_tree(caller).children(key)
-
-    def source_tensors(self, source_id: str) -> dict[str, TensorAdapter]:
-        """The tensors of a source the caller may read (a granted one it holds no grant for
-        is left out), by field; empty when the source cannot be opened."""
-        self.runtime.authenticate(_CALLER.get())
-        try:
-            rec = self.runtime.catalog.get_record(ArrayId.parse(source_id).source_id)
-        except TensorNotFound:  # dropped between the listing and this call: nothing to show
-            return {}
-        return dict(rec.source.tensors) if rec.source is not None else {}
+    def catalog_level(self, key: str) -> dict[str, Any]:
+        """One level of the catalog with each source's tensors for this caller
+        (``CatalogVerbs.catalog_level``, over ``ServingRuntime.fields``)."""
+        return self.runtime.catalog_verbs.catalog_level(key, _CALLER.get())

@@ -39,8 +39,6 @@ class ViewerProvider(Protocol):
         """The Flight location the catalog page's SDK snippet names, for a client that reached
         the page as ``client_host`` (``ServingRuntime.flight_location``; None: no Flight door)."""
 
-    def children(self, key: str) -> dict[str, Any]:
-        """One level of the catalog tree (``CatalogTree.children``)."""
-
-    def source_tensors(self, source_id: str) -> dict[str, TensorAdapter]:
-        """The listed tensors of a source, by field (empty when it cannot be opened)."""
+    def catalog_level(self, key: str) -> dict[str, Any]:
+        """One level of the catalog tree (``CatalogTree.children``), each source with the
+        ``ServedTensor``s it serves to the caller and its ``unresolved_reason``."""

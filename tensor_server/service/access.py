@@ -110,6 +110,14 @@ class Access:
             raise Unauthenticated(f"unauthenticated: {tensor.array_id} is read with its capability token (or the "
                                   "server token); the token presented is neither")
 
+    def may_read(self, caller: Caller, tensor: Any) -> bool:
+        """``read`` as a yes or no (a listing leaves out what it would refuse)."""
+        try:
+            self.read(caller, tensor)
+        except Unauthenticated:
+            return False
+        return True
+
     def write(self, caller: Caller, up: Any) -> None:
         """A write of an upload (its chunks, a re-plan, READY, DISCARDED): its owner's (the
         holder of the token it was created with, or full access; an upload with no owner, the

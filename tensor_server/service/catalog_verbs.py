@@ -126,6 +126,26 @@ class CatalogVerbs:
                     self._trees.popitem(last=False)
         return tree
 
+    def catalog_level(self, key: str, caller: Caller, limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
+        """One level of the catalog as the HTTP door shows it (the page, ``/api/catalog``):
+        ``catalog_children``'s folders and sources, each source with the tensors it serves to
+        ``caller`` (``ServingRuntime.fields``: ``ServedTensor``s) or the reason it cannot be
+        read. A key that names no folder but a source (``scratch``, a source with no path,
+        sits at the top under its id) lists that source alone. The control surface's view."""
+        self.runtime.authenticate(caller)
+        level = self.catalog_tree(caller).children(key, limit)
+        if not level["folders"] and not level["sources"] and key and "/" not in key:
+            level["sources"] = [{"name": key, "source_id": key}]  # dropped below unless it is a source
+        sources = []
+        for entry in level["sources"]:
+            try:
+                rec = self.catalog.get_record(entry["source_id"])
+                tensors = list(self.runtime.fields(rec.source_id, caller).values())
+            except TensorNotFound:  # removed since the tree was built: nothing to show
+                continue
+            sources.append({**entry, "tensors": tensors, "unresolved_reason": rec.unresolved_reason})
+        return {**level, "sources": sources}
+
     # ---- ROI annotations (catalog/roi_verbs.py holds their rules) ----------------------------
     def _may_read(self, array_id: str, caller: Caller) -> None:
         """A tensor's annotations fall under its read rule (its grant covers them, a stranger

@@ -94,24 +94,16 @@ def _destination(runtime: ServingRuntime, dest: Any) -> Path:
 
 
 def _readable_labels(runtime: ServingRuntime, caller: Caller, tensor: Any) -> dict[str, Any]:
-    """The image's label images (export/sources.py's rule, uploaded label sets included)
-    that the caller may read too; the others are left out, as a read of them would be refused."""
+    """The image's label images (export/sources.py's rule) among the tensors its source
+    serves to the caller (``ServingRuntime.fields``: uploaded label sets included, a label
+    the caller may not read left out, as a read of it would be refused)."""
     from tensor_server.core.identity import ArrayId
-    from tensor_server.errors import TensorServerError
     from tensor_server.export.sources import label_images
 
     aid = ArrayId.parse(tensor.array_id)
-    fields = runtime.catalog.fields(aid.source_id)
+    fields = {f: served.tensor for f, served in runtime.fields(aid.source_id, caller).items()}
     field = next((f for f, t in fields.items() if t is tensor), aid.field)
-    found = label_images(fields, field, tensor, next(iter(fields), field))
-    readable = {}
-    for name, label in found.labels.items():
-        try:
-            runtime.authorize(caller, label)
-        except TensorServerError:
-            continue
-        readable[name] = label
-    return readable
+    return dict(label_images(fields, field, tensor, next(iter(fields), field)).labels)
 
 
 def _offer(records: queue.Queue, item: object, stop: threading.Event) -> None:

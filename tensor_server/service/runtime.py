@@ -49,6 +49,7 @@ from tensor_server.service.caller import Caller
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.catalog.catalog import Catalog
+    from tensor_server.catalog.record import ServedTensor
     from tensor_server.core.adapter_base import TensorAdapter
     from tensor_server.uploads import Upload, UploadManager
 
@@ -218,6 +219,26 @@ class ServingRuntime:
         up = self.uploads.upload_of(tensor)
         if up is not None:
             self.uploads.check_readable(up)
+
+    def fields(self, source_id: str, caller: Caller) -> dict[str, ServedTensor]:
+        """The one answer to "which tensors does this source serve to this caller", by field:
+        what the catalog lists for it (``Catalog.served``: its own tensors, then its READY
+        uploads), less the tensors the read rule refuses this caller (a grant held by another).
+        The catalog page and JSON, the OME-Zarr ``labels/`` listing and export take their
+        tensors from here; SQL rows are the same list under the caller's row view (built for a
+        class of callers at once, without opening restored rows: ``Access.row_view`` hides
+        exactly what ``Access.read`` refuses a caller the control surface admitted). The source
+        is opened (a restored row's adapter) to name its fields; an unreadable one serves none."""
+        try:
+            rec = self.catalog.get_record(source_id)
+        except TensorNotFound:
+            self.refuse_unknown(caller)
+            raise
+        if rec.source is None:  # opens a restored row, whose own tensors then carry their fields
+            return {}
+        full = self.access.full(caller)
+        return {t.field: t for t in self.catalog.served(rec)
+                if t.field is not None and t.tensor is not None and (full or self.access.may_read(caller, t.tensor))}
 
     def upload(self, array_id: str) -> Upload | None:
         return None if self.uploads is None else self.uploads.get(array_id)

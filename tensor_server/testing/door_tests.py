@@ -17,6 +17,8 @@ provide a ``door`` fixture: an object with
   → rows as dicts; ``resolve(source_id, token)`` → the source's ``sources`` row as a dict;
   ``roi_put(array_id, token)`` → stores ``point_roi()``, the number of rows stored;
   ``add_tensor(request_id, shape, token)`` → adds a uint16 upload, its array id;
+* optionally ``listed(source_id, token)`` → the array ids the door lists for that source (SQL
+  rows, a resolve, the catalog page or JSON), for a door that lists tensors;
 * ``renders = True`` for a door that answers rendered 8-bit images (IIIF, DeepZoom): its
   reads are checked for the tensor's plane size, not its values.
 
@@ -85,6 +87,8 @@ class DoorWorld:
     discarded: str
     ready_pixels: np.ndarray
     granted: str
+    #: a READY upload on the scratch source (which holds no tensor of its own)
+    scratch_ready: str
 
 
 def _uploads(runtime: Any) -> dict[str, str]:
@@ -93,9 +97,10 @@ def _uploads(runtime: Any) -> dict[str, str]:
 
     manager = runtime.uploads
     ids = {}
-    for name in ("pending", "ready", "discarded", "granted"):
+    for name in ("pending", "ready", "discarded", "granted", "scratch"):
         grant = grant_digest(GRANT) if name == "granted" else ""  # a private upload, its grant's holder's
-        up = manager.add_tensor(f"cache://img/@fields/{name}", IMAGE.shape, IMAGE.dtype, chunk_shape=IMAGE.shape,
+        target = "scratch/@fields/ready" if name == "scratch" else f"img/@fields/{name}"
+        up = manager.add_tensor(f"cache://{target}", IMAGE.shape, IMAGE.dtype, chunk_shape=IMAGE.shape,
                                 owner=grant, grant=grant)
         cid = ChunkId.for_extent(up.tensor.array_id, Bounds((0, 0), IMAGE.shape), (1, 1), "none",
                                  up.tensor.content_version)
@@ -103,6 +108,7 @@ def _uploads(runtime: Any) -> dict[str, str]:
         ids[name] = up.array_id
     manager.set_ready(ids["ready"])
     manager.set_ready(ids["granted"])
+    manager.set_ready(ids["scratch"])
     manager.discard(ids["discarded"], "door tests")
     return ids
 
@@ -134,7 +140,7 @@ def _served_world(**options: Any) -> Iterator[DoorWorld]:
             with serving(cat, write_dir=str(write_dir), writable=True, **options) as served:
                 ids = _uploads(served.runtime)
                 yield DoorWorld(served, write_dir, ids["pending"], ids["ready"], ids["discarded"], IMAGE + 1,
-                                ids["granted"])
+                                ids["granted"], ids["scratch"])
         finally:
             cat.close()
 
@@ -283,6 +289,17 @@ class DoorTests:
         refusal = self.refused(door, door.read, "x" * 60_000, TOKEN)  # httpx sends URLs up to 64 KiB
         assert refusal.code in (None, "NOT_FOUND", "INVALID_ARGUMENT") and refusal.status in (None, 404, 400, 414)
         assert len(refusal.message) < 4096
+
+    def test_a_ready_listed_field_is_visible_on_every_door_that_lists_tensors(self, door, world):
+        """A READY upload is listed with its source wherever tensors are listed, and reads at the
+        id listed, on a source's field (``img``) as on the scratch source, which holds no tensor
+        of its own; a PENDING one is not listed."""
+        for source_id, array_id in (("img", world.ready), ("scratch", world.scratch_ready)):
+            self.assert_pixels(door, door.read(array_id, TOKEN), world.ready_pixels)
+            if getattr(door, "listed", None) is not None:
+                assert array_id in door.listed(source_id, TOKEN), (source_id, array_id)
+        if getattr(door, "listed", None) is not None:
+            assert world.pending not in door.listed("img", TOKEN)
 
     def test_the_listed_spelling_of_a_bare_id_reads(self, door, world):
         """``source_id/`` names the default tensor (how the catalog lists it beside attached ones)."""

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.identity import NO_DEFAULT_TENSOR
 from tensor_server.errors import TensorNotFound
 
 __all__ = ["SCRATCH_SOURCE_ID", "ScratchSource"]
@@ -41,7 +42,7 @@ class ScratchSource(SourceAdapter):
 
     def tensor(self, field: str | None = None) -> TensorAdapter:
         raise TensorNotFound(f"the scratch source holds no tensor of its own; its tensors are "
-                             f"'{SCRATCH_SOURCE_ID}/@fields/<name>'")
+                             f"'{SCRATCH_SOURCE_ID}/@fields/<name>'", slug=NO_DEFAULT_TENSOR)
 
     def metadata_json(self) -> str:
         return json.dumps({"type": self.type, "dim_label": [], "metadata": {}})

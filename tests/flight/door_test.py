@@ -51,6 +51,10 @@ class FlightDoor:
     def query(self, sql, token):
         return self._sdk(token).query(sql, format="records")
 
+    def listed(self, source_id, token):
+        return [r["array_id"] for r in self.query(
+            f"SELECT unnest(tensors).array_id AS array_id FROM sources WHERE source_id = '{source_id}'", token)]
+
     def resolve(self, source_id, token):
         return self._sdk(token).resolve_source(source_id)
 

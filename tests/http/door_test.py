@@ -45,6 +45,11 @@ class HttpDoor:
         whole = np.frombuffer(body, dtype=np.dtype(meta["dtype"])).reshape(meta["chunks"])
         return whole[tuple(slice(0, n) for n in meta["shape"])]
 
+    def listed(self, source_id, token):
+        """The JSON catalog of the level naming the source (``/api/catalog``)."""
+        doc = http_get(f"{self.url}/api/catalog?folder={source_id}", token).json()
+        return [t["array_id"] for s in doc["sources"] if s["source_id"] == source_id for t in s["tensors"]]
+
     stats = read_chunk = add_source = None  # verbs this door does not serve
 
 

@@ -42,6 +42,10 @@ class InProcessDoor:
     def query(self, sql, token):
         return self.runtime.query(sql, Caller(token=token)).to_pylist()
 
+    def listed(self, source_id, token):
+        return [r["array_id"] for r in self.query(
+            f"SELECT unnest(tensors).array_id AS array_id FROM sources WHERE source_id = '{source_id}'", token)]
+
     def resolve(self, source_id, token):
         from biopb.tensor.descriptor_pb2 import ResolveStreamMessage
 

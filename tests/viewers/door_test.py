@@ -7,6 +7,7 @@ internal text) is checked as on every door. None of them serves stats, chunk ids
 add_source, so those checks skip."""
 from __future__ import annotations
 
+import html
 import io
 import re
 import xml.etree.ElementTree as ET
@@ -70,6 +71,11 @@ class CatalogPageDoor(_ImageDoor):
         info = self._get(found.group(0), token).json()
         assert unquote(info["id"]).endswith(unquote(found.group(0))[:-len("/info.json")]), info["id"]
         return self._image(self._get(f"{found.group(0)[:-len('info.json')]}full/max/0/default.png", token).content)
+
+    def listed(self, source_id, token):
+        """The tensor names the page of the level naming the source shows."""
+        page = self._get(f"/?folder={quote(source_id)}", token).text
+        return [html.unescape(name) for name in re.findall(r"<td><b>([^<]*)</b>", page)]
 
 
 class TestIiifDoor(DoorTests):
