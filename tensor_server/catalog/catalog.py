@@ -246,7 +246,8 @@ class Catalog:
         or ``source_id/`` (the default tensor) or ``source_id/field``. The echo is the request
         itself when it names a tensor exactly (``source_id/`` names the default tensor
         exactly: it is how the listing spells a bare-id tensor next to attached ones), and
-        the tensor's qualified id for a bare id of a multi-tensor source."""
+        the tensor's qualified id for a bare id of a multi-tensor source. A field the format
+        renamed (``SourceAdapter.former_fields``) still names its tensor."""
         if not array_id:
             raise InvalidArgument("empty array_id")
         aid = ArrayId.parse(array_id)
@@ -265,8 +266,9 @@ class Catalog:
             attached = self._attached.get(aid.source_id, {}).get(aid.field)
         if attached is not None:
             return attached[0], array_id
-        if aid.field in src.tensors:
-            return src.tensors[aid.field], array_id
+        field = src.former_fields.get(aid.field, aid.field)
+        if field in src.tensors:  # a former field echoes as asked: the SDK reads a changed echo as a default
+            return src.tensors[field], array_id
         raise TensorNotFound(f"source {aid.source_id!r} has no tensor {aid.field!r}; fields: {list(src.tensors)}",
                              slug="unknown_field")
 

@@ -12,11 +12,15 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["ArrayId", "file_content_version", "file_stat_stamp", "minted_content_version", "source_id_for_path",
+__all__ = ["ArrayId", "LABEL_SETS", "file_content_version", "file_stat_stamp", "minted_content_version", "source_id_for_path",
            "source_id_for_url"]
 
 #: the separator of an array id's two parts; a source id never contains it, a field may
 SEP = "/"
+#: the segment that files a label set under its image: ``<image array_id>/@labels/<name>``,
+#: for label images a file stores and label sets uploaded alike (the biopb clients group a
+#: source's tensors by it: the last such segment with a name after it)
+LABEL_SETS = "@labels"
 
 
 class ArrayId(tuple):

@@ -14,6 +14,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pyarrow.flight as flight
 import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
@@ -144,3 +145,74 @@ def test_drop_resolve_and_remove(browser, served, tmp_path):
     assert sl.resolve(sid).is_resolved  # a resolve of a readable source is a no-op
     removed = sl.remove("dnd://dropped")
     assert list(removed.removed) == [sid] and sl.dropped_roots == frozenset()
+
+
+def label_sets(client, image_id):
+    """The label sets of image ``image_id``, by the rule the biopb clients share (the browser's
+    ``split_label_array_id``: the last ``@labels`` segment with a name after it files a tensor
+    under the image named before it), over the source's listed tensors."""
+    from biopb_napari_widget._labels import split_label_array_id
+
+    source_id = image_id.split("/", 1)[0]
+    rows = client.query(f"SELECT tensors FROM sources WHERE source_id = '{source_id}'").to_pylist()
+    listed = [t["array_id"] for t in rows[0]["tensors"]] if rows else []
+    return [i for i in listed if (a := split_label_array_id(i)) is not None and a.image_array_id == image_id]
+
+
+def _browser_groups(tensors):
+    """image array_id -> its label sets' ids, as the browser's tree files a source's tensors
+    (``_widget._group_tensors``, which imports Qt, on the rule of ``_labels``); a source with
+    one group opens its image on a double click (``_sole_image``)."""
+    from biopb_napari_widget._labels import split_label_array_id
+
+    groups = {t.array_id: [] for t in tensors if split_label_array_id(t.array_id) is None}
+    for t in tensors:
+        address = split_label_array_id(t.array_id)
+        if address is not None:
+            groups.setdefault(address.image_array_id, []).append(t.array_id)
+    return groups
+
+
+@pytest.fixture
+def ome_with_labels(tmp_path, monkeypatch):
+    """An OME-Zarr (0.5 µm pixels) with a label image ``labels/nuclei``, written by ome-zarr-py."""
+    import zarr
+    from ome_zarr.writer import write_image, write_labels
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = tmp_path / "lab"
+    root.mkdir()
+    image = np.random.default_rng(5).integers(0, 4000, (64, 96), dtype=np.uint16)
+    nuclei = np.zeros((64, 96), np.uint32)
+    nuclei[10:30, 20:50], nuclei[40:60, 60:90] = 1, 2
+    group = zarr.open_group(str(root / "cells.ome.zarr"), mode="w")
+    write_image(image, group, axes="yx", scale_factors=(2,), scale={"y": 0.5, "x": 0.5},
+                axes_units={"y": "micrometer", "x": "micrometer"})
+    write_labels(nuclei, group, name="nuclei", axes="yx", scaler=None, scale_factors=(2,))  # no scale of its own
+    cat = Catalog([root])
+    cat.scan()
+    with serving(cat, write_dir=str(tmp_path / "write"), writable=True) as srv:
+        yield client_for(srv), cat.records()[0].source_id, image, nuclei
+    cat.close()
+
+
+def test_a_stored_label_image_is_listed_as_a_label_set_of_its_image(browser, ome_with_labels):
+    client, sid, image, nuclei = ome_with_labels
+    sl = browser.sources.SourceList(_Connection(client))
+    sl.refresh()
+    folder = sl.levels[""]["folders"][0]["key"]
+    assert [s["source_id"] for s in sl.load_level(folder)["sources"]] == [sid]
+    tensors = sl.sources[sid].tensors
+    assert [t.array_id for t in tensors] == [f"{sid}/image", f"{sid}/image/@labels/nuclei"]
+    # the browser files the set under its image: one group, so a double click opens the image
+    assert _browser_groups(tensors) == {f"{sid}/image": [f"{sid}/image/@labels/nuclei"]}
+    assert label_sets(client, f"{sid}/image") == [f"{sid}/image/@labels/nuclei"]
+    np.testing.assert_array_equal(client.get_array(f"{sid}/image/@labels/nuclei"), nuclei)
+    np.testing.assert_array_equal(client.get_array(f"{sid}/image"), image)
+    # the id the store's path gave it before still reads the set; it is not listed
+    old = f"{sid}/labels/nuclei"
+    assert client.get_descriptor(old).array_id == old
+    np.testing.assert_array_equal(client.get_array(old, (slice(0, 32), slice(0, 96))), nuclei[:32])
+    # an upload cannot take the stored set's name
+    with pytest.raises(flight.FlightServerError, match="label image the file stores"):
+        client.setup_array_upload(f"zarr://{sid}/image/@labels/Nuclei", nuclei)
