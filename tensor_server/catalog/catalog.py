@@ -32,7 +32,7 @@ from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits, SqlViews
 from tensor_server.catalog.store import CatalogStore, StoredRow
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
-from tensor_server.core.identity import SEP, ArrayId, source_id_for_path
+from tensor_server.core.identity import SEP, ArrayId, label_set_image, source_id_for_path
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError", "looks_like_path"]
@@ -638,9 +638,13 @@ class Catalog:
                 with self._lock:
                     attached = [t for t, listed in self._attached.get(r.source_id, {}).values()
                                 if listed and not view.hides(t.array_id)]
-                if attached:  # a bare-id tensor beside attached ones is listed as ``source_id/``: the
+                if any(label_set_image(t.array_id) is None for t in attached):
+                    # a bare-id tensor beside attached fields is listed as ``source_id/``: the
                     # biopb SDK refuses a bare id of a source listing several tensors for
-                    # open-ended slices, and reads an exact id (core.identity.ArrayId)
+                    # open-ended slices, and reads an exact id (core.identity.ArrayId). Beside
+                    # label sets only it keeps its bare id, the one the sets are filed under
+                    # (``<id>/@labels/<name>``), so the clients group them with it
+                    # (docs/uploading.md#label-sets-and-their-image says what that costs)
                     tensors = [{**row, "array_id": row["array_id"] + SEP} if row["array_id"] == r.source_id else row
                                for row in tensors]
                 tensors += [tensor_row(t) for t in attached]

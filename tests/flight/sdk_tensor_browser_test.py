@@ -216,3 +216,39 @@ def test_a_stored_label_image_is_listed_as_a_label_set_of_its_image(browser, ome
     # an upload cannot take the stored set's name
     with pytest.raises(flight.FlightServerError, match="label image the file stores"):
         client.setup_array_upload(f"zarr://{sid}/image/@labels/Nuclei", nuclei)
+
+
+@pytest.fixture
+def tiff_image(tmp_path, monkeypatch):
+    """One single-tensor source (an ImageJ TIFF of 0.5 µm pixels) on a writable server."""
+    import tifffile
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = tmp_path / "lab"
+    root.mkdir()
+    image = np.random.default_rng(7).integers(0, 4000, (40, 56), dtype=np.uint16)
+    tifffile.imwrite(root / "cells.tif", image, imagej=True, resolution=(2.0, 2.0), metadata={"unit": "um"})
+    cat = Catalog([root])
+    cat.scan()
+    with serving(cat, write_dir=str(tmp_path / "write"), writable=True) as srv:
+        yield client_for(srv), cat.records()[0].source_id, image
+    cat.close()
+
+
+def test_an_uploaded_label_set_leaves_a_single_tensor_image_its_id(browser, tiff_image):
+    client, sid, image = tiff_image
+    nuclei = np.zeros(image.shape, np.uint32)
+    nuclei[5:15, 10:30] = 4
+    desc = client.setup_array_upload(f"zarr://{sid}/@labels/nuclei", nuclei)
+    client.upload_array(desc, nuclei)
+    assert desc.array_id == f"{sid}/@labels/nuclei"
+    sl = browser.sources.SourceList(_Connection(client))
+    sl.refresh()
+    sl.load_level(sl.levels[""]["folders"][0]["key"])
+    tensors = sl.sources[sid].tensors
+    assert [t.array_id for t in tensors] == [sid, f"{sid}/@labels/nuclei"]  # not '<sid>/' beside the set
+    assert _browser_groups(tensors) == {sid: [f"{sid}/@labels/nuclei"]}  # one image, its set under it
+    assert label_sets(client, sid) == [f"{sid}/@labels/nuclei"]
+    desc0 = tensors[0]
+    levels = browser.tensor_utils.build_pyramid_levels(client, sid, desc0.array_id, desc0)
+    np.testing.assert_array_equal(levels[0].compute(), image)  # the browser opens the image by its listed id
