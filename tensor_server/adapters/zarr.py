@@ -47,6 +47,7 @@ from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, o
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.identity import LABEL_SETS, file_content_version, file_stat_stamp
+from tensor_server.core.label_sets import carry_image_scale
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
@@ -659,6 +660,7 @@ class _StoreWalker:
                 field = f"{image_field}/{LABEL_SETS}/{child.rel.rsplit('/', 1)[-1]}"
                 self.add_image(child, field, is_labels=True)
                 self.former_fields[child.rel] = field
+                carry_image_scale(self.tensors[field], self.tensors[image_field])
 
     def add_plate(self, node: _Node) -> None:
         """An HCS plate: one image per field of view, named ``<row>/<column>/<field>``."""

@@ -33,6 +33,7 @@ from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, Sql
 from tensor_server.catalog.store import CatalogStore, StoredRow
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import SEP, ArrayId, label_set_image, source_id_for_path
+from tensor_server.core.label_sets import carry_image_scale
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError", "looks_like_path"]
@@ -223,8 +224,26 @@ class Catalog:
         with self._lock:
             rec = self._records.get(source_id)
             attached = {f: t for f, (t, _) in self._attached.get(source_id, {}).items()}
-        own = dict(rec.source.tensors) if rec is not None and rec.source is not None else {}
+        src = rec.source if rec is not None else None
+        own = dict(src.tensors) if src is not None else {}
+        for tensor in attached.values():
+            self._carry_image_scale(tensor, src)
         return {**own, **attached}
+
+    def _carry_image_scale(self, tensor: TensorAdapter, src: SourceAdapter | None) -> TensorAdapter:
+        """``tensor``, given its image's physical scale when it is an attached label set that
+        has none (``core.label_sets``). Done when the set is served, not when it is attached:
+        an upload adopted at boot is attached before the scan opens its image's source."""
+        image_id = label_set_image(tensor.array_id) if tensor.is_labels and tensor.physical_scale is None else None
+        if image_id is None or src is None:
+            return tensor
+        field = ArrayId.parse(image_id).field
+        with self._lock:
+            image = self._attached.get(src.source_id, {}).get(field, (None,))[0]
+        image = image or (src.tensors.get(field) if field else next(iter(src.tensors.values()), None))
+        if image is not None:
+            carry_image_scale(tensor, image)
+        return tensor
 
     def records(self) -> list[SourceRecord]:
         with self._lock:
@@ -265,7 +284,7 @@ class Catalog:
         with self._lock:
             attached = self._attached.get(aid.source_id, {}).get(aid.field)
         if attached is not None:
-            return attached[0], array_id
+            return self._carry_image_scale(attached[0], src), array_id
         field = src.former_fields.get(aid.field, aid.field)
         if field in src.tensors:  # a former field echoes as asked: the SDK reads a changed echo as a default
             return src.tensors[field], array_id

@@ -180,7 +180,7 @@ def ome_with_labels(tmp_path, monkeypatch):
     from ome_zarr.writer import write_image, write_labels
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    root = tmp_path / "lab"
+    root = tmp_path / "ome"
     root.mkdir()
     image = np.random.default_rng(5).integers(0, 4000, (64, 96), dtype=np.uint16)
     nuclei = np.zeros((64, 96), np.uint32)
@@ -191,7 +191,7 @@ def ome_with_labels(tmp_path, monkeypatch):
     write_labels(nuclei, group, name="nuclei", axes="yx", scaler=None, scale_factors=(2,))  # no scale of its own
     cat = Catalog([root])
     cat.scan()
-    with serving(cat, write_dir=str(tmp_path / "write"), writable=True) as srv:
+    with serving(cat, write_dir=str(tmp_path / "ome-write"), writable=True) as srv:
         yield client_for(srv), cat.records()[0].source_id, image, nuclei
     cat.close()
 
@@ -220,24 +220,24 @@ def test_a_stored_label_image_is_listed_as_a_label_set_of_its_image(browser, ome
 
 @pytest.fixture
 def tiff_image(tmp_path, monkeypatch):
-    """One single-tensor source (an ImageJ TIFF of 0.5 µm pixels) on a writable server."""
+    """One single-tensor source (a 2-channel ImageJ TIFF of 0.5 µm pixels) on a writable server."""
     import tifffile
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    root = tmp_path / "lab"
+    root = tmp_path / "tiff"
     root.mkdir()
-    image = np.random.default_rng(7).integers(0, 4000, (40, 56), dtype=np.uint16)
-    tifffile.imwrite(root / "cells.tif", image, imagej=True, resolution=(2.0, 2.0), metadata={"unit": "um"})
+    image = np.random.default_rng(7).integers(0, 4000, (2, 40, 56), dtype=np.uint16)
+    tifffile.imwrite(root / "cells.tif", image, imagej=True, resolution=(2.0, 2.0), metadata={"unit": "um", "axes": "CYX"})
     cat = Catalog([root])
     cat.scan()
-    with serving(cat, write_dir=str(tmp_path / "write"), writable=True) as srv:
+    with serving(cat, write_dir=str(tmp_path / "tiff-write"), writable=True) as srv:
         yield client_for(srv), cat.records()[0].source_id, image
     cat.close()
 
 
 def test_an_uploaded_label_set_leaves_a_single_tensor_image_its_id(browser, tiff_image):
     client, sid, image = tiff_image
-    nuclei = np.zeros(image.shape, np.uint32)
+    nuclei = np.zeros(image.shape[1:], np.uint32)
     nuclei[5:15, 10:30] = 4
     desc = client.setup_array_upload(f"zarr://{sid}/@labels/nuclei", nuclei)
     client.upload_array(desc, nuclei)
@@ -252,3 +252,21 @@ def test_an_uploaded_label_set_leaves_a_single_tensor_image_its_id(browser, tiff
     desc0 = tensors[0]
     levels = browser.tensor_utils.build_pyramid_levels(client, sid, desc0.array_id, desc0)
     np.testing.assert_array_equal(levels[0].compute(), image)  # the browser opens the image by its listed id
+
+
+def test_label_sets_carry_their_images_physical_scale(browser, tiff_image, ome_with_labels):
+    """napari scales each layer by its own physical size: a set without its image's would be
+    drawn at another size (twice the image's, beside 0.5 µm pixels)."""
+    client, sid, image = tiff_image
+    assert client.get_physical_scale(sid) == ([0.0, 0.5, 0.5], ["", "µm", "µm"])  # c has no size
+    for name, labels in (("yx", np.zeros(image.shape[1:], np.uint32)), ("cyx", np.zeros(image.shape, np.uint8))):
+        desc = client.setup_array_upload(f"zarr://{sid}/@labels/{name}", labels)
+        client.upload_array(desc, labels)
+        assert client.get_physical_scale(desc.array_id) == ([0.5] * 2 if name == "yx" else [0.0, 0.5, 0.5],
+                                                            ["µm"] * 2 if name == "yx" else ["", "µm", "µm"])
+    scale, _ = browser.tensor_utils.build_layer_scale(client, sid, 2, tensor_id=f"{sid}/@labels/yx")
+    assert list(scale) == [0.5, 0.5]  # the scale napari gives the layer
+    # stored: ome-zarr-py wrote the label image with the identity transform (scale 1, no unit)
+    client, sid, _, _ = ome_with_labels
+    assert client.get_physical_scale(f"{sid}/image") == ([0.5, 0.5], ["micrometer", "micrometer"])
+    assert client.get_physical_scale(f"{sid}/image/@labels/nuclei") == ([0.5, 0.5], ["micrometer", "micrometer"])
