@@ -578,24 +578,45 @@ class LsmAdapter(TiffPageSeriesAdapter):
 
 
 # ---- physical scale ---------------------------------------------------------------------------
+#: µm per ResolutionUnit (tifffile's codes: 2 INCH, 3 CENTIMETER, 4 MILLIMETER, 5 MICROMETER);
+#: 1 (NONE) has no length, so no physical size
+_UM_PER_RESOLUTION_UNIT = {2: 25400.0, 3: 1e4, 4: 1e3, 5: 1.0}
+#: what image programs write when they know no pixel size: 72 dots per inch (and the
+#: Windows display default, 96), whatever unit they spell it in
+_DISPLAY_DPI = (72.0, 96.0)
+#: ImageJ units a display resolution is spelled in -> µm per unit
+_IMAGEJ_DISPLAY_UNITS = {"inch": 25400.0, "cm": 1e4}
+
+
+def _tag_pixel_size(xres: float, yres: float, um_per_unit: float) -> tuple[float, float] | None:
+    """Pixel size (y, x) in µm of a resolution of ``xres``, ``yres`` pixels per unit
+    (``um_per_unit`` µm long), or None when the tag is only a default: a resolution of 1
+    (the placeholder) or a display resolution (72 dpi, 25400/72 = 352.78 µm pixels: an image
+    opened beside a micrograph would shrink it to a dot)."""
+    if not xres or not yres or xres <= 0 or yres <= 0 or (xres == 1 and yres == 1):
+        return None
+    dpi = (xres * 25400.0 / um_per_unit, yres * 25400.0 / um_per_unit)
+    if any(all(math.isclose(d, display, rel_tol=1e-3) for d in dpi) for display in _DISPLAY_DPI):
+        return None
+    return um_per_unit / yres, um_per_unit / xres
+
+
 def _resolution_um(page: Any) -> tuple[float, float] | None:
-    """Pixel size (y, x) in µm from XResolution/YResolution when the unit is metric. Inch
-    resolutions are skipped: in microscopy TIFFs they are display DPI defaults (72, 96)."""
+    """Pixel size (y, x) in µm from XResolution/YResolution with a length unit (inch, cm,
+    mm, µm), unless the tag is only a default (``_tag_pixel_size``)."""
     try:
         unit = int(page.resolutionunit)
         xres, yres = page.resolution
     except Exception:
         return None
-    per_unit_um = {3: 1e4, 4: 1e3, 5: 1.0}.get(unit)  # CENTIMETER, MILLIMETER, MICROMETER
-    if per_unit_um is None or not xres or not yres or xres <= 0 or yres <= 0:
-        return None
-    return per_unit_um / yres, per_unit_um / xres
+    um_per_unit = _UM_PER_RESOLUTION_UNIT.get(unit)
+    return None if um_per_unit is None else _tag_pixel_size(float(xres), float(yres), um_per_unit)
 
 
 def tiff_physical(tf: tifffile.TiffFile, index: int, series: Any) -> dict[str, tuple[float, str]]:
     """Per tifffile axis code: (size, unit) from the cheap sources: ImageJ spacing/resolution,
     LSM voxel sizes and SVS MPP (both describe the main image, series 0, not thumbnails or
-    slide labels), metric resolution tags of the series' own pages."""
+    slide labels), resolution tags of the series' own pages unless only a default (``_tag_pixel_size``)."""
     out: dict[str, tuple[float, str]] = {}
     page = series.keyframe
     try:
@@ -615,7 +636,10 @@ def tiff_physical(tf: tifffile.TiffFile, index: int, series: Any) -> dict[str, t
             ij = tf.imagej_metadata or {}
             unit = format_unit(ij.get("unit"))
             xres, yres = page.resolution
-            if unit and xres and yres and xres > 0 and yres > 0:
+            # ImageJ carries a 72-dpi default over as a calibration in inches (or cm)
+            default = unit in _IMAGEJ_DISPLAY_UNITS and _tag_pixel_size(
+                float(xres), float(yres), _IMAGEJ_DISPLAY_UNITS[unit]) is None
+            if unit and not default and xres and yres and xres > 0 and yres > 0:
                 out["X"], out["Y"] = (1.0 / xres, unit), (1.0 / yres, unit)
             if unit and float(ij.get("spacing", 0) or 0) > 0:
                 out["Z"] = (float(ij["spacing"]), unit)

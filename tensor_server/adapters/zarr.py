@@ -6,7 +6,10 @@ whose root group carries NGFF metadata (``multiscales``, ``plate``, ``well`` or
 ``zarr`` (priority 20) claims any other zarr folder. What a source holds:
 
 * an OME-Zarr image: level 0 is the tensor, the other datasets are its stored pyramid
-  (``NativeLevel`` with the integer factor per axis), ``labels/<name>`` are label tensors;
+  (``NativeLevel`` with the integer factor per axis); its ``labels/<name>`` are label tensors,
+  served as ``<image field>/@labels/<name>``, the form label sets are addressed in by the biopb
+  clients (and uploaded in), so a viewer files them under their image (the store's
+  ``labels/<name>`` field still resolves: ``former_fields``);
 * a bioformats2raw layout: one image per series group (``0``, ``1``, ...);
 * an HCS plate (or a single well): one image per field of view (``A/1/0``);
 * a plain group: one tensor per array (field = array path; OME images nested in it are
@@ -43,8 +46,9 @@ from tensor_server.adapters._zarr_chunks import LocalChunks, ShardIndexes, decod
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version, file_stat_stamp
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.identity import LABEL_SETS, file_content_version, file_stat_stamp
+from tensor_server.core.label_sets import carry_image_scale
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
@@ -453,6 +457,7 @@ class _StoreWalker:
         self.ngff_version = ""  # of the first image served, for the source's metadata
         self.encodings: dict[str, str] = {}  # field -> encoding name of encoded arrays
         self.ref_targets = RefTargets()  # array_ref targets shared by this store's arrays
+        self.former_fields: dict[str, str] = {}  # a label image's store path -> its field
 
     # -- nodes and arrays --
     def node(self, rel: str) -> _Node | None:
@@ -630,10 +635,11 @@ class _StoreWalker:
         level0.native_levels.extend(stored)
         self.tensors[field] = normalize_axes(level0)
         if not is_labels:
-            self.add_labels(node)
+            self.add_labels(node, field)
 
-    def add_labels(self, image: _Node) -> None:
-        """``labels/<name>`` of an image: each named label image is a label tensor."""
+    def add_labels(self, image: _Node, image_field: str) -> None:
+        """``labels/<name>`` of an image: each named label image is a label tensor, served as
+        ``<image field>/@labels/<name>`` (the module docstring says why)."""
         labels_node = self.node(_join(image.rel, "labels"))
         if labels_node is None or labels_node.kind != "group":
             return
@@ -649,9 +655,12 @@ class _StoreWalker:
             candidates = self.children(labels_node)
         for child in candidates:
             if child is not None and child.kind == "group" and "multiscales" in child.ome:
-                # field = the label group's path: labels/<name> under a root image,
-                # 0/labels/<name> under a bioformats2raw series, A/1/0/labels/<name> in a plate
-                self.add_image(child, child.rel, is_labels=True)
+                # image/@labels/<name> for a root image, 0/@labels/<name> for a bioformats2raw
+                # series, A/1/0/@labels/<name> in a plate
+                field = f"{image_field}/{LABEL_SETS}/{child.rel.rsplit('/', 1)[-1]}"
+                self.add_image(child, field, is_labels=True)
+                self.former_fields[child.rel] = field
+                carry_image_scale(self.tensors[field], self.tensors[image_field])
 
     def add_plate(self, node: _Node) -> None:
         """An HCS plate: one image per field of view, named ``<row>/<column>/<field>``."""
@@ -745,10 +754,12 @@ class ZarrSource(SourceAdapter):
 
     def __init__(self, path: str | Path, *, require_ome: bool = False) -> None:
         root = Path(path)
-        tensors, metadata, is_ome = _StoreWalker(root).build()
+        walker = _StoreWalker(root)
+        tensors, metadata, is_ome = walker.build()
         if require_ome and not is_ome:
             raise UnreadableSource(root, f"no OME-Zarr metadata ({', '.join(_OME_KEYS)}) in the root group")
         super().__init__(root, tensors, metadata=metadata, source_type="ome-zarr" if is_ome else "zarr")
+        self.former_fields = walker.former_fields
 
 
 def _root_is_ome(path: Path) -> bool:

@@ -190,11 +190,13 @@ class RemoteZarrSource(SourceAdapter):
     format_name = "zarr"
 
     def __init__(self, root: ObjectPath, source_id: str) -> None:
-        tensors, metadata, is_ome = _ObjectStoreWalker(root).build()
+        walker = _ObjectStoreWalker(root)
+        tensors, metadata, is_ome = walker.build()
         metadata["object_store"] = root.listing.protocol
         self._url = public_url(str(root))
         super().__init__(None, tensors, source_id=source_id, metadata=metadata,
                          source_type="ome-zarr" if is_ome else "zarr")
+        self.former_fields = walker.former_fields
 
     @property
     def url(self) -> str:

@@ -32,7 +32,8 @@ from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits, SqlViews
 from tensor_server.catalog.store import CatalogStore, StoredRow
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
-from tensor_server.core.identity import SEP, ArrayId, source_id_for_path
+from tensor_server.core.identity import SEP, ArrayId, label_set_image, source_id_for_path
+from tensor_server.core.label_sets import carry_image_scale
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError", "looks_like_path"]
@@ -243,9 +244,17 @@ class Catalog:
             own = [(t.array_id, f, t, None) for f, t in src.tensors.items()]
         else:
             own = [(row["array_id"], None, None, row) for row in rec.tensor_rows()]
+        for _, tensor in attached:
+            self._carry_image_scale(tensor, src)
+        # a bare-id tensor beside attached fields is listed as ``source_id/``: the biopb SDK
+        # refuses a bare id of a source listing several tensors for open-ended slices, and reads
+        # an exact id (core.identity.ArrayId). Beside label sets only it keeps its bare id, the
+        # one the sets are filed under (``<id>/@labels/<name>``), so the clients group them with
+        # it (docs/uploading.md#label-sets-and-their-image says what that costs)
+        fields_beside = any(label_set_image(t.array_id) is None for _, t in attached)
         out = []
         for aid, field, tensor, stored in own:
-            listed = aid + SEP if attached and aid == rec.source_id else aid
+            listed = aid + SEP if fields_beside and aid == rec.source_id else aid
             out.append(ServedTensor(aid, listed, tensor, field, stored))
         out += [ServedTensor(t.array_id, t.array_id, t, f) for f, t in attached]
         return out
@@ -261,6 +270,21 @@ class Catalog:
         with self._lock:
             attached = list(self._attached.get(rec.source_id, {}).values())
         return any(listed and not view.hides(t.array_id) for t, listed in attached)
+
+    def _carry_image_scale(self, tensor: TensorAdapter, src: SourceAdapter | None) -> TensorAdapter:
+        """``tensor``, given its image's physical scale when it is an attached label set that
+        has none (``core.label_sets``). Done when the set is served, not when it is attached:
+        an upload adopted at boot is attached before the scan opens its image's source."""
+        image_id = label_set_image(tensor.array_id) if tensor.is_labels and tensor.physical_scale is None else None
+        if image_id is None or src is None:
+            return tensor
+        field = ArrayId.parse(image_id).field
+        with self._lock:
+            image = self._attached.get(src.source_id, {}).get(field, (None,))[0]
+        image = image or (src.tensors.get(field) if field else next(iter(src.tensors.values()), None))
+        if image is not None:
+            carry_image_scale(tensor, image)
+        return tensor
 
     def records(self) -> list[SourceRecord]:
         with self._lock:
@@ -282,7 +306,8 @@ class Catalog:
         or ``source_id/`` (the default tensor) or ``source_id/field``. The echo is the request
         itself when it names a tensor exactly (``source_id/`` names the default tensor
         exactly: it is how the listing spells a bare-id tensor next to attached ones), and
-        the tensor's qualified id for a bare id of a multi-tensor source."""
+        the tensor's qualified id for a bare id of a multi-tensor source. A field the format
+        renamed (``SourceAdapter.former_fields``) still names its tensor."""
         if not array_id:
             raise InvalidArgument("empty array_id")
         aid = ArrayId.parse(array_id)
@@ -300,9 +325,10 @@ class Catalog:
         with self._lock:
             attached = self._attached.get(aid.source_id, {}).get(aid.field)
         if attached is not None:
-            return attached[0], array_id
-        if aid.field in src.tensors:
-            return src.tensors[aid.field], array_id
+            return self._carry_image_scale(attached[0], src), array_id
+        field = src.former_fields.get(aid.field, aid.field)
+        if field in src.tensors:  # a former field echoes as asked: the SDK reads a changed echo as a default
+            return src.tensors[field], array_id
         raise TensorNotFound(f"source {aid.source_id!r} has no tensor {aid.field!r}; fields: {list(src.tensors)}",
                              slug="unknown_field")
 

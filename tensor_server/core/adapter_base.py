@@ -33,6 +33,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar, Generic, Mapping, Sequence, TypeVar
 
 import numpy as np
@@ -314,6 +315,9 @@ class SourceAdapter:
 
     #: Short format name (``"zarr"``, ``"ome-tiff"``, ...), the catalog's source type.
     format_name: ClassVar[str] = "unknown"
+    #: Fields a tensor was served under before its format renamed it -> its field now, so an
+    #: id a client kept still resolves (never listed). A format that renames sets its own.
+    former_fields: Mapping[str, str] = MappingProxyType({})
 
     def __init__(
         self,

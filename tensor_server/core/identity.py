@@ -12,14 +12,18 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["ArrayId", "NO_DEFAULT_TENSOR", "file_content_version", "file_stat_stamp", "minted_content_version",
-           "source_id_for_path", "source_id_for_url"]
+__all__ = ["ArrayId", "LABEL_SETS", "NO_DEFAULT_TENSOR", "file_content_version", "file_stat_stamp", "label_set_image",
+           "minted_content_version", "source_id_for_path", "source_id_for_url"]
 
 #: the separator of an array id's two parts; a source id never contains it, a field may
 SEP = "/"
 #: the slug of the NOT_FOUND a bare source id answers when its source holds no tensor of its
 #: own (the scratch source: every tensor on it is a field, named in full)
 NO_DEFAULT_TENSOR = "no_default_tensor"
+#: the segment that files a label set under its image: ``<image array_id>/@labels/<name>``,
+#: for label images a file stores and label sets uploaded alike (the biopb clients group a
+#: source's tensors by it: the last such segment with a name after it)
+LABEL_SETS = "@labels"
 
 
 class ArrayId(tuple):
@@ -54,6 +58,17 @@ class ArrayId(tuple):
 
     def __repr__(self) -> str:
         return f"ArrayId({str(self)!r})"
+
+
+def label_set_image(array_id: str) -> str | None:
+    """The array id of the image a label set ``array_id`` annotates, or None when it names no
+    label set: the last ``@labels`` segment past the source id with a name after it (the
+    biopb clients' rule; anything after the name is a level of the set)."""
+    parts = array_id.split(SEP)
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == LABEL_SETS and parts[i + 1]:
+            return SEP.join(parts[:i])
+    return None
 
 
 def file_content_version(*paths: str | os.PathLike[str]) -> bytes:

@@ -8,9 +8,10 @@ array id on a running biopb tensor server, read through the biopb SDK
 so the export stays one pass with memory bounded by the unit, as locally).
 
 Which label images belong to an image. A label tensor (``is_labels``) belongs to the image
-at field ``F`` when its field is ``F/labels/<name>`` (an OME-Zarr image's ``labels/`` group)
-or ``F/@labels/<name>`` (a label set uploaded onto the image); a top-level ``labels/<name>``
-or ``@labels/<name>`` belongs to the source's default image (an OME-Zarr store's root image).
+at field ``F`` when its field is ``F/@labels/<name>`` (a label image of an OME-Zarr image's
+``labels/`` group, or a label set uploaded onto the image) or ``F/labels/<name>`` (how servers
+before the ``@labels`` form listed an OME-Zarr's); a top-level ``labels/<name>`` or
+``@labels/<name>`` belongs to the source's default image.
 A label image whose extent differs from the image's on a shared axis cannot sit beside it in
 one NGFF image (the levels must coincide) and is left out, with the reason in the
 ``skipped`` list the progress records carry.

@@ -340,6 +340,10 @@ class UploadManager:
             if image.array_id != target.image_id:  # e.g. 'src/img' of a single-tensor source 'src'
                 target = parse_upload_id(f"zarr://{image.array_id}/{LABELS}/{target.name}")
             self._check_label_binding(image, shape, request_id)
+            stored = next((f for f in rec.source.tensors if fold_name(f) == fold_name(target.field)), None)
+            if stored is not None:
+                raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: {target.source_id}/{stored} is a "
+                                    "label image the file stores; add the set under another name")
             is_labels = True
             dim_labels = dim_labels or (image.dim_labels if shape == image.shape
                                         else tuple(d for d in image.dim_labels if d != "c"))

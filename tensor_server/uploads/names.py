@@ -12,13 +12,13 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from tensor_server.core.identity import ArrayId
+from tensor_server.core.identity import LABEL_SETS, ArrayId
 from tensor_server.errors import InvalidArgument
 
 __all__ = ["FIELDS", "LABELS", "STORE_FORMATS", "UploadTarget", "parse_upload_id", "name_problem", "fold_name"]
 
 FIELDS = "@fields"
-LABELS = "@labels"
+LABELS = LABEL_SETS
 #: add_tensor scheme -> store format; the scheme names the format and nothing else.
 STORE_FORMATS = ("zarr", "cache")
 

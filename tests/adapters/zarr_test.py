@@ -208,7 +208,7 @@ def _write_ome(p: Path, zarr_format: int) -> dict:
 
 
 class _OmeSuite(_ZarrSuite):
-    layout = {"image": ("0", None), "labels/cells": ("labels/cells/0", None)}
+    layout = {"image": ("0", None), "image/@labels/cells": ("labels/cells/0", None)}
     zarr_format = 2
 
     @pytest.fixture
@@ -224,7 +224,8 @@ class _OmeSuite(_ZarrSuite):
 
     def test_ome_metadata(self, source):
         assert source.type == "ome-zarr" and detect_format(source.path).name == "ome-zarr"
-        assert list(source.tensors) == ["image", "labels/cells"]
+        assert list(source.tensors) == ["image", "image/@labels/cells"]  # a label set under its image
+        assert source.former_fields == {"labels/cells": "image/@labels/cells"}
         t = source.tensor("image")
         assert t.dim_labels == ("c", "z", "y", "x") and t.dtype == np.uint16
         assert t.physical_scale == (None, 1.0, 0.25, 0.25)  # dataset scale x multiscale-wide scale
@@ -258,7 +259,7 @@ class _OmeSuite(_ZarrSuite):
         assert want.shape[1:] >= (3, 14, 16)  # covers the requested region at least
 
     def test_labels_are_label_tensors(self, source, written):
-        lab = source.tensor("labels/cells")
+        lab = source.tensor("image/@labels/cells")
         assert lab.is_labels and lab.dtype == np.uint32 and lab.dim_labels == ("y", "x")
         assert lab.physical_scale == (0.5, 0.5)
         assert [lv.scale for lv in lab.native_levels] == [(2, 2)]

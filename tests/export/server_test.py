@@ -47,7 +47,7 @@ def test_a_served_tensor_exports_with_its_labels(served, tmp_path):
         np.testing.assert_array_equal(group[str(k)][...], engine.read(image, None, (1, 2**k, 2**k), "area"),
                                       err_msg=f"level {k}")
         np.testing.assert_array_equal(group[f"labels/cells/{k}"][...],
-                                      engine.read(src.tensors["labels/cells"], None, (2**k, 2**k), "mode"))
+                                      engine.read(src.tensors["image/@labels/cells"], None, (2**k, 2**k), "mode"))
     assert group["0"].shards == (1, 256, 256)
     ms = group.attrs["ome"]["multiscales"][0]
     assert ms["datasets"][1]["coordinateTransformations"][0]["scale"] == pytest.approx([1.0, 1.3, 1.3])

@@ -247,3 +247,128 @@ def test_a_notebooks_upload_opens_in_the_token_less_browser(browser, writable):
     with pytest.raises(flight.FlightUnauthorizedError, match="is an upload whose chunks"):
         viewer.set_upload_status(desc, "DISCARDED")
     assert notebook.set_upload_status(desc, "DISCARDED")["state"] == "DISCARDED"
+
+
+def label_sets(client, image_id):
+    """The label sets of image ``image_id``, by the rule the biopb clients share (the browser's
+    ``split_label_array_id``: the last ``@labels`` segment with a name after it files a tensor
+    under the image named before it), over the source's listed tensors."""
+    from biopb_napari_widget._labels import split_label_array_id
+
+    source_id = image_id.split("/", 1)[0]
+    rows = client.query(f"SELECT tensors FROM sources WHERE source_id = '{source_id}'").to_pylist()
+    listed = [t["array_id"] for t in rows[0]["tensors"]] if rows else []
+    return [i for i in listed if (a := split_label_array_id(i)) is not None and a.image_array_id == image_id]
+
+
+def _browser_groups(tensors):
+    """image array_id -> its label sets' ids, as the browser's tree files a source's tensors
+    (``_widget._group_tensors``, which imports Qt, on the rule of ``_labels``); a source with
+    one group opens its image on a double click (``_sole_image``)."""
+    from biopb_napari_widget._labels import split_label_array_id
+
+    groups = {t.array_id: [] for t in tensors if split_label_array_id(t.array_id) is None}
+    for t in tensors:
+        address = split_label_array_id(t.array_id)
+        if address is not None:
+            groups.setdefault(address.image_array_id, []).append(t.array_id)
+    return groups
+
+
+@pytest.fixture
+def ome_with_labels(tmp_path, monkeypatch):
+    """An OME-Zarr (0.5 µm pixels) with a label image ``labels/nuclei``, written by ome-zarr-py."""
+    import zarr
+    from ome_zarr.writer import write_image, write_labels
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = tmp_path / "ome"
+    root.mkdir()
+    image = np.random.default_rng(5).integers(0, 4000, (64, 96), dtype=np.uint16)
+    nuclei = np.zeros((64, 96), np.uint32)
+    nuclei[10:30, 20:50], nuclei[40:60, 60:90] = 1, 2
+    group = zarr.open_group(str(root / "cells.ome.zarr"), mode="w")
+    write_image(image, group, axes="yx", scale_factors=(2,), scale={"y": 0.5, "x": 0.5},
+                axes_units={"y": "micrometer", "x": "micrometer"})
+    write_labels(nuclei, group, name="nuclei", axes="yx", scaler=None, scale_factors=(2,))  # no scale of its own
+    cat = Catalog([root])
+    cat.scan()
+    with serving(cat, write_dir=str(tmp_path / "ome-write"), writable=True) as srv:
+        yield client_for(srv), cat.records()[0].source_id, image, nuclei
+    cat.close()
+
+
+def test_a_stored_label_image_is_listed_as_a_label_set_of_its_image(browser, ome_with_labels):
+    client, sid, image, nuclei = ome_with_labels
+    sl = browser.sources.SourceList(_Connection(client))
+    sl.refresh()
+    folder = sl.levels[""]["folders"][0]["key"]
+    assert [s["source_id"] for s in sl.load_level(folder)["sources"]] == [sid]
+    tensors = sl.sources[sid].tensors
+    assert [t.array_id for t in tensors] == [f"{sid}/image", f"{sid}/image/@labels/nuclei"]
+    # the browser files the set under its image: one group, so a double click opens the image
+    assert _browser_groups(tensors) == {f"{sid}/image": [f"{sid}/image/@labels/nuclei"]}
+    assert label_sets(client, f"{sid}/image") == [f"{sid}/image/@labels/nuclei"]
+    np.testing.assert_array_equal(client.get_array(f"{sid}/image/@labels/nuclei"), nuclei)
+    np.testing.assert_array_equal(client.get_array(f"{sid}/image"), image)
+    # the id the store's path gave it before still reads the set; it is not listed
+    old = f"{sid}/labels/nuclei"
+    assert client.get_descriptor(old).array_id == old
+    np.testing.assert_array_equal(client.get_array(old, (slice(0, 32), slice(0, 96))), nuclei[:32])
+    # an upload cannot take the stored set's name
+    with pytest.raises(flight.FlightServerError, match="label image the file stores"):
+        client.setup_array_upload(f"zarr://{sid}/image/@labels/Nuclei", nuclei)
+
+
+@pytest.fixture
+def tiff_image(tmp_path, monkeypatch):
+    """One single-tensor source (a 2-channel ImageJ TIFF of 0.5 µm pixels) on a writable server."""
+    import tifffile
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = tmp_path / "tiff"
+    root.mkdir()
+    image = np.random.default_rng(7).integers(0, 4000, (2, 40, 56), dtype=np.uint16)
+    tifffile.imwrite(root / "cells.tif", image, imagej=True, resolution=(2.0, 2.0), metadata={"unit": "um", "axes": "CYX"})
+    cat = Catalog([root])
+    cat.scan()
+    with serving(cat, write_dir=str(tmp_path / "tiff-write"), writable=True) as srv:
+        yield client_for(srv), cat.records()[0].source_id, image
+    cat.close()
+
+
+def test_an_uploaded_label_set_leaves_a_single_tensor_image_its_id(browser, tiff_image):
+    client, sid, image = tiff_image
+    nuclei = np.zeros(image.shape[1:], np.uint32)
+    nuclei[5:15, 10:30] = 4
+    desc = client.setup_array_upload(f"zarr://{sid}/@labels/nuclei", nuclei)
+    client.upload_array(desc, nuclei)
+    assert desc.array_id == f"{sid}/@labels/nuclei"
+    sl = browser.sources.SourceList(_Connection(client))
+    sl.refresh()
+    sl.load_level(sl.levels[""]["folders"][0]["key"])
+    tensors = sl.sources[sid].tensors
+    assert [t.array_id for t in tensors] == [sid, f"{sid}/@labels/nuclei"]  # not '<sid>/' beside the set
+    assert _browser_groups(tensors) == {sid: [f"{sid}/@labels/nuclei"]}  # one image, its set under it
+    assert label_sets(client, sid) == [f"{sid}/@labels/nuclei"]
+    desc0 = tensors[0]
+    levels = browser.tensor_utils.build_pyramid_levels(client, sid, desc0.array_id, desc0)
+    np.testing.assert_array_equal(levels[0].compute(), image)  # the browser opens the image by its listed id
+
+
+def test_label_sets_carry_their_images_physical_scale(browser, tiff_image, ome_with_labels):
+    """napari scales each layer by its own physical size: a set without its image's would be
+    drawn at another size (twice the image's, beside 0.5 µm pixels)."""
+    client, sid, image = tiff_image
+    assert client.get_physical_scale(sid) == ([0.0, 0.5, 0.5], ["", "µm", "µm"])  # c has no size
+    for name, labels in (("yx", np.zeros(image.shape[1:], np.uint32)), ("cyx", np.zeros(image.shape, np.uint8))):
+        desc = client.setup_array_upload(f"zarr://{sid}/@labels/{name}", labels)
+        client.upload_array(desc, labels)
+        assert client.get_physical_scale(desc.array_id) == ([0.5] * 2 if name == "yx" else [0.0, 0.5, 0.5],
+                                                            ["µm"] * 2 if name == "yx" else ["", "µm", "µm"])
+    scale, _ = browser.tensor_utils.build_layer_scale(client, sid, 2, tensor_id=f"{sid}/@labels/yx")
+    assert list(scale) == [0.5, 0.5]  # the scale napari gives the layer
+    # stored: ome-zarr-py wrote the label image with the identity transform (scale 1, no unit)
+    client, sid, _, _ = ome_with_labels
+    assert client.get_physical_scale(f"{sid}/image") == ([0.5, 0.5], ["micrometer", "micrometer"])
+    assert client.get_physical_scale(f"{sid}/image/@labels/nuclei") == ([0.5, 0.5], ["micrometer", "micrometer"])

@@ -34,7 +34,7 @@ class TestS3Zarr(AdapterTests):
         src.close()
 
     def reference_array(self, source, field):
-        path = {None: "", "data": "", "image": "0", "labels/cells": "labels/cells/0"}[field]
+        path = {None: "", "data": "", "image": "0", "image/@labels/cells": "labels/cells/0"}[field]
         return np.asarray(zarr.open_array(store=str(source.local), path=path, mode="r")[...])
 
 

@@ -52,10 +52,10 @@ def test_discovery_lists_the_stores_like_local_ones(served):
     remote_vol, local_vol = _pair(cat, "vol.zarr")
     assert remote_ome.url == f"{ROOT}/cells.ome.zarr" and remote_ome.type == "ome-zarr"
     assert remote_vol.url == f"{ROOT}/vol.zarr" and remote_vol.type == "zarr"
-    assert list(remote_ome.source.tensors) == list(local_ome.source.tensors) == ["image", "labels/cells"]
+    assert list(remote_ome.source.tensors) == list(local_ome.source.tensors) == ["image", "image/@labels/cells"]
     img = remote_ome.source.tensor("image")
     assert [lv.scale for lv in img.native_levels] == [(1, 2, 2), (1, 4, 4)]
-    assert remote_ome.source.tensor("labels/cells").is_labels
+    assert remote_ome.source.tensor("image/@labels/cells").is_labels
     assert img.physical_scale == local_ome.source.tensor("image").physical_scale
     assert remote_vol.source.tensor().metadata["shards"] == [6, 100, 120]
     # notes.txt is not a source, and nothing else was found
@@ -65,7 +65,7 @@ def test_discovery_lists_the_stores_like_local_ones(served):
 def test_full_and_scaled_reads_equal_the_local_copy(served):
     cat, srv, written, _ = served
     sdk = client_for(srv)
-    for name, fields in (("cells.ome.zarr", ("image", "labels/cells")), ("vol.zarr", (None,))):
+    for name, fields in (("cells.ome.zarr", ("image", "image/@labels/cells")), ("vol.zarr", (None,))):
         remote, local = _pair(cat, name)
         for fld in fields:
             rid = remote.source.tensor(fld).array_id

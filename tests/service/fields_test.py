@@ -46,8 +46,9 @@ def srv(tmp_path_factory):
 
 
 def _granted_upload(manager, request_id, data):
-    """A READY upload granted to ``GRANT`` (as an in-process producer passing an owner makes one)."""
-    up = manager.add_tensor(request_id, data.shape, data.dtype, chunk_shape=data.shape, owner=grant_digest(GRANT))
+    """A READY upload granted to ``GRANT`` (as an in-process producer asking for a private one makes it)."""
+    up = manager.add_tensor(request_id, data.shape, data.dtype, chunk_shape=data.shape, owner=grant_digest(GRANT),
+                            grant=grant_digest(GRANT))
     cid = ChunkId.for_extent(up.array_id, Bounds((0, 0), data.shape), (1, 1), "none", up.tensor.content_version)
     manager.write_chunk(cid, data)
     manager.set_ready(up.array_id)
@@ -58,11 +59,11 @@ def listed(served, source_id, token=None):
 
 
 def test_fields_list_own_tensors_then_ready_uploads_for_the_caller(srv):
-    assert listed(srv, "img") == ["img/", "img/@labels/nuclei"]  # a bare id beside attached ones: source_id/
+    assert listed(srv, "img") == ["img", "img/@labels/nuclei"]  # beside label sets only: the bare id
     assert listed(srv, "pair") == ["pair/a", "pair/b"]
     assert listed(srv, "scratch") == ["scratch/@fields/result"]  # not PENDING, not another's grant
     assert listed(srv, "scratch", GRANT) == ["scratch/@fields/result", "scratch/@fields/granted"]
-    assert listed(srv, "img", GRANT) == ["img/", "img/@labels/nuclei", "img/@labels/secret"]
+    assert listed(srv, "img", GRANT) == ["img", "img/@labels/nuclei", "img/@labels/secret"]
     fields = srv.runtime.fields("img", Caller())  # by field: the image's own, then the label set's
     own, label_set = fields.values()
     assert own.tensor.array_id == "img" and list(fields)[1] == "@labels/nuclei" and label_set.tensor.is_labels
