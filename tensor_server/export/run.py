@@ -44,10 +44,11 @@ import numpy as np
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
+from tensor_server.core.ngff import labels_attributes
 from tensor_server.errors import ReadCancelled
 from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.layout import Layout, check_file_count, label_scales, label_shape_option, plan_layout
-from tensor_server.export.ngff import image_attributes, labels_attributes
+from tensor_server.export.ngff import export_attributes
 from tensor_server.export.options import ExportOptions
 from tensor_server.export.reduce import unit_levels
 from tensor_server.export.store import Staging, block_files, open_levels, out_start, storage_errors
@@ -155,7 +156,7 @@ def _write_metadata(staging: Staging, parts: list[_Part], run: _Pass, options: E
 
     group = zarr.open_group(LocalStore(staging.path), mode="r+", zarr_format=options.zarr_format)
     image = parts[0]
-    group.attrs.update({**image_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")),
+    group.attrs.update({**export_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")),
                         **staging.export_marker()})
     if len(parts) == 1:
         return
@@ -163,7 +164,7 @@ def _write_metadata(staging: Staging, parts: list[_Part], run: _Pass, options: E
     group["labels"].attrs.update(labels_attributes(names, options.ngff))
     for part, label_name in zip(parts[1:], names):
         group[part.root.rstrip("/")].attrs.update(
-            image_attributes(part.tensor, part.layout, label_name, options.ngff, label_of=True))
+            export_attributes(part.tensor, part.layout, label_name, options.ngff, label_of=True))
 
 
 class _Pass:

@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.identity import ArrayId
+from tensor_server.core.ngff import labels_among, labels_attributes
 from tensor_server.errors import TensorNotFound, code_of_http_status
 from tensor_server.http.errors import error_response
 from tensor_server.http.paths import resolve_zarr_path
@@ -74,6 +75,11 @@ class _Views:
             self.runtime.authorize(caller, image.tensor)
         return image, rest
 
+    def labels(self, tensor: Any) -> dict[str, Any]:
+        """The image's label images (``core.ngff.labels_among`` over every tensor its source
+        serves): the paths below ``labels/`` a request may name; each is authorized when read."""
+        return labels_among(self.runtime.catalog.fields(ArrayId.parse(tensor.array_id).source_id), tensor).labels
+
     def image(self, tensor: Any) -> ZarrImage:
         key = (tensor.array_id, tensor.content_version)
         with self._lock:
@@ -81,13 +87,8 @@ class _Views:
             if view is not None:
                 self._views.move_to_end(key)
                 return view
-        source = self.runtime.catalog.get_record(ArrayId.parse(tensor.array_id).source_id).source
-        labels = {}
-        if source is not None and not tensor.is_labels:
-            for field, other in source.tensors.items():
-                if other.is_labels and other is not tensor:
-                    labels[field.rsplit("/", 1)[-1]] = other
-        view = ZarrImage(tensor, name=tensor.array_id, labels=labels, policy=self.runtime.policy)
+        labels_of = None if tensor.is_labels else (lambda: self.labels(tensor))
+        view = ZarrImage(tensor, name=tensor.array_id, labels_of=labels_of, policy=self.runtime.policy)
         with self._lock:
             self._views[key] = view
             while len(self._views) > self.size:
@@ -185,7 +186,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
             return await _labels(request, caller, image, rest[1:], zarr_format)
         if not rest:
             doc = {"ngff": version, "array_id": image.tensor.array_id, "levels": [lv.path for lv in image.levels],
-                   "labels": sorted(image.labels)}
+                   "labels": sorted(runtime.image_labels(caller, image.tensor))}
             return respond(request, dumps(doc), _JSON, f'"{tag}-index"')
         meta = _metadata(image, rest, zarr_format, version)
         if meta is not None:
@@ -209,14 +210,14 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
         version = NGFF_OF_FORMAT[zarr_format]
         tag = image.tensor.content_version.hex()
         if rest in ([".zattrs"], []) and zarr_format == 2 or rest == ["zarr.json"] and zarr_format == 3:
-            attrs = image.labels_attributes(version)
+            attrs = labels_attributes(list(runtime.image_labels(caller, image.tensor)), version)
             doc = attrs if zarr_format == 2 else {"zarr_format": 3, "node_type": "group", "attributes": attrs}
             return respond(request, dumps(doc), _JSON, f'"{tag}-labels"')
         if rest == [".zgroup"] and zarr_format == 2:
             return respond(request, dumps({"zarr_format": 2}), _JSON, f'"{tag}-labels-zgroup"')
-        if not rest or rest[0] not in image.labels:
+        label = image.labels.get(rest[0]) if rest else None
+        if label is None:
             raise _NotFound(f"{image.tensor.array_id} has no label image {rest[0][:100] if rest else ''!r}")
-        label = image.labels[rest[0]]
         runtime.authorize(caller, label)
         label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)

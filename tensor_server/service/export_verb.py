@@ -93,27 +93,6 @@ def _destination(runtime: ServingRuntime, dest: Any) -> Path:
     return runtime.uploads.write_dir / "exports" / dest
 
 
-def _readable_labels(runtime: ServingRuntime, caller: Caller, tensor: Any) -> dict[str, Any]:
-    """The image's label images (export/sources.py's rule, uploaded label sets included)
-    that the caller may read too; the others are left out, as a read of them would be refused."""
-    from tensor_server.core.identity import ArrayId
-    from tensor_server.errors import TensorServerError
-    from tensor_server.export.sources import label_images
-
-    aid = ArrayId.parse(tensor.array_id)
-    fields = runtime.catalog.fields(aid.source_id)
-    field = next((f for f, t in fields.items() if t is tensor), aid.field)
-    found = label_images(fields, field, tensor, next(iter(fields), field))
-    readable = {}
-    for name, label in found.labels.items():
-        try:
-            runtime.authorize(caller, label)
-        except TensorServerError:
-            continue
-        readable[name] = label
-    return readable
-
-
 def _offer(records: queue.Queue, item: object, stop: threading.Event) -> None:
     """Queue ``item`` for the handler's thread, waiting while the queue is full, unless the
     export is stopping (then nobody may be reading: the item is dropped, never waited on)."""
@@ -141,7 +120,7 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
                               f"({MAX_SERVICE_WORKERS})")
     dest = _destination(runtime, request.get("dest"))
     tensor, _ = runtime.tensor(request["array_id"], caller)  # the read rules: token or grant, the gate
-    labels = _readable_labels(runtime, caller, tensor)
+    labels = runtime.image_labels(caller, tensor)
     dest.parent.mkdir(parents=True, exist_ok=True)
     slots = _slots(runtime)
     slots.take()
