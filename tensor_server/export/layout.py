@@ -36,7 +36,8 @@ import numpy as np
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.methods import PRECOMPUTE, default_method, effective_method
-from tensor_server.core.pyramid import advertised_levels
+from tensor_server.core.level_grid import published_levels
+from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
 from tensor_server.export.options import MAX_FILES, MAX_UNIT_BYTES, MIN_CHUNK_EDGE
@@ -182,10 +183,13 @@ class Layout:
         }
 
 
-def level_scales(tensor: TensorAdapter, levels: str | int) -> list[tuple[int, ...]]:
-    """Per-level scales (source order): the advertised computed pyramid, or N halvings of Y and X."""
+def level_scales(tensor: TensorAdapter, levels: str | int, policy: PyramidPolicy | None = None
+                 ) -> list[tuple[int, ...]]:
+    """Per-level scales (source order): the published pyramid's (``core.level_grid``: the
+    stored levels' factors, else halvings down to one 512² plane; ``policy``: a server's), or
+    N halvings of Y and X."""
     if levels == "auto":
-        return [tuple(spec.scale) for spec in advertised_levels(tensor, computed=True)]
+        return [tuple(spec.scale) for spec in published_levels(tensor, policy)]
     y, x = tensor.dim_labels.index("y"), tensor.dim_labels.index("x")
     scales = []
     for k in range(int(levels)):
@@ -225,14 +229,15 @@ def export_method(tensor: TensorAdapter, method: str | None) -> str:
 
 def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: str | None = None,
                 chunks: Sequence[int] | None = None, shards: Sequence[int] | None = None,
-                scales: Sequence[Sequence[int]] | None = None) -> Layout:
+                scales: Sequence[Sequence[int]] | None = None, policy: PyramidPolicy | None = None) -> Layout:
     """The geometry of exporting ``tensor`` (see the module docstring); ``scales`` (per level,
-    source order) instead of ``levels``: a label image takes its image's levels."""
+    source order) instead of ``levels``: a label image takes its image's levels; ``policy``:
+    the pyramid policy ``levels="auto"`` follows (a server's; default the defaults)."""
     axes = AxisMap.of(tensor)
     for name, value in (("chunks", chunks), ("shards", shards)):
         if value is not None:
             _check_asked_shape(tensor, axes, name, value)
-    scales = [tuple(s) for s in scales] if scales is not None else level_scales(tensor, levels)
+    scales = [tuple(s) for s in scales] if scales is not None else level_scales(tensor, levels, policy)
     chunk = tuple(min(c, n) for c, n in zip(_source_shape(tensor, axes, chunks, default_chunk(tensor)), tensor.shape))
     shard = _source_shape(tensor, axes, shards, default_shard(tensor))
     if shards is None:  # the default: the nearest whole number of chunks

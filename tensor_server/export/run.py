@@ -45,6 +45,7 @@ from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
 from tensor_server.core.ngff import labels_attributes
+from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.errors import ReadCancelled
 from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.layout import Layout, check_file_count, label_scales, label_shape_option, plan_layout
@@ -98,10 +99,12 @@ def fingerprint(parts: list[_Part], options: ExportOptions) -> dict[str, Any]:
     return out
 
 
-def _plan(tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: ExportOptions) -> list[_Part]:
+def _plan(tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: ExportOptions,
+          policy: PyramidPolicy | None) -> list[_Part]:
     """The image's geometry, then each label image's on the image's levels, reduced with the
     labels' method (``mode``: ``--method`` is the image's), chunks and shards by axis name."""
-    layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks, shards=options.shards)
+    layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks,
+                         shards=options.shards, policy=policy)
     parts = [_Part("", tensor, layout)]
     for name in sorted(labels):
         label = labels[name]
@@ -123,12 +126,15 @@ def export_tensor(
     progress: Progress | None = None,
     cancelled: Cancelled | None = None,
     name: str | None = None,
+    policy: PyramidPolicy | None = None,
 ) -> dict[str, Any]:
     """Export ``tensor`` (and its ``labels``, name -> label tensor, written under ``labels/``)
     to the OME-Zarr image ``dest``; return the summary (the ``done`` record). See the module
-    docstring for the pass, memory, progress and cancellation."""
+    docstring for the pass, memory, progress and cancellation. ``policy``: the pyramid policy
+    ``--levels auto`` follows (a server passes its own, so the export has the levels its
+    OME-Zarr view publishes)."""
     options = options or ExportOptions()
-    parts = _plan(tensor, labels or {}, options)
+    parts = _plan(tensor, labels or {}, options, policy)
     emit = progress or (lambda record: None)
     total = sum(p.layout.unit_count() for p in parts)
     with Staging(dest, fingerprint(parts, options)) as staging, storage_errors(staging.path):

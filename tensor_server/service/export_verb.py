@@ -140,7 +140,7 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
         runtime.metrics.export_started(+1)
         try:
             export_tensor(tensor, dest, options, labels=labels, engine=runtime.engine, cancelled=stop.is_set,
-                          progress=noted, name=request["array_id"])
+                          progress=noted, name=request["array_id"], policy=runtime.policy)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
             failure.append(exc)
         finally:

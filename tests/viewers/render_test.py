@@ -43,15 +43,15 @@ def test_label_colours_are_stable_and_background_is_black():
 def test_a_region_is_read_at_the_level_that_serves_its_size():
     t = ArrayAdapter(np.zeros((2, 4096, 4096), np.uint16), "zyx", chunk_shape=(1, 256, 256))
     t.array_id = "t"
-    view = PlaneView.of(t, {"z": 1}, PyramidPolicy(plane_budget_px=256 * 256))
-    assert [lv.scale[1] for lv in view.levels] == [1, 2, 4, 8, 16]  # advertised to 256², then none needed
+    view = PlaneView.of(t, {"z": 1}, PyramidPolicy(coarsest_tile=256))
+    assert [lv.scale[1] for lv in view.levels] == [1, 2, 4, 8, 16]  # published down to one 256² plane
     assert view.level_for(0, 0, 4096, 4096, 256, 256).scale == (1, 16, 16)
     assert view.level_for(0, 0, 590, 590, 100, 100).scale == (1, 4, 4)
     assert view.level_for(0, 0, 4096, 4096, 4096, 4096).scale == (1, 1, 1)
     assert view.fixed == {0: 1}
-    # past the advertised pyramid (4 Mpx by default), factors of 2 until the plane fits 256²
+    # by default past Flight's pyramid (4 Mpx), factors of 2 until the plane fits one 512² tile
     wide = PlaneView.of(t, {}, None)
-    assert [lv.scale[2] for lv in wide.levels] == [1, 2, 4, 8, 16] and wide.levels[-1].shape[1:] == (256, 256)
+    assert [lv.scale[2] for lv in wide.levels] == [1, 2, 4, 8] and wide.levels[-1].shape[1:] == (512, 512)
     assert wide.levels[2].shape[1:] == (1024, 1024) and wide.levels[-1].method == "area"
     with pytest.raises(InvalidArgument, match="outside"):
         PlaneView.of(t, {"z": 2}, None)
@@ -65,7 +65,7 @@ def _plane(width: int, height: int, **levels: ArrayAdapter) -> PlaneView:
     """A view of a ``width × height`` plane that holds no memory (every pixel one stride-0 zero)."""
     t = ArrayAdapter(np.broadcast_to(np.uint8(0), (height, width)), "yx", chunk_shape=(512, 512))
     t.array_id = "t"
-    return PlaneView.of(t, {}, PyramidPolicy(plane_budget_px=128 * 128))
+    return PlaneView.of(t, {}, PyramidPolicy(coarsest_tile=256))
 
 
 def _iiif_tiles(width: int, height: int):
