@@ -127,6 +127,12 @@ class PlaneView:
     def height(self) -> int:
         return self.tensor.shape[self.y]
 
+    def square_levels(self) -> list[tuple[int, int, int]]:
+        """``(factor, width, height)`` of each level reduced alike on both image axes (every
+        computed level; a stored one reduced unevenly has no IIIF scale factor), finest first."""
+        return [(lv.scale[self.x], lv.shape[self.x], lv.shape[self.y]) for lv in self.levels
+                if lv.scale[self.x] == lv.scale[self.y]]
+
     @property
     def selected_channel(self) -> int | None:
         return None if self.channel_axis is None else self.fixed.get(self.channel_axis)
