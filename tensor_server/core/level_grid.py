@@ -35,7 +35,7 @@ from tensor_server_kernels.reference import output_shape
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
-__all__ = ["GridLevel", "published_levels", "grid_levels", "level_chunk_id", "level_extent", "read_level_region", "region_cells",
+__all__ = ["GridLevel", "published_levels", "grid_levels", "scales_on", "level_chunk_id", "level_extent", "read_level_region", "region_cells",
            "MAX_REGION_CHUNKS"]
 
 #: chunks one level region may assemble (a budget on client-sized input: a 512² tile over
@@ -80,14 +80,38 @@ def published_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None)
     return levels
 
 
-def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, tiles: bool = False
-                ) -> list[GridLevel]:
-    """Level 0 first, coarsest last (``published_levels``). ``tiles``: computed levels on
-    the tile grid (``tensor.tile_shape``, what a tile viewer's reads plan on), else on the
-    transfer grid (the OME-Zarr view's chunks)."""
-    grid = tensor.tile_shape if tiles else tensor.chunk_shape
+def scales_on(image: TensorAdapter, scales: Sequence[Sequence[int]], label: TensorAdapter) -> list[tuple[int, ...]]:
+    """An image's level ``scales`` on a label image's axes (by axis label; 1 where the image
+    has no such axis): a label image is published on its image's levels (NGFF wants them to
+    coincide), whatever levels it stores itself."""
+    names = image.dim_labels
+    return [tuple(s[names.index(a)] if a in names else 1 for a in label.dim_labels) for s in scales]
+
+
+def _levels_at(tensor: TensorAdapter, scales: Sequence[Sequence[int]]) -> list[PyramidLevelSpec]:
+    """``tensor`` at given ``scales``: its stored level where it stores that scale, else
+    computed with its default method."""
+    stored = {tuple(lv.scale): lv for lv in tensor.native_levels}
     out = []
-    for i, spec in enumerate(published_levels(tensor, policy)):
+    for scale in map(tuple, scales):
+        if scale in stored:
+            out.append(PyramidLevelSpec(scale, PRECOMPUTE, tuple(stored[scale].tensor.shape), True))
+        else:
+            out.append(PyramidLevelSpec(scale, default_method(tensor.is_labels), output_shape(tensor.shape, scale),
+                                        False))
+    return out
+
+
+def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, tiles: bool = False,
+                scales: Sequence[Sequence[int]] | None = None) -> list[GridLevel]:
+    """Level 0 first, coarsest last (``published_levels``, or the levels of ``scales``: a
+    label image's under its image, ``scales_on``). ``tiles``: computed levels on the tile
+    grid (``tensor.tile_shape``, what a tile viewer's reads plan on), else on the transfer
+    grid (the OME-Zarr view's chunks)."""
+    grid = tensor.tile_shape if tiles else tensor.chunk_shape
+    specs = published_levels(tensor, policy) if scales is None else _levels_at(tensor, scales)
+    out = []
+    for i, spec in enumerate(specs):
         scale = tuple(spec.scale)
         if spec.method == PRECOMPUTE and any(s != 1 for s in scale):
             lt = tensor.native_level(scale).tensor

@@ -35,8 +35,8 @@ import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.level_grid import published_levels, scales_on
 from tensor_server.core.methods import PRECOMPUTE, default_method, effective_method
-from tensor_server.core.level_grid import published_levels
 from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
@@ -206,10 +206,8 @@ def level_scales(tensor: TensorAdapter, levels: str | int, policy: PyramidPolicy
 
 
 def label_scales(image: TensorAdapter, image_layout: Layout, label: TensorAdapter) -> list[tuple[int, ...]]:
-    """The image's level factors on a label image's axes (by label; 1 where the image has
-    no such axis)."""
-    names = image.dim_labels
-    return [tuple(lv.scale[names.index(a)] if a in names else 1 for a in label.dim_labels) for lv in image_layout.levels]
+    """The image's level factors on a label image's axes (``core.level_grid.scales_on``)."""
+    return scales_on(image, [lv.scale for lv in image_layout.levels], label)
 
 
 def label_shape_option(image_axes: AxisMap, label: TensorAdapter, value: Sequence[int] | None) -> tuple[int, ...] | None:

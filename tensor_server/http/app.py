@@ -219,7 +219,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
         if label is None:
             raise _NotFound(f"{image.tensor.array_id} has no label image {rest[0][:100] if rest else ''!r}")
         runtime.authorize(caller, label)
-        label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
+        label_view = ZarrImage(label, name=rest[0], policy=image.policy, label_of=image)
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 
     routes = [*viewer_routes(RuntimeViewerProvider(runtime, flight_location,

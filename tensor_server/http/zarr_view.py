@@ -29,7 +29,7 @@ import numpy as np
 
 from tensor_server.core.chunk_id import ChunkId
 from tensor_server.core.level_grid import GridLevel as ZarrLevel
-from tensor_server.core.level_grid import grid_levels, level_chunk_id
+from tensor_server.core.level_grid import grid_levels, level_chunk_id, scales_on
 from tensor_server.core.ngff import NgffImage, NgffLevel, encode_shard, image_attributes
 from tensor_server.core.pyramid import PyramidPolicy
 
@@ -59,14 +59,18 @@ class ZarrImage:
         name: str,
         labels_of: Callable[[], Mapping[str, TensorAdapter]] | None = None,
         policy: PyramidPolicy | None = None,
-        is_label_of: bool = False,
+        label_of: ZarrImage | None = None,
     ) -> None:
+        """``label_of``: the image whose ``labels/`` this label image is under; it is
+        published on that image's levels (``core.level_grid.scales_on``), as an export
+        writes it."""
         self.tensor = tensor
         self.name = name
         self.labels_of = labels_of
         self.policy = policy
-        self.is_label_of = is_label_of
-        self.levels = grid_levels(tensor, policy)
+        self.is_label_of = label_of is not None
+        scales = None if label_of is None else scales_on(label_of.tensor, [lv.scale for lv in label_of.levels], tensor)
+        self.levels = grid_levels(tensor, policy, scales=scales)
 
     @property
     def labels(self) -> Mapping[str, TensorAdapter]:

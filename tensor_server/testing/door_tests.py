@@ -26,6 +26,13 @@ tensors whose reads raise each error class); a door fixture builds its client fr
 door class that defines ``door_on(world)`` is also tested against ``local_world``: the same
 uploads on a server without a token (local mode, where the control surface is open and only
 grants keep a tensor from strangers), with annotations and decode rates on the granted one.
+
+``PublicationTests`` checks what the doors that publish an image say about it: over OME-Zarr
+files ome-zarr-py writes (a stored pyramid with a label pyramid; a one-level volume with a
+label volume), the OME-Zarr view and ``export`` write equal NGFF documents (axes, each
+dataset's path and transforms, the labels list, each label image's), and the view, IIIF
+(``info.json`` ``sizes`` and ``scaleFactors``), DeepZoom (its levels of those factors) and
+``export --levels auto`` advertise the same levels.
 """
 from __future__ import annotations
 
@@ -426,7 +433,7 @@ class PublishedWorld:
 
 
 #: the images a publication is checked on: a 2×1024² image with 3 stored levels (1024, 512,
-#: 256) and a stored label pyramid, and a 24×1024² volume stored as one level (computed
+#: 256) and a stored label pyramid of 5 (published on the image's 3), and a 24×1024² volume stored as one level (computed
 #: levels down to one 512² tile) with a one-level label volume
 PUBLISHED_KINDS = ("stored", "volume")
 NGFF_VERSIONS = ("0.4", "0.5")
@@ -449,8 +456,9 @@ def _write_published(root: Path) -> dict[str, Path]:
                     storage_options={"chunks": (1, 256, 256)})
         nuclei = np.zeros((1024, 1024), np.uint32)
         nuclei[100:300, 200:500], nuclei[600:900, 50:400] = 7, 9
-        write_labels(nuclei, group, name="nuclei", axes="yx", scaler=None, scale_factors=[2, 4],
-                     scale={"y": 0.5, "x": 0.5}, axes_units=micrometer, storage_options={"chunks": (256, 256)})
+        # ome-zarr-py's default label pyramid: 5 levels, under an image of 3
+        write_labels(nuclei, group, name="nuclei", axes="yx", scale={"y": 0.5, "x": 0.5}, axes_units=micrometer,
+                     storage_options={"chunks": (256, 256)})
         group = zarr.open_group(str(files["volume"]), mode="w")
         volume = rng.integers(0, 255, (24, 1024, 1024), dtype=np.uint8)
         write_image(volume, group, axes="zyx", scale_factors=[], storage_options={"chunks": (4, 256, 256)})
