@@ -17,8 +17,9 @@ Example (every key optional)::
     special_chunks = true       # blocks the metadata says hold one value: closed form, no decode
 
     [pyramid]                   # computed levels advertised for tensors without stored ones
-    plane_budget_px = 4194304   # halve Y/X until a plane fits this many pixels
+    plane_budget_px = 4194304   # Flight: halve Y/X until a plane fits this many pixels
     volume_budget_voxels = 89915392  # then one XYZ level to fit this volume (448**3)
+    coarsest_tile = 512         # OME-Zarr, IIIF, DeepZoom, export: halve Y/X down to one tile
 
     [catalog]
     rescan_seconds = 0          # periodic rescan of the roots; 0 = off
@@ -153,6 +154,7 @@ class Settings:
     scratch_ttl: float = 86400.0
     plane_budget_px: int = 4 * 1024 * 1024
     volume_budget_voxels: int = 448**3
+    coarsest_tile: int = 512
     rescan_seconds: float = 0.0
     follow_symlinks_outside_roots: bool = False
     open_timeout_seconds: float = 60.0
@@ -185,7 +187,7 @@ class Settings:
         """The computed levels advertised for tensors without stored ones."""
         from tensor_server.core.pyramid import PyramidPolicy
 
-        return PyramidPolicy(self.plane_budget_px, self.volume_budget_voxels)
+        return PyramidPolicy(self.plane_budget_px, self.volume_budget_voxels, coarsest_tile=self.coarsest_tile)
 
     def admission_bound(self) -> int:
         """Chunk computations at once: ``max_computes``, 0 meaning twice the cores."""
@@ -208,6 +210,7 @@ _KEYS = {
     ("read", "special_chunks"): "special_chunks",
     ("pyramid", "plane_budget_px"): "plane_budget_px",
     ("pyramid", "volume_budget_voxels"): "volume_budget_voxels",
+    ("pyramid", "coarsest_tile"): "coarsest_tile",
     ("catalog", "rescan_seconds"): "rescan_seconds",
     ("catalog", "follow_symlinks_outside_roots"): "follow_symlinks_outside_roots",
     ("catalog", "open_timeout_seconds"): "open_timeout_seconds",

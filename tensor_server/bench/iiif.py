@@ -216,11 +216,13 @@ def main(ns: argparse.Namespace) -> int:
     root.mkdir(parents=True, exist_ok=True)
     _write_fixtures(root, side)
     from tensor_server.core.downsample import warm_up
-    from tensor_server.render.iiif import scale_factors
+    from tensor_server.adapters.memory import ArrayAdapter
+    from tensor_server.core.level_grid import published_levels
 
     warm_up()  # the kernels, as ``serve`` loads them at start: not a cost of the first scaled tile
 
-    factors = [int(f) for f in ns.scales.split(",")] if ns.scales else scale_factors(side, side)
+    plane = ArrayAdapter(np.broadcast_to(np.uint16(0), (side, side)), "yx")  # the levels IIIF advertises
+    factors = [int(f) for f in ns.scales.split(",")] if ns.scales else [lv.scale[0] for lv in published_levels(plane)]
     rows, out = [], []
     for factor in factors:
         peer = _peer_times(root / "big.tif", side, factor, ns.peer_tiles)

@@ -1,12 +1,20 @@
-"""The served levels of a tensor as chunk grids: the geometry every tiled door shares.
+"""The published levels of a tensor, as chunk grids: the one list of levels every door that
+publishes an image shares (the OME-Zarr view, IIIF and DeepZoom, ``export --levels auto``).
 
-A level is one advertised pyramid level (``core.pyramid.advertised_levels``) with the chunk
-grid a client addresses it by: a computed level's grid is the transfer grid (the OME-Zarr view)
-or the tile grid (IIIF, DeepZoom) in output pixels (cell ``k`` covers level-0
-``[k·c·s, (k+1)·c·s)``), a stored level's is the level tensor's own grid. Cell ``k`` of a level
-is exactly the engine chunk the planner mints for it on that grid, so the OME-Zarr view and a
-whole read over Flight, and the tile doors and a viewer's tile reads over Flight, fill and hit
-the same chunk cache entries, and a
+Which levels (``published_levels``): the file's stored levels where it has them; else level
+0 and factors of 2 in Y and X until a plane fits one 512² tile (``PyramidPolicy.coarsest_tile``),
+as viewers and converters (bioformats2raw, ngff-zarr) expect a pyramid to end, so an overview
+is one tile, not a resize of a large level. Flight's descriptor pyramid is the reference's plane budget
+(``core.pyramid.advertised_levels``: 4 Mpx planes, one XYZ level for a large volume), kept
+because the biopb clients choose levels by that budget; its levels are a prefix of these
+for a plane (both halve Y and X by 2), so the cache entries they fill are shared.
+
+A level is one published level with the chunk grid a client addresses it by: a computed
+level's grid is the transfer grid (the OME-Zarr view) or the tile grid (IIIF, DeepZoom) in
+output pixels (cell ``k`` covers level-0 ``[k·c·s, (k+1)·c·s)``), a stored level's is the
+level tensor's own grid. Cell ``k`` of a level is exactly the engine chunk the planner mints
+for it on that grid, so the OME-Zarr view and a whole read over Flight, and the tile doors
+and a viewer's tile reads over Flight, fill and hit the same chunk cache entries, and a
 region of a level (``read_level_region``) is assembled from those chunks: a warm tile costs
 cache hits and a crop, never a reduction.
 """
@@ -19,13 +27,15 @@ import numpy as np
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
-from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
+from tensor_server.core.methods import default_method
+from tensor_server.core.pyramid import PyramidLevelSpec, PyramidPolicy, advertised_levels, plane_axes
 from tensor_server.core.transfer_grid import scaled_virtual_chunk_size
+from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
-__all__ = ["GridLevel", "grid_levels", "level_chunk_id", "level_extent", "read_level_region", "region_cells",
+__all__ = ["GridLevel", "published_levels", "grid_levels", "scales_on", "level_chunk_id", "level_extent", "read_level_region", "region_cells",
            "MAX_REGION_CHUNKS"]
 
 #: chunks one level region may assemble (a budget on client-sized input: a 512² tile over
@@ -51,14 +61,57 @@ class GridLevel:
         return tuple(-(-n // c) for n, c in zip(self.shape, self.chunks))
 
 
-def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, tiles: bool = False
-                ) -> list[GridLevel]:
-    """Level 0 first, coarsest last (the advertised pyramid). ``tiles``: computed levels on
-    the tile grid (``tensor.tile_shape``, what a tile viewer's reads plan on), else on the
-    transfer grid (the OME-Zarr view's chunks)."""
-    grid = tensor.tile_shape if tiles else tensor.chunk_shape
+def published_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None) -> list[PyramidLevelSpec]:
+    """Level 0 first, coarsest last (module docstring): the stored levels, else factors of 2
+    in Y and X down to one ``policy.coarsest_tile``² plane (at most ``policy.max_levels``)."""
+    if tensor.native_levels:
+        return advertised_levels(tensor, policy)
+    policy = policy or PyramidPolicy()
+    method = default_method(tensor.is_labels)
+    y, x = plane_axes(tensor)
+    axes = [a for a in (y, x) if a is not None]
+    scale, shape = [1] * tensor.ndim, tuple(tensor.shape)
+    levels = [PyramidLevelSpec(tuple(scale), method, shape, False)]
+    while any(shape[a] > policy.coarsest_tile for a in axes) and len(levels) < policy.max_levels:
+        for a in axes:
+            scale[a] *= 2
+        shape = output_shape(tensor.shape, scale)
+        levels.append(PyramidLevelSpec(tuple(scale), method, shape, False))
+    return levels
+
+
+def scales_on(image: TensorAdapter, scales: Sequence[Sequence[int]], label: TensorAdapter) -> list[tuple[int, ...]]:
+    """An image's level ``scales`` on a label image's axes (by axis label; 1 where the image
+    has no such axis): a label image is published on its image's levels (NGFF wants them to
+    coincide), whatever levels it stores itself."""
+    names = image.dim_labels
+    return [tuple(s[names.index(a)] if a in names else 1 for a in label.dim_labels) for s in scales]
+
+
+def _levels_at(tensor: TensorAdapter, scales: Sequence[Sequence[int]]) -> list[PyramidLevelSpec]:
+    """``tensor`` at given ``scales``: its stored level where it stores that scale, else
+    computed with its default method."""
+    stored = {tuple(lv.scale): lv for lv in tensor.native_levels}
     out = []
-    for i, spec in enumerate(advertised_levels(tensor, policy)):
+    for scale in map(tuple, scales):
+        if scale in stored:
+            out.append(PyramidLevelSpec(scale, PRECOMPUTE, tuple(stored[scale].tensor.shape), True))
+        else:
+            out.append(PyramidLevelSpec(scale, default_method(tensor.is_labels), output_shape(tensor.shape, scale),
+                                        False))
+    return out
+
+
+def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, tiles: bool = False,
+                scales: Sequence[Sequence[int]] | None = None) -> list[GridLevel]:
+    """Level 0 first, coarsest last (``published_levels``, or the levels of ``scales``: a
+    label image's under its image, ``scales_on``). ``tiles``: computed levels on the tile
+    grid (``tensor.tile_shape``, what a tile viewer's reads plan on), else on the transfer
+    grid (the OME-Zarr view's chunks)."""
+    grid = tensor.tile_shape if tiles else tensor.chunk_shape
+    specs = published_levels(tensor, policy) if scales is None else _levels_at(tensor, scales)
+    out = []
+    for i, spec in enumerate(specs):
         scale = tuple(spec.scale)
         if spec.method == PRECOMPUTE and any(s != 1 for s in scale):
             lt = tensor.native_level(scale).tensor

@@ -5,6 +5,11 @@ levels are computed on demand and advertised with the tensor's default method (`
 intensities, ``mode`` for labels): factor 2 in Y and X until a plane fits ``plane_budget_px``,
 then, for a volume, one more level that also reduces Z until the volume fits
 ``volume_budget_voxels`` (the reference server's 4 Mpx plane and 448³ voxel budgets).
+
+This is the pyramid Flight's descriptors advertise, for the biopb clients that pick levels
+by the reference's budgets. The doors that publish an image (OME-Zarr, IIIF, DeepZoom, an
+export's ``--levels auto``) publish ``core.level_grid.published_levels`` instead: the same
+stored levels, else halvings down to one 512² tile, as viewers and converters expect.
 """
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.methods import PRECOMPUTE, default_method
 from tensor_server_kernels.reference import output_shape
 
-__all__ = ["PyramidLevelSpec", "PyramidPolicy", "advertised_levels"]
+__all__ = ["PyramidLevelSpec", "PyramidPolicy", "advertised_levels", "plane_axes"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,8 @@ class PyramidPolicy:
     plane_budget_px: int = 4 * 1024 * 1024
     volume_budget_voxels: int = 448**3
     max_levels: int = 16
+    #: the plane side the coarsest published level fits in (``core.level_grid``): one tile
+    coarsest_tile: int = 512
 
 
 @dataclass(frozen=True)
@@ -33,27 +40,27 @@ class PyramidLevelSpec:
     native: bool
 
 
-def advertised_levels(
-    tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, computed: bool = False
-) -> list[PyramidLevelSpec]:
-    """Level 0 first, coarsest last. ``computed``: the computed levels even when the tensor
-    stores its own (the exporter writes levels it computes, whatever the file stores)."""
+def plane_axes(tensor: TensorAdapter) -> tuple[int | None, int]:
+    """The (y, x) axes a pyramid halves: by label, else the last two (y None for 1-D)."""
+    labels, ndim = tensor.dim_labels, tensor.ndim
+    y = labels.index("y") if "y" in labels else (ndim - 2 if ndim >= 2 else None)
+    x = labels.index("x") if "x" in labels else ndim - 1
+    return y, x
+
+
+def advertised_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None) -> list[PyramidLevelSpec]:
+    """Level 0 first, coarsest last."""
     policy = policy or PyramidPolicy()
     ndim = tensor.ndim
-    base = PyramidLevelSpec(
-        (1,) * ndim, default_method(tensor.is_labels), tensor.shape, bool(tensor.native_levels) and not computed
-    )
-    if tensor.native_levels and not computed:
+    if tensor.native_levels:
         levels = [PyramidLevelSpec((1,) * ndim, PRECOMPUTE, tensor.shape, True)]
         for lv in sorted(tensor.native_levels, key=lambda lv: prod(lv.scale)):
             levels.append(PyramidLevelSpec(tuple(lv.scale), PRECOMPUTE, tuple(lv.tensor.shape), True))
         return levels
-    labels = tensor.dim_labels
-    y = labels.index("y") if "y" in labels else (ndim - 2 if ndim >= 2 else None)
-    x = labels.index("x") if "x" in labels else ndim - 1
-    z = labels.index("z") if "z" in labels else None
+    y, x = plane_axes(tensor)
+    z = tensor.dim_labels.index("z") if "z" in tensor.dim_labels else None
     method = default_method(tensor.is_labels)
-    levels = [base]
+    levels = [PyramidLevelSpec((1,) * ndim, method, tensor.shape, False)]
     scale = [1] * ndim
 
     def plane(shape: tuple[int, ...]) -> int:

@@ -15,8 +15,7 @@ What a file holds is what zarr-python would read back, by the array's own metada
   chunk shape) through the array's compressor;
 * zarr v3 ``sharding_indexed`` (index at the end; index codecs ``bytes`` little-endian +
   ``crc32c``, which is what zarr-python writes): the encoded inner chunks that meet the
-  array, in C order, then the index of (offset, length) pairs, ``2**64 - 1`` for an absent
-  inner chunk.
+  array, in C order, then the index (``core/ngff.py`` owns the layout).
 
 Fill-valued chunks: a compressed chunk of fill values is a few dozen bytes, so every chunk is
 written (zarr-python's per-chunk equality check, ``np.array_equal``, was 18 % of the busy
@@ -33,10 +32,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from tensor_server.core.ngff import shard_index
+
 __all__ = ["ChunkFiles"]
-
-_ABSENT = np.uint64(2**64 - 1)
-
 
 def _go_on() -> None:
     """The checkpoint of an encode nobody stops."""
@@ -130,22 +128,18 @@ class ChunkFiles:
         return bytes(self.codec.encode(whole)) if self.codec is not None else whole.tobytes()
 
     def _shard(self, view: np.ndarray, checkpoint: Callable[[], None]) -> list[bytes] | None:
-        """One shard's pieces: its inner chunks in C order, then the index and its CRC-32C."""
-        import google_crc32c
-
+        """One shard's pieces: its inner chunks in C order, then the index and its CRC-32C
+        (``core.ngff.shard_index``)."""
         per_shard = tuple(-(-f // c) for f, c in zip(self.file_shape, self.chunk_shape))
-        index = np.full(per_shard + (2,), _ABSENT, dtype="<u8")
+        nbytes = np.full(per_shard, -1, dtype=np.int64)
         pieces: list[bytes] = []
-        offset = 0
         for inner in itertools.product(*(range(-(-n // c)) for n, c in zip(view.shape, self.chunk_shape))):
             checkpoint()
             piece = self._chunk(view[tuple(slice(i * c, (i + 1) * c) for i, c in zip(inner, self.chunk_shape))])
             if piece is None:
                 continue
-            index[inner] = (offset, len(piece))
+            nbytes[inner] = len(piece)
             pieces.append(piece)
-            offset += len(piece)
         if not pieces:
             return None
-        table = index.tobytes()
-        return pieces + [table, np.uint32(google_crc32c.value(table)).astype("<u4").tobytes()]
+        return pieces + [shard_index(nbytes, checksum=True)]

@@ -35,8 +35,9 @@ import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.level_grid import published_levels, scales_on
 from tensor_server.core.methods import PRECOMPUTE, default_method, effective_method
-from tensor_server.core.pyramid import advertised_levels
+from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
 from tensor_server.export.options import MAX_FILES, MAX_UNIT_BYTES, MIN_CHUNK_EDGE
@@ -182,10 +183,13 @@ class Layout:
         }
 
 
-def level_scales(tensor: TensorAdapter, levels: str | int) -> list[tuple[int, ...]]:
-    """Per-level scales (source order): the advertised computed pyramid, or N halvings of Y and X."""
+def level_scales(tensor: TensorAdapter, levels: str | int, policy: PyramidPolicy | None = None
+                 ) -> list[tuple[int, ...]]:
+    """Per-level scales (source order): the published pyramid's (``core.level_grid``: the
+    stored levels' factors, else halvings down to one 512² plane; ``policy``: a server's), or
+    N halvings of Y and X."""
     if levels == "auto":
-        return [tuple(spec.scale) for spec in advertised_levels(tensor, computed=True)]
+        return [tuple(spec.scale) for spec in published_levels(tensor, policy)]
     y, x = tensor.dim_labels.index("y"), tensor.dim_labels.index("x")
     scales = []
     for k in range(int(levels)):
@@ -202,10 +206,8 @@ def level_scales(tensor: TensorAdapter, levels: str | int) -> list[tuple[int, ..
 
 
 def label_scales(image: TensorAdapter, image_layout: Layout, label: TensorAdapter) -> list[tuple[int, ...]]:
-    """The image's level factors on a label image's axes (by label; 1 where the image has
-    no such axis)."""
-    names = image.dim_labels
-    return [tuple(lv.scale[names.index(a)] if a in names else 1 for a in label.dim_labels) for lv in image_layout.levels]
+    """The image's level factors on a label image's axes (``core.level_grid.scales_on``)."""
+    return scales_on(image, [lv.scale for lv in image_layout.levels], label)
 
 
 def label_shape_option(image_axes: AxisMap, label: TensorAdapter, value: Sequence[int] | None) -> tuple[int, ...] | None:
@@ -225,14 +227,15 @@ def export_method(tensor: TensorAdapter, method: str | None) -> str:
 
 def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: str | None = None,
                 chunks: Sequence[int] | None = None, shards: Sequence[int] | None = None,
-                scales: Sequence[Sequence[int]] | None = None) -> Layout:
+                scales: Sequence[Sequence[int]] | None = None, policy: PyramidPolicy | None = None) -> Layout:
     """The geometry of exporting ``tensor`` (see the module docstring); ``scales`` (per level,
-    source order) instead of ``levels``: a label image takes its image's levels."""
+    source order) instead of ``levels``: a label image takes its image's levels; ``policy``:
+    the pyramid policy ``levels="auto"`` follows (a server's; default the defaults)."""
     axes = AxisMap.of(tensor)
     for name, value in (("chunks", chunks), ("shards", shards)):
         if value is not None:
             _check_asked_shape(tensor, axes, name, value)
-    scales = [tuple(s) for s in scales] if scales is not None else level_scales(tensor, levels)
+    scales = [tuple(s) for s in scales] if scales is not None else level_scales(tensor, levels, policy)
     chunk = tuple(min(c, n) for c, n in zip(_source_shape(tensor, axes, chunks, default_chunk(tensor)), tensor.shape))
     shard = _source_shape(tensor, axes, shards, default_shard(tensor))
     if shards is None:  # the default: the nearest whole number of chunks

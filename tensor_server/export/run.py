@@ -44,10 +44,12 @@ import numpy as np
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
+from tensor_server.core.ngff import labels_attributes
+from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.errors import ReadCancelled
 from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.layout import Layout, check_file_count, label_scales, label_shape_option, plan_layout
-from tensor_server.export.ngff import image_attributes, labels_attributes
+from tensor_server.export.ngff import export_attributes
 from tensor_server.export.options import ExportOptions
 from tensor_server.export.reduce import unit_levels
 from tensor_server.export.store import Staging, block_files, open_levels, out_start, storage_errors
@@ -97,10 +99,12 @@ def fingerprint(parts: list[_Part], options: ExportOptions) -> dict[str, Any]:
     return out
 
 
-def _plan(tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: ExportOptions) -> list[_Part]:
+def _plan(tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: ExportOptions,
+          policy: PyramidPolicy | None) -> list[_Part]:
     """The image's geometry, then each label image's on the image's levels, reduced with the
     labels' method (``mode``: ``--method`` is the image's), chunks and shards by axis name."""
-    layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks, shards=options.shards)
+    layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks,
+                         shards=options.shards, policy=policy)
     parts = [_Part("", tensor, layout)]
     for name in sorted(labels):
         label = labels[name]
@@ -122,12 +126,15 @@ def export_tensor(
     progress: Progress | None = None,
     cancelled: Cancelled | None = None,
     name: str | None = None,
+    policy: PyramidPolicy | None = None,
 ) -> dict[str, Any]:
     """Export ``tensor`` (and its ``labels``, name -> label tensor, written under ``labels/``)
     to the OME-Zarr image ``dest``; return the summary (the ``done`` record). See the module
-    docstring for the pass, memory, progress and cancellation."""
+    docstring for the pass, memory, progress and cancellation. ``policy``: the pyramid policy
+    ``--levels auto`` follows (a server passes its own, so the export has the levels its
+    OME-Zarr view publishes)."""
     options = options or ExportOptions()
-    parts = _plan(tensor, labels or {}, options)
+    parts = _plan(tensor, labels or {}, options, policy)
     emit = progress or (lambda record: None)
     total = sum(p.layout.unit_count() for p in parts)
     with Staging(dest, fingerprint(parts, options)) as staging, storage_errors(staging.path):
@@ -155,7 +162,7 @@ def _write_metadata(staging: Staging, parts: list[_Part], run: _Pass, options: E
 
     group = zarr.open_group(LocalStore(staging.path), mode="r+", zarr_format=options.zarr_format)
     image = parts[0]
-    group.attrs.update({**image_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")),
+    group.attrs.update({**export_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")),
                         **staging.export_marker()})
     if len(parts) == 1:
         return
@@ -163,7 +170,7 @@ def _write_metadata(staging: Staging, parts: list[_Part], run: _Pass, options: E
     group["labels"].attrs.update(labels_attributes(names, options.ngff))
     for part, label_name in zip(parts[1:], names):
         group[part.root.rstrip("/")].attrs.update(
-            image_attributes(part.tensor, part.layout, label_name, options.ngff, label_of=True))
+            export_attributes(part.tensor, part.layout, label_name, options.ngff, label_of=True))
 
 
 class _Pass:

@@ -7,14 +7,9 @@ array id on a running biopb tensor server, read through the biopb SDK
 (``adapters.upstream.RemoteTensorAdapter``: each read unit is one planned read of the server,
 so the export stays one pass with memory bounded by the unit, as locally).
 
-Which label images belong to an image. A label tensor (``is_labels``) belongs to the image
-at field ``F`` when its field is ``F/@labels/<name>`` (a label image of an OME-Zarr image's
-``labels/`` group, or a label set uploaded onto the image) or ``F/labels/<name>`` (how servers
-before the ``@labels`` form listed an OME-Zarr's); a top-level ``labels/<name>`` or
-``@labels/<name>`` belongs to the source's default image.
-A label image whose extent differs from the image's on a shared axis cannot sit beside it in
-one NGFF image (the levels must coincide) and is left out, with the reason in the
-``skipped`` list the progress records carry.
+Which label images belong to an image is ``core.ngff.image_labels``' rule (the OME-Zarr view
+uses the same one): label images that cannot sit beside the image are left out, with the
+reason in the ``skipped`` list the progress records carry.
 """
 from __future__ import annotations
 
@@ -23,11 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.ngff import image_labels
 from tensor_server.errors import InvalidArgument, TensorNotFound
 
 __all__ = ["ExportSource", "open_export_source", "label_images"]
-
-_MARKERS = ("labels", "@labels")
 
 
 @dataclass
@@ -40,53 +34,11 @@ class ExportSource:
     skipped: list[dict[str, str]] = field(default_factory=list)
 
 
-def _label_name(image_field: str, default_field: str, candidate: str) -> str | None:
-    """``candidate``'s label name when it is a label field of ``image_field`` (module
-    docstring), else None."""
-    head, _, name = candidate.rpartition("/")
-    parent, _, marker = head.rpartition("/")
-    if not name or marker not in _MARKERS and head not in _MARKERS:
-        return None
-    if head in _MARKERS:  # top level: the source's default image
-        return name if image_field == default_field else None
-    return name if parent == image_field else None
-
-
 def label_images(fields: Mapping[str, Any], image_field: str, image: TensorAdapter,
                  default_field: str | None = None, describe: Any = None) -> ExportSource:
-    """The label images of ``image`` among a source's ``fields`` (field -> tensor, or -> a
-    key ``describe(key)`` turns into a tensor, so only label candidates are described)."""
-    default_field = next(iter(fields), "") if default_field is None else default_field
-    out = ExportSource(image)
-    for candidate, value in fields.items():
-        name = _label_name(image_field, default_field, candidate)
-        if name is None or candidate == image_field:
-            continue
-        tensor = describe(value) if describe is not None else value
-        if not tensor.is_labels:
-            continue
-        problem = _mismatch(image, tensor)
-        if problem:
-            out.skipped.append({"name": name, "reason": problem})
-        elif name in out.labels:
-            out.skipped.append({"name": name, "reason": f"a second label image named {name!r} ({candidate})"})
-        else:
-            out.labels[name] = tensor
-    return out
-
-
-def _mismatch(image: TensorAdapter, label: TensorAdapter) -> str | None:
-    shared = [a for a in label.dim_labels if a in image.dim_labels]
-    if not {"y", "x"} <= set(shared):
-        return f"axes {list(label.dim_labels)} lack the image's y and x"
-    for axis in shared:
-        n, m = label.shape[label.dim_labels.index(axis)], image.shape[image.dim_labels.index(axis)]
-        if n != m and not (axis == "c" and n == 1):
-            return f"its {axis} extent {n} is not the image's {m}"
-    extra = [f"{a} ({label.shape[i]})" for i, a in enumerate(label.dim_labels) if a not in image.dim_labels and label.shape[i] > 1]
-    if extra:
-        return f"axes {extra} are not the image's"
-    return None
+    """``image`` and its label images among a source's ``fields`` (``core.ngff.image_labels``)."""
+    found = image_labels(fields, image_field, image, default_field, describe)
+    return ExportSource(image, found.labels, found.skipped)
 
 
 def _pick_local(source: Any, array_id: str | None) -> tuple[str, TensorAdapter]:

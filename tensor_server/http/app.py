@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tensor_server.core.identity import ArrayId
+from tensor_server.core.ngff import labels_attributes
 from tensor_server.errors import TensorNotFound, code_of_http_status
 from tensor_server.http.errors import error_response
 from tensor_server.http.paths import resolve_zarr_path
@@ -66,16 +66,10 @@ class _Views:
         """The image a path names and the zarr key after it (``http/paths.py``); the runtime's
         read rules (the token or the tensor's grant, the upload gate) for the tensor chosen.
         A path through ``labels/`` sees the images with the label images the caller may read."""
-        served: dict[str, Any] | None = None
 
         def image_of(tensor: Any) -> ZarrImage:
-            nonlocal served
             view = self.image(tensor)
-            if "labels" not in segments:
-                return view
-            if served is None:  # one source per path: its fields are asked once
-                served = self.runtime.fields(ArrayId.parse(tensor.array_id).source_id, caller)
-            return _with_labels(view, served)
+            return self.labelled(view, caller) if "labels" in segments else view
 
         with timing("lookup"):
             try:
@@ -88,8 +82,15 @@ class _Views:
         return image, rest
 
     def labelled(self, image: ZarrImage, caller: Caller) -> ZarrImage:
-        """``image`` with the label images its source serves to ``caller``."""
-        return _with_labels(image, self.runtime.fields(ArrayId.parse(image.tensor.array_id).source_id, caller))
+        """``image`` with the label images its source serves to ``caller``
+        (``ServingRuntime.image_labels``: ``core.ngff``'s rule over ``ServingRuntime.fields``);
+        a label image has none."""
+        if image.tensor.is_labels:
+            return image
+        labels = self.runtime.image_labels(caller, image.tensor)
+        labelled = copy.copy(image)
+        labelled.labels_of = lambda: labels
+        return labelled
 
     def image(self, tensor: Any) -> ZarrImage:
         """The view of ``tensor`` without its labels (they depend on the caller: ``labelled``)."""
@@ -105,17 +106,6 @@ class _Views:
             while len(self._views) > self.size:
                 self._views.popitem(last=False)
         return view
-
-
-def _with_labels(image: ZarrImage, served: dict[str, Any]) -> ZarrImage:
-    """A copy of ``image`` whose label images are the label tensors among ``served``
-    (``ServingRuntime.fields``), each named by its field's last segment; a label image has none."""
-    if image.tensor.is_labels:
-        return image
-    labelled = copy.copy(image)
-    labelled.labels = {field.rsplit("/", 1)[-1]: t.tensor for field, t in served.items()
-                       if t.tensor.is_labels and t.tensor is not image.tensor}
-    return labelled
 
 
 def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  # noqa: ANN201 - Starlette
@@ -231,16 +221,16 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  #
         version = NGFF_OF_FORMAT[zarr_format]
         tag = image.tensor.content_version.hex()
         if rest in ([".zattrs"], []) and zarr_format == 2 or rest == ["zarr.json"] and zarr_format == 3:
-            attrs = image.labels_attributes(version)
+            attrs = labels_attributes(list(image.labels), version)  # the caller's (``_Views.labelled``)
             doc = attrs if zarr_format == 2 else {"zarr_format": 3, "node_type": "group", "attributes": attrs}
             return respond(request, dumps(doc), _JSON, f'"{tag}-labels"')
         if rest == [".zgroup"] and zarr_format == 2:
             return respond(request, dumps({"zarr_format": 2}), _JSON, f'"{tag}-labels-zgroup"')
-        if not rest or rest[0] not in image.labels:
+        label = image.labels.get(rest[0]) if rest else None
+        if label is None:
             raise _NotFound(f"{image.tensor.array_id} has no label image {rest[0][:100] if rest else ''!r}")
-        label = image.labels[rest[0]]
         runtime.authorize(caller, label)
-        label_view = ZarrImage(label, name=rest[0], policy=image.policy, is_label_of=True)
+        label_view = ZarrImage(label, name=rest[0], policy=image.policy, label_of=image)
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 
     routes = [*viewer_routes(RuntimeViewerProvider(runtime, door_requires_credential=requires_credential)),

@@ -48,7 +48,7 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
             identifier = "/".join(parts[:-1])
             view = await run_in_threadpool(renderer.view, *split_identifier(identifier))
             doc = iiif.info_json(base + request.url.path.split(PREFIX, 1)[1].rsplit("/", 1)[0],
-                                 view.width, view.height, formats)
+                                 view.width, view.height, formats, view.square_levels())
             ld = "application/ld+json" in request.headers.get("accept", "")
             media = 'application/ld+json;profile="http://iiif.io/api/image/3/context.json"' if ld else "application/json"
             return JSONResponse(doc, media_type=media, headers=_headers())

@@ -5,7 +5,7 @@ level ``L`` is exactly the engine chunk the planner mints for that level's grid 
 so a zarr client reading the store gets the same bytes as a biopb client reading the plan,
 and both fill and hit the same chunk cache entries.
 
-* Levels are the tensor's advertised pyramid (``core.pyramid.advertised_levels``): level 0,
+* Levels are the tensor's published pyramid (``core.level_grid.grid_levels``): level 0,
   then stored levels (``precompute``) or computed ones (the tensor's default method). A
   computed level's chunk grid is the transfer grid in output pixels (plan cell ``k`` covers
   level-0 ``[k·c·s, (k+1)·c·s)``); a stored level's is the level tensor's own grid.
@@ -13,7 +13,8 @@ and both fill and hit the same chunk cache entries.
 * Chunks are raw little-endian C-order bytes (zarr v2 ``compressor: null``, v3 ``bytes``
   codec): every zarr client decodes them, and on loopback compression costs more than it saves.
 * NGFF 0.4 (zarr v2: ``.zgroup``/``.zattrs``/``.zarray``) and NGFF 0.5 (zarr v3:
-  ``zarr.json``) describe the same levels and chunks.
+  ``zarr.json``) describe the same levels and chunks; ``core/ngff.py`` writes the documents
+  (the export writes the same ones) and decides which tensors are the image's labels.
 * zarr v3 levels are sharded (``sharding_indexed``, index at the end, no index checksum): a
   shard is one transfer-grid chunk (the same engine chunk and cache entry as the v2 chunk),
   split into inner chunks of ``INNER`` per axis where that divides it, so neuroglancer reads
@@ -22,14 +23,14 @@ and both fill and hit the same chunk cache entries.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from tensor_server.core.chunk_id import UNSCALED, ChunkId
+from tensor_server.core.chunk_id import ChunkId
 from tensor_server.core.level_grid import GridLevel as ZarrLevel
-from tensor_server.core.level_grid import grid_levels, level_chunk_id
-from tensor_server.core.ngff import AXIS_TYPES, ngff_unit
+from tensor_server.core.level_grid import grid_levels, level_chunk_id, scales_on
+from tensor_server.core.ngff import NgffImage, NgffLevel, encode_shard, image_attributes
 from tensor_server.core.pyramid import PyramidPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,23 +46,35 @@ NGFF_VERSIONS = {"0.4": 2, "0.5": 3}
 
 
 class ZarrImage:
-    """The OME-Zarr view of ``tensor`` (and of its label tensors under ``labels/``)."""
+    """The OME-Zarr view of ``tensor`` and of its label tensors under ``labels/``.
+
+    ``labels_of()`` answers the label images by name (``core.ngff.image_labels``) when a
+    path asks for them, not when the view is made: a label set attached to the image after
+    its view was cached is listed at once, and a chunk request never lists them."""
 
     def __init__(
         self,
         tensor: TensorAdapter,
         *,
         name: str,
-        labels: dict[str, TensorAdapter] | None = None,
+        labels_of: Callable[[], Mapping[str, TensorAdapter]] | None = None,
         policy: PyramidPolicy | None = None,
-        is_label_of: bool = False,
+        label_of: ZarrImage | None = None,
     ) -> None:
+        """``label_of``: the image whose ``labels/`` this label image is under; it is
+        published on that image's levels (``core.level_grid.scales_on``), as an export
+        writes it."""
         self.tensor = tensor
         self.name = name
-        self.labels = dict(labels or {})
+        self.labels_of = labels_of
         self.policy = policy
-        self.is_label_of = is_label_of
-        self.levels = grid_levels(tensor, policy)
+        self.is_label_of = label_of is not None
+        scales = None if label_of is None else scales_on(label_of.tensor, [lv.scale for lv in label_of.levels], tensor)
+        self.levels = grid_levels(tensor, policy, scales=scales)
+
+    @property
+    def labels(self) -> Mapping[str, TensorAdapter]:
+        return {} if self.labels_of is None else self.labels_of()
 
     # ---- levels and chunks ---------------------------------------------------------------------
     def level(self, path: str) -> ZarrLevel | None:
@@ -77,7 +90,7 @@ class ZarrImage:
     def encode_chunk(self, level: ZarrLevel, data: np.ndarray, zarr_format: int = 2) -> memoryview:
         """A whole chunk's bytes: zarr v2, raw little-endian C order (edge chunks padded with
         0), a view of the chunk where no padding or byte swap is needed (no 8 MiB copy); zarr v3,
-        the shard (``encode_shard``) when the level is sharded."""
+        the shard (``core.ngff.encode_shard``) when the level is sharded."""
         if tuple(data.shape) != level.chunks:
             padded = np.zeros(level.chunks, dtype=data.dtype)
             padded[tuple(slice(0, n) for n in data.shape)] = data
@@ -87,50 +100,16 @@ class ZarrImage:
             return encode_shard(np.asarray(data, dtype=little), inner_chunks(level.chunks))
         return memoryview(np.ascontiguousarray(data, dtype=little)).cast("B")
 
-    # ---- metadata ------------------------------------------------------------------------------
-    def _axes(self) -> list[dict[str, Any]]:
+    # ---- metadata (core/ngff.py writes the documents) -------------------------------------------
+    def ngff(self) -> NgffImage:
+        """The tensor's axes as they are, its physical size, and its published levels."""
         t = self.tensor
-        units = t.physical_unit or (None,) * t.ndim
-        axes = []
-        for label, unit in zip(t.dim_labels, units):
-            axis: dict[str, Any] = {"name": label}
-            kind = AXIS_TYPES.get(label)
-            if kind:
-                axis["type"] = kind
-                name = ngff_unit(unit) if kind in ("space", "time") else None
-                if name:
-                    axis["unit"] = name
-            axes.append(axis)
-        return axes
-
-    def multiscales(self, version: str) -> list[dict[str, Any]]:
-        t = self.tensor
-        physical = t.physical_scale or (None,) * t.ndim
-        datasets = []
-        for lv in self.levels:
-            scale = [float(p) * s if p else float(s) for p, s in zip(physical, lv.scale)]
-            datasets.append({"path": lv.path, "coordinateTransformations": [{"type": "scale", "scale": scale}]})
-        entry: dict[str, Any] = {"name": self.name, "axes": self._axes(), "datasets": datasets}
-        if version == "0.4":
-            entry["version"] = "0.4"
-        method = next((lv.method for lv in self.levels if lv.method != UNSCALED), None)
-        if method:
-            entry["type"] = method
-        return [entry]
+        return NgffImage(self.name, tuple(t.dim_labels), tuple(t.physical_unit or (None,) * t.ndim),
+                         tuple(t.physical_scale or (None,) * t.ndim),
+                         tuple(NgffLevel(lv.path, lv.scale, lv.method) for lv in self.levels))
 
     def group_attributes(self, version: str) -> dict[str, Any]:
-        attrs: dict[str, Any] = {"multiscales": self.multiscales(version)}
-        if self.is_label_of:
-            attrs["image-label"] = {"version": version, "source": {"image": "../../"}}
-        if version == "0.5":
-            attrs = {"ome": {"version": "0.5", **attrs}}
-            if self.is_label_of:
-                attrs["ome"]["image-label"].pop("version")
-        return attrs
-
-    def labels_attributes(self, version: str) -> dict[str, Any]:
-        names = sorted(self.labels)
-        return {"labels": names} if version == "0.4" else {"ome": {"version": "0.5", "labels": names}}
+        return image_attributes(self.ngff(), version, label_of=self.is_label_of)
 
     def zarray(self, level: ZarrLevel) -> dict[str, Any]:
         dtype = self.tensor.dtype
@@ -150,7 +129,6 @@ class ZarrImage:
             "fill_value": _fill(self.tensor.dtype), "codecs": self._codecs_v3(level),
             "dimension_names": list(self.tensor.dim_labels), "attributes": {},
         }
-
 
     def _codecs_v3(self, level: ZarrLevel) -> list[dict[str, Any]]:
         raw = [{"name": "bytes", "configuration": {"endian": "little"}}]
@@ -172,25 +150,6 @@ def inner_chunks(shard: Sequence[int]) -> tuple[int, ...]:
             continue
         out.append(next((d for d in range(INNER, INNER // 4 - 1, -1) if n % d == 0), n))
     return tuple(out)
-
-
-def encode_shard(data: np.ndarray, inner: Sequence[int]) -> memoryview:
-    """A ``sharding_indexed`` shard of raw inner chunks (C order of the inner grid), then the
-    index at the end: per inner chunk ``(offset, nbytes)`` as little-endian uint64. Every inner
-    chunk is the same size, so the index is arithmetic and the body one transpose."""
-    grid = [n // c for n, c in zip(data.shape, inner)]
-    split = data.reshape([v for g, c in zip(grid, inner) for v in (g, c)])
-    nd = data.ndim
-    body = np.ascontiguousarray(split.transpose(list(range(0, 2 * nd, 2)) + list(range(1, 2 * nd, 2))))
-    count = int(np.prod(grid))
-    nbytes = body.nbytes // count
-    index = np.empty((count, 2), "<u8")
-    index[:, 0] = np.arange(count, dtype=np.uint64) * nbytes
-    index[:, 1] = nbytes
-    out = bytearray(body.nbytes + index.nbytes)
-    out[:body.nbytes] = memoryview(body).cast("B")
-    out[body.nbytes:] = index.tobytes()
-    return memoryview(out)
 
 
 def _fill(dtype: np.dtype) -> Any:

@@ -4,8 +4,9 @@
 integers (the full-resolution region, the output size, rotation, mirroring, quality and
 format) by pure functions; syntax errors raise ``InvalidArgument`` (400), well-formed requests
 for what is not offered ``Unimplemented`` (501), as the spec asks. Tiles are advertised with
-``scaleFactors`` of our computed levels (powers of two until the image fits one tile): no
-stored pyramid is needed, and a tile is read at the level that serves it (``render.plane``).
+the ``scaleFactors`` and ``sizes`` of the published levels (``core.level_grid``: a file's
+stored levels, else powers of two until the image fits one tile, the levels the OME-Zarr view
+and an export publish), and a tile is read at the level that serves it (``render.plane``).
 
 Every request's cost is bounded by its output before anything is read: each number is at
 most 9 ASCII digits (``render.numbers``), the output at most ``MAX_SIDE`` on a side (the
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from tensor_server.errors import InvalidArgument, Unimplemented
 from tensor_server.render.numbers import decimal_number, whole_number
@@ -139,18 +140,13 @@ def parse_request(region: str, size: str, rotation: str, quality_format: str, wi
     return ImageRequest(x, y, w, h, ow, oh, mirror, int(degrees) % 360, quality, fmt)
 
 
-def scale_factors(width: int, height: int) -> list[int]:
-    """1, 2, 4, … until the whole image fits one tile."""
-    factors = [1]
-    while max(width, height) / factors[-1] > TILE:
-        factors.append(factors[-1] * 2)
-    return factors
-
-
-def info_json(service_id: str, width: int, height: int, formats: list[str]) -> dict[str, Any]:
-    factors = scale_factors(width, height)
-    levels = [(-(-width // f), -(-height // f)) for f in reversed(factors)]
-    sizes = [{"width": w, "height": h} for w, h in levels if w * h <= MAX_AREA and max(w, h) <= MAX_SIDE]
+def info_json(service_id: str, width: int, height: int, formats: list[str],
+              levels: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
+    """The ``info.json`` of an image whose published levels (``core.level_grid``, finest
+    first) are ``levels``: ``(factor, width, height)`` each, the ``scaleFactors`` and ``sizes``
+    (those within ``maxArea`` and ``maxWidth``) a viewer chooses among."""
+    factors = [f for f, _, _ in levels]
+    sizes = [{"width": w, "height": h} for _, w, h in reversed(levels) if w * h <= MAX_AREA and max(w, h) <= MAX_SIDE]
     return {
         "@context": CONTEXT, "id": service_id, "type": "ImageService3", "protocol": "http://iiif.io/api/image",
         "profile": "level2", "width": width, "height": height, "maxArea": MAX_AREA,

@@ -8,9 +8,9 @@ two that are not channel or sample axes); a colour-sample axis (``s``/``rgb``/``
 kept whole.
 
 The level a region of ``w×h`` pixels shown at ``ow×oh`` is read at (``PlaneView.level_for``;
-levels are ``core.level_grid``'s advertised ones, extended by factors of 2 down to one small
-tile) bounds the read by the output: at most ``READ_PER_OUTPUT_PX`` level pixels per output
-pixel (plus one row and column for region edges inside a level pixel).
+levels are ``core.level_grid``'s published ones, down to one ``coarsest_tile``² plane)
+bounds the read by the output: at most ``READ_PER_OUTPUT_PX`` level pixels per output pixel
+(plus one row and column for region edges inside a level pixel).
 
 * Sharp: the coarsest level that upsamples neither axis (scale at most ``w/ow`` on x and
   ``h/oh`` on y), never full resolution for a thumbnail; the caller resizes the rest of the
@@ -24,7 +24,7 @@ pixel (plus one row and column for region edges inside a level pixel).
   The finest level within the bound, not the one the larger reduction names (64² there,
   128× upscaled), keeps what resolution the bound allows.
 * Only the coarsest level is left when even that is over the bound: a tiny output of a big
-  region (at most one ``COARSEST`` tile on a computed pyramid) or a stored pyramid whose
+  region (at most one ``coarsest_tile`` tile on a computed pyramid) or a stored pyramid whose
   coarsest level is large. Reading more than ``MAX_LEVEL_READ_PX`` is refused (400).
 """
 from __future__ import annotations
@@ -36,8 +36,6 @@ import numpy as np
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.level_grid import GridLevel, grid_levels
-from tensor_server.core.methods import default_method
-from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
 from tensor_server.render.numbers import whole_number
 
@@ -51,8 +49,6 @@ __all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER", "RE
 
 SAMPLE_AXES = frozenset({"s", "rgb", "rgba", "sample", "samples"})
 MAX_IDENTIFIER = 1024
-#: the plane side the coarsest rendering level fits in
-COARSEST = 256
 #: level pixels a region read may take per output pixel: the sharp level of a near-square
 #: request reads under 4 (its scale is over half the reduction on both axes)
 READ_PER_OUTPUT_PX = 4
@@ -77,22 +73,11 @@ def split_identifier(identifier: str) -> tuple[str, dict[str, int]]:
 
 
 def _plane_levels(tensor: TensorAdapter, policy: PyramidPolicy | None, y: int, x: int) -> tuple[GridLevel, ...]:
-    """The served levels that keep every non-image axis whole (a plane stays a plane), then,
-    past a computed pyramid's last level, more factors of 2 until the plane fits one
-    ``COARSEST`` tile: a thumbnail of a huge image is one cached chunk, not a resize of the
-    4 Mpx level every time. Their chunks are planned chunks like any other (same ids, cache)."""
-    levels = [lv for lv in grid_levels(tensor, policy, tiles=True)
-              if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x))]
-    if tensor.native_levels:
-        return tuple(levels)
-    method, scale = default_method(tensor.is_labels), list(levels[-1].scale)
-    shape = levels[-1].shape
-    while max(shape[y], shape[x]) > COARSEST:
-        scale[y], scale[x] = scale[y] * 2, scale[x] * 2
-        shape = output_shape(tensor.shape, scale)
-        chunks = tuple(min(c, n) for c, n in zip(tensor.tile_shape, shape))
-        levels.append(GridLevel(len(levels), tuple(scale), method, shape, chunks))
-    return tuple(levels)
+    """The published levels (``core.level_grid``, down to one ``coarsest_tile``² plane: a
+    thumbnail of a huge image is one cached chunk) that keep every non-image axis whole, so
+    a plane stays a plane. Their chunks are planned chunks like any other (same ids, cache)."""
+    return tuple(lv for lv in grid_levels(tensor, policy, tiles=True)
+                 if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x)))
 
 
 @dataclass(frozen=True)
@@ -141,6 +126,12 @@ class PlaneView:
     @property
     def height(self) -> int:
         return self.tensor.shape[self.y]
+
+    def square_levels(self) -> list[tuple[int, int, int]]:
+        """``(factor, width, height)`` of each level reduced alike on both image axes (every
+        computed level; a stored one reduced unevenly has no IIIF scale factor), finest first."""
+        return [(lv.scale[self.x], lv.shape[self.x], lv.shape[self.y]) for lv in self.levels
+                if lv.scale[self.x] == lv.scale[self.y]]
 
     @property
     def selected_channel(self) -> int | None:

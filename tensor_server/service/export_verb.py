@@ -93,19 +93,6 @@ def _destination(runtime: ServingRuntime, dest: Any) -> Path:
     return runtime.uploads.write_dir / "exports" / dest
 
 
-def _readable_labels(runtime: ServingRuntime, caller: Caller, tensor: Any) -> dict[str, Any]:
-    """The image's label images (export/sources.py's rule) among the tensors its source
-    serves to the caller (``ServingRuntime.fields``: uploaded label sets included, a label
-    the caller may not read left out, as a read of it would be refused)."""
-    from tensor_server.core.identity import ArrayId
-    from tensor_server.export.sources import label_images
-
-    aid = ArrayId.parse(tensor.array_id)
-    fields = {f: served.tensor for f, served in runtime.fields(aid.source_id, caller).items()}
-    field = next((f for f, t in fields.items() if t is tensor), aid.field)
-    return dict(label_images(fields, field, tensor, next(iter(fields), field)).labels)
-
-
 def _offer(records: queue.Queue, item: object, stop: threading.Event) -> None:
     """Queue ``item`` for the handler's thread, waiting while the queue is full, unless the
     export is stopping (then nobody may be reading: the item is dropped, never waited on)."""
@@ -133,7 +120,7 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
                               f"({MAX_SERVICE_WORKERS})")
     dest = _destination(runtime, request.get("dest"))
     tensor, _ = runtime.tensor(request["array_id"], caller)  # the read rules: token or grant, the gate
-    labels = _readable_labels(runtime, caller, tensor)
+    labels = runtime.image_labels(caller, tensor)
     dest.parent.mkdir(parents=True, exist_ok=True)
     slots = _slots(runtime)
     slots.take()
@@ -153,7 +140,7 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
         runtime.metrics.export_started(+1)
         try:
             export_tensor(tensor, dest, options, labels=labels, engine=runtime.engine, cancelled=stop.is_set,
-                          progress=noted, name=request["array_id"])
+                          progress=noted, name=request["array_id"], policy=runtime.policy)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
             failure.append(exc)
         finally:

@@ -42,6 +42,7 @@ from tensor_server.errors import (
     InvalidChunkId,
     ReadOnly,
     TensorNotFound,
+    TensorServerError,
 )
 from tensor_server.service.access import Access
 from tensor_server.service import metrics
@@ -211,6 +212,24 @@ class ServingRuntime:
         refusal instead, so ids cannot be probed by strangers."""
         if not self.access.full(caller):
             self.access.control(caller)
+
+    def image_labels(self, caller: Caller, tensor: TensorAdapter) -> dict[str, TensorAdapter]:
+        """The label images of ``tensor`` (``core.ngff.labels_among`` over every tensor its
+        source serves, uploaded label sets included) that ``caller`` may read: what the
+        OME-Zarr view lists under ``labels/`` and an export writes. A label image the caller
+        may not read is left out (a read of it would be refused), so a listing names none."""
+        from tensor_server.core.ngff import labels_among
+
+        served = self.fields(ArrayId.parse(tensor.array_id).source_id, caller)
+        found = labels_among({field: t.tensor for field, t in served.items()}, tensor)
+        readable = {}
+        for name, label in found.labels.items():
+            try:
+                self.authorize(caller, label)
+            except TensorServerError:
+                continue
+            readable[name] = label
+        return readable
 
     def check_readable(self, tensor: TensorAdapter) -> None:
         """The read gate: an uploaded tensor reads once READY (``UploadNotReadable``)."""

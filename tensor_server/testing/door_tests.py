@@ -28,6 +28,13 @@ tensors whose reads raise each error class); a door fixture builds its client fr
 door class that defines ``door_on(world)`` is also tested against ``local_world``: the same
 uploads on a server without a token (local mode, where the control surface is open and only
 grants keep a tensor from strangers), with annotations and decode rates on the granted one.
+
+``PublicationTests`` checks what the doors that publish an image say about it: over OME-Zarr
+files ome-zarr-py writes (a stored pyramid with a label pyramid; a one-level volume with a
+label volume), the OME-Zarr view and ``export`` write equal NGFF documents (axes, each
+dataset's path and transforms, the labels list, each label image's), and the view, IIIF
+(``info.json`` ``sizes`` and ``scaleFactors``), DeepZoom (its levels of those factors) and
+``export --levels auto`` advertise the same levels.
 """
 from __future__ import annotations
 
@@ -44,7 +51,7 @@ from tensor_server import errors
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.core.bounds import Bounds
 
-__all__ = ["DoorTests", "DoorWorld", "Refusal", "TOKEN", "GRANT", "point_roi"]
+__all__ = ["DoorTests", "DoorWorld", "Refusal", "TOKEN", "GRANT", "point_roi", "PublicationTests", "PublishedWorld"]
 
 TOKEN = "door-tests-token"
 #: the grant one READY upload of the world carries (``service/access.py``)
@@ -428,3 +435,157 @@ class DoorTests:
         refusal = self.refused(door, door.add_tensor, same_name, (3, 3), GRANT)
         self.assert_class(refusal, errors.AlreadyExists)
         assert "READY" in refusal.message
+
+
+# ---- publication: every door that publishes an image says the same about it ---------------------
+@dataclass
+class PublishedWorld:
+    """A server over OME-Zarr files written by ome-zarr-py (``kind`` -> the image's array id
+    and its file), and their exports (``(kind, ngff)`` -> the exported image's folder)."""
+
+    http_url: str
+    ids: dict[str, str]
+    files: dict[str, Path]
+    exports: dict[tuple[str, str], Path]
+
+
+#: the images a publication is checked on: a 2×1024² image with 3 stored levels (1024, 512,
+#: 256) and a stored label pyramid of 5 (published on the image's 3), and a 24×1024² volume stored as one level (computed
+#: levels down to one 512² tile) with a one-level label volume
+PUBLISHED_KINDS = ("stored", "volume")
+NGFF_VERSIONS = ("0.4", "0.5")
+
+
+def _write_published(root: Path) -> dict[str, Path]:
+    import warnings
+
+    import zarr
+    from ome_zarr.writer import write_image, write_labels
+
+    rng = np.random.default_rng(39)
+    micrometer = {"y": "micrometer", "x": "micrometer"}
+    files = {"stored": root / "stored.ome.zarr", "volume": root / "volume.ome.zarr"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ome-zarr-py's own deprecations
+        group = zarr.open_group(str(files["stored"]), mode="w")
+        image = rng.integers(0, 4000, (2, 1024, 1024), dtype=np.uint16)
+        write_image(image, group, axes="cyx", scale_factors=[2, 4], scale={"y": 0.5, "x": 0.5}, axes_units=micrometer,
+                    storage_options={"chunks": (1, 256, 256)})
+        nuclei = np.zeros((1024, 1024), np.uint32)
+        nuclei[100:300, 200:500], nuclei[600:900, 50:400] = 7, 9
+        # ome-zarr-py's default label pyramid: 5 levels, under an image of 3
+        write_labels(nuclei, group, name="nuclei", axes="yx", scale={"y": 0.5, "x": 0.5}, axes_units=micrometer,
+                     storage_options={"chunks": (256, 256)})
+        group = zarr.open_group(str(files["volume"]), mode="w")
+        volume = rng.integers(0, 255, (24, 1024, 1024), dtype=np.uint8)
+        write_image(volume, group, axes="zyx", scale_factors=[], storage_options={"chunks": (4, 256, 256)})
+        write_labels((volume > 250).astype(np.uint8), group, name="cells", axes="zyx", scaler=None, scale_factors=[],
+                     storage_options={"chunks": (4, 256, 256)})
+    return files
+
+
+def _ngff_attrs(attrs: dict[str, Any], version: str) -> dict[str, Any]:
+    return dict(attrs["ome"]) if version == "0.5" else dict(attrs)
+
+
+def _said(attrs: dict[str, Any]) -> dict[str, Any]:
+    """What the publications must agree on: the axes, each dataset's path and transforms,
+    and whether it is a label image."""
+    (ms,) = attrs["multiscales"]
+    return {"axes": ms["axes"], "datasets": ms["datasets"], "image-label": attrs.get("image-label")}
+
+
+class PublicationTests:
+    """Subclass to run: the OME-Zarr view, IIIF, DeepZoom and an export of one image publish
+    the same NGFF documents and the same levels (``core/ngff.py``, ``core/level_grid.py``)."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def published(cls) -> Iterator[PublishedWorld]:
+        from tensor_server.catalog import Catalog
+        from tensor_server.export import ExportOptions, export_tensor
+        from tensor_server.export.sources import open_export_source
+        from tensor_server.testing.servers import serving
+
+        with tempfile.TemporaryDirectory(prefix="publication-tests-") as tmp:
+            files = _write_published(Path(tmp) / "data")
+            (Path(tmp) / "exports").mkdir()
+            exports = {}
+            for kind, path in files.items():
+                for version in NGFF_VERSIONS:
+                    exports[(kind, version)] = dest = Path(tmp) / "exports" / f"{kind}-{version}.ome.zarr"
+                    with open_export_source(str(path)) as source:
+                        export_tensor(source.tensor, dest, ExportOptions(ngff=version), labels=source.labels)
+            cat = Catalog([Path(tmp) / "data"])
+            cat.scan()
+            ids = {kind: next(t.array_id for rec in cat.records() if rec.path is not None and rec.path.name == path.name
+                              for t in rec.source.tensors.values() if not t.is_labels) for kind, path in files.items()}
+            try:
+                with serving(cat, http=True) as served:
+                    yield PublishedWorld(served.http_url, ids, files, exports)
+            finally:
+                cat.close()
+
+    @staticmethod
+    def view_attrs(world: PublishedWorld, kind: str, version: str, under: str = "") -> dict[str, Any]:
+        """The attributes of the OME-Zarr view's group ``under`` the image (NGFF ``version``)."""
+        import httpx
+
+        base = f"{world.http_url}/{'zarr' if version == '0.4' else 'zarr3'}/{world.ids[kind]}/{under}"
+        doc = httpx.get(base + (".zattrs" if version == "0.4" else "zarr.json"), timeout=60)
+        assert doc.status_code == 200, doc.text
+        return _ngff_attrs(doc.json() if version == "0.4" else doc.json()["attributes"], version)
+
+    @staticmethod
+    def export_attrs(world: PublishedWorld, kind: str, version: str, under: str = "") -> dict[str, Any]:
+        import zarr
+
+        group = zarr.open_group(str(world.exports[(kind, version)] / under), mode="r")
+        return _ngff_attrs(group.attrs.asdict(), version)
+
+    @pytest.mark.parametrize("version", NGFF_VERSIONS)
+    @pytest.mark.parametrize("kind", PUBLISHED_KINDS)
+    def test_the_view_and_the_export_publish_equal_ngff_documents(self, published, kind, version):
+        view, export = self.view_attrs(published, kind, version), self.export_attrs(published, kind, version)
+        assert _said(view) == _said(export)
+        labels = self.view_attrs(published, kind, version, "labels/")["labels"]
+        assert labels == self.export_attrs(published, kind, version, "labels")["labels"] == \
+            [{"stored": "nuclei", "volume": "cells"}[kind]]
+        for name in labels:
+            label_view = self.view_attrs(published, kind, version, f"labels/{name}/")
+            label_export = self.export_attrs(published, kind, version, f"labels/{name}")
+            assert _said(label_view) == _said(label_export) and label_view["image-label"]["source"]["image"] == "../../"
+            assert [d["path"] for d in label_view["multiscales"][0]["datasets"]] == \
+                [d["path"] for d in view["multiscales"][0]["datasets"]]
+
+    @pytest.mark.parametrize("kind", PUBLISHED_KINDS)
+    def test_every_door_advertises_the_same_levels(self, published, kind):
+        """The OME-Zarr view's levels (shapes, from each level's ``.zarray``) are IIIF's
+        ``sizes`` and ``scaleFactors``, DeepZoom's levels of the same factors, and the levels
+        ``export --levels auto`` wrote; down to one 512² plane (the stored levels, else
+        computed), so a pyramid, never one level, for both images."""
+        import xml.etree.ElementTree as ET
+        from urllib.parse import quote
+
+        import httpx
+        import zarr
+
+        url, aid = published.http_url, published.ids[kind]
+        paths = [d["path"] for d in self.view_attrs(published, kind, "0.4")["multiscales"][0]["datasets"]]
+        shapes = [tuple(httpx.get(f"{url}/zarr/{aid}/{p}/.zarray", timeout=60).json()["shape"]) for p in paths]
+        planes = [(s[-1], s[-2]) for s in shapes]  # (width, height)
+        assert len(planes) == {"stored": 3, "volume": 2}[kind] and max(planes[-1]) <= 512
+        assert kind == "stored" or max(planes[-2]) > 512  # computed: down to the first level that fits
+        factors = [planes[0][0] // w for w, _ in planes]
+        info = httpx.get(f"{url}/iiif/3/{quote(aid, safe='/')}/info.json", timeout=60).json()
+        assert info["tiles"][0]["scaleFactors"] == factors
+        assert [(s["width"], s["height"]) for s in info["sizes"]] == planes[::-1]
+        dzi = ET.fromstring(httpx.get(f"{url}/deepzoom/{quote(aid, safe='/')}.dzi", timeout=60).text)
+        size = dzi.find("{http://schemas.microsoft.com/deepzoom/2008}Size")
+        width, height = int(size.get("Width")), int(size.get("Height"))
+        top = max(0, (max(width, height) - 1).bit_length())
+        dzi_levels = {top - k: (-(-width // 2**k), -(-height // 2**k)) for k in range(top + 1)}
+        assert [dzi_levels[top - f.bit_length() + 1] for f in factors] == planes
+        for version in NGFF_VERSIONS:
+            group = zarr.open_group(str(published.exports[(kind, version)]), mode="r")
+            assert [tuple(group[p].shape) for p in paths] == shapes and len(list(group.array_keys())) == len(paths)

@@ -67,17 +67,19 @@ def test_every_method_on_a_generated_tiff_volume(tmp_path, method):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int16", "uint8"])
-def test_auto_levels_of_a_zarr_source_with_a_z_reducing_level(tmp_path, dtype):
-    """The advertised pyramid of a volume ends with a level that also reduces Z."""
-    from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
+def test_auto_levels_of_a_zarr_volume_are_the_published_pyramid(tmp_path, dtype):
+    """``--levels auto`` writes the published levels (``core.level_grid``): Y and X halved
+    down to one 512² plane (1100 -> 550 -> 275), each equal to the engine's reduction."""
+    from tensor_server.core.level_grid import published_levels
 
     rng = np.random.default_rng(1)
-    data = (rng.standard_normal((24, 300, 260)) * 1000).astype(dtype)
+    data = (rng.standard_normal((6, 1100, 260)) * 1000).astype(dtype)
     src_path = tmp_path / "src.zarr"
     zarr.create_array(str(src_path), data=data, chunks=(4, 128, 128))
     with open_source(src_path) as src:
         t = src.tensor()
-        levels = advertised_levels(t, PyramidPolicy(), computed=True)
+        levels = published_levels(t)
+        assert [spec.shape for spec in levels] == [(6, 1100, 260), (6, 550, 130), (6, 275, 65)]
         export_tensor(t, tmp_path / "o.zarr")
         group = zarr.open_group(str(tmp_path / "o.zarr"), mode="r")
         assert len(list(group.array_keys())) == len(levels)

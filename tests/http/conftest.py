@@ -17,7 +17,7 @@ from tensor_server.testing import serving
 
 #: the one cross-origin page the shared server lets read (tests/http/security_test.py has the rest)
 VIEWER_ORIGIN = "http://viewer.example"
-POLICY = PyramidPolicy(plane_budget_px=128 * 128, volume_budget_voxels=32 * 64 * 64)
+POLICY = PyramidPolicy(plane_budget_px=128 * 128, volume_budget_voxels=32 * 64 * 64, coarsest_tile=128)
 
 
 @contextmanager
@@ -28,6 +28,7 @@ def http_serving(catalog, tmp_path, *, token=None, precache_bytes=0, security=No
     try:
         with serving(catalog, cache=cache, http=True, http_security=security, tls=tls, token=token,
                      plane_budget_px=POLICY.plane_budget_px, volume_budget_voxels=POLICY.volume_budget_voxels,
+                     coarsest_tile=POLICY.coarsest_tile,
                      precache_bytes=precache_bytes, **settings) as srv:
             yield srv, srv.http
     finally:

@@ -12,7 +12,8 @@ import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
-from tensor_server.http.zarr_view import ZarrImage, encode_shard, inner_chunks
+from tensor_server.core.ngff import encode_shard
+from tensor_server.http.zarr_view import ZarrImage, inner_chunks
 from tests.http.conftest import POLICY, http_serving, ids
 from tests.http.neuroglancer_test import screenshot_after_chunks
 

@@ -133,9 +133,7 @@ def test_a_granted_label_set_is_listed_to_its_holder_alone(srv):
 
 
 def test_export_takes_the_uploaded_label_set(srv):
-    from tensor_server.service.export_verb import _readable_labels
-
     image = srv.runtime.tensor("img", Caller())[0]
-    labels = _readable_labels(srv.runtime, Caller(), image)
+    labels = srv.runtime.image_labels(Caller(), image)  # what export_verb writes under labels/
     assert list(labels) == ["nuclei"]
     np.testing.assert_array_equal(labels["nuclei"].get_data(), NUCLEI)

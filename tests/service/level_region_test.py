@@ -28,7 +28,7 @@ def runtime(tmp_path):
     cat.add_source(MemorySource(ArrayAdapter(DATA, "yx", chunk_shape=(350, 450)), source_id="img"))
     cat.first_scan_done.set()
     cache = CacheManager(tmp_path / "cache", max_total_bytes=64 << 20)
-    rt = ServingRuntime(cat, Settings(plane_budget_px=64 * 64), cache=cache)  # levels down to 64²
+    rt = ServingRuntime(cat, Settings(coarsest_tile=64), cache=cache)  # levels down to 64²
     yield rt
     rt.close()
     cache.close()

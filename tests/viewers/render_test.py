@@ -43,15 +43,15 @@ def test_label_colours_are_stable_and_background_is_black():
 def test_a_region_is_read_at_the_level_that_serves_its_size():
     t = ArrayAdapter(np.zeros((2, 4096, 4096), np.uint16), "zyx", chunk_shape=(1, 256, 256))
     t.array_id = "t"
-    view = PlaneView.of(t, {"z": 1}, PyramidPolicy(plane_budget_px=256 * 256))
-    assert [lv.scale[1] for lv in view.levels] == [1, 2, 4, 8, 16]  # advertised to 256², then none needed
+    view = PlaneView.of(t, {"z": 1}, PyramidPolicy(coarsest_tile=256))
+    assert [lv.scale[1] for lv in view.levels] == [1, 2, 4, 8, 16]  # published down to one 256² plane
     assert view.level_for(0, 0, 4096, 4096, 256, 256).scale == (1, 16, 16)
     assert view.level_for(0, 0, 590, 590, 100, 100).scale == (1, 4, 4)
     assert view.level_for(0, 0, 4096, 4096, 4096, 4096).scale == (1, 1, 1)
     assert view.fixed == {0: 1}
-    # past the advertised pyramid (4 Mpx by default), factors of 2 until the plane fits 256²
+    # by default past Flight's pyramid (4 Mpx), factors of 2 until the plane fits one 512² tile
     wide = PlaneView.of(t, {}, None)
-    assert [lv.scale[2] for lv in wide.levels] == [1, 2, 4, 8, 16] and wide.levels[-1].shape[1:] == (256, 256)
+    assert [lv.scale[2] for lv in wide.levels] == [1, 2, 4, 8] and wide.levels[-1].shape[1:] == (512, 512)
     assert wide.levels[2].shape[1:] == (1024, 1024) and wide.levels[-1].method == "area"
     with pytest.raises(InvalidArgument, match="outside"):
         PlaneView.of(t, {"z": 2}, None)
@@ -61,17 +61,18 @@ def test_a_region_is_read_at_the_level_that_serves_its_size():
             split_identifier(bad)
 
 
-def _plane(width: int, height: int, **levels: ArrayAdapter) -> PlaneView:
-    """A view of a ``width × height`` plane that holds no memory (every pixel one stride-0 zero)."""
+def _plane(width: int, height: int, tile: int = 256) -> PlaneView:
+    """A view of a ``width × height`` plane that holds no memory (every pixel one stride-0
+    zero), its levels down to one ``tile``² plane."""
     t = ArrayAdapter(np.broadcast_to(np.uint8(0), (height, width)), "yx", chunk_shape=(512, 512))
     t.array_id = "t"
-    return PlaneView.of(t, {}, PyramidPolicy(plane_budget_px=128 * 128))
+    return PlaneView.of(t, {}, PyramidPolicy(coarsest_tile=tile))
 
 
-def _iiif_tiles(width: int, height: int):
+def _iiif_tiles(view: PlaneView):
     """(x, y, w, h, out_w, out_h) of every tile a IIIF viewer reads from ``info_json``."""
-    tile = iiif.TILE
-    for s in iiif.scale_factors(width, height):
+    tile, width, height = iiif.TILE, view.width, view.height
+    for s, _, _ in view.square_levels():
         for y in range(0, height, tile * s):
             for x in range(0, width, tile * s):
                 w, h = min(tile * s, width - x), min(tile * s, height - y)
@@ -99,7 +100,7 @@ def test_every_viewer_tile_is_read_at_its_sharp_level(width, height):
     is read at the coarsest level, which reads a quarter of the sharp one's pixels."""
     view = _plane(width, height)
     coarsest = view.levels[-1].shape[0] * view.levels[-1].shape[1]
-    for x, y, w, h, ow, oh in [*_iiif_tiles(width, height), *_deepzoom_tiles(width, height)]:
+    for x, y, w, h, ow, oh in [*_iiif_tiles(view), *_deepzoom_tiles(width, height)]:
         level = view.level_for(x, y, w, h, ow, oh)
         sharp = [lv for lv in view.levels if max(lv.scale) <= min(w / ow, h / oh) + 1e-9][-1]
         read = view._read_px(level, x, y, w, h)
@@ -178,11 +179,12 @@ def test_iiif_parameters():
             iiif.parse_request(*bad, 1000, 600, fmts)
     with pytest.raises(Unimplemented):
         iiif.parse_request("full", "max", "45", "default.jpg", 1000, 600, fmts)
-    info = iiif.info_json("http://h/iiif/3/x", 32768, 32768, ["jpg", "png", "webp"])
+    big = _plane(32768, 32768, tile=512)
+    info = iiif.info_json("http://h/iiif/3/x", 32768, 32768, ["jpg", "png", "webp"], big.square_levels())
     assert info["tiles"][0]["scaleFactors"] == [1, 2, 4, 8, 16, 32, 64] and info["extraFormats"] == ["webp"]
     assert (info["maxWidth"], info["maxHeight"], info["maxArea"]) == (16383, 16383, 4096 * 4096)
-    assert info["sizes"][-1] == {"width": 4096, "height": 4096}
-    wide = iiif.info_json("http://h/iiif/3/x", 20000, 600, ["jpg"])["sizes"]
+    assert info["sizes"][0] == {"width": 512, "height": 512} and info["sizes"][-1] == {"width": 4096, "height": 4096}
+    wide = iiif.info_json("http://h/iiif/3/x", 20000, 600, ["jpg"], _plane(20000, 600, tile=512).square_levels())["sizes"]
     assert wide[-1] == {"width": 10000, "height": 300}  # 20000x600 is under maxArea, over maxWidth
 
 
