@@ -43,8 +43,8 @@ setup: $(STAMP)
 
 # Each step says what it installs; pip prints one line per package it fetches (progress).
 # pip installs without compiling bytecode (--no-compile) and step 5 compiles the environment on
-# every core: pip compiles in one process, about 90 s of a 151-174 s install with a warm pip
-# cache, and compileall -j 0 takes 50 s on 2 cores. The bytecode must exist: where
+# every core, counting (tools/bytecode.py): pip compiles in one process, about 90 s of a 151-174 s
+# install with a warm pip cache, and the parallel compile takes 50 s on 2 cores. The bytecode must exist: where
 # PYTHONDONTWRITEBYTECODE is set (as on this project's machines) Python never writes it, and every
 # process compiled what it imported (pytest 342 -> 406 s without it). A file that does not
 # compile (luxar's Python 3.12-only tests) is left out, as pip leaves it.
@@ -64,8 +64,7 @@ $(STAMP): pyproject.toml
 	@echo "setup 4/5: $(LUXAR) (the encoded-zarr reference codec, without its dependencies)"
 	@$(PY) -m pip install --quiet --no-compile --no-deps --ignore-requires-python '$(LUXAR)'
 	@echo "setup 5/5: bytecode of the environment, on every core"
-	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-		> /dev/null 2>&1 || true
+	@$(PY) tools/bytecode.py "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 	@touch $(STAMP)
 	@echo "setup done: $(VENV) is ready"
 
@@ -85,9 +84,11 @@ url: $(STAMP)
 # pytest exits 5 when it collected no tests; that is non-zero, so make fails on it. Tests run
 # on TEST_WORKERS pytest-xdist workers; the 25 slowest are listed at the end. First, side by
 # side: Chromium, OpenSeadragon, and the bytecode and numba caches filled once on every core
-# (warm), so the workers do not each compile the same kernels.
+# (warm), so the workers do not each compile the same kernels. Their lines appear as they come
+# (each names its target): with make's --output-sync a target said nothing until it had
+# finished, and the numba warm-up is about 2 minutes on a fresh clone.
 test: $(STAMP)
-	@$(MAKE) --no-print-directory -j3 --output-sync=target browser viewer-assets warm
+	@$(MAKE) --no-print-directory -j3 browser viewer-assets warm
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
 
@@ -111,13 +112,13 @@ viewer-assets:
 	  { command -v npm >/dev/null && npm install --silent --no-save --prefix .viewer-assets '$(OSD)'; } || \
 	  echo "note: OpenSeadragon could not be installed; the OpenSeadragon tests will skip"
 
-# Caches every test process reads: the project's bytecode (step 5 of setup compiles the
-# installed packages, not this editable project, and with PYTHONDONTWRITEBYTECODE each of the
-# suite's Python processes, 64 or more, compiled the ~0.3 s of our modules it imports),
-# and numba's on-disk cache filled with the case table's kernels (tensor_server_kernels/warm.py
-# says why and what it saves). Seconds when both are already warm.
+# Caches every test process reads: the project's bytecode (set-up compiles the installed
+# packages, not this editable project, and with PYTHONDONTWRITEBYTECODE each of the suite's
+# Python processes, 64 or more, compiled the ~0.3 s of our modules it imports), and numba's
+# on-disk cache filled with the case table's kernels (tensor_server_kernels/warm.py says why and
+# what it saves; it counts the kernels as they compile). Seconds when both are already warm.
 warm: $(STAMP)
-	@$(PY) -m compileall -q tensor_server kernels/tensor_server_kernels
+	@$(PY) tools/bytecode.py tensor_server kernels/tensor_server_kernels
 	@$(PY) -m tensor_server_kernels.warm
 
 test-nojit: $(STAMP)
