@@ -16,8 +16,9 @@ import concurrent.futures
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence, TextIO
+from typing import TextIO
 
 
 def sources(folders: Sequence[str]) -> list[str]:
