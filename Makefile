@@ -41,43 +41,57 @@ SHELL := /bin/bash
 
 setup: $(STAMP)
 
-# Each step says what it installs; pip prints one line per package it fetches (progress).
-# pip installs without compiling bytecode (--no-compile) and step 5 compiles the environment on
-# every core: pip compiles in one process, about 90 s of a 151-174 s install with a warm pip
-# cache, and compileall -j 0 takes 50 s on 2 cores. The bytecode must exist: where
-# PYTHONDONTWRITEBYTECODE is set (as on this project's machines) Python never writes it, and every
-# process compiled what it imported (pytest 342 -> 406 s without it). A file that does not
-# compile (luxar's Python 3.12-only tests) is left out, as pip leaves it.
-$(STAMP): pyproject.toml
-	@echo "setup 1/5: the virtual environment in $(VENV) ($(PYTHON) -m venv)"
+# Two installs. `make run` and `make url` need only the serving install (BASE_STAMP: the package
+# and its dependencies, 84 packages, 1 GB); `make setup`, `make test` and the benches add the
+# test and bench extras, the Tensor Browser's data layer and luxar (STAMP, 259 packages, 2.1 GB).
+# pip prints one line per package it fetches (progress). pip installs without compiling bytecode
+# (--no-compile) and tools/bytecode.py then compiles the environment on every core, counting:
+# pip compiles in one process, about 90 s of a 151-174 s install with a warm pip cache, against
+# 50 s for the parallel compile on 2 cores. The bytecode must exist: where PYTHONDONTWRITEBYTECODE
+# is set (as on this project's machines) Python never writes it, and every process compiled what
+# it imported (pytest 342 -> 406 s without it). A file that does not compile (luxar's Python
+# 3.12-only tests) is left out, as pip leaves it. Sizes: docs/getting-started.md.
+BASE_STAMP := $(VENV)/.installed-base
+PURELIB = "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+
+$(BASE_STAMP): pyproject.toml
+	@echo "setup 1/3: the virtual environment in $(VENV) ($(PYTHON) -m venv)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
-	@echo "setup 2/5: tensor-server and its test and bench extras (about 250 packages, ~2 GB: numpy,"
-	@echo "           numba, zarr, pyarrow, the format libraries, napari, dask, moto, asv, tensorstore, ...;"
-	@echo "           several minutes on a fresh machine)"
+	@echo "setup 2/3: tensor-server and what serving needs (84 packages, 1 GB: numpy, numba,"
+	@echo "           zarr, pyarrow, duckdb, the format libraries, ...; a few minutes on a fresh machine)"
+	@set -o pipefail; $(PY) -m pip install --no-compile --progress-bar off -e . | \
+		{ grep --line-buffered -E '^(Collecting|Successfully)' || true; }
+	@echo "setup 3/3: bytecode of the environment, on every core"
+	@$(PY) tools/bytecode.py $(PURELIB)
+	@touch $(BASE_STAMP)
+	@echo "setup done: $(VENV) can serve (make test adds the test and bench extras)"
+
+$(STAMP): $(BASE_STAMP)
+	@echo "test setup 1/4: the test and bench extras (175 more packages, 1.1 GB more: napari, dask's"
+	@echo "                distributed, moto, asv, tensorstore, selenium, ...; several minutes on a fresh machine)"
 	@set -o pipefail; $(PY) -m pip install --no-compile --progress-bar off -e '.[test,bench]' | \
 		{ grep --line-buffered -E '^(Collecting|Successfully)' || true; }
 	@# the Tensor Browser's Qt-free data layer, for tests/flight/sdk_tensor_browser_test.py;
 	@# --no-deps: its other requirements are the Qt widget's (qtpy, magicgui, opencv)
-	@echo "setup 3/5: biopb-napari-widget (the Tensor Browser's data layer, without Qt)"
+	@echo "test setup 2/4: biopb-napari-widget (the Tensor Browser's data layer, without Qt)"
 	@$(PY) -m pip install --quiet --no-compile --no-deps 'biopb-napari-widget>=0.2.1'
-	@echo "setup 4/5: $(LUXAR) (the encoded-zarr reference codec, without its dependencies)"
+	@echo "test setup 3/4: $(LUXAR) (the encoded-zarr reference codec, without its dependencies)"
 	@$(PY) -m pip install --quiet --no-compile --no-deps --ignore-requires-python '$(LUXAR)'
-	@echo "setup 5/5: bytecode of the environment, on every core"
-	@$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-		> /dev/null 2>&1 || true
+	@echo "test setup 4/4: bytecode of the environment, on every core"
+	@$(PY) tools/bytecode.py $(PURELIB)
 	@touch $(STAMP)
-	@echo "setup done: $(VENV) is ready"
+	@echo "test setup done: $(VENV) is ready"
 
 # the demo dataset, chunk cache and annotations of `make run` live in .tensor-server/ here,
 # so `make clean` removes them
-run: $(STAMP)
+run: $(BASE_STAMP)
 	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server run $(ROOT) \
 		$(if $(PORT),--port $(PORT)) $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) \
 		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 # the viewer URL (with the access token) of a file or array id served by `make run`
-url: $(STAMP)
+url: $(BASE_STAMP)
 	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server url $(TARGET)
 
 # The whole suite, then the kernel tests once more on the pure-Python path so the
@@ -85,9 +99,11 @@ url: $(STAMP)
 # pytest exits 5 when it collected no tests; that is non-zero, so make fails on it. Tests run
 # on TEST_WORKERS pytest-xdist workers; the 25 slowest are listed at the end. First, side by
 # side: Chromium, OpenSeadragon, and the bytecode and numba caches filled once on every core
-# (warm), so the workers do not each compile the same kernels.
+# (warm), so the workers do not each compile the same kernels. Their lines appear as they come
+# (each names its target): with make's --output-sync a target said nothing until it had
+# finished, and the numba warm-up is about 2 minutes on a fresh clone.
 test: $(STAMP)
-	@$(MAKE) --no-print-directory -j3 --output-sync=target browser viewer-assets warm
+	@$(MAKE) --no-print-directory -j3 browser viewer-assets warm
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
 
@@ -111,13 +127,13 @@ viewer-assets:
 	  { command -v npm >/dev/null && npm install --silent --no-save --prefix .viewer-assets '$(OSD)'; } || \
 	  echo "note: OpenSeadragon could not be installed; the OpenSeadragon tests will skip"
 
-# Caches every test process reads: the project's bytecode (step 5 of setup compiles the
-# installed packages, not this editable project, and with PYTHONDONTWRITEBYTECODE each of the
-# suite's Python processes, 64 or more, compiled the ~0.3 s of our modules it imports),
-# and numba's on-disk cache filled with the case table's kernels (tensor_server_kernels/warm.py
-# says why and what it saves). Seconds when both are already warm.
+# Caches every test process reads: the project's bytecode (set-up compiles the installed
+# packages, not this editable project, and with PYTHONDONTWRITEBYTECODE each of the suite's
+# Python processes, 64 or more, compiled the ~0.3 s of our modules it imports), and numba's
+# on-disk cache filled with the case table's kernels (tensor_server_kernels/warm.py says why and
+# what it saves; it counts the kernels as they compile). Seconds when both are already warm.
 warm: $(STAMP)
-	@$(PY) -m compileall -q tensor_server kernels/tensor_server_kernels
+	@$(PY) tools/bytecode.py tensor_server kernels/tensor_server_kernels
 	@$(PY) -m tensor_server_kernels.warm
 
 test-nojit: $(STAMP)

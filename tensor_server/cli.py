@@ -165,7 +165,8 @@ def _build_parser() -> argparse.ArgumentParser:
     url.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
     url.add_argument("--http-port", type=int, default=DEMO_HTTP_PORT, help=f"its --http-port (default {DEMO_HTTP_PORT})")
     url.add_argument("--ngff", choices=("0.4", "0.5"), default="0.4", help="NGFF 0.4 (zarr v2, default) or 0.5 (zarr v3)")
-    stats = sub.add_parser("stats", help="print min/max/sum/mean/count_nonzero of every tensor of a file or folder (JSON lines)")
+    stats = sub.add_parser("stats", help="print min/max/sum/mean/count_nonzero of every tensor of a file or folder (JSON lines; "
+                           "under a folder that is not one dataset, each line names its file)")
     stats.add_argument("path", metavar="PATH")
     stats.add_argument("--field", help="only this tensor of the source")
     stats.add_argument("--slice", help="a region, numpy style per axis: '0:10,:,100:200'")
@@ -736,13 +737,15 @@ def _parse_slice(text: str, ndim: int) -> tuple[slice, ...]:
 def cmd_stats(args: argparse.Namespace) -> int:
     import json
 
-    from tensor_server.adapters.registry import open_source
+    from tensor_server.adapters.registry import claim_format, open_source
     from tensor_server.core.bounds import Bounds
     from tensor_server.core.engine import ReadEngine
     from tensor_server.core.stats import tensor_stats
     from tensor_server.errors import TensorServerError
 
     setup_logging("error")
+    if Path(args.path).is_dir() and claim_format(Path(args.path)) is None:
+        return _stats_under(args)
     engine = ReadEngine(special_chunks=not args.no_special_chunks)
     try:
         with open_source(args.path) as src:
@@ -755,6 +758,46 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"stats: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _stats_under(args: argparse.Namespace) -> int:
+    """``stats`` of a folder that is not one dataset: every source the catalog finds under it (as
+    ``list`` does), one line per tensor with its source's path. 1 when a source was unreadable,
+    2 when no tensor was found."""
+    import json
+
+    from tensor_server.catalog import Catalog
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.engine import ReadEngine
+    from tensor_server.core.stats import tensor_stats
+    from tensor_server.errors import TensorServerError
+
+    engine = ReadEngine(special_chunks=not args.no_special_chunks)
+    catalog = Catalog([args.path], open_processes=0)
+    catalog.scan()
+    printed, unreadable = 0, 0
+    try:
+        for rec in sorted(catalog.records(), key=lambda r: str(r.path)):
+            if rec.source is None:
+                unreadable += 1
+                print(f"stats: {rec.path}: unreadable: {rec.unresolved_reason}", file=sys.stderr)
+                continue
+            for name, t in rec.source.tensors.items():
+                if args.field and name != args.field:
+                    continue
+                bounds = Bounds.from_slices(_parse_slice(args.slice, t.ndim), t.shape) if args.slice else None
+                print(json.dumps({"path": str(rec.path), "field": name, **tensor_stats(t, bounds, engine)}))
+                printed += 1
+    except TensorServerError as exc:
+        print(f"stats: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        catalog.close()
+    if not printed:
+        why = f"named {args.field!r}" if args.field else "(no file or dataset there is a known format)"
+        print(f"stats: no tensor under {args.path} {why}", file=sys.stderr)
+        return 2
+    return 1 if unreadable else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

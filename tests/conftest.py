@@ -22,14 +22,42 @@ def _testdata_dir() -> Path | None:
     return None
 
 
+#: how every real-sample test skips; the run's summary counts the skips by it
+NO_SAMPLES = "real sample files not found"
+
+
 @pytest.fixture(scope="session")
 def testdata() -> Path:
     """The real-sample folder (``../shared/testdata``); skips when it is absent."""
     d = _testdata_dir()
     if d is None:
-        pytest.skip("real sample files not found: expected ../shared/testdata/expected.json "
+        pytest.skip(f"{NO_SAMPLES}: expected ../shared/testdata/expected.json "
                     "beside the repository (or set TENSOR_SERVER_TESTDATA)")
     return d
+
+
+def real_sample_skips(skipped: list) -> str | None:
+    """The summary line for the real-sample tests among ``skipped`` reports (None: none skipped).
+    Why a line of its own: in a plain clone they are most of the skips, and "361 skipped" alone
+    does not say that a folder beside the repository would run them."""
+    count = sum(NO_SAMPLES in str(getattr(report, "longrepr", "")) for report in skipped)
+    if not count:
+        return None
+    return (f"{count} real-sample tests skipped: set TENSOR_SERVER_TESTDATA=/path/to/testdata (a folder with "
+            "expected.json) or put it at ../shared/testdata beside the repository (its SOURCES.md says "
+            "where each sample comes from)")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After the other summaries (outermost wrapper: -ra's skip list comes first), so the line
+    sits just above the final counts."""
+    try:
+        return (yield)
+    finally:
+        line = real_sample_skips(terminalreporter.stats.get("skipped", []))
+        if line:
+            terminalreporter.write_line(line, yellow=True)
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,11 @@ import itertools
 import math
 import multiprocessing
 import os
+import queue
+import sys
 import time
-from typing import Iterable, Iterator, Sequence
+from multiprocessing.queues import Queue
+from typing import Iterable, Iterator, Sequence, TextIO
 
 from tensor_server_kernels import cases
 from tensor_server_kernels.reference import METHODS
@@ -73,6 +76,15 @@ def family_cases(family: str, table: Iterable[cases.Case] | None = None) -> list
     return list(picked.values())
 
 
+#: where a worker process reports each call it made (set by ``_report_to``; None: no one counts)
+_done: Queue[int] | None = None
+
+
+def _report_to(done: Queue[int]) -> None:
+    global _done
+    _done = done
+
+
 def warm_family(family: str, table: Sequence[cases.Case] | None = None) -> tuple[str, int, float]:
     """Run every call of ``family`` once (compiling, or loading from the cache). Returns
     (family, calls, seconds)."""
@@ -82,7 +94,31 @@ def warm_family(family: str, table: Sequence[cases.Case] | None = None) -> tuple
     todo = family_cases(family, table)
     for case in todo:
         downsample(case.make(), case.scale, case.method)
+        if _done is not None:
+            _done.put(1)
     return family, len(todo), time.perf_counter() - t0
+
+
+def _count(done: Queue[int], total: int, pending: set[concurrent.futures.Future], out: TextIO) -> None:
+    """Print ``calls k/total`` while ``pending`` runs: one line rewritten in place on a terminal,
+    a line per tenth elsewhere (make, CI logs), so two silent minutes on a fresh clone show progress."""
+    calls, shown = 0, 0
+    while pending:
+        pending = {f for f in pending if not f.done()}
+        try:
+            while True:
+                calls += done.get(timeout=0.5)
+        except queue.Empty:
+            pass
+        tenth = calls * 10 // max(total, 1)
+        if out.isatty():
+            out.write(f"\rkernels warm: {calls}/{total} calls")
+        elif tenth > shown and calls < total:
+            out.write(f"kernels warm: {calls}/{total} calls\n")
+        out.flush()
+        shown = tenth
+    if out.isatty():
+        out.write("\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,8 +130,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     workers = max(1, min(len(families), os.cpu_count() or 1))
     # spawn: a fresh interpreter per family (fork would copy this process's numba state)
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for family, calls, seconds in pool.map(warm_family, families):
+    context = multiprocessing.get_context("spawn")
+    done: Queue[int] = context.Queue()
+    total = sum(len(family_cases(f)) for f in families)
+    print(f"kernels warm: {total} calls of {len(families)} kernel families on {workers} processes", flush=True)
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_report_to,
+                                                initargs=(done,)) as pool:
+        futures = [pool.submit(warm_family, f) for f in families]
+        _count(done, total, set(futures), sys.stdout)
+        for future in futures:
+            family, calls, seconds = future.result()
             print(f"kernels warm: {family}: {calls} calls in {seconds:.1f} s", flush=True)
     print(f"kernels warm: numba's cache holds the case table's kernels ({time.perf_counter() - t0:.1f} s, "
           f"{workers} processes)", flush=True)

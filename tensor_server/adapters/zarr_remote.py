@@ -81,6 +81,10 @@ class ObjectListing:
         try:
             fs, root = url_to_fs(url, **storage_options(protocol))
             infos = fs.find(root, detail=True, withdirs=False)
+        except ImportError as exc:
+            # the serving install has fsspec but no object-store filesystem (s3fs is an extra)
+            extra = "; install the s3 extra: pip install 'tensor-server[s3]'" if protocol in ("s3", "s3a") else ""
+            raise UnreadableSource(public_url(url), f"no filesystem for {protocol}:// is installed ({exc}){extra}") from None
         except Exception as exc:
             raise UnreadableSource(public_url(url), f"cannot list the object store: {type(exc).__name__}: {exc}") from None
         return cls(fs, protocol, root, infos)

@@ -71,7 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name, help=help_text, add_help=False)
     ns = top.parse_args(argv[:1])
     module_name, help_text = COMMANDS[ns.command]
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] in ("tensor_server", "tensor_server_kernels"):
+            raise
+        # the serving install has none of the peers a bench compares with
+        print(f"python -m tensor_server.bench {ns.command}: needs {exc.name}, which the serving install leaves "
+              "out; install the bench and test extras: pip install 'tensor-server[bench,test]' (make setup does)",
+              file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog=f"python -m tensor_server.bench {ns.command}",
                                      description=help_text)
     module.add_arguments(parser)

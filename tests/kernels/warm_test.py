@@ -55,3 +55,19 @@ def test_no_two_families_write_the_same_cache_index(tmp_path):
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             assert not written[a] & written[b], (a, b, sorted(written[a] & written[b]))
+
+
+def test_the_warm_up_counts_calls_as_they_come_off_a_terminal():
+    """The count the Makefile's warm-up prints while it runs (a line per tenth in make's log)."""
+    import concurrent.futures
+    import io
+    import queue
+
+    done: queue.Queue[int] = queue.Queue()
+    for _ in range(40):
+        done.put(1)
+    finished: concurrent.futures.Future = concurrent.futures.Future()
+    finished.set_result(None)
+    out = io.StringIO()
+    warm._count(done, 100, {finished}, out)
+    assert out.getvalue() == "kernels warm: 40/100 calls\n"

@@ -270,3 +270,23 @@ def test_an_endpoint_that_goes_away_fails_reads_clearly(s3_data, tmp_path, monke
             other.stop()
         monkeypatch.undo()
         _forget_filesystems()
+
+
+def test_without_s3fs_an_s3_root_names_the_extra_to_install(monkeypatch):
+    """The serving install has fsspec but not s3fs (the ``s3`` extra): listing an s3:// root says
+    what to install instead of a bare ImportError."""
+    import fsspec.core
+
+    from tensor_server.adapters.zarr_remote import ObjectListing
+    from tensor_server.errors import UnreadableSource
+
+    def no_s3fs(url, **options):
+        raise ImportError("Install s3fs to access S3")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", no_s3fs)
+    with pytest.raises(UnreadableSource) as refused:
+        ObjectListing.from_url("s3://key:secret@bucket/run1")
+    message = str(refused.value)
+    assert "s3://bucket/run1" in message and "secret" not in message
+    assert "no filesystem for s3:// is installed (Install s3fs to access S3)" in message
+    assert "pip install 'tensor-server[s3]'" in message

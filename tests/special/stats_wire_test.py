@@ -76,6 +76,36 @@ def test_stats_cli(tmp_path, capsys) -> None:
     assert "'1:0' is empty" in capsys.readouterr().err
 
 
+def test_stats_cli_on_a_folder_reads_every_tensor_under_it(tmp_path, capsys) -> None:
+    """A folder that is not one dataset: one line per tensor of every source under it (the help
+    says "every tensor of a file or folder"), each naming its file; an unreadable file is said
+    on stderr and makes the exit 1; a folder with nothing to read is 2."""
+    import tifffile
+
+    from tensor_server.cli import main
+
+    (tmp_path / "sub").mkdir()
+    a = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    b = np.full((2, 5), 7, dtype=np.uint16)
+    tifffile.imwrite(tmp_path / "a.tif", a)
+    tifffile.imwrite(tmp_path / "sub" / "b.tif", b)
+    (tmp_path / "notes.txt").write_text("not an image")
+    assert main(["stats", str(tmp_path)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(line["path"], line["dtype"], line["sum"], line["min"], line["max"]) for line in lines] == [
+        (str(tmp_path / "a.tif"), "|u1", 66, 0, 11), (str(tmp_path / "sub" / "b.tif"), "<u2", 70, 7, 7)]
+    assert main(["stats", str(tmp_path), "--slice", "0:2,1:3"]) == 0
+    assert [json.loads(line)["sum"] for line in capsys.readouterr().out.splitlines()] == [
+        int(a[0:2, 1:3].sum()), int(b[0:2, 1:3].sum())]
+    (tmp_path / "broken.tif").write_bytes(b"not a tiff")
+    assert main(["stats", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 2 and f"stats: {tmp_path / 'broken.tif'}: unreadable: " in err
+    (tmp_path / "empty").mkdir()
+    assert main(["stats", str(tmp_path / "empty")]) == 2
+    assert f"stats: no tensor under {tmp_path / 'empty'}" in capsys.readouterr().err
+
+
 def test_special_chunks_over_flight(tmp_path) -> None:
     import pyarrow.flight as flight
 
