@@ -774,4 +774,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tensor_server.export.command import run as cmd_export
 
         return cmd_export(args)
-    return cmd_serve(args, demo=args.command == "run")
+    code = cmd_serve(args, demo=args.command == "run")
+    _exit_without_final_collection()
+    return code
+
+
+def _exit_without_final_collection() -> None:
+    """A stopped server exits without the interpreter's last full garbage collection: it is
+    1.1 s of a 1.5 s stop (measured: numba's, llvmlite's and scipy's heaps), and every file the
+    server holds is closed before this. ``gc.freeze`` at exit hides the heap from that
+    collection; memory goes back to the system with the process."""
+    import atexit
+    import gc
+
+    atexit.register(gc.freeze)
