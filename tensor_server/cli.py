@@ -141,7 +141,10 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--insecure", action="store_true", default=None,
                         help="serve plaintext off loopback (the token and pixels travel in cleartext)")
         sp.add_argument("--no-http-token", dest="http_token", action="store_false", default=None,
-                        help="do not require the per-run HTTP access token (non-browser clients only)")
+                        help="do not require the HTTP access token (non-browser clients only)")
+        sp.add_argument("--rotate-http-token", action="store_true",
+                        help="replace the HTTP access token kept in <cache home>/http/token (URLs with the old one "
+                        "stop working)")
         sp.add_argument("--cors-origin", action="append", metavar="ORIGIN",
                         help="an origin allowed CORS reads; its requests still need a token unless --no-http-token")
         sp.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics "
@@ -498,9 +501,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             cache.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    from tensor_server.http.access_url import mint_access_token, viewer_url, write_url_file
+    from tensor_server.http.access_url import viewer_url, write_url_file
 
-    http_token = mint_access_token() if settings.http_port is not None and settings.http_token else None
+    http_token = _http_token(args.rotate_http_token) if settings.http_port is not None and settings.http_token else None
     runtime = ServingRuntime(catalog, settings, cache=cache, uploads=uploads, tls=tls,
                              access_tokens=[http_token] if http_token else [])
     metrics, opened = _open_metrics(runtime)
@@ -585,8 +588,28 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     return 0
 
 
+def _http_token(rotate: bool) -> str:
+    """The HTTP door's access token: the one kept in the server home, so URLs outlive a
+    restart (``stored_access_token``); a new one is said on stderr, and a home where none can
+    be kept gives this run one of its own."""
+    from tensor_server.config import default_cache_dir
+    from tensor_server.http.access_url import mint_access_token, stored_access_token, token_file
+
+    path = token_file(default_cache_dir())
+    try:
+        token, why = stored_access_token(default_cache_dir(), rotate=rotate)
+    except OSError as exc:
+        print(f"serve: the HTTP access token cannot be kept in {path} ({exc}): its URLs last until this "
+              "server stops", file=sys.stderr)
+        return mint_access_token()
+    if why:
+        print(f"a new HTTP access token ({why}), kept in {path}: URLs that carry it outlive restarts "
+              "(--rotate-http-token or deleting the file makes another)", file=sys.stderr)
+    return token
+
+
 def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Flight, HTTP | None) or None
-    """The Flight door, and the HTTP door when ``http_port`` is set (its per-run access token
+    """The Flight door, and the HTTP door when ``http_port`` is set (its access token
     ``http_token``); None (after saying why on stderr) when one cannot listen."""
     from tensor_server.errors import TensorServerError
     from tensor_server.flight import TensorFlightServer

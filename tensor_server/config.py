@@ -64,7 +64,7 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     insecure = false            # serve plaintext off loopback anyway (the token travels in clear)
 
     [http]
-    token = true                # a per-run access token on every HTTP request, even on loopback
+    token = true                # an access token on every HTTP request, even on loopback (kept in <home>/http/token)
     cors_origins = ["https://viewer.example"]  # origins that may read without the token
     allowed_hosts = ["tensors.lab"]            # Host names beyond loopback, the host's own and sans
     [metrics]                   # Prometheus /metrics on its own listener (docs/operating.md)
