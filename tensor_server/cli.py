@@ -9,10 +9,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tensor_server.errors import InvalidArgument
 from tensor_server.service.memory import MemoryReturn
+
+if TYPE_CHECKING:
+    from tensor_server.cli_banner import Example, ServingFacts
 
 __all__ = ["main"]
 
@@ -237,11 +240,6 @@ def _settings(args: argparse.Namespace):
     )
 
 
-def _client_args(token: str | None, tls) -> str:  # noqa: ANN001 - a service.tls.ServerTls
-    """The keyword arguments a printed snippet passes TensorFlightClient (token, pinned cert)."""
-    return (f", token={token!r}" if token else "") + (f", tls_fingerprint={tls.fingerprint!r}" if tls else "")
-
-
 def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | None | exit code
     """The certificate both doors serve (None: plaintext), after the transport rule
     (service/tls.py); an exit code with the reason printed when it cannot be had."""
@@ -260,22 +258,6 @@ def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | Non
     for line in tls.startup_lines() if tls is not None else ():
         print(line, file=sys.stderr)
     return tls
-
-
-def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str, tls=None) -> str:  # noqa: ANN001
-    """What ``run`` prints: list the array ids, read a scaled level, show the pyramid readably.
-    The id printed is this machine's (ids hash the path); the query is what finds them anywhere."""
-    tok = _client_args(token, tls)
-    return (
-        "from biopb.tensor import TensorFlightClient\n"
-        f"client = TensorFlightClient({location!r}{tok})\n"
-        "rows = client.query(\"SELECT unnest(tensors).array_id AS array_id FROM sources ORDER BY 1\", format=\"records\")\n"
-        "print([r[\"array_id\"] for r in rows])\n"
-        f"level = client.get_array({array_id!r}, scale_hint={scale}, reduction_method={method!r})\n"
-        "print(level.shape, level.dtype)\n"
-        f"for lv in client.get_descriptor({array_id!r}, with_pyramid=True).pyramid:\n"
-        "    print(list(lv.scale_hint), lv.reduction_method, list(lv.shape))"
-    )
 
 
 class _Taken(Exception):
@@ -389,26 +371,9 @@ def _roots_present(roots: list[str], command: str = "serve") -> bool:
     return True
 
 
-def _upload_snippet(location: str, token: str | None, tls=None) -> str:  # noqa: ANN001
-    tok = _client_args(token, tls)
-    return (
-        "import uuid\n"
-        "import numpy as np\n"
-        "from biopb.tensor import TensorFlightClient\n"
-        f"client = TensorFlightClient({location!r}{tok})\n"
-        "result = np.random.default_rng(0).integers(0, 4096, (512, 512), dtype=np.uint16)\n"
-        "name = f'cache://scratch/@fields/result-{uuid.uuid4().hex[:8]}'\n"
-        "desc = client.setup_array_upload(name, result, chunk_shape=(256, 256))\n"
-        "print(client.upload_array(desc, result)['state'])  # READY\n"
-        "assert (client.get_array(desc.array_id) == result).all()\n"
-        "client.set_upload_status(desc.array_id, 'DISCARDED')  # or let scratch_ttl reclaim it"
-    )
-
-
 def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.catalog import Catalog
     from tensor_server.core.downsample import warm_up
-    from tensor_server.core.pyramid import advertised_levels
     from tensor_server.service import ServingRuntime
 
     try:
@@ -501,7 +466,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             cache.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    from tensor_server.http.access_url import viewer_url, write_url_file
+    from tensor_server.cli_banner import Example, ServingFacts
+    from tensor_server.http.access_url import page_url, viewer_url, write_url_file
 
     http_token = _http_token(args.rotate_http_token) if settings.http_port is not None and settings.http_token else None
     runtime = ServingRuntime(catalog, settings, cache=cache, uploads=uploads, tls=tls,
@@ -519,51 +485,42 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             cache.close()
         return 2
     server, http = doors
-    url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
     location = server.location
-    print(f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)", file=sys.stderr)
-    if catalog.restored:
-        print(f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
-              file=sys.stderr)
-    if http is not None:
-        print(f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
-              f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)", file=sys.stderr)
-
-    def background_start() -> None:
-        progress = _ScanProgress()
-        summary = catalog.scan(progress)
-        progress.done(summary)
-        elapsed = warm_up()
-        log.info("numba kernels warmed in %.2f s", elapsed)
-        catalog.start_periodic_rescan(settings.rescan_seconds)
-        if demo:
-            pick = None
-            for rec in catalog.records():
-                if rec.source is not None and rec.source.tensors:  # scratch holds none
-                    t = rec.source.tensor()
-                    levels = advertised_levels(t, runtime.policy)
-                    pick = (t, levels[1] if len(levels) > 1 else levels[0])
-                    if len(levels) > 1:
-                        break
-            if pick is not None:
-                t, lv = pick
-                print("\nRead a scaled level with the biopb SDK (pip install 'biopb[tensor]'):\n", file=sys.stderr)
-                print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method, tls), file=sys.stderr)
-                if http is not None:
-                    print(f"\nOpen it in an OME-Zarr viewer (napari-ome-zarr, neuroglancer 'zarr://...', vizarr):\n"
-                          f"{viewer_url(http.url, http_token, 'zarr', t.array_id)}", file=sys.stderr)
-                if runtime.writable:
-                    print("\nUpload a result (to the scratch source) and read it back:\n", file=sys.stderr)
-                    print(_upload_snippet(location, settings.token, tls), file=sys.stderr)
-                print(f"\nor list what is served: {sys.executable} -m tensor_server list " + " ".join(settings.roots),
-                      file=sys.stderr)
-                print("Ctrl-C stops the server.", file=sys.stderr)
-
-    threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
+    url_path = None
     memory = MemoryReturn()  # a burst of large requests must not keep the server at its peak size
     in_main = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
-    try:
+    try:  # from here on a Ctrl-C (or SIGTERM) stops the server the one way, whenever it comes
+        url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
+        print(f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)", file=sys.stderr)
+        if catalog.restored:
+            print(f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
+                  file=sys.stderr)
+        if http is not None:
+            print(f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
+                  f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)", file=sys.stderr)
+
+        def facts(example: Example | None) -> ServingFacts:
+            return ServingFacts(
+                location=location, catalog_url=page_url(http.url, http_token) if http is not None else None,
+                metrics_url=metrics.url if metrics is not None else None, token=settings.token,
+                tls_fingerprint=tls.fingerprint if tls is not None else None,
+                list_command=f"{sys.executable} -m tensor_server list " + " ".join(settings.roots),
+                example=example, upload=demo and runtime.writable)
+
+        def background_start() -> None:
+            progress = _ScanProgress()
+            summary = catalog.scan(progress)
+            progress.done(summary)
+            if demo:  # run's snippet reads a tensor the scan found
+                _print_start_up(facts(_example(catalog, runtime.policy, http, http_token)))
+            elapsed = warm_up()
+            log.info("numba kernels warmed in %.2f s", elapsed)
+            catalog.start_periodic_rescan(settings.rescan_seconds)
+
+        if not demo:  # everything serve's block names is known now
+            _print_start_up(facts(None))
+        threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
         server.serve()
     except KeyboardInterrupt:
         pass
@@ -586,6 +543,36 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _example(catalog, policy, http, http_token) -> Example | None:  # noqa: ANN001
+    """The tensor ``run``'s snippet reads: the first with a computed level (at that level),
+    else the first found (at full resolution); None when the scan found no tensor."""
+    from tensor_server.cli_banner import Example
+    from tensor_server.core.pyramid import advertised_levels
+    from tensor_server.http.access_url import viewer_url
+
+    pick = None
+    for rec in catalog.records():
+        if rec.source is not None and rec.source.tensors:  # scratch holds none
+            t = rec.source.tensor()
+            levels = advertised_levels(t, policy)
+            pick = (t, levels[1] if len(levels) > 1 else levels[0])
+            if len(levels) > 1:
+                break
+    if pick is None:
+        return None
+    t, lv = pick
+    return Example(t.array_id, tuple(lv.scale), lv.method,
+                   viewer_url(http.url, http_token, "zarr", t.array_id) if http is not None else None)
+
+
+def _print_start_up(facts: ServingFacts) -> None:
+    """The snippets and the block of links (``cli_banner``), on stdout: they are what the
+    command answers; progress, warnings and logs go to stderr."""
+    from tensor_server.cli_banner import startup_text
+
+    print("\n" + startup_text(facts), flush=True)
 
 
 def _http_token(rotate: bool) -> str:
