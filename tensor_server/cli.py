@@ -7,10 +7,10 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from tensor_server.cli_logging import REQUEST_LOG_STDERR, ScanProgress, setup_logging
 from tensor_server.errors import InvalidArgument
 from tensor_server.service.memory import MemoryReturn
 
@@ -25,75 +25,6 @@ DEMO_HTTP_PORT = 8816
 DEMO_METRICS_PORT = 8817
 
 log = logging.getLogger("tensor_server")
-
-
-class _KeyValueFormatter(logging.Formatter):
-    """One line per record, ``key=value`` pairs: greppable, parseable, quiet."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage().replace('"', "'")
-        out = f'ts={self.formatTime(record, "%Y-%m-%dT%H:%M:%S")} level={record.levelname.lower()} logger={record.name} msg="{msg}"'
-        if record.exc_info:
-            out += " exc=" + repr(self.formatException(record.exc_info))
-        return out
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line (``--log-format json``); a request line carries its fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        import json
-
-        out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname.lower(),
-               "logger": record.name, "msg": record.getMessage()}
-        out.update(getattr(record, "request", None) or {})
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def setup_logging(level: str, fmt: str = "text", *, requests: bool = False) -> None:
-    """Log records to stderr at ``level``; ``requests``: also the request log, one line per
-    request (``tensor_server.access`` at INFO, whatever ``level`` is)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _KeyValueFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.WARNING))
-    logging.getLogger("tensor_server.access").setLevel(logging.INFO if requests else logging.NOTSET)
-
-
-class _ScanProgress:
-    """A one-line progress display in a terminal; periodic log lines otherwise."""
-
-    def __init__(self, stream=sys.stderr) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last = 0.0
-        self.folders = 0
-
-    def __call__(self, folder: str, sources: int) -> None:
-        self.folders += 1
-        now = time.monotonic()
-        if now - self.last < (0.1 if self.tty else 5.0):
-            return
-        self.last = now
-        if self.tty:
-            short = folder if len(folder) < 60 else "…" + folder[-59:]
-            self.stream.write(f"\r\x1b[Kscanning: {self.folders} folders, {sources} sources  {short}")
-            self.stream.flush()
-        else:  # plain lines, not log records: progress is not a warning, yet must show
-            self.stream.write(f"scanning: {self.folders} folders, {sources} sources, at {folder}\n")
-            self.stream.flush()
-
-    def done(self, summary: dict) -> None:
-        line = (f"scan done: {summary['total']} sources ({summary['unresolved']} unreadable), "
-                f"{self.folders} folders")
-        if self.tty:
-            self.stream.write("\r\x1b[K" + line + "\n")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
 
 
 def _count(text: str) -> int:
@@ -153,6 +84,8 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics "
                         f"(serve: off by default; run: {DEMO_METRICS_PORT}; docs/operating.md)")
         sp.add_argument("--log-format", choices=("text", "json"), help="log lines as key=value text (default) or JSON")
+        sp.add_argument("--request-log", metavar="FILE", help="where the request log (a line per request) goes: a file, "
+                        "'-' for stderr or 'off' (serve: stderr; run: <cache home>/logs/requests.log)")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
@@ -236,7 +169,7 @@ def _settings(args: argparse.Namespace):
         tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key, sans=args.san, insecure=args.insecure,
         http_token=args.http_token, cors_origins=args.cors_origin,
         read_only=args.read_only, add_source=args.add_source,
-        metrics_port=args.metrics_port, log_format=args.log_format,
+        metrics_port=args.metrics_port, log_format=args.log_format, request_log=args.request_log,
     )
 
 
@@ -381,11 +314,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except InvalidArgument as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level, settings.log_format, requests=True)
     from tensor_server.config import keep_home_files_private
 
-    for warning in keep_home_files_private():  # before the first file is written (the demo dataset)
+    for warning in keep_home_files_private():  # before the first file is written (the request log, the demo)
         print(warning, file=sys.stderr)
+    request_log = _setup_logging(settings, demo)
     if demo and not settings.roots:
         from tensor_server.config import default_cache_dir
         from tensor_server.demo import make_demo_dataset
@@ -503,13 +436,13 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         def facts(example: Example | None) -> ServingFacts:
             return ServingFacts(
                 location=location, catalog_url=page_url(http.url, http_token) if http is not None else None,
-                metrics_url=metrics.url if metrics is not None else None, token=settings.token,
+                metrics_url=metrics.url if metrics is not None else None, request_log=request_log, token=settings.token,
                 tls_fingerprint=tls.fingerprint if tls is not None else None,
                 list_command=f"{sys.executable} -m tensor_server list " + " ".join(settings.roots),
                 example=example, upload=demo and runtime.writable)
 
         def background_start() -> None:
-            progress = _ScanProgress()
+            progress = ScanProgress()
             summary = catalog.scan(progress)
             progress.done(summary)
             if demo:  # run's snippet reads a tensor the scan found
@@ -573,6 +506,23 @@ def _print_start_up(facts: ServingFacts) -> None:
     from tensor_server.cli_banner import startup_text
 
     print("\n" + startup_text(facts), flush=True)
+
+
+def _setup_logging(settings, demo: bool) -> str | None:  # noqa: ANN001 - Settings
+    """Logging as ``settings`` say, the request log where ``--request-log`` says or, by
+    default, on stderr for ``serve`` and in the server home for ``run`` (its terminal keeps
+    the start-up block). Returns the request log's file, if it goes to one."""
+    from tensor_server.config import default_cache_dir
+
+    dest = settings.request_log or (str(default_cache_dir() / "logs" / "requests.log") if demo else REQUEST_LOG_STDERR)
+    try:
+        setup_logging(settings.log_level, settings.log_format, requests=dest)
+    except OSError as exc:
+        print(f"serve: the request log cannot be written to {dest} ({exc}): requests are logged on stderr",
+              file=sys.stderr)
+        setup_logging(settings.log_level, settings.log_format, requests=REQUEST_LOG_STDERR)
+        return None
+    return dest if dest not in (REQUEST_LOG_STDERR, "off") else None
 
 
 def _http_token(rotate: bool) -> str:
@@ -693,7 +643,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 2
     catalog = Catalog(args.roots, open_processes=0)  # every source is printed from its adapter: open them here
     unclaimed: list = []
-    progress = _ScanProgress() if sys.stderr.isatty() else None
+    progress = ScanProgress() if sys.stderr.isatty() else None
     summary = catalog.scan(progress, on_unclaimed=unclaimed.append)
     if progress is not None:
         progress.done(summary)

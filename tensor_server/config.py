@@ -73,6 +73,7 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
 
     [log]
     format = "text"             # or "json": one object per line (the request log too)
+    requests = "-"              # the request log: a file, "-" (stderr) or "off" (absent: serve "-", run a file)
 """
 from __future__ import annotations
 
@@ -180,6 +181,8 @@ class Settings:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     log_format: str = "text"
+    #: where the request log goes: a file, "-" (stderr) or "off"; None: serve's stderr, run's file
+    request_log: str | None = None
 
     def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -232,6 +235,7 @@ _KEYS = {
     ("metrics", "port"): "metrics_port",
     ("metrics", "host"): "metrics_host",
     ("log", "format"): "log_format",
+    ("log", "requests"): "request_log",
 }
 
 
