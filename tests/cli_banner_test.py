@@ -95,6 +95,6 @@ def test_start_up_prints_the_catalog_url_and_it_opens(tmp_path, command):
                 exec(compile(snippet, "<printed snippet>", "exec"), {})  # noqa: S102 - the server's own snippet
             assert printed.getvalue().splitlines()[-1] == "(64, 64)"
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
         proc.stdout.close()

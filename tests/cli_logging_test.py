@@ -114,7 +114,7 @@ def test_run_logs_requests_to_its_home_and_the_terminal_keeps_the_block(tmp_path
             assert time.monotonic() < deadline, log_file.read_text()
             time.sleep(0.1)
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=300)
     assert proc.returncode == 0
     assert "tensor_server.access" not in "".join(stderr) and "listening on" in "".join(stderr)

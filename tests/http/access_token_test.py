@@ -69,7 +69,7 @@ def _start(home, root, *extra: str) -> tuple[subprocess.Popen, str, int, str]:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=300)
     proc.stderr.close()
 
