@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from tensor_server.cli_logging import REQUEST_LOG_STDERR, ScanProgress, setup_logging
+from tensor_server.cli_logging import REQUEST_LOG_OFF, REQUEST_LOG_STDERR, ScanProgress, setup_logging
 from tensor_server.errors import InvalidArgument
 from tensor_server.service.memory import MemoryReturn
 
@@ -522,7 +522,7 @@ def _setup_logging(settings, demo: bool) -> str | None:  # noqa: ANN001 - Settin
               file=sys.stderr)
         setup_logging(settings.log_level, settings.log_format, requests=REQUEST_LOG_STDERR)
         return None
-    return dest if dest not in (REQUEST_LOG_STDERR, "off") else None
+    return dest if dest not in (REQUEST_LOG_STDERR, REQUEST_LOG_OFF) else None
 
 
 def _http_token(rotate: bool) -> str:
