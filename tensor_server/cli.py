@@ -7,12 +7,15 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
+from tensor_server.cli_logging import REQUEST_LOG_OFF, REQUEST_LOG_STDERR, ScanProgress, setup_logging
 from tensor_server.errors import InvalidArgument
 from tensor_server.service.memory import MemoryReturn
+
+if TYPE_CHECKING:
+    from tensor_server.cli_banner import Example, ServingFacts
 
 __all__ = ["main"]
 
@@ -22,75 +25,6 @@ DEMO_HTTP_PORT = 8816
 DEMO_METRICS_PORT = 8817
 
 log = logging.getLogger("tensor_server")
-
-
-class _KeyValueFormatter(logging.Formatter):
-    """One line per record, ``key=value`` pairs: greppable, parseable, quiet."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.getMessage().replace('"', "'")
-        out = f'ts={self.formatTime(record, "%Y-%m-%dT%H:%M:%S")} level={record.levelname.lower()} logger={record.name} msg="{msg}"'
-        if record.exc_info:
-            out += " exc=" + repr(self.formatException(record.exc_info))
-        return out
-
-
-class _JsonFormatter(logging.Formatter):
-    """One JSON object per line (``--log-format json``); a request line carries its fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        import json
-
-        out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname.lower(),
-               "logger": record.name, "msg": record.getMessage()}
-        out.update(getattr(record, "request", None) or {})
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def setup_logging(level: str, fmt: str = "text", *, requests: bool = False) -> None:
-    """Log records to stderr at ``level``; ``requests``: also the request log, one line per
-    request (``tensor_server.access`` at INFO, whatever ``level`` is)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _KeyValueFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.WARNING))
-    logging.getLogger("tensor_server.access").setLevel(logging.INFO if requests else logging.NOTSET)
-
-
-class _ScanProgress:
-    """A one-line progress display in a terminal; periodic log lines otherwise."""
-
-    def __init__(self, stream=sys.stderr) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last = 0.0
-        self.folders = 0
-
-    def __call__(self, folder: str, sources: int) -> None:
-        self.folders += 1
-        now = time.monotonic()
-        if now - self.last < (0.1 if self.tty else 5.0):
-            return
-        self.last = now
-        if self.tty:
-            short = folder if len(folder) < 60 else "…" + folder[-59:]
-            self.stream.write(f"\r\x1b[Kscanning: {self.folders} folders, {sources} sources  {short}")
-            self.stream.flush()
-        else:  # plain lines, not log records: progress is not a warning, yet must show
-            self.stream.write(f"scanning: {self.folders} folders, {sources} sources, at {folder}\n")
-            self.stream.flush()
-
-    def done(self, summary: dict) -> None:
-        line = (f"scan done: {summary['total']} sources ({summary['unresolved']} unreadable), "
-                f"{self.folders} folders")
-        if self.tty:
-            self.stream.write("\r\x1b[K" + line + "\n")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
 
 
 def _count(text: str) -> int:
@@ -141,12 +75,17 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--insecure", action="store_true", default=None,
                         help="serve plaintext off loopback (the token and pixels travel in cleartext)")
         sp.add_argument("--no-http-token", dest="http_token", action="store_false", default=None,
-                        help="do not require the per-run HTTP access token (non-browser clients only)")
+                        help="do not require the HTTP access token (non-browser clients only)")
+        sp.add_argument("--rotate-http-token", action="store_true",
+                        help="replace the HTTP access token kept in <cache home>/http/token (URLs with the old one "
+                        "stop working)")
         sp.add_argument("--cors-origin", action="append", metavar="ORIGIN",
                         help="an origin allowed CORS reads; its requests still need a token unless --no-http-token")
         sp.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics "
                         f"(serve: off by default; run: {DEMO_METRICS_PORT}; docs/operating.md)")
         sp.add_argument("--log-format", choices=("text", "json"), help="log lines as key=value text (default) or JSON")
+        sp.add_argument("--request-log", metavar="FILE", help="where the request log (a line per request) goes: a file, "
+                        "'-' for stderr or 'off' (serve: stderr; run: <cache home>/logs/requests.log)")
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
@@ -231,13 +170,8 @@ def _settings(args: argparse.Namespace):
         tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key, sans=args.san, insecure=args.insecure,
         http_token=args.http_token, cors_origins=args.cors_origin,
         read_only=args.read_only, add_source=args.add_source,
-        metrics_port=args.metrics_port, log_format=args.log_format,
+        metrics_port=args.metrics_port, log_format=args.log_format, request_log=args.request_log,
     )
-
-
-def _client_args(token: str | None, tls) -> str:  # noqa: ANN001 - a service.tls.ServerTls
-    """The keyword arguments a printed snippet passes TensorFlightClient (token, pinned cert)."""
-    return (f", token={token!r}" if token else "") + (f", tls_fingerprint={tls.fingerprint!r}" if tls else "")
 
 
 def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | None | exit code
@@ -258,22 +192,6 @@ def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | Non
     for line in tls.startup_lines() if tls is not None else ():
         print(line, file=sys.stderr)
     return tls
-
-
-def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str, tls=None) -> str:  # noqa: ANN001
-    """What ``run`` prints: list the array ids, read a scaled level, show the pyramid readably.
-    The id printed is this machine's (ids hash the path); the query is what finds them anywhere."""
-    tok = _client_args(token, tls)
-    return (
-        "from biopb.tensor import TensorFlightClient\n"
-        f"client = TensorFlightClient({location!r}{tok})\n"
-        "rows = client.query(\"SELECT unnest(tensors).array_id AS array_id FROM sources ORDER BY 1\", format=\"records\")\n"
-        "print([r[\"array_id\"] for r in rows])\n"
-        f"level = client.get_array({array_id!r}, scale_hint={scale}, reduction_method={method!r})\n"
-        "print(level.shape, level.dtype)\n"
-        f"for lv in client.get_descriptor({array_id!r}, with_pyramid=True).pyramid:\n"
-        "    print(list(lv.scale_hint), lv.reduction_method, list(lv.shape))"
-    )
 
 
 class _Taken(Exception):
@@ -387,26 +305,9 @@ def _roots_present(roots: list[str], command: str = "serve") -> bool:
     return True
 
 
-def _upload_snippet(location: str, token: str | None, tls=None) -> str:  # noqa: ANN001
-    tok = _client_args(token, tls)
-    return (
-        "import uuid\n"
-        "import numpy as np\n"
-        "from biopb.tensor import TensorFlightClient\n"
-        f"client = TensorFlightClient({location!r}{tok})\n"
-        "result = np.random.default_rng(0).integers(0, 4096, (512, 512), dtype=np.uint16)\n"
-        "name = f'cache://scratch/@fields/result-{uuid.uuid4().hex[:8]}'\n"
-        "desc = client.setup_array_upload(name, result, chunk_shape=(256, 256))\n"
-        "print(client.upload_array(desc, result)['state'])  # READY\n"
-        "assert (client.get_array(desc.array_id) == result).all()\n"
-        "client.set_upload_status(desc.array_id, 'DISCARDED')  # or let scratch_ttl reclaim it"
-    )
-
-
 def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.catalog import Catalog
     from tensor_server.core.downsample import warm_up
-    from tensor_server.core.pyramid import advertised_levels
     from tensor_server.service import ServingRuntime
 
     try:
@@ -414,11 +315,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     except InvalidArgument as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level, settings.log_format, requests=True)
     from tensor_server.config import keep_home_files_private
 
-    for warning in keep_home_files_private():  # before the first file is written (the demo dataset)
+    for warning in keep_home_files_private():  # before the first file is written (the request log, the demo)
         print(warning, file=sys.stderr)
+    request_log = _setup_logging(settings, demo)
     if demo and not settings.roots:
         from tensor_server.config import default_cache_dir
         from tensor_server.demo import make_demo_dataset
@@ -499,9 +400,10 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             cache.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    from tensor_server.http.access_url import mint_access_token, viewer_url, write_url_file
+    from tensor_server.cli_banner import Example, ServingFacts
+    from tensor_server.http.access_url import page_url, viewer_url, write_url_file
 
-    http_token = mint_access_token() if settings.http_port is not None and settings.http_token else None
+    http_token = _http_token(args.rotate_http_token) if settings.http_port is not None and settings.http_token else None
     runtime = ServingRuntime(catalog, settings, cache=cache, uploads=uploads, tls=tls,
                              access_tokens=[http_token] if http_token else [])
     metrics, opened = _open_metrics(runtime)
@@ -517,51 +419,42 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             cache.close()
         return 2
     server, http = doors
-    url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
     location = server.location
-    print(f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)", file=sys.stderr)
-    if catalog.restored:
-        print(f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
-              file=sys.stderr)
-    if http is not None:
-        print(f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
-              f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)", file=sys.stderr)
-
-    def background_start() -> None:
-        progress = _ScanProgress()
-        summary = catalog.scan(progress)
-        progress.done(summary)
-        elapsed = warm_up()
-        log.info("numba kernels warmed in %.2f s", elapsed)
-        catalog.start_periodic_rescan(settings.rescan_seconds)
-        if demo:
-            pick = None
-            for rec in catalog.records():
-                if rec.source is not None and rec.source.tensors:  # scratch holds none
-                    t = rec.source.tensor()
-                    levels = advertised_levels(t, runtime.policy)
-                    pick = (t, levels[1] if len(levels) > 1 else levels[0])
-                    if len(levels) > 1:
-                        break
-            if pick is not None:
-                t, lv = pick
-                print("\nRead a scaled level with the biopb SDK (pip install 'biopb[tensor]'):\n", file=sys.stderr)
-                print(_snippet(location, settings.token, t.array_id, list(lv.scale), lv.method, tls), file=sys.stderr)
-                if http is not None:
-                    print(f"\nOpen it in an OME-Zarr viewer (napari-ome-zarr, neuroglancer 'zarr://...', vizarr):\n"
-                          f"{viewer_url(http.url, http_token, 'zarr', t.array_id)}", file=sys.stderr)
-                if runtime.writable:
-                    print("\nUpload a result (to the scratch source) and read it back:\n", file=sys.stderr)
-                    print(_upload_snippet(location, settings.token, tls), file=sys.stderr)
-                print(f"\nor list what is served: {sys.executable} -m tensor_server list " + " ".join(settings.roots),
-                      file=sys.stderr)
-                print("Ctrl-C stops the server.", file=sys.stderr)
-
-    threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
+    url_path = None
     memory = MemoryReturn()  # a burst of large requests must not keep the server at its peak size
     in_main = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
-    try:
+    try:  # from here on a Ctrl-C (or SIGTERM) stops the server the one way, whenever it comes
+        url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
+        print(f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)", file=sys.stderr)
+        if catalog.restored:
+            print(f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
+                  file=sys.stderr)
+        if http is not None:
+            print(f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
+                  f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)", file=sys.stderr)
+
+        def facts(example: Example | None) -> ServingFacts:
+            return ServingFacts(
+                location=location, catalog_url=page_url(http.url, http_token) if http is not None else None,
+                metrics_url=metrics.url if metrics is not None else None, request_log=request_log, token=settings.token,
+                tls_fingerprint=tls.fingerprint if tls is not None else None,
+                list_command=f"{sys.executable} -m tensor_server list " + " ".join(settings.roots),
+                example=example, upload=demo and runtime.writable)
+
+        def background_start() -> None:
+            progress = ScanProgress()
+            summary = catalog.scan(progress)
+            progress.done(summary)
+            if demo:  # run's snippet reads a tensor the scan found
+                _print_start_up(facts(_example(catalog, runtime.policy, http, http_token)))
+            elapsed = warm_up()
+            log.info("numba kernels warmed in %.2f s", elapsed)
+            catalog.start_periodic_rescan(settings.rescan_seconds)
+
+        if not demo:  # everything serve's block names is known now
+            _print_start_up(facts(None))
+        threading.Thread(target=background_start, name="tensor-server-startup", daemon=True).start()
         server.serve()
     except KeyboardInterrupt:
         pass
@@ -586,8 +479,75 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     return 0
 
 
+def _example(catalog, policy, http, http_token) -> Example | None:  # noqa: ANN001
+    """The tensor ``run``'s snippet reads: the first with a computed level (at that level),
+    else the first found (at full resolution); None when the scan found no tensor."""
+    from tensor_server.cli_banner import Example
+    from tensor_server.core.pyramid import advertised_levels
+    from tensor_server.http.access_url import viewer_url
+
+    pick = None
+    for rec in catalog.records():
+        if rec.source is not None and rec.source.tensors:  # scratch holds none
+            t = rec.source.tensor()
+            levels = advertised_levels(t, policy)
+            pick = (t, levels[1] if len(levels) > 1 else levels[0])
+            if len(levels) > 1:
+                break
+    if pick is None:
+        return None
+    t, lv = pick
+    return Example(t.array_id, tuple(lv.scale), lv.method,
+                   viewer_url(http.url, http_token, "zarr", t.array_id) if http is not None else None)
+
+
+def _print_start_up(facts: ServingFacts) -> None:
+    """The snippets and the block of links (``cli_banner``), on stdout: they are what the
+    command answers; progress, warnings and logs go to stderr."""
+    from tensor_server.cli_banner import startup_text
+
+    print("\n" + startup_text(facts), flush=True)
+
+
+def _setup_logging(settings, demo: bool) -> str | None:  # noqa: ANN001 - Settings
+    """Logging as ``settings`` say, the request log where ``--request-log`` says or, by
+    default, on stderr for ``serve`` and in the server home for ``run`` (its terminal keeps
+    the start-up block). Returns the request log's file, if it goes to one."""
+    from tensor_server.config import default_cache_dir
+
+    dest = settings.request_log or (str(default_cache_dir() / "logs" / "requests.log") if demo else REQUEST_LOG_STDERR)
+    try:
+        setup_logging(settings.log_level, settings.log_format, requests=dest)
+    except OSError as exc:
+        print(f"serve: the request log cannot be written to {dest} ({exc}): requests are logged on stderr",
+              file=sys.stderr)
+        setup_logging(settings.log_level, settings.log_format, requests=REQUEST_LOG_STDERR)
+        return None
+    return dest if dest not in (REQUEST_LOG_STDERR, REQUEST_LOG_OFF) else None
+
+
+def _http_token(rotate: bool) -> str:
+    """The HTTP door's access token: the one kept in the server home, so URLs outlive a
+    restart (``stored_access_token``); a new one is said on stderr, and a home where none can
+    be kept gives this run one of its own."""
+    from tensor_server.config import default_cache_dir
+    from tensor_server.http.access_url import mint_access_token, stored_access_token, token_file
+
+    path = token_file(default_cache_dir())
+    try:
+        token, why = stored_access_token(default_cache_dir(), rotate=rotate)
+    except OSError as exc:
+        print(f"serve: the HTTP access token cannot be kept in {path} ({exc}): its URLs last until this "
+              "server stops", file=sys.stderr)
+        return mint_access_token()
+    if why:
+        print(f"a new HTTP access token ({why}), kept in {path}: URLs that carry it outlive restarts "
+              "(--rotate-http-token or deleting the file makes another)", file=sys.stderr)
+    return token
+
+
 def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Flight, HTTP | None) or None
-    """The Flight door, and the HTTP door when ``http_port`` is set (its per-run access token
+    """The Flight door, and the HTTP door when ``http_port`` is set (its access token
     ``http_token``); None (after saying why on stderr) when one cannot listen."""
     from tensor_server.errors import TensorServerError
     from tensor_server.flight import TensorFlightServer
@@ -684,7 +644,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 2
     catalog = Catalog(args.roots, open_processes=0)  # every source is printed from its adapter: open them here
     unclaimed: list = []
-    progress = _ScanProgress() if sys.stderr.isatty() else None
+    progress = ScanProgress() if sys.stderr.isatty() else None
     summary = catalog.scan(progress, on_unclaimed=unclaimed.append)
     if progress is not None:
         progress.done(summary)
@@ -817,4 +777,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tensor_server.export.command import run as cmd_export
 
         return cmd_export(args)
-    return cmd_serve(args, demo=args.command == "run")
+    code = cmd_serve(args, demo=args.command == "run")
+    _exit_without_final_collection()
+    return code
+
+
+def _exit_without_final_collection() -> None:
+    """A stopped server exits without the interpreter's last full garbage collection: it is
+    1.1 s of a 1.5 s stop (measured: numba's, llvmlite's and scipy's heaps), and every file the
+    server holds is closed before this. ``gc.freeze`` at exit hides the heap from that
+    collection; memory goes back to the system with the process."""
+    import atexit
+    import gc
+
+    atexit.register(gc.freeze)

@@ -65,7 +65,7 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     insecure = false            # serve plaintext off loopback anyway (the token travels in clear)
 
     [http]
-    token = true                # a per-run access token on every HTTP request, even on loopback
+    token = true                # an access token on every HTTP request, even on loopback (kept in <home>/http/token)
     cors_origins = ["https://viewer.example"]  # origins that may read without the token
     allowed_hosts = ["tensors.lab"]            # Host names beyond loopback, the host's own and sans
     [metrics]                   # Prometheus /metrics on its own listener (docs/operating.md)
@@ -74,6 +74,7 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
 
     [log]
     format = "text"             # or "json": one object per line (the request log too)
+    requests = "-"              # the request log: a file, "-" (stderr) or "off" (absent: serve "-", run a file)
 """
 from __future__ import annotations
 
@@ -182,6 +183,8 @@ class Settings:
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     log_format: str = "text"
+    #: where the request log goes: a file, "-" (stderr) or "off"; None: serve's stderr, run's file
+    request_log: str | None = None
 
     def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -235,6 +238,7 @@ _KEYS = {
     ("metrics", "port"): "metrics_port",
     ("metrics", "host"): "metrics_host",
     ("log", "format"): "log_format",
+    ("log", "requests"): "request_log",
 }
 
 

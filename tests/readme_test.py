@@ -113,11 +113,11 @@ def test_readme_snippets_run_as_written(demo_server, monkeypatch):
 
 
 def test_the_run_command_prints_a_snippet_that_runs(demo_server):
-    from tensor_server.cli import _snippet
+    from tensor_server.cli_banner import Example, read_snippet
 
     srv, _ = demo_server
     rec = [r for r in srv.runtime.catalog.records() if r.url.endswith("volume.ome.tif")][0]
-    code = _snippet(srv.location, None, rec.source.tensor().array_id, [1, 4, 4], "area")
+    code = read_snippet(srv.location, None, Example(rec.source.tensor().array_id, (1, 4, 4), "area"))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(code, {})

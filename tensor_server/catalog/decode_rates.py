@@ -18,7 +18,10 @@ Rows outlive the run that measured them (the SDK shows ``updated_at`` for that r
 ``attach(store)`` keeps them in the annotation file beside ``rois`` (not beside the chunk
 cache: clearing the cache should cost the bytes, not the measurements), loaded on first use
 (a live sample beats a stored one), written through at most every ``FLUSH_SECONDS`` from the
-read path and by ``flush()`` at close. A store that fails is logged and never fails a read.
+read path and by ``flush()`` at close. A store that fails is logged and never fails a read:
+in one line when it says why (a second server finds the annotation file held by the first),
+with a traceback only when something unforeseen broke. A run that measured nothing writes
+nothing, so such a second server says nothing about the rates at all.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ import threading
 import time
 from collections import OrderedDict
 from typing import Any, Mapping, Protocol
+
+from tensor_server.errors import TensorServerError
 
 __all__ = ["DecodeRates", "DecodeRateStore", "EMA_ALPHA", "MAX_ROWS", "FLUSH_SECONDS"]
 
@@ -76,8 +81,8 @@ class DecodeRates:
         self._loaded = True
         try:
             stored = self._store.load_decode_rates()
-        except Exception:  # noqa: BLE001 - diagnostics, never load-bearing
-            log.warning("decode rates: cannot load the stored rows; measuring afresh", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - diagnostics, never load-bearing
+            _store_failed("cannot load the stored rows; measuring afresh", exc)
             return
         for array_id, (mbps, samples, updated_at) in stored.items():
             if array_id not in self._rows and mbps > 0 and samples > 0 and len(self._rows) < self.max_rows:
@@ -88,16 +93,16 @@ class DecodeRates:
     def flush(self) -> None:
         """Write the rows through to the store (nothing without one)."""
         with self._lock:
-            if self._store is None:
-                return
+            if self._store is None or (not self._loaded and not self._rows):
+                return  # nothing measured: the store holds what it held
             if not self._loaded:
                 self._load()
             rows = {k: tuple(v) for k, v in self._rows.items()}
             store, self._next_flush = self._store, time.monotonic() + FLUSH_SECONDS
         try:
             store.save_decode_rates(rows)
-        except Exception:  # noqa: BLE001 - diagnostics, never load-bearing
-            log.warning("decode rates: cannot store the rows", exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - diagnostics, never load-bearing
+            _store_failed("cannot store the rows", exc)
 
     def record(self, array_id: str, nbytes: int, seconds: float) -> None:
         if seconds <= 0.0 or nbytes <= 0:
@@ -163,3 +168,12 @@ class DecodeRates:
             "updated_at": pa.array([datetime.datetime.fromtimestamp(r[3], utc).replace(tzinfo=None) for r in rows],
                                    pa.timestamp("us")),
         })
+
+
+def _store_failed(what: str, exc: Exception) -> None:
+    """Log a store failure: one line when the store said why (a TensorServerError: the file is
+    held by another server, or unreadable), the traceback when it is a bug."""
+    if isinstance(exc, TensorServerError):
+        log.warning("decode rates: %s (%s)", what, exc)
+    else:
+        log.warning("decode rates: %s", what, exc_info=exc)

@@ -11,7 +11,7 @@ who may read what (the server token, per-tensor grants, the upload gate), and re
 through the engine, the cache and the precacher; an error's class gives the status
 (``errors.py``: 400, 401, 403, 404, 409, 413, 503 with ``Retry-After``, ...), never a
 traceback. In front of the routes, ``http/security.py`` guards the transport against other
-web pages (Host names, the per-run access token, CORS, Private Network Access) and hands the
+web pages (Host names, the access token, CORS, Private Network Access) and hands the
 credential it accepted to the runtime. Lookups and reads run in worker threads so the event
 loop never blocks. Responses carry an ``ETag`` from the content version and ``Cache-Control:
 no-cache`` (clients may keep bytes but must revalidate: the file can change);

@@ -7,7 +7,7 @@ keep it from reading the user's pixels or running script in the server's origin:
   anything else is 400) naming a loopback name or address, or a name the server was configured
   with (``--san``, ``[http] allowed_hosts``, the host's own names). A DNS-rebinding page (its own
   name re-pointed at 127.0.0.1) sends ``Host: evil.example`` and gets 403.
-* **A door credential on every request** but ``/healthz``, even on loopback: the per-run access
+* **A door credential on every request** but ``/healthz``, even on loopback: the access
   token (printed in the URL at start) or the server's ``--token``. It is taken from a
   ``/t/<token>/`` path prefix (which every zarr client keeps when it joins keys to the URL),
   ``?token=``, ``Authorization: Bearer`` or the cookie. A credential the request presents
@@ -84,7 +84,7 @@ def cookie_name(port: int) -> str:
 
 @dataclass
 class HttpSecurity:
-    """What the middleware enforces. ``tokens`` are the door credentials (the per-run access
+    """What the middleware enforces. ``tokens`` are the door credentials (the access
     token and the server's ``--token``); none means no token is asked for (``--no-http-token``
     without ``--token``). ``allowed_hosts`` are names beyond loopback a ``Host`` may carry;
     ``cors_origins`` are origins (``scheme://host:port``) whose pages may read cross-origin

@@ -68,7 +68,7 @@ class Access:
 
     def __init__(self, settings: Settings, uploads: Any | None, access_tokens: Iterable[str] = ()) -> None:
         self.token = settings.token or None
-        #: credentials that hold full access: the server token and, e.g., the HTTP door's per-run token
+        #: credentials that hold full access: the server token and, e.g., the HTTP door's access token
         self._full_tokens = tuple(t for t in (self.token, *access_tokens) if t)
         self.uploads = uploads
 

@@ -99,7 +99,7 @@ class ServingRuntime:
                  ) -> None:
         """``tls``: the server's certificate (``service/tls.py`` ``ServerTls``), which every door
         serves and ``health`` describes; ``access_tokens``: credentials beside the server token
-        that hold full access (the HTTP door's per-run token, printed in its URLs)."""
+        that hold full access (the HTTP door's access token, printed in its URLs)."""
         self.settings = settings or Settings()
         s = self.settings
         self.catalog = catalog

@@ -74,9 +74,9 @@ def test_cache_member_fast_path_maps_its_own_segments(tmp_path):
 
 
 def test_make_run_upload_snippet_works(server):
-    from tensor_server.cli import _upload_snippet
+    from tensor_server.cli_banner import upload_snippet
 
-    code = _upload_snippet(server.location, None)
+    code = upload_snippet(server.location, None)
     scope: dict = {}
     exec(compile(code, "<snippet>", "exec"), scope)  # noqa: S102 - our own printed snippet
     assert scope["client"].get_upload_status(scope["desc"].array_id)["state"] == "DISCARDED"

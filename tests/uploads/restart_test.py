@@ -116,13 +116,13 @@ def test_run_prints_an_upload_snippet_that_works(tmp_path):
                XDG_CACHE_HOME=str(tmp_path / "xdg"))
     env.pop("TENSOR_SERVER_HOME", None)  # the conftest's private home: this test checks the XDG default
     proc = subprocess.Popen([sys.executable, "-m", "tensor_server", "run", str(root), "--port", "0"],
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, text=True, env=env)
     try:
         lines = []
         deadline = time.monotonic() + 120
         while not any("Ctrl-C stops the server" in ln for ln in lines):
             assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
-            lines.append(proc.stderr.readline())
+            lines.append(proc.stdout.readline())
         text = "".join(lines)
         snippet = text.split("Upload a result (to the scratch source) and read it back:\n\n", 1)[1]
         snippet = snippet.split("\n\n", 1)[0]
