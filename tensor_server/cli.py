@@ -234,12 +234,12 @@ def _settings(args: argparse.Namespace):
     )
 
 
-def _client_args(token: str | None, tls) -> str:  # noqa: ANN001 - a service.tls.ServerTls
+def _client_args(token: str | None, tls) -> str:  # a service.tls.ServerTls
     """The keyword arguments a printed snippet passes TensorFlightClient (token, pinned cert)."""
     return (f", token={token!r}" if token else "") + (f", tls_fingerprint={tls.fingerprint!r}" if tls else "")
 
 
-def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | None | exit code
+def _server_tls(settings):  # Settings -> ServerTls | None | exit code
     """The certificate both doors serve (None: plaintext), after the transport rule
     (service/tls.py); an exit code with the reason printed when it cannot be had."""
     from tensor_server.config import default_cache_dir
@@ -259,7 +259,7 @@ def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | Non
     return tls
 
 
-def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str, tls=None) -> str:  # noqa: ANN001
+def _snippet(location: str, token: str | None, array_id: str, scale: list[int], method: str, tls=None) -> str:
     """What ``run`` prints: list the array ids, read a scaled level, show the pyramid readably.
     The id printed is this machine's (ids hash the path); the query is what finds them anywhere."""
     tok = _client_args(token, tls)
@@ -299,7 +299,7 @@ def _take(explicit: str | None, default: Path, port: int, flag: str, opener, bus
     raise AssertionError("unreachable")
 
 
-def _catalog_store(port: int):  # noqa: ANN202 - CatalogStore | None
+def _catalog_store(port: int):  # CatalogStore | None
     """The catalog store in the server home, or a file of its own beside it when another
     server holds that one (``_take``); None (said on stderr) when neither can be had: the
     catalog is then kept in memory, and the next start opens every source again."""
@@ -339,7 +339,7 @@ def _open_uploads(catalog, settings, explicit: bool):
                  open_manager, WriteDirHeld)
 
 
-def _close_catalog(catalog, store) -> None:  # noqa: ANN001 - Catalog, CatalogStore | None
+def _close_catalog(catalog, store) -> None:  # Catalog, CatalogStore | None
     """Close the catalog, then the store it wrote to (``_catalog_store`` opened it)."""
     catalog.close()
     if store is not None:
@@ -386,7 +386,7 @@ def _roots_present(roots: list[str], command: str = "serve") -> bool:
     return True
 
 
-def _upload_snippet(location: str, token: str | None, tls=None) -> str:  # noqa: ANN001
+def _upload_snippet(location: str, token: str | None, tls=None) -> str:
     tok = _client_args(token, tls)
     return (
         "import uuid\n"
@@ -585,7 +585,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     return 0
 
 
-def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Flight, HTTP | None) or None
+def _open_doors(runtime, settings, http_token):  # (Flight, HTTP | None) or None
     """The Flight door, and the HTTP door when ``http_port`` is set (its per-run access token
     ``http_token``); None (after saying why on stderr) when one cannot listen."""
     from tensor_server.errors import TensorServerError
@@ -596,7 +596,7 @@ def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Fligh
     except TensorServerError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return None
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises a bare ArrowException when the bind fails
+    except Exception as exc:  # pyarrow raises a bare ArrowException when the bind fails
         print(f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
               "Pass --port (0 picks a free one).", file=sys.stderr)
         return None
@@ -610,7 +610,7 @@ def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Fligh
     try:
         http = HttpFrontEnd(build_app(runtime, security), settings.host, settings.http_port, tls=runtime.tls)
         http.start()
-    except Exception as exc:  # noqa: BLE001 - uvicorn reports a taken port in several ways
+    except Exception as exc:  # uvicorn reports a taken port in several ways
         server.shutdown()
         print(f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); "
               "pass another --http-port", file=sys.stderr)
@@ -618,7 +618,7 @@ def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Fligh
     return server, http
 
 
-def _open_metrics(runtime):  # noqa: ANN001, ANN202 - (MetricsDoor | None, ok)
+def _open_metrics(runtime):  # (MetricsDoor | None, ok)
     """(the metrics door when ``metrics_port`` is set, whether the server may go on): a
     door refused (off loopback without a token) or that cannot bind stops the start, like
     the other doors, after saying why on stderr."""
@@ -633,7 +633,7 @@ def _open_metrics(runtime):  # noqa: ANN001, ANN202 - (MetricsDoor | None, ok)
     except TensorServerError as exc:
         print(f"serve: metrics: {exc} ([metrics] host)", file=sys.stderr)
         return None, False
-    except Exception as exc:  # noqa: BLE001 - uvicorn reports a taken port in several ways
+    except Exception as exc:  # uvicorn reports a taken port in several ways
         print(f"serve: cannot serve metrics on {s.metrics_host}:{s.metrics_port} ({exc}); pass another "
               "--metrics-port", file=sys.stderr)
         return None, False
@@ -669,7 +669,7 @@ def cmd_url(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_on_sigterm(signum: int, frame) -> None:  # noqa: ANN001
+def _stop_on_sigterm(signum: int, frame) -> None:
     """SIGTERM (systemd, docker stop, kill) stops the server the way Ctrl-C does, so the open
     cache segment is sealed instead of being left for the next boot to re-walk."""
     raise KeyboardInterrupt

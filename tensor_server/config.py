@@ -181,7 +181,7 @@ class Settings:
     metrics_host: str = "127.0.0.1"
     log_format: str = "text"
 
-    def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
+    def pyramid_policy(self):  # core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
         from tensor_server.core.pyramid import PyramidPolicy
 

@@ -14,6 +14,7 @@ Each runs in its own process, one after the other, so its wall time and peak RSS
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -176,7 +177,7 @@ def _writers(src: Path, dest: Path, ndim: int) -> dict[str, list[str]]:
     }
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.set_defaults(size="small")
     for action in parser._actions:  # the common --size, with this bench's extra "tiny" (a smoke run)
@@ -187,7 +188,7 @@ def add_arguments(parser) -> None:  # noqa: ANN001
     parser.add_argument("--rss-cap-gb", type=float, default=16, help="resident GB a writer may hold before it is stopped")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir or Path(tempfile.gettempdir()) / "tensor-server-bench-export")
     data_dir.mkdir(parents=True, exist_ok=True)
     rows, table = [], []

@@ -16,6 +16,7 @@ repeat computes. Results are checked equal (on = off = oracle) before they are t
 """
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -189,11 +190,11 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, data_dir=False)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_special(args.size, args.json_path, args.repeats)
     return 0

@@ -70,7 +70,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], stream
             stream.write("  ".join("-" * w for w in widths) + "\n")
 
 
-def add_common_arguments(parser, *, data_dir: bool = True, sizes: str | None = None) -> None:  # noqa: ANN001
+def add_common_arguments(parser, *, data_dir: bool = True, sizes: str | None = None) -> None:
     """The options every fixture-based bench command takes (``sizes``: what ``--size`` means
     for this command, when not the plane benches' 2048² / 8192²)."""
     parser.add_argument("--size", choices=("small", "full"), default="small",

@@ -275,7 +275,7 @@ def _wire(method: str) -> str | None:
     return None if method == "none" else method
 
 
-def _prod(values) -> int:  # noqa: ANN001
+def _prod(values) -> int:
     out = 1
     for v in values:
         out *= int(v)

@@ -168,7 +168,7 @@ class Opening:
     walk of millions of files never queues millions of opens."""
 
     def __init__(self, catalog: Catalog, pool: cf.ThreadPoolExecutor, tally: dict[str, int],
-                 skipped: list[tuple[Path, str]], seen: set[str], on_unclaimed=None) -> None:  # noqa: ANN001
+                 skipped: list[tuple[Path, str]], seen: set[str], on_unclaimed=None) -> None:
         self.catalog, self.pool, self.tally, self.skipped, self.seen = catalog, pool, tally, skipped, seen
         self.on_unclaimed = on_unclaimed
         self.covered: set[Path] = set()

@@ -76,7 +76,7 @@ class DecodeRates:
         self._loaded = True
         try:
             stored = self._store.load_decode_rates()
-        except Exception:  # noqa: BLE001 - diagnostics, never load-bearing
+        except Exception:  # diagnostics, never load-bearing
             log.warning("decode rates: cannot load the stored rows; measuring afresh", exc_info=True)
             return
         for array_id, (mbps, samples, updated_at) in stored.items():
@@ -96,7 +96,7 @@ class DecodeRates:
             store, self._next_flush = self._store, time.monotonic() + FLUSH_SECONDS
         try:
             store.save_decode_rates(rows)
-        except Exception:  # noqa: BLE001 - diagnostics, never load-bearing
+        except Exception:  # diagnostics, never load-bearing
             log.warning("decode rates: cannot store the rows", exc_info=True)
 
     def record(self, array_id: str, nbytes: int, seconds: float) -> None:
@@ -145,7 +145,7 @@ class DecodeRates:
                 self._load()
             return {k: (v[0], v[1]) for k, v in sorted(self._rows.items())}
 
-    def table(self):  # noqa: ANN201 - pa.Table
+    def table(self):  # pa.Table
         """The rows as the ``decode_rates`` table (array_id, mbps, samples, updated_at)."""
         import datetime
 

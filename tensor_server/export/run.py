@@ -203,7 +203,7 @@ class _Pass:
                 for finished in writes:  # what is written whole is recorded; a stopped unit or an error is not
                     try:
                         self._commit(finished())
-                    except BaseException:  # noqa: BLE001 - the first error is the one raised
+                    except BaseException:  # the first error is the one raised
                         pass
         if self._asked_to_stop() and len(self.staging.done) < self.total:
             raise ReadCancelled(

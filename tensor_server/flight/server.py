@@ -75,7 +75,7 @@ def _translated(call: str) -> Callable[[F], F]:
             rq = self.runtime.metrics.begin("flight", call)
             try:
                 return fn(self, *args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the one boundary: everything is translated
+            except Exception as exc:  # the one boundary: everything is translated
                 rq.failed(exc)
                 raise flight_error(exc, rq.id) from None
             finally:
@@ -90,7 +90,7 @@ def _streamed(results: Iterator[bytes], request_id: str) -> Iterator[flight.Resu
     try:
         for body in results:
             yield flight.Result(body)
-    except Exception as exc:  # noqa: BLE001 - the one boundary
+    except Exception as exc:  # the one boundary
         raise flight_error(exc, request_id) from None
 
 
@@ -122,7 +122,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- GetFlightInfo / ListFlights / GetSchema ------------------------------------------------
     @_translated("GetFlightInfo")
-    def get_flight_info(self, context, descriptor):  # noqa: ANN001 - pyarrow signature
+    def get_flight_info(self, context, descriptor):  # pyarrow signature
         self.runtime.calls["GetFlightInfo"] += 1
         caller = self._caller(context)
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
@@ -147,14 +147,14 @@ class TensorFlightServer(flight.FlightServerBase):
         return flight.FlightInfo(sources_schema(), descriptor, [endpoint], -1, -1)
 
     @_translated("ListFlights")
-    def list_flights(self, context, criteria):  # noqa: ANN001
+    def list_flights(self, context, criteria):
         """The public catalog: one flight per queryable table (its schema and a ticket that
         reads it), so a stock Flight client can browse without a biopb proto."""
         self.runtime.authenticate(self._caller(context))
         return iter([self._sources_info(flight.FlightDescriptor.for_path(*_SOURCES_PATH))])
 
     @_translated("GetSchema")
-    def get_schema(self, context, descriptor):  # noqa: ANN001
+    def get_schema(self, context, descriptor):
         self.runtime.authenticate(self._caller(context))
         if descriptor.descriptor_type != flight.DescriptorType.PATH:
             raise Unimplemented("GetSchema answers the catalog table's path ['sources']; a tensor's schema is "
@@ -163,7 +163,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- DoGet ----------------------------------------------------------------------------------
     @_translated("DoGet")
-    def do_get(self, context, ticket):  # noqa: ANN001
+    def do_get(self, context, ticket):
         self.runtime.calls["DoGet"] += 1
         caller = self._caller(context)
         self.runtime.refuse_stranger(caller)
@@ -185,7 +185,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- DoPut ----------------------------------------------------------------------------------
     @_translated("DoPut")
-    def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+    def do_put(self, context, descriptor, reader, writer):
         """The ``PutCommand`` arm the SDK puts in the descriptor: ROI annotation writes and
         pixel uploads (``chunk_ticket``). Rows are handed over batch by batch: the runtime
         checks the target first and stops reading past its budget."""
@@ -206,11 +206,11 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- actions --------------------------------------------------------------------------------
     @_translated("ListActions")
-    def list_actions(self, context):  # noqa: ANN001
+    def list_actions(self, context):
         return self.runtime.list_actions(self._caller(context))
 
     @_translated("DoAction")
-    def do_action(self, context, action):  # noqa: ANN001
+    def do_action(self, context, action):
         from tensor_server.service.actions import find_action
 
         results = self.runtime.do_action(action.type, action.body.to_pybytes(), self._caller(context),

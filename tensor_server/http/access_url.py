@@ -60,7 +60,7 @@ def mint_access_token() -> str:
     return secrets.token_urlsafe(24)
 
 
-def door_security(runtime, *, access_token: str | None, bind_host: str, sans=(), allowed_hosts=(),  # noqa: ANN001
+def door_security(runtime, *, access_token: str | None, bind_host: str, sans=(), allowed_hosts=(),
                   cors_origins=()):
     """The HttpSecurity of a server's HTTP door: the per-run access token (or the server's
     ``--token``) on every request, any other credential of the runtime (a tensor's grant)

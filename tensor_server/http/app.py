@@ -95,7 +95,7 @@ class _Views:
         return view
 
 
-def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # noqa: ANN201 - Starlette
+def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # Starlette
               flight_location: str | None = None):
     """The Starlette application over ``runtime``: the OME-Zarr view, and the viewer doors
     (IIIF, DeepZoom, the catalog page; ``flight_location`` is the Flight address their SDK
@@ -154,7 +154,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
             if chunk is not None:
                 return _chunk_response(request, image, *chunk)
             return await _dispatch(request, caller, image, rest, zarr_format)
-        except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
+        except Exception as exc:  # the one boundary: every error is an answer
             calls["errors"] += 1
             rq = current_request()
             if rq is not None:
@@ -425,7 +425,7 @@ def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type
             else:
                 self.transport.abort()
 
-        def connection_made(self, transport):  # noqa: ANN001, ANN202 - asyncio protocol
+        def connection_made(self, transport):  # asyncio protocol
             super().connection_made(transport)
             self._arm()
 
@@ -443,7 +443,7 @@ def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type
             if not self.transport.is_closing():
                 self._arm()
 
-        def connection_lost(self, exc):  # noqa: ANN001, ANN202
+        def connection_lost(self, exc):
             self._disarm()
             super().connection_lost(exc)
 

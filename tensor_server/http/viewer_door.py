@@ -28,7 +28,7 @@ def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable
         try:
             provider.authenticate(presented_token(request), request.client.host if request.client else "")
             return await handler(request)
-        except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
+        except Exception as exc:  # the one boundary: every error is an answer
             rq = current_request()
             return error_response(exc, rq.id if rq is not None else None)
     return endpoint

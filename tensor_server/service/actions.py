@@ -66,16 +66,16 @@ def _health(rt: ServingRuntime, caller: Caller, body: bytes, cancelled: Callable
     return _json(rt.health())
 
 
-def _server_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202 - Handler
+def _server_stats(rt, caller, body, cancelled):  # Handler
     return _json(rt.server_stats())
 
 
-def _cache_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _cache_stats(rt, caller, body, cancelled):
     stats = rt.cache_stats()
     return [] if stats is None else _json(stats)  # no result means "no cache" to the SDK
 
 
-def _chunk_locate(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _chunk_locate(rt, caller, body, cancelled):
     from biopb.tensor import ticket_pb2
 
     ticket = decode_message(ticket_pb2.TensorTicket, body, "chunk_locate")
@@ -84,7 +84,7 @@ def _chunk_locate(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return _json(rt.locate(ticket.chunk_id, caller))
 
 
-def _tensor_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _tensor_stats(rt, caller, body, cancelled):
     from tensor_server.core.bounds import Bounds
     from tensor_server.core.stats import tensor_stats
 
@@ -103,27 +103,27 @@ def _tensor_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return _json(tensor_stats(tensor, bounds, rt.engine, cancelled=cancelled))
 
 
-def _add_source(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _add_source(rt, caller, body, cancelled):
     return rt.catalog_verbs.add_source(body, cancelled)
 
 
-def _resolve(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _resolve(rt, caller, body, cancelled):
     return rt.catalog_verbs.resolve(body, caller)  # its row lists only what the caller may read
 
 
-def _export(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _export(rt, caller, body, cancelled):
     from tensor_server.service.export_verb import export_action
 
     return export_action(rt, caller, body, cancelled)
 
 
-def _roi_prune(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _roi_prune(rt, caller, body, cancelled):
     return rt.catalog_verbs.roi_prune(body, caller)
 
 
 def _verb(method: str) -> Handler:
     """A handler calling ``runtime.catalog_verbs.<method>(body)``."""
-    def handler(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    def handler(rt, caller, body, cancelled):
         return getattr(rt.catalog_verbs, method)(body)
 
     handler.__name__ = method

@@ -162,7 +162,7 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
         try:
             export_tensor(tensor, dest, options, labels=labels, engine=runtime.engine, cancelled=stop.is_set,
                           progress=noted, name=request["array_id"])
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+        except BaseException as exc:  # handed to the caller's thread below
             failure.append(exc)
         finally:
             runtime.metrics.export_started(-1)

@@ -341,13 +341,13 @@ class Metrics:
 
         try:
             source_id = ArrayId.parse(tensor.array_id).source_id
-        except Exception:  # noqa: BLE001 - a label, never a failed read
+        except Exception:  # a label, never a failed read
             return "other"
         fmt = self._formats.get(source_id)
         if fmt is None:
             try:
                 fmt = str(self.runtime.catalog.get_record(source_id).type)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 fmt = "other"
             if fmt not in self._formats.values() and len(set(self._formats.values())) >= MAX_FORMATS:
                 fmt = "other"

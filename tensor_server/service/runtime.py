@@ -378,7 +378,7 @@ class ServingRuntime:
 
     # ---- catalog SQL ----------------------------------------------------------------------------
     @metrics.verb("query", cancelled_arg=2)
-    def query(self, sql: str, caller: Caller, cancelled: Cancelled | None = None):  # noqa: ANN201 - pa.Table
+    def query(self, sql: str, caller: Caller, cancelled: Cancelled | None = None):  # pa.Table
         """The control surface; the tables hold only the rows of tensors the caller may read
         (``Access.row_view``: a granted upload's rows are its grant holder's)."""
         self.authenticate(caller)

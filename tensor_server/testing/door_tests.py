@@ -194,7 +194,7 @@ class DoorTests:
         """The refusal ``call(*args)`` gets; fails the test when it succeeds or dies otherwise."""
         try:
             call(*args)
-        except Exception as exc:  # noqa: BLE001 - each door's client raises its own types
+        except Exception as exc:  # each door's client raises its own types
             refusal = door.refusal(exc)
             assert refusal is not None, f"{type(exc).__name__} is not a refusal of this door: {exc}"
             return refusal

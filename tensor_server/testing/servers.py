@@ -43,7 +43,7 @@ class Served:
             raise RuntimeError("started without metrics_port=0")
         return self.metrics.url
 
-    def client(self, token: str | None = None):  # noqa: ANN201 - biopb.tensor.TensorFlightClient
+    def client(self, token: str | None = None):  # biopb.tensor.TensorFlightClient
         from biopb.tensor import TensorFlightClient
 
         return TensorFlightClient(self.location, token=token)

@@ -239,7 +239,7 @@ class UploadManager:
                                        else "no upload marker (.zattrs or descriptor.json)")
                 self._adopt_member(kind.open(d), now)
                 counts["adopted"] += 1
-            except Exception as exc:  # noqa: BLE001 - a damaged store raises whatever its library raises
+            except Exception as exc:  # a damaged store raises whatever its library raises
                 self._keep_damaged(d, marker, " ".join(str(exc).split())[:300] or type(exc).__name__, now)
                 counts["damaged"] += 1
         return counts

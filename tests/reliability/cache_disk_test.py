@@ -55,7 +55,7 @@ class _FullDisk(io.FileIO):
     room = 0
     freed = 0
 
-    def write(self, data):  # noqa: ANN001
+    def write(self, data):
         if _FullDisk.room <= 0:
             _FullDisk.room, _FullDisk.freed = _FullDisk.freed, 0
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -68,11 +68,11 @@ class _FullDiskOs:
     """``os`` for segment_store, whose gathered writes (``os.writev``) meet the same full disk
     as ``_FullDisk.write``: short past ``room``, then ENOSPC."""
 
-    def __getattr__(self, name):  # noqa: ANN001, ANN204
+    def __getattr__(self, name):
         return getattr(os, name)
 
     @staticmethod
-    def writev(fd, views):  # noqa: ANN001, ANN205
+    def writev(fd, views):
         if _FullDisk.room <= 0:
             _FullDisk.room, _FullDisk.freed = _FullDisk.freed, 0
             raise OSError(errno.ENOSPC, "No space left on device")

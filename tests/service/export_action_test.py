@@ -125,7 +125,7 @@ def slow_chunks(monkeypatch):
     slow = SlowChunks()
     real = ChunkFiles._chunk
 
-    def counted(self, piece):  # noqa: ANN001, ANN202
+    def counted(self, piece):
         slow.encoded.append(1)
         time.sleep(slow.delay)
         return real(self, piece)
