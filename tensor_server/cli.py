@@ -8,8 +8,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tensor_server.errors import InvalidArgument
 from tensor_server.service.memory import MemoryReturn
@@ -647,9 +647,8 @@ def cmd_url(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tensor_server.catalog.catalog import looks_like_path
-    from tensor_server.core.identity import source_id_for_path
-
     from tensor_server.config import default_cache_dir
+    from tensor_server.core.identity import source_id_for_path
     from tensor_server.http.access_url import read_url_file, viewer_url
 
     target = args.target

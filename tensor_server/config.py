@@ -77,9 +77,10 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tensor_server.errors import InvalidArgument
 

@@ -27,7 +27,7 @@ import math
 import multiprocessing
 import os
 import time
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from tensor_server_kernels import cases
 from tensor_server_kernels.reference import METHODS

@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.adapters._tiff_planes import FileLayout, TiffPlaneGridAdapter, axis_label_for, unique_label
+from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes

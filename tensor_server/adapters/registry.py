@@ -13,9 +13,9 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.errors import TensorServerError, UnknownFormat, UnreadableSource

@@ -31,8 +31,9 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,8 +44,8 @@ from tensor_server.adapters._zarr_chunks import LocalChunks, ShardIndexes, decod
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version, file_stat_stamp
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.identity import file_content_version, file_stat_stamp
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource

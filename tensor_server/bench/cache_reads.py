@@ -35,7 +35,7 @@ def _measure(work: Path, size: str, json_path: str | None, repeats: int) -> list
     from tensor_server.bench.fixtures import SIZES, drop_page_cache, plane
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
-    from tensor_server.core import Bounds, plan_read
+    from tensor_server.core import plan_read
     from tensor_server.core.downsample import warm_up
     from tensor_server.core.engine import ReadEngine
     from tensor_server.testing import start_serving

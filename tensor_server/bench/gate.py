@@ -212,7 +212,7 @@ def gate_floors(names: str, data_dir: Path) -> tuple[list[Failure], list[str]]:
     if unknown:
         raise SystemExit(f"unknown floor(s) {sorted(unknown)}; known: {[f.name for f in FLOORS]}")
     failures, notes = [], []
-    print(f"\ngate 2: floors relative to peers in this run (best of N, alternating)", flush=True)
+    print("\ngate 2: floors relative to peers in this run (best of N, alternating)", flush=True)
     for floor in FLOORS:
         if wanted is not None and floor.name not in wanted:
             continue

@@ -20,13 +20,13 @@ An enforced floor that misses is measured again before the gate fails (``measure
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, ContextManager
 
 import numpy as np
 

@@ -32,8 +32,9 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -63,8 +64,9 @@ def _rss_bytes(pid: int, field: str = "VmRSS") -> int:
 
 def _expected(n: int) -> dict[str, np.ndarray]:
     """The pixels each read of the well-behaved mix must return (every fixture holds ``plane(n)``)."""
-    from tensor_server.bench.fixtures import plane
     from tensor_server_kernels.reference import downsample
+
+    from tensor_server.bench.fixtures import plane
 
     data = plane(n)
     return {"full": data, "crop": data[300:812, 100:612], "area x4": downsample(data, [4, 4], "area"),

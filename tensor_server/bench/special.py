@@ -21,8 +21,9 @@ import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -109,8 +110,8 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
     from tensor_server.catalog import Catalog
     from tensor_server.core.bounds import Bounds
     from tensor_server.core.downsample import warm_up
-    from tensor_server.core.uniform import uniform_value
     from tensor_server.core.stream_reduce import iter_units
+    from tensor_server.core.uniform import uniform_value
     from tensor_server.testing import start_serving
 
     warm_up()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["median_ms", "alternating_median_ms", "Progress", "print_table", "add_common_arguments", "write_json"]
 

@@ -28,8 +28,9 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 

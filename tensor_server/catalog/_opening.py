@@ -27,9 +27,10 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.adapters.registry import claim_format, formats, open_source
 from tensor_server.catalog.discovery import Claim, links_leaving

@@ -26,7 +26,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 __all__ = ["DecodeRates", "DecodeRateStore", "EMA_ALPHA", "MAX_ROWS", "FLUSH_SECONDS"]
 
@@ -155,7 +156,7 @@ class DecodeRates:
             if not self._loaded:
                 self._load()
             rows = sorted((k, v[0], v[1], v[2]) for k, v in self._rows.items())
-        utc = datetime.timezone.utc
+        utc = datetime.UTC
         return pa.table({
             "array_id": pa.array([r[0] for r in rows], pa.string()),
             "mbps": pa.array([r[1] for r in rows], pa.float64()),

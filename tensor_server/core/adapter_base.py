@@ -30,10 +30,11 @@ import json
 import os
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 

@@ -44,9 +44,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.arrays import owned_array
 from tensor_server.core.bounds import Bounds
@@ -57,7 +59,6 @@ from tensor_server.core.request import check_extent_within_chunk, check_scale
 from tensor_server.core.stream_reduce import stream_reduce, streaming_unit
 from tensor_server.core.uniform import covering_value, reduced_constant, uniform_array, uniform_value
 from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, Overloaded, ReadCancelled, StaleChunkId
-from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter

@@ -42,14 +42,14 @@ import itertools
 import math
 import os
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.uniform import fill_uniform_units
-from tensor_server_kernels.reference import output_shape
 
 __all__ = ["streaming_unit", "stream_reduce", "iter_units", "default_workers", "run_parallel", "scratch"]
 

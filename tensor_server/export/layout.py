@@ -27,17 +27,17 @@ order afterwards (moving axes does not change a value).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from math import gcd, prod
-from typing import Iterator, Sequence
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.methods import PRECOMPUTE, default_method, effective_method
 from tensor_server.core.pyramid import advertised_levels
-from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
 from tensor_server.export.options import MAX_FILES, MAX_UNIT_BYTES, MIN_CHUNK_EDGE
 

@@ -8,7 +8,8 @@ hint, not a statistic). A label image (``labels/<name>``) has ``image-label`` in
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.ngff import AXIS_TYPES, ngff_unit

@@ -25,8 +25,9 @@ export/layout.py, against the tensor; docs/export.md states them):
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from tensor_server.errors import InvalidArgument
 

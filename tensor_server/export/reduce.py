@@ -25,8 +25,8 @@ tests/export/reduce_test.py checks every path against the oracle on the kernels'
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from math import prod
-from typing import Callable, Sequence
 
 import numpy as np
 

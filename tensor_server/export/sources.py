@@ -17,9 +17,10 @@ one NGFF image (the levels must coincide) and is left out, with the reason in th
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.errors import InvalidArgument, TensorNotFound

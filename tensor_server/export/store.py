@@ -36,8 +36,9 @@ import stat
 import tempfile
 import threading
 import zlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

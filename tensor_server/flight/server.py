@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -24,9 +25,9 @@ from tensor_server.flight.errors import flight_error
 from tensor_server.flight.wire import CHUNK_SCHEMA, chunk_batch, described_flight_info, request_region
 from tensor_server.service import Caller, ServingRuntime
 from tensor_server.service.bodies import decode_message
-from tensor_server.service.tls import require_safe_transport
 from tensor_server.service.metrics import current as current_request
 from tensor_server.service.metrics import timing
+from tensor_server.service.tls import require_safe_transport
 
 __all__ = ["TensorFlightServer"]
 

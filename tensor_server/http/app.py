@@ -104,15 +104,15 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
     credential it accepts, the runtime judges. Its tokens must be full-access credentials of
     the runtime (``ServingRuntime(access_tokens=...)``): a door that asks for a token lets a
     grant read only its own tensor."""
-    from tensor_server.http.viewer_provider import RuntimeViewerProvider
-    from tensor_server.http.viewers import routes as viewer_routes
-
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
+
+    from tensor_server.http.viewer_provider import RuntimeViewerProvider
+    from tensor_server.http.viewers import routes as viewer_routes
 
     views = _Views(runtime)
     calls: dict[str, int] = {"metadata": 0, "chunks": 0, "errors": 0, "not_modified": 0}

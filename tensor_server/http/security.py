@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from typing import Awaitable, Callable, Iterable
 from urllib.parse import parse_qsl
 
 __all__ = ["HttpSecurity", "SecurityMiddleware", "TOKEN_PATH_PREFIX", "CREDENTIAL_KEY", "cookie_name",

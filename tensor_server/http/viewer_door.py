@@ -3,11 +3,12 @@ presents, and the translation of ``tensor_server.errors`` into plain-text respon
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from tensor_server.http.errors import error_response
-from tensor_server.service.metrics import current as current_request
 from tensor_server.http.security import CREDENTIAL_KEY
+from tensor_server.service.metrics import current as current_request
 
 __all__ = ["presented_token", "guarded", "while_connected"]
 

@@ -29,15 +29,16 @@ pixel (plus one row and column for region edges inside a level pixel).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.level_grid import GridLevel, grid_levels
 from tensor_server.core.methods import default_method
-from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
 from tensor_server.render.numbers import whole_number
 

@@ -16,12 +16,13 @@ Adding an action is one entry here, a handler, and a test (``docs/service.md`` s
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
+from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, Unimplemented
 from tensor_server.service import upload_verbs
-from tensor_server.core.json_body import decode_json
 from tensor_server.service.bodies import decode_message
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -9,7 +9,8 @@ against it works here. Transport-free: bodies in, bytes (or an Arrow table) out.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 

@@ -25,8 +25,9 @@ import json
 import queue
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, Overloaded, ReadOnly

@@ -41,7 +41,8 @@ import os
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.errors import TensorServerError
 

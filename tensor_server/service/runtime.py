@@ -23,8 +23,9 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,8 +44,8 @@ from tensor_server.errors import (
     ReadOnly,
     TensorNotFound,
 )
-from tensor_server.service.access import Access
 from tensor_server.service import metrics
+from tensor_server.service.access import Access
 from tensor_server.service.caller import Caller
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -217,8 +218,8 @@ class ServingRuntime:
         up = self.upload(array_id)
         write_plan = False
         if up is not None:
-            from tensor_server.uploads.marker import DISCARDED, PENDING
             from tensor_server.uploads import UploadClosed
+            from tensor_server.uploads.marker import DISCARDED, PENDING
 
             self.access.read(caller, up.tensor)
             if up.state == DISCARDED:  # a tombstone: only its status is served

@@ -22,7 +22,8 @@ chunks through the engine get the same bytes as serial reads.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, ClassVar, Iterator
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest

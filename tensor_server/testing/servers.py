@@ -7,9 +7,10 @@ stops and joins them on exit, so a test never leaks a listening thread into the 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from tensor_server.config import Settings
 

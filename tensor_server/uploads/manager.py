@@ -15,31 +15,39 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.bounded_stream import take_within
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.folder_lock import FolderHeld, FolderLock
 from tensor_server.core.identity import ArrayId
-from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
-from tensor_server.core.bounded_stream import take_within
 from tensor_server.core.json_body import decode_json
-from tensor_server.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, PermissionDenied,
-                                  ResourceExhausted, StorageFull, TensorNotFound, TensorServerError)
+from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
+from tensor_server.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    StorageFull,
+    TensorNotFound,
+    TensorServerError,
+)
 from tensor_server.uploads.cache_member import CacheMember
 from tensor_server.uploads.declared import checked_extent, chunk_values
 from tensor_server.uploads.integrity import DamagedMember, StoreDamaged, layout_array_id
@@ -94,7 +102,7 @@ class ChunkWrite:
     """A DoPut's target, checked before its stream is read: the upload, the chunk and the
     most bytes its stream may carry."""
 
-    upload: "Upload"
+    upload: Upload
     chunk_id: ChunkId
     bounds: Bounds
     expected_bytes: int

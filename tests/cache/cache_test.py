@@ -10,11 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheLocked, CacheManager
 from tensor_server.cache.segment_index import index_path
-from tensor_server.core import Bounds, plan_read
-from tensor_server_kernels import reference
 
 CHUNK = 64 * 64 * 2  # bytes of a (64, 64) uint16 chunk
 

@@ -1,7 +1,6 @@
 """Streamed reduction == whole-extent reduction (scaled-read-path.md §2, §8)."""
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 import tracemalloc
@@ -10,9 +9,9 @@ import weakref
 import numpy as np
 import pytest
 
-from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core import Bounds
 from tensor_server.core.downsample import downsample_block
+from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core.stream_reduce import iter_units, stream_reduce, streaming_unit
 from tensor_server.testing.deadline import finishes_within
 

@@ -19,9 +19,8 @@ from tensor_server.adapters.memory import ArrayAdapter
 from tensor_server.core.engine import ReadEngine
 from tensor_server.export import ExportOptions, export_tensor
 from tensor_server.export.sources import open_export_source
-from tests.http.neuroglancer_test import screenshot_after_chunks
-
 from tests.export.helpers import write_cells
+from tests.http.neuroglancer_test import screenshot_after_chunks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

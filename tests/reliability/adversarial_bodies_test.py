@@ -14,8 +14,8 @@ import json
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import httpx
 import numpy as np

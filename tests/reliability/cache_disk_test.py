@@ -8,8 +8,8 @@ an ``ENOSPC`` from the segment file's write call, which always runs.
 from __future__ import annotations
 
 import errno
-import json
 import io
+import json
 import os
 import shlex
 import signal
@@ -23,8 +23,8 @@ import tensor_server.cache.manager as manager_module
 import tensor_server.cache.segment_store as segment_store
 from tensor_server.cache import CacheManager
 from tensor_server.cache.segment_index import index_path, read_index
-from tests.reliability.server_process import TMPFS_WRAPPER, can_mount_tmpfs, serve_process
 from tests.reliability.cache_shutdown_test import array_id_of, read_all
+from tests.reliability.server_process import TMPFS_WRAPPER, can_mount_tmpfs, serve_process
 
 
 def chunk(i: int, n: int = 64) -> np.ndarray:

@@ -22,7 +22,6 @@ from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
-
 from tensor_server.testing import serving
 
 CLEAN_CODES = {"INVALID_ARGUMENT", "NOT_FOUND"}

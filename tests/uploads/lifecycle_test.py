@@ -222,7 +222,6 @@ def test_orphaned_field_is_kept_and_reattached_when_its_source_returns(tmp_path)
     cat.scan()  # the source is gone: its field is not served, but kept
     with pytest.raises(Exception, match="unknown source"):
         cat.find_tensor(up.array_id)
-    from biopb.tensor import descriptor_pb2
 
     from tensor_server.config import Settings
     from tensor_server.service import IN_PROCESS, ServingRuntime
