@@ -692,7 +692,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"{rec.source_id}  [{rec.type}]  UNREADABLE: {rec.unresolved_reason}")
             continue
         print(f"{rec.source_id}  [{rec.type}]  {rec.path}")
-        for name, t in rec.source.tensors.items():
+        for t in rec.source.tensors.values():
             tensors += 1
             levels = f", {len(t.native_levels)} stored levels" if t.native_levels else ""
             labels = " labels" if t.is_labels else ""

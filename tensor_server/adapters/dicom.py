@@ -520,7 +520,7 @@ def _series_tensors(folder: Path, slices: list[DicomFile]) -> list[tuple[str, Te
                None if normal is None else tuple(np.round(normal, 3)))
         groups.setdefault(key, []).append(f)
     out = []
-    for key, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+    for members in sorted(groups.values(), key=lambda m: -len(m)):
         tensor = _series_tensor(folder, members)
         ds = members[0].ds
         number = ds.get("SeriesNumber")

@@ -146,7 +146,7 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
         raise UnreadableSource(index_path, "the NDTiff index lists no images")
     first = entries[0]
     width, height, ptype = first[3], first[4], first[5]
-    for axes, name, _, w, h, pt, comp in entries:
+    for _axes, name, _, w, h, pt, comp in entries:
         if comp != 0:
             raise UnreadableSource(folder / name, f"NDTiff pixel compression {comp} is not supported")
         if (w, h, pt) != (width, height, ptype):

@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
         shape = QUICK_SHAPES[shape] if args.quick else shape
         x = rng.integers(0, np.iinfo(dtype).max, size=shape, dtype=dtype, endpoint=True)
         for scale in scales:
-            def run(path: str, scale=scale):
+            def run(path: str, scale=scale, x=x):
                 with forced_area_path(path):
                     return downsample_block(x, scale, "area")
 

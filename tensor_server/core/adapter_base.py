@@ -288,7 +288,7 @@ class TensorAdapter(ABC):
             "native_levels": [list(lv.scale) for lv in self.native_levels],
         }
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a default: an adapter that holds no handle has none to release
         """Release file handles (the reader reopens lazily on the next read)."""
 
     def __repr__(self) -> str:
@@ -341,8 +341,8 @@ class SourceAdapter:
         #: several files add them.
         self.member_paths: set[Path] = set() if path is None else {Path(path).resolve()}
         single = len(self.tensors) == 1
-        for field, tensor in self.tensors.items():
-            tensor.array_id = source_id if single else f"{source_id}/{field}"
+        for name, tensor in self.tensors.items():
+            tensor.array_id = source_id if single else f"{source_id}/{name}"
 
     @property
     def url(self) -> str:

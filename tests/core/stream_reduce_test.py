@@ -120,7 +120,10 @@ def test_workers_do_not_change_the_result(method):
         ("float32", (13, 29, 31), Bounds((1, 2, 0), (13, 29, 31)), (6, 10, 9), (3, 5, 3)),
     ]:
         arr = _data(shape, dtype, seed=5)
-        fetch = lambda b: arr[b.to_slices()].copy()  # noqa: E731
+
+        def fetch(b: Bounds, arr: np.ndarray = arr) -> np.ndarray:
+            return arr[b.to_slices()].copy()
+
         serial = stream_reduce(bounds, unit, scale, method, fetch, arr.dtype, workers=1)
         np.testing.assert_array_equal(serial, downsample_block(arr[bounds.to_slices()], scale, method))
         for workers in (2, 3, 8):

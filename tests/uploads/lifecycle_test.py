@@ -184,7 +184,7 @@ def test_write_dir_inside_a_root_is_never_discovered(tmp_path):
         m.set_ready(up.array_id)
         cat.scan()
         assert [r.source_id for r in cat.records()] == ["scratch"]
-        with pytest.raises(Exception):  # no format claims the member by content
+        with pytest.raises(LookupError):  # no format claims the member by content
             _sniffed(up.member.path)
     finally:
         m.close()
