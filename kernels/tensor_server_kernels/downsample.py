@@ -537,6 +537,7 @@ def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
                    np.uint64(block), np.uint64(flip))
         return _epilogue(lay.finish(w.astype(x.dtype, copy=False)), orig)
     plan = _plan_integer_area(x.dtype, block)
+    assert plan is not None  # area_path answered "wide" (handled above) for every block without one
     shift = block.bit_length() - 1 if _is_pow2(block) else -1
     if path == "plain" and lay.C == 1 and lay.x2.shape[1] % 2 == 0:
         xw = lay.x2.view(_word(x.dtype))
