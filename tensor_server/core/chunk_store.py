@@ -117,6 +117,7 @@ def cache_sourced_units(
             if part is None:  # evicted since the probe: read the whole unit from the source
                 return tensor.get_data(ub)
             inter = box.intersect(ub)
+            assert inter is not None  # chunk_boxes yields only chunks that meet the unit
             out[inter.relative_to(ub.start).to_slices()] = part[inter.relative_to(box.start).to_slices()]
         return out
 

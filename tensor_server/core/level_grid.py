@@ -62,7 +62,9 @@ def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, t
     for i, spec in enumerate(advertised_levels(tensor, policy)):
         scale = tuple(spec.scale)
         if spec.method == PRECOMPUTE and any(s != 1 for s in scale):
-            lt = tensor.native_level(scale).tensor
+            stored = tensor.native_level(scale)
+            assert stored is not None  # advertised_levels lists PRECOMPUTE only for stored levels
+            lt = stored.tensor
             shape, chunks = tuple(lt.shape), tuple(min(c, n) for c, n in zip(lt.chunk_shape, lt.shape))
         else:
             shape = tuple(spec.shape)
@@ -98,8 +100,13 @@ def region_cells(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> lis
     if count > MAX_REGION_CHUNKS:
         raise RequestTooLarge(f"a region of {region.shape} at level {level.path} of {tensor.array_id} spans "
                               f"{count} chunks (limit {MAX_REGION_CHUNKS}); ask for a smaller region or size")
-    cells = [tuple(f + k for f, k in zip(first, key)) for key in np.ndindex(*[b - a + 1 for a, b in zip(first, last)])]
-    return [(cell, level_chunk_id(tensor, level, cell)) for cell in cells]
+    out = []
+    for key in np.ndindex(*[b - a + 1 for a, b in zip(first, last)]):
+        cell = tuple(f + k for f, k in zip(first, key))
+        cid = level_chunk_id(tensor, level, cell)
+        assert cid is not None  # the caller clipped the region to the level: every cell is on its grid
+        out.append((cell, cid))
+    return out
 
 
 def level_extent(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> Bounds | None:
