@@ -187,7 +187,7 @@ def level_scales(tensor: TensorAdapter, levels: str | int) -> list[tuple[int, ..
     if levels == "auto":
         return [tuple(spec.scale) for spec in advertised_levels(tensor, computed=True)]
     y, x = tensor.dim_labels.index("y"), tensor.dim_labels.index("x")
-    scales = []
+    scales: list[tuple[int, ...]] = []
     for k in range(int(levels)):
         scale = [1] * tensor.ndim
         for axis in (y, x):  # never past the power of two that already covers the axis
