@@ -194,7 +194,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None,  # 
         level, key, cid = _chunk_of(image, rest, zarr_format)
         if level is None:
             raise _NotFound(f"{'/'.join(rest)[:200]} is not a level, metadata or chunk of {image.tensor.array_id}")
-        if cid is None:
+        if key is None or cid is None:
             raise _NotFound(f"no chunk {'/'.join(rest[1:])[:200]} in level {level.path} (grid {level.grid()})")
         body = await run_in_threadpool(_chunk_bytes, caller, image, level, cid, zarr_format)  # a label's chunk
         return _chunk_response(request, image, level, key, body)
@@ -344,7 +344,7 @@ def _chunk_of(image: ZarrImage, rest: list[str], zarr_format: int) -> tuple[Any,
     """(level, chunk key, engine chunk id) that ``rest`` names, each None from where it does not."""
     level = image.level(rest[0]) if rest else None
     key = _chunk_key(rest[1:], zarr_format) if level is not None else None
-    return level, key, (image.chunk_id(level, key) if key is not None else None)
+    return level, key, (image.chunk_id(level, key) if level is not None and key is not None else None)
 
 
 def _chunk_key(parts: list[str], zarr_format: int) -> tuple[int, ...] | None:
@@ -388,7 +388,7 @@ HEADER_SECONDS = 10.0
 
 #: seconds a stop waits for requests in flight: a TLS client that never answers the server's
 #: close would otherwise hold ``stop()`` (and SIGTERM) until the thread join gives up
-SHUTDOWN_SECONDS = 5.0
+SHUTDOWN_SECONDS = 5  # uvicorn's timeout_graceful_shutdown is whole seconds
 
 
 #: HTTP/1.1 parsers uvicorn can run the door on, measured in ``bench http`` (issue 25)
@@ -397,6 +397,7 @@ PARSERS = ("httptools", "h11")
 
 def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type:
     """uvicorn's protocol for ``parser`` with a deadline on each request's headers."""
+    Protocol: Any  # the parser's protocol class, chosen here at run time
     if parser == "h11":
         from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol
     elif parser == "httptools":
@@ -461,9 +462,10 @@ class HttpFrontEnd:
         import uvicorn
 
         self.app = app
-        files = {"ssl_certfile": str(tls.cert_path), "ssl_keyfile": str(tls.key_path)} if tls is not None else {}
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                     lifespan="off", access_log=False, **files,
+                                                     lifespan="off", access_log=False,
+                                                     ssl_certfile=None if tls is None else str(tls.cert_path),
+                                                     ssl_keyfile=None if tls is None else str(tls.key_path),
                                                      timeout_graceful_shutdown=SHUTDOWN_SECONDS,
                                                      http=_header_deadline_protocol(header_seconds, parser or "httptools")))
         self.scheme = "https" if tls is not None else "http"

@@ -86,7 +86,7 @@ class ZarrImage:
         little = data.dtype.newbyteorder("<") if data.dtype.byteorder not in ("|", "<") else data.dtype
         if zarr_format == 3 and inner_chunks(level.chunks) != level.chunks:
             return encode_shard(np.asarray(data, dtype=little), inner_chunks(level.chunks))
-        return memoryview(np.ascontiguousarray(data, dtype=little)).cast("B")
+        return np.ascontiguousarray(data, dtype=little).data.cast("B")
 
     # ---- metadata ------------------------------------------------------------------------------
     def _axes(self) -> list[dict[str, Any]]:
@@ -189,7 +189,7 @@ def encode_shard(data: np.ndarray, inner: Sequence[int]) -> memoryview:
     index[:, 0] = np.arange(count, dtype=np.uint64) * nbytes
     index[:, 1] = nbytes
     out = bytearray(body.nbytes + index.nbytes)
-    out[:body.nbytes] = memoryview(body).cast("B")
+    out[:body.nbytes] = body.data.cast("B")
     out[body.nbytes:] = index.tobytes()
     return memoryview(out)
 
