@@ -102,7 +102,7 @@ class CacheMember:
         missing or cut short (a torn segment would otherwise lose its tail chunks quietly)."""
         doc = read_json(path / DESCRIPTOR)
         marker = Marker.from_json((doc or {}).get(MARKER_KEY))
-        if marker is None:
+        if doc is None or marker is None:
             return None
         try:
             shape = tuple(int(n) for n in doc["shape"])

@@ -14,6 +14,7 @@ marker, so they survive restarts) and idleness, so tests drive sweeps without sl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -22,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -127,13 +128,13 @@ class Upload:
     reason: str = ""
     discarded_at: float | None = None
     #: chunks whose write returned (durable as far as the member goes: READY fsyncs them)
-    received: set[Bounds] = field(default_factory=set)
+    received: set[Bounds] = dataclasses.field(default_factory=set)
     #: chunks whose last write failed (ENOSPC, I/O error): a hole the client did not mean
-    failed: set[Bounds] = field(default_factory=set)
+    failed: set[Bounds] = dataclasses.field(default_factory=set)
     inflight: int = 0
     #: SHA-256 (hex) of the upload's grant ("" = none); the service floor checks callers against it
     owner: str = ""
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
     @property
     def expected_chunks(self) -> int:
@@ -241,7 +242,7 @@ class UploadManager:
                 counts["removed"] += 1
                 continue
             try:
-                if marker is None:
+                if kind is None or marker is None:
                     present = [n for n in (".zattrs", "descriptor.json") if (d / n).is_file()]
                     raise StoreDamaged(f"{' and '.join(present)} holds no readable upload marker" if present
                                        else "no upload marker (.zattrs or descriptor.json)")
@@ -359,6 +360,7 @@ class UploadManager:
             path.parent.mkdir(parents=True, exist_ok=True)
             marker = Marker(target.array_id, target.store_format, PENDING, uuid.uuid4().hex, now,
                             None if granted is None else now + granted, dim_labels, is_labels, owner)
+            member: ZarrMember | CacheMember
             with self._disk(f"add_tensor {request_id!r}"):
                 if target.store_format == "zarr":
                     member = ZarrMember.create(path, marker, shape, dt, grid, extra_attrs)

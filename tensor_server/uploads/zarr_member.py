@@ -69,7 +69,7 @@ class ZarrMember:
 
         attrs = read_json(path / ".zattrs")
         marker = Marker.from_json((attrs or {}).get(MARKER_KEY))
-        if marker is None:
+        if attrs is None or marker is None:
             return None
         missing = [n for n in METADATA_FILES if not (path / n).is_file()]
         if missing:
