@@ -85,8 +85,11 @@ url: $(STAMP)
 # pytest exits 5 when it collected no tests; that is non-zero, so make fails on it. Tests run
 # on TEST_WORKERS pytest-xdist workers; the 25 slowest are listed at the end. First, side by
 # side: Chromium, OpenSeadragon, and the bytecode and numba caches filled once on every core
-# (warm), so the workers do not each compile the same kernels.
+# (warm), so the workers do not each compile the same kernels. Before all of it, the lint (make
+# lint: seconds), so a finding fails the run at once.
 test: $(STAMP)
+	@echo "test: make lint first (ruff check, mypy), then pytest"
+	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j3 --output-sync=target browser viewer-assets warm
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
