@@ -37,7 +37,7 @@ BENCH_RECORD ?=
 export BENCH_RECORD
 SHELL := /bin/bash
 
-.PHONY: setup run url test test-nojit browser viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
+.PHONY: setup run url test lint format-check test-nojit browser viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
 
 setup: $(STAMP)
 
@@ -101,11 +101,28 @@ url: $(BASE_STAMP)
 # side: Chromium, OpenSeadragon, and the bytecode and numba caches filled once on every core
 # (warm), so the workers do not each compile the same kernels. Their lines appear as they come
 # (each names its target): with make's --output-sync a target said nothing until it had
-# finished, and the numba warm-up is about 2 minutes on a fresh clone.
+# finished, and the numba warm-up is about 2 minutes on a fresh clone. Before all of it, the
+# lint (make lint), so a finding fails the run at once.
 test: $(STAMP)
+	@echo "test: make lint first (ruff check, mypy), then pytest"
+	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j3 browser viewer-assets warm
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
+
+# ruff's lint rules and mypy over the packages pyproject.toml lists ([tool.ruff], [tool.mypy]);
+# any finding exits non-zero. Both keep a cache (.ruff_cache, .mypy_cache): a warm re-run takes
+# a few seconds.
+lint: $(STAMP)
+	@echo "lint: ruff check . (the rules of [tool.ruff.lint] in pyproject.toml)"
+	@$(PY) -m ruff check .
+	@echo "lint: mypy (the packages of [tool.mypy] files in pyproject.toml)"
+	@$(PY) -m mypy
+
+# The format check, not yet part of `make test`: the tree is formatted in one mechanical commit
+# first (ruff format .), then this joins the lint target.
+format-check: $(STAMP)
+	$(PY) -m ruff format --check .
 
 # The neuroglancer test (tests/http) drives Debian's Chromium; install it where apt can (CI
 # runs as root). Where it cannot, that one test skips and says why.
@@ -176,6 +193,6 @@ bench-publish: $(STAMP)
 	@echo "open .asv/html/index.html, or: cd asv_bench && $(abspath $(PY)) -m asv preview"
 
 clean:
-	rm -rf $(VENV) .asv build *.egg-info .pytest_cache .tensor-server
+	rm -rf $(VENV) .asv build *.egg-info .pytest_cache .ruff_cache .mypy_cache .tensor-server
 	@echo "servers started outside make keep their files in ~/.cache/tensor-server (demo data, chunk"
 	@echo "caches, bench data) and ~/.local/share/tensor-server (annotations); remove those by hand"

@@ -7,8 +7,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from tensor_server.cli_logging import REQUEST_LOG_OFF, REQUEST_LOG_STDERR, ScanProgress, setup_logging
 from tensor_server.errors import InvalidArgument
@@ -174,7 +175,7 @@ def _settings(args: argparse.Namespace):
     )
 
 
-def _server_tls(settings):  # noqa: ANN001, ANN202 - Settings -> ServerTls | None | exit code
+def _server_tls(settings):
     """The certificate both doors serve (None: plaintext), after the transport rule
     (service/tls.py); an exit code with the reason printed when it cannot be had."""
     from tensor_server.config import default_cache_dir
@@ -218,7 +219,7 @@ def _take(explicit: str | None, default: Path, port: int, flag: str, opener, bus
     raise AssertionError("unreachable")
 
 
-def _catalog_store(port: int):  # noqa: ANN202 - CatalogStore | None
+def _catalog_store(port: int):  # CatalogStore | None
     """The catalog store in the server home, or a file of its own beside it when another
     server holds that one (``_take``); None (said on stderr) when neither can be had: the
     catalog is then kept in memory, and the next start opens every source again."""
@@ -258,7 +259,7 @@ def _open_uploads(catalog, settings, explicit: bool):
                  open_manager, WriteDirHeld)
 
 
-def _close_catalog(catalog, store) -> None:  # noqa: ANN001 - Catalog, CatalogStore | None
+def _close_catalog(catalog, store) -> None:  # Catalog, CatalogStore | None
     """Close the catalog, then the store it wrote to (``_catalog_store`` opened it)."""
     catalog.close()
     if store is not None:
@@ -400,7 +401,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             cache.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    from tensor_server.cli_banner import Example, ServingFacts
+    from tensor_server.cli_banner import ServingFacts
     from tensor_server.http.access_url import page_url, viewer_url, write_url_file
 
     http_token = _http_token(args.rotate_http_token) if settings.http_port is not None and settings.http_token else None
@@ -479,7 +480,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     return 0
 
 
-def _example(catalog, policy, http, http_token) -> Example | None:  # noqa: ANN001
+def _example(catalog, policy, http, http_token) -> Example | None:
     """The tensor ``run``'s snippet reads: the first with a computed level (at that level),
     else the first found (at full resolution); None when the scan found no tensor."""
     from tensor_server.cli_banner import Example
@@ -509,7 +510,7 @@ def _print_start_up(facts: ServingFacts) -> None:
     print("\n" + startup_text(facts), flush=True)
 
 
-def _setup_logging(settings, demo: bool) -> str | None:  # noqa: ANN001 - Settings
+def _setup_logging(settings, demo: bool) -> str | None:
     """Logging as ``settings`` say, the request log where ``--request-log`` says or, by
     default, on stderr for ``serve`` and in the server home for ``run`` (its terminal keeps
     the start-up block). Returns the request log's file, if it goes to one."""
@@ -546,7 +547,7 @@ def _http_token(rotate: bool) -> str:
     return token
 
 
-def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Flight, HTTP | None) or None
+def _open_doors(runtime, settings, http_token):
     """The Flight door, and the HTTP door when ``http_port`` is set (its access token
     ``http_token``); None (after saying why on stderr) when one cannot listen."""
     from tensor_server.errors import TensorServerError
@@ -557,7 +558,7 @@ def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Fligh
     except TensorServerError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return None
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises a bare ArrowException when the bind fails
+    except Exception as exc:  # pyarrow raises a bare ArrowException when the bind fails
         print(f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
               "Pass --port (0 picks a free one).", file=sys.stderr)
         return None
@@ -571,7 +572,7 @@ def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Fligh
     try:
         http = HttpFrontEnd(build_app(runtime, security), settings.host, settings.http_port, tls=runtime.tls)
         http.start()
-    except Exception as exc:  # noqa: BLE001 - uvicorn reports a taken port in several ways
+    except Exception as exc:  # uvicorn reports a taken port in several ways
         server.shutdown()
         print(f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); "
               "pass another --http-port", file=sys.stderr)
@@ -579,7 +580,7 @@ def _open_doors(runtime, settings, http_token):  # noqa: ANN001, ANN202 - (Fligh
     return server, http
 
 
-def _open_metrics(runtime):  # noqa: ANN001, ANN202 - (MetricsDoor | None, ok)
+def _open_metrics(runtime):  # (MetricsDoor | None, ok)
     """(the metrics door when ``metrics_port`` is set, whether the server may go on): a
     door refused (off loopback without a token) or that cannot bind stops the start, like
     the other doors, after saying why on stderr."""
@@ -594,7 +595,7 @@ def _open_metrics(runtime):  # noqa: ANN001, ANN202 - (MetricsDoor | None, ok)
     except TensorServerError as exc:
         print(f"serve: metrics: {exc} ([metrics] host)", file=sys.stderr)
         return None, False
-    except Exception as exc:  # noqa: BLE001 - uvicorn reports a taken port in several ways
+    except Exception as exc:  # uvicorn reports a taken port in several ways
         print(f"serve: cannot serve metrics on {s.metrics_host}:{s.metrics_port} ({exc}); pass another "
               "--metrics-port", file=sys.stderr)
         return None, False
@@ -608,9 +609,8 @@ def cmd_url(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tensor_server.catalog.catalog import looks_like_path
-    from tensor_server.core.identity import source_id_for_path
-
     from tensor_server.config import default_cache_dir
+    from tensor_server.core.identity import source_id_for_path
     from tensor_server.http.access_url import read_url_file, viewer_url
 
     target = args.target
@@ -630,7 +630,7 @@ def cmd_url(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stop_on_sigterm(signum: int, frame) -> None:  # noqa: ANN001
+def _stop_on_sigterm(signum: int, frame) -> None:
     """SIGTERM (systemd, docker stop, kill) stops the server the way Ctrl-C does, so the open
     cache segment is sealed instead of being left for the next boot to re-walk."""
     raise KeyboardInterrupt
@@ -654,7 +654,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"{rec.source_id}  [{rec.type}]  UNREADABLE: {rec.unresolved_reason}")
             continue
         print(f"{rec.source_id}  [{rec.type}]  {rec.path}")
-        for name, t in rec.source.tensors.items():
+        for t in rec.source.tensors.values():
             tensors += 1
             levels = f", {len(t.native_levels)} stored levels" if t.native_levels else ""
             labels = " labels" if t.is_labels else ""

@@ -79,9 +79,10 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tensor_server.errors import InvalidArgument
 
@@ -186,7 +187,7 @@ class Settings:
     #: where the request log goes: a file, "-" (stderr) or "off"; None: serve's stderr, run's file
     request_log: str | None = None
 
-    def pyramid_policy(self):  # noqa: ANN201 - core.pyramid.PyramidPolicy
+    def pyramid_policy(self):  # core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
         from tensor_server.core.pyramid import PyramidPolicy
 

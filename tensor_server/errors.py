@@ -203,8 +203,10 @@ class Overloaded(TensorServerError):
 
 
 class Unimplemented(TensorServerError):
-    """A well-formed request for a feature this server does not offer (e.g. an IIIF rotation
-    that is not a multiple of 90): the request is valid, so retrying it will not help."""
+    """A well-formed request for a verb, action, option or feature this server does not offer
+    (e.g. an IIIF rotation that is not a multiple of 90): the request is valid, so retrying it
+    will not help. An unknown action's message starts "Unknown action": the biopb SDK
+    recognises an older server by it."""
 
     code, slug, http_status = "UNIMPLEMENTED", "unimplemented", 501
 
@@ -213,13 +215,6 @@ class ReadCancelled(TensorServerError):
     """The client that asked for this work has gone; it was stopped."""
 
     code, slug, http_status = "CANCELLED", "cancelled", 499
-
-
-class Unimplemented(TensorServerError):
-    """A verb, action or option this server does not serve. An unknown action's message
-    starts "Unknown action": the biopb SDK recognises an older server by it."""
-
-    code, slug, http_status = "UNIMPLEMENTED", "unimplemented", 501
 
 
 def code_of_http_status(status: int) -> str:

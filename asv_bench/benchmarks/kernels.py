@@ -15,11 +15,10 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
-from tensor_server.core.downsample import downsample_block
 from tensor_server_kernels.cases import BENCH_CASES
 from tensor_server_kernels.probe import read_probe
+
+from tensor_server.core.downsample import downsample_block
 
 _CASES = {c.name: c for c in BENCH_CASES}
 

@@ -33,7 +33,7 @@ PERCHANNEL_LINEAR, PERCHANNEL_LOG, PERCHANNEL_SIGNED_LOG, PERCHANNEL_GEOLOG = 0,
 
 
 @njit(cache=True, nogil=True)
-def decode_scalar(codes, out, kind, levels, a, b):  # noqa: ANN001 - numba signature
+def decode_scalar(codes, out, kind, levels, a, b):  # type: ignore[no-untyped-def]
     """Flat ``codes`` -> flat ``out``. bounded: a=min, b=max; log: b=max_log;
     geolog: a=min_log, b=max_log; rgb: neither."""
     lf = float(levels)
@@ -54,7 +54,7 @@ def decode_scalar(codes, out, kind, levels, a, b):  # noqa: ANN001 - numba signa
 
 
 @njit(cache=True, nogil=True)
-def decode_perchannel(codes, lo, hi, out, kind, levels, zero_level):  # noqa: ANN001
+def decode_perchannel(codes, lo, hi, out, kind, levels, zero_level):  # type: ignore[no-untyped-def]
     """``codes`` (rows, cols) with per-column ``lo``/``hi`` (float64) -> ``out`` (rows, cols)."""
     rows, cols = codes.shape
     lf = float(levels)
@@ -84,7 +84,7 @@ def decode_perchannel(codes, lo, hi, out, kind, levels, zero_level):  # noqa: AN
 
 
 @njit(cache=True, nogil=True)
-def lut_gather(idx, lut, out):  # noqa: ANN001
+def lut_gather(idx, lut, out):  # type: ignore[no-untyped-def]
     """``out[i] = lut[idx[i]]`` over flat arrays (``lut`` rows for a row LUT); returns the
     first out-of-range index, or -1 (``out`` is then complete)."""
     n = lut.shape[0]

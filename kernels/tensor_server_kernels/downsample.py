@@ -31,16 +31,16 @@ Integer ``area`` sums into the accumulator ``plan._plan_integer_area`` sizes fro
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from numba import njit
 
 from tensor_server_kernels import plain as _plain_kernels
-from tensor_server_kernels.half import half_lut, widen
-from tensor_server_kernels.scalars import flip_sign, mode4, mode_of, pick_max, pick_min, round_div, round_shift, same, sort
 from tensor_server_kernels import plan as _plan
 from tensor_server_kernels import reference as _ref
+from tensor_server_kernels.half import half_lut, widen
 from tensor_server_kernels.plan import (  # noqa: F401  (re-exported for tests and callers)
     _KERNEL_DTYPES,
     _STRIDED_ADD_MAX_BLOCK,
@@ -51,6 +51,17 @@ from tensor_server_kernels.plan import (  # noqa: F401  (re-exported for tests a
     plain_area_accumulator,
 )
 from tensor_server_kernels.reference import METHODS, check_arguments, output_shape
+from tensor_server_kernels.scalars import (
+    flip_sign,
+    mode4,
+    mode_of,
+    pick_max,
+    pick_min,
+    round_div,
+    round_shift,
+    same,
+    sort,
+)
 
 __all__ = [
     "METHODS",
@@ -526,6 +537,7 @@ def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
                    np.uint64(block), np.uint64(flip))
         return _epilogue(lay.finish(w.astype(x.dtype, copy=False)), orig)
     plan = _plan_integer_area(x.dtype, block)
+    assert plan is not None  # area_path answered "wide" (handled above) for every block without one
     shift = block.bit_length() - 1 if _is_pow2(block) else -1
     if path == "plain" and lay.C == 1 and lay.x2.shape[1] % 2 == 0:
         xw = lay.x2.view(_word(x.dtype))

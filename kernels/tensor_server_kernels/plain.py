@@ -27,8 +27,9 @@ single-threaded, like the others.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from typing import Any, Callable
+from collections.abc import Callable
+from functools import cache
+from typing import Any
 
 import numpy as np
 from numba import njit
@@ -124,7 +125,7 @@ def _combine_rows(x, o, table, n, buf, f, is_max, quads):  # type: ignore[no-unt
             k += 1
 
 
-@lru_cache(maxsize=None)
+@cache
 def area_kernel(S: int, acc: np.dtype, K: int, B: int) -> Callable[..., Any]:
     """``area_plain(x, xw, out, table, buf, m, f, fw)`` for last-axis scale ``S``, accumulator
     ``acc``, rounding shift ``K`` and ``B``-bit input (module docstring). ``xw`` is ``x`` viewed
@@ -197,7 +198,7 @@ def area_kernel(S: int, acc: np.dtype, K: int, B: int) -> Callable[..., Any]:
     return area_plain
 
 
-@lru_cache(maxsize=None)
+@cache
 def extreme_kernel(S: int, is_max: bool, B: int) -> Callable[..., Any]:
     """``extreme_plain(x, out, table, buf, bufw, f)``: block min or max of ``B``-bit integers
     (floats keep the general kernel, which propagates NaN). Block rows are combined
@@ -245,7 +246,7 @@ def extreme_kernel(S: int, is_max: bool, B: int) -> Callable[..., Any]:
     return extreme_plain
 
 
-@lru_cache(maxsize=None)
+@cache
 def nearest_kernel(S: int) -> Callable[..., Any]:
     """``nearest_plain(x, out, table)``: the first element of each block (any dtype, run on
     its same-width unsigned view), one element at a time. For rows that cannot be read as
@@ -263,7 +264,7 @@ def nearest_kernel(S: int) -> Callable[..., Any]:
     return nearest_plain
 
 
-@lru_cache(maxsize=None)
+@cache
 def nearest_words_kernel(S: int, B: int) -> Callable[..., Any]:
     """``nearest_words(x, xw, out, table)``: the first element of each block, read as the low
     ``B`` bytes of the block's word (``xw``: the rows' whole blocks viewed as ``S * B``-byte

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -57,7 +57,8 @@ bool arrays are assumed to hold only 0/1 bytes (as NumPy produces them).
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -15,7 +15,7 @@ __all__ = ["round_shift", "round_div", "flip_sign", "pick_max", "pick_min", "sam
 
 
 @njit(cache=True, nogil=True)
-def round_shift(v: int, shift: int) -> int:
+def round_shift(v: int, shift: int) -> np.int64:
     """``v / 2**shift`` rounded half to even, in int64 (arithmetic shift = floor, also for
     negative sums)."""
     q = v >> shift
@@ -25,7 +25,7 @@ def round_shift(v: int, shift: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def round_div(v: int, block: int) -> int:
+def round_div(v: int, block: int) -> np.int64:
     """``v / block`` rounded half to even, in int64 (numba's ``//`` floors like Python)."""
     q = v // block
     twice = (v - q * block) << 1

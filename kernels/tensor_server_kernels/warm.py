@@ -29,8 +29,9 @@ import os
 import queue
 import sys
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.queues import Queue
-from typing import Iterable, Iterator, Sequence, TextIO
+from typing import TextIO
 
 from tensor_server_kernels import cases
 from tensor_server_kernels.reference import METHODS

@@ -20,8 +20,9 @@ import ctypes
 import importlib.util
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

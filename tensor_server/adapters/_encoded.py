@@ -21,8 +21,9 @@ encoding name; a ``bits`` field that disagrees with the stored dtype is refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

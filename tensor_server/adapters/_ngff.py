@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Mapping, Sequence
-
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["AXIS_ALIASES", "dataset_scale", "integer_factor", "jsonable", "ngff_axes"]
 

@@ -8,7 +8,8 @@ from it and declares ``decimates``. Put it before TensorAdapter in the bases.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 

@@ -26,12 +26,14 @@ import math
 import mmap
 import os
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters._strided import StridedReads
@@ -39,7 +41,6 @@ from tensor_server.adapters._tiff_striles import StrileDecoder, read_strile_wind
 from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
-from tensor_server_kernels.reference import output_shape
 
 __all__ = [
     "TIFF_SUFFIXES", "TIFFFILE_AXES", "FileLayout", "TiffPlaneGridAdapter", "axis_label_for",

@@ -18,9 +18,10 @@ predictor, bit unpacking, JPEG tables), and a strile absent from the file (offse
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import product
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class StrileDecoder:
     nodata: Any = 0  # what an absent strile reads as (tifffile's page.nodata)
 
     @classmethod
-    def from_page(cls, page: Any) -> "StrileDecoder":
+    def from_page(cls, page: Any) -> StrileDecoder:
         if page.is_tiled:
             rows, cols = int(page.tilelength), int(page.tilewidth)
         else:
@@ -218,7 +219,7 @@ class SeriesStriles:
         self._pages: dict[int, PageStriles] = {}
 
     @classmethod
-    def of(cls, tf: Any, series: Any) -> "SeriesStriles | None":
+    def of(cls, tf: Any, series: Any) -> SeriesStriles | None:
         """For an open ``tf``'s ``series`` (call it under the file's lock)."""
         key = series.keyframe
         shape = tuple(series.shape)

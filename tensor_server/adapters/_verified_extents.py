@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 __all__ = ["VerifiedExtents", "WINDOW_S", "RACY_S", "MAX_EXTENTS"]
 

@@ -45,20 +45,21 @@ import itertools
 import logging
 import os
 import queue
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.units import MICROMETER
 from tensor_server.errors import TensorServerError, UnreadableSource
-from tensor_server_kernels.reference import output_shape
 
 __all__ = ["CziAdapter", "CziSource", "CZI_MAGIC", "sniff_czi"]
 

@@ -26,8 +26,8 @@ from tensor_server.adapters._memmap import MemmapReads
 from tensor_server.adapters.mrc import DV_MAGICS
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.handles import LazyHandle
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import MICROMETER, SECOND
 from tensor_server.errors import UnreadableSource

@@ -41,18 +41,19 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-from tensor_server.adapters._dicom_file import WSI_SOP_CLASS, DicomFile
+from tensor_server.adapters._dicom_file import DicomFile
 from tensor_server.adapters._strided import StridedReads
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import MILLIMETER
 from tensor_server.errors import UnreadableSource
@@ -519,7 +520,7 @@ def _series_tensors(folder: Path, slices: list[DicomFile]) -> list[tuple[str, Te
                None if normal is None else tuple(np.round(normal, 3)))
         groups.setdefault(key, []).append(f)
     out = []
-    for key, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+    for members in sorted(groups.values(), key=lambda m: -len(m)):
         tensor = _series_tensor(folder, members)
         ds = members[0].ds
         number = ds.get("SeriesNumber")

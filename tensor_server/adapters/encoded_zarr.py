@@ -25,8 +25,9 @@ with that reason and serves the rest of the store.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 

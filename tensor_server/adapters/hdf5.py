@@ -56,23 +56,24 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
-from tensor_server.core.units import format_unit
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
+from tensor_server.core.units import format_unit
 from tensor_server.errors import UnreadableSource
-from tensor_server_kernels.reference import output_shape
 
 __all__ = [
     "Hdf5Adapter",

@@ -42,18 +42,19 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from collections.abc import Iterator, Sequence
 from math import prod
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Sequence
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from tensor_server.adapters._strided import StridedReads
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import MICROMETER, NANOMETER, SECOND
 from tensor_server.errors import UnreadableSource

@@ -5,15 +5,15 @@ NumPy arrays with chosen transfer grids and read blocks, and the demo serves gen
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.identity import file_content_version
 
 __all__ = ["ArrayAdapter", "MemorySource", "NpySource"]
 

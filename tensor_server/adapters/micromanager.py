@@ -37,12 +37,12 @@ import math
 import os
 import re
 import struct
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.adapters._tiff_planes import (
     TIFFFILE_AXES,
     FileLayout,
@@ -52,6 +52,7 @@ from tensor_server.adapters._tiff_planes import (
     raw_offset,
     unique_label,
 )
+from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes

@@ -22,16 +22,17 @@ LazyHandle and every read copies its pixels out inside ``use()``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from tensor_server.adapters._memmap import MemmapReads
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.handles import LazyHandle
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import ANGSTROM
 from tensor_server.errors import UnreadableSource

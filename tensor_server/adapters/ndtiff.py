@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.adapters._tiff_planes import FileLayout, TiffPlaneGridAdapter, axis_label_for, unique_label
+from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
@@ -146,7 +146,7 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
         raise UnreadableSource(index_path, "the NDTiff index lists no images")
     first = entries[0]
     width, height, ptype = first[3], first[4], first[5]
-    for axes, name, _, w, h, pt, comp in entries:
+    for _axes, name, _, w, h, pt, comp in entries:
         if comp != 0:
             raise UnreadableSource(folder / name, f"NDTiff pixel compression {comp} is not supported")
         if (w, h, pt) != (width, height, ptype):

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,9 +39,9 @@ from tensor_server.adapters._strided import StridedReads, strided_slices
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.arrays import owned_array
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import HERTZ, METER, MICROMETER, MICROSECOND, MILLIMETER, MILLISECOND, SECOND
 from tensor_server.errors import UnreadableSource

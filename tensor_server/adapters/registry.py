@@ -13,9 +13,9 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.errors import TensorServerError, UnknownFormat, UnreadableSource
@@ -132,7 +132,7 @@ class _BudgetedFile(io.FileIO):
         super().__init__(path, "rb")
         self._path, self._max, self._left, self._deadline = path, max_bytes, max_bytes, deadline
 
-    def readinto(self, buffer) -> int | None:  # noqa: ANN001 - io signature
+    def readinto(self, buffer) -> int | None:  # io signature
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise UnreadableSource(self._path, "gave up: opening ran past its deadline")
         n = super().readinto(buffer)

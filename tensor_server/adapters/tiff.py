@@ -17,26 +17,27 @@ import os
 import re
 import struct
 import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.adapters._file_stamp import changed_since, file_stamp
 from tensor_server.adapters._strided import strided_slices
 from tensor_server.adapters._tiff_striles import SeriesStriles, decode_windows
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo
-from tensor_server.core.identity import file_content_version
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import DEFAULT_IDLE_SECONDS, LazyHandle
+from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
-from tensor_server.core.units import MICROMETER, SECOND, format_unit
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
+from tensor_server.core.units import MICROMETER, SECOND, format_unit
 from tensor_server.errors import UnreadableSource
-from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     import tifffile

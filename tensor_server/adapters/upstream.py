@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from tensor_server.adapters.zarr import _is_zarr_folder, _Node, _root_is_ome, _StoreWalker

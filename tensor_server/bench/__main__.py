@@ -62,14 +62,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+def top_parser() -> argparse.ArgumentParser:
+    """The parser of the command's name (each command's own parser is built when it runs)."""
     top = argparse.ArgumentParser(prog="python -m tensor_server.bench",
                                   description="Benchmarks of tensor-server (not timed tests).")
     sub = top.add_subparsers(dest="command", required=True, metavar="command")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
-    ns = top.parse_args(argv[:1])
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ns = top_parser().parse_args(argv[:1])
     module_name, help_text = COMMANDS[ns.command]
     try:
         module = importlib.import_module(module_name)

@@ -11,8 +11,8 @@ run that set it.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
 
@@ -44,9 +44,10 @@ def forced_area_path(path: str) -> Iterator[None]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from tensor_server_kernels.plan import _STRIDED_ADD_MAX_BLOCK, area_path
+
     from tensor_server.bench.kernels import _interleaved_ms
     from tensor_server.core.downsample import downsample_block
-    from tensor_server_kernels.plan import _STRIDED_ADD_MAX_BLOCK, area_path
 
     repeats = max(5, args.repeats)
     rng = np.random.default_rng(0)
@@ -56,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
         shape = QUICK_SHAPES[shape] if args.quick else shape
         x = rng.integers(0, np.iinfo(dtype).max, size=shape, dtype=dtype, endpoint=True)
         for scale in scales:
-            def run(path: str, scale=scale):
+            def run(path: str, scale=scale, x=x):
                 with forced_area_path(path):
                     return downsample_block(x, scale, "area")
 

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 from pathlib import Path
@@ -34,7 +35,7 @@ def _measure(work: Path, size: str, json_path: str | None, repeats: int) -> list
     from tensor_server.bench.fixtures import SIZES, drop_page_cache, plane
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
-    from tensor_server.core import Bounds, plan_read
+    from tensor_server.core import plan_read
     from tensor_server.core.downsample import warm_up
     from tensor_server.core.engine import ReadEngine
     from tensor_server.testing import start_serving
@@ -104,10 +105,10 @@ def _measure(work: Path, size: str, json_path: str | None, repeats: int) -> list
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, data_dir=False)
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_cache_reads(args.size, args.json_path)
     return 0

@@ -13,6 +13,7 @@ Ours and the peer alternate within each measurement; medians of ``--repeats`` ru
 """
 from __future__ import annotations
 
+import argparse
 import shutil
 import tempfile
 import threading
@@ -26,7 +27,7 @@ from tensor_server.bench.timing import median_ms, print_table, write_json
 __all__ = ["run_guards"]
 
 
-def _alternating(ours, peer, repeats: int) -> tuple[float, float]:  # noqa: ANN001 - callables
+def _alternating(ours, peer, repeats: int) -> tuple[float, float]:  # callables
     """Medians of ours and the peer, run turn about so drift hits both alike."""
     a, b = [], []
     for _ in range(repeats):
@@ -184,11 +185,11 @@ def run_guards(json_path: str | None = None, repeats: int = 15) -> list[dict[str
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=15, help="alternating runs per case (default 15)")
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
 
 
-def main(args) -> int:  # noqa: ANN001 - argparse namespace
+def main(args: argparse.Namespace) -> int:
     run_guards(args.json_path, args.repeats)
     return 0

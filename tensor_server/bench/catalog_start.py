@@ -14,6 +14,7 @@ A generated root of ``--files`` small files of mixed formats (npy, TIFF, HDF5, M
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -31,7 +32,7 @@ from tensor_server.bench.timing import Progress, print_table, write_json
 __all__ = ["make_tree"]
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--files", type=int, default=10_000, help="small files (default 10,000)")
     parser.add_argument("--large", type=int, default=100, help="large files (default 100)")
     parser.add_argument("--large-mib", type=int, default=32, help="size of each large file in MiB (default 32)")
@@ -197,7 +198,7 @@ def _serve_once(root: Path, home: Path, expected: int, timeout: float = 600) -> 
         proc.wait(60)
 
 
-def main(args) -> int:  # noqa: ANN001 - argparse namespace
+def main(args: argparse.Namespace) -> int:
     base = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="tensor-server-catalog-start-"))
     try:
         root, home = base / "root", base / "home"

@@ -13,6 +13,7 @@ fast decoder.
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import statistics
 import time
@@ -31,7 +32,7 @@ def _synthetic(shape: tuple[int, ...]) -> Any:
     class SyntheticVolume(TensorAdapter):
         """uint16 pixels ``7z + 3y + x`` (wrapping): deterministic, no memory held."""
 
-        def read_region(self, bounds):  # noqa: ANN001, ANN202
+        def read_region(self, bounds):
             z, y, x = (np.arange(s.start, s.stop, dtype=np.uint16) for s in bounds.to_slices())
             out = np.empty(bounds.shape, np.uint16)
             np.add((z * np.uint16(7))[:, None, None], (y * np.uint16(3))[None, :, None], out=out)
@@ -63,7 +64,7 @@ def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repe
     sdk = TensorFlightClient(server.location, cache_bytes=0)
     expected = _expected_plane_sums(tensor, scale)
 
-    def via_sdk(compute) -> None:  # noqa: ANN001
+    def via_sdk(compute) -> None:
         level = sdk.get_tensor("synthetic", scale_hint=list(scale), reduction_method="area")
         sums = compute(level.astype(np.float64).sum(axis=(1, 2)))
         if not all(np.isclose(sums[z], want) for z, want in expected.items()):
@@ -118,13 +119,13 @@ def _expected_plane_sums(tensor: Any, scale: tuple[int, int, int]) -> dict[int, 
                      .astype(np.float64).sum()) for z in (0, last)}
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gib", type=float, default=4.0, help="tensor size in GiB (default 4)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4], help="cluster sizes (default 1 2 4)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_distributed(args.gib, tuple(args.workers), args.repeats, json_path=args.json_path)
     return 0

@@ -12,6 +12,7 @@ against the peer's decode of the same rows once.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from pathlib import Path
@@ -116,11 +117,11 @@ def run_encoded(size: str = "small", json_path: str | None = None, repeats: int 
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per case (median)")
 
 
-def main(args) -> int:  # noqa: ANN001 - argparse namespace
+def main(args: argparse.Namespace) -> int:
     run_encoded(args.size, args.json_path, args.repeats, args.data_dir)
     return 0

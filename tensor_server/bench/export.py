@@ -14,6 +14,7 @@ Each runs in its own process, one after the other, so its wall time and peak RSS
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -43,31 +44,31 @@ def source(path):
     return da.from_zarr(zarr.open(tifffile.imread(path, aszarr=True), mode="r"))
 """
 
-_NGFF_ZARR = _DASK_SOURCE + """
+_NGFF_ZARR = _DASK_SOURCE + f"""
 import sys, ngff_zarr as nz
 from zarr.codecs import BloscCodec
 src, dest, ndim = sys.argv[1], sys.argv[2], int(sys.argv[3])
 dims = ["z", "y", "x"][3 - ndim:]
 image = nz.to_ngff_image(source(src), dims=dims)
-factors = [{{**({{"z": 1}} if ndim == 3 else {{}}), "y": 2**k, "x": 2**k}} for k in range(1, {levels})]
+factors = [{{**({{"z": 1}} if ndim == 3 else {{}}), "y": 2**k, "x": 2**k}} for k in range(1, {LEVELS})]
 ms = nz.to_multiscales(image, scale_factors=factors, method=nz.Methods.ITKWASM_BIN_SHRINK,
-                       chunks={{d: ({chunk} if d != "z" else 16) for d in dims}})
+                       chunks={{d: ({CHUNK} if d != "z" else 16) for d in dims}})
 nz.to_ngff_zarr(dest, ms, version="0.5", chunks_per_shard=8 if ndim == 2 else (1, 4, 4),
                 compressors=[BloscCodec(cname="zstd", clevel=5, shuffle="shuffle")])
-""".format(levels=LEVELS, chunk=CHUNK)
+"""
 
-_OME_ZARR_PY = _DASK_SOURCE + """
+_OME_ZARR_PY = _DASK_SOURCE + f"""
 import sys, zarr, numcodecs
 from ome_zarr.writer import write_image
 from ome_zarr.format import FormatV04
 src, dest, ndim = sys.argv[1], sys.argv[2], int(sys.argv[3])
 group = zarr.open_group(dest, mode="w", zarr_format=2)
-chunks = ({chunk}, {chunk}) if ndim == 2 else (16, {chunk}, {chunk})
-write_image(source(src), group, scale_factors=[2**k for k in range(1, {levels})], axes="zyx"[3 - ndim:], fmt=FormatV04(),
+chunks = ({CHUNK}, {CHUNK}) if ndim == 2 else (16, {CHUNK}, {CHUNK})
+write_image(source(src), group, scale_factors=[2**k for k in range(1, {LEVELS})], axes="zyx"[3 - ndim:], fmt=FormatV04(),
             storage_options=dict(chunks=chunks, compressor=numcodecs.Blosc(cname="zstd", clevel=5, shuffle=1)))
-""".format(levels=LEVELS, chunk=CHUNK)
+"""
 
-_FLOOR = """
+_FLOOR = f"""
 import sys, os, numpy as np, tifffile, zarr, numcodecs
 from concurrent.futures import ThreadPoolExecutor
 src, dest = sys.argv[1], sys.argv[2]
@@ -79,18 +80,18 @@ def piece(args):
     i, j = args
     block = np.asarray(arr[..., i:i + step, j:j + step])
     n = 0
-    for k in range({levels}):  # every level's bytes, by striding (the reduction is not the floor)
+    for k in range({LEVELS}):  # every level's bytes, by striding (the reduction is not the floor)
         level = np.ascontiguousarray(block[..., ::2**k, ::2**k])
-        for a in range(0, level.shape[-2], {chunk}):
-            for b in range(0, level.shape[-1], {chunk}):
-                data = blosc.encode(np.ascontiguousarray(level[..., a:a + {chunk}, b:b + {chunk}]))
+        for a in range(0, level.shape[-2], {CHUNK}):
+            for b in range(0, level.shape[-1], {CHUNK}):
+                data = blosc.encode(np.ascontiguousarray(level[..., a:a + {CHUNK}, b:b + {CHUNK}]))
                 with open(f"{{dest}}/{{k}}.{{i}}.{{j}}.{{a}}.{{b}}", "wb") as f:
                     n += f.write(data)
     return n
 cells = [(i, j) for i in range(0, arr.shape[-2], step) for j in range(0, arr.shape[-1], step)]
 with ThreadPoolExecutor(os.cpu_count()) as pool:
     print(sum(pool.map(piece, cells)))
-""".format(levels=LEVELS, chunk=CHUNK)
+"""
 
 
 def _sources(data_dir: Path, size: str) -> list[tuple[str, Path, int]]:
@@ -176,7 +177,7 @@ def _writers(src: Path, dest: Path, ndim: int) -> dict[str, list[str]]:
     }
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.set_defaults(size="small")
     for action in parser._actions:  # the common --size, with this bench's extra "tiny" (a smoke run)
@@ -187,7 +188,7 @@ def add_arguments(parser) -> None:  # noqa: ANN001
     parser.add_argument("--rss-cap-gb", type=float, default=16, help="resident GB a writer may hold before it is stopped")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir or Path(tempfile.gettempdir()) / "tensor-server-bench-export")
     data_dir.mkdir(parents=True, exist_ok=True)
     rows, table = [], []

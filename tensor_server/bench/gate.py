@@ -22,6 +22,7 @@ and the command that reproduces it:
 """
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -62,7 +63,7 @@ class Failure:
     reproduce: str
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", default="HEAD~1", help="commit to compare HEAD with (gate 1)")
     parser.add_argument("--bench", action="append", default=[],
                         help="asv --bench regex (repeatable); default: the gated set, GATED_BENCHMARKS")
@@ -96,7 +97,7 @@ def resolve_base(repo: Path, rev: str) -> tuple[str | None, str]:
     return sha, ""
 
 
-def _asv(repo: Path, asv_dir: Path, args: list[str], log) -> int:  # noqa: ANN001 - text file
+def _asv(repo: Path, asv_dir: Path, args: list[str], log) -> int:  # text file
     """Run asv from asv_bench/ with the gate's config; stream its output to stdout and ``log``."""
     conf = json.loads((repo / "asv_bench" / "asv.conf.json").read_text())
     conf.update(repo=str(repo), env_dir=str(asv_dir / "env"), results_dir=str(asv_dir / "results"),
@@ -211,7 +212,7 @@ def gate_floors(names: str, data_dir: Path) -> tuple[list[Failure], list[str]]:
     if unknown:
         raise SystemExit(f"unknown floor(s) {sorted(unknown)}; known: {[f.name for f in FLOORS]}")
     failures, notes = [], []
-    print(f"\ngate 2: floors relative to peers in this run (best of N, alternating)", flush=True)
+    print("\ngate 2: floors relative to peers in this run (best of N, alternating)", flush=True)
     for floor in FLOORS:
         if wanted is not None and floor.name not in wanted:
             continue
@@ -230,7 +231,7 @@ def gate_floors(names: str, data_dir: Path) -> tuple[list[Failure], list[str]]:
     return failures, notes
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     repo = Path(_git(Path.cwd(), "rev-parse", "--show-toplevel"))
     asv_dir = (repo / args.asv_dir).resolve()
     t0 = time.perf_counter()

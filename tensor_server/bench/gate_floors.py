@@ -20,13 +20,14 @@ An enforced floor that misses is measured again before the gate fails (``measure
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +49,7 @@ class Floor:
     peer: str          # what it is compared with
     max_ratio: float   # largest allowed ours_time / peer_time
     enforced: bool     # False: measured and printed, never fails the gate
-    setup: Callable[[Path], ContextManager[tuple[Thunk, Thunk]]]  # data dir -> (ours, peer)
+    setup: Callable[[Path], AbstractContextManager[tuple[Thunk, Thunk]]]  # data dir -> (ours, peer)
     waits_for: str = ""  # why not enforced yet
 
     def describe_limit(self) -> str:

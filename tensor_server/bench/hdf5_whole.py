@@ -15,11 +15,13 @@ Every path is checked bit-identical to the written array before it is timed.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +32,7 @@ SHAPE = (60, 1065, 1030)
 LAYOUTS: dict[str, tuple[int, ...] | None] = {"contiguous": None, "chunked (1, 1065, 1030)": (1, 1065, 1030)}
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed runs of each path (default 7, medians)")
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
 
@@ -66,7 +68,7 @@ def _paths(path: Path, tensor: Any, runtime: Any, clients: dict[str, Any]) -> di
             "SDK, server cached (mapped)": lambda: clients["cached"].get_array(tensor.array_id)}
 
 
-def main(args) -> int:  # noqa: ANN001 - argparse namespace
+def main(args: argparse.Namespace) -> int:
     from biopb.tensor import TensorFlightClient
 
     from tensor_server.cache import CacheManager

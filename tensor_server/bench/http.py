@@ -17,6 +17,7 @@ precache off and on, alternating, to show that precache work does not slow a cli
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import statistics
 import tempfile
@@ -286,11 +287,11 @@ def _precache_burst(root: Path, rounds: int = 3) -> list[dict[str, Any]]:
     return [{"level": "pan burst", "transport": "HTTP", "precache_off_ms": off, "precache_on_ms": on}]
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_http(args.size, args.data_dir, args.json_path)
     return 0
 

@@ -215,8 +215,8 @@ def main(ns: argparse.Namespace) -> int:
     root = Path(ns.data_dir or Path(tempfile.gettempdir()) / "ts-bench-iiif-data") / f"iiif-{side}"  # kept: reused
     root.mkdir(parents=True, exist_ok=True)
     _write_fixtures(root, side)
-    from tensor_server.core.downsample import warm_up
     from tensor_server.adapters.memory import ArrayAdapter
+    from tensor_server.core.downsample import warm_up
     from tensor_server.core.level_grid import published_levels
 
     warm_up()  # the kernels, as ``serve`` loads them at start: not a cost of the first scaled tile

@@ -25,11 +25,11 @@ import argparse
 import importlib
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-
 from tensor_server_kernels.cases import BENCH_CASES, BenchCase
 
 Thunk = Callable[[], Any]
@@ -110,7 +110,7 @@ class _Peers:
     notes: list[str]
 
     @classmethod
-    def load(cls) -> "_Peers":
+    def load(cls) -> _Peers:
         notes = []
         ts, n1 = _try_import("tensorstore")
         skt, n2 = _try_import("skimage.transform")
@@ -159,8 +159,9 @@ def main(args: argparse.Namespace) -> int:
     import dataclasses
     import os
 
-    from tensor_server.core.downsample import downsample_block, warm_up
     from tensor_server_kernels.probe import read_probe
+
+    from tensor_server.core.downsample import downsample_block, warm_up
 
     repeats = max(5, args.repeats)
     peers = _Peers.load()

@@ -27,12 +27,14 @@ within 10 % of the quiet phase's; CPU idle within 2 s of the last request.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -62,8 +64,9 @@ def _rss_bytes(pid: int, field: str = "VmRSS") -> int:
 
 def _expected(n: int) -> dict[str, np.ndarray]:
     """The pixels each read of the well-behaved mix must return (every fixture holds ``plane(n)``)."""
-    from tensor_server.bench.fixtures import plane
     from tensor_server_kernels.reference import downsample
+
+    from tensor_server.bench.fixtures import plane
 
     data = plane(n)
     return {"full": data, "crop": data[300:812, 100:612], "area x4": downsample(data, [4, 4], "area"),
@@ -131,7 +134,7 @@ def _well_behaved(ops_of: Callable[[], list[Op]], stop: threading.Event, out: li
         except AssertionError as exc:  # an op's own read-back check (the upload)
             wrong.append(f"{kind}: {str(exc)[:200]}")
             continue
-        except Exception as exc:  # noqa: BLE001 - counted, never fatal to the run
+        except Exception as exc:  # counted, never fatal to the run
             errors.append(f"{kind}: {type(exc).__name__}: {str(exc)[:200]}")
             continue
         out.append((kind, (time.perf_counter() - t0) * 1e3))
@@ -162,7 +165,7 @@ def _hostile(location: str, http_url: str, metrics_url: str | None, array_id: st
         while not stop.is_set():
             try:
                 attacks[i % len(attacks)]()
-            except Exception:  # noqa: BLE001 - refusals are the point
+            except Exception:  # refusals are the point
                 pass
             sent.append(i)
             i += 1
@@ -285,7 +288,7 @@ def _report(results: list[dict[str, Any]], alive: bool, budget: int) -> None:
                 print(f"{key.replace('_', ' ')} ({r['phase']}): {r[key]}")
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--seconds", type=float, default=60.0, help="length of the quiet phase (default 60)")
     parser.add_argument("--hostile-seconds", type=float, default=180.0,
@@ -297,7 +300,7 @@ def add_arguments(parser) -> None:  # noqa: ANN001
                         help="the same phases with no hostile client: the memory growth of the honest load alone")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_load(args.size, args.data_dir, args.json_path, args.seconds, args.cache_max_bytes, args.hostile_seconds,
              args.after_seconds, args.control)
     return 0

@@ -12,6 +12,7 @@ and p90 per request and the on/off ratio of the p50s (the target is ≤ 1.03).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import statistics
@@ -25,7 +26,7 @@ __all__ = ["run_metrics"]
 SHAPE, CHUNK = (512, 512), (64, 64)
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=400, help="requests per door, server and round (default 400)")
     parser.add_argument("--rounds", type=int, default=8, help="alternating rounds (default 8)")
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
@@ -92,7 +93,7 @@ def run_metrics(requests: int = 400, rounds: int = 8) -> list[dict]:
     return rows
 
 
-def main(args) -> int:  # noqa: ANN001 - argparse namespace
+def main(args: argparse.Namespace) -> int:
     load = os.getloadavg()
     rows = run_metrics(args.requests, args.rounds)
     print(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")

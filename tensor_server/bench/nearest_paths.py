@@ -6,6 +6,7 @@ the engine's streamed path (decimation turned off for the call), on one plane at
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +86,10 @@ def run_nearest_paths(size: str = "small", data_dir: str | None = None, json_pat
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_nearest_paths(args.size, args.data_dir, args.json_path)
     return 0

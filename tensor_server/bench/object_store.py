@@ -9,6 +9,7 @@ alternate, medians of ``--repeats``. Reads go through the biopb SDK like a clien
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import statistics
@@ -94,12 +95,12 @@ def run_object_store(n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: 
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", type=int, default=8192, help="plane edge in pixels (default 8192)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_object_store(args.size, repeats=args.repeats, json_path=args.json_path)
     return 0

@@ -18,7 +18,9 @@ so all compute the same pixels.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import argparse
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -191,7 +193,7 @@ def _run_plane_peers(size: str, data_dir: str | None, cold_repeats: int, warm_re
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--tables", choices=("all", "plane", "zarr"), default="all",
                         help="plane: the OME-Zarr/OME-TIFF plane vs each peer; zarr: every zarr layout vs TensorStore")
@@ -199,7 +201,7 @@ def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
                         help="the plane table: only these fixtures' rows (repeatable; default both)")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_peers(args.size, args.data_dir, args.json_path, tables=args.tables,
               formats=tuple(args.formats or ("ome-zarr", "ome-tiff")))
     return 0

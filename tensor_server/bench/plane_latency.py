@@ -9,6 +9,7 @@ localhost fast path). Medians.
 """
 from __future__ import annotations
 
+import argparse
 import tempfile
 from typing import Any
 
@@ -110,11 +111,11 @@ def run_plane_latency(size: str = "small", data_dir: str | None = None, json_pat
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
     parser.add_argument("--no-server", action="store_true", help="adapter path only")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_plane_latency(args.size, args.data_dir, args.json_path, server=not args.no_server)
     return 0

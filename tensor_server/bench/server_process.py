@@ -12,9 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 __all__ = ["ServerProcess", "cpu_seconds", "server_process", "wait_idle"]
 

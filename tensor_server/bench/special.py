@@ -16,12 +16,14 @@ repeat computes. Results are checked equal (on = off = oracle) before they are t
 """
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -108,8 +110,8 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
     from tensor_server.catalog import Catalog
     from tensor_server.core.bounds import Bounds
     from tensor_server.core.downsample import warm_up
-    from tensor_server.core.uniform import uniform_value
     from tensor_server.core.stream_reduce import iter_units
+    from tensor_server.core.uniform import uniform_value
     from tensor_server.testing import start_serving
 
     warm_up()
@@ -189,11 +191,11 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, data_dir=False)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_special(args.size, args.json_path, args.repeats)
     return 0

@@ -6,6 +6,7 @@ from memory (the ceiling of the transport).
 """
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import contextlib
 import json
@@ -58,12 +59,12 @@ def chunk_server(arr: np.ndarray, chunk_shape: tuple[int, ...], source_id: str =
         shutil.rmtree(cache_dir, ignore_errors=True)
 
 
-def read_doget(client, ticket) -> int:  # noqa: ANN001 - pyarrow FlightClient, Ticket
+def read_doget(client, ticket) -> int:  # pyarrow FlightClient, Ticket
     """One chunk through DoGet; returns its byte count."""
     return client.do_get(ticket).read_all().column("data")[0].as_buffer().size
 
 
-def read_fast_path(client, ticket) -> int:  # noqa: ANN001 - pyarrow FlightClient, Ticket
+def read_fast_path(client, ticket) -> int:  # pyarrow FlightClient, Ticket
     """One chunk through the localhost fast path, as the SDK does it: ``chunk_locate``, then
     map the segment file and read the batch in place, faulting every page in (as a consumer
     of the view would). Returns its byte count."""
@@ -130,11 +131,11 @@ def run_throughput(size: str = "small", json_path: str | None = None, seconds: f
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, data_dir=False)
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per row")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_throughput(args.size, args.json_path, args.seconds)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["median_ms", "alternating_median_ms", "Progress", "print_table", "add_common_arguments", "write_json"]
 
@@ -70,7 +70,7 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], stream
             stream.write("  ".join("-" * w for w in widths) + "\n")
 
 
-def add_common_arguments(parser, *, data_dir: bool = True, sizes: str | None = None) -> None:  # noqa: ANN001
+def add_common_arguments(parser, *, data_dir: bool = True, sizes: str | None = None) -> None:
     """The options every fixture-based bench command takes (``sizes``: what ``--size`` means
     for this command, when not the plane benches' 2048² / 8192²)."""
     parser.add_argument("--size", choices=("small", "full"), default="small",

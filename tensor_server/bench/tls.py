@@ -15,13 +15,15 @@ before the timing, so no handshake is in the numbers (a client pays it once per 
 """
 from __future__ import annotations
 
+import argparse
 import shutil
 import ssl
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -49,13 +51,13 @@ class _Pair:
         self.served = start_serving(catalog, cache=self.cache, http=True, tls=tls, precache_bytes=0)
         self.tls = tls
 
-    def flight_client(self):  # noqa: ANN201 - pyarrow FlightClient
+    def flight_client(self):  # pyarrow FlightClient
         import pyarrow.flight as flight
 
         extra = {"tls_root_certs": self.tls.cert_pem} if self.tls is not None else {}
         return flight.FlightClient(self.served.location, **extra)
 
-    def http_client(self):  # noqa: ANN201 - httpx Client
+    def http_client(self):  # httpx Client
         import httpx
 
         verify = ssl.create_default_context(cadata=self.tls.cert_pem.decode()) if self.tls is not None else True
@@ -67,7 +69,7 @@ class _Pair:
         shutil.rmtree(self.cache_dir, ignore_errors=True)
 
 
-def _tickets(client, array_id: str) -> list:  # noqa: ANN001
+def _tickets(client, array_id: str) -> list:
     import pyarrow.flight as flight
     from biopb.tensor import descriptor_pb2
 
@@ -78,7 +80,7 @@ def _tickets(client, array_id: str) -> list:  # noqa: ANN001
     return [ep.ticket for ep in info.endpoints]
 
 
-def _doget(client, ticket) -> int:  # noqa: ANN001
+def _doget(client, ticket) -> int:
     return client.do_get(ticket).read_all().column("data")[0].as_buffer().size
 
 
@@ -169,11 +171,11 @@ def run_tls(rounds: int = 5, json_path: str | None = None,
     return rows
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser, data_dir=False)
     parser.add_argument("--rounds", type=int, default=5, help="alternating plaintext/TLS rounds per case")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_tls(args.rounds, args.json_path)
     return 0

@@ -20,6 +20,7 @@ so the client's Python never competes with a server's for one interpreter lock.
 """
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import json
 import os
@@ -161,7 +162,7 @@ def _serve(write_dir: str) -> None:
     ours = start_serving(cat, write_dir=write_dir, writable=True, scratch_ttl=0)
 
     class Discard(flight.FlightServerBase):
-        def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+        def do_put(self, context, descriptor, reader, writer):
             reader.read_all()
 
     bare, peer = Discard("grpc://127.0.0.1:0"), _discarding_upload_server()
@@ -188,7 +189,7 @@ def _discarding_upload_server() -> Any:
             super().__init__("grpc://127.0.0.1:0")
             self.tensors: dict[str, Any] = {}
 
-        def do_action(self, context, action):  # noqa: ANN001
+        def do_action(self, context, action):
             if action.type == "health":
                 return iter([flight.Result(json.dumps({"protocol": 3, "status": "SERVING"}).encode())])
             if action.type == "add_tensor":
@@ -202,7 +203,7 @@ def _discarding_upload_server() -> Any:
             st = descriptor_pb2.UploadStatus(state=req.state, expected_chunks=n, uploaded_chunks=n)
             return iter([flight.Result(st.SerializeToString())])
 
-        def get_flight_info(self, context, descriptor):  # noqa: ANN001
+        def get_flight_info(self, context, descriptor):
             opt = descriptor_pb2.FlightRequest.FromString(descriptor.command).tensor_read
             d = self.tensors[opt.array_id]
             grids = [range(0, a, c) for a, c in zip(d.shape, d.chunk_shape)]
@@ -215,13 +216,13 @@ def _discarding_upload_server() -> Any:
             return flight.FlightInfo(PLAN_SCHEMA, flight.FlightDescriptor.for_command(d.SerializeToString()),
                                      endpoints, -1, -1, app_metadata=opt.SerializeToString())
 
-        def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+        def do_put(self, context, descriptor, reader, writer):
             reader.read_all()
 
     return Server()
 
 
-def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mib", type=int, default=256, help="array size in MiB (8 MiB chunks)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds (ours and the peers alternate)")
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
@@ -229,7 +230,7 @@ def add_arguments(parser) -> None:  # noqa: ANN001 - argparse parser
                                                "(default: the temp dir)")
 
 
-def main(args) -> int:  # noqa: ANN001
+def main(args: argparse.Namespace) -> int:
     run_uploads(args.mib, args.repeats, args.json_path, args.write_dir_on)
     return 0
 

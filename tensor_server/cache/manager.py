@@ -36,17 +36,25 @@ import stat
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_index import index_path, read_index, write_index
-from tensor_server.cache.segment_store import (CorruptEntry, SegmentEntry, SegmentWriter, header_ok, segment_name,
-                                               verify_batch, walk_segment)
+from tensor_server.cache.segment_store import (
+    CorruptEntry,
+    SegmentEntry,
+    SegmentWriter,
+    header_ok,
+    segment_name,
+    verify_batch,
+    walk_segment,
+)
 from tensor_server.core.folder_lock import FolderHeld, FolderLock
 from tensor_server.core.uniform import constant_value
 

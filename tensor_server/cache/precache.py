@@ -28,8 +28,9 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -64,6 +65,7 @@ class Precacher:
         if engine.store is None:
             raise ValueError("precache needs a read engine with a chunk store")
         self.engine = engine
+        self.store = engine.store
         self.policy = policy
         self.budget_bytes = int(budget_bytes)
         self._queue: deque[tuple[TensorAdapter, ChunkId]] = deque(maxlen=max_queue)
@@ -136,7 +138,7 @@ class Precacher:
         key = cid.encode()
         with self._lock:
             fits = self._kept_bytes + pixels.nbytes <= self.budget_bytes
-            if fits and key not in self._kept and not self.engine.store.contains_all([key]):
+            if fits and key not in self._kept and not self.store.contains_all([key]):
                 self._kept[key] = (cid, pixels.copy())  # the door goes on using its own array
                 self._kept_bytes += pixels.nbytes
         if not fits:
@@ -147,7 +149,7 @@ class Precacher:
         """Queue the chunks of ``cids`` not cached or queued yet, up to ``budget_bytes``
         (``after_read``'s neighbours; a door's chunks it served a cold region without)."""
         spent = 0
-        store = self.engine.store
+        store = self.store
         with self._lock:
             for nxt in cids:
                 nkey = nxt.encode()
@@ -251,7 +253,7 @@ class Precacher:
 
     def _store_kept(self, key: bytes, cid: ChunkId, pixels: np.ndarray) -> None:
         try:
-            self.engine.store.get_or_compute(key, lambda: pixels)
+            self.store.get_or_compute(key, lambda: pixels)
         except Exception as exc:  # a full disk: the chunk is computed on its next read
             with self._lock:
                 self.stats["errors"] += 1
@@ -275,7 +277,7 @@ def _wire(method: str) -> str | None:
     return None if method == "none" else method
 
 
-def _prod(values) -> int:  # noqa: ANN001
+def _prod(values) -> int:
     out = 1
     for v in values:
         out *= int(v)

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -68,7 +68,7 @@ class SegmentEntry:
     nbytes: int  # the chunk's pixel bytes
 
 
-def _checksum(key: bytes, dtype: str, shape: list[int], data) -> int:  # noqa: ANN001 - buffer
+def _checksum(key: bytes, dtype: str, shape: list[int], data) -> int:  # buffer
     """xxh3-64 of the pixel bytes, seeded with a digest of (key, dtype, shape): one pass over
     the pixels (a streaming hasher measured slower on 8 MiB than the one-shot call)."""
     meta = len(key).to_bytes(4, "little") + key + dtype.encode() + b"\0" + np.asarray(shape, dtype="<i8").tobytes()
@@ -95,7 +95,7 @@ class _Gather:
     def __init__(self) -> None:
         self.parts: list = []
 
-    def write(self, data) -> int:  # noqa: ANN001 - bytes-like
+    def write(self, data) -> int:  # bytes-like
         self.parts.append(data)
         return memoryview(data).nbytes
 
@@ -123,7 +123,7 @@ def message_parts(batch: pa.RecordBatch) -> list:
     return parts
 
 
-def header_ok(segment_bytes) -> bool:  # noqa: ANN001 - bytes-like
+def header_ok(segment_bytes) -> bool:  # bytes-like
     """True when the segment starts with exactly our schema message. A client of the fast path
     reads the schema from offset 0 of the file, so a batch is only as good as this header.
     Compared byte for byte (no parser meets damaged bytes); a pyarrow that serialises the
@@ -206,7 +206,7 @@ class SegmentWriter:
             self.path.unlink(missing_ok=True)
             raise
 
-    def _write(self, data) -> None:  # noqa: ANN001 - bytes-like
+    def _write(self, data) -> None:  # bytes-like
         """All of ``data`` at the end, or nothing (``_write_parts``)."""
         self._write_parts([data])
 

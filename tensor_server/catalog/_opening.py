@@ -27,9 +27,10 @@ import multiprocessing
 import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.adapters.registry import claim_format, formats, open_source
 from tensor_server.catalog.discovery import Claim, links_leaving
@@ -168,7 +169,7 @@ class Opening:
     walk of millions of files never queues millions of opens."""
 
     def __init__(self, catalog: Catalog, pool: cf.ThreadPoolExecutor, tally: dict[str, int],
-                 skipped: list[tuple[Path, str]], seen: set[str], on_unclaimed=None) -> None:  # noqa: ANN001
+                 skipped: list[tuple[Path, str]], seen: set[str], on_unclaimed=None) -> None:
         self.catalog, self.pool, self.tally, self.skipped, self.seen = catalog, pool, tally, skipped, seen
         self.on_unclaimed = on_unclaimed
         self.covered: set[Path] = set()

@@ -18,16 +18,17 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from tensor_server.adapters.registry import FormatEntry, formats
-from tensor_server.catalog._opening import (DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record,
-                                            stored_row)
-from tensor_server.catalog.discovery import Claim, discover
-from tensor_server.catalog.record import ServedTensor, SourceRecord, stat_signature as _stat_signature, tensor_row
-from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
+from tensor_server.catalog._opening import DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record, stored_row
 from tensor_server.catalog.decode_rates import DecodeRates
+from tensor_server.catalog.discovery import Claim, discover
+from tensor_server.catalog.record import ServedTensor, SourceRecord
+from tensor_server.catalog.record import stat_signature as _stat_signature
+from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits, SqlViews
 from tensor_server.catalog.store import CatalogStore, StoredRow

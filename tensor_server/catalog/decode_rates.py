@@ -29,7 +29,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from tensor_server.errors import TensorServerError
 
@@ -81,7 +82,7 @@ class DecodeRates:
         self._loaded = True
         try:
             stored = self._store.load_decode_rates()
-        except Exception as exc:  # noqa: BLE001 - diagnostics, never load-bearing
+        except Exception as exc:
             _store_failed("cannot load the stored rows; measuring afresh", exc)
             return
         for array_id, (mbps, samples, updated_at) in stored.items():
@@ -101,7 +102,7 @@ class DecodeRates:
             store, self._next_flush = self._store, time.monotonic() + FLUSH_SECONDS
         try:
             store.save_decode_rates(rows)
-        except Exception as exc:  # noqa: BLE001 - diagnostics, never load-bearing
+        except Exception as exc:
             _store_failed("cannot store the rows", exc)
 
     def record(self, array_id: str, nbytes: int, seconds: float) -> None:
@@ -150,7 +151,7 @@ class DecodeRates:
                 self._load()
             return {k: (v[0], v[1]) for k, v in sorted(self._rows.items())}
 
-    def table(self):  # noqa: ANN201 - pa.Table
+    def table(self):  # pa.Table
         """The rows as the ``decode_rates`` table (array_id, mbps, samples, updated_at)."""
         import datetime
 
@@ -160,7 +161,7 @@ class DecodeRates:
             if not self._loaded:
                 self._load()
             rows = sorted((k, v[0], v[1], v[2]) for k, v in self._rows.items())
-        utc = datetime.timezone.utc
+        utc = datetime.UTC
         return pa.table({
             "array_id": pa.array([r[0] for r in rows], pa.string()),
             "mbps": pa.array([r[1] for r in rows], pa.float64()),

@@ -26,9 +26,9 @@ import itertools
 import os
 import stat
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 from tensor_server.adapters.registry import FormatEntry, claim_format, formats
 from tensor_server.errors import ReadCancelled, ResourceExhausted

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
-from tensor_server.catalog.catalog import Catalog, _stat_signature, _under
 from tensor_server.adapters.registry import formats
+from tensor_server.catalog.catalog import Catalog, _stat_signature, _under
 from tensor_server.catalog.discovery import Claim, WalkBudget, discover
 from tensor_server.core.identity import source_id_for_path
-from tensor_server.errors import InvalidArgument, PermissionDenied, ReadCancelled, ResourceExhausted
+from tensor_server.errors import InvalidArgument, PermissionDenied, ResourceExhausted
 
 __all__ = ["DND_PREFIX", "AddProgress", "AddTally", "AddLimits", "DroppedPaths", "SYSTEM_PATHS"]
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.identity import source_id_for_url
 from tensor_server.errors import UnreadableSource

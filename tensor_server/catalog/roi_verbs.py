@@ -9,8 +9,9 @@ then the rows are taken batch by batch within ``RoiLimits.max_request_bytes``, t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from tensor_server.catalog.rois import is_reserved_set
 from tensor_server.core.bounded_stream import take_within

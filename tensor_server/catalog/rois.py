@@ -25,9 +25,10 @@ import math
 import threading
 import uuid
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -36,9 +36,10 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Hashable, Mapping
+from typing import Any
 
 from tensor_server.errors import InvalidArgument
 

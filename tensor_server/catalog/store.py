@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["CatalogStore", "CatalogStoreBusy", "StoredRow", "FORMAT"]
 

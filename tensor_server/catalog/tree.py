@@ -11,7 +11,8 @@ listed (there is nothing to open).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import unquote
 
 __all__ = ["tree_parts", "CatalogTree", "DEFAULT_LIMIT", "MAX_LIMIT"]

@@ -30,11 +30,12 @@ import json
 import os
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Generic, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -288,7 +289,7 @@ class TensorAdapter(ABC):
             "native_levels": [list(lv.scale) for lv in self.native_levels],
         }
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a default: an adapter that holds no handle has none to release
         """Release file handles (the reader reopens lazily on the next read)."""
 
     def __repr__(self) -> str:
@@ -344,8 +345,8 @@ class SourceAdapter:
         #: several files add them.
         self.member_paths: set[Path] = set() if path is None else {Path(path).resolve()}
         single = len(self.tensors) == 1
-        for field, tensor in self.tensors.items():
-            tensor.array_id = source_id if single else f"{source_id}/{field}"
+        for name, tensor in self.tensors.items():
+            tensor.array_id = source_id if single else f"{source_id}/{name}"
 
     @property
     def url(self) -> str:

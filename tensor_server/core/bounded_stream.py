@@ -9,7 +9,8 @@ has gone. Pieces are anything with ``nbytes`` (Arrow record batches, numpy array
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from tensor_server.errors import ReadCancelled, RequestTooLarge
 

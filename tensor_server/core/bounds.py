@@ -5,9 +5,10 @@ It is a value object (frozen, hashable) so it can key caches and travel inside c
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from tensor_server.errors import InvalidBounds
 

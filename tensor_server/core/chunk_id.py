@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.methods import CANONICAL_METHODS, PRECOMPUTE
 from tensor_server.errors import InvalidChunkId
-from tensor_server_kernels.reference import output_shape
 
 __all__ = ["ChunkId", "SERVING_EPOCH", "UNSCALED"]
 

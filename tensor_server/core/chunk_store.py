@@ -25,8 +25,9 @@ the full-resolution read that usually follows.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -116,6 +117,7 @@ def cache_sourced_units(
             if part is None:  # evicted since the probe: read the whole unit from the source
                 return tensor.get_data(ub)
             inter = box.intersect(ub)
+            assert inter is not None  # chunk_boxes yields only chunks that meet the unit
             out[inter.relative_to(ub.start).to_slices()] = part[inter.relative_to(box.start).to_slices()]
         return out
 

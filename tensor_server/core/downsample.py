@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from tensor_server_kernels.reference import check_arguments
 
 from tensor_server.errors import InvalidArgument
-from tensor_server_kernels.reference import check_arguments
 
 __all__ = ["downsample_block", "warm_up"]
 

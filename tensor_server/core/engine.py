@@ -44,9 +44,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.arrays import owned_array
 from tensor_server.core.bounds import Bounds
@@ -57,7 +59,6 @@ from tensor_server.core.request import check_extent_within_chunk, check_scale
 from tensor_server.core.stream_reduce import stream_reduce, streaming_unit
 from tensor_server.core.uniform import covering_value, reduced_constant, uniform_array, uniform_value
 from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId, Overloaded, ReadCancelled, StaleChunkId
-from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -205,6 +206,7 @@ class ReadEngine:
     def _waited_for_slot(self) -> bool:
         """Wait up to ``admission_timeout`` for a computation slot, counted in ``admission``."""
         stats, t0 = self.admission, time.perf_counter()
+        assert self._admission is not None  # asked only when computations are bounded
         with self._admission_lock:
             stats["waits"] += 1
             stats["waiting"] += 1
@@ -219,7 +221,9 @@ class ReadEngine:
         """A validated chunk's pixels, computed (never looked up as a whole entry). A uniform
         extent is a read-only broadcast array, which the store keeps as a value."""
         t0 = time.perf_counter()
-        owner = tensor.native_level(cid.scale).tensor if cid.method == PRECOMPUTE else tensor
+        stored = tensor.native_level(cid.scale) if cid.method == PRECOMPUTE else None
+        assert stored is not None or cid.method != PRECOMPUTE  # validate() refused a scale not stored
+        owner = tensor if stored is None else stored.tensor
         value_of = self.uniform_lookup(owner, cid.bounds)  # listed once, for the streamed units too
         v = value_of(cid.bounds) if value_of is not None else None
         if v is not None:
@@ -259,7 +263,7 @@ class ReadEngine:
         scale: tuple[int, ...],
         method: str,
         cancelled: Cancelled | None,
-        value_of: Callable[[Bounds], np.generic | None] | None | bool = True,
+        value_of: Callable[[Bounds], np.generic | None] | None | Literal[True] = True,
     ) -> np.ndarray:
         """``value_of``: the extent's ``uniform_lookup`` when the caller already made it
         (None: it found nothing); True: make it here."""
@@ -468,13 +472,17 @@ def check_chunk_id(tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:
     return cid
 
 
-def _stop_when(cancelled: Cancelled, fetch: Callable[..., np.ndarray | None]) -> Callable[..., np.ndarray | None]:
+_Read = TypeVar("_Read", bound=Callable[..., Any])
+
+
+def _stop_when(cancelled: Cancelled, fetch: _Read) -> _Read:
+    """``fetch`` (a Fetch or a FetchInto) that first refuses once ``cancelled()``."""
     def checked(ub: Bounds, *into: np.ndarray) -> np.ndarray | None:
         if cancelled():
             raise ReadCancelled("the client cancelled the read")
         return fetch(ub, *into)
 
-    return checked
+    return cast(_Read, checked)
 
 
 def _short(text: str, limit: int = 120) -> str:

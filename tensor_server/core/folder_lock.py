@@ -31,7 +31,7 @@ class FolderLock:
     def __init__(self, folder: str | os.PathLike[str], name: str = "lock", held: type[FolderHeld] = FolderHeld) -> None:
         self.folder = Path(folder)
         # held open for the holder's life (the flock is the open file's); truncated only once ours
-        self._file = open(self.folder / name, "a+")  # noqa: SIM115
+        self._file = open(self.folder / name, "a+")
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

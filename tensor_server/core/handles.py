@@ -10,15 +10,16 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["LazyHandle", "reap_idle_handles", "DEFAULT_IDLE_SECONDS"]
 
 T = TypeVar("T")
 DEFAULT_IDLE_SECONDS = 60.0
 
-_registry: "weakref.WeakSet[LazyHandle[Any]]" = weakref.WeakSet()
+_registry: weakref.WeakSet[LazyHandle[Any]] = weakref.WeakSet()
 _registry_lock = threading.Lock()
 _reaper: threading.Thread | None = None
 

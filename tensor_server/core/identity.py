@@ -96,8 +96,8 @@ def source_id_for_path(path: str | os.PathLike[str], *, resolved: bool = False) 
     """Stable id for a source at ``path``: readable stem plus a hash of the resolved path.
     Same across restarts, unique per path, never contains ``/``. ``resolved``: the caller
     resolved ``path`` already (a scan resolves each folder once)."""
-    resolved = str(path) if resolved else str(Path(path).resolve())
-    return _readable_id(Path(resolved).name, resolved)
+    full = str(path) if resolved else str(Path(path).resolve())
+    return _readable_id(Path(full).name, full)
 
 
 def source_id_for_url(url: str) -> str:

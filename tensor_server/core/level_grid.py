@@ -20,17 +20,18 @@ cache hits and a crop, never a reduction.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import PRECOMPUTE, UNSCALED, ChunkId
 from tensor_server.core.methods import default_method
 from tensor_server.core.pyramid import PyramidLevelSpec, PyramidPolicy, advertised_levels, plane_axes
 from tensor_server.core.transfer_grid import scaled_virtual_chunk_size
-from tensor_server_kernels.reference import output_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -114,7 +115,9 @@ def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, t
     for i, spec in enumerate(specs):
         scale = tuple(spec.scale)
         if spec.method == PRECOMPUTE and any(s != 1 for s in scale):
-            lt = tensor.native_level(scale).tensor
+            stored = tensor.native_level(scale)
+            assert stored is not None  # advertised_levels lists PRECOMPUTE only for stored levels
+            lt = stored.tensor
             shape, chunks = tuple(lt.shape), tuple(min(c, n) for c, n in zip(lt.chunk_shape, lt.shape))
         else:
             shape = tuple(spec.shape)
@@ -150,8 +153,13 @@ def region_cells(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> lis
     if count > MAX_REGION_CHUNKS:
         raise RequestTooLarge(f"a region of {region.shape} at level {level.path} of {tensor.array_id} spans "
                               f"{count} chunks (limit {MAX_REGION_CHUNKS}); ask for a smaller region or size")
-    cells = [tuple(f + k for f, k in zip(first, key)) for key in np.ndindex(*[b - a + 1 for a, b in zip(first, last)])]
-    return [(cell, level_chunk_id(tensor, level, cell)) for cell in cells]
+    out = []
+    for key in np.ndindex(*[b - a + 1 for a, b in zip(first, last)]):
+        cell = tuple(f + k for f, k in zip(first, key))
+        cid = level_chunk_id(tensor, level, cell)
+        assert cid is not None  # the caller clipped the region to the level: every cell is on its grid
+        out.append((cell, cid))
+    return out
 
 
 def level_extent(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> Bounds | None:

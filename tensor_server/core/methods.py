@@ -7,8 +7,9 @@ never confuse two spellings of the same reduction, or two different reductions.
 """
 from __future__ import annotations
 
-from tensor_server.errors import InvalidArgument
 from tensor_server_kernels.reference import METHODS
+
+from tensor_server.errors import InvalidArgument
 
 __all__ = [
     "CANONICAL_METHODS",

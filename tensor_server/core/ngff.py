@@ -28,8 +28,9 @@ import it and it needs nothing above the adapter interface. Reading NGFF metadat
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -266,6 +267,6 @@ def encode_shard(data: np.ndarray, inner: Sequence[int]) -> memoryview:
     body = np.ascontiguousarray(split.transpose(list(range(0, 2 * nd, 2)) + list(range(1, 2 * nd, 2))))
     index = shard_index(np.full(grid, body.nbytes // int(np.prod(grid)), dtype=np.int64), checksum=False)
     out = bytearray(body.nbytes + len(index))
-    out[:body.nbytes] = memoryview(body).cast("B")
+    out[:body.nbytes] = memoryview(body.data).cast("B")
     out[body.nbytes:] = index
     return memoryview(out)

@@ -15,7 +15,8 @@ source's wrong pixels. It shares the wrapped tensor's array_id and content versi
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

@@ -20,8 +20,10 @@ know which grid minted them.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
@@ -30,7 +32,6 @@ from tensor_server.core.methods import effective_method
 from tensor_server.core.request import MAX_PLAN_CHUNKS, check_scale
 from tensor_server.core.transfer_grid import CEILING_BYTES, scaled_virtual_chunk_size
 from tensor_server.errors import InvalidArgument, InvalidBounds
-from tensor_server_kernels.reference import output_shape
 
 __all__ = ["PlannedChunk", "ReadPlan", "plan_read", "GRIDS", "TILE_SAVING", "grid_of"]
 

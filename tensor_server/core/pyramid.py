@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from tensor_server_kernels.reference import output_shape
+
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.methods import PRECOMPUTE, default_method
-from tensor_server_kernels.reference import output_shape
 
 __all__ = ["PyramidLevelSpec", "PyramidPolicy", "advertised_levels", "plane_axes"]
 

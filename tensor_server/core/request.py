@@ -15,7 +15,7 @@ does on a client's behalf, and work must be bounded by what the tensor is:
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import InvalidArgument, InvalidBounds, InvalidChunkId

@@ -24,8 +24,8 @@ it shows; the plan picks it per request (``core/plan.py``).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import prod
-from typing import Sequence
 
 __all__ = [
     "TARGET_BYTES",

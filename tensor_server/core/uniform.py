@@ -26,8 +26,9 @@ so the conformance suite decodes every reported block and compares.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 

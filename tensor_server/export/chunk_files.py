@@ -28,7 +28,8 @@ encoded inner chunks with the ones zarr-python writes.
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

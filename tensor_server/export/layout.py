@@ -27,18 +27,18 @@ order afterwards (moving axes does not change a value).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from math import gcd, prod
-from typing import Iterator, Sequence
 
 import numpy as np
+from tensor_server_kernels.reference import output_shape
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.level_grid import published_levels, scales_on
 from tensor_server.core.methods import PRECOMPUTE, default_method, effective_method
 from tensor_server.core.pyramid import PyramidPolicy
-from tensor_server_kernels.reference import output_shape
 from tensor_server.errors import InvalidArgument
 from tensor_server.export.options import MAX_FILES, MAX_UNIT_BYTES, MIN_CHUNK_EDGE
 
@@ -191,7 +191,7 @@ def level_scales(tensor: TensorAdapter, levels: str | int, policy: PyramidPolicy
     if levels == "auto":
         return [tuple(spec.scale) for spec in published_levels(tensor, policy)]
     y, x = tensor.dim_labels.index("y"), tensor.dim_labels.index("x")
-    scales = []
+    scales: list[tuple[int, ...]] = []
     for k in range(int(levels)):
         scale = [1] * tensor.ndim
         for axis in (y, x):  # never past the power of two that already covers the axis

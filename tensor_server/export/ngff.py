@@ -8,7 +8,8 @@ level (the range the export saw, cheap to keep per unit; a display hint, not a s
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.chunk_id import UNSCALED

@@ -25,17 +25,20 @@ export/layout.py, against the tensor; docs/export.md states them):
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any, Literal
 
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["ExportOptions", "CODECS", "NGFF_VERSIONS", "MODES", "parse_shape"]
+__all__ = ["ExportOptions", "CODECS", "NGFF_VERSIONS", "MODES", "ZarrFormat", "parse_shape"]
 
 #: codec name -> what it writes (v3 codec / v2 compressor; see export/store.py)
 CODECS = ("zstd", "blosc-zstd", "none")
+#: the zarr formats an export writes
+ZarrFormat = Literal[2, 3]
 #: NGFF version -> zarr format
-NGFF_VERSIONS = {"0.5": 3, "0.4": 2}
+NGFF_VERSIONS: dict[str, ZarrFormat] = {"0.5": 3, "0.4": 2}
 #: what to do with an existing destination or an interrupted export
 MODES = ("create", "overwrite", "resume")
 #: deepest pyramid an export writes (the pyramid policy's own cap)
@@ -95,7 +98,7 @@ class ExportOptions:
                 )
 
     @property
-    def zarr_format(self) -> int:
+    def zarr_format(self) -> ZarrFormat:
         return NGFF_VERSIONS[self.ngff]
 
     def as_dict(self) -> dict[str, Any]:

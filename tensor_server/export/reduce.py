@@ -25,8 +25,8 @@ tests/export/reduce_test.py checks every path against the oracle on the kernels'
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from math import prod
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -80,7 +80,7 @@ def unit_levels(data: np.ndarray, scales: Sequence[Sequence[int]], method: str,
     return out
 
 
-def _levels(data: np.ndarray, scales: list[tuple[int, ...]], method: str, whole: tuple[int, ...]) -> list[np.ndarray]:
+def _levels(data: np.ndarray, scales: Sequence[Sequence[int]], method: str, whole: tuple[int, ...]) -> list[np.ndarray]:
     """``unit_levels`` of one slab (``whole``: the least common multiple of the scales)."""
     too_wide = method == "area" and data.dtype.kind in "iu" and _sum_dtype(data.dtype, prod(whole)) is None
     if not numpy_handles(method, data.dtype) or too_wide:

@@ -35,9 +35,10 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -210,7 +211,7 @@ class _Pass:
                 for finished in writes:  # what is written whole is recorded; a stopped unit or an error is not
                     try:
                         self._commit(finished())
-                    except BaseException:  # noqa: BLE001 - the first error is the one raised
+                    except BaseException:  # the first error is the one raised
                         pass
         if self._asked_to_stop() and len(self.staging.done) < self.total:
             raise ReadCancelled(

@@ -13,9 +13,10 @@ reason in the ``skipped`` list the progress records carry.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.ngff import image_labels

@@ -36,14 +36,16 @@ import stat
 import tempfile
 import threading
 import zlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
 from tensor_server.errors import FailedPrecondition, InvalidArgument, StorageFull
 from tensor_server.export.chunk_files import ChunkFiles
 from tensor_server.export.layout import Layout, Level
+from tensor_server.export.options import ZarrFormat
 
 __all__ = ["Staging", "storage_errors", "open_levels", "block_files", "out_start", "written_export"]
 
@@ -71,13 +73,12 @@ class storage_errors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
         if isinstance(exc, OSError) and exc.errno in _FULL:
             raise StorageFull(
                 f"{self.path}: no space left on the device; the finished part is kept: "
                 "free space and rerun with --resume"
             ) from None
-        return False
 
 
 def written_export(path: Path) -> dict[str, Any] | None:
@@ -381,7 +382,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 # ---- zarr --------------------------------------------------------------------------------------
-def _compressors(codec: str, zarr_format: int) -> Any:
+def _compressors(codec: str, zarr_format: ZarrFormat) -> Any:
     if codec == "none":
         return None
     if zarr_format == 3:
@@ -397,7 +398,7 @@ def _fill(dtype: np.dtype) -> Any:
     return False if dtype.kind == "b" else 0
 
 
-def open_levels(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, zarr_format: int,
+def open_levels(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, zarr_format: ZarrFormat,
                 root: str = "") -> list[ChunkFiles]:
     """The files of one array per level in the staging folder (under the group ``root``, ""
     or "labels/<name>/"): the arrays a resumed export made (same metadata, since the
@@ -409,7 +410,7 @@ def open_levels(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, z
     # "a": the folder already holds the progress record, which "w" would delete
     group = zarr.open_group(store, mode="a", zarr_format=zarr_format)
     for name in filter(None, root.split("/")):
-        group = group[name] if name in group else group.create_group(name)
+        group = group.require_group(name)
     out = layout.axes.out_shape
     arrays = []
     for lv in layout.levels:

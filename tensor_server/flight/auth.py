@@ -19,7 +19,7 @@ class _TokenMiddleware(flight.ServerMiddleware):
 
 
 class TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
-    def start_call(self, info, headers):  # noqa: ANN001 - pyarrow signature
+    def start_call(self, info, headers):  # pyarrow signature
         values = headers.get("authorization") or headers.get("Authorization") or []
         presented = None
         for v in values:

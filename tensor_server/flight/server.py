@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.flight as flight
@@ -24,9 +25,9 @@ from tensor_server.flight.errors import flight_error, schema_error
 from tensor_server.flight.wire import CHUNK_SCHEMA, chunk_batch, described_flight_info, request_region
 from tensor_server.service import Caller, ServingRuntime
 from tensor_server.service.bodies import decode_message
-from tensor_server.service.tls import require_safe_transport
 from tensor_server.service.metrics import current as current_request
 from tensor_server.service.metrics import timing
+from tensor_server.service.tls import require_safe_transport
 
 __all__ = ["TensorFlightServer"]
 
@@ -76,7 +77,7 @@ def _translated(call: str, translate: Callable[[BaseException, str], Exception] 
             rq = self.runtime.metrics.begin("flight", call)
             try:
                 return fn(self, *args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the one boundary: everything is translated
+            except Exception as exc:  # the one boundary: everything is translated
                 rq.failed(exc)
                 raise translate(exc, rq.id) from None
             finally:
@@ -91,7 +92,7 @@ def _streamed(results: Iterator[bytes], request_id: str) -> Iterator[flight.Resu
     try:
         for body in results:
             yield flight.Result(body)
-    except Exception as exc:  # noqa: BLE001 - the one boundary
+    except Exception as exc:  # the one boundary
         raise flight_error(exc, request_id) from None
 
 
@@ -124,7 +125,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- GetFlightInfo / ListFlights / GetSchema ------------------------------------------------
     @_translated("GetFlightInfo")
-    def get_flight_info(self, context, descriptor):  # noqa: ANN001 - pyarrow signature
+    def get_flight_info(self, context, descriptor):  # pyarrow signature
         self.runtime.calls["GetFlightInfo"] += 1
         caller = self._caller(context)
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
@@ -150,7 +151,7 @@ class TensorFlightServer(flight.FlightServerBase):
         return flight.FlightInfo(sources_schema(), descriptor, [endpoint], -1, -1)
 
     @_translated("ListFlights")
-    def list_flights(self, context, criteria):  # noqa: ANN001
+    def list_flights(self, context, criteria):
         """The public catalog: one flight per queryable table (its schema and a ticket that
         reads it), so a stock Flight client can browse without a biopb proto. It takes no
         criteria: there is nothing to filter."""
@@ -161,7 +162,7 @@ class TensorFlightServer(flight.FlightServerBase):
         return iter([self._sources_info(flight.FlightDescriptor.for_path(*_SOURCES_PATH))])
 
     @_translated("GetSchema", schema_error)
-    def get_schema(self, context, descriptor):  # noqa: ANN001
+    def get_schema(self, context, descriptor):
         """The catalog table's schema by its path; a tensor read's command is well formed but
         not answered here (its schema is its plan's chunk schema, GetFlightInfo)."""
         self.runtime.authenticate(self._caller(context))
@@ -176,7 +177,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- DoGet ----------------------------------------------------------------------------------
     @_translated("DoGet")
-    def do_get(self, context, ticket):  # noqa: ANN001
+    def do_get(self, context, ticket):
         self.runtime.calls["DoGet"] += 1
         caller = self._caller(context)
         self.runtime.refuse_stranger(caller)
@@ -198,7 +199,7 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- DoPut ----------------------------------------------------------------------------------
     @_translated("DoPut")
-    def do_put(self, context, descriptor, reader, writer):  # noqa: ANN001
+    def do_put(self, context, descriptor, reader, writer):
         """The ``PutCommand`` arm the SDK puts in the descriptor: ROI annotation writes and
         pixel uploads (``chunk_ticket``). Rows are handed over batch by batch: the runtime
         checks the target first and stops reading past its budget."""
@@ -219,11 +220,11 @@ class TensorFlightServer(flight.FlightServerBase):
 
     # ---- actions --------------------------------------------------------------------------------
     @_translated("ListActions")
-    def list_actions(self, context):  # noqa: ANN001
+    def list_actions(self, context):
         return self.runtime.list_actions(self._caller(context))
 
     @_translated("DoAction")
-    def do_action(self, context, action):  # noqa: ANN001
+    def do_action(self, context, action):
         from tensor_server.service.actions import find_action
 
         results = self.runtime.do_action(action.type, action.body.to_pybytes(), self._caller(context),

@@ -5,9 +5,9 @@ bytes are the SDK's own.
 """
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa

@@ -128,7 +128,7 @@ def _kept_token(path: Path) -> tuple[str | None, str]:
     return kept, ""
 
 
-def door_security(runtime, *, access_token: str | None, bind_host: str, sans=(), allowed_hosts=(),  # noqa: ANN001
+def door_security(runtime, *, access_token: str | None, bind_host: str, sans=(), allowed_hosts=(),
                   cors_origins=()):
     """The HttpSecurity of a server's HTTP door: its access token (or the server's
     ``--token``) on every request, any other credential of the runtime (a tensor's grant)

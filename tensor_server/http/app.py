@@ -108,22 +108,22 @@ class _Views:
         return view
 
 
-def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  # noqa: ANN201 - Starlette
+def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     """The Starlette application over ``runtime``: the OME-Zarr view, and the viewer doors
     (IIIF, DeepZoom, the catalog page). ``security`` is what the browser-safety middleware enforces (default:
     loopback Host names, the server's token if it has one, no cross-origin reads); whatever
     credential it accepts, the runtime judges. Its tokens must be full-access credentials of
     the runtime (``ServingRuntime(access_tokens=...)``): a door that asks for a token lets a
     grant read only its own tensor."""
-    from tensor_server.http.viewer_provider import RuntimeViewerProvider
-    from tensor_server.http.viewers import routes as viewer_routes
-
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
+
+    from tensor_server.http.viewer_provider import RuntimeViewerProvider
+    from tensor_server.http.viewers import routes as viewer_routes
 
     views = _Views(runtime)
     calls: dict[str, int] = {"metadata": 0, "chunks": 0, "errors": 0, "not_modified": 0}
@@ -165,7 +165,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  #
             if chunk is not None:
                 return _chunk_response(request, image, *chunk)
             return await _dispatch(request, caller, image, rest, zarr_format)
-        except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
+        except Exception as exc:  # the one boundary: every error is an answer
             calls["errors"] += 1
             rq = current_request()
             if rq is not None:
@@ -206,7 +206,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):  #
         level, key, cid = _chunk_of(image, rest, zarr_format)
         if level is None:
             raise _NotFound(f"{'/'.join(rest)[:200]} is not a level, metadata or chunk of {image.tensor.array_id}")
-        if cid is None:
+        if key is None or cid is None:
             raise _NotFound(f"no chunk {'/'.join(rest[1:])[:200]} in level {level.path} (grid {level.grid()})")
         body = await run_in_threadpool(_chunk_bytes, caller, image, level, cid, zarr_format)  # a label's chunk
         return _chunk_response(request, image, level, key, body)
@@ -355,7 +355,7 @@ def _chunk_of(image: ZarrImage, rest: list[str], zarr_format: int) -> tuple[Any,
     """(level, chunk key, engine chunk id) that ``rest`` names, each None from where it does not."""
     level = image.level(rest[0]) if rest else None
     key = _chunk_key(rest[1:], zarr_format) if level is not None else None
-    return level, key, (image.chunk_id(level, key) if key is not None else None)
+    return level, key, (image.chunk_id(level, key) if level is not None and key is not None else None)
 
 
 def _chunk_key(parts: list[str], zarr_format: int) -> tuple[int, ...] | None:
@@ -399,7 +399,7 @@ HEADER_SECONDS = 10.0
 
 #: seconds a stop waits for requests in flight: a TLS client that never answers the server's
 #: close would otherwise hold ``stop()`` (and SIGTERM) until the thread join gives up
-SHUTDOWN_SECONDS = 5.0
+SHUTDOWN_SECONDS = 5  # uvicorn's timeout_graceful_shutdown is whole seconds
 
 
 #: HTTP/1.1 parsers uvicorn can run the door on, measured in ``bench http`` (issue 25)
@@ -408,6 +408,7 @@ PARSERS = ("httptools", "h11")
 
 def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type:
     """uvicorn's protocol for ``parser`` with a deadline on each request's headers."""
+    Protocol: Any  # the parser's protocol class, chosen here at run time
     if parser == "h11":
         from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol
     elif parser == "httptools":
@@ -436,7 +437,7 @@ def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type
             else:
                 self.transport.abort()
 
-        def connection_made(self, transport):  # noqa: ANN001, ANN202 - asyncio protocol
+        def connection_made(self, transport):  # asyncio protocol
             super().connection_made(transport)
             self._arm()
 
@@ -454,7 +455,7 @@ def _header_deadline_protocol(seconds: float, parser: str = "httptools") -> type
             if not self.transport.is_closing():
                 self._arm()
 
-        def connection_lost(self, exc):  # noqa: ANN001, ANN202
+        def connection_lost(self, exc):
             self._disarm()
             super().connection_lost(exc)
 
@@ -472,9 +473,10 @@ class HttpFrontEnd:
         import uvicorn
 
         self.app = app
-        files = {"ssl_certfile": str(tls.cert_path), "ssl_keyfile": str(tls.key_path)} if tls is not None else {}
         self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                     lifespan="off", access_log=False, **files,
+                                                     lifespan="off", access_log=False,
+                                                     ssl_certfile=None if tls is None else str(tls.cert_path),
+                                                     ssl_keyfile=None if tls is None else str(tls.key_path),
                                                      timeout_graceful_shutdown=SHUTDOWN_SECONDS,
                                                      http=_header_deadline_protocol(header_seconds, parser or "httptools")))
         self.scheme = "https" if tls is not None else "http"

@@ -69,10 +69,12 @@ def _answer(runtime: ServingRuntime, token: str | None, peer: str, path: str, ac
     except TensorServerError as exc:
         return exc.http_status, {"Content-Type": "text/plain; charset=utf-8", "WWW-Authenticate": "Bearer"}, \
             f"{exc.slug}: {exc}".encode()
-    if path not in SCRAPE_PATHS:
-        return 404, {"Content-Type": "text/plain; charset=utf-8"}, b"not found: the metrics are at /metrics"
-    encode, content_type = choose_encoder(accept)
-    return 200, {"Content-Type": content_type}, encode(runtime.metrics.registry)
+    registry = runtime.metrics.registry
+    if path not in SCRAPE_PATHS or registry is None:
+        return 404, {"Content-Type": "text/plain; charset=utf-8"}, \
+            b"not found: the metrics are at /metrics" if registry is not None else b"not found: metrics are off"
+    encode, content_type = choose_encoder(accept or "")
+    return 200, {"Content-Type": content_type}, encode(registry)
 
 
 class MetricsDoor:

@@ -17,7 +17,8 @@ any key could be is refused before any lookup (a 30,000-segment URL is a 404 in 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tensor_server.core.identity import NO_DEFAULT_TENSOR, SEP
 from tensor_server.errors import TensorNotFound

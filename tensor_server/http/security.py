@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from typing import Awaitable, Callable, Iterable
 from urllib.parse import parse_qsl
 
 __all__ = ["HttpSecurity", "SecurityMiddleware", "TOKEN_PATH_PREFIX", "CREDENTIAL_KEY", "EXPLICIT_CREDENTIAL_KEY",
@@ -204,16 +204,16 @@ class SecurityMiddleware:
         if sec.tokens and explicit and not all(sec.valid(t) for t in explicit):
             return await self._unauthorized(send, "the token presented is not valid")
         presented = explicit[0] if explicit else None
-        cors = cross and (sec.origin_listed(origin) or sec.door_credential(presented))
+        cors = cross and origin is not None and (sec.origin_listed(origin) or sec.door_credential(presented))
         if cross and not cors:
             self.calls["cross_origin_refused"] += 1
-            return await _refuse(send, 403, f"forbidden: a cross-origin request from {origin[:100]!r} needs the "
+            return await _refuse(send, 403, f"forbidden: a cross-origin request from {str(origin)[:100]!r} needs the "
                                  "access token in its URL or an Authorization header, or the origin listed with "
                                  "--cors-origin.")
         if sec.tokens and presented is None and scope["path"] not in OPEN_PATHS:
-            presented, refusal = self._cookie_credential(scope, headers, cross)
-            if refusal is not None:
-                return await refusal(send)
+            presented, cookie_refusal = self._cookie_credential(scope, headers, cross)
+            if cookie_refusal is not None:
+                return await cookie_refusal(send)
         if presented is not None:
             scope = {**scope, CREDENTIAL_KEY: presented, EXPLICIT_CREDENTIAL_KEY: bool(explicit)}
         extra = self._answer_headers(scope, origin if cors else None, presented if url_tokens and not cross else None)
@@ -242,7 +242,7 @@ class SecurityMiddleware:
         if cors_origin is not None:
             extra += [(b"access-control-allow-origin", sec.allow_origin(cors_origin)), (b"vary", b"Origin"),
                       (b"access-control-expose-headers", _EXPOSE_HEADERS.encode())]
-        if sec.door_credential(url_token) and _cookie_value_ok(url_token):
+        if url_token is not None and sec.door_credential(url_token) and _cookie_value_ok(url_token):
             secure = "; Secure" if scope.get("scheme") == "https" else ""
             extra.append((b"set-cookie", f"{cookie_name(_port(scope))}={url_token}; Path=/; HttpOnly; "
                                          f"SameSite=Strict{secure}".encode("latin-1")))
@@ -273,7 +273,7 @@ class SecurityMiddleware:
         wants_auth = "authorization" in headers.get("access-control-request-headers", "").lower()
         allowed = origin is not None and (sec.origin_listed(origin) or url_token_ok
                                           or wants_auth)
-        if not allowed:
+        if not allowed or origin is None:
             self.calls["cross_origin_refused"] += 1
             return await _refuse(send, 403, f"forbidden: cross-origin requests from {str(origin)[:100]!r} are not "
                                  "allowed; put the access token in the URL or an Authorization header, or list "

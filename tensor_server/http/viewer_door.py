@@ -3,7 +3,8 @@ presents, and the translation of ``tensor_server.errors`` into plain-text respon
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import quote
 
 from tensor_server.http.errors import error_response
@@ -41,7 +42,7 @@ def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable
         try:
             provider.authenticate(presented_token(request), request.client.host if request.client else "")
             return await handler(request)
-        except Exception as exc:  # noqa: BLE001 - the one boundary: every error is an answer
+        except Exception as exc:  # the one boundary: every error is an answer
             rq = current_request()
             return error_response(exc, rq.id if rq is not None else None)
     return endpoint

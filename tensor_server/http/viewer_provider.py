@@ -9,7 +9,8 @@ request (``http/viewer_door.guarded``) and carried into worker threads with the 
 from __future__ import annotations
 
 import contextvars
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.service import Caller
 

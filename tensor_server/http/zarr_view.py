@@ -23,7 +23,8 @@ and both fill and hit the same chunk cache entries.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -70,7 +71,7 @@ class ZarrImage:
         self.policy = policy
         self.is_label_of = label_of is not None
         scales = None if label_of is None else scales_on(label_of.tensor, [lv.scale for lv in label_of.levels], tensor)
-        self.levels = grid_levels(tensor, policy, scales=scales)
+        self.levels: list[ZarrLevel] = grid_levels(tensor, policy, scales=scales)
 
     @property
     def labels(self) -> Mapping[str, TensorAdapter]:
@@ -98,7 +99,7 @@ class ZarrImage:
         little = data.dtype.newbyteorder("<") if data.dtype.byteorder not in ("|", "<") else data.dtype
         if zarr_format == 3 and inner_chunks(level.chunks) != level.chunks:
             return encode_shard(np.asarray(data, dtype=little), inner_chunks(level.chunks))
-        return memoryview(np.ascontiguousarray(data, dtype=little)).cast("B")
+        return np.ascontiguousarray(data, dtype=little).data.cast("B")
 
     # ---- metadata (core/ngff.py writes the documents) -------------------------------------------
     def ngff(self) -> NgffImage:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -95,7 +96,8 @@ def settings_for(metadata: dict[str, Any], dtype: np.dtype, is_labels: bool, is_
     for i in range(count):
         meta = channels_meta[i] if isinstance(channels_meta, list) and i < len(channels_meta) \
             and isinstance(channels_meta[i], dict) else {}
-        window = meta.get("window") if isinstance(meta.get("window"), dict) else {}
+        window = meta.get("window")
+        window = window if isinstance(window, dict) else {}
         start, end = window.get("start"), window.get("end")
         if not isinstance(start, (int, float)) or not isinstance(end, (int, float)) or end <= start:
             if measured is None:

@@ -18,8 +18,9 @@ parsed with ``split``/``partition`` and digit tests, linear in the text.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from tensor_server.errors import InvalidArgument, Unimplemented
 from tensor_server.render.numbers import decimal_number, whole_number
@@ -89,13 +90,14 @@ def _requested_size(text: str, body: str, w: int, h: int) -> tuple[int, int]:
     sh = whole_number(height_text, "size height") if height_text else None
     if sw == 0 or sh == 0:
         raise InvalidArgument(f"size {text[:_MAX_TEXT]!r} has a zero dimension: the image would be empty")
-    if confined:
+    if sw is not None and sh is not None:
+        if not confined:
+            return sw, sh
         factor = min(sw / w, sh / h)
         return max(1, int(w * factor + 1e-9)), max(1, int(h * factor + 1e-9))
-    if sw is not None and sh is not None:
-        return sw, sh
     if sw is not None:
         return sw, max(1, round(h * sw / w))
+    assert sh is not None  # one of the two, refused above otherwise
     return max(1, round(w * sh / h)), sh
 
 

@@ -3,7 +3,8 @@ IIIF, DeepZoom and the catalog thumbnails share."""
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 

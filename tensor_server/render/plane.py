@@ -29,8 +29,9 @@ bounds the read by the output: at most ``READ_PER_OUTPUT_PX`` level pixels per o
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 

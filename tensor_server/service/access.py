@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.catalog.sql import EVERY_ROW, RowView
 from tensor_server.errors import PermissionDenied, Unauthenticated

@@ -16,12 +16,13 @@ Adding an action is one entry here, a handler, and a test (``docs/service.md`` s
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING
 
+from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, Unimplemented
 from tensor_server.service import upload_verbs
-from tensor_server.core.json_body import decode_json
 from tensor_server.service.bodies import decode_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,16 +67,16 @@ def _health(rt: ServingRuntime, caller: Caller, body: bytes, cancelled: Callable
     return _json(rt.health())
 
 
-def _server_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202 - Handler
+def _server_stats(rt, caller, body, cancelled):  # Handler
     return _json(rt.server_stats())
 
 
-def _cache_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _cache_stats(rt, caller, body, cancelled):
     stats = rt.cache_stats()
     return [] if stats is None else _json(stats)  # no result means "no cache" to the SDK
 
 
-def _chunk_locate(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _chunk_locate(rt, caller, body, cancelled):
     from biopb.tensor import ticket_pb2
 
     ticket = decode_message(ticket_pb2.TensorTicket, body, "chunk_locate")
@@ -84,7 +85,7 @@ def _chunk_locate(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return _json(rt.locate(ticket.chunk_id, caller))
 
 
-def _tensor_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _tensor_stats(rt, caller, body, cancelled):
     from tensor_server.core.bounds import Bounds
     from tensor_server.core.stats import tensor_stats
 
@@ -103,31 +104,31 @@ def _tensor_stats(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
     return _json(tensor_stats(tensor, bounds, rt.engine, cancelled=cancelled))
 
 
-def _add_source(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _add_source(rt, caller, body, cancelled):
     return rt.catalog_verbs.add_source(body, cancelled)
 
 
-def _resolve(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _resolve(rt, caller, body, cancelled):
     return rt.catalog_verbs.resolve(body, caller)  # its row lists only what the caller may read
 
 
-def _export(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _export(rt, caller, body, cancelled):
     from tensor_server.service.export_verb import export_action
 
     return export_action(rt, caller, body, cancelled)
 
 
-def _catalog_children(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _catalog_children(rt, caller, body, cancelled):
     return rt.catalog_verbs.catalog_children(body, caller)  # lists only what the caller may read
 
 
-def _roi_prune(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+def _roi_prune(rt, caller, body, cancelled):
     return rt.catalog_verbs.roi_prune(body, caller)
 
 
 def _verb(method: str) -> Handler:
     """A handler calling ``runtime.catalog_verbs.<method>(body)``."""
-    def handler(rt, caller, body, cancelled):  # noqa: ANN001, ANN202
+    def handler(rt, caller, body, cancelled):
         return getattr(rt.catalog_verbs, method)(body)
 
     handler.__name__ = method

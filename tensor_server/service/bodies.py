@@ -4,13 +4,16 @@ decoder, ``core/json_body.py`` (bounded in size and nesting before they are pars
 """
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tensor_server.errors import InvalidArgument
 
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
 __all__ = ["decode_message"]
 
-M = TypeVar("M")
+M = TypeVar("M", bound="Message")
 
 
 def decode_message(cls: type[M], body: bytes, verb: str) -> M:

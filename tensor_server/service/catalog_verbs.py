@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 

@@ -25,8 +25,9 @@ import json
 import queue
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, Overloaded, ReadOnly
@@ -141,7 +142,7 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
         try:
             export_tensor(tensor, dest, options, labels=labels, engine=runtime.engine, cancelled=stop.is_set,
                           progress=noted, name=request["array_id"], policy=runtime.policy)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+        except BaseException as exc:
             failure.append(exc)
         finally:
             runtime.metrics.export_started(-1)

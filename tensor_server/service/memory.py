@@ -26,7 +26,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["MemoryReturn", "release_unused_memory"]
 

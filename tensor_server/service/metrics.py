@@ -41,11 +41,14 @@ import os
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.errors import TensorServerError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from prometheus_client import CollectorRegistry
+
     from tensor_server.service.runtime import ServingRuntime
 
 __all__ = ["Metrics", "RequestTiming", "verb", "part", "timing", "current", "code_of", "PARTS",
@@ -204,7 +207,7 @@ class Metrics:
         #: door -> [requests, total seconds, *part seconds] (server_stats' breakdown)
         self._totals: dict[str, list[float]] = {}
         self._formats: dict[str, str] = {}
-        self.registry = None
+        self.registry: CollectorRegistry | None = None
         if enabled:
             self._build()
 
@@ -341,13 +344,13 @@ class Metrics:
 
         try:
             source_id = ArrayId.parse(tensor.array_id).source_id
-        except Exception:  # noqa: BLE001 - a label, never a failed read
+        except Exception:  # a label, never a failed read
             return "other"
         fmt = self._formats.get(source_id)
         if fmt is None:
             try:
-                fmt = str(self.runtime.catalog.get_record(source_id).type)
-            except Exception:  # noqa: BLE001
+                fmt = "other" if self.runtime is None else str(self.runtime.catalog.get_record(source_id).type)
+            except Exception:
                 fmt = "other"
             if fmt not in self._formats.values() and len(set(self._formats.values())) >= MAX_FORMATS:
                 fmt = "other"
@@ -420,19 +423,23 @@ class _InstrumentCollector:
         with m._lock:
             counters = dict(m._counters)
             hists = {k: list(v) for k, v in m._hists.items()}
-        families = {}
+        sums: dict[str, CounterMetricFamily] = {}
+        histograms: dict[str, HistogramMetricFamily] = {}
         for family, (kind, text, labels) in FAMILIES.items():
-            cls = CounterMetricFamily if kind == "counter" else HistogramMetricFamily
-            families[family] = cls(f"tensor_server_{_NAMES[family]}", text, labels=list(labels))
-        for (family, *labels), value in counters.items():
-            families[family].add_metric(labels, value)
-        for (family, *labels), row in hists.items():
+            name = f"tensor_server_{_NAMES[family]}"
+            if kind == "counter":
+                sums[family] = CounterMetricFamily(name, text, labels=list(labels))
+            else:
+                histograms[family] = HistogramMetricFamily(name, text, labels=list(labels))
+        for (family, *label_values), value in counters.items():
+            sums[family].add_metric(label_values, value)
+        for (family, *label_values), row in hists.items():
             cumulative, buckets = 0.0, []
             for bound, n in zip((*map(str, _BUCKETS), "+Inf"), row[:-1]):
                 cumulative += n
                 buckets.append((bound, cumulative))
-            families[family].add_metric(labels, buckets, sum_value=row[-1])
-        yield from families.values()
+            histograms[family].add_metric(label_values, buckets, sum_value=row[-1])
+        yield from ({**sums, **histograms}[family] for family in FAMILIES)
 
 
 class _StateCollector:

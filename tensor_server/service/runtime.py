@@ -23,8 +23,9 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,8 +45,8 @@ from tensor_server.errors import (
     TensorNotFound,
     TensorServerError,
 )
-from tensor_server.service.access import Access
 from tensor_server.service import metrics
+from tensor_server.service.access import Access
 from tensor_server.service.caller import Caller
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -118,7 +119,7 @@ class ServingRuntime:
 
             self.precacher = Precacher(self.engine, policy=self.policy, budget_bytes=s.precache_bytes)
         self._owns_uploads = uploads is None and bool(s.write_dir)
-        if self._owns_uploads:
+        if uploads is None and s.write_dir:
             from tensor_server.uploads import UploadManager
 
             uploads = UploadManager(catalog, s.write_dir, upload_ttl=s.upload_ttl, scratch_ttl=s.scratch_ttl)
@@ -221,7 +222,7 @@ class ServingRuntime:
         from tensor_server.core.ngff import labels_among
 
         served = self.fields(ArrayId.parse(tensor.array_id).source_id, caller)
-        found = labels_among({field: t.tensor for field, t in served.items()}, tensor)
+        found = labels_among({field: t.tensor for field, t in served.items() if t.tensor is not None}, tensor)
         readable = {}
         for name, label in found.labels.items():
             try:
@@ -274,12 +275,12 @@ class ServingRuntime:
             raise InvalidArgument(f"tensor_read: unknown field mask path(s) {unknown}; known: "
                                   f"{sorted(READ_MASK_PATHS)}", slug="unknown_field_mask")
         scale = list(scale or []) or None
-        scaled = bool(scale) and any(s != 1 for s in scale)
+        scaled = scale is not None and any(s != 1 for s in scale)
         up = self.upload(array_id)
         write_plan = False
         if up is not None:
-            from tensor_server.uploads.marker import DISCARDED, PENDING
             from tensor_server.uploads import UploadClosed
+            from tensor_server.uploads.marker import DISCARDED, PENDING
 
             self.access.read(caller, up.tensor)
             if up.state == DISCARDED:  # a tombstone: only its status is served
@@ -287,6 +288,7 @@ class ServingRuntime:
                     raise UploadClosed(up.array_id, DISCARDED, up.reason)
                 return Described(None, up.array_id, wanted, upload=up)
             if scaled:
+                assert self.uploads is not None  # up is one of its uploads
                 self.uploads.check_readable(up)  # an unscaled plan while PENDING is the write plan
             write_plan = up.state == PENDING and not scaled
         tensor, echo = self.tensor(array_id, caller, pixels=False)
@@ -364,18 +366,19 @@ class ServingRuntime:
         cids = [cid for _, cid in cells]
         extent = level_extent(tensor, level, region)
         exact = extent is not None and len(cids) == 1 and cids[0].bounds == extent
-        if extent is None or not self._computed_apart(extent, cids, exact):
+        precacher = self.precacher
+        if extent is None or precacher is None or not self._computed_apart(extent, cids, exact):
             return read_level_region(tensor, level, region, lambda cid: self.chunk(cid, caller, cancelled)[1],
                                      cancelled)
         for cid in cids:  # the bytes under it are the ones the tensor was opened on
             self.engine.refuse_changed(tensor, cid)
-        with self.precacher.client_read(), self.engine.admitted():  # the precacher starts nothing meanwhile
+        with precacher.client_read(), self.engine.admitted():  # the precacher starts nothing meanwhile
             data = self.read(tensor, extent, level.scale, None if level.method == UNSCALED else level.method,
                              caller, cancelled)
         if exact:  # the tile is its chunk: stored when idle, off this request's path
-            self.precacher.keep(tensor, cids[0], data)
+            precacher.keep(tensor, cids[0], data)
         else:
-            self.precacher.warm(tensor, cids)
+            precacher.warm(tensor, cids)
         return data
 
     def _computed_apart(self, extent: Bounds, cids: list[ChunkId], exact: bool) -> bool:
@@ -439,7 +442,7 @@ class ServingRuntime:
 
     # ---- catalog SQL ----------------------------------------------------------------------------
     @metrics.verb("query", cancelled_arg=2)
-    def query(self, sql: str, caller: Caller, cancelled: Cancelled | None = None):  # noqa: ANN201 - pa.Table
+    def query(self, sql: str, caller: Caller, cancelled: Cancelled | None = None):  # pa.Table
         """The control surface; the tables hold only the rows of tensors the caller may read
         (``Access.row_view``: a granted upload's rows are its grant holder's)."""
         self.authenticate(caller)
@@ -491,7 +494,7 @@ class ServingRuntime:
             self.refuse_stranger(caller)
         elif not action.open:
             self.authenticate(caller)
-        return action.handler(self, caller, body, cancelled or (lambda: False))
+        return iter(action.handler(self, caller, body, cancelled or (lambda: False)))
 
     def list_actions(self, caller: Caller) -> list[tuple[str, str]]:
         from tensor_server.service.actions import available_actions

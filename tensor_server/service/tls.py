@@ -25,9 +25,10 @@ import socket
 import ssl
 import tempfile
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from tensor_server.errors import FailedPrecondition, InvalidArgument
 
@@ -99,7 +100,7 @@ def expiry_warning(not_after: datetime.datetime, now: datetime.datetime | None =
     """A sentence when the certificate has expired or ends within EXPIRY_WARN_DAYS, else None.
     A pinned certificate is still checked against its end date, and the SDK then reports only
     a failed connection, so the server says it first."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     left = not_after - now
     stamp = not_after.strftime("%Y-%m-%d")
     fix = ("delete the certificate and key files so the server mints a new one (or pass a renewed "
@@ -219,7 +220,7 @@ def _mint(dns: Sequence[str], ips: Sequence[str], days: int) -> tuple[bytes, byt
                       x509.NameAttribute(NameOID.ORGANIZATION_NAME, "tensor-server (self-signed)")])
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)  # clock skew
+    start = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)  # clock skew
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(start).not_valid_after(start + datetime.timedelta(days=days))

@@ -9,7 +9,8 @@ says how to turn uploads on.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.errors import InvalidArgument, ReadOnly, TensorServerError
 from tensor_server.service.bodies import decode_message

@@ -22,7 +22,8 @@ chunks through the engine get the same bytes as serial reads.
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, ClassVar, Iterator
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -122,7 +123,7 @@ class AdapterTests:
                 self.assert_same(t.get_data(b), ref[b.to_slices()])
 
     def test_results_are_owned(self, source: SourceAdapter) -> None:
-        for field, t in self.tensors(source):
+        for _field, t in self.tensors(source):
             b = Bounds.full(t.shape)
             a = t.get_data(b)
             assert a.flags.writeable and a.flags.c_contiguous and a.flags.owndata
@@ -156,7 +157,7 @@ class AdapterTests:
         multiple of the step (a format's own reduced read, e.g. CZI's zoom, may decline
         other requests)."""
         rng = np.random.default_rng(5)
-        for field, t in self.tensors(source):
+        for _field, t in self.tensors(source):
             served = 0
             for scale in self.scales_for(t):
                 aligned = Bounds((0,) * t.ndim, tuple((n // s) * s if n >= s else n for n, s in zip(t.shape, scale)))
@@ -177,7 +178,7 @@ class AdapterTests:
         """``read_region_into`` (declared or the default copy) writes exactly ``get_data``,
         into a C-contiguous buffer and into a strided view, touching nothing around it."""
         rng = np.random.default_rng(8)
-        for field, t in self.tensors(source):
+        for _field, t in self.tensors(source):
             for b in (random_bounds(t.shape, rng), random_bounds(t.shape, rng), Bounds.full(t.shape)):
                 want = t.get_data(b)
                 buf = np.empty(b.shape, t.dtype)
@@ -210,7 +211,7 @@ class AdapterTests:
                 self.assert_same(on.read(t, full, scale, method), off.read(t, full, scale, method))
 
     def test_bad_bounds_raise(self, source: SourceAdapter) -> None:
-        for field, t in self.tensors(source):
+        for _field, t in self.tensors(source):
             with pytest.raises(InvalidBounds):
                 t.get_data(Bounds((0,) * t.ndim, tuple(n + 1 for n in t.shape)))
             with pytest.raises(InvalidBounds):
@@ -248,7 +249,7 @@ class AdapterTests:
     def test_concurrent_reads_match_serial(self, source: SourceAdapter) -> None:
         rng = np.random.default_rng(7)
         jobs = []
-        for field, t in self.tensors(source):
+        for _field, t in self.tensors(source):
             for scale in [(1,) * t.ndim] + self.scales_for(t)[:1]:
                 method = "area" if any(s > 1 for s in scale) else None
                 for pc in plan_read(t, None, scale, method).chunks:

@@ -3,7 +3,8 @@ stalling the whole run (bad-input tests must prove that nothing hangs)."""
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["finishes_within"]
 

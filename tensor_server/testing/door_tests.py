@@ -39,10 +39,11 @@ dataset's path and transforms, the labels list, each label image's), and the vie
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -207,7 +208,7 @@ class DoorTests:
         """The refusal ``call(*args)`` gets; fails the test when it succeeds or dies otherwise."""
         try:
             call(*args)
-        except Exception as exc:  # noqa: BLE001 - each door's client raises its own types
+        except Exception as exc:  # each door's client raises its own types
             refusal = door.refusal(exc)
             assert refusal is not None, f"{type(exc).__name__} is not a refusal of this door: {exc}"
             return refusal

@@ -7,9 +7,10 @@ stops and joins them on exit, so a test never leaks a listening thread into the 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from tensor_server.config import Settings
 
@@ -43,7 +44,7 @@ class Served:
             raise RuntimeError("started without metrics_port=0")
         return self.metrics.url
 
-    def client(self, token: str | None = None):  # noqa: ANN201 - biopb.tensor.TensorFlightClient
+    def client(self, token: str | None = None):  # biopb.tensor.TensorFlightClient
         from biopb.tensor import TensorFlightClient
 
         return TensorFlightClient(self.location, token=token)

@@ -102,7 +102,7 @@ class CacheMember:
         missing or cut short (a torn segment would otherwise lose its tail chunks quietly)."""
         doc = read_json(path / DESCRIPTOR)
         marker = Marker.from_json((doc or {}).get(MARKER_KEY))
-        if marker is None:
+        if doc is None or marker is None:
             return None
         try:
             shape = tuple(int(n) for n in doc["shape"])
@@ -262,7 +262,7 @@ class CacheMemberAdapter(TensorAdapter):
         g = self.member.grid
         first = [a // c for a, c in zip(bounds.start, g)]
         last = [-(-b // c) for b, c in zip(bounds.stop, g)]
-        for cell in np.ndindex(*[l - f for f, l in zip(first, last)]):
+        for cell in np.ndindex(*[e - f for f, e in zip(first, last)]):
             start = tuple((f + i) * c for f, i, c in zip(first, cell, g))
             box = Bounds(start, tuple(min(s + c, n) for s, c, n in zip(start, g, self.shape)))
             data = self.member.stored(box)
@@ -270,6 +270,6 @@ class CacheMemberAdapter(TensorAdapter):
                 continue
             lo = tuple(max(a, b) for a, b in zip(box.start, bounds.start))
             hi = tuple(min(a, b) for a, b in zip(box.stop, bounds.stop))
-            out[tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, bounds.start))] = \
-                data[tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, box.start))]
+            out[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, bounds.start))] = \
+                data[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, box.start))]
         return out

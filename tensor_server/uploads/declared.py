@@ -8,7 +8,8 @@ ticket named the chunk, so the byte budget is that chunk's size.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

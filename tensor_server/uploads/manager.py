@@ -14,33 +14,42 @@ marker, so they survive restarts) and idleness, so tests drive sweeps without sl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import functools
-import json
 import logging
 import os
 import shutil
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
+from tensor_server.core.bounded_stream import take_within
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.folder_lock import FolderHeld, FolderLock
 from tensor_server.core.identity import ArrayId
-from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
-from tensor_server.core.bounded_stream import take_within
 from tensor_server.core.json_body import decode_json
-from tensor_server.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, PermissionDenied,
-                                  ResourceExhausted, StorageFull, TensorNotFound, TensorServerError)
+from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
+from tensor_server.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    StorageFull,
+    TensorNotFound,
+    TensorServerError,
+)
 from tensor_server.uploads.cache_member import CacheMember
 from tensor_server.uploads.declared import checked_extent, chunk_values
 from tensor_server.uploads.integrity import DamagedMember, StoreDamaged, layout_array_id
@@ -95,7 +104,7 @@ class ChunkWrite:
     """A DoPut's target, checked before its stream is read: the upload, the chunk and the
     most bytes its stream may carry."""
 
-    upload: "Upload"
+    upload: Upload
     chunk_id: ChunkId
     bounds: Bounds
     expected_bytes: int
@@ -120,16 +129,16 @@ class Upload:
     reason: str = ""
     discarded_at: float | None = None
     #: chunks whose write returned (durable as far as the member goes: READY fsyncs them)
-    received: set[Bounds] = field(default_factory=set)
+    received: set[Bounds] = dataclasses.field(default_factory=set)
     #: chunks whose last write failed (ENOSPC, I/O error): a hole the client did not mean
-    failed: set[Bounds] = field(default_factory=set)
+    failed: set[Bounds] = dataclasses.field(default_factory=set)
     inflight: int = 0
     #: SHA-256 (hex) of its owner's token ("" = the server's): who may write, publish, discard it
     owner: str = ""
     #: SHA-256 (hex) of its read grant ("" = none: read as the catalog is); the service floor
     #: checks callers against both (``service/access.py``)
     grant: str = ""
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
 
     @property
     def expected_chunks(self) -> int:
@@ -244,13 +253,13 @@ class UploadManager:
                 counts["removed"] += 1
                 continue
             try:
-                if marker is None:
+                if kind is None or marker is None:
                     present = [n for n in (".zattrs", "descriptor.json") if (d / n).is_file()]
                     raise StoreDamaged(f"{' and '.join(present)} holds no readable upload marker" if present
                                        else "no upload marker (.zattrs or descriptor.json)")
                 self._adopt_member(kind.open(d), now)
                 counts["adopted"] += 1
-            except Exception as exc:  # noqa: BLE001 - a damaged store raises whatever its library raises
+            except Exception as exc:  # a damaged store raises whatever its library raises
                 self._keep_damaged(d, marker, " ".join(str(exc).split())[:300] or type(exc).__name__, now)
                 counts["damaged"] += 1
         return counts
@@ -371,6 +380,7 @@ class UploadManager:
             path.parent.mkdir(parents=True, exist_ok=True)
             marker = Marker(target.array_id, target.store_format, PENDING, uuid.uuid4().hex, now,
                             None if granted is None else now + granted, dim_labels, is_labels, owner, grant)
+            member: ZarrMember | CacheMember
             with self._disk(f"add_tensor {request_id!r}"):
                 if target.store_format == "zarr":
                     member = ZarrMember.create(path, marker, shape, dt, grid, extra_attrs)

@@ -24,7 +24,7 @@ SCRATCH_SOURCE_ID = "scratch"
 class ScratchSource(SourceAdapter):
     format_name = "scratch"
 
-    def __init__(self) -> None:  # noqa: D107 - a source with no tensors of its own
+    def __init__(self) -> None:  # a source with no tensors of its own
         # SourceAdapter requires a tensor; the scratch source by definition has none, so it
         # sets the attributes the catalog reads instead of calling the base constructor.
         self.path = None

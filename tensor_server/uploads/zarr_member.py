@@ -69,7 +69,7 @@ class ZarrMember:
 
         attrs = read_json(path / ".zattrs")
         marker = Marker.from_json((attrs or {}).get(MARKER_KEY))
-        if marker is None:
+        if attrs is None or marker is None:
             return None
         missing = [n for n in METADATA_FILES if not (path / n).is_file()]
         if missing:
@@ -109,7 +109,7 @@ class ZarrMember:
         write_json_atomic(self.path / ".zattrs", _zattrs(marker, self._array.ndim, self._extra))
         self.marker = marker
 
-    def locate(self, bounds: Bounds):  # noqa: ANN201 - same signature as CacheMember.locate
+    def locate(self, bounds: Bounds):  # same signature as CacheMember.locate
         """zarr members use the default fast path (resolve into the chunk cache)."""
         return None
 

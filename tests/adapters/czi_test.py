@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,8 +19,8 @@ from pylibCZIrw import czi as pyczi
 
 import tensor_server
 from tensor_server.adapters.czi import CziAdapter, sniff_czi
-from tensor_server.bench.writers import write_benchmark_czi
 from tensor_server.adapters.registry import detect_format
+from tensor_server.bench.writers import write_benchmark_czi
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import reap_idle_handles
 from tensor_server.errors import UnreadableSource

@@ -9,10 +9,9 @@ import json
 
 import numpy as np
 import pytest
-
-from tensor_server.catalog import Catalog
 from tensor_server_kernels import reference
 
+from tensor_server.catalog import Catalog
 from tensor_server.testing import serving
 
 from ..flight.conftest import client_for

@@ -194,7 +194,7 @@ def test_every_case_wrote_its_encoding_and_every_name_is_covered(luxar_store, sc
 
 def test_decoded_values_equal_luxars_decoder(luxar, luxar_store, scene):
     path, cases = luxar_store
-    for field, (data, _, name) in cases.items():
+    for field, (_data, _, name) in cases.items():
         t = scene.tensors[field]
         want = _luxar_decode(luxar, path, field)
         if want.dtype == np.float16:  # served widened: exact

@@ -342,7 +342,7 @@ def open_with_deadline(path: Path, seconds: float = 20.0):
         box["src"] = finishes_within(lambda: tensor_server.open(path), seconds)
     except AssertionError:
         raise
-    except BaseException as exc:  # noqa: BLE001 - handed back to the test
+    except BaseException as exc:  # handed back to the test
         box["exc"] = exc
     return box
 

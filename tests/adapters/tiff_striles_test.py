@@ -10,13 +10,13 @@ import threading
 
 import numpy as np
 import pytest
+from tensor_server_kernels.reference import downsample
 
 import tensor_server
 from tensor_server.adapters import _tiff_striles
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
 from tensor_server.errors import UnreadableSource
-from tensor_server_kernels.reference import downsample
 from tests.adapters.tiff_test import inner, served, tifffile_series
 
 tifffile = pytest.importorskip("tifffile")

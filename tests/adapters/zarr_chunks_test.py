@@ -8,12 +8,12 @@ import os
 
 import numpy as np
 import pytest
+from tensor_server_kernels import reference
 
 import tensor_server
 from tensor_server.adapters._zarr_chunks import LocalChunks, ShardIndexes
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
-from tensor_server_kernels import reference
 
 zarr = pytest.importorskip("zarr")
 numcodecs = pytest.importorskip("numcodecs")

@@ -10,11 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheLocked, CacheManager
 from tensor_server.cache.segment_index import index_path
-from tensor_server.core import Bounds, plan_read
-from tensor_server_kernels import reference
 
 CHUNK = 64 * 64 * 2  # bytes of a (64, 64) uint16 chunk
 
@@ -28,7 +25,7 @@ def test_hit_miss_and_read_only_entries(tmp_path):
         calls = []
         a = c.get_or_compute(b"k", lambda: calls.append(1) or chunk(7))
         b = c.get_or_compute(b"k", lambda: calls.append(1) or chunk(8))
-        assert calls == [1] and b[0, 0] == 7 and not b.flags.writeable
+        assert calls == [1] and a[0, 0] == b[0, 0] == 7 and not b.flags.writeable
         assert c.stats["misses"] == 1 and c.stats["hits"] == 1
         assert c.get(b"absent") is None
 

@@ -12,8 +12,13 @@ import pytest
 
 from tensor_server.cache import segment_store
 from tensor_server.cache.chunk_columns import decode_chunk
-from tensor_server.cache.segment_store import (SegmentWriter, chunk_record_batch, message_parts, read_batch_at,
-                                               walk_segment)
+from tensor_server.cache.segment_store import (
+    SegmentWriter,
+    chunk_record_batch,
+    message_parts,
+    read_batch_at,
+    walk_segment,
+)
 
 
 def _arr(seed: int, shape=(64, 48), dtype=np.uint16) -> np.ndarray:

@@ -17,17 +17,17 @@ class _HeldStore:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def load_decode_rates(self):  # noqa: ANN201
+    def load_decode_rates(self):
         self.calls.append("load")
         raise RoiStoreBusy("annotation store /home/annotations.duckdb: cannot open: Conflicting lock")
 
-    def save_decode_rates(self, rows) -> None:  # noqa: ANN001
+    def save_decode_rates(self, rows) -> None:
         self.calls.append("save")
         raise RoiStoreBusy("annotation store /home/annotations.duckdb: cannot open: Conflicting lock")
 
 
 class _BrokenStore(_HeldStore):
-    def load_decode_rates(self):  # noqa: ANN201
+    def load_decode_rates(self):
         raise KeyError("a bug")
 
 

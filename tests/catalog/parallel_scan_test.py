@@ -150,7 +150,7 @@ class _CrashingPool:
     def __init__(self, started: list) -> None:
         started.append(self)
 
-    def submit(self, fn, path, *args):  # noqa: ANN001
+    def submit(self, fn, path, *args):
         import concurrent.futures as cf
         from concurrent.futures.process import BrokenProcessPool
 
@@ -161,7 +161,7 @@ class _CrashingPool:
             fut.set_result(fn(path, *args))
         return fut
 
-    def shutdown(self, wait=True, cancel_futures=False):  # noqa: ANN001
+    def shutdown(self, wait=True, cancel_futures=False):
         pass
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tensor_server_kernels import reference
 
-from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.core import Bounds, normalize_axes, plan_read
 from tensor_server.core.chunk_store import ChunkStore, cache_sourced_units
 from tensor_server.core.engine import ReadEngine
-from tensor_server_kernels import reference
+from tensor_server.core.methods import CANONICAL_METHODS
 
 METHODS = CANONICAL_METHODS
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tensor_server_kernels import reference
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.core import plan_read
 from tensor_server.core.engine import ReadEngine
-from tensor_server_kernels import reference
 
 
 class Reducing(ArrayAdapter):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
+from tensor_server_kernels import reference
 
 import tensor_server
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import READ_INTO_UNIT_BYTES, ReadEngine, _stream_unit
-from tensor_server_kernels import reference
 
 
 @pytest.mark.parametrize("shape, chunks, dtype, unit", [

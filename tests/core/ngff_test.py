@@ -4,8 +4,7 @@ from __future__ import annotations
 import google_crc32c
 import numpy as np
 
-from tensor_server.core.ngff import (SHARD_ABSENT, NgffImage, NgffLevel, image_attributes, labels_attributes,
-                                     shard_index)
+from tensor_server.core.ngff import SHARD_ABSENT, NgffImage, NgffLevel, image_attributes, labels_attributes, shard_index
 
 
 def _image(method: str) -> NgffImage:

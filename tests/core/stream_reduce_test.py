@@ -1,7 +1,6 @@
 """Streamed reduction == whole-extent reduction (scaled-read-path.md §2, §8)."""
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 import tracemalloc
@@ -10,9 +9,9 @@ import weakref
 import numpy as np
 import pytest
 
-from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core import Bounds
 from tensor_server.core.downsample import downsample_block
+from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core.stream_reduce import iter_units, stream_reduce, streaming_unit
 from tensor_server.testing.deadline import finishes_within
 
@@ -121,7 +120,10 @@ def test_workers_do_not_change_the_result(method):
         ("float32", (13, 29, 31), Bounds((1, 2, 0), (13, 29, 31)), (6, 10, 9), (3, 5, 3)),
     ]:
         arr = _data(shape, dtype, seed=5)
-        fetch = lambda b: arr[b.to_slices()].copy()  # noqa: E731
+
+        def fetch(b: Bounds, arr: np.ndarray = arr) -> np.ndarray:
+            return arr[b.to_slices()].copy()
+
         serial = stream_reduce(bounds, unit, scale, method, fetch, arr.dtype, workers=1)
         np.testing.assert_array_equal(serial, downsample_block(arr[bounds.to_slices()], scale, method))
         for workers in (2, 3, 8):

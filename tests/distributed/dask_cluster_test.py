@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pyarrow.flight as flight
 import pytest
+from tensor_server_kernels import reference
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
@@ -20,7 +21,6 @@ from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
 from tensor_server.core.engine import Overloaded, ReadEngine
 from tensor_server.testing import serving
-from tensor_server_kernels import reference
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import zarr
 
 from tensor_server.errors import InvalidArgument
-from tensor_server.export import ExportOptions, export_tensor
+from tensor_server.export import ExportOptions
 from tensor_server.export.layout import plan_layout
 from tests.export.helpers import REPO, GeneratedPlane, run_cli
 from tests.reliability.server_process import TMPFS_WRAPPER, can_mount_tmpfs

@@ -34,7 +34,7 @@ class GeneratedPlane(TensorAdapter):
         super().__init__(TensorInfo(tuple(shape), np.dtype(np.uint16), dim_labels=("y", "x"), **kw))
         self.array_id = "generated"
 
-    def read_region(self, bounds):  # noqa: ANN001, ANN201
+    def read_region(self, bounds):
         y, x = (np.arange(s.start, s.stop, dtype=np.uint16) for s in bounds.to_slices())
         out = np.empty(bounds.shape, np.uint16)
         np.add((y * np.uint16(3) + y % np.uint16(13))[:, None], x[None, :], out=out)

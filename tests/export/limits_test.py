@@ -36,7 +36,7 @@ class Unread(TensorAdapter):
         super().__init__(TensorInfo(tuple(shape), np.dtype(dtype), dim_labels=tuple(labels)))
         self.array_id = "unread"
 
-    def read_region(self, bounds):  # noqa: ANN001, ANN201
+    def read_region(self, bounds):
         raise AssertionError("a refused or planned export reads nothing")
 
 
@@ -127,7 +127,7 @@ def test_a_unit_never_holds_more_than_the_cap(tmp_path, monkeypatch):
     held = []
     real = export_run.unit_levels
 
-    def counted(data, *args, **kw):  # noqa: ANN001, ANN202
+    def counted(data, *args, **kw):
         blocks = real(data, *args, **kw)
         held.append(sum(b.nbytes for b in blocks))
         return blocks
@@ -169,7 +169,7 @@ def counted_chunks(monkeypatch):
     encoded: list[int] = []
     real = ChunkFiles._chunk
 
-    def counting(self, piece):  # noqa: ANN001, ANN202
+    def counting(self, piece):
         encoded.append(1)
         return real(self, piece)
 

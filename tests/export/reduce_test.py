@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from tensor_server.export.reduce import SLAB_BYTES, numpy_handles, unit_levels
 from tensor_server_kernels import cases
 from tensor_server_kernels import reference as R
+
+from tensor_server.export.reduce import SLAB_BYTES, numpy_handles, unit_levels
 
 _GROUPS: dict[tuple, list[cases.Case]] = {}
 for _c in cases.TEST_CASES:

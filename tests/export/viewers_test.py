@@ -19,9 +19,8 @@ from tensor_server.adapters.memory import ArrayAdapter
 from tensor_server.core.engine import ReadEngine
 from tensor_server.export import ExportOptions, export_tensor
 from tensor_server.export.sources import open_export_source
-from tests.http.neuroglancer_test import screenshot_after_chunks
-
 from tests.export.helpers import write_cells
+from tests.http.neuroglancer_test import screenshot_after_chunks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -65,12 +64,12 @@ class _RangeHandler(SimpleHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         super().end_headers()
 
-    def do_OPTIONS(self) -> None:  # noqa: N802 - the http.server spelling
+    def do_OPTIONS(self) -> None:  # the http.server spelling
         self.send_response(204)
         self.send_header("Access-Control-Allow-Headers", "Range")
         self.end_headers()
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         path = self.translate_path(self.path)
         match = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
         if not match or not os.path.isfile(path):

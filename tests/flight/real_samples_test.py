@@ -7,10 +7,9 @@ import shutil
 import numpy as np
 import pyarrow.flight as flight
 import pytest
-
-from tensor_server.catalog import Catalog
 from tensor_server_kernels import reference
 
+from tensor_server.catalog import Catalog
 from tensor_server.testing import serving
 
 from .conftest import client_for

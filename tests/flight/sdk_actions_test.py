@@ -248,8 +248,8 @@ def test_roi_prune_reports_then_deletes_orphans(served, tree, tmp_path):
 
 
 def test_upload_puts_on_a_read_only_server_are_refused_clearly(served):
-    from biopb.tensor.ticket_pb2 import PutCommand
     import pyarrow as pa
+    from biopb.tensor.ticket_pb2 import PutCommand
 
     srv, _ = served
     fc = flight.FlightClient(srv.location)

@@ -19,7 +19,6 @@ import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
-from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.testing import serving
 from tests.flight.conftest import client_for
 

@@ -7,8 +7,6 @@ import json
 import numpy as np
 import pyarrow.flight as flight
 import pytest
-
-from tensor_server.core.bounds import Bounds
 from tensor_server_kernels import reference
 
 from tensor_server.testing import serving

@@ -8,13 +8,12 @@ import concurrent.futures
 
 import numpy as np
 import pytest
+from tensor_server_kernels import reference
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core.normalizing import NormalizingAdapter
-from tensor_server_kernels import reference
-
 from tests.flight.conftest import client_for
 
 METHODS = ["nearest", "area", "min", "max", "mode", "median"]

@@ -77,7 +77,7 @@ def ids(catalog):
     for rec in catalog.records():
         if rec.source is None:
             continue
-        for field, t in rec.source.tensors.items():
+        for t in rec.source.tensors.values():
             if rec.type.startswith("ome-zarr") or "cells" in t.array_id:
                 out["labels" if t.is_labels else "image"] = t.array_id
             elif t.array_id.startswith("vol"):

@@ -20,7 +20,6 @@ import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
-
 from tests.http.conftest import http_serving
 
 

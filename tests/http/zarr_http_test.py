@@ -12,7 +12,6 @@ import pytest
 
 from tensor_server.core.chunk_id import PRECOMPUTE
 from tensor_server.http.zarr_view import ZarrImage
-
 from tests.http.conftest import POLICY, http_serving, ids
 
 

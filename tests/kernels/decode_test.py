@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from tensor_server_kernels import decode as K
 
 CODES8 = np.arange(256, dtype=np.uint8)

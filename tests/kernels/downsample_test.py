@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from tensor_server_kernels import cases
 from tensor_server_kernels import downsample as K
 from tensor_server_kernels import reference as R

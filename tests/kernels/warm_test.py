@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tensor_server_kernels import cases, warm
 from tensor_server_kernels.reference import METHODS
 

@@ -3,8 +3,6 @@
 Driven through ``DroppedPaths.add_events`` (the generator a door streams)."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 

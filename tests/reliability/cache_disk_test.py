@@ -8,8 +8,8 @@ an ``ENOSPC`` from the segment file's write call, which always runs.
 from __future__ import annotations
 
 import errno
-import json
 import io
+import json
 import os
 import shlex
 import signal
@@ -23,8 +23,8 @@ import tensor_server.cache.manager as manager_module
 import tensor_server.cache.segment_store as segment_store
 from tensor_server.cache import CacheManager
 from tensor_server.cache.segment_index import index_path, read_index
-from tests.reliability.server_process import TMPFS_WRAPPER, can_mount_tmpfs, serve_process
 from tests.reliability.cache_shutdown_test import array_id_of, read_all
+from tests.reliability.server_process import TMPFS_WRAPPER, can_mount_tmpfs, serve_process
 
 
 def chunk(i: int, n: int = 64) -> np.ndarray:
@@ -55,7 +55,7 @@ class _FullDisk(io.FileIO):
     room = 0
     freed = 0
 
-    def write(self, data):  # noqa: ANN001
+    def write(self, data):
         if _FullDisk.room <= 0:
             _FullDisk.room, _FullDisk.freed = _FullDisk.freed, 0
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -68,11 +68,11 @@ class _FullDiskOs:
     """``os`` for segment_store, whose gathered writes (``os.writev``) meet the same full disk
     as ``_FullDisk.write``: short past ``room``, then ENOSPC."""
 
-    def __getattr__(self, name):  # noqa: ANN001, ANN204
+    def __getattr__(self, name):
         return getattr(os, name)
 
     @staticmethod
-    def writev(fd, views):  # noqa: ANN001, ANN205
+    def writev(fd, views):
         if _FullDisk.room <= 0:
             _FullDisk.room, _FullDisk.freed = _FullDisk.freed, 0
             raise OSError(errno.ENOSPC, "No space left on device")

@@ -5,7 +5,6 @@ for a damaged one. In practice ``chunk_locate`` resolves the chunk first (as DoG
 the damaged entry is caught there, recomputed into a fresh batch, and that one is offered."""
 from __future__ import annotations
 
-
 import numpy as np
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource

@@ -13,11 +13,10 @@ import time
 
 import numpy as np
 import pyarrow.flight as flight
-import pytest
 
 from tensor_server.catalog import Catalog
-from tensor_server.testing.deadline import finishes_within
 from tensor_server.testing import serving
+from tensor_server.testing.deadline import finishes_within
 from tests.flight.conftest import client_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

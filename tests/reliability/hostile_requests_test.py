@@ -22,7 +22,6 @@ from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
-
 from tensor_server.testing import serving
 
 CLEAN_CODES = {"INVALID_ARGUMENT", "NOT_FOUND"}
@@ -94,7 +93,7 @@ def test_huge_scales_are_invalid_argument(served):
     for scale in ([1 << 20, 1 << 20], [1, 1 << 28], [1 << 62, 1]):
         opt = descriptor_pb2.TensorReadOption(array_id="img", scale_hint=scale, reduction_method="area")
         opt.fields.paths.append("endpoints")
-        err = _refused(lambda: _info(c, opt))
+        err = _refused(lambda opt=opt: _info(c, opt))
         assert "exceeds the axis extent" in str(err)
     _assert_alive_and_correct(served)
 
@@ -112,7 +111,7 @@ def test_forged_and_malformed_chunk_ids(served):
     infinite = json.dumps({"a": "img", "s": [0, 0], "e": [1e999, 1], "k": [1, 1], "m": "none",
                            "v": real.content_version.hex(), "p": 1}).encode()
     for raw in (forge(infinite), forge(b"[" * 100_000 + b"]" * 100_000), forge(b"null"), b"\x00" * (1 << 20)):
-        _refused(lambda: _chunk(c, raw))
+        _refused(lambda raw=raw: _chunk(c, raw))
     _assert_alive_and_correct(served)
 
 

@@ -12,8 +12,8 @@ from biopb.tensor import descriptor_pb2, ticket_pb2
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
 from tensor_server.catalog.sql import SqlLimits
-from tensor_server.testing.deadline import finishes_within
 from tensor_server.testing import serving
+from tensor_server.testing.deadline import finishes_within
 from tests.flight.conftest import client_for
 
 PIXELS = (np.arange(64 * 96, dtype=np.uint16) * 7).reshape(64, 96)

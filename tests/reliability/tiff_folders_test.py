@@ -4,7 +4,6 @@ medium findings)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from tensor_server.catalog import Catalog
 from tensor_server.testing import serving

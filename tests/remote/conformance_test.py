@@ -10,8 +10,7 @@ from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.adapters.upstream import Upstream, open_upstream_sources
 from tensor_server.adapters.zarr_remote import ObjectListing, RemoteZarrSource
 from tensor_server.catalog import Catalog
-from tensor_server.testing import AdapterTests
-from tensor_server.testing import serving
+from tensor_server.testing import AdapterTests, serving
 from tests.remote.conftest import BUCKET
 
 

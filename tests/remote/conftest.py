@@ -51,9 +51,9 @@ def write_sharded(path: Path, seed: int = 1) -> np.ndarray:
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """moto's S3 on 127.0.0.1, with the usual AWS_* environment pointing at it."""
-    from moto.server import ThreadedMotoServer
-
     import logging
+
+    from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -10,6 +10,7 @@ import socket
 import numpy as np
 import pyarrow.flight as flight
 import pytest
+from tensor_server_kernels import reference
 
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
@@ -18,8 +19,6 @@ from tensor_server.errors import StaleChunkId
 from tensor_server.testing import serving
 from tests.flight.conftest import client_for
 from tests.remote.conftest import BUCKET, SECRET, _forget_filesystems, s3fs_client, write_sharded
-from tensor_server.testing import serving
-from tensor_server_kernels import reference
 
 ROOT = f"s3://{BUCKET}/run1"
 

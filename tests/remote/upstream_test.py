@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 import pyarrow.flight as flight
 import pytest
+from tensor_server_kernels import reference
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.adapters.upstream import RemoteTensorAdapter
@@ -16,9 +17,8 @@ from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
 from tensor_server.errors import StaleChunkId
-from tests.flight.conftest import client_for
 from tensor_server.testing import serving
-from tensor_server_kernels import reference
+from tests.flight.conftest import client_for
 
 
 def _free_port() -> int:

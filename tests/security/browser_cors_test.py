@@ -28,7 +28,7 @@ def other_origin(tmp_path):
     (tmp_path / "page").mkdir()
     (tmp_path / "page" / "index.html").write_text("<!doctype html><title>another origin</title>")
     class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # noqa: ANN002 - no access log on the test's stderr
+        def log_message(self, *args) -> None:  # no access log on the test's stderr
             pass
 
     handler = functools.partial(Quiet, directory=str(tmp_path / "page"))

@@ -27,7 +27,7 @@ def test_minted_certificate_names_every_address_and_lasts(tmp_path):
     assert {"localhost", socket.gethostname(), "viewer.lab"} <= set(tls.dns_names)
     assert {"127.0.0.1", "::1", "10.9.8.7"} <= set(tls.ip_addresses)
     assert tls.fingerprint == sdk_fingerprint(tls.cert_pem)  # what the SDK pins and compares
-    left = tls.not_after - datetime.datetime.now(datetime.timezone.utc)
+    left = tls.not_after - datetime.datetime.now(datetime.UTC)
     assert VALIDITY_DAYS - 2 <= left.days <= VALIDITY_DAYS
     assert stat.S_IMODE(tls.key_path.stat().st_mode) == 0o600
     assert expiry_warning(tls.not_after) is None
@@ -95,7 +95,7 @@ def test_an_operator_pair_is_loaded_and_checked(tmp_path):
 
 
 def test_expiry_is_warned_ahead():
-    now = datetime.datetime(2030, 1, 1, tzinfo=datetime.timezone.utc)
+    now = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
     assert expiry_warning(now + datetime.timedelta(days=EXPIRY_WARN_DAYS + 5), now) is None
     soon = expiry_warning(now + datetime.timedelta(days=10), now)
     assert soon is not None and "expires on 2030-01-11 (10 days)" in soon and "re-pin" in soon

@@ -79,8 +79,8 @@ def test_an_uploaded_label_set_is_exported_beside_its_image_by_the_action_and_by
     export's ``labels/<name>``, through the action and through ``export --server``."""
     import zarr
     from biopb.tensor import TensorFlightClient
-
     from tensor_server_kernels import reference
+
     from tests.export.helpers import run_cli
     from tests.uploads.conftest import upload_server
 
@@ -125,7 +125,7 @@ def slow_chunks(monkeypatch):
     slow = SlowChunks()
     real = ChunkFiles._chunk
 
-    def counted(self, piece):  # noqa: ANN001, ANN202
+    def counted(self, piece):
         slow.encoded.append(1)
         time.sleep(slow.delay)
         return real(self, piece)

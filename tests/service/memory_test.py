@@ -44,7 +44,7 @@ def test_a_failing_release_does_not_end_the_thread() -> None:
         returner.close()
 
 
-def test_release_unused_memory_trims_the_c_heap(monkeypatch) -> None:  # noqa: ANN001
+def test_release_unused_memory_trims_the_c_heap(monkeypatch) -> None:
     assert memory._TRIM is not None, "glibc's malloc_trim was not found (every machine of this project has glibc)"
     trims: list[int] = []
     monkeypatch.setattr(memory, "_TRIM", lambda: trims.append(1))

@@ -2,17 +2,18 @@
 compare the engine's answers with the oracle computed from a full decode."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
+from tensor_server_kernels.reference import downsample
 
-from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
+from tensor_server.core.methods import CANONICAL_METHODS
 from tensor_server.core.normalizing import NormalizingAdapter
-from tensor_server_kernels.reference import downsample
 
 METHODS = CANONICAL_METHODS
 

@@ -108,10 +108,9 @@ def test_stats_cli_on_a_folder_reads_every_tensor_under_it(tmp_path, capsys) -> 
 
 def test_special_chunks_over_flight(tmp_path) -> None:
     import pyarrow.flight as flight
-
-    from tensor_server.catalog import Catalog
     from tensor_server_kernels.reference import downsample
 
+    from tensor_server.catalog import Catalog
     from tensor_server.testing import serving
 
     from ..flight.conftest import client_for

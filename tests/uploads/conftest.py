@@ -9,8 +9,8 @@ import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.catalog import Catalog
-from tensor_server.uploads import UploadManager
 from tensor_server.testing import serving
+from tensor_server.uploads import UploadManager
 
 
 class FakeClock:

@@ -78,7 +78,7 @@ def test_make_run_upload_snippet_works(server):
 
     code = upload_snippet(server.location, None)
     scope: dict = {}
-    exec(compile(code, "<snippet>", "exec"), scope)  # noqa: S102 - our own printed snippet
+    exec(compile(code, "<snippet>", "exec"), scope)  # our own printed snippet
     assert scope["client"].get_upload_status(scope["desc"].array_id)["state"] == "DISCARDED"
     np.testing.assert_array_equal(scope["result"].shape, (512, 512))
 

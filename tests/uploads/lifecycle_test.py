@@ -184,7 +184,7 @@ def test_write_dir_inside_a_root_is_never_discovered(tmp_path):
         m.set_ready(up.array_id)
         cat.scan()
         assert [r.source_id for r in cat.records()] == ["scratch"]
-        with pytest.raises(Exception):  # no format claims the member by content
+        with pytest.raises(LookupError):  # no format claims the member by content
             _sniffed(up.member.path)
     finally:
         m.close()
@@ -222,7 +222,6 @@ def test_orphaned_field_is_kept_and_reattached_when_its_source_returns(tmp_path)
     cat.scan()  # the source is gone: its field is not served, but kept
     with pytest.raises(Exception, match="unknown source"):
         cat.find_tensor(up.array_id)
-    from biopb.tensor import descriptor_pb2
 
     from tensor_server.config import Settings
     from tensor_server.service import IN_PROCESS, ServingRuntime

@@ -127,7 +127,7 @@ def test_run_prints_an_upload_snippet_that_works(tmp_path):
         snippet = text.split("Upload a result (to the scratch source) and read it back:\n\n", 1)[1]
         snippet = snippet.split("\n\n", 1)[0]
         scope: dict = {}
-        exec(compile(snippet, "<printed snippet>", "exec"), scope)  # noqa: S102
+        exec(compile(snippet, "<printed snippet>", "exec"), scope)
         assert scope["client"].get_upload_status(scope["desc"].array_id)["state"] == "DISCARDED"
         assert (tmp_path / "xdg" / "tensor-server" / "demo-uploads" / "fields").is_dir()
     finally:
