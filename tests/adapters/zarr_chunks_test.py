@@ -269,11 +269,19 @@ def test_peak_memory_is_output_plus_workers_plus_one_units(tmp_path, method):
         bound = out_bytes + (workers + 1) * unit_bytes + (64 << 10)
         tracemalloc.start()
         try:
-            base = tracemalloc.get_traced_memory()[0]
-            got = engine.read(t, b, scale, method)
-            peak = tracemalloc.get_traced_memory()[1] - base
-            np.testing.assert_array_equal(got, want)
-            del got
+            # tracemalloc counts every thread of the process: under the parallel suite a thread
+            # another test left finishing (a server's precache, a pool helper) can allocate during
+            # one read, so the least of three is the read's own peak (a read over the bound is over
+            # it every time)
+            peaks = []
+            for _ in range(3):
+                tracemalloc.reset_peak()
+                base = tracemalloc.get_traced_memory()[0]
+                got = engine.read(t, b, scale, method)
+                peaks.append(tracemalloc.get_traced_memory()[1] - base)
+                np.testing.assert_array_equal(got, want)
+                del got
+            peak = min(peaks)
             tracemalloc.reset_peak()
             base = tracemalloc.get_traced_memory()[0]
             downsample_block(t.get_data(b), scale, method)

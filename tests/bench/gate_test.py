@@ -53,12 +53,16 @@ def clone(tmp_path_factory) -> Path:
 
 
 def _perf_gate(clone: Path, slowdown: str | None) -> subprocess.CompletedProcess:
-    stamp = clone / ".gate-test-stamp"
-    stamp.touch()  # newer than pyproject.toml: make uses this interpreter and installs nothing
+    base_stamp, stamp = clone / ".gate-test-base-stamp", clone / ".gate-test-stamp"
+    base_stamp.touch()  # both newer than pyproject.toml, the full install's newer than the serving
+    stamp.touch()  # one's: make uses this interpreter and installs nothing
+    later = base_stamp.stat().st_mtime + 1
+    os.utime(stamp, (later, later))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TENSOR_SERVER_GATE_TEST_SLOWDOWN")}
     if slowdown:
         env["TENSOR_SERVER_GATE_TEST_SLOWDOWN"] = slowdown
     return subprocess.run(["make", "--no-print-directory", "perf-gate", f"PY={sys.executable}", f"STAMP={stamp}",
+                           f"BASE_STAMP={base_stamp}",
                            f"PERF_BENCH={KERNEL_BENCH}", "PERF_FLOORS=fast-path-vs-doget",
                            "PERF_ASV_ARGS=-a processes=1 -a repeat=5"],
                           cwd=clone, env=env, capture_output=True, text=True, timeout=900)
