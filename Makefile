@@ -37,7 +37,7 @@ BENCH_RECORD ?=
 export BENCH_RECORD
 SHELL := /bin/bash
 
-.PHONY: setup run url test lint format-check test-nojit browser viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
+.PHONY: setup run url test lint test-nojit browser viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
 
 setup: $(STAMP)
 
@@ -114,15 +114,11 @@ test: $(STAMP)
 # any finding exits non-zero. Both keep a cache (.ruff_cache, .mypy_cache): a warm re-run takes
 # a few seconds.
 lint: $(STAMP)
-	@echo "lint: ruff check . (the rules of [tool.ruff.lint] in pyproject.toml)"
+	@echo "lint: ruff check . (the rules of [tool.ruff.lint] in pyproject.toml), ruff format --check ."
 	@$(PY) -m ruff check .
+	@$(PY) -m ruff format --check --quiet . || { echo "lint: run \`$(PY) -m ruff format .\` to format"; exit 1; }
 	@echo "lint: mypy (the packages of [tool.mypy] files in pyproject.toml)"
 	@$(PY) -m mypy
-
-# The format check, not yet part of `make test`: the tree is formatted in one mechanical commit
-# first (ruff format .), then this joins the lint target.
-format-check: $(STAMP)
-	$(PY) -m ruff format --check .
 
 # The neuroglancer test (tests/http) drives Debian's Chromium; install it where apt can (CI
 # runs as root). Where it cannot, that one test skips and says why.

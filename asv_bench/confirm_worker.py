@@ -11,6 +11,7 @@ Protocol (one line each, on stdin/stdout): after setup and one untimed call it p
 and exits. ``timeraw_`` benchmarks return code; one call is a fresh interpreter running it, timed from
 inside (start-up excluded, as asv does).
 """
+
 import importlib
 import itertools
 import os
@@ -20,10 +21,12 @@ import time
 
 #: A timeraw benchmark's code, timed inside the fresh interpreter as asv does: interpreter start-up
 #: is the same for every commit and would only dilute a slowdown of the code itself.
-_TIMERAW = ("import sys, time\n"
-            "t0 = time.perf_counter()\n"
-            "exec(compile(sys.argv[1], '<timeraw>', 'exec'), {'__name__': '__main__'})\n"
-            "print(time.perf_counter() - t0)\n")
+_TIMERAW = (
+    "import sys, time\n"
+    "t0 = time.perf_counter()\n"
+    "exec(compile(sys.argv[1], '<timeraw>', 'exec'), {'__name__': '__main__'})\n"
+    "print(time.perf_counter() - t0)\n"
+)
 
 
 def _resolve(name: str, param_index: int):
@@ -53,10 +56,16 @@ def main() -> int:
         code = call()
 
         def measure() -> float:
-            out = subprocess.run([sys.executable, "-c", _TIMERAW, code], check=True, env=dict(os.environ),
-                                 stdout=subprocess.PIPE, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, "-c", _TIMERAW, code],
+                check=True,
+                env=dict(os.environ),
+                stdout=subprocess.PIPE,
+                text=True,
+            ).stdout
             return float(out.split()[-1])
     else:
+
         def measure() -> float:
             t0 = time.perf_counter()
             call()

@@ -9,6 +9,7 @@ asv (``TENSOR_SERVER_BENCH_SITE``, set by ``python -m tensor_server.bench gate``
 environment's own site-packages comes first on ``sys.path``, so the commit's wheel, not the
 project venv's editable install, is what the benchmarks import.
 """
+
 import os
 import site
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 
 deps = os.environ.get("TENSOR_SERVER_BENCH_SITE", "")
 if not deps or not Path(deps).is_dir():
-    sys.exit(f"share_deps.py: TENSOR_SERVER_BENCH_SITE={deps!r} is not a directory; run asv through "
-             "`make perf-gate` or `make bench-record`, which set it")
+    sys.exit(
+        f"share_deps.py: TENSOR_SERVER_BENCH_SITE={deps!r} is not a directory; run asv through "
+        "`make perf-gate` or `make bench-record`, which set it"
+    )
 (Path(site.getsitepackages()[0]) / "tensor_server_bench_deps.pth").write_text(deps + "\n")

@@ -3,6 +3,7 @@
 ``tensor_server.open(path)`` opens any supported file or folder as a SourceAdapter. This
 module stays light: it imports no numba, no pyarrow.flight and no format library.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """``python -m tensor_server``: see tensor_server.cli."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """Command line: ``python -m tensor_server {serve,list,run,url,stats,export,version}``."""
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,9 @@ def _count(text: str) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tensor-server", description="Serve bio-imaging files as N-D tensors over Arrow Flight (biopb protocol).")
+    p = argparse.ArgumentParser(
+        prog="tensor-server", description="Serve bio-imaging files as N-D tensors over Arrow Flight (biopb protocol)."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     def server_flags(sp: argparse.ArgumentParser) -> None:
@@ -48,51 +51,108 @@ def _build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--port", type=int, help="port (default 8815; 0 picks a free one)")
         sp.add_argument("--config", help="TOML config file (flags override it)")
         sp.add_argument("--token", help="require 'authorization: Bearer TOKEN' on every call but health")
-        sp.add_argument("--cache-dir", help="chunk cache folder (default: <cache home>/chunks, or chunks-<port> "
-                        "when another server holds that)")
-        sp.add_argument("--rois-db", help="ROI annotation file (default: <data home>/annotations.duckdb, or "
-                        "annotations-<port>.duckdb when another server holds that)")
+        sp.add_argument(
+            "--cache-dir",
+            help="chunk cache folder (default: <cache home>/chunks, or chunks-<port> when another server holds that)",
+        )
+        sp.add_argument(
+            "--rois-db",
+            help="ROI annotation file (default: <data home>/annotations.duckdb, or "
+            "annotations-<port>.duckdb when another server holds that)",
+        )
         sp.add_argument("--cache-max-bytes", type=int, help="chunk cache file-tier budget in bytes (default 4 GiB)")
         sp.add_argument("--write-dir", help="folder for uploaded tensors and the scratch source")
-        sp.add_argument("--writable", action="store_true", default=None,
-                        help="accept uploads over Flight (add_tensor, DoPut, set_upload_status); needs --write-dir")
+        sp.add_argument(
+            "--writable",
+            action="store_true",
+            default=None,
+            help="accept uploads over Flight (add_tensor, DoPut, set_upload_status); needs --write-dir",
+        )
         sp.add_argument("--rescan-seconds", type=float, help="rescan the roots this often (0 = never)")
-        sp.add_argument("--read-workers", type=_count,
-                        help="threads a scaled read decodes its units on, from a shared pool (default 0 = the cores)")
+        sp.add_argument(
+            "--read-workers",
+            type=_count,
+            help="threads a scaled read decodes its units on, from a shared pool (default 0 = the cores)",
+        )
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
-        sp.add_argument("--read-only", action="store_true", default=None,
-                        help="refuse every verb that writes anything (uploads, added sources, annotations)")
-        sp.add_argument("--no-add-source", dest="add_source", action="store_false", default=None,
-                        help="refuse add_source / remove_source: serve the roots only")
-        sp.add_argument("--http-port", type=int,
-                        help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)")
+        sp.add_argument(
+            "--read-only",
+            action="store_true",
+            default=None,
+            help="refuse every verb that writes anything (uploads, added sources, annotations)",
+        )
+        sp.add_argument(
+            "--no-add-source",
+            dest="add_source",
+            action="store_false",
+            default=None,
+            help="refuse add_source / remove_source: serve the roots only",
+        )
+        sp.add_argument(
+            "--http-port",
+            type=int,
+            help="also serve every tensor as OME-Zarr over HTTP on this port (serve: off by default; run: 8816)",
+        )
         # transport and browser safety (docs/security.md; service/tls.py, http/security.py)
-        sp.add_argument("--tls", action="store_true", default=None,
-                        help="TLS on both doors with a self-signed certificate minted once in the cache home")
+        sp.add_argument(
+            "--tls",
+            action="store_true",
+            default=None,
+            help="TLS on both doors with a self-signed certificate minted once in the cache home",
+        )
         sp.add_argument("--tls-cert", help="serve TLS with this PEM certificate (chain, leaf first); needs --tls-key")
         sp.add_argument("--tls-key", help="the unencrypted PEM private key of --tls-cert")
-        sp.add_argument("--san", action="append", metavar="NAME",
-                        help="a name clients dial: added to a minted certificate and to the allowed HTTP Hosts")
-        sp.add_argument("--insecure", action="store_true", default=None,
-                        help="serve plaintext off loopback (the token and pixels travel in cleartext)")
-        sp.add_argument("--no-http-token", dest="http_token", action="store_false", default=None,
-                        help="do not require the HTTP access token (non-browser clients only)")
-        sp.add_argument("--rotate-http-token", action="store_true",
-                        help="replace the HTTP access token kept in <cache home>/http/token (URLs with the old one "
-                        "stop working)")
-        sp.add_argument("--cors-origin", action="append", metavar="ORIGIN",
-                        help="an origin allowed CORS reads; its requests still need a token unless --no-http-token")
-        sp.add_argument("--metrics-port", type=int, help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics "
-                        f"(serve: off by default; run: {DEMO_METRICS_PORT}; docs/operating.md)")
+        sp.add_argument(
+            "--san",
+            action="append",
+            metavar="NAME",
+            help="a name clients dial: added to a minted certificate and to the allowed HTTP Hosts",
+        )
+        sp.add_argument(
+            "--insecure",
+            action="store_true",
+            default=None,
+            help="serve plaintext off loopback (the token and pixels travel in cleartext)",
+        )
+        sp.add_argument(
+            "--no-http-token",
+            dest="http_token",
+            action="store_false",
+            default=None,
+            help="do not require the HTTP access token (non-browser clients only)",
+        )
+        sp.add_argument(
+            "--rotate-http-token",
+            action="store_true",
+            help="replace the HTTP access token kept in <cache home>/http/token (URLs with the old one stop working)",
+        )
+        sp.add_argument(
+            "--cors-origin",
+            action="append",
+            metavar="ORIGIN",
+            help="an origin allowed CORS reads; its requests still need a token unless --no-http-token",
+        )
+        sp.add_argument(
+            "--metrics-port",
+            type=int,
+            help="serve Prometheus metrics at http://127.0.0.1:PORT/metrics "
+            f"(serve: off by default; run: {DEMO_METRICS_PORT}; docs/operating.md)",
+        )
         sp.add_argument("--log-format", choices=("text", "json"), help="log lines as key=value text (default) or JSON")
-        sp.add_argument("--request-log", metavar="FILE", help="where the request log (a line per request) goes: a file, "
-                        "'-' for stderr or 'off' (serve: stderr; run: <cache home>/logs/requests.log)")
+        sp.add_argument(
+            "--request-log",
+            metavar="FILE",
+            help="where the request log (a line per request) goes: a file, "
+            "'-' for stderr or 'off' (serve: stderr; run: <cache home>/logs/requests.log)",
+        )
 
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
     server_flags(serve)
 
-    run = sub.add_parser("run", help="serve ROOTs, or a generated demo dataset when none is given, and print how to read")
+    run = sub.add_parser(
+        "run", help="serve ROOTs, or a generated demo dataset when none is given, and print how to read"
+    )
     run.add_argument("roots", nargs="*", metavar="ROOT")
     run.add_argument("--demo-dir", help="where the demo dataset is written (default: <cache home>/demo)")
     server_flags(run)
@@ -103,10 +163,17 @@ def _build_parser() -> argparse.ArgumentParser:
     url = sub.add_parser("url", help="print the OME-Zarr URL of a file or array id, to paste into a viewer")
     url.add_argument("target", metavar="PATH_OR_ARRAY_ID")
     url.add_argument("--host", default="127.0.0.1", help="the server's address (default 127.0.0.1)")
-    url.add_argument("--http-port", type=int, default=DEMO_HTTP_PORT, help=f"its --http-port (default {DEMO_HTTP_PORT})")
-    url.add_argument("--ngff", choices=("0.4", "0.5"), default="0.4", help="NGFF 0.4 (zarr v2, default) or 0.5 (zarr v3)")
-    stats = sub.add_parser("stats", help="print min/max/sum/mean/count_nonzero of every tensor of a file or folder (JSON lines; "
-                           "under a folder that is not one dataset, each line names its file)")
+    url.add_argument(
+        "--http-port", type=int, default=DEMO_HTTP_PORT, help=f"its --http-port (default {DEMO_HTTP_PORT})"
+    )
+    url.add_argument(
+        "--ngff", choices=("0.4", "0.5"), default="0.4", help="NGFF 0.4 (zarr v2, default) or 0.5 (zarr v3)"
+    )
+    stats = sub.add_parser(
+        "stats",
+        help="print min/max/sum/mean/count_nonzero of every tensor of a file or folder (JSON lines; "
+        "under a folder that is not one dataset, each line names its file)",
+    )
     stats.add_argument("path", metavar="PATH")
     stats.add_argument("--field", help="only this tensor of the source")
     stats.add_argument("--slice", help="a region, numpy style per axis: '0:10,:,100:200'")
@@ -126,9 +193,14 @@ def cli_reference() -> str:
     parser = _build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     summaries = {choice.dest: choice.help for choice in commands._choices_actions}
-    out = ["# Command-line reference", "",
-           "<!-- generated from the argparse parser by tensor_server.cli.cli_reference(); do not edit -->", "",
-           f"`{parser.prog} <command> [arguments]`: {parser.description} Commands:", ""]
+    out = [
+        "# Command-line reference",
+        "",
+        "<!-- generated from the argparse parser by tensor_server.cli.cli_reference(); do not edit -->",
+        "",
+        f"`{parser.prog} <command> [arguments]`: {parser.description} Commands:",
+        "",
+    ]
     out += [f"- [`{name}`](#{name}): {summaries[name]}" for name in commands.choices]
     for name, command in commands.choices.items():
         out += ["", f"## {name}", "", f"{summaries[name][0].upper()}{summaries[name][1:]}.", ""]
@@ -151,8 +223,11 @@ def _argument_row(action: argparse.Action) -> str:
     elif action.choices:
         value = " \\| ".join(f"`{c}`" for c in action.choices)
     else:
-        value = f"`{action.metavar or action.dest.upper()}`" if action.option_strings else \
-            {"*": "zero or more", "+": "one or more"}.get(str(action.nargs), "one")
+        value = (
+            f"`{action.metavar or action.dest.upper()}`"
+            if action.option_strings
+            else {"*": "zero or more", "+": "one or more"}.get(str(action.nargs), "one")
+        )
     if isinstance(action, argparse._AppendAction):
         value += ", repeatable"
     default = "" if action.default in (None, False, argparse.SUPPRESS) or action.nargs == 0 else f"`{action.default}`"
@@ -164,14 +239,32 @@ def _settings(args: argparse.Namespace):
     from tensor_server.config import load_settings
 
     return load_settings(
-        args.config, roots=list(args.roots), host=args.host, port=args.port, token=args.token,
-        cache_dir=args.cache_dir, cache_max_bytes=args.cache_max_bytes, write_dir=args.write_dir, writable=args.writable,
-        rois_path=args.rois_db, read_workers=args.read_workers,
-        rescan_seconds=args.rescan_seconds, log_level=args.log_level, http_port=args.http_port,
-        tls=args.tls, tls_cert=args.tls_cert, tls_key=args.tls_key, sans=args.san, insecure=args.insecure,
-        http_token=args.http_token, cors_origins=args.cors_origin,
-        read_only=args.read_only, add_source=args.add_source,
-        metrics_port=args.metrics_port, log_format=args.log_format, request_log=args.request_log,
+        args.config,
+        roots=list(args.roots),
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        cache_dir=args.cache_dir,
+        cache_max_bytes=args.cache_max_bytes,
+        write_dir=args.write_dir,
+        writable=args.writable,
+        rois_path=args.rois_db,
+        read_workers=args.read_workers,
+        rescan_seconds=args.rescan_seconds,
+        log_level=args.log_level,
+        http_port=args.http_port,
+        tls=args.tls,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        sans=args.san,
+        insecure=args.insecure,
+        http_token=args.http_token,
+        cors_origins=args.cors_origin,
+        read_only=args.read_only,
+        add_source=args.add_source,
+        metrics_port=args.metrics_port,
+        log_format=args.log_format,
+        request_log=args.request_log,
     )
 
 
@@ -185,8 +278,11 @@ def _server_tls(settings):
     wants = bool(settings.tls or settings.tls_cert or settings.tls_key)
     try:
         require_safe_transport(settings.host, settings, wants)
-        tls = server_tls(default_cache_dir(), cert=settings.tls_cert, key=settings.tls_key,
-                         sans=settings.sans) if wants else None
+        tls = (
+            server_tls(default_cache_dir(), cert=settings.tls_cert, key=settings.tls_key, sans=settings.sans)
+            if wants
+            else None
+        )
     except TensorServerError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
@@ -255,8 +351,14 @@ def _open_uploads(catalog, settings, explicit: bool):
         manager.start_sweeps()
         return manager
 
-    return _take(settings.write_dir if explicit else None, Path(settings.write_dir), settings.port, "--write-dir",
-                 open_manager, WriteDirHeld)
+    return _take(
+        settings.write_dir if explicit else None,
+        Path(settings.write_dir),
+        settings.port,
+        "--write-dir",
+        open_manager,
+        WriteDirHeld,
+    )
 
 
 def _close_catalog(catalog, store) -> None:  # Catalog, CatalogStore | None
@@ -286,8 +388,10 @@ def _port_clash(host: str, port: int | None, flag: str, make_var: str) -> str | 
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:
                 return None
-            return (f"cannot listen on {host}:{port}: port in use (another tensor-server, or another "
-                    f"program). Pass {flag} N (0 picks a free one), or with make: make run {make_var}=N")
+            return (
+                f"cannot listen on {host}:{port}: port in use (another tensor-server, or another "
+                f"program). Pass {flag} N (0 picks a free one), or with make: make run {make_var}=N"
+            )
     return None
 
 
@@ -298,8 +402,11 @@ def _roots_present(roots: list[str], command: str = "serve") -> bool:
 
     missing = [r for r in roots if not is_remote_root(r) and not os.path.lexists(r)]
     if missing and len(missing) == len(roots):
-        print(f"{command}: no such folder or file: {', '.join(missing)}. Give an existing ROOT "
-              "(a typo, or a disk that is not mounted?)", file=sys.stderr)
+        print(
+            f"{command}: no such folder or file: {', '.join(missing)}. Give an existing ROOT "
+            "(a typo, or a disk that is not mounted?)",
+            file=sys.stderr,
+        )
         return False
     for r in missing:
         print(f"{command}: WARNING: root {r} does not exist: going on with the other roots", file=sys.stderr)
@@ -326,8 +433,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         from tensor_server.demo import make_demo_dataset
 
         folder = Path(args.demo_dir) if args.demo_dir else default_cache_dir() / "demo"
-        print(f"no ROOT given: serving the demo dataset in {folder} (generated on first use; delete the "
-              "folder to remove it)", file=sys.stderr)
+        print(
+            f"no ROOT given: serving the demo dataset in {folder} (generated on first use; delete the "
+            "folder to remove it)",
+            file=sys.stderr,
+        )
         settings.roots = [str(make_demo_dataset(folder))]
     own_write_dir = bool(settings.write_dir)  # the demo's default is taken like the other defaults (_take)
     if demo and not settings.write_dir:  # make run shows uploads too
@@ -345,9 +455,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         settings.http_port = DEMO_HTTP_PORT
     if demo and settings.metrics_port is None:
         settings.metrics_port = DEMO_METRICS_PORT
-    clash = _port_clash(settings.host, settings.port, "--port", "PORT") or \
-        _port_clash(settings.host, settings.http_port, "--http-port", "HTTP_PORT") or \
-        _port_clash(settings.metrics_host, settings.metrics_port, "--metrics-port", "METRICS_PORT")
+    clash = (
+        _port_clash(settings.host, settings.port, "--port", "PORT")
+        or _port_clash(settings.host, settings.http_port, "--http-port", "HTTP_PORT")
+        or _port_clash(settings.metrics_host, settings.metrics_port, "--metrics-port", "METRICS_PORT")
+    )
     if clash is not None:  # said first: before any file is opened or gRPC speaks
         print(f"serve: {clash}", file=sys.stderr)
         return 2
@@ -365,9 +477,13 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
 
     def open_catalog(rois_path: str) -> Catalog:
         Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
-        cat = Catalog(settings.roots, rois_path=rois_path,
-                      follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
-                      open_timeout_seconds=settings.open_timeout_seconds, store=store)
+        cat = Catalog(
+            settings.roots,
+            rois_path=rois_path,
+            follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
+            open_timeout_seconds=settings.open_timeout_seconds,
+            store=store,
+        )
         try:
             cat.rois.open()
         except Exception:
@@ -376,16 +492,28 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return cat
 
     try:
-        catalog = _take(settings.rois_path, default_data_dir() / "annotations.duckdb", settings.port, "--rois-db",
-                        open_catalog, RoiStoreBusy)
+        catalog = _take(
+            settings.rois_path,
+            default_data_dir() / "annotations.duckdb",
+            settings.port,
+            "--rois-db",
+            open_catalog,
+            RoiStoreBusy,
+        )
     except (_Taken, InvalidArgument) as exc:
         if store is not None:
             store.close()
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     try:
-        cache = _take(settings.cache_dir, default_cache_dir() / "chunks", settings.port, "--cache-dir",
-                      lambda d: CacheManager(d, max_total_bytes=settings.cache_max_bytes), CacheLocked)
+        cache = _take(
+            settings.cache_dir,
+            default_cache_dir() / "chunks",
+            settings.port,
+            "--cache-dir",
+            lambda d: CacheManager(d, max_total_bytes=settings.cache_max_bytes),
+            CacheLocked,
+        )
     except _Taken as exc:
         _close_catalog(catalog, store)
         print(f"serve: {exc}", file=sys.stderr)
@@ -405,8 +533,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.http.access_url import page_url, viewer_url, write_url_file
 
     http_token = _http_token(args.rotate_http_token) if settings.http_port is not None and settings.http_token else None
-    runtime = ServingRuntime(catalog, settings, cache=cache, uploads=uploads, tls=tls,
-                             access_tokens=[http_token] if http_token else [])
+    runtime = ServingRuntime(
+        catalog, settings, cache=cache, uploads=uploads, tls=tls, access_tokens=[http_token] if http_token else []
+    )
     metrics, opened = _open_metrics(runtime)
     doors = _open_doors(runtime, settings, http_token) if opened else None
     if doors is None:
@@ -427,21 +556,34 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
     try:  # from here on a Ctrl-C (or SIGTERM) stops the server the one way, whenever it comes
         url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
-        print(f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)", file=sys.stderr)
+        print(
+            f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)",
+            file=sys.stderr,
+        )
         if catalog.restored:
-            print(f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
-                  file=sys.stderr)
+            print(
+                f"{catalog.restored} sources listed from the last run's catalog; the scan checks them for changes",
+                file=sys.stderr,
+            )
         if http is not None:
-            print(f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
-                  f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)", file=sys.stderr)
+            print(
+                f"OME-Zarr over HTTP at {viewer_url(http.url, http_token, 'zarr', '<array_id>')} (NGFF 0.4) and "
+                f"{viewer_url(http.url, http_token, 'zarr3', '<array_id>')} (NGFF 0.5)",
+                file=sys.stderr,
+            )
 
         def facts(example: Example | None) -> ServingFacts:
             return ServingFacts(
-                location=location, catalog_url=page_url(http.url, http_token) if http is not None else None,
-                metrics_url=metrics.url if metrics is not None else None, request_log=request_log, token=settings.token,
+                location=location,
+                catalog_url=page_url(http.url, http_token) if http is not None else None,
+                metrics_url=metrics.url if metrics is not None else None,
+                request_log=request_log,
+                token=settings.token,
                 tls_fingerprint=tls.fingerprint if tls is not None else None,
                 list_command=f"{sys.executable} -m tensor_server list " + " ".join(settings.roots),
-                example=example, upload=demo and runtime.writable)
+                example=example,
+                upload=demo and runtime.writable,
+            )
 
         def background_start() -> None:
             progress = ScanProgress()
@@ -498,8 +640,12 @@ def _example(catalog, policy, http, http_token) -> Example | None:
     if pick is None:
         return None
     t, lv = pick
-    return Example(t.array_id, tuple(lv.scale), lv.method,
-                   viewer_url(http.url, http_token, "zarr", t.array_id) if http is not None else None)
+    return Example(
+        t.array_id,
+        tuple(lv.scale),
+        lv.method,
+        viewer_url(http.url, http_token, "zarr", t.array_id) if http is not None else None,
+    )
 
 
 def _print_start_up(facts: ServingFacts) -> None:
@@ -520,8 +666,10 @@ def _setup_logging(settings, demo: bool) -> str | None:
     try:
         setup_logging(settings.log_level, settings.log_format, requests=dest)
     except OSError as exc:
-        print(f"serve: the request log cannot be written to {dest} ({exc}): requests are logged on stderr",
-              file=sys.stderr)
+        print(
+            f"serve: the request log cannot be written to {dest} ({exc}): requests are logged on stderr",
+            file=sys.stderr,
+        )
         setup_logging(settings.log_level, settings.log_format, requests=REQUEST_LOG_STDERR)
         return None
     return dest if dest not in (REQUEST_LOG_STDERR, REQUEST_LOG_OFF) else None
@@ -538,12 +686,17 @@ def _http_token(rotate: bool) -> str:
     try:
         token, why = stored_access_token(default_cache_dir(), rotate=rotate)
     except OSError as exc:
-        print(f"serve: the HTTP access token cannot be kept in {path} ({exc}): its URLs last until this "
-              "server stops", file=sys.stderr)
+        print(
+            f"serve: the HTTP access token cannot be kept in {path} ({exc}): its URLs last until this server stops",
+            file=sys.stderr,
+        )
         return mint_access_token()
     if why:
-        print(f"a new HTTP access token ({why}), kept in {path}: URLs that carry it outlive restarts "
-              "(--rotate-http-token or deleting the file makes another)", file=sys.stderr)
+        print(
+            f"a new HTTP access token ({why}), kept in {path}: URLs that carry it outlive restarts "
+            "(--rotate-http-token or deleting the file makes another)",
+            file=sys.stderr,
+        )
     return token
 
 
@@ -559,23 +712,34 @@ def _open_doors(runtime, settings, http_token):
         print(f"serve: {exc}", file=sys.stderr)
         return None
     except Exception as exc:  # pyarrow raises a bare ArrowException when the bind fails
-        print(f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
-              "Pass --port (0 picks a free one).", file=sys.stderr)
+        print(
+            f"serve: cannot listen on {settings.host}:{settings.port} ({exc}); is the port in use? "
+            "Pass --port (0 picks a free one).",
+            file=sys.stderr,
+        )
         return None
     if settings.http_port is None:
         return server, None
     from tensor_server.http.access_url import door_security
     from tensor_server.http.app import HttpFrontEnd, build_app
 
-    security = door_security(runtime, access_token=http_token, bind_host=settings.host, sans=settings.sans,
-                             allowed_hosts=settings.http_allowed_hosts, cors_origins=settings.cors_origins)
+    security = door_security(
+        runtime,
+        access_token=http_token,
+        bind_host=settings.host,
+        sans=settings.sans,
+        allowed_hosts=settings.http_allowed_hosts,
+        cors_origins=settings.cors_origins,
+    )
     try:
         http = HttpFrontEnd(build_app(runtime, security), settings.host, settings.http_port, tls=runtime.tls)
         http.start()
     except Exception as exc:  # uvicorn reports a taken port in several ways
         server.shutdown()
-        print(f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); "
-              "pass another --http-port", file=sys.stderr)
+        print(
+            f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); pass another --http-port",
+            file=sys.stderr,
+        )
         return None
     return server, http
 
@@ -596,8 +760,10 @@ def _open_metrics(runtime):  # (MetricsDoor | None, ok)
         print(f"serve: metrics: {exc} ([metrics] host)", file=sys.stderr)
         return None, False
     except Exception as exc:  # uvicorn reports a taken port in several ways
-        print(f"serve: cannot serve metrics on {s.metrics_host}:{s.metrics_port} ({exc}); pass another "
-              "--metrics-port", file=sys.stderr)
+        print(
+            f"serve: cannot serve metrics on {s.metrics_host}:{s.metrics_port} ({exc}); pass another --metrics-port",
+            file=sys.stderr,
+        )
         return None, False
     print(f"Prometheus metrics at {door.url}", file=sys.stderr)
     return door, True
@@ -615,16 +781,22 @@ def cmd_url(args: argparse.Namespace) -> int:
 
     target = args.target
     if not Path(target).exists() and looks_like_path(target):
-        print(f"url: {target}: no such file or folder (give an existing path, or an array id as "
-              "`tensor-server list ROOT` prints it)", file=sys.stderr)
+        print(
+            f"url: {target}: no such file or folder (give an existing path, or an array id as "
+            "`tensor-server list ROOT` prints it)",
+            file=sys.stderr,
+        )
         return 2
     array_id = source_id_for_path(target) if Path(target).exists() else target.strip("/")
     prefix = "zarr" if args.ngff == "0.4" else "zarr3"
     running = read_url_file(default_cache_dir(), args.http_port)  # the access token of the server there
     if running is None:
-        print(f"url: no server with the home {default_cache_dir()} is serving HTTP on port {args.http_port}, so the "
-              "URL carries no access token; for `make run`'s server use `make url TARGET=...` (or set "
-              "TENSOR_SERVER_HOME to its home)", file=sys.stderr)
+        print(
+            f"url: no server with the home {default_cache_dir()} is serving HTTP on port {args.http_port}, so the "
+            "URL carries no access token; for `make run`'s server use `make url TARGET=...` (or set "
+            "TENSOR_SERVER_HOME to its home)",
+            file=sys.stderr,
+        )
     scheme = running["url"].split("://", 1)[0] if running else "http"
     print(viewer_url(f"{scheme}://{args.host}:{args.http_port}", running and running.get("token"), prefix, array_id))
     return 0
@@ -658,12 +830,16 @@ def cmd_list(args: argparse.Namespace) -> int:
             tensors += 1
             levels = f", {len(t.native_levels)} stored levels" if t.native_levels else ""
             labels = " labels" if t.is_labels else ""
-            print(f"    {t.array_id}  {'x'.join(map(str, t.shape))} {''.join(t.dim_labels) if all(len(d) == 1 for d in t.dim_labels) else t.dim_labels} {t.dtype.str}{labels}{levels}")
+            print(
+                f"    {t.array_id}  {'x'.join(map(str, t.shape))} {''.join(t.dim_labels) if all(len(d) == 1 for d in t.dim_labels) else t.dim_labels} {t.dtype.str}{labels}{levels}"
+            )
     _print_skipped(catalog.skipped, unclaimed)
-    print(f"{summary['total']} sources ({summary['total'] - summary['unresolved']} readable, "
-          f"{summary['unresolved']} unreadable), {tensors} tensors; "
-          f"{len(catalog.skipped) + len(unclaimed)} files skipped ({len(unclaimed)} not a known format, "
-          f"{len(catalog.skipped)} refused)")
+    print(
+        f"{summary['total']} sources ({summary['total'] - summary['unresolved']} readable, "
+        f"{summary['unresolved']} unreadable), {tensors} tensors; "
+        f"{len(catalog.skipped) + len(unclaimed)} files skipped ({len(unclaimed)} not a known format, "
+        f"{len(catalog.skipped)} refused)"
+    )
     catalog.close()
     return 0
 

@@ -8,6 +8,7 @@ was printed scrolled away under the request log).
 Pure functions of the serving facts (``ServingFacts``): the command line gathers them, this
 module only words them, and ``tests/cli_banner_test.py`` checks the wording without a server.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,15 +32,15 @@ class Example:
 
 @dataclass(frozen=True)
 class ServingFacts:
-    location: str                       # the Flight location (grpc:// or grpc+tls://)
-    catalog_url: str | None             # the catalog page with its token; None without an HTTP door
+    location: str  # the Flight location (grpc:// or grpc+tls://)
+    catalog_url: str | None  # the catalog page with its token; None without an HTTP door
     metrics_url: str | None = None
-    request_log: str | None = None      # the file requests are logged to; None: on stderr or off
-    token: str | None = None            # the server's --token, which a client passes
+    request_log: str | None = None  # the file requests are logged to; None: on stderr or off
+    token: str | None = None  # the server's --token, which a client passes
     tls_fingerprint: str | None = None  # the certificate a client pins (--tls)
-    list_command: str | None = None     # "<python> -m tensor_server list ROOT ...", said as a hint
-    example: Example | None = None      # run: a tensor to read at a scaled level
-    upload: bool = False                # run with a write dir: the upload snippet too
+    list_command: str | None = None  # "<python> -m tensor_server list ROOT ...", said as a hint
+    example: Example | None = None  # run: a tensor to read at a scaled level
+    upload: bool = False  # run with a write dir: the upload snippet too
 
 
 def _client_args(token: str | None, fingerprint: str | None) -> str:
@@ -54,11 +55,11 @@ def read_snippet(location: str, token: str | None, example: Example | None, fing
     head = (
         "from biopb.tensor import TensorFlightClient\n"
         f"client = TensorFlightClient({location!r}{_client_args(token, fingerprint)})\n"
-        "rows = client.query(\"SELECT unnest(tensors).array_id AS array_id FROM sources ORDER BY 1\", format=\"records\")\n"
-        "print([r[\"array_id\"] for r in rows])\n"
+        'rows = client.query("SELECT unnest(tensors).array_id AS array_id FROM sources ORDER BY 1", format="records")\n'
+        'print([r["array_id"] for r in rows])\n'
     )
     if example is None:
-        return head + "print(client.get_array(rows[0][\"array_id\"]).shape)"
+        return head + 'print(client.get_array(rows[0]["array_id"]).shape)'
     return head + (
         f"level = client.get_array({example.array_id!r}, scale_hint={list(example.scale)}, "
         f"reduction_method={example.method!r})\n"
@@ -88,18 +89,27 @@ def startup_text(facts: ServingFacts) -> str:
     """The snippets, then the block of links, ending with ``BLOCK_END``."""
     f = facts
     what = "Read a scaled level" if f.example else "List and read the tensors"
-    out = [f"{what} with the biopb SDK (pip install 'biopb[tensor]'):", "",
-           read_snippet(f.location, f.token, f.example, f.tls_fingerprint), ""]
+    out = [
+        f"{what} with the biopb SDK (pip install 'biopb[tensor]'):",
+        "",
+        read_snippet(f.location, f.token, f.example, f.tls_fingerprint),
+        "",
+    ]
     if f.upload:
-        out += ["Upload a result (to the scratch source) and read it back:", "",
-                upload_snippet(f.location, f.token, f.tls_fingerprint), ""]
-    rows = [("catalog page", f.catalog_url, "open it in a browser"),
-            ("OME-Zarr", f.example.viewer_url if f.example else None,
-             "napari-ome-zarr, neuroglancer 'zarr://...', vizarr"),
-            ("Flight", f.location, "the SDK snippet above"),
-            ("metrics", f.metrics_url, "Prometheus"),
-            ("request log", f.request_log, None),
-            ("list", f.list_command, None)]
+        out += [
+            "Upload a result (to the scratch source) and read it back:",
+            "",
+            upload_snippet(f.location, f.token, f.tls_fingerprint),
+            "",
+        ]
+    rows = [
+        ("catalog page", f.catalog_url, "open it in a browser"),
+        ("OME-Zarr", f.example.viewer_url if f.example else None, "napari-ome-zarr, neuroglancer 'zarr://...', vizarr"),
+        ("Flight", f.location, "the SDK snippet above"),
+        ("metrics", f.metrics_url, "Prometheus"),
+        ("request log", f.request_log, None),
+        ("list", f.list_command, None),
+    ]
     out.append(BLOCK_TITLE)
     out += [f"{name:<14}{value}" + (f"   ({why})" if why else "") for name, value, why in rows if value]
     out.append(BLOCK_END)

@@ -8,6 +8,7 @@ next progress update draws it again below the record. The request log (one line 
 request, logger ``tensor_server.access``) goes where ``--request-log`` says: stderr for
 ``serve``, a file in the server home for ``run``, so a terminal keeps its links.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,12 @@ class _JsonFormatter(logging.Formatter):
     """One JSON object per line (``--log-format json``); a request line carries its fields."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname.lower(),
-               "logger": record.name, "msg": record.getMessage()}
+        out = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         out.update(getattr(record, "request", None) or {})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
@@ -104,8 +109,9 @@ def setup_logging(level: str, fmt: str = "text", *, requests: str | None = None)
     path = Path(requests)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))  # peers and paths: the user's only
-    to_file = logging.handlers.RotatingFileHandler(path, maxBytes=REQUEST_LOG_BYTES,
-                                                   backupCount=REQUEST_LOG_BACKUPS, encoding="utf-8")
+    to_file = logging.handlers.RotatingFileHandler(
+        path, maxBytes=REQUEST_LOG_BYTES, backupCount=REQUEST_LOG_BACKUPS, encoding="utf-8"
+    )
     to_file.setFormatter(formatter)
     access.handlers[:] = [to_file]
     access.propagate = False  # the file only: the terminal keeps the start-up block
@@ -136,8 +142,7 @@ class ScanProgress:
             self.stream.flush()
 
     def done(self, summary: dict) -> None:
-        line = (f"scan done: {summary['total']} sources ({summary['unresolved']} unreadable), "
-                f"{self.folders} folders")
+        line = f"scan done: {summary['total']} sources ({summary['unresolved']} unreadable), {self.folders} folders"
         with _OpenLine.lock:
             _OpenLine.clear()
             self.stream.write(line + "\n")

@@ -76,6 +76,7 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     format = "text"             # or "json": one object per line (the request log too)
     requests = "-"              # the request log: a file, "-" (stderr) or "off" (absent: serve "-", run a file)
 """
+
 from __future__ import annotations
 
 import os
@@ -86,8 +87,14 @@ from typing import Any
 
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["Settings", "load_settings", "default_cache_dir", "default_data_dir", "keep_home_files_private",
-           "PRIVATE_UMASK"]
+__all__ = [
+    "Settings",
+    "load_settings",
+    "default_cache_dir",
+    "default_data_dir",
+    "keep_home_files_private",
+    "PRIVATE_UMASK",
+]
 
 #: the umask a server runs under: what it writes (the catalog, the annotations, cached pixels,
 #: the TLS key, the HTTP access token, uploads, exports) is its user's only, files 0600 and
@@ -128,9 +135,11 @@ def keep_home_files_private() -> list[str]:
         except OSError:  # the store or cache that needs it says why, with its flag
             continue
         if mode & 0o077:
-            warnings.append(f"WARNING: the server home {home} is open to other users (mode {mode:04o}): what an "
-                            f"earlier server wrote there (catalog, annotations, cached pixels) may be readable by "
-                            f"them. Fix: chmod -R go-rwx {home}")
+            warnings.append(
+                f"WARNING: the server home {home} is open to other users (mode {mode:04o}): what an "
+                f"earlier server wrote there (catalog, annotations, cached pixels) may be readable by "
+                f"them. Fix: chmod -R go-rwx {home}"
+            )
     return warnings
 
 

@@ -12,6 +12,7 @@ Messages say what happened and how to proceed. They never carry a traceback; an 
 that is not one of these is an internal error whose message only names its type (the
 server log has the rest, under the request's id).
 """
+
 from __future__ import annotations
 
 import os

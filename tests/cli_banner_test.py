@@ -1,6 +1,7 @@
 """What ``run`` and ``serve`` print once they serve (``tensor_server/cli_banner.py``): the
 snippets, then the block of links that stays on screen, ending the output (issue 40: the
 catalog page was never printed). The wording without a server, then the real command."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,15 +20,19 @@ import pytest
 from tensor_server.cli_banner import BLOCK_END, BLOCK_TITLE, Example, ServingFacts, startup_text
 
 RUN_FACTS = ServingFacts(
-    location="grpc://127.0.0.1:8815", catalog_url="http://127.0.0.1:8816/t/TOK/",
-    metrics_url="http://127.0.0.1:8817/metrics", request_log="/home/u/.tensor-server/logs/requests.log",
+    location="grpc://127.0.0.1:8815",
+    catalog_url="http://127.0.0.1:8816/t/TOK/",
+    metrics_url="http://127.0.0.1:8817/metrics",
+    request_log="/home/u/.tensor-server/logs/requests.log",
     list_command="python -m tensor_server list /data",
-    example=Example("a-1234", (1, 4, 4), "area", "http://127.0.0.1:8816/t/TOK/zarr/a-1234/"), upload=True)
+    example=Example("a-1234", (1, 4, 4), "area", "http://127.0.0.1:8816/t/TOK/zarr/a-1234/"),
+    upload=True,
+)
 
 
 def test_the_links_close_the_output_in_a_block():
     lines = startup_text(RUN_FACTS).splitlines()
-    block = lines[lines.index(BLOCK_TITLE):]
+    block = lines[lines.index(BLOCK_TITLE) :]
     assert block == [
         BLOCK_TITLE,
         "catalog page  http://127.0.0.1:8816/t/TOK/   (open it in a browser)",
@@ -36,20 +41,27 @@ def test_the_links_close_the_output_in_a_block():
         "metrics       http://127.0.0.1:8817/metrics   (Prometheus)",
         "request log   /home/u/.tensor-server/logs/requests.log",
         "list          python -m tensor_server list /data",
-        BLOCK_END]
+        BLOCK_END,
+    ]
     assert lines[0] == "Read a scaled level with the biopb SDK (pip install 'biopb[tensor]'):"
     assert "level = client.get_array('a-1234', scale_hint=[1, 4, 4], reduction_method='area')" in lines
     assert "Upload a result (to the scratch source) and read it back:" in lines
 
 
 def test_a_server_without_an_http_door_or_an_example_names_what_it_has():
-    facts = ServingFacts(location="grpc+tls://10.0.0.5:8815", catalog_url=None, token="s3cret",
-                         tls_fingerprint="sha256:ab")
+    facts = ServingFacts(
+        location="grpc+tls://10.0.0.5:8815", catalog_url=None, token="s3cret", tls_fingerprint="sha256:ab"
+    )
     text = startup_text(facts)
     assert text.splitlines()[0] == "List and read the tensors with the biopb SDK (pip install 'biopb[tensor]'):"
-    assert "client = TensorFlightClient('grpc+tls://10.0.0.5:8815', token='s3cret', tls_fingerprint='sha256:ab')" in text
-    assert text.splitlines()[-3:] == [BLOCK_TITLE, "Flight        grpc+tls://10.0.0.5:8815   (the SDK snippet above)",
-                                      BLOCK_END]
+    assert (
+        "client = TensorFlightClient('grpc+tls://10.0.0.5:8815', token='s3cret', tls_fingerprint='sha256:ab')" in text
+    )
+    assert text.splitlines()[-3:] == [
+        BLOCK_TITLE,
+        "Flight        grpc+tls://10.0.0.5:8815   (the SDK snippet above)",
+        BLOCK_END,
+    ]
     assert "Upload" not in text and "catalog page" not in text
 
 
@@ -75,9 +87,25 @@ def test_start_up_prints_the_catalog_url_and_it_opens(tmp_path, command):
     root.mkdir()
     np.save(root / "a.npy", np.arange(64 * 64, dtype=np.uint16).reshape(64, 64))
     env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")}
-    proc = subprocess.Popen([sys.executable, "-m", "tensor_server", command, str(root), "--port", "0",
-                             "--http-port", "0", "--metrics-port", "0"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensor_server",
+            command,
+            str(root),
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
     try:
         out = _until_block(proc.stdout)

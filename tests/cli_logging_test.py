@@ -2,6 +2,7 @@
 a warning during the scan is a line of its own, never glued to the progress line (issue 40),
 and the request log goes where ``--request-log`` says: a file in the home under ``run``, so
 the terminal keeps its links."""
+
 from __future__ import annotations
 
 import io
@@ -62,7 +63,8 @@ def test_a_warning_clears_the_progress_line_and_takes_a_line_of_its_own():
         "unreadable source /data/a/bad.tif: no image series in the file\n"  # ...which is a line of its own
         "\r\x1b[Kscanning: 2 folders, 4 sources  /data/b"
         "\r\x1b[Kscan done: 4 sources (1 unreadable), 2 folders\n"
-        "after the scan\n")  # no progress line open: nothing erased
+        "after the scan\n"
+    )  # no progress line open: nothing erased
 
 
 def _request(line: str) -> logging.LogRecord:
@@ -94,10 +96,27 @@ def test_run_logs_requests_to_its_home_and_the_terminal_keeps_the_block(tmp_path
     root, home = tmp_path / "root", tmp_path / "home"
     root.mkdir()
     np.save(root / "a.npy", np.arange(12, dtype=np.uint16).reshape(3, 4))
-    proc = subprocess.Popen([sys.executable, "-m", "tensor_server", "run", str(root), "--port", "0",
-                             "--http-port", "0", "--metrics-port", "0", "--log-level", "info"],
-                            env={**os.environ, "TENSOR_SERVER_HOME": str(home)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensor_server",
+            "run",
+            str(root),
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "info",
+        ],
+        env={**os.environ, "TENSOR_SERVER_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stderr: list[str] = []
     threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True).start()
     log_file = home / "logs" / "requests.log"

@@ -44,9 +44,24 @@ def test_config_file_then_flags(tmp_path):
 
 
 def test_serve_refuses_public_bind_without_token(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--host", "0.0.0.0", "--port", "0",
-                          "--insecure"], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensor_server",
+            "serve",
+            str(tmp_path),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--insecure",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")},
+    )
     assert out.returncode == 2 and "needs --token" in out.stderr
 
 
@@ -62,8 +77,22 @@ def test_serve_reports_a_busy_port(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--port", str(port),
-                              "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tensor_server",
+                "serve",
+                str(tmp_path),
+                "--port",
+                str(port),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert out.returncode == 2 and "port in use" in out.stderr
 
 
@@ -133,11 +162,29 @@ def test_read_workers_from_config_and_flag(tmp_path, capsys):
 
 
 def test_serve_refuses_public_plaintext_and_says_why(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--host", "0.0.0.0", "--port", "0",
-                          "--token", "t"], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensor_server",
+            "serve",
+            str(tmp_path),
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--token",
+            "t",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")},
+    )
     assert out.returncode == 2
     assert "without TLS" in out.stderr and "cleartext" in out.stderr and "--insecure" in out.stderr
+
+
 def test_list_prints_skipped_files_with_reasons_and_totals(tmp_path, capsys):
     np.save(tmp_path / "stack.npy", np.zeros((4, 5), np.uint16))
     (tmp_path / "broken.npy").write_bytes(b"\x93NUMPY")
@@ -149,8 +196,9 @@ def test_list_prints_skipped_files_with_reasons_and_totals(tmp_path, capsys):
     assert f"SKIPPED  {tmp_path / 'a.zip'}: no format recognises this file" in out
     assert f"SKIPPED  {tmp_path / 'b.zip'}: no format recognises" in out
     assert f"SKIPPED  {tmp_path / 'pipe.npy'}: not a regular file" in out
-    assert out.rstrip().endswith("2 sources (1 readable, 1 unreadable), 1 tensors; "
-                                 "3 files skipped (2 not a known format, 1 refused)")
+    assert out.rstrip().endswith(
+        "2 sources (1 readable, 1 unreadable), 1 tensors; 3 files skipped (2 not a known format, 1 refused)"
+    )
 
 
 def test_a_missing_root_is_an_error_or_a_warning(tmp_path, capsys):
@@ -161,8 +209,12 @@ def test_a_missing_root_is_an_error_or_a_warning(tmp_path, capsys):
     captured = capsys.readouterr()
     assert f"list: WARNING: root {tmp_path / 'nope'} does not exist" in captured.err
     assert f"SKIPPED  {tmp_path / 'nope'}: the root does not exist" in captured.out
-    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "nope"), "--port", "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "nope"), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and f"serve: no such folder or file: {tmp_path / 'nope'}" in out.stderr
 
 
@@ -177,15 +229,22 @@ def test_url_of_a_missing_path_exits_non_zero(tmp_path, capsys):
 
 def test_log_level_is_validated():
     assert load_settings(log_level="INFO").log_level == "info"
-    with pytest.raises(InvalidArgument, match="log level must be one of debug, info, warning, error, critical; got 'bogus'"):
+    with pytest.raises(
+        InvalidArgument, match="log level must be one of debug, info, warning, error, critical; got 'bogus'"
+    ):
         load_settings(log_level="bogus")
-    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", "/tmp", "--log-level", "bogus", "--port", "0"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "tensor_server", "serve", "/tmp", "--log-level", "bogus", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and out.stderr.startswith("serve: log level must be one of")
 
 
-@pytest.mark.parametrize("flag, make_var", [("--port", "PORT"), ("--http-port", "HTTP_PORT"),
-                                            ("--metrics-port", "METRICS_PORT")])
+@pytest.mark.parametrize(
+    "flag, make_var", [("--port", "PORT"), ("--http-port", "HTTP_PORT"), ("--metrics-port", "METRICS_PORT")]
+)
 def test_a_busy_port_is_said_first_and_plainly(tmp_path, flag, make_var):
     import socket
 
@@ -194,12 +253,18 @@ def test_a_busy_port_is_said_first_and_plainly(tmp_path, flag, make_var):
         s.listen()
         port = s.getsockname()[1]
         ports = {"--port": "0", "--http-port": "0", "--metrics-port": "0", flag: str(port)}
-        out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path),
-                              *[a for kv in ports.items() for a in kv]], capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-m", "tensor_server", "serve", str(tmp_path), *[a for kv in ports.items() for a in kv]],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert out.returncode == 2
-    assert out.stderr.splitlines() == [f"serve: cannot listen on 127.0.0.1:{port}: port in use (another tensor-server, "
-                                       f"or another program). Pass {flag} N (0 picks a free one), or with make: "
-                                       f"make run {make_var}=N"]
+    assert out.stderr.splitlines() == [
+        f"serve: cannot listen on 127.0.0.1:{port}: port in use (another tensor-server, "
+        f"or another program). Pass {flag} N (0 picks a free one), or with make: "
+        f"make run {make_var}=N"
+    ]
 
 
 @pytest.mark.parametrize("command", ["list", "serve", "url"])

@@ -1,6 +1,7 @@
 """Shared fixtures. Real third-party sample files live in ../shared/testdata (beside the
 repository); every test that needs them goes through the ``testdata`` fixture, which skips
 with a clear message when the folder is absent (e.g. a clone without the shared data)."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,10 @@ def testdata() -> Path:
     """The real-sample folder (``../shared/testdata``); skips when it is absent."""
     d = _testdata_dir()
     if d is None:
-        pytest.skip(f"{NO_SAMPLES}: expected ../shared/testdata/expected.json "
-                    "beside the repository (or set TENSOR_SERVER_TESTDATA)")
+        pytest.skip(
+            f"{NO_SAMPLES}: expected ../shared/testdata/expected.json "
+            "beside the repository (or set TENSOR_SERVER_TESTDATA)"
+        )
     return d
 
 
@@ -43,9 +46,11 @@ def real_sample_skips(skipped: list) -> str | None:
     count = sum(NO_SAMPLES in str(getattr(report, "longrepr", "")) for report in skipped)
     if not count:
         return None
-    return (f"{count} real-sample tests skipped: set TENSOR_SERVER_TESTDATA=/path/to/testdata (a folder with "
-            "expected.json) or put it at ../shared/testdata beside the repository (its SOURCES.md says "
-            "where each sample comes from)")
+    return (
+        f"{count} real-sample tests skipped: set TENSOR_SERVER_TESTDATA=/path/to/testdata (a folder with "
+        "expected.json) or put it at ../shared/testdata beside the repository (its SOURCES.md says "
+        "where each sample comes from)"
+    )
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

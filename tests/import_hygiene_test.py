@@ -2,6 +2,7 @@
 
 Checked in a fresh interpreter so modules other tests imported cannot hide a regression.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,20 @@ import sys
 import pytest
 
 FORBIDDEN = [
-    "numba", "llvmlite", "pyarrow.flight", "zarr", "tifffile", "h5py", "nd2",
-    "pylibCZIrw", "readlif", "mrcfile", "nibabel", "pydicom", "duckdb", "imagecodecs",
+    "numba",
+    "llvmlite",
+    "pyarrow.flight",
+    "zarr",
+    "tifffile",
+    "h5py",
+    "nd2",
+    "pylibCZIrw",
+    "readlif",
+    "mrcfile",
+    "nibabel",
+    "pydicom",
+    "duckdb",
+    "imagecodecs",
 ]
 
 

@@ -14,6 +14,7 @@ Two ways to build that venv:
   minutes and 1 GB from the package index on this project's machines (pip's cache does not
   keep what it fetches here), so it is not part of every run; it skips with this reason.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -66,7 +67,7 @@ def _link_distribution(dist: importlib.metadata.Distribution, site: Path) -> Non
     """Link each of ``dist``'s installed files (and the bytecode beside them) into ``site``."""
     for file in dist.files or []:
         if file.parts[0] == ".." or "__pycache__" in file.parts:
-            continue            # scripts in bin/, and bytecode (linked per folder below)
+            continue  # scripts in bin/, and bytecode (linked per folder below)
         source, target = Path(str(dist.locate_file(file))), site / file
         if not source.exists() or target.exists():
             continue
@@ -103,8 +104,10 @@ print(json.dumps({"ids": [r["array_id"] for r in rows], "shape": list(full.shape
 
 
 def _missing_extras(python: Path) -> list[str]:
-    code = ("import importlib.util, json, sys; "
-            f"print(json.dumps([m for m in {EXTRAS_ONLY!r} if importlib.util.find_spec(m) is not None]))")
+    code = (
+        "import importlib.util, json, sys; "
+        f"print(json.dumps([m for m in {EXTRAS_ONLY!r} if importlib.util.find_spec(m) is not None]))"
+    )
     done = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, timeout=60, check=True)
     return json.loads(done.stdout)
 
@@ -119,8 +122,13 @@ def assert_serves_a_tiff(python: Path, tmp: Path) -> None:
     tifffile.imwrite(data / "plane.tif", pixels)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["TENSOR_SERVER_HOME"] = str(tmp / "home")
-    server = subprocess.Popen([str(python), "-I", "-m", "tensor_server", "serve", str(data), "--port", "0"],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        [str(python), "-I", "-m", "tensor_server", "serve", str(data), "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         location, said = None, []
         deadline = time.monotonic() + 120
@@ -132,8 +140,9 @@ def assert_serves_a_tiff(python: Path, tmp: Path) -> None:
             found = re.search(r"grpc://127\.0\.0\.1:\d+", line)
             location = found.group(0) if found else None
         assert location, "the server printed no grpc:// location:\n" + "".join(said)
-        done = subprocess.run([str(python), "-I", "-c", _CLIENT, location], env=env, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(
+            [str(python), "-I", "-c", _CLIENT, location], env=env, capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         got = json.loads(done.stdout.strip().splitlines()[-1])
     finally:
@@ -148,8 +157,18 @@ def assert_serves_a_tiff(python: Path, tmp: Path) -> None:
 def test_the_base_closure_leaves_the_extras_out():
     names = set(base_closure())
     assert {"numpy", "numba", "pyarrow", "tifffile", "duckdb", "biopb", "dask", "uvicorn", "httptools"} <= names
-    assert not names & {"pytest", "napari", "moto", "s3fs", "asv", "tensorstore", "selenium", "distributed",
-                        "watchfiles", "websockets"}
+    assert not names & {
+        "pytest",
+        "napari",
+        "moto",
+        "s3fs",
+        "asv",
+        "tensorstore",
+        "selenium",
+        "distributed",
+        "watchfiles",
+        "websockets",
+    }
 
 
 @pytest.mark.slow
@@ -158,14 +177,19 @@ def test_the_serving_closure_serves_a_tiff_without_the_extras(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("TENSOR_SERVER_INSTALL_TEST") != "1",
-                    reason="a real pip install from the package index (1.5-3 min, 1 GB): "
-                           "set TENSOR_SERVER_INSTALL_TEST=1 to run it")
+@pytest.mark.skipif(
+    os.environ.get("TENSOR_SERVER_INSTALL_TEST") != "1",
+    reason="a real pip install from the package index (1.5-3 min, 1 GB): set TENSOR_SERVER_INSTALL_TEST=1 to run it",
+)
 def test_pip_install_dot_serves_a_tiff_without_the_extras(tmp_path):
     target = tmp_path / "venv"
     venv.EnvBuilder(with_pip=False).create(target)
     python = target / "bin" / "python"
-    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-                           "--no-compile", str(ROOT)], capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-compile", str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert_serves_a_tiff(python, tmp_path)

@@ -7,6 +7,7 @@ under TYPE_CHECKING), so an edge against the layering fails here before it becom
 or a cache that reaches into an adapter. ``test_the_check_can_fail`` feeds the checker a
 forbidden edge so this test cannot pass vacuously.
 """
+
 from __future__ import annotations
 
 import ast
@@ -43,6 +44,7 @@ FORBIDDEN = {
     "cli_banner": _ABOVE_SERVICE - {"cli_banner"},
     "cli_logging": _ABOVE_SERVICE - {"cli_logging"},
 }
+
 
 def _parse(source: str) -> ast.AST:
     """``ast.parse`` on a fresh thread, or, failing that, in a fresh interpreter. CPython
@@ -111,7 +113,10 @@ def test_kernels_import_nothing_of_the_server() -> None:
     [
         ("core", "from tensor_server.cache import CacheManager\n"),
         ("core", "def f():\n    import tensor_server.adapters.zarr\n"),
-        ("adapters", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tensor_server.catalog import Catalog\n"),
+        (
+            "adapters",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tensor_server.catalog import Catalog\n",
+        ),
         ("cache", "from tensor_server.adapters.memory import ArrayAdapter\n"),
         ("catalog", "from tensor_server import flight\n"),
         ("uploads", "from tensor_server.service import ServingRuntime\n"),

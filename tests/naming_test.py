@@ -2,6 +2,7 @@
 that mirrors the package folder of its subject (``tests/core/`` for ``tensor_server/core``).
 Checked here, so a ``test_*.py`` file (which pytest would still collect) or a loose file at the
 top level is caught when it is added; ``test_the_check_can_fail`` keeps this honest."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,18 @@ TESTS = Path(__file__).resolve().parent
 #: top-level test modules: their subjects are top-level too (the README, the command line and its
 #: start-up block and logging, the package's install and import graph, the error taxonomy, the
 #: suite's own summary, this convention)
-TOP_LEVEL = {"readme_test.py", "cli_test.py", "cli_banner_test.py", "cli_logging_test.py", "install_test.py",
-             "layering_test.py", "import_hygiene_test.py", "errors_test.py", "skip_summary_test.py", "naming_test.py"}
+TOP_LEVEL = {
+    "readme_test.py",
+    "cli_test.py",
+    "cli_banner_test.py",
+    "cli_logging_test.py",
+    "install_test.py",
+    "layering_test.py",
+    "import_hygiene_test.py",
+    "errors_test.py",
+    "skip_summary_test.py",
+    "naming_test.py",
+}
 
 
 def misnamed(path: Path, source: str) -> str | None:

@@ -12,6 +12,7 @@ Facts: the README stays under 12 KB and its formats table lists every registered
 extension; ``docs/cli.md`` is the parser's reference and ``docs/performance.md`` lists every
 bench command; every relative link of the README, CONTRIBUTING.md and docs/ resolves.
 """
+
 from __future__ import annotations
 
 import code
@@ -36,8 +37,11 @@ README_MAX_BYTES = 12_000
 
 
 def _python_blocks(*pages: Path) -> list[str]:
-    return [block for page in (pages or (README,))
-            for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)]
+    return [
+        block
+        for page in (pages or (README,))
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.DOTALL)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +53,13 @@ def demo_server(tmp_path_factory):
     from tensor_server.http.security import HttpSecurity
 
     # the README's URL carries the access token TOKEN, as the printed one does
-    with serving(cat, http=True, http_security=HttpSecurity.build(tokens=["TOKEN"]),
-                 write_dir=str(home / ".tensor-server" / "uploads"), writable=True) as srv:
+    with serving(
+        cat,
+        http=True,
+        http_security=HttpSecurity.build(tokens=["TOKEN"]),
+        write_dir=str(home / ".tensor-server" / "uploads"),
+        writable=True,
+    ) as srv:
         yield srv, home
     cat.close()
 
@@ -88,8 +97,10 @@ def test_readme_snippets_run_as_written(demo_server, monkeypatch):
     ns: dict = {}
     console = _Console(ns)
     out = io.StringIO()
-    blocks = [b.replace("grpc://127.0.0.1:8815", srv.location).replace("http://127.0.0.1:8816", srv.http.url)
-              for b in _python_blocks(README, *SESSION_PAGES)]
+    blocks = [
+        b.replace("grpc://127.0.0.1:8815", srv.location).replace("http://127.0.0.1:8816", srv.http.url)
+        for b in _python_blocks(README, *SESSION_PAGES)
+    ]
     with contextlib.redirect_stdout(out):
         for block in blocks:
             assert console.paste(block) == [], block
@@ -159,15 +170,19 @@ def test_the_cli_reference_is_the_parser():
 
     assert (DOCS / "cli.md").read_text() == cli_reference(), (
         "docs/cli.md is out of date: python -c 'import tensor_server.cli as c; print(c.cli_reference(), end=\"\")'"
-        " > docs/cli.md")
+        " > docs/cli.md"
+    )
 
 
 def test_the_performance_page_lists_every_bench_command():
     from tensor_server.bench.__main__ import COMMANDS
 
     text = (DOCS / "performance.md").read_text()
-    missing = [f"| `{name}` | {summary} |" for name, (_, summary) in COMMANDS.items()
-               if f"| `{name}` | {summary} |" not in text]
+    missing = [
+        f"| `{name}` | {summary} |"
+        for name, (_, summary) in COMMANDS.items()
+        if f"| `{name}` | {summary} |" not in text
+    ]
     assert missing == [], "rows missing from docs/performance.md's command table:\n" + "\n".join(missing)
 
 
@@ -209,7 +224,11 @@ def test_every_relative_link_resolves():
 def test_the_link_check_can_fail(tmp_path):
     (tmp_path / "there.md").write_text("# A heading, with `code`\n")
     page = tmp_path / "page.md"
-    page.write_text("[ok](there.md) [ok](there.md#a-heading-with-code) [web](https://example.org/x)\n"
-                    "[gone](missing.md) [bad anchor](there.md#nowhere)\n```\n[in code](ignored.md)\n```\n")
-    assert broken_links(page) == ["page.md: missing.md (no such file)",
-                                  "page.md: there.md#nowhere (no heading #nowhere in there.md)"]
+    page.write_text(
+        "[ok](there.md) [ok](there.md#a-heading-with-code) [web](https://example.org/x)\n"
+        "[gone](missing.md) [bad anchor](there.md#nowhere)\n```\n[in code](ignored.md)\n```\n"
+    )
+    assert broken_links(page) == [
+        "page.md: missing.md (no such file)",
+        "page.md: there.md#nowhere (no heading #nowhere in there.md)",
+    ]

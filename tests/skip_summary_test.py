@@ -1,5 +1,6 @@
 """The run's summary names the real-sample tests it skipped and how to provide the samples
 (tests/conftest.py's ``pytest_terminal_summary``)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -12,7 +13,9 @@ def _skip(reason: str) -> SimpleNamespace:
 
 
 def test_the_real_sample_skips_are_counted_and_the_way_to_run_them_is_named():
-    skipped = [_skip(f"{NO_SAMPLES}: expected ../shared/testdata/expected.json")] * 3 + [_skip("luxar is not installed")]
+    skipped = [_skip(f"{NO_SAMPLES}: expected ../shared/testdata/expected.json")] * 3 + [
+        _skip("luxar is not installed")
+    ]
     line = real_sample_skips(skipped)
     assert line is not None and line.startswith("3 real-sample tests skipped: set TENSOR_SERVER_TESTDATA=")
     assert "../shared/testdata" in line and "SOURCES.md" in line
@@ -25,10 +28,11 @@ def test_no_line_when_no_real_sample_test_skipped():
 
 def test_the_hook_writes_the_line_after_the_other_summaries():
     written: list[str] = []
-    reporter = SimpleNamespace(stats={"skipped": [_skip(NO_SAMPLES)]},
-                               write_line=lambda line, **markup: written.append(line))
+    reporter = SimpleNamespace(
+        stats={"skipped": [_skip(NO_SAMPLES)]}, write_line=lambda line, **markup: written.append(line)
+    )
     wrapper = pytest_terminal_summary(reporter, 0, None)
-    next(wrapper)                          # the other summaries run here (-ra's skip list)
+    next(wrapper)  # the other summaries run here (-ra's skip list)
     assert written == []
     try:
         wrapper.send(None)

@@ -9,6 +9,7 @@ that updates on a terminal, a line per tenth elsewhere (make, CI logs). A file t
 compile for this Python (luxar's 3.12-only tests) is counted and left out, as pip leaves it.
 Standard library only: it runs in a venv that holds nothing else yet.
 """
+
 from __future__ import annotations
 
 import compileall
@@ -71,8 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     folders = list(sys.argv[1:] if argv is None else argv)
     missing = [f for f in folders if not Path(f).is_dir()]
     if not folders or missing:
-        print(f"usage: python tools/bytecode.py FOLDER... ({'no such folder: ' + ', '.join(missing) if missing else 'no folder given'})",
-              file=sys.stderr)
+        print(
+            f"usage: python tools/bytecode.py FOLDER... ({'no such folder: ' + ', '.join(missing) if missing else 'no folder given'})",
+            file=sys.stderr,
+        )
         return 2
     t0 = time.perf_counter()
     files = sources(folders)

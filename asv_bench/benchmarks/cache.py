@@ -1,4 +1,5 @@
 """Chunk cache: a hit, a miss+store, boot of 10 000 entries, and a cache-sourced scaled read."""
+
 from __future__ import annotations
 
 import shutil

@@ -1,5 +1,6 @@
 """One 8 MiB chunk through the server: DoGet (ours and a bare pyarrow Flight server) and the
 localhost fast path (chunk_locate + mmap)."""
+
 from __future__ import annotations
 
 import threading
@@ -29,7 +30,9 @@ class DoGetRoundTrip:
         self.client = flight.FlightClient(self.ours.location)
         opt = descriptor_pb2.TensorReadOption(array_id="b")
         opt.fields.paths.append("endpoints")
-        info = self.client.get_flight_info(flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()))
+        info = self.client.get_flight_info(
+            flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString())
+        )
         self.ticket = info.endpoints[0].ticket
         table = pa.Table.from_batches([chunk_batch(arr)])
 

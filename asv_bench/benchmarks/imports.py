@@ -1,4 +1,5 @@
 """Import time of the package (must stay light: no numba, Flight or format libraries)."""
+
 from __future__ import annotations
 
 

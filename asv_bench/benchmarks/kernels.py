@@ -7,6 +7,7 @@ compilation is measured on its own by ``TimeCompile``, in a fresh process with a
 cache, and loading from a warm cache by ``TimeCachedLoad``. Peers (TensorStore, NumPy, ...) live
 in the bench script, which prints ratios from one run; asv tracks our own numbers over commits.
 """
+
 from __future__ import annotations
 
 import os
@@ -71,8 +72,10 @@ class TimeKernels:
         best = {"probe": float("inf"), "kernel": float("inf")}
         read_probe(self.x)
         for _ in range(5):
-            for what, call in (("probe", lambda: read_probe(self.x)),
-                               ("kernel", lambda: downsample_block(self.x, self.scale, self.method))):
+            for what, call in (
+                ("probe", lambda: read_probe(self.x)),
+                ("kernel", lambda: downsample_block(self.x, self.scale, self.method)),
+            ):
                 t0 = time.perf_counter()
                 call()
                 best[what] = min(best[what], time.perf_counter() - t0)

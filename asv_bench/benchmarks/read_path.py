@@ -2,6 +2,7 @@
 OME-TIFF. Each ``setup`` ends with one untimed read, which compiles (or loads from numba's
 cache) exactly the kernels that read uses; the zarr and TIFF setups do not call ``warm_up()``,
 whose ~24 kernels would be compiled again for every commit the perf gate installs."""
+
 from __future__ import annotations
 
 import shutil
@@ -41,7 +42,9 @@ class ScaledReadZarr:
 
         self.dir = tempfile.mkdtemp()
         arr = np.random.default_rng(0).integers(0, 4000, (4096, 4096), dtype=np.uint16)
-        z = zarr.open_array(f"{self.dir}/img.zarr", mode="w", shape=arr.shape, chunks=(1024, 1024), dtype=arr.dtype, zarr_format=2)
+        z = zarr.open_array(
+            f"{self.dir}/img.zarr", mode="w", shape=arr.shape, chunks=(1024, 1024), dtype=arr.dtype, zarr_format=2
+        )
         z[...] = arr
         self.t = tensor_server.open(f"{self.dir}/img.zarr").tensor()
         self.b = Bounds.full(self.t.shape)
@@ -68,8 +71,14 @@ class ScaledReadTiff:
 
         self.dir = tempfile.mkdtemp()
         arr = np.random.default_rng(0).integers(0, 4000, (4096, 4096), dtype=np.uint16)
-        tifffile.imwrite(f"{self.dir}/img.ome.tif", arr, tile=(512, 512), compression="zlib",
-                         photometric="minisblack", metadata={"axes": "YX"})
+        tifffile.imwrite(
+            f"{self.dir}/img.ome.tif",
+            arr,
+            tile=(512, 512),
+            compression="zlib",
+            photometric="minisblack",
+            metadata={"axes": "YX"},
+        )
         self.t = tensor_server.open(f"{self.dir}/img.ome.tif").tensor()
         self.b = Bounds.full(self.t.shape)
         self.t.get_scaled_data(self.b, (scale, scale), method)

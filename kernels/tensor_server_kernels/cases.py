@@ -14,6 +14,7 @@ the benchmark dtype only.
 
 ``BENCH_CASES``: the benchmark table (full size and ``--quick`` size).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -39,8 +40,18 @@ __all__ = [
 ]
 
 DTYPES = (
-    "bool", "uint8", "uint16", "uint32", "uint64",
-    "int8", "int16", "int32", "int64", "float16", "float32", "float64",
+    "bool",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
 )
 
 #: How the values are drawn. "random": uniform over the whole dtype range (floats: normal);
@@ -62,8 +73,13 @@ def fills_for(dtype: str) -> tuple[str, ...]:
     return ("random", "max", "min", "extremes", "equal", "labels", "ties")
 
 
-def make_labels(shape: tuple[int, ...], dtype: str | np.dtype, seed: int = 0,
-                n_labels: int = 2**20, cell: tuple[int, int] = (15, 50)) -> np.ndarray:
+def make_labels(
+    shape: tuple[int, ...],
+    dtype: str | np.dtype,
+    seed: int = 0,
+    n_labels: int = 2**20,
+    cell: tuple[int, int] = (15, 50),
+) -> np.ndarray:
     """A label image: rectangles of random size (``cell`` range, so edges are not aligned to any
     power of two) with random ids; blocks straddling an edge hold 2-4 labels."""
     rng = np.random.default_rng(seed)
@@ -78,8 +94,9 @@ def make_labels(shape: tuple[int, ...], dtype: str | np.dtype, seed: int = 0,
     return np.ascontiguousarray(grid[np.ix_(*axes)])
 
 
-def make_array(dtype: str, shape: tuple[int, ...], fill: str = "random", seed: int = 0,
-               scale: tuple[int, ...] | None = None) -> np.ndarray:
+def make_array(
+    dtype: str, shape: tuple[int, ...], fill: str = "random", seed: int = 0, scale: tuple[int, ...] | None = None
+) -> np.ndarray:
     """Deterministic test/benchmark data (``scale`` is used by "equal" to make blocks uniform)."""
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
@@ -229,8 +246,11 @@ class BenchCase:
             shp = f"{shape[0]}^{len(shape)}"
         else:
             shp = "x".join(map(str, shape))
-        sc = f"s{self.scale[0]}" if len(set(self.scale)) == 1 and len(self.scale) == 2 else \
-            "x".join(map(str, self.scale))
+        sc = (
+            f"s{self.scale[0]}"
+            if len(set(self.scale)) == 1 and len(self.scale) == 2
+            else "x".join(map(str, self.scale))
+        )
         kind = "labels" if self.fill == "labels" else self.dtype
         return f"{self.method} {shp} {kind} {sc}"
 

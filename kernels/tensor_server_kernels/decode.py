@@ -15,6 +15,7 @@ rounding to float32 is at most 1 float32 ULP (tests/adapters/encoded_zarr_test.p
 All kernels are ``@njit(cache=True, nogil=True)`` and write into ``out`` (allocated by the
 caller). ``kind`` codes: see the ``SCALAR_*`` and ``PERCHANNEL_*`` constants.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,17 @@ import numpy as np
 from numba import njit
 
 __all__ = [
-    "SCALAR_BOUNDED", "SCALAR_RGB", "SCALAR_LOG", "SCALAR_GEOLOG",
-    "PERCHANNEL_LINEAR", "PERCHANNEL_LOG", "PERCHANNEL_SIGNED_LOG", "PERCHANNEL_GEOLOG",
-    "decode_scalar", "decode_perchannel", "lut_gather",
+    "SCALAR_BOUNDED",
+    "SCALAR_RGB",
+    "SCALAR_LOG",
+    "SCALAR_GEOLOG",
+    "PERCHANNEL_LINEAR",
+    "PERCHANNEL_LOG",
+    "PERCHANNEL_SIGNED_LOG",
+    "PERCHANNEL_GEOLOG",
+    "decode_scalar",
+    "decode_perchannel",
+    "lut_gather",
 ]
 
 SCALAR_BOUNDED, SCALAR_RGB, SCALAR_LOG, SCALAR_GEOLOG = 0, 1, 2, 3

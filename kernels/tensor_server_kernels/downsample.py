@@ -28,6 +28,7 @@ Integer ``area`` sums into the accumulator ``plan._plan_integer_area`` sizes fro
 (never a fixed narrow width: it would wrap silently) and rounds half to even with shifts
 (power-of-two blocks) or an exact division.
 """
+
 from __future__ import annotations
 
 import sys
@@ -293,8 +294,15 @@ def _build(const_s2: int) -> dict[str, Callable[..., Any]]:
                         orow[q] = mode4(r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1])
                 else:
                     for q in range(full):
-                        orow[q] = flip_sign(mode4(flip_sign(r0[2 * q], f), flip_sign(r0[2 * q + 1], f),
-                                               flip_sign(r1[2 * q], f), flip_sign(r1[2 * q + 1], f)), f)
+                        orow[q] = flip_sign(
+                            mode4(
+                                flip_sign(r0[2 * q], f),
+                                flip_sign(r0[2 * q + 1], f),
+                                flip_sign(r1[2 * q], f),
+                                flip_sign(r1[2 * q + 1], f),
+                            ),
+                            f,
+                        )
             elif C == 1 and not is_median:
                 # Pass 1, branch-free and vectorised: whether every value of a block equals its
                 # first (uniform blocks: most of a label image). Each block row is compared with
@@ -461,8 +469,12 @@ def _nearest(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
     rows allow (``_block_words``). Anything else: NumPy's strided copy, which takes every dtype
     (at scale 8 and above the copy is so small that building the rows layout costs more than
     the kernel saves)."""
-    if arr.size and sc[-1] in _plan._PLAIN_NEAREST_S2 and arr.dtype.itemsize in (1, 2, 4, 8) \
-            and arr.dtype.kind in "biuf":
+    if (
+        arr.size
+        and sc[-1] in _plan._PLAIN_NEAREST_S2
+        and arr.dtype.itemsize in (1, 2, 4, 8)
+        and arr.dtype.kind in "biuf"
+    ):
         lay = _Layout(arr.view(f"u{arr.dtype.itemsize}"), sc, keep_unit_axes=False)
         if lay.C == 1 and lay.s2 in _plan._PLAIN_NEAREST_S2:
             out2 = np.empty(lay.out2_shape, dtype=lay.x2.dtype)
@@ -498,8 +510,8 @@ def _area_half(lay: _Layout, out2: np.ndarray, block: float) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):  # (pure-Python mode: inf - inf)
         for o in range(0, out2.shape[0], rows):
             n = min(rows, out2.shape[0] - o)
-            kernel(lay.x2, band[:n], lay.table[o:o + n], lay.C, lay.s2, acc, block, lut)
-            out2[o:o + n] = band[:n].astype(np.float16).view(np.uint16)
+            kernel(lay.x2, band[:n], lay.table[o : o + n], lay.C, lay.s2, acc, block, lut)
+            out2[o : o + n] = band[:n].astype(np.float16).view(np.uint16)
     return out2
 
 
@@ -524,7 +536,8 @@ def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
         acc = np.empty(lay.out2_shape[1], dtype=np.float64)
         with np.errstate(invalid="ignore", over="ignore"):  # (pure-Python mode: inf - inf)
             _kernel("area_float", x.dtype, lay.s2)(
-                lay.x2, out2, lay.table, lay.C, lay.s2, acc, float(block), np.empty(0, np.float64))
+                lay.x2, out2, lay.table, lay.C, lay.s2, acc, float(block), np.empty(0, np.float64)
+            )
         return _epilogue(lay.finish(out2), orig)
     path = area_path(x.dtype, lay.kernel_scale)  # the block the kernel actually reduces
     if path == "identity":
@@ -533,8 +546,7 @@ def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
         if block >= 2**31:  # beyond the two-limb bound: Python integers
             return _ref.downsample_area(arr, sc).astype(orig, copy=False)
         w = np.empty(lay.out2_shape, dtype=np.uint64)
-        _area_wide(lay.x2.astype(np.uint64, copy=False), w, lay.table, lay.C, lay.s2,
-                   np.uint64(block), np.uint64(flip))
+        _area_wide(lay.x2.astype(np.uint64, copy=False), w, lay.table, lay.C, lay.s2, np.uint64(block), np.uint64(flip))
         return _epilogue(lay.finish(w.astype(x.dtype, copy=False)), orig)
     plan = _plan_integer_area(x.dtype, block)
     assert plan is not None  # area_path answered "wide" (handled above) for every block without one
@@ -546,21 +558,19 @@ def _area(arr: np.ndarray, sc: tuple[int, ...]) -> np.ndarray:
             K = 8 * plan.itemsize - bits
             buf = np.empty((lay.x2.shape[1] // lay.s2) * (lay.s2 // 2), dtype=plan)
             _plain("area", lay.s2, plan, K, bits)(
-                lay.x2, xw, out2, lay.table, buf, 1 << (K - shift), flip,
-                xw.dtype.type(int(flip) * ((1 << bits) + 1)))
+                lay.x2, xw, out2, lay.table, buf, 1 << (K - shift), flip, xw.dtype.type(int(flip) * ((1 << bits) + 1))
+            )
             return _epilogue(lay.finish(out2), orig)
     if path == "plain":  # interleaved channels, odd width: the block-size gate decides
         path = "strided-add" if block <= _plan._STRIDED_ADD_MAX_BLOCK else "reshape-sum"
     if path == "strided-add":
         acc = np.empty(lay.x2.shape[1], dtype=plan)
-        _kernel("area_strided", x.dtype, lay.s2)(
-            lay.x2, out2, lay.table, lay.C, lay.s2, acc, shift, flip)
+        _kernel("area_strided", x.dtype, lay.s2)(lay.x2, out2, lay.table, lay.C, lay.s2, acc, shift, flip)
     else:  # "reshape-sum", and "generic" (non-dyadic: same kernel, exact division)
         acc = np.empty(lay.out2_shape[1], dtype=plan)
         tree = lay.C == 1 and shift >= 0 and lay.s2 >= 8
         tmp = np.empty(lay.x2.shape[1] // 2 if tree else 0, dtype=plan)
-        _kernel("area_reshape", x.dtype, lay.s2)(
-            lay.x2, out2, lay.table, lay.C, lay.s2, acc, tmp, block, shift, flip)
+        _kernel("area_reshape", x.dtype, lay.s2)(lay.x2, out2, lay.table, lay.C, lay.s2, acc, tmp, block, shift, flip)
     return _epilogue(lay.finish(out2), orig)
 
 
@@ -578,12 +588,10 @@ def _extreme(arr: np.ndarray, sc: tuple[int, ...], method: str) -> np.ndarray:
     if lay.C == 1 and lay.s2 in _plan._PLAIN_S2 and x.dtype.kind == "u" and x.dtype.itemsize <= 2:
         buf = np.empty(lay.x2.shape[1] // 2 * 2, dtype=x.dtype)
         bufw = buf.view(_word(x.dtype))
-        _plain("extreme", lay.s2, method == "max", 8 * x.dtype.itemsize)(
-            lay.x2, out2, lay.table, buf, bufw, flip)
+        _plain("extreme", lay.s2, method == "max", 8 * x.dtype.itemsize)(lay.x2, out2, lay.table, buf, bufw, flip)
         return _epilogue(lay.finish(out2), orig)
     acc = np.empty(lay.x2.shape[1], dtype=x.dtype)
-    _kernel("extreme", x.dtype, lay.s2)(
-        lay.x2, out2, lay.table, lay.C, lay.s2, acc, method == "max", flip)
+    _kernel("extreme", x.dtype, lay.s2)(lay.x2, out2, lay.table, lay.C, lay.s2, acc, method == "max", flip)
     return _epilogue(lay.finish(out2), orig)
 
 
@@ -602,10 +610,20 @@ def _gathering(arr: np.ndarray, sc: tuple[int, ...], method: str) -> np.ndarray:
     buf = np.empty(block, dtype=x.dtype)
     cap = min(block, _MODE_DISTINCT_CAP)
     _kernel("gather", x.dtype, lay.s2)(
-        lay.x2, out2, lay.table, lay.C, lay.s2, buf,
-        np.empty(cap, dtype=x.dtype), np.empty(cap, dtype=np.int64),
-        np.empty(lay.out2_shape[1], dtype=np.uint8), np.empty(lay.x2.shape[1], dtype=np.uint8),
-        np.empty(lay.out2_shape[1], dtype=np.intp), method == "median", flip)
+        lay.x2,
+        out2,
+        lay.table,
+        lay.C,
+        lay.s2,
+        buf,
+        np.empty(cap, dtype=x.dtype),
+        np.empty(cap, dtype=np.int64),
+        np.empty(lay.out2_shape[1], dtype=np.uint8),
+        np.empty(lay.x2.shape[1], dtype=np.uint8),
+        np.empty(lay.out2_shape[1], dtype=np.intp),
+        method == "median",
+        flip,
+    )
     return _epilogue(lay.finish(out2), orig)
 
 

@@ -2,6 +2,7 @@
 float16 pixels as their bits (uint16) and widens each through a table of the 65536 bit
 patterns' exact float64 values (``half_lut``). ``widen`` is the one spelling of that step the
 kernels call; for float pixels it is the identity."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -25,6 +25,7 @@ Signed data arrives as its unsigned view with the sign bit as ``f`` (xor-ed on e
 on the result; see ``plan._KERNEL_DTYPES``). All kernels are ``cache=True, nogil=True`` and
 single-threaded, like the others.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -74,8 +75,10 @@ def _pair(w, fw, A, mask, bits):  # type: ignore[no-untyped-def]
 @njit(cache=True, nogil=True)
 def _quad(a, b, c, d, fw, A, mask, bits):  # type: ignore[no-untyped-def]
     """The sum of the pixels of four words (the same word of four block rows)."""
-    return A(A(_pair(a, fw, A, mask, bits) + _pair(b, fw, A, mask, bits))
-             + A(_pair(c, fw, A, mask, bits) + _pair(d, fw, A, mask, bits)))
+    return A(
+        A(_pair(a, fw, A, mask, bits) + _pair(b, fw, A, mask, bits))
+        + A(_pair(c, fw, A, mask, bits) + _pair(d, fw, A, mask, bits))
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -105,8 +108,7 @@ def _combine_rows(x, o, table, n, buf, f, is_max, quads):  # type: ignore[no-unt
                     buf[e] = _pick4(ra[e] ^ f, rb[e] ^ f, rc[e] ^ f, rd[e] ^ f, is_max)
             else:
                 for e in range(n):
-                    buf[e] = _pick(buf[e], _pick4(ra[e] ^ f, rb[e] ^ f, rc[e] ^ f, rd[e] ^ f, is_max),
-                                   is_max)
+                    buf[e] = _pick(buf[e], _pick4(ra[e] ^ f, rb[e] ^ f, rc[e] ^ f, rd[e] ^ f, is_max), is_max)
             k += 4
         elif k == 0 and nrows >= 2:
             ra, rb = x[table[o, 0]], x[table[o, 1]]
@@ -224,8 +226,14 @@ def extreme_kernel(S: int, is_max: bool, B: int) -> Callable[..., Any]:
             if S == 2 and nrows == 2:  # 2x2 blocks: both rows read once, side by side
                 r1 = x[table[o, 1]]
                 for q in range(full):
-                    orow[q] = _pick(_pick(r0[2 * q] ^ f, r0[2 * q + 1] ^ f, is_max),
-                                    _pick(r1[2 * q] ^ f, r1[2 * q + 1] ^ f, is_max), is_max) ^ f
+                    orow[q] = (
+                        _pick(
+                            _pick(r0[2 * q] ^ f, r0[2 * q + 1] ^ f, is_max),
+                            _pick(r1[2 * q] ^ f, r1[2 * q + 1] ^ f, is_max),
+                            is_max,
+                        )
+                        ^ f
+                    )
             else:
                 _combine_rows(x, o, table, n, buf, f, is_max, quads)
                 for q in range(full):

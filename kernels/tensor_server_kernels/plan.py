@@ -27,6 +27,7 @@ else uint32, else int64, else the exact two-limb path (``_area_wide``: 64-bit in
 of 2**31+ elements of 32-bit ones). Never a fixed narrow width: a narrow accumulator wraps
 silently.
 """
+
 from __future__ import annotations
 
 import functools
@@ -76,9 +77,7 @@ _PLAIN_NEAREST_S2 = (2, 4)
 # the flip is a bias of 2**(bits-1), an even number - the half-to-even rounding of a mean. So a
 # cold test run compiles each kernel for 6 dtypes instead of 11, and int16 gets the fast
 # constant-scale kernels of uint16.
-_KERNEL_DTYPES = frozenset(
-    np.dtype(t) for t in ("uint8", "uint16", "uint32", "uint64", "float32", "float64")
-)
+_KERNEL_DTYPES = frozenset(np.dtype(t) for t in ("uint8", "uint16", "uint32", "uint64", "float32", "float64"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -155,8 +154,7 @@ class _Layout:
     """The rows view of one call: ``x2 (rows, L*C)``, its output ``(orows, oL*C)``, the row
     table, and how to turn the 2-D output back into the caller's shape and dtype."""
 
-    __slots__ = ("x2", "table", "C", "s2", "out2_shape", "out_shape", "transposed", "dtype",
-                 "kernel_scale")
+    __slots__ = ("x2", "table", "C", "s2", "out2_shape", "out_shape", "transposed", "dtype", "kernel_scale")
 
     def __init__(self, x: np.ndarray, scale: tuple[int, ...], keep_unit_axes: bool) -> None:
         self.dtype = x.dtype
@@ -230,5 +228,3 @@ def _row_table(row_shape: tuple[int, ...], row_scale: tuple[int, ...]) -> np.nda
         total = total + idx.reshape(shape).astype(np.intp)
     out_rows = math.prod(total.shape[:nd])
     return np.ascontiguousarray(total.reshape(out_rows, -1))
-
-

@@ -6,6 +6,7 @@ the bytes as uint64 words (one vector add per cache line, so memory-bound, unlik
 additions cap it near 15 GB/s here). A kernel's time over the probe's on the same array, in
 the same interleaved rounds, is the fraction of one core's read bandwidth it reaches.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -54,6 +54,7 @@ equality, ordered as ``np.sort`` orders them). Complex input to area/min/max/med
 there is no order for min/max/median, and a complex mean is not what an image pyramid means.
 bool arrays are assumed to hold only 0/1 bytes (as NumPy produces them).
 """
+
 from __future__ import annotations
 
 import operator
@@ -92,8 +93,7 @@ def _check_scale(scale_hint: Any, ndim: int, error: type[Exception]) -> tuple[in
         raise error(f"scale_hint must be a sequence of {ndim} positive integers; got {scale_hint!r}")
     if len(scale_hint) != ndim:
         raise error(
-            f"scale_hint has {len(scale_hint)} entries but data has {ndim} dimensions; "
-            f"got {tuple(scale_hint)!r}"
+            f"scale_hint has {len(scale_hint)} entries but data has {ndim} dimensions; got {tuple(scale_hint)!r}"
         )
     out = []
     for s in scale_hint:
@@ -102,9 +102,7 @@ def _check_scale(scale_hint: Any, ndim: int, error: type[Exception]) -> tuple[in
         try:
             v = operator.index(s)
         except TypeError:
-            raise error(
-                f"scale_hint entries must be positive integers; got {tuple(scale_hint)!r}"
-            ) from None
+            raise error(f"scale_hint entries must be positive integers; got {tuple(scale_hint)!r}") from None
         if v < 1:
             raise error(f"scale_hint entries must be positive; got {tuple(scale_hint)!r}")
         out.append(int(v))

@@ -5,6 +5,7 @@ NaN-propagating extremes, and the small sort and mode of a block's values.
 Kept apart from the kernels because they are the per-element rules every kernel shares;
 ``downsample.py`` holds the kernels and the dispatch around them.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -18,6 +18,7 @@ writer. ``tests/kernels/warm_test.py`` checks that the families' index files are
 
 The decode kernels (``decode.py``, eight signatures) are left to their first call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -124,8 +125,12 @@ def _count(done: Queue[int], total: int, pending: set[concurrent.futures.Future]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tensor_server_kernels.warm", description=__doc__.split("\n")[0])
-    parser.add_argument("--family", action="append", choices=sorted(FAMILIES),
-                        help="warm only this family (repeatable); default: all, in parallel")
+    parser.add_argument(
+        "--family",
+        action="append",
+        choices=sorted(FAMILIES),
+        help="warm only this family (repeatable); default: all, in parallel",
+    )
     args = parser.parse_args(argv)
     families = args.family or list(FAMILIES)
     t0 = time.perf_counter()
@@ -135,15 +140,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     done: Queue[int] = context.Queue()
     total = sum(len(family_cases(f)) for f in families)
     print(f"kernels warm: {total} calls of {len(families)} kernel families on {workers} processes", flush=True)
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_report_to,
-                                                initargs=(done,)) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_report_to, initargs=(done,)
+    ) as pool:
         futures = [pool.submit(warm_family, f) for f in families]
         _count(done, total, set(futures), sys.stdout)
         for future in futures:
             family, calls, seconds = future.result()
             print(f"kernels warm: {family}: {calls} calls in {seconds:.1f} s", flush=True)
-    print(f"kernels warm: numba's cache holds the case table's kernels ({time.perf_counter() - t0:.1f} s, "
-          f"{workers} processes)", flush=True)
+    print(
+        f"kernels warm: numba's cache holds the case table's kernels ({time.perf_counter() - t0:.1f} s, "
+        f"{workers} processes)",
+        flush=True,
+    )
     return 0
 
 

@@ -4,6 +4,7 @@ Each module here registers itself (``registry.register_format``) and imports its
 library only when a file is opened, so importing all of them is cheap. A new format is a new
 module in this folder; nothing else needs editing.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -14,6 +14,7 @@ a missing library or header, and the caller keeps numcodecs (``decompressor()`` 
 frame libblosc2 refuses (a negative return: corrupt, or a codec it lacks) is the caller's to
 decode another way; ``decompress_into`` returns False for it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,13 +30,23 @@ import numpy as np
 __all__ = ["decompressor"]
 
 #: the ``blosc2_dparams`` fields (type, name) this module's Structure mirrors, in order
-_DPARAMS_FIELDS = [("int16_t", "nthreads"), ("void*", "schunk"), ("blosc2_postfilter_fn", "postfilter"),
-                   ("blosc2_postfilter_params*", "postparams"), ("int32_t", "typesize")]
+_DPARAMS_FIELDS = [
+    ("int16_t", "nthreads"),
+    ("void*", "schunk"),
+    ("blosc2_postfilter_fn", "postfilter"),
+    ("blosc2_postfilter_params*", "postparams"),
+    ("int32_t", "typesize"),
+]
 
 
 class _DParams(ctypes.Structure):
-    _fields_ = [("nthreads", ctypes.c_int16), ("schunk", ctypes.c_void_p), ("postfilter", ctypes.c_void_p),
-                ("postparams", ctypes.c_void_p), ("typesize", ctypes.c_int32)]
+    _fields_ = [
+        ("nthreads", ctypes.c_int16),
+        ("schunk", ctypes.c_void_p),
+        ("postfilter", ctypes.c_void_p),
+        ("postparams", ctypes.c_void_p),
+        ("typesize", ctypes.c_int32),
+    ]
 
 
 def _header_fields(header: str) -> list[tuple[str, str]] | None:
@@ -66,8 +77,13 @@ def _load() -> Any | None:
     lib.blosc2_init.argtypes, lib.blosc2_init.restype = [], None
     lib.blosc2_create_dctx.argtypes, lib.blosc2_create_dctx.restype = [_DParams], ctypes.c_void_p
     lib.blosc2_free_ctx.argtypes, lib.blosc2_free_ctx.restype = [ctypes.c_void_p], None
-    lib.blosc2_decompress_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
-                                          ctypes.c_int32]
+    lib.blosc2_decompress_ctx.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_int32,
+    ]
     lib.blosc2_decompress_ctx.restype = ctypes.c_int
     lib.blosc2_init()
     return lib
@@ -100,8 +116,10 @@ def _decompress_into(frame: Any, target: np.ndarray) -> bool:
     if ctx is None:
         ctx = _local.ctx = _Context(lib)
     src = np.frombuffer(frame, np.uint8)
-    return lib.blosc2_decompress_ctx(ctx.ptr, src.ctypes.data, src.size, target.ctypes.data,
-                                     target.nbytes) == target.nbytes
+    return (
+        lib.blosc2_decompress_ctx(ctx.ptr, src.ctypes.data, src.size, target.ctypes.data, target.nbytes)
+        == target.nbytes
+    )
 
 
 def decompressor() -> Callable[[Any, np.ndarray], bool] | None:

@@ -4,6 +4,7 @@ Kept apart from the adapters so the parsing and frame-decoding step can be read 
 its own (key -> byte range -> read -> decode, as in tifffile's zarr store). The leading
 underscore keeps the adapters package from importing it as a format module.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,11 @@ from tensor_server.errors import UnreadableSource
 __all__ = ["DicomFile", "WSI_SOP_CLASS"]
 
 WSI_SOP_CLASS = "1.2.840.10008.5.1.4.1.1.77.1.6"
-_PIXEL_KEYWORDS = {(0x7FE0, 0x0010): "PixelData", (0x7FE0, 0x0008): "FloatPixelData",
-                   (0x7FE0, 0x0009): "DoubleFloatPixelData"}
+_PIXEL_KEYWORDS = {
+    (0x7FE0, 0x0010): "PixelData",
+    (0x7FE0, 0x0008): "FloatPixelData",
+    (0x7FE0, 0x0009): "DoubleFloatPixelData",
+}
 
 
 @dataclass

@@ -18,6 +18,7 @@ integral). Linear families are bit-identical to the reference; exp/expm1 familie
 top code) comes from the stored dtype (255 for uint8, 65535 for uint16), never from the
 encoding name; a ``bits`` field that disagrees with the stored dtype is refused.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,9 +37,7 @@ _RGB = ("rgb_uint8", "rgb_uint16")
 _LOG_SCALAR = ("log_scalar_uint8", "log_scalar_uint16")
 _GEOLOG_SCALAR = ("geolog_scalar_uint8", "geolog_scalar_uint16")
 _PERCHANNEL = {
-    f"{kind}_perchannel_u{bits}": kind
-    for kind in ("linear", "log", "signed_log", "geolog")
-    for bits in (8, 16)
+    f"{kind}_perchannel_u{bits}": kind for kind in ("linear", "log", "signed_log", "geolog") for bits in (8, 16)
 }
 #: Provenance fields a writer may add to any quantized block; never needed to decode.
 _PROVENANCE = ("certificate",)
@@ -54,8 +53,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     **{n: (("max_log", "bits", "original_dtype"), ()) for n in _LOG_SCALAR},
     **{n: (("min_log", "max_log", "bits", "original_dtype"), ()) for n in _GEOLOG_SCALAR},
     **{
-        n: (("col_lo", "col_hi", "bits", "original_dtype"),
-            (("zero_level",) if kind != "linear" else ()) + _PROVENANCE)
+        n: (("col_lo", "col_hi", "bits", "original_dtype"), (("zero_level",) if kind != "linear" else ()) + _PROVENANCE)
         for n, kind in _PERCHANNEL.items()
     },
 }
@@ -115,13 +113,24 @@ class ArrayEncoding:
             rows = codes.reshape(-1, codes.shape[-1] if codes.ndim > 1 else 1)
             lo = np.ascontiguousarray(p["col_lo"][columns] if codes.ndim > 1 else p["col_lo"])
             hi = np.ascontiguousarray(p["col_hi"][columns] if codes.ndim > 1 else p["col_hi"])
-            kernels.decode_perchannel(rows, lo, hi, out.reshape(rows.shape), _PERCHANNEL_KIND[fam],
-                                      p["levels"], bool(p["zero_level"]))
+            kernels.decode_perchannel(
+                rows, lo, hi, out.reshape(rows.shape), _PERCHANNEL_KIND[fam], p["levels"], bool(p["zero_level"])
+            )
         else:
-            a, b = {"bounded": ("min", "max"), "log": (None, "max_log"), "geolog": ("min_log", "max_log"),
-                    "rgb": (None, None)}[fam]
-            kernels.decode_scalar(codes.reshape(-1), out.reshape(-1), _SCALAR_KIND[fam], p["levels"],
-                                  p[a] if a else 0.0, p[b] if b else 0.0)
+            a, b = {
+                "bounded": ("min", "max"),
+                "log": (None, "max_log"),
+                "geolog": ("min_log", "max_log"),
+                "rgb": (None, None),
+            }[fam]
+            kernels.decode_scalar(
+                codes.reshape(-1),
+                out.reshape(-1),
+                _SCALAR_KIND[fam],
+                p["levels"],
+                p[a] if a else 0.0,
+                p[b] if b else 0.0,
+            )
         return out if direct else self._restore(out)
 
     def _restore(self, values: np.ndarray) -> np.ndarray:
@@ -220,16 +229,18 @@ def _parse_broadcast(block: Mapping[str, Any], stored: np.dtype, shape: tuple[in
         _dtype_field(block, "original_dtype")
     value = block.get("value")
     if value is not None:
-        if not isinstance(value, list) or len(value) != math.prod(shape[1:]) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value
+        if (
+            not isinstance(value, list)
+            or len(value) != math.prod(shape[1:])
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
         ):
             raise InvalidEncoding("value", f"must list the {math.prod(shape[1:])} finite value(s) of the stored row")
-    return ArrayEncoding("broadcasted", "broadcasted", stored, _servable(stored), (n, *shape[1:]),
-                         {"value": value})
+    return ArrayEncoding("broadcasted", "broadcasted", stored, _servable(stored), (n, *shape[1:]), {"value": value})
 
 
-def _parse_array_ref(block: Mapping[str, Any], stored: np.dtype, shape: tuple[int, ...],
-                     out_dtype: np.dtype | None) -> ArrayEncoding:
+def _parse_array_ref(
+    block: Mapping[str, Any], stored: np.dtype, shape: tuple[int, ...], out_dtype: np.dtype | None
+) -> ArrayEncoding:
     target = block["target"]
     if not isinstance(target, str) or not target.strip("/"):
         raise InvalidEncoding("target", f"must be a non-empty path, got {target!r}")
@@ -237,24 +248,34 @@ def _parse_array_ref(block: Mapping[str, Any], stored: np.dtype, shape: tuple[in
         raise InvalidEncoding("target", f"{target!r} must be a path from the store root")
     digest = block.get("hash")
     if digest is not None:
-        if not isinstance(digest, str) or not digest.startswith("xxh64:") or len(digest) != 22 or not all(
-            c in "0123456789abcdef" for c in digest[6:]
+        if (
+            not isinstance(digest, str)
+            or not digest.startswith("xxh64:")
+            or len(digest) != 22
+            or not all(c in "0123456789abcdef" for c in digest[6:])
         ):
             raise InvalidEncoding("hash", f"must be 'xxh64:' and 16 hex digits, got {digest!r}")
     oshape = block.get("original_shape")
-    if oshape is not None and (not isinstance(oshape, list) or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in oshape
-    )):
+    if oshape is not None and (
+        not isinstance(oshape, list)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in oshape)
+    ):
         raise InvalidEncoding("original_shape", f"must be a list of sizes, got {oshape!r}")
     if shape[:1] != (0,) or (oshape is not None and tuple(shape[1:]) != tuple(oshape[1:])):
         raise InvalidEncoding("original_shape", f"a reference stores an empty (0, ...) array matching it; got {shape}")
-    return ArrayEncoding("array_ref", "array_ref", stored, out_dtype or stored, None,
-                         {"target": target.strip("/"), "hash": digest,
-                          "original_shape": None if oshape is None else tuple(oshape)})
+    return ArrayEncoding(
+        "array_ref",
+        "array_ref",
+        stored,
+        out_dtype or stored,
+        None,
+        {"target": target.strip("/"), "hash": digest, "original_shape": None if oshape is None else tuple(oshape)},
+    )
 
 
-def _parse_lut(block: Mapping[str, Any], name: str, stored: np.dtype, shape: tuple[int, ...],
-               out_dtype: np.dtype) -> ArrayEncoding:
+def _parse_lut(
+    block: Mapping[str, Any], name: str, stored: np.dtype, shape: tuple[int, ...], out_dtype: np.dtype
+) -> ArrayEncoding:
     # like L for the quantized names, the index width is the stored dtype's, not the name's
     if stored not in (np.dtype(np.uint8), np.dtype(np.uint16)):
         raise InvalidEncoding("name", f"{name!r} needs uint8 or uint16 indices, the stored dtype is {stored}")
@@ -271,8 +292,9 @@ def _parse_lut(block: Mapping[str, Any], name: str, stored: np.dtype, shape: tup
     if values.dtype.kind not in "biuf" or (values.dtype.kind == "f" and not np.isfinite(values).all()):
         raise InvalidEncoding("lut", "must hold finite numbers")
     if mode == "row" and (values.ndim != 2 or len(shape) != 1):
-        raise InvalidEncoding("lut_mode", f"row mode needs 1-D indices and a list of rows; got {shape} and a "
-                                          f"{values.ndim}-D LUT")
+        raise InvalidEncoding(
+            "lut_mode", f"row mode needs 1-D indices and a list of rows; got {shape} and a {values.ndim}-D LUT"
+        )
     if mode == "scalar" and values.ndim != 1:
         raise InvalidEncoding("lut", f"scalar mode needs a flat list, got a {values.ndim}-D LUT")
     if values.shape[0] > int(np.iinfo(stored).max) + 1:
@@ -285,8 +307,14 @@ def _parse_lut(block: Mapping[str, Any], name: str, stored: np.dtype, shape: tup
     return ArrayEncoding(name, "lut", stored, out_dtype, decoded_shape, {"lut": lut, "row_mode": mode == "row"})
 
 
-def _parse_perchannel(block: Mapping[str, Any], name: str, stored: np.dtype, shape: tuple[int, ...],
-                      out_dtype: np.dtype, params: dict[str, Any]) -> ArrayEncoding:
+def _parse_perchannel(
+    block: Mapping[str, Any],
+    name: str,
+    stored: np.dtype,
+    shape: tuple[int, ...],
+    out_dtype: np.dtype,
+    params: dict[str, Any],
+) -> ArrayEncoding:
     kind = _PERCHANNEL[name]
     columns = shape[-1] if len(shape) >= 2 else 1
     scales = {}
@@ -304,9 +332,12 @@ def _parse_perchannel(block: Mapping[str, Any], name: str, stored: np.dtype, sha
         raise InvalidEncoding("col_hi", "is below col_lo for some column")
     zero_level = block.get("zero_level", kind == "geolog")
     if not isinstance(zero_level, bool) or (kind == "geolog" and not zero_level):
-        raise InvalidEncoding("zero_level", f"must be {'true' if kind == 'geolog' else 'a boolean'}, got {zero_level!r}")
-    return ArrayEncoding(name, f"{kind}_perchannel", stored, out_dtype, shape,
-                         {**params, **scales, "zero_level": zero_level})
+        raise InvalidEncoding(
+            "zero_level", f"must be {'true' if kind == 'geolog' else 'a boolean'}, got {zero_level!r}"
+        )
+    return ArrayEncoding(
+        name, f"{kind}_perchannel", stored, out_dtype, shape, {**params, **scales, "zero_level": zero_level}
+    )
 
 
 def _finite(block: Mapping[str, Any], key: str) -> float:

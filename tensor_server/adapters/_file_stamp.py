@@ -5,6 +5,7 @@ through what was parsed from its old bytes (offsets, pages), nor mixed with chun
 served from it; the stamp is the content version (``core.identity.file_stat_stamp``: size,
 mtime, ctime and inode, so a rewrite whose mtime was set back is still seen).
 """
+
 from __future__ import annotations
 
 import os

@@ -12,6 +12,7 @@ Luxar registers its own implementation when imported (the same bytes): with numc
 is registered only when the name is unclaimed; zarr is configured to pick ours. Encoding is
 implemented too, so the round trip is testable without luxar.
 """
+
 from __future__ import annotations
 
 import threading

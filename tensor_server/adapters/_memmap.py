@@ -5,6 +5,7 @@ read block), and a step indexes the memmap directly, so nearest never touches th
 rows. The copy out happens inside the handle's ``use()`` so no view outlives the mapping
 (closing an mmap under a live view would crash the reader).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ per-level scales and integer level factors (versions 0.1 to 0.5).
 Pure functions over parsed JSON, kept apart from the zarr adapter (which walks stores and
 opens arrays) so the reading of NGFF's metadata is one testable piece.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,9 @@ def version_tuple(version: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def ngff_axes(ms: Mapping[str, Any], ndim: int, version: str) -> tuple[list[str] | None, list[str | None], list[str | None]]:
+def ngff_axes(
+    ms: Mapping[str, Any], ndim: int, version: str
+) -> tuple[list[str] | None, list[str | None], list[str | None]]:
     """(labels, types, units) from ``axes``: dicts with name/type/unit (0.4+) or plain names
     (0.3). 0.1/0.2 have no axes and are always 5-D TCZYX. None labels = server defaults."""
     axes = ms.get("axes")

@@ -4,6 +4,7 @@ Shared by the zarr adapter's two needs of the same listing at open: the chunk-fi
 (stale-data checks, the content version) and the stored chunk keys (uniform blocks: an
 absent key reads as the fill value). One listing serves both, so they agree.
 """
+
 from __future__ import annotations
 
 import os

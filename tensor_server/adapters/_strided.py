@@ -6,6 +6,7 @@ plane-by-plane decoder, a tile grid, DICOM frames) writes one method,
 this mixin derives ``read_region`` (step 1) and ``get_decimated_data`` (nearest, design §4)
 from it and declares ``decimates``. Put it before TensorAdapter in the bases.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -20,6 +20,7 @@ Read granularity (design §3)
   window would make N streaming units cost N page decodes; tifffile's zarr store in strile
   mode reads the same striles but re-parses the file and costs ~5x more per small read.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,17 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
 
 __all__ = [
-    "TIFF_SUFFIXES", "TIFFFILE_AXES", "FileLayout", "TiffPlaneGridAdapter", "axis_label_for",
-    "is_tiff_name", "plane_file_header", "raw_offset", "read_file_header", "series_layout", "unique_label",
+    "TIFF_SUFFIXES",
+    "TIFFFILE_AXES",
+    "FileLayout",
+    "TiffPlaneGridAdapter",
+    "axis_label_for",
+    "is_tiff_name",
+    "plane_file_header",
+    "raw_offset",
+    "read_file_header",
+    "series_layout",
+    "unique_label",
 ]
 
 TIFF_SUFFIXES = (".tif", ".tiff", ".tf8", ".btf")
@@ -242,16 +252,18 @@ class TiffPlaneGridAdapter(StridedReads, TensorAdapter):
         grid_shape = self._file_index.shape[: self._ngrid]
         mosaic = tuple(c * e for c, e in zip(tile_counts, self._tile_extent))
         tiled = any(c > 1 for c in tile_counts)
-        super().__init__(TensorInfo(
-            tuple(grid_shape) + mosaic,
-            self._stored_dtype,
-            dim_labels=tuple(grid_labels) + tuple(plane_labels),
-            native_chunk_shape=((1,) * self._ngrid + self._tile_extent) if tiled else None,
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            content_version=content_version,
-            metadata=metadata,
-        ))
+        super().__init__(
+            TensorInfo(
+                tuple(grid_shape) + mosaic,
+                self._stored_dtype,
+                dim_labels=tuple(grid_labels) + tuple(plane_labels),
+                native_chunk_shape=((1,) * self._ngrid + self._tile_extent) if tiled else None,
+                physical_scale=physical_scale,
+                physical_unit=physical_unit,
+                content_version=content_version,
+                metadata=metadata,
+            )
+        )
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:
@@ -344,7 +356,9 @@ class TiffPlaneGridAdapter(StridedReads, TensorAdapter):
             return series_layout(tif, series, len(self._plane_shape), path, self._decoders)
 
 
-def series_layout(tif: Any, series: Any, plane_ndim: int, path: str, decoders: dict[Any, StrileDecoder] | None = None) -> FileLayout:
+def series_layout(
+    tif: Any, series: Any, plane_ndim: int, path: str, decoders: dict[Any, StrileDecoder] | None = None
+) -> FileLayout:
     """The planes of ``series`` (its leading axes flattened): raw offsets where the pixels
     are stored final, strile offsets/counts and a shared decoder elsewhere."""
     keyframe = series.keyframe

@@ -15,6 +15,7 @@ with tifffile's file handle). The pixels are tifffile's: its own decoder (decomp
 predictor, bit unpacking, JPEG tables), and a strile absent from the file (offset or byte count
 0) reads as the page's no-data value, as ``page.asarray`` fills it.
 """
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,19 @@ class StrileDecoder:
         jpeg = ()
         if page.compression in (6, 7, 34892, 33007):  # JPEG flavours
             jpeg = (("jpegheader", page.jpegheader),)
-        return cls(page.decode, page.axes, np.dtype(page.dtype), int(page.imagelength), int(page.imagewidth),
-                   rows, cols, int(page.samplesperpixel), page.planarconfig == 2, jpeg, getattr(page, "nodata", 0))
+        return cls(
+            page.decode,
+            page.axes,
+            np.dtype(page.dtype),
+            int(page.imagelength),
+            int(page.imagewidth),
+            rows,
+            cols,
+            int(page.samplesperpixel),
+            page.planarconfig == 2,
+            jpeg,
+            getattr(page, "nodata", 0),
+        )
 
     def block(self) -> tuple[int, ...]:
         """One strip or tile in the page's own axes."""
@@ -131,7 +143,9 @@ def _pread(fd: int, nbytes: int, pos: int, path: str, what: str) -> bytes:
         more = os.pread(fd, nbytes - len(data), pos + len(data))
         if not more:
             size = os.fstat(fd).st_size
-            raise UnreadableSource(path, f"truncated: {what} needs bytes {pos}..{pos + nbytes}, the file ends at {size}")
+            raise UnreadableSource(
+                path, f"truncated: {what} needs bytes {pos}..{pos + nbytes}, the file ends at {size}"
+            )
         data += more
     return data
 
@@ -225,11 +239,18 @@ class SeriesStriles:
         shape = tuple(series.shape)
         page_shape = tuple(key.shape)
         lead = shape[: len(shape) - len(page_shape)]
-        if (key.is_final or getattr(series, "transform", None) is not None or getattr(tf, "is_ndpi", False)
-                or key.axes not in ("YX", "YXS", "SYX") or int(getattr(key, "imagedepth", 1)) != 1
-                or shape[len(lead):] != page_shape or not series.axes.endswith(key.axes)
-                or int(np.prod(lead, dtype=np.int64)) != len(series.pages) or key.dtype is None
-                or np.dtype(key.dtype) != np.dtype(series.dtype)):
+        if (
+            key.is_final
+            or getattr(series, "transform", None) is not None
+            or getattr(tf, "is_ndpi", False)
+            or key.axes not in ("YX", "YXS", "SYX")
+            or int(getattr(key, "imagedepth", 1)) != 1
+            or shape[len(lead) :] != page_shape
+            or not series.axes.endswith(key.axes)
+            or int(np.prod(lead, dtype=np.int64)) != len(series.pages)
+            or key.dtype is None
+            or np.dtype(key.dtype) != np.dtype(series.dtype)
+        ):
             return None
         return cls(lead, StrileDecoder.from_page(key))
 
@@ -244,8 +265,11 @@ class SeriesStriles:
             if page is None:
                 return None
             at = tuple((i - w.start) // w.step for i, w in zip(index, window))
-            jobs.append(StrileWindow(page.path, self.decoder, page.offsets, page.counts, page.jpegtables,
-                                     window[lead:], out[at]))
+            jobs.append(
+                StrileWindow(
+                    page.path, self.decoder, page.offsets, page.counts, page.jpegtables, window[lead:], out[at]
+                )
+            )
         return jobs
 
     def page(self, k: int, series: Any) -> PageStriles | None:
@@ -256,7 +280,11 @@ class SeriesStriles:
             page = series.pages[k]
             if page is not None:
                 tables = page.jpegtables if hasattr(page, "tags") else series.keyframe.jpegtables
-                hit = PageStriles(os.path.realpath(page.parent.filehandle.path), tuple(page.dataoffsets),
-                                  tuple(page.databytecounts), tables)
+                hit = PageStriles(
+                    os.path.realpath(page.parent.filehandle.path),
+                    tuple(page.dataoffsets),
+                    tuple(page.databytecounts),
+                    tables,
+                )
             self._pages[k] = hit
         return hit

@@ -26,6 +26,7 @@ How a verified extent stays trusted (``VerifiedExtents.fresh``), and the guarant
 docs/reads.md (Changed files) states this bound; ``tests/reliability/stale_data_test.py``
 asserts both halves.
 """
+
 from __future__ import annotations
 
 import os
@@ -86,7 +87,8 @@ class VerifiedExtents:
         if done is None:
             return False
         if time.monotonic() - done.at <= WINDOW_S and all(
-                _folder_stamp(f) == s for f, s in zip(done.folders, done.stamps)):
+            _folder_stamp(f) == s for f, s in zip(done.folders, done.stamps)
+        ):
             return True
         with self._lock:
             if self._done.get(extent) is done:

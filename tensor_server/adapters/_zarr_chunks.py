@@ -34,6 +34,7 @@ Bytes are read with ``pread``, not mapped: mapping the sharded plane's four file
 reading them in runs saves their copy out of the page cache (9.6 -> 2.4 ms a plane), but a
 file truncated while mapped (a writer rewriting a chunk) kills the process with SIGBUS.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -58,6 +59,7 @@ def decoder_name() -> str:
     """The decoders a local zarr read uses (one line of ``server_stats``)."""
     blosc = "libblosc2 (the blosc2 wheel's, per-thread contexts) for blosc, " if blosc_decompressor() else ""
     return f"{blosc}numcodecs on the server's read pool (zarr-python for object stores and other codecs)"
+
 
 _EMPTY = 2**64 - 1
 
@@ -164,7 +166,9 @@ class ShardIndexes:
         if isinstance(codec, ShardingCodec):
             kinds = [type(c) for c in codec.index_codecs]
             endian = getattr(codec.index_codecs[0], "endian", None) if kinds else None
-            self.supported = kinds in ([BytesCodec], [BytesCodec, Crc32cCodec]) and getattr(endian, "value", "little") == "little"
+            self.supported = (
+                kinds in ([BytesCodec], [BytesCodec, Crc32cCodec]) and getattr(endian, "value", "little") == "little"
+            )
             self.crc = kinds == [BytesCodec, Crc32cCodec]
             self.size = 16 * n + (4 if self.crc else 0)
             self.at_end = str(getattr(codec.index_location, "value", codec.index_location)) == "end"
@@ -192,7 +196,9 @@ class ShardIndexes:
                 return hit[1]
             raw = os.pread(fd, self.size, st.st_size - self.size if self.at_end else 0)
             if len(raw) != self.size:
-                raise ValueError(f"shard {self.encode(shard)!r} is shorter than its index ({len(raw)} < {self.size} bytes)")
+                raise ValueError(
+                    f"shard {self.encode(shard)!r} is shorter than its index ({len(raw)} < {self.size} bytes)"
+                )
             body = _crc32c_strip(raw) if self.crc else np.frombuffer(raw, np.uint8)
             index = body.view("<u8").reshape(-1, 2)
             self._cache[shard] = (stamp, index)
@@ -257,8 +263,14 @@ class LocalChunks:
         sharded = isinstance(md.codecs[0], ShardingCodec)
         return cls(array, folder, _Pipeline(decoders, stored, "C"), indexes if sharded else None)
 
-    def read(self, bounds: Bounds, step: Sequence[int], absent: Callable[[tuple[slice, ...]], np.ndarray],
-             out: np.ndarray | None = None, parallel: bool = True) -> np.ndarray:
+    def read(
+        self,
+        bounds: Bounds,
+        step: Sequence[int],
+        absent: Callable[[tuple[slice, ...]], np.ndarray],
+        out: np.ndarray | None = None,
+        parallel: bool = True,
+    ) -> np.ndarray:
         """``array[bounds][::step]`` into ``out`` (allocated when None; returned); ``absent(slices)``
         reads a part whose chunk is not stored. The chunks decode on every core (``run_parallel``),
         or on this thread alone when not ``parallel`` (a caller that already keeps every core
@@ -291,8 +303,9 @@ class LocalChunks:
                         return
                 except Exception as exc:  # a corrupt chunk: name it (zlib.error and others)
                     raise ValueError(f"chunk {self._key(idx)!r}: {type(exc).__name__}: {exc}") from exc
-            target[...] = absent(tuple(slice(i * c + s.start, i * c + s.stop, s.step)
-                                       for i, c, s in zip(idx, self.chunks, src)))
+            target[...] = absent(
+                tuple(slice(i * c + s.start, i * c + s.stop, s.step) for i, c, s in zip(idx, self.chunks, src))
+            )
 
         if self.indexes is None:
             ahead = self._open_ahead(pieces)
@@ -375,11 +388,11 @@ class LocalChunks:
         for piece in pieces:
             by_shard.setdefault(tuple(i // p for i, p in zip(piece[0], per)), []).append(piece)
         for shard, group in by_shard.items():  # in file order: zarr-python writes inner chunks in
-            index = self.indexes.get(shard)    # Morton order, so a row of them was a pread each
+            index = self.indexes.get(shard)  # Morton order, so a row of them was a pread each
             if index is not None:
                 group.sort(key=lambda piece: int(index[_slot(piece[0], per), 0]))
         run = max(1, min(_RUN_CHUNKS, len(pieces) // (4 * (os.cpu_count() or 1))))
-        return [(shard, group[k:k + run]) for shard, group in by_shard.items() for k in range(0, len(group), run)]
+        return [(shard, group[k : k + run]) for shard, group in by_shard.items() for k in range(0, len(group), run)]
 
     def _read_shard_job(self, job: tuple[tuple[int, ...], list[_Piece]], place: Callable[[_Piece, Any], None]) -> None:
         """Read a run of one shard's inner chunks (adjacent ones with one ``pread``) and place each."""
@@ -402,7 +415,7 @@ class LocalChunks:
                 blob = memoryview(os.pread(fd, hi - lo, lo))
                 if len(blob) != hi - lo:
                     raise ValueError(f"shard {self.encode(shard)!r} ends before its chunks' bytes")
-                fetch = lambda o, n: blob[o - lo:o - lo + n]  # noqa: E731
+                fetch = lambda o, n: blob[o - lo : o - lo + n]  # noqa: E731
             else:
                 fetch = lambda o, n: os.pread(fd, n, o)  # noqa: E731
             for piece, (o, n) in zip(pieces, spans):

@@ -10,6 +10,7 @@ a decode reproduces.
 Reads go through ``NDArray.__getitem__`` under a lock per file (one handle, and blosc2's own
 threads decompress a selection's chunks in parallel).
 """
+
 from __future__ import annotations
 
 import threading
@@ -41,14 +42,19 @@ class B2ndAdapter(TensorAdapter):
         self._lock = threading.Lock()
         self._specials: tuple[bytes, dict[int, np.generic]] | None = None
         chunks = tuple(int(c) for c in array.chunks)
-        super().__init__(TensorInfo(
-            array.shape,
-            array.dtype,
-            native_chunk_shape=chunks,
-            content_version=file_content_version(path),
-            metadata={"chunks": list(chunks), "blocks": [int(b) for b in array.blocks],
-                      "cparams": str(getattr(array.schunk, "cparams", ""))[:200]},
-        ))
+        super().__init__(
+            TensorInfo(
+                array.shape,
+                array.dtype,
+                native_chunk_shape=chunks,
+                content_version=file_content_version(path),
+                metadata={
+                    "chunks": list(chunks),
+                    "blocks": [int(b) for b in array.blocks],
+                    "cparams": str(getattr(array.schunk, "cparams", ""))[:200],
+                },
+            )
+        )
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         try:
@@ -61,7 +67,9 @@ class B2ndAdapter(TensorAdapter):
         specials = self._special_chunks()
         grid = [-(-n // c) for n, c in zip(self.shape, self.native_chunk_shape)]
         return grid_uniform_blocks(
-            bounds, self.native_chunk_shape, self.shape,
+            bounds,
+            self.native_chunk_shape,
+            self.shape,
             lambda idx: specials.get(int(np.ravel_multi_index(idx, grid))),
         )
 

@@ -39,6 +39,7 @@ edge and reads each cell with its own zoomed read; edges off the grid are safe i
 (libCZI paints exactly the pixels whose sample lies in the subblock). See
 ``CziAdapter._zoom_factor`` for the gate and ``CziAdapter._zoom_cells`` for the rule.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -215,16 +216,18 @@ class CziAdapter(TensorAdapter):
             shape.append(self.samples)
             labels.append("s")
             scales.append(None)
-        super().__init__(TensorInfo(
-            shape,
-            dtype,
-            dim_labels=labels,
-            native_chunk_shape=None,
-            physical_scale=scales,
-            physical_unit=[None if s is None else MICROMETER for s in scales],
-            content_version=file_content_version(file.path),
-            metadata=metadata,
-        ))
+        super().__init__(
+            TensorInfo(
+                shape,
+                dtype,
+                dim_labels=labels,
+                native_chunk_shape=None,
+                physical_scale=scales,
+                physical_unit=[None if s is None else MICROMETER for s in scales],
+                content_version=file_content_version(file.path),
+                metadata=metadata,
+            )
+        )
         self._n_plane = len(self.plane_dims)
 
     @property
@@ -329,7 +332,10 @@ class CziAdapter(TensorAdapter):
             log.warning(
                 "%s: libCZI zoom returned an unexpected shape (%s); serving %s nearest x%d "
                 "through the streamed path instead",
-                self._file.path, exc, bounds, f,
+                self._file.path,
+                exc,
+                bounds,
+                f,
             )
             return None
         expected = output_shape(bounds.shape, step)

@@ -15,6 +15,7 @@ Physical scale: dx, dy, dz from the header (micrometres); the time step from the
 header's timestamps when there is more than one time point (seconds). Wavelengths, the
 objective and the per-channel exposure/excitation/emission go into metadata.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,24 +41,34 @@ class DeltaVisionAdapter(MemmapReads, TensorAdapter):
 
     decimates = True
 
-    def __init__(self, path: Path, handle: LazyHandle[Any], stored_shape: tuple[int, ...],
-                 labels: tuple[str, ...], dtype: Any, physical_scale: tuple[float | None, ...],
-                 physical_unit: tuple[str | None, ...], metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        handle: LazyHandle[Any],
+        stored_shape: tuple[int, ...],
+        labels: tuple[str, ...],
+        dtype: Any,
+        physical_scale: tuple[float | None, ...],
+        physical_unit: tuple[str | None, ...],
+        metadata: dict[str, Any],
+    ) -> None:
         self.path = path
         self._handle = handle
         self._stored_shape = stored_shape  # the 5-D memmap shape (section axes + Y, X)
         kept = [i for i, (d, n) in enumerate(zip(labels, stored_shape)) if not (d in "tc" and n == 1)]
         self._kept = tuple(kept)
-        super().__init__(TensorInfo(
-            tuple(stored_shape[i] for i in kept),
-            dtype,
-            dim_labels=tuple(labels[i] for i in kept),
-            native_chunk_shape=None,  # no native block: a crop of a memmap costs its own pages
-            physical_scale=tuple(physical_scale[i] for i in kept),
-            physical_unit=tuple(physical_unit[i] for i in kept),
-            content_version=file_content_version(path),
-            metadata=metadata,
-        ))
+        super().__init__(
+            TensorInfo(
+                tuple(stored_shape[i] for i in kept),
+                dtype,
+                dim_labels=tuple(labels[i] for i in kept),
+                native_chunk_shape=None,  # no native block: a crop of a memmap costs its own pages
+                physical_scale=tuple(physical_scale[i] for i in kept),
+                physical_unit=tuple(physical_unit[i] for i in kept),
+                content_version=file_content_version(path),
+                metadata=metadata,
+            )
+        )
 
     def _array(self, handle: Any) -> np.ndarray:
         # Dropping size-1 axes is always a view of the memmap, never a copy.
@@ -78,15 +89,22 @@ class DeltaVisionSource(SourceAdapter):
             nc, nt, nz = max(hdr.nc, 1), max(hdr.nt, 1), sizes["Z"]
             if nz < 1 or nc * nt * nz != hdr.n_sections:
                 raise UnreadableSource(
-                    path, f"DeltaVision header is inconsistent: {hdr.n_sections} sections is not "
-                    f"{nc} wavelengths x {nt} time points x Z")
+                    path,
+                    f"DeltaVision header is inconsistent: {hdr.n_sections} sections is not "
+                    f"{nc} wavelengths x {nt} time points x Z",
+                )
             if tuple(dv.data.shape) != tuple(sizes.values()):
                 raise UnreadableSource(path, f"memmap shape {dv.data.shape} does not match {sizes}")
             labels = tuple(k.lower() for k in sizes)
             stored_shape = tuple(int(n) for n in sizes.values())
             dt = _time_step(dv, sizes)
-            per_axis = {"x": float(hdr.dx) or None, "y": float(hdr.dy) or None,
-                        "z": float(hdr.dz) or None, "t": dt, "c": None}
+            per_axis = {
+                "x": float(hdr.dx) or None,
+                "y": float(hdr.dy) or None,
+                "z": float(hdr.dz) or None,
+                "t": dt,
+                "c": None,
+            }
             units = {"x": MICROMETER, "y": MICROMETER, "z": MICROMETER, "t": SECOND, "c": None}
             scale = tuple(per_axis[d] for d in labels)
             unit = tuple(units[d] if per_axis[d] is not None else None for d in labels)
@@ -138,8 +156,12 @@ def _metadata(dv: Any, sizes: dict[str, int]) -> dict[str, Any]:
         if dv.ext_hdr is not None:
             try:
                 f = dv.ext_hdr.frame(_section_index(sizes, c=c))
-                ch.update(excitation_nm=float(f.exWavelen), emission_nm=float(f.emWavelen),
-                          exposure_s=float(f.expTime), nd_filter=float(f.ndFilter))
+                ch.update(
+                    excitation_nm=float(f.exWavelen),
+                    emission_nm=float(f.emWavelen),
+                    exposure_s=float(f.expTime),
+                    nd_filter=float(f.ndFilter),
+                )
             except Exception:  # a short extended header: wavelengths from the main header only
                 pass
         channels.append(ch)

@@ -37,6 +37,7 @@ level does not store read as 0.
 
 Patient-identifying attributes are never copied into metadata.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -58,8 +59,14 @@ from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import MILLIMETER
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["DicomAdapter", "DicomSeriesAdapter", "DicomFileSource", "DicomFolderSource",
-           "sniff_dicom", "sniff_dicom_folder"]
+__all__ = [
+    "DicomAdapter",
+    "DicomSeriesAdapter",
+    "DicomFileSource",
+    "DicomFolderSource",
+    "sniff_dicom",
+    "sniff_dicom_folder",
+]
 
 _FOLDER_SNIFF_FILES = 8
 
@@ -145,7 +152,7 @@ class FrameAssembledReads(StridedReads):
         out_shape = tuple(len(range(a, b, s)) for a, b, s in zip(bounds.start, bounds.stop, step))
         out = np.zeros(out_shape, dtype=lay.served_dtype)
         lead_ranges = [range(a, b, s) for a, b, s in zip(bounds.start[:nlead], bounds.stop[:nlead], step[:nlead])]
-        (y0, x0), (y1, x1) = bounds.start[nlead:nlead + 2], bounds.stop[nlead:nlead + 2]
+        (y0, x0), (y1, x1) = bounds.start[nlead : nlead + 2], bounds.stop[nlead : nlead + 2]
         sy, sx = step[nlead], step[nlead + 1]
         samples = (slice(bounds.start[-1], bounds.stop[-1], step[-1]),) if lay.samples > 1 else ()
         th, tw = lay.tile
@@ -162,7 +169,7 @@ class FrameAssembledReads(StridedReads):
                         continue
                     pixels = self._frame(int(grid[ty, tx]))
                     (fy, ny), (fx, nx) = ys, xs
-                    src = pixels[fy - ty * th:: sy][:ny, fx - tx * tw:: sx][:, :nx]
+                    src = pixels[fy - ty * th :: sy][:ny, fx - tx * tw :: sx][:, :nx]
                     if samples:
                         src = src[(...,) + samples]
                     oy, ox = (fy - y0) // sy, (fx - x0) // sx
@@ -175,9 +182,15 @@ class DicomAdapter(FrameAssembledReads, TensorAdapter):
 
     decimates = True
 
-    def __init__(self, path: Path, layout: FrameLayout, physical_scale: Sequence[float | None],
-                 physical_unit: Sequence[str | None], metadata: dict[str, Any],
-                 content_paths: Sequence[Path] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        layout: FrameLayout,
+        physical_scale: Sequence[float | None],
+        physical_unit: Sequence[str | None],
+        metadata: dict[str, Any],
+        content_paths: Sequence[Path] | None = None,
+    ) -> None:
         self.path = path
         self._init_reads(layout)
         super().__init__(_layout_info(layout, physical_scale, physical_unit, metadata, content_paths or [path]))
@@ -188,16 +201,27 @@ class DicomSeriesAdapter(FrameAssembledReads, TensorAdapter):
 
     decimates = True
 
-    def __init__(self, folder: Path, layout: FrameLayout, physical_scale: Sequence[float | None],
-                 physical_unit: Sequence[str | None], metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        layout: FrameLayout,
+        physical_scale: Sequence[float | None],
+        physical_unit: Sequence[str | None],
+        metadata: dict[str, Any],
+    ) -> None:
         self.path = folder
         self._init_reads(layout)
         paths = [f.path for f, _ in layout.frames]
         super().__init__(_layout_info(layout, physical_scale, physical_unit, metadata, paths))
 
 
-def _layout_info(layout: FrameLayout, physical_scale: Sequence[float | None], physical_unit: Sequence[str | None],
-                 metadata: dict[str, Any], content_paths: Sequence[Path]) -> TensorInfo:
+def _layout_info(
+    layout: FrameLayout,
+    physical_scale: Sequence[float | None],
+    physical_unit: Sequence[str | None],
+    metadata: dict[str, Any],
+    content_paths: Sequence[Path],
+) -> TensorInfo:
     """The served tensor of frames laid out by ``layout``; its content is the files'."""
     return TensorInfo(
         layout.shape,
@@ -288,10 +312,24 @@ def _raw_dtype(first: DicomFile) -> np.dtype:
 
 def _plain_meta(ds: Any) -> dict[str, Any]:
     """Non-identifying descriptive attributes."""
-    keys = ("Modality", "SOPClassUID", "SeriesInstanceUID", "SeriesNumber", "SeriesDescription",
-            "StudyDescription", "Manufacturer", "ManufacturerModelName", "ImageType",
-            "PhotometricInterpretation", "BitsAllocated", "BitsStored", "PixelRepresentation",
-            "ContainerIdentifier", "DimensionOrganizationType", "SliceThickness")
+    keys = (
+        "Modality",
+        "SOPClassUID",
+        "SeriesInstanceUID",
+        "SeriesNumber",
+        "SeriesDescription",
+        "StudyDescription",
+        "Manufacturer",
+        "ManufacturerModelName",
+        "ImageType",
+        "PhotometricInterpretation",
+        "BitsAllocated",
+        "BitsStored",
+        "PixelRepresentation",
+        "ContainerIdentifier",
+        "DimensionOrganizationType",
+        "SliceThickness",
+    )
     meta: dict[str, Any] = {}
     for key in keys:
         value = ds.get(key)
@@ -346,9 +384,17 @@ def _single_layout(dfile: DicomFile) -> tuple[FrameLayout, tuple, tuple, dict[st
         scale, unit = (fscale,), (funit if fscale else None,)
     else:
         lead_labels, lead_shape, grid, scale, unit = (), (), np.zeros((1, 1), np.int64), (), ()
-    layout = FrameLayout(lead_labels, lead_shape, (dfile.rows, dfile.cols), (dfile.rows, dfile.cols),
-                         dfile.samples, grid, [(dfile, i) for i in range(n)],
-                         None if identity else rescale, _raw_dtype(dfile))
+    layout = FrameLayout(
+        lead_labels,
+        lead_shape,
+        (dfile.rows, dfile.cols),
+        (dfile.rows, dfile.cols),
+        dfile.samples,
+        grid,
+        [(dfile, i) for i in range(n)],
+        None if identity else rescale,
+        _raw_dtype(dfile),
+    )
     scale += (row_sp, col_sp)
     unit += tuple(MILLIMETER if s else None for s in (row_sp, col_sp))
     if dfile.samples > 1:
@@ -357,13 +403,17 @@ def _single_layout(dfile: DicomFile) -> tuple[FrameLayout, tuple, tuple, dict[st
     return layout, scale, unit, meta
 
 
-def _value_meta(rescale: list[tuple[float, float]], identity: bool, layout: FrameLayout,
-                dfile: DicomFile) -> dict[str, Any]:
+def _value_meta(
+    rescale: list[tuple[float, float]], identity: bool, layout: FrameLayout, dfile: DicomFile
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"transfer_syntax": dfile.transfer_syntax.name, "stored_dtype": layout.raw_dtype.str}
     if not identity:
         distinct = sorted(set(rescale))
-        meta["rescale"] = {"slope": distinct[0][0], "intercept": distinct[0][1]} if len(distinct) == 1 else \
-            {"per_frame": True, "distinct": [list(p) for p in distinct[:16]]}
+        meta["rescale"] = (
+            {"slope": distinct[0][0], "intercept": distinct[0][1]}
+            if len(distinct) == 1
+            else {"per_frame": True, "distinct": [list(p) for p in distinct[:16]]}
+        )
     return meta
 
 
@@ -414,15 +464,28 @@ def _wsi_layout(files: list[DicomFile]) -> tuple[FrameLayout, tuple, tuple, dict
             lead_labels.append(label)
             keep.append(axis)
     grid = grid.reshape(tuple(grid.shape[a] for a in keep) + (nty, ntx)) if keep else grid[0, 0]
-    layout = FrameLayout(tuple(lead_labels), tuple(grid.shape[:-2]), (H, W), (th, tw), first.samples,
-                         grid, frames, None, _raw_dtype(first))
+    layout = FrameLayout(
+        tuple(lead_labels),
+        tuple(grid.shape[:-2]),
+        (H, W),
+        (th, tw),
+        first.samples,
+        grid,
+        frames,
+        None,
+        _raw_dtype(first),
+    )
     row_sp, col_sp = _pixel_spacing(ds)
     scale = (None,) * len(lead_labels) + (row_sp, col_sp) + ((None,) if first.samples > 1 else ())
     unit = tuple(MILLIMETER if s else None for s in scale)
     meta = _plain_meta(ds)
     meta.update(_value_meta([(1.0, 0.0)], True, layout, first))
-    meta.update(wsi_total_pixel_matrix=[H, W], wsi_tile=[th, tw], wsi_frames=len(frames),
-                wsi_missing_tiles=int((grid < 0).sum()))
+    meta.update(
+        wsi_total_pixel_matrix=[H, W],
+        wsi_tile=[th, tw],
+        wsi_frames=len(frames),
+        wsi_missing_tiles=int((grid < 0).sum()),
+    )
     if len(files) > 1:
         meta["concatenation_files"] = [f.path.name for f in files]
     return layout, scale, unit, meta
@@ -515,9 +578,15 @@ def _series_tensors(folder: Path, slices: list[DicomFile]) -> list[tuple[str, Te
     for f in slices:
         ds = f.ds
         normal = _normal(ds)
-        key = (str(ds.get("SeriesInstanceUID", "")), f.rows, f.cols, f.samples,
-               int(ds.get("BitsAllocated", 0) or 0), int(ds.get("PixelRepresentation", 0) or 0),
-               None if normal is None else tuple(np.round(normal, 3)))
+        key = (
+            str(ds.get("SeriesInstanceUID", "")),
+            f.rows,
+            f.cols,
+            f.samples,
+            int(ds.get("BitsAllocated", 0) or 0),
+            int(ds.get("PixelRepresentation", 0) or 0),
+            None if normal is None else tuple(np.round(normal, 3)),
+        )
         groups.setdefault(key, []).append(f)
     out = []
     for members in sorted(groups.values(), key=lambda m: -len(m)):
@@ -566,9 +635,17 @@ def _series_tensor(folder: Path, members: list[DicomFile]) -> TensorAdapter:
     identity = all(s == 1 and i == 0 for s, i in rescale)
     first = members[0]
     n = len(members)
-    layout = FrameLayout(("z",), (n,), (first.rows, first.cols), (first.rows, first.cols), first.samples,
-                         np.arange(n, dtype=np.int64).reshape(n, 1, 1), [(f, 0) for f in members],
-                         None if identity else rescale, _raw_dtype(first))
+    layout = FrameLayout(
+        ("z",),
+        (n,),
+        (first.rows, first.cols),
+        (first.rows, first.cols),
+        first.samples,
+        np.arange(n, dtype=np.int64).reshape(n, 1, 1),
+        [(f, 0) for f in members],
+        None if identity else rescale,
+        _raw_dtype(first),
+    )
     row_sp, col_sp = _pixel_spacing(first.ds)
     scale = (zstep, row_sp, col_sp) + ((None,) if first.samples > 1 else ())
     unit = tuple(MILLIMETER if s else None for s in scale)
@@ -608,7 +685,10 @@ def _wsi_tensors(files: list[DicomFile]) -> list[tuple[str, TensorAdapter]]:
                 base.native_levels.append(NativeLevel(scale, lvl))
         base.native_levels.sort(key=lambda lv: lv.scale)
         out.append(("volume", normalize_axes(base)))
-        out += [(f"volume_{lvl.shape[-3] if lvl.layout.samples > 1 else lvl.shape[-2]}", normalize_axes(lvl)) for lvl in rest]
+        out += [
+            (f"volume_{lvl.shape[-3] if lvl.layout.samples > 1 else lvl.shape[-2]}", normalize_axes(lvl))
+            for lvl in rest
+        ]
     for flavour, t in built:
         if flavour != "VOLUME":
             out.append((_safe(flavour.lower()), normalize_axes(t)))
@@ -618,7 +698,10 @@ def _wsi_tensors(files: list[DicomFile]) -> list[tuple[str, TensorAdapter]]:
 def _level_scale(base: DicomAdapter, level: DicomAdapter) -> tuple[int, ...] | None:
     """Integer downsampling factors of ``level`` against ``base`` when the planes agree on
     everything but Y/X and each Y/X factor reproduces the level's size."""
-    if base.dim_labels != level.dim_labels or base.shape[:len(base.layout.lead_shape)] != level.shape[:len(level.layout.lead_shape)]:
+    if (
+        base.dim_labels != level.dim_labels
+        or base.shape[: len(base.layout.lead_shape)] != level.shape[: len(level.layout.lead_shape)]
+    ):
         return None
     nlead = len(base.layout.lead_shape)
     factors = []

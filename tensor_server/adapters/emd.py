@@ -35,6 +35,7 @@ a first-level group carrying ``emd_group_type``, or Velox's ``/Data/<Kind>`` wit
 (a few ms, only for files that already carry the HDF5 signature); ``.emd`` with the HDF5
 signature is accepted without opening.
 """
+
 from __future__ import annotations
 
 import json
@@ -211,13 +212,13 @@ def _velox_axes(kind: str, info: DatasetInfo, meta: dict[str, Any]) -> AxesInfo 
         detector = (meta.get("Detectors") or {}).get(f"Detector-{binary.get('DetectorIndex')}", {}) or {}
         dispersion = _number(detector.get("Dispersion"))
         names = ["x", "t"][:ndim]
-        return AxesInfo(
-            "velox metadata", names, [dispersion, None][:ndim], ["eV" if dispersion else None, None][:ndim]
-        )
+        return AxesInfo("velox metadata", names, [dispersion, None][:ndim], ["eV" if dispersion else None, None][:ndim])
     return None
 
 
-def _velox_signals(h5file: Any, by_path: dict[str, DatasetInfo], consumed: set[str], skipped: dict[str, str]) -> list[DatasetInfo]:
+def _velox_signals(
+    h5file: Any, by_path: dict[str, DatasetInfo], consumed: set[str], skipped: dict[str, str]
+) -> list[DatasetInfo]:
     import h5py
 
     data = h5file["Data"]
@@ -272,7 +273,11 @@ class EmdSource(SourceAdapter):
             flavour = emd_flavour(h5file)
             infos = scan_datasets(h5file, skipped)
             by_path = {info.path: info for info in infos}
-            metadata: dict[str, Any] = {"format": "EMD", "flavour": flavour, "root_attributes": plain_attrs(h5file.attrs)}
+            metadata: dict[str, Any] = {
+                "format": "EMD",
+                "flavour": flavour,
+                "root_attributes": plain_attrs(h5file.attrs),
+            }
             if flavour == "velox":
                 signals = _velox_signals(h5file, by_path, consumed, skipped)
                 metadata["velox_version"] = _velox_version(h5file)

@@ -22,6 +22,7 @@ A block the spec refuses raises :class:`EncodedArrayError` (an UnreadableSource 
 store, the array and the field); the walker lists the array under the source's ``skipped``
 with that reason and serves the rest of the store.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -79,23 +80,33 @@ class EncodedZarrAdapter(TensorAdapter):
             self._row = encoding.decode(self._read_codes((slice(None),) * len(codes.shape))[0])
             value = encoding.params["value"]
             if value is not None and not np.array_equal(np.asarray(value, self._row.dtype), self._row.reshape(-1)):
-                raise EncodedArrayError(store_path, zarr_path, "value",
-                                        f"{value} differs from the stored row {self._row.reshape(-1).tolist()}")
+                raise EncodedArrayError(
+                    store_path,
+                    zarr_path,
+                    "value",
+                    f"{value} differs from the stored row {self._row.reshape(-1).tolist()}",
+                )
             shape, chunks = encoding.shape, None  # crops for free: no chunk to decode
         else:
             shape = encoding.shape
             chunks = tuple(int(c) for c in codes.chunks)
             if encoding.row_lut:
                 chunks = (*chunks, shape[-1])
-        metadata = {"zarr_path": zarr_path, "encoding": encoding.name,
-                    "stored_dtype": encoding.stored_dtype.str, **(extra_metadata or {})}
-        super().__init__(TensorInfo(
-            shape,
-            source.dtype if source is not None else encoding.dtype,
-            native_chunk_shape=chunks,
-            content_version=content_version,
-            metadata=metadata,
-        ))
+        metadata = {
+            "zarr_path": zarr_path,
+            "encoding": encoding.name,
+            "stored_dtype": encoding.stored_dtype.str,
+            **(extra_metadata or {}),
+        }
+        super().__init__(
+            TensorInfo(
+                shape,
+                source.dtype if source is not None else encoding.dtype,
+                native_chunk_shape=chunks,
+                content_version=content_version,
+                metadata=metadata,
+            )
+        )
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         if self._source is not None:
@@ -165,8 +176,7 @@ def open_encoded(
     if enc.family != "array_ref":
         if any(n < 1 for n in (enc.shape or ())):
             raise EncodedArrayError(store_path, node_rel, "name", f"decoded shape {enc.shape} has no values")
-        return EncodedZarrAdapter(enc, array, store_path=store_path, zarr_path=node_rel,
-                                  content_version=version)
+        return EncodedZarrAdapter(enc, array, store_path=store_path, zarr_path=node_rel, content_version=version)
 
     target_rel = enc.params["target"]
     if depth >= _MAX_REF_DEPTH:
@@ -174,26 +184,36 @@ def open_encoded(
     key = f"{enc.params['hash']}@{target_rel}"
     if key not in targets.by_key:
         try:
-            target = open_encoded(target_rel, store_path=store_path, open_codes=open_codes,
-                                  targets=targets, depth=depth + 1)
+            target = open_encoded(
+                target_rel, store_path=store_path, open_codes=open_codes, targets=targets, depth=depth + 1
+            )
         except EncodedArrayError as exc:
-            raise EncodedArrayError(store_path, node_rel, "target",
-                                    f"target {target_rel!r} cannot be served: {exc.reason}") from None
+            raise EncodedArrayError(
+                store_path, node_rel, "target", f"target {target_rel!r} cannot be served: {exc.reason}"
+            ) from None
         except UnreadableSource as exc:
-            raise EncodedArrayError(store_path, node_rel, "target",
-                                    f"target {target_rel!r} cannot be opened: {exc.reason}") from None
+            raise EncodedArrayError(
+                store_path, node_rel, "target", f"target {target_rel!r} cannot be opened: {exc.reason}"
+            ) from None
         targets.by_key[key] = (target, _verify_hash(target, enc, store_path, node_rel))
     target, hash_checked = targets.by_key[key]
     oshape = enc.params["original_shape"]
     if oshape is not None and tuple(oshape) != target.shape:
-        raise EncodedArrayError(store_path, node_rel, "original_shape",
-                                f"{list(oshape)} but target {target_rel!r} decodes to {list(target.shape)}")
+        raise EncodedArrayError(
+            store_path,
+            node_rel,
+            "original_shape",
+            f"{list(oshape)} but target {target_rel!r} decodes to {list(target.shape)}",
+        )
     combined = hashlib.blake2b(version + target.content_version, digest_size=16).digest()
     return EncodedZarrAdapter(
-        enc, None, store_path=store_path, zarr_path=node_rel,
-        content_version=combined, source=target,
-        extra_metadata={"target": target_rel, "target_encoding": target.encoding.name,
-                        "hash_checked": hash_checked},
+        enc,
+        None,
+        store_path=store_path,
+        zarr_path=node_rel,
+        content_version=combined,
+        source=target,
+        extra_metadata={"target": target_rel, "target_encoding": target.encoding.name, "hash_checked": hash_checked},
     )
 
 
@@ -210,6 +230,7 @@ def _verify_hash(target: EncodedZarrAdapter, enc: ArrayEncoding, store_path: Pat
     values = target.get_data().astype(enc.dtype, copy=False)
     got = xxh64_of(values)
     if got != digest:
-        raise EncodedArrayError(store_path, node_rel, "hash",
-                                f"{digest} does not match target {enc.params['target']!r} ({got})")
+        raise EncodedArrayError(
+            store_path, node_rel, "hash", f"{digest} does not match target {enc.params['target']!r} ({got})"
+        )
     return True

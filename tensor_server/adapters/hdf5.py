@@ -52,6 +52,7 @@ not run in parallel inside HDF5, which is the price of correctness. The handle i
 shared by the file's tensors: opened on first use, pinned for the duration of each read, and
 closed by the idle reaper (never while a read holds it), then reopened on the next read.
 """
+
 from __future__ import annotations
 
 import logging
@@ -216,16 +217,18 @@ class Hdf5Adapter(TensorAdapter):
     def __init__(self, file: Hdf5File, info: DatasetInfo) -> None:
         self.file = file
         self.dataset_path = info.path
-        super().__init__(TensorInfo(
-            info.shape,
-            info.dtype,
-            dim_labels=info.dim_labels,
-            native_chunk_shape=info.chunks,
-            physical_scale=info.physical_scale,
-            physical_unit=info.physical_unit,
-            content_version=file.content_version,
-            metadata=info.metadata(),
-        ))
+        super().__init__(
+            TensorInfo(
+                info.shape,
+                info.dtype,
+                dim_labels=info.dim_labels,
+                native_chunk_shape=info.chunks,
+                physical_scale=info.physical_scale,
+                physical_unit=info.physical_unit,
+                content_version=file.content_version,
+                metadata=info.metadata(),
+            )
+        )
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         return self.file.read(self.dataset_path, bounds.to_slices(), self.dtype)
@@ -247,7 +250,9 @@ class Hdf5Adapter(TensorAdapter):
             return []
         chunks = self.native_chunk_shape
         return grid_uniform_blocks(
-            bounds, chunks, self.shape,
+            bounds,
+            chunks,
+            self.shape,
             lambda idx: None if tuple(i * c for i, c in zip(idx, chunks)) in allocated else fill,
         )
 
@@ -415,11 +420,27 @@ def default_first(infos: Sequence[DatasetInfo]) -> list[DatasetInfo]:
 
 # ---- axes and calibration --------------------------------------------------------------------
 _NAME_TO_LABEL = {
-    "t": "t", "time": "t", "frame": "t", "frames": "t",
-    "c": "c", "ch": "c", "channel": "c", "channels": "c",
-    "z": "z", "depth": "z", "slice": "z", "slices": "z", "section": "z", "plane": "z",
-    "y": "y", "row": "y", "rows": "y",
-    "x": "x", "col": "x", "column": "x", "columns": "x",
+    "t": "t",
+    "time": "t",
+    "frame": "t",
+    "frames": "t",
+    "c": "c",
+    "ch": "c",
+    "channel": "c",
+    "channels": "c",
+    "z": "z",
+    "depth": "z",
+    "slice": "z",
+    "slices": "z",
+    "section": "z",
+    "plane": "z",
+    "y": "y",
+    "row": "y",
+    "rows": "y",
+    "x": "x",
+    "col": "x",
+    "column": "x",
+    "columns": "x",
 }
 _PAIR_NAME = re.compile(r"^([a-z]{1,3})([xy])$")
 _NO_UNITS = frozenset({"", "<undefined>", "undefined", "none", "pixel", "pixels", "px", "[]", "a.u."})

@@ -37,6 +37,7 @@ idle reaper, never during a read) and read with ``os.pread``, which takes its of
 and never moves a shared file position, so concurrent reads need no lock (platforms without
 ``pread`` fall back to seek + read under a per-file lock).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -151,17 +152,19 @@ class LifAdapter(StridedReads, TensorAdapter):
         shape = [d.size for d in self._outer_dims] + [len(channel_offsets)] + [d.size for d in self._plane_dims]
         physical = [_physical(scale_n, d) for d in self._outer_dims] + [(None, None)]
         physical += [_physical(scale_n, d) for d in self._plane_dims]
-        super().__init__(TensorInfo(
-            shape,
-            dtype,
-            dim_labels=labels,
-            # One plane: the unit a read fetches and decodes (design §3).
-            native_chunk_shape=[1] * (len(shape) - 2) + shape[-2:],
-            physical_scale=[p[0] for p in physical],
-            physical_unit=[p[1] for p in physical],
-            content_version=content_version,
-            metadata=metadata,
-        ))
+        super().__init__(
+            TensorInfo(
+                shape,
+                dtype,
+                dim_labels=labels,
+                # One plane: the unit a read fetches and decodes (design §3).
+                native_chunk_shape=[1] * (len(shape) - 2) + shape[-2:],
+                physical_scale=[p[0] for p in physical],
+                physical_unit=[p[1] for p in physical],
+                content_version=content_version,
+                metadata=metadata,
+            )
+        )
 
     def plane_offset(self, outer_index: Sequence[int], channel: int) -> int:
         """File offset of the plane at outer indices (slowest first) and channel."""

@@ -3,6 +3,7 @@
 ArrayAdapter is the reference implementation of the contract: tests build sources from
 NumPy arrays with chosen transfer grids and read blocks, and the demo serves generated data.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -41,17 +42,19 @@ class ArrayAdapter(TensorAdapter):
     ) -> None:
         self.array = array
         self._read_block = None if read_block_shape is None else tuple(int(b) for b in read_block_shape)
-        super().__init__(TensorInfo(
-            array.shape,
-            array.dtype,
-            dim_labels=dim_labels,
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            is_labels=is_labels,
-            content_version=content_version,
-            metadata=metadata,
-            transfer_chunk_shape=chunk_shape,
-        ))
+        super().__init__(
+            TensorInfo(
+                array.shape,
+                array.dtype,
+                dim_labels=dim_labels,
+                physical_scale=physical_scale,
+                physical_unit=physical_unit,
+                is_labels=is_labels,
+                content_version=content_version,
+                metadata=metadata,
+                transfer_chunk_shape=chunk_shape,
+            )
+        )
         self.reads = 0  # regions read, for tests that count source reads
 
     @property
@@ -78,8 +81,7 @@ class MemorySource(SourceAdapter):
         if isinstance(arrays, (np.ndarray, TensorAdapter)):
             arrays = {"data": arrays}
         tensors = {
-            name: a if isinstance(a, TensorAdapter) else ArrayAdapter(np.asarray(a))
-            for name, a in arrays.items()
+            name: a if isinstance(a, TensorAdapter) else ArrayAdapter(np.asarray(a)) for name, a in arrays.items()
         }
         super().__init__(None, tensors, source_id=source_id, metadata=metadata)
 

@@ -29,6 +29,7 @@ decimates by skipping planes and striding rows (TiffPlaneGridAdapter). Design §
 "one strile" for MicroManagerLegacyAdapter, which is what a tifffile page read costs; reading
 the raw bytes directly is finer than that, so the classification says None.
 """
+
 from __future__ import annotations
 
 import json
@@ -224,11 +225,10 @@ def open_mmstack(path: Path) -> MicroManagerLegacyAdapter:
     if not files:
         raise UnreadableSource(path, "the MMStack dataset holds no readable planes")
     if truncated:
-        _log.warning("%s: %d planes lie past the end of their file (truncated acquisition); they read as zeros", path, truncated)
-    layouts = {
-        f: FileLayout(dtype, np.asarray(offs, dtype=np.int64))
-        for f, offs in enumerate(offsets)
-    }
+        _log.warning(
+            "%s: %d planes lie past the end of their file (truncated acquisition); they read as zeros", path, truncated
+        )
+    layouts = {f: FileLayout(dtype, np.asarray(offs, dtype=np.int64)) for f, offs in enumerate(offsets)}
     plane_labels = [TIFFFILE_AXES[a] for a in page_axes]
     scale, unit = _summary_scale(summary, labels + plane_labels)
     metadata = {

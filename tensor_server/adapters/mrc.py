@@ -19,6 +19,7 @@ Thread safety: reads of a NumPy memmap are thread-safe, but closing the mmap whi
 thread still holds a view would crash that thread, so the mrcfile object lives in a
 LazyHandle and every read copies its pixels out inside ``use()``.
 """
+
 from __future__ import annotations
 
 import struct
@@ -53,21 +54,30 @@ class MrcAdapter(MemmapReads, TensorAdapter):
 
     decimates = True
 
-    def __init__(self, path: Path, handle: LazyHandle[Any], shape: Sequence[int], dtype: Any,
-                 dim_labels: Sequence[str], physical_scale: Sequence[float | None],
-                 metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        handle: LazyHandle[Any],
+        shape: Sequence[int],
+        dtype: Any,
+        dim_labels: Sequence[str],
+        physical_scale: Sequence[float | None],
+        metadata: dict[str, Any],
+    ) -> None:
         self.path = path
         self._handle = handle
-        super().__init__(TensorInfo(
-            shape,
-            dtype,
-            dim_labels=dim_labels,
-            native_chunk_shape=None,  # no native block: the transfer grid grows from a plane
-            physical_scale=physical_scale,
-            physical_unit=tuple(None if s is None else ANGSTROM for s in physical_scale),
-            content_version=file_content_version(path),
-            metadata=metadata,
-        ))
+        super().__init__(
+            TensorInfo(
+                shape,
+                dtype,
+                dim_labels=dim_labels,
+                native_chunk_shape=None,  # no native block: the transfer grid grows from a plane
+                physical_scale=physical_scale,
+                physical_unit=tuple(None if s is None else ANGSTROM for s in physical_scale),
+                content_version=file_content_version(path),
+                metadata=metadata,
+            )
+        )
 
     def _array(self, handle: Any) -> np.ndarray:
         return handle.data

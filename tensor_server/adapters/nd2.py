@@ -27,6 +27,7 @@ opened lazily through ``LazyHandle`` and closed by the idle reaper, never during
 view onto the mmap outlives the call that made it (the reaper could not close the mmap
 otherwise, and the contract forbids it).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -133,16 +134,18 @@ class Nd2Adapter(StridedReads, TensorAdapter):
         )
         # The seed is one whole frame (C/Y/X/S), the unit nd2 addresses; see read_block_shape.
         seed = tuple(1 if i in self._loop_axes else int(n) for i, n in enumerate(shape))
-        super().__init__(TensorInfo(
-            shape,
-            dtype,
-            dim_labels=[a.lower() for a in self.axes],
-            native_chunk_shape=seed,
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            content_version=file_content_version(path),
-            metadata=metadata,
-        ))
+        super().__init__(
+            TensorInfo(
+                shape,
+                dtype,
+                dim_labels=[a.lower() for a in self.axes],
+                native_chunk_shape=seed,
+                physical_scale=physical_scale,
+                physical_unit=physical_unit,
+                content_version=file_content_version(path),
+                metadata=metadata,
+            )
+        )
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:
@@ -224,9 +227,7 @@ class Nd2Adapter(StridedReads, TensorAdapter):
             raise
         except (OSError, ValueError, RuntimeError, EOFError, IndexError) as exc:
             where_msg = f"frame {number}" if number >= 0 else "the file"
-            raise UnreadableSource(
-                self.path, f"nd2 could not read {where_msg}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise UnreadableSource(self.path, f"nd2 could not read {where_msg}: {type(exc).__name__}: {exc}") from exc
         return out
 
 

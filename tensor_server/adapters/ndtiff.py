@@ -40,6 +40,7 @@ costs its own rows (``read_block_shape`` None) and nearest decimates by skipping
 striding rows (TiffPlaneGridAdapter). The design doc's "the dask block" is the reference
 server's ndtiff-package route; there is no dask here.
 """
+
 from __future__ import annotations
 
 import json
@@ -81,7 +82,9 @@ class NdTiffAdapter(TiffPlaneGridAdapter):
     """One NDTiff resolution level: images (or stitched tiles) read raw at the index's offsets."""
 
 
-def read_ndtiff_index(path: str | os.PathLike[str]) -> tuple[list[tuple[dict[str, Any], str, int, int, int, int, int]], bool]:
+def read_ndtiff_index(
+    path: str | os.PathLike[str],
+) -> tuple[list[tuple[dict[str, Any], str, int, int, int, int, int]], bool]:
     """Entries ``(axes, file name, offset, width, height, pixel type, compression)`` and
     whether the file ended inside an entry (an acquisition still writing: that last entry is
     dropped). Garbage inside an entry raises UnreadableSource."""
@@ -150,7 +153,9 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
         if comp != 0:
             raise UnreadableSource(folder / name, f"NDTiff pixel compression {comp} is not supported")
         if (w, h, pt) != (width, height, ptype):
-            raise UnreadableSource(index_path, f"images differ in size or pixel type ({w}x{h} type {pt} vs {width}x{height} type {ptype})")
+            raise UnreadableSource(
+                index_path, f"images differ in size or pixel type ({w}x{h} type {pt} vs {width}x{height} type {ptype})"
+            )
     if ptype not in _PIXEL_TYPES:
         raise UnreadableSource(index_path, f"unknown NDTiff pixel type {ptype}")
     dtype_str, samples, bits = _PIXEL_TYPES[ptype]
@@ -192,10 +197,13 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
             try:
                 sizes[name] = os.stat(folder / name).st_size
             except OSError as exc:
-                raise UnreadableSource(folder / name, f"data file listed in the index is missing: {exc.strerror}") from None
+                raise UnreadableSource(
+                    folder / name, f"data file listed in the index is missing: {exc.strerror}"
+                ) from None
         if offset <= 0 or offset + nbytes > sizes[name]:
             raise UnreadableSource(
-                folder / name, f"truncated: image {axes} needs bytes {offset}..{offset + nbytes}, the file has {sizes[name]}"
+                folder / name,
+                f"truncated: image {axes} needs bytes {offset}..{offset + nbytes}, the file has {sizes[name]}",
             )
         f = files.setdefault(name, len(files))
         if f == len(offsets):
@@ -208,10 +216,7 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
         offsets[f].append(offset)
 
     paths = [str(folder / n) for n in files]
-    layouts = {
-        f: FileLayout(dtype, np.asarray(offs, dtype=np.int64))
-        for f, offs in enumerate(offsets)
-    }
+    layouts = {f: FileLayout(dtype, np.asarray(offs, dtype=np.int64)) for f, offs in enumerate(offsets)}
     pixel = _positive(summary.get("PixelSize_um"))
     zstep = _positive(summary.get("z-step_um"))
     labels = grid_labels + plane_labels
@@ -226,7 +231,9 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
     }
     if tiled:
         metadata["tiles"] = {
-            "rows": rows[1], "columns": cols[1], "tile_shape": [height, width],
+            "rows": rows[1],
+            "columns": cols[1],
+            "tile_shape": [height, width],
             "overlap": [plane_shape[0] - extent[0], plane_shape[1] - extent[1]],
         }
     if truncated_tail:
@@ -287,7 +294,11 @@ class NdTiffSource(SourceAdapter):
         elif (folder / FULL_RESOLUTION / INDEX_NAME).is_file():
             level_folder = folder / FULL_RESOLUTION
             levels = sorted(
-                (p.name for p in folder.iterdir() if p.is_dir() and (p / INDEX_NAME).is_file() and p.name != FULL_RESOLUTION),
+                (
+                    p.name
+                    for p in folder.iterdir()
+                    if p.is_dir() and (p / INDEX_NAME).is_file() and p.name != FULL_RESOLUTION
+                ),
                 key=lambda n: _level_factor(Path(n)),
             )
         else:

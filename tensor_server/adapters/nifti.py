@@ -25,6 +25,7 @@ Thread safety: the proxy opens the file per access (nibabel's default keep_file_
 and guards shared state with its own lock, so concurrent reads need nothing more. The loaded
 image (parsed header) sits in a LazyHandle only so an idle source drops it.
 """
+
 from __future__ import annotations
 
 import struct
@@ -50,8 +51,14 @@ __all__ = ["NiftiAdapter", "NiftiSource", "sniff_nifti", "served_dtype"]
 
 _LABELS = ("x", "y", "z", "t", "c", "p", "q")
 _SPACE_UNITS = {"meter": METER, "mm": MILLIMETER, "micron": MICROMETER}
-_TIME_UNITS = {"sec": SECOND, "msec": MILLISECOND, "usec": MICROSECOND, "hz": HERTZ,
-               "ppm": "ppm", "rads": "radian/second"}
+_TIME_UNITS = {
+    "sec": SECOND,
+    "msec": MILLISECOND,
+    "usec": MICROSECOND,
+    "hz": HERTZ,
+    "ppm": "ppm",
+    "rads": "radian/second",
+}
 
 
 def served_dtype(raw: np.dtype, slope: float, inter: float) -> np.dtype:
@@ -66,21 +73,30 @@ def served_dtype(raw: np.dtype, slope: float, inter: float) -> np.dtype:
 class NiftiAdapter(StridedReads, TensorAdapter):
     """One NIfTI image in nibabel's native (x, y, z, t, ...) order."""
 
-    def __init__(self, path: Path, handle: LazyHandle[Any], shape: Sequence[int], dtype: np.dtype,
-                 physical_scale: Sequence[float | None],
-                 physical_unit: Sequence[str | None], metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        handle: LazyHandle[Any],
+        shape: Sequence[int],
+        dtype: np.dtype,
+        physical_scale: Sequence[float | None],
+        physical_unit: Sequence[str | None],
+        metadata: dict[str, Any],
+    ) -> None:
         self.path = path
         self._handle = handle
-        super().__init__(TensorInfo(
-            shape,
-            dtype,
-            dim_labels=_LABELS[: len(shape)],
-            native_chunk_shape=None,  # no native block: dataobj slicing reads what the crop needs
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            content_version=file_content_version(path),
-            metadata=metadata,
-        ))
+        super().__init__(
+            TensorInfo(
+                shape,
+                dtype,
+                dim_labels=_LABELS[: len(shape)],
+                native_chunk_shape=None,  # no native block: dataobj slicing reads what the crop needs
+                physical_scale=physical_scale,
+                physical_unit=physical_unit,
+                content_version=file_content_version(path),
+                metadata=metadata,
+            )
+        )
 
     def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:
         slices = strided_slices(bounds, step)

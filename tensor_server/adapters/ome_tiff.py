@@ -9,6 +9,7 @@ and hands the XML to tifffile (``TiffFile(..., omexml=...)``). Opening any one f
 or the companion itself, therefore opens the whole dataset, and the content version covers
 every file of it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -146,14 +147,16 @@ def _images(omexml: str | None) -> list[dict[str, Any]]:
         if dt is not None:
             sizes["T"] = (dt, format_unit(a.get("TimeIncrementUnit", "s")))
         channels = [c.attrib.get("Name", "") for c in pixels if _local(c.tag) == "Channel"]
-        out.append({
-            "name": image.attrib.get("Name", ""),
-            "id": image.attrib.get("ID", ""),
-            "dimension_order": a.get("DimensionOrder", ""),
-            "type": a.get("Type", ""),
-            "sizes": sizes,
-            "channel_names": channels if any(channels) else [],
-        })
+        out.append(
+            {
+                "name": image.attrib.get("Name", ""),
+                "id": image.attrib.get("ID", ""),
+                "dimension_order": a.get("DimensionOrder", ""),
+                "type": a.get("Type", ""),
+                "sizes": sizes,
+                "channel_names": channels if any(channels) else [],
+            }
+        )
     return out
 
 
@@ -190,7 +193,9 @@ class OmeTiffSource(SourceAdapter):
     def __init__(self, path: Path) -> None:
         path = Path(path)
         root, omexml, companion = resolve_ome_set(path)
-        handle = TiffHandle(root, opener=lambda: open_tiff_file(root, omexml=omexml) if omexml else open_tiff_file(root))
+        handle = TiffHandle(
+            root, opener=lambda: open_tiff_file(root, omexml=omexml) if omexml else open_tiff_file(root)
+        )
         try:
             with handle.use() as opened:
                 tf = opened.tf
@@ -231,9 +236,7 @@ class OmeTiffSource(SourceAdapter):
                 "files": [os.path.relpath(f, base) for f in handle.files],
                 "companion": None if companion is None else os.path.relpath(Path(companion).resolve(), base),
                 "series": summaries,
-                "images": [
-                    None if im is None else {k: v for k, v in im.items() if k != "sizes"} for im in images
-                ],
+                "images": [None if im is None else {k: v for k, v in im.items() if k != "sizes"} for im in images],
             },
         )
 

@@ -6,6 +6,7 @@ module imports its format library only inside the opener, so registering costs n
 the file's first 4 KiB, or metadata files of a folder) in priority order before falling back
 to extensions, so a misnamed file still opens and an OME-TIFF is not taken for a plain TIFF.
 """
+
 from __future__ import annotations
 
 import io
@@ -20,8 +21,17 @@ from pathlib import Path
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.errors import TensorServerError, UnknownFormat, UnreadableSource
 
-__all__ = ["FormatEntry", "register_format", "formats", "claim_format", "detect_format", "open_source", "open_budgeted",
-           "HEAD_BYTES", "PROBE_BYTES"]
+__all__ = [
+    "FormatEntry",
+    "register_format",
+    "formats",
+    "claim_format",
+    "detect_format",
+    "open_source",
+    "open_budgeted",
+    "HEAD_BYTES",
+    "PROBE_BYTES",
+]
 
 HEAD_BYTES = 4096
 #: most bytes a reader may parse through ``open_budgeted`` while opening one source
@@ -101,8 +111,9 @@ def _read_head(path: Path) -> tuple[bytes, OSError | None]:
         return b"", exc
 
 
-def claim_format(path: Path, is_dir: bool | None = None, entries: list[FormatEntry] | None = None
-                 ) -> FormatEntry | None:
+def claim_format(
+    path: Path, is_dir: bool | None = None, entries: list[FormatEntry] | None = None
+) -> FormatEntry | None:
     """The format that claims ``path`` (content first, extension second), or None: the one
     detection rule, used by ``detect_format`` and by discovery. A file whose head cannot be
     read (permission denied, an I/O error) is claimed by its extension alone, so it becomes
@@ -138,8 +149,9 @@ class _BudgetedFile(io.FileIO):
         n = super().readinto(buffer)
         self._left -= n or 0
         if self._left < 0:
-            raise UnreadableSource(self._path, f"gave up: opening read more than {self._max} bytes "
-                                               "without finding the image")
+            raise UnreadableSource(
+                self._path, f"gave up: opening read more than {self._max} bytes without finding the image"
+            )
         return n
 
 
@@ -166,8 +178,7 @@ def detect_format(path: str | os.PathLike[str]) -> FormatEntry:
     raise UnknownFormat(p, f"no adapter recognises this {kind} (by content or extension)")
 
 
-def open_source(path: str | os.PathLike[str], format: str | None = None,
-                timeout: float | None = None) -> SourceAdapter:
+def open_source(path: str | os.PathLike[str], format: str | None = None, timeout: float | None = None) -> SourceAdapter:
     """Open ``path`` as a SourceAdapter. Every failure is an UnreadableSource naming the path.
     ``timeout``: seconds after which files opened with ``open_budgeted`` refuse further reads."""
     _probe.deadline = None if timeout is None else time.monotonic() + timeout

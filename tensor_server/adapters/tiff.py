@@ -9,6 +9,7 @@ tensors, its levels into ``NativeLevel`` entries and its metadata into physical 
 ``TiffPageSeriesAdapter`` and ``TiffHandle`` are the reusable part: other TIFF-based formats
 (OME-TIFF here, TIFF folders elsewhere) build tensors from them with their own opener.
 """
+
 from __future__ import annotations
 
 import logging
@@ -228,8 +229,7 @@ class _OpenTiff:
         if arr is None:
             import zarr
 
-            store = self.series[series_index].aszarr(level=level, chunkmode=chunkmode,
-                                                     maxworkers=decode_threads())
+            store = self.series[series_index].aszarr(level=level, chunkmode=chunkmode, maxworkers=decode_threads())
             self._stores.append(store)
             arr = zarr.open_array(store, mode="r", zarr_format=2)
             self._arrays[key] = arr
@@ -388,9 +388,7 @@ class TiffPageSeriesAdapter(TensorAdapter):
             keyframe = series.keyframe
             page_bytes = int(np.prod(keyframe.shape, dtype=np.int64)) * np.dtype(series.dtype).itemsize
             striled = keyframe.is_tiled or (0 < keyframe.rowsperstrip < keyframe.imagelength)
-            self.chunkmode = (
-                STRILE_CHUNKMODE if page_bytes > self.page_mode_max_bytes and striled else PAGE_CHUNKMODE
-            )
+            self.chunkmode = STRILE_CHUNKMODE if page_bytes > self.page_mode_max_bytes and striled else PAGE_CHUNKMODE
             arr = opened.array(self.series_index, self.level, self.chunkmode)
             shape, dtype, chunks = tuple(arr.shape), np.dtype(series.dtype), tuple(arr.chunks)
             self.axes: str = series.axes
@@ -398,17 +396,19 @@ class TiffPageSeriesAdapter(TensorAdapter):
             raise UnreadableSource(handle.path, f"series {series_index} axes {self.axes!r} do not fit shape {shape}")
         if not shape or any(n < 1 for n in shape):
             raise UnreadableSource(handle.path, f"series {series_index} holds no image data (shape {shape})")
-        super().__init__(TensorInfo(
-            shape,
-            dtype,
-            dim_labels=dim_labels or tiff_dim_labels(self.axes),
-            native_chunk_shape=tuple(min(c, n) for c, n in zip(chunks, shape)),
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            is_labels=is_labels,
-            content_version=content_version or handle.content_version(),
-            metadata=metadata,
-        ))
+        super().__init__(
+            TensorInfo(
+                shape,
+                dtype,
+                dim_labels=dim_labels or tiff_dim_labels(self.axes),
+                native_chunk_shape=tuple(min(c, n) for c, n in zip(chunks, shape)),
+                physical_scale=physical_scale,
+                physical_unit=physical_unit,
+                is_labels=is_labels,
+                content_version=content_version or handle.content_version(),
+                metadata=metadata,
+            )
+        )
 
     def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
         return self.handle.stale_reason()  # any page may sit anywhere in the file(s); always exact
@@ -491,7 +491,9 @@ class TiffPageSeriesAdapter(TensorAdapter):
         chunks = self.native_chunk_shape
         grid = [-(-n // c) for n, c in zip(self.shape, chunks)]
         return grid_uniform_blocks(
-            bounds, chunks, self.shape,
+            bounds,
+            chunks,
+            self.shape,
             lambda idx: fill if int(np.ravel_multi_index(idx, grid)) in sparse else None,
         )
 
@@ -544,13 +546,15 @@ class TiffPageSeriesAdapter(TensorAdapter):
             if scale is None or all(s == 1 for s in scale):
                 log.info(
                     "%s: series %d level %d shape %s is not an integer reduction of %s; not advertised",
-                    self.handle.path, self.series_index, level, tensor.shape, self.shape,
+                    self.handle.path,
+                    self.series_index,
+                    level,
+                    tensor.shape,
+                    self.shape,
                 )
                 continue
             if self.physical_scale is not None:
-                tensor.physical_scale = tuple(
-                    None if p is None else p * f for p, f in zip(self.physical_scale, scale)
-                )
+                tensor.physical_scale = tuple(None if p is None else p * f for p, f in zip(self.physical_scale, scale))
             self.native_levels.append(NativeLevel(scale, tensor))
 
     def close(self) -> None:
@@ -638,8 +642,10 @@ def tiff_physical(tf: tifffile.TiffFile, index: int, series: Any) -> dict[str, t
             unit = format_unit(ij.get("unit"))
             xres, yres = page.resolution
             # ImageJ carries a 72-dpi default over as a calibration in inches (or cm)
-            default = unit in _IMAGEJ_DISPLAY_UNITS and _tag_pixel_size(
-                float(xres), float(yres), _IMAGEJ_DISPLAY_UNITS[unit]) is None
+            default = (
+                unit in _IMAGEJ_DISPLAY_UNITS
+                and _tag_pixel_size(float(xres), float(yres), _IMAGEJ_DISPLAY_UNITS[unit]) is None
+            )
             if unit and not default and xres and yres and xres > 0 and yres > 0:
                 out["X"], out["Y"] = (1.0 / xres, unit), (1.0 / yres, unit)
             if unit and float(ij.get("spacing", 0) or 0) > 0:
@@ -696,26 +702,42 @@ def build_series_tensors(
             sizes = (physical or tiff_physical)(tf, i, s)
             extra = dict(tensor_metadata(tf, i, s)) if tensor_metadata else {}
             per_series.append((s.axes, len(s.levels), sizes, extra))
-            summaries.append({
-                "name": s.name or "",
-                "kind": s.kind,
-                "axes": s.axes,
-                "shape": list(s.shape),
-                "dtype": str(s.dtype),
-                "levels": [list(lv.shape) for lv in s.levels],
-            })
+            summaries.append(
+                {
+                    "name": s.name or "",
+                    "kind": s.kind,
+                    "axes": s.axes,
+                    "shape": list(s.shape),
+                    "dtype": str(s.dtype),
+                    "levels": [list(lv.shape) for lv in s.levels],
+                }
+            )
         fields = series_field_names(names if names is not None else [s.name for s in all_series])
     tensors: dict[str, TensorAdapter] = {}
     for i, (field, (axes, n_levels, sizes, extra)) in enumerate(zip(fields, per_series)):
         scale, unit = physical_lists(axes, sizes)
         meta = {"series": i, "axes": axes, **extra}
         tensor = adapter_cls(
-            handle, i, 0, physical_scale=scale, physical_unit=unit,
-            content_version=content_version, metadata=meta,
+            handle,
+            i,
+            0,
+            physical_scale=scale,
+            physical_unit=unit,
+            content_version=content_version,
+            metadata=meta,
         )
-        tensor.attach_levels(n_levels, partial(
-            _level_tensor, adapter_cls, handle, i, unit=unit, content_version=content_version, metadata=meta,
-        ))
+        tensor.attach_levels(
+            n_levels,
+            partial(
+                _level_tensor,
+                adapter_cls,
+                handle,
+                i,
+                unit=unit,
+                content_version=content_version,
+                metadata=meta,
+            ),
+        )
         tensors[field] = normalize_axes(tensor)
     for summary, field in zip(summaries, fields):
         summary["field"] = field
@@ -733,7 +755,11 @@ def _level_tensor(
     metadata: Mapping[str, Any],
 ) -> TiffPageSeriesAdapter:
     return adapter_cls(
-        handle, series_index, level, physical_unit=unit, content_version=content_version,
+        handle,
+        series_index,
+        level,
+        physical_unit=unit,
+        content_version=content_version,
         metadata={**metadata, "level": level},
     )
 

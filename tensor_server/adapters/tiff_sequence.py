@@ -33,6 +33,7 @@ Multi-page files
 
 Read granularity (design §3): see adapters/_tiff_planes.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -261,7 +262,11 @@ def _split_by_shape(folder: Path, pattern: PlanePattern) -> list[tuple[PlanePatt
     same = (first.shape, first.dtype) == (last.shape, last.dtype)
     if same and len(pattern.names) > _CHECK_ALL_HEADERS:
         return [(pattern, first)]
-    headers = [first] + [plane_file_header(folder / n) for n in pattern.names[1:-1]] + ([last] if len(pattern.names) > 1 else [])
+    headers = (
+        [first]
+        + [plane_file_header(folder / n) for n in pattern.names[1:-1]]
+        + ([last] if len(pattern.names) > 1 else [])
+    )
     if all((h.shape, h.dtype) == (first.shape, first.dtype) for h in headers):
         return [(pattern, first)]
     parts: dict[tuple, tuple[PlanePattern, _FileHeader]] = {}

@@ -13,6 +13,7 @@ chunk ids here; a read that finds the upstream's version moved since the listing
 (stale) instead of caching new pixels under the old version. The SDK's own chunk cache is
 off: this server's cache is the one that keeps pixels.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -81,24 +82,42 @@ class RemoteTensorAdapter(TensorAdapter):
         ndim = len(descriptor.shape)
         scale = list(descriptor.physical_scale) if len(descriptor.physical_scale) == ndim else None
         unit = [u or None for u in descriptor.physical_unit] if len(descriptor.physical_unit) == ndim else None
-        version = hashlib.blake2b(upstream.location.encode() + b"\0" + descriptor.array_id.encode() + b"\0"
-                                  + self.upstream_version, digest_size=16).digest()
-        super().__init__(TensorInfo(
-            list(descriptor.shape), np.dtype(descriptor.dtype), dim_labels=list(descriptor.dim_labels),
-            native_chunk_shape=list(descriptor.chunk_shape), physical_scale=scale, physical_unit=unit,
-            content_version=version, transfer_chunk_shape=list(descriptor.chunk_shape),
-            # the descriptor has no label flag; a label tensor's computed levels say ``mode``
-            is_labels=any(level.reduction_method == "mode" for level in descriptor.pyramid),
-            metadata={"upstream": upstream.location, "upstream_array_id": descriptor.array_id},
-        ))
+        version = hashlib.blake2b(
+            upstream.location.encode() + b"\0" + descriptor.array_id.encode() + b"\0" + self.upstream_version,
+            digest_size=16,
+        ).digest()
+        super().__init__(
+            TensorInfo(
+                list(descriptor.shape),
+                np.dtype(descriptor.dtype),
+                dim_labels=list(descriptor.dim_labels),
+                native_chunk_shape=list(descriptor.chunk_shape),
+                physical_scale=scale,
+                physical_unit=unit,
+                content_version=version,
+                transfer_chunk_shape=list(descriptor.chunk_shape),
+                # the descriptor has no label flag; a label tensor's computed levels say ``mode``
+                is_labels=any(level.reduction_method == "mode" for level in descriptor.pyramid),
+                metadata={"upstream": upstream.location, "upstream_array_id": descriptor.array_id},
+            )
+        )
 
     def _fetch(self, bounds: Bounds, scale: Sequence[int] | None, method: str | None) -> np.ndarray:
         client = self.upstream.client
-        pb = self.upstream.call(f"plan of {self.upstream_id}", client.get_tensor, self.upstream_id,
-                                bounds.to_slices(), scale, method, output="pb")
+        pb = self.upstream.call(
+            f"plan of {self.upstream_id}",
+            client.get_tensor,
+            self.upstream_id,
+            bounds.to_slices(),
+            scale,
+            method,
+            output="pb",
+        )
         if bytes(client.descriptor_from_pb(pb).content_version) != self.upstream_version:
-            raise StaleChunkId(f"{self.array_id}: the upstream {self.upstream.location} changed "
-                               f"{self.upstream_id} since it was listed; it is re-listed at the next scan")
+            raise StaleChunkId(
+                f"{self.array_id}: the upstream {self.upstream.location} changed "
+                f"{self.upstream_id} since it was listed; it is re-listed at the next scan"
+            )
         lazy = client.tensor_from_pb(pb, cache_bytes=0)
         return np.asarray(self.upstream.call(f"read of {self.upstream_id}", lazy.compute))
 
@@ -122,13 +141,23 @@ class UpstreamSource(SourceAdapter):
 
     format_name = "upstream"
 
-    def __init__(self, upstream: Upstream, source_id: str, upstream_source_id: str,
-                 tensors: dict[str, RemoteTensorAdapter], metadata_json: str | None) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        source_id: str,
+        upstream_source_id: str,
+        tensors: dict[str, RemoteTensorAdapter],
+        metadata_json: str | None,
+    ) -> None:
         self.upstream = upstream
         self.upstream_source_id = upstream_source_id
         self._metadata_json = metadata_json
-        super().__init__(None, tensors, source_id=source_id,
-                         metadata={"upstream": upstream.location, "upstream_source_id": upstream_source_id})
+        super().__init__(
+            None,
+            tensors,
+            source_id=source_id,
+            metadata={"upstream": upstream.location, "upstream_source_id": upstream_source_id},
+        )
 
     @property
     def url(self) -> str:
@@ -148,7 +177,9 @@ def open_upstream_sources(upstream: Upstream, prefix: str) -> list[UpstreamSourc
         sql += " AND source_id = '" + upstream.source_id.replace("'", "''") + "'"
     rows = upstream.call("catalog listing", client.query, sql).to_pylist()
     if upstream.source_id is not None and not rows:
-        raise UnreadableSource(f"{upstream.location}/{upstream.source_id}", "the upstream serves no such readable source")
+        raise UnreadableSource(
+            f"{upstream.location}/{upstream.source_id}", "the upstream serves no such readable source"
+        )
     out = []
     for row in rows:
         tensors = {}
@@ -157,6 +188,7 @@ def open_upstream_sources(upstream: Upstream, prefix: str) -> list[UpstreamSourc
             field = t["array_id"].partition("/")[2] or "data"
             tensors[field] = RemoteTensorAdapter(upstream, desc)
         if tensors:
-            out.append(UpstreamSource(upstream, prefix + row["source_id"], row["source_id"], tensors,
-                                      row.get("metadata_json")))
+            out.append(
+                UpstreamSource(upstream, prefix + row["source_id"], row["source_id"], tensors, row.get("metadata_json"))
+            )
     return out

@@ -23,6 +23,7 @@ sync API submitting every read to its own event loop, so concurrent reads from s
 are safe without a lock either way. There is no file handle to reap: each chunk (or shard)
 file is opened and closed per read.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,8 +83,15 @@ class _Node:
 
     __slots__ = ("folder", "rel", "zarr_format", "kind", "attributes", "meta_files")
 
-    def __init__(self, folder: Path, rel: str, zarr_format: int, kind: str,
-                 attributes: dict[str, Any], meta_files: tuple[Path, ...]) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        rel: str,
+        zarr_format: int,
+        kind: str,
+        attributes: dict[str, Any],
+        meta_files: tuple[Path, ...],
+    ) -> None:
         self.folder = folder
         self.rel = rel
         self.zarr_format = zarr_format
@@ -122,7 +130,9 @@ def _read_node(folder: Path, rel: str) -> _Node | None:
         doc = _read_json(v3)
         kind = doc.get("node_type")
         if doc.get("zarr_format") != 3 or kind not in ("array", "group"):
-            raise UnreadableSource(v3, f"not zarr v3 metadata (zarr_format={doc.get('zarr_format')!r}, node_type={kind!r})")
+            raise UnreadableSource(
+                v3, f"not zarr v3 metadata (zarr_format={doc.get('zarr_format')!r}, node_type={kind!r})"
+            )
         attrs = doc.get("attributes") or {}
         return _Node(folder, rel, 3, kind, attrs if isinstance(attrs, dict) else {}, (v3,))
     for name, kind in ((".zarray", "array"), (".zgroup", "group")):
@@ -308,17 +318,19 @@ class ZarrAdapter(TensorAdapter):
         self._chunks = LocalChunks.of(array, folder, self._indexes) if local else None
         self._fill: np.generic | None = None
         self._lock = threading.Lock()
-        super().__init__(TensorInfo(
-            array.shape,
-            array.dtype,
-            dim_labels=dim_labels,
-            native_chunk_shape=chunks,
-            physical_scale=physical_scale,
-            physical_unit=physical_unit,
-            is_labels=is_labels,
-            content_version=content_version,
-            metadata=meta,
-        ))
+        super().__init__(
+            TensorInfo(
+                array.shape,
+                array.dtype,
+                dim_labels=dim_labels,
+                native_chunk_shape=chunks,
+                physical_scale=physical_scale,
+                physical_unit=physical_unit,
+                is_labels=is_labels,
+                content_version=content_version,
+                metadata=meta,
+            )
+        )
 
     def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
         # no chunk files tracked: an upload member, whose writes are its lifecycle's business
@@ -359,8 +371,9 @@ class ZarrAdapter(TensorAdapter):
         else:
             self._read(bounds, (1,) * bounds.ndim, out, parallel=False)
 
-    def _read(self, bounds: Bounds, step: tuple[int, ...], out: np.ndarray | None = None,
-              parallel: bool = True) -> np.ndarray:
+    def _read(
+        self, bounds: Bounds, step: tuple[int, ...], out: np.ndarray | None = None, parallel: bool = True
+    ) -> np.ndarray:
         """``array[bounds][::step]`` through the server's own decoder (``_zarr_chunks``), a
         chunk that is not stored through zarr (its fill value)."""
         try:
@@ -381,6 +394,7 @@ class ZarrAdapter(TensorAdapter):
         chunks = self.native_chunk_shape
         shards = self.metadata.get("shards")
         if shards is None:
+
             def value_at(idx: tuple[int, ...]) -> np.generic | None:
                 return None if meta.encode_chunk_key(idx) in keys else self._fill
         else:
@@ -516,9 +530,15 @@ class _StoreWalker:
         array = self.open_array(node)
         chunk_files = self.chunk_files(node, array)
         tensor = ZarrAdapter(
-            array, store_path=self.root, zarr_path=node.rel, dim_labels=self.array_dim_names(node, array),
-            physical_scale=None, physical_unit=None, is_labels=False,
-            content_version=self.version_of(node, chunk_files=chunk_files), chunk_files=chunk_files,
+            array,
+            store_path=self.root,
+            zarr_path=node.rel,
+            dim_labels=self.array_dim_names(node, array),
+            physical_scale=None,
+            physical_unit=None,
+            is_labels=False,
+            content_version=self.version_of(node, chunk_files=chunk_files),
+            chunk_files=chunk_files,
         )
         self.tensors[field] = normalize_axes(tensor)
 
@@ -562,7 +582,9 @@ class _StoreWalker:
         version = str(ms.get("version") or ome.get("version") or node.attributes.get("version") or "")
         self.ngff_version = self.ngff_version or version
         datasets = ms.get("datasets")
-        well_formed = isinstance(datasets, list) and all(isinstance(d, Mapping) and d.get("path") is not None for d in datasets)
+        well_formed = isinstance(datasets, list) and all(
+            isinstance(d, Mapping) and d.get("path") is not None for d in datasets
+        )
         if not well_formed or not datasets:
             raise UnreadableSource(node.meta_files[-1], "multiscales datasets must be a non-empty list with paths")
         level_nodes = []
@@ -591,12 +613,19 @@ class _StoreWalker:
         if len(multiscales) > 1:
             image_meta["other_multiscales_ignored"] = len(multiscales) - 1
 
-        def level_tensor(lnode: _Node, array: Any, scale: list[float] | None, extra: dict[str, Any],
-                         stored: Sequence[ZarrAdapter] = ()) -> ZarrAdapter:
+        def level_tensor(
+            lnode: _Node,
+            array: Any,
+            scale: list[float] | None,
+            extra: dict[str, Any],
+            stored: Sequence[ZarrAdapter] = (),
+        ) -> ZarrAdapter:
             physical_scale = physical_unit = None
             if scale is not None:
-                physical_scale = [None if t == "channel" or (t is None and lab == "c") else s
-                                  for s, t, lab in zip(scale, types, labels or [""] * ndim)]
+                physical_scale = [
+                    None if t == "channel" or (t is None and lab == "c") else s
+                    for s, t, lab in zip(scale, types, labels or [""] * ndim)
+                ]
                 physical_unit = [None if ps is None else u for ps, u in zip(physical_scale, units)]
             elif any(units):
                 physical_unit = units
@@ -604,11 +633,20 @@ class _StoreWalker:
             chunk_files = self.chunk_files(lnode, array)
             version = self.version_of(node, lnode, chunk_files=chunk_files)
             if stored:  # level 0 mints the ids of its stored levels' chunks too: cover their bytes
-                version = hashlib.blake2b(version + b"".join(t.content_version for t in stored), digest_size=16).digest()
+                version = hashlib.blake2b(
+                    version + b"".join(t.content_version for t in stored), digest_size=16
+                ).digest()
             return ZarrAdapter(
-                array, store_path=self.root, zarr_path=lnode.rel, dim_labels=labels,
-                physical_scale=physical_scale, physical_unit=physical_unit, is_labels=is_labels,
-                content_version=version, chunk_files=chunk_files, metadata={**image_meta, **extra},
+                array,
+                store_path=self.root,
+                zarr_path=lnode.rel,
+                dim_labels=labels,
+                physical_scale=physical_scale,
+                physical_unit=physical_unit,
+                is_labels=is_labels,
+                content_version=version,
+                chunk_files=chunk_files,
+                metadata={**image_meta, **extra},
             )
 
         scale0 = dataset_scale(ms, ds0, ndim)
@@ -630,9 +668,12 @@ class _StoreWalker:
                 continue
             levels_meta.append({"path": lnode.rel, "shape": list(array.shape), "scale": list(factor)})
             accepted.append((factor, lnode, array, scale))
-        stored = [NativeLevel(factor, level_tensor(lnode, array, scale, {})) for factor, lnode, array, scale in accepted]
-        level0 = level_tensor(node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta},
-                              [lv.tensor for lv in stored])
+        stored = [
+            NativeLevel(factor, level_tensor(lnode, array, scale, {})) for factor, lnode, array, scale in accepted
+        ]
+        level0 = level_tensor(
+            node0, array0, scale0, {"levels": levels_meta, "skipped_levels": skipped_meta}, [lv.tensor for lv in stored]
+        )
         level0.native_levels.extend(stored)
         self.tensors[field] = normalize_axes(level0)
         if not is_labels:

@@ -14,6 +14,7 @@ Credentials are the filesystem's own business (for S3: the ``AWS_*`` environment
 ``~/.aws``, fsspec's config files); nothing here reads, stores or logs them, and URLs are
 shown without any user-info part.
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,9 +35,10 @@ __all__ = ["ObjectListing", "ObjectPath", "RemoteZarrSource", "public_url", "sto
 #: block size, which no zarr chunk reaches), so every chunk cost two round trips; zarr-python
 #: already fetches a selection's chunks concurrently. Measured on moto: 3,472 GETs came with
 #: 3,458 HEADs in the S3 conformance suite's concurrent-read test.
-_S3_DEFAULTS: dict[str, Any] = {"config_kwargs": {"connect_timeout": 5, "read_timeout": 60,
-                                                  "retries": {"max_attempts": 2, "mode": "standard"}},
-                                "max_concurrency": 1}
+_S3_DEFAULTS: dict[str, Any] = {
+    "config_kwargs": {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2, "mode": "standard"}},
+    "max_concurrency": 1,
+}
 
 
 def public_url(url: str) -> str:
@@ -60,8 +62,9 @@ class ObjectListing:
         self.fs = fs
         self.protocol = protocol
         self.root = root.rstrip("/")
-        self.tokens: dict[str, str] = {key.rstrip("/"): _token(info) for key, info in infos.items()
-                                       if info.get("type", "file") != "directory"}
+        self.tokens: dict[str, str] = {
+            key.rstrip("/"): _token(info) for key, info in infos.items() if info.get("type", "file") != "directory"
+        }
         self.folders: dict[str, set[str]] = {self.root: set()}
         for key in self.tokens:
             parent, _, name = key.rpartition("/")
@@ -85,9 +88,13 @@ class ObjectListing:
         except ImportError as exc:
             # the serving install has fsspec but no object-store filesystem (s3fs is an extra)
             extra = "; install the s3 extra: pip install 'tensor-server[s3]'" if protocol in ("s3", "s3a") else ""
-            raise UnreadableSource(public_url(url), f"no filesystem for {protocol}:// is installed ({exc}){extra}") from None
+            raise UnreadableSource(
+                public_url(url), f"no filesystem for {protocol}:// is installed ({exc}){extra}"
+            ) from None
         except Exception as exc:
-            raise UnreadableSource(public_url(url), f"cannot list the object store: {type(exc).__name__}: {exc}") from None
+            raise UnreadableSource(
+                public_url(url), f"cannot list the object store: {type(exc).__name__}: {exc}"
+            ) from None
         return cls(fs, protocol, root, infos)
 
     def path(self, key: str | None = None) -> ObjectPath:
@@ -175,8 +182,9 @@ class _ObjectStoreWalker(_StoreWalker):
         from zarr.storage import FsspecStore
 
         listing = root.listing
-        store = FsspecStore.from_url(listing.url(root.key), storage_options=storage_options(listing.protocol),
-                                     read_only=True)
+        store = FsspecStore.from_url(
+            listing.url(root.key), storage_options=storage_options(listing.protocol), read_only=True
+        )
         super().__init__(root, store=store)  # type: ignore[arg-type]
 
     def chunk_files(self, node: _Node, array: Any) -> None:
@@ -199,8 +207,9 @@ class RemoteZarrSource(SourceAdapter):
         tensors, metadata, is_ome = walker.build()
         metadata["object_store"] = root.listing.protocol
         self._url = public_url(str(root))
-        super().__init__(None, tensors, source_id=source_id, metadata=metadata,
-                         source_type="ome-zarr" if is_ome else "zarr")
+        super().__init__(
+            None, tensors, source_id=source_id, metadata=metadata, source_type="ome-zarr" if is_ome else "zarr"
+        )
         self.former_fields = walker.former_fields
 
     @property

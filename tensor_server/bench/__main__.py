@@ -5,6 +5,7 @@ Adding a command: write a module in this package that defines ``add_arguments(pa
 that command runs, so one command's heavy imports (numba, tensorstore, pyarrow) never slow or
 break another.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,59 +14,106 @@ import sys
 
 #: command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "kernels": ("tensor_server.bench.kernels",
-                "downsampling kernels vs NumPy, scikit-image, tinybrain and TensorStore"),
-    "area-crossover": ("tensor_server.bench.area_crossover",
-                       "integer area: strided-add vs reshape-sum kernel per block size (the gate)"),
-    "plane-latency": ("tensor_server.bench.plane_latency",
-                      "first-read latency of one plane, cold and warm, adapter and server paths"),
-    "peers": ("tensor_server.bench.peers",
-              "the same plane reads by TensorStore, zarr-python + NumPy, tifffile + NumPy"),
-    "throughput": ("tensor_server.bench.throughput",
-                   "8 MiB chunks/s through DoGet and the fast path vs a bare pyarrow Flight server"),
-    "nearest": ("tensor_server.bench.nearest_paths",
-                "each format's own nearest path (decimated read, CZI zoom) vs the default streamed path"),
-    "cache": ("tensor_server.bench.cache_reads",
-              "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source"),
-    "guards": ("tensor_server.bench.catalog_guards",
-               "cost of the catalog guards: per-query SQL database, stale-data check, chunk-file stats at open"),
-    "http": ("tensor_server.bench.http",
-             "the same chunks over HTTP (OME-Zarr) and Flight DoGet, cold and warm; precache vs a client burst"),
-    "distributed": ("tensor_server.bench.distributed",
-                    "a scaled read of a 4 GiB tensor by 1, 2 and 4 dask process workers via the SDK"),
-    "object-store": ("tensor_server.bench.object_store",
-                     "first and cached scaled read of an 8192² plane from S3 (moto, loopback) vs local disk"),
-    "load": ("tensor_server.bench.load",
-             "8 SDK clients of mixed reads, alone and beside a hostile client: errors, p50/p99, RSS"),
-    "encoded": ("tensor_server.bench.encoded",
-                "range reads of encoded (Luxar) zarr arrays vs luxar's decoder on the whole array"),
-    "uploads": ("tensor_server.bench.uploads",
-                "upload_array MB/s to cache:// and zarr:// vs a bare pyarrow DoPut that discards"),
-    "special": ("tensor_server.bench.special",
-                "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers"),
-    "tls": ("tensor_server.bench.tls",
-            "TLS vs plaintext in one run: 8 MiB and 64 KiB DoGet, 1 MiB HTTP chunks (MB/s, median latency)"),
-    "iiif": ("tensor_server.bench.iiif",
-             "512² IIIF JPEG tiles of every level of an image with no pyramid, cold and warm, vs tifffile + Pillow"),
-    "viewport": ("tensor_server.bench.viewport",
-                 "63 512² tiles per level of an image with no pyramid, concurrently, over Flight and IIIF vs TensorStore"),
-    "catalog-start": ("tensor_server.bench.catalog_start",
-                      "a root of 10,000 small + 100 large files: first scan vs one-at-a-time, restart, rescan, serve"),
-    "hdf5-whole": ("tensor_server.bench.hdf5_whole",
-                   "a (60, 1065, 1030) HDF5 dataset read whole: engine and SDK vs a direct h5py read"),
-    "export": ("tensor_server.bench.export",
-               "writing a pyramidal OME-Zarr: ours vs ngff-zarr and ome-zarr-py write_image over dask, and the floor"),
-    "metrics": ("tensor_server.bench.metrics",
-                "small cached chunk DoGet and HTTP GET p50 with metrics on and off (target <= 3 % slower)"),
-    "gate": ("tensor_server.bench.gate",
-             "the performance gate (make perf-gate): vs the previous commit, and floors vs peers"),
+    "kernels": (
+        "tensor_server.bench.kernels",
+        "downsampling kernels vs NumPy, scikit-image, tinybrain and TensorStore",
+    ),
+    "area-crossover": (
+        "tensor_server.bench.area_crossover",
+        "integer area: strided-add vs reshape-sum kernel per block size (the gate)",
+    ),
+    "plane-latency": (
+        "tensor_server.bench.plane_latency",
+        "first-read latency of one plane, cold and warm, adapter and server paths",
+    ),
+    "peers": (
+        "tensor_server.bench.peers",
+        "the same plane reads by TensorStore, zarr-python + NumPy, tifffile + NumPy",
+    ),
+    "throughput": (
+        "tensor_server.bench.throughput",
+        "8 MiB chunks/s through DoGet and the fast path vs a bare pyarrow Flight server",
+    ),
+    "nearest": (
+        "tensor_server.bench.nearest_paths",
+        "each format's own nearest path (decimated read, CZI zoom) vs the default streamed path",
+    ),
+    "cache": (
+        "tensor_server.bench.cache_reads",
+        "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source",
+    ),
+    "guards": (
+        "tensor_server.bench.catalog_guards",
+        "cost of the catalog guards: per-query SQL database, stale-data check, chunk-file stats at open",
+    ),
+    "http": (
+        "tensor_server.bench.http",
+        "the same chunks over HTTP (OME-Zarr) and Flight DoGet, cold and warm; precache vs a client burst",
+    ),
+    "distributed": (
+        "tensor_server.bench.distributed",
+        "a scaled read of a 4 GiB tensor by 1, 2 and 4 dask process workers via the SDK",
+    ),
+    "object-store": (
+        "tensor_server.bench.object_store",
+        "first and cached scaled read of an 8192² plane from S3 (moto, loopback) vs local disk",
+    ),
+    "load": (
+        "tensor_server.bench.load",
+        "8 SDK clients of mixed reads, alone and beside a hostile client: errors, p50/p99, RSS",
+    ),
+    "encoded": (
+        "tensor_server.bench.encoded",
+        "range reads of encoded (Luxar) zarr arrays vs luxar's decoder on the whole array",
+    ),
+    "uploads": (
+        "tensor_server.bench.uploads",
+        "upload_array MB/s to cache:// and zarr:// vs a bare pyarrow DoPut that discards",
+    ),
+    "special": (
+        "tensor_server.bench.special",
+        "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers",
+    ),
+    "tls": (
+        "tensor_server.bench.tls",
+        "TLS vs plaintext in one run: 8 MiB and 64 KiB DoGet, 1 MiB HTTP chunks (MB/s, median latency)",
+    ),
+    "iiif": (
+        "tensor_server.bench.iiif",
+        "512² IIIF JPEG tiles of every level of an image with no pyramid, cold and warm, vs tifffile + Pillow",
+    ),
+    "viewport": (
+        "tensor_server.bench.viewport",
+        "63 512² tiles per level of an image with no pyramid, concurrently, over Flight and IIIF vs TensorStore",
+    ),
+    "catalog-start": (
+        "tensor_server.bench.catalog_start",
+        "a root of 10,000 small + 100 large files: first scan vs one-at-a-time, restart, rescan, serve",
+    ),
+    "hdf5-whole": (
+        "tensor_server.bench.hdf5_whole",
+        "a (60, 1065, 1030) HDF5 dataset read whole: engine and SDK vs a direct h5py read",
+    ),
+    "export": (
+        "tensor_server.bench.export",
+        "writing a pyramidal OME-Zarr: ours vs ngff-zarr and ome-zarr-py write_image over dask, and the floor",
+    ),
+    "metrics": (
+        "tensor_server.bench.metrics",
+        "small cached chunk DoGet and HTTP GET p50 with metrics on and off (target <= 3 % slower)",
+    ),
+    "gate": (
+        "tensor_server.bench.gate",
+        "the performance gate (make perf-gate): vs the previous commit, and floors vs peers",
+    ),
 }
 
 
 def top_parser() -> argparse.ArgumentParser:
     """The parser of the command's name (each command's own parser is built when it runs)."""
-    top = argparse.ArgumentParser(prog="python -m tensor_server.bench",
-                                  description="Benchmarks of tensor-server (not timed tests).")
+    top = argparse.ArgumentParser(
+        prog="python -m tensor_server.bench", description="Benchmarks of tensor-server (not timed tests)."
+    )
     sub = top.add_subparsers(dest="command", required=True, metavar="command")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -82,12 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         if (exc.name or "").split(".")[0] in ("tensor_server", "tensor_server_kernels"):
             raise
         # the serving install has none of the peers a bench compares with
-        print(f"python -m tensor_server.bench {ns.command}: needs {exc.name}, which the serving install leaves "
-              "out; install the bench and test extras: pip install 'tensor-server[bench,test]' (make setup does)",
-              file=sys.stderr)
+        print(
+            f"python -m tensor_server.bench {ns.command}: needs {exc.name}, which the serving install leaves "
+            "out; install the bench and test extras: pip install 'tensor-server[bench,test]' (make setup does)",
+            file=sys.stderr,
+        )
         return 2
-    parser = argparse.ArgumentParser(prog=f"python -m tensor_server.bench {ns.command}",
-                                     description=help_text)
+    parser = argparse.ArgumentParser(prog=f"python -m tensor_server.bench {ns.command}", description=help_text)
     module.add_arguments(parser)
     return int(module.main(parser.parse_args(argv[1:])) or 0)
 

@@ -8,6 +8,7 @@ the path is forced by moving the gate for the call. The table gives both medians
 reshape/strided (> 1: strided-add is faster). The constant's comment keeps the figures of the
 run that set it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,12 @@ import numpy as np
 
 # (label, dtype, shape, scales): every scale tuple's block is a power of two.
 CASES = (
-    ("8192^2 u16", "uint16", (8192, 8192), ((2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 64))),
+    (
+        "8192^2 u16",
+        "uint16",
+        (8192, 8192),
+        ((2, 2), (2, 4), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 64)),
+    ),
     ("8192^2 u8", "uint8", (8192, 8192), ((2, 2), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16), (32, 32))),
     ("512x1024^2 u8", "uint8", (512, 1024, 1024), ((2, 2, 2), (2, 4, 4), (4, 4, 4), (4, 4, 8), (8, 8, 8))),
 )
@@ -57,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
         shape = QUICK_SHAPES[shape] if args.quick else shape
         x = rng.integers(0, np.iinfo(dtype).max, size=shape, dtype=dtype, endpoint=True)
         for scale in scales:
+
             def run(path: str, scale=scale, x=x):
                 with forced_area_path(path):
                     return downsample_block(x, scale, "area")
@@ -64,7 +71,9 @@ def main(args: argparse.Namespace) -> int:
             assert np.array_equal(run("strided-add"), run("reshape-sum"))
             ms = _interleaved_ms({p: (lambda p=p: run(p)) for p in ("strided-add", "reshape-sum")}, repeats)
             block = int(np.prod(scale))
-            print(f"{label:<15} {str(scale):<11} {block:>5} {ms['strided-add']:>8.1f} {ms['reshape-sum']:>8.1f} "
-                  f"{ms['reshape-sum'] / ms['strided-add']:>5.2f}  {area_path(dtype, scale)}")
+            print(
+                f"{label:<15} {str(scale):<11} {block:>5} {ms['strided-add']:>8.1f} {ms['reshape-sum']:>8.1f} "
+                f"{ms['reshape-sum'] / ms['strided-add']:>5.2f}  {area_path(dtype, scale)}"
+            )
         del x
     return 0

@@ -7,6 +7,7 @@
    assembled from cached full-resolution chunks vs decoded from the source. The reference
    server reports 99 → 9 ms (nearest) and 141 → 56 ms (area) for the full-size case.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,15 @@ def _measure(work: Path, size: str, json_path: str | None, repeats: int) -> list
 
     warm_up()
     n = SIZES[size]
-    z = zarr.open_array(str(work / "img.zarr"), mode="w", shape=(n, n), chunks=(n // 2, n // 2), dtype=np.uint16,
-                        zarr_format=2, compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE))
+    z = zarr.open_array(
+        str(work / "img.zarr"),
+        mode="w",
+        shape=(n, n),
+        chunks=(n // 2, n // 2),
+        dtype=np.uint16,
+        zarr_format=2,
+        compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE),
+    )
     z[...] = plane(n)
     files = tuple(p for p in (work / "img.zarr").rglob("*") if p.is_file())
     rows: list[dict[str, Any]] = []
@@ -62,8 +70,16 @@ def _measure(work: Path, size: str, json_path: str | None, repeats: int) -> list
         a = source_engine.read(t, scaled_chunk, (16, 16), method)
         b = cached_engine.read(t, scaled_chunk, (16, 16), method)
         assert np.array_equal(a, b), "cache-sourced read must be bit-identical"
-        rows.append({"case": f"scale-16 chunk {method}", "detail": f"{n}² zarr, {n // 2}² chunks",
-                     "baseline": "source", "baseline_ms": src, "ours": "cache-sourced", "ours_ms": cached})
+        rows.append(
+            {
+                "case": f"scale-16 chunk {method}",
+                "detail": f"{n}² zarr, {n // 2}² chunks",
+                "baseline": "source",
+                "baseline_ms": src,
+                "ours": "cache-sourced",
+                "ours_ms": cached,
+            }
+        )
     cache.close()
 
     # -- 1. one chunk through the SDK: cold vs warm, DoGet vs fast path --------------------------
@@ -92,15 +108,35 @@ def _measure(work: Path, size: str, json_path: str | None, repeats: int) -> list
             cold_ms = median_ms(read, repeats, before=cold)
             read()
             warm_ms = median_ms(read, repeats, before=client.cache_clear)
-            rows.append({"case": f"one {c0[0]}² uint16 chunk via SDK", "detail": label,
-                         "baseline": "cold", "baseline_ms": cold_ms, "ours": "warm (cached)", "ours_ms": warm_ms})
+            rows.append(
+                {
+                    "case": f"one {c0[0]}² uint16 chunk via SDK",
+                    "detail": label,
+                    "baseline": "cold",
+                    "baseline_ms": cold_ms,
+                    "ours": "warm (cached)",
+                    "ours_ms": warm_ms,
+                }
+            )
     finally:
         os.environ.pop("BIOPB_CACHEFILE_TRANSFER_DISABLED", None)
         srv.stop()
         cache.close()
-    print_table(["case", "detail", "baseline", "ms", "ours", "ms", "ratio"],
-                [[r["case"], r["detail"], r["baseline"], r["baseline_ms"], r["ours"], r["ours_ms"],
-                  f"{r['ours_ms'] / r['baseline_ms']:.2f}"] for r in rows])
+    print_table(
+        ["case", "detail", "baseline", "ms", "ours", "ms", "ratio"],
+        [
+            [
+                r["case"],
+                r["detail"],
+                r["baseline"],
+                r["baseline_ms"],
+                r["ours"],
+                r["ours_ms"],
+                f"{r['ours_ms'] / r['baseline_ms']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
     write_json(json_path, "cache", size, rows)
     return rows
 

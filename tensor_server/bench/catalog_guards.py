@@ -11,6 +11,7 @@
 
 Ours and the peer alternate within each measurement; medians of ``--repeats`` runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,16 @@ def _sql_rows(repeats: int) -> list[dict[str, Any]]:
     ours(), peer()
     o, p = _alternating(ours, peer, repeats)
     cat.close()
-    return [{"case": "catalog query, 1000 sources", "detail": "SELECT ... LIMIT 100",
-             "baseline": "shared connection", "baseline_ms": p, "ours": "read-only snapshot + caps", "ours_ms": o}]
+    return [
+        {
+            "case": "catalog query, 1000 sources",
+            "detail": "SELECT ... LIMIT 100",
+            "baseline": "shared connection",
+            "baseline_ms": p,
+            "ours": "read-only snapshot + caps",
+            "ours_ms": o,
+        }
+    ]
 
 
 def _stale_check_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
@@ -74,8 +83,9 @@ def _stale_check_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
     root = work / "root"
     root.mkdir()
     img = (np.arange(2048 * 2048, dtype=np.uint32) % 65521).astype(np.uint16).reshape(2048, 2048)
-    zarr.open_array(str(root / "img.zarr"), mode="w", shape=img.shape, chunks=(256, 256), dtype=img.dtype,
-                    zarr_format=3)[...] = img
+    zarr.open_array(
+        str(root / "img.zarr"), mode="w", shape=img.shape, chunks=(256, 256), dtype=img.dtype, zarr_format=3
+    )[...] = img
     tifffile.imwrite(root / "img.tif", img, tile=(256, 256))
     cat = Catalog([root])
     cat.scan()
@@ -100,8 +110,16 @@ def _stale_check_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
                     del tensor.stale_reason
 
             o, p = _alternating(ours, peer, repeats)
-            rows.append({"case": f"warm 4 MiB read, {rec.type}", "detail": "cached chunk via the SDK",
-                         "baseline": "no stale check", "baseline_ms": p, "ours": "stale check", "ours_ms": o})
+            rows.append(
+                {
+                    "case": f"warm 4 MiB read, {rec.type}",
+                    "detail": "cached chunk via the SDK",
+                    "baseline": "no stale check",
+                    "baseline_ms": p,
+                    "ours": "stale check",
+                    "ours_ms": o,
+                }
+            )
     finally:
         server.stop()
         cat.close()
@@ -145,8 +163,16 @@ def _hostile_rows(repeats: int) -> list[dict[str, Any]]:
         stop.set()
         server.stop()
         cat.close()
-    return [{"case": "catalog query, 2 hostile SQL clients", "detail": "range(1e15) running beside",
-             "baseline": "no hostile client", "baseline_ms": alone, "ours": "hostile beside", "ours_ms": beside}]
+    return [
+        {
+            "case": "catalog query, 2 hostile SQL clients",
+            "detail": "range(1e15) running beside",
+            "baseline": "no hostile client",
+            "baseline_ms": alone,
+            "ours": "hostile beside",
+            "ours_ms": beside,
+        }
+    ]
 
 
 def _open_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
@@ -157,8 +183,9 @@ def _open_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
     rows = []
     for n in (16, 64):
         path = work / f"grid{n}.zarr"
-        zarr.open_array(str(path), mode="w", shape=(n * 16, n * 16), chunks=(16, 16), dtype="u1",
-                        zarr_format=3)[...] = 1
+        zarr.open_array(str(path), mode="w", shape=(n * 16, n * 16), chunks=(16, 16), dtype="u1", zarr_format=3)[
+            ...
+        ] = 1
 
         def ours() -> None:
             tensor_server.open(path).close()
@@ -167,20 +194,31 @@ def _open_rows(work: Path, repeats: int) -> list[dict[str, Any]]:
             zarr.open_array(str(path), mode="r")
 
         o, p = _alternating(ours, peer, repeats)
-        rows.append({"case": f"open zarr, {n * n} chunk files", "detail": "plain array",
-                     "baseline": "zarr.open_array", "baseline_ms": p, "ours": "tensor_server.open", "ours_ms": o})
+        rows.append(
+            {
+                "case": f"open zarr, {n * n} chunk files",
+                "detail": "plain array",
+                "baseline": "zarr.open_array",
+                "baseline_ms": p,
+                "ours": "tensor_server.open",
+                "ours_ms": o,
+            }
+        )
     return rows
 
 
 def run_guards(json_path: str | None = None, repeats: int = 15) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="ts-bench-guards-"))
     try:
-        rows = (_sql_rows(repeats) + _stale_check_rows(work, repeats) + _open_rows(work, repeats)
-                + _hostile_rows(repeats))
+        rows = (
+            _sql_rows(repeats) + _stale_check_rows(work, repeats) + _open_rows(work, repeats) + _hostile_rows(repeats)
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print_table(["case", "detail", "baseline", "ms", "ours", "ms"],
-                [[r["case"], r["detail"], r["baseline"], r["baseline_ms"], r["ours"], r["ours_ms"]] for r in rows])
+    print_table(
+        ["case", "detail", "baseline", "ms", "ours", "ms"],
+        [[r["case"], r["detail"], r["baseline"], r["baseline_ms"], r["ours"], r["ours_ms"]] for r in rows],
+    )
     write_json(json_path, "guards", "small", rows)
     return rows
 

@@ -12,6 +12,7 @@ A generated root of ``--files`` small files of mixed formats (npy, TIFF, HDF5, M
 4. a real ``serve`` process: seconds from process start to its Flight port answering
    ``health``, and to ``health.source_count`` reaching every row, first start and restart.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -127,23 +128,51 @@ def _catalog_rows(root: Path, expected: int, store: str) -> list[dict]:
     _warm_up(root)
     rows = []
     took, n, opens = _scan_seconds(root, 1, store + ".peer")
-    rows.append({"step": "first scan, all listed", "who": "peer: one file at a time", "seconds": took,
-                 "rows": n, "opened": opens})
+    rows.append(
+        {
+            "step": "first scan, all listed",
+            "who": "peer: one file at a time",
+            "seconds": took,
+            "rows": n,
+            "opened": opens,
+        }
+    )
     took, n, opens = _scan_seconds(root, Catalog().open_workers, store)
     rows.append({"step": "first scan, all listed", "who": "ours: pool", "seconds": took, "rows": n, "opened": opens})
     t0 = time.perf_counter()
     cat = Catalog([root], store_path=store)
     listed = time.perf_counter() - t0
-    rows.append({"step": "restart, all listed (from the store)", "who": "ours", "seconds": listed,
-                 "rows": len(cat), "opened": cat.opens})
+    rows.append(
+        {
+            "step": "restart, all listed (from the store)",
+            "who": "ours",
+            "seconds": listed,
+            "rows": len(cat),
+            "opened": cat.opens,
+        }
+    )
     t0 = time.perf_counter()
     cat.scan()
-    rows.append({"step": "restart, verifying scan", "who": "ours", "seconds": time.perf_counter() - t0,
-                 "rows": len(cat), "opened": cat.opens})
+    rows.append(
+        {
+            "step": "restart, verifying scan",
+            "who": "ours",
+            "seconds": time.perf_counter() - t0,
+            "rows": len(cat),
+            "opened": cat.opens,
+        }
+    )
     t0 = time.perf_counter()
     cat.scan()
-    rows.append({"step": "rescan, unchanged tree", "who": "ours", "seconds": time.perf_counter() - t0,
-                 "rows": len(cat), "opened": cat.opens})
+    rows.append(
+        {
+            "step": "rescan, unchanged tree",
+            "who": "ours",
+            "seconds": time.perf_counter() - t0,
+            "rows": len(cat),
+            "opened": cat.opens,
+        }
+    )
     cat.close()
     assert all(r["rows"] == expected for r in rows), rows
     return rows
@@ -166,8 +195,13 @@ def _serve_once(root: Path, home: Path, expected: int, timeout: float = 600) -> 
     """(seconds to a health answer, seconds to every row listed) from process start."""
     env = dict(os.environ, TENSOR_SERVER_HOME=str(home), PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tensor_server", "serve", str(root), "--port", "0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensor_server", "serve", str(root), "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     location: list[str] = []
     found = threading.Event()
 
@@ -214,14 +248,32 @@ def main(args: argparse.Namespace) -> int:
         rows = _catalog_rows(root, expected, str(base / "catalog.duckdb"))
         for run in ("first start", "restart"):
             answered, listed = _serve_once(root, home, expected)
-            rows.append({"step": f"serve process, {run}: health answers", "who": "ours", "seconds": answered,
-                         "rows": expected, "opened": ""})
-            rows.append({"step": f"serve process, {run}: all listed", "who": "ours", "seconds": listed,
-                         "rows": expected, "opened": ""})
-        print(f"tree: {args.files} small files (npy, tif, h5, mrc) + {args.large} large ({args.large_mib} MiB); "
-              f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
-        print_table(["step", "who", "seconds", "rows", "opened"],
-                    [[r["step"], r["who"], f"{r['seconds']:.3f}", r["rows"], r["opened"]] for r in rows])
+            rows.append(
+                {
+                    "step": f"serve process, {run}: health answers",
+                    "who": "ours",
+                    "seconds": answered,
+                    "rows": expected,
+                    "opened": "",
+                }
+            )
+            rows.append(
+                {
+                    "step": f"serve process, {run}: all listed",
+                    "who": "ours",
+                    "seconds": listed,
+                    "rows": expected,
+                    "opened": "",
+                }
+            )
+        print(
+            f"tree: {args.files} small files (npy, tif, h5, mrc) + {args.large} large ({args.large_mib} MiB); "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+        )
+        print_table(
+            ["step", "who", "seconds", "rows", "opened"],
+            [[r["step"], r["who"], f"{r['seconds']:.3f}", r["rows"], r["opened"]] for r in rows],
+        )
         write_json(args.json_path, "catalog-start", f"{args.files}+{args.large}", rows)
     finally:
         if not args.data_dir:

@@ -13,6 +13,7 @@ piece is decoded into a buffer its thread reuses (first touches of fresh memory 
 faults no reader has to pay); ``zarr_floor_candidates`` adds the other decoders a floor may be
 the best of (TensorStore's and, when installed, the ``zarrs`` codec pipeline's whole read).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ import numpy as np
 __all__ = ["zarr_decode_floor", "tiff_decode_floor", "zarr_floor_candidates", "zarr_extent_floor", "tiff_extent_floor"]
 
 
-def _decode_all(path_of: Callable[[int], Path], spans: Sequence[tuple[int, int]],
-                decode: Callable[[bytes, int], int]) -> Callable[[], int]:
+def _decode_all(
+    path_of: Callable[[int], Path], spans: Sequence[tuple[int, int]], decode: Callable[[bytes, int], int]
+) -> Callable[[], int]:
     """A call that reads and decodes every piece on all cores and returns the decoded bytes
     (the plane's size). Its pool (and so each thread's reused buffer) lives as long as it."""
     pool = ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="decode-floor")
@@ -106,8 +108,10 @@ def zarr_floor_candidates(array_dir: Path) -> dict[str, Callable[[], Any]]:
     array_dir = Path(array_dir)
     driver = "zarr3" if (array_dir / "zarr.json").is_file() else "zarr"
     spec = {"driver": driver, "kvstore": {"driver": "file", "path": str(array_dir)}}
-    out = {"libblosc2/numcodecs": zarr_decode_floor(array_dir),
-           "tensorstore": lambda: ts.open(spec, read=True).result().read().result()}
+    out = {
+        "libblosc2/numcodecs": zarr_decode_floor(array_dir),
+        "tensorstore": lambda: ts.open(spec, read=True).result().read().result(),
+    }
     try:
         import zarrs  # noqa: F401 - only whether it is installed
     except ImportError:
@@ -136,8 +140,9 @@ def tiff_decode_floor(path: Path) -> Callable[[], int]:
 def _extent_pieces(x: int, y: int, w: int, h: int, tile: tuple[int, int], across: int) -> list[tuple[int, int, int]]:
     """(row, col, index in row-major order) of the stored 2-D pieces under a region."""
     th, tw = tile
-    return [(r, c, r * across + c) for r in range(y // th, -(-(y + h) // th))
-            for c in range(x // tw, -(-(x + w) // tw))]
+    return [
+        (r, c, r * across + c) for r in range(y // th, -(-(y + h) // th)) for c in range(x // tw, -(-(x + w) // tw))
+    ]
 
 
 def zarr_extent_floor(array_dir: Path) -> Callable[[int, int, int, int], int]:
@@ -175,7 +180,8 @@ def tiff_extent_floor(path: Path) -> Callable[[int, int, int, int], int]:
 
     def floor(x: int, y: int, w: int, h: int) -> int:
         index = [i for _, _, i in _extent_pieces(x, y, w, h, tile, across)]
-        return _decode_all(lambda i: path, [spans[i] for i in index],
-                           lambda data, i: decode(data, index[i])[0].nbytes)()
+        return _decode_all(
+            lambda i: path, [spans[i] for i in index], lambda data, i: decode(data, index[i])[0].nbytes
+        )()
 
     return floor

@@ -11,6 +11,7 @@ The source is procedural (pixels computed from their coordinates, a few ns each)
 real files would measure the disk, and this machine's RAM is shared. Its cost stands in for a
 fast decoder.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,13 @@ def _synthetic(shape: tuple[int, ...]) -> Any:
     return SyntheticVolume(TensorInfo(shape, np.uint16, dim_labels="zyx"))
 
 
-def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repeats: int = 2,
-                    scale: tuple[int, int, int] = (1, 8, 8), json_path: str | None = None) -> list[dict[str, Any]]:
+def run_distributed(
+    gib: float = 4.0,
+    workers: tuple[int, ...] = (1, 2, 4),
+    repeats: int = 2,
+    scale: tuple[int, int, int] = (1, 8, 8),
+    json_path: str | None = None,
+) -> list[dict[str, Any]]:
     from biopb.tensor import TensorFlightClient
     from dask.distributed import Client, LocalCluster
 
@@ -77,15 +83,18 @@ def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repe
     clusters = []
     try:
         for n in workers:
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0",
-                                   silence_logs=logging.ERROR)
+            cluster = LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.ERROR
+            )
             client = Client(cluster)
             clusters.append((cluster, client))
             # workers import the SDK and connect once before timing
-            client.compute(sdk.get_tensor("synthetic", slice_hint=(slice(0, 1), slice(0, 64), slice(0, 64)))
-                           .sum()).result()
-            configs[f"dask cluster, {n} process worker{'s' * (n > 1)}"] = (
-                lambda client=client: via_sdk(lambda a: client.compute(a).result()))
+            client.compute(
+                sdk.get_tensor("synthetic", slice_hint=(slice(0, 1), slice(0, 64), slice(0, 64))).sum()
+            ).result()
+            configs[f"dask cluster, {n} process worker{'s' * (n > 1)}"] = lambda client=client: via_sdk(
+                lambda a: client.compute(a).result()
+            )
         times: dict[str, list[float]] = {k: [] for k in configs}
         for r in range(repeats):
             order = list(configs) if r % 2 == 0 else list(reversed(configs))  # alternate
@@ -99,12 +108,14 @@ def run_distributed(gib: float = 4.0, workers: tuple[int, ...] = (1, 2, 4), repe
             cluster.close()
         server.stop()
         cat.close()
-    rows = [{"config": name, "seconds": statistics.median(ts), "mb_per_s": source_mb / statistics.median(ts)}
-            for name, ts in times.items()]
-    print(f"scaled read {scale} area of a {source_mb / 1e3:.2f} GB uint16 tensor {tensor.shape}, "
-          f"median of {repeats}")
-    print_table(["configuration", "s", "MB/s of source reduced"],
-                [[r["config"], r["seconds"], r["mb_per_s"]] for r in rows])
+    rows = [
+        {"config": name, "seconds": statistics.median(ts), "mb_per_s": source_mb / statistics.median(ts)}
+        for name, ts in times.items()
+    ]
+    print(f"scaled read {scale} area of a {source_mb / 1e3:.2f} GB uint16 tensor {tensor.shape}, median of {repeats}")
+    print_table(
+        ["configuration", "s", "MB/s of source reduced"], [[r["config"], r["seconds"], r["mb_per_s"]] for r in rows]
+    )
     write_json(json_path, "distributed", f"{gib:g}GiB", rows)
     return rows
 
@@ -115,8 +126,15 @@ def _expected_plane_sums(tensor: Any, scale: tuple[int, int, int]) -> dict[int, 
     from tensor_server.core.engine import ReadEngine
 
     last = tensor.shape[0] - 1
-    return {z: float(ReadEngine().read(tensor, [slice(z, z + 1), slice(None), slice(None)], scale, "area")
-                     .astype(np.float64).sum()) for z in (0, last)}
+    return {
+        z: float(
+            ReadEngine()
+            .read(tensor, [slice(z, z + 1), slice(None), slice(None)], scale, "area")
+            .astype(np.float64)
+            .sum()
+        )
+        for z in (0, last)
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,6 +10,7 @@ row of the whole array (decimated: only the picked codes decode). Medians over `
 ours and the peer alternating in one run; every timed result is checked bit-identical
 against the peer's decode of the same rows once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,14 @@ def _fixtures(lx: Any, work: Path, elements: int) -> dict[str, tuple[Path, str]]
         root = lx.open_group(str(lut_store), mode="w")
         values = np.round(rng.uniform(0.1, 5.0, 200), 3).astype(np.float32)
         data = values[rng.integers(0, 200, elements)]
-        lx.ArrayEncoder().encode(data=data, zarr_group=root, name="v", semantic_type=lx.SemanticType.POSITIVE_SCALAR,
-                                 chunks=(1 << 20,), deduplicate=False)
+        lx.ArrayEncoder().encode(
+            data=data,
+            zarr_group=root,
+            name="v",
+            semantic_type=lx.SemanticType.POSITIVE_SCALAR,
+            chunks=(1 << 20,),
+            deduplicate=False,
+        )
         (lut_store / "done").touch()
     out["lut_uint8 (N,)"] = (lut_store, "v")
     pc_store = work / f"perchannel-{elements}.zarr"
@@ -48,15 +55,22 @@ def _fixtures(lx: Any, work: Path, elements: int) -> dict[str, tuple[Path, str]]
         root = lx.open_group(str(pc_store), mode="w")
         rows = elements // 3
         data = (rng.standard_normal((rows, 3)) * [100.0, 30.0, 5.0]).astype(np.float32)
-        lx.ArrayEncoder().encode(data=data, zarr_group=root, name="v", semantic_type=lx.SemanticType.COORDINATE,
-                                 chunks=(1 << 18, 3), deduplicate=False)
+        lx.ArrayEncoder().encode(
+            data=data,
+            zarr_group=root,
+            name="v",
+            semantic_type=lx.SemanticType.COORDINATE,
+            chunks=(1 << 18, 3),
+            deduplicate=False,
+        )
         (pc_store / "done").touch()
     out["linear_perchannel_u16 (N,3)"] = (pc_store, "v")
     return out
 
 
-def run_encoded(size: str = "small", json_path: str | None = None, repeats: int = 5,
-                data_dir: str | None = None) -> list[dict[str, Any]]:
+def run_encoded(
+    size: str = "small", json_path: str | None = None, repeats: int = 5, data_dir: str | None = None
+) -> list[dict[str, Any]]:
     import tempfile
 
     import tensor_server
@@ -103,16 +117,34 @@ def run_encoded(size: str = "small", json_path: str | None = None, repeats: int 
         peer = statistics.median(peer_times)
         for f in FRACTIONS:
             ours = statistics.median(ours_times[f])
-            rows.append({"array": label, "elements": int(np.prod(tensor.shape)), "range": f"{f:.0%}",
-                         "ours_ms": ours, "peer": "luxar ArrayDecoder.decode (whole array)", "peer_ms": peer,
-                         "speedup": peer / ours})
+            rows.append(
+                {
+                    "array": label,
+                    "elements": int(np.prod(tensor.shape)),
+                    "range": f"{f:.0%}",
+                    "ours_ms": ours,
+                    "peer": "luxar ArrayDecoder.decode (whole array)",
+                    "peer_ms": peer,
+                    "speedup": peer / ours,
+                }
+            )
         ours = statistics.median(nearest_times)
-        rows.append({"array": label, "elements": int(np.prod(tensor.shape)), "range": f"nearest 1/{NEAREST_STEP}",
-                     "ours_ms": ours, "peer": "luxar ArrayDecoder.decode (whole array), then [::step]",
-                     "peer_ms": peer, "speedup": peer / ours})
+        rows.append(
+            {
+                "array": label,
+                "elements": int(np.prod(tensor.shape)),
+                "range": f"nearest 1/{NEAREST_STEP}",
+                "ours_ms": ours,
+                "peer": "luxar ArrayDecoder.decode (whole array), then [::step]",
+                "peer_ms": peer,
+                "speedup": peer / ours,
+            }
+        )
         tensor.close()
-    print_table(["array", "range", "ours ms", "luxar whole ms", "peer/ours"],
-                [[r["array"], r["range"], r["ours_ms"], r["peer_ms"], f"{r['speedup']:.2f}x"] for r in rows])
+    print_table(
+        ["array", "range", "ours ms", "luxar whole ms", "peer/ours"],
+        [[r["array"], r["range"], r["ours_ms"], r["peer_ms"], f"{r['speedup']:.2f}x"] for r in rows],
+    )
     write_json(json_path, "encoded", size, rows)
     return rows
 

@@ -12,6 +12,7 @@ pyramid (block mean, factor 2 per level in Y and X, the same Blosc-zstd codec an
 Each runs in its own process, one after the other, so its wall time and peak RSS
 (``os.wait4``) are its own. The machine's load is printed beside the table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,20 @@ __all__ = ["add_arguments", "main"]
 SIZES = {"tiny": (2048, (4, 1024, 1024)), "small": (8192, (16, 2048, 2048)), "full": (32768, (30, 4096, 4096))}
 LEVELS, CHUNK = 4, 256
 
-_OURS = [sys.executable, "-m", "tensor_server", "export", "{src}", "{dest}", "--levels", str(LEVELS),
-         "--codec", "blosc-zstd", "--progress", "none"]
+_OURS = [
+    sys.executable,
+    "-m",
+    "tensor_server",
+    "export",
+    "{src}",
+    "{dest}",
+    "--levels",
+    str(LEVELS),
+    "--codec",
+    "blosc-zstd",
+    "--progress",
+    "none",
+]
 
 _DASK_SOURCE = """
 import dask.array as da, tifffile, zarr
@@ -44,7 +57,9 @@ def source(path):
     return da.from_zarr(zarr.open(tifffile.imread(path, aszarr=True), mode="r"))
 """
 
-_NGFF_ZARR = _DASK_SOURCE + f"""
+_NGFF_ZARR = (
+    _DASK_SOURCE
+    + f"""
 import sys, ngff_zarr as nz
 from zarr.codecs import BloscCodec
 src, dest, ndim = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -56,8 +71,11 @@ ms = nz.to_multiscales(image, scale_factors=factors, method=nz.Methods.ITKWASM_B
 nz.to_ngff_zarr(dest, ms, version="0.5", chunks_per_shard=8 if ndim == 2 else (1, 4, 4),
                 compressors=[BloscCodec(cname="zstd", clevel=5, shuffle="shuffle")])
 """
+)
 
-_OME_ZARR_PY = _DASK_SOURCE + f"""
+_OME_ZARR_PY = (
+    _DASK_SOURCE
+    + f"""
 import sys, zarr, numcodecs
 from ome_zarr.writer import write_image
 from ome_zarr.format import FormatV04
@@ -67,6 +85,7 @@ chunks = ({CHUNK}, {CHUNK}) if ndim == 2 else (16, {CHUNK}, {CHUNK})
 write_image(source(src), group, scale_factors=[2**k for k in range(1, {LEVELS})], axes="zyx"[3 - ndim:], fmt=FormatV04(),
             storage_options=dict(chunks=chunks, compressor=numcodecs.Blosc(cname="zstd", clevel=5, shuffle=1)))
 """
+)
 
 _FLOOR = f"""
 import sys, os, numpy as np, tifffile, zarr, numcodecs
@@ -108,16 +127,24 @@ def _sources(data_dir: Path, size: str) -> list[tuple[str, Path, int]]:
             z = zarr.create_array(str(zpath) + ".tmp", shape=shape, dtype="uint16", chunks=tile, overwrite=True)
             rows = 1024
             with tifffile.TiffWriter(tpath, bigtiff=True, ome=True) as tw:
+
                 def tiles():
                     for plane in range(shape[0] if len(shape) == 3 else 1):
                         for y in range(0, shape[-2], rows):
                             for x in range(0, shape[-1], rows):
                                 yield _pixels(plane, y, x, rows)
-                tw.write(tiles(), shape=shape, dtype="uint16", tile=(rows, rows), metadata={"axes": "ZYX"[3 - len(shape):]})
+
+                tw.write(
+                    tiles(), shape=shape, dtype="uint16", tile=(rows, rows), metadata={"axes": "ZYX"[3 - len(shape) :]}
+                )
             for plane in range(shape[0] if len(shape) == 3 else 1):
                 for y in range(0, shape[-2], rows):
                     for x in range(0, shape[-1], rows):
-                        sel = (plane, slice(y, y + rows), slice(x, x + rows)) if len(shape) == 3 else (slice(y, y + rows), slice(x, x + rows))
+                        sel = (
+                            (plane, slice(y, y + rows), slice(x, x + rows))
+                            if len(shape) == 3
+                            else (slice(y, y + rows), slice(x, x + rows))
+                        )
                         z[sel] = _pixels(plane, y, x, rows)
             os.replace(str(zpath) + ".tmp", zpath)
         out += [(f"{name} tiff", tpath, len(shape)), (f"{name} zarr", zpath, len(shape))]
@@ -126,7 +153,7 @@ def _sources(data_dir: Path, size: str) -> list[tuple[str, Path, int]]:
 
 def _pixels(plane: int, y: int, x: int, n: int) -> np.ndarray:
     """A smooth ramp plus noise (compresses like a micrograph, not like zeros)."""
-    yy, xx = np.mgrid[y:y + n, x:x + n]
+    yy, xx = np.mgrid[y : y + n, x : x + n]
     noise = np.random.default_rng(plane * 1_000_003 + y * 1009 + x).integers(0, 256, (n, n))
     return ((yy * 3 + xx * 2 + plane * 100) % 40000 + noise).astype(np.uint16)
 
@@ -185,7 +212,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.choices = tuple(SIZES)
     parser.add_argument("--only", help="comma-separated source names to run (e.g. 'plane zarr')")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a writer may take before it is stopped")
-    parser.add_argument("--rss-cap-gb", type=float, default=16, help="resident GB a writer may hold before it is stopped")
+    parser.add_argument(
+        "--rss-cap-gb", type=float, default=16, help="resident GB a writer may hold before it is stopped"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -199,8 +228,17 @@ def main(args: argparse.Namespace) -> int:
         for writer, cmd in _writers(src, data_dir / "out.zarr", ndim).items():
             subprocess.run(["rm", "-rf", str(data_dir / "out.zarr")], check=True)
             wall, rss, err = _run(cmd, args.timeout, int(args.rss_cap_gb * 1e9))
-            rows.append({"source": name, "writer": writer, "wall_s": round(wall, 2), "peak_rss_mb": round(rss / 1e6),
-                         "source_mb": round(source_mb), "error": err, "load": [round(v, 2) for v in os.getloadavg()]})
+            rows.append(
+                {
+                    "source": name,
+                    "writer": writer,
+                    "wall_s": round(wall, 2),
+                    "peak_rss_mb": round(rss / 1e6),
+                    "source_mb": round(source_mb),
+                    "error": err,
+                    "load": [round(v, 2) for v in os.getloadavg()],
+                }
+            )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # a long run's figures as they come
             table.append([name, writer, wall, rss / 1e6, err.splitlines()[-1][:60] if err else ""])
         subprocess.run(["rm", "-rf", str(data_dir / "out.zarr")], check=True)

@@ -4,6 +4,7 @@
 ``--size full`` the 8192² planes the design doc measures. Content is a smooth pattern with
 noise, so compressed formats compress like real images rather than like random bytes.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,9 @@ def _files_under(path: Path) -> tuple[Path, ...]:
     return tuple(p for p in path.rglob("*") if p.is_file())
 
 
-def make_fixtures(size: str = "small", data_dir: str | os.PathLike[str] | None = None, *, with_czi: bool = True) -> list[Fixture]:
+def make_fixtures(
+    size: str = "small", data_dir: str | os.PathLike[str] | None = None, *, with_czi: bool = True
+) -> list[Fixture]:
     """Write (or reuse) the fixtures for ``size``; return them in table order."""
     import h5py
     import mrcfile
@@ -67,16 +70,34 @@ def make_fixtures(size: str = "small", data_dir: str | os.PathLike[str] | None =
         return generated
 
     if not done.exists():
-        tifffile.imwrite(root / "tiled.ome.tif", data(), tile=(512, 512), compression="zlib",
-                         photometric="minisblack", metadata={"axes": "YX"})
+        tifffile.imwrite(
+            root / "tiled.ome.tif",
+            data(),
+            tile=(512, 512),
+            compression="zlib",
+            photometric="minisblack",
+            metadata={"axes": "YX"},
+        )
         import numcodecs
 
-        z = zarr.open_array(str(root / "chunked.ome.zarr" / "0"), mode="w", shape=(n, n), chunks=(n // 2, n // 2),
-                            dtype=np.uint16, zarr_format=2, compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE))
+        z = zarr.open_array(
+            str(root / "chunked.ome.zarr" / "0"),
+            mode="w",
+            shape=(n, n),
+            chunks=(n // 2, n // 2),
+            dtype=np.uint16,
+            zarr_format=2,
+            compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE),
+        )
         z[...] = data()
         g = zarr.open_group(str(root / "chunked.ome.zarr"), mode="a", zarr_format=2)
-        g.attrs["multiscales"] = [{"version": "0.4", "axes": [{"name": "y", "type": "space"}, {"name": "x", "type": "space"}],
-                                   "datasets": [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [1.0, 1.0]}]}]}]
+        g.attrs["multiscales"] = [
+            {
+                "version": "0.4",
+                "axes": [{"name": "y", "type": "space"}, {"name": "x", "type": "space"}],
+                "datasets": [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [1.0, 1.0]}]}],
+            }
+        ]
         with h5py.File(root / "chunked.h5", "w") as f:
             f.create_dataset("image", data=data(), chunks=(1024, 1024))
         with mrcfile.new(root / "plane.mrc", overwrite=True) as m:
@@ -126,12 +147,26 @@ def zarr_layouts(size: str = "small", data_dir: str | os.PathLike[str] | None = 
         if not (path / ".complete").exists():
             data = plane(n) if data is None else data
             if fmt == 2:
-                z = zarr.open_array(str(path), mode="w", shape=data.shape, chunks=(chunk, chunk), dtype=np.uint16,
-                                    zarr_format=2, compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE))
+                z = zarr.open_array(
+                    str(path),
+                    mode="w",
+                    shape=data.shape,
+                    chunks=(chunk, chunk),
+                    dtype=np.uint16,
+                    zarr_format=2,
+                    compressor=numcodecs.Blosc("zstd", 5, numcodecs.Blosc.SHUFFLE),
+                )
             else:
-                z = zarr.create_array(str(path), shape=data.shape, chunks=(chunk, chunk),
-                                      shards=None if shard is None else (shard, shard), dtype=np.uint16, zarr_format=3,
-                                      compressors=BloscCodec(cname="zstd", clevel=5, shuffle="shuffle"), overwrite=True)
+                z = zarr.create_array(
+                    str(path),
+                    shape=data.shape,
+                    chunks=(chunk, chunk),
+                    shards=None if shard is None else (shard, shard),
+                    dtype=np.uint16,
+                    zarr_format=3,
+                    compressors=BloscCodec(cname="zstd", clevel=5, shuffle="shuffle"),
+                    overwrite=True,
+                )
             z[...] = data
             (path / ".complete").write_text("")
         out.append(Fixture(label, path, label, _files_under(path)))

@@ -20,6 +20,7 @@ and the command that reproduces it:
    work, measured alternately, best of N; they hold on any machine. An enforced floor that
    misses is re-measured (``gate_floors.measure_confirmed``) and fails only when it still does.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,7 @@ __all__ = ["GATED_BENCHMARKS", "FACTOR", "main"]
 #: What gate 1 runs: part -> asv ``--bench`` regex (matched against ``name(params)``).
 GATED_BENCHMARKS: dict[str, str] = {
     "kernels": r"^kernels\.TimeKernels\.time_downsample_block\('(area 8192\^2 uint16 s(2|16)"
-               r"|nearest 8192\^2 uint16 s4|max 8192\^2 uint16 s8|mode 8192\^2 labels s4)'\)",
+    r"|nearest 8192\^2 uint16 s4|max 8192\^2 uint16 s8|mode 8192\^2 labels s4)'\)",
     "kernel load at server start": r"^kernels\.TimeCachedLoad\.time_first_call_warm_cache\('area'\)",
     "scaled reads (zarr, TIFF)": r"^read_path\.ScaledRead(Zarr|Tiff)\.time_scaled_read\('(nearest|area)', 4\)",
     "a chunk through the server": r"^flight\.ChunkThroughServer\.time_(doget|fast_path)",
@@ -51,7 +52,7 @@ GATED_BENCHMARKS: dict[str, str] = {
     "uploads": r"^uploads\..*\.time_",
 }
 FACTOR = 1.5
-SCREEN_FRACTION = 0.87   # re-measure from 1.3x
+SCREEN_FRACTION = 0.87  # re-measure from 1.3x
 CONFIRM_FRACTION = 0.93  # fail from 1.4x (confirmed)
 _GATED_KIND = re.compile(r"(^|\.)(time|timeraw)_")
 
@@ -65,14 +66,19 @@ class Failure:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", default="HEAD~1", help="commit to compare HEAD with (gate 1)")
-    parser.add_argument("--bench", action="append", default=[],
-                        help="asv --bench regex (repeatable); default: the gated set, GATED_BENCHMARKS")
-    parser.add_argument("--floors", default="all",
-                        help="comma-separated floor names of gate 2, 'all' or 'none'")
+    parser.add_argument(
+        "--bench",
+        action="append",
+        default=[],
+        help="asv --bench regex (repeatable); default: the gated set, GATED_BENCHMARKS",
+    )
+    parser.add_argument("--floors", default="all", help="comma-separated floor names of gate 2, 'all' or 'none'")
     parser.add_argument("--skip-commits", action="store_true", help="run gate 2 only")
     parser.add_argument("--factor", type=float, default=FACTOR, help="slowdown that fails gate 1")
     parser.add_argument("--asv-dir", default=".asv", help="asv environments, results and logs (under the repo)")
-    parser.add_argument("--asv-args", default="", help="extra asv continuous arguments, e.g. '-a processes=1' (one round)")
+    parser.add_argument(
+        "--asv-args", default="", help="extra asv continuous arguments, e.g. '-a processes=1' (one round)"
+    )
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -80,8 +86,9 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _commit(repo: Path, rev: str) -> str | None:
-    r = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", rev + "^{commit}"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", rev + "^{commit}"], capture_output=True, text=True
+    )
     return r.stdout.strip() or None
 
 
@@ -100,8 +107,13 @@ def resolve_base(repo: Path, rev: str) -> tuple[str | None, str]:
 def _asv(repo: Path, asv_dir: Path, args: list[str], log) -> int:  # text file
     """Run asv from asv_bench/ with the gate's config; stream its output to stdout and ``log``."""
     conf = json.loads((repo / "asv_bench" / "asv.conf.json").read_text())
-    conf.update(repo=str(repo), env_dir=str(asv_dir / "env"), results_dir=str(asv_dir / "results"),
-                html_dir=str(asv_dir / "html"), benchmark_dir=str(repo / "asv_bench" / "benchmarks"))
+    conf.update(
+        repo=str(repo),
+        env_dir=str(asv_dir / "env"),
+        results_dir=str(asv_dir / "results"),
+        html_dir=str(asv_dir / "html"),
+        benchmark_dir=str(repo / "asv_bench" / "benchmarks"),
+    )
     conf_path = asv_dir / "asv-gate.conf.json"
     conf_path.write_text(json.dumps(conf, indent=1))
     # the install step runs {conf_dir}/share_deps.py, and asv's conf_dir is the config's folder
@@ -109,8 +121,9 @@ def _asv(repo: Path, asv_dir: Path, args: list[str], log) -> int:  # text file
     env = dict(os.environ, TENSOR_SERVER_BENCH_SITE=sysconfig.get_paths()["purelib"])
     env.pop("PYTHONPATH", None)
     cmd = [sys.executable, "-m", "asv", *args[:1], "--config", str(conf_path), *args[1:]]
-    proc = subprocess.Popen(cmd, cwd=repo / "asv_bench", env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=repo / "asv_bench", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     for line in proc.stdout:
         sys.stdout.write(line)
         log.write(line)
@@ -139,8 +152,9 @@ def _machine() -> str:
     return socket.gethostname()
 
 
-def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], factor: float,
-                 asv_args: list[str] = ()) -> tuple[list[Failure], list[str]]:
+def gate_commits(
+    repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], factor: float, asv_args: list[str] = ()
+) -> tuple[list[Failure], list[str]]:
     from tensor_server.bench.gate_confirm import confirm_pairs, export_tree
 
     notes: list[str] = []
@@ -154,8 +168,12 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
     shutil.rmtree(asv_dir / "results", ignore_errors=True)  # only this run's results may decide
     machine = _machine()
     with open(asv_dir / "perf-gate.log", "w") as log:
-        subprocess.run([sys.executable, "-m", "asv", "machine", "--yes", "--machine", machine],
-                       cwd=repo / "asv_bench", capture_output=True, check=True)
+        subprocess.run(
+            [sys.executable, "-m", "asv", "machine", "--yes", "--machine", machine],
+            cwd=repo / "asv_bench",
+            capture_output=True,
+            check=True,
+        )
         args = ["continuous", "--machine", machine, "--factor", str(factor), "--split", "--show-stderr"]
         for r in regexes:
             args += ["--bench", r]
@@ -163,8 +181,13 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
     got_base, got_head = _results(asv_dir, machine, base), _results(asv_dir, machine, head)
     failures: list[Failure] = []
     if not got_head:
-        return [Failure("gate 1: asv produced no results for HEAD", f"see {asv_dir / 'perf-gate.log'}",
-                        f"make perf-gate PERF_BASE={base[:12]}")], notes
+        return [
+            Failure(
+                "gate 1: asv produced no results for HEAD",
+                f"see {asv_dir / 'perf-gate.log'}",
+                f"make perf-gate PERF_BASE={base[:12]}",
+            )
+        ], notes
     trees: dict[str, Path] = {}
     selected = [re.compile(r) for r in regexes]
     for (key, idx), (h, label) in sorted(got_head.items()):
@@ -174,7 +197,11 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
         b = got_base.get((key, idx), (None, label))[0]
         reproduce = f"make perf-gate PERF_BASE={base[:12]} PERF_BENCH={shlex.quote('^' + re.escape(label) + '$')} PERF_FLOORS=none"
         if h is None:
-            failures.append(Failure(f"gate 1: {label}", f"failed on HEAD {head[:10]} (traceback in the asv output above)", reproduce))
+            failures.append(
+                Failure(
+                    f"gate 1: {label}", f"failed on HEAD {head[:10]} (traceback in the asv output above)", reproduce
+                )
+            )
             continue
         if b is None:
             notes.append(f"gate 1: {label}: new, or failed on base ({h * 1e3:.3g} ms on HEAD)")
@@ -183,20 +210,27 @@ def gate_commits(repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], f
             continue
         if not trees:
             trees = {sha: export_tree(repo, sha, asv_dir / "gate-trees" / sha[:12]) for sha in (base, head)}
-        print(f"\nconfirming {label}: asv measured {b * 1e3:.3g} ms -> {h * 1e3:.3g} ms ({h / b:.2f}x); "
-              "re-running it alone, base and head interleaved ...", flush=True)
+        print(
+            f"\nconfirming {label}: asv measured {b * 1e3:.3g} ms -> {h * 1e3:.3g} ms ({h / b:.2f}x); "
+            "re-running it alone, base and head interleaved ...",
+            flush=True,
+        )
         try:
             pairs = confirm_pairs(repo / "asv_bench", key, idx, (trees[base], base), (trees[head], head))
         except RuntimeError as exc:  # a worker that crashed or hung: not noise, so not a pass
             failures.append(Failure(f"gate 1: {label}: the confirmation re-run failed", str(exc), reproduce))
             continue
         c, runs = pairs
-        verdict = (f"base {base[:10]} {c.base_ms:.3g} ms, head {head[:10]} {c.head_ms:.3g} ms, ratio {c.ratio:.2f}x "
-                   f"(best call of each side over {len(runs)} fresh base/head process pairs, {c.rounds} interleaved "
-                   f"rounds; pair ratios {', '.join(f'{r.ratio:.2f}' for r in runs)}; "
-                   f"asv measured {b * 1e3:.3g} -> {h * 1e3:.3g} ms)")
+        verdict = (
+            f"base {base[:10]} {c.base_ms:.3g} ms, head {head[:10]} {c.head_ms:.3g} ms, ratio {c.ratio:.2f}x "
+            f"(best call of each side over {len(runs)} fresh base/head process pairs, {c.rounds} interleaved "
+            f"rounds; pair ratios {', '.join(f'{r.ratio:.2f}' for r in runs)}; "
+            f"asv measured {b * 1e3:.3g} -> {h * 1e3:.3g} ms)"
+        )
         if c.ratio >= CONFIRM_FRACTION * factor:
-            failures.append(Failure(f"gate 1: {label} is {c.ratio:.2f}x slower (limit {factor:g}x)", verdict, reproduce))
+            failures.append(
+                Failure(f"gate 1: {label} is {c.ratio:.2f}x slower (limit {factor:g}x)", verdict, reproduce)
+            )
         else:
             notes.append(f"gate 1: {label}: noise, not confirmed: {verdict}")
     return failures, notes
@@ -218,10 +252,17 @@ def gate_floors(names: str, data_dir: Path) -> tuple[list[Failure], list[str]]:
             continue
         r, runs = measure_confirmed(floor, data_dir)
         status = "held" if r.held else ("FAILED" if floor.enforced else "not held (not enforced)")
-        confirmed = "" if len(runs) == 1 else (
-            f" (best of each side over {len(runs)} measurements; their ratios {', '.join(f'{x.ratio:.3f}' for x in runs)})")
-        line = (f"{floor.name}: ours {r.ours_ms:.3g} ms ({floor.ours}), peer {r.peer_ms:.3g} ms ({floor.peer}), "
-                f"ratio {r.ratio:.3f}, limit {floor.max_ratio:.3f} ({floor.describe_limit()}){confirmed}: {status}")
+        confirmed = (
+            ""
+            if len(runs) == 1
+            else (
+                f" (best of each side over {len(runs)} measurements; their ratios {', '.join(f'{x.ratio:.3f}' for x in runs)})"
+            )
+        )
+        line = (
+            f"{floor.name}: ours {r.ours_ms:.3g} ms ({floor.ours}), peer {r.peer_ms:.3g} ms ({floor.peer}), "
+            f"ratio {r.ratio:.3f}, limit {floor.max_ratio:.3f} ({floor.describe_limit()}){confirmed}: {status}"
+        )
         print("  " + line, flush=True)
         reproduce = f"make perf-gate PERF_SKIP_COMMITS=1 PERF_FLOORS={floor.name}"
         if not r.held and floor.enforced:
@@ -237,8 +278,14 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     failures, notes = [], []
     if not args.skip_commits:
-        f, n = gate_commits(repo, asv_dir, args.base, args.bench or list(GATED_BENCHMARKS.values()), args.factor,
-                            shlex.split(args.asv_args))
+        f, n = gate_commits(
+            repo,
+            asv_dir,
+            args.base,
+            args.bench or list(GATED_BENCHMARKS.values()),
+            args.factor,
+            shlex.split(args.asv_args),
+        )
         failures += f
         notes += n
     t1 = time.perf_counter()

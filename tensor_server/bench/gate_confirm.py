@@ -8,6 +8,7 @@ base, ... so a slow spell hits both sides alike, and each side is reduced to its
 (noise only ever adds time). Three such pairs run, fresh processes each, and each side's best
 call over all of them makes the verdict (``confirm_pairs``). Only a slowdown that survives this fails the gate.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,9 @@ def export_tree(repo: Path, commit: str, dest: Path) -> Path:
         return dest
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(repo), "archive", "--format=tar", commit],
-                             check=True, stdout=subprocess.PIPE).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", "--format=tar", commit], check=True, stdout=subprocess.PIPE
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     (dest / ".complete").write_text(commit)
     return dest
@@ -53,8 +55,14 @@ def export_tree(repo: Path, commit: str, dest: Path) -> Path:
 class _Worker:
     def __init__(self, suite_dir: Path, tree: Path, commit: str, name: str, param_index: int) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "kernels")]), ASV_COMMIT=commit)
-        self.proc = subprocess.Popen([sys.executable, str(suite_dir / "confirm_worker.py"), name, str(param_index)],
-                                     cwd=suite_dir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(suite_dir / "confirm_worker.py"), name, str(param_index)],
+            cwd=suite_dir,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
         self.label = f"{name} at {commit[:10]}"
@@ -64,8 +72,9 @@ class _Worker:
             raise RuntimeError(f"confirmation worker for {self.label} gave no answer in {_WORKER_TIMEOUT_S:.0f} s")
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"confirmation worker for {self.label} exited (code {self.proc.wait()}); "
-                               "its traceback is above")
+            raise RuntimeError(
+                f"confirmation worker for {self.label} exited (code {self.proc.wait()}); its traceback is above"
+            )
         return line.strip()
 
     def ready(self) -> None:
@@ -89,8 +98,16 @@ class _Worker:
         self.sel.close()
 
 
-def confirm(suite_dir: Path, name: str, param_index: int, base: tuple[Path, str], head: tuple[Path, str],
-            min_rounds: int = 9, max_rounds: int = 200, budget_s: float = 10.0) -> Confirmation:
+def confirm(
+    suite_dir: Path,
+    name: str,
+    param_index: int,
+    base: tuple[Path, str],
+    head: tuple[Path, str],
+    min_rounds: int = 9,
+    max_rounds: int = 200,
+    budget_s: float = 10.0,
+) -> Confirmation:
     """Re-measure benchmark ``name`` (its ``param_index``-th parameter combination) for the
     ``(source tree, commit)`` pairs ``base`` and ``head``: at least ``min_rounds`` interleaved
     rounds, more (up to ``max_rounds``) while ``budget_s`` of calls has not passed."""
@@ -102,7 +119,7 @@ def confirm(suite_dir: Path, name: str, param_index: int, base: tuple[Path, str]
         start = time.perf_counter()
         rounds = 0
         while rounds < min_rounds or (rounds < max_rounds and time.perf_counter() - start < budget_s):
-            for i in ((0, 1) if rounds % 2 == 0 else (1, 0)):
+            for i in (0, 1) if rounds % 2 == 0 else (1, 0):
                 best[i] = min(best[i], workers[i].call_s())
             rounds += 1
     finally:
@@ -111,8 +128,9 @@ def confirm(suite_dir: Path, name: str, param_index: int, base: tuple[Path, str]
     return Confirmation(best[0] * 1e3, best[1] * 1e3, rounds)
 
 
-def confirm_pairs(suite_dir: Path, name: str, param_index: int, base: tuple[Path, str], head: tuple[Path, str],
-                  pairs: int = 3) -> tuple[Confirmation, list[Confirmation]]:
+def confirm_pairs(
+    suite_dir: Path, name: str, param_index: int, base: tuple[Path, str], head: tuple[Path, str], pairs: int = 3
+) -> tuple[Confirmation, list[Confirmation]]:
     """``confirm`` with ``pairs`` fresh pairs of workers. Returns the verdict, each side's best
     call over every pair, and the pairs. Why several processes, and the best over all of them:
     on an oversubscribed machine a pair of workers running identical code measured 1.59x and

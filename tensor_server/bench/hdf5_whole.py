@@ -13,6 +13,7 @@ round-robin ``--repeats`` times (medians, the peer in the same run):
 
 Every path is checked bit-identical to the written array before it is timed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,10 +63,14 @@ def _paths(path: Path, tensor: Any, runtime: Any, clients: dict[str, Any]) -> di
             ds.read_direct(out)
             return out
 
-    return {"h5py [...]": h5py_read, "h5py read_direct": h5py_read_direct, "adapter get_data": tensor.get_data,
-            "engine read": lambda: runtime.engine.read(tensor, None, None, None),
-            "SDK, server uncached": lambda: clients["uncached"].get_array(tensor.array_id),
-            "SDK, server cached (mapped)": lambda: clients["cached"].get_array(tensor.array_id)}
+    return {
+        "h5py [...]": h5py_read,
+        "h5py read_direct": h5py_read_direct,
+        "adapter get_data": tensor.get_data,
+        "engine read": lambda: runtime.engine.read(tensor, None, None, None),
+        "SDK, server uncached": lambda: clients["uncached"].get_array(tensor.array_id),
+        "SDK, server cached (mapped)": lambda: clients["cached"].get_array(tensor.array_id),
+    }
 
 
 def main(args: argparse.Namespace) -> int:
@@ -97,7 +102,9 @@ def main(args: argparse.Namespace) -> int:
             ms = alternating_medians(fns, args.repeats)
             peer = ms["h5py [...]"]
             load = os.getloadavg()[0]
-            rows += [{"layout": layout, "path": name, "ms": v, "x_h5py": v / peer, "load": load} for name, v in ms.items()]
+            rows += [
+                {"layout": layout, "path": name, "ms": v, "x_h5py": v / peer, "load": load} for name, v in ms.items()
+            ]
     finally:
         for srv in servers.values():
             srv.stop()
@@ -106,9 +113,13 @@ def main(args: argparse.Namespace) -> int:
         if cache is not None:
             cache.close()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{SHAPE} uint16 ({data.nbytes / 2**20:.0f} MiB), page cache warm, medians of {args.repeats}; "
-          f"{os.cpu_count()} cores")
-    print_table(["layout", "path", "ms", "x h5py [...]", "load"],
-                [[r["layout"], r["path"], f"{r['ms']:.0f}", f"{r['x_h5py']:.2f}", f"{r['load']:.1f}"] for r in rows])
+    print(
+        f"{SHAPE} uint16 ({data.nbytes / 2**20:.0f} MiB), page cache warm, medians of {args.repeats}; "
+        f"{os.cpu_count()} cores"
+    )
+    print_table(
+        ["layout", "path", "ms", "x h5py [...]", "load"],
+        [[r["layout"], r["path"], f"{r['ms']:.0f}", f"{r['x_h5py']:.2f}", f"{r['load']:.1f}"] for r in rows],
+    )
     write_json(args.json_path, "hdf5-whole", "x".join(map(str, SHAPE)), rows)
     return 0

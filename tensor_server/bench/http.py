@@ -15,6 +15,7 @@ Then precache: a viewer-like burst (every chunk of level 0 in row order, as a pa
 precache off and on, alternating, to show that precache work does not slow a client's burst
 (it runs at the lowest priority and only while no client read is in flight).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,9 +44,15 @@ class _Served:
         self.catalog.scan()
         self._stack = contextlib.ExitStack()
         self.cache = CacheManager(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="ts-bench-http-")))
-        served = self._stack.enter_context(serving(self.catalog, cache=self.cache, http=True,
-                                                   precache_bytes=precache_bytes,
-                                                   plane_budget_px=self.POLICY_PLANE_PX))
+        served = self._stack.enter_context(
+            serving(
+                self.catalog,
+                cache=self.cache,
+                http=True,
+                precache_bytes=precache_bytes,
+                plane_budget_px=self.POLICY_PLANE_PX,
+            )
+        )
         self.server, self.http = served.flight, served.http
         self.runtime = served.runtime
         self.policy = served.runtime.policy
@@ -89,7 +96,9 @@ def _time_each(fetch, items) -> list[float]:
     return out
 
 
-def run_http(size: str = "small", data_dir: str | None = None, json_path: str | None = None, repeats: int = 5) -> list[dict[str, Any]]:
+def run_http(
+    size: str = "small", data_dir: str | None = None, json_path: str | None = None, repeats: int = 5
+) -> list[dict[str, Any]]:
     import http.client
 
     import pyarrow.flight as flight
@@ -129,24 +138,46 @@ def run_http(size: str = "small", data_dir: str | None = None, json_path: str | 
                 cold = _time_each(fetch, idx)
                 warm = [statistics.median(_time_each(fetch, [i] * repeats)) for i in idx]
                 total = sum(nbytes) / 1e6
-                rows.append({"level": label, "transport": transport, "chunks": len(idx),
-                             "chunk": "x".join(map(str, level.chunks)),
-                             "cold_ms": statistics.median(cold), "warm_ms": statistics.median(warm),
-                             "cold_mb_s": total / (sum(cold) / 1e3), "warm_mb_s": total / (sum(warm) / 1e3)})
+                rows.append(
+                    {
+                        "level": label,
+                        "transport": transport,
+                        "chunks": len(idx),
+                        "chunk": "x".join(map(str, level.chunks)),
+                        "cold_ms": statistics.median(cold),
+                        "warm_ms": statistics.median(warm),
+                        "cold_mb_s": total / (sum(cold) / 1e3),
+                        "warm_mb_s": total / (sum(warm) / 1e3),
+                    }
+                )
                 client.close()
             finally:
                 served.close()
-    print_table(["level", "transport", "chunks", "chunk", "cold ms", "warm ms", "cold MB/s", "warm MB/s"],
-                [[r["level"], r["transport"], r["chunks"], r["chunk"], r["cold_ms"], r["warm_ms"], r["cold_mb_s"],
-                  r["warm_mb_s"]] for r in rows])
+    print_table(
+        ["level", "transport", "chunks", "chunk", "cold ms", "warm ms", "cold MB/s", "warm MB/s"],
+        [
+            [
+                r["level"],
+                r["transport"],
+                r["chunks"],
+                r["chunk"],
+                r["cold_ms"],
+                r["warm_ms"],
+                r["cold_mb_s"],
+                r["warm_mb_s"],
+            ]
+            for r in rows
+        ],
+    )
     rows += run_http_throughput()
     rows += _precache_burst(root)
     write_json(json_path, "http", size, rows)
     return rows
 
 
-def run_http_throughput(seconds: float = 2.0, rounds: int = 3, clients: tuple[int, ...] = (1, 8),
-                        server: str | None = None) -> list[dict[str, Any]]:
+def run_http_throughput(
+    seconds: float = 2.0, rounds: int = 3, clients: tuple[int, ...] = (1, 8), server: str | None = None
+) -> list[dict[str, Any]]:
     """MB/s of warm 8 MiB chunks over HTTP and over Flight DoGet, by 1 and 8 concurrent
     clients, rounds alternating between the transports (module docstring). The server runs
     in a child process (``--serve-chunks``), so the clients' Python never holds its GIL;
@@ -164,8 +195,12 @@ def run_http_throughput(seconds: float = 2.0, rounds: int = 3, clients: tuple[in
 
     from tensor_server.bench.throughput import read_doget
 
-    child = subprocess.Popen([sys.executable, "-m", "tensor_server.bench.http", "--serve-chunks", server or ""],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tensor_server.bench.http", "--serve-chunks", server or ""],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     rates: dict[tuple[str, int], list[float]] = {}
     try:
         spec = json.loads(child.stdout.readline())
@@ -204,14 +239,29 @@ def run_http_throughput(seconds: float = 2.0, rounds: int = 3, clients: tuple[in
     rows = []
     for n in clients:
         h, f = (statistics.median(rates[(t, n)]) for t in ("HTTP", "Flight DoGet"))
-        rows.append({"level": "warm 8 MiB chunks", "transport": "HTTP vs Flight DoGet", "server": server or "default",
-                     "clients": n, "http_mb_s": h, "flight_mb_s": f, "ratio": h / f,
-                     "load_average": os.getloadavg()[0]})
-    print(f"\nwarm 8 MiB chunks, MB/s (HTTP server: {server or 'default'}; medians of {rounds} rounds of "
-          f"{seconds:.0f} s, transports alternating; server in a child process):")
-    print_table(["clients", "HTTP MB/s", "Flight DoGet MB/s", "HTTP/Flight", "load avg"],
-                [[r["clients"], r["http_mb_s"], r["flight_mb_s"], f"{r['ratio']:.2f}", f"{r['load_average']:.1f}"]
-                 for r in rows])
+        rows.append(
+            {
+                "level": "warm 8 MiB chunks",
+                "transport": "HTTP vs Flight DoGet",
+                "server": server or "default",
+                "clients": n,
+                "http_mb_s": h,
+                "flight_mb_s": f,
+                "ratio": h / f,
+                "load_average": os.getloadavg()[0],
+            }
+        )
+    print(
+        f"\nwarm 8 MiB chunks, MB/s (HTTP server: {server or 'default'}; medians of {rounds} rounds of "
+        f"{seconds:.0f} s, transports alternating; server in a child process):"
+    )
+    print_table(
+        ["clients", "HTTP MB/s", "Flight DoGet MB/s", "HTTP/Flight", "load avg"],
+        [
+            [r["clients"], r["http_mb_s"], r["flight_mb_s"], f"{r['ratio']:.2f}", f"{r['load_average']:.1f}"]
+            for r in rows
+        ],
+    )
     return rows
 
 
@@ -239,8 +289,10 @@ def _serve_chunks(server: str) -> None:
     cache_dir = tempfile.mkdtemp(prefix="ts-bench-http-tp-")
     cache = CacheManager(cache_dir)
     try:
-        with serving(cat, cache=cache, http=True, http_parser=server or None,
-                     plane_budget_px=_Served.POLICY_PLANE_PX) as served:
+        with serving(
+            cat, cache=cache, http=True, http_parser=server or None, plane_budget_px=_Served.POLICY_PLANE_PX
+        ) as served:
+
             class _View:  # what _level_reads needs of a _Served
                 runtime, policy = served.runtime, served.runtime.policy
 
@@ -253,8 +305,17 @@ def _serve_chunks(server: str) -> None:
                 conn.request("GET", p)
                 conn.getresponse().read()
             conn.close()
-            print(json.dumps({"http_port": served.http.port, "flight": served.flight.location, "paths": paths,
-                              "tickets": [base64.b64encode(t.ticket).decode() for t in tickets]}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "http_port": served.http.port,
+                        "flight": served.flight.location,
+                        "paths": paths,
+                        "tickets": [base64.b64encode(t.ticket).decode() for t in tickets],
+                    }
+                ),
+                flush=True,
+            )
             sys.stdin.read()
     finally:
         cache.close()
@@ -282,8 +343,10 @@ def _precache_burst(root: Path, rounds: int = 3) -> list[dict[str, Any]]:
             finally:
                 served.close()
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
-    print(f"\nlevel-0 pan ({len(paths)} chunks, cold): precache off {off:.1f} ms, on {on:.1f} ms "
-          f"(on/off {on / off:.2f}; medians of {rounds}, alternating)")
+    print(
+        f"\nlevel-0 pan ({len(paths)} chunks, cold): precache off {off:.1f} ms, on {on:.1f} ms "
+        f"(on/off {on / off:.2f}; medians of {rounds}, alternating)"
+    )
     return [{"level": "pan burst", "transport": "HTTP", "precache_off_ms": off, "precache_on_ms": on}]
 
 

@@ -22,6 +22,7 @@ extent is the whole image). Printed beside them: Cantaloupe's published figures,
 per tile from a stored pyramid and 45–50 s per tile from a non-pyramidal TIFF (cantaloupe#455),
 and the load average after each row (the figures are only comparable within one run).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,16 +56,29 @@ def _write_fixtures(root: Path, side: int) -> None:
                 yield (ramp + base + rng.integers(0, 16, (TILE, TILE), dtype=np.uint8)).astype(np.uint8)
 
     if not (root / "big.tif").exists():  # written aside, then renamed: an interrupted run leaves no half file
-        tifffile.imwrite(root / "big.tif.partial", tiles(), shape=(side, side), dtype=np.uint8, tile=(TILE, TILE),
-                         compression="zlib", photometric="minisblack")
+        tifffile.imwrite(
+            root / "big.tif.partial",
+            tiles(),
+            shape=(side, side),
+            dtype=np.uint8,
+            tile=(TILE, TILE),
+            compression="zlib",
+            photometric="minisblack",
+        )
         os.replace(root / "big.tif.partial", root / "big.tif")
     if not (root / "big.zarr").exists():
         src = tifffile.imread(root / "big.tif", aszarr=True)
-        z = zarr.create_array(str(root / "big.zarr.partial"), shape=(side, side), chunks=(TILE, TILE), dtype=np.uint8,
-                              zarr_format=2, overwrite=True)
+        z = zarr.create_array(
+            str(root / "big.zarr.partial"),
+            shape=(side, side),
+            chunks=(TILE, TILE),
+            dtype=np.uint8,
+            zarr_format=2,
+            overwrite=True,
+        )
         arr = zarr.open(src, mode="r")
         for row in range(0, side, 4 * TILE):
-            z[row:row + 4 * TILE] = arr[row:row + 4 * TILE]
+            z[row : row + 4 * TILE] = arr[row : row + 4 * TILE]
         os.replace(root / "big.zarr.partial", root / "big.zarr")
 
 
@@ -165,7 +179,7 @@ def _peer_times(tif: Path, side: int, factor: int, cap: int) -> list[float]:
     whole = []
     for x, y, region in _viewport(side, factor)[:cap]:
         t0 = time.perf_counter()
-        block = arr[y:y + region, x:x + region]
+        block = arr[y : y + region, x : x + region]
         image = Image.fromarray(np.ascontiguousarray(block))
         if factor > 1:
             image = image.resize((-(-block.shape[1] // factor), -(-block.shape[0] // factor)), Image.Resampling.BOX)
@@ -194,19 +208,42 @@ def _floor_times(root: Path, kind: str, side: int, factor: int, cap: int) -> lis
 #: pyramid, and the range from a non-pyramidal TIFF
 CANTALOUPE_PYRAMID_MS = 30.0
 CANTALOUPE_NO_PYRAMID_MS = (45_000.0, 50_000.0)
-_HEAD = ["format", "scale", "tiles", "cold 1st", "floor 1st", "1st/floor", "cold p50", "cold p99", "floor p50",
-         "cold/floor", "info", "warm p50", "warm p99", "peer p50", "peer p99", "settle s", "load"]
+_HEAD = [
+    "format",
+    "scale",
+    "tiles",
+    "cold 1st",
+    "floor 1st",
+    "1st/floor",
+    "cold p50",
+    "cold p99",
+    "floor p50",
+    "cold/floor",
+    "info",
+    "warm p50",
+    "warm p99",
+    "peer p50",
+    "peer p99",
+    "settle s",
+    "load",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=("small", "full"), default="small", help="small: 8192², full: 32768²")
     parser.add_argument("--data-dir", help="where the fixtures are written once (default: a temporary folder)")
-    parser.add_argument("--peer-tiles", type=int, default=9, help="tiles the peer and the floor read per level "
-                        "(a coarse tile's extent is the whole image at full resolution)")
+    parser.add_argument(
+        "--peer-tiles",
+        type=int,
+        default=9,
+        help="tiles the peer and the floor read per level "
+        "(a coarse tile's extent is the whole image at full resolution)",
+    )
     parser.add_argument("--formats", default="tiff,zarr", help="comma-separated: tiff, zarr")
     parser.add_argument("--scales", help="comma-separated scale factors (default: every level)")
-    parser.add_argument("--settle", type=float, default=120.0, help="seconds to wait for the precacher before "
-                        "the warm pass")
+    parser.add_argument(
+        "--settle", type=float, default=120.0, help="seconds to wait for the precacher before the warm pass"
+    )
     parser.add_argument("--json", dest="json_path")
 
 
@@ -230,21 +267,38 @@ def main(ns: argparse.Namespace) -> int:
             floor = _floor_times(root, kind, side, factor, ns.peer_tiles)
             got = _served_times(root, kind, side, factor, ns.settle)
             cold, warm = got["cold"], got["warm"]
-            row = {"format": kind, "scale": factor, "tiles": len(cold), "cold_first": cold[0],
-                   "floor_first": floor[0], "first_over_floor": cold[0] / floor[0],
-                   "cold_p50": _pct(cold, 50), "cold_p99": _pct(cold, 99), "floor_p50": _pct(floor, 50),
-                   "cold_over_floor": float(np.median([c / f for c, f in zip(cold, floor)])), "info": got["info"],
-                   "warm_p50": _pct(warm, 50), "warm_p99": _pct(warm, 99), "peer_p50": _pct(peer, 50),
-                   "peer_p99": _pct(peer, 99), "settle_s": got["settle"], "load": os.getloadavg()[0]}
+            row = {
+                "format": kind,
+                "scale": factor,
+                "tiles": len(cold),
+                "cold_first": cold[0],
+                "floor_first": floor[0],
+                "first_over_floor": cold[0] / floor[0],
+                "cold_p50": _pct(cold, 50),
+                "cold_p99": _pct(cold, 99),
+                "floor_p50": _pct(floor, 50),
+                "cold_over_floor": float(np.median([c / f for c, f in zip(cold, floor)])),
+                "info": got["info"],
+                "warm_p50": _pct(warm, 50),
+                "warm_p99": _pct(warm, 99),
+                "peer_p50": _pct(peer, 50),
+                "peer_p99": _pct(peer, 99),
+                "settle_s": got["settle"],
+                "load": os.getloadavg()[0],
+            }
             out.append(row)
             rows.append(list(row.values()))
             print_table(_HEAD, rows[-1:])
-    print(f"\n{side}² uint8, 512² JPEG tiles over HTTP (ms), {os.cpu_count()} cores; cold: a fresh server per "
-          f"level, after its info.json (info: ms); warm: the same tiles once the precacher settled; floor: read + decode (all cores) of the stored "
-          f"pieces under the tile's extent; cold/floor: the median over the floor's tiles of cold / floor; peer: tifffile + Pillow per tile (first {ns.peer_tiles} tiles per level); "
-          "load: 1-min load average after the row")
+    print(
+        f"\n{side}² uint8, 512² JPEG tiles over HTTP (ms), {os.cpu_count()} cores; cold: a fresh server per "
+        f"level, after its info.json (info: ms); warm: the same tiles once the precacher settled; floor: read + decode (all cores) of the stored "
+        f"pieces under the tile's extent; cold/floor: the median over the floor's tiles of cold / floor; peer: tifffile + Pillow per tile (first {ns.peer_tiles} tiles per level); "
+        "load: 1-min load average after the row"
+    )
     print_table(_HEAD, rows)
-    print(f"Cantaloupe (published, cantaloupe#455): {CANTALOUPE_PYRAMID_MS:g} ms median per tile from a stored "
-          f"pyramid; {CANTALOUPE_NO_PYRAMID_MS[0] / 1e3:g}-{CANTALOUPE_NO_PYRAMID_MS[1] / 1e3:g} s per tile without one")
+    print(
+        f"Cantaloupe (published, cantaloupe#455): {CANTALOUPE_PYRAMID_MS:g} ms median per tile from a stored "
+        f"pyramid; {CANTALOUPE_NO_PYRAMID_MS[0] / 1e3:g}-{CANTALOUPE_NO_PYRAMID_MS[1] / 1e3:g} s per tile without one"
+    )
     write_json(ns.json_path, "iiif", ns.size, out)
     return 0

@@ -19,6 +19,7 @@ exact equality; every benchmark scale divides the shape, so there are no edge bl
 TensorStore averages only the valid part). Peers that are not installed are skipped with a note.
 Our kernels run on one thread; TensorStore may use its own thread pool.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,18 +46,23 @@ PROBE = "probe (numba sum of the input)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true",
-                        help="small arrays (smoke run; ratios are not representative)")
+    parser.add_argument("--quick", action="store_true", help="small arrays (smoke run; ratios are not representative)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per cell (>= 5)")
     parser.add_argument("--only", default="", help="run only cases whose name contains this")
-    parser.add_argument("--stat", choices=("median", "min", "cpu"), default="median",
-                        help="per cell: median of the rounds, the best, or the best thread CPU time "
-                             "(TensorStore: best wall time, it runs on its own threads); for a heavily "
-                             "loaded machine")
-    parser.add_argument("--peers", default="",
-                        help="only peers whose name contains one of these (comma-separated, e.g. tensorstore)")
-    parser.add_argument("--plane", type=int, default=0,
-                        help="side of the 2-D cases' planes instead of the table's (e.g. 4096)")
+    parser.add_argument(
+        "--stat",
+        choices=("median", "min", "cpu"),
+        default="median",
+        help="per cell: median of the rounds, the best, or the best thread CPU time "
+        "(TensorStore: best wall time, it runs on its own threads); for a heavily "
+        "loaded machine",
+    )
+    parser.add_argument(
+        "--peers", default="", help="only peers whose name contains one of these (comma-separated, e.g. tensorstore)"
+    )
+    parser.add_argument(
+        "--plane", type=int, default=0, help="side of the 2-D cases' planes instead of the table's (e.g. 4096)"
+    )
 
 
 def _median_ms(fn: Thunk, repeats: int, min_total_s: float = 0.3) -> float:
@@ -64,8 +70,9 @@ def _median_ms(fn: Thunk, repeats: int, min_total_s: float = 0.3) -> float:
     return _interleaved_ms({"fn": fn}, repeats, min_total_s)["fn"]
 
 
-def _interleaved_ms(fns: dict[str, Thunk], repeats: int, min_total_s: float = 0.3,
-                    stat: str = "median", threaded: tuple[str, ...] = ()) -> dict[str, float]:
+def _interleaved_ms(
+    fns: dict[str, Thunk], repeats: int, min_total_s: float = 0.3, stat: str = "median", threaded: tuple[str, ...] = ()
+) -> dict[str, float]:
     """Median ms per function, timed in interleaved rounds (each round calls every function once,
     in a rotating order) so that a slow spell of the shared machine hits all of them alike and
     the ratios stay meaningful. At least ``repeats`` rounds, more (up to 1000) until
@@ -134,15 +141,17 @@ class _Peers:
             extreme = x.reshape(split).max if m == "max" else x.reshape(split).min
             out[f"numpy reshape-{m}"] = lambda: extreme(axis=red)
         if self.skimage_transform is not None and m == "area":
-            out["scikit-image downscale_local_mean"] = (
-                lambda: self.skimage_transform.downscale_local_mean(x, s))
+            out["scikit-image downscale_local_mean"] = lambda: self.skimage_transform.downscale_local_mean(x, s)
         if self.skimage_measure is not None and m == "max":
-            out["scikit-image block_reduce(max)"] = (
-                lambda: self.skimage_measure.block_reduce(x, s, np.max))
+            out["scikit-image block_reduce(max)"] = lambda: self.skimage_measure.block_reduce(x, s, np.max)
         if self.tinybrain is not None and m != "min":
             tb = self.tinybrain
-            fn = {"area": tb.downsample_with_averaging, "max": tb.downsample_with_max_pooling,
-                  "mode": tb.downsample_segmentation, "nearest": tb.downsample_with_striding}[m]
+            fn = {
+                "area": tb.downsample_with_averaging,
+                "max": tb.downsample_with_max_pooling,
+                "mode": tb.downsample_segmentation,
+                "nearest": tb.downsample_with_striding,
+            }[m]
             out["tinybrain"] = lambda: fn(x, s, num_mips=1)[0]
         if self.ts is not None:
             ts_method = {"area": "mean", "nearest": "stride", "max": "max", "min": "min", "mode": "mode"}[m]
@@ -167,12 +176,16 @@ def main(args: argparse.Namespace) -> int:
     peers = _Peers.load()
     cases = [c for c in BENCH_CASES if args.only in c.name]
     if args.plane:
-        cases = [dataclasses.replace(c, shape=(args.plane,) * 2, quick_shape=(args.plane,) * 2)
-                 if len(c.shape) == 2 else c for c in cases]
+        cases = [
+            dataclasses.replace(c, shape=(args.plane,) * 2, quick_shape=(args.plane,) * 2) if len(c.shape) == 2 else c
+            for c in cases
+        ]
     t_warm = warm_up()
-    print(f"kernel warm_up(): {t_warm:.2f} s; {args.stat} of >= {repeats}; load average "
-          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; "
-          f"{'QUICK sizes' if args.quick else 'full sizes'}; %bw = probe time / row time")
+    print(
+        f"kernel warm_up(): {t_warm:.2f} s; {args.stat} of >= {repeats}; load average "
+        f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}; "
+        f"{'QUICK sizes' if args.quick else 'full sizes'}; %bw = probe time / row time"
+    )
     for note in peers.notes:
         print("note:", note)
 
@@ -189,7 +202,9 @@ def main(args: argparse.Namespace) -> int:
         x = data[key]
         ours_name = "ours (downsample_block)"
         thunks: dict[str, Thunk] = {
-            ours_name: lambda: downsample_block(x, case.scale, case.method), PROBE: lambda: read_probe(x)}
+            ours_name: lambda: downsample_block(x, case.scale, case.method),
+            PROBE: lambda: read_probe(x),
+        }
         notes: dict[str, str] = {}
         order = [ours_name, PROBE]
         ts_name, ts_out = None, None
@@ -210,8 +225,9 @@ def main(args: argparse.Namespace) -> int:
             elif r.shape != tuple(-(-n // k) for n, k in zip(x.shape, case.scale)):
                 notes[name] = f"returns shape {r.shape}"
             thunks[name] = fn
-        timed = _interleaved_ms(thunks, repeats, stat=args.stat,
-                                threaded=tuple(n for n in thunks if n.startswith("tensorstore")))
+        timed = _interleaved_ms(
+            thunks, repeats, stat=args.stat, threaded=tuple(n for n in thunks if n.startswith("tensorstore"))
+        )
         results: dict[str, float | None] = {n: timed.get(n) for n in order}
         t_ts = timed.get(ts_name) if ts_name else None
         t_probe = timed[PROBE]
@@ -224,8 +240,10 @@ def main(args: argparse.Namespace) -> int:
             gbs = None if ms is None else x.nbytes / (ms / 1e3) / 1e9
             pct = None if ms is None else 100 * t_probe / ms
             ratio = None if (ms is None or t_ts is None) else t_ts / ms
-            print(f"{case.label(args.quick):<28} {name:<34} {_fmt(ms, '8.1f'):>8} {_fmt(gbs, '6.1f'):>6} "
-                  f"{_fmt(pct, '5.0f'):>5} {_fmt(ratio, '6.2f'):>6}  {notes.get(name, '')}")
+            print(
+                f"{case.label(args.quick):<28} {name:<34} {_fmt(ms, '8.1f'):>8} {_fmt(gbs, '6.1f'):>6} "
+                f"{_fmt(pct, '5.0f'):>5} {_fmt(ratio, '6.2f'):>6}  {notes.get(name, '')}"
+            )
         verdicts += _judge(case.label(args.quick), case, results, t_ts, t_probe, same)
     print()
     print("targets:")
@@ -234,24 +252,28 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _judge(label: str, case: BenchCase, results: dict[str, float | None], t_ts: float | None,
-           t_probe: float, same: bool | None) -> list[tuple[str, bool, str]]:
+def _judge(
+    label: str, case: BenchCase, results: dict[str, float | None], t_ts: float | None, t_probe: float, same: bool | None
+) -> list[tuple[str, bool, str]]:
     ms = results["ours (downsample_block)"]
     assert ms is not None
     out = []
     if case.method in ("area", "max", "min", "mode") and t_ts is not None:
         want = {"area": AREA_VS_TS, "max": MAX_VS_TS, "min": MAX_VS_TS, "mode": MODE_VS_TS}[case.method]
-        out.append((f"{label} >= {want:g}x TensorStore", t_ts / ms >= want,
-                    f"{t_ts / ms:.2f}x"))
+        out.append((f"{label} >= {want:g}x TensorStore", t_ts / ms >= want, f"{t_ts / ms:.2f}x"))
     if case.method in BW_METHODS:
         frac = t_probe / ms
-        out.append((f"{label} >= {BW_FRACTION:.0%} of read bandwidth (probe)",
-                    frac >= BW_FRACTION, f"{frac:.0%}"))
+        out.append((f"{label} >= {BW_FRACTION:.0%} of read bandwidth (probe)", frac >= BW_FRACTION, f"{frac:.0%}"))
     if case.method == "mode" and same is not None:
         out.append((f"{label} exact (= TensorStore mode)", bool(same), "equal" if same else "differs"))
     if case.method == "nearest":
         t_np = next((v for k, v in results.items() if k.startswith("numpy")), None)
         if t_np is not None:
-            out.append((f"{label} >= {NEAREST_VS_NUMPY:g}x NumPy strided copy",
-                        t_np / ms >= NEAREST_VS_NUMPY, f"{t_np / ms:.2f}x"))
+            out.append(
+                (
+                    f"{label} >= {NEAREST_VS_NUMPY:g}x NumPy strided copy",
+                    t_np / ms >= NEAREST_VS_NUMPY,
+                    f"{t_np / ms:.2f}x",
+                )
+            )
     return out

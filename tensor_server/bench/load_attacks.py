@@ -7,6 +7,7 @@ declared 10¹¹-element upload with a short client timeout, ``add_source`` of ``
 and a 30,000-segment URL — and of issue 38: a JSON body of escaped quotes, an export of a file
 per pixel, thin and huge IIIF sizes, script in a viewer link, idle and half-sent connections to
 the HTTP and metrics doors. Each is expected to be refused; none may slow the others past 2×."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ def _call(raw: Any, name: str, body: bytes, timeout: float | None = None) -> lis
     import pyarrow.flight as flight
 
     options = flight.FlightCallOptions(timeout=timeout) if timeout else None
-    return list(raw.do_action(flight.Action(name, body), options) if options else raw.do_action(flight.Action(name, body)))
+    return list(
+        raw.do_action(flight.Action(name, body), options) if options else raw.do_action(flight.Action(name, body))
+    )
 
 
 def _flood(raw: Any, command: bytes, batch: Any, mib: int = 64) -> None:
@@ -56,8 +59,9 @@ def extra_well_behaved_ops(client: Any, array_id: str, tag: str) -> list[tuple[s
     result = np.arange(256 * 256, dtype=np.uint16).reshape(256, 256)
 
     def upload() -> None:  # a fresh name each time: a discarded name stays taken until the sweep
-        desc = client.setup_array_upload(f"cache://scratch/@fields/load-{tag}-{uuid.uuid4().hex[:12]}", result,
-                                         chunk_shape=(128, 128))
+        desc = client.setup_array_upload(
+            f"cache://scratch/@fields/load-{tag}-{uuid.uuid4().hex[:12]}", result, chunk_shape=(128, 128)
+        )
         client.upload_array(desc, result)
         back = np.asarray(client.get_array(desc.array_id))
         client.set_upload_status(desc.array_id, "DISCARDED")
@@ -73,8 +77,10 @@ def extra_well_behaved_ops(client: Any, array_id: str, tag: str) -> list[tuple[s
 
 def well_behaved_urls(http_url: str, array_id: str) -> dict[str, str]:
     """The HTTP requests of the well-behaved mix: an OME-Zarr chunk and an IIIF tile."""
-    return {"http chunk": f"{http_url}/zarr/{array_id}/0/0.0",
-            "iiif tile": f"{http_url}/iiif/3/{array_id}/0,0,512,512/256,/0/default.png"}
+    return {
+        "http chunk": f"{http_url}/zarr/{array_id}/0/0.0",
+        "iiif tile": f"{http_url}/iiif/3/{array_id}/0,0,512,512/256,/0/default.png",
+    }
 
 
 class _HeldSockets:
@@ -113,8 +119,9 @@ def _issue38_attacks(raw: Any, array_id: str, http_url: str | None) -> list[Call
     """Issue 38's findings: a quadratic-regex JSON body, an export of a file per pixel, thin
     and huge IIIF sizes, script in a viewer link."""
     escapes = b'"' + b'\\"' * (1 << 18)  # 512 KiB of escaped quotes in an unterminated string
-    export = json.dumps({"array_id": array_id, "dest": f"hostile-{uuid.uuid4().hex[:8]}",
-                         "options": {"chunks": [1, 1], "levels": 1}}).encode()
+    export = json.dumps(
+        {"array_id": array_id, "dest": f"hostile-{uuid.uuid4().hex[:8]}", "options": {"chunks": [1, 1], "levels": 1}}
+    ).encode()
     attacks: list[Callable[[], Any]] = [
         lambda: _call(raw, "tensor_stats", escapes, timeout=10),
         lambda: _call(raw, "export", export, timeout=5),
@@ -124,17 +131,27 @@ def _issue38_attacks(raw: Any, array_id: str, http_url: str | None) -> list[Call
 
         http = httpx.Client(timeout=30)
         iiif = f"{http_url}/iiif/3/{array_id}"
-        attacks += [lambda path=path: http.get(f"{iiif}/{path}") for path in (
-            "full/2048,16/0/default.jpg", "full/16,2048/0/default.jpg", "full/^1,16777216/0/default.jpg",
-            "full/99999999999999999999,/0/default.jpg", "0,0,99999999999999999999,1/max/0/default.jpg",
-            "full/pct:1e308/0/default.jpg", "full/!0,0/0/default.jpg")]
-        attacks.append(lambda: http.get(f"{http_url}/view/{array_id}",
-                                        params={"token": "</script><script>alert(1)</script>"}))
+        attacks += [
+            lambda path=path: http.get(f"{iiif}/{path}")
+            for path in (
+                "full/2048,16/0/default.jpg",
+                "full/16,2048/0/default.jpg",
+                "full/^1,16777216/0/default.jpg",
+                "full/99999999999999999999,/0/default.jpg",
+                "0,0,99999999999999999999,1/max/0/default.jpg",
+                "full/pct:1e308/0/default.jpg",
+                "full/!0,0/0/default.jpg",
+            )
+        ]
+        attacks.append(
+            lambda: http.get(f"{http_url}/view/{array_id}", params={"token": "</script><script>alert(1)</script>"})
+        )
     return attacks
 
 
-def hostile_attacks(location: str, array_id: str, http_url: str | None, metrics_url: str | None,
-                    forged_chunk_ticket: bytes) -> tuple[list[Callable[[], Any]], Callable[[], None]]:
+def hostile_attacks(
+    location: str, array_id: str, http_url: str | None, metrics_url: str | None, forged_chunk_ticket: bytes
+) -> tuple[list[Callable[[], Any]], Callable[[], None]]:
     """The hostile client's cycle, and what closes the connections it holds open."""
     import pyarrow as pa
     import pyarrow.flight as flight
@@ -143,11 +160,16 @@ def hostile_attacks(location: str, array_id: str, http_url: str | None, metrics_
 
     sdk = TensorFlightClient(location)
     raw = flight.FlightClient(location)
-    declared = descriptor_pb2.TensorDescriptor(array_id=f"cache://scratch/@fields/hostile-huge-{id(sdk)}",
-                                               shape=[100_000, 1_000_000], dtype="uint8", chunk_shape=[1024, 1024])
+    declared = descriptor_pb2.TensorDescriptor(
+        array_id=f"cache://scratch/@fields/hostile-huge-{id(sdk)}",
+        shape=[100_000, 1_000_000],
+        dtype="uint8",
+        chunk_shape=[1024, 1024],
+    )
     try:
         big_id = descriptor_pb2.TensorDescriptor.FromString(
-            _call(raw, "add_tensor", declared.SerializeToString())[0].body.to_pybytes()).array_id
+            _call(raw, "add_tensor", declared.SerializeToString())[0].body.to_pybytes()
+        ).array_id
     except flight.FlightError:
         big_id = array_id  # a quota refused the declaration: stats on the image instead
     junk = ticket_pb2.PutCommand(chunk_ticket=ticket_pb2.TensorTicket(chunk_id=b"junk").SerializeToString())
@@ -173,8 +195,10 @@ def hostile_attacks(location: str, array_id: str, http_url: str | None, metrics_
         import httpx
 
         http = httpx.Client(timeout=30)
-        attacks += [lambda: http.get(f"{http_url}/zarr/{array_id}/0/0.%C2%B2"),
-                    lambda: http.get(f"{http_url}/zarr/{array_id}/" + "a/" * 30_000)]
+        attacks += [
+            lambda: http.get(f"{http_url}/zarr/{array_id}/0/0.%C2%B2"),
+            lambda: http.get(f"{http_url}/zarr/{array_id}/" + "a/" * 30_000),
+        ]
     attacks += _issue38_attacks(raw, array_id, http_url)
     held = _HeldSockets([u for u in (http_url, metrics_url) if u])
     attacks.append(held)

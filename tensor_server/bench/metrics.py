@@ -10,6 +10,7 @@ between the two servers request by request (and which goes first, round by round
 drifting machine load hits both alike. Reported: p50
 and p90 per request and the on/off ratio of the p50s (the target is ≤ 1.03).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,10 +62,14 @@ def run_metrics(requests: int = 400, rounds: int = 8) -> list[dict]:
             cache = stack.enter_context(CacheManager(cache_dir))
             srv = stack.enter_context(serving(catalog, cache=cache, http=True, precache_bytes=0, **extra))
             plan = srv.runtime.describe(IN_PROCESS, "img", fields=["endpoints"]).plan
-            tickets = [flight.Ticket(ticket_pb2.TensorTicket(chunk_id=c.chunk_id.encode()).SerializeToString())
-                       for c in plan.chunks[:16]]
-            paths = [f"/zarr/img/0/{c.chunk_id.bounds.start[0] // CHUNK[0]}.{c.chunk_id.bounds.start[1] // CHUNK[1]}"
-                     for c in plan.chunks[:16]]
+            tickets = [
+                flight.Ticket(ticket_pb2.TensorTicket(chunk_id=c.chunk_id.encode()).SerializeToString())
+                for c in plan.chunks[:16]
+            ]
+            paths = [
+                f"/zarr/img/0/{c.chunk_id.bounds.start[0] // CHUNK[0]}.{c.chunk_id.bounds.start[1] // CHUNK[1]}"
+                for c in plan.chunks[:16]
+            ]
             fc = flight.FlightClient(srv.location)
             hc = stack.enter_context(httpx.Client(base_url=srv.http_url))
             for t, p in zip(tickets, paths):  # warm: every timed read is a cache hit
@@ -87,9 +92,17 @@ def run_metrics(requests: int = 400, rounds: int = 8) -> list[dict]:
     rows = []
     for door in ("flight", "http"):
         on, off = times[(door, "on")], times[(door, "off")]
-        rows.append({"door": door, "p50_on_ms": statistics.median(on), "p50_off_ms": statistics.median(off),
-                     "p90_on_ms": _percentile(on, 0.9), "p90_off_ms": _percentile(off, 0.9),
-                     "ratio_p50": statistics.median(on) / statistics.median(off), "requests": len(on)})
+        rows.append(
+            {
+                "door": door,
+                "p50_on_ms": statistics.median(on),
+                "p50_off_ms": statistics.median(off),
+                "p90_on_ms": _percentile(on, 0.9),
+                "p90_off_ms": _percentile(off, 0.9),
+                "ratio_p50": statistics.median(on) / statistics.median(off),
+                "requests": len(on),
+            }
+        )
     return rows
 
 
@@ -97,8 +110,20 @@ def main(args: argparse.Namespace) -> int:
     load = os.getloadavg()
     rows = run_metrics(args.requests, args.rounds)
     print(f"load average before the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)")
-    print_table(["door", "p50 on ms", "p50 off ms", "on/off p50", "p90 on ms", "p90 off ms", "requests"],
-                [[r["door"], f"{r['p50_on_ms']:.3f}", f"{r['p50_off_ms']:.3f}", f"{r['ratio_p50']:.3f}",
-                  f"{r['p90_on_ms']:.3f}", f"{r['p90_off_ms']:.3f}", r["requests"]] for r in rows])
+    print_table(
+        ["door", "p50 on ms", "p50 off ms", "on/off p50", "p90 on ms", "p90 off ms", "requests"],
+        [
+            [
+                r["door"],
+                f"{r['p50_on_ms']:.3f}",
+                f"{r['p50_off_ms']:.3f}",
+                f"{r['ratio_p50']:.3f}",
+                f"{r['p90_on_ms']:.3f}",
+                f"{r['p90_off_ms']:.3f}",
+                r["requests"],
+            ]
+            for r in rows
+        ],
+    )
     write_json(args.json_path, "metrics", "small", rows)
     return 0

@@ -4,6 +4,7 @@ For every adapter that serves ``nearest`` its own way (a strided/decimated read,
 libCZI zoom) the same scaled read is timed twice in one run: through the adapter, and through
 the engine's streamed path (decimation turned off for the call), on one plane at scales 8 and 32, warm. Checksums must agree.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ def _extra_fixtures(root: Path, n: int) -> list[tuple[str, Path]]:
     return out
 
 
-def run_nearest_paths(size: str = "small", data_dir: str | None = None, json_path: str | None = None,
-                      repeats: int = 7) -> list[dict[str, Any]]:
+def run_nearest_paths(
+    size: str = "small", data_dir: str | None = None, json_path: str | None = None, repeats: int = 7
+) -> list[dict[str, Any]]:
     import tensor_server
     from tensor_server.bench.fixtures import SIZES, make_fixtures
     from tensor_server.core import Bounds
@@ -78,10 +80,22 @@ def run_nearest_paths(size: str = "small", data_dir: str | None = None, json_pat
 
             a, c = own(), streamed()
             assert np.array_equal(a, c), f"{name}: own nearest path disagrees with the default"
-            rows.append({"format": name, "path": own_path, "scale": s, "default_ms": median_ms(streamed, repeats),
-                         "own_ms": median_ms(own, repeats)})
-    print_table(["format", "own path", "scale", "default ms", "own ms", "speed-up"],
-                [[r["format"], r["path"], r["scale"], r["default_ms"], r["own_ms"], f"{r['default_ms'] / r['own_ms']:.1f}x"] for r in rows])
+            rows.append(
+                {
+                    "format": name,
+                    "path": own_path,
+                    "scale": s,
+                    "default_ms": median_ms(streamed, repeats),
+                    "own_ms": median_ms(own, repeats),
+                }
+            )
+    print_table(
+        ["format", "own path", "scale", "default ms", "own ms", "speed-up"],
+        [
+            [r["format"], r["path"], r["scale"], r["default_ms"], r["own_ms"], f"{r['default_ms'] / r['own_ms']:.1f}x"]
+            for r in rows
+        ],
+    )
     write_json(json_path, "nearest", size, rows)
     return rows
 

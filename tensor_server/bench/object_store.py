@@ -7,6 +7,7 @@ without a network's latency: a real bucket adds a round trip per request, which 
 concurrent fetches overlap. Each "first" read has a fresh cache and server; the two stores
 alternate, medians of ``--repeats``. Reads go through the biopb SDK like a client's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ from tensor_server.bench.timing import print_table, write_json
 __all__ = ["run_object_store"]
 
 
-def run_object_store(n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: int = 3,
-                     json_path: str | None = None) -> list[dict[str, Any]]:
+def run_object_store(
+    n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: int = 3, json_path: str | None = None
+) -> list[dict[str, Any]]:
     import logging
 
     import s3fs
@@ -44,15 +46,24 @@ def run_object_store(n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     work = Path(tempfile.mkdtemp(prefix="ts-bench-s3-"))
     plane = _plane(n)
-    zarr.open_array(str(work / "local" / "plane.zarr"), mode="w", shape=plane.shape, chunks=(chunk, chunk),
-                    dtype=plane.dtype)[...] = plane
+    zarr.open_array(
+        str(work / "local" / "plane.zarr"), mode="w", shape=plane.shape, chunks=(chunk, chunk), dtype=plane.dtype
+    )[...] = plane
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
     host, port = moto.get_host_and_port()
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                                            "AWS_DEFAULT_REGION")}
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                       "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_DEFAULT_REGION": "us-east-1"})
+    saved = {
+        k: os.environ.get(k)
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+    }
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
     s3fs.S3FileSystem.clear_instance_cache()
     results: dict[str, list[float]] = {}
     try:
@@ -64,14 +75,16 @@ def run_object_store(n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: 
         ids = {("s3" if r.url.startswith("s3://") else "local"): r.source_id for r in cat.records()}
         want = None
         for r in range(repeats):
-            for where in (("s3", "local") if r % 2 == 0 else ("local", "s3")):
+            for where in ("s3", "local") if r % 2 == 0 else ("local", "s3"):
                 with CacheManager(work / f"cache-{where}-{r}") as cache:
                     server = start_serving(cat, cache=cache, precache_bytes=0)
                     try:
                         sdk = TensorFlightClient(server.location, cache_bytes=0)
                         for kind in ("first", "cached"):
                             t0 = time.perf_counter()
-                            got = sdk.get_tensor(ids[where], scale_hint=[scale, scale], reduction_method="area").compute()
+                            got = sdk.get_tensor(
+                                ids[where], scale_hint=[scale, scale], reduction_method="area"
+                            ).compute()
                             results.setdefault(f"{where} {kind}", []).append(time.perf_counter() - t0)
                             want = got if want is None else want
                             if not np.array_equal(got, want):
@@ -88,8 +101,10 @@ def run_object_store(n: int = 8192, chunk: int = 1024, scale: int = 8, repeats: 
             else:
                 os.environ[k] = v
     rows = [{"read": k, "ms": statistics.median(v) * 1e3} for k, v in sorted(results.items())]
-    print(f"scaled read ({scale}, {scale}) area of a {n}² uint16 plane, zarr chunks {chunk}², "
-          f"via the SDK, median of {repeats}")
+    print(
+        f"scaled read ({scale}, {scale}) area of a {n}² uint16 plane, zarr chunks {chunk}², "
+        f"via the SDK, median of {repeats}"
+    )
     print_table(["store / read", "ms"], [[r["read"], r["ms"]] for r in rows])
     write_json(json_path, "object-store", f"{n}", rows)
     return rows

@@ -16,6 +16,7 @@ Peers reduce with their own edge rules (TensorStore: partial blocks averaged ove
 valid part; NumPy: the ragged edge cropped); at these sizes every scale divides the plane,
 so all compute the same pixels.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,33 @@ def _numpy_reduce(a: np.ndarray, s: int, method: str) -> np.ndarray:
     return a[:n0, :n1].reshape(n0 // s, s, n1 // s, s).mean(axis=(1, 3))
 
 
-_HEADERS = ["format", "peer", "scale", "method", "ours cold", "peer cold", "ours/peer", "floor cold", "ours/floor",
-            "ours warm", "peer warm", "ours/peer", "floor warm", "ours/floor"]
+_HEADERS = [
+    "format",
+    "peer",
+    "scale",
+    "method",
+    "ours cold",
+    "peer cold",
+    "ours/peer",
+    "floor cold",
+    "ours/floor",
+    "ours warm",
+    "peer warm",
+    "ours/peer",
+    "floor warm",
+    "ours/floor",
+]
 
 
-def _time_row(fx, peer_fn: Callable[[], Any], floor_fn: Callable[[], Any], s: int, method: str,
-              cold_repeats: int, warm_repeats: int) -> dict[str, float]:
+def _time_row(
+    fx,
+    peer_fn: Callable[[], Any],
+    floor_fn: Callable[[], Any],
+    s: int,
+    method: str,
+    cold_repeats: int,
+    warm_repeats: int,
+) -> dict[str, float]:
     """One row: ours (open + scaled read), the peer and the floor, alternately, cold then warm."""
     import tensor_server
     from tensor_server.bench.fixtures import drop_page_cache
@@ -73,21 +95,47 @@ def _time_row(fx, peer_fn: Callable[[], Any], floor_fn: Callable[[], Any], s: in
     holder["t"].close()
     row = {}
     for when, t in (("cold", cold), ("warm", warm)):
-        row.update({f"ours_{when}_ms": t["ours"], f"peer_{when}_ms": t["peer"], f"floor_{when}_ms": t["floor"],
-                    f"ratio_{when}": t["ours"] / t["peer"], f"ratio_floor_{when}": t["ours"] / t["floor"]})
+        row.update(
+            {
+                f"ours_{when}_ms": t["ours"],
+                f"peer_{when}_ms": t["peer"],
+                f"floor_{when}_ms": t["floor"],
+                f"ratio_{when}": t["ours"] / t["peer"],
+                f"ratio_floor_{when}": t["ours"] / t["floor"],
+            }
+        )
     return row
 
 
 def _print_rows(rows: list[dict[str, Any]]) -> None:
-    print_table(_HEADERS, [[r["format"], r["peer"], r["scale"], r["method"],
-                            *[v for when in ("cold", "warm") for v in (
-                                r[f"ours_{when}_ms"], r[f"peer_{when}_ms"], f"{r[f'ratio_{when}']:.2f}",
-                                r[f"floor_{when}_ms"], f"{r[f'ratio_floor_{when}']:.2f}")]]
-                           for r in rows])
+    print_table(
+        _HEADERS,
+        [
+            [
+                r["format"],
+                r["peer"],
+                r["scale"],
+                r["method"],
+                *[
+                    v
+                    for when in ("cold", "warm")
+                    for v in (
+                        r[f"ours_{when}_ms"],
+                        r[f"peer_{when}_ms"],
+                        f"{r[f'ratio_{when}']:.2f}",
+                        r[f"floor_{when}_ms"],
+                        f"{r[f'ratio_floor_{when}']:.2f}",
+                    )
+                ],
+            ]
+            for r in rows
+        ],
+    )
 
 
-def run_zarr_peers(size: str = "small", data_dir: str | None = None, cold_repeats: int = 3,
-                   warm_repeats: int = 5) -> list[dict[str, Any]]:
+def run_zarr_peers(
+    size: str = "small", data_dir: str | None = None, cold_repeats: int = 3, warm_repeats: int = 5
+) -> list[dict[str, Any]]:
     """The zarr table (module docstring): ours vs TensorStore and the decode floor per layout."""
     import os
 
@@ -102,33 +150,51 @@ def run_zarr_peers(size: str = "small", data_dir: str | None = None, cold_repeat
         candidates = zarr_floor_candidates(fx.path)
         for f in candidates.values():
             f()
-        best = {"warm": alternating_median_ms(candidates, warm_repeats),
-                "cold": alternating_median_ms(candidates, cold_repeats, before=lambda name: drop_page_cache(fx.files))}
+        best = {
+            "warm": alternating_median_ms(candidates, warm_repeats),
+            "cold": alternating_median_ms(candidates, cold_repeats, before=lambda name: drop_page_cache(fx.files)),
+        }
         floors.append([fx.name, *[f"{name} {best[w][name]:.0f}" for w in ("cold", "warm") for name in candidates]])
         driver = "zarr3" if (fx.path / "zarr.json").is_file() else "zarr"
         spec = {"driver": driver, "kvstore": {"driver": "file", "path": str(fx.path)}}
         for s in SCALES:
             for method in ("area", "nearest"):
+
                 def tsread(s=s, method=method):
                     store = ts.open(spec, read=True).result()
                     return ts.downsample(store, [s, s], "stride" if method == "nearest" else "mean").read().result()
 
-                row = {"format": fx.name, "peer": "tensorstore downsample", "scale": s, "method": method,
-                       "load_average": os.getloadavg()[0]}
-                row.update(_time_row(fx, tsread, candidates["libblosc2/numcodecs"], s, method, cold_repeats, warm_repeats))
+                row = {
+                    "format": fx.name,
+                    "peer": "tensorstore downsample",
+                    "scale": s,
+                    "method": method,
+                    "load_average": os.getloadavg()[0],
+                }
+                row.update(
+                    _time_row(fx, tsread, candidates["libblosc2/numcodecs"], s, method, cold_repeats, warm_repeats)
+                )
                 rows.append(row)
                 progress.step(f"{fx.name} x{s} {method}")
     progress.close()
-    print("\nzarr layouts: decode-floor candidates (median ms, cold then warm; the floor column is libblosc2/numcodecs)")
+    print(
+        "\nzarr layouts: decode-floor candidates (median ms, cold then warm; the floor column is libblosc2/numcodecs)"
+    )
     for line in floors:
         print("  " + "; ".join(line))
     _print_rows(rows)
     return rows
 
 
-def run_peers(size: str = "small", data_dir: str | None = None, json_path: str | None = None,
-              cold_repeats: int = 3, warm_repeats: int = 5, tables: str = "all",
-              formats: tuple[str, ...] = ("ome-zarr", "ome-tiff")) -> list[dict[str, Any]]:
+def run_peers(
+    size: str = "small",
+    data_dir: str | None = None,
+    json_path: str | None = None,
+    cold_repeats: int = 3,
+    warm_repeats: int = 5,
+    tables: str = "all",
+    formats: tuple[str, ...] = ("ome-zarr", "ome-tiff"),
+) -> list[dict[str, Any]]:
     import os
 
     from tensor_server.core.downsample import warm_up
@@ -145,8 +211,9 @@ def run_peers(size: str = "small", data_dir: str | None = None, json_path: str |
     return rows
 
 
-def _run_plane_peers(size: str, data_dir: str | None, cold_repeats: int, warm_repeats: int,
-                     formats: tuple[str, ...]) -> list[dict[str, Any]]:
+def _run_plane_peers(
+    size: str, data_dir: str | None, cold_repeats: int, warm_repeats: int, formats: tuple[str, ...]
+) -> list[dict[str, Any]]:
     import tifffile
     import zarr
 
@@ -162,8 +229,11 @@ def _run_plane_peers(size: str, data_dir: str | None, cold_repeats: int, warm_re
     for s in SCALES:
         for method in ("nearest", "area"):
             if ts is not None and "ome-zarr" in formats:
+
                 def tsread(s=s, method=method):
-                    store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(zfx.path / "0")}}, read=True).result()
+                    store = ts.open(
+                        {"driver": "zarr", "kvstore": {"driver": "file", "path": str(zfx.path / "0")}}, read=True
+                    ).result()
                     return ts.downsample(store, [s, s], "stride" if method == "nearest" else "mean").read().result()
 
                 jobs.append(("ome-zarr", "tensorstore downsample", s, method, tsread))
@@ -195,13 +265,27 @@ def _run_plane_peers(size: str, data_dir: str | None, cold_repeats: int, warm_re
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_common_arguments(parser)
-    parser.add_argument("--tables", choices=("all", "plane", "zarr"), default="all",
-                        help="plane: the OME-Zarr/OME-TIFF plane vs each peer; zarr: every zarr layout vs TensorStore")
-    parser.add_argument("--format", dest="formats", action="append", choices=("ome-zarr", "ome-tiff"),
-                        help="the plane table: only these fixtures' rows (repeatable; default both)")
+    parser.add_argument(
+        "--tables",
+        choices=("all", "plane", "zarr"),
+        default="all",
+        help="plane: the OME-Zarr/OME-TIFF plane vs each peer; zarr: every zarr layout vs TensorStore",
+    )
+    parser.add_argument(
+        "--format",
+        dest="formats",
+        action="append",
+        choices=("ome-zarr", "ome-tiff"),
+        help="the plane table: only these fixtures' rows (repeatable; default both)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
-    run_peers(args.size, args.data_dir, args.json_path, tables=args.tables,
-              formats=tuple(args.formats or ("ome-zarr", "ome-tiff")))
+    run_peers(
+        args.size,
+        args.data_dir,
+        args.json_path,
+        tables=args.tables,
+        formats=tuple(args.formats or ("ome-zarr", "ome-tiff")),
+    )
     return 0

@@ -7,6 +7,7 @@ opened fresh, the server's chunk cache is empty and the SDK's client-side cache 
 *Warm*: the same read repeated (server path: served from the chunk cache through the
 localhost fast path). Medians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,14 @@ def _plane_request(tensor) -> tuple[tuple[slice, ...], callable]:
     return sl, scale
 
 
-def run_plane_latency(size: str = "small", data_dir: str | None = None, json_path: str | None = None,
-                      cold_repeats: int = 3, warm_repeats: int = 5, server: bool = True) -> list[dict[str, Any]]:
+def run_plane_latency(
+    size: str = "small",
+    data_dir: str | None = None,
+    json_path: str | None = None,
+    cold_repeats: int = 3,
+    warm_repeats: int = 5,
+    server: bool = True,
+) -> list[dict[str, Any]]:
     import tensor_server
     from tensor_server.bench.fixtures import drop_page_cache, make_fixtures
     from tensor_server.core import Bounds
@@ -79,8 +86,17 @@ def run_plane_latency(size: str = "small", data_dir: str | None = None, json_pat
                 holder["t"] = tensor_server.open(fx.path).tensor()
                 adapter_read()
                 warm = median_ms(adapter_read, warm_repeats)
-                rows.append({"format": fx.name, "layout": fx.layout, "path": "adapter", "scale": s, "method": method,
-                             "cold_ms": cold, "warm_ms": warm})
+                rows.append(
+                    {
+                        "format": fx.name,
+                        "layout": fx.layout,
+                        "path": "adapter",
+                        "scale": s,
+                        "method": method,
+                        "cold_ms": cold,
+                        "warm_ms": warm,
+                    }
+                )
                 progress.step(f"{fx.name} adapter x{s} {method}")
                 if srv is None:
                     continue
@@ -97,16 +113,27 @@ def run_plane_latency(size: str = "small", data_dir: str | None = None, json_pat
                 cold = median_ms(server_read, cold_repeats, before=server_cold)
                 server_read()
                 warm = median_ms(server_read, warm_repeats, before=client.cache_clear)
-                rows.append({"format": fx.name, "layout": fx.layout, "path": "server", "scale": s, "method": method,
-                             "cold_ms": cold, "warm_ms": warm})
+                rows.append(
+                    {
+                        "format": fx.name,
+                        "layout": fx.layout,
+                        "path": "server",
+                        "scale": s,
+                        "method": method,
+                        "cold_ms": cold,
+                        "warm_ms": warm,
+                    }
+                )
                 progress.step(f"{fx.name} server x{s} {method}")
     finally:
         progress.close()
         if srv is not None:
             srv.stop()
             cache.close()
-    print_table(["format", "layout", "path", "scale", "method", "cold ms", "warm ms"],
-                [[r["format"], r["layout"], r["path"], r["scale"], r["method"], r["cold_ms"], r["warm_ms"]] for r in rows])
+    print_table(
+        ["format", "layout", "path", "scale", "method", "cold ms", "warm ms"],
+        [[r["format"], r["layout"], r["path"], r["scale"], r["method"], r["cold_ms"], r["warm_ms"]] for r in rows],
+    )
     write_json(json_path, "plane-latency", size, rows)
     return rows
 

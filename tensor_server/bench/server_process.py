@@ -5,6 +5,7 @@ an HTTP client's parsing), which is not what a browser or a notebook costs the s
 load and viewport benchmarks run ``python -m tensor_server serve`` as its own process and
 talk to it over loopback, as every real client does (the localhost mmap fast path included).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,17 +53,32 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def server_process(roots: Sequence[Path], cache_dir: Path, *extra: str,
-                   ready_seconds: float = 120.0) -> Iterator[ServerProcess]:
+def server_process(
+    roots: Sequence[Path], cache_dir: Path, *extra: str, ready_seconds: float = 120.0
+) -> Iterator[ServerProcess]:
     """``serve ROOTS`` with its chunk cache in ``cache_dir`` and an HTTP door without the
     token, yielded once the first scan is done; terminated (killed after 60 s) on exit."""
     from biopb.tensor import TensorFlightClient
 
     port, http_port = _free_port(), _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensor_server", "serve", *map(str, roots), "--port", str(port),
-         "--cache-dir", str(cache_dir), "--http-port", str(http_port), "--no-http-token", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "tensor_server",
+            "serve",
+            *map(str, roots),
+            "--port",
+            str(port),
+            "--cache-dir",
+            str(cache_dir),
+            "--http-port",
+            str(http_port),
+            "--no-http-token",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     served = ServerProcess(proc.pid, f"grpc://127.0.0.1:{port}", f"http://127.0.0.1:{http_port}")
     try:

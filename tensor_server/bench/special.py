@@ -14,6 +14,7 @@ The case of python-blosc2 issue #761: a (1100, 512, 512) float16 volume chunked 
 Both servers run without a chunk cache and the SDK client with its cache off, so every
 repeat computes. Results are checked equal (on = off = oracle) before they are timed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,7 +71,9 @@ def write_volume(work: Path, size: str) -> dict[str, Path]:
     z = zarr.create_array(str(paths["zarr"]), shape=shape, chunks=chunks, dtype="f2", fill_value=0)
     b = blosc2.zeros(shape, dtype=np.float16, chunks=chunks, urlpath=str(paths["blosc2"]), mode="w")
     with h5py.File(paths["hdf5"], "w") as f:
-        ds = f.create_dataset("vol", shape=shape, chunks=chunks, dtype="f2", fillvalue=0, compression="gzip", compression_opts=1)
+        ds = f.create_dataset(
+            "vol", shape=shape, chunks=chunks, dtype="f2", fillvalue=0, compression="gzip", compression_opts=1
+        )
         for box in boxes:
             data = rng.normal(size=tuple(s.stop - s.start for s in box)).astype(np.float16)
             z[box] = data
@@ -90,7 +93,9 @@ def write_labels(work: Path, empty_fraction: float, n: int = 4096, chunk: int = 
     dense = rng.choice(grid, size=max(1, int(round(grid * (1 - empty_fraction)))), replace=False)
     for k in sorted(dense):
         i, j = divmod(int(k), n // chunk)
-        z[i * chunk:(i + 1) * chunk, j * chunk:(j + 1) * chunk] = rng.integers(1, 40, (chunk, chunk), dtype=np.uint16)
+        z[i * chunk : (i + 1) * chunk, j * chunk : (j + 1) * chunk] = rng.integers(
+            1, 40, (chunk, chunk), dtype=np.uint16
+        )
     return path
 
 
@@ -147,32 +152,49 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
         for name, path, s, method in cases:
             t = tensor_of(path)
             scale = [s] * t.ndim
-            read = {m: (lambda m=m: clients[m].get_array(t.array_id, scale_hint=scale, reduction_method=method))
-                    for m in clients}
+            read = {
+                m: (lambda m=m: clients[m].get_array(t.array_id, scale_hint=scale, reduction_method=method))
+                for m in clients
+            }
             a_on, a_off = np.asarray(read["on"]()), np.asarray(read["off"]())
             assert a_on.tobytes() == a_off.tobytes(), f"{name}: special chunks changed the pixels"
             st_on, st_off = stats_call("on", t.array_id), stats_call("off", t.array_id)
             assert st_on["max"] == st_off["max"] and st_on["count_nonzero"] == st_off["count_nonzero"]
             fns: dict[str, Callable[[], object]] = {
-                "read on": read["on"], "read off": read["off"],
-                "stats on": lambda: stats_call("on", t.array_id), "stats off": lambda: stats_call("off", t.array_id),
+                "read on": read["on"],
+                "read off": read["off"],
+                "stats on": lambda: stats_call("on", t.array_id),
+                "stats off": lambda: stats_call("off", t.array_id),
             }
             if path.suffix == ".zarr":
-                fns["zarr+numpy read"] = lambda: _numpy_reduce(np.asarray(zarr.open_array(str(path), mode="r")[...]), s,
-                                                                "area" if method == "area" else "max")
+                fns["zarr+numpy read"] = lambda: _numpy_reduce(
+                    np.asarray(zarr.open_array(str(path), mode="r")[...]), s, "area" if method == "area" else "max"
+                )
                 fns["zarr+numpy stats"] = lambda: (lambda a: (a.min(), a.max(), a.sum(dtype=np.float64)))(
-                    np.asarray(zarr.open_array(str(path), mode="r")[...]))
+                    np.asarray(zarr.open_array(str(path), mode="r")[...])
+                )
             if path.suffix == ".b2nd":
                 import blosc2
 
                 fns["blosc2 sum+max"] = lambda: (lambda b: (b.sum(), b.max()))(blosc2.open(str(path), mode="r"))
             ms = alternating_medians(fns, repeats)
-            row = {"case": name, "shape": list(t.shape), "chunks": list(t.read_block_shape or t.chunk_shape),
-                   "uniform_chunks": round(uniform_share(t), 3), "scale": s, "method": method, **ms,
-                   "read_speedup": ms["read off"] / ms["read on"], "stats_speedup": ms["stats off"] / ms["stats on"]}
+            row = {
+                "case": name,
+                "shape": list(t.shape),
+                "chunks": list(t.read_block_shape or t.chunk_shape),
+                "uniform_chunks": round(uniform_share(t), 3),
+                "scale": s,
+                "method": method,
+                **ms,
+                "read_speedup": ms["read off"] / ms["read on"],
+                "stats_speedup": ms["stats off"] / ms["stats on"],
+            }
             rows.append(row)
-            print(f"{name}: {json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{name}: {json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})}",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         for c in raw.values():
             c.close()
@@ -182,10 +204,35 @@ def run_special(size: str = "small", json_path: str | None = None, repeats: int 
         shutil.rmtree(work, ignore_errors=True)
     peer = lambda r, k: f"{r[k]:.0f}" if k in r else "-"  # noqa: E731
     print_table(
-        ["case", "uniform", "read on", "read off", "x", "stats on", "stats off", "x", "zarr+np read", "zarr+np stats", "blosc2 sum+max"],
-        [[r["case"], f"{r['uniform_chunks']:.0%}", r["read on"], r["read off"], f"{r['read_speedup']:.1f}",
-          r["stats on"], r["stats off"], f"{r['stats_speedup']:.1f}",
-          peer(r, "zarr+numpy read"), peer(r, "zarr+numpy stats"), peer(r, "blosc2 sum+max")] for r in rows],
+        [
+            "case",
+            "uniform",
+            "read on",
+            "read off",
+            "x",
+            "stats on",
+            "stats off",
+            "x",
+            "zarr+np read",
+            "zarr+np stats",
+            "blosc2 sum+max",
+        ],
+        [
+            [
+                r["case"],
+                f"{r['uniform_chunks']:.0%}",
+                r["read on"],
+                r["read off"],
+                f"{r['read_speedup']:.1f}",
+                r["stats on"],
+                r["stats off"],
+                f"{r['stats_speedup']:.1f}",
+                peer(r, "zarr+numpy read"),
+                peer(r, "zarr+numpy stats"),
+                peer(r, "blosc2 sum+max"),
+            ]
+            for r in rows
+        ],
     )
     write_json(json_path, "special", size, rows)
     return rows

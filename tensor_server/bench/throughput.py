@@ -4,6 +4,7 @@ Through DoGet and through the localhost fast path (chunk_locate + mmap, as the S
 with 1 and 4 client threads, against a bare pyarrow Flight server returning the same bytes
 from memory (the ceiling of the transport).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ def chunk_server(arr: np.ndarray, chunk_shape: tuple[int, ...], source_id: str =
         c = flight.FlightClient(server.location)
         opt = descriptor_pb2.TensorReadOption(array_id=source_id)
         opt.fields.paths.append("endpoints")
-        info = c.get_flight_info(flight.FlightDescriptor.for_command(
-            descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()))
+        info = c.get_flight_info(
+            flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString())
+        )
         tickets = [ep.ticket for ep in info.endpoints]
         for t in tickets:
             c.do_get(t).read_all()
@@ -111,10 +113,15 @@ def run_throughput(size: str = "small", json_path: str | None = None, seconds: f
     bare = Bare("grpc://127.0.0.1:0")
     threading.Thread(target=bare.serve, daemon=True).start()
     with chunk_server(arr, (2048, 2048)) as (location, tickets):
-        for name, fn, tix in [("ours DoGet", per_thread_client(location, read_doget), tickets),
-                              ("ours fast path (mmap)", per_thread_client(location, read_fast_path), tickets),
-                              ("bare pyarrow DoGet", per_thread_client(f"grpc://127.0.0.1:{bare.port}", read_doget),
-                               [flight.Ticket(b"x")] * len(tickets))]:
+        for name, fn, tix in [
+            ("ours DoGet", per_thread_client(location, read_doget), tickets),
+            ("ours fast path (mmap)", per_thread_client(location, read_fast_path), tickets),
+            (
+                "bare pyarrow DoGet",
+                per_thread_client(f"grpc://127.0.0.1:{bare.port}", read_doget),
+                [flight.Ticket(b"x")] * len(tickets),
+            ),
+        ]:
             for threads in (1, 4):
                 count = nbytes = 0
                 t0 = time.perf_counter()
@@ -124,9 +131,14 @@ def run_throughput(size: str = "small", json_path: str | None = None, seconds: f
                             count += 1
                             nbytes += got
                 dt = time.perf_counter() - t0
-                rows.append({"path": name, "threads": threads, "chunks_per_s": count / dt, "MB_per_s": nbytes / dt / 1e6})
+                rows.append(
+                    {"path": name, "threads": threads, "chunks_per_s": count / dt, "MB_per_s": nbytes / dt / 1e6}
+                )
     bare.shutdown()
-    print_table(["path", "threads", "chunks/s", "MB/s"], [[r["path"], r["threads"], r["chunks_per_s"], r["MB_per_s"]] for r in rows])
+    print_table(
+        ["path", "threads", "chunks/s", "MB/s"],
+        [[r["path"], r["threads"], r["chunks_per_s"], r["MB_per_s"]] for r in rows],
+    )
     write_json(json_path, "throughput", size, rows)
     return rows
 

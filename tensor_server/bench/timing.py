@@ -1,4 +1,5 @@
 """Small timing helpers shared by the bench commands: medians, a progress line, tables."""
+
 from __future__ import annotations
 
 import statistics
@@ -22,8 +23,9 @@ def median_ms(fn: Callable[[], object], repeats: int, before: Callable[[], objec
     return statistics.median(times)
 
 
-def alternating_median_ms(fns: dict[str, Callable[[], object]], repeats: int,
-                          before: Callable[[str], object] | None = None) -> dict[str, float]:
+def alternating_median_ms(
+    fns: dict[str, Callable[[], object]], repeats: int, before: Callable[[str], object] | None = None
+) -> dict[str, float]:
     """Median wall time in ms of each of ``fns``, run in turn within every repeat (ours, peer,
     ours, peer, ...) so that background load drifting during the run hits every contender;
     ``before(name)`` runs untimed before each call."""
@@ -73,8 +75,12 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], stream
 def add_common_arguments(parser, *, data_dir: bool = True, sizes: str | None = None) -> None:
     """The options every fixture-based bench command takes (``sizes``: what ``--size`` means
     for this command, when not the plane benches' 2048² / 8192²)."""
-    parser.add_argument("--size", choices=("small", "full"), default="small",
-                        help=sizes or "small: 2048² planes (minutes); full: 8192² planes as in the design doc")
+    parser.add_argument(
+        "--size",
+        choices=("small", "full"),
+        default="small",
+        help=sizes or "small: 2048² planes (minutes); full: 8192² planes as in the design doc",
+    )
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
     if data_dir:
         parser.add_argument("--data-dir", help="where fixtures are generated once (default: the user's cache dir)")

@@ -13,6 +13,7 @@ that alternate plaintext and TLS (background load drifting during the run hits b
 The target (issue 24): TLS at >= 0.7x plaintext MB/s for 8 MiB chunks. Every connection is made
 before the timing, so no handshake is in the numbers (a client pays it once per connection).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,8 +76,9 @@ def _tickets(client, array_id: str) -> list:
 
     opt = descriptor_pb2.TensorReadOption(array_id=array_id)
     opt.fields.paths.append("endpoints")
-    info = client.get_flight_info(flight.FlightDescriptor.for_command(
-        descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()))
+    info = client.get_flight_info(
+        flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString())
+    )
     return [ep.ticket for ep in info.endpoints]
 
 
@@ -99,9 +101,12 @@ def _rounds(contenders: dict[str, Callable[[], list[tuple[float, int]]]], rounds
     out = {}
     for name, got in samples.items():
         seconds = sum(s for s, _ in got)
-        out[name] = {"median_ms": statistics.median(s for s, _ in got) * 1e3,
-                     "MB_per_s": sum(b for _, b in got) / seconds / 1e6, "chunks": len(got),
-                     "cpu_ms_per_chunk": cpu[name] / len(got) * 1e3}
+        out[name] = {
+            "median_ms": statistics.median(s for s, _ in got) * 1e3,
+            "MB_per_s": sum(b for _, b in got) / seconds / 1e6,
+            "chunks": len(got),
+            "cpu_ms_per_chunk": cpu[name] / len(got) * 1e3,
+        }
     return out
 
 
@@ -117,8 +122,9 @@ def _timed(read: Callable[[Any], int], items: list) -> Callable[[], list[tuple[f
     return run
 
 
-def run_tls(rounds: int = 5, json_path: str | None = None,
-            sets: dict[str, tuple[tuple[int, int], tuple[int, int]]] = _SETS) -> list[dict[str, Any]]:
+def run_tls(
+    rounds: int = 5, json_path: str | None = None, sets: dict[str, tuple[tuple[int, int], tuple[int, int]]] = _SETS
+) -> list[dict[str, Any]]:
     """The table's rows; ``sets`` (name -> (shape, chunk shape) of ``_SETS``' three names) lets
     a test run the same code on tiny arrays."""
     from tensor_server.adapters.memory import ArrayAdapter, MemorySource
@@ -129,8 +135,11 @@ def run_tls(rounds: int = 5, json_path: str | None = None,
     rng = np.random.default_rng(0)
     cat = Catalog([])
     for name, (shape, chunks) in sets.items():
-        cat.add_source(MemorySource(ArrayAdapter(rng.integers(0, 60000, shape, dtype=np.uint16), "yx",
-                                                 chunk_shape=chunks), source_id=name))
+        cat.add_source(
+            MemorySource(
+                ArrayAdapter(rng.integers(0, 60000, shape, dtype=np.uint16), "yx", chunk_shape=chunks), source_id=name
+            )
+        )
     cat.first_scan_done.set()
     home = Path(tempfile.mkdtemp(prefix="ts-bench-tls-home-"))
     pairs = {"plaintext": _Pair(cat, None), "TLS": _Pair(cat, server_tls(home))}
@@ -149,9 +158,11 @@ def run_tls(rounds: int = 5, json_path: str | None = None,
                     _doget(flights[k], t)
             for p in paths:
                 https[k].get(p).raise_for_status()
-        cases = [("8 MiB DoGet", {k: _timed(lambda t, c=flights[k]: _doget(c, t), tickets["big"]) for k in pairs}),
-                 ("64 KiB DoGet", {k: _timed(lambda t, c=flights[k]: _doget(c, t), tickets["small"]) for k in pairs}),
-                 ("1 MiB HTTP chunk", {k: _timed(lambda p, c=https[k]: len(c.get(p).content), paths) for k in pairs})]
+        cases = [
+            ("8 MiB DoGet", {k: _timed(lambda t, c=flights[k]: _doget(c, t), tickets["big"]) for k in pairs}),
+            ("64 KiB DoGet", {k: _timed(lambda t, c=flights[k]: _doget(c, t), tickets["small"]) for k in pairs}),
+            ("1 MiB HTTP chunk", {k: _timed(lambda p, c=https[k]: len(c.get(p).content), paths) for k in pairs}),
+        ]
         for case, contenders in cases:
             got = _rounds(contenders, rounds)
             plain = got["plaintext"]
@@ -164,9 +175,20 @@ def run_tls(rounds: int = 5, json_path: str | None = None,
             p.close()
         cat.close()
         shutil.rmtree(home, ignore_errors=True)
-    print_table(["case", "transport", "median ms/chunk", "MB/s", "x plaintext", "CPU ms/chunk"],
-                [[r["case"], r["transport"], r["median_ms"], r["MB_per_s"], round(r["x_plaintext"], 2),
-                  r["cpu_ms_per_chunk"]] for r in rows])
+    print_table(
+        ["case", "transport", "median ms/chunk", "MB/s", "x plaintext", "CPU ms/chunk"],
+        [
+            [
+                r["case"],
+                r["transport"],
+                r["median_ms"],
+                r["MB_per_s"],
+                round(r["x_plaintext"], 2),
+                r["cpu_ms_per_chunk"],
+            ]
+            for r in rows
+        ],
+    )
     write_json(json_path, "tls", "small", rows)
     return rows
 

@@ -18,6 +18,7 @@ All three servers run together in one child process (``--serve``), apart from th
 so the client's Python never competes with a server's for one interpreter lock.
 ``--write-dir-on`` picks the filesystem (e.g. /dev/shm takes the disk out).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,9 @@ SDK_PEER = "SDK upload_array to a server that discards"
 DISK = "disk: write + fsync, no Flight"
 
 
-def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None,
-                write_dir_on: str | None = None) -> list[dict[str, Any]]:
+def run_uploads(
+    mib: int = 256, repeats: int = 3, json_path: str | None = None, write_dir_on: str | None = None
+) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.flight as flight
     from biopb.tensor import TensorFlightClient
@@ -57,8 +59,12 @@ def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None,
     chunk = (1, 2048, 2048)
     threads = os.cpu_count() or 1
     write_dir = tempfile.mkdtemp(prefix="ts-bench-up-", dir=write_dir_on)
-    host = subprocess.Popen([sys.executable, "-m", "tensor_server.bench.uploads", "--serve", write_dir],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    host = subprocess.Popen(
+        [sys.executable, "-m", "tensor_server.bench.uploads", "--serve", write_dir],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         ports = json.loads(host.stdout.readline())
         ours_at, bare_at, peer_at = (f"grpc://127.0.0.1:{ports[k]}" for k in ("ours", "bare", "sdk_peer"))
@@ -137,14 +143,38 @@ def run_uploads(mib: int = 256, repeats: int = 3, json_path: str | None = None,
         host.wait(timeout=60)
         shutil.rmtree(write_dir, ignore_errors=True)
     medians = {k: statistics.median(v) for k, v in times.items()}
-    rows = [{"path": k, "MiB": arr.nbytes / (1 << 20), "chunks": arr.shape[0], "threads": threads, "median_s": m,
-             "MB_per_s": arr.nbytes / m / 1e6, "vs_bare": medians[BARE] / m, "vs_sdk_peer": medians[SDK_PEER] / m}
-            for k, m in medians.items()]
-    print(f"write_dir on {os.path.dirname(write_dir)}; {threads} DoPut threads (the SDK's dask default); "
-          f"servers in one child process; medians of {repeats}")
-    print_table(["path", "MiB", "chunks", "median s", "MB/s", "× bare", "× SDK peer"],
-                [[r["path"], r["MiB"], r["chunks"], r["median_s"], r["MB_per_s"], f"{r['vs_bare']:.2f}",
-                  f"{r['vs_sdk_peer']:.2f}"] for r in rows])
+    rows = [
+        {
+            "path": k,
+            "MiB": arr.nbytes / (1 << 20),
+            "chunks": arr.shape[0],
+            "threads": threads,
+            "median_s": m,
+            "MB_per_s": arr.nbytes / m / 1e6,
+            "vs_bare": medians[BARE] / m,
+            "vs_sdk_peer": medians[SDK_PEER] / m,
+        }
+        for k, m in medians.items()
+    ]
+    print(
+        f"write_dir on {os.path.dirname(write_dir)}; {threads} DoPut threads (the SDK's dask default); "
+        f"servers in one child process; medians of {repeats}"
+    )
+    print_table(
+        ["path", "MiB", "chunks", "median s", "MB/s", "× bare", "× SDK peer"],
+        [
+            [
+                r["path"],
+                r["MiB"],
+                r["chunks"],
+                r["median_s"],
+                r["MB_per_s"],
+                f"{r['vs_bare']:.2f}",
+                f"{r['vs_sdk_peer']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
     write_json(json_path, "uploads", f"{mib}MiB", rows)
     return rows
 
@@ -213,8 +243,14 @@ def _discarding_upload_server() -> Any:
                 hi = [min(a + c, n) for a, c, n in zip(lo, d.chunk_shape, d.shape)]
                 bounds = ticket_pb2.ChunkBounds(start=lo, stop=hi).SerializeToString()
                 endpoints.append(flight.FlightEndpoint(b"%d" % i, [], app_metadata=bounds))
-            return flight.FlightInfo(PLAN_SCHEMA, flight.FlightDescriptor.for_command(d.SerializeToString()),
-                                     endpoints, -1, -1, app_metadata=opt.SerializeToString())
+            return flight.FlightInfo(
+                PLAN_SCHEMA,
+                flight.FlightDescriptor.for_command(d.SerializeToString()),
+                endpoints,
+                -1,
+                -1,
+                app_metadata=opt.SerializeToString(),
+            )
 
         def do_put(self, context, descriptor, reader, writer):
             reader.read_all()
@@ -226,8 +262,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mib", type=int, default=256, help="array size in MiB (8 MiB chunks)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds (ours and the peers alternate)")
     parser.add_argument("--json", dest="json_path", help="also write the rows as JSON to this file")
-    parser.add_argument("--write-dir-on", help="folder on the filesystem to put the server's write_dir on "
-                                               "(default: the temp dir)")
+    parser.add_argument(
+        "--write-dir-on", help="folder on the filesystem to put the server's write_dir on (default: the temp dir)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:

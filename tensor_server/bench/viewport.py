@@ -23,6 +23,7 @@ Reported per level: each path's wall time for the whole viewport (``total``: the
 drawn when the last tile lands) and per-tile p50; ``ours/ts`` is the cold Flight total over
 TensorStore's. Targets (issue 25): total <= 1.0x TensorStore; warm tile p50 <= 3 ms.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,16 +61,29 @@ def _write_fixtures(root: Path, side: int) -> None:
 
     n = side // TILE
     if not (root / "big.zarr" / ".zarray").exists():
-        z = zarr.open_array(str(root / "big.zarr"), mode="w", shape=(side, side), chunks=(TILE, TILE),
-                            dtype=np.uint8, zarr_format=2,
-                            compressor=Blosc(cname="zstd", clevel=3, shuffle=Blosc.BITSHUFFLE))
+        z = zarr.open_array(
+            str(root / "big.zarr"),
+            mode="w",
+            shape=(side, side),
+            chunks=(TILE, TILE),
+            dtype=np.uint8,
+            zarr_format=2,
+            compressor=Blosc(cname="zstd", clevel=3, shuffle=Blosc.BITSHUFFLE),
+        )
         for row in range(n):
-            z[row * TILE:(row + 1) * TILE] = np.concatenate([tile(row, col) for col in range(n)], axis=1)
+            z[row * TILE : (row + 1) * TILE] = np.concatenate([tile(row, col) for col in range(n)], axis=1)
     if not (root / "big.tif").exists():
         src = zarr.open_array(str(root / "big.zarr"), mode="r")
-        tiles = (src[r * TILE:(r + 1) * TILE, c * TILE:(c + 1) * TILE] for r in range(n) for c in range(n))
-        tifffile.imwrite(root / "big.tif", tiles, shape=(side, side), dtype=np.uint8, tile=(TILE, TILE),
-                         compression="zlib", photometric="minisblack")
+        tiles = (src[r * TILE : (r + 1) * TILE, c * TILE : (c + 1) * TILE] for r in range(n) for c in range(n))
+        tifffile.imwrite(
+            root / "big.tif",
+            tiles,
+            shape=(side, side),
+            dtype=np.uint8,
+            tile=(TILE, TILE),
+            compression="zlib",
+            photometric="minisblack",
+        )
 
 
 def viewport(side: int, factor: int) -> list[tuple[int, int, int, int]]:
@@ -79,12 +93,16 @@ def viewport(side: int, factor: int) -> list[tuple[int, int, int, int]]:
     n = -(-side // region)
     cols = range(max(0, n // 2 - _GRID[0] // 2), min(n, n // 2 + _GRID[0] - _GRID[0] // 2))
     rows = range(max(0, n // 2 - _GRID[1] // 2), min(n, n // 2 + _GRID[1] - _GRID[1] // 2))
-    return [(r * region, c * region, min(region, side - r * region), min(region, side - c * region))
-            for r in rows for c in cols]
+    return [
+        (r * region, c * region, min(region, side - r * region), min(region, side - c * region))
+        for r in rows
+        for c in cols
+    ]
 
 
 def _concurrently(fetch: Callable[[tuple], Any], tiles: list[tuple], workers: int) -> tuple[float, list[float]]:
     """(wall ms of the whole viewport, per-tile ms) with ``workers`` fetches in flight."""
+
     def timed(t: tuple) -> float:
         t0 = time.perf_counter()
         fetch(t)
@@ -99,12 +117,19 @@ def _concurrently(fetch: Callable[[tuple], Any], tiles: list[tuple], workers: in
 def _tensorstore_total(path: Path, tiles: list[tuple], factor: int) -> float:
     import tensorstore as ts
 
-    store = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": str(path)},
-                     "context": {"cache_pool": {"total_bytes_limit": 0}}}, read=True).result()
+    store = ts.open(
+        {
+            "driver": "zarr",
+            "kvstore": {"driver": "file", "path": str(path)},
+            "context": {"cache_pool": {"total_bytes_limit": 0}},
+        },
+        read=True,
+    ).result()
     view = ts.downsample(store, [factor, factor], "mean") if factor > 1 else store
     t0 = time.perf_counter()
-    futures = [view[y // factor:-(-(y + h) // factor), x // factor:-(-(x + w) // factor)].read()
-               for y, x, h, w in tiles]
+    futures = [
+        view[y // factor : -(-(y + h) // factor), x // factor : -(-(x + w) // factor)].read() for y, x, h, w in tiles
+    ]
     for f in futures:
         f.result()
     return (time.perf_counter() - t0) * 1e3
@@ -121,8 +146,10 @@ def _ours(root: Path, kind: str, tiles: list[tuple], factor: int, workers: int) 
     from tensor_server.bench.server_process import server_process, wait_idle
 
     path = root / ("big.zarr" if kind == "zarr" else "big.tif")
-    with tempfile.TemporaryDirectory(prefix="ts-bench-viewport-") as work, \
-            server_process([path], Path(work) / "cache") as srv:
+    with (
+        tempfile.TemporaryDirectory(prefix="ts-bench-viewport-") as work,
+        server_process([path], Path(work) / "cache") as srv,
+    ):
         client = TensorFlightClient(srv.location)
         aid = client.query("SELECT source_id FROM sources").to_pylist()[0]["source_id"]
         aid = client.get_descriptor(aid).array_id  # the tensor id: what a viewer holds after its first describe
@@ -134,8 +161,9 @@ def _ours(root: Path, kind: str, tiles: list[tuple], factor: int, workers: int) 
 
         def flight_tile(t: tuple) -> None:
             y, x, h, w = t
-            client.get_array(aid, slice_hint=(slice(y, y + h), slice(x, x + w)), scale_hint=scale,
-                             reduction_method="mean")
+            client.get_array(
+                aid, slice_hint=(slice(y, y + h), slice(x, x + w)), scale_hint=scale, reduction_method="mean"
+            )
 
         local = threading.local()  # one keep-alive connection per thread, as a browser keeps per host
         host, port = srv.http_url.removeprefix("http://").split(":")
@@ -154,8 +182,14 @@ def _ours(root: Path, kind: str, tiles: list[tuple], factor: int, workers: int) 
         warm, warm_each = _concurrently(flight_tile, tiles, workers)
         iiif_tile(tiles[0])  # the tensor's rendering window, computed once (a viewer's info.json visit)
         iiif, iiif_each = _concurrently(iiif_tile, tiles, workers)  # warm chunks: crop, render, encode
-    return {"cold_total": cold, "cold_p50": float(np.median(cold_each)), "warm_total": warm,
-            "warm_p50": float(np.median(warm_each)), "iiif_total": iiif, "iiif_p50": float(np.median(iiif_each))}
+    return {
+        "cold_total": cold,
+        "cold_p50": float(np.median(cold_each)),
+        "warm_total": warm,
+        "warm_p50": float(np.median(warm_each)),
+        "iiif_total": iiif,
+        "iiif_p50": float(np.median(iiif_each)),
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -173,8 +207,19 @@ def main(ns: argparse.Namespace) -> int:
 
     warm_up()  # as a server does at start: cold means an empty chunk cache, not an unloaded kernel
     load = os.getloadavg()
-    headers = ["format", "scale", "tiles", "ts total", "cold total", "ours/ts", "cold p50", "warm total",
-               "warm p50", "iiif total", "iiif p50"]
+    headers = [
+        "format",
+        "scale",
+        "tiles",
+        "ts total",
+        "cold total",
+        "ours/ts",
+        "cold p50",
+        "warm total",
+        "warm p50",
+        "iiif total",
+        "iiif p50",
+    ]
     rows, out = [], []
     factor = 1
     while TILE * factor <= side:
@@ -182,17 +227,40 @@ def main(ns: argparse.Namespace) -> int:
         ts_ms = _tensorstore_total(root / "big.zarr", tiles, factor)
         for kind in ns.formats.split(","):
             ours = _ours(root, kind, tiles, factor, ns.concurrency)
-            row = {"format": kind, "scale": factor, "tiles": len(tiles), "ts_total": ts_ms, **ours,
-                   "ours_over_ts": ours["cold_total"] / ts_ms}
+            row = {
+                "format": kind,
+                "scale": factor,
+                "tiles": len(tiles),
+                "ts_total": ts_ms,
+                **ours,
+                "ours_over_ts": ours["cold_total"] / ts_ms,
+            }
             out.append(row)
-            rows.append([kind, factor, len(tiles), ts_ms, ours["cold_total"], row["ours_over_ts"], ours["cold_p50"],
-                         ours["warm_total"], ours["warm_p50"], ours["iiif_total"], ours["iiif_p50"]])
+            rows.append(
+                [
+                    kind,
+                    factor,
+                    len(tiles),
+                    ts_ms,
+                    ours["cold_total"],
+                    row["ours_over_ts"],
+                    ours["cold_p50"],
+                    ours["warm_total"],
+                    ours["warm_p50"],
+                    ours["iiif_total"],
+                    ours["iiif_p50"],
+                ]
+            )
             print_table(headers, rows[-1:])
         factor *= 2
-    print(f"\n{side}² uint8 with no stored pyramid, a viewport of up to 63 512² tiles per level, "
-          f"{ns.concurrency} in flight (ms); load average before the run {load[0]:.1f} (2 cores)")
-    print("ts = TensorStore downsample 'mean' of the zarr, all tiles issued at once, cache off; cold/warm = ours "
-          "over Flight (SDK get_array per tile), fresh server per level; iiif = ours over HTTP, 512² JPEG, warm")
+    print(
+        f"\n{side}² uint8 with no stored pyramid, a viewport of up to 63 512² tiles per level, "
+        f"{ns.concurrency} in flight (ms); load average before the run {load[0]:.1f} (2 cores)"
+    )
+    print(
+        "ts = TensorStore downsample 'mean' of the zarr, all tiles issued at once, cache off; cold/warm = ours "
+        "over Flight (SDK get_array per tile), fresh server per level; iiif = ours over HTTP, 512² JPEG, warm"
+    )
     print_table(headers, rows)
     write_json(ns.json_path, "viewport", ns.size, out)
     return 0

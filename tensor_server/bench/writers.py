@@ -3,6 +3,7 @@
 Kept out of the adapter modules: an adapter reads its format; writing a synthetic sample for a
 benchmark is the bench's business (the tests use it too, to check it writes what it says).
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,13 +4,21 @@ One encoder so a chunk served over DoGet and a chunk stored in a segment (and ma
 client through the fast path) are the same bytes: C-order, little-endian, the data buffer at
 offset 0 of its binary array, an explicit-byte-order numpy dtype string.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["encode_chunk_columns", "decode_chunk", "one_value_column", "binary_column", "int64_column",
-           "int64_values", "wire_dtype"]
+__all__ = [
+    "encode_chunk_columns",
+    "decode_chunk",
+    "one_value_column",
+    "binary_column",
+    "int64_column",
+    "int64_values",
+    "wire_dtype",
+]
 
 
 def wire_dtype(dtype: np.dtype) -> str:

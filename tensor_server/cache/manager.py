@@ -28,6 +28,7 @@ The cache is an optimisation, so its disk can never make a read fail or the serv
   segment is at most a quarter of the budget, so the folder never holds much more than
   ``max_total_bytes``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -131,9 +132,19 @@ class CacheManager:
         self._next_number = 0  # never reuse a segment name, not even one taken by a stray file
         self._writes_paused_until = 0.0
         self._pending: dict[bytes, threading.Event] = {}
-        self.stats = {"hits": 0, "misses": 0, "evictions": 0, "pending_waits": 0, "oversized_skips": 0,
-                      "memory_hits": 0, "file_hits": 0, "recovered_segments": 0, "dropped_segments": 0,
-                      "corrupt_entries": 0, "write_errors": 0}
+        self.stats = {
+            "hits": 0,
+            "misses": 0,
+            "evictions": 0,
+            "pending_waits": 0,
+            "oversized_skips": 0,
+            "memory_hits": 0,
+            "file_hits": 0,
+            "recovered_segments": 0,
+            "dropped_segments": 0,
+            "corrupt_entries": 0,
+            "write_errors": 0,
+        }
         t0 = time.perf_counter()
         self._boot()
         self.boot_seconds = time.perf_counter() - t0
@@ -222,9 +233,18 @@ class CacheManager:
                 "corrupt_entries": self.stats["corrupt_entries"],
                 "write_errors": self.stats["write_errors"],
                 "pool_stats": {
-                    "memory": {"hits": self.stats["memory_hits"], "misses": 0, "segments": 0, "bytes": self._memory_used},
-                    "file": {"hits": self.stats["file_hits"], "misses": self.stats["misses"],
-                             "segments": len(self._segments), "bytes": self.file_bytes},
+                    "memory": {
+                        "hits": self.stats["memory_hits"],
+                        "misses": 0,
+                        "segments": 0,
+                        "bytes": self._memory_used,
+                    },
+                    "file": {
+                        "hits": self.stats["file_hits"],
+                        "misses": self.stats["misses"],
+                        "segments": len(self._segments),
+                        "bytes": self.file_bytes,
+                    },
                 },
             }
 
@@ -324,8 +344,12 @@ class CacheManager:
         if where is not None and where[0] == number:
             del self._index[key]
             seg = self._segments.get(number)
-            log.warning("cache: dropped a damaged entry at byte %d of %s: %s", where[1].byte_offset,
-                        seg.path if seg else number, reason)
+            log.warning(
+                "cache: dropped a damaged entry at byte %d of %s: %s",
+                where[1].byte_offset,
+                seg.path if seg else number,
+                reason,
+            )
         old = self._memory.pop(key, None)
         if old is not None:
             self._memory_used -= old.nbytes
@@ -462,7 +486,9 @@ class CacheManager:
             except FileExistsError:
                 continue  # a stray file took the name; take the next
             self._writer_number = number
-            self._segments[number] = _Segment(number, path, self._writer.size, time.time(), [], False, None, path.stat().st_ino)
+            self._segments[number] = _Segment(
+                number, path, self._writer.size, time.time(), [], False, None, path.stat().st_ino
+            )
         return self._writer
 
     def _seal_writer(self) -> None:

@@ -21,6 +21,7 @@ tile of the burst). The queue is bounded
 ``stats``: scheduled, warmed, dropped, and ``hits`` — client reads served from an entry the
 precacher warmed (reported by the server's ``cache_stats``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -176,8 +177,10 @@ class Precacher:
         the same region, in that order (the budget keeps the first)."""
         levels = [(tuple(lv.scale), lv.method) for lv in advertised_levels(tensor, self.policy)]
         if cid.method == PRECOMPUTE:
-            level0 = Bounds(tuple(a * s for a, s in zip(cid.start, cid.scale)),
-                            tuple(min(b * s, n) for b, s, n in zip(cid.stop, cid.scale, tensor.shape)))
+            level0 = Bounds(
+                tuple(a * s for a, s in zip(cid.start, cid.scale)),
+                tuple(min(b * s, n) for b, s, n in zip(cid.stop, cid.scale, tensor.shape)),
+            )
         else:
             level0 = cid.bounds
         here = next((i for i, (scale, _) in enumerate(levels) if scale == cid.scale), None)

@@ -10,6 +10,7 @@ verifies, every entry lies inside the segment and the segment still has the reco
 otherwise the segment is re-walked (segment_store.walk_segment). Entries are still verified
 one by one when read (segment_store.verify_batch): the sidecar says only where to look.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,7 +25,9 @@ from tensor_server.cache.segment_store import SegmentEntry
 
 __all__ = ["index_path", "write_index", "read_index"]
 
-_SCHEMA = pa.schema([("key", pa.binary()), ("byte_offset", pa.int64()), ("byte_length", pa.int64()), ("nbytes", pa.int64())])
+_SCHEMA = pa.schema(
+    [("key", pa.binary()), ("byte_offset", pa.int64()), ("byte_length", pa.int64()), ("nbytes", pa.int64())]
+)
 _MAGIC = b"TSIDX\x00\x02\x00"  # format 2: digest header + Arrow IPC file
 _HEADER = len(_MAGIC) + 8
 
@@ -39,8 +42,12 @@ def write_index(segment: Path, entries: list[SegmentEntry], segment_size: int) -
     # columns from buffers: ``pa.array``/``to_numpy`` import pandas on first use (1.2-2 s,
     # paid by the read whose put seals the first segment, or by a restart reading the index)
     table = pa.Table.from_arrays(
-        [binary_column([e.key for e in entries]), int64_column([e.byte_offset for e in entries]),
-         int64_column([e.byte_length for e in entries]), int64_column([e.nbytes for e in entries])],
+        [
+            binary_column([e.key for e in entries]),
+            int64_column([e.byte_offset for e in entries]),
+            int64_column([e.byte_length for e in entries]),
+            int64_column([e.nbytes for e in entries]),
+        ],
         schema=_SCHEMA.with_metadata({b"segment_size": str(segment_size).encode()}),
     )
     sink = pa.BufferOutputStream()
@@ -75,7 +82,7 @@ def read_index(segment: Path) -> list[SegmentEntry] | None:
     if len(raw) < _HEADER or raw[: len(_MAGIC)] != _MAGIC:
         return None
     body = memoryview(raw)[_HEADER:]
-    if xxhash.xxh3_64_digest(body) != raw[len(_MAGIC):_HEADER]:
+    if xxhash.xxh3_64_digest(body) != raw[len(_MAGIC) : _HEADER]:
         return None
     try:
         table = pa.ipc.open_file(pa.py_buffer(body)).read_all()

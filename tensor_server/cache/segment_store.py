@@ -20,6 +20,7 @@ is never modified again; eviction unlinks it whole (a client's mapping survives 
 A write that fails (a full disk) cuts the file back to its last whole batch, so whatever is
 on disk stays walkable.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,19 @@ import xxhash
 
 from tensor_server.cache.chunk_columns import encode_chunk_columns, one_value_column
 
-__all__ = ["SEGMENT_SCHEMA", "CorruptEntry", "SegmentEntry", "SegmentWriter", "chunk_record_batch",
-           "header_ok", "message_parts", "read_batch_at", "verify_batch", "walk_segment", "segment_name"]
+__all__ = [
+    "SEGMENT_SCHEMA",
+    "CorruptEntry",
+    "SegmentEntry",
+    "SegmentWriter",
+    "chunk_record_batch",
+    "header_ok",
+    "message_parts",
+    "read_batch_at",
+    "verify_batch",
+    "walk_segment",
+    "segment_name",
+]
 
 SEGMENT_SCHEMA = pa.schema(
     [
@@ -81,9 +93,15 @@ def chunk_record_batch(arr: np.ndarray, key: bytes) -> pa.RecordBatch:
     data, shape, dtype = encode_chunk_columns(arr)
     digest = _checksum(key, dtype[0].as_py(), shape[0].as_py(), data.buffers()[2])
     return pa.RecordBatch.from_arrays(
-        [data, shape, dtype, one_value_column(key, pa.binary()),
-         pa.Array.from_buffers(pa.uint64(), 1, [None, pa.py_buffer(np.array([digest], np.uint64))])],
-        schema=SEGMENT_SCHEMA)
+        [
+            data,
+            shape,
+            dtype,
+            one_value_column(key, pa.binary()),
+            pa.Array.from_buffers(pa.uint64(), 1, [None, pa.py_buffer(np.array([digest], np.uint64))]),
+        ],
+        schema=SEGMENT_SCHEMA,
+    )
 
 
 class _Gather:

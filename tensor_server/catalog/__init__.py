@@ -1,4 +1,5 @@
 """Discovery of sources under served roots, and the SQL catalog of them (DuckDB)."""
+
 from __future__ import annotations
 
 from tensor_server.catalog.catalog import Catalog, SourceRecord

@@ -19,6 +19,7 @@ time on a fresh pool, and the one that kills it again is an unreadable row sayin
 Formats registered at run time by a plugin are not known to a fresh process: a catalog
 that has one keeps every open on threads.
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -81,8 +82,10 @@ def open_within(path: Path, fmt: str, seconds: float) -> SourceAdapter:
         with lock:
             if not done.is_set():
                 box["abandoned"] = True
-                raise UnreadableSource(path, f"{fmt}: gave up opening after {seconds:g} s "
-                                             "(the file may be huge, or not what its name says)")
+                raise UnreadableSource(
+                    path,
+                    f"{fmt}: gave up opening after {seconds:g} s (the file may be huge, or not what its name says)",
+                )
     if isinstance(box["result"], BaseException):
         raise box["result"]
     return box["result"]
@@ -93,8 +96,9 @@ def _unreadable(path: Path, fmt: str, sid: str, sig: tuple, reason: str) -> Sour
     return SourceRecord(sid, path.resolve().as_uri(), fmt, path, None, reason, sig, {path.resolve()}, fmt)
 
 
-def open_file_record(path: Path, fmt: str, sid: str, sig: tuple, roots: Sequence[Path], follow_links: bool,
-                     timeout: float) -> SourceRecord:
+def open_file_record(
+    path: Path, fmt: str, sid: str, sig: tuple, roots: Sequence[Path], follow_links: bool, timeout: float
+) -> SourceRecord:
     """Open ``path`` as a record within ``timeout``; an unreadable file is a record with the
     reason (so is a folder source holding symlinks out of ``roots`` unless ``follow_links``)."""
     try:
@@ -111,9 +115,14 @@ def open_file_record(path: Path, fmt: str, sid: str, sig: tuple, roots: Sequence
         leaving = links_leaving(path, roots)
         if leaving:
             src.close()
-            return _unreadable(path, fmt, sid, sig,
-                               f"holds symlinks to targets outside the served roots ({', '.join(sorted(leaving)[:3])}"
-                               f"{', ...' if len(leaving) > 3 else ''}): not served (follow_symlinks_outside_roots = false)")
+            return _unreadable(
+                path,
+                fmt,
+                sid,
+                sig,
+                f"holds symlinks to targets outside the served roots ({', '.join(sorted(leaving)[:3])}"
+                f"{', ...' if len(leaving) > 3 else ''}): not served (follow_symlinks_outside_roots = false)",
+            )
     if src.source_id != sid:
         src.source_id = sid
     return SourceRecord(sid, src.url, src.type, path, src, None, sig, set(src.member_paths) | {path.resolve()}, fmt)
@@ -122,15 +131,24 @@ def open_file_record(path: Path, fmt: str, sid: str, sig: tuple, roots: Sequence
 def stored_row(rec: SourceRecord) -> StoredRow:
     """What the store keeps of a record (and a worker process sends back): the listing, the
     claim and its signature."""
-    return {"source_id": rec.source_id, "path": str(rec.path), "format_name": rec.format_name or rec.type,
-            "source_url": rec.url, "source_type": rec.type, "is_resolved": rec.is_resolved,
-            "unresolved_reason": rec.unresolved_reason, "signature": rec.signature,
-            "member_paths": [str(p) for p in rec.member_paths], "tensors": rec.tensor_rows(),
-            "metadata_json": rec.metadata_json()}
+    return {
+        "source_id": rec.source_id,
+        "path": str(rec.path),
+        "format_name": rec.format_name or rec.type,
+        "source_url": rec.url,
+        "source_type": rec.type,
+        "is_resolved": rec.is_resolved,
+        "unresolved_reason": rec.unresolved_reason,
+        "signature": rec.signature,
+        "member_paths": [str(p) for p in rec.member_paths],
+        "tensors": rec.tensor_rows(),
+        "metadata_json": rec.metadata_json(),
+    }
 
 
-def claim_and_open(path: Path, fmt: str | None, sid: str, sig: tuple, roots: Sequence[Path], follow_links: bool,
-                   timeout: float) -> SourceRecord | None:
+def claim_and_open(
+    path: Path, fmt: str | None, sid: str, sig: tuple, roots: Sequence[Path], follow_links: bool, timeout: float
+) -> SourceRecord | None:
     """The record of a claim; ``fmt`` None: a file whose format is sniffed here (None when
     no format recognises it: not a source)."""
     if fmt is None:
@@ -141,8 +159,9 @@ def claim_and_open(path: Path, fmt: str | None, sid: str, sig: tuple, roots: Seq
     return open_file_record(path, fmt, sid, sig, roots, follow_links, timeout)
 
 
-def _row_in_worker(path: str, fmt: str | None, sid: str, sig: tuple, roots: list[str], follow_links: bool,
-                   timeout: float) -> StoredRow | None:
+def _row_in_worker(
+    path: str, fmt: str | None, sid: str, sig: tuple, roots: list[str], follow_links: bool, timeout: float
+) -> StoredRow | None:
     """In a worker process: the row of one claim (its adapter closed), None if not a source."""
     rec = claim_and_open(Path(path), fmt, sid, sig, [Path(r) for r in roots], follow_links, timeout)
     if rec is None:
@@ -168,8 +187,15 @@ class Opening:
     opens, on worker processes (module docstring): at most ``4 x workers`` in flight, so a
     walk of millions of files never queues millions of opens."""
 
-    def __init__(self, catalog: Catalog, pool: cf.ThreadPoolExecutor, tally: dict[str, int],
-                 skipped: list[tuple[Path, str]], seen: set[str], on_unclaimed=None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        pool: cf.ThreadPoolExecutor,
+        tally: dict[str, int],
+        skipped: list[tuple[Path, str]],
+        seen: set[str],
+        on_unclaimed=None,
+    ) -> None:
         self.catalog, self.pool, self.tally, self.skipped, self.seen = catalog, pool, tally, skipped, seen
         self.on_unclaimed = on_unclaimed
         self.covered: set[Path] = set()
@@ -179,7 +205,7 @@ class Opening:
         self.flushed_at = time.monotonic()
         self.submitted = 0
         self.procs: cf.ProcessPoolExecutor | None = None
-        self.use_procs = (catalog.open_processes > 0 and catalog.open_workers > 1 and not _plugins_only_here())
+        self.use_procs = catalog.open_processes > 0 and catalog.open_workers > 1 and not _plugins_only_here()
 
     def offer(self, claim: Claim) -> None:
         try:
@@ -208,12 +234,21 @@ class Opening:
 
     def _task(self, claim: Claim, sid: str, sig: tuple) -> tuple:
         cat = self.catalog
-        return (_row_in_worker, str(claim.path), claim.format.name if claim.format else None, sid, sig,
-                [str(r) for r in cat.roots], cat.follow_symlinks_outside_roots, cat.open_timeout_seconds)
+        return (
+            _row_in_worker,
+            str(claim.path),
+            claim.format.name if claim.format else None,
+            sid,
+            sig,
+            [str(r) for r in cat.roots],
+            cat.follow_symlinks_outside_roots,
+            cat.open_timeout_seconds,
+        )
 
     def _start_processes(self) -> cf.ProcessPoolExecutor:
-        return cf.ProcessPoolExecutor(self.catalog.open_processes, mp_context=multiprocessing.get_context("spawn"),
-                                      initializer=_worker_start)
+        return cf.ProcessPoolExecutor(
+            self.catalog.open_processes, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start
+        )
 
     def finish(self) -> None:
         while self.inflight:
@@ -272,8 +307,15 @@ class Opening:
             except BrokenProcessPool:
                 self.procs.shutdown(wait=True, cancel_futures=True)
                 self.procs = self._start_processes()
-                row = stored_row(_unreadable(claim.path, claim.format.name if claim.format else "unknown", sid, sig,
-                                             "the reader crashed the process opening this file"))
+                row = stored_row(
+                    _unreadable(
+                        claim.path,
+                        claim.format.name if claim.format else "unknown",
+                        sid,
+                        sig,
+                        "the reader crashed the process opening this file",
+                    )
+                )
             except Exception as exc:
                 self.skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
                 continue

@@ -11,6 +11,7 @@ database opened read-only, with external access disabled and resource caps
 nor exhaust the server; each class of caller queries a database holding only the rows of
 the tensors it may read (``query``'s ``view``).
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -57,11 +58,19 @@ class Catalog:
     ``open_workers``: adapters a scan opens at once on threads; ``open_processes``: worker
     processes a big scan opens the rest of its files on (``catalog/_opening.py``; 0: none)."""
 
-    def __init__(self, roots: Sequence[str | os.PathLike[str]] = (), rois_path: str | None = None, *,
-                 sql_limits: SqlLimits = SqlLimits(), follow_symlinks_outside_roots: bool = False,
-                 open_timeout_seconds: float = 60.0, store_path: str | None = None,
-                 open_workers: int = DEFAULT_OPEN_WORKERS, open_processes: int = DEFAULT_OPEN_PROCESSES,
-                 store: CatalogStore | None = None) -> None:
+    def __init__(
+        self,
+        roots: Sequence[str | os.PathLike[str]] = (),
+        rois_path: str | None = None,
+        *,
+        sql_limits: SqlLimits = SqlLimits(),
+        follow_symlinks_outside_roots: bool = False,
+        open_timeout_seconds: float = 60.0,
+        store_path: str | None = None,
+        open_workers: int = DEFAULT_OPEN_WORKERS,
+        open_processes: int = DEFAULT_OPEN_PROCESSES,
+        store: CatalogStore | None = None,
+    ) -> None:
         self.roots = [Path(r) for r in roots if not is_remote_root(r)]
         #: object-store and upstream-server URLs (``catalog/remote.py``)
         self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
@@ -155,8 +164,9 @@ class Catalog:
     # ---- contents ----------------------------------------------------------------------------
     def add_source(self, source: SourceAdapter) -> SourceRecord:
         """Serve an already-open source (in-memory data, tests, the demo)."""
-        rec = SourceRecord(source.source_id, source.url, source.type, source.path, source,
-                           member_paths=set(source.member_paths))
+        rec = SourceRecord(
+            source.source_id, source.url, source.type, source.path, source, member_paths=set(source.member_paths)
+        )
         with self._lock:
             old = self._set_record(rec)
             self._changed()
@@ -330,12 +340,14 @@ class Catalog:
         field = src.former_fields.get(aid.field, aid.field)
         if field in src.tensors:  # a former field echoes as asked: the SDK reads a changed echo as a default
             return src.tensors[field], array_id
-        raise TensorNotFound(f"source {aid.source_id!r} has no tensor {aid.field!r}; fields: {list(src.tensors)}",
-                             slug="unknown_field")
+        raise TensorNotFound(
+            f"source {aid.source_id!r} has no tensor {aid.field!r}; fields: {list(src.tensors)}", slug="unknown_field"
+        )
 
     # ---- discovery -------------------------------------------------------------------------
-    def scan(self, progress: Callable[[str, int], None] | None = None,
-             on_unclaimed: Callable[[Path], None] | None = None) -> dict[str, int]:
+    def scan(
+        self, progress: Callable[[str, int], None] | None = None, on_unclaimed: Callable[[Path], None] | None = None
+    ) -> dict[str, int]:
         """Discover sources under the roots: open new or changed ones (on a pool of
         ``open_workers``, each put in the catalog as soon as it is open), drop vanished
         ones; an unchanged source costs a stat. Never raises for a bad file or entry: it
@@ -358,10 +370,15 @@ class Catalog:
                         if not os.path.lexists(root):
                             skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
                             continue
-                        claims = discover(root, on_progress=lambda p: self._walked(p, progress, len(seen)),
-                                          allowed_roots=allowed,
-                                          on_skip=lambda p, why: skipped.append((p, why)), known=self._known_format,
-                                          on_unclaimed=on_unclaimed, claim_files=False)
+                        claims = discover(
+                            root,
+                            on_progress=lambda p: self._walked(p, progress, len(seen)),
+                            allowed_roots=allowed,
+                            on_skip=lambda p, why: skipped.append((p, why)),
+                            known=self._known_format,
+                            on_unclaimed=on_unclaimed,
+                            claim_files=False,
+                        )
                         for claim in claims:
                             self._count("files_seen")
                             opening.offer(claim)
@@ -390,9 +407,11 @@ class Catalog:
     def _drop_vanished(self, seen: set[str]) -> int:
         """Remove the rows under the roots the scan did not find, and shadowed members."""
         with self._lock:
-            gone = {sid for sid, r in self._records.items()
-                    if r.path is not None and sid not in seen
-                    and any(_lexically_under(r.path, root) for root in self.roots)}
+            gone = {
+                sid
+                for sid, r in self._records.items()
+                if r.path is not None and sid not in seen and any(_lexically_under(r.path, root) for root in self.roots)
+            }
             gone |= self._shadowed_members()
             removed = [self._pop_record(sid) for sid in gone]
             if removed:
@@ -460,8 +479,15 @@ class Catalog:
         None for a file no format recognises (a claim without a format is sniffed here)."""
         with self._counts_lock:
             self.opens += 1
-        rec = claim_and_open(claim.path, claim.format.name if claim.format else None, sid, sig, self.roots,
-                             self.follow_symlinks_outside_roots, self.open_timeout_seconds)
+        rec = claim_and_open(
+            claim.path,
+            claim.format.name if claim.format else None,
+            sid,
+            sig,
+            self.roots,
+            self.follow_symlinks_outside_roots,
+            self.open_timeout_seconds,
+        )
         if rec is None:
             with self._counts_lock:
                 self.opens -= 1
@@ -469,8 +495,9 @@ class Catalog:
         self._count("files_opened" if rec.is_resolved else "files_failed")
         return self._put_found(rec)
 
-    def _listed_claim(self, claim: Claim, sid: str, sig: tuple, row: StoredRow | None
-                      ) -> tuple[SourceRecord, bool] | None:
+    def _listed_claim(
+        self, claim: Claim, sid: str, sig: tuple, row: StoredRow | None
+    ) -> tuple[SourceRecord, bool] | None:
         """Like ``_open_claim`` for the row a worker process opened the claim into: listed
         now, its adapter opened here on first use."""
         if row is None:
@@ -502,8 +529,15 @@ class Catalog:
             counts = dict(vars(self._counts))
         with self._lock:
             pending = sum(r.is_open_pending() for r in self._records.values())
-        return {"scan_in_progress": self.scan_in_progress, **counts, "restored": self.restored, "pending_open": pending,
-                "opens": self.opens, "sources": len(self), "last_full_scan_finished_at": self.last_scan_finished_at}
+        return {
+            "scan_in_progress": self.scan_in_progress,
+            **counts,
+            "restored": self.restored,
+            "pending_open": pending,
+            "opens": self.opens,
+            "sources": len(self),
+            "last_full_scan_finished_at": self.last_scan_finished_at,
+        }
 
     def _walked(self, folder: Path, progress: Callable[[str, int], None] | None, found: int) -> None:
         """Discovery entered ``folder``: counted (health, metrics) and told to ``progress``."""
@@ -535,8 +569,9 @@ class Catalog:
         """Open ``path`` as a record; an unreadable file is a record with the reason."""
         with self._counts_lock:
             self.opens += 1
-        rec = open_file_record(path, fmt, sid, sig, self.roots, self.follow_symlinks_outside_roots,
-                               self.open_timeout_seconds)
+        rec = open_file_record(
+            path, fmt, sid, sig, self.roots, self.follow_symlinks_outside_roots, self.open_timeout_seconds
+        )
         self._count("files_opened" if rec.is_resolved else "files_failed")
         return rec
 
@@ -570,9 +605,13 @@ class Catalog:
             self._store = store
             rows = self._store.load()
         except Exception as exc:
-            log.warning("catalog store %s cannot be used (%s: %s): the catalog is kept in memory only, "
-                        "so the next start opens every source again", store.path if store else path,
-                        type(exc).__name__, exc)
+            log.warning(
+                "catalog store %s cannot be used (%s: %s): the catalog is kept in memory only, "
+                "so the next start opens every source again",
+                store.path if store else path,
+                type(exc).__name__,
+                exc,
+            )
             if store is not None and self._owns_store:
                 store.close()
             self._store = None
@@ -605,10 +644,18 @@ class Catalog:
         resolved = bool(row["is_resolved"])
         members = {path if p == row["path"] else Path(p) for p in row["member_paths"]}
         return SourceRecord(
-            row["source_id"], row["source_url"], row["source_type"], path, None, row["unresolved_reason"],
-            row["signature"], members, row["format_name"],
+            row["source_id"],
+            row["source_url"],
+            row["source_type"],
+            path,
+            None,
+            row["unresolved_reason"],
+            row["signature"],
+            members,
+            row["format_name"],
             listing=(row["tensors"], row["metadata_json"]) if resolved else None,
-            opener=self._open_restored if resolved else None)
+            opener=self._open_restored if resolved else None,
+        )
 
     def _open_restored(self, rec: SourceRecord) -> None:
         """Open a restored row's adapter (its first use). The row is rewritten only when
@@ -688,7 +735,18 @@ class Catalog:
         (wire-protocol §9.2 columns), listing only the tensors ``view`` shows."""
         import pyarrow as pa
 
-        rows = {k: [] for k in ("source_id", "source_url", "source_type", "is_resolved", "tensors", "metadata_json", "unresolved_reason")}
+        rows = {
+            k: []
+            for k in (
+                "source_id",
+                "source_url",
+                "source_type",
+                "is_resolved",
+                "tensors",
+                "metadata_json",
+                "unresolved_reason",
+            )
+        }
         for r in self.records() if records is None else records:
             rows["source_id"].append(r.source_id)
             rows["source_url"].append(r.url)
@@ -702,8 +760,11 @@ class Catalog:
     def _sql_tables(self, view: RowView) -> dict[str, Any]:
         """Every table SQL publishes, with only the rows ``view`` shows (each table is keyed
         by tensor: a hidden tensor leaves no row anywhere)."""
-        return {"sources": self.sources_table(view=view), "decode_rates": view.rows_of(self.decode_rates.table()),
-                "rois": view.rows_of(self.rois.table())}
+        return {
+            "sources": self.sources_table(view=view),
+            "decode_rates": view.rows_of(self.decode_rates.table()),
+            "rois": view.rows_of(self.rois.table()),
+        }
 
     def _sql_stamp(self) -> tuple[int, int, int]:
         """The version of the published tables (caller holds ``_db_lock``): the rows, the
@@ -729,11 +790,25 @@ class Catalog:
 def sources_schema():
     import pyarrow as pa
 
-    tensor = pa.struct([("array_id", pa.string()), ("dim_labels", pa.list_(pa.string())),
-                        ("shape", pa.list_(pa.int64())), ("dtype", pa.string())])
-    return pa.schema([("source_id", pa.string()), ("source_url", pa.string()), ("source_type", pa.string()),
-                      ("is_resolved", pa.bool_()), ("tensors", pa.list_(tensor)),
-                      ("metadata_json", pa.string()), ("unresolved_reason", pa.string())])
+    tensor = pa.struct(
+        [
+            ("array_id", pa.string()),
+            ("dim_labels", pa.list_(pa.string())),
+            ("shape", pa.list_(pa.int64())),
+            ("dtype", pa.string()),
+        ]
+    )
+    return pa.schema(
+        [
+            ("source_id", pa.string()),
+            ("source_url", pa.string()),
+            ("source_type", pa.string()),
+            ("is_resolved", pa.bool_()),
+            ("tensors", pa.list_(tensor)),
+            ("metadata_json", pa.string()),
+            ("unresolved_reason", pa.string()),
+        ]
+    )
 
 
 class _ScanCounts:
@@ -762,8 +837,10 @@ def _path_hint(requested: str) -> str:
     """A hint for an id that is a path or a file name (a common first mistake)."""
     if not looks_like_path(requested):
         return ""
-    return ("; it looks like a path or file name, but ids are the source ids the catalog lists "
-            "(`python -m tensor_server list ROOT` prints them, or SELECT source_id FROM sources)")
+    return (
+        "; it looks like a path or file name, but ids are the source ids the catalog lists "
+        "(`python -m tensor_server list ROOT` prints them, or SELECT source_id FROM sources)"
+    )
 
 
 def _lexically_under(path: Path, root: Path) -> bool:

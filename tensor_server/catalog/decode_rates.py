@@ -23,6 +23,7 @@ in one line when it says why (a second server finds the annotation file held by 
 with a traceback only when something unforeseen broke. A run that measured nothing writes
 nothing, so such a second server says nothing about the rates at all.
 """
+
 from __future__ import annotations
 
 import logging
@@ -162,13 +163,16 @@ class DecodeRates:
                 self._load()
             rows = sorted((k, v[0], v[1], v[2]) for k, v in self._rows.items())
         utc = datetime.UTC
-        return pa.table({
-            "array_id": pa.array([r[0] for r in rows], pa.string()),
-            "mbps": pa.array([r[1] for r in rows], pa.float64()),
-            "samples": pa.array([r[2] for r in rows], pa.int64()),
-            "updated_at": pa.array([datetime.datetime.fromtimestamp(r[3], utc).replace(tzinfo=None) for r in rows],
-                                   pa.timestamp("us")),
-        })
+        return pa.table(
+            {
+                "array_id": pa.array([r[0] for r in rows], pa.string()),
+                "mbps": pa.array([r[1] for r in rows], pa.float64()),
+                "samples": pa.array([r[2] for r in rows], pa.int64()),
+                "updated_at": pa.array(
+                    [datetime.datetime.fromtimestamp(r[3], utc).replace(tzinfo=None) for r in rows], pa.timestamp("us")
+                ),
+            }
+        )
 
 
 def _store_failed(what: str, exc: Exception) -> None:

@@ -19,6 +19,7 @@ looked at is spent from it, and the walk stops with ``ResourceExhausted`` once i
 at ``max_entries`` or run ``max_seconds``, or with ``ReadCancelled`` as soon as the client has
 gone. Folders in ``exclude`` (served roots, the write dir, the cache) are not entered.
 """
+
 from __future__ import annotations
 
 import errno
@@ -52,11 +53,15 @@ class WalkBudget:
         if self.cancelled is not None and self.cancelled():
             raise ReadCancelled(f"the walk of {what} was stopped: the client went away")
         if self.entries > self.max_entries:
-            raise ResourceExhausted(f"the walk stopped at {what}: it looked at {self.max_entries} entries, the "
-                                    "limit of one request; add a smaller folder")
+            raise ResourceExhausted(
+                f"the walk stopped at {what}: it looked at {self.max_entries} entries, the "
+                "limit of one request; add a smaller folder"
+            )
         if time.monotonic() - self.started > self.max_seconds:
-            raise ResourceExhausted(f"the walk stopped at {what}: it ran {self.max_seconds:g} s, the limit of one "
-                                    "request; add a smaller folder")
+            raise ResourceExhausted(
+                f"the walk stopped at {what}: it ran {self.max_seconds:g} s, the limit of one "
+                "request; add a smaller folder"
+            )
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,9 @@ def _refusal(path: Path, allowed: Sequence[str] | None) -> tuple[str | None, boo
 LINK_CHECK_ENTRIES = 200_000
 
 
-def links_leaving(folder: Path, allowed: Sequence[str | os.PathLike[str]], limit: int = LINK_CHECK_ENTRIES) -> list[str]:
+def links_leaving(
+    folder: Path, allowed: Sequence[str | os.PathLike[str]], limit: int = LINK_CHECK_ENTRIES
+) -> list[str]:
     """Paths (relative to ``folder``) of symlinks inside a folder source whose targets leave
     ``allowed``: a zarr chunk or a TIFF plane linked to a file outside the roots would be
     read by its format library without ever passing discovery. Symlinked folders are
@@ -133,12 +140,18 @@ def _listing(folder: Path, budget: WalkBudget | None) -> list[os.DirEntry]:
         return list(itertools.islice(it, max(0, budget.max_entries - budget.entries) + 1))
 
 
-def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] | None = None, *,
-             allowed_roots: Sequence[str | os.PathLike[str]] | None = None,
-             on_skip: Callable[[Path, str], None] | None = None, budget: WalkBudget | None = None,
-             exclude: Sequence[str | os.PathLike[str]] = (),
-             known: Callable[[Path, bool], FormatEntry | None] | None = None,
-             on_unclaimed: Callable[[Path], None] | None = None, claim_files: bool = True) -> Iterator[Claim]:
+def discover(
+    root: str | os.PathLike[str],
+    on_progress: Callable[[Path], None] | None = None,
+    *,
+    allowed_roots: Sequence[str | os.PathLike[str]] | None = None,
+    on_skip: Callable[[Path, str], None] | None = None,
+    budget: WalkBudget | None = None,
+    exclude: Sequence[str | os.PathLike[str]] = (),
+    known: Callable[[Path, bool], FormatEntry | None] | None = None,
+    on_unclaimed: Callable[[Path], None] | None = None,
+    claim_files: bool = True,
+) -> Iterator[Claim]:
     """Yield a Claim for every source under ``root`` (``root`` itself may be one).
 
     ``allowed_roots``: folders a symlink's target must lie in to be followed (None: follow
@@ -166,6 +179,7 @@ def discover(root: str | os.PathLike[str], on_progress: Callable[[Path], None] |
     skip, is_dir = refused(root)
     if skip:
         return
+
     def claimed(path: Path, is_dir: bool) -> FormatEntry | None:
         return (known(path, is_dir) if known is not None else None) or claim_format(path, is_dir, entries)
 

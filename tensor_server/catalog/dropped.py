@@ -16,6 +16,7 @@ naming the rule); the walk never follows a link out of the added path, spends a
 ``WalkBudget`` (entries, seconds) and stops when the client has gone. ``add_events`` yields
 progress as each source is registered, so a door streams it while the walk goes on.
 """
+
 from __future__ import annotations
 
 import os
@@ -65,8 +66,14 @@ class AddTally:
 class DroppedPaths:
     """The drops of one server: label -> the resolved path it names."""
 
-    def __init__(self, catalog: Catalog, *, allowed_paths: Sequence[str | os.PathLike[str]] | None = None,
-                 refused_paths: Sequence[str | os.PathLike[str]] = (), limits: AddLimits = AddLimits()) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        allowed_paths: Sequence[str | os.PathLike[str]] | None = None,
+        refused_paths: Sequence[str | os.PathLike[str]] = (),
+        limits: AddLimits = AddLimits(),
+    ) -> None:
         """``allowed_paths``: folders an added path must lie under (None: the user's home and
         the served roots). ``refused_paths``: folders never added nor walked into besides the
         system ones and the catalog's excluded ones (the write dir): the cache dir."""
@@ -95,12 +102,16 @@ class DroppedPaths:
                 raise PermissionDenied(f"add_source: {path}: under {system}, which holds no data and is never added")
         for folder in self._refused():
             if _inside(real, Path(os.path.realpath(folder))):
-                raise PermissionDenied(f"add_source: {path}: under {folder}, the server's own storage "
-                                       "(write dir or cache), which is never added")
+                raise PermissionDenied(
+                    f"add_source: {path}: under {folder}, the server's own storage "
+                    "(write dir or cache), which is never added"
+                )
         allowed = self._allowed()
         if not any(_inside(real, Path(os.path.realpath(a))) for a in allowed):
-            raise PermissionDenied(f"add_source: {path}: not under an allowed folder (catalog allowed_paths: "
-                                   f"{', '.join(str(a) for a in allowed[:5])}); ask the operator to allow it")
+            raise PermissionDenied(
+                f"add_source: {path}: not under an allowed folder (catalog allowed_paths: "
+                f"{', '.join(str(a) for a in allowed[:5])}); ask the operator to allow it"
+            )
 
     def _label_for(self, path: Path) -> str:
         with self._lock:
@@ -114,8 +125,14 @@ class DroppedPaths:
             self._labels[label] = path
             return label
 
-    def add(self, raw_path: str, source_type: str = "", on_source: Callable[[int, str], None] | None = None, *,
-            cancelled: Callable[[], bool] | None = None) -> AddTally:
+    def add(
+        self,
+        raw_path: str,
+        source_type: str = "",
+        on_source: Callable[[int, str], None] | None = None,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> AddTally:
         """``add_events`` drained: ``on_source(count, path)`` hears each progress event."""
         for event in self.add_events(raw_path, source_type, cancelled=cancelled):
             if isinstance(event, AddTally):
@@ -129,7 +146,7 @@ class DroppedPaths:
             raise InvalidArgument("add_source: the path is empty")
         if "://" in raw_path and not raw_path.startswith("file://"):
             raise InvalidArgument(f"add_source: {raw_path[:200]}: only paths on the server's own disk can be added")
-        path = Path(raw_path[len("file://"):] if raw_path.startswith("file://") else raw_path).expanduser()
+        path = Path(raw_path[len("file://") :] if raw_path.startswith("file://") else raw_path).expanduser()
         if not path.is_absolute():
             raise InvalidArgument(f"add_source: {raw_path[:200]}: give an absolute path on the server")
         self.check_allowed(path)  # before any stat: a refused path is not even looked at
@@ -139,8 +156,9 @@ class DroppedPaths:
             raise InvalidArgument(f"add_source: {path}: the server may not read it (permission denied)")
         return path.resolve()
 
-    def add_events(self, raw_path: str, source_type: str = "", *, cancelled: Callable[[], bool] | None = None
-                   ) -> Iterator[AddProgress | AddTally]:
+    def add_events(
+        self, raw_path: str, source_type: str = "", *, cancelled: Callable[[], bool] | None = None
+    ) -> Iterator[AddProgress | AddTally]:
         """Register every source at or under ``raw_path``, yielding an ``AddProgress`` per
         source as it is registered and, last, the ``AddTally``. Refuses (naming the path) a
         path that does not exist, that the server may not read or that the allow-list
@@ -163,8 +181,11 @@ class DroppedPaths:
             self._tally_served(root, tally, say_when_none=False)
         label = self._label_for(path)
         budget = WalkBudget(self.limits.max_entries, self.limits.max_seconds, cancelled)
-        claims = iter([Claim(path, known[source_type])]) if source_type else discover(
-            path, allowed_roots=[path], budget=budget, exclude=[*served_inside, *self._refused()])
+        claims = (
+            iter([Claim(path, known[source_type])])
+            if source_type
+            else discover(path, allowed_roots=[path], budget=budget, exclude=[*served_inside, *self._refused()])
+        )
         seen: set[str] = set()
         complete = True
         try:
@@ -177,8 +198,11 @@ class DroppedPaths:
             tally.failed.append((str(path), f"{exc}; the sources found so far were added"))
         if complete:
             prefix = f"{DND_PREFIX}{label}"
-            gone = [r.source_id for r in self.catalog.records()
-                    if (r.url == prefix or r.url.startswith(prefix + "/")) and r.source_id not in seen]
+            gone = [
+                r.source_id
+                for r in self.catalog.records()
+                if (r.url == prefix or r.url.startswith(prefix + "/")) and r.source_id not in seen
+            ]
             tally.removed = self.catalog.remove_records(gone)
         if not seen and not served_inside and complete:
             tally.failed.append((str(path), "no supported image format found there"))
@@ -214,15 +238,21 @@ class DroppedPaths:
 
     def remove(self, root_url: str) -> list[str]:
         """Deregister every source at or under a ``dnd://`` branch root; return their ids."""
-        if not root_url.startswith(DND_PREFIX) or not root_url[len(DND_PREFIX):].strip("/"):
-            raise InvalidArgument(f"remove_source: {root_url!r} is not a dnd:// branch of an added path; "
-                                  "only paths added at runtime can be removed")
+        if not root_url.startswith(DND_PREFIX) or not root_url[len(DND_PREFIX) :].strip("/"):
+            raise InvalidArgument(
+                f"remove_source: {root_url!r} is not a dnd:// branch of an added path; "
+                "only paths added at runtime can be removed"
+            )
         root = root_url.rstrip("/")
-        ids = [r.source_id for r in self.catalog.records() if (r.url == root or r.url.startswith(root + "/"))
-               and not (r.path is not None and any(_under(Path(r.path), s) for s in self.catalog.roots))]
+        ids = [
+            r.source_id
+            for r in self.catalog.records()
+            if (r.url == root or r.url.startswith(root + "/"))
+            and not (r.path is not None and any(_under(Path(r.path), s) for s in self.catalog.roots))
+        ]
         removed = self.catalog.remove_records(ids)
-        label = root[len(DND_PREFIX):].split("/", 1)[0]
-        if "/" not in root[len(DND_PREFIX):]:
+        label = root[len(DND_PREFIX) :].split("/", 1)[0]
+        if "/" not in root[len(DND_PREFIX) :]:
             with self._lock:
                 self._labels.pop(label, None)
         return removed

@@ -6,6 +6,7 @@ adapter: the listing and SQL are served from the row, and the adapter is opened 
 time a handler asks for ``record.source`` (a read, a descriptor). A restart therefore
 lists every source without opening any.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,12 @@ __all__ = ["SourceRecord", "ServedTensor", "stat_signature", "tensor_row"]
 
 def tensor_row(t: TensorAdapter) -> dict[str, Any]:
     """A tensor's entry of the ``sources.tensors`` column (wire-protocol §9.2)."""
-    return {"array_id": t.array_id, "dim_labels": list(t.dim_labels), "shape": [int(n) for n in t.shape],
-            "dtype": t.dtype.str}
+    return {
+        "array_id": t.array_id,
+        "dim_labels": list(t.dim_labels),
+        "shape": [int(n) for n in t.shape],
+        "dtype": t.dtype.str,
+    }
 
 
 @dataclass(frozen=True)
@@ -76,10 +81,21 @@ class SourceRecord:
     ``opener(record)``, which fills the adapter in (or the reason it failed). ``listing``:
     ``(tensor rows, metadata_json)`` of a restored row until then."""
 
-    def __init__(self, source_id: str, url: str, type: str, path: Path | None, source: SourceAdapter | None,
-                 unresolved_reason: str | None = None, signature: tuple = (), member_paths: set[Path] | None = None,
-                 format_name: str | None = None, *, listing: tuple[list[dict], str | None] | None = None,
-                 opener: Callable[[SourceRecord], None] | None = None) -> None:
+    def __init__(
+        self,
+        source_id: str,
+        url: str,
+        type: str,
+        path: Path | None,
+        source: SourceAdapter | None,
+        unresolved_reason: str | None = None,
+        signature: tuple = (),
+        member_paths: set[Path] | None = None,
+        format_name: str | None = None,
+        *,
+        listing: tuple[list[dict], str | None] | None = None,
+        opener: Callable[[SourceRecord], None] | None = None,
+    ) -> None:
         self.source_id, self.url, self.type, self.path = source_id, url, type, path
         self.unresolved_reason = unresolved_reason
         self.signature = signature

@@ -16,6 +16,7 @@ unresolved row for the root URL with the reason; its sources already listed stay
 were (reads of them report their own errors) and every other root is scanned as usual.
 URLs are shown without user-info, so a credential in a URL never reaches the catalog.
 """
+
 from __future__ import annotations
 
 import logging
@@ -114,8 +115,13 @@ def _object_store_records(url: str) -> list[tuple[Any, Callable[[], Any]]]:
         folder = stack.pop()
         kind = zarr_store_kind(folder)
         if kind is None:
-            stack.extend(sorted((c for c in folder.iterdir() if c.is_dir() and not c.name.startswith(".")),
-                                key=lambda c: c.key, reverse=True))
+            stack.extend(
+                sorted(
+                    (c for c in folder.iterdir() if c.is_dir() and not c.name.startswith(".")),
+                    key=lambda c: c.key,
+                    reverse=True,
+                )
+            )
             continue
         shown = public_url(str(folder))
         rec = SourceRecord(source_id_for_url(shown), shown, kind, None, None, None, listing.signature(folder.key))
@@ -149,7 +155,14 @@ def _upstream_records(url: str) -> list[tuple[Any, Callable[[], Any]]]:
     host_port = upstream.location.partition("://")[2].replace(":", "-")
     records = []
     for src in open_upstream_sources(upstream, prefix=f"{host_port}."):
-        rec = SourceRecord(src.source_id, src.url, src.type, None, None, None,
-                           tuple((t.upstream_id, t.upstream_version) for t in src.tensors.values()))
+        rec = SourceRecord(
+            src.source_id,
+            src.url,
+            src.type,
+            None,
+            None,
+            None,
+            tuple((t.upstream_id, t.upstream_version) for t in src.tensors.values()),
+        )
         records.append((rec, lambda src=src: src))
     return records

@@ -6,6 +6,7 @@ Order matters for a write: the target is checked first (an id must name a tensor
 serves, so the per-tensor cap cannot be dodged with invented ``<source_id>/<anything>`` ids),
 then the rows are taken batch by batch within ``RoiLimits.max_request_bytes``, then stored.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,15 +43,19 @@ def roi_target(catalog: Any, array_id: str, *, write: bool) -> str:
         return array_id
     if rec.source is None:
         if write and fld:
-            raise InvalidArgument(f"array_id {array_id!r}: its source is unreadable ({rec.unresolved_reason}), so "
-                                  "the tensor cannot be checked; resolve the source first")
+            raise InvalidArgument(
+                f"array_id {array_id!r}: its source is unreadable ({rec.unresolved_reason}), so "
+                "the tensor cannot be checked; resolve the source first"
+            )
         return array_id
     if write and fld:
         try:
             catalog.find_tensor(array_id)
         except (TensorNotFound, SourceUnresolved):
-            raise InvalidArgument(f"array_id {array_id!r} names no tensor of source {source_id!r}; "
-                                  f"its tensors: {sorted(rec.source.tensors)[:20]}") from None
+            raise InvalidArgument(
+                f"array_id {array_id!r} names no tensor of source {source_id!r}; "
+                f"its tensors: {sorted(rec.source.tensors)[:20]}"
+            ) from None
     return array_id if fld else rec.source.tensor().array_id
 
 
@@ -72,8 +77,7 @@ def read_rois(catalog: Any, array_id: str, set_name: str = "") -> Any:
     return rois_to_table(rois, {b"truncated": str(truncated).encode(), b"sets": json.dumps(sets).encode()})
 
 
-def _table(batches: Iterable[Any], max_bytes: int, what: str, cancelled: Callable[[], bool] | None,
-           schema: Any) -> Any:
+def _table(batches: Iterable[Any], max_bytes: int, what: str, cancelled: Callable[[], bool] | None, schema: Any) -> Any:
     import pyarrow as pa
 
     taken = take_within(batches, max_bytes, what, cancelled=cancelled)
@@ -85,8 +89,15 @@ def _table(batches: Iterable[Any], max_bytes: int, what: str, cancelled: Callabl
         raise InvalidArgument(f"{what}: the batches do not share one schema: {str(exc)[:200]}") from None
 
 
-def put_rois(catalog: Any, array_id: str, batches: Iterable[Any], *, check_rev: bool = False,
-             cancelled: Callable[[], bool] | None = None, writer: str | None = None) -> Any:
+def put_rois(
+    catalog: Any,
+    array_id: str,
+    batches: Iterable[Any],
+    *,
+    check_rev: bool = False,
+    cancelled: Callable[[], bool] | None = None,
+    writer: str | None = None,
+) -> Any:
     """A ``roi_put``: ``RoiPutResult``. ``batches`` are the stream's Arrow record batches,
     read only after the target is known and only within the request budget."""
     from biopb.image.annotation_pb2 import RoiPutResult
@@ -106,8 +117,9 @@ def put_rois(catalog: Any, array_id: str, batches: Iterable[Any], *, check_rev: 
     for roi in rois:
         if roi.array_id == array_id:
             roi.array_id = target
-    stored, conflicts = store.put(target, rois, source_url=_source_url(catalog, target), check_rev=check_rev,
-                                  writer=writer)
+    stored, conflicts = store.put(
+        target, rois, source_url=_source_url(catalog, target), check_rev=check_rev, writer=writer
+    )
     return RoiPutResult(stored=stored, conflicts=conflicts)
 
 
@@ -122,8 +134,11 @@ def _check_column_sizes(table: Any, limits: Any, what: str) -> None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    caps = {"label": limits.max_label_chars, "props_json": limits.max_props_json_chars,
-            "geometry": limits.max_points_per_shape * _JSON_CHARS_PER_POINT + 4096}
+    caps = {
+        "label": limits.max_label_chars,
+        "props_json": limits.max_props_json_chars,
+        "geometry": limits.max_points_per_shape * _JSON_CHARS_PER_POINT + 4096,
+    }
     for name, cap in caps.items():
         if name not in table.schema.names or table.num_rows == 0:
             continue
@@ -139,8 +154,15 @@ def _too_many(what: str, n: int, cap: int) -> RequestTooLarge:
     return RequestTooLarge(f"{what}: {n} rows in one request, above the limit of {cap}; send several requests")
 
 
-def delete_rois(catalog: Any, array_id: str, batches: Iterable[Any] = (), set_name: str = "", *,
-                cancelled: Callable[[], bool] | None = None, writer: str | None = None) -> Any:
+def delete_rois(
+    catalog: Any,
+    array_id: str,
+    batches: Iterable[Any] = (),
+    set_name: str = "",
+    *,
+    cancelled: Callable[[], bool] | None = None,
+    writer: str | None = None,
+) -> Any:
     """A ``roi_delete``: ``RoiDeleteResult``. ``batches`` carry the ``roi_id`` column (none:
     the named set, else every client-owned annotation of the tensor). ``writer``: only rows it
     wrote are removed, and an id another wrote is refused (None: any row, the server token's right)."""
@@ -160,8 +182,14 @@ def delete_rois(catalog: Any, array_id: str, batches: Iterable[Any] = (), set_na
     return RoiDeleteResult(deleted=store.delete(target, ids, set_name, writer=writer))
 
 
-def prune_rois(catalog: Any, unseen_days: Any, apply: bool = False, *, now: datetime | None = None,
-               hides: Callable[[str], bool] | None = None) -> Any:
+def prune_rois(
+    catalog: Any,
+    unseen_days: Any,
+    apply: bool = False,
+    *,
+    now: datetime | None = None,
+    hides: Callable[[str], bool] | None = None,
+) -> Any:
     """Report, and with ``apply`` delete, annotations whose source has not been in the
     catalog for ``unseen_days`` (1 to ``MAX_UNSEEN_DAYS``): ``RoiPruneResult``. Sightings
     are stamped first, but only from a complete catalog: a source missing from a
@@ -174,9 +202,15 @@ def prune_rois(catalog: Any, unseen_days: Any, apply: bool = False, *, now: date
     if catalog.first_scan_done.is_set() and not catalog.scan_in_progress:
         store.mark_seen({r.source_id: r.url for r in catalog.records()})
     before = (now or datetime.now()) - timedelta(days=days)
-    unseen = [RoiUnseen(array_id=u.array_id, source_url=u.source_url or "", count=u.count,
-                        last_seen_at_unix_ms=int(u.last_seen_at.timestamp() * 1000) if u.last_seen_at else 0)
-              for u in store.unseen(before)]
+    unseen = [
+        RoiUnseen(
+            array_id=u.array_id,
+            source_url=u.source_url or "",
+            count=u.count,
+            last_seen_at_unix_ms=int(u.last_seen_at.timestamp() * 1000) if u.last_seen_at else 0,
+        )
+        for u in store.unseen(before)
+    ]
     shown = [u for u in unseen if hides is None or not hides(u.array_id)]
     only = None if len(shown) == len(unseen) else [u.array_id for u in shown]
     deleted = store.prune(before, only) if apply and shown else 0

@@ -18,6 +18,7 @@ Rules (the reference's behaviour, so client code written against it works):
 - ``last_seen_at`` records when the source was last in the catalog; pruning removes rows
   whose source has been unseen for N days (absence alone is never evidence of deletion).
 """
+
 from __future__ import annotations
 
 import json
@@ -104,8 +105,9 @@ CREATE TABLE IF NOT EXISTS decode_rates (
 #: who wrote a row: the SHA-256 (hex) of the token its writer presented ("" = none); a writer
 #: updates and deletes only its own rows (None = full access: the server token, or in-process)
 ANYONE = None
-_READ_COLUMNS = ("roi_id, array_id, set_name, label, plane, geometry, props_json, "
-                 "drawn_against_version, rev, created_at, updated_at")
+_READ_COLUMNS = (
+    "roi_id, array_id, set_name, label, plane, geometry, props_json, drawn_against_version, rev, created_at, updated_at"
+)
 #: one predicate for the prune report and the prune itself, so what is shown is what goes
 _UNSEEN = "COALESCE(last_seen_at, created_at) < ? AND NOT starts_with(set_name, ?)"
 
@@ -116,21 +118,30 @@ def _check_writer(array_id: str, prepared: Sequence[Any], existing: Mapping[str,
         return
     theirs = sorted(p.roi_id for p in prepared if p.roi_id in existing and existing[p.roi_id][3] != writer)
     if theirs:
-        raise PermissionDenied(f"roi_put on {array_id}: {', '.join(theirs[:20])} were stored by another client; "
-                               "a client updates only its own annotations (give yours new roi_ids)")
+        raise PermissionDenied(
+            f"roi_put on {array_id}: {', '.join(theirs[:20])} were stored by another client; "
+            "a client updates only its own annotations (give yours new roi_ids)"
+        )
 
 
 def _refuse_others_ids(cur: Any, array_id: str, writer: str) -> None:
     """A delete by id of rows another client stored is refused whole (as ``_check_writer``
     refuses their update), naming them: an id that is not deleted never passes in silence.
     ``cur`` holds the requested ids as ``_ids``."""
-    theirs = [r[0] for r in cur.execute(
-        "SELECT roi_id FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) "
-        "AND COALESCE(writer, '') <> ? LIMIT 21", [array_id, writer]).fetchall()]
+    theirs = [
+        r[0]
+        for r in cur.execute(
+            "SELECT roi_id FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) "
+            "AND COALESCE(writer, '') <> ? LIMIT 21",
+            [array_id, writer],
+        ).fetchall()
+    ]
     if theirs:
-        raise PermissionDenied(f"roi_delete on {array_id}: {', '.join(sorted(theirs)[:20])} were stored by another "
-                               "client; a client deletes only its own annotations (the server token deletes any); "
-                               "nothing was deleted")
+        raise PermissionDenied(
+            f"roi_delete on {array_id}: {', '.join(sorted(theirs)[:20])} were stored by another "
+            "client; a client deletes only its own annotations (the server token deletes any); "
+            "nothing was deleted"
+        )
 
 
 class RoiStoreBusy(InvalidArgument):
@@ -173,15 +184,19 @@ def _points(roi: Any, kind: str, limits: RoiLimits) -> np.ndarray:
     if len(points) < need:
         raise InvalidArgument(f"a {kind} needs at least {need} points, got {len(points)}")
     if len(points) > limits.max_points_per_shape:
-        raise RequestTooLarge(f"a {kind} of {len(points)} points is above the limit of {limits.max_points_per_shape} "
-                              "per annotation; simplify the outline, or store a segmentation as a label tensor")
+        raise RequestTooLarge(
+            f"a {kind} of {len(points)} points is above the limit of {limits.max_points_per_shape} "
+            "per annotation; simplify the outline, or store a segmentation as a label tensor"
+        )
     return np.array([(p.x, p.y) for p in points], np.float64).reshape(-1, 2)
 
 
 def _finite(kind: str, values: Any) -> None:
     if not np.isfinite(np.asarray(values, np.float64)).all():
-        raise InvalidArgument(f"a {kind} with a NaN or infinite coordinate cannot be stored; coordinates are "
-                              "finite level-0 pixel positions")
+        raise InvalidArgument(
+            f"a {kind} with a NaN or infinite coordinate cannot be stored; coordinates are "
+            "finite level-0 pixel positions"
+        )
 
 
 def _bbox(roi: Any, kind: str, limits: RoiLimits) -> list[float]:
@@ -222,11 +237,16 @@ def _geometry_json(roi: Any) -> str:
 def _check_text_sizes(roi_id: str, roi: Any, limits: RoiLimits) -> None:
     label = roi.label
     caption = roi.roi.text.text if roi.roi.WhichOneof("shape") == "text" else ""
-    for what, text, cap in (("label", label, limits.max_label_chars), ("caption text", caption, limits.max_label_chars),
-                            ("props_json", roi.props_json, limits.max_props_json_chars)):
+    for what, text, cap in (
+        ("label", label, limits.max_label_chars),
+        ("caption text", caption, limits.max_label_chars),
+        ("props_json", roi.props_json, limits.max_props_json_chars),
+    ):
         if len(text) > cap:
-            raise RequestTooLarge(f"annotation {roi_id or '<new>'}: {what} of {len(text)} characters is above the "
-                                  f"limit of {cap}; keep bulk data in a file or a tensor and refer to it")
+            raise RequestTooLarge(
+                f"annotation {roi_id or '<new>'}: {what} of {len(text)} characters is above the "
+                f"limit of {cap}; keep bulk data in a file or a tensor and refer to it"
+            )
 
 
 def _prepare(array_id: str, roi: Any, limits: RoiLimits = RoiLimits()) -> _Prepared:
@@ -240,23 +260,32 @@ def _prepare(array_id: str, roi: Any, limits: RoiLimits = RoiLimits()) -> _Prepa
     _check_text_sizes(roi_id, roi, limits)
     set_name = roi.set_name or "default"
     if is_reserved_set(set_name):
-        raise InvalidArgument(f"set_name {set_name!r} is in the server-owned {RESERVED_SET_PREFIX!r} namespace; "
-                              "copy the set into one of your own to edit it")
+        raise InvalidArgument(
+            f"set_name {set_name!r} is in the server-owned {RESERVED_SET_PREFIX!r} namespace; "
+            "copy the set into one of your own to edit it"
+        )
     kind = roi.roi.WhichOneof("shape")
     if kind is None:
         raise InvalidArgument(f"annotation {roi_id or '<new>'} has no geometry")
     if kind not in _ACCEPTED_SHAPES:
-        raise InvalidArgument(f"geometry {kind!r} is not stored as an annotation (accepted: "
-                              f"{', '.join(sorted(_ACCEPTED_SHAPES))}); a segmentation belongs in a label tensor")
+        raise InvalidArgument(
+            f"geometry {kind!r} is not stored as an annotation (accepted: "
+            f"{', '.join(sorted(_ACCEPTED_SHAPES))}); a segmentation belongs in a label tensor"
+        )
     if kind == "text" and not roi.roi.text.text.strip():
         raise InvalidArgument("caption text is empty")
     return _Prepared(
-        roi_id=roi_id or uuid.uuid4().hex, set_name=set_name, label=roi.label, shape_kind=kind,
-        plane=dict(roi.plane), bbox=_bbox(roi.roi, kind, limits),
+        roi_id=roi_id or uuid.uuid4().hex,
+        set_name=set_name,
+        label=roi.label,
+        shape_kind=kind,
+        plane=dict(roi.plane),
+        bbox=_bbox(roi.roi, kind, limits),
         geometry=_geometry_json(roi.roi),
         props_json=roi.props_json or None,
         drawn_against_version=roi.drawn_against_version.hex() if roi.HasField("drawn_against_version") else None,
-        rev=roi.rev, roi=roi.roi,
+        rev=roi.rev,
+        roi=roi.roi,
     )
 
 
@@ -270,27 +299,36 @@ def _rows_table(rows: Sequence[tuple[_Prepared, int]]) -> Any:
     import pyarrow as pa
 
     ps = [p for p, _ in rows]
-    return pa.table({
-        "roi_id": pa.array([p.roi_id for p in ps], pa.string()),
-        "set_name": pa.array([p.set_name for p in ps], pa.string()),
-        "label": pa.array([p.label for p in ps], pa.string()),
-        "shape_kind": pa.array([p.shape_kind for p in ps], pa.string()),
-        "plane": pa.array([list(p.plane.items()) for p in ps], pa.map_(pa.uint32(), pa.uint32())),
-        "bbox": pa.array([p.bbox for p in ps], pa.list_(pa.float64(), 4)),
-        "geometry": pa.array([p.geometry for p in ps], pa.large_string()),
-        "props_json": pa.array([p.props_json for p in ps], pa.large_string()),
-        "drawn_against_version": pa.array([p.drawn_against_version for p in ps], pa.string()),
-        "rev": pa.array([rev for _, rev in rows], pa.int64()),
-    })
+    return pa.table(
+        {
+            "roi_id": pa.array([p.roi_id for p in ps], pa.string()),
+            "set_name": pa.array([p.set_name for p in ps], pa.string()),
+            "label": pa.array([p.label for p in ps], pa.string()),
+            "shape_kind": pa.array([p.shape_kind for p in ps], pa.string()),
+            "plane": pa.array([list(p.plane.items()) for p in ps], pa.map_(pa.uint32(), pa.uint32())),
+            "bbox": pa.array([p.bbox for p in ps], pa.list_(pa.float64(), 4)),
+            "geometry": pa.array([p.geometry for p in ps], pa.large_string()),
+            "props_json": pa.array([p.props_json for p in ps], pa.large_string()),
+            "drawn_against_version": pa.array([p.drawn_against_version for p in ps], pa.string()),
+            "rev": pa.array([rev for _, rev in rows], pa.int64()),
+        }
+    )
 
 
 def _stored(array_id: str, p: _Prepared, rev: int, created: datetime, now: datetime) -> Any:
     """The annotation as stored, built from the prepared row (no JSON round trip)."""
     from biopb.image.annotation_pb2 import RoiAnnotation
 
-    out = RoiAnnotation(roi_id=p.roi_id, array_id=array_id, set_name=p.set_name, label=p.label or "",
-                        props_json=p.props_json or "", rev=rev, created_at_unix_ms=_unix_ms(created),
-                        updated_at_unix_ms=_unix_ms(now))
+    out = RoiAnnotation(
+        roi_id=p.roi_id,
+        array_id=array_id,
+        set_name=p.set_name,
+        label=p.label or "",
+        props_json=p.props_json or "",
+        rev=rev,
+        created_at_unix_ms=_unix_ms(created),
+        updated_at_unix_ms=_unix_ms(now),
+    )
     out.roi.CopyFrom(p.roi)
     out.plane.update(p.plane)
     if p.drawn_against_version is not None:
@@ -303,9 +341,16 @@ def _annotation(row: Sequence[Any]) -> Any:
     from google.protobuf import json_format
 
     roi_id, array_id, set_name, label, plane, geometry, props, drawn, rev, created, updated = row
-    out = RoiAnnotation(roi_id=roi_id, array_id=array_id, set_name=set_name, label=label or "",
-                        props_json=props or "", rev=rev, created_at_unix_ms=_unix_ms(created),
-                        updated_at_unix_ms=_unix_ms(updated))
+    out = RoiAnnotation(
+        roi_id=roi_id,
+        array_id=array_id,
+        set_name=set_name,
+        label=label or "",
+        props_json=props or "",
+        rev=rev,
+        created_at_unix_ms=_unix_ms(created),
+        updated_at_unix_ms=_unix_ms(updated),
+    )
     json_format.Parse(geometry, out.roi)
     out.plane.update(dict(plane or {}))
     if drawn is not None:
@@ -360,7 +405,9 @@ class RoiStore:
     # ---- decode rates (the catalog's DecodeRates persists through these) --------------------
     def load_decode_rates(self) -> dict[str, tuple[float, int, float]]:
         """``array_id -> (mbps, samples, updated_at epoch seconds)`` as last saved."""
-        rows = self._cursor().execute("SELECT array_id, mbps, samples, epoch_us(updated_at) FROM decode_rates").fetchall()
+        rows = (
+            self._cursor().execute("SELECT array_id, mbps, samples, epoch_us(updated_at) FROM decode_rates").fetchall()
+        )
         return {r[0]: (float(r[1]), int(r[2]), (r[3] or 0) / 1e6) for r in rows}
 
     def save_decode_rates(self, rows: Mapping[str, tuple[float, int, float]]) -> None:
@@ -372,16 +419,25 @@ class RoiStore:
             try:
                 cur.execute("DELETE FROM decode_rates")
                 if rows:
-                    cur.executemany("INSERT INTO decode_rates VALUES (?, ?, ?, make_timestamp(?::BIGINT))",
-                                    [(k, v[0], v[1], round(v[2] * 1e6)) for k, v in rows.items()])
+                    cur.executemany(
+                        "INSERT INTO decode_rates VALUES (?, ?, ?, make_timestamp(?::BIGINT))",
+                        [(k, v[0], v[1], round(v[2] * 1e6)) for k, v in rows.items()],
+                    )
                 cur.execute("COMMIT")
             except Exception:
                 cur.execute("ROLLBACK")
                 raise
 
     # ---- writes ---------------------------------------------------------------------------
-    def put(self, array_id: str, rois: Sequence[Any], *, source_url: str | None, check_rev: bool = False,
-            writer: str | None = ANYONE) -> tuple[list[Any], list[Any]]:
+    def put(
+        self,
+        array_id: str,
+        rois: Sequence[Any],
+        *,
+        source_url: str | None,
+        check_rev: bool = False,
+        writer: str | None = ANYONE,
+    ) -> tuple[list[Any], list[Any]]:
         """Create or update ``rois`` on ``array_id`` as one unit: ``(stored, conflicts)``.
         ``source_url`` is the source's catalog url when it is in the catalog now (a
         sighting), else None. ``writer`` (see ``ANYONE``) is recorded on new rows; a row
@@ -392,8 +448,10 @@ class RoiStore:
 
         limits = self.limits
         if len(rois) > limits.max_rows_per_put:
-            raise RequestTooLarge(f"roi_put on {array_id}: {len(rois)} annotations in one request, above the limit "
-                                  f"of {limits.max_rows_per_put}; send them in several requests")
+            raise RequestTooLarge(
+                f"roi_put on {array_id}: {len(rois)} annotations in one request, above the limit "
+                f"of {limits.max_rows_per_put}; send them in several requests"
+            )
         prepared = [_prepare(array_id, r, limits) for r in rois]
         dup = sorted(i for i, n in Counter(p.roi_id for p in prepared).items() if n > 1)
         if dup:
@@ -404,14 +462,20 @@ class RoiStore:
             cur = con.cursor()
             cur.execute("BEGIN TRANSACTION")
             try:
-                existing = {r[0]: (r[1], r[2], r[3], r[4]) for r in cur.execute(
-                    "SELECT roi_id, rev, created_at, set_name, COALESCE(writer, '') FROM rois WHERE array_id = ?",
-                    [array_id]).fetchall()}
+                existing = {
+                    r[0]: (r[1], r[2], r[3], r[4])
+                    for r in cur.execute(
+                        "SELECT roi_id, rev, created_at, set_name, COALESCE(writer, '') FROM rois WHERE array_id = ?",
+                        [array_id],
+                    ).fetchall()
+                }
                 self._check_room(array_id, prepared, existing)
                 _check_writer(array_id, prepared, existing, writer)
                 if source_url is not None:
-                    cur.execute("UPDATE rois SET source_url = ?, last_seen_at = ? WHERE source_id = ?",
-                                [source_url, now, ArrayId.parse(array_id).source_id])
+                    cur.execute(
+                        "UPDATE rois SET source_url = ?, last_seen_at = ? WHERE source_id = ?",
+                        [source_url, now, ArrayId.parse(array_id).source_id],
+                    )
                 stored, conflicts, inserts, updates = [], [], [], []
                 for p in prepared:
                     prior = existing.get(p.roi_id)
@@ -439,13 +503,21 @@ class RoiStore:
         authored = sum(1 for v in existing.values() if not is_reserved_set(v[2]))
         new = sum(1 for p in prepared if p.roi_id not in existing)
         if authored + new > MAX_ROIS_PER_TENSOR:
-            raise InvalidArgument(f"annotation limit reached for {array_id}: {authored} stored + {new} new "
-                                  f"exceeds {MAX_ROIS_PER_TENSOR}; a segmentation belongs in a label tensor")
+            raise InvalidArgument(
+                f"annotation limit reached for {array_id}: {authored} stored + {new} new "
+                f"exceeds {MAX_ROIS_PER_TENSOR}; a segmentation belongs in a label tensor"
+            )
 
     @staticmethod
-    def _write_rows(cur: Any, array_id: str, inserts: Sequence[tuple[_Prepared, int]],
-                    updates: Sequence[tuple[_Prepared, int]], now: datetime, source_url: str | None,
-                    writer: str) -> None:
+    def _write_rows(
+        cur: Any,
+        array_id: str,
+        inserts: Sequence[tuple[_Prepared, int]],
+        updates: Sequence[tuple[_Prepared, int]],
+        now: datetime,
+        source_url: str | None,
+        writer: str,
+    ) -> None:
         """One INSERT ... SELECT and one UPDATE ... FROM over Arrow tables of the rows."""
         if inserts:
             rows = _rows_table(inserts)
@@ -455,8 +527,16 @@ class RoiStore:
                 "props_json, drawn_against_version, rev, created_at, updated_at, source_url, last_seen_at, writer) "
                 "SELECT roi_id, ?, ?, set_name, label, shape_kind, plane, bbox, geometry, props_json, "
                 "drawn_against_version, rev, ?, ?, ?, ?, ? FROM _new_rois",
-                [array_id, ArrayId.parse(array_id).source_id, now, now, source_url, now if source_url is not None else None,
-                 writer])
+                [
+                    array_id,
+                    ArrayId.parse(array_id).source_id,
+                    now,
+                    now,
+                    source_url,
+                    now if source_url is not None else None,
+                    writer,
+                ],
+            )
             cur.unregister("_new_rois")
         if updates:
             cur.register("_upd_rois", _rows_table(updates))
@@ -464,11 +544,14 @@ class RoiStore:
                 "UPDATE rois SET set_name = u.set_name, label = u.label, shape_kind = u.shape_kind, plane = u.plane, "
                 "bbox = u.bbox, geometry = u.geometry, props_json = u.props_json, "
                 "drawn_against_version = u.drawn_against_version, rev = u.rev, updated_at = ? "
-                "FROM _upd_rois u WHERE rois.array_id = ? AND rois.roi_id = u.roi_id", [now, array_id])
+                "FROM _upd_rois u WHERE rois.array_id = ? AND rois.roi_id = u.roi_id",
+                [now, array_id],
+            )
             cur.unregister("_upd_rois")
 
-    def delete(self, array_id: str, roi_ids: Iterable[str] = (), set_name: str = "", *,
-               writer: str | None = ANYONE) -> list[str]:
+    def delete(
+        self, array_id: str, roi_ids: Iterable[str] = (), set_name: str = "", *, writer: str | None = ANYONE
+    ) -> list[str]:
         """Delete those ids, else the whole set, else every client-owned annotation of the
         tensor; return the ids removed — only rows ``writer`` wrote, unless it is ``ANYONE``
         (a set or "all" means all of the writer's; an id another wrote is PERMISSION_DENIED).
@@ -480,27 +563,38 @@ class RoiStore:
             raise InvalidArgument(f"set_name {set_name!r} is server-owned; there is nothing to delete there")
         ids = list(roi_ids)
         if len(ids) > self.limits.max_ids_per_delete:
-            raise RequestTooLarge(f"roi_delete on {array_id}: {len(ids)} ids in one request, above the limit of "
-                                  f"{self.limits.max_ids_per_delete} (a tensor holds at most {MAX_ROIS_PER_TENSOR}); "
-                                  "delete the whole set by name, or send several requests")
+            raise RequestTooLarge(
+                f"roi_delete on {array_id}: {len(ids)} ids in one request, above the limit of "
+                f"{self.limits.max_ids_per_delete} (a tensor holds at most {MAX_ROIS_PER_TENSOR}); "
+                "delete the whole set by name, or send several requests"
+            )
         con = self._connection()
         with self._lock:
             cur = con.cursor()
             try:
                 if ids:
                     cur.register("_ids", pa.table({"roi_id": pa.array(ids, pa.string())}))
-                    owned = [r[0] for r in cur.execute(
-                        "SELECT roi_id FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) "
-                        "AND starts_with(set_name, ?) LIMIT 21", [array_id, RESERVED_SET_PREFIX]).fetchall()]
+                    owned = [
+                        r[0]
+                        for r in cur.execute(
+                            "SELECT roi_id FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) "
+                            "AND starts_with(set_name, ?) LIMIT 21",
+                            [array_id, RESERVED_SET_PREFIX],
+                        ).fetchall()
+                    ]
                     if owned:
-                        raise InvalidArgument(f"{', '.join(sorted(owned)[:20])}: in a server-owned set; "
-                                              "nothing was deleted")
+                        raise InvalidArgument(
+                            f"{', '.join(sorted(owned)[:20])}: in a server-owned set; nothing was deleted"
+                        )
                     if writer is not ANYONE:
                         _refuse_others_ids(cur, array_id, writer)
                     sql = "DELETE FROM rois WHERE array_id = ? AND roi_id IN (SELECT roi_id FROM _ids) RETURNING roi_id"
                     params: list[Any] = [array_id]
                 elif set_name:
-                    sql, params = "DELETE FROM rois WHERE array_id = ? AND set_name = ? RETURNING roi_id", [array_id, set_name]
+                    sql, params = (
+                        "DELETE FROM rois WHERE array_id = ? AND set_name = ? RETURNING roi_id",
+                        [array_id, set_name],
+                    )
                 else:
                     sql = "DELETE FROM rois WHERE array_id = ? AND NOT starts_with(set_name, ?) RETURNING roi_id"
                     params = [array_id, RESERVED_SET_PREFIX]
@@ -520,8 +614,9 @@ class RoiStore:
         with self._lock:
             cur = con.cursor()
             try:
-                removed = len(cur.execute("DELETE FROM rois WHERE array_id = ? RETURNING roi_id",
-                                          [array_id]).fetchall())
+                removed = len(
+                    cur.execute("DELETE FROM rois WHERE array_id = ? RETURNING roi_id", [array_id]).fetchall()
+                )
             finally:
                 cur.close()
             self.generation += bool(removed)
@@ -540,18 +635,26 @@ class RoiStore:
             cur = con.cursor()
             try:
                 cur.register("_seen", seen)
-                cur.execute("UPDATE rois SET source_url = s.source_url, last_seen_at = ? FROM _seen s "
-                            "WHERE rois.source_id = s.source_id", [datetime.now()])
+                cur.execute(
+                    "UPDATE rois SET source_url = s.source_url, last_seen_at = ? FROM _seen s "
+                    "WHERE rois.source_id = s.source_id",
+                    [datetime.now()],
+                )
                 cur.unregister("_seen")
             finally:
                 cur.close()
             self.generation += 1
 
     def unseen(self, before: datetime) -> list[UnseenRois]:
-        rows = self._cursor().execute(
-            "SELECT array_id, any_value(source_url), count(*), max(COALESCE(last_seen_at, created_at)) AS seen "
-            f"FROM rois WHERE {_UNSEEN} GROUP BY array_id ORDER BY seen, array_id",
-            [before, RESERVED_SET_PREFIX]).fetchall()
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT array_id, any_value(source_url), count(*), max(COALESCE(last_seen_at, created_at)) AS seen "
+                f"FROM rois WHERE {_UNSEEN} GROUP BY array_id ORDER BY seen, array_id",
+                [before, RESERVED_SET_PREFIX],
+            )
+            .fetchall()
+        )
         return [UnseenRois(a, url, int(n), seen) for a, url, n, seen in rows]
 
     def prune(self, before: datetime, array_ids: Sequence[str] | None = None) -> int:
@@ -580,18 +683,27 @@ class RoiStore:
         where = "array_id = ?" + (" AND set_name = ?" if set_name else " AND NOT starts_with(set_name, ?)")
         params: list[Any] = [array_id, set_name or RESERVED_SET_PREFIX]
         size = "length(geometry) + COALESCE(length(props_json), 0) + COALESCE(length(label), 0)"
-        rows = self._cursor().execute(
-            f"SELECT {_READ_COLUMNS} FROM (SELECT *, sum({size}) OVER w AS upto, row_number() OVER w AS n "
-            f"FROM rois WHERE {where} WINDOW w AS (ORDER BY created_at, roi_id)) "
-            "WHERE n = 1 OR upto <= ? ORDER BY created_at, roi_id LIMIT ?",
-            params + [self.limits.max_list_chars, MAX_ROIS_PER_TENSOR]).fetchall()
+        rows = (
+            self._cursor()
+            .execute(
+                f"SELECT {_READ_COLUMNS} FROM (SELECT *, sum({size}) OVER w AS upto, row_number() OVER w AS n "
+                f"FROM rois WHERE {where} WINDOW w AS (ORDER BY created_at, roi_id)) "
+                "WHERE n = 1 OR upto <= ? ORDER BY created_at, roi_id LIMIT ?",
+                params + [self.limits.max_list_chars, MAX_ROIS_PER_TENSOR],
+            )
+            .fetchall()
+        )
         total = self._cursor().execute(f"SELECT count(*) FROM rois WHERE {where}", params).fetchone()[0]
         return [_annotation(r) for r in rows], len(rows) < total
 
     def sets(self, array_id: str) -> list[tuple[str, int]]:
-        rows = self._cursor().execute(
-            "SELECT set_name, count(*) FROM rois WHERE array_id = ? GROUP BY set_name ORDER BY set_name",
-            [array_id]).fetchall()
+        rows = (
+            self._cursor()
+            .execute(
+                "SELECT set_name, count(*) FROM rois WHERE array_id = ? GROUP BY set_name ORDER BY set_name", [array_id]
+            )
+            .fetchall()
+        )
         return [(name, int(n)) for name, n in rows]
 
     def table(self) -> Any:

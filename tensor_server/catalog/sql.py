@@ -25,6 +25,7 @@ is streamed and refused once it passes a row or byte cap; a watchdog interrupts 
 its deadline or as soon as the client has gone (``range(1e15)`` stops); and at most a few
 queries run at once.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -163,8 +164,9 @@ class SqlSnapshot:
 
     _numbers = itertools.count()
 
-    def __init__(self, folder: Path, tables: Mapping[str, Any], limits: SqlLimits,
-                 slots: threading.BoundedSemaphore) -> None:
+    def __init__(
+        self, folder: Path, tables: Mapping[str, Any], limits: SqlLimits, slots: threading.BoundedSemaphore
+    ) -> None:
         import duckdb
 
         self.limits = limits
@@ -177,15 +179,19 @@ class SqlSnapshot:
                 writer.execute(f'CREATE TABLE "{name}" AS SELECT * FROM "_{name}"')
         finally:
             writer.close()
-        self._db = duckdb.connect(str(self.path), read_only=True, config={
-            "enable_external_access": False,
-            "autoinstall_known_extensions": False,
-            "autoload_known_extensions": False,
-            "threads": 1,
-            "memory_limit": f"{max(limits.memory_limit_bytes >> 20, 16)}MB",
-            "temp_directory": "",  # no spilling to disk: over memory_limit is an error
-            "lock_configuration": True,  # SET cannot lift any of the above
-        })
+        self._db = duckdb.connect(
+            str(self.path),
+            read_only=True,
+            config={
+                "enable_external_access": False,
+                "autoinstall_known_extensions": False,
+                "autoload_known_extensions": False,
+                "threads": 1,
+                "memory_limit": f"{max(limits.memory_limit_bytes >> 20, 16)}MB",
+                "temp_directory": "",  # no spilling to disk: over memory_limit is an error
+                "lock_configuration": True,  # SET cannot lift any of the above
+            },
+        )
         self._lock = threading.Lock()
         self._users = 0
         self._retired = False
@@ -225,8 +231,10 @@ class SqlSnapshot:
 
         limits = self.limits
         if len(sql) > limits.max_query_chars:
-            raise CatalogQueryError(f"Catalog query refused: the text is {len(sql)} characters, "
-                                    f"more than the limit of {limits.max_query_chars}")
+            raise CatalogQueryError(
+                f"Catalog query refused: the text is {len(sql)} characters, "
+                f"more than the limit of {limits.max_query_chars}"
+            )
         try:
             statements = duckdb.extract_statements(sql)
         except duckdb.Error as exc:
@@ -237,7 +245,9 @@ class SqlSnapshot:
             raise CatalogQueryError(f"Catalog query refused: only SELECT is allowed, not {statements[0].type.name}")
         slots = self._slots
         if not slots.acquire(timeout=limits.timeout_seconds):
-            raise CatalogQueryError(f"Catalog query refused: {limits.max_concurrent} queries already running; retry later")
+            raise CatalogQueryError(
+                f"Catalog query refused: {limits.max_concurrent} queries already running; retry later"
+            )
         try:
             con = self._db.cursor()
             try:
@@ -246,7 +256,9 @@ class SqlSnapshot:
                     return _collect(con, sql, limits, pa)
                 except duckdb.Error as exc:
                     if watchdog.why == "timeout":
-                        raise CatalogQueryError(f"Catalog query stopped: it ran longer than {limits.timeout_seconds:g} s") from None
+                        raise CatalogQueryError(
+                            f"Catalog query stopped: it ran longer than {limits.timeout_seconds:g} s"
+                        ) from None
                     if watchdog.why == "cancelled":
                         raise CatalogQueryError("Catalog query stopped: the client cancelled the call") from None
                     raise CatalogQueryError(f"Catalog query failed: {_clean(str(exc))}") from None
@@ -320,9 +332,13 @@ def _collect(con: Any, sql: str, limits: SqlLimits, pa: Any):
         rows += batch.num_rows
         nbytes += batch.nbytes
         if rows > limits.max_result_rows:
-            raise CatalogQueryError(f"Catalog query refused: the result has more than {limits.max_result_rows} rows; add a LIMIT")
+            raise CatalogQueryError(
+                f"Catalog query refused: the result has more than {limits.max_result_rows} rows; add a LIMIT"
+            )
         if nbytes > limits.max_result_bytes:
-            raise CatalogQueryError(f"Catalog query refused: the result is larger than {limits.max_result_bytes} bytes; "
-                                    "add a LIMIT or select fewer columns")
+            raise CatalogQueryError(
+                f"Catalog query refused: the result is larger than {limits.max_result_bytes} bytes; "
+                "add a LIMIT or select fewer columns"
+            )
         batches.append(batch)
     return pa.Table.from_batches(batches, schema=reader.schema)

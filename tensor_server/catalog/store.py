@@ -13,6 +13,7 @@ takes a file of its own beside it (``catalog-<port>.duckdb``, as for the annotat
 the chunk cache), so a second server on a machine keeps its catalog across restarts too.
 Any other file that cannot be opened leaves the catalog in memory only, with a warning.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,19 @@ log = logging.getLogger(__name__)
 #: bump when a column changes meaning: an older file is dropped and rebuilt by the next scan
 FORMAT = "1"
 
-_COLUMNS = ("source_id", "path", "format_name", "source_url", "source_type", "is_resolved",
-            "unresolved_reason", "signature", "member_paths", "tensors", "metadata_json")
+_COLUMNS = (
+    "source_id",
+    "path",
+    "format_name",
+    "source_url",
+    "source_type",
+    "is_resolved",
+    "unresolved_reason",
+    "signature",
+    "member_paths",
+    "tensors",
+    "metadata_json",
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS catalog_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -78,7 +90,9 @@ class CatalogStore:
         found = self._con.execute("SELECT value FROM catalog_meta WHERE key = 'format'").fetchone()
         if found is None or found[0] != FORMAT:
             if found is not None:
-                log.warning("catalog store %s: format %s, this build writes %s: rebuilt by the scan", path, found[0], FORMAT)
+                log.warning(
+                    "catalog store %s: format %s, this build writes %s: rebuilt by the scan", path, found[0], FORMAT
+                )
             self._con.execute("DELETE FROM catalog_rows")
             self._con.execute("INSERT OR REPLACE INTO catalog_meta VALUES ('format', ?)", [FORMAT])
 
@@ -118,8 +132,9 @@ class CatalogStore:
         columns["signature"] = [encode_signature(s) for s in columns["signature"]]
         columns["member_paths"] = [json.dumps(sorted(m)) for m in columns["member_paths"]]
         columns["tensors"] = [json.dumps(t) for t in columns["tensors"]]
-        batch = pa.table({c: pa.array(v, pa.bool_() if c == "is_resolved" else pa.string())
-                          for c, v in columns.items()})
+        batch = pa.table(
+            {c: pa.array(v, pa.bool_() if c == "is_resolved" else pa.string()) for c, v in columns.items()}
+        )
         with self._lock:
             cur = self._con.cursor()
             try:

@@ -9,6 +9,7 @@ cost the user a click per path component. Folders come first and share ``limit``
 sources; both are in byte order of name. A readable source that holds no tensor is not
 listed (there is nothing to open).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -24,10 +25,10 @@ MAX_LIMIT = 100_000
 def tree_parts(url: str) -> list[str]:
     """The path segments of ``url`` in the tree (empty when the url has no path)."""
     if url.startswith("file://"):
-        body = url[len("file://"):]
+        body = url[len("file://") :]
         body = unquote(body) if "%" in body else body
     elif url.startswith("dnd://"):
-        body = url[len("dnd://"):].replace("\\", "/")
+        body = url[len("dnd://") :].replace("\\", "/")
     else:
         return []
     return [s for s in body.split("/") if s]
@@ -66,7 +67,7 @@ class CatalogTree:
         here = tuple(p for p in key.split("/") if p)
         folders = []
         for first in self._folders.get(here, ()):
-            name = "/".join(self._chain(here + (first,))[len(here):])
+            name = "/".join(self._chain(here + (first,))[len(here) :])
             folders.append({"name": name, "key": "/".join(here) + "/" + name if here else name})
         folders.sort(key=lambda f: f["name"].encode("utf-8"))
         truncated = len(folders) > limit
@@ -74,5 +75,5 @@ class CatalogTree:
         direct = sorted(self._sources.get(here, ()), key=lambda s: (s[0].encode("utf-8"), s[1]))
         budget = limit - len(folders)
         truncated = truncated or len(direct) > budget
-        sources = [{"name": n, "source_id": sid} for n, sid in direct[:max(budget, 0)]]
+        sources = [{"name": n, "source_id": sid} for n, sid in direct[: max(budget, 0)]]
         return {"key": key, "folders": folders, "sources": sources, "truncated": truncated}

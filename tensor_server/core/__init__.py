@@ -1,4 +1,5 @@
 """The read path's contract and machinery (no format libraries, no numba at import)."""
+
 from __future__ import annotations
 
 from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAdapter, TensorInfo

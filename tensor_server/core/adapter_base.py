@@ -24,6 +24,7 @@ Declared capabilities (class attributes or properties, never probed):
 is a convenience that asks the store-less default engine. The conformance suite
 ``tensor_server.testing.AdapterTests`` checks every declaration against the pixels.
 """
+
 from __future__ import annotations
 
 import json
@@ -216,9 +217,7 @@ class TensorAdapter(ABC):
         bounds = self.check_bounds(bounds)
         arr = self.read_region(bounds)
         if tuple(arr.shape) != bounds.shape:
-            raise RuntimeError(
-                f"{type(self).__name__}.read_region returned shape {arr.shape} for {bounds}"
-            )
+            raise RuntimeError(f"{type(self).__name__}.read_region returned shape {arr.shape} for {bounds}")
         return owned_array(arr, self.dtype)
 
     def get_decimated_data(self, bounds: Bounds, step: Sequence[int]) -> np.ndarray | None:
@@ -235,6 +234,7 @@ class TensorAdapter(ABC):
         Offer it by overriding and setting ``reports_uniform_blocks = True``; a block left
         out is merely decoded, a block reported wrongly is wrong pixels."""
         return []
+
     def get_reduced_data(self, bounds: Bounds, scale: Sequence[int], method: str) -> np.ndarray | None:
         """``downsample_block(get_data(bounds), scale, method)`` computed by the backend, or
         None when it cannot for this request (the engine then computes it here). Offer it by

@@ -4,6 +4,7 @@ Why a module of its own: what leaves a read must be memory the caller owns (writ
 C-contiguous, native byte order, no view onto a reader's mmap or a cache entry), and both
 adapters and the engine enforce that rule. One definition keeps them from drifting.
 """
+
 from __future__ import annotations
 
 from typing import Any

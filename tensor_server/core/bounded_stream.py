@@ -7,6 +7,7 @@ then take pieces one at a time, counting bytes, and stop with ``RequestTooLarge`
 the count passes what the target can hold, and with ``ReadCancelled`` as soon as the client
 has gone. Pieces are anything with ``nbytes`` (Arrow record batches, numpy arrays).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -17,8 +18,9 @@ from tensor_server.errors import ReadCancelled, RequestTooLarge
 __all__ = ["take_within"]
 
 
-def take_within(pieces: Iterable[Any], max_bytes: int, what: str, *,
-                cancelled: Callable[[], bool] | None = None) -> list[Any]:
+def take_within(
+    pieces: Iterable[Any], max_bytes: int, what: str, *, cancelled: Callable[[], bool] | None = None
+) -> list[Any]:
     """Every piece of ``pieces``, in order, as long as their total ``nbytes`` stays within
     ``max_bytes``; ``what`` names the request in the refusal. The iterator is not read past
     the piece that breaks the budget."""
@@ -29,7 +31,9 @@ def take_within(pieces: Iterable[Any], max_bytes: int, what: str, *,
             raise ReadCancelled(f"{what}: the client went away; nothing was stored")
         total += int(piece.nbytes)
         if total > max_bytes:
-            raise RequestTooLarge(f"{what}: the stream carries more than {max_bytes} bytes, which is all "
-                                  f"this request may hold; nothing was stored")
+            raise RequestTooLarge(
+                f"{what}: the stream carries more than {max_bytes} bytes, which is all "
+                f"this request may hold; nothing was stored"
+            )
         taken.append(piece)
     return taken

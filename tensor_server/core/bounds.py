@@ -3,6 +3,7 @@
 Every read in the package is expressed as a Bounds in level-0 (full resolution) coordinates.
 It is a value object (frozen, hashable) so it can key caches and travel inside chunk ids.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence

@@ -15,6 +15,7 @@ Only this module mints and parses ids. The encoding is a 4-byte magic, a CRC-32 
 and a compact JSON body: self-describing for debugging, and any corruption or foreign bytes
 raise InvalidChunkId instead of reading a wrong region.
 """
+
 from __future__ import annotations
 
 import json

@@ -22,6 +22,7 @@ the full-resolution read that usually follows.
   each unit before fetching the next (``serial`` in the returned offer).
 * An entry evicted between the probe and the read falls back to a source read of that unit.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -100,6 +101,7 @@ def cache_sourced_units(
         return None
 
     if method == "nearest" and all(c % s == 0 for c, s in zip(chunk, scale)):
+
         def borrow(ub: Bounds) -> np.ndarray:
             arr = store.get(key(ub))
             if arr is None:  # evicted since the probe

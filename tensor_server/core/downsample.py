@@ -8,6 +8,7 @@ numba is imported lazily, on the first reduction (or :func:`warm_up`): ``import 
 must stay cheap for the CLI and for processes that never reduce (a test checks that
 ``numba`` is not in ``sys.modules`` after importing the package).
 """
+
 from __future__ import annotations
 
 import logging

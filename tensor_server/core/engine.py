@@ -39,6 +39,7 @@ Validation happens once, at the entry points: ``read`` checks bounds, scale and 
 and is no larger than a plan mints (``core.request``). The inner paths trust their
 arguments.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -229,11 +230,16 @@ class ReadEngine:
         if v is not None:
             if cid.method in (UNSCALED, PRECOMPUTE):
                 return self._noted("closed_form", tensor, t0, uniform_array(v, cid.bounds.shape, tensor.dtype))
-            return self._noted("closed_form", tensor, t0, uniform_array(
-                reduced_constant(v, tensor.dtype, cid.scale, cid.method),
-                output_shape(cid.bounds.shape, cid.scale),
-                tensor.dtype,
-            ))
+            return self._noted(
+                "closed_form",
+                tensor,
+                t0,
+                uniform_array(
+                    reduced_constant(v, tensor.dtype, cid.scale, cid.method),
+                    output_shape(cid.bounds.shape, cid.scale),
+                    tensor.dtype,
+                ),
+            )
         if cid.method in (UNSCALED, PRECOMPUTE):
             return self._level0(owner, cid.bounds, asked=tensor)
         return self._scaled(tensor, cid.bounds, cid.scale, cid.method, cancelled, value_of=value_of)
@@ -252,8 +258,12 @@ class ReadEngine:
         if unit_value is not None:
             unit = _storage_block_unit(tensor, ones, bounds.shape)
             if any(u < n for u, n in zip(unit, bounds.shape)):
-                return self._noted("direct", asked, t0, stream_reduce(bounds, unit, ones, "nearest", tensor.get_data,
-                                                                      tensor.dtype, unit_value=unit_value))
+                return self._noted(
+                    "direct",
+                    asked,
+                    t0,
+                    stream_reduce(bounds, unit, ones, "nearest", tensor.get_data, tensor.dtype, unit_value=unit_value),
+                )
         return self._noted("direct", asked, t0, tensor.get_data(bounds))
 
     def _scaled(
@@ -278,8 +288,9 @@ class ReadEngine:
         if unit_value is not None:
             v = unit_value(bounds)
             if v is not None:
-                return self._noted("closed_form", tensor, t0,
-                                   np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype))
+                return self._noted(
+                    "closed_form", tensor, t0, np.full(output_shape(bounds.shape, scale), v, dtype=tensor.dtype)
+                )
         fetch: Callable[[Bounds], np.ndarray] = tensor.get_data
         fetch_into = tensor.read_region_into if tensor.reads_into else None
         workers = self.workers
@@ -294,24 +305,41 @@ class ReadEngine:
         if offer is None and method == "nearest" and tensor.decimates:
             dec = tensor.get_decimated_data(bounds, scale)
             if dec is not None:
-                return self._noted("decimated", tensor, t0,
-                                   _checked_answer(tensor, "get_decimated_data", dec, bounds, scale))
+                return self._noted(
+                    "decimated", tensor, t0, _checked_answer(tensor, "get_decimated_data", dec, bounds, scale)
+                )
         if unit is None:
             unit = _stream_unit(tensor, scale, unit_value is not None)
         if offer is None and tensor.reduces:
             reduced = tensor.get_reduced_data(bounds, scale, method)
             if reduced is not None:
-                return self._noted("upstream", tensor, t0,
-                                   _checked_answer(tensor, "get_reduced_data", reduced, bounds, scale))
+                return self._noted(
+                    "upstream", tensor, t0, _checked_answer(tensor, "get_reduced_data", reduced, bounds, scale)
+                )
         if cancelled is not None:
             fetch = _stop_when(cancelled, fetch)
             fetch_into = None if fetch_into is None else _stop_when(cancelled, fetch_into)
         path = "streamed" if offer is None else "cache_sourced"
         if all(u >= n for u, n in zip(unit, bounds.shape)):
-            return self._noted(path, tensor, t0, owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype))
-        return self._noted(path, tensor, t0, stream_reduce(bounds, unit, scale, method, fetch, tensor.dtype,
-                                                           workers=workers, unit_value=unit_value,
-                                                           fetch_into=fetch_into))
+            return self._noted(
+                path, tensor, t0, owned_array(downsample_block(fetch(bounds), scale, method), tensor.dtype)
+            )
+        return self._noted(
+            path,
+            tensor,
+            t0,
+            stream_reduce(
+                bounds,
+                unit,
+                scale,
+                method,
+                fetch,
+                tensor.dtype,
+                workers=workers,
+                unit_value=unit_value,
+                fetch_into=fetch_into,
+            ),
+        )
 
     def _noted(self, path: str, tensor: TensorAdapter, t0: float, arr: np.ndarray) -> np.ndarray:
         """``arr``, after telling ``on_read`` that ``path`` served it since ``t0``."""
@@ -350,8 +378,9 @@ class ReadEngine:
         return value_of
 
 
-def _reduced_lookup(value_of: Callable[[Bounds], np.generic | None] | None, dtype: np.dtype,
-                    scale: tuple[int, ...], method: str) -> Callable[[Bounds], np.generic | None] | None:
+def _reduced_lookup(
+    value_of: Callable[[Bounds], np.generic | None] | None, dtype: np.dtype, scale: tuple[int, ...], method: str
+) -> Callable[[Bounds], np.generic | None] | None:
     """``unit -> reduced value`` from a ``uniform_lookup`` (None stays None): each unit's value
     reduced in closed form, memoised per value (an extent's uniform units mostly share one)."""
     if value_of is None:
@@ -383,8 +412,9 @@ READ_INTO_UNIT_BYTES = 4 << 20
 MIN_READ_INTO_UNIT_BYTES = 1 << 20
 
 
-def _checked_answer(tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: Bounds,
-                    scale: tuple[int, ...]) -> np.ndarray:
+def _checked_answer(
+    tensor: TensorAdapter, what: str, arr: np.ndarray, bounds: Bounds, scale: tuple[int, ...]
+) -> np.ndarray:
     """A scaled answer the backend computed itself (``what``: a strided read, a reduction
     next to the data), owned, after checking its shape: a wrong shape is an adapter bug and
     must never reach a client as pixels."""
@@ -428,8 +458,9 @@ def _stacked_blocks(tensor: TensorAdapter) -> tuple[int, ...] | None:
     return tuple(stacked)
 
 
-def _storage_block_unit(tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...],
-                        min_bytes: int = MIN_BLOCK_UNIT_BYTES) -> tuple[int, ...]:
+def _storage_block_unit(
+    tensor: TensorAdapter, scale: tuple[int, ...], unit: tuple[int, ...], min_bytes: int = MIN_BLOCK_UNIT_BYTES
+) -> tuple[int, ...]:
     """The storage block (rounded to whole reduction blocks) as the unit instead of the
     transfer chunk: for an extent that has uniform blocks, so that only the non-uniform blocks
     are read (cost in proportion to them); for a reader that ``reads_into``, so that each unit
@@ -477,6 +508,7 @@ _Read = TypeVar("_Read", bound=Callable[..., Any])
 
 def _stop_when(cancelled: Cancelled, fetch: _Read) -> _Read:
     """``fetch`` (a Fetch or a FetchInto) that first refuses once ``cancelled()``."""
+
     def checked(ub: Bounds, *into: np.ndarray) -> np.ndarray | None:
         if cancelled():
             raise ReadCancelled("the client cancelled the read")

@@ -7,6 +7,7 @@ one's uploads in flight. The lock is an open file description's ``flock`` (relea
 kernel when the process dies, however it dies), so a stale lock file never blocks a start.
 The holder writes its pid into the file, so a refusal names who holds the folder.
 """
+
 from __future__ import annotations
 
 import fcntl

@@ -5,6 +5,7 @@ descriptors (and on network filesystems, locks); reopening per read costs a head
 ``LazyHandle`` opens on first use, counts reads in flight, and lets one daemon reaper close
 handles that have been idle for ``idle_seconds``, never while a read holds them.
 """
+
 from __future__ import annotations
 
 import threading
@@ -87,7 +88,6 @@ class LazyHandle(Generic[T]):
             handle, self._handle = self._handle, None
         if handle is not None:
             self._closer(handle)
-
 
     def __del__(self) -> None:
         """A source dropped without ``close()`` still closes its file, quietly: readers such

@@ -5,6 +5,7 @@ the two identity parts that do not come from a request: the ``source_id`` (stabl
 restarts, unique per path) and the ``content_version`` (changes whenever the bytes change,
 so a cached chunk or a client-held chunk id of old data is never served as new).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +13,17 @@ import os
 import uuid
 from pathlib import Path
 
-__all__ = ["ArrayId", "LABEL_SETS", "NO_DEFAULT_TENSOR", "file_content_version", "file_stat_stamp", "label_set_image",
-           "minted_content_version", "source_id_for_path", "source_id_for_url"]
+__all__ = [
+    "ArrayId",
+    "LABEL_SETS",
+    "NO_DEFAULT_TENSOR",
+    "file_content_version",
+    "file_stat_stamp",
+    "label_set_image",
+    "minted_content_version",
+    "source_id_for_path",
+    "source_id_for_url",
+]
 
 #: the separator of an array id's two parts; a source id never contains it, a field may
 SEP = "/"

@@ -10,6 +10,7 @@ parsing, so a deep body never reaches the parser. That measure is linear in the 
 length, with no regular expression: a string-literal regex backtracks quadratically over a
 run of escapes (``"`` + ``\\"`` x 24,576 held the GIL for over 10 s before issue 38).
 """
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,9 @@ def _check_text(value: Any, what: str) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise InvalidArgument(f"{what}: the JSON holds a lone surrogate escape (\\ud800-\\udfff); "
-                                  "send valid Unicode text") from None
+            raise InvalidArgument(
+                f"{what}: the JSON holds a lone surrogate escape (\\ud800-\\udfff); send valid Unicode text"
+            ) from None
     elif isinstance(value, dict):
         for k, v in value.items():
             _check_text(k, what)
@@ -89,8 +91,9 @@ def _check_text(value: Any, what: str) -> None:
             _check_text(v, what)
 
 
-def decode_json(body: bytes | str, what: str, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES,
-                max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> object:
+def decode_json(
+    body: bytes | str, what: str, *, max_bytes: int = DEFAULT_MAX_JSON_BYTES, max_depth: int = DEFAULT_MAX_JSON_DEPTH
+) -> object:
     """The value of JSON ``body``, or a refusal naming ``what`` (e.g. ``"tensor_stats body"``)
     and the reason: too many bytes (``RequestTooLarge``), not UTF-8, nested deeper than
     ``max_depth``, not JSON, a NaN/Infinity literal or a number past the float range, a lone

@@ -10,6 +10,7 @@ So a set with no physical size of its own, covering the image's spatial extent, 
 image's scale and unit per shared axis. This is the one place the rule lives; the zarr reader
 applies it to stored label images and the catalog to attached (uploaded) sets.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -40,6 +41,9 @@ def carry_image_scale(label: Any, image: Any) -> bool:
     if any(label.shape[a] != image.shape[index[name]] for a, name in enumerate(label.dim_labels) if name in _SPATIAL):
         return False
     units = image.physical_unit or (None,) * image.ndim
-    label.info = replace(label.info, physical_scale=tuple(image.physical_scale[index[name]] for name in label.dim_labels),
-                         physical_unit=tuple(units[index[name]] for name in label.dim_labels))
+    label.info = replace(
+        label.info,
+        physical_scale=tuple(image.physical_scale[index[name]] for name in label.dim_labels),
+        physical_unit=tuple(units[index[name]] for name in label.dim_labels),
+    )
     return True

@@ -18,6 +18,7 @@ and a viewer's tile reads over Flight, fill and hit the same chunk cache entries
 region of a level (``read_level_region``) is assembled from those chunks: a warm tile costs
 cache hits and a crop, never a reduction.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -36,8 +37,17 @@ from tensor_server.core.transfer_grid import scaled_virtual_chunk_size
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
-__all__ = ["GridLevel", "published_levels", "grid_levels", "scales_on", "level_chunk_id", "level_extent", "read_level_region", "region_cells",
-           "MAX_REGION_CHUNKS"]
+__all__ = [
+    "GridLevel",
+    "published_levels",
+    "grid_levels",
+    "scales_on",
+    "level_chunk_id",
+    "level_extent",
+    "read_level_region",
+    "region_cells",
+    "MAX_REGION_CHUNKS",
+]
 
 #: chunks one level region may assemble (a budget on client-sized input: a 512² tile over
 #: 64² chunks is 64; a whole coarsest level of the default 4 Mpx budget at 256² is 64)
@@ -98,13 +108,19 @@ def _levels_at(tensor: TensorAdapter, scales: Sequence[Sequence[int]]) -> list[P
         if scale in stored:
             out.append(PyramidLevelSpec(scale, PRECOMPUTE, tuple(stored[scale].tensor.shape), True))
         else:
-            out.append(PyramidLevelSpec(scale, default_method(tensor.is_labels), output_shape(tensor.shape, scale),
-                                        False))
+            out.append(
+                PyramidLevelSpec(scale, default_method(tensor.is_labels), output_shape(tensor.shape, scale), False)
+            )
     return out
 
 
-def grid_levels(tensor: TensorAdapter, policy: PyramidPolicy | None = None, *, tiles: bool = False,
-                scales: Sequence[Sequence[int]] | None = None) -> list[GridLevel]:
+def grid_levels(
+    tensor: TensorAdapter,
+    policy: PyramidPolicy | None = None,
+    *,
+    tiles: bool = False,
+    scales: Sequence[Sequence[int]] | None = None,
+) -> list[GridLevel]:
     """Level 0 first, coarsest last (``published_levels``, or the levels of ``scales``: a
     label image's under its image, ``scales_on``). ``tiles``: computed levels on the tile
     grid (``tensor.tile_shape``, what a tile viewer's reads plan on), else on the transfer
@@ -138,8 +154,7 @@ def level_chunk_id(tensor: TensorAdapter, level: GridLevel, key: Sequence[int]) 
         virtual = scaled_virtual_chunk_size(level.chunks, level.scale, tensor.shape)
         start = tuple(k * v for k, v in zip(key, virtual))
         stop = tuple(min(a + v, n) for a, v, n in zip(start, virtual, tensor.shape))
-    return ChunkId.for_extent(tensor.array_id, Bounds(start, stop), level.scale, level.method,
-                              tensor.content_version)
+    return ChunkId.for_extent(tensor.array_id, Bounds(start, stop), level.scale, level.method, tensor.content_version)
 
 
 def region_cells(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> list[tuple[tuple[int, ...], ChunkId]]:
@@ -151,8 +166,10 @@ def region_cells(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> lis
     last = tuple((b - 1) // c for b, c in zip(region.stop, level.chunks))
     count = int(np.prod([b - a + 1 for a, b in zip(first, last)]))
     if count > MAX_REGION_CHUNKS:
-        raise RequestTooLarge(f"a region of {region.shape} at level {level.path} of {tensor.array_id} spans "
-                              f"{count} chunks (limit {MAX_REGION_CHUNKS}); ask for a smaller region or size")
+        raise RequestTooLarge(
+            f"a region of {region.shape} at level {level.path} of {tensor.array_id} spans "
+            f"{count} chunks (limit {MAX_REGION_CHUNKS}); ask for a smaller region or size"
+        )
     out = []
     for key in np.ndindex(*[b - a + 1 for a, b in zip(first, last)]):
         cell = tuple(f + k for f, k in zip(first, key))
@@ -168,8 +185,10 @@ def level_extent(tensor: TensorAdapter, level: GridLevel, region: Bounds) -> Bou
     chunks' do); None for a stored level, whose region is not computed from level 0."""
     if level.method == PRECOMPUTE:
         return None
-    return Bounds(tuple(a * s for a, s in zip(region.start, level.scale)),
-                  tuple(min(b * s, n) for b, s, n in zip(region.stop, level.scale, tensor.shape)))
+    return Bounds(
+        tuple(a * s for a, s in zip(region.start, level.scale)),
+        tuple(min(b * s, n) for b, s, n in zip(region.stop, level.scale, tensor.shape)),
+    )
 
 
 def read_level_region(
@@ -192,6 +211,7 @@ def read_level_region(
         lo = tuple(k * c for k, c in zip(cell, level.chunks))
         a = tuple(max(r, c0) for r, c0 in zip(region.start, lo))
         b = tuple(min(r, c0 + n) for r, c0, n in zip(region.stop, lo, data.shape))
-        out[tuple(slice(x - r, y - r) for x, y, r in zip(a, b, region.start))] = \
-            data[tuple(slice(x - c0, y - c0) for x, y, c0 in zip(a, b, lo))]
+        out[tuple(slice(x - r, y - r) for x, y, r in zip(a, b, region.start))] = data[
+            tuple(slice(x - c0, y - c0) for x, y, c0 in zip(a, b, lo))
+        ]
     return out

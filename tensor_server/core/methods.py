@@ -5,6 +5,7 @@ names and aliases plus this project's extensions, and map each to one of the six
 kernel methods, so a chunk id always carries the *effective* method and a client cache can
 never confuse two spellings of the same reduction, or two different reductions.
 """
+
 from __future__ import annotations
 
 from tensor_server_kernels.reference import METHODS

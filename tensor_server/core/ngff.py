@@ -26,6 +26,7 @@ import it and it needs nothing above the adapter interface. Reading NGFF metadat
   inner chunk in C order ``(offset, nbytes)`` as little-endian uint64 (``SHARD_ABSENT`` twice
   for a chunk not stored), then, when the index has a ``crc32c`` codec, its CRC-32C.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
@@ -39,21 +40,89 @@ from tensor_server.core.methods import PRECOMPUTE
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
 
-__all__ = ["AXIS_TYPES", "ngff_unit", "NgffLevel", "NgffImage", "image_attributes", "labels_attributes", "omero",
-           "ImageLabels", "image_labels", "labels_among", "SHARD_ABSENT", "shard_index", "encode_shard"]
+__all__ = [
+    "AXIS_TYPES",
+    "ngff_unit",
+    "NgffLevel",
+    "NgffImage",
+    "image_attributes",
+    "labels_attributes",
+    "omero",
+    "ImageLabels",
+    "image_labels",
+    "labels_among",
+    "SHARD_ABSENT",
+    "shard_index",
+    "encode_shard",
+]
 
 #: canonical axis label -> NGFF axis type
 AXIS_TYPES = {"t": "time", "c": "channel", "z": "space", "y": "space", "x": "space"}
 # NGFF takes UDUNITS names; format metadata may spell units the microscopy way
-_NGFF_UNITS = {"µm": "micrometer", "μm": "micrometer", "um": "micrometer", "nm": "nanometer", "mm": "millimeter",
-               "Å": "angstrom", "s": "second", "ms": "millisecond", "µs": "microsecond", "min": "minute", "h": "hour"}
-_NGFF_UNIT_NAMES = {"angstrom", "attometer", "centimeter", "decimeter", "exameter", "femtometer", "foot", "gigameter",
-                    "hectometer", "inch", "kilometer", "megameter", "meter", "micrometer", "mile", "millimeter",
-                    "nanometer", "parsec", "petameter", "picometer", "terameter", "yard", "yoctometer", "yottameter",
-                    "zeptometer", "zettameter", "attosecond", "centisecond", "day", "decisecond", "exasecond",
-                    "femtosecond", "gigasecond", "hectosecond", "hour", "kilosecond", "megasecond", "microsecond",
-                    "millisecond", "minute", "nanosecond", "petasecond", "picosecond", "second", "terasecond",
-                    "yoctosecond", "yottasecond", "zeptosecond", "zettasecond"}
+_NGFF_UNITS = {
+    "µm": "micrometer",
+    "μm": "micrometer",
+    "um": "micrometer",
+    "nm": "nanometer",
+    "mm": "millimeter",
+    "Å": "angstrom",
+    "s": "second",
+    "ms": "millisecond",
+    "µs": "microsecond",
+    "min": "minute",
+    "h": "hour",
+}
+_NGFF_UNIT_NAMES = {
+    "angstrom",
+    "attometer",
+    "centimeter",
+    "decimeter",
+    "exameter",
+    "femtometer",
+    "foot",
+    "gigameter",
+    "hectometer",
+    "inch",
+    "kilometer",
+    "megameter",
+    "meter",
+    "micrometer",
+    "mile",
+    "millimeter",
+    "nanometer",
+    "parsec",
+    "petameter",
+    "picometer",
+    "terameter",
+    "yard",
+    "yoctometer",
+    "yottameter",
+    "zeptometer",
+    "zettameter",
+    "attosecond",
+    "centisecond",
+    "day",
+    "decisecond",
+    "exasecond",
+    "femtosecond",
+    "gigasecond",
+    "hectosecond",
+    "hour",
+    "kilosecond",
+    "megasecond",
+    "microsecond",
+    "millisecond",
+    "minute",
+    "nanosecond",
+    "petasecond",
+    "picosecond",
+    "second",
+    "terasecond",
+    "yoctosecond",
+    "yottasecond",
+    "zeptosecond",
+    "zettasecond",
+}
 _LABEL_MARKERS = ("labels", "@labels")
 #: the index entry of an inner chunk a shard does not store
 SHARD_ABSENT = 2**64 - 1
@@ -125,8 +194,9 @@ def _multiscale(image: NgffImage, version: str) -> dict[str, Any]:
     return entry
 
 
-def image_attributes(image: NgffImage, version: str, *, label_of: bool = False,
-                     omero_block: dict[str, Any] | None = None) -> dict[str, Any]:
+def image_attributes(
+    image: NgffImage, version: str, *, label_of: bool = False, omero_block: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """An image group's attributes (NGFF 0.5: under ``ome``; 0.4: top level). ``label_of``: a
     label image under ``labels/<name>``, whose ``image-label`` points back at the image two
     groups up; ``omero_block`` (``omero()``) is kept for an image that is not one."""
@@ -157,13 +227,19 @@ def omero(channels: int, rgb: bool, ranges: Sequence[Sequence[float]] | None) ->
     palette = _RGB if rgb else (_GREY if channels == 1 else _MULTI_COLORS)
     out = []
     for i in range(channels):
-        lo, hi = (ranges[i] if ranges and i < len(ranges) else (0.0, 1.0))
+        lo, hi = ranges[i] if ranges and i < len(ranges) else (0.0, 1.0)
         lo, hi = (float(lo), float(hi)) if hi > lo else (float(lo), float(lo) + 1.0)
-        out.append({
-            "label": "RGB"[i] if rgb else f"channel {i}", "color": palette[i % len(palette)], "active": True,
-            "coefficient": 1.0, "family": "linear", "inverted": False,
-            "window": {"min": lo, "max": hi, "start": lo, "end": hi},
-        })
+        out.append(
+            {
+                "label": "RGB"[i] if rgb else f"channel {i}",
+                "color": palette[i % len(palette)],
+                "active": True,
+                "coefficient": 1.0,
+                "family": "linear",
+                "inverted": False,
+                "window": {"min": lo, "max": hi, "start": lo, "end": hi},
+            }
+        )
     return {"channels": out, "rdefs": {"model": "color" if channels > 1 else "greyscale", "defaultT": 0, "defaultZ": 0}}
 
 
@@ -188,9 +264,13 @@ def _label_name(image_field: str, default_field: str, candidate: str) -> str | N
     return name if parent == image_field else None
 
 
-def image_labels(fields: Mapping[str, Any], image_field: str, image: TensorAdapter,
-                 default_field: str | None = None,
-                 describe: Callable[[Any], TensorAdapter] | None = None) -> ImageLabels:
+def image_labels(
+    fields: Mapping[str, Any],
+    image_field: str,
+    image: TensorAdapter,
+    default_field: str | None = None,
+    describe: Callable[[Any], TensorAdapter] | None = None,
+) -> ImageLabels:
     """The label images of ``image`` (at ``image_field``) among a source's ``fields`` (field ->
     tensor, or -> a key ``describe(key)`` turns into a tensor, so only label candidates are
     described); ``default_field``: the source's default image (default: the first field)."""
@@ -232,8 +312,11 @@ def _mismatch(image: TensorAdapter, label: TensorAdapter) -> str | None:
         n, m = label.shape[label.dim_labels.index(axis)], image.shape[image.dim_labels.index(axis)]
         if n != m and not (axis == "c" and n == 1):
             return f"its {axis} extent {n} is not the image's {m}"
-    extra = [f"{a} ({label.shape[i]})" for i, a in enumerate(label.dim_labels)
-             if a not in image.dim_labels and label.shape[i] > 1]
+    extra = [
+        f"{a} ({label.shape[i]})"
+        for i, a in enumerate(label.dim_labels)
+        if a not in image.dim_labels and label.shape[i] > 1
+    ]
     if extra:
         return f"axes {extra} are not the image's"
     return None
@@ -267,6 +350,6 @@ def encode_shard(data: np.ndarray, inner: Sequence[int]) -> memoryview:
     body = np.ascontiguousarray(split.transpose(list(range(0, 2 * nd, 2)) + list(range(1, 2 * nd, 2))))
     index = shard_index(np.full(grid, body.nbytes // int(np.prod(grid)), dtype=np.int64), checksum=False)
     out = bytearray(body.nbytes + len(index))
-    out[:body.nbytes] = memoryview(body.data).cast("B")
-    out[body.nbytes:] = index
+    out[: body.nbytes] = memoryview(body.data).cast("B")
+    out[body.nbytes :] = index
     return memoryview(out)

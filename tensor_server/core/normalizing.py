@@ -13,6 +13,7 @@ a cache to the wrapped tensor: the wrapped tensor's own keys would name differen
 (its axes are in another order), which is how a cache-sourced read once served a transposed
 source's wrong pixels. It shares the wrapped tensor's array_id and content version.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -51,19 +52,23 @@ class NormalizingAdapter(TensorAdapter):
             raise ValueError(f"{self.order} is not a permutation of {inner.ndim} axes")
         self.inverse = tuple(int(i) for i in np.argsort(self.order))
         p = self._permute
-        super().__init__(TensorInfo(
-            p(inner.shape),
-            inner.dtype,
-            dim_labels=p(inner.dim_labels),
-            native_chunk_shape=None if inner.native_chunk_shape is None else p(inner.native_chunk_shape),
-            physical_scale=None if inner.physical_scale is None else p(inner.physical_scale),
-            physical_unit=None if inner.physical_unit is None else p(inner.physical_unit),
-            is_labels=inner.is_labels,
-            content_version=inner.content_version,
-            metadata=inner.metadata,
-            transfer_chunk_shape=p(inner.chunk_shape),
-        ))
-        self.native_levels = [type(lv)(p(lv.scale), NormalizingAdapter(lv.tensor, self.order)) for lv in inner.native_levels]
+        super().__init__(
+            TensorInfo(
+                p(inner.shape),
+                inner.dtype,
+                dim_labels=p(inner.dim_labels),
+                native_chunk_shape=None if inner.native_chunk_shape is None else p(inner.native_chunk_shape),
+                physical_scale=None if inner.physical_scale is None else p(inner.physical_scale),
+                physical_unit=None if inner.physical_unit is None else p(inner.physical_unit),
+                is_labels=inner.is_labels,
+                content_version=inner.content_version,
+                metadata=inner.metadata,
+                transfer_chunk_shape=p(inner.chunk_shape),
+            )
+        )
+        self.native_levels = [
+            type(lv)(p(lv.scale), NormalizingAdapter(lv.tensor, self.order)) for lv in inner.native_levels
+        ]
 
     def _permute(self, values: Sequence[Any]) -> tuple[Any, ...]:
         return tuple(values[i] for i in self.order)

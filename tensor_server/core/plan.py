@@ -17,6 +17,7 @@ transfer grid (a write plan must: an upload stores that grid). Either grid's chu
 realized region and name their own extent, so the engine, the cache and the client need not
 know which grid minted them.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -151,8 +152,10 @@ def _grid_chunk(tensor: TensorAdapter, region: Bounds, scale: tuple[int, ...], g
 
 def _snapped(region: Bounds, virtual: Sequence[int], shape: Sequence[int]) -> Bounds:
     """``region`` snapped outward to whole virtual chunks (clamped to the tensor)."""
-    return Bounds(tuple((a // v) * v for a, v in zip(region.start, virtual)),
-                  tuple(min(-(-b // v) * v, n) for b, v, n in zip(region.stop, virtual, shape)))
+    return Bounds(
+        tuple((a // v) * v for a, v in zip(region.start, virtual)),
+        tuple(min(-(-b // v) * v, n) for b, v, n in zip(region.stop, virtual, shape)),
+    )
 
 
 def _plan_stored_level(tensor: TensorAdapter, region: Bounds, scale: tuple[int, ...]) -> ReadPlan:

@@ -11,6 +11,7 @@ by the reference's budgets. The doors that publish an image (OME-Zarr, IIIF, Dee
 export's ``--levels auto``) publish ``core.level_grid.published_levels`` instead: the same
 stored levels, else halvings down to one 512² tile, as viewers and converters expect.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -13,6 +13,7 @@ does on a client's behalf, and work must be bounded by what the tensor is:
   secret (the checksum is public), so a forged whole-tensor id must not become one
   multi-gigabyte DoGet.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,16 +48,12 @@ def check_scale(scale_hint: Sequence[int] | None, shape: Sequence[int]) -> tuple
             raise InvalidArgument(f"scale_hint must be positive integers, got {_short(scale_hint)}")
         s = int(s)
         if s > max_scale(n):
-            raise InvalidArgument(
-                f"scale {s} on axis {axis} exceeds the axis extent {n} (at most {max_scale(n)})"
-            )
+            raise InvalidArgument(f"scale {s} on axis {axis} exceeds the axis extent {n} (at most {max_scale(n)})")
         out.append(s)
     return tuple(out)
 
 
-def check_extent_within_chunk(
-    extent: Sequence[int], scale: Sequence[int], chunk: Sequence[int], what: str
-) -> None:
+def check_extent_within_chunk(extent: Sequence[int], scale: Sequence[int], chunk: Sequence[int], what: str) -> None:
     """Refuse a chunk id whose extent is larger than any plan mints (module docstring)."""
     for axis, (e, s, c) in enumerate(zip(extent, scale, chunk)):
         if -(-int(e) // int(s)) > int(c) or int(e) > int(c) * int(s):
@@ -84,14 +81,18 @@ def check_read_request(region: Bounds | None, scale: Sequence[int] | None, shape
             if a < 0 or b < 0:
                 raise InvalidBounds(f"slice_hint axis {axis}: bounds [{a}, {b}) are negative", slug="slice_negative")
             if a >= b:
-                raise InvalidBounds(f"slice_hint axis {axis}: empty or reversed interval [{a}, {b})", slug="slice_inverted")
+                raise InvalidBounds(
+                    f"slice_hint axis {axis}: empty or reversed interval [{a}, {b})", slug="slice_inverted"
+                )
             if a >= n:
-                raise InvalidBounds(f"slice_hint axis {axis}: start {a} is past the axis length {n}",
-                                    slug="slice_out_of_range")
+                raise InvalidBounds(
+                    f"slice_hint axis {axis}: start {a} is past the axis length {n}", slug="slice_out_of_range"
+                )
     if scale:
         if len(scale) != ndim:
             raise InvalidArgument(f"scale_hint has {len(scale)} axes but the tensor has {ndim}", slug="scale_rank")
         bad = [axis for axis, s in enumerate(scale) if s <= 0]
         if bad:
-            raise InvalidArgument(f"scale_hint must be positive integers, got {list(scale)} (axis {bad[0]})",
-                                  slug="scale_not_positive")
+            raise InvalidArgument(
+                f"scale_hint must be positive integers, got {list(scale)} (axis {bad[0]})", slug="scale_not_positive"
+            )

@@ -17,6 +17,7 @@ before any work (ask for a slice), the decoded pixels of one call are capped at
 statistics share ``max_computes`` with chunk reads), and ``cancelled()`` is polled before
 each unit: a client that has gone stops the work (``ReadCancelled``).
 """
+
 from __future__ import annotations
 
 import math
@@ -56,12 +57,20 @@ def _unit(tensor: TensorAdapter) -> tuple[int, ...]:
 def _check_size(tensor: TensorAdapter, bounds: Bounds, unit: tuple[int, ...], limits: StatsLimits) -> None:
     units = math.prod(-(-n // u) for n, u in zip(bounds.shape, unit))
     if units > limits.max_units:
-        raise RequestTooLarge(f"tensor_stats of {tensor.array_id}: the region {bounds} spans {units} blocks of "
-                              f"{list(unit)}, above the limit of {limits.max_units} per call; ask for a slice")
+        raise RequestTooLarge(
+            f"tensor_stats of {tensor.array_id}: the region {bounds} spans {units} blocks of "
+            f"{list(unit)}, above the limit of {limits.max_units} per call; ask for a slice"
+        )
 
 
-def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: ReadEngine | None = None, *,
-                 limits: StatsLimits = StatsLimits(), cancelled: Callable[[], bool] | None = None) -> dict[str, Any]:
+def tensor_stats(
+    tensor: TensorAdapter,
+    bounds: Bounds | None = None,
+    engine: ReadEngine | None = None,
+    *,
+    limits: StatsLimits = StatsLimits(),
+    cancelled: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     """``{count, count_nonzero, min, max, sum, mean, uniform_pixels, decoded_pixels}`` of
     ``bounds`` (default the whole tensor); see the module docstring for the bounds."""
     from tensor_server.core.engine import default_engine
@@ -104,14 +113,18 @@ def tensor_stats(tensor: TensorAdapter, bounds: Bounds | None = None, engine: Re
                 total += (complex(v) if dt.kind == "c" else float(v)) * n
             continue
         if (decoded_px + n) * dt.itemsize > limits.max_decoded_bytes:
-            raise RequestTooLarge(f"tensor_stats of {tensor.array_id}: the region {bounds} needs more than "
-                                  f"{limits.max_decoded_bytes} bytes of pixels decoded, the limit of one call; "
-                                  "ask for a slice")
+            raise RequestTooLarge(
+                f"tensor_stats of {tensor.array_id}: the region {bounds} needs more than "
+                f"{limits.max_decoded_bytes} bytes of pixels decoded, the limit of one call; "
+                "ask for a slice"
+            )
         with engine.admitted():
             data = engine.read(tensor, ub, cancelled=cancelled)
         decoded_px += n
         if exact:
-            total += int(data.sum(dtype=np.int64)) if dt.itemsize < 8 or dt.kind == "b" else int(data.astype(object).sum())
+            total += (
+                int(data.sum(dtype=np.int64)) if dt.itemsize < 8 or dt.kind == "b" else int(data.astype(object).sum())
+            )
         else:
             total += data.sum(dtype=np.complex128 if dt.kind == "c" else np.float64)
         nonzero += int(np.count_nonzero(data))

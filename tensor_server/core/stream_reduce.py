@@ -35,6 +35,7 @@ took 58 ms into fresh buffers, 24 ms into reused ones). The invariants and how e
 server already reads one tensor from many threads); the array it returns must not be reused
 by a later call.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,8 +53,15 @@ from tensor_server_kernels.reference import output_shape
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.uniform import fill_uniform_units
 
-__all__ = ["streaming_unit", "stream_reduce", "iter_units", "default_workers", "run_parallel", "scratch",
-           "trim_scratch"]
+__all__ = [
+    "streaming_unit",
+    "stream_reduce",
+    "iter_units",
+    "default_workers",
+    "run_parallel",
+    "scratch",
+    "trim_scratch",
+]
 
 Fetch = Callable[[Bounds], np.ndarray]
 FetchInto = Callable[[Bounds, np.ndarray], None]
@@ -103,6 +111,8 @@ def iter_units(bounds: Bounds, unit: Sequence[int]):
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _pool_lock = threading.Lock()
+
+
 def _submit(run: Callable[[], None], workers: int) -> None:
     """Queue ``run`` on the process-wide pool, first growing it (a new pool replaces the old
     one, whose queued units still run) when a read asks for more workers than it has."""

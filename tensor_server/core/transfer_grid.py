@@ -22,6 +22,7 @@ image for every tile). The tile grid halves the transfer chunk's plane axes down
 ``TILE_MIN_PX``, never splitting a block the reader decodes whole, so a tile costs about what
 it shows; the plan picks it per request (``core/plan.py``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -67,9 +68,7 @@ def default_seed(shape: Sequence[int], dim_labels: Sequence[str] | None = None) 
     """Seed for a reader without native blocks: one whole Y/X plane (plus sample axes)."""
     sp = set(spatial_axes(len(shape), dim_labels))
     low = [str(d).lower() for d in dim_labels] if dim_labels and len(dim_labels) == len(shape) else []
-    return tuple(
-        n if (i in sp or (low and low[i] in _SAMPLE_LABELS)) else 1 for i, n in enumerate(shape)
-    )
+    return tuple(n if (i in sp or (low and low[i] in _SAMPLE_LABELS)) else 1 for i, n in enumerate(shape))
 
 
 def _nbytes(chunk: Sequence[int], itemsize: int) -> int:

@@ -23,6 +23,7 @@ its index and the stored value for chunks uploaded as a uniform record (no bytes
 index per ``content_version`` so a rewrite is seen; a block reported wrongly is wrong pixels,
 so the conformance suite decodes every reported block and compares.
 """
+
 from __future__ import annotations
 
 import itertools

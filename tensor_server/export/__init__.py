@@ -5,6 +5,7 @@ Entry points: ``export_tensor(tensor, dest, options, progress=, cancelled=)`` (e
 command (export/command.py). Imports only ``core``, ``adapters`` and third-party packages, so any
 door (the CLI, a service action) can call it. docs/export.md describes the output.
 """
+
 from __future__ import annotations
 
 from tensor_server.export.options import ExportOptions

@@ -25,6 +25,7 @@ codecs, so a resumed export writes exactly what an uninterrupted one does.
 tests/export/chunk_files_test.py reads every layout back with zarr-python and compares the
 encoded inner chunks with the ones zarr-python writes.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,6 +37,7 @@ import numpy as np
 from tensor_server.core.ngff import shard_index
 
 __all__ = ["ChunkFiles"]
+
 
 def _go_on() -> None:
     """The checkpoint of an encode nobody stops."""
@@ -77,9 +79,13 @@ class ChunkFiles:
             (sharding,) = meta["codecs"]
             conf = sharding["configuration"]
             inner = conf["codecs"]
-            if (sharding["name"] != "sharding_indexed" or conf.get("index_location", "end") != "end"
-                    or [c["name"] for c in conf["index_codecs"]] != ["bytes", "crc32c"]
-                    or inner[0]["name"] != "bytes" or len(inner) > 2):
+            if (
+                sharding["name"] != "sharding_indexed"
+                or conf.get("index_location", "end") != "end"
+                or [c["name"] for c in conf["index_codecs"]] != ["bytes", "crc32c"]
+                or inner[0]["name"] != "bytes"
+                or len(inner) > 2
+            ):
                 raise ValueError(f"{array.path}: a v3 layout other than what an export writes: {sharding}")
             self.file_shape = tuple(meta["chunk_grid"]["configuration"]["chunk_shape"])
             self.chunk_shape = tuple(conf["chunk_shape"])

@@ -8,6 +8,7 @@ Progress: a tqdm bar on a terminal, else one JSON line per record on stdout (the
 stop, within one chunk's encoding: the units already written whole are recorded, and
 ``--resume`` continues from there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,28 +25,52 @@ EXIT_FAILED, EXIT_CANCELLED = 2, 130
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="SOURCE", help="a file or folder the server can open (with --server: an array id)")
-    p.add_argument("dest", metavar="DEST", help="the OME-Zarr folder to write (written as DEST.partial, renamed when done)")
+    p.add_argument(
+        "dest", metavar="DEST", help="the OME-Zarr folder to write (written as DEST.partial, renamed when done)"
+    )
     p.add_argument("--array-id", help="which tensor of SOURCE (its field or array id; default: the first)")
-    p.add_argument("--server", metavar="URL", help="read SOURCE, an array id, from this running server (grpc://host:port)")
-    p.add_argument("--token", help="the server's bearer token (default: the upstream reader's "
-                   "$TENSOR_SERVER_UPSTREAM_TOKEN; a token on the command line shows in ps)")
-    p.add_argument("--no-labels", action="store_true", help="leave the source's label images out (default: under labels/)")
+    p.add_argument(
+        "--server", metavar="URL", help="read SOURCE, an array id, from this running server (grpc://host:port)"
+    )
+    p.add_argument(
+        "--token",
+        help="the server's bearer token (default: the upstream reader's "
+        "$TENSOR_SERVER_UPSTREAM_TOKEN; a token on the command line shows in ps)",
+    )
+    p.add_argument(
+        "--no-labels", action="store_true", help="leave the source's label images out (default: under labels/)"
+    )
     p.add_argument("--levels", default="auto", help="'auto' (the served pyramid) or N levels halving Y and X")
     p.add_argument("--method", help="reduction: area (default), nearest, min, max, mode (labels' default), median")
     p.add_argument("--chunks", help="chunk shape per output axis, e.g. 1,256,256 (Y and X at least 64)")
-    p.add_argument("--shards", help="shard shape per output axis (a whole number of chunks; one shard at every "
-                   "level at most 64 MiB), e.g. 1,2048,2048")
+    p.add_argument(
+        "--shards",
+        help="shard shape per output axis (a whole number of chunks; one shard at every "
+        "level at most 64 MiB), e.g. 1,2048,2048",
+    )
     p.add_argument("--codec", default="blosc-zstd", choices=("zstd", "blosc-zstd", "none"))
-    p.add_argument("--ngff", default="0.5", choices=("0.5", "0.4"), help="0.5 (zarr v3, sharded; default) or 0.4 (zarr v2)")
+    p.add_argument(
+        "--ngff", default="0.5", choices=("0.5", "0.4"), help="0.5 (zarr v3, sharded; default) or 0.4 (zarr v2)"
+    )
     p.add_argument("--workers", type=int, default=2, help="writer threads (default 2)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--overwrite", action="store_true",
-                      help="replace DEST, an image this command exported (only once the new image is complete)")
-    mode.add_argument("--resume", action="store_true",
-                      help="continue an interrupted export of the same source and options (nothing to do if DEST "
-                      "is that export, finished)")
-    p.add_argument("--progress", choices=("auto", "bar", "json", "none"), default="auto",
-                   help="a bar on a terminal, JSON lines otherwise (auto)")
+    mode.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace DEST, an image this command exported (only once the new image is complete)",
+    )
+    mode.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted export of the same source and options (nothing to do if DEST "
+        "is that export, finished)",
+    )
+    p.add_argument(
+        "--progress",
+        choices=("auto", "bar", "json", "none"),
+        default="auto",
+        help="a bar on a terminal, JSON lines otherwise (auto)",
+    )
 
 
 def _options(args: argparse.Namespace):
@@ -56,7 +81,9 @@ def _options(args: argparse.Namespace):
         method=args.method,
         chunks=parse_shape(args.chunks, "--chunks") if args.chunks else None,
         shards=parse_shape(args.shards, "--shards") if args.shards else None,
-        codec=args.codec, ngff=args.ngff, workers=args.workers,
+        codec=args.codec,
+        ngff=args.ngff,
+        workers=args.workers,
         mode="overwrite" if args.overwrite else "resume" if args.resume else "create",
     )
 
@@ -78,8 +105,13 @@ class _Display:
         from tqdm import tqdm
 
         if record["event"] == "start":
-            self.bar = tqdm(total=record["units_total"], initial=record["units_resumed"], unit="unit",
-                            desc=f"export {record['dest']}", file=sys.stderr)
+            self.bar = tqdm(
+                total=record["units_total"],
+                initial=record["units_resumed"],
+                unit="unit",
+                desc=f"export {record['dest']}",
+                file=sys.stderr,
+            )
         elif record["event"] == "unit" and self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(written=f"{record['bytes_written'] / 1e6:.0f} MB", refresh=False)
@@ -134,8 +166,14 @@ def run(args: argparse.Namespace) -> int:
         with open_export_source(args.source, args.array_id, server=args.server, token=args.token) as source:
             for skipped in source.skipped:
                 print(f"export: label image {skipped['name']!r} left out: {skipped['reason']}", file=sys.stderr)
-            export_tensor(source.tensor, args.dest, options, labels=None if args.no_labels else source.labels,
-                          progress=display, cancelled=stop.is_set)
+            export_tensor(
+                source.tensor,
+                args.dest,
+                options,
+                labels=None if args.no_labels else source.labels,
+                progress=display,
+                cancelled=stop.is_set,
+            )
         return 0
     except ReadCancelled as exc:
         display.close()

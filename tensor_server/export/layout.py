@@ -24,6 +24,7 @@ channel axis (channel = c·S + s), size-1 axes NGFF has no name for are dropped,
 other axis is refused. Levels are computed in the source's axis order and moved to NGFF
 order afterwards (moving axes does not change a value).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -90,7 +91,9 @@ class AxisMap:
                 "export one position of them at a time"
             )
         if not {"y", "x"} <= set(labels):
-            raise InvalidArgument(f"{tensor.array_id}: axes {list(labels)} lack y and x; OME-Zarr images are planes or volumes")
+            raise InvalidArgument(
+                f"{tensor.array_id}: axes {list(labels)} lack y and x; OME-Zarr images are planes or volumes"
+            )
         order = list(extra)
         for a in NGFF_ORDER:
             if a in labels:
@@ -165,8 +168,7 @@ class Layout:
 
     def file_count(self, sharded: bool) -> int:
         """The chunk files (zarr v2) or shard files (v3) every level of this image writes."""
-        return sum(prod(-(-n // f) for n, f in zip(lv.shape, lv.shard if sharded else lv.chunk))
-                   for lv in self.levels)
+        return sum(prod(-(-n // f) for n, f in zip(lv.shape, lv.shard if sharded else lv.chunk)) for lv in self.levels)
 
     def describe(self) -> dict:
         """JSON-ready: the record's and summary's account of the geometry, in output order."""
@@ -176,15 +178,21 @@ class Layout:
             "method": self.method,
             "unit": list(out(self.unit)),
             "levels": [
-                {"path": lv.path, "scale": list(out(lv.scale)), "shape": list(out(lv.shape)),
-                 "shards": list(out(lv.shard)), "chunks": list(out(lv.chunk))}
+                {
+                    "path": lv.path,
+                    "scale": list(out(lv.scale)),
+                    "shape": list(out(lv.shape)),
+                    "shards": list(out(lv.shard)),
+                    "chunks": list(out(lv.chunk)),
+                }
                 for lv in self.levels
             ],
         }
 
 
-def level_scales(tensor: TensorAdapter, levels: str | int, policy: PyramidPolicy | None = None
-                 ) -> list[tuple[int, ...]]:
+def level_scales(
+    tensor: TensorAdapter, levels: str | int, policy: PyramidPolicy | None = None
+) -> list[tuple[int, ...]]:
     """Per-level scales (source order): the published pyramid's (``core.level_grid``: the
     stored levels' factors, else halvings down to one 512² plane; ``policy``: a server's), or
     N halvings of Y and X."""
@@ -210,7 +218,9 @@ def label_scales(image: TensorAdapter, image_layout: Layout, label: TensorAdapte
     return scales_on(image, [lv.scale for lv in image_layout.levels], label)
 
 
-def label_shape_option(image_axes: AxisMap, label: TensorAdapter, value: Sequence[int] | None) -> tuple[int, ...] | None:
+def label_shape_option(
+    image_axes: AxisMap, label: TensorAdapter, value: Sequence[int] | None
+) -> tuple[int, ...] | None:
     """A chunk or shard shape given on the image's output axes, on a label image's (by name)."""
     if value is None:
         return None
@@ -221,13 +231,22 @@ def label_shape_option(image_axes: AxisMap, label: TensorAdapter, value: Sequenc
 def export_method(tensor: TensorAdapter, method: str | None) -> str:
     m = default_method(tensor.is_labels) if not method else effective_method(method, is_labels=tensor.is_labels)
     if m == PRECOMPUTE:
-        raise InvalidArgument("method 'precompute' names stored levels; an export computes its levels (area, mode, ...)")
+        raise InvalidArgument(
+            "method 'precompute' names stored levels; an export computes its levels (area, mode, ...)"
+        )
     return m
 
 
-def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: str | None = None,
-                chunks: Sequence[int] | None = None, shards: Sequence[int] | None = None,
-                scales: Sequence[Sequence[int]] | None = None, policy: PyramidPolicy | None = None) -> Layout:
+def plan_layout(
+    tensor: TensorAdapter,
+    *,
+    levels: str | int = "auto",
+    method: str | None = None,
+    chunks: Sequence[int] | None = None,
+    shards: Sequence[int] | None = None,
+    scales: Sequence[Sequence[int]] | None = None,
+    policy: PyramidPolicy | None = None,
+) -> Layout:
     """The geometry of exporting ``tensor`` (see the module docstring); ``scales`` (per level,
     source order) instead of ``levels``: a label image takes its image's levels; ``policy``:
     the pyramid policy ``levels="auto"`` follows (a server's; default the defaults)."""
@@ -243,11 +262,18 @@ def plan_layout(tensor: TensorAdapter, *, levels: str | int = "auto", method: st
     # a shard never reaches past the chunks that cover the tensor
     shard = tuple(min(s, -(-n // c) * c) for s, c, n in zip(shard, chunk, tensor.shape))
     if any(s % c for s, c in zip(shard, chunk)):
-        raise InvalidArgument(f"shards {list(axes.out_shape(shard))} must be a whole number of chunks {list(axes.out_shape(chunk))}")
+        raise InvalidArgument(
+            f"shards {list(axes.out_shape(shard))} must be a whole number of chunks {list(axes.out_shape(chunk))}"
+        )
     if shards is None:
         shard = _fitted_default_shard(tensor, shard, chunk, scales)
-    _check_unit_bytes(tensor, axes, shard, scales, asked="shards" if shards is not None
-                      else "chunks" if shard == chunk and chunks is not None else None)
+    _check_unit_bytes(
+        tensor,
+        axes,
+        shard,
+        scales,
+        asked="shards" if shards is not None else "chunks" if shard == chunk and chunks is not None else None,
+    )
     unit = _unit(tensor, shard, chunk, scales[-1])
     built = []
     for k, scale in enumerate(scales):
@@ -264,8 +290,9 @@ def _check_asked_shape(tensor: TensorAdapter, axes: AxisMap, name: str, value: S
     """An asked chunk or shard shape: one value per output axis, Y and X edges at least
     ``MIN_CHUNK_EDGE`` (or the whole axis where it is shorter)."""
     if len(value) != len(axes.out_labels):
-        raise InvalidArgument(f"{name} has {len(value)} values; the output has {len(axes.out_labels)} axes "
-                              f"{list(axes.out_labels)}")
+        raise InvalidArgument(
+            f"{name} has {len(value)} values; the output has {len(axes.out_labels)} axes {list(axes.out_labels)}"
+        )
     extents = axes.out_shape(tensor.shape)
     for label in ("y", "x"):
         i = axes.out_labels.index(label)
@@ -277,8 +304,9 @@ def _check_asked_shape(tensor: TensorAdapter, axes: AxisMap, name: str, value: S
             )
 
 
-def _fitted_default_shard(tensor: TensorAdapter, shard: tuple[int, ...], chunk: tuple[int, ...],
-                          scales: Sequence[Sequence[int]]) -> tuple[int, ...]:
+def _fitted_default_shard(
+    tensor: TensorAdapter, shard: tuple[int, ...], chunk: tuple[int, ...], scales: Sequence[Sequence[int]]
+) -> tuple[int, ...]:
     """The default shard, its Y and X halved (staying whole chunks) while a unit would hold
     more than ``MAX_UNIT_BYTES`` (a wide dtype or many samples: 2048² float64 RGB is 96 MiB)."""
     fitted = list(shard)
@@ -294,8 +322,9 @@ def _fitted_default_shard(tensor: TensorAdapter, shard: tuple[int, ...], chunk: 
     return tuple(fitted)
 
 
-def _check_unit_bytes(tensor: TensorAdapter, axes: AxisMap, shard: Sequence[int], scales: Sequence[Sequence[int]],
-                      asked: str | None) -> None:
+def _check_unit_bytes(
+    tensor: TensorAdapter, axes: AxisMap, shard: Sequence[int], scales: Sequence[Sequence[int]], asked: str | None
+) -> None:
     """Refuse a geometry whose unit (``lcm(shard, coarsest scale)``, every level) would hold
     more than ``MAX_UNIT_BYTES``, naming the option that makes it so (``asked``: "shards",
     or "chunks" when the default shard is one asked chunk) and what fits."""
@@ -313,9 +342,14 @@ def _check_unit_bytes(tensor: TensorAdapter, axes: AxisMap, shard: Sequence[int]
             f"{_mib(held)} of {tensor.dtype} pixels, and {limit}: ask for smaller {what} "
             f"(at most {pixels:,} pixels each)"
         )
-    fits = max((k for k in range(1, len(scales) + 1)
-                if _levels_bytes([_lcm(s, c) for s, c in zip(shard, scales[k - 1])], scales[:k], itemsize)
-                <= MAX_UNIT_BYTES), default=1)
+    fits = max(
+        (
+            k
+            for k in range(1, len(scales) + 1)
+            if _levels_bytes([_lcm(s, c) for s, c in zip(shard, scales[k - 1])], scales[:k], itemsize) <= MAX_UNIT_BYTES
+        ),
+        default=1,
+    )
     raise InvalidArgument(
         f"levels: the coarsest level's scale {list(axes.out_shape(scales[-1]))} makes each unit of work "
         f"{list(axes.out_shape(unit))} pixels ({_mib(held)} with its levels), and {limit}: "
@@ -362,7 +396,9 @@ def default_shard(tensor: TensorAdapter) -> dict[str, int]:
     return dict(zip("zyx", VOLUME_SHARD)) if _volume(tensor) else {"y": PLANE_SHARD, "x": PLANE_SHARD}
 
 
-def _source_shape(tensor: TensorAdapter, axes: AxisMap, given: Sequence[int] | None, default: dict[str, int]) -> tuple[int, ...]:
+def _source_shape(
+    tensor: TensorAdapter, axes: AxisMap, given: Sequence[int] | None, default: dict[str, int]
+) -> tuple[int, ...]:
     """A chunk or shard shape per source axis. The samples axis is always whole (a chunk
     holds every sample of its pixels)."""
     if given is not None:
@@ -374,7 +410,9 @@ def _source_shape(tensor: TensorAdapter, axes: AxisMap, given: Sequence[int] | N
     return tuple(max(1, v) for v in values)
 
 
-def _unit(tensor: TensorAdapter, shard: Sequence[int], chunk: Sequence[int], coarsest: Sequence[int]) -> tuple[int, ...]:
+def _unit(
+    tensor: TensorAdapter, shard: Sequence[int], chunk: Sequence[int], coarsest: Sequence[int]
+) -> tuple[int, ...]:
     """lcm(shard, coarsest scale) per axis, then a whole number of the reader's blocks where
     it cannot read less (``read_block_shape``, e.g. a TIFF page: a smaller unit would decode
     the block once per unit, reading the source many times), then grown in Y and X (doubling,
@@ -390,7 +428,10 @@ def _unit(tensor: TensorAdapter, shard: Sequence[int], chunk: Sequence[int], coa
     labels = tensor.dim_labels
     itemsize = tensor.dtype.itemsize
     for axis in (labels.index("y"), labels.index("x")):
-        while (unit[axis] // coarsest[axis] < chunk[axis] and unit[axis] < tensor.shape[axis]
-               and prod(unit) * 2 * itemsize <= UNIT_BUDGET_BYTES):
+        while (
+            unit[axis] // coarsest[axis] < chunk[axis]
+            and unit[axis] < tensor.shape[axis]
+            and prod(unit) * 2 * itemsize <= UNIT_BUDGET_BYTES
+        ):
             unit[axis] *= 2
     return tuple(unit)

@@ -6,6 +6,7 @@ NGFF order, a samples axis folded into the channel axis, which has no physical s
 and the ``omero`` display window per channel from the range of its pixels at the coarsest
 level (the range the export saw, cheap to keep per unit; a display hint, not a statistic).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -24,20 +25,35 @@ def _per_output_axis(layout: Layout, values: Sequence[Any] | None, default: Any)
     folded samples axis (the channel axis) has none."""
     labels = layout.axes.source_labels
     values = values or (default,) * len(labels)
-    return tuple(values[labels.index(label)] if label in labels and label != "c" else default
-                 for label in layout.axes.out_labels)
+    return tuple(
+        values[labels.index(label)] if label in labels and label != "c" else default for label in layout.axes.out_labels
+    )
 
 
 def ngff_image(tensor: TensorAdapter, layout: Layout, name: str) -> NgffImage:
     """The export of ``tensor`` laid out as ``layout``, named ``name``."""
-    levels = tuple(NgffLevel(lv.path, _per_output_axis(layout, lv.scale, 1),
-                             UNSCALED if lv.index == 0 else layout.method) for lv in layout.levels)
-    return NgffImage(name, layout.axes.out_labels, _per_output_axis(layout, tensor.physical_unit, None),
-                     _per_output_axis(layout, tensor.physical_scale, None), levels)
+    levels = tuple(
+        NgffLevel(lv.path, _per_output_axis(layout, lv.scale, 1), UNSCALED if lv.index == 0 else layout.method)
+        for lv in layout.levels
+    )
+    return NgffImage(
+        name,
+        layout.axes.out_labels,
+        _per_output_axis(layout, tensor.physical_unit, None),
+        _per_output_axis(layout, tensor.physical_scale, None),
+        levels,
+    )
 
 
-def export_attributes(tensor: TensorAdapter, layout: Layout, name: str, version: str,
-                      ranges: Sequence[Sequence[float]] | None = None, *, label_of: bool = False) -> dict[str, Any]:
+def export_attributes(
+    tensor: TensorAdapter,
+    layout: Layout,
+    name: str,
+    version: str,
+    ranges: Sequence[Sequence[float]] | None = None,
+    *,
+    label_of: bool = False,
+) -> dict[str, Any]:
     """The image group's attributes; an intensity image (not a label image, nor ``label_of``
     one) gets ``omero`` with a window per channel from ``ranges``."""
     block = None

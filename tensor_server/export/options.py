@@ -23,6 +23,7 @@ export/layout.py, against the tensor; docs/export.md states them):
   layout before anything is written (levels and label images summed): directories of more
   entries are slow to list, copy and back up, and object stores charge per file.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -89,7 +90,9 @@ class ExportOptions:
                 raise InvalidArgument(f"{name} must be an integer 1..{MAX_WORKERS}, got {value!r}")
         for name in ("chunks", "shards"):
             value = getattr(self, name)
-            if value is not None and (not value or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value)):
+            if value is not None and (
+                not value or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in value)
+            ):
                 raise InvalidArgument(f"{name} must be positive integers, one per axis, got {value!r}")
         if self.chunks is not None and self.shards is not None:
             if len(self.chunks) != len(self.shards) or any(s % c for s, c in zip(self.shards, self.chunks)):
@@ -119,8 +122,9 @@ class ExportOptions:
         unknown = sorted(set(body) - known)
         flags = [k for k in unknown if k in MODES]  # the CLI's --resume / --overwrite, as JSON keys
         if flags:
-            raise InvalidArgument(f"export option {flags[0]!r} is spelled \"mode\": \"{flags[0]}\" "
-                                  f"(mode is one of {', '.join(MODES)})")
+            raise InvalidArgument(
+                f'export option {flags[0]!r} is spelled "mode": "{flags[0]}" (mode is one of {", ".join(MODES)})'
+            )
         if unknown:
             raise InvalidArgument(f"unknown export option(s) {unknown[:8]}; known: {sorted(known)}")
         kw = dict(body)
@@ -135,7 +139,7 @@ class ExportOptions:
 
 
 def parse_shape(text: str, name: str = "shape") -> tuple[int, ...]:
-    """"1,256,256" (or "1x256x256") -> (1, 256, 256)."""
+    """ "1,256,256" (or "1x256x256") -> (1, 256, 256)."""
     parts = [p for p in text.replace("x", ",").split(",") if p.strip()]
     if not parts or len(parts) > 32:
         raise InvalidArgument(f"{name} {text[:80]!r} is not a comma-separated list of positive integers")

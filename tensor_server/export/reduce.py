@@ -22,6 +22,7 @@ kernels' speed, and release the GIL the same way:
 ``mode`` and ``median`` (and integers too wide for an exact int64 sum) go to the kernels.
 tests/export/reduce_test.py checks every path against the oracle on the kernels' case table.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -51,8 +52,13 @@ def numpy_handles(method: str, dtype: np.dtype) -> bool:
     return False
 
 
-def unit_levels(data: np.ndarray, scales: Sequence[Sequence[int]], method: str,
-                slab_bytes: int = SLAB_BYTES, checkpoint: Callable[[], None] | None = None) -> list[np.ndarray]:
+def unit_levels(
+    data: np.ndarray,
+    scales: Sequence[Sequence[int]],
+    method: str,
+    slab_bytes: int = SLAB_BYTES,
+    checkpoint: Callable[[], None] | None = None,
+) -> list[np.ndarray]:
     """``[level 0, level 1, ...]`` of ``data`` for the per-level ``scales`` (the first all
     ones), each bit-identical to ``downsample_block(data, scale, method)``, reduced one slab of
     about ``slab_bytes`` at a time (see ``SLAB_BYTES``). ``checkpoint()`` is called before each
@@ -73,7 +79,9 @@ def unit_levels(data: np.ndarray, scales: Sequence[Sequence[int]], method: str,
         piece = data[(slice(None),) * axis + (slice(lo, lo + step),)]
         blocks = _levels(piece, scales, method, whole)[1:]
         if lo == 0:  # each level's dtype is its first slab's
-            out += [np.empty(tuple(-(-n // v) for n, v in zip(data.shape, s)), b.dtype) for s, b in zip(scales[1:], blocks)]
+            out += [
+                np.empty(tuple(-(-n // v) for n, v in zip(data.shape, s)), b.dtype) for s, b in zip(scales[1:], blocks)
+            ]
         for level, s, block in zip(out[1:], scales[1:], blocks):
             at = lo // s[axis]
             level[(slice(None),) * axis + (slice(at, at + block.shape[axis]),)] = block
@@ -98,8 +106,9 @@ def _levels(data: np.ndarray, scales: Sequence[Sequence[int]], method: str, whol
     else:
         sums = _cascade(padded, scales, np.add, _sum_dtype(data.dtype, prod(whole)))
         levels = [_integer_mean(total, prod(s), data.dtype) for total, s in zip(sums, scales[1:])]
-    return [data] + [np.ascontiguousarray(lv[tuple(slice(0, n) for n in shape)])
-                     for lv, shape in zip(levels, out_shapes[1:])]
+    return [data] + [
+        np.ascontiguousarray(lv[tuple(slice(0, n) for n in shape)]) for lv, shape in zip(levels, out_shapes[1:])
+    ]
 
 
 def _edge_padded(data: np.ndarray, coarsest: Sequence[int]) -> np.ndarray:
@@ -109,8 +118,10 @@ def _edge_padded(data: np.ndarray, coarsest: Sequence[int]) -> np.ndarray:
 
 def _offsets(scale: Sequence[int]) -> list[tuple[slice, ...]]:
     """One strided view per block offset, in C order of the offsets."""
-    return [tuple(slice(o, None, v) for o, v in zip(offset, scale))
-            for offset in itertools.product(*(range(v) for v in scale))]
+    return [
+        tuple(slice(o, None, v) for o, v in zip(offset, scale))
+        for offset in itertools.product(*(range(v) for v in scale))
+    ]
 
 
 def _fold(data: np.ndarray, scale: Sequence[int], op: np.ufunc, dtype: np.dtype | None) -> np.ndarray:
@@ -140,7 +151,9 @@ def _fold_in_order(data: np.ndarray, scale: Sequence[int], op: np.ufunc, dtype: 
     return acc
 
 
-def _cascade(data: np.ndarray, scales: Sequence[Sequence[int]], op: np.ufunc, dtype: np.dtype | None) -> list[np.ndarray]:
+def _cascade(
+    data: np.ndarray, scales: Sequence[Sequence[int]], op: np.ufunc, dtype: np.dtype | None
+) -> list[np.ndarray]:
     """Each level folded from the previous level where its scale is a multiple of the
     previous one (exact for sums of integers and for extremes), else from level 0."""
     out: list[np.ndarray] = []

@@ -30,6 +30,7 @@ left unrecorded (its files are written again on resume: the record is what is tr
 ``ReadCancelled`` is raised — a state ``--resume`` continues. ``cancelled`` may be called
 from any of the pass's threads.
 """
+
 from __future__ import annotations
 
 import os
@@ -90,29 +91,55 @@ def fingerprint(parts: list[_Part], options: ExportOptions) -> dict[str, Any]:
     kept = {k: v for k, v in options.as_dict().items() if k not in ("mode", "workers", "read_ahead", "write_ahead")}
     image = parts[0]
     out = {
-        "array_id": image.tensor.array_id, "content_version": image.tensor.content_version.hex(),
-        "shape": list(image.tensor.shape), "dtype": image.tensor.dtype.str, "options": kept,
+        "array_id": image.tensor.array_id,
+        "content_version": image.tensor.content_version.hex(),
+        "shape": list(image.tensor.shape),
+        "dtype": image.tensor.dtype.str,
+        "options": kept,
         "layout": image.layout.describe(),
     }
     if len(parts) > 1:
-        out["labels"] = {p.root: {"array_id": p.tensor.array_id, "content_version": p.tensor.content_version.hex(),
-                                  "dtype": p.tensor.dtype.str, "layout": p.layout.describe()} for p in parts[1:]}
+        out["labels"] = {
+            p.root: {
+                "array_id": p.tensor.array_id,
+                "content_version": p.tensor.content_version.hex(),
+                "dtype": p.tensor.dtype.str,
+                "layout": p.layout.describe(),
+            }
+            for p in parts[1:]
+        }
     return out
 
 
-def _plan(tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: ExportOptions,
-          policy: PyramidPolicy | None) -> list[_Part]:
+def _plan(
+    tensor: TensorAdapter, labels: Mapping[str, TensorAdapter], options: ExportOptions, policy: PyramidPolicy | None
+) -> list[_Part]:
     """The image's geometry, then each label image's on the image's levels, reduced with the
     labels' method (``mode``: ``--method`` is the image's), chunks and shards by axis name."""
-    layout = plan_layout(tensor, levels=options.levels, method=options.method, chunks=options.chunks,
-                         shards=options.shards, policy=policy)
+    layout = plan_layout(
+        tensor,
+        levels=options.levels,
+        method=options.method,
+        chunks=options.chunks,
+        shards=options.shards,
+        policy=policy,
+    )
     parts = [_Part("", tensor, layout)]
     for name in sorted(labels):
         label = labels[name]
-        parts.append(_Part(f"labels/{name}/", label, plan_layout(
-            label, scales=label_scales(tensor, layout, label), method=None,
-            chunks=label_shape_option(layout.axes, label, options.chunks),
-            shards=label_shape_option(layout.axes, label, options.shards))))
+        parts.append(
+            _Part(
+                f"labels/{name}/",
+                label,
+                plan_layout(
+                    label,
+                    scales=label_scales(tensor, layout, label),
+                    method=None,
+                    chunks=label_shape_option(layout.axes, label, options.chunks),
+                    shards=label_shape_option(layout.axes, label, options.shards),
+                ),
+            )
+        )
     check_file_count([p.layout for p in parts], sharded=options.zarr_format == 3)
     return parts
 
@@ -143,9 +170,15 @@ def export_tensor(
             summary = {"event": "done", "dest": str(staging.dest), "already_complete": True, "units_total": total}
             emit(summary)
             return summary
-        parts = [_Part(p.root, p.tensor, p.layout, tuple(open_levels(staging, p.layout, p.tensor.dtype, options.codec,
-                                                                      options.zarr_format, p.root)))
-                 for p in parts]
+        parts = [
+            _Part(
+                p.root,
+                p.tensor,
+                p.layout,
+                tuple(open_levels(staging, p.layout, p.tensor.dtype, options.codec, options.zarr_format, p.root)),
+            )
+            for p in parts
+        ]
         run = _Pass(parts, staging, engine or ReadEngine(), options, emit, cancelled or (lambda: False))
         run.stream()
         _write_metadata(staging, parts, run, options, name or tensor.array_id)
@@ -163,22 +196,34 @@ def _write_metadata(staging: Staging, parts: list[_Part], run: _Pass, options: E
 
     group = zarr.open_group(LocalStore(staging.path), mode="r+", zarr_format=options.zarr_format)
     image = parts[0]
-    group.attrs.update({**export_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")),
-                        **staging.export_marker()})
+    group.attrs.update(
+        {
+            **export_attributes(image.tensor, image.layout, name, options.ngff, run.channel_ranges("")),
+            **staging.export_marker(),
+        }
+    )
     if len(parts) == 1:
         return
     names = [p.root.split("/")[1] for p in parts[1:]]
     group["labels"].attrs.update(labels_attributes(names, options.ngff))
     for part, label_name in zip(parts[1:], names):
         group[part.root.rstrip("/")].attrs.update(
-            export_attributes(part.tensor, part.layout, label_name, options.ngff, label_of=True))
+            export_attributes(part.tensor, part.layout, label_name, options.ngff, label_of=True)
+        )
 
 
 class _Pass:
     """One export's streamed pass over its parts (state shared by the read and write sides)."""
 
-    def __init__(self, parts: list[_Part], staging: Staging, engine: ReadEngine, options: ExportOptions,
-                 emit: Progress, cancelled: Cancelled) -> None:
+    def __init__(
+        self,
+        parts: list[_Part],
+        staging: Staging,
+        engine: ReadEngine,
+        options: ExportOptions,
+        emit: Progress,
+        cancelled: Cancelled,
+    ) -> None:
         self.parts, self.staging = parts, staging
         self.engine, self.options, self.emit, self.cancelled = engine, options, emit, cancelled
         self.total = sum(p.layout.unit_count() for p in parts)
@@ -192,15 +237,30 @@ class _Pass:
     # ---- the pass ------------------------------------------------------------------------------
     def stream(self) -> None:
         image = self.parts[0].layout
-        self.emit({"event": "start", "dest": str(self.staging.dest), "staging": str(self.staging.path),
-                   "units_total": self.total, "units_resumed": self.resumed, "unit_bytes": image.unit_bytes(),
-                   **image.describe(), "labels": [p.root.split("/")[1] for p in self.parts[1:]]})
-        todo = ((part, i, ub) for part in self.parts for i, ub in enumerate(part.layout.units())
-                if (part.root, i) not in self.staging.done)
+        self.emit(
+            {
+                "event": "start",
+                "dest": str(self.staging.dest),
+                "staging": str(self.staging.path),
+                "units_total": self.total,
+                "units_resumed": self.resumed,
+                "unit_bytes": image.unit_bytes(),
+                **image.describe(),
+                "labels": [p.root.split("/")[1] for p in self.parts[1:]],
+            }
+        )
+        todo = (
+            (part, i, ub)
+            for part in self.parts
+            for i, ub in enumerate(part.layout.units())
+            if (part.root, i) not in self.staging.done
+        )
         reads: deque[Future] = deque()
         writes: deque[Callable[[], dict[str, Any]]] = deque()
-        with ThreadPoolExecutor(self.read_ahead, thread_name_prefix="export-read") as read_pool, \
-                ThreadPoolExecutor(self.options.workers, thread_name_prefix="export-write") as write_pool:
+        with (
+            ThreadPoolExecutor(self.read_ahead, thread_name_prefix="export-read") as read_pool,
+            ThreadPoolExecutor(self.options.workers, thread_name_prefix="export-write") as write_pool,
+        ):
             try:
                 self._pump(todo, reads, writes, read_pool, write_pool)
             except _Stopped:
@@ -255,26 +315,32 @@ class _Pass:
         """A unit's pixels at every level (level 0 first)."""
         self._checkpoint()
         data = self.engine.read(part.tensor, ub, (1,) * part.tensor.ndim)
-        blocks = unit_levels(data, [lv.scale for lv in part.layout.levels], part.layout.method,
-                             checkpoint=self._checkpoint)
+        blocks = unit_levels(
+            data, [lv.scale for lv in part.layout.levels], part.layout.method, checkpoint=self._checkpoint
+        )
         return part, index, ub, blocks
 
-    def _write_unit(self, pool: ThreadPoolExecutor, part: _Part, index: int, ub: Bounds,
-                    blocks: list[np.ndarray]) -> Callable[[], dict[str, Any]]:
+    def _write_unit(
+        self, pool: ThreadPoolExecutor, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray]
+    ) -> Callable[[], dict[str, Any]]:
         """Queue each file of the unit (every level) on the write pool, one job a file, so a
         large unit is encoded on every writer thread at once; return the call that waits for
         them and makes the unit's record line."""
-        jobs = [(key, pool.submit(self._write_file, level_files, key, data))
-                for lv, level_files, block in zip(part.layout.levels, part.files, blocks)
-                for key, data in block_files(level_files, part.layout, lv,
-                                             tuple(a // s for a, s in zip(ub.start, lv.scale)), block, part.root)]
+        jobs = [
+            (key, pool.submit(self._write_file, level_files, key, data))
+            for lv, level_files, block in zip(part.layout.levels, part.files, blocks)
+            for key, data in block_files(
+                level_files, part.layout, lv, tuple(a // s for a, s in zip(ub.start, lv.scale)), block, part.root
+            )
+        ]
         return lambda: self._unit_entry(part, index, ub, blocks, {key: job.result() for key, job in jobs})
 
     def _write_file(self, level_files: ChunkFiles, key: str, data: np.ndarray) -> list[int] | None:
         return self.staging.write_file(key, level_files.encode(data, self._checkpoint))
 
-    def _unit_entry(self, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray],
-                    files: dict[str, list[int] | None]) -> dict[str, Any]:
+    def _unit_entry(
+        self, part: _Part, index: int, ub: Bounds, blocks: list[np.ndarray], files: dict[str, list[int] | None]
+    ) -> dict[str, Any]:
         entry = {"unit": index, "files": files, "read": int(blocks[0].nbytes)}
         if part.root:
             entry["part"] = part.root
@@ -286,9 +352,15 @@ class _Pass:
         self.staging.commit_unit(entry)
         self.bytes_read += entry["read"]
         self.bytes_written += sum(f[0] for f in entry["files"].values() if f)
-        record = {"event": "unit", "unit": entry["unit"], "units_done": len(self.staging.done),
-                  "units_total": self.total, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
-                  "elapsed_s": round(time.monotonic() - self.t0, 3)}
+        record = {
+            "event": "unit",
+            "unit": entry["unit"],
+            "units_done": len(self.staging.done),
+            "units_total": self.total,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "elapsed_s": round(time.monotonic() - self.t0, 3),
+        }
         if entry.get("part"):
             record["part"] = entry["part"]
         self.emit(record)
@@ -306,11 +378,18 @@ class _Pass:
         return [found.get(i, [0.0, 0.0]) for i in range(max(found, default=-1) + 1)]
 
     def totals(self) -> dict[str, Any]:
-        return {"units_total": self.total, "units_resumed": self.resumed, "bytes_read": self.bytes_read,
-                "bytes_written": self.bytes_written, "elapsed_s": round(time.monotonic() - self.t0, 3),
-                "levels": [list(self.parts[0].layout.axes.out_shape(lv.shape)) for lv in self.parts[0].layout.levels],
-                "labels": {p.root.split("/")[1]: [list(p.layout.axes.out_shape(lv.shape)) for lv in p.layout.levels]
-                           for p in self.parts[1:]}}
+        return {
+            "units_total": self.total,
+            "units_resumed": self.resumed,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "elapsed_s": round(time.monotonic() - self.t0, 3),
+            "levels": [list(self.parts[0].layout.axes.out_shape(lv.shape)) for lv in self.parts[0].layout.levels],
+            "labels": {
+                p.root.split("/")[1]: [list(p.layout.axes.out_shape(lv.shape)) for lv in p.layout.levels]
+                for p in self.parts[1:]
+            },
+        }
 
 
 def _channel_range(layout: Layout, ub: Bounds, block: np.ndarray) -> list[list[float]]:

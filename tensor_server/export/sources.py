@@ -11,6 +11,7 @@ Which label images belong to an image is ``core.ngff.image_labels``' rule (the O
 uses the same one): label images that cannot sit beside the image are left out, with the
 reason in the ``skipped`` list the progress records carry.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
@@ -35,8 +36,13 @@ class ExportSource:
     skipped: list[dict[str, str]] = field(default_factory=list)
 
 
-def label_images(fields: Mapping[str, Any], image_field: str, image: TensorAdapter,
-                 default_field: str | None = None, describe: Any = None) -> ExportSource:
+def label_images(
+    fields: Mapping[str, Any],
+    image_field: str,
+    image: TensorAdapter,
+    default_field: str | None = None,
+    describe: Any = None,
+) -> ExportSource:
     """``image`` and its label images among a source's ``fields`` (``core.ngff.image_labels``)."""
     found = image_labels(fields, image_field, image, default_field, describe)
     return ExportSource(image, found.labels, found.skipped)
@@ -54,8 +60,9 @@ def _pick_local(source: Any, array_id: str | None) -> tuple[str, TensorAdapter]:
 
 
 @contextmanager
-def open_export_source(source: str, array_id: str | None = None, *, server: str | None = None,
-                       token: str | None = None) -> Iterator[ExportSource]:
+def open_export_source(
+    source: str, array_id: str | None = None, *, server: str | None = None, token: str | None = None
+) -> Iterator[ExportSource]:
     """The tensor to export (``array_id``: a field or array id of a local ``source``; with
     ``server``, ``source`` is the array id) and its label images."""
     if server is not None:

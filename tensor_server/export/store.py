@@ -26,6 +26,7 @@ the unit's files are fsynced, and fsynced itself. ``--resume`` trusts a unit onl
 every file it names still has that size and checksum; a torn last line or a changed file
 means the unit is written again, and the record is rewritten from the verified lines first.
 """
+
 from __future__ import annotations
 
 import errno
@@ -391,15 +392,20 @@ def _compressors(codec: str, zarr_format: ZarrFormat) -> Any:
         return ZstdCodec(level=3) if codec == "zstd" else BloscCodec(cname="zstd", clevel=5, shuffle="shuffle")
     import numcodecs
 
-    return numcodecs.Zstd(level=3) if codec == "zstd" else numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+    return (
+        numcodecs.Zstd(level=3)
+        if codec == "zstd"
+        else numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
+    )
 
 
 def _fill(dtype: np.dtype) -> Any:
     return False if dtype.kind == "b" else 0
 
 
-def open_levels(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, zarr_format: ZarrFormat,
-                root: str = "") -> list[ChunkFiles]:
+def open_levels(
+    staging: Staging, layout: Layout, dtype: np.dtype, codec: str, zarr_format: ZarrFormat, root: str = ""
+) -> list[ChunkFiles]:
     """The files of one array per level in the staging folder (under the group ``root``, ""
     or "labels/<name>/"): the arrays a resumed export made (same metadata, since the
     fingerprint matched), the others created."""
@@ -423,15 +429,23 @@ def open_levels(staging: Staging, layout: Layout, dtype: np.dtype, codec: str, z
             kw["dimension_names"] = list(layout.axes.out_labels)
         else:
             kw["chunk_key_encoding"] = {"name": "v2", "separator": "/"}
-        arrays.append(group.create_array(
-            lv.path, shape=out(lv.shape), dtype=dtype, chunks=out(lv.chunk), compressors=_compressors(codec, zarr_format),
-            fill_value=_fill(dtype), **kw,
-        ))
+        arrays.append(
+            group.create_array(
+                lv.path,
+                shape=out(lv.shape),
+                dtype=dtype,
+                chunks=out(lv.chunk),
+                compressors=_compressors(codec, zarr_format),
+                fill_value=_fill(dtype),
+                **kw,
+            )
+        )
     return [ChunkFiles(a) for a in arrays]
 
 
-def block_files(files: ChunkFiles, layout: Layout, level: Level, start: tuple[int, ...], block: np.ndarray,
-                root: str = "") -> list[tuple[str, np.ndarray]]:
+def block_files(
+    files: ChunkFiles, layout: Layout, level: Level, start: tuple[int, ...], block: np.ndarray, root: str = ""
+) -> list[tuple[str, np.ndarray]]:
     """The files (shards on v3, chunks on v2) a unit's (source-ordered) block of ``level`` (of
     the group ``root``) fills: each one's key relative to the staging folder and its part of
     the block, which ``files.encode`` turns into the file's bytes."""

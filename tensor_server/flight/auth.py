@@ -4,6 +4,7 @@ The middleware only records the presented token; the serving runtime decides, so
 stays open (the SDK's protocol check must work before the user's token is known to be right)
 while every other call requires the token when one is configured.
 """
+
 from __future__ import annotations
 
 import pyarrow.flight as flight
@@ -25,7 +26,7 @@ class TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
         for v in values:
             v = v.decode() if isinstance(v, bytes) else v
             if v.startswith("Bearer "):
-                presented = v[len("Bearer "):]
+                presented = v[len("Bearer ") :]
         return _TokenMiddleware(presented)
 
 

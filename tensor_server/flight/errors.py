@@ -6,6 +6,7 @@ retryability and the biopb SDK switches on it (``FlightUnavailableError`` is ret
 with an ``upload_*`` reason is the SDK's ``UploadRefused``). The precise code and reason
 travel in ``extra_info`` as JSON (wire-protocol §12).
 """
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,10 @@ class _SchemaUnimplemented(_SchemaRefusal, NotImplementedError):
 
 #: the Python classes pyarrow turns into these codes when a GetSchema handler raises them
 _SCHEMA_CLASS_BY_CODE: dict[str, type[_SchemaRefusal]] = {
-    "NOT_FOUND": _SchemaNotFound, "INVALID_ARGUMENT": _SchemaInvalid, "UNIMPLEMENTED": _SchemaUnimplemented}
+    "NOT_FOUND": _SchemaNotFound,
+    "INVALID_ARGUMENT": _SchemaInvalid,
+    "UNIMPLEMENTED": _SchemaUnimplemented,
+}
 
 
 def schema_error(exc: BaseException, request_id: str | None = None) -> Exception:

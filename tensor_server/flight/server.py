@@ -6,6 +6,7 @@ messages; every error leaves through ``flight_error`` (``flight/errors.py``). No
 here: auth, the upload gate, limits and the action list are the runtime's, so they hold on
 every door. Handlers run concurrently on gRPC's thread pool and hold no per-call state.
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,11 +67,11 @@ class _ClientGone:
         return self._gone
 
 
-def _translated(call: str, translate: Callable[[BaseException, str], Exception] = flight_error
-                ) -> Callable[[F], F]:
+def _translated(call: str, translate: Callable[[BaseException, str], Exception] = flight_error) -> Callable[[F], F]:
     """The handler of Flight verb ``call``: one request (its id, count, latency and log
     line: ``service/metrics.py``), and every error leaves as ``translate`` makes it (the
     Flight error of its class), naming the request."""
+
     def deco(fn: F) -> F:
         @functools.wraps(fn)
         def wrapper(self: TensorFlightServer, *args: Any, **kwargs: Any) -> Any:
@@ -84,6 +85,7 @@ def _translated(call: str, translate: Callable[[BaseException, str], Exception] 
                 self.runtime.metrics.end(rq)
 
         return wrapper  # type: ignore[return-value]
+
     return deco
 
 
@@ -106,8 +108,11 @@ class TensorFlightServer(flight.FlightServerBase):
         tls = runtime.tls  # the server's certificate (service/tls.py), or None: plaintext
         self.scheme = "grpc+tls" if tls is not None else "grpc"
         certificates = [flight.CertKeyPair(cert=tls.cert_pem, key=tls.key_pem)] if tls is not None else None
-        super().__init__(f"{self.scheme}://{host}:{port}", middleware={"auth": TokenMiddlewareFactory()},
-                         tls_certificates=certificates)
+        super().__init__(
+            f"{self.scheme}://{host}:{port}",
+            middleware={"auth": TokenMiddlewareFactory()},
+            tls_certificates=certificates,
+        )
         runtime.flight_listening(host, self.port)
 
     @property
@@ -136,16 +141,22 @@ class TensorFlightServer(flight.FlightServerBase):
         if request.WhichOneof("request") != "tensor_read":
             raise InvalidArgument("GetFlightInfo: the FlightRequest carries no tensor_read")
         option = request.tensor_read
-        described = self.runtime.describe(caller, option.array_id, region=request_region(option),
-                                          scale=list(option.scale_hint), method=option.reduction_method,
-                                          fields=option.fields.paths)
+        described = self.runtime.describe(
+            caller,
+            option.array_id,
+            region=request_region(option),
+            scale=list(option.scale_hint),
+            method=option.reduction_method,
+            fields=option.fields.paths,
+        )
         return described_flight_info(described, self.runtime.policy, option.SerializeToString())
 
     def _sources_info(self, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
         path = [p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in descriptor.path]
         if path != _SOURCES_PATH:
-            raise TensorNotFound(f"unknown flight path {path[:4]!r}; the catalog is at {_SOURCES_PATH}",
-                                 slug="unknown_flight_path")
+            raise TensorNotFound(
+                f"unknown flight path {path[:4]!r}; the catalog is at {_SOURCES_PATH}", slug="unknown_flight_path"
+            )
         ticket = ticket_pb2.TensorTicket(catalog_query=descriptor_pb2.CatalogQuery(sql="SELECT * FROM sources"))
         endpoint = flight.FlightEndpoint(ticket.SerializeToString(), [])
         return flight.FlightInfo(sources_schema(), descriptor, [endpoint], -1, -1)
@@ -157,8 +168,10 @@ class TensorFlightServer(flight.FlightServerBase):
         criteria: there is nothing to filter."""
         self.runtime.authenticate(self._caller(context))
         if criteria:
-            raise InvalidArgument(f"ListFlights takes no criteria (got {len(criteria)} bytes): it lists the one "
-                                  f"table, {_SOURCES_PATH}; send empty criteria")
+            raise InvalidArgument(
+                f"ListFlights takes no criteria (got {len(criteria)} bytes): it lists the one "
+                f"table, {_SOURCES_PATH}; send empty criteria"
+            )
         return iter([self._sources_info(flight.FlightDescriptor.for_path(*_SOURCES_PATH))])
 
     @_translated("GetSchema", schema_error)
@@ -169,10 +182,14 @@ class TensorFlightServer(flight.FlightServerBase):
         if descriptor.descriptor_type != flight.DescriptorType.PATH:
             request = decode_message(descriptor_pb2.FlightRequest, descriptor.command, "GetSchema")
             if request.WhichOneof("request") != "tensor_read":
-                raise InvalidArgument("GetSchema: the command is no FlightRequest with a tensor_read; GetSchema "
-                                      f"answers the catalog table's path {_SOURCES_PATH}")
-            raise Unimplemented("GetSchema answers the catalog table's path ['sources']; a tensor's schema is "
-                                "the chunk schema of its plan (GetFlightInfo)")
+                raise InvalidArgument(
+                    "GetSchema: the command is no FlightRequest with a tensor_read; GetSchema "
+                    f"answers the catalog table's path {_SOURCES_PATH}"
+                )
+            raise Unimplemented(
+                "GetSchema answers the catalog table's path ['sources']; a tensor's schema is "
+                "the chunk schema of its plan (GetFlightInfo)"
+            )
         return flight.SchemaResult(self._sources_info(descriptor).schema)
 
     # ---- DoGet ----------------------------------------------------------------------------------
@@ -227,9 +244,9 @@ class TensorFlightServer(flight.FlightServerBase):
     def do_action(self, context, action):
         from tensor_server.service.actions import find_action
 
-        results = self.runtime.do_action(action.type, action.body.to_pybytes(), self._caller(context),
-                                         _ClientGone(context.is_cancelled))
+        results = self.runtime.do_action(
+            action.type, action.body.to_pybytes(), self._caller(context), _ClientGone(context.is_cancelled)
+        )
         if find_action(self.runtime, action.type).streams:
             return _streamed(iter(results), current_request().id)
         return iter([flight.Result(body) for body in results])
-

@@ -3,6 +3,7 @@
 Message classes come from the biopb SDK's generated modules, never redefined here, so the
 bytes are the SDK's own.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -156,12 +157,25 @@ def described_flight_info(described: Any, policy: PyramidPolicy | None, request_
     up = described.upload
     if described.tensor is None:
         t = up.tensor
-        desc = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape), dtype=wire_dtype(t.dtype),
-                                               dim_labels=list(t.dim_labels), chunk_shape=list(t.chunk_shape))
+        desc = descriptor_pb2.TensorDescriptor(
+            array_id=up.array_id,
+            shape=list(t.shape),
+            dtype=wire_dtype(t.dtype),
+            dim_labels=list(t.dim_labels),
+            chunk_shape=list(t.chunk_shape),
+        )
         desc.upload_status.CopyFrom(status_message(up))
         return plan_flight_info(desc, None, request_bytes)
-    desc = describe_descriptor(described.tensor, described.echo, set(described.fields), described.plan,
-                               described.had_slice, described.metadata_json, policy, described.is_resident)
+    desc = describe_descriptor(
+        described.tensor,
+        described.echo,
+        set(described.fields),
+        described.plan,
+        described.had_slice,
+        described.metadata_json,
+        policy,
+        described.is_resident,
+    )
     if up is not None:
         desc.upload_status.CopyFrom(status_message(up))
     return plan_flight_info(desc, described.plan if described.wants_endpoints else None, request_bytes)

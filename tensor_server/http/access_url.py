@@ -13,6 +13,7 @@ bookmark, a script or a viewer URL outlives a restart (issue 40: a per-run token
 all). ``--rotate-http-token``, or deleting the file, makes a new one; so does a file other
 users can read (the token may have leaked) or one that does not hold a token.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,17 @@ from pathlib import Path
 
 from tensor_server.http.security import TOKEN_PATH_PREFIX
 
-__all__ = ["viewer_url", "page_url", "write_url_file", "read_url_file", "url_file", "door_security",
-           "mint_access_token", "stored_access_token", "token_file"]
+__all__ = [
+    "viewer_url",
+    "page_url",
+    "write_url_file",
+    "read_url_file",
+    "url_file",
+    "door_security",
+    "mint_access_token",
+    "stored_access_token",
+    "token_file",
+]
 
 #: what a kept token may be: ``mint_access_token``'s alphabet, long enough to be unguessable
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}")
@@ -128,8 +138,7 @@ def _kept_token(path: Path) -> tuple[str | None, str]:
     return kept, ""
 
 
-def door_security(runtime, *, access_token: str | None, bind_host: str, sans=(), allowed_hosts=(),
-                  cors_origins=()):
+def door_security(runtime, *, access_token: str | None, bind_host: str, sans=(), allowed_hosts=(), cors_origins=()):
     """The HttpSecurity of a server's HTTP door: its access token (or the server's
     ``--token``) on every request, any other credential of the runtime (a tensor's grant)
     let through for the runtime to judge. Host names allowed beyond loopback: the host's own
@@ -140,5 +149,9 @@ def door_security(runtime, *, access_token: str | None, bind_host: str, sans=(),
 
     dns, ips = host_names(sans)
     hosts = [*dns, *ips, *allowed_hosts] + ([bind_host] if bind_host not in ("0.0.0.0", "::", "") else [])
-    return HttpSecurity.build(tokens=[access_token, runtime.settings.token], allowed_hosts=hosts,
-                              cors_origins=cors_origins, recognizes=runtime.access.recognizes)
+    return HttpSecurity.build(
+        tokens=[access_token, runtime.settings.token],
+        allowed_hosts=hosts,
+        cors_origins=cors_origins,
+        recognizes=runtime.access.recognizes,
+    )

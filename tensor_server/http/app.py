@@ -17,6 +17,7 @@ loop never blocks. Responses carry an ``ETag`` from the content version and ``Ca
 no-cache`` (clients may keep bytes but must revalidate: the file can change);
 ``If-None-Match`` answers 304, ``Range`` answers 206, HEAD is answered without a body.
 """
+
 from __future__ import annotations
 
 import copy
@@ -73,8 +74,9 @@ class _Views:
 
         with timing("lookup"):
             try:
-                image, rest = resolve_zarr_path(segments, zarr_format,
-                                                lambda aid: self.runtime.catalog.find_tensor(aid)[0], image_of)
+                image, rest = resolve_zarr_path(
+                    segments, zarr_format, lambda aid: self.runtime.catalog.find_tensor(aid)[0], image_of
+                )
             except TensorNotFound:
                 self.runtime.refuse_unknown(caller)
                 raise
@@ -135,8 +137,12 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
         """The credential the security middleware checked (nothing else of the request), and
         whether this door asked for one (then a grant reads its own tensor only)."""
         peer = request.client.host if request.client else ""
-        return Caller(token=request.scope.get(CREDENTIAL_KEY), peer=peer, door="http",
-                      door_requires_credential=requires_credential)
+        return Caller(
+            token=request.scope.get(CREDENTIAL_KEY),
+            peer=peer,
+            door="http",
+            door_requires_credential=requires_credential,
+        )
 
     def respond(request: Request, body: bytes | memoryview, media_type: str, etag: str) -> Response:
         headers = {"ETag": etag, "Cache-Control": "no-cache", "Accept-Ranges": "bytes"}
@@ -156,8 +162,9 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     async def serve(request: Request) -> Response:
         zarr_format = FLAVOURS.get(request.path_params["flavour"])
         if zarr_format is None:
-            return PlainTextResponse("not found: use /zarr/<array_id>/ (NGFF 0.4) or /zarr3/<array_id>/ (NGFF 0.5)",
-                                     status_code=404)
+            return PlainTextResponse(
+                "not found: use /zarr/<array_id>/ (NGFF 0.4) or /zarr3/<array_id>/ (NGFF 0.5)", status_code=404
+            )
         segments = [s for s in request.path_params["rest"].split("/") if s != ""]
         caller = caller_of(request)
         try:
@@ -182,22 +189,28 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
             return image, rest, None
         return image, rest, (level, key, _chunk_bytes(caller, image, level, cid, zarr_format))
 
-    def _chunk_response(request: Request, image: ZarrImage, level: ZarrLevel, key: tuple[int, ...],
-                        body: memoryview) -> Response:
+    def _chunk_response(
+        request: Request, image: ZarrImage, level: ZarrLevel, key: tuple[int, ...], body: memoryview
+    ) -> Response:
         calls["chunks"] += 1
         tag = image.tensor.content_version.hex()
         return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
 
-    async def _dispatch(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
-                        ) -> Response:
+    async def _dispatch(
+        request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
+    ) -> Response:
         version = NGFF_OF_FORMAT[zarr_format]
         tag = image.tensor.content_version.hex()
         if rest and rest[0] == "labels" and not image.is_label_of:
             return await _labels(request, caller, image, rest[1:], zarr_format)
         if not rest:
             image = await run_in_threadpool(views.labelled, image, caller)
-            doc = {"ngff": version, "array_id": image.tensor.array_id, "levels": [lv.path for lv in image.levels],
-                   "labels": sorted(image.labels)}
+            doc = {
+                "ngff": version,
+                "array_id": image.tensor.array_id,
+                "levels": [lv.path for lv in image.levels],
+                "labels": sorted(image.labels),
+            }
             return respond(request, dumps(doc), _JSON, f'"{tag}-index"')
         meta = _metadata(image, rest, zarr_format, version)
         if meta is not None:
@@ -216,8 +229,9 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
         with timing("encode"):
             return image.encode_chunk(level, data, zarr_format)
 
-    async def _labels(request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
-                      ) -> Response:
+    async def _labels(
+        request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
+    ) -> Response:
         version = NGFF_OF_FORMAT[zarr_format]
         tag = image.tensor.content_version.hex()
         if rest in ([".zattrs"], []) and zarr_format == 2 or rest == ["zarr.json"] and zarr_format == 3:
@@ -233,11 +247,15 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
         label_view = ZarrImage(label, name=rest[0], policy=image.policy, label_of=image)
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 
-    routes = [*viewer_routes(RuntimeViewerProvider(runtime, door_requires_credential=requires_credential)),
-              Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
-              Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"])]
-    middleware = [Middleware(Observed, metrics=runtime.metrics),
-                  Middleware(SecurityMiddleware, security=security, calls=calls)]
+    routes = [
+        *viewer_routes(RuntimeViewerProvider(runtime, door_requires_credential=requires_credential)),
+        Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
+        Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"]),
+    ]
+    middleware = [
+        Middleware(Observed, metrics=runtime.metrics),
+        Middleware(SecurityMiddleware, security=security, calls=calls),
+    ]
     app = Starlette(routes=routes, middleware=middleware)
     app.state.calls = calls
     return app
@@ -250,8 +268,10 @@ def _door_security(runtime: ServingRuntime, security: HttpSecurity | None) -> Ht
     if security.recognizes is None:
         security = replace(security, recognizes=runtime.access.recognizes)
     if any(not runtime.access.full(Caller(token=t)) for t in security.tokens):
-        raise ValueError("the HTTP door's tokens must be full-access credentials of its runtime "
-                         "(the server token, or ServingRuntime(access_tokens=...))")
+        raise ValueError(
+            "the HTTP door's tokens must be full-access credentials of its runtime "
+            "(the server token, or ServingRuntime(access_tokens=...))"
+        )
     return security
 
 
@@ -281,10 +301,15 @@ class Observed:
                 rq.status = message["status"]
                 if rq.code == "OK":  # a refusal made without raising (the security middleware's)
                     rq.code = code_of_http_status(rq.status)
-                message = {**message, "headers": [*message.get("headers", ()),
-                                                  (b"server-timing", rq.server_timing().encode()),
-                                                  (b"timing-allow-origin", b"*"),
-                                                  (b"x-request-id", rq.id.encode())]}
+                message = {
+                    **message,
+                    "headers": [
+                        *message.get("headers", ()),
+                        (b"server-timing", rq.server_timing().encode()),
+                        (b"timing-allow-origin", b"*"),
+                        (b"x-request-id", rq.id.encode()),
+                    ],
+                }
             elif message["type"] == "http.response.body":
                 rq.nbytes += len(message.get("body", b""))
             await send(message)
@@ -325,8 +350,13 @@ def route_class(path: str) -> str:
     last = segments[-1]
     if last in _ZARR_METADATA:
         return "zarr_metadata"
-    if flavour == "zarr" and last.replace(".", "").isdigit() or flavour == "zarr3" and "c" in segments \
-            and last.isdigit():
+    if (
+        flavour == "zarr"
+        and last.replace(".", "").isdigit()
+        or flavour == "zarr3"
+        and "c" in segments
+        and last.isdigit()
+    ):
         return "zarr_chunk"
     return "zarr_other"
 
@@ -466,19 +496,35 @@ class HttpFrontEnd:
     """uvicorn serving ``build_app(...)`` on ``host:port`` in a background thread; each
     request's headers must arrive within ``header_seconds``."""
 
-    def __init__(self, app: Any, host: str, port: int, *, tls: Any = None,
-                 header_seconds: float = HEADER_SECONDS, parser: str | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        *,
+        tls: Any = None,
+        header_seconds: float = HEADER_SECONDS,
+        parser: str | None = None,
+    ) -> None:
         """``tls``: a ``service.tls.ServerTls`` to serve HTTPS with (its files on disk);
         ``parser``: one of ``PARSERS`` (default httptools, the faster in ``bench http``)."""
         import uvicorn
 
         self.app = app
-        self._server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                     lifespan="off", access_log=False,
-                                                     ssl_certfile=None if tls is None else str(tls.cert_path),
-                                                     ssl_keyfile=None if tls is None else str(tls.key_path),
-                                                     timeout_graceful_shutdown=SHUTDOWN_SECONDS,
-                                                     http=_header_deadline_protocol(header_seconds, parser or "httptools")))
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                ssl_certfile=None if tls is None else str(tls.cert_path),
+                ssl_keyfile=None if tls is None else str(tls.key_path),
+                timeout_graceful_shutdown=SHUTDOWN_SECONDS,
+                http=_header_deadline_protocol(header_seconds, parser or "httptools"),
+            )
+        )
         self.scheme = "https" if tls is not None else "http"
         self._thread = threading.Thread(target=self._server.run, name="http-front-end", daemon=True)
         self.host = host

@@ -23,6 +23,7 @@ written into a page's script. The pages run no inline script (their
 ``Content-Security-Policy`` allows only the server's own files): the viewer's options travel
 as JSON in a ``<script type="application/json">`` element that the served ``pages.js`` reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,11 +46,13 @@ API_CATALOG = "/api/catalog"
 #: the pages' own files, served at ``/assets/page/<name>`` (a policy of ``script-src 'self'``
 #: runs no inline script, ``style-src 'self'`` applies no inline style)
 PAGE_ASSETS_PREFIX = "/assets/page/"
-_STYLE = ("body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse}"
-          "td,th{border-bottom:1px solid #ddd;padding:.4em .6em;vertical-align:top;text-align:left}"
-          "img.thumb{max-width:160px;max-height:160px;background:#000}code,pre{background:#f4f4f4}"
-          "pre{padding:.4em;margin:.2em 0;white-space:pre-wrap}.urls a{display:block}"
-          "html.viewer,html.viewer body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}")
+_STYLE = (
+    "body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse}"
+    "td,th{border-bottom:1px solid #ddd;padding:.4em .6em;vertical-align:top;text-align:left}"
+    "img.thumb{max-width:160px;max-height:160px;background:#000}code,pre{background:#f4f4f4}"
+    "pre{padding:.4em;margin:.2em 0;white-space:pre-wrap}.urls a{display:block}"
+    "html.viewer,html.viewer body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}"
+)
 _SCRIPT = """"use strict";
 (function () {
   var options = document.getElementById("viewer-options");
@@ -63,8 +66,7 @@ _SCRIPT = """"use strict";
 """
 _PAGE_ASSETS = {"pages.js": (_SCRIPT, "text/javascript"), "pages.css": (_STYLE, "text/css")}
 #: what JSON escapes further inside HTML: no ``</script>``, ``<!--``, entity or line terminator
-_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
-                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
 def script_json(value: Any) -> str:
@@ -78,9 +80,11 @@ def _page(title: str, body: str, html_class: str = "") -> str:
     """A whole page: ``title`` (plain text, escaped here), ``body`` (HTML), the pages' own
     style sheet and script."""
     html = f'<html class="{escape(html_class)}">' if html_class else "<html>"
-    return (f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
-            f'<link rel="stylesheet" href="{PAGE_ASSETS_PREFIX}pages.css">{body}'
-            f'<script src="{PAGE_ASSETS_PREFIX}pages.js"></script>')
+    return (
+        f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
+        f'<link rel="stylesheet" href="{PAGE_ASSETS_PREFIX}pages.css">{body}'
+        f'<script src="{PAGE_ASSETS_PREFIX}pages.js"></script>'
+    )
 
 
 def osd_dir() -> Path:
@@ -109,8 +113,11 @@ def _door_urls(tensor: Any, prefix: str) -> list[tuple[str, str]]:
     aid = quote(tensor.array_id, safe="/")
     urls = [("OME-Zarr v2 (NGFF 0.4)", f"{prefix}/zarr/{aid}/"), ("OME-Zarr v3 (NGFF 0.5)", f"{prefix}/zarr3/{aid}/")]
     if tensor.ndim >= 2:
-        urls += [("IIIF info.json", f"{prefix}/iiif/3/{aid}/info.json"),
-                 ("DeepZoom .dzi", f"{prefix}/deepzoom/{aid}.dzi"), ("viewer (OpenSeadragon)", f"{prefix}/view/{aid}")]
+        urls += [
+            ("IIIF info.json", f"{prefix}/iiif/3/{aid}/info.json"),
+            ("DeepZoom .dzi", f"{prefix}/deepzoom/{aid}.dzi"),
+            ("viewer (OpenSeadragon)", f"{prefix}/view/{aid}"),
+        ]
     return urls
 
 
@@ -121,24 +128,32 @@ def _tensor_row(provider: Any, served: Any, token: str | None, host: str, prefix
     if tensor.ndim >= 2:
         plane = PlaneView.of(tensor, {}, provider.policy)
         size = "max" if max(plane.width, plane.height) <= THUMBNAIL else f"!{THUMBNAIL},{THUMBNAIL}"
-        thumb = (f'<img class="thumb" alt="thumbnail of {escape(served.listed_id)}" src="'
-                 f'{escape(f"/iiif/3/{aid}/full/{size}/0/default.jpg")}">')
+        thumb = (
+            f'<img class="thumb" alt="thumbnail of {escape(served.listed_id)}" src="'
+            f'{escape(f"/iiif/3/{aid}/full/{size}/0/default.jpg")}">'
+        )
     levels = grid_levels(tensor, provider.policy)
-    level_text = "<br>".join(escape(f"{lv.path}: {'×'.join(map(str, lv.shape))} "
-                                    f"({lv.method if lv.index else 'full resolution'})") for lv in levels)
+    level_text = "<br>".join(
+        escape(f"{lv.path}: {'×'.join(map(str, lv.shape))} ({lv.method if lv.index else 'full resolution'})")
+        for lv in levels
+    )
     links = "".join(f'<a href="{escape(u)}">{escape(name)}</a>' for name, u in _door_urls(tensor, prefix))
     location = provider.flight_location(host)
     sdk = ""  # no Flight door listens: nothing to paste
     if location is not None:
         tok = f", token={token!r}" if token else ""  # for the user to copy: HTML text, escaped below
-        snippet = (f"from biopb.tensor import TensorFlightClient\n"
-                   f"client = TensorFlightClient({location!r}{tok})\n"
-                   f"data = client.get_tensor({served.listed_id!r}).compute()")
+        snippet = (
+            f"from biopb.tensor import TensorFlightClient\n"
+            f"client = TensorFlightClient({location!r}{tok})\n"
+            f"data = client.get_tensor({served.listed_id!r}).compute()"
+        )
         sdk = f'<pre>{escape(snippet)}</pre><button class="copy">copy</button>'
-    return (f"<tr><td>{thumb}</td><td><b>{escape(served.listed_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
-            f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
-            f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
-            f'<td class="urls">{links}{sdk}</td></tr>')
+    return (
+        f"<tr><td>{thumb}</td><td><b>{escape(served.listed_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
+        f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
+        f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
+        f'<td class="urls">{links}{sdk}</td></tr>'
+    )
 
 
 def _folder_link(key: str, prefix: str = "") -> str:
@@ -151,8 +166,10 @@ def _source_html(provider: Any, source: dict[str, Any], token: str | None, host:
     if source["unresolved_reason"] is not None:
         return f'{head}<p class="unresolved">cannot be read: {escape(source["unresolved_reason"])}</p>'
     rows = "".join(_tensor_row(provider, t, token, host, prefix) for t in source["tensors"])
-    return (f"{head}<table><tr><th></th><th>tensor</th><th>physical size</th><th>levels</th><th>doors</th></tr>"
-            f"{rows}</table>")
+    return (
+        f"{head}<table><tr><th></th><th>tensor</th><th>physical size</th><th>levels</th><th>doors</th></tr>"
+        f"{rows}</table>"
+    )
 
 
 def catalog_html(provider: Any, key: str, token: str | None, host: str, prefix: str = "") -> str:
@@ -163,12 +180,17 @@ def catalog_html(provider: Any, key: str, token: str | None, host: str, prefix: 
     crumbs = [f'<a href="{escape(prefix)}/">catalog</a>']
     parts = [p for p in key.split("/") if p]
     for i in range(len(parts)):
-        crumbs.append(f'<a href="{_folder_link("/".join(parts[:i + 1]), prefix)}">{escape(parts[i])}</a>')
+        crumbs.append(f'<a href="{_folder_link("/".join(parts[: i + 1]), prefix)}">{escape(parts[i])}</a>')
     body = [f"<h1>tensor-server</h1><p>{' / '.join(crumbs)}</p>"]
     if level["folders"]:
-        body.append("<h2>Folders</h2><ul>" + "".join(
-            f'<li><a class="folder" href="{_folder_link(f["key"], prefix)}">{escape(f["name"])}/</a></li>'
-            for f in level["folders"]) + "</ul>")
+        body.append(
+            "<h2>Folders</h2><ul>"
+            + "".join(
+                f'<li><a class="folder" href="{_folder_link(f["key"], prefix)}">{escape(f["name"])}/</a></li>'
+                for f in level["folders"]
+            )
+            + "</ul>"
+        )
     body += [_source_html(provider, source, token, host, prefix) for source in level["sources"]]
     if level["truncated"]:
         body.append("<p>(more entries than one page lists)</p>")
@@ -186,13 +208,23 @@ def catalog_json(provider: Any, key: str, prefix: str = "") -> dict[str, Any]:
 
     def tensor_json(served: Any) -> dict[str, Any]:
         t = served.tensor
-        return {**served.row, "is_labels": bool(t.is_labels),
-                "physical_scale": list(t.physical_scale) if t.physical_scale else None,
-                "physical_unit": list(t.physical_unit) if t.physical_unit else None,
-                "urls": {name: url for name, url in _door_urls(t, prefix)}}
+        return {
+            **served.row,
+            "is_labels": bool(t.is_labels),
+            "physical_scale": list(t.physical_scale) if t.physical_scale else None,
+            "physical_unit": list(t.physical_unit) if t.physical_unit else None,
+            "urls": {name: url for name, url in _door_urls(t, prefix)},
+        }
 
-    sources = [{"name": s["name"], "source_id": s["source_id"], "unresolved_reason": s["unresolved_reason"],
-                "tensors": [tensor_json(t) for t in s["tensors"]]} for s in level["sources"]]
+    sources = [
+        {
+            "name": s["name"],
+            "source_id": s["source_id"],
+            "unresolved_reason": s["unresolved_reason"],
+            "tensors": [tensor_json(t) for t in s["tensors"]],
+        }
+        for s in level["sources"]
+    ]
     return {"key": level["key"], "folders": level["folders"], "sources": sources, "truncated": level["truncated"]}
 
 
@@ -201,20 +233,34 @@ def viewer_html(identifier: str, source: str) -> str:
     credential in the page (the tiles are admitted by the door's cookie)."""
     aid = quote(identifier, safe="/;=")
     if not (osd_dir() / "openseadragon.min.js").is_file():
-        return _page("viewer", "<p>The zoomable viewer needs OpenSeadragon, which is not installed. Run "
-                     "<code>make viewer-assets</code> in the tensor-server checkout (it runs <code>npm install "
-                     "openseadragon</code> into <code>.viewer-assets/</code>), or point <code>TENSOR_SERVER_OSD_DIR"
-                     "</code> at OpenSeadragon's <code>build/openseadragon</code> folder, then "
-                     f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>")
+        return _page(
+            "viewer",
+            "<p>The zoomable viewer needs OpenSeadragon, which is not installed. Run "
+            "<code>make viewer-assets</code> in the tensor-server checkout (it runs <code>npm install "
+            "openseadragon</code> into <code>.viewer-assets/</code>), or point <code>TENSOR_SERVER_OSD_DIR"
+            "</code> at OpenSeadragon's <code>build/openseadragon</code> folder, then "
+            f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>",
+        )
     tile_source = f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json"
     # timeout/retries: a cold coarse tile of a large image with no pyramid is a reduction of the
     # whole image (2.4-2.9 s for 32768² on an idle 2-core machine, several times that under
     # load), longer than OpenSeadragon's 30 s default allows on a busy server; a tile it gives
     # up on is never drawn and never retried (tileRetryMax 0)
-    options = {"id": "osd", "prefixUrl": "/assets/openseadragon/images/", "tileSources": tile_source,
-               "showNavigator": True, "crossOriginPolicy": "Anonymous", "timeout": 300_000, "tileRetryMax": 2}
-    return _page(identifier, '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
-                 f'<script type="application/json" id="viewer-options">{script_json(options)}</script>', "viewer")
+    options = {
+        "id": "osd",
+        "prefixUrl": "/assets/openseadragon/images/",
+        "tileSources": tile_source,
+        "showNavigator": True,
+        "crossOriginPolicy": "Anonymous",
+        "timeout": 300_000,
+        "tileRetryMax": 2,
+    }
+    return _page(
+        identifier,
+        '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
+        f'<script type="application/json" id="viewer-options">{script_json(options)}</script>',
+        "viewer",
+    )
 
 
 def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
@@ -227,8 +273,14 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
 
     async def catalog(request: Any) -> Any:
         key = request.query_params.get("folder", "")[:4096]
-        html = await run_in_threadpool(catalog_html, provider, key, presented_token(request),
-                                       request.url.hostname or "127.0.0.1", token_path(request))
+        html = await run_in_threadpool(
+            catalog_html,
+            provider,
+            key,
+            presented_token(request),
+            request.url.hostname or "127.0.0.1",
+            token_path(request),
+        )
         return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
 
     async def catalog_api(request: Any) -> Any:
@@ -244,12 +296,15 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
     async def page_asset(request: Any) -> Any:
         asset = _PAGE_ASSETS.get(request.path_params["name"])
         if asset is None:
-            return PlainTextResponse(f"not found: the pages' files are {', '.join(sorted(_PAGE_ASSETS))}",
-                                     status_code=404)
+            return PlainTextResponse(
+                f"not found: the pages' files are {', '.join(sorted(_PAGE_ASSETS))}", status_code=404
+            )
         return Response(asset[0], media_type=asset[1], headers={"Cache-Control": "no-cache"})
 
-    return [Route("/", guarded(provider, catalog), methods=["GET", "HEAD"]),
-            Route(API_CATALOG, guarded(provider, catalog_api), methods=["GET", "HEAD"]),
-            Route("/view/{identifier:path}", guarded(provider, view), methods=["GET", "HEAD"]),
-            Route(PAGE_ASSETS_PREFIX + "{name}", page_asset, methods=["GET", "HEAD"]),
-            Mount("/assets/openseadragon", StaticFiles(directory=str(osd_dir()), check_dir=False))]
+    return [
+        Route("/", guarded(provider, catalog), methods=["GET", "HEAD"]),
+        Route(API_CATALOG, guarded(provider, catalog_api), methods=["GET", "HEAD"]),
+        Route("/view/{identifier:path}", guarded(provider, view), methods=["GET", "HEAD"]),
+        Route(PAGE_ASSETS_PREFIX + "{name}", page_asset, methods=["GET", "HEAD"]),
+        Mount("/assets/openseadragon", StaticFiles(directory=str(osd_dir()), check_dir=False)),
+    ]

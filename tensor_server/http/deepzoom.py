@@ -4,6 +4,7 @@
 ``<identifier>`` is an array id with an optional plane selection, as for IIIF
 (``render.plane``). The geometry is ``render.deepzoom``, the pixels ``render.image``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,15 +31,16 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
 
     async def serve(request: Any) -> Any:
         raw = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
-        rest = unquote(raw[raw.find(PREFIX) + len(PREFIX):])
+        rest = unquote(raw[raw.find(PREFIX) + len(PREFIX) :])
         headers = {"Cache-Control": "no-cache"}
         if rest.endswith(".dzi"):
-            view = await run_in_threadpool(renderer.view, *split_identifier(rest[:-len(".dzi")]))
+            view = await run_in_threadpool(renderer.view, *split_identifier(rest[: -len(".dzi")]))
             fmt = request.query_params.get("format", "jpg")
             if fmt not in formats:
                 raise InvalidArgument(f"format {fmt[:20]!r} is not offered; use one of {formats}")
-            return Response(deepzoom.dzi_xml(view.width, view.height, fmt), media_type="application/xml",
-                            headers=headers)
+            return Response(
+                deepzoom.dzi_xml(view.width, view.height, fmt), media_type="application/xml", headers=headers
+            )
         path = deepzoom.parse_tile_path(rest)
         if path.format not in formats:
             raise InvalidArgument(f"format {path.format[:20]!r} is not offered; use one of {formats}")

@@ -1,5 +1,6 @@
 """The HTTP translation of the error taxonomy (``tensor_server/errors.py``): one function, for
 every HTTP route (the OME-Zarr view, IIIF, DeepZoom, the catalog page)."""
+
 from __future__ import annotations
 
 import logging
@@ -28,5 +29,6 @@ def error_response(exc: BaseException, request_id: str | None = None) -> Any:
         headers["Retry-After"] = str(max(1, int(exc.retry_after)))
     if exc.http_status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return PlainTextResponse(f"{exc.slug}: {bounded_message(str(exc))}{tail}", status_code=exc.http_status,
-                             headers=headers)
+    return PlainTextResponse(
+        f"{exc.slug}: {bounded_message(str(exc))}{tail}", status_code=exc.http_status, headers=headers
+    )

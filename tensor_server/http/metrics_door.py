@@ -14,6 +14,7 @@ every scrape when the server has one (``Authorization: Bearer``, as Prometheus'
 ``authorization`` scrape setting sends it). The listener serves HTTPS with the server's
 certificate when the server has one, as every door does.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -48,31 +49,41 @@ def build_metrics_app(runtime: ServingRuntime):  # -> starlette.applications.Sta
 
     async def scrape(request: Request) -> Response:
         header = request.headers.get("authorization", "")
-        token = header[len("Bearer "):] if header.startswith("Bearer ") else None
+        token = header[len("Bearer ") :] if header.startswith("Bearer ") else None
         peer = request.client.host if request.client else ""
         # the collectors read the catalog, the cache and /proc: off the event loop
-        status, headers, body = await run_in_threadpool(_answer, runtime, token, peer, request.url.path,
-                                                        request.headers.get("accept"))
+        status, headers, body = await run_in_threadpool(
+            _answer, runtime, token, peer, request.url.path, request.headers.get("accept")
+        )
         return Response(body, status_code=status, headers=headers)
 
-    return Starlette(routes=[Route("/{path:path}", scrape, methods=["GET", "HEAD"])],
-                     middleware=[Middleware(GZipMiddleware, minimum_size=1024)])
+    return Starlette(
+        routes=[Route("/{path:path}", scrape, methods=["GET", "HEAD"])],
+        middleware=[Middleware(GZipMiddleware, minimum_size=1024)],
+    )
 
 
-def _answer(runtime: ServingRuntime, token: str | None, peer: str, path: str, accept: str | None
-            ) -> tuple[int, dict[str, str], bytes]:
+def _answer(
+    runtime: ServingRuntime, token: str | None, peer: str, path: str, accept: str | None
+) -> tuple[int, dict[str, str], bytes]:
     """(status, headers, body) of one scrape."""
     from prometheus_client.exposition import choose_encoder
 
     try:
         runtime.authenticate(Caller(token=token, peer=peer, door="metrics"))
     except TensorServerError as exc:
-        return exc.http_status, {"Content-Type": "text/plain; charset=utf-8", "WWW-Authenticate": "Bearer"}, \
-            f"{exc.slug}: {exc}".encode()
+        return (
+            exc.http_status,
+            {"Content-Type": "text/plain; charset=utf-8", "WWW-Authenticate": "Bearer"},
+            f"{exc.slug}: {exc}".encode(),
+        )
     registry = runtime.metrics.registry
     if path not in SCRAPE_PATHS or registry is None:
-        return 404, {"Content-Type": "text/plain; charset=utf-8"}, \
-            b"not found: the metrics are at /metrics" if registry is not None else b"not found: metrics are off"
+        return (
+            404,
+            {"Content-Type": "text/plain; charset=utf-8"},
+            b"not found: the metrics are at /metrics" if registry is not None else b"not found: metrics are off",
+        )
     encode, content_type = choose_encoder(accept or "")
     return 200, {"Content-Type": content_type}, encode(registry)
 
@@ -84,8 +95,14 @@ class MetricsDoor:
     ``FailedPrecondition`` without TLS) off loopback without the server token;
     ``header_seconds``: the deadline on each request's headers."""
 
-    def __init__(self, runtime: ServingRuntime, host: str | None = None, port: int | None = None, *,
-                 header_seconds: float = HEADER_SECONDS) -> None:
+    def __init__(
+        self,
+        runtime: ServingRuntime,
+        host: str | None = None,
+        port: int | None = None,
+        *,
+        header_seconds: float = HEADER_SECONDS,
+    ) -> None:
         s = runtime.settings
         host = s.metrics_host if host is None else host
         port = s.metrics_port if port is None else port
@@ -93,8 +110,9 @@ class MetricsDoor:
         if runtime.metrics.registry is None or port is None:
             raise RuntimeError("metrics are off: build the runtime with Settings(metrics_port=...)")
         self.host = host
-        self._front = HttpFrontEnd(build_metrics_app(runtime), host, port, tls=runtime.tls,
-                                   header_seconds=header_seconds)
+        self._front = HttpFrontEnd(
+            build_metrics_app(runtime), host, port, tls=runtime.tls, header_seconds=header_seconds
+        )
         self._front.start()
 
     @property

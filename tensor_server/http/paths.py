@@ -15,6 +15,7 @@ field is ``0`` keeps its level ``0`` there). No candidate is tried by reading: i
 record lookup and at most ``MAX_FIELD_SEGMENTS`` dictionary lookups, and a path longer than
 any key could be is refused before any lookup (a 30,000-segment URL is a 404 in microseconds).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -62,8 +63,12 @@ def _all_digits(parts: list[str]) -> bool:
     return bool(parts) and all(p and p.isascii() and p.isdigit() for p in parts)
 
 
-def resolve_zarr_path(segments: list[str], zarr_format: int, find: Callable[[str], TensorAdapter],
-                      image_of: Callable[[TensorAdapter], ZarrImage]) -> tuple[ZarrImage, list[str]]:
+def resolve_zarr_path(
+    segments: list[str],
+    zarr_format: int,
+    find: Callable[[str], TensorAdapter],
+    image_of: Callable[[TensorAdapter], ZarrImage],
+) -> tuple[ZarrImage, list[str]]:
     """(image, zarr key) for a URL path below ``/zarr/`` or ``/zarr3/`` (module docstring).
     ``find(array_id)`` looks a tensor up (the caller applies the read rules to the one
     chosen); ``image_of`` makes (or reuses) its view. Raises TensorNotFound for a path that
@@ -94,6 +99,7 @@ def resolve_zarr_path(segments: list[str], zarr_format: int, find: Callable[[str
             return default_image, after
         return image, rest  # neither fits: the field's view says what is missing
     if default_image is None:
-        raise TensorNotFound(f"no tensor of {source_id!r} is named by {SEP.join(after)[:200]!r} ({no_default})",
-                             slug="unknown_field")
+        raise TensorNotFound(
+            f"no tensor of {source_id!r} is named by {SEP.join(after)[:200]!r} ({no_default})", slug="unknown_field"
+        )
     return default_image, after

@@ -33,6 +33,7 @@ keep it from reading the user's pixels or running script in the server's origin:
 
 Pure ASGI (no response buffering): an 8 MiB chunk passes through untouched.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -42,9 +43,17 @@ from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl
 
-__all__ = ["HttpSecurity", "SecurityMiddleware", "TOKEN_PATH_PREFIX", "CREDENTIAL_KEY", "EXPLICIT_CREDENTIAL_KEY",
-           "cookie_name",
-           "host_name", "PAGE_POLICY", "DATA_POLICY"]
+__all__ = [
+    "HttpSecurity",
+    "SecurityMiddleware",
+    "TOKEN_PATH_PREFIX",
+    "CREDENTIAL_KEY",
+    "EXPLICIT_CREDENTIAL_KEY",
+    "cookie_name",
+    "host_name",
+    "PAGE_POLICY",
+    "DATA_POLICY",
+]
 
 #: the ASGI scope key under which the credential a request presented is handed to the routes
 #: (the serving runtime decides what it may read: the server token, a tensor's grant)
@@ -68,13 +77,18 @@ _OWN_SITE = frozenset({"same-origin", "none"})
 #: the HTML pages' policy: script, images and fetches from this origin only, never framed.
 #: Style may also be inline: OpenSeadragon 6 inserts a ``<style>`` element of its own (the pages'
 #: style is a served file); ``data:``/``blob:`` images are what it may draw tiles from
-PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-               "img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-               "form-action 'none'; frame-ancestors 'none'")
+PAGE_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'"
+)
 #: every other response's policy (JSON, chunks, images, text opened as a document run nothing)
 DATA_POLICY = "default-src 'none'; frame-ancestors 'none'; sandbox"
-_HARDENING = ((b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
-              (b"x-frame-options", b"DENY"))
+_HARDENING = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+)
 
 
 def cookie_name(port: int) -> str:
@@ -98,10 +112,19 @@ class HttpSecurity:
     recognizes: Callable[[str], bool] | None = None
 
     @classmethod
-    def build(cls, tokens: Iterable[str | None] = (), allowed_hosts: Iterable[str] = (),
-              cors_origins: Iterable[str] = (), recognizes: Callable[[str], bool] | None = None) -> HttpSecurity:
-        return cls(tuple(t for t in tokens if t), frozenset(h.lower().strip("[]") for h in allowed_hosts if h),
-                   frozenset(o.rstrip("/").lower() for o in cors_origins if o), recognizes)
+    def build(
+        cls,
+        tokens: Iterable[str | None] = (),
+        allowed_hosts: Iterable[str] = (),
+        cors_origins: Iterable[str] = (),
+        recognizes: Callable[[str], bool] | None = None,
+    ) -> HttpSecurity:
+        return cls(
+            tuple(t for t in tokens if t),
+            frozenset(h.lower().strip("[]") for h in allowed_hosts if h),
+            frozenset(o.rstrip("/").lower() for o in cors_origins if o),
+            recognizes,
+        )
 
     def origin_listed(self, origin: str) -> bool:
         """A configured origin, or any when the operator listed ``*`` (a public image service,
@@ -165,8 +188,10 @@ def _is_dns_name(name: str) -> bool:
     """Dot-separated labels of 1-63 ASCII letters, digits, ``-`` or ``_`` (no leading or trailing ``-``)."""
     if not 0 < len(name) <= 253 or not name.isascii():
         return False
-    return all(0 < len(label) <= 63 and label[0] != "-" and label[-1] != "-"
-               and all(c.isalnum() or c in "-_" for c in label) for label in name.split("."))
+    return all(
+        0 < len(label) <= 63 and label[0] != "-" and label[-1] != "-" and all(c.isalnum() or c in "-_" for c in label)
+        for label in name.split(".")
+    )
 
 
 def _is_port(text: str) -> bool:
@@ -207,9 +232,13 @@ class SecurityMiddleware:
         cors = cross and origin is not None and (sec.origin_listed(origin) or sec.door_credential(presented))
         if cross and not cors:
             self.calls["cross_origin_refused"] += 1
-            return await _refuse(send, 403, f"forbidden: a cross-origin request from {str(origin)[:100]!r} needs the "
-                                 "access token in its URL or an Authorization header, or the origin listed with "
-                                 "--cors-origin.")
+            return await _refuse(
+                send,
+                403,
+                f"forbidden: a cross-origin request from {str(origin)[:100]!r} needs the "
+                "access token in its URL or an Authorization header, or the origin listed with "
+                "--cors-origin.",
+            )
         if sec.tokens and presented is None and scope["path"] not in OPEN_PATHS:
             presented, cookie_refusal = self._cookie_credential(scope, headers, cross)
             if cookie_refusal is not None:
@@ -219,8 +248,9 @@ class SecurityMiddleware:
         extra = self._answer_headers(scope, origin if cors else None, presented if url_tokens and not cross else None)
         return await self.app(scope, receive, _with_headers(send, extra) if extra else send)
 
-    def _cookie_credential(self, scope: dict, headers: dict[str, str], cross: bool
-                           ) -> tuple[str | None, Callable[[Callable], Awaitable[None]] | None]:
+    def _cookie_credential(
+        self, scope: dict, headers: dict[str, str], cross: bool
+    ) -> tuple[str | None, Callable[[Callable], Awaitable[None]] | None]:
         """(the door credential the cookie carries, None), or (None, the refusal to send): the
         cookie admits only a request of this origin (no foreign ``Origin``, a ``Sec-Fetch-Site``
         of ``same-origin``, ``none`` or none at all)."""
@@ -230,9 +260,13 @@ class SecurityMiddleware:
         site = headers.get("sec-fetch-site")
         if site is not None and site.lower() not in _OWN_SITE:
             self.calls["cross_origin_refused"] += 1
-            return None, lambda send: _refuse(send, 403, f"forbidden: a request from another site (Sec-Fetch-Site: "
-                                              f"{site[:30]!r}) is not admitted by this server's cookie; put the "
-                                              "access token in its URL or an Authorization header.")
+            return None, lambda send: _refuse(
+                send,
+                403,
+                f"forbidden: a request from another site (Sec-Fetch-Site: "
+                f"{site[:30]!r}) is not admitted by this server's cookie; put the "
+                "access token in its URL or an Authorization header.",
+            )
         return cookie, None
 
     def _answer_headers(self, scope: dict, cors_origin: str | None, url_token: str | None) -> list[tuple[bytes, bytes]]:
@@ -240,30 +274,48 @@ class SecurityMiddleware:
         came in the URL of a same-origin request (``url_token``; a grant never sets it)."""
         sec, extra = self.security, []
         if cors_origin is not None:
-            extra += [(b"access-control-allow-origin", sec.allow_origin(cors_origin)), (b"vary", b"Origin"),
-                      (b"access-control-expose-headers", _EXPOSE_HEADERS.encode())]
+            extra += [
+                (b"access-control-allow-origin", sec.allow_origin(cors_origin)),
+                (b"vary", b"Origin"),
+                (b"access-control-expose-headers", _EXPOSE_HEADERS.encode()),
+            ]
         if url_token is not None and sec.door_credential(url_token) and _cookie_value_ok(url_token):
             secure = "; Secure" if scope.get("scheme") == "https" else ""
-            extra.append((b"set-cookie", f"{cookie_name(_port(scope))}={url_token}; Path=/; HttpOnly; "
-                                         f"SameSite=Strict{secure}".encode("latin-1")))
+            extra.append(
+                (
+                    b"set-cookie",
+                    f"{cookie_name(_port(scope))}={url_token}; Path=/; HttpOnly; SameSite=Strict{secure}".encode(
+                        "latin-1"
+                    ),
+                )
+            )
         return extra
 
     def _host_refusal(self, host: str) -> tuple[int, str] | None:
         """(status, text) refusing a malformed (400) or foreign (403) ``Host``; None for a good one."""
         name = host_name(host)
         if name is None:
-            return 400, (f"bad request: Host {host[:100]!r} is not a host name or IP address with an optional "
-                         "numeric port (name:port).")
+            return 400, (
+                f"bad request: Host {host[:100]!r} is not a host name or IP address with an optional "
+                "numeric port (name:port)."
+            )
         if not self.security.name_allowed(name):
-            return 403, (f"forbidden: Host {host[:100]!r} is not a name this server answers to (a guard against "
-                         "DNS rebinding). Dial 127.0.0.1 or localhost, or add the name with --san NAME.")
+            return 403, (
+                f"forbidden: Host {host[:100]!r} is not a name this server answers to (a guard against "
+                "DNS rebinding). Dial 127.0.0.1 or localhost, or add the name with --san NAME."
+            )
         return None
 
     async def _unauthorized(self, send: Callable, why: str) -> None:
         self.calls["unauthorized"] += 1
-        await _refuse(send, 401, f"unauthorized: {why}. This server needs its access token: open the URL it "
-                      "printed at start (python -m tensor_server url ...), or send 'Authorization: Bearer <token>' "
-                      "or ?token=.", {"www-authenticate": "Bearer"})
+        await _refuse(
+            send,
+            401,
+            f"unauthorized: {why}. This server needs its access token: open the URL it "
+            "printed at start (python -m tensor_server url ...), or send 'Authorization: Bearer <token>' "
+            "or ?token=.",
+            {"www-authenticate": "Bearer"},
+        )
 
     async def _preflight(self, send: Callable, headers: dict[str, str], origin: str | None, url_token_ok: bool) -> None:
         """A CORS preflight carries no credentials, so it is allowed for a configured origin,
@@ -271,17 +323,24 @@ class SecurityMiddleware:
         (checked when it comes)."""
         sec = self.security
         wants_auth = "authorization" in headers.get("access-control-request-headers", "").lower()
-        allowed = origin is not None and (sec.origin_listed(origin) or url_token_ok
-                                          or wants_auth)
+        allowed = origin is not None and (sec.origin_listed(origin) or url_token_ok or wants_auth)
         if not allowed or origin is None:
             self.calls["cross_origin_refused"] += 1
-            return await _refuse(send, 403, f"forbidden: cross-origin requests from {str(origin)[:100]!r} are not "
-                                 "allowed; put the access token in the URL or an Authorization header, or list "
-                                 "the origin with --cors-origin.")
-        out = [(b"access-control-allow-origin", sec.allow_origin(origin)), (b"vary", b"Origin"),
-               (b"access-control-allow-methods", _ALLOW_METHODS.encode()),
-               (b"access-control-allow-headers", _ALLOW_HEADERS.encode()),
-               (b"access-control-max-age", b"600"), (b"content-length", b"0")]
+            return await _refuse(
+                send,
+                403,
+                f"forbidden: cross-origin requests from {str(origin)[:100]!r} are not "
+                "allowed; put the access token in the URL or an Authorization header, or list "
+                "the origin with --cors-origin.",
+            )
+        out = [
+            (b"access-control-allow-origin", sec.allow_origin(origin)),
+            (b"vary", b"Origin"),
+            (b"access-control-allow-methods", _ALLOW_METHODS.encode()),
+            (b"access-control-allow-headers", _ALLOW_HEADERS.encode()),
+            (b"access-control-max-age", b"600"),
+            (b"content-length", b"0"),
+        ]
         if headers.get("access-control-request-private-network", "").lower() == "true":
             out.append((b"access-control-allow-private-network", b"true"))
         await send({"type": "http.response.start", "status": 204, "headers": out})
@@ -290,16 +349,19 @@ class SecurityMiddleware:
 
 def _with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
     """``send`` with ``extra`` headers added to the response's start."""
+
     async def send_with_headers(message: dict) -> None:
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message.get("headers", ()), *extra]}
         await send(message)
+
     return send_with_headers
 
 
 def _hardened(send: Callable) -> Callable:
     """``send`` adding the headers every response carries (module docstring); a policy the
     route set itself is kept."""
+
     async def send_hardened(message: dict) -> None:
         if message["type"] == "http.response.start":
             headers = list(message.get("headers", ()))
@@ -311,6 +373,7 @@ def _hardened(send: Callable) -> Callable:
                 headers.append((b"content-security-policy", policy.encode()))
             message = {**message, "headers": headers}
         await send(message)
+
     return send_hardened
 
 
@@ -319,7 +382,7 @@ def split_path_token(path: str) -> tuple[str, str | None]:
     label and the request log use the path without the token (a log never holds one)."""
     if not path.startswith(TOKEN_PATH_PREFIX):
         return path, None
-    token, _, rest = path[len(TOKEN_PATH_PREFIX):].partition("/")
+    token, _, rest = path[len(TOKEN_PATH_PREFIX) :].partition("/")
     return "/" + rest, token
 
 
@@ -332,7 +395,7 @@ def _strip_path_token(scope: dict) -> tuple[dict, str | None]:
 
 
 def _bearer(header: str) -> str | None:
-    return header[len("Bearer "):] if header.startswith("Bearer ") else None
+    return header[len("Bearer ") :] if header.startswith("Bearer ") else None
 
 
 def _cookie(header: str, name: str) -> str | None:
@@ -364,4 +427,3 @@ async def _refuse(send: Callable, status: int, text: str, headers: dict[str, str
     out += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": out})
     await send({"type": "http.response.body", "body": body})
-

@@ -1,5 +1,6 @@
 """What the viewer routes (IIIF, DeepZoom, the catalog page) share: the token a request
 presents, and the translation of ``tensor_server.errors`` into plain-text responses."""
+
 from __future__ import annotations
 
 import logging
@@ -38,6 +39,7 @@ def token_path(request: Any) -> str:
 def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
     """``handler`` for the caller of the request (the provider applies the rules), with every
     error answered by its class's HTTP status (``http/errors.py``)."""
+
     async def endpoint(request: Any) -> Any:
         try:
             provider.authenticate(presented_token(request), request.client.host if request.client else "")
@@ -45,6 +47,7 @@ def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable
         except Exception as exc:  # the one boundary: every error is an answer
             rq = current_request()
             return error_response(exc, rq.id if rq is not None else None)
+
     return endpoint
 
 

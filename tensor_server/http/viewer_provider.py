@@ -6,6 +6,7 @@ The renderer calls the provider without a caller (it renders for whoever asked);
 the request being served is a context variable, set by ``authenticate`` at the start of each
 request (``http/viewer_door.guarded``) and carried into worker threads with the context.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -37,14 +38,16 @@ class RuntimeViewerProvider:
 
     def authenticate(self, presented: str | None, peer: str = "") -> None:
         """The caller of this request (what it presented); each call below applies the rules."""
-        _CALLER.set(Caller(token=presented, peer=peer, door="http",
-                           door_requires_credential=self.door_requires_credential))
+        _CALLER.set(
+            Caller(token=presented, peer=peer, door="http", door_requires_credential=self.door_requires_credential)
+        )
 
     def tensor(self, array_id: str) -> TensorAdapter:
         return self.runtime.tensor(array_id, _CALLER.get())[0]
 
-    def level_region(self, tensor: TensorAdapter, level: GridLevel, region: Bounds,
-                     cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    def level_region(
+        self, tensor: TensorAdapter, level: GridLevel, region: Bounds, cancelled: Callable[[], bool] | None = None
+    ) -> np.ndarray:
         return self.runtime.level_region(tensor, level, region, _CALLER.get(), cancelled)
 
     def flight_location(self, client_host: str) -> str | None:

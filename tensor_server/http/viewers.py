@@ -2,6 +2,7 @@
 IIIF Image API 3 (``http/iiif.py``), DeepZoom (``http/deepzoom.py``) and the catalog page
 with its OpenSeadragon viewer (``http/catalog_page.py``), all over one ``ViewerProvider``
 and one ``Renderer`` (so render settings are measured once per tensor for every door)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,5 +16,8 @@ def routes(provider: Any) -> list[Any]:
     from tensor_server.http import catalog_page, deepzoom, iiif
 
     renderer = Renderer(provider)
-    return [*iiif.routes(provider, renderer), *deepzoom.routes(provider, renderer),
-            *catalog_page.routes(provider, renderer)]
+    return [
+        *iiif.routes(provider, renderer),
+        *deepzoom.routes(provider, renderer),
+        *catalog_page.routes(provider, renderer),
+    ]

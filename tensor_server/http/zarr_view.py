@@ -20,6 +20,7 @@ and both fill and hit the same chunk cache entries.
   split into inner chunks of ``INNER`` per axis where that divides it, so neuroglancer reads
   the index with a suffix range and fetches only the inner chunks it draws.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,9 +106,13 @@ class ZarrImage:
     def ngff(self) -> NgffImage:
         """The tensor's axes as they are, its physical size, and its published levels."""
         t = self.tensor
-        return NgffImage(self.name, tuple(t.dim_labels), tuple(t.physical_unit or (None,) * t.ndim),
-                         tuple(t.physical_scale or (None,) * t.ndim),
-                         tuple(NgffLevel(lv.path, lv.scale, lv.method) for lv in self.levels))
+        return NgffImage(
+            self.name,
+            tuple(t.dim_labels),
+            tuple(t.physical_unit or (None,) * t.ndim),
+            tuple(t.physical_scale or (None,) * t.ndim),
+            tuple(NgffLevel(lv.path, lv.scale, lv.method) for lv in self.levels),
+        )
 
     def group_attributes(self, version: str) -> dict[str, Any]:
         return image_attributes(self.ngff(), version, label_of=self.is_label_of)
@@ -115,20 +120,29 @@ class ZarrImage:
     def zarray(self, level: ZarrLevel) -> dict[str, Any]:
         dtype = self.tensor.dtype
         return {
-            "zarr_format": 2, "shape": list(level.shape), "chunks": list(level.chunks),
+            "zarr_format": 2,
+            "shape": list(level.shape),
+            "chunks": list(level.chunks),
             "dtype": dtype.newbyteorder("<").str if dtype.byteorder != "|" else dtype.str,
-            "compressor": None, "fill_value": _fill(dtype), "order": "C", "filters": None,
+            "compressor": None,
+            "fill_value": _fill(dtype),
+            "order": "C",
+            "filters": None,
             "dimension_separator": ".",
         }
 
     def array_json_v3(self, level: ZarrLevel) -> dict[str, Any]:
         return {
-            "zarr_format": 3, "node_type": "array", "shape": list(level.shape),
+            "zarr_format": 3,
+            "node_type": "array",
+            "shape": list(level.shape),
             "data_type": self.tensor.dtype.name,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(level.chunks)}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-            "fill_value": _fill(self.tensor.dtype), "codecs": self._codecs_v3(level),
-            "dimension_names": list(self.tensor.dim_labels), "attributes": {},
+            "fill_value": _fill(self.tensor.dtype),
+            "codecs": self._codecs_v3(level),
+            "dimension_names": list(self.tensor.dim_labels),
+            "attributes": {},
         }
 
     def _codecs_v3(self, level: ZarrLevel) -> list[dict[str, Any]]:
@@ -136,9 +150,17 @@ class ZarrImage:
         inner = inner_chunks(level.chunks)
         if inner == level.chunks:
             return raw
-        return [{"name": "sharding_indexed", "configuration": {
-            "chunk_shape": list(inner), "codecs": raw, "index_location": "end",
-            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}]
+        return [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": list(inner),
+                    "codecs": raw,
+                    "index_location": "end",
+                    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                },
+            }
+        ]
 
 
 def inner_chunks(shard: Sequence[int]) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ other types windowed per sample, in red, green and blue; alpha is not drawn). La
 drawn in label colours: 0 (background) is black, every other id a stable colour of its own
 (``label_colours``), so the same object has the same colour at every level and in every tile.
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,8 +27,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ChannelSetting", "RenderSettings", "SettingsCache", "DEFAULT_COLOURS", "label_colours",
-           "to_rgb8", "settings_for"]
+__all__ = [
+    "ChannelSetting",
+    "RenderSettings",
+    "SettingsCache",
+    "DEFAULT_COLOURS",
+    "label_colours",
+    "to_rgb8",
+    "settings_for",
+]
 
 DEFAULT_COLOURS = ("00FF00", "FF00FF", "00FFFF", "FFFF00", "FF0000", "0000FF", "FFFFFF")
 GREY = "FFFFFF"
@@ -81,8 +89,14 @@ def _robust_window(values: np.ndarray, dtype: np.dtype) -> tuple[float, float]:
     return (lo, hi) if hi > lo else (lo, lo + 1.0)
 
 
-def settings_for(metadata: dict[str, Any], dtype: np.dtype, is_labels: bool, is_rgb: bool, count: int,
-                 coarse: Callable[[], np.ndarray]) -> RenderSettings:
+def settings_for(
+    metadata: dict[str, Any],
+    dtype: np.dtype,
+    is_labels: bool,
+    is_rgb: bool,
+    count: int,
+    coarse: Callable[[], np.ndarray],
+) -> RenderSettings:
     """The settings of a tensor of ``count`` channels. ``coarse()`` gives its coarsest level as
     (channels, ...), read only when a window must be measured."""
     if is_labels:
@@ -94,8 +108,11 @@ def settings_for(metadata: dict[str, Any], dtype: np.dtype, is_labels: bool, is_
     measured = None
     out = []
     for i in range(count):
-        meta = channels_meta[i] if isinstance(channels_meta, list) and i < len(channels_meta) \
-            and isinstance(channels_meta[i], dict) else {}
+        meta = (
+            channels_meta[i]
+            if isinstance(channels_meta, list) and i < len(channels_meta) and isinstance(channels_meta[i], dict)
+            else {}
+        )
         window = meta.get("window")
         window = window if isinstance(window, dict) else {}
         start, end = window.get("start"), window.get("end")
@@ -131,8 +148,11 @@ def to_rgb8(planes: np.ndarray, settings: RenderSettings, channel_indices: list[
         return label_colours(planes[0])
     if settings.mode == "rgb":
         return np.ascontiguousarray(np.moveaxis(planes[:3], 0, -1))
-    chosen = [(planes[k], settings.channels[c]) for k, c in enumerate(channel_indices)
-              if settings.channels[c].active or len(channel_indices) == 1]
+    chosen = [
+        (planes[k], settings.channels[c])
+        for k, c in enumerate(channel_indices)
+        if settings.channels[c].active or len(channel_indices) == 1
+    ]
     if len(chosen) == 1 and chosen[0][1].colour == (255, 255, 255):
         return _windowed(*chosen[0])
     acc = np.zeros(planes.shape[1:] + (3,), np.float32)

@@ -8,6 +8,7 @@ reads at the level that serves it. ``parse_tile_path`` splits a tile's path with
 ``rpartition``/``partition`` and digit tests (``render.numbers``: ASCII digits, at most 9),
 linear in the path; a level or tile past the image is a 400 naming it.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +17,7 @@ from dataclasses import dataclass
 from tensor_server.errors import InvalidArgument
 from tensor_server.render.numbers import whole_number
 
-__all__ = ["TILE_SIZE", "OVERLAP", "max_level", "dzi_xml", "tile_region", "TileRegion", "TilePath",
-           "parse_tile_path"]
+__all__ = ["TILE_SIZE", "OVERLAP", "max_level", "dzi_xml", "tile_region", "TileRegion", "TilePath", "parse_tile_path"]
 
 TILE_SIZE = 254
 OVERLAP = 1
@@ -28,9 +28,11 @@ def max_level(width: int, height: int) -> int:
 
 
 def dzi_xml(width: int, height: int, fmt: str) -> str:
-    return ('<?xml version="1.0" encoding="UTF-8"?>\n'
-            f'<Image xmlns="http://schemas.microsoft.com/deepzoom/2008" TileSize="{TILE_SIZE}" '
-            f'Overlap="{OVERLAP}" Format="{fmt}"><Size Width="{width}" Height="{height}"/></Image>\n')
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f'<Image xmlns="http://schemas.microsoft.com/deepzoom/2008" TileSize="{TILE_SIZE}" '
+        f'Overlap="{OVERLAP}" Format="{fmt}"><Size Width="{width}" Height="{height}"/></Image>\n'
+    )
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,13 @@ def parse_tile_path(path: str) -> TilePath:
     col, underscore, row = tile.partition("_")
     if not (identifier and files and slash and dot and underscore):
         raise InvalidArgument(f"{path[:200]!r} is neither <id>.dzi nor <id>_files/<level>/<col>_<row>.<format>")
-    return TilePath(identifier, whole_number(level, "DeepZoom level"), whole_number(col, "DeepZoom tile column"),
-                    whole_number(row, "DeepZoom tile row"), fmt)
+    return TilePath(
+        identifier,
+        whole_number(level, "DeepZoom level"),
+        whole_number(col, "DeepZoom tile column"),
+        whole_number(row, "DeepZoom tile row"),
+        fmt,
+    )
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ requested zero dimension (``0,``, ``!0,0``) is a 400; and ``render.plane`` reads
 a level of at most about 4 pixels per output pixel, however distorted the size. The grammar is
 parsed with ``split``/``partition`` and digit tests, linear in the text.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,10 @@ def _region(text: str, width: int, height: int) -> tuple[int, int, int, int]:
     if len(fields) != 4:
         raise InvalidArgument(f"region {text[:_MAX_TEXT]!r} is not full, square, x,y,w,h or pct:x,y,w,h")
     if pct:
-        x, y, w, h = (decimal_number(v, f"region {name}") * side / 100
-                      for v, name, side in zip(fields, "xywh", (width, height, width, height)))
+        x, y, w, h = (
+            decimal_number(v, f"region {name}") * side / 100
+            for v, name, side in zip(fields, "xywh", (width, height, width, height))
+        )
         x, y, w, h = round(x), round(y), round(w), round(h)
     else:
         x, y, w, h = (whole_number(v, f"region {name}") for v, name in zip(fields, "xywh"))
@@ -122,16 +125,18 @@ def _size(text: str, w: int, h: int) -> tuple[int, int]:
     return ow, oh
 
 
-def parse_request(region: str, size: str, rotation: str, quality_format: str, width: int, height: int,
-                  formats: list[str]) -> ImageRequest:
+def parse_request(
+    region: str, size: str, rotation: str, quality_format: str, width: int, height: int, formats: list[str]
+) -> ImageRequest:
     """The request for a ``width × height`` image (raises InvalidArgument / Unimplemented)."""
     x, y, w, h = _region(region, width, height)
     ow, oh = _size(size, w, h)
     mirror = rotation.startswith("!")
     degrees = decimal_number(rotation[1:] if mirror else rotation, "rotation (degrees, optionally after ! to mirror)")
     if degrees > 360:
-        raise InvalidArgument(f"rotation {rotation[:_MAX_TEXT]!r} is not a number of degrees in [0, 360], "
-                              "optionally after ! (mirror)")
+        raise InvalidArgument(
+            f"rotation {rotation[:_MAX_TEXT]!r} is not a number of degrees in [0, 360], optionally after ! (mirror)"
+        )
     if degrees % 90:
         raise Unimplemented(f"rotation {rotation[:_MAX_TEXT]!r}: only multiples of 90 degrees are offered")
     quality, dot, fmt = quality_format.rpartition(".")
@@ -142,22 +147,37 @@ def parse_request(region: str, size: str, rotation: str, quality_format: str, wi
     return ImageRequest(x, y, w, h, ow, oh, mirror, int(degrees) % 360, quality, fmt)
 
 
-def info_json(service_id: str, width: int, height: int, formats: list[str],
-              levels: Sequence[tuple[int, int, int]]) -> dict[str, Any]:
+def info_json(
+    service_id: str, width: int, height: int, formats: list[str], levels: Sequence[tuple[int, int, int]]
+) -> dict[str, Any]:
     """The ``info.json`` of an image whose published levels (``core.level_grid``, finest
     first) are ``levels``: ``(factor, width, height)`` each, the ``scaleFactors`` and ``sizes``
     (those within ``maxArea`` and ``maxWidth``) a viewer chooses among."""
     factors = [f for f, _, _ in levels]
     sizes = [{"width": w, "height": h} for _, w, h in reversed(levels) if w * h <= MAX_AREA and max(w, h) <= MAX_SIDE]
     return {
-        "@context": CONTEXT, "id": service_id, "type": "ImageService3", "protocol": "http://iiif.io/api/image",
-        "profile": "level2", "width": width, "height": height, "maxArea": MAX_AREA,
-        "maxWidth": MAX_SIDE, "maxHeight": MAX_SIDE,
-        "sizes": sizes, "tiles": [{"width": TILE, "height": TILE, "scaleFactors": factors}],
+        "@context": CONTEXT,
+        "id": service_id,
+        "type": "ImageService3",
+        "protocol": "http://iiif.io/api/image",
+        "profile": "level2",
+        "width": width,
+        "height": height,
+        "maxArea": MAX_AREA,
+        "maxWidth": MAX_SIDE,
+        "maxHeight": MAX_SIDE,
+        "sizes": sizes,
+        "tiles": [{"width": TILE, "height": TILE, "scaleFactors": factors}],
         "extraFormats": [f for f in formats if f not in ("jpg", "png")],
         "extraQualities": ["color", "gray", "bitonal"],
-        "extraFeatures": ["baseUriRedirect", "cors", "jsonldMediaType", "mirroring", "profileLinkHeader",
-                          "sizeUpscaling"],
+        "extraFeatures": [
+            "baseUriRedirect",
+            "cors",
+            "jsonldMediaType",
+            "mirroring",
+            "profileLinkHeader",
+            "sizeUpscaling",
+        ],
     }
 
 

@@ -1,5 +1,6 @@
 """Rendered regions of a plane as Pillow images, and their encodings: the one rendering path
 IIIF, DeepZoom and the catalog thumbnails share."""
+
 from __future__ import annotations
 
 import io
@@ -54,8 +55,15 @@ class Renderer:
 
     def settings_of(self, view: PlaneView) -> RenderSettings:
         t = view.tensor
-        whole = PlaneView(t, view.y, view.x, view.channel_axis, view.sample_axis,
-                          {a: i for a, i in view.fixed.items() if a != view.channel_axis}, view.levels)
+        whole = PlaneView(
+            t,
+            view.y,
+            view.x,
+            view.channel_axis,
+            view.sample_axis,
+            {a: i for a, i in view.fixed.items() if a != view.channel_axis},
+            view.levels,
+        )
 
         def coarse() -> np.ndarray:
             level = view.levels[-1]
@@ -66,11 +74,21 @@ class Renderer:
         key = (t.array_id + ";" + ";".join(f"{a}={i}" for a, i in sorted(whole.fixed.items())), t.content_version)
         axis = view.sample_axis if view.sample_axis is not None else view.channel_axis
         count = t.shape[axis] if axis is not None else 1
-        return self.settings.get(key, lambda: settings_for(t.metadata, t.dtype, t.is_labels,
-                                                           view.sample_axis is not None, count, coarse))
+        return self.settings.get(
+            key, lambda: settings_for(t.metadata, t.dtype, t.is_labels, view.sample_axis is not None, count, coarse)
+        )
 
-    def region(self, view: PlaneView, x: int, y: int, w: int, h: int, out_w: int, out_h: int,
-               cancelled: Callable[[], bool] | None = None) -> Image.Image:
+    def region(
+        self,
+        view: PlaneView,
+        x: int,
+        y: int,
+        w: int,
+        h: int,
+        out_w: int,
+        out_h: int,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Image.Image:
         """Full-resolution region ``(x, y, w, h)`` rendered at ``out_w × out_h``: resized from
         the level ``render.plane`` reads it at, smoothly (bicubic) where an axis is upscaled, as
         the less reduced axis of a distorted size may be, else by averaging (box)."""
@@ -84,8 +102,12 @@ class Renderer:
         image = Image.fromarray(rgb)
         sy, sx = level.scale[view.y], level.scale[view.x]
         # the level region starts at a whole level pixel: crop to the exact full-res region
-        box = ((x - (x // sx) * sx) / sx, (y - (y // sy) * sy) / sy,
-               (x - (x // sx) * sx + w) / sx, (y - (y // sy) * sy + h) / sy)
+        box = (
+            (x - (x // sx) * sx) / sx,
+            (y - (y // sy) * sy) / sy,
+            (x - (x // sx) * sx + w) / sx,
+            (y - (y // sy) * sy + h) / sy,
+        )
         if image.size == (out_w, out_h) and box == (0, 0, out_w, out_h):
             return image
         resample = Image.Resampling.NEAREST if settings.mode == "labels" else Image.Resampling.BOX

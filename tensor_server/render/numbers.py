@@ -8,6 +8,7 @@ and exact enough. Anything else is an ``InvalidArgument`` (400) naming the field
 ``OverflowError`` or ``ValueError`` (500). The checks are plain string tests, linear in the
 text (no regular expression over client text).
 """
+
 from __future__ import annotations
 
 from tensor_server.errors import InvalidArgument
@@ -37,6 +38,8 @@ def decimal_number(text: str, what: str) -> float:
     """``text`` (``n`` or ``n.f``) as a non-negative finite float."""
     whole, point, fraction = text.partition(".")
     if not _digits(whole, MAX_DIGITS) or (point and not _digits(fraction, MAX_FRACTION_DIGITS)):
-        raise InvalidArgument(f"{what} {text[:_ECHO]!r} is not a number of 1 to {MAX_DIGITS} digits (0-9), "
-                              f"optionally with a fraction (12.5)")
+        raise InvalidArgument(
+            f"{what} {text[:_ECHO]!r} is not a number of 1 to {MAX_DIGITS} digits (0-9), "
+            f"optionally with a fraction (12.5)"
+        )
     return float(text)

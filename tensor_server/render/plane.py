@@ -27,6 +27,7 @@ bounds the read by the output: at most ``READ_PER_OUTPUT_PX`` level pixels per o
   region (at most one ``coarsest_tile`` tile on a computed pyramid) or a stored pyramid whose
   coarsest level is large. Reading more than ``MAX_LEVEL_READ_PX`` is refused (400).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -45,8 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.pyramid import PyramidPolicy
     from tensor_server.render.provider import ViewerProvider
 
-__all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER", "READ_PER_OUTPUT_PX",
-           "MAX_LEVEL_READ_PX"]
+__all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER", "READ_PER_OUTPUT_PX", "MAX_LEVEL_READ_PX"]
 
 SAMPLE_AXES = frozenset({"s", "rgb", "rgba", "sample", "samples"})
 MAX_IDENTIFIER = 1024
@@ -67,8 +67,9 @@ def split_identifier(identifier: str) -> tuple[str, dict[str, int]]:
     for part in parts:
         name, eq, value = part.partition("=")
         if not eq or not name:
-            raise InvalidArgument(f"plane selector {part[:40]!r} of {array_id[:80]!r} is not axis=index "
-                                  "(e.g. ;z=3;t=0;c=1)")
+            raise InvalidArgument(
+                f"plane selector {part[:40]!r} of {array_id[:80]!r} is not axis=index (e.g. ;z=3;t=0;c=1)"
+            )
         selection[name.lower()] = whole_number(value, f"plane selector {name[:40]!r}: the index")
     return array_id, selection
 
@@ -77,8 +78,11 @@ def _plane_levels(tensor: TensorAdapter, policy: PyramidPolicy | None, y: int, x
     """The published levels (``core.level_grid``, down to one ``coarsest_tile``² plane: a
     thumbnail of a huge image is one cached chunk) that keep every non-image axis whole, so
     a plane stays a plane. Their chunks are planned chunks like any other (same ids, cache)."""
-    return tuple(lv for lv in grid_levels(tensor, policy, tiles=True)
-                 if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x)))
+    return tuple(
+        lv
+        for lv in grid_levels(tensor, policy, tiles=True)
+        if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x))
+    )
 
 
 @dataclass(frozen=True)
@@ -105,8 +109,9 @@ class PlaneView:
         elif len(spatial) >= 2:
             y, x = spatial[-2], spatial[-1]
         else:
-            raise InvalidArgument(f"{tensor.array_id} has no two image axes (axes {''.join(labels)}); "
-                                  "it cannot be shown as an image")
+            raise InvalidArgument(
+                f"{tensor.array_id} has no two image axes (axes {''.join(labels)}); it cannot be shown as an image"
+            )
         fixed = {}
         for name, index in selection.items():
             if name not in labels or labels.index(name) in (y, x, sample):
@@ -131,8 +136,11 @@ class PlaneView:
     def square_levels(self) -> list[tuple[int, int, int]]:
         """``(factor, width, height)`` of each level reduced alike on both image axes (every
         computed level; a stored one reduced unevenly has no IIIF scale factor), finest first."""
-        return [(lv.scale[self.x], lv.shape[self.x], lv.shape[self.y]) for lv in self.levels
-                if lv.scale[self.x] == lv.scale[self.y]]
+        return [
+            (lv.scale[self.x], lv.shape[self.x], lv.shape[self.y])
+            for lv in self.levels
+            if lv.scale[self.x] == lv.scale[self.y]
+        ]
 
     @property
     def selected_channel(self) -> int | None:
@@ -156,21 +164,35 @@ class PlaneView:
             raise InvalidArgument(
                 f"a {w}x{h} region of {self.tensor.array_id} shown at {out_w}x{out_h} would read {read_px} "
                 f"pixels even at its coarsest level (limit {MAX_LEVEL_READ_PX}, or {READ_PER_OUTPUT_PX} per "
-                "output pixel); ask for a larger size or a smaller region")
+                "output pixel); ask for a larger size or a smaller region"
+            )
         return coarsest
 
     def _level_window(self, level: GridLevel, x: int, y: int, w: int, h: int) -> tuple[int, int, int, int]:
         """``(y0, y1, x0, x1)``: the level pixels covering full-resolution region ``(x, y, w, h)``."""
         sy, sx = level.scale[self.y], level.scale[self.x]
-        return (y // sy, min(-(-(y + h) // sy), level.shape[self.y]),
-                x // sx, min(-(-(x + w) // sx), level.shape[self.x]))
+        return (
+            y // sy,
+            min(-(-(y + h) // sy), level.shape[self.y]),
+            x // sx,
+            min(-(-(x + w) // sx), level.shape[self.x]),
+        )
 
     def _read_px(self, level: GridLevel, x: int, y: int, w: int, h: int) -> int:
         y0, y1, x0, x1 = self._level_window(level, x, y, w, h)
         return (y1 - y0) * (x1 - x0)
 
-    def read(self, provider: ViewerProvider, x: int, y: int, w: int, h: int, out_w: int, out_h: int,
-             cancelled: Callable[[], bool] | None = None) -> tuple[np.ndarray, GridLevel]:
+    def read(
+        self,
+        provider: ViewerProvider,
+        x: int,
+        y: int,
+        w: int,
+        h: int,
+        out_w: int,
+        out_h: int,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> tuple[np.ndarray, GridLevel]:
         """Raw pixels of full-resolution region ``(x, y, w, h)`` at the level serving an
         ``out_w × out_h`` rendering (``level_for``), as ``(channels, rows, cols)`` (samples as
         channels), and that level."""

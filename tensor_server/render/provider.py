@@ -4,6 +4,7 @@
 is set by ``authenticate``, every other call applies the runtime's rules). Every method
 raises ``tensor_server.errors`` classes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,8 +32,9 @@ class ViewerProvider(Protocol):
     def tensor(self, array_id: str) -> TensorAdapter:
         """The served tensor ``array_id`` (``TensorNotFound``/``InvalidArgument`` otherwise)."""
 
-    def level_region(self, tensor: TensorAdapter, level: GridLevel, region: Bounds,
-                     cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    def level_region(
+        self, tensor: TensorAdapter, level: GridLevel, region: Bounds, cancelled: Callable[[], bool] | None = None
+    ) -> np.ndarray:
         """The pixels of ``region`` of a served level (``ServingRuntime.level_region``: from
         the level's cached chunks, or computed from the region's own extent when cold)."""
 

@@ -5,6 +5,7 @@ action registry (``actions.py``); ``Caller`` (``caller.py``) is what a door know
 asks. Errors are the classes of ``tensor_server.errors``; each door maps them to its own
 statuses and decides nothing else (``docs/service.md``).
 """
+
 from __future__ import annotations
 
 from tensor_server.service.caller import IN_PROCESS, Caller

@@ -33,6 +33,7 @@ plan) apply the read check first, so a stranger sees neither a private tensor's 
 shape or state; a write of an upload by another (a chunk, ``set_upload_status``) hears the
 owner rule, which names the upload and neither.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -93,8 +94,10 @@ class Access:
         of a door that requires a credential needs a full one even in local mode (a grant
         passed that door for its own tensor, not for the rest: ``Caller.door_requires_credential``)."""
         if (self.token is not None or caller.door_requires_credential) and not self.full(caller):
-            raise Unauthenticated("unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
-                                  "<token>' header; HTTP: that header or ?token=<token>)")
+            raise Unauthenticated(
+                "unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
+                "<token>' header; HTTP: that header or ?token=<token>)"
+            )
 
     def _grant(self, tensor: Any) -> str:
         up = None if self.uploads is None else self.uploads.upload_of(tensor)
@@ -108,8 +111,10 @@ class Access:
             self.control(caller)
             return
         if not _holds(caller, grant):
-            raise Unauthenticated(f"unauthenticated: {tensor.array_id} is read with its capability token (or the "
-                                  "server token); the token presented is neither")
+            raise Unauthenticated(
+                f"unauthenticated: {tensor.array_id} is read with its capability token (or the "
+                "server token); the token presented is neither"
+            )
 
     def may_read(self, caller: Caller, tensor: Any) -> bool:
         """``read`` as a yes or no (a listing leaves out what it would refuse)."""
@@ -129,9 +134,12 @@ class Access:
             self.control(caller)
             return
         if not _holds(caller, up.owner):
-            raise PermissionDenied(f"permission denied: {up.array_id} is an upload whose chunks and status only "
-                                   "its owner writes (the client whose token created it) or the server token; the "
-                                   "token presented is neither", upload=up.array_id)
+            raise PermissionDenied(
+                f"permission denied: {up.array_id} is an upload whose chunks and status only "
+                "its owner writes (the client whose token created it) or the server token; the "
+                "token presented is neither",
+                upload=up.array_id,
+            )
 
     def row_view(self, caller: Caller) -> RowView:
         """The rows of the catalog's SQL tables (and listings) ``caller`` sees: every row with

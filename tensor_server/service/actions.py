@@ -13,6 +13,7 @@ this list; so is any later door's.
 
 Adding an action is one entry here, a handler, and a test (``docs/service.md`` shows one).
 """
+
 from __future__ import annotations
 
 import json
@@ -128,6 +129,7 @@ def _roi_prune(rt, caller, body, cancelled):
 
 def _verb(method: str) -> Handler:
     """A handler calling ``runtime.catalog_verbs.<method>(body)``."""
+
     def handler(rt, caller, body, cancelled):
         return getattr(rt.catalog_verbs, method)(body)
 
@@ -138,26 +140,65 @@ def _verb(method: str) -> Handler:
 ACTIONS: tuple[Action, ...] = (
     Action("health", "server status and protocol version (JSON)", _health, open=True),
     Action("server_stats", "call counts and chunk reads by client address (JSON)", _server_stats),
-    Action("tensor_stats", "min/max/sum/mean/count_nonzero of a tensor or region (JSON body: array_id, slice)",
-           _tensor_stats, per_tensor=True),
+    Action(
+        "tensor_stats",
+        "min/max/sum/mean/count_nonzero of a tensor or region (JSON body: array_id, slice)",
+        _tensor_stats,
+        per_tensor=True,
+    ),
     Action("resolve", "open an unreadable source again now; streams its catalog row", _resolve, streams=True),
-    Action("add_source", "register a path on the server's disk for this server's lifetime (streams progress)",
-           _add_source, writes=True, streams=True),
-    Action("remove_source", "deregister a path added with add_source (its dnd:// branch)", _verb("remove_source"),
-           writes=True),
-    Action("catalog_children", "one level of the catalog tree: the folders and sources under a folder (JSON)",
-           _catalog_children),
-    Action("roi_prune", "report (or with apply, delete) annotations whose source has been unseen for N days",
-           _roi_prune),
-    Action("add_tensor", "add a PENDING tensor to a source (uploads)", upload_verbs.add_tensor,
-           writes=True, available=_writable),
-    Action("set_upload_status", "move an upload to READY or DISCARDED", upload_verbs.set_upload_status,
-           writes=True, available=_writable),
-    Action("chunk_locate", "segment file and offset of a cached chunk (loopback only)", _chunk_locate,
-           per_tensor=True, available=_cached),
+    Action(
+        "add_source",
+        "register a path on the server's disk for this server's lifetime (streams progress)",
+        _add_source,
+        writes=True,
+        streams=True,
+    ),
+    Action(
+        "remove_source",
+        "deregister a path added with add_source (its dnd:// branch)",
+        _verb("remove_source"),
+        writes=True,
+    ),
+    Action(
+        "catalog_children",
+        "one level of the catalog tree: the folders and sources under a folder (JSON)",
+        _catalog_children,
+    ),
+    Action(
+        "roi_prune", "report (or with apply, delete) annotations whose source has been unseen for N days", _roi_prune
+    ),
+    Action(
+        "add_tensor",
+        "add a PENDING tensor to a source (uploads)",
+        upload_verbs.add_tensor,
+        writes=True,
+        available=_writable,
+    ),
+    Action(
+        "set_upload_status",
+        "move an upload to READY or DISCARDED",
+        upload_verbs.set_upload_status,
+        writes=True,
+        available=_writable,
+    ),
+    Action(
+        "chunk_locate",
+        "segment file and offset of a cached chunk (loopback only)",
+        _chunk_locate,
+        per_tensor=True,
+        available=_cached,
+    ),
     Action("cache_stats", "chunk cache statistics (JSON)", _cache_stats),
-    Action("export", "write a tensor as a pyramidal, sharded OME-Zarr under the write dir (JSON body: array_id, "
-           "dest, options); streams progress records", _export, writes=True, streams=True, available=_writable),
+    Action(
+        "export",
+        "write a tensor as a pyramidal, sharded OME-Zarr under the write dir (JSON body: array_id, "
+        "dest, options); streams progress records",
+        _export,
+        writes=True,
+        streams=True,
+        available=_writable,
+    ),
 )
 _BY_NAME = {a.name: a for a in ACTIONS}
 
@@ -167,8 +208,9 @@ def find_action(runtime: ServingRuntime, name: str) -> Action:
     that takes none says how to turn writes on; an unknown name says "Unknown action"."""
     action = _BY_NAME.get(name)
     if action is None or (not action.available(runtime) and not action.writes):
-        raise Unimplemented(f"Unknown action: {name[:100]}; this server's actions: "
-                            f"{[a.name for a in available_actions(runtime)]}")
+        raise Unimplemented(
+            f"Unknown action: {name[:100]}; this server's actions: {[a.name for a in available_actions(runtime)]}"
+        )
     if action.writes:
         runtime.refuse_if_read_only(name)
     if not action.available(runtime):
@@ -185,10 +227,16 @@ def actions_table() -> str:
     """The Markdown table of every action (``docs/service.md`` holds it; a test compares)."""
     rows = ["| action | what it does | writes | streams | who may call it |", "|---|---|---|---|---|"]
     for a in ACTIONS:
-        who = "anyone" if a.open else "the tensor's reader (server token or its grant)" if a.per_tensor else \
-            "the control surface (server token)"
-        rows.append(f"| `{a.name}` | {a.description} | {'yes' if a.writes else ''} | "
-                    f"{'yes' if a.streams else ''} | {who} |")
+        who = (
+            "anyone"
+            if a.open
+            else "the tensor's reader (server token or its grant)"
+            if a.per_tensor
+            else "the control surface (server token)"
+        )
+        rows.append(
+            f"| `{a.name}` | {a.description} | {'yes' if a.writes else ''} | {'yes' if a.streams else ''} | {who} |"
+        )
     return "\n".join(rows)
 
 

@@ -2,6 +2,7 @@
 wording. The messages are the biopb SDK's generated classes. JSON bodies have their own one
 decoder, ``core/json_body.py`` (bounded in size and nesting before they are parsed).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, TypeVar
@@ -25,7 +26,7 @@ def decode_message(cls: type[M], body: bytes, verb: str) -> M:
     try:
         msg.ParseFromString(bytes(body or b""))
     except (DecodeError, ValueError, TypeError):
-        raise InvalidArgument(f"{verb}: the request body is not the SDK's request message "
-                              f"(not a {cls.__name__})") from None
+        raise InvalidArgument(
+            f"{verb}: the request body is not the SDK's request message (not a {cls.__name__})"
+        ) from None
     return msg
-

@@ -4,6 +4,7 @@ A door fills it from its transport (Flight: the ``authorization`` header and the
 HTTP: the header or ``?token=`` and the socket peer); the service alone decides what it may
 do. Doors never compare tokens themselves.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -46,4 +47,3 @@ class Caller:
 
 #: the caller of in-process use (tests, benchmarks, a producer in the server's process)
 IN_PROCESS = Caller()
-

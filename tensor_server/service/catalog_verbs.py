@@ -6,6 +6,7 @@ ROI annotations also ride the data verbs (``roi_read`` a read ticket, ``roi_put`
 generated classes; the behaviour follows the biopb reference server so client code written
 against it works here. Transport-free: bodies in, bytes (or an Arrow table) out.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CatalogVerbs"]
 
+
 class CatalogVerbs:
     """The verbs above over one runtime's catalog (its ``rois`` store included)."""
 
@@ -38,8 +40,9 @@ class CatalogVerbs:
         self.runtime = runtime
         self.catalog = runtime.catalog
         refused = [runtime.cache.dir] if runtime.cache is not None else []
-        self.dropped = DroppedPaths(runtime.catalog, allowed_paths=runtime.settings.allowed_paths,
-                                    refused_paths=refused)
+        self.dropped = DroppedPaths(
+            runtime.catalog, allowed_paths=runtime.settings.allowed_paths, refused_paths=refused
+        )
         #: the folder index of the catalog generation ``_trees_generation``, by row view key
         self._trees: OrderedDict[Hashable, CatalogTree] = OrderedDict()
         self._trees_generation = -1
@@ -76,8 +79,12 @@ class CatalogVerbs:
             raise PermissionDenied("add_source: this server was started with --no-add-source; it serves its roots only")
         for event in self.dropped.add_events(req.url, req.source_type, cancelled=cancelled):
             if isinstance(event, AddTally):
-                result = AddSourceResult(added=event.added, already_present=event.already_present,
-                                         refreshed=event.refreshed, removed=event.removed)
+                result = AddSourceResult(
+                    added=event.added,
+                    already_present=event.already_present,
+                    refreshed=event.refreshed,
+                    removed=event.removed,
+                )
                 for path, reason in event.failed:
                     result.failed.add(path=path, reason=reason)
                 yield AddSourceStreamMessage(result=result).SerializeToString()
@@ -99,8 +106,9 @@ class CatalogVerbs:
         key, limit = req.get("key", ""), req.get("limit", DEFAULT_LIMIT)
         if not isinstance(key, str) or isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InvalidArgument(usage)
-        yield json.dumps(self.catalog_tree(caller).children(key, limit), ensure_ascii=False,
-                         separators=(",", ":")).encode()
+        yield json.dumps(
+            self.catalog_tree(caller).children(key, limit), ensure_ascii=False, separators=(",", ":")
+        ).encode()
 
     def catalog_tree(self, caller: Caller) -> CatalogTree:
         """The folder index ``caller`` sees: a source is in it when its SQL row lists a tensor
@@ -161,8 +169,9 @@ class CatalogVerbs:
         self._may_read(req.array_id, caller)
         return roi_verbs.read_rois(self.catalog, req.array_id, req.set_name)
 
-    def roi_write(self, cmd: Any, batches: Iterable[pa.RecordBatch], caller: Caller,
-                  cancelled: Callable[[], bool]) -> bytes:
+    def roi_write(
+        self, cmd: Any, batches: Iterable[pa.RecordBatch], caller: Caller, cancelled: Callable[[], bool]
+    ) -> bytes:
         """A ``roi_put`` or ``roi_delete``: the control surface, and the target's read rule
         (a stranger's write onto a granted tensor is refused as its read is), both before
         the rows are read; the rows are read within the request budget; a client changes
@@ -172,12 +181,24 @@ class CatalogVerbs:
         writer = self.runtime.access.roi_writer(caller)
         if cmd.WhichOneof("command") == "roi_put":
             self._may_read(cmd.roi_put.array_id, caller)
-            reply = roi_verbs.put_rois(self.catalog, cmd.roi_put.array_id, batches, check_rev=cmd.roi_put.check_rev,
-                                       cancelled=cancelled, writer=writer)
+            reply = roi_verbs.put_rois(
+                self.catalog,
+                cmd.roi_put.array_id,
+                batches,
+                check_rev=cmd.roi_put.check_rev,
+                cancelled=cancelled,
+                writer=writer,
+            )
         else:
             self._may_read(cmd.roi_delete.array_id, caller)
-            reply = roi_verbs.delete_rois(self.catalog, cmd.roi_delete.array_id, batches, cmd.roi_delete.set_name,
-                                          cancelled=cancelled, writer=writer)
+            reply = roi_verbs.delete_rois(
+                self.catalog,
+                cmd.roi_delete.array_id,
+                batches,
+                cmd.roi_delete.set_name,
+                cancelled=cancelled,
+                writer=writer,
+            )
         return reply.SerializeToString()
 
     def roi_prune(self, body: bytes, caller: Caller) -> Iterator[bytes]:

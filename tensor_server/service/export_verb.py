@@ -19,6 +19,7 @@ The rules every door gets here, at the service floor:
   closing the result stream stops it too. What was written is kept, resumably: the same
   body with ``"mode": "resume"`` continues it (``"mode": "overwrite"`` starts over).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,10 @@ class _Slots:
     def take(self) -> None:
         with self._lock:
             if self._running >= MAX_RUNNING:
-                raise Overloaded(f"export: {self._running} exports are running on this server, the most it runs at "
-                                 f"once ({MAX_RUNNING}); retry when one has finished")
+                raise Overloaded(
+                    f"export: {self._running} exports are running on this server, the most it runs at "
+                    f"once ({MAX_RUNNING}); retry when one has finished"
+                )
             self._running += 1
 
     def give_back(self) -> None:
@@ -89,8 +92,10 @@ def _destination(runtime: ServingRuntime, dest: Any) -> Path:
     if problem:
         raise InvalidArgument(f"export: dest {dest[:100]!r}: {problem}")
     if len(dest.encode("utf-8")) > _MAX_DEST_BYTES:
-        raise InvalidArgument(f"export: dest {dest[:100]!r} is longer than {_MAX_DEST_BYTES} UTF-8 bytes "
-                              "(its staging folder adds '.partial')")
+        raise InvalidArgument(
+            f"export: dest {dest[:100]!r} is longer than {_MAX_DEST_BYTES} UTF-8 bytes "
+            "(its staging folder adds '.partial')"
+        )
     return runtime.uploads.write_dir / "exports" / dest
 
 
@@ -105,8 +110,9 @@ def _offer(records: queue.Queue, item: object, stop: threading.Event) -> None:
             continue
 
 
-def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Callable[[], bool]
-                  ) -> Iterator[bytes]:
+def export_action(
+    runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Callable[[], bool]
+) -> Iterator[bytes]:
     from tensor_server.export import ExportOptions, export_tensor
 
     request = decode_json(body, "export body") if body else None
@@ -117,8 +123,9 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
         raise InvalidArgument(f"export: unknown key(s) {unknown[:8]}; {_USAGE}")
     options = ExportOptions.from_mapping(request.get("options") or {})
     if options.workers > MAX_SERVICE_WORKERS:
-        raise InvalidArgument(f"export: workers {options.workers} is more than a server's export may use "
-                              f"({MAX_SERVICE_WORKERS})")
+        raise InvalidArgument(
+            f"export: workers {options.workers} is more than a server's export may use ({MAX_SERVICE_WORKERS})"
+        )
     dest = _destination(runtime, request.get("dest"))
     tensor, _ = runtime.tensor(request["array_id"], caller)  # the read rules: token or grant, the gate
     labels = runtime.image_labels(caller, tensor)
@@ -140,8 +147,17 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
     def run() -> None:
         runtime.metrics.export_started(+1)
         try:
-            export_tensor(tensor, dest, options, labels=labels, engine=runtime.engine, cancelled=stop.is_set,
-                          progress=noted, name=request["array_id"], policy=runtime.policy)
+            export_tensor(
+                tensor,
+                dest,
+                options,
+                labels=labels,
+                engine=runtime.engine,
+                cancelled=stop.is_set,
+                progress=noted,
+                name=request["array_id"],
+                policy=runtime.policy,
+            )
         except BaseException as exc:
             failure.append(exc)
         finally:
@@ -164,8 +180,9 @@ def export_action(runtime: ServingRuntime, caller: Caller, body: bytes, cancelle
         raise failure[0]
 
 
-def _relayed(records: queue.Queue, worker: threading.Thread, stop: threading.Event,
-             cancelled: Callable[[], bool]) -> Iterator[bytes]:
+def _relayed(
+    records: queue.Queue, worker: threading.Thread, stop: threading.Event, cancelled: Callable[[], bool]
+) -> Iterator[bytes]:
     """The export's records as results until it ends. ``cancelled`` (the call's own "has the
     client gone?") is asked here, on the handler's thread, while the call is alive; once it
     says so the export is stopped and its remaining records are dropped."""

@@ -21,6 +21,7 @@ any read asked for since the previous turn.
 seconds: ``pyarrow``'s ``release_unused()`` and glibc's ``malloc_trim(0)`` (0.06 ms on an
 idle 360 MiB server; a no-op where glibc is not the C library).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -66,8 +67,9 @@ class MemoryReturn:
 
     def __init__(self, interval: float = 10.0, release: Callable[[], None] = release_unused_memory) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(interval, release),
-                                        name="tensor-server-memory-return", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(interval, release), name="tensor-server-memory-return", daemon=True
+        )
         self._thread.start()
 
     def _run(self, interval: float, release: Callable[[], None]) -> None:

@@ -30,6 +30,7 @@ port of its own (loopback by default, so usage is not exposed on a public door);
 it refuses to start without the server token, and takes the token on every scrape when the
 server has one.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -51,8 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from tensor_server.service.runtime import ServingRuntime
 
-__all__ = ["Metrics", "RequestTiming", "verb", "part", "timing", "current", "code_of", "PARTS",
-           "CALLS", "ACCESS_LOG"]
+__all__ = ["Metrics", "RequestTiming", "verb", "part", "timing", "current", "code_of", "PARTS", "CALLS", "ACCESS_LOG"]
 
 #: the request log's logger: one INFO line per request (the command line turns it on)
 ACCESS_LOG = logging.getLogger("tensor_server.access")
@@ -60,16 +60,35 @@ ACCESS_LOG = logging.getLogger("tensor_server.access")
 #: per door (``flight``, ``http``; ``in-process`` for verbs called without one), the calls it may name (a door adding a route class adds it here)
 CALLS = {
     "flight": ("GetFlightInfo", "ListFlights", "GetSchema", "DoGet", "DoPut", "ListActions", "DoAction"),
-    "http": ("zarr_index", "zarr_metadata", "zarr_chunk", "zarr_other", "iiif_info", "iiif_image", "dzi", "dzi_tile",
-             "catalog_page", "viewer_page", "viewer_assets", "healthz", "other"),
+    "http": (
+        "zarr_index",
+        "zarr_metadata",
+        "zarr_chunk",
+        "zarr_other",
+        "iiif_info",
+        "iiif_image",
+        "dzi",
+        "dzi_tile",
+        "catalog_page",
+        "viewer_page",
+        "viewer_assets",
+        "healthz",
+        "other",
+    ),
     "in-process": (),
 }
 #: where a request's time went (Server-Timing names, in this order)
 PARTS = ("lookup", "cache", "decode", "reduce", "encode")
 #: the part each engine path's time is counted in: ``decode`` reads source bytes as they
 #: are; ``reduce`` computes a reduction (a streamed one overlaps its units' decoding)
-_PART_OF_PATH = {"direct": "decode", "decimated": "decode", "upstream": "decode",
-                 "closed_form": "reduce", "streamed": "reduce", "cache_sourced": "reduce"}
+_PART_OF_PATH = {
+    "direct": "decode",
+    "decimated": "decode",
+    "upstream": "decode",
+    "closed_form": "reduce",
+    "streamed": "reduce",
+    "cache_sourced": "reduce",
+}
 #: latency buckets (seconds): a cached chunk is ~0.1-1 ms, a cold scaled read seconds
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: distinct format labels kept; later ones count as ``other``
@@ -95,12 +114,10 @@ def code_of(exc: BaseException) -> str:
 class RequestTiming:
     """One request: its id, door and call, outcome, and the seconds of each part."""
 
-    __slots__ = ("id", "door", "call", "t0", "parts", "reads", "code", "status", "nbytes", "peer", "target",
-                 "_token")
+    __slots__ = ("id", "door", "call", "t0", "parts", "reads", "code", "status", "nbytes", "peer", "target", "_token")
 
     def __init__(self, door: str, call: str, request_id: str | None = None) -> None:
-        self.id = request_id if request_id and _INCOMING_ID.fullmatch(request_id) else \
-            f"{_ID_PREFIX}-{next(_ids):x}"
+        self.id = request_id if request_id and _INCOMING_ID.fullmatch(request_id) else f"{_ID_PREFIX}-{next(_ids):x}"
         self.door, self.call = door, call
         self.t0 = time.perf_counter()
         self.parts = dict.fromkeys(PARTS, 0.0)
@@ -150,6 +167,7 @@ def timing(name: str) -> _Timer:
 # ---- decorators for the runtime's verbs ------------------------------------------------------
 def part(name: str) -> Callable:
     """A runtime method whose time is the current request's part ``name`` (lookup)."""
+
     def deco(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -161,24 +179,30 @@ def part(name: str) -> Callable:
                 return fn(self, *args, **kwargs)
             finally:
                 rq.parts[name] += time.perf_counter() - t0
+
         return wrapper
+
     return deco
 
 
-def verb(name: str, *, cancelled_arg: int | None = None, action_arg: int | None = None,
-         remainder: str | None = None) -> Callable:
+def verb(
+    name: str, *, cancelled_arg: int | None = None, action_arg: int | None = None, remainder: str | None = None
+) -> Callable:
     """A runtime verb, counted by outcome and timed (``self.metrics``). ``cancelled_arg``:
     the position of its ``cancelled`` callable (an error after the client went counts as
     CANCELLED); ``action_arg``: the position of an action name (the label is the registry's
     name, or ``unknown``); ``remainder``: the part the verb's time not attributed to another
     part goes to (``cache`` for chunks: the store's look-up and write), and a chunk verb that
     computed nothing is counted as read from the cache."""
+
     def deco(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
             label = name if action_arg is None else _action_label(args[action_arg] if len(args) > action_arg else "")
             return self.metrics.run_verb(label, fn, self, args, kwargs, cancelled_arg, remainder)
+
         return wrapper
+
     return deco
 
 
@@ -278,12 +302,22 @@ class Metrics:
         """Per door: requests, their total seconds and the seconds of each part (server_stats)."""
         with self._lock:
             rows = {door: list(row) for door, row in self._totals.items()}
-        return {door: {"requests": int(row[0]), "seconds": row[1], **dict(zip(PARTS, row[2:]))}
-                for door, row in rows.items()}
+        return {
+            door: {"requests": int(row[0]), "seconds": row[1], **dict(zip(PARTS, row[2:]))}
+            for door, row in rows.items()
+        }
 
     # ---- verbs (the runtime) ----------------------------------------------------------------
-    def run_verb(self, label: str, fn: Callable, obj: Any, args: tuple, kwargs: dict, cancelled_arg: int | None,
-                 remainder: str | None) -> Any:
+    def run_verb(
+        self,
+        label: str,
+        fn: Callable,
+        obj: Any,
+        args: tuple,
+        kwargs: dict,
+        cancelled_arg: int | None,
+        remainder: str | None,
+    ) -> Any:
         rq = _current.get()
         token = None
         if rq is None:  # an in-process call: a request of its own, so parts still add up
@@ -375,21 +409,37 @@ class Metrics:
         with self._lock:
             self.exports_running += delta
 
+
 def _log_request(rq: RequestTiming, total: float) -> None:
-    fields = {"request_id": rq.id, "door": rq.door, "call": rq.call, "code": rq.code, "status": rq.status,
-              "ms": round(total * 1e3, 3), "bytes": rq.nbytes, "peer": rq.peer[:64], "target": rq.target[:200],
-              **{f"{k}_ms": round(v * 1e3, 3) for k, v in rq.parts.items() if v}}
+    fields = {
+        "request_id": rq.id,
+        "door": rq.door,
+        "call": rq.call,
+        "code": rq.code,
+        "status": rq.status,
+        "ms": round(total * 1e3, 3),
+        "bytes": rq.nbytes,
+        "peer": rq.peer[:64],
+        "target": rq.target[:200],
+        **{f"{k}_ms": round(v * 1e3, 3) for k, v in rq.parts.items() if v},
+    }
     text = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
     ACCESS_LOG.info("request %s", text, extra={"request": fields})
 
 
 #: family -> (kind, help, label names): what ``Metrics`` counts (prefixed ``tensor_server_``)
 FAMILIES = {
-    "requests": ("counter", "Requests by door, call (Flight verb or HTTP route class) and outcome (error code)",
-                 ("door", "call", "code")),
+    "requests": (
+        "counter",
+        "Requests by door, call (Flight verb or HTTP route class) and outcome (error code)",
+        ("door", "call", "code"),
+    ),
     "request_seconds": ("histogram", "Request latency by door and call", ("door", "call")),
-    "part_seconds": ("counter", "Seconds of requests spent in each part (Server-Timing: lookup, cache, decode, "
-                     "reduce, encode)", ("door", "part")),
+    "part_seconds": (
+        "counter",
+        "Seconds of requests spent in each part (Server-Timing: lookup, cache, decode, reduce, encode)",
+        ("door", "part"),
+    ),
     "verbs": ("counter", "Runtime verbs (and actions) by outcome", ("verb", "code")),
     "verb_seconds": ("histogram", "Runtime verb latency", ("verb",)),
     "reads": ("counter", "Reads by the path that served them (cache: a chunk the cache held whole)", ("path",)),
@@ -401,10 +451,20 @@ FAMILIES = {
     "export_bytes": ("counter", "Bytes written by exports (the export action)", ()),
 }
 #: exposed names (a counter's samples end in ``_total``)
-_NAMES = {"requests": "requests", "request_seconds": "request_seconds", "part_seconds": "request_part_seconds",
-          "verbs": "verb_calls", "verb_seconds": "verb_seconds", "reads": "reads", "read_seconds": "read_seconds",
-          "read_bytes": "read_bytes", "decode_seconds": "decode_seconds", "decode_bytes": "decode_bytes",
-          "upload_bytes": "upload_bytes", "export_bytes": "export_bytes"}
+_NAMES = {
+    "requests": "requests",
+    "request_seconds": "request_seconds",
+    "part_seconds": "request_part_seconds",
+    "verbs": "verb_calls",
+    "verb_seconds": "verb_seconds",
+    "reads": "reads",
+    "read_seconds": "read_seconds",
+    "read_bytes": "read_bytes",
+    "decode_seconds": "decode_seconds",
+    "decode_bytes": "decode_bytes",
+    "upload_bytes": "upload_bytes",
+    "export_bytes": "export_bytes",
+}
 
 
 class _InstrumentCollector:
@@ -461,26 +521,40 @@ class _StateCollector:
             return
         cat = rt.catalog
         yield GaugeMetricFamily("tensor_server_catalog_sources", "Sources in the catalog", value=len(cat))
-        yield GaugeMetricFamily("tensor_server_catalog_scan_in_progress", "1 while discovery scans the roots",
-                                value=1 if cat.scan_in_progress else 0)
+        yield GaugeMetricFamily(
+            "tensor_server_catalog_scan_in_progress",
+            "1 while discovery scans the roots",
+            value=1 if cat.scan_in_progress else 0,
+        )
         yield from _discovery_families(cat.discovery_progress(), len(cat.skipped))
-        yield GaugeMetricFamily("tensor_server_catalog_generation", "Catalog generation (moves on every change)",
-                                value=cat.generation)
-        yield GaugeMetricFamily("tensor_server_decode_rate_rows", "Tensors in the decode_rates table",
-                                value=len(cat.decode_rates.snapshot()))
+        yield GaugeMetricFamily(
+            "tensor_server_catalog_generation", "Catalog generation (moves on every change)", value=cat.generation
+        )
+        yield GaugeMetricFamily(
+            "tensor_server_decode_rate_rows",
+            "Tensors in the decode_rates table",
+            value=len(cat.decode_rates.snapshot()),
+        )
         engine = rt.engine
         if engine.max_computes:
             adm = dict(engine.admission)
-            yield GaugeMetricFamily("tensor_server_admission_slots", "Chunk computations allowed at once",
-                                    value=engine.max_computes)
-            yield GaugeMetricFamily("tensor_server_admission_waiting", "Computations waiting for a slot now",
-                                    value=adm["waiting"])
-            yield CounterMetricFamily("tensor_server_admission_waits", "Computations that waited for a slot",
-                                      value=adm["waits"])
-            yield CounterMetricFamily("tensor_server_admission_wait_seconds", "Seconds computations waited",
-                                      value=adm["wait_seconds"])
-            yield CounterMetricFamily("tensor_server_admission_refused", "Computations refused after waiting "
-                                      "(UNAVAILABLE, retryable)", value=adm["refused"])
+            yield GaugeMetricFamily(
+                "tensor_server_admission_slots", "Chunk computations allowed at once", value=engine.max_computes
+            )
+            yield GaugeMetricFamily(
+                "tensor_server_admission_waiting", "Computations waiting for a slot now", value=adm["waiting"]
+            )
+            yield CounterMetricFamily(
+                "tensor_server_admission_waits", "Computations that waited for a slot", value=adm["waits"]
+            )
+            yield CounterMetricFamily(
+                "tensor_server_admission_wait_seconds", "Seconds computations waited", value=adm["wait_seconds"]
+            )
+            yield CounterMetricFamily(
+                "tensor_server_admission_refused",
+                "Computations refused after waiting (UNAVAILABLE, retryable)",
+                value=adm["refused"],
+            )
         stats = rt.cache_stats()
         if stats is not None:
             pools = stats["pool_stats"]
@@ -493,13 +567,18 @@ class _StateCollector:
             size.add_metric(["memory"], pools["memory"]["bytes"])
             size.add_metric(["file"], pools["file"]["bytes"])
             yield size
-            for key, text in (("misses", "Chunk cache misses (computed)"), ("evictions", "Segments evicted"),
-                              ("pending_waits", "Reads that waited for another's computation of one chunk"),
-                              ("oversized_skips", "Chunks larger than the cache budget"),
-                              ("corrupt_entries", "Entries dropped on failed verification"),
-                              ("write_errors", "Writes the disk refused")):
+            for key, text in (
+                ("misses", "Chunk cache misses (computed)"),
+                ("evictions", "Segments evicted"),
+                ("pending_waits", "Reads that waited for another's computation of one chunk"),
+                ("oversized_skips", "Chunks larger than the cache budget"),
+                ("corrupt_entries", "Entries dropped on failed verification"),
+                ("write_errors", "Writes the disk refused"),
+            ):
                 yield CounterMetricFamily(f"tensor_server_cache_{key}", text, value=stats[key])
-            yield GaugeMetricFamily("tensor_server_cache_entries", "Entries in the file tier", value=stats["total_entries"])
+            yield GaugeMetricFamily(
+                "tensor_server_cache_entries", "Entries in the file tier", value=stats["total_entries"]
+            )
             yield GaugeMetricFamily("tensor_server_cache_max_bytes", "File-tier budget", value=stats["max_bytes"])
             precache = stats.get("precache")
             if precache:
@@ -508,15 +587,16 @@ class _StateCollector:
                     fam.add_metric([str(key)], value)
                 yield fam
         if rt.uploads is not None:
-            yield GaugeMetricFamily("tensor_server_uploads_pending", "Uploads in flight (PENDING)",
-                                    value=rt.uploads.pending_count())
-        yield GaugeMetricFamily("tensor_server_exports_running", "Exports in flight (the export action)",
-                                value=rt.metrics.exports_running)
+            yield GaugeMetricFamily(
+                "tensor_server_uploads_pending", "Uploads in flight (PENDING)", value=rt.uploads.pending_count()
+            )
+        yield GaugeMetricFamily(
+            "tensor_server_exports_running", "Exports in flight (the export action)", value=rt.metrics.exports_running
+        )
 
 
 #: the per-scan counts of ``Catalog.discovery_progress`` exported as one labelled gauge
-_DISCOVERY_COUNTS = ("folders_walked", "files_seen", "files_unchanged", "files_opened", "files_failed",
-                     "pending_open")
+_DISCOVERY_COUNTS = ("folders_walked", "files_seen", "files_unchanged", "files_opened", "files_failed", "pending_open")
 
 
 def _discovery_families(progress: dict[str, Any], skipped: int) -> Iterator[Any]:
@@ -524,13 +604,17 @@ def _discovery_families(progress: dict[str, Any], skipped: int) -> Iterator[Any]
     the last finished scan refused without opening), and when the last full scan finished."""
     from prometheus_client.core import GaugeMetricFamily
 
-    fam = GaugeMetricFamily("tensor_server_discovery", "What the current (or last) discovery scan has "
-                            "done, by kind", labels=["kind"])
+    fam = GaugeMetricFamily(
+        "tensor_server_discovery", "What the current (or last) discovery scan has done, by kind", labels=["kind"]
+    )
     for kind in _DISCOVERY_COUNTS:
         fam.add_metric([kind], progress[kind])
     fam.add_metric(["skipped"], skipped)
     yield fam
     finished = progress["last_full_scan_finished_at"]
     if finished is not None:
-        yield GaugeMetricFamily("tensor_server_discovery_last_scan_finished_timestamp_seconds",
-                                "Unix time the last full scan finished", value=finished)
+        yield GaugeMetricFamily(
+            "tensor_server_discovery_last_scan_finished_timestamp_seconds",
+            "Unix time the last full scan finished",
+            value=finished,
+        )

@@ -17,6 +17,7 @@ It owns the read engine, the precacher and the upload manager it builds; the cat
 chunk cache are handed in (the command line opens them, choosing files another server does
 not hold) and closed by whoever opened them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -95,9 +96,16 @@ class Described:
 class ServingRuntime:
     """Catalog + engine + cache + precache + uploads + the rules (module docstring)."""
 
-    def __init__(self, catalog: Catalog, settings: Settings | None = None, *, cache: Any | None = None,
-                 uploads: UploadManager | None = None, tls: Any | None = None, access_tokens: Sequence[str] = ()
-                 ) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        settings: Settings | None = None,
+        *,
+        cache: Any | None = None,
+        uploads: UploadManager | None = None,
+        tls: Any | None = None,
+        access_tokens: Sequence[str] = (),
+    ) -> None:
         """``tls``: the server's certificate (``service/tls.py`` ``ServerTls``), which every door
         serves and ``health`` describes; ``access_tokens``: credentials beside the server token
         that hold full access (the HTTP door's access token, printed in its URLs)."""
@@ -107,9 +115,15 @@ class ServingRuntime:
         self.cache = cache
         self.policy = s.pyramid_policy()
         #: the one read path: every pixel any door sends comes from here
-        self.engine = ReadEngine(cache, workers=s.read_workers or None, source_scaled_reads=s.source_scaled_reads,
-                                 max_computes=s.admission_bound(), admission_timeout=s.admission_timeout,
-                                 special_chunks=s.special_chunks, on_changed=catalog.reopen_changed)
+        self.engine = ReadEngine(
+            cache,
+            workers=s.read_workers or None,
+            source_scaled_reads=s.source_scaled_reads,
+            max_computes=s.admission_bound(),
+            admission_timeout=s.admission_timeout,
+            special_chunks=s.special_chunks,
+            on_changed=catalog.reopen_changed,
+        )
         #: instruments, request timing, decode rates (service/metrics.py); the engine tells it its paths
         self.metrics = metrics.Metrics(self, enabled=s.metrics_port is not None)
         self.engine.on_read = self.metrics.on_read
@@ -184,8 +198,10 @@ class ServingRuntime:
     def refuse_if_read_only(self, verb: str) -> None:
         """Every verb that writes (uploads, added sources, annotations) on a read-only server."""
         if self.settings.read_only:
-            raise ReadOnly(f"{verb}: this server was started with --read-only and changes nothing (uploads, "
-                           "added sources, annotations); start it without --read-only to allow writes")
+            raise ReadOnly(
+                f"{verb}: this server was started with --read-only and changes nothing (uploads, "
+                "added sources, annotations); start it without --read-only to allow writes"
+            )
 
     # ---- lookup ---------------------------------------------------------------------------------
     @metrics.part("lookup")
@@ -257,23 +273,36 @@ class ServingRuntime:
         if rec.source is None:  # opens a restored row, whose own tensors then carry their fields
             return {}
         full = self.access.full(caller)
-        return {t.field: t for t in self.catalog.served(rec)
-                if t.field is not None and t.tensor is not None and (full or self.access.may_read(caller, t.tensor))}
+        return {
+            t.field: t
+            for t in self.catalog.served(rec)
+            if t.field is not None and t.tensor is not None and (full or self.access.may_read(caller, t.tensor))
+        }
 
     def upload(self, array_id: str) -> Upload | None:
         return None if self.uploads is None else self.uploads.get(array_id)
 
     # ---- describe and plan ----------------------------------------------------------------------
     @metrics.verb("describe")
-    def describe(self, caller: Caller, array_id: str, *, region: Bounds | None = None,
-                 scale: Sequence[int] | None = None, method: str = "", fields: Iterable[str] = ()) -> Described:
+    def describe(
+        self,
+        caller: Caller,
+        array_id: str,
+        *,
+        region: Bounds | None = None,
+        scale: Sequence[int] | None = None,
+        method: str = "",
+        fields: Iterable[str] = (),
+    ) -> Described:
         """A describe (no endpoints asked) or a read plan. An upload's id answers its write
         plan while PENDING (unscaled), its status always, and a read plan once READY."""
         wanted = frozenset(fields)
         unknown = sorted(wanted - READ_MASK_PATHS)
         if unknown:
-            raise InvalidArgument(f"tensor_read: unknown field mask path(s) {unknown}; known: "
-                                  f"{sorted(READ_MASK_PATHS)}", slug="unknown_field_mask")
+            raise InvalidArgument(
+                f"tensor_read: unknown field mask path(s) {unknown}; known: {sorted(READ_MASK_PATHS)}",
+                slug="unknown_field_mask",
+            )
         scale = list(scale or []) or None
         scaled = scale is not None and any(s != 1 for s in scale)
         up = self.upload(array_id)
@@ -304,8 +333,16 @@ class ServingRuntime:
         record = self.catalog.get_record(ArrayId.parse(tensor.array_id).source_id)
         metadata_json = record.source.metadata_json() if "metadata_json" in wanted and record.source else None
         resident = record.is_resident() if "is_resident" in wanted else None
-        return Described(tensor, echo, wanted, plan, region is not None, metadata_json, resident,
-                         up if "upload_status" in wanted else None)
+        return Described(
+            tensor,
+            echo,
+            wanted,
+            plan,
+            region is not None,
+            metadata_json,
+            resident,
+            up if "upload_status" in wanted else None,
+        )
 
     def _reopened_if_stale(self, tensor: TensorAdapter, region: Bounds | None) -> bool:
         """Plan time: reopen the source when the bytes under the region changed since it was
@@ -333,8 +370,9 @@ class ServingRuntime:
         return tensor
 
     @metrics.verb("chunk", cancelled_arg=2, remainder="cache")
-    def chunk(self, chunk_id: bytes | ChunkId, caller: Caller, cancelled: Cancelled | None = None
-              ) -> tuple[ChunkId, np.ndarray]:
+    def chunk(
+        self, chunk_id: bytes | ChunkId, caller: Caller, cancelled: Cancelled | None = None
+    ) -> tuple[ChunkId, np.ndarray]:
         """(validated id, read-only pixels) of a planned chunk through the engine; work stops
         when ``cancelled()`` turns true (the client went)."""
         cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
@@ -347,8 +385,14 @@ class ServingRuntime:
         self.precacher.after_read(tensor, cid)
         return cid, data
 
-    def level_region(self, tensor: TensorAdapter, level: GridLevel, region: Bounds, caller: Caller,
-                     cancelled: Cancelled | None = None) -> np.ndarray:
+    def level_region(
+        self,
+        tensor: TensorAdapter,
+        level: GridLevel,
+        region: Bounds,
+        caller: Caller,
+        cancelled: Cancelled | None = None,
+    ) -> np.ndarray:
         """Pixels of ``region`` of a served level (level coordinates), for a door that shows
         tiles (IIIF, DeepZoom). ``tensor`` comes from ``tensor()``, which gated it.
 
@@ -368,13 +412,15 @@ class ServingRuntime:
         exact = extent is not None and len(cids) == 1 and cids[0].bounds == extent
         precacher = self.precacher
         if extent is None or precacher is None or not self._computed_apart(extent, cids, exact):
-            return read_level_region(tensor, level, region, lambda cid: self.chunk(cid, caller, cancelled)[1],
-                                     cancelled)
+            return read_level_region(
+                tensor, level, region, lambda cid: self.chunk(cid, caller, cancelled)[1], cancelled
+            )
         for cid in cids:  # the bytes under it are the ones the tensor was opened on
             self.engine.refuse_changed(tensor, cid)
         with precacher.client_read(), self.engine.admitted():  # the precacher starts nothing meanwhile
-            data = self.read(tensor, extent, level.scale, None if level.method == UNSCALED else level.method,
-                             caller, cancelled)
+            data = self.read(
+                tensor, extent, level.scale, None if level.method == UNSCALED else level.method, caller, cancelled
+            )
         if exact:  # the tile is its chunk: stored when idle, off this request's path
             precacher.keep(tensor, cids[0], data)
         else:
@@ -392,8 +438,15 @@ class ServingRuntime:
         return exact or 2 * int(np.prod(extent.shape)) <= sum(int(np.prod(c.bounds.shape)) for c in cids)
 
     @metrics.verb("read", cancelled_arg=5)
-    def read(self, tensor: TensorAdapter, bounds: Bounds | None, scale: Sequence[int] | None, method: str | None,
-             caller: Caller, cancelled: Cancelled | None = None) -> np.ndarray:
+    def read(
+        self,
+        tensor: TensorAdapter,
+        bounds: Bounds | None,
+        scale: Sequence[int] | None,
+        method: str | None,
+        caller: Caller,
+        cancelled: Cancelled | None = None,
+    ) -> np.ndarray:
         """Pixels of a region at a scale (a door that serves regions rather than planned
         chunks: tiles, exports). ``tensor`` comes from ``tensor()``, which gated it."""
         self._count_peer(caller)
@@ -415,8 +468,13 @@ class ServingRuntime:
         loc = self.cache.locate(cid.encode())
         if loc is None:  # e.g. larger than the whole cache budget, or evicted just now
             return {"available": False}
-        return {"available": True, "segment_path": loc.segment_path, "byte_offset": loc.byte_offset,
-                "byte_length": loc.byte_length, "generation_id": loc.generation_id}
+        return {
+            "available": True,
+            "segment_path": loc.segment_path,
+            "byte_offset": loc.byte_offset,
+            "byte_length": loc.byte_length,
+            "generation_id": loc.generation_id,
+        }
 
     def _member_location(self, cid: ChunkId, caller: Caller) -> dict[str, Any] | None:
         up = self.upload(cid.array_id)
@@ -430,8 +488,13 @@ class ServingRuntime:
         if loc is None:
             return None
         path, offset, length, inode = loc
-        return {"available": True, "segment_path": path, "byte_offset": offset, "byte_length": length,
-                "generation_id": inode}
+        return {
+            "available": True,
+            "segment_path": path,
+            "byte_offset": offset,
+            "byte_length": length,
+            "generation_id": inode,
+        }
 
     def _count_peer(self, caller: Caller) -> None:
         with self._peers_lock:
@@ -450,8 +513,9 @@ class ServingRuntime:
 
     # ---- uploads: one chunk -----------------------------------------------------------------------
     @metrics.verb("put_chunk")
-    def put_chunk(self, chunk_ticket: bytes, pieces: Iterator[Any], caller: Caller,
-                  cancelled: Cancelled | None = None) -> None:
+    def put_chunk(
+        self, chunk_ticket: bytes, pieces: Iterator[Any], caller: Caller, cancelled: Cancelled | None = None
+    ) -> None:
         """Store one planned chunk of a PENDING upload (``chunk_ticket``: a write plan's
         TensorTicket). The ticket is checked before a byte is read; ``pieces`` (Arrow record
         batches with a ``data`` column) are then taken one at a time within the chunk's own
@@ -480,8 +544,7 @@ class ServingRuntime:
 
     # ---- actions --------------------------------------------------------------------------------
     @metrics.verb("action", action_arg=0)
-    def do_action(self, name: str, body: bytes, caller: Caller, cancelled: Cancelled | None = None
-                  ) -> Iterator[bytes]:
+    def do_action(self, name: str, body: bytes, caller: Caller, cancelled: Cancelled | None = None) -> Iterator[bytes]:
         """Run the action ``name`` (``service/actions.py``): its results, in order. The caller
         is checked before the handler parses ``body``: the control surface's token, or, for
         a per-tensor read, a credential that could read some tensor (the handler then
@@ -530,8 +593,12 @@ class ServingRuntime:
     def server_stats(self) -> dict[str, Any]:
         with self._peers_lock:
             peers = dict(self._peers)
-        return {"calls": dict(self.calls), "chunk_reads_by_peer": peers, "server_timing": self.metrics.breakdown(),
-                "zarr_decoder": zarr_decoder_name()}
+        return {
+            "calls": dict(self.calls),
+            "chunk_reads_by_peer": peers,
+            "server_timing": self.metrics.breakdown(),
+            "zarr_decoder": zarr_decoder_name(),
+        }
 
     def cache_stats(self) -> dict[str, Any] | None:
         if self.cache is None:
@@ -540,4 +607,3 @@ class ServingRuntime:
         if self.precacher is not None:
             body["precache"] = dict(self.precacher.stats)
         return body
-

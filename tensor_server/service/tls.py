@@ -14,6 +14,7 @@ Flight serves it with ``grpc+tls://`` (pyarrow's ``tls_certificates``), HTTP wit
 ``ssl_certfile/ssl_keyfile``; both take what :class:`ServerTls` holds. ``cryptography`` is
 imported only here, and only when a server uses TLS.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -32,9 +33,20 @@ from typing import Any
 
 from tensor_server.errors import FailedPrecondition, InvalidArgument
 
-__all__ = ["ServerTls", "server_tls", "host_names", "canonical_name", "fingerprint", "format_fingerprint",
-           "expiry_warning", "key_mode_warning", "require_safe_transport", "is_loopback_host", "VALIDITY_DAYS",
-           "EXPIRY_WARN_DAYS"]
+__all__ = [
+    "ServerTls",
+    "server_tls",
+    "host_names",
+    "canonical_name",
+    "fingerprint",
+    "format_fingerprint",
+    "expiry_warning",
+    "key_mode_warning",
+    "require_safe_transport",
+    "is_loopback_host",
+    "VALIDITY_DAYS",
+    "EXPIRY_WARN_DAYS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,14 +78,19 @@ class ServerTls:
 
     def health(self) -> dict[str, object]:
         """What ``health`` reports, so a user can pin the certificate it saw."""
-        return {"tls": True, "tls_fingerprint": self.fingerprint,
-                "tls_not_after": self.not_after.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return {
+            "tls": True,
+            "tls_fingerprint": self.fingerprint,
+            "tls_not_after": self.not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
 
     def startup_lines(self) -> list[str]:
         """What the server prints at start: the fingerprint to pin and any expiry warning."""
         origin = "self-signed, " + str(self.cert_path) if self.minted else str(self.cert_path)
-        lines = [f"TLS certificate ({origin}), SHA-256 fingerprint {format_fingerprint(self.fingerprint)}",
-                 f"  pin it: TensorFlightClient('grpcs://HOST:PORT', tls_fingerprint='{self.fingerprint}')"]
+        lines = [
+            f"TLS certificate ({origin}), SHA-256 fingerprint {format_fingerprint(self.fingerprint)}",
+            f"  pin it: TensorFlightClient('grpcs://HOST:PORT', tls_fingerprint='{self.fingerprint}')",
+        ]
         for warning in (expiry_warning(self.not_after), key_mode_warning(self.key_path, self.key_mode)):
             if warning:
                 lines.append(warning)
@@ -93,7 +110,7 @@ def fingerprint(cert_pem: bytes) -> str:
 
 def format_fingerprint(hex_digest: str) -> str:
     """``AB:CD:...``, the form people compare by eye."""
-    return ":".join(hex_digest[i:i + 2].upper() for i in range(0, len(hex_digest), 2))
+    return ":".join(hex_digest[i : i + 2].upper() for i in range(0, len(hex_digest), 2))
 
 
 def expiry_warning(not_after: datetime.datetime, now: datetime.datetime | None = None) -> str | None:
@@ -103,8 +120,10 @@ def expiry_warning(not_after: datetime.datetime, now: datetime.datetime | None =
     now = now or datetime.datetime.now(datetime.UTC)
     left = not_after - now
     stamp = not_after.strftime("%Y-%m-%d")
-    fix = ("delete the certificate and key files so the server mints a new one (or pass a renewed "
-           "--tls-cert/--tls-key); every client must then re-pin it")
+    fix = (
+        "delete the certificate and key files so the server mints a new one (or pass a renewed "
+        "--tls-cert/--tls-key); every client must then re-pin it"
+    )
     if left.total_seconds() <= 0:
         return f"WARNING: the TLS certificate expired on {stamp}; clients cannot connect. To proceed, {fix}."
     if left.days < EXPIRY_WARN_DAYS:
@@ -118,8 +137,10 @@ def key_mode_warning(key_path: Path, mode: int) -> str | None:
     client that pinned it. The server still serves it (it is the operator's file)."""
     if not mode & 0o077:
         return None
-    return (f"WARNING: the TLS private key {key_path} is readable by other users of this machine (mode "
-            f"{mode & 0o777:04o}); whoever reads it can impersonate this server. Fix: chmod 600 {key_path}")
+    return (
+        f"WARNING: the TLS private key {key_path} is readable by other users of this machine (mode "
+        f"{mode & 0o777:04o}); whoever reads it can impersonate this server. Fix: chmod 600 {key_path}"
+    )
 
 
 def is_loopback_host(host: str) -> bool:
@@ -150,7 +171,8 @@ def require_safe_transport(host: str, settings: Any, tls: object | None) -> None
         f"refusing to serve on {host} without TLS: off loopback the bearer token and every pixel would "
         "travel in cleartext, readable by anyone on the network path. Pass --tls (a self-signed certificate "
         "minted once in the server home; clients pin its fingerprint) or --tls-cert FILE --tls-key FILE, "
-        "or --insecure to serve plaintext anyway (a trusted network only)")
+        "or --insecure to serve plaintext anyway (a trusted network only)"
+    )
 
 
 def _bounded(probe, default):
@@ -216,23 +238,45 @@ def _mint(dns: Sequence[str], ips: Sequence[str], days: int) -> tuple[bytes, byt
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns[0] if dns else "localhost"),
-                      x509.NameAttribute(NameOID.ORGANIZATION_NAME, "tensor-server (self-signed)")])
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, dns[0] if dns else "localhost"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "tensor-server (self-signed)"),
+        ]
+    )
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
     start = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=1)  # clock skew
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(start + datetime.timedelta(days=days))
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(key, hashes.SHA256()))
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
@@ -261,11 +305,14 @@ def _describe(cert_pem: bytes, key_pem: bytes, cert_path: Path, key_path: Path, 
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except (ValueError, TypeError) as exc:
-        raise InvalidArgument(f"{key_path}: not an unencrypted PEM private key ({exc}); decrypt it first "
-                              "(openssl pkey -in KEY -out PLAIN) and pass that to --tls-key") from None
+        raise InvalidArgument(
+            f"{key_path}: not an unencrypted PEM private key ({exc}); decrypt it first "
+            "(openssl pkey -in KEY -out PLAIN) and pass that to --tls-key"
+        ) from None
     pub = serialization.PublicFormat.SubjectPublicKeyInfo
-    if key.public_key().public_bytes(serialization.Encoding.DER, pub) != \
-            cert.public_key().public_bytes(serialization.Encoding.DER, pub):
+    if key.public_key().public_bytes(serialization.Encoding.DER, pub) != cert.public_key().public_bytes(
+        serialization.Encoding.DER, pub
+    ):
         raise InvalidArgument(f"{key_path} is not the private key of {cert_path}; pass the matching pair")
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -277,27 +324,40 @@ def _describe(cert_pem: bytes, key_pem: bytes, cert_path: Path, key_path: Path, 
         key_mode = os.stat(key_path).st_mode & 0o777
     except OSError:  # read a moment ago: gone since, nothing left to warn about
         key_mode = 0o600
-    return ServerTls(cert_pem, key_pem, cert_path, key_path, fingerprint(cert_pem), cert.not_valid_after_utc,
-                     dns, ips, minted, key_mode)
+    return ServerTls(
+        cert_pem,
+        key_pem,
+        cert_path,
+        key_path,
+        fingerprint(cert_pem),
+        cert.not_valid_after_utc,
+        dns,
+        ips,
+        minted,
+        key_mode,
+    )
 
 
 def _read(path: Path, flag: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise InvalidArgument(f"{flag} {path}: cannot read it ({exc.strerror}); the server reads it as the user "
-                              "it runs as") from None
+        raise InvalidArgument(
+            f"{flag} {path}: cannot read it ({exc.strerror}); the server reads it as the user it runs as"
+        ) from None
 
 
-def server_tls(home: Path, *, cert: str | None = None, key: str | None = None,
-               sans: Sequence[str] = (), days: int = VALIDITY_DAYS) -> ServerTls:
+def server_tls(
+    home: Path, *, cert: str | None = None, key: str | None = None, sans: Sequence[str] = (), days: int = VALIDITY_DAYS
+) -> ServerTls:
     """The certificate a server presents: ``cert``/``key`` when given (both or neither), else
     the self-signed pair in ``home/tls/``, minted on first use. A stored pair is reused as is
     (a new certificate breaks every pin) unless a ``--san`` name is missing from it: then a
     new one is minted and the warning says the old pins must go."""
     if bool(cert) != bool(key):
-        raise InvalidArgument("--tls-cert and --tls-key go together: pass both, or neither for a self-signed "
-                              "certificate")
+        raise InvalidArgument(
+            "--tls-cert and --tls-key go together: pass both, or neither for a self-signed certificate"
+        )
     if cert and key:
         cert_path, key_path = Path(cert).expanduser(), Path(key).expanduser()
         return _describe(_read(cert_path, "--tls-cert"), _read(key_path, "--tls-key"), cert_path, key_path, False)
@@ -309,8 +369,12 @@ def server_tls(home: Path, *, cert: str | None = None, key: str | None = None,
         missing = sorted({canonical_name(n)[0] for n in sans} - held - {""})
         if not missing:
             return stored
-        log.warning("the TLS certificate in %s lacks --san %s: minting a new one; clients that pinned %s must "
-                    "clear that pin", folder, ", ".join(missing), stored.fingerprint[:16])
+        log.warning(
+            "the TLS certificate in %s lacks --san %s: minting a new one; clients that pinned %s must clear that pin",
+            folder,
+            ", ".join(missing),
+            stored.fingerprint[:16],
+        )
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     dns, ips = host_names(sans)
     cert_pem, key_pem = _mint(dns, ips, days)

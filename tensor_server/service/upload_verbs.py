@@ -6,6 +6,7 @@ A server without a write_dir, or one whose write verbs are off (``writable`` fal
 in-process producer uses the manager directly), refuses every write verb with a message that
 says how to turn uploads on.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,12 +23,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["require_writable", "add_tensor", "set_upload_status", "status_message"]
 
+
 def require_writable(runtime: ServingRuntime) -> UploadManager:
     if runtime.uploads is None:
         raise ReadOnly("this server is read-only: start it with --write-dir DIR to accept uploads")
     if not runtime.writable:
-        raise ReadOnly("this server takes no uploads over the wire: start it with --writable (its --write-dir "
-                       "serves in-process producers only)")
+        raise ReadOnly(
+            "this server takes no uploads over the wire: start it with --writable (its --write-dir "
+            "serves in-process producers only)"
+        )
     return runtime.uploads
 
 
@@ -38,8 +42,12 @@ def status_message(up: Upload) -> Any:
     states = descriptor_pb2.UploadStatus.State
     st = up.status()
     state = st["state"] if st["state"] in ("PENDING", "READY", "DISCARDED") else "PENDING"
-    return descriptor_pb2.UploadStatus(state=states.Value(state), expected_chunks=st["expected_chunks"],
-                                       uploaded_chunks=st["uploaded_chunks"], reason=st["reason"])
+    return descriptor_pb2.UploadStatus(
+        state=states.Value(state),
+        expected_chunks=st["expected_chunks"],
+        uploaded_chunks=st["uploaded_chunks"],
+        reason=st["reason"],
+    )
 
 
 def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None) -> Iterator[bytes]:
@@ -54,24 +62,34 @@ def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: 
 
     manager = require_writable(runtime)
     req = decode_message(descriptor_pb2.TensorDescriptor, body, "add_tensor")
-    up = manager.add_tensor(req.array_id, req.shape, req.dtype, chunk_shape=req.chunk_shape,
-                            dim_labels=req.dim_labels, metadata_json=req.metadata_json,
-                            ttl_seconds=req.ttl_seconds if req.HasField("ttl_seconds") else None,
-                            owner=runtime.access.owner_for(caller),
-                            authorize=functools.partial(runtime.access.read, caller),
-                            may_write=functools.partial(runtime.access.write, caller))
+    up = manager.add_tensor(
+        req.array_id,
+        req.shape,
+        req.dtype,
+        chunk_shape=req.chunk_shape,
+        dim_labels=req.dim_labels,
+        metadata_json=req.metadata_json,
+        ttl_seconds=req.ttl_seconds if req.HasField("ttl_seconds") else None,
+        owner=runtime.access.owner_for(caller),
+        authorize=functools.partial(runtime.access.read, caller),
+        may_write=functools.partial(runtime.access.write, caller),
+    )
     t = up.tensor
-    out = descriptor_pb2.TensorDescriptor(array_id=up.array_id, shape=list(t.shape), dtype=wire_dtype(t.dtype),
-                                          chunk_shape=list(t.chunk_shape), dim_labels=list(t.dim_labels),
-                                          content_version=t.content_version)
+    out = descriptor_pb2.TensorDescriptor(
+        array_id=up.array_id,
+        shape=list(t.shape),
+        dtype=wire_dtype(t.dtype),
+        chunk_shape=list(t.chunk_shape),
+        dim_labels=list(t.dim_labels),
+        content_version=t.content_version,
+    )
     out.upload_status.CopyFrom(status_message(up))
     if up.granted_ttl is not None:
         out.ttl_seconds = int(-(-up.granted_ttl // 1))
     yield out.SerializeToString()
 
 
-def set_upload_status(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None
-                      ) -> Iterator[bytes]:
+def set_upload_status(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None) -> Iterator[bytes]:
     """READY or DISCARDED, by the upload's owner only (anyone else: PERMISSION_DENIED, ``Access.write``)."""
     from biopb.tensor import descriptor_pb2, ticket_pb2
 
@@ -90,8 +108,10 @@ def set_upload_status(runtime: ServingRuntime, caller: Caller, body: bytes, canc
         yield status_message(up).SerializeToString()
         return
     if req.state != states.READY:
-        raise InvalidArgument(f"set_upload_status: {states.Name(req.state)} is not a state an upload can be "
-                              "moved to; use READY or DISCARDED")
+        raise InvalidArgument(
+            f"set_upload_status: {states.Name(req.state)} is not a state an upload can be "
+            "moved to; use READY or DISCARDED"
+        )
     if manager.get(req.array_id) is None:
         raise InvalidArgument(f"set_upload_status: {req.array_id!r} is not an upload in progress")
     yield status_message(manager.set_ready(req.array_id)).SerializeToString()
@@ -102,6 +122,6 @@ def _refuse_native(runtime: ServingRuntime, array_id: str) -> None:
         runtime.catalog.find_tensor(array_id)
     except TensorServerError:  # not a served tensor: nothing to refuse
         return
-    raise InvalidArgument(f"set_upload_status: {array_id!r} is a tensor of its source's own files, not an "
-                          "upload; it cannot be discarded")
-
+    raise InvalidArgument(
+        f"set_upload_status: {array_id!r} is a tensor of its source's own files, not an upload; it cannot be discarded"
+    )

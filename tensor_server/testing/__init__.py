@@ -5,6 +5,7 @@ one every door's tests subclass (the same rules asserted through Flight, HTTP an
 in-process API); ``serving`` runs a runtime and its doors in-process for tests, benchmarks
 and asv. They need pytest, which is imported only here, not by ``import tensor_server``.
 """
+
 from __future__ import annotations
 
 from tensor_server.testing.adapter_tests import AdapterTests

@@ -19,6 +19,7 @@ and without a chunk cache; decimated reads equal ``get_data(...)[::step]`` where
 (and are None where not declared); bad bounds raise InvalidBounds; 8 threads reading random
 chunks through the engine get the same bytes as serial reads.
 """
+
 from __future__ import annotations
 
 import concurrent.futures

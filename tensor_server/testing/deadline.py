@@ -1,5 +1,6 @@
 """``finishes_within``: run a call in a thread so that a hang fails the test instead of
 stalling the whole run (bad-input tests must prove that nothing hangs)."""
+
 from __future__ import annotations
 
 import threading

@@ -36,6 +36,7 @@ dataset's path and transforms, the labels list, each label image's), and the vie
 (``info.json`` ``sizes`` and ``scaleFactors``), DeepZoom (its levels of those factors) and
 ``export --levels auto`` advertise the same levels.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -108,10 +109,12 @@ def _uploads(runtime: Any) -> dict[str, str]:
     for name in ("pending", "ready", "discarded", "granted", "scratch"):
         grant = grant_digest(GRANT) if name == "granted" else ""  # a private upload, its grant's holder's
         target = "scratch/@fields/ready" if name == "scratch" else f"img/@fields/{name}"
-        up = manager.add_tensor(f"cache://{target}", IMAGE.shape, IMAGE.dtype, chunk_shape=IMAGE.shape,
-                                owner=grant, grant=grant)
-        cid = ChunkId.for_extent(up.tensor.array_id, Bounds((0, 0), IMAGE.shape), (1, 1), "none",
-                                 up.tensor.content_version)
+        up = manager.add_tensor(
+            f"cache://{target}", IMAGE.shape, IMAGE.dtype, chunk_shape=IMAGE.shape, owner=grant, grant=grant
+        )
+        cid = ChunkId.for_extent(
+            up.tensor.array_id, Bounds((0, 0), IMAGE.shape), (1, 1), "none", up.tensor.content_version
+        )
         manager.write_chunk(cid, IMAGE + 1)
         ids[name] = up.array_id
     manager.set_ready(ids["ready"])
@@ -140,15 +143,24 @@ def _served_world(**options: Any) -> Iterator[DoorWorld]:
     with tempfile.TemporaryDirectory(prefix="door-tests-") as tmp:
         cat = Catalog([])
         cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=IMAGE.shape), source_id="img"))
-        cat.add_source(MemorySource({name: _RaisingAdapter(cls(msg)) for name, (cls, msg) in RAISING.items()},
-                                    source_id="raising"))
+        cat.add_source(
+            MemorySource({name: _RaisingAdapter(cls(msg)) for name, (cls, msg) in RAISING.items()}, source_id="raising")
+        )
         cat.first_scan_done.set()
         write_dir = Path(tmp) / "write"
         try:
             with serving(cat, write_dir=str(write_dir), writable=True, **options) as served:
                 ids = _uploads(served.runtime)
-                yield DoorWorld(served, write_dir, ids["pending"], ids["ready"], ids["discarded"], IMAGE + 1,
-                                ids["granted"], ids["scratch"])
+                yield DoorWorld(
+                    served,
+                    write_dir,
+                    ids["pending"],
+                    ids["ready"],
+                    ids["discarded"],
+                    IMAGE + 1,
+                    ids["granted"],
+                    ids["scratch"],
+                )
         finally:
             cat.close()
 
@@ -355,8 +367,10 @@ class DoorTests:
         grant, which never opens it) is refused, and the refusal names nothing of the world."""
         self.needs(door, "query")
         self.needs(door, "resolve")
-        for refusal in (self.refused(door, door.query, TABLE_IDS["sources"], token),
-                        self.refused(door, door.resolve, "img", token)):
+        for refusal in (
+            self.refused(door, door.query, TABLE_IDS["sources"], token),
+            self.refused(door, door.resolve, "img", token),
+        ):
             self.assert_class(refusal, errors.Unauthenticated)
             assert world.granted not in refusal.message and "@fields" not in refusal.message
 
@@ -470,18 +484,39 @@ def _write_published(root: Path) -> dict[str, Path]:
         warnings.simplefilter("ignore")  # ome-zarr-py's own deprecations
         group = zarr.open_group(str(files["stored"]), mode="w")
         image = rng.integers(0, 4000, (2, 1024, 1024), dtype=np.uint16)
-        write_image(image, group, axes="cyx", scale_factors=[2, 4], scale={"y": 0.5, "x": 0.5}, axes_units=micrometer,
-                    storage_options={"chunks": (1, 256, 256)})
+        write_image(
+            image,
+            group,
+            axes="cyx",
+            scale_factors=[2, 4],
+            scale={"y": 0.5, "x": 0.5},
+            axes_units=micrometer,
+            storage_options={"chunks": (1, 256, 256)},
+        )
         nuclei = np.zeros((1024, 1024), np.uint32)
         nuclei[100:300, 200:500], nuclei[600:900, 50:400] = 7, 9
         # ome-zarr-py's default label pyramid: 5 levels, under an image of 3
-        write_labels(nuclei, group, name="nuclei", axes="yx", scale={"y": 0.5, "x": 0.5}, axes_units=micrometer,
-                     storage_options={"chunks": (256, 256)})
+        write_labels(
+            nuclei,
+            group,
+            name="nuclei",
+            axes="yx",
+            scale={"y": 0.5, "x": 0.5},
+            axes_units=micrometer,
+            storage_options={"chunks": (256, 256)},
+        )
         group = zarr.open_group(str(files["volume"]), mode="w")
         volume = rng.integers(0, 255, (24, 1024, 1024), dtype=np.uint8)
         write_image(volume, group, axes="zyx", scale_factors=[], storage_options={"chunks": (4, 256, 256)})
-        write_labels((volume > 250).astype(np.uint8), group, name="cells", axes="zyx", scaler=None, scale_factors=[],
-                     storage_options={"chunks": (4, 256, 256)})
+        write_labels(
+            (volume > 250).astype(np.uint8),
+            group,
+            name="cells",
+            axes="zyx",
+            scaler=None,
+            scale_factors=[],
+            storage_options={"chunks": (4, 256, 256)},
+        )
     return files
 
 
@@ -519,8 +554,16 @@ class PublicationTests:
                         export_tensor(source.tensor, dest, ExportOptions(ngff=version), labels=source.labels)
             cat = Catalog([Path(tmp) / "data"])
             cat.scan()
-            ids = {kind: next(t.array_id for rec in cat.records() if rec.path is not None and rec.path.name == path.name
-                              for t in rec.source.tensors.values() if not t.is_labels) for kind, path in files.items()}
+            ids = {
+                kind: next(
+                    t.array_id
+                    for rec in cat.records()
+                    if rec.path is not None and rec.path.name == path.name
+                    for t in rec.source.tensors.values()
+                    if not t.is_labels
+                )
+                for kind, path in files.items()
+            }
             try:
                 with serving(cat, http=True) as served:
                     yield PublishedWorld(served.http_url, ids, files, exports)
@@ -550,14 +593,18 @@ class PublicationTests:
         view, export = self.view_attrs(published, kind, version), self.export_attrs(published, kind, version)
         assert _said(view) == _said(export)
         labels = self.view_attrs(published, kind, version, "labels/")["labels"]
-        assert labels == self.export_attrs(published, kind, version, "labels")["labels"] == \
-            [{"stored": "nuclei", "volume": "cells"}[kind]]
+        assert (
+            labels
+            == self.export_attrs(published, kind, version, "labels")["labels"]
+            == [{"stored": "nuclei", "volume": "cells"}[kind]]
+        )
         for name in labels:
             label_view = self.view_attrs(published, kind, version, f"labels/{name}/")
             label_export = self.export_attrs(published, kind, version, f"labels/{name}")
             assert _said(label_view) == _said(label_export) and label_view["image-label"]["source"]["image"] == "../../"
-            assert [d["path"] for d in label_view["multiscales"][0]["datasets"]] == \
-                [d["path"] for d in view["multiscales"][0]["datasets"]]
+            assert [d["path"] for d in label_view["multiscales"][0]["datasets"]] == [
+                d["path"] for d in view["multiscales"][0]["datasets"]
+            ]
 
     @pytest.mark.parametrize("kind", PUBLISHED_KINDS)
     def test_every_door_advertises_the_same_levels(self, published, kind):

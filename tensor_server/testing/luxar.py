@@ -6,6 +6,7 @@ zarr, numcodecs, xxhash (and arbol/hilbertcurve at import), so ``make setup`` in
 ``--no-deps --ignore-requires-python`` and this module imports ``luxar.encoding`` with the
 top-level package pre-registered as an empty namespace (its ``__init__`` never runs).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -32,6 +33,10 @@ def luxar_encoding() -> Any | None:
     from luxar.encoding.modes import EncodingMode
     from luxar.encoding.semantic_types import SemanticType
 
-    return types.SimpleNamespace(ArrayEncoder=ArrayEncoder, ArrayDecoder=ArrayDecoder,
-                                 SemanticType=SemanticType, EncodingMode=EncodingMode,
-                                 open_group=open_group)
+    return types.SimpleNamespace(
+        ArrayEncoder=ArrayEncoder,
+        ArrayDecoder=ArrayDecoder,
+        SemanticType=SemanticType,
+        EncodingMode=EncodingMode,
+        open_group=open_group,
+    )

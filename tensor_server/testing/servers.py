@@ -4,6 +4,7 @@
 Flight door (and, with ``http=True``, the HTTP door) on 127.0.0.1 ephemeral ports, and
 stops and joins them on exit, so a test never leaks a listening thread into the next.
 """
+
 from __future__ import annotations
 
 import threading
@@ -63,10 +64,20 @@ class Served:
             raise RuntimeError("the Flight door's thread did not stop")
 
 
-def start_serving(catalog: Any, *, cache: Any | None = None, uploads: Any | None = None, http: bool = False,
-                  http_security: Any | None = None, http_parser: str | None = None, tls: Any | None = None,
-                  access_tokens: Any = (),
-                  host: str = "127.0.0.1", port: int = 0, **settings: Any) -> Served:
+def start_serving(
+    catalog: Any,
+    *,
+    cache: Any | None = None,
+    uploads: Any | None = None,
+    http: bool = False,
+    http_security: Any | None = None,
+    http_parser: str | None = None,
+    tls: Any | None = None,
+    access_tokens: Any = (),
+    host: str = "127.0.0.1",
+    port: int = 0,
+    **settings: Any,
+) -> Served:
     """A runtime over ``catalog`` (``settings``: ``Settings`` fields, e.g. ``token``,
     ``write_dir``, ``writable``, ``max_computes``) behind a Flight door and optionally the
     HTTP door (``http_security``: its browser-safety policy, default loopback Hosts and the
@@ -77,8 +88,14 @@ def start_serving(catalog: Any, *, cache: Any | None = None, uploads: Any | None
     from tensor_server.service import ServingRuntime
 
     door_tokens = http_security.tokens if http_security is not None else ()  # full access, as in serve
-    runtime = ServingRuntime(catalog, Settings(**settings), cache=cache, uploads=uploads, tls=tls,
-                             access_tokens=(*access_tokens, *door_tokens))
+    runtime = ServingRuntime(
+        catalog,
+        Settings(**settings),
+        cache=cache,
+        uploads=uploads,
+        tls=tls,
+        access_tokens=(*access_tokens, *door_tokens),
+    )
     try:
         server = TensorFlightServer(runtime, host, port)
     except BaseException:

@@ -13,6 +13,7 @@ unwritten chunk is not in the index and reads as zeros.
 
 This module is the one place the upload subsystem touches the segment store's API.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,9 @@ def _key_bounds(key: bytes) -> Bounds | None:
 class CacheMember:
     store_format = "cache"
 
-    def __init__(self, path: Path, marker: Marker, shape: tuple[int, ...], dtype: np.dtype,
-                 grid: tuple[int, ...]) -> None:
+    def __init__(
+        self, path: Path, marker: Marker, shape: tuple[int, ...], dtype: np.dtype, grid: tuple[int, ...]
+    ) -> None:
         self.path = path
         self.marker = marker
         self.shape = shape
@@ -80,12 +82,17 @@ class CacheMember:
 
     # ---- create / open -----------------------------------------------------------------------
     def _descriptor(self, marker: Marker) -> dict[str, Any]:
-        return {"shape": list(self.shape), "dtype": self.dtype.str, "chunk_shape": list(self.grid),
-                MARKER_KEY: marker.to_json()}
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype.str,
+            "chunk_shape": list(self.grid),
+            MARKER_KEY: marker.to_json(),
+        }
 
     @classmethod
-    def create(cls, path: Path, marker: Marker, shape: tuple[int, ...], dtype: np.dtype,
-               grid: tuple[int, ...]) -> CacheMember:
+    def create(
+        cls, path: Path, marker: Marker, shape: tuple[int, ...], dtype: np.dtype, grid: tuple[int, ...]
+    ) -> CacheMember:
         path.mkdir(parents=True, exist_ok=False)
         member = cls(path, marker, shape, dtype, grid)
         write_json_atomic(path / DESCRIPTOR, member._descriptor(marker))
@@ -246,9 +253,17 @@ class CacheMemberAdapter(TensorAdapter):
     def __init__(self, member: CacheMember) -> None:
         m = member.marker
         self.member = member
-        super().__init__(TensorInfo(member.shape, member.dtype, dim_labels=m.dim_labels or None,
-                                    is_labels=m.is_labels, content_version=bytes.fromhex(m.content_version),
-                                    transfer_chunk_shape=member.grid, metadata={"store_format": "cache"}))
+        super().__init__(
+            TensorInfo(
+                member.shape,
+                member.dtype,
+                dim_labels=m.dim_labels or None,
+                is_labels=m.is_labels,
+                content_version=bytes.fromhex(m.content_version),
+                transfer_chunk_shape=member.grid,
+                metadata={"store_format": "cache"},
+            )
+        )
 
     @property
     def read_block_shape(self) -> tuple[int, ...] | None:
@@ -270,6 +285,7 @@ class CacheMemberAdapter(TensorAdapter):
                 continue
             lo = tuple(max(a, b) for a, b in zip(box.start, bounds.start))
             hi = tuple(min(a, b) for a, b in zip(box.stop, bounds.stop))
-            out[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, bounds.start))] = \
-                data[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, box.start))]
+            out[tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, bounds.start))] = data[
+                tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, box.start))
+            ]
         return out

@@ -5,6 +5,7 @@ size and number of chunks must each fit int64, or the tensor would be dead on ar
 reader computes them in int64). A DoPut's rows become one chunk's values only after the
 ticket named the chunk, so the byte budget is that chunk's size.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,11 +23,13 @@ INT64_MAX = 2**63 - 1
 MAX_RANK = 32
 
 
-def checked_extent(shape: Sequence[Any], chunk_shape: Sequence[Any], itemsize: int, what: str
-                   ) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+def checked_extent(
+    shape: Sequence[Any], chunk_shape: Sequence[Any], itemsize: int, what: str
+) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """``(shape, chunk_shape, nbytes)`` as exact ints; ``InvalidArgument`` naming ``what``
     when a rank, an extent, the element count, the byte size or the chunk count is out of
     range. An empty ``chunk_shape`` is the whole shape."""
+
     def ints(values: Sequence[Any], name: str) -> tuple[int, ...]:
         out = []
         for v in values:
@@ -46,8 +49,9 @@ def checked_extent(shape: Sequence[Any], chunk_shape: Sequence[Any], itemsize: i
     chunks = math.prod(-(-n // min(c, n)) for n, c in zip(dims, grid))
     for name, value in (("element count", count), ("byte size", nbytes), ("chunk count", chunks)):
         if value > INT64_MAX:
-            raise InvalidArgument(f"{what}: shape {list(dims)} has a {name} of {value:.3e}, beyond int64; "
-                                  "no reader could address it")
+            raise InvalidArgument(
+                f"{what}: shape {list(dims)} has a {name} of {value:.3e}, beyond int64; no reader could address it"
+            )
     return dims, grid, nbytes
 
 
@@ -72,11 +76,13 @@ def chunk_values(pieces: Iterable[Any]) -> np.ndarray:
             try:
                 arrays.append(arr.to_numpy(zero_copy_only=not pa.types.is_boolean(arr.type)))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError) as exc:
-                raise InvalidArgument(f"DoPut: the 'data' column of type {arr.type} is not a numeric array: "
-                                      f"{str(exc)[:200]}") from None
+                raise InvalidArgument(
+                    f"DoPut: the 'data' column of type {arr.type} is not a numeric array: {str(exc)[:200]}"
+                ) from None
     if not arrays:
         raise InvalidArgument("DoPut: the stream carries no values")
     if any(a.dtype != arrays[0].dtype for a in arrays):
-        raise InvalidArgument(f"DoPut: the pieces of one chunk have different dtypes "
-                              f"({sorted({a.dtype.str for a in arrays})})")
+        raise InvalidArgument(
+            f"DoPut: the pieces of one chunk have different dtypes ({sorted({a.dtype.str for a in arrays})})"
+        )
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)

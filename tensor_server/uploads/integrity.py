@@ -13,6 +13,7 @@ is served as a DISCARDED tombstone with the reason, through a ``DamagedMember`` 
 every file: it may be all that is left of a READY upload, and deleting what the server cannot
 identify is never a repair.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -27,8 +28,15 @@ from tensor_server.errors import FailedPrecondition
 from tensor_server.uploads.marker import Marker, read_json, write_json_atomic
 from tensor_server.uploads.names import FIELDS, LABELS
 
-__all__ = ["MANIFEST", "DamagedMember", "StoreDamaged", "check_manifest", "layout_array_id", "require_files",
-           "write_manifest"]
+__all__ = [
+    "MANIFEST",
+    "DamagedMember",
+    "StoreDamaged",
+    "check_manifest",
+    "layout_array_id",
+    "require_files",
+    "write_manifest",
+]
 
 #: the data files READY fsynced, with their sizes (``{"files": {relative path: bytes}}``)
 MANIFEST = "files.json"
@@ -44,7 +52,9 @@ def require_files(path: Path, names: Iterable[str], array_id: str) -> None:
     if missing:
         raise FailedPrecondition(
             f"{array_id}: the store {path} is missing {', '.join(missing)} (changed behind the server's back), so "
-            "it cannot be READY; DISCARD the upload and upload it again", slug="upload_incomplete")
+            "it cannot be READY; DISCARD the upload and upload it again",
+            slug="upload_incomplete",
+        )
 
 
 def write_manifest(path: Path, files: Iterable[Path]) -> None:
@@ -107,8 +117,11 @@ class DamagedStoreTensor(TensorAdapter):
     def __init__(self, array_id: str, path: Path, marker: Marker | None, reason: str) -> None:
         shape, dtype = _declared(path)
         labels = marker.dim_labels if marker is not None and len(marker.dim_labels) == len(shape) else None
-        super().__init__(TensorInfo(shape, dtype, dim_labels=labels, transfer_chunk_shape=shape,
-                                    is_labels=bool(marker and marker.is_labels)))
+        super().__init__(
+            TensorInfo(
+                shape, dtype, dim_labels=labels, transfer_chunk_shape=shape, is_labels=bool(marker and marker.is_labels)
+            )
+        )
         self.array_id = array_id
         self._reason = reason
 

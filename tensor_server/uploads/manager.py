@@ -11,6 +11,7 @@ for plans, DoPut and DoGet alike.
 Clocks: one injectable wall clock (``clock``) for deadlines (recorded as absolute time in the
 marker, so they survive restarts) and idleness, so tests drive sweeps without sleeping.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,8 +59,18 @@ from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID, ScratchSource
 from tensor_server.uploads.zarr_member import ZarrMember
 
-__all__ = ["UploadManager", "WriteDirHeld", "Upload", "UploadClosed", "UploadNotReadable", "ChunkWrite",
-           "DEFAULT_UPLOAD_TTL", "DEFAULT_SCRATCH_TTL", "DEFAULT_MAX_PENDING_UPLOADS", "DEFAULT_CHUNK_SLACK_BYTES"]
+__all__ = [
+    "UploadManager",
+    "WriteDirHeld",
+    "Upload",
+    "UploadClosed",
+    "UploadNotReadable",
+    "ChunkWrite",
+    "DEFAULT_UPLOAD_TTL",
+    "DEFAULT_SCRATCH_TTL",
+    "DEFAULT_MAX_PENDING_UPLOADS",
+    "DEFAULT_CHUNK_SLACK_BYTES",
+]
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +99,13 @@ class UploadClosed(TensorServerError):
         state = DISCARDED if state == DISCARDED else READY  # SEALING is READY to a writer
         self.array_id, self.state, self.detail = array_id, state, detail
         word = "was discarded" if state == DISCARDED else "is READY (sealed)"
-        super().__init__(f"upload {array_id} {word}; it takes no more writes" + (f": {detail}" if detail else ""),
-                         slug="upload_discarded" if state == DISCARDED else "upload_sealed",
-                         state=state, source_id=array_id, detail=detail)
+        super().__init__(
+            f"upload {array_id} {word}; it takes no more writes" + (f": {detail}" if detail else ""),
+            slug="upload_discarded" if state == DISCARDED else "upload_sealed",
+            state=state,
+            source_id=array_id,
+            detail=detail,
+        )
 
 
 class UploadNotReadable(FailedPrecondition):
@@ -149,8 +164,12 @@ class Upload:
         return int(np.prod(self.tensor.shape, dtype=object)) * self.tensor.dtype.itemsize
 
     def status(self) -> dict[str, Any]:
-        return {"state": self.state, "expected_chunks": self.expected_chunks,
-                "uploaded_chunks": len(self.received), "reason": self.reason}
+        return {
+            "state": self.state,
+            "expected_chunks": self.expected_chunks,
+            "uploaded_chunks": len(self.received),
+            "reason": self.reason,
+        }
 
 
 def _shown(value: Any) -> str:
@@ -160,8 +179,10 @@ def _shown(value: Any) -> str:
 def _same_owner(owner: str, request_id: str, up: Upload) -> None:
     """An in-process producer's write check: the owner it names is the upload's."""
     if up.owner != owner:
-        raise PermissionDenied(f"add_tensor {request_id!r}: {up.array_id} is a PENDING upload of another owner; only "
-                               "its owner may re-plan it")
+        raise PermissionDenied(
+            f"add_tensor {request_id!r}: {up.array_id} is a PENDING upload of another owner; only "
+            "its owner may re-plan it"
+        )
 
 
 def _member_dir(write_dir: Path, source_id: str, target_field: str) -> Path:
@@ -184,10 +205,19 @@ class UploadManager:
     scratch source, keeps the catalog out of write_dir and adopts what a previous life left
     READY."""
 
-    def __init__(self, catalog: Any, write_dir: str | os.PathLike[str], *, upload_ttl: float = DEFAULT_UPLOAD_TTL,
-                 scratch_ttl: float = DEFAULT_SCRATCH_TTL, clock: Callable[[], float] = time.time,
-                 max_pending_uploads: int = DEFAULT_MAX_PENDING_UPLOADS, max_declared_bytes: int | None = None,
-                 refuse_unwritten_chunks: bool = False, chunk_slack_bytes: int = DEFAULT_CHUNK_SLACK_BYTES) -> None:
+    def __init__(
+        self,
+        catalog: Any,
+        write_dir: str | os.PathLike[str],
+        *,
+        upload_ttl: float = DEFAULT_UPLOAD_TTL,
+        scratch_ttl: float = DEFAULT_SCRATCH_TTL,
+        clock: Callable[[], float] = time.time,
+        max_pending_uploads: int = DEFAULT_MAX_PENDING_UPLOADS,
+        max_declared_bytes: int | None = None,
+        refuse_unwritten_chunks: bool = False,
+        chunk_slack_bytes: int = DEFAULT_CHUNK_SLACK_BYTES,
+    ) -> None:
         """Quotas: at most ``max_pending_uploads`` PENDING at once, declaring at most
         ``max_declared_bytes`` together (None: the write dir's free space when each is
         added). ``refuse_unwritten_chunks``: READY is refused while a planned chunk was
@@ -245,8 +275,9 @@ class UploadManager:
         for d in self._member_dirs():
             kind = next((k for k in (ZarrMember, CacheMember) if k.read_marker(d) is not None), None)
             marker = None if kind is None else kind.read_marker(d)
-            if marker is not None and (marker.state != READY or (marker.expires_at is not None
-                                                                 and now >= marker.expires_at)):
+            if marker is not None and (
+                marker.state != READY or (marker.expires_at is not None and now >= marker.expires_at)
+            ):
                 log.info("boot: removing %s upload %s (%s)", marker.state, marker.array_id, d)
                 shutil.rmtree(d, ignore_errors=True)
                 self._forget_rows(marker.array_id)
@@ -255,8 +286,11 @@ class UploadManager:
             try:
                 if kind is None or marker is None:
                     present = [n for n in (".zattrs", "descriptor.json") if (d / n).is_file()]
-                    raise StoreDamaged(f"{' and '.join(present)} holds no readable upload marker" if present
-                                       else "no upload marker (.zattrs or descriptor.json)")
+                    raise StoreDamaged(
+                        f"{' and '.join(present)} holds no readable upload marker"
+                        if present
+                        else "no upload marker (.zattrs or descriptor.json)"
+                    )
                 self._adopt_member(kind.open(d), now)
                 counts["adopted"] += 1
             except Exception as exc:  # a damaged store raises whatever its library raises
@@ -267,9 +301,20 @@ class UploadManager:
     def _adopt_member(self, member: Any, now: float) -> None:
         m = member.marker
         source_id, fld = ArrayId.parse(m.array_id)
-        up = Upload(m.array_id, source_id, fld, member, member.reader(), READY, m.expires_at, now, adopted=True,
-                    reason="adopted at boot (no progress record: uploaded_chunks is not known)", owner=m.owner,
-                    grant=m.grant)
+        up = Upload(
+            m.array_id,
+            source_id,
+            fld,
+            member,
+            member.reader(),
+            READY,
+            m.expires_at,
+            now,
+            adopted=True,
+            reason="adopted at boot (no progress record: uploaded_chunks is not known)",
+            owner=m.owner,
+            grant=m.grant,
+        )
         self.catalog.attach(source_id, fld, up.tensor, listed=True)
         self._uploads[m.array_id] = up
 
@@ -279,10 +324,21 @@ class UploadManager:
         log.warning("boot: upload %s is DISCARDED: %s", array_id, reason)
         source_id, fld = ArrayId.parse(array_id)
         member = DamagedMember(d, array_id, marker, why)
-        self._uploads[array_id] = Upload(array_id, source_id, fld, member, member.reader(), DISCARDED, None, now,
-                                         adopted=True, reason=reason, discarded_at=now,
-                                         owner=marker.owner if marker is not None else "",
-                                         grant=marker.grant if marker is not None else "")
+        self._uploads[array_id] = Upload(
+            array_id,
+            source_id,
+            fld,
+            member,
+            member.reader(),
+            DISCARDED,
+            None,
+            now,
+            adopted=True,
+            reason=reason,
+            discarded_at=now,
+            owner=marker.owner if marker is not None else "",
+            grant=marker.grant if marker is not None else "",
+        )
 
     # ---- lookup ----------------------------------------------------------------------------
     def get(self, array_id: str) -> Upload | None:
@@ -294,6 +350,7 @@ class UploadManager:
         """Every upload (live and tombstones), a snapshot."""
         with self._lock:
             return list(self._uploads.values())
+
     def pending_count(self) -> int:
         """Uploads in flight (PENDING): the metrics' gauge."""
         with self._lock:
@@ -304,10 +361,21 @@ class UploadManager:
         return up if up is not None and up.tensor is tensor else None
 
     # ---- add_tensor -------------------------------------------------------------------------
-    def add_tensor(self, request_id: str, shape: Any, dtype: Any, *, chunk_shape: Any = (), dim_labels: Any = (),
-                   metadata_json: str = "", ttl_seconds: int | None = None, owner: str = "", grant: str = "",
-                   authorize: Callable[[TensorAdapter], None] | None = None,
-                   may_write: Callable[[Upload], None] | None = None) -> Upload:
+    def add_tensor(
+        self,
+        request_id: str,
+        shape: Any,
+        dtype: Any,
+        *,
+        chunk_shape: Any = (),
+        dim_labels: Any = (),
+        metadata_json: str = "",
+        ttl_seconds: int | None = None,
+        owner: str = "",
+        grant: str = "",
+        authorize: Callable[[TensorAdapter], None] | None = None,
+        may_write: Callable[[Upload], None] | None = None,
+    ) -> Upload:
         """Create a PENDING tensor on an existing source (refused with the reason otherwise).
         ``owner``: the SHA-256 (hex) of its owner's token ("" = the server's); ``grant``: the
         SHA-256 of a read grant it is given on purpose, making it private ("" = none).
@@ -327,21 +395,29 @@ class UploadManager:
         try:
             dt = np.dtype(dtype)
         except TypeError:
-            raise InvalidArgument(f"add_tensor {str(request_id)[:200]!r}: {str(dtype)[:40]!r} is not a numpy dtype") from None
+            raise InvalidArgument(
+                f"add_tensor {str(request_id)[:200]!r}: {str(dtype)[:40]!r} is not a numpy dtype"
+            ) from None
         if dt.kind not in "biuf" or dt.byteorder == ">":
             raise InvalidArgument(f"add_tensor {request_id!r}: dtype {dt.str} is not a little-endian numeric dtype")
-        shape, chunk_shape, nbytes = checked_extent(tuple(shape), tuple(chunk_shape), dt.itemsize,
-                                                    f"add_tensor {request_id!r}")
+        shape, chunk_shape, nbytes = checked_extent(
+            tuple(shape), tuple(chunk_shape), dt.itemsize, f"add_tensor {request_id!r}"
+        )
         dim_labels = asked_labels = tuple(str(d).lower() for d in dim_labels)
         if dim_labels and len(dim_labels) != len(shape):
-            raise InvalidArgument(f"add_tensor {request_id!r}: {len(dim_labels)} dim_labels for a {len(shape)}-D tensor")
+            raise InvalidArgument(
+                f"add_tensor {request_id!r}: {len(dim_labels)} dim_labels for a {len(shape)}-D tensor"
+            )
         extra_attrs = self._check_metadata(target, metadata_json, request_id)
         if ttl_seconds is not None and ttl_seconds <= 0:
-            raise InvalidArgument(f"add_tensor {request_id!r}: ttl_seconds must be positive; leave it unset for no deadline")
+            raise InvalidArgument(
+                f"add_tensor {request_id!r}: ttl_seconds must be positive; leave it unset for no deadline"
+            )
         rec = self.catalog.get_record(target.source_id)  # TensorNotFound when the source is not served
         if rec.source is None:
-            raise TensorNotFound(f"add_tensor {request_id!r}: source {target.source_id!r} is unreadable: "
-                                 f"{rec.unresolved_reason}")
+            raise TensorNotFound(
+                f"add_tensor {request_id!r}: source {target.source_id!r} is unreadable: {rec.unresolved_reason}"
+            )
         is_labels = False
         if target.is_label_set:
             image, _ = self.catalog.find_tensor(target.image_id)
@@ -351,17 +427,22 @@ class UploadManager:
             self._check_label_binding(image, shape, request_id)
             stored = next((f for f in rec.source.tensors if fold_name(f) == fold_name(target.field)), None)
             if stored is not None:
-                raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: {target.source_id}/{stored} is a "
-                                    "label image the file stores; add the set under another name")
+                raise AlreadyExists(
+                    f"add_tensor {request_id!r}: the name is taken: {target.source_id}/{stored} is a "
+                    "label image the file stores; add the set under another name"
+                )
             is_labels = True
-            dim_labels = dim_labels or (image.dim_labels if shape == image.shape
-                                        else tuple(d for d in image.dim_labels if d != "c"))
+            dim_labels = dim_labels or (
+                image.dim_labels if shape == image.shape else tuple(d for d in image.dim_labels if d != "c")
+            )
         grid = tuple(min(c, n) for c, n in zip(chunk_shape, shape))
         if target.store_format == "zarr":
             grid = transfer_chunk_shape(shape, dt.itemsize, grid, dim_labels or None)
         if int(np.prod(grid)) * dt.itemsize > CEILING_BYTES:
-            raise InvalidArgument(f"add_tensor {request_id!r}: chunk_shape {list(grid)} is above the 64 MiB "
-                                  f"limit of one chunk; upload in smaller chunks")
+            raise InvalidArgument(
+                f"add_tensor {request_id!r}: chunk_shape {list(grid)} is above the 64 MiB "
+                f"limit of one chunk; upload in smaller chunks"
+            )
         cap = self.scratch_ttl if target.source_id == SCRATCH_SOURCE_ID and self.scratch_ttl > 0 else None
         granted = ttl_seconds if cap is None else min(ttl_seconds or cap, cap)
         now = self.clock()
@@ -369,17 +450,34 @@ class UploadManager:
             holder = self._holder(target)
             if holder is not None:
                 authorize(holder.tensor)  # before its id, state or declaration is named
-                declared = {"store format": target.store_format, "shape": shape, "dtype": dt.str, "chunk_shape": grid,
-                            "dim_labels": asked_labels or None}
+                declared = {
+                    "store format": target.store_format,
+                    "shape": shape,
+                    "dtype": dt.str,
+                    "chunk_shape": grid,
+                    "dim_labels": asked_labels or None,
+                }
                 return self._replan(holder, target, request_id, declared, may_write)
             self._check_quota(nbytes, request_id)
             path = _member_dir(self.write_dir, target.source_id, target.field)
             if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
-                raise InvalidArgument(f"add_tensor {request_id!r}: {path} already exists and no upload holds it; "
-                                      "remove it or choose another name")
+                raise InvalidArgument(
+                    f"add_tensor {request_id!r}: {path} already exists and no upload holds it; "
+                    "remove it or choose another name"
+                )
             path.parent.mkdir(parents=True, exist_ok=True)
-            marker = Marker(target.array_id, target.store_format, PENDING, uuid.uuid4().hex, now,
-                            None if granted is None else now + granted, dim_labels, is_labels, owner, grant)
+            marker = Marker(
+                target.array_id,
+                target.store_format,
+                PENDING,
+                uuid.uuid4().hex,
+                now,
+                None if granted is None else now + granted,
+                dim_labels,
+                is_labels,
+                owner,
+                grant,
+            )
             member: ZarrMember | CacheMember
             with self._disk(f"add_tensor {request_id!r}"):
                 if target.store_format == "zarr":
@@ -387,8 +485,19 @@ class UploadManager:
                 else:
                     member = CacheMember.create(path, marker, shape, dt, grid)
             tensor = member.reader()
-            up = Upload(target.array_id, target.source_id, target.field, member, tensor, PENDING, marker.expires_at, now,
-                        granted_ttl=granted, owner=owner, grant=grant)
+            up = Upload(
+                target.array_id,
+                target.source_id,
+                target.field,
+                member,
+                tensor,
+                PENDING,
+                marker.expires_at,
+                now,
+                granted_ttl=granted,
+                owner=owner,
+                grant=grant,
+            )
             self._uploads[target.array_id] = up
             self.catalog.attach(target.source_id, target.field, tensor, listed=False)
         log.info("added %s tensor %s", target.store_format, target.array_id)
@@ -397,32 +506,54 @@ class UploadManager:
     def _holder(self, target: Any) -> Upload | None:
         """The upload (any state) whose name is the target's, compared case-folded."""
         folded = fold_name(target.field)
-        return next((u for u in self._uploads.values()
-                     if u.source_id == target.source_id and fold_name(u.field) == folded), None)
+        return next(
+            (u for u in self._uploads.values() if u.source_id == target.source_id and fold_name(u.field) == folded),
+            None,
+        )
 
-    def _replan(self, holder: Upload, target: Any, request_id: str, declared: dict[str, Any],
-                may_write: Callable[[Upload], None]) -> Upload:
+    def _replan(
+        self,
+        holder: Upload,
+        target: Any,
+        request_id: str,
+        declared: dict[str, Any],
+        may_write: Callable[[Upload], None],
+    ) -> Upload:
         """add_tensor of a taken name (caller holds ``_lock``): the PENDING upload of exactly
         this name, re-declared as it was added by one who may write it, is answered as it
         stands (its write plan, its ``uploaded_chunks``); any other holder keeps the name."""
         if holder.state != PENDING or holder.array_id != target.array_id:
             state = "a discarded tensor until the reclaim sweep" if holder.state == DISCARDED else holder.state
-            raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
-                                f"{holder.array_id!r} ({state}); add the tensor under another name")
+            raise AlreadyExists(
+                f"add_tensor {request_id!r}: the name is taken: it already exists as "
+                f"{holder.array_id!r} ({state}); add the tensor under another name"
+            )
         may_write(holder)  # a re-plan is a write: before its declaration is named
         t = holder.tensor
-        was = {"store format": holder.member.store_format, "shape": t.shape, "dtype": t.dtype.str,
-               "chunk_shape": t.chunk_shape, "dim_labels": t.dim_labels if declared["dim_labels"] else None}
-        diff = [f"{key} {_shown(was[key])} (not {_shown(value)})"
-                for key, value in declared.items() if was[key] != value]
+        was = {
+            "store format": holder.member.store_format,
+            "shape": t.shape,
+            "dtype": t.dtype.str,
+            "chunk_shape": t.chunk_shape,
+            "dim_labels": t.dim_labels if declared["dim_labels"] else None,
+        }
+        diff = [
+            f"{key} {_shown(was[key])} (not {_shown(value)})" for key, value in declared.items() if was[key] != value
+        ]
         if diff:
-            raise AlreadyExists(f"add_tensor {request_id!r}: the name is taken: it already exists as "
-                                f"{holder.array_id!r} (PENDING, declared with {', '.join(diff)}); re-plan it as it "
-                                "was added to resume it, add the tensor under another name, or DISCARD it first")
+            raise AlreadyExists(
+                f"add_tensor {request_id!r}: the name is taken: it already exists as "
+                f"{holder.array_id!r} (PENDING, declared with {', '.join(diff)}); re-plan it as it "
+                "was added to resume it, add the tensor under another name, or DISCARD it first"
+            )
         with holder.cond:
             holder.last_activity = self.clock()
-        log.info("re-planned PENDING upload %s (%d of %d chunks written)", holder.array_id, len(holder.received),
-                 holder.expected_chunks)
+        log.info(
+            "re-planned PENDING upload %s (%d of %d chunks written)",
+            holder.array_id,
+            len(holder.received),
+            holder.expected_chunks,
+        )
         return holder
 
     def _check_quota(self, nbytes: int, request_id: str) -> None:
@@ -430,17 +561,21 @@ class UploadManager:
         ``_lock``)."""
         pending = [u for u in self._uploads.values() if u.state in (PENDING, _SEALING)]
         if len(pending) >= self.max_pending_uploads:
-            raise ResourceExhausted(f"add_tensor {request_id!r}: {len(pending)} uploads are PENDING, the limit of "
-                                    f"this server; finish (READY) or DISCARD some first")
+            raise ResourceExhausted(
+                f"add_tensor {request_id!r}: {len(pending)} uploads are PENDING, the limit of "
+                f"this server; finish (READY) or DISCARD some first"
+            )
         declared = sum(u.declared_bytes for u in pending)
         quota = self.max_declared_bytes
         where = "max_declared_bytes"
         if quota is None:
             quota, where = shutil.disk_usage(self.write_dir).free, f"the free space of {self.write_dir}"
         if declared + nbytes > quota:
-            raise ResourceExhausted(f"add_tensor {request_id!r}: {nbytes} bytes declared on top of {declared} by "
-                                    f"PENDING uploads exceeds {quota} ({where}); finish or DISCARD uploads, or "
-                                    "upload a smaller tensor")
+            raise ResourceExhausted(
+                f"add_tensor {request_id!r}: {nbytes} bytes declared on top of {declared} by "
+                f"PENDING uploads exceeds {quota} ({where}); finish or DISCARD uploads, or "
+                "upload a smaller tensor"
+            )
 
     @contextlib.contextmanager
     def _disk(self, what: str) -> Iterator[None]:
@@ -449,8 +584,10 @@ class UploadManager:
             yield
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StorageFull(f"{what}: the disk under the write dir {self.write_dir} is full "
-                                  f"({exc.strerror}); free space there, then retry") from None
+                raise StorageFull(
+                    f"{what}: the disk under the write dir {self.write_dir} is full "
+                    f"({exc.strerror}); free space there, then retry"
+                ) from None
             raise
 
     @staticmethod
@@ -463,7 +600,8 @@ class UploadManager:
         raise InvalidArgument(
             f"add_tensor {request_id!r}: metadata is the source's, not a tensor's (an uploaded tensor has "
             "none; upload onto the source that carries the physical scale). The one exception is a label "
-            "set's own 'image-label' block.")
+            "set's own 'image-label' block."
+        )
 
     @staticmethod
     def _check_label_binding(image: TensorAdapter, shape: tuple[int, ...], request_id: str) -> None:
@@ -471,8 +609,10 @@ class UploadManager:
         its channel axis."""
         no_channel = tuple(n for n, d in zip(image.shape, image.dim_labels) if d != "c")
         if shape != image.shape and shape != no_channel:
-            raise InvalidArgument(f"add_tensor {request_id!r}: a label set of {image.array_id} must have shape "
-                                  f"{list(image.shape)} or {list(no_channel)}, not {list(shape)}")
+            raise InvalidArgument(
+                f"add_tensor {request_id!r}: a label set of {image.array_id} must have shape "
+                f"{list(image.shape)} or {list(no_channel)}, not {list(shape)}"
+            )
 
     # ---- writes ----------------------------------------------------------------------------
     def plan_chunk_write(self, chunk_id: bytes | ChunkId) -> ChunkWrite:
@@ -487,21 +627,29 @@ class UploadManager:
         cid = check_chunk_id(tensor, cid)
         b = cid.bounds
         grid = tensor.chunk_shape
-        if cid.method != UNSCALED or any(a % c or e != min(a + c, n) for a, e, c, n in zip(b.start, b.stop, grid, tensor.shape)):
+        if cid.method != UNSCALED or any(
+            a % c or e != min(a + c, n) for a, e, c, n in zip(b.start, b.stop, grid, tensor.shape)
+        ):
             raise InvalidArgument(f"{up.array_id}: {b} is not a chunk of its write plan (grid {list(grid)})")
         if up.state != PENDING:
             raise UploadClosed(up.array_id, up.state, up.reason)
         expected = int(np.prod(b.shape, dtype=object)) * tensor.dtype.itemsize
         return ChunkWrite(up, cid, b, expected, expected + self.chunk_slack_bytes)
 
-    def write_chunk_stream(self, chunk_id: bytes | ChunkId | ChunkWrite, pieces: Iterable[Any], *,
-                           cancelled: Callable[[], bool] | None = None) -> ChunkWrite:
+    def write_chunk_stream(
+        self,
+        chunk_id: bytes | ChunkId | ChunkWrite,
+        pieces: Iterable[Any],
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> ChunkWrite:
         """A DoPut: check the ticket, then take its pieces (Arrow record batches with one
         ``data`` column, or numpy arrays) one at a time within the chunk's byte budget
         (``RequestTooLarge`` past it, ``ReadCancelled`` when the client goes), then store."""
         plan = chunk_id if isinstance(chunk_id, ChunkWrite) else self.plan_chunk_write(chunk_id)
-        taken = take_within(pieces, plan.max_stream_bytes, f"DoPut of {plan.upload.array_id} chunk {plan.bounds}",
-                            cancelled=cancelled)
+        taken = take_within(
+            pieces, plan.max_stream_bytes, f"DoPut of {plan.upload.array_id} chunk {plan.bounds}", cancelled=cancelled
+        )
         self.write_chunk(plan, chunk_values(taken))
         return plan
 
@@ -584,13 +732,19 @@ class UploadManager:
     def _check_complete(self, up: Upload, holes_are_fill: bool | None) -> None:
         if up.failed:
             first = min(up.failed, key=lambda b: b.start)
-            raise FailedPrecondition(f"{up.array_id}: {len(up.failed)} chunk(s) failed to write (first {first}) and "
-                                     "were not written again; re-send them, or DISCARD the upload", slug="upload_incomplete")
+            raise FailedPrecondition(
+                f"{up.array_id}: {len(up.failed)} chunk(s) failed to write (first {first}) and "
+                "were not written again; re-send them, or DISCARD the upload",
+                slug="upload_incomplete",
+            )
         refuse = self.refuse_unwritten_chunks if holes_are_fill is None else not holes_are_fill
         missing = up.expected_chunks - len(up.received)
         if refuse and missing > 0:
-            raise FailedPrecondition(f"{up.array_id}: {missing} of {up.expected_chunks} planned chunks were never "
-                                     "written; send them, or say the holes are fill (zeros)", slug="upload_incomplete")
+            raise FailedPrecondition(
+                f"{up.array_id}: {missing} of {up.expected_chunks} planned chunks were never "
+                "written; send them, or say the holes are fill (zeros)",
+                slug="upload_incomplete",
+            )
 
     def discard(self, array_id: str, reason: str = "") -> Upload | None:
         """-> DISCARDED from any state: unlist and release the store. None for an id with no
@@ -616,8 +770,11 @@ class UploadManager:
                 self._uploads.pop(array_id, None)
         log.info("upload %s DISCARDED: %s", array_id, up.reason)
         with self._lock:  # a label set binds to its image: it goes with it
-            sets = [u.array_id for u in self._uploads.values()
-                    if u.array_id.startswith(f"{array_id}/{LABELS}/") and u.state != DISCARDED]
+            sets = [
+                u.array_id
+                for u in self._uploads.values()
+                if u.array_id.startswith(f"{array_id}/{LABELS}/") and u.state != DISCARDED
+            ]
         for set_id in sets:
             self.discard(set_id, f"its image {array_id} was discarded")
         return up
@@ -633,8 +790,10 @@ class UploadManager:
         if up.state == DISCARDED:
             raise UploadNotReadable(f"{up.array_id} was discarded: {up.reason}")
         if up.state != READY:
-            raise UploadNotReadable(f"{up.array_id} is {up.state}, not readable yet: an uploaded tensor is readable "
-                                    "once it is READY (set_upload_status), not while chunks may still be in flight")
+            raise UploadNotReadable(
+                f"{up.array_id} is {up.state}, not readable yet: an uploaded tensor is readable "
+                "once it is READY (set_upload_status), not while chunks may still be in flight"
+            )
 
     # ---- sweeps ----------------------------------------------------------------------------
     def sweep(self) -> dict[str, int]:

@@ -7,6 +7,7 @@ READY one is adopted, and one whose absolute wall-clock ``expires_at`` passed wh
 server was down is swept. Written atomically (temp file + rename) so a crash leaves the old
 or the new document, never half of one.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,10 +50,18 @@ class Marker:
         if not isinstance(d, dict):
             return None
         try:
-            return cls(str(d["array_id"]), str(d["store_format"]), str(d["state"]), str(d["content_version"]),
-                       float(d["created_at"]), None if d.get("expires_at") is None else float(d["expires_at"]),
-                       tuple(str(x) for x in d.get("dim_labels") or ()), bool(d.get("is_labels", False)),
-                       str(d.get("owner") or ""), _grant(d))
+            return cls(
+                str(d["array_id"]),
+                str(d["store_format"]),
+                str(d["state"]),
+                str(d["content_version"]),
+                float(d["created_at"]),
+                None if d.get("expires_at") is None else float(d["expires_at"]),
+                tuple(str(x) for x in d.get("dim_labels") or ()),
+                bool(d.get("is_labels", False)),
+                str(d.get("owner") or ""),
+                _grant(d),
+            )
         except (KeyError, TypeError, ValueError):
             return None
 

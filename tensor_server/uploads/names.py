@@ -7,6 +7,7 @@ on discard, deletes whole, on any platform that may later serve the same write_d
 rules refuse what any of Linux, Windows or macOS would refuse, and collisions are judged on
 the case-folded NFC form (NTFS/APFS/HFS+ are case-insensitive; HFS+ stores NFD).
 """
+
 from __future__ import annotations
 
 import unicodedata
@@ -23,11 +24,14 @@ LABELS = LABEL_SETS
 STORE_FORMATS = ("zarr", "cache")
 
 _MAX_NAME_BYTES = 255
-_DEVICE_NAMES = frozenset(["CON", "PRN", "AUX", "NUL"] + [f"COM{d}" for d in range(1, 10)]
-                          + [f"LPT{d}" for d in range(1, 10)])
+_DEVICE_NAMES = frozenset(
+    ["CON", "PRN", "AUX", "NUL"] + [f"COM{d}" for d in range(1, 10)] + [f"LPT{d}" for d in range(1, 10)]
+)
 _NTFS_FORBIDDEN = '<>"|?*'
-_GRAMMAR = (f"'<zarr|cache>://<source_id>/{FIELDS}/<name>' (a tensor of a source) or "
-            f"'zarr://<array_id>/{LABELS}/<name>' (a label set of a tensor)")
+_GRAMMAR = (
+    f"'<zarr|cache>://<source_id>/{FIELDS}/<name>' (a tensor of a source) or "
+    f"'zarr://<array_id>/{LABELS}/<name>' (a label set of a tensor)"
+)
 
 
 class UploadNameError(InvalidArgument):
@@ -108,7 +112,8 @@ def parse_upload_id(request_id: str) -> UploadTarget:
     if not source_id or seg != FIELDS or not slash:
         raise UploadNameError(
             f"{request_id!r} is not an uploadable id: an uploaded tensor is addressed under a "
-            f"marked segment (a bare '<source_id>/<field>' is a native tensor id); use {_GRAMMAR}")
+            f"marked segment (a bare '<source_id>/<field>' is a native tensor id); use {_GRAMMAR}"
+        )
     _check_name(name, request_id)
     return UploadTarget(scheme, source_id, f"{FIELDS}/{name}", name)
 

@@ -7,6 +7,7 @@ physical scale belongs on the source that has one), and is never reclaimed: empt
 resting state. Its fixed id is the point: a producer writes ``zarr://scratch/@fields/<name>``
 with nothing to mint first.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,10 @@ class ScratchSource(SourceAdapter):
         return f"scratch://{SCRATCH_SOURCE_ID}"
 
     def tensor(self, field: str | None = None) -> TensorAdapter:
-        raise TensorNotFound(f"the scratch source holds no tensor of its own; its tensors are "
-                             f"'{SCRATCH_SOURCE_ID}/@fields/<name>'", slug=NO_DEFAULT_TENSOR)
+        raise TensorNotFound(
+            f"the scratch source holds no tensor of its own; its tensors are '{SCRATCH_SOURCE_ID}/@fields/<name>'",
+            slug=NO_DEFAULT_TENSOR,
+        )
 
     def metadata_json(self) -> str:
         return json.dumps({"type": self.type, "dim_label": [], "metadata": {}})

@@ -9,6 +9,7 @@ file for a chunk of fill values, so the files its metadata names are the metadat
 (``METADATA_FILES``): READY and boot require those, and boot also the chunk files READY
 recorded (``integrity.py``).
 """
+
 from __future__ import annotations
 
 import os
@@ -29,13 +30,20 @@ METADATA_FILES = (".zgroup", ".zattrs", "0/.zarray")
 
 
 def _zattrs(marker: Marker, ndim: int, extra: dict[str, Any] | None) -> dict[str, Any]:
-    axes = [{"name": n} for n in marker.dim_labels] if len(marker.dim_labels) == ndim else \
-        [{"name": f"dim_{i}"} for i in range(ndim)]
+    axes = (
+        [{"name": n} for n in marker.dim_labels]
+        if len(marker.dim_labels) == ndim
+        else [{"name": f"dim_{i}"} for i in range(ndim)]
+    )
     doc = {
-        "multiscales": [{
-            "version": "0.4", "name": marker.array_id, "axes": axes,
-            "datasets": [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [1.0] * ndim}]}],
-        }],
+        "multiscales": [
+            {
+                "version": "0.4",
+                "name": marker.array_id,
+                "axes": axes,
+                "datasets": [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [1.0] * ndim}]}],
+            }
+        ],
         MARKER_KEY: marker.to_json(),
     }
     doc.update(extra or {})
@@ -52,8 +60,15 @@ class ZarrMember:
         self._extra = extra_attrs
 
     @classmethod
-    def create(cls, path: Path, marker: Marker, shape: tuple[int, ...], dtype: np.dtype,
-               grid: tuple[int, ...], extra_attrs: dict[str, Any] | None = None) -> ZarrMember:
+    def create(
+        cls,
+        path: Path,
+        marker: Marker,
+        shape: tuple[int, ...],
+        dtype: np.dtype,
+        grid: tuple[int, ...],
+        extra_attrs: dict[str, Any] | None = None,
+    ) -> ZarrMember:
         import zarr
 
         root = zarr.open_group(str(path), mode="w-", zarr_format=2)
@@ -87,9 +102,16 @@ class ZarrMember:
         from tensor_server.adapters.zarr import ZarrAdapter
 
         m = self.marker
-        return ZarrAdapter(self._array, store_path=self.path, zarr_path="0",
-                           dim_labels=m.dim_labels or None, physical_scale=None, physical_unit=None,
-                           is_labels=m.is_labels, content_version=bytes.fromhex(m.content_version))
+        return ZarrAdapter(
+            self._array,
+            store_path=self.path,
+            zarr_path="0",
+            dim_labels=m.dim_labels or None,
+            physical_scale=None,
+            physical_unit=None,
+            is_labels=m.is_labels,
+            content_version=bytes.fromhex(m.content_version),
+        )
 
     def write(self, bounds: Bounds, data: np.ndarray) -> None:
         self._array[bounds.to_slices()] = data

@@ -1,5 +1,6 @@
 """blosc2 .b2nd adapter: conformance on generated files (dense, sparse with ZERO/VALUE
 chunks, float with NaN chunks), detection and bad input."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """libblosc2 through ctypes (``adapters/_blosc_lib.py``) decodes what numcodecs writes, bit for
 bit, on several threads at once; refuses what it cannot decode (the caller then asks
 numcodecs); and is used only when its parameter struct matches the header the wheel ships."""
+
 from __future__ import annotations
 
 import importlib.util

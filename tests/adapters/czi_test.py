@@ -4,6 +4,7 @@ pylibCZIrw's writer, values against the arrays written, the real samples in
 
 The zoom= path (get_decimated_data) has its own file: tests/adapters/czi_zoom_test.py.
 """
+
 from __future__ import annotations
 
 import json

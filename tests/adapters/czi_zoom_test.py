@@ -7,6 +7,7 @@ reaches libCZI; every declining case going to the default path; the fallback on 
 mismatch; and why the override reads a mosaic in cells (libCZI's own whole-ROI zoom is not
 exact across a subblock edge on the f-grid).
 """
+
 from __future__ import annotations
 
 import logging
@@ -248,8 +249,15 @@ class TestZoomServesNearest:
 
     @pytest.mark.parametrize(
         "name, f",
-        [("s_1_t_1_c_1_z_1.czi", 5), ("mosaic_test.czi", 2), ("mosaic_test.czi", 4), ("CD_s_1_t_3_c_2_z_5.czi", 2),
-         ("CD_s_1_t_3_c_2_z_5.czi", 5), ("tiles.czi", 2), ("RGB-8bit.czi", 3)],
+        [
+            ("s_1_t_1_c_1_z_1.czi", 5),
+            ("mosaic_test.czi", 2),
+            ("mosaic_test.czi", 4),
+            ("CD_s_1_t_3_c_2_z_5.czi", 2),
+            ("CD_s_1_t_3_c_2_z_5.czi", 5),
+            ("tiles.czi", 2),
+            ("RGB-8bit.czi", 3),
+        ],
     )
     def test_real_files(self, testdata, zoom_calls, name, f):
         with tensor_server.open(testdata / "czi" / name) as src:

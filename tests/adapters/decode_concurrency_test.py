@@ -5,6 +5,7 @@ Each test makes the first two piece decodes wait for each other at a barrier: a 
 decodes one piece at a time never gets past it (the barrier times out and the read fails),
 so these are not timing tests.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,15 @@ def test_zarr_chunks_of_one_read_decode_concurrently(tmp_path, monkeypatch):
     numcodecs = pytest.importorskip("numcodecs")
     zarr = pytest.importorskip("zarr")
     arr = _plane()
-    z = zarr.open_array(str(tmp_path / "a.zarr"), mode="w", shape=arr.shape, chunks=(128, 128), dtype=arr.dtype,
-                        zarr_format=2, compressor=numcodecs.Zlib(1))
+    z = zarr.open_array(
+        str(tmp_path / "a.zarr"),
+        mode="w",
+        shape=arr.shape,
+        chunks=(128, 128),
+        dtype=arr.dtype,
+        zarr_format=2,
+        compressor=numcodecs.Zlib(1),
+    )
     z[...] = arr
     tensor = tensor_server.open(tmp_path / "a.zarr").tensor()
     wrapped, calls = _meeting(numcodecs.Zlib.decode)

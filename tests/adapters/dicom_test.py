@@ -1,5 +1,6 @@
 """DICOM adapters (pydicom): single and multi-frame files, a shuffled CT series folder, whole-slide
 levels (TILED_FULL / TILED_SPARSE, native levels), rescale, frame skipping, real samples, bad input."""
+
 from __future__ import annotations
 
 import shutil
@@ -29,7 +30,9 @@ def inner(tensor):
 
 
 # ---- writers ---------------------------------------------------------------------------------
-def _dataset(sop_class: str, arr: np.ndarray, photometric: str = "MONOCHROME2", bits: int | None = None, **attrs) -> Dataset:
+def _dataset(
+    sop_class: str, arr: np.ndarray, photometric: str = "MONOCHROME2", bits: int | None = None, **attrs
+) -> Dataset:
     ds = Dataset()
     ds.file_meta = FileMetaDataset()
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
@@ -58,9 +61,16 @@ def write_ct_series(folder: Path, n: int = 8, seed: int = 0, with_positions: boo
     names = rng.permutation(n)
     instances = rng.permutation(n) + 1
     for k, raw in enumerate(slices):
-        attrs = dict(Modality="CT", SeriesInstanceUID=series, SeriesNumber=3, InstanceNumber=int(instances[k]),
-                     RescaleSlope=2 if k == 3 else 1, RescaleIntercept=-1024, PixelSpacing=[0.7, 0.6],
-                     SliceThickness=2.5)
+        attrs = dict(
+            Modality="CT",
+            SeriesInstanceUID=series,
+            SeriesNumber=3,
+            InstanceNumber=int(instances[k]),
+            RescaleSlope=2 if k == 3 else 1,
+            RescaleIntercept=-1024,
+            PixelSpacing=[0.7, 0.6],
+            SliceThickness=2.5,
+        )
         if with_positions:
             attrs.update(ImageOrientationPatient=[1, 0, 0, 0, 1, 0], ImagePositionPatient=[-10, 5, 40 + 2.5 * k])
         _save(_dataset(CT_IMAGE, raw, **attrs), folder / f"IM{names[k]:04d}")
@@ -74,8 +84,16 @@ def write_multiframe(path: Path, frames: np.ndarray, **attrs) -> Path:
     return _save(_dataset(SC_MULTIFRAME, frames, **attrs), path)
 
 
-def write_wsi(path: Path, image: np.ndarray, tile: int, *, flavour: str = "VOLUME", sparse_missing: tuple | None = None,
-              series: str | None = None, spacing: float = 0.0005) -> Path:
+def write_wsi(
+    path: Path,
+    image: np.ndarray,
+    tile: int,
+    *,
+    flavour: str = "VOLUME",
+    sparse_missing: tuple | None = None,
+    series: str | None = None,
+    spacing: float = 0.0005,
+) -> Path:
     """A VL WSI instance of ``image`` ((planes,) H, W, 3 uint8), TILED_FULL (tiles row-major,
     then focal planes) or, with ``sparse_missing=(plane, ty, tx)``, TILED_SPARSE without that tile."""
     planes = image if image.ndim == 4 else image[None]
@@ -88,14 +106,23 @@ def write_wsi(path: Path, image: np.ndarray, tile: int, *, flavour: str = "VOLUM
                 if sparse_missing == (z, ty, tx):
                     continue
                 t = np.zeros((tile, tile, 3), np.uint8)
-                part = planes[z, ty * tile:(ty + 1) * tile, tx * tile:(tx + 1) * tile]
+                part = planes[z, ty * tile : (ty + 1) * tile, tx * tile : (tx + 1) * tile]
                 t[: part.shape[0], : part.shape[1]] = part
                 frames.append(t)
                 positions.append((z, ty * tile + 1, tx * tile + 1))
-    ds = _dataset(WSI, np.stack(frames), "RGB", Modality="SM", SeriesInstanceUID=series or generate_uid(),
-                  ImageType=["DERIVED", "PRIMARY", flavour, "NONE"], TotalPixelMatrixRows=H,
-                  TotalPixelMatrixColumns=W, TotalPixelMatrixFocalPlanes=nz, NumberOfOpticalPaths=1,
-                  DimensionOrganizationType="TILED_SPARSE" if sparse_missing else "TILED_FULL")
+    ds = _dataset(
+        WSI,
+        np.stack(frames),
+        "RGB",
+        Modality="SM",
+        SeriesInstanceUID=series or generate_uid(),
+        ImageType=["DERIVED", "PRIMARY", flavour, "NONE"],
+        TotalPixelMatrixRows=H,
+        TotalPixelMatrixColumns=W,
+        TotalPixelMatrixFocalPlanes=nz,
+        NumberOfOpticalPaths=1,
+        DimensionOrganizationType="TILED_SPARSE" if sparse_missing else "TILED_FULL",
+    )
     measures = Dataset()
     measures.PixelSpacing = [spacing, spacing]
     shared = Dataset()
@@ -144,14 +171,19 @@ def pydicom_wsi(path: Path) -> np.ndarray:
         for z in range(nz):
             for r in range(0, H, th):
                 for c in range(0, W, tw):
-                    out[z, r:r + th, c:c + tw] = frames[k]
+                    out[z, r : r + th, c : c + tw] = frames[k]
                     k += 1
     else:
-        zs = sorted({float(f.PlanePositionSlideSequence[0].ZOffsetInSlideCoordinateSystem) for f in ds.PerFrameFunctionalGroupsSequence})
+        zs = sorted(
+            {
+                float(f.PlanePositionSlideSequence[0].ZOffsetInSlideCoordinateSystem)
+                for f in ds.PerFrameFunctionalGroupsSequence
+            }
+        )
         for k, item in enumerate(ds.PerFrameFunctionalGroupsSequence):
             p = item.PlanePositionSlideSequence[0]
             r, c = p.RowPositionInTotalImagePixelMatrix - 1, p.ColumnPositionInTotalImagePixelMatrix - 1
-            out[zs.index(float(p.ZOffsetInSlideCoordinateSystem)), r:r + th, c:c + tw] = frames[k]
+            out[zs.index(float(p.ZOffsetInSlideCoordinateSystem)), r : r + th, c : c + tw] = frames[k]
     out = out[:, :H, :W]
     return out if nz > 1 else out[0]
 
@@ -166,19 +198,28 @@ def _fixture(kind: str, tmp_path: Path) -> Path:
         write_ct_series(tmp_path / "noipp", n=5, seed=4, with_positions=False)
         return tmp_path / "noipp"
     if kind == "multiframe_uint16":
-        return write_multiframe(tmp_path / "mf.dcm", rng.integers(0, 65535, (7, 30, 26), dtype=np.uint16), FrameTime=40.0)
+        return write_multiframe(
+            tmp_path / "mf.dcm", rng.integers(0, 65535, (7, 30, 26), dtype=np.uint16), FrameTime=40.0
+        )
     if kind == "single_ct":
         raw = rng.integers(-100, 2000, (33, 41), dtype=np.int16)
-        return _save(_dataset(CT_IMAGE, raw, Modality="CT", RescaleSlope=1, RescaleIntercept=-1024, PixelSpacing=[0.5, 0.5]), tmp_path / "ct.dcm")
+        return _save(
+            _dataset(CT_IMAGE, raw, Modality="CT", RescaleSlope=1, RescaleIntercept=-1024, PixelSpacing=[0.5, 0.5]),
+            tmp_path / "ct.dcm",
+        )
     if kind == "wsi_full":
         return write_wsi(tmp_path / "full.dcm", rng.integers(0, 255, (70, 90, 3), dtype=np.uint8), 32)
     if kind == "wsi_sparse_2planes":
-        return write_wsi(tmp_path / "sparse.dcm", rng.integers(0, 255, (2, 50, 45, 3), dtype=np.uint8), 16, sparse_missing=(1, 1, 2))
+        return write_wsi(
+            tmp_path / "sparse.dcm", rng.integers(0, 255, (2, 50, 45, 3), dtype=np.uint8), 16, sparse_missing=(1, 1, 2)
+        )
     raise KeyError(kind)
 
 
 class TestDicomGenerated(AdapterTests):
-    @pytest.fixture(params=["ct_series", "series_by_instance", "multiframe_uint16", "single_ct", "wsi_full", "wsi_sparse_2planes"])
+    @pytest.fixture(
+        params=["ct_series", "series_by_instance", "multiframe_uint16", "single_ct", "wsi_full", "wsi_sparse_2planes"]
+    )
     def source(self, request, tmp_path):
         src = tensor_server.open(_fixture(request.param, tmp_path))
         yield src
@@ -274,7 +315,9 @@ def test_enhanced_multiframe_positions_and_per_frame_rescale(tmp_path):
         assert t.physical_scale[0] == pytest.approx(3.0)
         want = np.stack([(frames[k].astype(np.float64) * (1 + k) - 10 * k).astype(np.float32) for k in range(5)])[::-1]
         np.testing.assert_array_equal(t.get_data(), want)
-        np.testing.assert_array_equal(t.get_decimated_data(Bounds((1, 0, 0), (5, 12, 10)), (2, 1, 3)), want[1:5:2, :, ::3])
+        np.testing.assert_array_equal(
+            t.get_decimated_data(Bounds((1, 0, 0), (5, 12, 10)), (2, 1, 3)), want[1:5:2, :, ::3]
+        )
 
 
 def test_encapsulated_frames_without_offset_table(tmp_path):
@@ -348,7 +391,9 @@ def test_wsi_folder_levels_and_thumbnail(tmp_path):
         vol = src.tensor("volume")
         np.testing.assert_array_equal(vol.get_data(), base)
         assert [lv.scale for lv in vol.native_levels] == [(2, 2, 1)]
-        np.testing.assert_array_equal(vol.native_level((2, 2, 1)).tensor.get_data(Bounds((0, 0, 0), (32, 48, 3))), base[::2, ::2])
+        np.testing.assert_array_equal(
+            vol.native_level((2, 2, 1)).tensor.get_data(Bounds((0, 0, 0), (32, 48, 3))), base[::2, ::2]
+        )
         np.testing.assert_array_equal(src.tensor("thumbnail").get_data(), base[::8, ::8])
 
 

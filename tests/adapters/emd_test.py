@@ -1,6 +1,7 @@
 """EMD adapter: a generated Berkeley EMD file and real Velox files through the conformance
 suite, every sample in ../shared/testdata/emd (and inside its zips) against expected.json,
 axes and calibration, detection, bad input."""
+
 from __future__ import annotations
 
 import zipfile
@@ -30,7 +31,13 @@ def write_berkeley(path: Path) -> None:
         g.attrs["emd_group_type"] = 1
         g.create_dataset("data", data=rng.random((6, 5, 16, 12), dtype=np.float32), chunks=(1, 1, 16, 12))
         for i, (name, unit, n, step) in enumerate(
-            [("R_x", "[n_m]", 6, 0.5), ("R_y", "[n_m]", 5, 0.5), ("Q_x", "[n_m^-1]", 16, 0.02), ("Q_y", "[n_m^-1]", 12, 0.02)], 1
+            [
+                ("R_x", "[n_m]", 6, 0.5),
+                ("R_y", "[n_m]", 5, 0.5),
+                ("Q_x", "[n_m^-1]", 16, 0.02),
+                ("Q_y", "[n_m^-1]", 12, 0.02),
+            ],
+            1,
         ):
             d = g.create_dataset(f"dim{i}", data=(np.arange(n) * step - 1.0).astype(np.float32))
             d.attrs["name"] = np.bytes_(name)
@@ -38,7 +45,9 @@ def write_berkeley(path: Path) -> None:
         s = f.create_group("data/slices")
         s.attrs["emd_group_type"] = np.int32(1)
         s.create_dataset("realslice", data=rng.integers(0, 5000, (10, 12, 7), dtype=np.uint16))
-        for i, (name, unit, n, step) in enumerate([("R_x", "[n_m]", 10, 0.25), ("R_y", "[n_m]", 12, 0.25), ("bin_outer_angle", "[mrad]", 7, 2.0)], 1):
+        for i, (name, unit, n, step) in enumerate(
+            [("R_x", "[n_m]", 10, 0.25), ("R_y", "[n_m]", 12, 0.25), ("bin_outer_angle", "[mrad]", 7, 2.0)], 1
+        ):
             d = s.create_dataset(f"dim{i}", data=np.arange(n) * step)
             d.attrs["name"] = name
             d.attrs["units"] = unit
@@ -68,7 +77,11 @@ class TestBerkeleyAxes:
         write_berkeley(tmp_path / "b.h5")
         with tensor_server.open(tmp_path / "b.h5") as src:
             assert src.type == "emd" and src.metadata["flavour"] == "berkeley"
-            assert list(src.tensors) == ["data/slices/realslice", "data/stem4d/data", "extra/counts"]  # signals in visit order
+            assert list(src.tensors) == [
+                "data/slices/realslice",
+                "data/stem4d/data",
+                "extra/counts",
+            ]  # signals in visit order
             cube = src.tensors["data/stem4d/data"]
             assert type(inner(cube)) is Hdf5Adapter and cube.read_block_shape == (1, 1, 16, 12)
             assert cube.dim_labels == ("c", "z", "y", "x") and cube.shape == (6, 5, 16, 12)
@@ -136,7 +149,9 @@ def test_velox_axes_and_calibration(velox_dir):
         assert spec.physical_scale == (None, 10.0) and spec.physical_unit == (None, "eV")
         stream = src.tensors["Data/SpectrumStream/1a00ffb292da4f7a9f81f2a4d6f99aa5/Data"]
         assert stream.dim_labels == ("y", "x") and stream.physical_scale is None  # raw event stream
-        assert src.metadata["skipped_datasets"]["/Data/Image/3997ddbe7d8c448e97ed660387f5ac44/Metadata"].startswith("Velox JSON")
+        assert src.metadata["skipped_datasets"]["/Data/Image/3997ddbe7d8c448e97ed660387f5ac44/Metadata"].startswith(
+            "Velox JSON"
+        )
     with tensor_server.open(velox_dir / "SI_empty selection.emd") as src:
         assert src.metadata["skipped_datasets"]["/Thumbnail.jpg"] == "encoded thumbnail image"
         assert "Thumbnail.jpg" not in src.tensors
@@ -151,7 +166,9 @@ def test_velox_tem_stack(testdata):
         with h5py.File(src.path, "r") as f:
             raw = f[src.default_field][()]
         np.testing.assert_array_equal(t.get_data(), np.moveaxis(raw, 2, 0))
-        np.testing.assert_array_equal(t.get_scaled_data(None, (2, 2, 2), "nearest"), np.moveaxis(raw, 2, 0)[::2, ::2, ::2])
+        np.testing.assert_array_equal(
+            t.get_scaled_data(None, (2, 2, 2), "nearest"), np.moveaxis(raw, 2, 0)[::2, ::2, ::2]
+        )
 
 
 # ---- real files against expected.json --------------------------------------------------------

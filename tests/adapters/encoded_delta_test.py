@@ -1,5 +1,6 @@
 """Luxar's ``luxar_delta_v1`` code filter: stores that use it open and decode bit-identically
 without luxar (our filter), in zarr format 2 and 3; our residuals are luxar's bytes."""
+
 from __future__ import annotations
 
 import subprocess
@@ -55,17 +56,35 @@ def test_delta_filtered_store_reads_without_luxar(tmp_path, luxar, zarr_format):
     pos = np.stack([np.sin(t) * 100, np.cos(t) * 100, t], axis=1).astype(np.float32)
     hdr = np.exp(np.stack([np.sin(t), np.cos(t), np.sin(2 * t)], axis=1) * 3).astype(np.float32)
     enc = luxar.ArrayEncoder()
-    enc.encode(data=pos, zarr_group=root, name="pos", semantic_type=luxar.SemanticType.COORDINATE,
-               chunks=(4096, 3), compressor=WIDTH_AWARE_DEFAULT)
-    enc.encode(data=hdr, zarr_group=root, name="hdr", semantic_type=luxar.SemanticType.COLOR, color_mode="hdr",
-               chunks=(4096, 3), compressor=WIDTH_AWARE_DEFAULT)
+    enc.encode(
+        data=pos,
+        zarr_group=root,
+        name="pos",
+        semantic_type=luxar.SemanticType.COORDINATE,
+        chunks=(4096, 3),
+        compressor=WIDTH_AWARE_DEFAULT,
+    )
+    enc.encode(
+        data=hdr,
+        zarr_group=root,
+        name="hdr",
+        semantic_type=luxar.SemanticType.COLOR,
+        color_mode="hdr",
+        chunks=(4096, 3),
+        compressor=WIDTH_AWARE_DEFAULT,
+    )
     meta = (store / "pos" / (".zarray" if zarr_format == 2 else "zarr.json")).read_text()
     assert "luxar_delta_v1" in meta, "the writer did not choose the delta filter; the test would prove nothing"
     out = tmp_path / "out"
     out.mkdir()
     env_path = f"{_REPO}:{_REPO / 'kernels'}"
-    proc = subprocess.run([sys.executable, "-c", _READ_WITHOUT_LUXAR, str(store), str(out)], capture_output=True,
-                          text=True, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"}, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _READ_WITHOUT_LUXAR, str(store), str(out)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "", f"luxar was imported: {proc.stdout}"
     dec = luxar.ArrayDecoder()

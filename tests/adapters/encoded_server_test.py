@@ -3,6 +3,7 @@ crops, scaled reads, the catalog row and descriptor (decoded dtype, encoding nam
 refused array listed with its reason. Stores are written by luxar's own encoder; values are
 compared with luxar's own decoder (exact, or within 1 float32 ULP for the exp families:
 see encoded_zarr_test.py)."""
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,37 @@ def lux_root(tmp_path_factory, luxar):
     root = luxar.open_group(str(top / "scene.zarr"), mode="w")
     enc = luxar.ArrayEncoder()
     rng = np.random.default_rng(5)
-    enc.encode(data=(rng.standard_normal((N, 3)) * 20).astype(np.float32), zarr_group=root, name="positions",
-               semantic_type=S.COORDINATE, chunks=(4096, 3))
-    enc.encode(data=np.exp(rng.uniform(-5, 5, (N, 3))).astype(np.float32), zarr_group=root, name="colors",
-               semantic_type=S.COLOR, color_mode="hdr", chunks=(4096, 3))
-    enc.encode(data=np.exp(rng.uniform(-7, 7, N)).astype(np.float32), zarr_group=root, name="radii",
-               semantic_type=S.POSITIVE_SCALAR, mode=M.MEMORY, positive_scalar_encoding="log", chunks=(5000,))
-    enc.encode(data=rng.choice(np.array([0.1, 0.2, 0.7], np.float32), N), zarr_group=root, name="sharpness",
-               semantic_type=S.BOUNDED_SCALAR, chunks=(3000,))
+    enc.encode(
+        data=(rng.standard_normal((N, 3)) * 20).astype(np.float32),
+        zarr_group=root,
+        name="positions",
+        semantic_type=S.COORDINATE,
+        chunks=(4096, 3),
+    )
+    enc.encode(
+        data=np.exp(rng.uniform(-5, 5, (N, 3))).astype(np.float32),
+        zarr_group=root,
+        name="colors",
+        semantic_type=S.COLOR,
+        color_mode="hdr",
+        chunks=(4096, 3),
+    )
+    enc.encode(
+        data=np.exp(rng.uniform(-7, 7, N)).astype(np.float32),
+        zarr_group=root,
+        name="radii",
+        semantic_type=S.POSITIVE_SCALAR,
+        mode=M.MEMORY,
+        positive_scalar_encoding="log",
+        chunks=(5000,),
+    )
+    enc.encode(
+        data=rng.choice(np.array([0.1, 0.2, 0.7], np.float32), N),
+        zarr_group=root,
+        name="sharpness",
+        semantic_type=S.BOUNDED_SCALAR,
+        chunks=(3000,),
+    )
     enc.encode(data=0.5, n_elements=N, zarr_group=root, name="opacity", semantic_type=S.BOUNDED_SCALAR)
     bad = root.create_array("bad", shape=(10,), dtype="uint8", chunks=(10,))
     bad.attrs["encoding"] = {"name": "bounded_scalar_uint8", "min": 0.0, "bits": 8, "original_dtype": "float32"}
@@ -68,8 +92,9 @@ def test_whole_and_cropped_reads_equal_luxars_decoder(lux_server, lux_root, luxa
     client, sid = client_for(srv), _source_id(cat)
     for field in FIELDS:
         want = _decoded(luxar, lux_root, field)
-        name = json.loads(client.get_descriptor(f"{sid}/{field}", with_metadata=True).metadata_json)[
-            "metadata"]["encodings"][field]
+        name = json.loads(client.get_descriptor(f"{sid}/{field}", with_metadata=True).metadata_json)["metadata"][
+            "encodings"
+        ][field]
         got = client.get_array(f"{sid}/{field}")
         assert got.dtype == np.float32
         assert_decoded_equal(got, want, name, field)
@@ -96,9 +121,13 @@ def test_catalog_and_descriptor_show_decoded_dtype_and_encoding(lux_server):
     assert by_id[f"{sid}/positions"]["dtype"] == "<f4" and by_id[f"{sid}/positions"]["shape"] == [N, 3]
     assert by_id[f"{sid}/opacity"]["shape"] == [N]
     meta = json.loads(row["metadata_json"])["metadata"]
-    assert meta["encodings"] == {"colors": "geolog_perchannel_u16", "opacity": "broadcasted",
-                                 "positions": "linear_perchannel_u16", "radii": "geolog_scalar_uint8",
-                                 "sharpness": "lut_uint8"}
+    assert meta["encodings"] == {
+        "colors": "geolog_perchannel_u16",
+        "opacity": "broadcasted",
+        "positions": "linear_perchannel_u16",
+        "radii": "geolog_scalar_uint8",
+        "sharpness": "lut_uint8",
+    }
     (skipped,) = meta["skipped"]
     assert skipped["path"] == "bad" and "encoding.max: is required" in skipped["reason"]
     d = client.get_descriptor(f"{sid}/radii", with_metadata=True)

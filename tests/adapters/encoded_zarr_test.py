@@ -11,6 +11,7 @@ is not promised). The one place the reference decoder cannot be the oracle is a 
 ``bounded_scalar`` (min == max), which luxar's encoder writes and its decoder refuses: we
 serve it as the constant ``min`` (checked against the encoder's input).
 """
+
 from __future__ import annotations
 
 import json
@@ -61,45 +62,103 @@ def _cases(lx):
 
     for mode in (M.AUTO, M.PRECISION, M.MEMORY):
         m = mode.value
-        add(f"coordinate_{m}", pos, dict(semantic_type=S.COORDINATE, mode=mode, chunks=(512, 3)),
-            "float32" if mode == M.PRECISION else "linear_perchannel_u16")
-        add(f"color_sdr_{m}", sdr, dict(semantic_type=S.COLOR, mode=mode, color_mode="sdr", chunks=(512, 3)),
-            "float32" if mode == M.PRECISION else "rgb_uint8")
-        add(f"color_hdr_{m}", hdr, dict(semantic_type=S.COLOR, mode=mode, color_mode="hdr", chunks=(512, 3)),
-            {M.AUTO: "geolog_perchannel_u16", M.PRECISION: "float32", M.MEMORY: "geolog_perchannel_u8"}[mode])
-        add(f"bounded_{m}", bounded, dict(semantic_type=S.BOUNDED_SCALAR, mode=mode, bounds=(0.0, 1.0), chunks=(700,)),
-            "float32" if mode == M.PRECISION else "bounded_scalar_uint8")
-        add(f"positive_narrow_{m}", narrow, dict(semantic_type=S.POSITIVE_SCALAR, mode=mode, chunks=(700,)),
-            "float32" if mode == M.PRECISION else "bounded_scalar_uint8")
-        add(f"positive_mid_{m}", mid, dict(semantic_type=S.POSITIVE_SCALAR, mode=mode, chunks=(700,)),
-            "float32" if mode == M.PRECISION else "bounded_scalar_uint16")
-        add(f"positive_wide_{m}", wide, dict(semantic_type=S.POSITIVE_SCALAR, mode=mode, chunks=(700,)),
-            {M.AUTO: "geolog_scalar_uint16", M.PRECISION: "float32", M.MEMORY: "geolog_scalar_uint8"}[mode])
-        add(f"cholesky_{m}", chol, dict(semantic_type=S.CHOLESKY, mode=mode, chunks=(512, 6)),
-            "float32")
-        add(f"cholesky_diag_{m}", diag, dict(semantic_type=S.CHOLESKY_DIAG, mode=mode, chunks=(512, 3)),
-            "float32" if mode == M.PRECISION else "log_perchannel_u8")
-        add(f"cholesky_offdiag_{m}", off, dict(semantic_type=S.CHOLESKY_OFFDIAG, mode=mode, chunks=(512, 3)),
-            "float32" if mode == M.PRECISION else "signed_log_perchannel_u8")
+        add(
+            f"coordinate_{m}",
+            pos,
+            dict(semantic_type=S.COORDINATE, mode=mode, chunks=(512, 3)),
+            "float32" if mode == M.PRECISION else "linear_perchannel_u16",
+        )
+        add(
+            f"color_sdr_{m}",
+            sdr,
+            dict(semantic_type=S.COLOR, mode=mode, color_mode="sdr", chunks=(512, 3)),
+            "float32" if mode == M.PRECISION else "rgb_uint8",
+        )
+        add(
+            f"color_hdr_{m}",
+            hdr,
+            dict(semantic_type=S.COLOR, mode=mode, color_mode="hdr", chunks=(512, 3)),
+            {M.AUTO: "geolog_perchannel_u16", M.PRECISION: "float32", M.MEMORY: "geolog_perchannel_u8"}[mode],
+        )
+        add(
+            f"bounded_{m}",
+            bounded,
+            dict(semantic_type=S.BOUNDED_SCALAR, mode=mode, bounds=(0.0, 1.0), chunks=(700,)),
+            "float32" if mode == M.PRECISION else "bounded_scalar_uint8",
+        )
+        add(
+            f"positive_narrow_{m}",
+            narrow,
+            dict(semantic_type=S.POSITIVE_SCALAR, mode=mode, chunks=(700,)),
+            "float32" if mode == M.PRECISION else "bounded_scalar_uint8",
+        )
+        add(
+            f"positive_mid_{m}",
+            mid,
+            dict(semantic_type=S.POSITIVE_SCALAR, mode=mode, chunks=(700,)),
+            "float32" if mode == M.PRECISION else "bounded_scalar_uint16",
+        )
+        add(
+            f"positive_wide_{m}",
+            wide,
+            dict(semantic_type=S.POSITIVE_SCALAR, mode=mode, chunks=(700,)),
+            {M.AUTO: "geolog_scalar_uint16", M.PRECISION: "float32", M.MEMORY: "geolog_scalar_uint8"}[mode],
+        )
+        add(f"cholesky_{m}", chol, dict(semantic_type=S.CHOLESKY, mode=mode, chunks=(512, 6)), "float32")
+        add(
+            f"cholesky_diag_{m}",
+            diag,
+            dict(semantic_type=S.CHOLESKY_DIAG, mode=mode, chunks=(512, 3)),
+            "float32" if mode == M.PRECISION else "log_perchannel_u8",
+        )
+        add(
+            f"cholesky_offdiag_{m}",
+            off,
+            dict(semantic_type=S.CHOLESKY_OFFDIAG, mode=mode, chunks=(512, 3)),
+            "float32" if mode == M.PRECISION else "signed_log_perchannel_u8",
+        )
         add(f"index_{m}", index, dict(semantic_type=S.INDEX, mode=mode, chunks=(700,)), "uint16")
-        add(f"lut_scalar_{m}", few, dict(semantic_type=S.POSITIVE_SCALAR, mode=mode, chunks=(512, 2)),
-            "float32" if mode == M.PRECISION else "lut_uint8")
-    add("cholesky_diag_u16", diag, dict(semantic_type=S.CHOLESKY_DIAG, mode=M.AUTO, chunks=(512, 3),
-                                        _perchannel_bits=16), "log_perchannel_u16")
-    add("cholesky_offdiag_u16", off, dict(semantic_type=S.CHOLESKY_OFFDIAG, mode=M.AUTO, chunks=(512, 3),
-                                          _perchannel_bits=16), "signed_log_perchannel_u16")
+        add(
+            f"lut_scalar_{m}",
+            few,
+            dict(semantic_type=S.POSITIVE_SCALAR, mode=mode, chunks=(512, 2)),
+            "float32" if mode == M.PRECISION else "lut_uint8",
+        )
+    add(
+        "cholesky_diag_u16",
+        diag,
+        dict(semantic_type=S.CHOLESKY_DIAG, mode=M.AUTO, chunks=(512, 3), _perchannel_bits=16),
+        "log_perchannel_u16",
+    )
+    add(
+        "cholesky_offdiag_u16",
+        off,
+        dict(semantic_type=S.CHOLESKY_OFFDIAG, mode=M.AUTO, chunks=(512, 3), _perchannel_bits=16),
+        "signed_log_perchannel_u16",
+    )
     add("index_u8", index % 200, dict(semantic_type=S.INDEX, mode=M.AUTO), "uint8")
     add("index_u32", mid_index, dict(semantic_type=S.INDEX, mode=M.AUTO), "uint32")
     add("index_u64", big_index, dict(semantic_type=S.INDEX, mode=M.AUTO), "uint64")
-    add("lut_row_u8", sdr[rng.integers(0, 40, N)], dict(semantic_type=S.COLOR, mode=M.AUTO, color_mode="sdr",
-                                                        chunks=(512, 3)), "lut_uint8")
-    add("lut_row_u16", many_rows, dict(semantic_type=S.COLOR, mode=M.AUTO, color_mode="sdr", chunks=(4096, 3)),
-        "lut_uint16")
+    add(
+        "lut_row_u8",
+        sdr[rng.integers(0, 40, N)],
+        dict(semantic_type=S.COLOR, mode=M.AUTO, color_mode="sdr", chunks=(512, 3)),
+        "lut_uint8",
+    )
+    add(
+        "lut_row_u16",
+        many_rows,
+        dict(semantic_type=S.COLOR, mode=M.AUTO, color_mode="sdr", chunks=(4096, 3)),
+        "lut_uint16",
+    )
     add("broadcast_scalar", 0.75, dict(semantic_type=S.POSITIVE_SCALAR, n_elements=N), "broadcasted")
-    add("broadcast_color", (1.0, 0.5, 0.25), dict(semantic_type=S.COLOR, n_elements=N, color_mode="sdr"),
-        "broadcasted")
-    add("broadcast_uniform", np.full((N, 4), 3.5, np.float32), dict(semantic_type=S.CHOLESKY, mode=M.AUTO),
-        "broadcasted")
+    add("broadcast_color", (1.0, 0.5, 0.25), dict(semantic_type=S.COLOR, n_elements=N, color_mode="sdr"), "broadcasted")
+    add(
+        "broadcast_uniform",
+        np.full((N, 4), 3.5, np.float32),
+        dict(semantic_type=S.CHOLESKY, mode=M.AUTO),
+        "broadcasted",
+    )
     for name, data, extra in (
         ("bounded_scalar_uint16", bounded, dict(bounds=(0.0, 1.0))),
         ("log_scalar_uint8", wide, {}),
@@ -108,10 +167,24 @@ def _cases(lx):
         ("float16", narrow, {}),
         ("uint32", index, {}),
     ):
-        add(f"custom_{name}", data, dict(semantic_type=S.POSITIVE_SCALAR, mode=M.CUSTOM, custom_encoder=name,
-                                         chunks=(512, 3) if data.ndim == 2 else (700,), **extra), name)
-    add("positive_log_u8", wide, dict(semantic_type=S.POSITIVE_SCALAR, mode=M.AUTO, positive_scalar_bits=8),
-        "geolog_scalar_uint8")
+        add(
+            f"custom_{name}",
+            data,
+            dict(
+                semantic_type=S.POSITIVE_SCALAR,
+                mode=M.CUSTOM,
+                custom_encoder=name,
+                chunks=(512, 3) if data.ndim == 2 else (700,),
+                **extra,
+            ),
+            name,
+        )
+    add(
+        "positive_log_u8",
+        wide,
+        dict(semantic_type=S.POSITIVE_SCALAR, mode=M.AUTO, positive_scalar_bits=8),
+        "geolog_scalar_uint8",
+    )
     return c
 
 
@@ -137,8 +210,13 @@ def luxar_store(tmp_path_factory, luxar):
     codes = RNG.integers(0, 256, (N, 3), dtype=np.uint8)
     legacy = root.create_array("legacy_log", shape=codes.shape, dtype=codes.dtype, chunks=(512, 3))
     legacy[...] = codes
-    legacy.attrs["encoding"] = {"name": "log_perchannel_u8", "col_lo": [0.0, 0.1, 0.2], "col_hi": [1.0, 2.0, 3.0],
-                                "bits": 8, "original_dtype": "float32"}
+    legacy.attrs["encoding"] = {
+        "name": "log_perchannel_u8",
+        "col_lo": [0.0, 0.1, 0.2],
+        "col_hi": [1.0, 2.0, 3.0],
+        "bits": 8,
+        "original_dtype": "float32",
+    }
     cases["legacy_log"] = (None, {}, "log_perchannel_u8")
     raw = RNG.integers(-5, 5, (N, 2)).astype(np.int16)
     enc._write_passthrough(root, "passthrough", raw, (512, 2), None)
@@ -183,8 +261,11 @@ def scene(luxar_store):
 
 def test_every_case_wrote_its_encoding_and_every_name_is_covered(luxar_store, scene):
     path, cases = luxar_store
-    wrong = {f: (name, scene.metadata["encodings"].get(f)) for f, (_, _, name) in cases.items()
-             if scene.metadata["encodings"].get(f) != name}
+    wrong = {
+        f: (name, scene.metadata["encodings"].get(f))
+        for f, (_, _, name) in cases.items()
+        if scene.metadata["encodings"].get(f) != name
+    }
     assert not wrong, "\n".join(f"{k}: want {a}, wrote {b}" for k, (a, b) in wrong.items())
     for field, (_, _, name) in cases.items():
         assert scene.tensors[field].metadata["encoding"] == name
@@ -219,8 +300,15 @@ def test_lossy_encodings_stay_close_to_the_encoder_input(luxar_store, scene):
     """Not a comparison with luxar's decoder: the decode is the right transform (a swapped
     lo/hi or an off-by-one level would still agree with itself)."""
     path, cases = luxar_store
-    for field in ("coordinate_auto", "positive_mid_auto", "color_hdr_auto", "cholesky_diag_u16",
-                  "positive_wide_auto", "custom_log_scalar_uint16", "cholesky_offdiag_u16"):
+    for field in (
+        "coordinate_auto",
+        "positive_mid_auto",
+        "color_hdr_auto",
+        "cholesky_diag_u16",
+        "positive_wide_auto",
+        "custom_log_scalar_uint16",
+        "cholesky_offdiag_u16",
+    ):
         data = cases[field][0]
         got = scene.tensors[field].get_data().astype(np.float64)
         rel = np.abs(got - data) / np.maximum(np.abs(data), 1e-3)
@@ -230,8 +318,9 @@ def test_lossy_encodings_stay_close_to_the_encoder_input(luxar_store, scene):
 def test_degenerate_bounded_scalar_decodes_to_its_bound(tmp_path, luxar):
     root = luxar.open_group(str(tmp_path / "d.zarr"), mode="w")
     # encode() would broadcast uniform data first; its CUSTOM writer is what writes min == max
-    luxar.ArrayEncoder()._encode_custom(root, "k", np.full(50, 2.5, np.float32), "bounded_scalar_uint8",
-                                        (2.5, 2.5), None, None)
+    luxar.ArrayEncoder()._encode_custom(
+        root, "k", np.full(50, 2.5, np.float32), "bounded_scalar_uint8", (2.5, 2.5), None, None
+    )
     assert root["k"].attrs["encoding"]["name"] == "bounded_scalar_uint8"
     with pytest.raises(ValueError, match="max > min"):
         _luxar_decode(luxar, tmp_path / "d.zarr", "k")
@@ -294,8 +383,14 @@ def test_capabilities_read_block_is_the_store_chunk(scene):
 def test_broadcast_is_served_without_materialising(tmp_path, luxar):
     root = luxar.open_group(str(tmp_path / "b.zarr"), mode="w")
     n = 10**10  # 120 GB if it were ever expanded
-    luxar.ArrayEncoder().encode(data=(0.25, 0.5, 1.0), n_elements=n, zarr_group=root, name="rgb",
-                                semantic_type=luxar.SemanticType.COLOR, color_mode="sdr")
+    luxar.ArrayEncoder().encode(
+        data=(0.25, 0.5, 1.0),
+        n_elements=n,
+        zarr_group=root,
+        name="rgb",
+        semantic_type=luxar.SemanticType.COLOR,
+        color_mode="sdr",
+    )
     t = tensor_server.open(tmp_path / "b.zarr").tensors["rgb"]
     assert t.shape == (n, 3) and t.dtype == np.float32
     view = (t.inner if hasattr(t, "inner") else t).read_region(Bounds.full(t.shape))
@@ -309,8 +404,12 @@ def test_all_fill_broadcast_row_has_no_chunk_and_reads_as_the_fill(tmp_path, lux
     """zarr writes no chunk for a row equal to the fill value (luxar's README): the row
     read then returns the fill, which is the value, and ``value`` agrees."""
     root = luxar.open_group(str(tmp_path / "z.zarr"), mode="w")
-    luxar.ArrayEncoder().encode(data=np.zeros((500, 3), np.float32), zarr_group=root, name="offdiag",
-                                semantic_type=luxar.SemanticType.CHOLESKY_OFFDIAG)
+    luxar.ArrayEncoder().encode(
+        data=np.zeros((500, 3), np.float32),
+        zarr_group=root,
+        name="offdiag",
+        semantic_type=luxar.SemanticType.CHOLESKY_OFFDIAG,
+    )
     assert root["offdiag"].attrs["encoding"]["name"] == "broadcasted"
     files = {p.name for p in (tmp_path / "z.zarr" / "offdiag").rglob("*") if p.is_file()}
     assert files and files <= {"zarr.json", ".zarray", ".zattrs"}, files  # metadata only, no chunk
@@ -363,8 +462,13 @@ def test_reference_chain_and_hash_mismatch(tmp_path):
 # ---- validation: every rule refuses, naming the array and the field ---------------------------
 _U8 = np.arange(12, dtype=np.uint8).reshape(6, 2)
 _BOUNDED = {"name": "bounded_scalar_uint8", "min": 0.0, "max": 2.0, "bits": 8, "original_dtype": "float32"}
-_PC = {"name": "linear_perchannel_u8", "col_lo": [0.0, 1.0], "col_hi": [1.0, 3.0], "bits": 8,
-       "original_dtype": "float32"}
+_PC = {
+    "name": "linear_perchannel_u8",
+    "col_lo": [0.0, 1.0],
+    "col_hi": [1.0, 3.0],
+    "bits": 8,
+    "original_dtype": "float32",
+}
 _LOGPC = {**_PC, "name": "log_perchannel_u8", "zero_level": True}
 _LUT = {"name": "lut_uint8", "lut": [0.5, 1.5], "original_dtype": "float32"}
 _REFUSALS = [
@@ -376,15 +480,27 @@ _REFUSALS = [
     ("stray zero_level on linear", _U8, {**_PC, "zero_level": True}, "zero_level"),
     ("unpaired bounds (no max)", _U8, {k: v for k, v in _BOUNDED.items() if k != "max"}, "max"),
     ("unpaired bounds (no min)", _U8, {k: v for k, v in _BOUNDED.items() if k != "min"}, "min"),
-    ("unpaired log bounds", _U8, {"name": "geolog_scalar_uint8", "max_log": 1.0, "bits": 8,
-                                  "original_dtype": "float32"}, "min_log"),
+    (
+        "unpaired log bounds",
+        _U8,
+        {"name": "geolog_scalar_uint8", "max_log": 1.0, "bits": 8, "original_dtype": "float32"},
+        "min_log",
+    ),
     ("non-finite min", _U8, {**_BOUNDED, "min": float("nan")}, "min"),
     ("non-finite max", _U8, {**_BOUNDED, "max": float("inf")}, "max"),
     ("max below min", _U8, {**_BOUNDED, "min": 3.0}, "max"),
-    ("non-positive max_log", _U8, {"name": "log_scalar_uint8", "max_log": 0.0, "bits": 8,
-                                   "original_dtype": "float32"}, "max_log"),
-    ("geolog max_log below min_log", _U8, {"name": "geolog_scalar_uint8", "min_log": 2.0, "max_log": 1.0,
-                                           "bits": 8, "original_dtype": "float32"}, "max_log"),
+    (
+        "non-positive max_log",
+        _U8,
+        {"name": "log_scalar_uint8", "max_log": 0.0, "bits": 8, "original_dtype": "float32"},
+        "max_log",
+    ),
+    (
+        "geolog max_log below min_log",
+        _U8,
+        {"name": "geolog_scalar_uint8", "min_log": 2.0, "max_log": 1.0, "bits": 8, "original_dtype": "float32"},
+        "max_log",
+    ),
     ("bits disagree with the stored dtype", _U8, {**_BOUNDED, "bits": 16}, "bits"),
     ("quantized name on float codes", _U8.astype(np.float32), _BOUNDED, "name"),
     ("direct name is not the stored dtype", _U8, {"name": "uint16"}, "name"),
@@ -393,8 +509,12 @@ _REFUSALS = [
     ("col_hi too long", _U8, {**_PC, "col_hi": [1.0, 2.0, 3.0]}, "col_hi"),
     ("non-finite col_lo", _U8, {**_PC, "col_lo": [0.0, float("nan")]}, "col_lo"),
     ("col_hi below col_lo", _U8, {**_PC, "col_hi": [1.0, 0.5]}, "col_hi"),
-    ("geolog per-channel without zero level", _U8, {**_PC, "name": "geolog_perchannel_u8", "zero_level": False},
-     "zero_level"),
+    (
+        "geolog per-channel without zero level",
+        _U8,
+        {**_PC, "name": "geolog_perchannel_u8", "zero_level": False},
+        "zero_level",
+    ),
     ("zero_level not a boolean", _U8, {**_LOGPC, "zero_level": "yes"}, "zero_level"),
     ("lut_mode absent for 2-D", _U8, _LUT, "lut_mode"),
     ("lut_mode unknown", _U8, {**_LUT, "lut_mode": "column"}, "lut_mode"),
@@ -404,20 +524,35 @@ _REFUSALS = [
     ("lut indices not unsigned integers", _U8.astype(np.float32)[:, 0], _LUT, "name"),
     ("broadcast n_elements", np.ones((1, 2), np.float32), {"name": "broadcasted", "n_elements": 0}, "n_elements"),
     ("broadcast of many rows", np.ones((2, 2), np.float32), {"name": "broadcasted", "n_elements": 9}, "n_elements"),
-    ("broadcast value disagrees in length", np.ones((1, 2), np.float32),
-     {"name": "broadcasted", "n_elements": 9, "value": [1.0]}, "value"),
-    ("broadcast value is not the stored row", np.full((1, 2), 2.0, np.float32),
-     {"name": "broadcasted", "n_elements": 9, "value": [2.0, 3.0]}, "value"),
+    (
+        "broadcast value disagrees in length",
+        np.ones((1, 2), np.float32),
+        {"name": "broadcasted", "n_elements": 9, "value": [1.0]},
+        "value",
+    ),
+    (
+        "broadcast value is not the stored row",
+        np.full((1, 2), 2.0, np.float32),
+        {"name": "broadcasted", "n_elements": 9, "value": [2.0, 3.0]},
+        "value",
+    ),
     ("reference without target", np.zeros(0, np.float32), {"name": "array_ref"}, "target"),
     ("reference to a missing array", np.zeros(0, np.float32), {"name": "array_ref", "target": "nope"}, "target"),
     ("reference cycle", np.zeros(0, np.float32), {"name": "array_ref", "target": "bad"}, "target"),
     ("reference with a relative path", np.zeros(0, np.float32), {"name": "array_ref", "target": "../x"}, "target"),
-    ("reference with a malformed hash", np.zeros(0, np.float32),
-     {"name": "array_ref", "target": "good", "hash": "md5:abc"}, "hash"),
-    ("reference to a wrong shape", np.zeros(0, np.float32),
-     {"name": "array_ref", "target": "good", "original_shape": [7, 2]}, "original_shape"),
-    ("reference that is not empty", np.zeros(3, np.float32), {"name": "array_ref", "target": "good"},
-     "original_shape"),
+    (
+        "reference with a malformed hash",
+        np.zeros(0, np.float32),
+        {"name": "array_ref", "target": "good", "hash": "md5:abc"},
+        "hash",
+    ),
+    (
+        "reference to a wrong shape",
+        np.zeros(0, np.float32),
+        {"name": "array_ref", "target": "good", "original_shape": [7, 2]},
+        "original_shape",
+    ),
+    ("reference that is not empty", np.zeros(3, np.float32), {"name": "array_ref", "target": "good"}, "original_shape"),
 ]
 
 
@@ -434,8 +569,14 @@ def test_every_validation_rule_refuses_naming_array_and_field(tmp_path, codes, b
     assert skip["path"] == "bad"
     assert "'bad'" in skip["reason"] and f"encoding.{field}:" in skip["reason"], skip["reason"]
     # a store that is only the bad array: unreadable, and the error says why
-    alone = zarr.open_array(str(tmp_path / "alone.zarr"), mode="w", shape=codes.shape, dtype=codes.dtype,
-                            chunks=codes.shape or (1,), zarr_format=2)
+    alone = zarr.open_array(
+        str(tmp_path / "alone.zarr"),
+        mode="w",
+        shape=codes.shape,
+        dtype=codes.dtype,
+        chunks=codes.shape or (1,),
+        zarr_format=2,
+    )
     alone.attrs["encoding"] = block
     with pytest.raises(tensor_server.errors.UnreadableSource, match=f"encoding\\.{field}:"):
         tensor_server.open(tmp_path / "alone.zarr")
@@ -458,11 +599,16 @@ def test_levels_and_index_width_come_from_the_stored_dtype_not_the_name(tmp_path
     root = zarr.open_group(str(tmp_path / "l.zarr"), mode="w", zarr_format=2)
     u8 = np.array([0, 51, 255], np.uint8)
     u16 = np.array([0, 13107, 65535], np.uint16)
-    _write_codes(root, "b", u8, {"name": "bounded_scalar_uint16", "min": 1.0, "max": 3.0, "bits": 8,
-                                 "original_dtype": "float32"})
+    _write_codes(
+        root, "b", u8, {"name": "bounded_scalar_uint16", "min": 1.0, "max": 3.0, "bits": 8, "original_dtype": "float32"}
+    )
     _write_codes(root, "c", u16, {"name": "rgb_uint8", "original_dtype": "float32"})
-    _write_codes(root, "l", np.array([0, 300, 2], np.uint16),
-                 {"name": "lut_uint8", "lut": list(np.arange(301) / 4), "original_dtype": "float32"})
+    _write_codes(
+        root,
+        "l",
+        np.array([0, 300, 2], np.uint16),
+        {"name": "lut_uint8", "lut": list(np.arange(301) / 4), "original_dtype": "float32"},
+    )
     src = tensor_server.open(tmp_path / "l.zarr")
     np.testing.assert_array_equal(src.tensors["b"].get_data(), np.float32([1.0, 1.4, 3.0]))
     np.testing.assert_array_equal(src.tensors["c"].get_data(), np.float32([0.0, 0.2, 1.0]))
@@ -480,16 +626,43 @@ class TestEncodedZarrConformance(AdapterTests):
         enc = luxar.ArrayEncoder()
         rng = np.random.default_rng(11)
         n = 1500
-        enc.encode(data=(rng.standard_normal((n, 3)) * 5).astype(np.float32), zarr_group=root, name="pos",
-                   semantic_type=S.COORDINATE, chunks=(256, 3))
-        enc.encode(data=np.exp(rng.uniform(-3, 5, (n, 3))).astype(np.float32), zarr_group=root, name="hdr",
-                   semantic_type=S.COLOR, color_mode="hdr", mode=M.MEMORY, chunks=(200, 3))
-        enc.encode(data=rng.choice(np.array([0.5, 1.0, 4.0], np.float32), (n, 4)), zarr_group=root, name="lut",
-                   semantic_type=S.POSITIVE_SCALAR, chunks=(128, 4))
-        enc.encode(data=np.exp(rng.uniform(-6, 6, n)).astype(np.float32), zarr_group=root, name="radii",
-                   semantic_type=S.POSITIVE_SCALAR, chunks=(300,))
-        enc.encode(data=(rng.standard_normal((n, 3)) * 0.1).astype(np.float32), zarr_group=root, name="off",
-                   semantic_type=S.CHOLESKY_OFFDIAG, chunks=(256, 3))
+        enc.encode(
+            data=(rng.standard_normal((n, 3)) * 5).astype(np.float32),
+            zarr_group=root,
+            name="pos",
+            semantic_type=S.COORDINATE,
+            chunks=(256, 3),
+        )
+        enc.encode(
+            data=np.exp(rng.uniform(-3, 5, (n, 3))).astype(np.float32),
+            zarr_group=root,
+            name="hdr",
+            semantic_type=S.COLOR,
+            color_mode="hdr",
+            mode=M.MEMORY,
+            chunks=(200, 3),
+        )
+        enc.encode(
+            data=rng.choice(np.array([0.5, 1.0, 4.0], np.float32), (n, 4)),
+            zarr_group=root,
+            name="lut",
+            semantic_type=S.POSITIVE_SCALAR,
+            chunks=(128, 4),
+        )
+        enc.encode(
+            data=np.exp(rng.uniform(-6, 6, n)).astype(np.float32),
+            zarr_group=root,
+            name="radii",
+            semantic_type=S.POSITIVE_SCALAR,
+            chunks=(300,),
+        )
+        enc.encode(
+            data=(rng.standard_normal((n, 3)) * 0.1).astype(np.float32),
+            zarr_group=root,
+            name="off",
+            semantic_type=S.CHOLESKY_OFFDIAG,
+            chunks=(256, 3),
+        )
         enc.encode(data=0.5, n_elements=n, zarr_group=root, name="const", semantic_type=S.POSITIVE_SCALAR)
         src = tensor_server.open(tmp_path / "c.zarr")
         self._root = root

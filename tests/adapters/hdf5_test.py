@@ -1,5 +1,6 @@
 """HDF5 adapter: generated files through the conformance suite, decimated reads, handle
 lifecycle, real sample files (../shared/testdata/hdf5) and bad input."""
+
 from __future__ import annotations
 
 import threading

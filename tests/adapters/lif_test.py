@@ -4,6 +4,7 @@ No LIF writer exists (readlif only reads), so the suite runs over the two real f
 ../shared/testdata/lif. A 16-bit image is derived from a real file by editing its XML header
 in place (same byte length), and a layout readlif cannot address likewise.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -63,8 +64,9 @@ def raw_oracle(path: Path, image_index: int) -> np.ndarray:
     c_stride = chans[1] - chans[0] if len(chans) > 1 else 0
     shape = [n for n, _ in dims[2:][::-1]] + [len(chans), dims[1][0], dims[0][0]]
     strides = [inc for _, inc in dims[2:][::-1]] + [c_stride, dims[1][1], dims[0][1]]
-    view = np.lib.stride_tricks.as_strided(block.view(f"<u{itemsize}" if itemsize > 1 else np.uint8),
-                                           shape=shape, strides=strides, writeable=False)
+    view = np.lib.stride_tricks.as_strided(
+        block.view(f"<u{itemsize}" if itemsize > 1 else np.uint8), shape=shape, strides=strides, writeable=False
+    )
     return view.copy()
 
 
@@ -239,7 +241,9 @@ def test_twelve_bit_image(testdata, tmp_path):
     uint16 with the stored little-endian values, exactly the raw block. (readlif's get_plane
     would read 1 byte per pixel here: it sizes pixels as bit_depth // 8.)"""
     piece = _element_text(_xml_of(testdata / XZ), "xz")
-    new = piece.replace('NumberOfElements="512" Origin="1.376765e-020"', 'NumberOfElements="256" Origin="1.376765e-20"', 1)
+    new = piece.replace(
+        'NumberOfElements="512" Origin="1.376765e-020"', 'NumberOfElements="256" Origin="1.376765e-20"', 1
+    )
     new = new.replace('BytesInc="1"', 'BytesInc="2"', 1)  # x: 2-byte pixels; z step stays 512
     new = new.replace('Resolution="8"', 'Resolution="12"')  # two channels: 2 chars longer...
     new = new.replace('Origin="4.413365e-006"', 'Origin="4.413365e-06"', 1)  # ...1 shorter here, 1 above
@@ -263,9 +267,13 @@ def test_channels_stored_after_time_are_read_where_the_xml_says(testdata, tmp_pa
     """'xzt' re-declared with channels outermost (x, z, t, then c: LAS X Navigator style):
     the tensor follows the XML's byte offsets, where readlif's get_plane would not."""
     piece = _element_text(_xml_of(testdata / XZ), "xzt")
-    new = piece.replace('LUTName="Red" IsLUTInverted="0" BytesInc="16384"', 'LUTName="Red" IsLUTInverted="0" BytesInc="327680"')
-    new = new.replace('NumberOfElements="20" Origin="0.000000e+000" Length="1.007000e+001" Unit="s" BitInc="0" BytesInc="32768"',
-                      'NumberOfElements="20" Origin="0.000000e+00" Length="1.007000e+001" Unit="s" BitInc="0" BytesInc="16384"')
+    new = piece.replace(
+        'LUTName="Red" IsLUTInverted="0" BytesInc="16384"', 'LUTName="Red" IsLUTInverted="0" BytesInc="327680"'
+    )
+    new = new.replace(
+        'NumberOfElements="20" Origin="0.000000e+000" Length="1.007000e+001" Unit="s" BitInc="0" BytesInc="32768"',
+        'NumberOfElements="20" Origin="0.000000e+00" Length="1.007000e+001" Unit="s" BitInc="0" BytesInc="16384"',
+    )
     p = tmp_path / "channels_last.lif"
     _edit_xml(testdata / XZ, p, [(piece, new)])
     block = np.fromfile(testdata / XZ, dtype=np.uint8, count=655360, offset=91161)

@@ -1,4 +1,5 @@
 """ArrayAdapter and .npy sources through the shipped conformance suite."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,15 @@ class TestArrayAdapter(AdapterTests):
         rng = np.random.default_rng(0)
         src = MemorySource(
             {
-                "img": ArrayAdapter(rng.integers(0, 4000, (3, 70, 90), dtype=np.uint16), "cyx", chunk_shape=(1, 32, 32)),
-                "vol": ArrayAdapter(rng.standard_normal((9, 40, 33)).astype(np.float32), "zyx", read_block_shape=(3, 16, 16), chunk_shape=(3, 8, 8)),
+                "img": ArrayAdapter(
+                    rng.integers(0, 4000, (3, 70, 90), dtype=np.uint16), "cyx", chunk_shape=(1, 32, 32)
+                ),
+                "vol": ArrayAdapter(
+                    rng.standard_normal((9, 40, 33)).astype(np.float32),
+                    "zyx",
+                    read_block_shape=(3, 16, 16),
+                    chunk_shape=(3, 8, 8),
+                ),
                 "mask": ArrayAdapter(rng.integers(0, 4, (50, 60), dtype=np.uint32), "yx", is_labels=True),
             },
             source_id="mem",

@@ -1,5 +1,6 @@
 """Micro-Manager: the real 1.4 MMStack dataset (gunzipped), the real 2.0 separate-files
 sample, generated separate-files datasets (2.0 and 1.4 naming), detection and damage."""
+
 from __future__ import annotations
 
 import gzip
@@ -67,7 +68,11 @@ class TestMMStack(AdapterTests):
         assert t.dim_labels == ("p", "t", "c", "z", "y", "x") and t.shape == (4, 2, 2, 2, 64, 64)
         data = t.get_data()
         assert (str(data.dtype), int(data.min()), int(data.max()), float(data.sum())) == (
-            e["dtype"], e["min"], e["max"], e["sum"])
+            e["dtype"],
+            e["min"],
+            e["max"],
+            e["sum"],
+        )
         own = expected[f"{COMPAT}/1.4compatTest_3_MMStack_1-Pos_000_000.ome.tif.gz"]["own_pages"]["sum"]
         assert [float(data[p].sum()) for p in range(4)] == [own] * 4
         assert t.read_block_shape is None and t.decimates
@@ -86,7 +91,8 @@ class TestMMStack(AdapterTests):
         t = source.tensor()
         b = Bounds((1, 0, 0, 1, 3, 2), (4, 2, 2, 2, 60, 64))
         np.testing.assert_array_equal(
-            t.get_decimated_data(b, (2, 1, 2, 1, 5, 3)), t.get_data(b)[::2, :, ::2, :, ::5, ::3])
+            t.get_decimated_data(b, (2, 1, 2, 1, 5, 3)), t.get_data(b)[::2, :, ::2, :, ::5, ::3]
+        )
 
 
 def test_one_mmstack_file_opens_the_dataset(mmstack_folder, expected):
@@ -132,13 +138,20 @@ def test_real_2_0_sample(testdata, expected):
             assert t.shape == tuple(e["shape"]) and t.dim_labels == ("y", "x")
             data = t.get_data()
             assert (str(data.dtype), int(data.min()), int(data.max()), float(data.sum())) == (
-                e["dtype"], e["min"], e["max"], e["sum"])
+                e["dtype"],
+                e["min"],
+                e["max"],
+                e["sum"],
+            )
             np.testing.assert_array_equal(
-                data, tifffile.imread(folder / "Pos0/img_channel000_position000_time000000000_z000.tif"))
+                data, tifffile.imread(folder / "Pos0/img_channel000_position000_time000000000_z000.tif")
+            )
             assert t.metadata["channel_names"] == ["Alpha", "Beta", "Romeo"]  # metadata.txt lacks its final brace
 
 
-def write_mm2_dataset(root: Path, positions=2, t=2, c=2, z=3, shape=(24, 20), skip=(), close_json=(True, False)) -> dict:
+def write_mm2_dataset(
+    root: Path, positions=2, t=2, c=2, z=3, shape=(24, 20), skip=(), close_json=(True, False)
+) -> dict:
     """A Micro-Manager-2.0-like separate-files dataset: Pos<k>/ with one TIFF per plane and a
     metadata.txt (Summary + Coords-<file>). Returns (p, t, c, z) -> plane."""
     rng = np.random.default_rng(11)
@@ -146,8 +159,15 @@ def write_mm2_dataset(root: Path, positions=2, t=2, c=2, z=3, shape=(24, 20), sk
     for p in range(positions):
         folder = root / f"Pos{p}"
         folder.mkdir(parents=True)
-        meta = {"Summary": {"ChNames": ["DAPI", "GFP"][:c], "PixelSize_um": 0.5, "z-step_um": 2.0,
-                            "MicroManagerVersion": "2.0.0", "Prefix": "generated"}}
+        meta = {
+            "Summary": {
+                "ChNames": ["DAPI", "GFP"][:c],
+                "PixelSize_um": 0.5,
+                "z-step_um": 2.0,
+                "MicroManagerVersion": "2.0.0",
+                "Prefix": "generated",
+            }
+        }
         for idx in np.ndindex(t, c, z):
             if (p,) + idx in skip:
                 continue
@@ -176,8 +196,14 @@ class TestGeneratedMM2(AdapterTests):
     def reference_array(self, source, field):
         out = np.zeros((2, 2, 2, 3, 24, 20), np.uint16)
         for f in source.path.glob("Pos*/img_*.tif"):
-            c, p, t, z = (int(v) for v in f.stem.replace("img_channel", "").replace("_position", " ")
-                          .replace("_time", " ").replace("_z", " ").split())
+            c, p, t, z = (
+                int(v)
+                for v in f.stem.replace("img_channel", "")
+                .replace("_position", " ")
+                .replace("_time", " ")
+                .replace("_z", " ")
+                .split()
+            )
             out[p, t, c, z] = tifffile.imread(f)
         return out
 

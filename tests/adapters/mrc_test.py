@@ -1,5 +1,6 @@
 """MRC (mrcfile) and DeltaVision (mrc.DVFile) adapters: conformance on generated and real files,
 axis maps, calibration, decimated reads, handle lifetime and bad input."""
+
 from __future__ import annotations
 
 import warnings
@@ -56,20 +57,41 @@ def _write_mrc(path: Path, data: np.ndarray, *, voxel=None, stack=False, axis_ma
 def _mrc_fixtures(tmp_path: Path) -> dict[str, Path]:
     rng = np.random.default_rng(0)
     return {
-        "image2d_int16": _write_mrc(tmp_path / "img.mrc", rng.integers(-500, 500, (70, 90), dtype=np.int16), voxel=(2.0, 2.0, 1.0)),
-        "volume_float32": _write_mrc(tmp_path / "vol.map", rng.standard_normal((9, 40, 33)).astype(np.float32), voxel=(1.5, 1.25, 3.0)),
-        "stack_uint8": _write_mrc(tmp_path / "parts.mrcs", rng.integers(0, 255, (6, 31, 29), dtype=np.uint8), stack=True),
+        "image2d_int16": _write_mrc(
+            tmp_path / "img.mrc", rng.integers(-500, 500, (70, 90), dtype=np.int16), voxel=(2.0, 2.0, 1.0)
+        ),
+        "volume_float32": _write_mrc(
+            tmp_path / "vol.map", rng.standard_normal((9, 40, 33)).astype(np.float32), voxel=(1.5, 1.25, 3.0)
+        ),
+        "stack_uint8": _write_mrc(
+            tmp_path / "parts.mrcs", rng.integers(0, 255, (6, 31, 29), dtype=np.uint8), stack=True
+        ),
         "int8_volume": _write_mrc(tmp_path / "b.rec", rng.integers(-100, 100, (5, 17, 23), dtype=np.int8)),
-        "permuted_axes": _write_mrc(tmp_path / "perm.map", rng.standard_normal((7, 11, 13)).astype(np.float32),
-                                    voxel=(1.0, 2.0, 3.0), axis_map=(3, 1, 2)),
-        "fei_extended": _write_mrc(tmp_path / "fei.mrc", rng.integers(0, 4000, (4, 24, 20), dtype=np.uint16), stack=True, fei=True),
+        "permuted_axes": _write_mrc(
+            tmp_path / "perm.map",
+            rng.standard_normal((7, 11, 13)).astype(np.float32),
+            voxel=(1.0, 2.0, 3.0),
+            axis_map=(3, 1, 2),
+        ),
+        "fei_extended": _write_mrc(
+            tmp_path / "fei.mrc", rng.integers(0, 4000, (4, 24, 20), dtype=np.uint16), stack=True, fei=True
+        ),
         "volume_stack": _write_mrc(tmp_path / "vs.mrc", rng.standard_normal((2, 3, 10, 12)).astype(np.float32)),
     }
 
 
 class TestMrcGenerated(AdapterTests):
-    @pytest.fixture(params=["image2d_int16", "volume_float32", "stack_uint8", "int8_volume",
-                            "permuted_axes", "fei_extended", "volume_stack"])
+    @pytest.fixture(
+        params=[
+            "image2d_int16",
+            "volume_float32",
+            "stack_uint8",
+            "int8_volume",
+            "permuted_axes",
+            "fei_extended",
+            "volume_stack",
+        ]
+    )
     def source(self, request, tmp_path):
         path = _mrc_fixtures(tmp_path)[request.param]
         src = tensor_server.open(path)
@@ -208,7 +230,10 @@ def _dv_fixtures(tmp_path: Path) -> dict[str, tuple[Path, np.ndarray]]:
     tz = rng.integers(0, 60000, (3, 4, 19, 23), dtype=np.uint16)  # t, z, y, x (ZTW sequence)
     z = rng.standard_normal((5, 30, 22)).astype(np.float32)
     return {
-        "zw_int16": (_write_dv(tmp_path / "zw.dv", zw, "zw", dx=0.1, dy=0.1, dz=0.25, wave0=525, wave1=632), zw.transpose(1, 0, 2, 3)),
+        "zw_int16": (
+            _write_dv(tmp_path / "zw.dv", zw, "zw", dx=0.1, dy=0.1, dz=0.25, wave0=525, wave1=632),
+            zw.transpose(1, 0, 2, 3),
+        ),
         "tz_uint16": (_write_dv(tmp_path / "tz.r3d", tz, "tz", dx=0.2, dy=0.2, dz=0.5), tz),
         "z_float32": (_write_dv(tmp_path / "z.dv", z), z),
     }

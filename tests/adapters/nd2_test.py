@@ -5,6 +5,7 @@ one real file in ../shared/testdata (nd2/cluster.nd2, TZCYX uint16). The axis/fr
 layouts that file does not have (stage positions, RGB samples, singleton frame axes) runs
 over a stand-in for ``ND2File`` that reproduces ``read_frame``'s documented reshape.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -202,8 +203,14 @@ def _fake_source(tmp_path, loops, h, w, ch, comp, axes):
     fake = _FakeNd2File(frames)
     shape = [s for a, s in loops] + [dict(C=ch if comp == 3 else ch * comp, Y=h, X=w, S=3)[a] for a in axes]
     tensor = Nd2Adapter(
-        stand_in, LazyHandle(lambda: fake), [a for a, _s in loops] + list(axes), shape, np.dtype(np.uint16),
-        _FrameModel(h, w, ch, comp), physical_scale=[None] * len(shape), physical_unit=[None] * len(shape),
+        stand_in,
+        LazyHandle(lambda: fake),
+        [a for a, _s in loops] + list(axes),
+        shape,
+        np.dtype(np.uint16),
+        _FrameModel(h, w, ch, comp),
+        physical_scale=[None] * len(shape),
+        physical_unit=[None] * len(shape),
         metadata={},
     )
     return fake, frames, SourceAdapter(stand_in, {"image": normalize_axes(tensor)}, source_id="fake")

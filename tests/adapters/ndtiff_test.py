@@ -1,5 +1,6 @@
 """NdTiffAdapter: the real NDTiff v2/v3 datasets through the conformance suite (tifffile's own
 NDTiff series is the reference), the stitched Magellan mosaic, its levels, and damage."""
+
 from __future__ import annotations
 
 import shutil
@@ -72,8 +73,12 @@ class TestNdTiffDatasets(AdapterTests):
 
 @pytest.mark.parametrize(
     "rel, key, labels",
-    [(V3_11BIT, f"{V3_11BIT}/", ("t", "y", "x")), (V3_MDA, f"{V3_MDA}/", ("t", "c", "y", "x")),
-     (V2, f"{V2}/", ("t", "c", "y", "x")), (f"{V2}/Full resolution", f"{V2}/", ("t", "c", "y", "x"))],
+    [
+        (V3_11BIT, f"{V3_11BIT}/", ("t", "y", "x")),
+        (V3_MDA, f"{V3_MDA}/", ("t", "c", "y", "x")),
+        (V2, f"{V2}/", ("t", "c", "y", "x")),
+        (f"{V2}/Full resolution", f"{V2}/", ("t", "c", "y", "x")),
+    ],
 )
 def test_values_match_expected(testdata, expected, rel, key, labels):
     e = expected[key]
@@ -84,7 +89,11 @@ def test_values_match_expected(testdata, expected, rel, key, labels):
         assert t.dim_labels == labels and t.shape == tuple(e["shape"])
         data = t.get_data()
         assert (str(data.dtype), int(data.min()), int(data.max()), float(data.sum())) == (
-            e["dtype"], e["min"], e["max"], e["sum"])
+            e["dtype"],
+            e["min"],
+            e["max"],
+            e["sum"],
+        )
         assert t.read_block_shape is None and t.decimates
         assert t.physical_scale[-2:] == (1.0, 1.0) and t.physical_unit[-1] == "µm"
 

@@ -1,5 +1,6 @@
 """NIfTI adapter (nibabel): NIfTI-1/-2, .nii/.nii.gz, scaling, axes, calibration, decimated
 reads, nibabel's own sample files and bad input."""
+
 from __future__ import annotations
 
 import gzip
@@ -56,7 +57,9 @@ def _fixtures(tmp_path: Path) -> dict[str, Path]:
         "n2_int16": _save(nib.Nifti2Image(i16[..., 0], aff), tmp_path / "c.nii"),
         "n2_gz_scaled": _save(nib.Nifti2Image(i16[:, :, :4, 0], aff), tmp_path / "d.nii.gz", slope=0.25, inter=10.0),
         "n1_int16_scaled": _save(nib.Nifti1Image(i16[..., 1], aff), tmp_path / "e.nii", slope=1.5, inter=-3.0),
-        "n1_uint8_slope0": _patch_slope_zero(_save(nib.Nifti1Image(rng.integers(0, 255, (15, 11, 5), dtype=np.uint8), aff), tmp_path / "f.nii")),
+        "n1_uint8_slope0": _patch_slope_zero(
+            _save(nib.Nifti1Image(rng.integers(0, 255, (15, 11, 5), dtype=np.uint8), aff), tmp_path / "f.nii")
+        ),
         "n1_pair": _save(nib.Nifti1Pair(f32[:, :, :3], aff), tmp_path / "g.hdr"),
         "n2_pair": _save(nib.Nifti2Pair(i16[:, :, :2, 2], aff), tmp_path / "h.hdr"),
     }
@@ -70,8 +73,18 @@ def _assert_unreadable(path: Path) -> None:
 
 
 class TestNiftiGenerated(AdapterTests):
-    @pytest.fixture(params=["n1_int16_4d", "n1_float32_gz", "n2_int16", "n2_gz_scaled", "n1_int16_scaled",
-                            "n1_uint8_slope0", "n1_pair", "n2_pair"])
+    @pytest.fixture(
+        params=[
+            "n1_int16_4d",
+            "n1_float32_gz",
+            "n2_int16",
+            "n2_gz_scaled",
+            "n1_int16_scaled",
+            "n1_uint8_slope0",
+            "n1_pair",
+            "n2_pair",
+        ]
+    )
     def source(self, request, tmp_path):
         src = tensor_server.open(_fixtures(tmp_path)[request.param])
         yield src

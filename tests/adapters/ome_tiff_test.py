@@ -1,6 +1,7 @@
 """OME-TIFF (tensor_server/adapters/ome_tiff.py): generated tiled SubIFD pyramids and
 multi-image files, hand-built multi-file sets, the real samples in ../shared/testdata/ome-tiff
 (including the multi-file set with a BinaryOnly companion) and cross-format identities."""
+
 from __future__ import annotations
 
 import os
@@ -50,13 +51,20 @@ class TestTiledPyramidOmeTiff(OmeFileTests):
 
     def write(self, path):
         data = np.random.default_rng(0).integers(0, 4000, (2, 3, 200, 180), dtype=np.uint16)
-        md = {"axes": "CZYX", "Name": "pyramid", "PhysicalSizeX": 0.5, "PhysicalSizeY": 0.5,
-              "PhysicalSizeZ": 2.0, "Channel": {"Name": ["DAPI", "GFP"]}}
+        md = {
+            "axes": "CZYX",
+            "Name": "pyramid",
+            "PhysicalSizeX": 0.5,
+            "PhysicalSizeY": 0.5,
+            "PhysicalSizeZ": 2.0,
+            "Channel": {"Name": ["DAPI", "GFP"]},
+        }
         with tifffile.TiffWriter(path) as tw:
             tw.write(data, subifds=2, tile=(64, 64), compression="zlib", photometric="minisblack", metadata=md)
             for f in (2, 4):
-                tw.write(data[..., ::f, ::f], subfiletype=1, tile=(64, 64), compression="zlib",
-                         photometric="minisblack")
+                tw.write(
+                    data[..., ::f, ::f], subfiletype=1, tile=(64, 64), compression="zlib", photometric="minisblack"
+                )
 
     def test_subifd_levels_match_tifffile(self, source):
         assert source.type == "ome-tiff" and list(source.tensors) == ["pyramid"]
@@ -82,10 +90,16 @@ class TestMultiImageOmeTiff(OmeFileTests):
     def write(self, path):
         rng = np.random.default_rng(1)
         with tifffile.TiffWriter(path, ome=True) as tw:
-            tw.write(rng.integers(0, 255, (4, 30, 40), dtype=np.uint8), photometric="minisblack",
-                     metadata={"axes": "TYX", "Name": "timelapse", "TimeIncrement": 1.5})
-            tw.write(rng.integers(0, 255, (25, 35, 3), dtype=np.uint8), photometric="rgb",
-                     metadata={"axes": "YXS", "Name": "overview"})
+            tw.write(
+                rng.integers(0, 255, (4, 30, 40), dtype=np.uint8),
+                photometric="minisblack",
+                metadata={"axes": "TYX", "Name": "timelapse", "TimeIncrement": 1.5},
+            )
+            tw.write(
+                rng.integers(0, 255, (25, 35, 3), dtype=np.uint8),
+                photometric="rgb",
+                metadata={"axes": "YXS", "Name": "overview"},
+            )
 
     def test_one_tensor_per_image(self, source):
         assert list(source.tensors) == ["timelapse", "overview"]
@@ -102,8 +116,7 @@ class TestBigEndianBigTiffOme(OmeFileTests):
 
     def write(self, path):
         data = np.random.default_rng(2).standard_normal((3, 33, 29)).astype(np.float32)
-        tifffile.imwrite(path, data, bigtiff=True, byteorder=">", photometric="minisblack",
-                         metadata={"axes": "ZYX"})
+        tifffile.imwrite(path, data, bigtiff=True, byteorder=">", photometric="minisblack", metadata={"axes": "ZYX"})
 
     def test_detected_and_native(self, source):
         with open(source.path, "rb") as fh:
@@ -124,7 +137,9 @@ def _write_master_set(folder: Path) -> np.ndarray:
         "</Pixels>"
     )
     ns = 'xmlns="http://www.openmicroscopy.org/Schemas/OME/2016-06"'
-    master = f'<?xml version="1.0"?><OME {ns} UUID="urn:uuid:aaaa"><Image ID="Image:0" Name="set">{pixels}</Image></OME>'
+    master = (
+        f'<?xml version="1.0"?><OME {ns} UUID="urn:uuid:aaaa"><Image ID="Image:0" Name="set">{pixels}</Image></OME>'
+    )
     part = f'<?xml version="1.0"?><OME {ns} UUID="urn:uuid:bbbb"><BinaryOnly MetadataFile="master.ome.tif" UUID="urn:uuid:aaaa"/></OME>'
     tifffile.imwrite(folder / "master.ome.tif", planes[0], description=master, metadata=None, photometric="minisblack")
     tifffile.imwrite(folder / "part2.ome.tif", planes[1], description=part, metadata=None, photometric="minisblack")
@@ -177,9 +192,7 @@ def test_real_multifile_set_opens_whole(testdata, expected, name):
             assert float(a[k].sum(dtype=np.float64)) == exp["sum"]
             assert int(a[k].max()) == exp["max"]
         assert src.metadata["companion"] == "multifile.companion.ome"
-        assert sorted(src.metadata["files"]) == sorted(
-            [Path(m).name for m in MULTIFILE] + ["multifile.companion.ome"]
-        )
+        assert sorted(src.metadata["files"]) == sorted([Path(m).name for m in MULTIFILE] + ["multifile.companion.ome"])
 
 
 def test_multifile_content_version_covers_every_file(testdata, tmp_path):
@@ -246,9 +259,11 @@ def test_truncated_ome_tiff_is_unreadable(testdata, tmp_path):
     bad = tmp_path / "cut.ome.tiff"
     bad.write_bytes(raw[:200_000])
     with pytest.raises(UnreadableSource) as info:
+
         def attempt():
             with tensor_server.open(bad) as src:
                 src.tensor().get_data()
+
         finishes_within(attempt)
     assert str(bad) in str(info.value)
 

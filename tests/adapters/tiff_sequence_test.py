@@ -1,5 +1,6 @@
 """TiffSequenceAdapter: generated sequences (raw, compressed, sparse, RGB tiled, multi-page),
 the real sample folders, grouping, detection and damaged planes."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,17 @@ def inner(tensor):
     return getattr(tensor, "inner", tensor)
 
 
-def write_planes(folder: Path, name_fmt: str, grid: dict[str, int], plane: tuple[int, ...], *,
-                 dtype=np.uint16, skip=(), seed=0, **imwrite_kw) -> dict[tuple, np.ndarray]:
+def write_planes(
+    folder: Path,
+    name_fmt: str,
+    grid: dict[str, int],
+    plane: tuple[int, ...],
+    *,
+    dtype=np.uint16,
+    skip=(),
+    seed=0,
+    **imwrite_kw,
+) -> dict[tuple, np.ndarray]:
     """One TIFF per grid point (``name_fmt`` uses the grid keys); returns index -> plane."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -100,8 +110,15 @@ class TestSparseCompressedSequence(_SourceFixture):
     axes_out = ("time", "channel", "z")
 
     def make(self, folder):
-        write_planes(folder, "img_channel{c:03d}_time{t:09d}_z{z:03d}.tif", {"c": 2, "t": 3, "z": 4}, (33, 47),
-                     skip={(0, 1, 2), (1, 0, 0), (1, 2, 3), (0, 2, 1)}, compression="zlib", rowsperstrip=8)
+        write_planes(
+            folder,
+            "img_channel{c:03d}_time{t:09d}_z{z:03d}.tif",
+            {"c": 2, "t": 3, "z": 4},
+            (33, 47),
+            skip={(0, 1, 2), (1, 0, 0), (1, 2, 3), (0, 2, 1)},
+            compression="zlib",
+            rowsperstrip=8,
+        )
 
     def test_layout(self, source):
         t = source.tensor()
@@ -122,8 +139,13 @@ class TestRgbTiledSequence(_SourceFixture):
         folder.mkdir(parents=True)
         rng = np.random.default_rng(4)
         for t in range(1, 4):
-            tifffile.imwrite(folder / f"frame_{t}.tif", rng.integers(0, 255, (40, 36, 3), dtype=np.uint8),
-                             photometric="rgb", tile=(16, 16), compression="zlib")
+            tifffile.imwrite(
+                folder / f"frame_{t}.tif",
+                rng.integers(0, 255, (40, 36, 3), dtype=np.uint8),
+                photometric="rgb",
+                tile=(16, 16),
+                compression="zlib",
+            )
 
     def test_layout(self, source):
         t = source.tensor()
@@ -142,8 +164,12 @@ class TestMultiPageFiles(_SourceFixture):
         folder.mkdir(parents=True)
         rng = np.random.default_rng(5)
         for t in range(3):
-            tifffile.imwrite(folder / f"stack_t{t}.tif", rng.integers(0, 60000, (4, 20, 24), dtype=np.uint16),
-                             imagej=True, metadata={"axes": "ZYX"})
+            tifffile.imwrite(
+                folder / f"stack_t{t}.tif",
+                rng.integers(0, 60000, (4, 20, 24), dtype=np.uint16),
+                imagej=True,
+                metadata={"axes": "ZYX"},
+            )
 
     def test_layout(self, source):
         t = source.tensor()
@@ -167,7 +193,7 @@ class TestBigEndianWideRows(_SourceFixture):
         b = Bounds((0, 1, 5), (2, 40, 16000))
         for step in ((1, 3, 7), (2, 5, 1), (1, 1, 2)):
             dec = t.get_decimated_data(b, step)
-            np.testing.assert_array_equal(dec, t.get_data(b)[:, ::step[1], ::step[2]][::step[0]])
+            np.testing.assert_array_equal(dec, t.get_data(b)[:, :: step[1], :: step[2]][:: step[0]])
 
 
 # ---- real samples ---------------------------------------------------------------------------
@@ -182,7 +208,11 @@ def test_viv_channels(testdata, expected):
             e = expected[f"tiff-sequence/viv_multi-tiff/Channel_{c}.tif"]["series"][0]
             plane = data[c]
             assert (plane.shape, int(plane.min()), int(plane.max()), float(plane.sum())) == (
-                tuple(e["shape"]), e["min"], e["max"], e["sum"])
+                tuple(e["shape"]),
+                e["min"],
+                e["max"],
+                e["sum"],
+            )
             np.testing.assert_array_equal(plane, tifffile.imread(folder / f"Channel_{c}.tif"))
 
 
@@ -200,20 +230,30 @@ def test_readlif_groups_by_pattern(testdata, expected):
             e = expected[f"tiff-sequence/readlif_tiff/{name}.tif"]["series"][0]
             assert float(data[t, c, z].sum()) == e["sum"] and int(data[t, c, z].max()) == e["max"]
             np.testing.assert_array_equal(data[t, c, z], tifffile.imread(folder / f"{name}.tif"))
-        assert float(data.sum()) == sum(expected[f"tiff-sequence/readlif_tiff/{n}.tif"]["series"][0]["sum"] for n in present)
+        assert float(data.sum()) == sum(
+            expected[f"tiff-sequence/readlif_tiff/{n}.tif"]["series"][0]["sum"] for n in present
+        )
         assert czt.metadata["missing_planes"] == 14
         xzd = xz.get_data()
-        assert float(xzd[0, 0].sum()) == 81719 and float(xzd[8, 1].sum()) == 180356 and float(xzd.sum()) == 81719 + 180356
+        assert (
+            float(xzd[0, 0].sum()) == 81719 and float(xzd[8, 1].sum()) == 180356 and float(xzd.sum()) == 81719 + 180356
+        )
         assert float(xem.get_data().sum()) == 11079
         # a decimated read of the big planes: whole planes skipped, rows strided
         b = Bounds((0, 0, 0, 3, 5), (3, 2, 3, 1000, 1020))
-        np.testing.assert_array_equal(czt.get_decimated_data(b, (2, 1, 2, 7, 5)), czt.get_data(b)[::2, :, ::2, ::7, ::5])
+        np.testing.assert_array_equal(
+            czt.get_decimated_data(b, (2, 1, 2, 7, 5)), czt.get_data(b)[::2, :, ::2, ::7, ::5]
+        )
 
 
 # ---- grouping, detection, damage ---------------------------------------------------------------
 def test_pattern_grouping_rules():
-    groups = {g.field_name(): g for g in group_plane_names(
-        ["c0z2t0.tif", "c1z0t0.tif", "xz_c0_t0.tif", "xz_c1_t8.tif", "xem_y32.tif", "overview.TIF"])}
+    groups = {
+        g.field_name(): g
+        for g in group_plane_names(
+            ["c0z2t0.tif", "c1z0t0.tif", "xz_c0_t0.tif", "xz_c1_t8.tif", "xem_y32.tif", "overview.TIF"]
+        )
+    }
     assert set(groups) == {"czt0", "xz_c_t", "xem_y32", "overview"}  # t0 is constant here
     assert groups["czt0"].varying() == [0, 1] and groups["xz_c_t"].keyword(1) == "t"
 
@@ -372,7 +412,9 @@ def test_codecs_and_layouts(tmp_path, kind, write):
         b = Bounds((1, 5, 9) + ((1,) * rgb), (3, 61, 80) + ((3,) * rgb))
         np.testing.assert_array_equal(t.get_data(b), ref[b.to_slices()])
         step = (2, 3, 4) + ((2,) * rgb)
-        np.testing.assert_array_equal(t.get_decimated_data(b, step), ref[b.to_slices()][tuple(slice(None, None, s) for s in step)])
+        np.testing.assert_array_equal(
+            t.get_decimated_data(b, step), ref[b.to_slices()][tuple(slice(None, None, s) for s in step)]
+        )
         if kind != "bilevel":
             assert t.read_block_shape is not None and t.read_block_shape[0] == 1
 

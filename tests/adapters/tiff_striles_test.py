@@ -3,6 +3,7 @@ _tiff_planes.py): every layout tifffile writes compressed, read as windows and a
 (nearest) windows, equals tifffile's own read of the file, ragged edges and off-origin
 extents included; only the striles a window touches are decoded; the decodes run in parallel
 and a failure in one of them is the read's error."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,11 @@ LAYOUTS = {
     "tiles ragged": ((300, 260), np.uint16, dict(tile=(64, 64), compression="zlib")),
     "strips ragged": ((301, 77), np.uint16, dict(compression="zlib", rowsperstrip=16)),
     "rgb tiles": ((100, 90, 3), np.uint8, dict(photometric="rgb", tile=(32, 32), compression="zlib")),
-    "planar rgb strips": ((3, 70, 50), np.uint8, dict(photometric="rgb", planarconfig="separate",
-                                                      compression="zlib", rowsperstrip=16)),
+    "planar rgb strips": (
+        (3, 70, 50),
+        np.uint8,
+        dict(photometric="rgb", planarconfig="separate", compression="zlib", rowsperstrip=16),
+    ),
     "pages of tiles": ((4, 130, 70), np.uint16, dict(photometric="minisblack", tile=(32, 32), compression="zlib")),
     "lzw predictor": ((90, 70), np.uint16, dict(compression="lzw", predictor=True, rowsperstrip=7)),
     "float predictor": ((65, 66), np.float32, dict(compression="zlib", predictor=3, tile=(32, 32))),
@@ -94,7 +98,9 @@ def test_only_the_touched_striles_are_decoded(tmp_path, monkeypatch):
     tensor = tensor_server.open(path).tensor()
     decoded = []
     real = _tiff_striles._decode_one
-    monkeypatch.setattr(_tiff_striles, "_decode_one", lambda fd, job, task: decoded.append(task[0]) or real(fd, job, task))
+    monkeypatch.setattr(
+        _tiff_striles, "_decode_one", lambda fd, job, task: decoded.append(task[0]) or real(fd, job, task)
+    )
     b = Bounds((70, 10), (130, 60))  # tile rows 1-2, tile column 0
     np.testing.assert_array_equal(tensor.get_data(b), want[70:130, 10:60])
     assert sorted(decoded) == [5, 10]
@@ -163,7 +169,9 @@ def test_a_scaled_read_of_a_big_page_decodes_each_tile_once(big_page, monkeypatc
     assert tensor.read_block_shape == (1536, 1536)
     decoded = []
     real = _tiff_striles._decode_one
-    monkeypatch.setattr(_tiff_striles, "_decode_one", lambda fd, job, task: decoded.append(task[0]) or real(fd, job, task))
+    monkeypatch.setattr(
+        _tiff_striles, "_decode_one", lambda fd, job, task: decoded.append(task[0]) or real(fd, job, task)
+    )
     got = ReadEngine(store=None).read(tensor, Bounds.full(tensor.shape), (2, 2), "area")
     np.testing.assert_array_equal(got, downsample(data, (2, 2), "area"))
     assert sorted(decoded) == list(range(36))

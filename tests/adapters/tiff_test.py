@@ -1,6 +1,7 @@
 """TIFF family (tensor_server/adapters/tiff.py): plain, stripped multi-page, big-endian, tiled
 RGB pyramid, multi-series, QPTIFF and LSM files generated with tifffile, the real samples in
 ../shared/testdata/tiff and tiff-pyramid, read granularity, handles and bad input."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -115,8 +116,14 @@ class TestRgbTiledPyramidTiff(TiffFileTests):
         rng = np.random.default_rng(2)
         data = rng.integers(0, 255, (200, 150, 3), dtype=np.uint8)
         with tifffile.TiffWriter(path) as tw:
-            tw.write(data, photometric="rgb", tile=(64, 64), compression="zlib",
-                     resolution=(2.0, 2.0), resolutionunit="CENTIMETER")
+            tw.write(
+                data,
+                photometric="rgb",
+                tile=(64, 64),
+                compression="zlib",
+                resolution=(2.0, 2.0),
+                resolutionunit="CENTIMETER",
+            )
             for f in (2, 4):
                 tw.write(data[::f, ::f], photometric="rgb", tile=(64, 64), compression="zlib", subfiletype=1)
 
@@ -168,7 +175,9 @@ class TestQptiff(TiffFileTests):
     def write(self, path):
         rng = np.random.default_rng(4)
         data = rng.integers(0, 4000, (3, 128, 192), dtype=np.uint16)
-        desc = "<?xml version='1.0'?><PerkinElmer-QPI-ImageDescription><Name>c{}</Name></PerkinElmer-QPI-ImageDescription>"
+        desc = (
+            "<?xml version='1.0'?><PerkinElmer-QPI-ImageDescription><Name>c{}</Name></PerkinElmer-QPI-ImageDescription>"
+        )
         kw = dict(software="PerkinElmer-QPI", photometric="minisblack", metadata=None)
         with tifffile.TiffWriter(path) as tw:
             for c in range(3):

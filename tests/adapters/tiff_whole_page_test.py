@@ -1,6 +1,7 @@
 """A whole-tensor read of a one-page TIFF tensor decodes the page directly (no copy through the
 zarr store); it must equal tifffile's own read, and every other read goes through the store
 (or, for compressed pages, strile by strile: tiff_striles_test.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,7 +46,9 @@ def test_whole_page_read_is_handed_over_without_a_copy(tmp_path, monkeypatch):
     tensor = tensor_server.open(tmp_path / "t.tif").tensor()
     decoded = []
     real = tifffile.TiffPage.asarray
-    monkeypatch.setattr(tifffile.TiffPage, "asarray", lambda self, *a, **k: decoded.append(real(self, *a, **k)) or decoded[-1])
+    monkeypatch.setattr(
+        tifffile.TiffPage, "asarray", lambda self, *a, **k: decoded.append(real(self, *a, **k)) or decoded[-1]
+    )
     got = tensor.get_data()
     np.testing.assert_array_equal(got, arr)
     assert len(decoded) == 1 and got is decoded[0]

@@ -2,6 +2,7 @@
 zarr-python's own read of the same selection (aligned, ragged, off-origin and strided, every
 codec and layout it takes on), what it does not take on goes through zarr, a corrupt chunk is
 a clear error, and a shard's index is read once per shard file until the file changes."""
+
 from __future__ import annotations
 
 import os
@@ -23,9 +24,15 @@ RNG = np.random.default_rng(25)
 #: (bounds, step) in a 70 x 50 array with 32 x 25 chunks: one whole chunk, ragged edges,
 #: off-origin extents crossing chunk edges, strides smaller and larger than a chunk
 READS = [
-    (((0, 0), (32, 25)), (1, 1)), (((32, 25), (64, 50)), (1, 1)), (((64, 25), (70, 50)), (1, 1)),
-    (((5, 3), (69, 47)), (1, 1)), (((0, 0), (70, 50)), (1, 1)), (((1, 2), (70, 50)), (3, 4)),
-    (((7, 0), (66, 49)), (40, 30)), (((0, 0), (70, 50)), (16, 16)), (((33, 26), (34, 27)), (1, 1)),
+    (((0, 0), (32, 25)), (1, 1)),
+    (((32, 25), (64, 50)), (1, 1)),
+    (((64, 25), (70, 50)), (1, 1)),
+    (((5, 3), (69, 47)), (1, 1)),
+    (((0, 0), (70, 50)), (1, 1)),
+    (((1, 2), (70, 50)), (3, 4)),
+    (((7, 0), (66, 49)), (40, 30)),
+    (((0, 0), (70, 50)), (16, 16)),
+    (((33, 26), (34, 27)), (1, 1)),
 ]
 
 
@@ -45,27 +52,46 @@ def _check(path, data):
 
 
 @pytest.mark.parametrize("dtype", ["<u2", ">u2", "<f4", "int8"])
-@pytest.mark.parametrize("compressor", [numcodecs.Blosc("zstd", 3, numcodecs.Blosc.SHUFFLE), numcodecs.Zlib(1),
-                                        numcodecs.Zstd(1), None])
+@pytest.mark.parametrize(
+    "compressor", [numcodecs.Blosc("zstd", 3, numcodecs.Blosc.SHUFFLE), numcodecs.Zlib(1), numcodecs.Zstd(1), None]
+)
 @pytest.mark.parametrize("order", ["C", "F"])
 def test_v2_reads_equal_zarr(tmp_path, dtype, compressor, order):
     data = (RNG.random((70, 50)) * 100).astype(dtype)
-    z = zarr.open_array(str(tmp_path / "a.zarr"), mode="w", shape=data.shape, chunks=(32, 25), dtype=dtype,
-                        zarr_format=2, compressor=compressor, order=order)
+    z = zarr.open_array(
+        str(tmp_path / "a.zarr"),
+        mode="w",
+        shape=data.shape,
+        chunks=(32, 25),
+        dtype=dtype,
+        zarr_format=2,
+        compressor=compressor,
+        order=order,
+    )
     z[...] = data
     _check(tmp_path / "a.zarr", np.asarray(z[...]))
 
 
-@pytest.mark.parametrize("serializer,compressors", [
-    (BytesCodec(), [BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")]),
-    (BytesCodec(endian="big"), [ZstdCodec(level=1)]),
-    (BytesCodec(), [GzipCodec(level=1), Crc32cCodec()]),
-    (BytesCodec(), None),
-])
+@pytest.mark.parametrize(
+    "serializer,compressors",
+    [
+        (BytesCodec(), [BloscCodec(cname="zstd", clevel=3, shuffle="shuffle")]),
+        (BytesCodec(endian="big"), [ZstdCodec(level=1)]),
+        (BytesCodec(), [GzipCodec(level=1), Crc32cCodec()]),
+        (BytesCodec(), None),
+    ],
+)
 def test_v3_reads_equal_zarr(tmp_path, serializer, compressors):
     data = RNG.integers(0, 60000, (70, 50), dtype=np.uint16)
-    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(32, 25), dtype="u2", zarr_format=3,
-                          serializer=serializer, compressors=compressors)
+    z = zarr.create_array(
+        str(tmp_path / "a.zarr"),
+        shape=data.shape,
+        chunks=(32, 25),
+        dtype="u2",
+        zarr_format=3,
+        serializer=serializer,
+        compressors=compressors,
+    )
     z[...] = data
     _check(tmp_path / "a.zarr", data)
 
@@ -74,10 +100,22 @@ def test_v3_reads_equal_zarr(tmp_path, serializer, compressors):
 @pytest.mark.parametrize("index_codecs", [[BytesCodec(), Crc32cCodec()], [BytesCodec()]])
 def test_sharded_reads_equal_zarr(tmp_path, location, index_codecs):
     data = RNG.integers(0, 60000, (70, 50), dtype=np.uint16)
-    codec = ShardingCodec(chunk_shape=(32, 25), codecs=[BytesCodec(), BloscCodec(cname="lz4")],
-                          index_codecs=index_codecs, index_location=location)
-    z = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(64, 50), dtype="u2", zarr_format=3,
-                          serializer=codec, compressors=None, fill_value=3)
+    codec = ShardingCodec(
+        chunk_shape=(32, 25),
+        codecs=[BytesCodec(), BloscCodec(cname="lz4")],
+        index_codecs=index_codecs,
+        index_location=location,
+    )
+    z = zarr.create_array(
+        str(tmp_path / "a.zarr"),
+        shape=data.shape,
+        chunks=(64, 50),
+        dtype="u2",
+        zarr_format=3,
+        serializer=codec,
+        compressors=None,
+        fill_value=3,
+    )
     z[...] = data
     z[32:64, 25:50] = 3  # an inner chunk equal to the fill value: an empty index slot
     data[32:64, 25:50] = 3
@@ -86,15 +124,30 @@ def test_sharded_reads_equal_zarr(tmp_path, location, index_codecs):
 
 def test_absent_chunks_and_shards_read_as_zarr_fills_them(tmp_path):
     data = RNG.integers(0, 100, (70, 50), dtype=np.uint16)
-    z = zarr.open_array(str(tmp_path / "v2.zarr"), mode="w", shape=data.shape, chunks=(32, 25), dtype="u2",
-                        zarr_format=2, compressor=numcodecs.Zlib(1), fill_value=7)
+    z = zarr.open_array(
+        str(tmp_path / "v2.zarr"),
+        mode="w",
+        shape=data.shape,
+        chunks=(32, 25),
+        dtype="u2",
+        zarr_format=2,
+        compressor=numcodecs.Zlib(1),
+        fill_value=7,
+    )
     z[...] = data
     os.remove(tmp_path / "v2.zarr" / "1.1")
     data2 = data.copy()
     data2[32:64, 25:50] = 7
     _check(tmp_path / "v2.zarr", data2)
-    z = zarr.create_array(str(tmp_path / "s.zarr"), shape=data.shape, chunks=(32, 25), shards=(64, 50), dtype="u2",
-                          zarr_format=3, fill_value=9)
+    z = zarr.create_array(
+        str(tmp_path / "s.zarr"),
+        shape=data.shape,
+        chunks=(32, 25),
+        shards=(64, 50),
+        dtype="u2",
+        zarr_format=3,
+        fill_value=9,
+    )
     z[...] = data
     os.remove(tmp_path / "s.zarr" / "c" / "1" / "0")  # rows 64:70
     data3 = data.copy()
@@ -141,8 +194,9 @@ def test_corrupt_or_truncated_chunk_is_a_clear_error(tmp_path, sharded):
 
 def test_a_shard_index_is_read_once_per_shard_until_the_file_changes(tmp_path, monkeypatch):
     data = RNG.integers(0, 60000, (128, 128), dtype=np.uint16)
-    z = zarr.create_array(str(tmp_path / "s.zarr"), shape=data.shape, chunks=(16, 16), shards=(64, 64), dtype="u2",
-                          zarr_format=3)
+    z = zarr.create_array(
+        str(tmp_path / "s.zarr"), shape=data.shape, chunks=(16, 16), shards=(64, 64), dtype="u2", zarr_format=3
+    )
     z[...] = data
     reads = []
     real = os.pread
@@ -170,8 +224,9 @@ def test_a_run_of_a_shard_s_chunks_is_one_read_in_file_order(tmp_path, monkeypat
     """zarr-python stores inner chunks in Morton order: a row of 16 of a 16 x 16 shard spans
     86 chunks of the file. Runs are taken in file order, so each run is one ``pread``."""
     data = RNG.integers(0, 60000, (256, 256), dtype=np.uint16)
-    z = zarr.create_array(str(tmp_path / "m.zarr"), shape=data.shape, chunks=(16, 16), shards=(256, 256),
-                          dtype="u2", zarr_format=3)
+    z = zarr.create_array(
+        str(tmp_path / "m.zarr"), shape=data.shape, chunks=(16, 16), shards=(256, 256), dtype="u2", zarr_format=3
+    )
     z[...] = data
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # runs of 16 chunks on any machine
     with tensor_server.open(tmp_path / "m.zarr") as src:
@@ -190,8 +245,10 @@ def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-@pytest.mark.skipif(not hasattr(os, "posix_fadvise") or not os.path.isdir("/proc/self/fd"),
-                    reason="posix_fadvise and /proc/self/fd are Linux's")
+@pytest.mark.skipif(
+    not hasattr(os, "posix_fadvise") or not os.path.isdir("/proc/self/fd"),
+    reason="posix_fadvise and /proc/self/fd are Linux's",
+)
 def test_chunk_files_are_advised_ahead_and_every_descriptor_closed(tmp_path, monkeypatch):
     """A read's first ``_AHEAD_FILES`` stored chunk files are opened and advised WILLNEED
     before any is decoded (an absent chunk is skipped); each is read through that descriptor,
@@ -232,8 +289,15 @@ def test_sharding_with_unsupported_inner_codecs_keeps_zarr(tmp_path):
 
     data = RNG.integers(0, 60000, (64, 64), dtype=np.uint16)
     codec = ShardingCodec(chunk_shape=(32, 32), codecs=[TransposeCodec(order=(1, 0)), BytesCodec()])
-    z = zarr.create_array(str(tmp_path / "s.zarr"), shape=data.shape, chunks=(64, 64), dtype="u2", zarr_format=3,
-                          serializer=codec, compressors=None)
+    z = zarr.create_array(
+        str(tmp_path / "s.zarr"),
+        shape=data.shape,
+        chunks=(64, 64),
+        dtype="u2",
+        zarr_format=3,
+        serializer=codec,
+        compressors=None,
+    )
     z[...] = data
     assert LocalChunks.of(z, tmp_path / "s.zarr", ShardIndexes(z, tmp_path / "s.zarr")) is None
     with tensor_server.open(tmp_path / "s.zarr") as src:
@@ -253,8 +317,15 @@ def test_peak_memory_is_output_plus_workers_plus_one_units(tmp_path, method):
     from tensor_server.core.engine import ReadEngine
 
     data = RNG.integers(0, 60000, (4096, 4096), dtype=np.uint16)
-    z = zarr.open_array(str(tmp_path / "p.zarr"), mode="w", shape=data.shape, chunks=(1024, 1024), dtype="u2",
-                        zarr_format=2, compressor=numcodecs.Blosc("lz4", 1))
+    z = zarr.open_array(
+        str(tmp_path / "p.zarr"),
+        mode="w",
+        shape=data.shape,
+        chunks=(1024, 1024),
+        dtype="u2",
+        zarr_format=2,
+        compressor=numcodecs.Blosc("lz4", 1),
+    )
     z[...] = data
     workers, scale = 2, (4, 4)
     engine = ReadEngine(workers=workers)

@@ -5,6 +5,7 @@ Fixtures are written with zarr-python itself; NGFF metadata is written by hand p
 against a helper library's reading of them. Real third-party stores come from
 ../shared/testdata/ome-zarr (see SOURCES.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,11 @@ def _write_label_image(group, zarr_format: int, ome_key: bool) -> np.ndarray:
     data = RNG.integers(0, 5, (48, 40), dtype=np.uint32)
     cells.create_array("0", data=data, chunks=(16, 16))
     cells.create_array("1", data=data[::2, ::2], chunks=(16, 16))
-    ms = _multiscales([("y", "space", "micrometer"), ("x", "space", "micrometer")],
-                      [("0", (0.5, 0.5)), ("1", (1.0, 1.0))], version=None if ome_key else "0.4")
+    ms = _multiscales(
+        [("y", "space", "micrometer"), ("x", "space", "micrometer")],
+        [("0", (0.5, 0.5)), ("1", (1.0, 1.0))],
+        version=None if ome_key else "0.4",
+    )
     label_attrs = {"multiscales": [ms], "image-label": {"colors": [{"label-value": 1, "rgba": [255, 0, 0, 255]}]}}
     if ome_key:
         labels.attrs.update({"ome": {"version": "0.5", "labels": ["cells"]}})
@@ -120,9 +124,15 @@ class TestZarrV3Group(_ZarrSuite):
         p = tmp_path / "group_v3.zarr"
         g = zarr.open_group(str(p), mode="w", zarr_format=3)
         g.create_array("raw", data=RNG.integers(0, 9000, (9, 40, 33), dtype=np.uint16), chunks=(3, 16, 16))
-        g.create_group("nested").create_array("mask", data=RNG.integers(0, 4, (50, 60), dtype=np.uint8), chunks=(25, 30))
-        g.create_array("rgb", data=RNG.integers(0, 255, (30, 41, 3), dtype=np.uint8), chunks=(16, 16, 3),
-                       dimension_names=["y", "x", "c"])
+        g.create_group("nested").create_array(
+            "mask", data=RNG.integers(0, 4, (50, 60), dtype=np.uint8), chunks=(25, 30)
+        )
+        g.create_array(
+            "rgb",
+            data=RNG.integers(0, 255, (30, 41, 3), dtype=np.uint8),
+            chunks=(16, 16, 3),
+            dimension_names=["y", "x", "c"],
+        )
         src = tensor_server.open(p)
         yield src
         src.close()
@@ -142,7 +152,9 @@ class TestShardedZarrV3(_ZarrSuite):
     @pytest.fixture
     def source(self, tmp_path):
         p = tmp_path / "sharded.zarr"
-        a = zarr.create_array(str(p), shape=(4, 64, 96), chunks=(2, 32, 32), shards=(4, 64, 64), dtype="u2", zarr_format=3)
+        a = zarr.create_array(
+            str(p), shape=(4, 64, 96), chunks=(2, 32, 32), shards=(4, 64, 64), dtype="u2", zarr_format=3
+        )
         a[...] = RNG.integers(0, 60000, (4, 64, 96), dtype=np.uint16)
         src = tensor_server.open(p)
         yield src
@@ -167,8 +179,14 @@ class TestBigEndian(_ZarrSuite):
         g = zarr.open_group(str(p), mode="w", zarr_format=2)
         g.create_array("u2", data=RNG.integers(0, 60000, (3, 20, 30)).astype(">u2"), chunks=(1, 8, 8))
         g.create_array("f8", data=RNG.standard_normal((20, 30)).astype(">f8"), chunks=(8, 16))
-        v3 = zarr.create_array(str(p / "v3"), shape=(2, 20, 30), chunks=(1, 8, 8), dtype="u2", zarr_format=3,
-                               serializer=BytesCodec(endian="big"))
+        v3 = zarr.create_array(
+            str(p / "v3"),
+            shape=(2, 20, 30),
+            chunks=(1, 8, 8),
+            dtype="u2",
+            zarr_format=3,
+            serializer=BytesCodec(endian="big"),
+        )
         v3[...] = RNG.integers(0, 60000, (2, 20, 30), dtype=np.uint16)
         src = tensor_server.open(p)
         yield src
@@ -195,7 +213,12 @@ def _write_ome(p: Path, zarr_format: int) -> dict:
     }
     for path, (data, _) in levels.items():
         g.create_array(path, data=data, chunks=(1, 5, 32, 40))
-    axes = [("c", "channel", None), ("z", "space", "micrometer"), ("y", "space", "micrometer"), ("x", "space", "micrometer")]
+    axes = [
+        ("c", "channel", None),
+        ("z", "space", "micrometer"),
+        ("y", "space", "micrometer"),
+        ("x", "space", "micrometer"),
+    ]
     ms = _multiscales(axes, [(k, s) for k, (_, s) in levels.items()], version=None if zarr_format == 3 else "0.4")
     ms["coordinateTransformations"] = [{"type": "scale", "scale": [1.0, 2.0, 1.0, 1.0]}]  # multiscale-wide
     omero = {"channels": [{"label": "DAPI"}, {"label": "GFP"}]}
@@ -290,11 +313,18 @@ class TestHcsPlate(_ZarrSuite):
         p = tmp_path / "plate.ome.zarr"
         g = zarr.open_group(str(p), mode="w", zarr_format=2)
         wells = {"A/1": 2, "B/2": 1}
-        g.attrs.update({"plate": {
-            "version": "0.4", "name": "tiny", "field_count": 2,
-            "rows": [{"name": "A"}, {"name": "B"}], "columns": [{"name": "1"}, {"name": "2"}],
-            "wells": [{"path": w, "rowIndex": i, "columnIndex": i} for i, w in enumerate(wells)],
-        }})
+        g.attrs.update(
+            {
+                "plate": {
+                    "version": "0.4",
+                    "name": "tiny",
+                    "field_count": 2,
+                    "rows": [{"name": "A"}, {"name": "B"}],
+                    "columns": [{"name": "1"}, {"name": "2"}],
+                    "wells": [{"path": w, "rowIndex": i, "columnIndex": i} for i, w in enumerate(wells)],
+                }
+            }
+        )
         axes = [("c", "channel", None), ("y", "space", "micrometer"), ("x", "space", "micrometer")]
         for w, nfields in wells.items():
             wg = g.require_group(w)

@@ -14,6 +14,7 @@ the base measured 41.7 ms against 11.6 ms idle (3.6x, the other worker's tests),
 3x read as under the screen's 1.3x and the gate passed. The gate's own CI run comes after the
 tests, on an idle machine, with asv's two interleaved rounds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,12 @@ SLOWDOWN = 8
 
 
 def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(cwd), "-c", "user.name=gate test", "-c", "user.email=gate@test.invalid",
-                           *args], check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(cwd), "-c", "user.name=gate test", "-c", "user.email=gate@test.invalid", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +66,24 @@ def _perf_gate(clone: Path, slowdown: str | None) -> subprocess.CompletedProcess
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TENSOR_SERVER_GATE_TEST_SLOWDOWN")}
     if slowdown:
         env["TENSOR_SERVER_GATE_TEST_SLOWDOWN"] = slowdown
-    return subprocess.run(["make", "--no-print-directory", "perf-gate", f"PY={sys.executable}", f"STAMP={stamp}",
-                           f"BASE_STAMP={base_stamp}",
-                           f"PERF_BENCH={KERNEL_BENCH}", "PERF_FLOORS=fast-path-vs-doget",
-                           "PERF_ASV_ARGS=-a processes=1 -a repeat=5"],
-                          cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "perf-gate",
+            f"PY={sys.executable}",
+            f"STAMP={stamp}",
+            f"BASE_STAMP={base_stamp}",
+            f"PERF_BENCH={KERNEL_BENCH}",
+            "PERF_FLOORS=fast-path-vs-doget",
+            "PERF_ASV_ARGS=-a processes=1 -a repeat=5",
+        ],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow
@@ -76,7 +94,7 @@ def test_perf_gate_fails_on_a_slowed_kernel_and_passes_without(clone):
     slowed = _perf_gate(clone, f"{head}:{SLOWDOWN}")
     out = slowed.stdout
     assert slowed.returncode != 0, out[-3000:]
-    verdict = out[out.index("PERF GATE FAILED"):]
+    verdict = out[out.index("PERF GATE FAILED") :]
     assert f"gate 1: {LABEL} is " in verdict, verdict
     m = re.search(rf"base {base[:10]} ([\d.]+) ms, head {head[:10]} ([\d.]+) ms, ratio ([\d.]+)x", verdict)
     assert m, verdict
@@ -120,8 +138,15 @@ def test_first_commit_skips_gate_1_with_a_note(tmp_path, capsys, monkeypatch):
 
 def _fake_floors(monkeypatch, ours_s: float, peer_s: float, enforced: bool) -> gate_floors.Floor:
     calls = (lambda: time.sleep(ours_s), lambda: time.sleep(peer_s))
-    floor = gate_floors.Floor("fake-floor", "ours thing", "peer thing", 1 / 3, enforced,
-                              lambda data_dir: contextlib.nullcontext(calls), "issue 99")
+    floor = gate_floors.Floor(
+        "fake-floor",
+        "ours thing",
+        "peer thing",
+        1 / 3,
+        enforced,
+        lambda data_dir: contextlib.nullcontext(calls),
+        "issue 99",
+    )
     monkeypatch.setattr(gate_floors, "FLOORS", (floor,))
     return floor
 
@@ -131,11 +156,14 @@ def test_a_broken_floor_fails_with_both_timings_ratio_and_command(tmp_path, caps
     monkeypatch.chdir(REPO)
     assert gate.main(_args(skip_commits=True, floors="all", asv_dir=str(tmp_path / "asv"))) == 1
     out = capsys.readouterr().out
-    verdict = out[out.index("PERF GATE FAILED"):]
-    m = re.search(r"gate 2: fake-floor\n    fake-floor: ours ([\d.]+) ms \(ours thing\), peer ([\d.]+) ms \(peer thing\), "
-                  r"ratio ([\d.]+), limit 0\.333 \(ours >= 3x faster than peer\) \(best of each side over 3 "
-                  r"measurements; their ratios [\d.]+, [\d.]+, [\d.]+\): FAILED\n"
-                  r"    reproduce: make perf-gate PERF_SKIP_COMMITS=1 PERF_FLOORS=fake-floor", verdict)
+    verdict = out[out.index("PERF GATE FAILED") :]
+    m = re.search(
+        r"gate 2: fake-floor\n    fake-floor: ours ([\d.]+) ms \(ours thing\), peer ([\d.]+) ms \(peer thing\), "
+        r"ratio ([\d.]+), limit 0\.333 \(ours >= 3x faster than peer\) \(best of each side over 3 "
+        r"measurements; their ratios [\d.]+, [\d.]+, [\d.]+\): FAILED\n"
+        r"    reproduce: make perf-gate PERF_SKIP_COMMITS=1 PERF_FLOORS=fake-floor",
+        verdict,
+    )
     assert m, verdict
     ours, peer, ratio = map(float, m.groups())
     assert 20 <= ours < 40 and 20 <= peer < 40 and 0.6 < ratio < 1.6
@@ -149,13 +177,21 @@ def test_a_floor_that_misses_once_is_confirmed_before_it_fails(tmp_path, capsys,
     def ours():
         time.sleep(next(spells, 0.001))
 
-    floor = gate_floors.Floor("flaky-floor", "ours thing", "peer thing", 1.0, True,
-                              lambda data_dir: contextlib.nullcontext((ours, lambda: time.sleep(0.01))))
+    floor = gate_floors.Floor(
+        "flaky-floor",
+        "ours thing",
+        "peer thing",
+        1.0,
+        True,
+        lambda data_dir: contextlib.nullcontext((ours, lambda: time.sleep(0.01))),
+    )
     monkeypatch.setattr(gate_floors, "FLOORS", (floor,))
     monkeypatch.chdir(REPO)
     assert gate.main(_args(skip_commits=True, floors="all", asv_dir=str(tmp_path / "asv"))) == 0
     out = capsys.readouterr().out
-    assert re.search(r"flaky-floor: .*\(best of each side over 2 measurements; their ratios [\d.]+, [\d.]+\): held", out), out
+    assert re.search(
+        r"flaky-floor: .*\(best of each side over 2 measurements; their ratios [\d.]+, [\d.]+\): held", out
+    ), out
     assert out.rstrip().endswith("PERF GATE PASSED")
 
 
@@ -164,5 +200,7 @@ def test_an_unenforced_floor_is_reported_but_does_not_fail(tmp_path, capsys, mon
     monkeypatch.chdir(REPO)
     assert gate.main(_args(skip_commits=True, floors="all", asv_dir=str(tmp_path / "asv"))) == 0
     out = capsys.readouterr().out
-    assert re.search(r"note: gate 2: fake-floor: ours [\d.]+ ms .*: not held \(not enforced\); waits for issue 99", out), out
+    assert re.search(
+        r"note: gate 2: fake-floor: ours [\d.]+ ms .*: not held \(not enforced\); waits for issue 99", out
+    ), out
     assert out.rstrip().endswith("PERF GATE PASSED")

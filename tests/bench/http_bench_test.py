@@ -1,6 +1,7 @@
 """The ``http`` bench's in-process server: each chunk path it times answers the chunk's bytes
 over HTTP and its ticket the same pixels over Flight (the bench once crashed before timing
 anything, on a renamed attribute, with no test to say so)."""
+
 from __future__ import annotations
 
 import http.client

@@ -2,6 +2,7 @@
 (a command whose module no longer imports — ``bench tls`` once called a removed class — fails
 here, not when a reader of the docs runs it), and a bench whose peer library is not installed
 (the serving install has none of them) says which extra brings it."""
+
 from __future__ import annotations
 
 import argparse

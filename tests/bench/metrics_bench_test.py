@@ -1,5 +1,6 @@
 """The metrics bench runs its two servers and times every request it says it does (no
 timing is asserted: that is the bench's report)."""
+
 from __future__ import annotations
 
 import tempfile

@@ -1,6 +1,7 @@
 """``python -m tensor_server.bench tls`` (which docs/security.md tells readers to run) imports,
 answers ``--help`` and runs its two servers, plaintext and TLS (no timing is asserted: that is
 the bench's report)."""
+
 from __future__ import annotations
 
 import tempfile
@@ -25,8 +26,13 @@ def test_the_bench_reads_every_chunk_over_both_transports(tmp_path, monkeypatch)
     rows = run_tls(rounds=2, sets=_TINY)
     assert not list(tmp_path.iterdir()), "the bench left its cache or certificate folders behind"
     assert [(r["case"], r["transport"]) for r in rows] == [
-        ("8 MiB DoGet", "plaintext"), ("8 MiB DoGet", "TLS"), ("64 KiB DoGet", "plaintext"),
-        ("64 KiB DoGet", "TLS"), ("1 MiB HTTP chunk", "plaintext"), ("1 MiB HTTP chunk", "TLS")]
+        ("8 MiB DoGet", "plaintext"),
+        ("8 MiB DoGet", "TLS"),
+        ("64 KiB DoGet", "plaintext"),
+        ("64 KiB DoGet", "TLS"),
+        ("1 MiB HTTP chunk", "plaintext"),
+        ("1 MiB HTTP chunk", "TLS"),
+    ]
     chunks = {"8 MiB DoGet": 2, "64 KiB DoGet": 4, "1 MiB HTTP chunk": 4}  # per round, from _TINY
     for r in rows:
         assert r["chunks"] == 2 * chunks[r["case"]]

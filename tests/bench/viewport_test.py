@@ -1,5 +1,6 @@
 """The viewport bench asks every path for the same tiles: up to 9×7 tiles of 512 level pixels
 around the centre, clipped at the image's edge, covering a contiguous block."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,8 +8,20 @@ import pytest
 from tensor_server.bench.viewport import TILE, viewport
 
 
-@pytest.mark.parametrize("side, factor, count", [(32768, 1, 63), (32768, 4, 63), (32768, 8, 56), (32768, 16, 16), (32768, 64, 1),
-                                                 (8192, 1, 63), (8192, 4, 16), (8192, 16, 1), (1000, 1, 4)])
+@pytest.mark.parametrize(
+    "side, factor, count",
+    [
+        (32768, 1, 63),
+        (32768, 4, 63),
+        (32768, 8, 56),
+        (32768, 16, 16),
+        (32768, 64, 1),
+        (8192, 1, 63),
+        (8192, 4, 16),
+        (8192, 16, 1),
+        (1000, 1, 4),
+    ],
+)
 def test_the_viewport_is_a_centred_block_of_tiles_clipped_to_the_image(side, factor, count):
     tiles = viewport(side, factor)
     assert len(tiles) == count

@@ -1,5 +1,6 @@
 """The chunk cache: tiers, budget, crash safety, recovery, concurrency (cache-sourced scaled
 reads are the engine's: tests/core/engine_cache_test.py)."""
+
 from __future__ import annotations
 
 import concurrent.futures

@@ -1,6 +1,7 @@
 """The precacher (tensor_server/cache/precache.py): a client's read only notes the chunk; the
 worker plans its neighbours (never the client's thread), warms them into the cache, and does
 not plan around the same chunk twice."""
+
 from __future__ import annotations
 
 import threading
@@ -51,7 +52,9 @@ def test_neighbours_are_planned_on_the_worker_and_warmed(precacher, monkeypatch)
     assert planned_on == [], "after_read planned on the client's thread"
     _settle(p)
     assert planned_on == ["precache"]
-    around = [cid for cid in chunks if abs(cid.start[0] - middle.start[0]) <= 64 and abs(cid.start[1] - middle.start[1]) <= 64]
+    around = [
+        cid for cid in chunks if abs(cid.start[0] - middle.start[0]) <= 64 and abs(cid.start[1] - middle.start[1]) <= 64
+    ]
     assert len(around) == 9 and cache.contains_all([c.encode() for c in around if c != middle])
     assert not cache.contains_all([chunks[15].encode()]), "a chunk two away is not a neighbour"
     p.after_read(tensor, middle)  # read again: its neighbourhood was planned already
@@ -95,8 +98,11 @@ def test_kept_pixels_are_stored_first_and_never_dropped(tmp_path):
     try:
         arr = np.random.default_rng(1).integers(0, 255, (8192, 8192), dtype=np.uint8)
         tensor = ArrayAdapter(arr, "yx", chunk_shape=(2048, 4096), read_block_shape=(512, 512))
-        tiles = [plan_read(tensor, Bounds((r * 512, c * 512), ((r + 1) * 512, (c + 1) * 512))).chunks[0].chunk_id
-                 for r in range(4) for c in range(4)]
+        tiles = [
+            plan_read(tensor, Bounds((r * 512, c * 512), ((r + 1) * 512, (c + 1) * 512))).chunks[0].chunk_id
+            for r in range(4)
+            for c in range(4)
+        ]
         with p.client_read():  # a burst: nothing runs until it ends
             for cid in tiles:
                 p.keep(tensor, cid, arr[cid.bounds.to_slices()])

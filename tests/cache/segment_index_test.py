@@ -1,6 +1,7 @@
 """The segment sidecar index (tensor_server/cache/segment_index.py): entries round-trip, and
 neither writing nor reading one imports pandas (pyarrow's ``pa.array``/``to_numpy`` do, 1.2-2 s
 on this machine, which landed on the read whose put sealed a server's first segment)."""
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,8 @@ print(json.dumps([value, "pandas" in sys.modules]))
 
 
 def test_sealing_and_reopening_a_cache_does_not_import_pandas(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _SEAL_AND_REOPEN, str(tmp_path)], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _SEAL_AND_REOPEN, str(tmp_path)], capture_output=True, text=True, check=True
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [2, False]
     assert list(tmp_path.rglob("*.idx")), "the cache wrote no sidecar index: the check saw nothing"

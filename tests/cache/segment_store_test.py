@@ -2,6 +2,7 @@
 chunk's own memory (no serialised copy), byte for byte what ``serialize`` makes, readable by
 offset and by a walk; a write the disk refuses half-way leaves the file at its last whole
 batch."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ def _arr(seed: int, shape=(64, 48), dtype=np.uint16) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 4000, shape).astype(dtype)
 
 
-@pytest.mark.parametrize("shape, dtype", [((64, 48), np.uint16), ((3, 5, 7), np.float32), ((0, 4), np.uint8),
-                                          ((9,), np.int64)])
+@pytest.mark.parametrize(
+    "shape, dtype", [((64, 48), np.uint16), ((3, 5, 7), np.float32), ((0, 4), np.uint8), ((9,), np.int64)]
+)
 def test_message_parts_are_the_serialised_message_without_a_copy_of_the_pixels(shape, dtype):
     arr = _arr(1, shape, dtype)
     batch = chunk_record_batch(arr, b"key")
@@ -48,8 +50,9 @@ def test_appended_batches_read_back_by_offset_and_by_walk(tmp_path):
     buf = pa.memory_map(str(path), "r").read_buffer()
     for e, a, i in zip(entries, arrays, range(3)):
         np.testing.assert_array_equal(decode_chunk(read_batch_at(buf, e.byte_offset, b"k%d" % i)), a)
-    assert [(e.key, e.byte_offset, e.byte_length) for e in walk_segment(path)] == \
-        [(e.key, e.byte_offset, e.byte_length) for e in entries]
+    assert [(e.key, e.byte_offset, e.byte_length) for e in walk_segment(path)] == [
+        (e.key, e.byte_offset, e.byte_length) for e in entries
+    ]
 
 
 def test_a_write_refused_half_way_leaves_the_last_whole_batch(tmp_path, monkeypatch):

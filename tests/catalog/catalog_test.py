@@ -24,8 +24,16 @@ def test_folder_formats_are_claimed_whole(tmp_path):
     ds = tmp_path / "dataset.fake"
     ds.mkdir()
     np.save(ds / "inner.npy", np.zeros(3))
-    entry = register_format(FormatEntry(name="zz-fake-folder", opener=lambda p: None,
-                                        sniff=lambda p, h: p.name.endswith(".fake"), folders=True, files=False, priority=5))
+    entry = register_format(
+        FormatEntry(
+            name="zz-fake-folder",
+            opener=lambda p: None,
+            sniff=lambda p, h: p.name.endswith(".fake"),
+            folders=True,
+            files=False,
+            priority=5,
+        )
+    )
     try:
         claims = list(discover(tmp_path))
         assert [(c.path.name, c.format.name) for c in claims] == [("dataset.fake", "zz-fake-folder")]

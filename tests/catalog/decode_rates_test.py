@@ -1,6 +1,7 @@
 """The decode rates' store failing: a second server finds the annotation file held by the
 first (issue 40 printed two multi-line ``RoiStoreBusy`` tracebacks before the one line that
 said it would use a file of its own)."""
+
 from __future__ import annotations
 
 import logging
@@ -46,10 +47,17 @@ def test_a_held_store_is_one_line_per_failure_without_a_traceback(caplog):
         rates.flush()
     assert store.calls == ["load", "save"]
     assert [(r.getMessage(), r.exc_info) for r in caplog.records] == [
-        ("decode rates: cannot load the stored rows; measuring afresh (annotation store /home/annotations.duckdb: "
-         "cannot open: Conflicting lock)", None),
-        ("decode rates: cannot store the rows (annotation store /home/annotations.duckdb: cannot open: "
-         "Conflicting lock)", None)]
+        (
+            "decode rates: cannot load the stored rows; measuring afresh (annotation store /home/annotations.duckdb: "
+            "cannot open: Conflicting lock)",
+            None,
+        ),
+        (
+            "decode rates: cannot store the rows (annotation store /home/annotations.duckdb: cannot open: "
+            "Conflicting lock)",
+            None,
+        ),
+    ]
     assert rates.rate("img") == pytest.approx(100 * 1.048576)  # the live sample is kept
 
 

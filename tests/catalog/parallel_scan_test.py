@@ -1,5 +1,6 @@
 """Discovery opens files on a bounded pool: a slow or hostile file holds one worker and
 never delays the others, which are listed while it is still opening."""
+
 from __future__ import annotations
 
 import threading
@@ -113,7 +114,11 @@ def test_a_big_scan_opens_on_worker_processes_and_lists_the_same_rows(tmp_path, 
     assert (summary["total"], summary["unresolved"]) == (len(arrays) + 1, 1)
     assert [p.name for p in unclaimed] == ["notes.txt"]
     progress = cat.discovery_progress()
-    assert (progress["files_seen"], progress["files_opened"], progress["files_failed"]) == (len(arrays) + 1, len(arrays), 1)
+    assert (progress["files_seen"], progress["files_opened"], progress["files_failed"]) == (
+        len(arrays) + 1,
+        len(arrays),
+        1,
+    )
     assert progress["pending_open"] == len(arrays) and cat.opens == len(arrays) + 1
     assert cat.sources_table().to_pylist() == expected  # listed from the workers' rows
     broken = next(r for r in cat.records() if r.path.name == "broken.npy")
@@ -182,6 +187,7 @@ def test_a_reader_that_kills_its_worker_costs_only_its_own_file(tmp_path, monkey
     assert crashed.unresolved_reason == "the reader crashed the process opening this file"
     for rec in cat.records():
         if rec.path.name != "crash.npy":
-            np.testing.assert_array_equal(cat.find_tensor(rec.source_id)[0].get_data(),
-                                          np.full((2, 3), int(rec.path.stem[1]), np.int32))
+            np.testing.assert_array_equal(
+                cat.find_tensor(rec.source_id)[0].get_data(), np.full((2, 3), int(rec.path.stem[1]), np.int32)
+            )
     cat.close()

@@ -1,5 +1,6 @@
 """The catalog kept across restarts (catalog/store.py): a restart lists every row at once
 and reopens no unchanged source; a rescan of an unchanged tree only stats."""
+
 from __future__ import annotations
 
 import os
@@ -84,7 +85,10 @@ def test_a_file_changed_while_stopped_is_reopened_once(tmp_path):
 
     cat = Catalog([tmp_path / "data"], store_path=store)
     sid = next(r.source_id for r in cat.records() if r.path.name == "img01.npy")
-    assert cat.sources_table([cat.get_record(sid)]).to_pylist()[0]["tensors"][0]["shape"] == [3, 5]  # the row, as stored
+    assert cat.sources_table([cat.get_record(sid)]).to_pylist()[0]["tensors"][0]["shape"] == [
+        3,
+        5,
+    ]  # the row, as stored
     summary = cat.scan()
     assert summary["changed"] == 1 and cat.opens == 1
     assert cat.find_tensor(sid)[0].shape == (9, 9)

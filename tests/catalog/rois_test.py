@@ -1,4 +1,5 @@
 """The annotation store on its own: validation, reserved sets, the prune predicate."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -34,8 +35,14 @@ def store(tmp_path):
 
 
 def test_geometry_is_validated_and_boxed(store):
-    stored, _ = store.put("src/t", [RoiAnnotation(roi=_polygon((1, 1), (5, 2), (3, 9)), roi_id="tri"),
-                                    RoiAnnotation(roi=_ellipse(10, 10, 4, 2), roi_id="e")], source_url=None)
+    stored, _ = store.put(
+        "src/t",
+        [
+            RoiAnnotation(roi=_polygon((1, 1), (5, 2), (3, 9)), roi_id="tri"),
+            RoiAnnotation(roi=_ellipse(10, 10, 4, 2), roi_id="e"),
+        ],
+        source_url=None,
+    )
     assert [r.rev for r in stored] == [1, 1]
     boxes = dict(store._cursor().execute("SELECT roi_id, bbox FROM rois").fetchall())
     assert list(boxes["tri"]) == [1, 1, 5, 9] and list(boxes["e"]) == [6, 8, 14, 12]
@@ -56,7 +63,8 @@ def test_geometry_is_validated_and_boxed(store):
 def test_server_owned_sets_are_read_by_name_and_never_deleted(store):
     store._connection().execute(
         "INSERT INTO rois (roi_id, array_id, source_id, set_name, shape_kind, geometry, rev, created_at) "
-        "VALUES ('imp', 'src/t', 'src', '@ome', 'point', '{\"point\": {\"x\": 1, \"y\": 2}}', 1, now())")
+        "VALUES ('imp', 'src/t', 'src', '@ome', 'point', '{\"point\": {\"x\": 1, \"y\": 2}}', 1, now())"
+    )
     store.put("src/t", [RoiAnnotation(roi=_ellipse(1, 1, 1, 1), roi_id="mine")], source_url=None)
     assert [r.roi_id for r in store.list("src/t")[0]] == ["mine"]  # unqualified: client sets only
     assert [r.roi_id for r in store.list("src/t", "@ome")[0]] == ["imp"]
@@ -73,8 +81,9 @@ def test_prune_uses_the_last_sighting(store):
     store.put("seen/t", [RoiAnnotation(roi=_ellipse(1, 1, 1, 1))], source_url="file:///seen.tif")
     store.put("gone/t", [RoiAnnotation(roi=_ellipse(1, 1, 1, 1))], source_url=None)
     old = datetime.now() - timedelta(days=10)
-    store._connection().execute("UPDATE rois SET created_at = ?, last_seen_at = CASE WHEN last_seen_at IS NULL "
-                                "THEN NULL ELSE ? END", [old, old])
+    store._connection().execute(
+        "UPDATE rois SET created_at = ?, last_seen_at = CASE WHEN last_seen_at IS NULL THEN NULL ELSE ? END", [old, old]
+    )
     store.mark_seen({"seen": "file:///seen.tif"})  # the catalog lists it now
     cut = datetime.now() - timedelta(days=5)
     assert [(u.array_id, u.count, u.source_url) for u in store.unseen(cut)] == [("gone/t", 1, None)]

@@ -32,8 +32,13 @@ def test_from_chunk_bounds_protobuf():
 
 @pytest.mark.parametrize(
     "start, stop, match",
-    [((0,), (1, 1), "axes"), ((-1, 0), (1, 1), "negative"), ((0, 0), (1, 9), "exceeds"),
-     ((0, 2), (1, 2), "empty"), ((0, 3), (1, 2), "reversed")],
+    [
+        ((0,), (1, 1), "axes"),
+        ((-1, 0), (1, 1), "negative"),
+        ((0, 0), (1, 9), "exceeds"),
+        ((0, 2), (1, 2), "empty"),
+        ((0, 3), (1, 2), "reversed"),
+    ],
 )
 def test_validate_names_the_problem(start, stop, match):
     with pytest.raises(InvalidBounds, match=match):

@@ -8,8 +8,9 @@ from tensor_server.errors import InvalidChunkId
 
 
 def make(**kw):
-    base = dict(array_id="src-1a2b/img", start=(0, 4), stop=(8, 12), scale=(2, 2), method="area",
-                content_version=b"\x01\x02")
+    base = dict(
+        array_id="src-1a2b/img", start=(0, 4), stop=(8, 12), scale=(2, 2), method="area", content_version=b"\x01\x02"
+    )
     base.update(kw)
     return ChunkId(**base)
 
@@ -27,8 +28,15 @@ def test_round_trip():
 
 @pytest.mark.parametrize(
     "change",
-    [dict(array_id="src-1a2b/other"), dict(start=(0, 0)), dict(stop=(8, 13)), dict(scale=(2, 4)),
-     dict(method="nearest"), dict(content_version=b"\x01\x03"), dict(epoch=SERVING_EPOCH + 1)],
+    [
+        dict(array_id="src-1a2b/other"),
+        dict(start=(0, 0)),
+        dict(stop=(8, 13)),
+        dict(scale=(2, 4)),
+        dict(method="nearest"),
+        dict(content_version=b"\x01\x03"),
+        dict(epoch=SERVING_EPOCH + 1),
+    ],
 )
 def test_every_field_changes_the_id(change):
     assert make(**change).encode() != make().encode()
@@ -66,8 +74,12 @@ def test_well_formed_but_invalid_body():
 
     good = dict(a="x", s=[0], e=[4], k=[2], m="area", v="00", p=1)
     assert ChunkId.decode(forge(good)).array_id == "x"
-    for bad, match in [(dict(good, k=[0]), "non-positive"), (dict(good, e=[0]), "empty"),
-                       (dict(good, m="bogus"), "unknown method"), ({"a": "x"}, "malformed"),
-                       (dict(good, v="zz"), "malformed")]:
+    for bad, match in [
+        (dict(good, k=[0]), "non-positive"),
+        (dict(good, e=[0]), "empty"),
+        (dict(good, m="bogus"), "unknown method"),
+        ({"a": "x"}, "malformed"),
+        (dict(good, v="zz"), "malformed"),
+    ]:
         with pytest.raises(InvalidChunkId, match=match):
             ChunkId.decode(forge(bad))

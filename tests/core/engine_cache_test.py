@@ -1,6 +1,7 @@
 """The read engine with a chunk cache: keys are the served tensor's chunk ids, hits decode
 nothing, and scaled extents assembled from cached full-resolution chunks are bit-identical
 to the source path — also for a tensor whose axes the server reorders."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -84,7 +85,11 @@ def test_nd_transposed_source_cached_and_uncached_equal_the_oracle(tmp_path, met
 @pytest.mark.parametrize("dtype", ["uint16", "float32"])
 def test_cache_sourced_scaled_reads_are_bit_identical(tmp_path, method, dtype):
     rng = np.random.default_rng(1)
-    arr = (rng.standard_normal((130, 250)) * 1000).astype(dtype) if dtype == "float32" else rng.integers(0, 60000, (130, 250), dtype=dtype)
+    arr = (
+        (rng.standard_normal((130, 250)) * 1000).astype(dtype)
+        if dtype == "float32"
+        else rng.integers(0, 60000, (130, 250), dtype=dtype)
+    )
     t = ArrayAdapter(arr, chunk_shape=(32, 48))
     MemorySource(t, source_id="s")
     with CacheManager(tmp_path) as c:

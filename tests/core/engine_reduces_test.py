@@ -1,5 +1,6 @@
 """The engine's ``reduces`` path: a backend's own reduction is used when offered, the
 engine's own when declined, after the chunk cache; a wrong shape is a loud error."""
+
 from __future__ import annotations
 
 import numpy as np

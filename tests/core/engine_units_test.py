@@ -1,6 +1,7 @@
 """The unit a streamed reduction reads a ``reads_into`` reader by: its storage blocks stacked
 along the outermost axis they split, so each block lies contiguous in the unit and decodes
 straight into it; and the pixels equal the oracle whatever the unit."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,12 +14,15 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import READ_INTO_UNIT_BYTES, ReadEngine, _stream_unit
 
 
-@pytest.mark.parametrize("shape, chunks, dtype, unit", [
-    ((16384, 1024), (512, 512), "uint8", (READ_INTO_UNIT_BYTES // 512, 512)),    # 16 blocks of 256 KiB
-    ((4096, 4096), (1024, 1024), "uint16", (2048, 1024)),                         # 2 blocks of 2 MiB
-    ((1, 4096, 4096), (1, 512, 512), "uint16", (1, 4096, 512)),                   # one plane: stacked in y, to the edge
-    ((4096, 4096), (2048, 2048), "uint16", (2048, 2048)),                         # one block is already 8 MiB
-])
+@pytest.mark.parametrize(
+    "shape, chunks, dtype, unit",
+    [
+        ((16384, 1024), (512, 512), "uint8", (READ_INTO_UNIT_BYTES // 512, 512)),  # 16 blocks of 256 KiB
+        ((4096, 4096), (1024, 1024), "uint16", (2048, 1024)),  # 2 blocks of 2 MiB
+        ((1, 4096, 4096), (1, 512, 512), "uint16", (1, 4096, 512)),  # one plane: stacked in y, to the edge
+        ((4096, 4096), (2048, 2048), "uint16", (2048, 2048)),  # one block is already 8 MiB
+    ],
+)
 def test_blocks_stack_on_the_outermost_split_axis(tmp_path, shape, chunks, dtype, unit):
     zarr.create_array(str(tmp_path / "a.zarr"), shape=shape, chunks=chunks, dtype=dtype, fill_value=1)
     t = tensor_server.open(tmp_path / "a.zarr").tensor()
@@ -29,7 +33,9 @@ def test_blocks_stack_on_the_outermost_split_axis(tmp_path, shape, chunks, dtype
 def test_a_block_deeper_than_one_before_the_split_axis_is_not_stacked(tmp_path):
     """Blocks (2, 512, 512) of a (2, 4096, 4096) array: stacked in y they would not be
     contiguous, so the unit stays what it was (the transfer chunk, rounded to blocks)."""
-    zarr.create_array(str(tmp_path / "a.zarr"), shape=(2, 4096, 4096), chunks=(2, 512, 512), dtype="uint8", fill_value=1)
+    zarr.create_array(
+        str(tmp_path / "a.zarr"), shape=(2, 4096, 4096), chunks=(2, 512, 512), dtype="uint8", fill_value=1
+    )
     t = tensor_server.open(tmp_path / "a.zarr").tensor()
     unit = _stream_unit(t, (1, 1, 1), has_uniform=False)
     assert unit[0] == 2 and unit[2] != 512

@@ -1,5 +1,6 @@
 """A source dropped without close() closes its file quietly (ND2 used to warn
 "ND2File file not closed before garbage collection")."""
+
 from __future__ import annotations
 
 import gc

@@ -1,6 +1,7 @@
 """Issue 38: the JSON decoder's nesting measure is linear in the body and reads a body as the
 parser does. Before, a regex for string literals backtracked quadratically over a run of
 escapes: one 48 KiB body held the GIL (and every door) for 10 s, 1 MiB for over an hour."""
+
 from __future__ import annotations
 
 import json
@@ -48,9 +49,9 @@ def nesting(value: object) -> int:
 
 _JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(alphabet='ab"\\[]{}\u00e9\n', max_size=8),
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(alphabet='k"\\[{', max_size=4), kids,
-                                                             max_size=3),
-    max_leaves=25)
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(alphabet='k"\\[{', max_size=4), kids, max_size=3),
+    max_leaves=25,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -66,30 +67,36 @@ def test_the_depth_of_any_bytes_is_the_reference_scanners(body):
     assert _depth(body) == reference_depth(body)
 
 
-@pytest.mark.parametrize("body, depth", [
-    (b"", 0),
-    (b'"' + b'\\"' * 1000, 0),  # an escape run, unterminated: all of it is one string
-    (b'"' + b'\\"' * 1000 + b"[[", 0),
-    (b'["' + b'\\"' * 1000 + b'"]', 1),  # the same run, closed
-    (b'["\\\\"[]]', 2),  # an even run: the quote closes the string
-    (b'["\\\\\\"[]"]', 1),  # an odd run: the quote is text, the brackets too
-    (b'["\\\\\\\\"[]]', 2),
-    (b'{"k": "[[[{{{", "v": [1, "]]]"]}', 2),  # brackets inside strings do not count
-    (b'"unterminated [[[[', 0),
-    (b"[[[" + b"\\" * 7 + b'"]]]', 3),
-    (b"\\[[", 1),  # an escaped bracket outside a string (invalid JSON): not counted, as the parser stops there
-    (b"[" * 5000, 5000),
-])
+@pytest.mark.parametrize(
+    "body, depth",
+    [
+        (b"", 0),
+        (b'"' + b'\\"' * 1000, 0),  # an escape run, unterminated: all of it is one string
+        (b'"' + b'\\"' * 1000 + b"[[", 0),
+        (b'["' + b'\\"' * 1000 + b'"]', 1),  # the same run, closed
+        (b'["\\\\"[]]', 2),  # an even run: the quote closes the string
+        (b'["\\\\\\"[]"]', 1),  # an odd run: the quote is text, the brackets too
+        (b'["\\\\\\\\"[]]', 2),
+        (b'{"k": "[[[{{{", "v": [1, "]]]"]}', 2),  # brackets inside strings do not count
+        (b'"unterminated [[[[', 0),
+        (b"[[[" + b"\\" * 7 + b'"]]]', 3),
+        (b"\\[[", 1),  # an escaped bracket outside a string (invalid JSON): not counted, as the parser stops there
+        (b"[" * 5000, 5000),
+    ],
+)
 def test_hostile_bodies_are_measured_as_the_reference_does(body, depth):
     assert _depth(body) == reference_depth(body) == depth
 
 
-@pytest.mark.parametrize("body, match", [
-    (b'"' + b'\\"' * 10_000, "not JSON: Unterminated string"),
-    (b'["' + b'\\\\' * 10_000 + b'"' + b"[" * 100 + b"]" * 100 + b"]", "nested 101 deep"),
-    (b'["' + b'\\"' * 10_000 + b'"]', None),
-    (b'["' + b'\\\\' * 10_000 + b'"]', None),
-])
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        (b'"' + b'\\"' * 10_000, "not JSON: Unterminated string"),
+        (b'["' + b"\\\\" * 10_000 + b'"' + b"[" * 100 + b"]" * 100 + b"]", "nested 101 deep"),
+        (b'["' + b'\\"' * 10_000 + b'"]', None),
+        (b'["' + b"\\\\" * 10_000 + b'"]', None),
+    ],
+)
 def test_escape_runs_decode_or_are_refused_by_what_they_are(body, match):
     if match is None:
         assert decode_json(body, "x") == json.loads(body)

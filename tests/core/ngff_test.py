@@ -1,4 +1,5 @@
 """core/ngff.py: the documents both publishers write, and the shard index both write."""
+
 from __future__ import annotations
 
 import google_crc32c
@@ -8,14 +9,22 @@ from tensor_server.core.ngff import SHARD_ABSENT, NgffImage, NgffLevel, image_at
 
 
 def _image(method: str) -> NgffImage:
-    return NgffImage("img", ("c", "y", "x"), (None, "µm", "µm"), (None, 0.5, 0.5),
-                     (NgffLevel("0", (1, 1, 1), "none"), NgffLevel("1", (1, 2, 2), method)))
+    return NgffImage(
+        "img",
+        ("c", "y", "x"),
+        (None, "µm", "µm"),
+        (None, 0.5, 0.5),
+        (NgffLevel("0", (1, 1, 1), "none"), NgffLevel("1", (1, 2, 2), method)),
+    )
 
 
 def test_multiscales_scale_physical_size_by_the_level_factor_and_name_the_method():
     (ms,) = image_attributes(_image("area"), "0.4")["multiscales"]
-    assert ms["axes"] == [{"name": "c", "type": "channel"}, {"name": "y", "type": "space", "unit": "micrometer"},
-                          {"name": "x", "type": "space", "unit": "micrometer"}]
+    assert ms["axes"] == [
+        {"name": "c", "type": "channel"},
+        {"name": "y", "type": "space", "unit": "micrometer"},
+        {"name": "x", "type": "space", "unit": "micrometer"},
+    ]
     assert [d["coordinateTransformations"][0]["scale"] for d in ms["datasets"]] == [[1.0, 0.5, 0.5], [1.0, 1.0, 1.0]]
     assert ms["type"] == "area" and ms["version"] == "0.4"
 

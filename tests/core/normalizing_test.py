@@ -11,8 +11,16 @@ from tensor_server.core.normalizing import canonical_axis_order
 
 @pytest.mark.parametrize(
     "labels, expected",
-    [("tczyx", "tczyx"), ("zcyx", "czyx"), ("xyz", "zyx"), ("ptzyx", "ptzyx"),
-     ("yxs", "yxs"), ("czyxs", "czyxs"), ("qzyx", "qzyx"), ("xyc", "cyx")],
+    [
+        ("tczyx", "tczyx"),
+        ("zcyx", "czyx"),
+        ("xyz", "zyx"),
+        ("ptzyx", "ptzyx"),
+        ("yxs", "yxs"),
+        ("czyxs", "czyxs"),
+        ("qzyx", "qzyx"),
+        ("xyc", "cyx"),
+    ],
 )
 def test_canonical_order(labels, expected):
     order = canonical_axis_order(list(labels))

@@ -144,8 +144,9 @@ def _tiled_plane():
     """A uint8 8192² plane whose reader decodes 512² blocks, on 2048×4096 transfer chunks
     (what the transfer grid gives a zarr of 512² chunks)."""
     rng = np.random.default_rng(5)
-    t = ArrayAdapter(rng.integers(0, 255, (8192, 8192), dtype=np.uint8), "yx", chunk_shape=(2048, 4096),
-                     read_block_shape=(512, 512))
+    t = ArrayAdapter(
+        rng.integers(0, 255, (8192, 8192), dtype=np.uint8), "yx", chunk_shape=(2048, 4096), read_block_shape=(512, 512)
+    )
     MemorySource(t, source_id="tiles")
     return t
 

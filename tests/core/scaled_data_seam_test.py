@@ -1,6 +1,7 @@
 """The read engine's seam: chunk ids route to get_data, decimated reads or streamed units;
 validation happens once and refuses foreign, stale, out-of-range and oversized ids; results
 are owned (core/engine.py)."""
+
 from __future__ import annotations
 
 import tracemalloc
@@ -81,8 +82,9 @@ def test_results_are_owned(tensor):
     s = tensor.get_scaled_data(Bounds((0, 0), (8, 8)), (2, 2), "nearest")
     assert s.flags.owndata and s.flags.writeable and not np.shares_memory(s, tensor.array)
     s[:] = 0
-    np.testing.assert_array_equal(tensor.get_scaled_data(Bounds((0, 0), (8, 8)), (2, 2), "nearest"),
-                                  tensor.array[0:8:2, 0:8:2])
+    np.testing.assert_array_equal(
+        tensor.get_scaled_data(Bounds((0, 0), (8, 8)), (2, 2), "nearest"), tensor.array[0:8:2, 0:8:2]
+    )
 
 
 def test_scaled_read_default_matches_contract_for_every_method(tensor):
@@ -147,8 +149,9 @@ def test_malformed_ids_are_invalid_argument_not_internal(tensor):
     def forge(body: bytes) -> bytes:
         return b"tsc\x01" + zlib.crc32(body).to_bytes(4, "little") + body
 
-    infinite = json.dumps({"a": "seam", "s": [0, 0], "e": [1e999, 1], "k": [1, 1], "m": "none",
-                           "v": "00", "p": 1}).encode()
+    infinite = json.dumps(
+        {"a": "seam", "s": [0, 0], "e": [1e999, 1], "k": [1, 1], "m": "none", "v": "00", "p": 1}
+    ).encode()
     deep = b"[" * 100_000 + b"]" * 100_000
     for raw in (forge(infinite), forge(deep), forge(b"{}"), b"x" * (1 << 20)):
         with pytest.raises(InvalidChunkId) as info:

@@ -1,4 +1,5 @@
 """Streamed reduction == whole-extent reduction (scaled-read-path.md §2, §8)."""
+
 from __future__ import annotations
 
 import threading
@@ -88,10 +89,12 @@ def test_unit_must_hold_whole_blocks():
 
 @pytest.mark.parametrize(
     "transfer, block, scale, expected",
-    [((512, 512), None, (4, 4), (512, 512)),
-     ((512, 512), (1024, 256), (4, 4), (1024, 512)),  # floored at the read block
-     ((500, 500), None, (3, 7), (501, 504)),  # rounded up to whole reduction blocks
-     ((1, 256), (1, 4096), (1, 2), (1, 4096))],
+    [
+        ((512, 512), None, (4, 4), (512, 512)),
+        ((512, 512), (1024, 256), (4, 4), (1024, 512)),  # floored at the read block
+        ((500, 500), None, (3, 7), (501, 504)),  # rounded up to whole reduction blocks
+        ((1, 256), (1, 4096), (1, 2), (1, 4096)),
+    ],
 )
 def test_streaming_unit(transfer, block, scale, expected):
     assert streaming_unit(transfer, block, scale) == expected
@@ -144,7 +147,9 @@ def test_units_are_read_ahead_concurrently():
             assert second_started.wait(10), "unit 1 was not read ahead"
         return arr[b.to_slices()].copy()
 
-    got = finishes_within(lambda: stream_reduce(Bounds.full(arr.shape), (16, 4), (2, 2), "max", fetch, arr.dtype, workers=2))
+    got = finishes_within(
+        lambda: stream_reduce(Bounds.full(arr.shape), (16, 4), (2, 2), "max", fetch, arr.dtype, workers=2)
+    )
     np.testing.assert_array_equal(got, downsample_block(arr, (2, 2), "max"))
 
 
@@ -245,8 +250,10 @@ def test_many_concurrent_reads_with_nested_pool_use_finish_on_a_bounded_pool():
 
     def all_reads():
         results: list = [None] * 16
-        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, one_read()), name=f"client-{i}")
-                   for i in range(16)]
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, one_read()), name=f"client-{i}")
+            for i in range(16)
+        ]
         for t in threads:
             t.start()
         for t in threads:

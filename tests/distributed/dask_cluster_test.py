@@ -3,6 +3,7 @@
 server's per-client counters show the chunk reads came from several workers. And the server
 side of such fan-out: concurrent misses of one chunk computed once, a bounded number of
 computations at once, overload answered UNAVAILABLE (retryable)."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -47,8 +48,10 @@ def test_reductions_on_a_process_cluster_equal_the_oracle(volume_server):
 
     srv, array_id, vol = volume_server
     sdk = TensorFlightClient(srv.location)
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as dask_client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as dask_client,
+    ):
         level = sdk.get_tensor(array_id, scale_hint=[1, 2, 2], reduction_method="area")
         per_plane_mean = dask_client.compute(level.astype(np.float64).mean(axis=(1, 2))).result()
         projection = dask_client.compute(sdk.get_tensor(array_id).max(axis=0)).result()
@@ -57,8 +60,9 @@ def test_reductions_on_a_process_cluster_equal_the_oracle(volume_server):
     np.testing.assert_allclose(per_plane_mean, want_level.astype(np.float64).mean(axis=(1, 2)), rtol=1e-12)
     np.testing.assert_array_equal(projection, vol.max(axis=0))
     assert workers == 2
-    stats = json.loads(next(iter(flight.FlightClient(srv.location).do_action(
-        flight.Action("server_stats", b"")))).body.to_pybytes())
+    stats = json.loads(
+        next(iter(flight.FlightClient(srv.location).do_action(flight.Action("server_stats", b"")))).body.to_pybytes()
+    )
     readers = {peer: n for peer, n in stats["chunk_reads_by_peer"].items() if n > 0}
     assert len(readers) >= 2, f"chunk reads came from one client only: {readers}"
 

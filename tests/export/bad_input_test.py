@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the path, and nothing that claims to be complete: an
 unreadable source, an existing destination, malformed options, a full disk (a 1 MiB tmpfs
 in a private mount namespace); and memory stays bounded on an image larger than the bound."""
+
 from __future__ import annotations
 
 import json
@@ -39,15 +40,18 @@ def test_an_existing_destination_is_refused_without_overwrite_or_resume(tmp_path
     assert (tmp_path / "o.zarr" / "notes.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize("options,match", [
-    (dict(levels=0), "levels must be"),
-    (dict(levels="deep"), "levels must be"),
-    (dict(codec="lz4"), "codec 'lz4'"),
-    (dict(ngff="0.6"), "ngff version"),
-    (dict(chunks=(0, 4)), "chunks must be positive"),
-    (dict(chunks=(64, 64), shards=(100, 128)), "whole number of chunks"),
-    (dict(workers=1000), "workers must be"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (dict(levels=0), "levels must be"),
+        (dict(levels="deep"), "levels must be"),
+        (dict(codec="lz4"), "codec 'lz4'"),
+        (dict(ngff="0.6"), "ngff version"),
+        (dict(chunks=(0, 4)), "chunks must be positive"),
+        (dict(chunks=(64, 64), shards=(100, 128)), "whole number of chunks"),
+        (dict(workers=1000), "workers must be"),
+    ],
+)
 def test_malformed_options_are_refused(options, match):
     with pytest.raises(InvalidArgument, match=match):
         ExportOptions(**options)
@@ -79,8 +83,13 @@ def test_a_full_disk_is_a_clear_error_and_nothing_claims_to_be_complete(tmp_path
     export = [sys.executable, "-m", "tensor_server", "export", str(src), str(disk / "o.zarr"), "--progress", "none"]
     # inside the namespace: the export, then what is on the disk (the tmpfs is gone after)
     script = " ".join(f"'{a}'" for a in export) + f"; echo rc=$?; ls -a '{disk}'"
-    done = subprocess.run(TMPFS_WRAPPER + [str(disk), "1m", "true", "sh", "-c", script], capture_output=True, text=True,
-                          timeout=300, env={"PYTHONPATH": f"{REPO}:{REPO / 'kernels'}", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        TMPFS_WRAPPER + [str(disk), "1m", "true", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": f"{REPO}:{REPO / 'kernels'}", "PATH": "/usr/bin:/bin"},
+    )
     assert "rc=2" in done.stdout, (done.stdout, done.stderr[-2000:])
     assert "no space left on the device" in done.stderr and str(disk / "o.zarr.partial") in done.stderr
     assert "--resume" in done.stderr and "Traceback" not in done.stderr
@@ -116,10 +125,19 @@ def test_peak_memory_does_not_grow_with_the_image(tmp_path):
     peak RSS grows by less than the stated bound, (read_ahead + write_ahead + 2) units plus
     one shard's encode buffers per writer — far less than the image."""
     edge, limit = 24576, 1 << 30
-    done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path), str(edge), str(limit)],
-                          capture_output=True, text=True, timeout=900,
-                          cwd=REPO, env={"PYTHONPATH": f"{REPO}:{REPO / 'kernels'}", "PATH": "/usr/bin:/bin",
-                                         "HOME": str(tmp_path), "MALLOC_ARENA_MAX": "2"})  # as the command sets
+    done = subprocess.run(
+        [sys.executable, "-c", RSS_SCRIPT, str(tmp_path), str(edge), str(limit)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+        env={
+            "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}",
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "MALLOC_ARENA_MAX": "2",
+        },
+    )  # as the command sets
     assert done.returncode == 0, done.stderr[-2000:]
     start, result = (json.loads(line) for line in done.stdout.splitlines()[-2:])
     image = edge * edge * 2

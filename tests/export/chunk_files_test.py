@@ -1,6 +1,7 @@
 """The files an export writes itself (export/chunk_files.py) are the files zarr-python would
 write: zarr-python reads them back as the block, a v2 chunk file is byte for byte zarr's, and
 a v3 shard holds, inner chunk for inner chunk, zarr's encoded bytes under a valid index."""
+
 from __future__ import annotations
 
 import itertools
@@ -22,13 +23,21 @@ CASES = [
 ]
 
 
-def _array(root: Path, name: str, shape, file_shape, chunk, dtype, codec: str, zarr_format: int,
-           write_empty: bool = True):
+def _array(
+    root: Path, name: str, shape, file_shape, chunk, dtype, codec: str, zarr_format: int, write_empty: bool = True
+):
     group = zarr.open_group(str(root), mode="a", zarr_format=zarr_format)
     kw = {"shards": file_shape} if zarr_format == 3 else {"chunk_key_encoding": {"name": "v2", "separator": "/"}}
-    return group.create_array(name, shape=shape, dtype=dtype, chunks=chunk if zarr_format == 3 else file_shape,
-                              compressors=_compressors(codec, zarr_format), fill_value=_fill(np.dtype(dtype)),
-                              config={"write_empty_chunks": write_empty}, **kw)
+    return group.create_array(
+        name,
+        shape=shape,
+        dtype=dtype,
+        chunks=chunk if zarr_format == 3 else file_shape,
+        compressors=_compressors(codec, zarr_format),
+        fill_value=_fill(np.dtype(dtype)),
+        config={"write_empty_chunks": write_empty},
+        **kw,
+    )
 
 
 def _data(shape, dtype) -> np.ndarray:
@@ -53,13 +62,16 @@ def _write_ours(root: Path, array, data: np.ndarray) -> None:
 
 def _inner_chunks(shard: bytes, per_shard: tuple[int, ...]) -> dict[tuple[int, ...], bytes]:
     n = int(np.prod(per_shard))
-    table, crc = shard[-(16 * n + 4):-4], shard[-4:]
+    table, crc = shard[-(16 * n + 4) : -4], shard[-4:]
     import google_crc32c
 
     assert np.uint32(google_crc32c.value(table)).astype("<u4").tobytes() == crc
     index = np.frombuffer(table, "<u8").reshape(per_shard + (2,))
-    return {k: shard[int(index[k][0]):int(index[k][0] + index[k][1])]
-            for k in itertools.product(*map(range, per_shard)) if index[k][0] != 2**64 - 1}
+    return {
+        k: shard[int(index[k][0]) : int(index[k][0] + index[k][1])]
+        for k in itertools.product(*map(range, per_shard))
+        if index[k][0] != 2**64 - 1
+    }
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])
@@ -73,11 +85,14 @@ def test_files_read_back_and_match_what_zarr_writes(tmp_path, zarr_format, codec
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "ours" / "a"), mode="r")[...], data)
 
     # zarr-python, told to leave fill chunks out exactly when an export does (uncompressed)
-    theirs = _array(tmp_path / "theirs", "a", shape, file_shape, chunk, dtype, codec, zarr_format,
-                    write_empty=codec != "none")
+    theirs = _array(
+        tmp_path / "theirs", "a", shape, file_shape, chunk, dtype, codec, zarr_format, write_empty=codec != "none"
+    )
     theirs[...] = data
     ours_files = sorted(p.relative_to(tmp_path / "ours") for p in (tmp_path / "ours" / "a").rglob("*") if p.is_file())
-    their_files = sorted(p.relative_to(tmp_path / "theirs") for p in (tmp_path / "theirs" / "a").rglob("*") if p.is_file())
+    their_files = sorted(
+        p.relative_to(tmp_path / "theirs") for p in (tmp_path / "theirs" / "a").rglob("*") if p.is_file()
+    )
     assert ours_files == their_files
     per_shard = tuple(-(-f // c) for f, c in zip(file_shape, chunk))
     for rel in ours_files:

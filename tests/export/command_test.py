@@ -2,6 +2,7 @@
 reduced) never imports numba, llvmlite or scipy (export/reduce.py reduces in NumPy), nor the
 server's Flight, HTTP, napari or dask stacks — measured in a fresh interpreter, where no other
 test's imports can hide one; the same probe sees numba once a label image needs ``mode``."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,13 @@ print(json.dumps({"code": code, "heavy": heavy}))
 
 def _probe(src, dest) -> dict:
     env = {"PYTHONPATH": f"{REPO}:{REPO / 'kernels'}", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", _PROBE, str(src), str(dest), json.dumps(HEAVY)], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(src), str(dest), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -40,8 +46,9 @@ def test_a_local_export_imports_neither_numba_nor_the_server_stack(tmp_path):
     for name in ("v.ome.tif", "p.zarr"):
         got = _probe(tmp_path / name, tmp_path / f"{name}.out.zarr")
         assert got == {"code": 0, "heavy": []}, name
-        np.testing.assert_array_equal(zarr.open_array(str(tmp_path / f"{name}.out.zarr" / "0"))[...],
-                                      vol if name == "v.ome.tif" else vol[0])
+        np.testing.assert_array_equal(
+            zarr.open_array(str(tmp_path / f"{name}.out.zarr" / "0"))[...], vol if name == "v.ome.tif" else vol[0]
+        )
 
 
 def test_the_probe_sees_numba_when_labels_need_mode(tmp_path):

@@ -1,6 +1,7 @@
 """Shared pieces of the export tests: a generated tensor that holds no pixels, a small
 OME-Zarr with a label image, and the engine's scaled read of a level in the output's (NGFF)
 axis order."""
+
 from __future__ import annotations
 
 import os
@@ -57,5 +58,11 @@ def peak_rss() -> int:
 
 def run_cli(*args: str, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}"}
-    return subprocess.run([sys.executable, "-m", "tensor_server", "export", *args], capture_output=True, text=True,
-                          env=env, timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "tensor_server", "export", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        **kw,
+    )

@@ -3,6 +3,7 @@ written under the export's ``labels/<name>``, every level the engine's ``mode`` 
 label tensor on the image's levels, with ``image-label`` metadata that ome-zarr-models
 validates (0.5 and 0.4) and ome-zarr-py's Reader follows; which label tensors belong to
 which image is the rule of export/sources.py."""
+
 from __future__ import annotations
 
 import json
@@ -82,7 +83,8 @@ def _t(shape, labels, is_labels=False):
 def test_which_label_tensors_belong_to_which_image():
     image, other = _t((2, 8, 9), "cyx"), _t((8, 9), "yx")
     fields = {
-        "image": image, "other": other,
+        "image": image,
+        "other": other,
         "labels/root": _t((8, 9), "yx", True),  # top level: the default image's
         "image/@labels/uploaded": _t((1, 8, 9), "cyx", True),  # a label set uploaded onto it
         "other/labels/theirs": _t((8, 9), "yx", True),  # another image's

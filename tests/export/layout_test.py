@@ -1,6 +1,7 @@
 """The export's default geometry follows the reader: a volume whose reader decodes whole
 planes (a TIFF page) gets plane chunks, so a unit is one page and not sixteen; a reader of
 smaller blocks (zarr chunks) keeps 16-deep volume chunks."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """Every level of an export equals the engine's scaled read of the source, bit for bit, read
 back with zarr-python, for real 2-D/3-D/5-D samples of several formats (ND2, CZI, OME-TIFF)
 and generated zarr and TIFF volumes; NGFF 0.5 (sharded zarr v3) and 0.4 (zarr v2)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -62,7 +63,9 @@ def test_every_method_on_a_generated_tiff_volume(tmp_path, method):
     with open_source(tmp_path / "v.ome.tif") as src:
         t = src.tensor()
         # small shards: several units, shards shrinking with the level, chunks cut at the edges
-        export_tensor(t, tmp_path / "o.zarr", ExportOptions(levels=4, method=method, chunks=(2, 64, 64), shards=(2, 128, 128)))
+        export_tensor(
+            t, tmp_path / "o.zarr", ExportOptions(levels=4, method=method, chunks=(2, 64, 64), shards=(2, 128, 128))
+        )
         _check_levels(t, tmp_path / "o.zarr", method, (0, 1, 2), 4)
 
 
@@ -147,8 +150,9 @@ def test_fill_valued_chunks_are_written_only_when_compressed(tmp_path, codec, st
     plane[:, 64:] = np.arange(64 * 128, dtype=np.uint16).reshape(128, 64)  # right half non-zero
     zarr.create_array(str(tmp_path / "src.zarr"), data=plane, chunks=(64, 64))
     with open_source(tmp_path / "src.zarr") as src:
-        export_tensor(src.tensor(), tmp_path / "o.zarr",
-                      ExportOptions(levels=1, chunks=(64, 64), codec=codec, ngff="0.4"))
+        export_tensor(
+            src.tensor(), tmp_path / "o.zarr", ExportOptions(levels=1, chunks=(64, 64), codec=codec, ngff="0.4")
+        )
     level0 = tmp_path / "o.zarr" / "0"
     assert sum(1 for p in level0.rglob("*") if p.is_file() and not p.name.startswith(".")) == stored
     np.testing.assert_array_equal(zarr.open_array(str(level0), mode="r")[...], plane)

@@ -3,6 +3,7 @@
 too-deep pyramids are refused naming the option); a unit holds no more than that, a process
 exporting the largest shards that fit stays within a few units of it, and a stop is seen
 within a unit, between its chunks, not after it."""
+
 from __future__ import annotations
 
 import json
@@ -40,12 +41,15 @@ class Unread(TensorAdapter):
         raise AssertionError("a refused or planned export reads nothing")
 
 
-@pytest.mark.parametrize("shape,options,message", [
-    ((4096, 4096), dict(chunks=(1, 1)), "chunks [1, 1]: the y edge 1 is below the minimum of 64 pixels"),
-    ((4096, 4096), dict(chunks=(64, 32)), "chunks [64, 32]: the x edge 32 is below the minimum of 64"),
-    ((4096, 4096), dict(shards=(32, 4096)), "shards [32, 4096]: the y edge 32 is below the minimum of 64"),
-    ((40, 4096), dict(chunks=(32, 64)), "the y edge 32 is below the minimum of 64 pixels (or the whole axis, 40,"),
-])
+@pytest.mark.parametrize(
+    "shape,options,message",
+    [
+        ((4096, 4096), dict(chunks=(1, 1)), "chunks [1, 1]: the y edge 1 is below the minimum of 64 pixels"),
+        ((4096, 4096), dict(chunks=(64, 32)), "chunks [64, 32]: the x edge 32 is below the minimum of 64"),
+        ((4096, 4096), dict(shards=(32, 4096)), "shards [32, 4096]: the y edge 32 is below the minimum of 64"),
+        ((40, 4096), dict(chunks=(32, 64)), "the y edge 32 is below the minimum of 64 pixels (or the whole axis, 40,"),
+    ],
+)
 def test_chunks_and_shards_below_the_minimum_edge_are_refused_naming_the_option(shape, options, message):
     with pytest.raises(InvalidArgument, match=re.escape(message)):
         plan_layout(Unread(shape, np.uint16, "yx"), levels=1, **options)
@@ -67,8 +71,9 @@ def test_one_pixel_chunks_are_refused_by_the_command_before_anything_is_written(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.zarr"]
 
 
-@pytest.mark.parametrize("ngff,options", [("0.4", dict(chunks=(64, 64))),
-                                          ("0.5", dict(chunks=(64, 64), shards=(64, 64)))])
+@pytest.mark.parametrize(
+    "ngff,options", [("0.4", dict(chunks=(64, 64))), ("0.5", dict(chunks=(64, 64), shards=(64, 64)))]
+)
 def test_an_export_of_too_many_files_is_refused_before_anything_is_written(tmp_path, ngff, options):
     """65536² in 64² files is 1,048,576 files at level 0 alone: refused up front, counted."""
     dest = tmp_path / "o.zarr"
@@ -91,12 +96,20 @@ def test_the_file_count_sums_every_level_and_stops_at_the_limit():
 def test_shards_whose_unit_exceeds_the_memory_cap_are_refused_naming_them():
     """An 8192² uint16 shard is 128 MiB at level 0 (168 MiB with two more levels; +173 MB resident)."""
     tensor = Unread((16384, 16384), np.uint16, "yx")
-    with pytest.raises(InvalidArgument, match=re.escape(
+    with pytest.raises(
+        InvalidArgument,
+        match=re.escape(
             "shards [8192, 8192]: a unit of work (one shard, with its pyramid levels) would hold 168.0 MiB of uint16 "
-            "pixels, and an export holds at most 64.0 MiB per unit of work: ask for smaller shards (at most")):
+            "pixels, and an export holds at most 64.0 MiB per unit of work: ask for smaller shards (at most"
+        ),
+    ):
         plan_layout(tensor, levels=3, shards=(8192, 8192))
-    with pytest.raises(InvalidArgument, match=re.escape("chunks [16384, 16384]: a unit of work (one shard, with its "
-                                                        "pyramid levels) would hold 672.0 MiB")):
+    with pytest.raises(
+        InvalidArgument,
+        match=re.escape(
+            "chunks [16384, 16384]: a unit of work (one shard, with its pyramid levels) would hold 672.0 MiB"
+        ),
+    ):
         plan_layout(tensor, levels=3, chunks=(16384, 16384))  # the default shard is one such chunk
     fits = plan_layout(tensor, levels=3, shards=(4096, 4096))
     assert fits.unit == (4096, 4096) and fits.unit_bytes() <= MAX_UNIT_BYTES
@@ -105,8 +118,11 @@ def test_shards_whose_unit_exceeds_the_memory_cap_are_refused_naming_them():
 def test_levels_whose_coarsest_block_exceeds_the_memory_cap_are_refused_naming_what_fits():
     """16 levels of a 32768² plane need its whole 2 GiB in one unit (the coarsest level's one pixel)."""
     tensor = Unread((32768, 32768), np.uint16, "yx")
-    with pytest.raises(InvalidArgument, match=r"levels: the coarsest level's scale \[32768, 32768\] makes each unit "
-                                              r"of work \[32768, 32768\] pixels .* ask for at most 13 levels"):
+    with pytest.raises(
+        InvalidArgument,
+        match=r"levels: the coarsest level's scale \[32768, 32768\] makes each unit "
+        r"of work \[32768, 32768\] pixels .* ask for at most 13 levels",
+    ):
         plan_layout(tensor, levels=16)
     with pytest.raises(InvalidArgument, match="at most 13 levels"):
         plan_layout(tensor, levels=14)  # a 8192² unit: 128 MiB at level 0
@@ -133,8 +149,9 @@ def test_a_unit_never_holds_more_than_the_cap(tmp_path, monkeypatch):
         return blocks
 
     monkeypatch.setattr(export_run, "unit_levels", counted)
-    export_tensor(GeneratedPlane((4096, 8192)), tmp_path / "o.zarr", ExportOptions(levels=3, shards=(4096, 4096),
-                                                                                   codec="zstd"))
+    export_tensor(
+        GeneratedPlane((4096, 8192)), tmp_path / "o.zarr", ExportOptions(levels=3, shards=(4096, 4096), codec="zstd")
+    )
     assert len(held) == 2 and max(held) == (4096 * 4096 + 2048 * 2048 + 1024 * 1024) * 2 <= MAX_UNIT_BYTES
 
 
@@ -154,10 +171,20 @@ def test_the_largest_shards_that_fit_keep_resident_memory_within_a_few_units(tmp
     """Exporting 8192² in 4096² shards (42 MiB units, the most that fit) grows the process by
     less than three units at the cap (it grew by 92 MiB; 8192² shards grew it by 173 MiB
     before they were refused)."""
-    env = {"PYTHONPATH": f"{REPO}:{REPO / 'kernels'}", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-           "MALLOC_ARENA_MAX": "2"}  # as the command sets
-    done = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, cwd=REPO, env=env)
+    env = {
+        "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "MALLOC_ARENA_MAX": "2",
+    }  # as the command sets
+    done = subprocess.run(
+        [sys.executable, "-c", RSS_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     measured = json.loads(done.stdout.splitlines()[-1])
     assert 0 < measured["growth"] < 3 * MAX_UNIT_BYTES, measured

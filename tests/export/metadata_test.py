@@ -1,6 +1,7 @@
 """The written image is standard OME-Zarr: ome-zarr-models validates its metadata (0.5 and
 0.4) and ome-zarr-py's Reader opens it, with the levels, axes, scales and omero channels the
 source implies."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,7 +61,9 @@ def test_ome_zarr_py_reader_opens_every_level(exported):
 def test_the_v3_image_is_sharded_with_the_shapes_asked(testdata, tmp_path):
     with open_source(testdata / "czi/mosaic_test.czi") as src:
         t = src.tensor("scene_0")
-        export_tensor(t, tmp_path / "m.zarr", ExportOptions(levels=3, chunks=(1, 1, 1, 128, 128), shards=(1, 1, 1, 256, 512)))
+        export_tensor(
+            t, tmp_path / "m.zarr", ExportOptions(levels=3, chunks=(1, 1, 1, 128, 128), shards=(1, 1, 1, 256, 512))
+        )
     g = zarr.open_group(str(tmp_path / "m.zarr"), mode="r")
     assert g["0"].shards == (1, 1, 1, 256, 512) and g["0"].chunks == (1, 1, 1, 128, 128)
     codecs = g["0"].metadata.to_dict()["codecs"]

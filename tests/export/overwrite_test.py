@@ -2,6 +2,7 @@
 DEST, a user's ``DEST.replaced``, the target of a symbolic link at DEST or DEST.partial, and a
 resumed staging folder holding a link are left alone, each refusal naming the path; one export
 at a time writes a given DEST."""
+
 from __future__ import annotations
 
 import json
@@ -123,8 +124,13 @@ def test_a_resumed_staging_folder_holding_a_link_is_not_written_into(tmp_path):
     dest = tmp_path / "o.zarr"
     seen = []
     with pytest.raises(Exception, match="stopped"):
-        export_tensor(t, dest, ExportOptions(**OPTIONS, workers=1), progress=seen.append,
-                      cancelled=lambda: sum(r["event"] == "unit" for r in seen) >= 2)
+        export_tensor(
+            t,
+            dest,
+            ExportOptions(**OPTIONS, workers=1),
+            progress=seen.append,
+            cancelled=lambda: sum(r["event"] == "unit" for r in seen) >= 2,
+        )
     staging = dest.with_name("o.zarr.partial")
     outside = user_folder(tmp_path / "outside")
     before = tree(outside)
@@ -173,8 +179,9 @@ def test_one_export_at_a_time_writes_a_dest(tmp_path):
             first_started.set()
             assert release.wait(30)
 
-    first = threading.Thread(target=export_tensor, args=(t, dest, ExportOptions(**OPTIONS)),
-                             kwargs={"progress": progress})
+    first = threading.Thread(
+        target=export_tensor, args=(t, dest, ExportOptions(**OPTIONS)), kwargs={"progress": progress}
+    )
     first.start()
     try:
         assert first_started.wait(30)

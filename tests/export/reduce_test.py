@@ -2,6 +2,7 @@
 on the kernels' own case table, as a cascaded pyramid of the case's scale times 1, 2, 3, 4
 (a non-nested level among them, ragged blocks at every level; times 1, 2 for big blocks);
 the methods it leaves to the kernels say so."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,9 @@ for _c in cases.TEST_CASES:
 
 
 def _same(want: np.ndarray, got: np.ndarray, what: str) -> None:
-    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype}{got.shape} != {want.dtype}{want.shape}"
+    assert got.dtype == want.dtype and got.shape == want.shape, (
+        f"{what}: {got.dtype}{got.shape} != {want.dtype}{want.shape}"
+    )
     assert got.flags.c_contiguous, f"{what}: not C-contiguous"
     if want.dtype.kind == "f":  # signed zeros compare equal (the oracle leaves them unspecified)
         assert np.array_equal(want, got, equal_nan=True), what
@@ -27,7 +30,9 @@ def _same(want: np.ndarray, got: np.ndarray, what: str) -> None:
 
 
 @pytest.mark.parametrize("slab_bytes", [SLAB_BYTES, 1], ids=["whole", "slabs"])
-@pytest.mark.parametrize("key", list(_GROUPS), ids=lambda k: f"{'x'.join(map(str, k[0]))}-s{'x'.join(map(str, k[1]))}-{k[2]}")
+@pytest.mark.parametrize(
+    "key", list(_GROUPS), ids=lambda k: f"{'x'.join(map(str, k[0]))}-s{'x'.join(map(str, k[1]))}-{k[2]}"
+)
 def test_numpy_levels_match_the_oracle(key, slab_bytes):
     """Whole (the case tables' arrays are smaller than a slab) and in slabs of the least
     whole number of blocks (one byte asked for)."""

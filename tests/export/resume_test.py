@@ -1,6 +1,7 @@
 """Interrupted exports continue with --resume to the same bytes as an uninterrupted one: after
 a cancel (in process), after Ctrl-C and after kill -9 (real subprocesses); the progress record
 is verified, so a torn record line or a changed shard is written again, never trusted."""
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,13 @@ def test_resume_refuses_other_options_and_overwrite_keeps_the_old_image_until_do
         export_tensor(t, dest, ExportOptions(**OPTIONS))
     progress, cancelled, _ = _stop_after(1)
     with pytest.raises(ReadCancelled):
-        export_tensor(t, dest, ExportOptions(**{**OPTIONS, "levels": 2}, mode="overwrite", workers=1),
-                      progress=progress, cancelled=cancelled)
+        export_tensor(
+            t,
+            dest,
+            ExportOptions(**{**OPTIONS, "levels": 2}, mode="overwrite", workers=1),
+            progress=progress,
+            cancelled=cancelled,
+        )
     assert tree(dest) == old  # the finished image is whole until its replacement is
     with pytest.raises(FailedPrecondition, match="other options"):
         export_tensor(t, dest, ExportOptions(**OPTIONS, mode="resume"))
@@ -99,9 +105,31 @@ def big_source(tmp_path_factory):
 
 def _start(source: Path, dest: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'kernels'}"}
-    return subprocess.Popen([sys.executable, "-m", "tensor_server", "export", str(source), str(dest), "--levels", "4",
-                             "--chunks", "64,64", "--shards", "512,512", "--workers", "1", "--progress", "json", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensor_server",
+            "export",
+            str(source),
+            str(dest),
+            "--levels",
+            "4",
+            "--chunks",
+            "64,64",
+            "--shards",
+            "512,512",
+            "--workers",
+            "1",
+            "--progress",
+            "json",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _wait_for_units(proc: subprocess.Popen, n: int) -> None:
@@ -128,8 +156,19 @@ def test_an_interrupted_subprocess_resumes_to_identical_bytes(big_source, tmp_pa
         assert rc == 130 and "--resume" in stderr, stderr
     staging = dest.with_name("out.zarr.partial")
     assert not dest.exists() and (staging / RECORD).is_file()
-    done = run_cli(str(source), str(dest), "--levels", "4", "--chunks", "64,64", "--shards", "512,512",
-                   "--resume", "--progress", "json")
+    done = run_cli(
+        str(source),
+        str(dest),
+        "--levels",
+        "4",
+        "--chunks",
+        "64,64",
+        "--shards",
+        "512,512",
+        "--resume",
+        "--progress",
+        "json",
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["event"] == "done" and 3 <= summary["units_resumed"] < summary["units_total"]

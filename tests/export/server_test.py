@@ -2,6 +2,7 @@
 read through the biopb SDK, one pass, into the same OME-Zarr a local export writes: every
 level equal to the engine's scaled read of the local source, the labels beside it; a token
 is passed with ``--token``, and a wrong one or an unknown id is a one-line error."""
+
 from __future__ import annotations
 
 import json
@@ -36,18 +37,34 @@ def test_a_served_tensor_exports_with_its_labels(served, tmp_path):
     srv, src = served
     image = src.tensors["image"]
     dest = tmp_path / "out.zarr"
-    done = run_cli(image.array_id, str(dest), "--server", srv.location, "--token", TOKEN, "--levels", "3",
-                   "--chunks", "1,128,128", "--shards", "1,256,256", "--progress", "json")
+    done = run_cli(
+        image.array_id,
+        str(dest),
+        "--server",
+        srv.location,
+        "--token",
+        TOKEN,
+        "--levels",
+        "3",
+        "--chunks",
+        "1,128,128",
+        "--shards",
+        "1,256,256",
+        "--progress",
+        "json",
+    )
     assert done.returncode == 0, done.stderr
     records = [json.loads(line) for line in done.stdout.splitlines()]
     assert records[0]["labels"] == ["cells"] and records[-1]["event"] == "done"
     group = zarr.open_group(str(dest), mode="r")
     engine = ReadEngine()
     for k in range(3):
-        np.testing.assert_array_equal(group[str(k)][...], engine.read(image, None, (1, 2**k, 2**k), "area"),
-                                      err_msg=f"level {k}")
-        np.testing.assert_array_equal(group[f"labels/cells/{k}"][...],
-                                      engine.read(src.tensors["image/@labels/cells"], None, (2**k, 2**k), "mode"))
+        np.testing.assert_array_equal(
+            group[str(k)][...], engine.read(image, None, (1, 2**k, 2**k), "area"), err_msg=f"level {k}"
+        )
+        np.testing.assert_array_equal(
+            group[f"labels/cells/{k}"][...], engine.read(src.tensors["image/@labels/cells"], None, (2**k, 2**k), "mode")
+        )
     assert group["0"].shards == (1, 256, 256)
     ms = group.attrs["ome"]["multiscales"][0]
     assert ms["datasets"][1]["coordinateTransformations"][0]["scale"] == pytest.approx([1.0, 1.3, 1.3])

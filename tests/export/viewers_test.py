@@ -3,6 +3,7 @@ plugin (``napari_ome_zarr``, no Qt needed) gets every level and the label image,
 source; neuroglancer (headless Chromium) draws the sharded NGFF 0.5 output served by a plain
 static HTTP server (byte ranges, as any web server or bucket serves it), dark where the
 source is dark and bright where it is bright, in the right order."""
+
 from __future__ import annotations
 
 import io
@@ -32,8 +33,9 @@ def test_napari_ome_zarr_reads_every_level_and_the_labels(tmp_path):
     write_cells(src_path)
     dest = tmp_path / "out.zarr"
     with open_export_source(str(src_path)) as src:
-        export_tensor(src.tensor, dest, ExportOptions(levels=3, chunks=(1, 64, 64), shards=(1, 128, 128)),
-                      labels=src.labels)
+        export_tensor(
+            src.tensor, dest, ExportOptions(levels=3, chunks=(1, 64, 64), shards=(1, 128, 128)), labels=src.labels
+        )
         engine = ReadEngine()
         want_image = [engine.read(src.tensor, None, (1, 2**k, 2**k), "area") for k in range(3)]
         want_labels = [engine.read(src.labels["cells"], None, (2**k, 2**k), "mode") for k in range(3)]
@@ -112,7 +114,8 @@ def test_neuroglancer_draws_the_sharded_export_from_a_static_server(tmp_path):
         with viewer.txn() as state:
             state.layers["halves"] = neuroglancer.ImageLayer(
                 source=f"zarr3://http://127.0.0.1:{server.server_address[1]}/halves.zarr/",
-                shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }")
+                shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }",
+            )
             state.layout = "xy"
         png = screenshot_after_chunks(viewer, served=lambda: counts["ranges"])
         (tmp_path / "neuroglancer-export.png").write_bytes(png)
@@ -122,7 +125,7 @@ def test_neuroglancer_draws_the_sharded_export_from_a_static_server(tmp_path):
     assert counts["ranges"] >= 4, "neuroglancer read no shard ranges"
     shot = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
     h, w = shot.shape
-    rows = shot[:, w // 3: 2 * w // 3].mean(axis=1)  # the middle third, inside the image area
+    rows = shot[:, w // 3 : 2 * w // 3].mean(axis=1)  # the middle third, inside the image area
     dark, bright = rows < 40, rows > 200
     assert dark.sum() > h * 0.1 and bright.sum() > h * 0.1, f"dark {dark.sum()}, bright {bright.sum()} of {h} rows"
     # the xy panel shows (y, x) across and down: x < 256 (dark) above x >= 256 (bright)

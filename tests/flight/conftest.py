@@ -1,5 +1,6 @@
 """Fixtures of the Flight tests: generated sources and an in-process server over them
 (``tensor_server.testing.serving``: 127.0.0.1, an ephemeral port, torn down cleanly)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,9 @@ def generated_root(tmp_path_factory):
     root = tmp_path_factory.mktemp("root")
     rng = np.random.default_rng(42)
     img = rng.integers(0, 60000, (2, 300, 410), dtype=np.uint16)
-    z = zarr.open_array(str(root / "plain.zarr"), mode="w", shape=img.shape, chunks=(1, 128, 128), dtype=img.dtype, zarr_format=3)
+    z = zarr.open_array(
+        str(root / "plain.zarr"), mode="w", shape=img.shape, chunks=(1, 128, 128), dtype=img.dtype, zarr_format=3
+    )
     z[...] = img
     vol = rng.integers(0, 255, (12, 200, 260), dtype=np.uint8)
     tifffile.imwrite(root / "vol.ome.tif", vol, tile=(64, 64), photometric="minisblack", metadata={"axes": "ZYX"})
@@ -47,9 +50,15 @@ def catalog(generated_root):
     cat.add_source(MemorySource(ArrayAdapter(arr, chunk_shape=(2, 2)), source_id="demo"))
     big = np.random.default_rng(0).integers(0, 60000, (3, 300, 500), dtype=np.uint16)
     labels = np.random.default_rng(1).integers(0, 6, (120, 160), dtype=np.uint32)
-    cat.add_source(MemorySource({"a": ArrayAdapter(big, "cyx", chunk_shape=(1, 128, 128)),
-                                 "mask": ArrayAdapter(labels, "yx", chunk_shape=(64, 64), is_labels=True)},
-                                source_id="multi"))
+    cat.add_source(
+        MemorySource(
+            {
+                "a": ArrayAdapter(big, "cyx", chunk_shape=(1, 128, 128)),
+                "mask": ArrayAdapter(labels, "yx", chunk_shape=(64, 64), is_labels=True),
+            },
+            source_id="multi",
+        )
+    )
     yield cat
     cat.close()
 

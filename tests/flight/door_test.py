@@ -1,5 +1,6 @@
 """The door conformance suite through the Flight door: reads by the real biopb SDK, actions
 and chunk tickets by a plain pyarrow Flight client (what any Flight client sends)."""
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,12 @@ class FlightDoor:
         return self._sdk(token).query(sql, format="records")
 
     def listed(self, source_id, token):
-        return [r["array_id"] for r in self.query(
-            f"SELECT unnest(tensors).array_id AS array_id FROM sources WHERE source_id = '{source_id}'", token)]
+        return [
+            r["array_id"]
+            for r in self.query(
+                f"SELECT unnest(tensors).array_id AS array_id FROM sources WHERE source_id = '{source_id}'", token
+            )
+        ]
 
     def resolve(self, source_id, token):
         return self._sdk(token).resolve_source(source_id)

@@ -1,4 +1,5 @@
 """The localhost mmap fast path (wire-protocol §7) and cache_stats, through the real SDK."""
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,9 @@ def test_locate_refuses_stale_ids_and_scaled_chunks_locate_too(tmp_path):
                 schema = pa.ipc.open_stream(mm).schema
                 mm.seek(info["byte_offset"])
                 batch = pa.ipc.read_record_batch(pa.ipc.read_message(mm), schema)
-            got = np.frombuffer(batch.column("data").buffers()[2], dtype=batch.column("dtype")[0].as_py()).reshape(batch.column("shape")[0].as_py())
+            got = np.frombuffer(batch.column("data").buffers()[2], dtype=batch.column("dtype")[0].as_py()).reshape(
+                batch.column("shape")[0].as_py()
+            )
             from tensor_server_kernels import reference
 
             np.testing.assert_array_equal(got, reference.downsample(arr, (2, 2), "area")[:64, :64])

@@ -1,5 +1,6 @@
 """Real third-party samples served through the real biopb SDK, and corrupt copies of them
 that must never take the server down (issues 5 and 6)."""
+
 from __future__ import annotations
 
 import shutil
@@ -43,7 +44,9 @@ def test_every_real_source_reads_through_the_sdk(real_server):
                 if full.dtype.kind == "c" and method == "area":
                     continue
                 got = client.get_array(t.array_id, scale_hint=scale, reduction_method=method)
-                np.testing.assert_array_equal(got, reference.downsample(full, scale, method), err_msg=f"{t.array_id} {method}")
+                np.testing.assert_array_equal(
+                    got, reference.downsample(full, scale, method), err_msg=f"{t.array_id} {method}"
+                )
             checked += 1
     assert checked >= 40
 
@@ -62,9 +65,19 @@ def test_cross_format_identity_through_the_server(real_server):
     np.testing.assert_array_equal(arrays[1], arrays[2])
 
 
-CORRUPTIBLE = ["czi/s_1_t_1_c_1_z_1.czi", "nd2/cluster.nd2", "lif/testdata_2channel_xz.lif", "mrc/EMD-3001.map",
-               "dv/toxo.dv", "tiff/stuck.tif", "ome-tiff/s_1_t_1_c_1_z_1.ome.tiff", "hdf5/example2_v3.1.hspy",
-               "emd/Si100_3D.emd", "dicom-wsi/boxes_0.dcm", "tiff-pyramid/boxes.tiff"]
+CORRUPTIBLE = [
+    "czi/s_1_t_1_c_1_z_1.czi",
+    "nd2/cluster.nd2",
+    "lif/testdata_2channel_xz.lif",
+    "mrc/EMD-3001.map",
+    "dv/toxo.dv",
+    "tiff/stuck.tif",
+    "ome-tiff/s_1_t_1_c_1_z_1.ome.tiff",
+    "hdf5/example2_v3.1.hspy",
+    "emd/Si100_3D.emd",
+    "dicom-wsi/boxes_0.dcm",
+    "tiff-pyramid/boxes.tiff",
+]
 
 
 def test_corrupt_files_of_every_format_never_take_the_server_down(testdata, tmp_path):

@@ -1,5 +1,6 @@
 """The catalog verbs through the real biopb SDK: resolve, add/remove a path,
 catalog_children, and the ROI annotations (put/list/delete/prune and the ``rois`` table)."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -61,7 +62,9 @@ def test_resolve_after_the_file_is_repaired(served, tree):
     assert row["is_resolved"] is True and row["unresolved_reason"] is None
     assert row["tensors"][0]["shape"] == [20, 30]
     np.testing.assert_array_equal(np.asarray(client.get_array(sid)), good)
-    assert client.query(f"SELECT is_resolved FROM sources WHERE source_id = '{sid}'", format="records")[0]["is_resolved"]
+    assert client.query(f"SELECT is_resolved FROM sources WHERE source_id = '{sid}'", format="records")[0][
+        "is_resolved"
+    ]
 
 
 def test_resolve_unknown_source_is_refused_by_name(served):
@@ -80,8 +83,10 @@ def test_add_and_remove_a_path_outside_the_roots(served, tmp_path):
     before = len(client.query("SELECT source_id FROM sources", format="records"))
     result = client.register_local_path(str(drop))
     assert len(result.added) == 2 and not result.failed
-    rows = client.query("SELECT source_id, source_url FROM sources WHERE source_url LIKE 'dnd://%' ORDER BY source_url",
-                        format="records")
+    rows = client.query(
+        "SELECT source_id, source_url FROM sources WHERE source_url LIKE 'dnd://%' ORDER BY source_url",
+        format="records",
+    )
     assert [r["source_url"] for r in rows] == ["dnd://exp/sub/y.tif", "dnd://exp/x.tif"]
     x = [r["source_id"] for r in rows if r["source_url"].endswith("x.tif")][0]
     np.testing.assert_array_equal(np.asarray(client.get_array(x)), data)
@@ -175,8 +180,9 @@ def _roi(**kw):
 def test_rois_put_list_delete_and_query(served, tmp_path):
     srv, client = served
     sid = _sid(client, "top.tif")
-    res = client.put_rois(sid, [_roi(rect=(1, 2, 5, 9), label="cell", set_name="nuclei"),
-                                _roi(point=(3, 4), roi_id="p1", plane={0: 2})])
+    res = client.put_rois(
+        sid, [_roi(rect=(1, 2, 5, 9), label="cell", set_name="nuclei"), _roi(point=(3, 4), roi_id="p1", plane={0: 2})]
+    )
     assert len(res.stored) == 2 and not res.conflicts
     minted = [r.roi_id for r in res.stored if r.roi_id != "p1"][0]
     assert all(r.rev == 1 for r in res.stored)
@@ -194,8 +200,10 @@ def test_rois_put_list_delete_and_query(served, tmp_path):
     upd = client.put_rois(sid, [_roi(point=(9, 9), roi_id="p1", rev=1)], check_rev=True)
     assert upd.stored[0].rev == 2
     # the rois table answers the Tensor Browser's SQL
-    rows = client.query("SELECT array_id, set_name, count(*) AS n FROM rois GROUP BY array_id, set_name ORDER BY set_name",
-                        format="records")
+    rows = client.query(
+        "SELECT array_id, set_name, count(*) AS n FROM rois GROUP BY array_id, set_name ORDER BY set_name",
+        format="records",
+    )
     assert [(r["set_name"], r["n"]) for r in rows] == [("default", 1), ("nuclei", 1)]
     bbox = client.query("SELECT bbox, shape_kind FROM rois WHERE set_name = 'nuclei'", format="records")[0]
     assert bbox["bbox"] == [1, 2, 5, 9] and bbox["shape_kind"] == "rectangle"
@@ -235,8 +243,9 @@ def test_roi_prune_reports_then_deletes_orphans(served, tree, tmp_path):
     srv.runtime.catalog.scan()
     # the orphan's last sighting was a while ago; the live source is stamped by the prune
     store = srv.runtime.catalog.rois
-    store._connection().execute("UPDATE rois SET last_seen_at = ?, created_at = ?",
-                                [datetime.now() - timedelta(days=40)] * 2)
+    store._connection().execute(
+        "UPDATE rois SET last_seen_at = ?, created_at = ?", [datetime.now() - timedelta(days=40)] * 2
+    )
     report = client.prune_rois(30)
     assert [(u.array_id.split("/")[0], u.count) for u in report.unseen] == [(gone, 1)]
     assert report.deleted == 0 and len(client.list_rois(gone).rois) == 1
@@ -276,12 +285,15 @@ def test_health_reports_catalog_generation_and_annotation_persistence(served, tr
     assert client.health_check()["catalog_generation"] == h1["catalog_generation"]
 
 
-@pytest.mark.parametrize("kind, body, match", [
-    ("add_source", b"\xff\xff\xff", "not the SDK's request message"),
-    ("roi_prune", b"\x08", "not the SDK's request message"),
-    ("catalog_children", b"[1, 2]", "JSON object"),
-    ("catalog_children", b'{"key": "", "limit": 0}', "positive integer limit"),
-])
+@pytest.mark.parametrize(
+    "kind, body, match",
+    [
+        ("add_source", b"\xff\xff\xff", "not the SDK's request message"),
+        ("roi_prune", b"\x08", "not the SDK's request message"),
+        ("catalog_children", b"[1, 2]", "JSON object"),
+        ("catalog_children", b'{"key": "", "limit": 0}', "positive integer limit"),
+    ],
+)
 def test_malformed_action_bodies_are_refused_by_name(served, kind, body, match):
     srv, client = served
     fc = flight.FlightClient(srv.location)

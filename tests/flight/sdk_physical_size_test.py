@@ -5,6 +5,7 @@ an image against its neighbours.
 A TIFF resolution tag is a pixel size only when it is not a default: programs that know
 none write 72 dpi (25400/72 = 352.78 µm pixels) or a resolution of 1 with no unit.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,13 +25,19 @@ def tiffs(tmp_path_factory):
     for name in ("dpi72", "dpi72_in_cm", "one_no_unit", "per_cm", "dpi300", "ij_inch", "ij_micron"):
         (root / name).mkdir()  # one folder each: files of one shape side by side are one sequence
     tifffile.imwrite(root / "dpi72" / "dpi72.tif", plane, resolution=(72, 72), resolutionunit="INCH")
-    tifffile.imwrite(root / "dpi72_in_cm" / "dpi72_in_cm.tif", plane, resolution=(72 / 2.54, 72 / 2.54), resolutionunit="CENTIMETER")
+    tifffile.imwrite(
+        root / "dpi72_in_cm" / "dpi72_in_cm.tif", plane, resolution=(72 / 2.54, 72 / 2.54), resolutionunit="CENTIMETER"
+    )
     tifffile.imwrite(root / "one_no_unit" / "one_no_unit.tif", plane, resolution=(1, 1), resolutionunit="NONE")
     tifffile.imwrite(root / "per_cm" / "per_cm.tif", plane, resolution=(10000, 10000), resolutionunit="CENTIMETER")
     tifffile.imwrite(root / "dpi300" / "dpi300.tif", plane, resolution=(300, 300), resolutionunit="INCH")
     # ImageJ carries a 72-dpi default over as a calibration in inches; a real one wins
-    tifffile.imwrite(root / "ij_inch" / "ij_inch.tif", plane, imagej=True, resolution=(72, 72), metadata={"unit": "inch"})
-    tifffile.imwrite(root / "ij_micron" / "ij_micron.tif", plane, imagej=True, resolution=(4, 4), metadata={"unit": "micron"})
+    tifffile.imwrite(
+        root / "ij_inch" / "ij_inch.tif", plane, imagej=True, resolution=(72, 72), metadata={"unit": "inch"}
+    )
+    tifffile.imwrite(
+        root / "ij_micron" / "ij_micron.tif", plane, imagej=True, resolution=(4, 4), metadata={"unit": "micron"}
+    )
     cat = Catalog([root])
     cat.scan()
     with serving(cat) as srv:

@@ -6,6 +6,7 @@ sets) and ``_tensor_utils.py`` / ``_rois.py`` (pyramid levels, ROI layers) are Q
 for by a bare module object pointing at its folder, and ``_sources`` imports as in the
 browser. Nothing here imports Qt (asserted).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -58,8 +59,9 @@ def served(tmp_path, monkeypatch):
     tifffile.imwrite(root / "sub" / "b.tif", rng.integers(0, 255, (40, 50), dtype=np.uint8), photometric="minisblack")
     cat = Catalog([tmp_path / "lab"])
     cat.scan()
-    cat.add_source(MemorySource(ArrayAdapter(np.arange(64 * 96, dtype=np.float32).reshape(64, 96), "yx"),
-                                source_id="mem"))
+    cat.add_source(
+        MemorySource(ArrayAdapter(np.arange(64 * 96, dtype=np.float32).reshape(64, 96), "yx"), source_id="mem")
+    )
     # a small plane budget, so the 256x384 image advertises computed levels
     with serving(cat, plane_budget_px=96 * 96) as srv:
         yield srv, client_for(srv), image
@@ -71,8 +73,9 @@ def writable(tmp_path):
     """A server taking uploads (local mode: no server token) over one in-memory image, and
     the catalog it serves."""
     cat = Catalog([])
-    cat.add_source(MemorySource(ArrayAdapter(np.arange(64 * 96, dtype=np.uint16).reshape(64, 96), "yx"),
-                                source_id="mem"))
+    cat.add_source(
+        MemorySource(ArrayAdapter(np.arange(64 * 96, dtype=np.uint16).reshape(64, 96), "yx"), source_id="mem")
+    )
     cat.first_scan_done.set()
     with serving(cat, write_dir=str(tmp_path / "write"), writable=True) as srv:
         yield srv
@@ -95,7 +98,9 @@ def test_sources_listed_a_folder_at_a_time(browser, served):
     # one folder: the chain of single-child folders down to where a source sits
     assert top["folders"][0]["key"].endswith("lab/plate1")
     inside = sl.load_level(top["folders"][0]["key"])
-    assert [s["name"] for s in inside["sources"]] == ["well_a.ome.tif"] and [f["name"] for f in inside["folders"]] == ["sub"]
+    assert [s["name"] for s in inside["sources"]] == ["well_a.ome.tif"] and [f["name"] for f in inside["folders"]] == [
+        "sub"
+    ]
     well = inside["sources"][0]["source_id"]
     assert sl.sources[well].is_resolved and sl.sources[well].tensors[0].shape == (2, 256, 384)
     assert sl.roi_sets == {}  # the rois table is queryable: ROI loading is on
@@ -132,8 +137,7 @@ def test_roi_loading(browser, served):
     assert sl.roi_sets == {mem_id: {"cells": 2}}
     desc = client.get_descriptor(mem_id)
     listed = client.list_rois(mem_id)
-    specs = browser.rois.roi_layer_specs(listed.rois, desc,
-                                         scale=browser.rois.image_scale(client, "mem", desc))
+    specs = browser.rois.roi_layer_specs(listed.rois, desc, scale=browser.rois.image_scale(client, "mem", desc))
     by_kind = {s.kind: s for s in specs}
     assert set(by_kind) == {"points", "shapes"}
     np.testing.assert_array_equal(np.asarray(by_kind["points"].data), [[6, 5]])  # (y, x)
@@ -176,8 +180,7 @@ def test_the_generation_moves_when_an_upload_is_published_or_discarded(browser, 
     assert client.upload_array(desc, arr)["state"] == "READY"
     published = generation()
     assert published > start
-    labels = client.setup_array_upload("zarr://mem/@labels/cells", np.zeros((64, 96), np.uint8),
-                                       chunk_shape=(64, 96))
+    labels = client.setup_array_upload("zarr://mem/@labels/cells", np.zeros((64, 96), np.uint8), chunk_shape=(64, 96))
     client.upload_array(labels, np.ones((64, 96), np.uint8))
     labelled = generation()
     assert labelled > published
@@ -287,8 +290,14 @@ def ome_with_labels(tmp_path, monkeypatch):
     nuclei = np.zeros((64, 96), np.uint32)
     nuclei[10:30, 20:50], nuclei[40:60, 60:90] = 1, 2
     group = zarr.open_group(str(root / "cells.ome.zarr"), mode="w")
-    write_image(image, group, axes="yx", scale_factors=(2,), scale={"y": 0.5, "x": 0.5},
-                axes_units={"y": "micrometer", "x": "micrometer"})
+    write_image(
+        image,
+        group,
+        axes="yx",
+        scale_factors=(2,),
+        scale={"y": 0.5, "x": 0.5},
+        axes_units={"y": "micrometer", "x": "micrometer"},
+    )
     write_labels(nuclei, group, name="nuclei", axes="yx", scaler=None, scale_factors=(2,))  # no scale of its own
     cat = Catalog([root])
     cat.scan()
@@ -328,7 +337,9 @@ def tiff_image(tmp_path, monkeypatch):
     root = tmp_path / "tiff"
     root.mkdir()
     image = np.random.default_rng(7).integers(0, 4000, (2, 40, 56), dtype=np.uint16)
-    tifffile.imwrite(root / "cells.tif", image, imagej=True, resolution=(2.0, 2.0), metadata={"unit": "um", "axes": "CYX"})
+    tifffile.imwrite(
+        root / "cells.tif", image, imagej=True, resolution=(2.0, 2.0), metadata={"unit": "um", "axes": "CYX"}
+    )
     cat = Catalog([root])
     cat.scan()
     with serving(cat, write_dir=str(tmp_path / "tiff-write"), writable=True) as srv:
@@ -363,8 +374,10 @@ def test_label_sets_carry_their_images_physical_scale(browser, tiff_image, ome_w
     for name, labels in (("yx", np.zeros(image.shape[1:], np.uint32)), ("cyx", np.zeros(image.shape, np.uint8))):
         desc = client.setup_array_upload(f"zarr://{sid}/@labels/{name}", labels)
         client.upload_array(desc, labels)
-        assert client.get_physical_scale(desc.array_id) == ([0.5] * 2 if name == "yx" else [0.0, 0.5, 0.5],
-                                                            ["µm"] * 2 if name == "yx" else ["", "µm", "µm"])
+        assert client.get_physical_scale(desc.array_id) == (
+            [0.5] * 2 if name == "yx" else [0.0, 0.5, 0.5],
+            ["µm"] * 2 if name == "yx" else ["", "µm", "µm"],
+        )
     scale, _ = browser.tensor_utils.build_layer_scale(client, sid, 2, tensor_id=f"{sid}/@labels/yx")
     assert list(scale) == [0.5, 0.5]  # the scale napari gives the layer
     # stored: ome-zarr-py wrote the label image with the identity transform (scale 1, no unit)

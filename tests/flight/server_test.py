@@ -1,4 +1,5 @@
 """The server through the real biopb SDK (wire-protocol.md)."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -60,13 +61,21 @@ def test_sliced_scaled_read_crops_like_numpy(client, catalog):
     """A sliced scaled read is the whole scaled read cropped by the SDK's rule (wire §5.3):
     output pixel i is level-0 pixel i*scale, so the crop is [start//s, ceil(stop/s))."""
     full = tensor_of(catalog, "multi/a").get_data()
-    got = client.get_array("multi/a", slice_hint=(slice(1, 3), slice(37, 251), slice(5, 480)),
-                           scale_hint=[1, 4, 4], reduction_method="nearest")
+    got = client.get_array(
+        "multi/a",
+        slice_hint=(slice(1, 3), slice(37, 251), slice(5, 480)),
+        scale_hint=[1, 4, 4],
+        reduction_method="nearest",
+    )
     assert got.shape == (2, -(-251 // 4) - 37 // 4, -(-480 // 4) - 5 // 4)
     np.testing.assert_array_equal(got, full[1:3, (37 // 4) * 4 : 251 : 4, (5 // 4) * 4 : 480 : 4])
     whole = client.get_array("multi/a", scale_hint=[1, 4, 4], reduction_method="area")
-    part = client.get_array("multi/a", slice_hint=(slice(1, 3), slice(37, 251), slice(5, 480)),
-                            scale_hint=[1, 4, 4], reduction_method="area")
+    part = client.get_array(
+        "multi/a",
+        slice_hint=(slice(1, 3), slice(37, 251), slice(5, 480)),
+        scale_hint=[1, 4, 4],
+        reduction_method="area",
+    )
     np.testing.assert_array_equal(part, whole[1:3, 37 // 4 : -(-251 // 4), 5 // 4 : -(-480 // 4)])
 
 
@@ -138,7 +147,9 @@ def test_queries_the_sdk_issues(client):
     assert rows == [{"tensor_count": 2}]
     rows = client.query("SELECT is_resolved, tensors FROM sources WHERE source_id = 'demo'").to_pylist()
     assert rows[0]["tensors"][0]["shape"] == [5, 7]
-    rows = client.query("SELECT source_id, source_url, source_type, is_resolved, tensors, unresolved_reason FROM sources ORDER BY source_id").to_pylist()
+    rows = client.query(
+        "SELECT source_id, source_url, source_type, is_resolved, tensors, unresolved_reason FROM sources ORDER BY source_id"
+    ).to_pylist()
     bad = [r for r in rows if not r["is_resolved"]]
     assert len(bad) == 1 and "broken" in bad[0]["source_url"] and bad[0]["unresolved_reason"]
     # the SDK's decode-rates preset: rows of tensors read at full resolution by earlier tests
@@ -149,8 +160,17 @@ def test_queries_the_sdk_issues(client):
     assert client.get_source_metadata("demo")["type"] == "memory"
 
 
-@pytest.mark.parametrize("sql", ["DROP TABLE sources", "CREATE TABLE x (a INT)", "INSERT INTO sources VALUES (1)",
-                                 "SELECT 1; SELECT 2", "SELECT * FROM read_csv('/etc/passwd')", "COPY sources TO '/tmp/x.csv'"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DROP TABLE sources",
+        "CREATE TABLE x (a INT)",
+        "INSERT INTO sources VALUES (1)",
+        "SELECT 1; SELECT 2",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "COPY sources TO '/tmp/x.csv'",
+    ],
+)
 def test_catalog_is_read_only(client, sql):
     with pytest.raises(flight.FlightError) as info:
         client.query(sql)
@@ -192,11 +212,19 @@ def _schema_refusals(server):
 
     c = flight.FlightClient(server.location)
     tensor_read = descriptor_pb2.FlightRequest(tensor_read=descriptor_pb2.TensorReadOption(array_id="demo"))
-    cases = [(flight.FlightDescriptor.for_path("nope"), KeyError, "unknown flight path ['nope']"),
-             (flight.FlightDescriptor.for_command(b"\xff\x00garbage"), ValueError,
-              "GetSchema: the request body is not the SDK's request message"),
-             (flight.FlightDescriptor.for_command(tensor_read.SerializeToString()), NotImplementedError,
-              "GetSchema answers the catalog table's path ['sources']")]
+    cases = [
+        (flight.FlightDescriptor.for_path("nope"), KeyError, "unknown flight path ['nope']"),
+        (
+            flight.FlightDescriptor.for_command(b"\xff\x00garbage"),
+            ValueError,
+            "GetSchema: the request body is not the SDK's request message",
+        ),
+        (
+            flight.FlightDescriptor.for_command(tensor_read.SerializeToString()),
+            NotImplementedError,
+            "GetSchema answers the catalog table's path ['sources']",
+        ),
+    ]
     for descriptor, cls, head in cases:
         with pytest.raises(cls) as refused:
             c.get_schema(descriptor)
@@ -211,9 +239,12 @@ def test_get_schema_refusals_carry_the_taxonomys_code(server):
         assert message.startswith(head), message
 
 
-@pytest.mark.xfail(strict=True, reason="pyarrow 26 appends the Python traceback to any error a GetSchema handler "
-                                       "raises (_flight.pyx _get_schema has no `except FlightError`); "
-                                       "flight/errors.py schema_error")
+@pytest.mark.xfail(
+    strict=True,
+    reason="pyarrow 26 appends the Python traceback to any error a GetSchema handler "
+    "raises (_flight.pyx _get_schema has no `except FlightError`); "
+    "flight/errors.py schema_error",
+)
 def test_get_schema_refusals_carry_no_traceback(server):
     for message, _ in _schema_refusals(server):
         assert _no_traceback(message), message
@@ -258,7 +289,11 @@ def test_concurrent_chunk_reads_match_serial(server, catalog):
 
     c = flight.FlightClient(server.location)
     tickets = []
-    for array_id, scale, method in [("multi/a", [1, 1, 1], ""), ("multi/a", [1, 2, 2], "area"), ("multi/mask", [2, 2], "mode")]:
+    for array_id, scale, method in [
+        ("multi/a", [1, 1, 1], ""),
+        ("multi/a", [1, 2, 2], "area"),
+        ("multi/mask", [2, 2], "mode"),
+    ]:
         opt = descriptor_pb2.TensorReadOption(array_id=array_id, scale_hint=scale, reduction_method=method)
         opt.fields.paths.append("endpoints")
         req = descriptor_pb2.FlightRequest(tensor_read=opt)
@@ -291,7 +326,10 @@ def test_token_required_except_health(catalog):
         good = client_for(srv, token="s3cret")
         np.testing.assert_array_equal(good.get_array("demo")[0], (np.arange(7) * 3 + 1).astype(np.uint16))
         bare = flight.FlightClient(srv.location)
-        assert json.loads(next(iter(bare.do_action(flight.Action("health", b"")))).body.to_pybytes())["status"] == "SERVING"
+        assert (
+            json.loads(next(iter(bare.do_action(flight.Action("health", b"")))).body.to_pybytes())["status"]
+            == "SERVING"
+        )
         for token in [None, "wrong"]:
             with pytest.raises(flight.FlightUnauthenticatedError):
                 client_for(srv, token=token).get_array("demo")
@@ -317,12 +355,20 @@ def test_health_serves_before_the_first_scan_and_says_when_it_is_done(tmp_path):
     with serving(cat) as srv:
         c = TensorFlightClient(srv.location)
         h = c.health_check()
-        assert (h["status"], h["first_scan_done"], h["full_scan_in_progress"], h["source_count"]) == \
-            ("SERVING", False, True, 0)
+        assert (h["status"], h["first_scan_done"], h["full_scan_in_progress"], h["source_count"]) == (
+            "SERVING",
+            False,
+            True,
+            0,
+        )
         cat.scan()
         h = c.health_check()
-        assert (h["status"], h["first_scan_done"], h["full_scan_in_progress"], h["source_count"]) == \
-            ("SERVING", True, False, 1)
+        assert (h["status"], h["first_scan_done"], h["full_scan_in_progress"], h["source_count"]) == (
+            "SERVING",
+            True,
+            False,
+            1,
+        )
         assert h["discovery"]["files_opened"] == 1 and h["discovery"]["last_full_scan_finished_at"] is not None
 
 
@@ -343,7 +389,9 @@ def test_changed_file_refuses_old_chunk_ids(tmp_path):
         sid = cat.records()[0].source_id
         opt = descriptor_pb2.TensorReadOption(array_id=sid)
         opt.fields.paths.append("endpoints")
-        info = c.get_flight_info(flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()))
+        info = c.get_flight_info(
+            flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString())
+        )
         ticket = info.endpoints[0].ticket
         assert c.do_get(ticket).read_all().num_rows == 1
         np.save(p, np.ones((40, 40), np.uint8))

@@ -2,6 +2,7 @@
 server reorders (an HDF5 volume labelled z, x, y; an x-first array), read at full resolution
 first (which fills the chunk cache) and then zoomed out, must equal the oracle over the
 served pixels for every method — with the cache, without it, and under concurrent clients."""
+
 from __future__ import annotations
 
 import concurrent.futures

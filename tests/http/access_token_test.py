@@ -1,6 +1,7 @@
 """The HTTP door's access token is kept in ``<home>/http/token`` (0600) across restarts, so a
 URL a viewer, a bookmark or a script holds keeps reading (issue 40: a per-run token broke
 them at every restart); ``--rotate-http-token`` or deleting the file makes a new one."""
+
 from __future__ import annotations
 
 import os
@@ -54,9 +55,13 @@ def test_a_token_others_could_read_or_a_file_without_one_is_replaced(tmp_path):
 def _start(home, root, *extra: str) -> tuple[subprocess.Popen, str, int, str]:
     """A real server on free ports: (its process, its stderr up to the HTTP line, its HTTP
     port, the token in its URLs)."""
-    proc = subprocess.Popen([sys.executable, "-m", "tensor_server", "serve", str(root), "--port", "0",
-                             "--http-port", "0", *extra], env={**os.environ, "TENSOR_SERVER_HOME": str(home)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensor_server", "serve", str(root), "--port", "0", "--http-port", "0", *extra],
+        env={**os.environ, "TENSOR_SERVER_HOME": str(home)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines, deadline = [], time.monotonic() + 120
     while time.monotonic() < deadline:
         line = proc.stderr.readline()

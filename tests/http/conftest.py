@@ -2,6 +2,7 @@
 the demo OME-Zarr (stored levels and labels), an OME-TIFF volume (computed levels), an HDF5
 volume stored z, x, y (served reordered) and an in-memory image big enough for computed levels
 under a small plane budget."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -26,10 +27,19 @@ def http_serving(catalog, tmp_path, *, token=None, precache_bytes=0, security=No
     ``security`` is the HTTP door's browser-safety policy, ``tls`` the certificate both doors serve."""
     cache = CacheManager(tmp_path / "cache")
     try:
-        with serving(catalog, cache=cache, http=True, http_security=security, tls=tls, token=token,
-                     plane_budget_px=POLICY.plane_budget_px, volume_budget_voxels=POLICY.volume_budget_voxels,
-                     coarsest_tile=POLICY.coarsest_tile,
-                     precache_bytes=precache_bytes, **settings) as srv:
+        with serving(
+            catalog,
+            cache=cache,
+            http=True,
+            http_security=security,
+            tls=tls,
+            token=token,
+            plane_budget_px=POLICY.plane_budget_px,
+            volume_budget_voxels=POLICY.volume_budget_voxels,
+            coarsest_tile=POLICY.coarsest_tile,
+            precache_bytes=precache_bytes,
+            **settings,
+        ) as srv:
             yield srv, srv.http
     finally:
         cache.close()
@@ -46,8 +56,13 @@ def http_catalog(tmp_path_factory):
     make_demo_dataset(root / "demo")
     rng = np.random.default_rng(8)
     vol = rng.integers(0, 255, (10, 300, 260), dtype=np.uint8)
-    tifffile.imwrite(root / "vol.ome.tif", vol, tile=(64, 64), photometric="minisblack",
-                     metadata={"axes": "ZYX", "PhysicalSizeX": 0.5, "PhysicalSizeY": 0.5, "PhysicalSizeZ": 2.0})
+    tifffile.imwrite(
+        root / "vol.ome.tif",
+        vol,
+        tile=(64, 64),
+        photometric="minisblack",
+        metadata={"axes": "ZYX", "PhysicalSizeX": 0.5, "PhysicalSizeY": 0.5, "PhysicalSizeZ": 2.0},
+    )
     zxy = rng.integers(0, 60000, (6, 200, 180), dtype=np.uint16)
     with h5py.File(root / "zxy.h5", "w") as f:
         ds = f.create_dataset("vol", data=zxy, chunks=(2, 64, 64))
@@ -56,8 +71,18 @@ def http_catalog(tmp_path_factory):
     cat = Catalog([root])
     cat.scan()
     img = rng.integers(0, 60000, (700, 900), dtype=np.uint16)
-    cat.add_source(MemorySource(ArrayAdapter(img, "yx", chunk_shape=(128, 128), physical_scale=(0.25, 0.25),
-                                             physical_unit=("micrometer", "micrometer")), source_id="plane"))
+    cat.add_source(
+        MemorySource(
+            ArrayAdapter(
+                img,
+                "yx",
+                chunk_shape=(128, 128),
+                physical_scale=(0.25, 0.25),
+                physical_unit=("micrometer", "micrometer"),
+            ),
+            source_id="plane",
+        )
+    )
     yield cat
     cat.close()
 

@@ -1,5 +1,6 @@
 """The door conformance suite through the HTTP door: a real HTTP client (httpx) reading the
 virtual OME-Zarr view as any zarr client does (level 0's ``.zarray``, then its chunk)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -8,6 +8,7 @@ area must be dark, the bottom bright, in about equal measure — a blank, black 
 oriented view fails. Skips (with
 the reason) only where Chromium or its driver cannot be had; ``make test`` installs them.
 """
+
 from __future__ import annotations
 
 import io
@@ -26,18 +27,30 @@ from tests.http.conftest import http_serving
 def _browser():
     chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
     if not chromium or not driver:
-        pytest.skip("Chromium and chromedriver are not installed (Debian packages chromium, chromium-driver; "
-                    "`make test` installs them where apt works)")
+        pytest.skip(
+            "Chromium and chromedriver are not installed (Debian packages chromium, chromium-driver; "
+            "`make test` installs them where apt works)"
+        )
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         pytest.skip("selenium is not installed (the test extra has it)")
     opts = webdriver.ChromeOptions()
-    for arg in ("--headless=new", "--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run",
-                "--disable-quic", "--disable-dev-shm-usage", "--window-size=800,600",
-                f"--user-data-dir={tempfile.mkdtemp(prefix='ts-chromium-')}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--use-angle=swiftshader",
+        "--enable-unsafe-swiftshader",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+        "--disable-dev-shm-usage",
+        "--window-size=800,600",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='ts-chromium-')}",
+    ):
         opts.add_argument(arg)
     opts.binary_location = chromium
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # console lines for a failure's message
@@ -51,8 +64,18 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
     halves = np.full((512, 512), 2000, np.uint16)
     halves[:, 256:] = 60000
     cat = Catalog([])
-    cat.add_source(MemorySource(ArrayAdapter(halves, "yx", chunk_shape=(256, 256), physical_scale=(1.0, 1.0),
-                                             physical_unit=("micrometer", "micrometer")), source_id="halves"))
+    cat.add_source(
+        MemorySource(
+            ArrayAdapter(
+                halves,
+                "yx",
+                chunk_shape=(256, 256),
+                physical_scale=(1.0, 1.0),
+                physical_unit=("micrometer", "micrometer"),
+            ),
+            source_id="halves",
+        )
+    )
     cat.first_scan_done.set()
     from tensor_server.http.security import HttpSecurity
 
@@ -71,7 +94,7 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
     assert http.app.state.calls["chunks"] >= 4, "neuroglancer fetched no chunks"
     shot = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
     h, w = shot.shape
-    rows = shot[:, w // 3: 2 * w // 3].mean(axis=1)  # the middle third, inside the image area
+    rows = shot[:, w // 3 : 2 * w // 3].mean(axis=1)  # the middle third, inside the image area
     dark = rows < 40
     bright = rows > 200
     assert dark.sum() > h * 0.1 and bright.sum() > h * 0.1, f"dark {dark.sum()}, bright {bright.sum()} of {h} rows"

@@ -1,6 +1,7 @@
 """URL paths resolved in one step (``http/paths.py``): a bioformats2raw image (field ``0``)
 under its source id, every level as the engine reads it; a 30,000-segment path refused at
 once while other requests keep flowing; chunk keys that only look like digits."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -69,7 +70,9 @@ def test_a_bioformats2raw_image_opens_under_its_source_id(b2r_served):
             if lv.method == PRECOMPUTE and any(s > 1 for s in lv.scale):  # a stored level: its own pixels
                 want = image.native_level(lv.scale).tensor.get_data()
             else:
-                want = srv.runtime.engine.read(image, None, lv.scale, lv.method if any(s > 1 for s in lv.scale) else None)
+                want = srv.runtime.engine.read(
+                    image, None, lv.scale, lv.method if any(s > 1 for s in lv.scale) else None
+                )
             np.testing.assert_array_equal(got, want)
         assert len(levels) >= 2
     nodes = list(Reader(parse_url(f"{srv.http_url}/zarr/{rec.source_id}/"))())

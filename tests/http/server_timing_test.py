@@ -1,6 +1,7 @@
 """Server-Timing on every HTTP response: it parses, names every part, and its parts add up
 to no more than the request took (values, not speed); the route class a path is counted
 under is bounded and follows the path's shape alone."""
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,10 @@ def served(tmp_path):
     from tensor_server.http.security import HttpSecurity
 
     viewer = HttpSecurity.build(cors_origins=["http://viewer"])  # the page whose fetches read the timing
-    with CacheManager(tmp_path / "cache") as cache, serving(cat, cache=cache, http=True, http_security=viewer,
-                                                            precache_bytes=0, plane_budget_px=64 * 64) as srv:
+    with (
+        CacheManager(tmp_path / "cache") as cache,
+        serving(cat, cache=cache, http=True, http_security=viewer, precache_bytes=0, plane_budget_px=64 * 64) as srv,
+    ):
         yield srv
     cat.close()
 
@@ -62,8 +65,14 @@ def test_server_timing_parses_and_its_parts_fit_in_the_request(served):
 
 def test_every_response_carries_it_errors_and_cors_preflights_too(served):
     with httpx.Client(base_url=served.http_url) as http:
-        for resp in (http.get("/healthz"), http.get("/nowhere"), http.get("/zarr/nosuch/0/0.0"),
-                     http.options("/zarr/img/0/0.0", headers={"Origin": "http://viewer", "Access-Control-Request-Method": "GET"})):
+        for resp in (
+            http.get("/healthz"),
+            http.get("/nowhere"),
+            http.get("/zarr/nosuch/0/0.0"),
+            http.options(
+                "/zarr/img/0/0.0", headers={"Origin": "http://viewer", "Access-Control-Request-Method": "GET"}
+            ),
+        ):
             parts = parse_server_timing(resp.headers["server-timing"])
             assert parts["total"] >= sum(v for k, v in parts.items() if k != "total") - 0.01
             assert resp.headers["timing-allow-origin"] == "*"
@@ -79,15 +88,30 @@ def test_a_clients_request_id_is_kept_when_valid(served):
         assert made != "no spaces or ../ please" and " " not in made
 
 
-@pytest.mark.parametrize("path, cls", [
-    ("/zarr/img/", "zarr_index"), ("/zarr/img/.zattrs", "zarr_metadata"), ("/zarr/img/0/.zarray", "zarr_metadata"),
-    ("/zarr3/a/b/zarr.json", "zarr_metadata"), ("/zarr/img/0/3.4", "zarr_chunk"), ("/zarr3/img/0/c/3/4", "zarr_chunk"),
-    ("/zarr/img/labels/cells/0/1.2", "zarr_chunk"), ("/zarr/img/0/x.y", "zarr_other"), ("/healthz", "healthz"),
-    ("/iiif/3/img/info.json", "iiif_info"), ("/iiif/3/img/full/max/0/default.jpg", "iiif_image"),
-    ("/iiif/../../etc/passwd", "iiif_image"), ("/deepzoom/img.dzi", "dzi"), ("/deepzoom/img_files/9/0_1.jpg", "dzi_tile"),
-    ("/", "catalog_page"), ("/view/img", "viewer_page"), ("/assets/openseadragon/openseadragon.min.js", "viewer_assets"),
-    ("/" + "z" * 5000, "other"), ("/t", "other"),
-])
+@pytest.mark.parametrize(
+    "path, cls",
+    [
+        ("/zarr/img/", "zarr_index"),
+        ("/zarr/img/.zattrs", "zarr_metadata"),
+        ("/zarr/img/0/.zarray", "zarr_metadata"),
+        ("/zarr3/a/b/zarr.json", "zarr_metadata"),
+        ("/zarr/img/0/3.4", "zarr_chunk"),
+        ("/zarr3/img/0/c/3/4", "zarr_chunk"),
+        ("/zarr/img/labels/cells/0/1.2", "zarr_chunk"),
+        ("/zarr/img/0/x.y", "zarr_other"),
+        ("/healthz", "healthz"),
+        ("/iiif/3/img/info.json", "iiif_info"),
+        ("/iiif/3/img/full/max/0/default.jpg", "iiif_image"),
+        ("/iiif/../../etc/passwd", "iiif_image"),
+        ("/deepzoom/img.dzi", "dzi"),
+        ("/deepzoom/img_files/9/0_1.jpg", "dzi_tile"),
+        ("/", "catalog_page"),
+        ("/view/img", "viewer_page"),
+        ("/assets/openseadragon/openseadragon.min.js", "viewer_assets"),
+        ("/" + "z" * 5000, "other"),
+        ("/t", "other"),
+    ],
+)
 def test_route_classes_follow_the_path_shape(path, cls):
     assert route_class(path) == cls and cls in CALLS["http"]
 
@@ -106,12 +130,17 @@ def test_the_token_in_a_path_reaches_neither_the_label_nor_the_log(tmp_path, cap
     cat.add_source(MemorySource(ArrayAdapter(np.zeros((64, 64), np.uint8), "yx"), source_id="img"))
     cat.first_scan_done.set()
     token = "s3cret-token-xyz"
-    with serving(cat, http=True, http_security=HttpSecurity.build(tokens=[token]), metrics_port=0) as srv, \
-            caplog.at_level(logging.INFO, logger=ACCESS_LOG.name):
+    with (
+        serving(cat, http=True, http_security=HttpSecurity.build(tokens=[token]), metrics_port=0) as srv,
+        caplog.at_level(logging.INFO, logger=ACCESS_LOG.name),
+    ):
         assert httpx.get(f"{srv.http_url}/zarr/img/0/.zarray").status_code == 401
         assert httpx.get(f"{srv.http_url}/t/{token}/zarr/img/0/.zarray").status_code == 200
-        samples = {(s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(
-            httpx.get(srv.metrics_url).text) for s in f.samples}
+        samples = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for f in text_string_to_metric_families(httpx.get(srv.metrics_url).text)
+            for s in f.samples
+        }
     cat.close()
     ok = ("tensor_server_requests_total", frozenset({"door": "http", "call": "zarr_metadata", "code": "OK"}.items()))
     assert samples[ok] == 1

@@ -2,6 +2,7 @@
 the inner chunks then the index, suffix ranges and HEAD answer exact lengths with CORS
 exposing them, zarr-python reads the shards equal to the engine, and neuroglancer draws a
 volume from them."""
+
 from __future__ import annotations
 
 import io
@@ -21,7 +22,7 @@ from tests.http.neuroglancer_test import screenshot_after_chunks
 def test_shard_layout_is_inner_chunks_then_index():
     data = np.arange(4 * 6, dtype="<u2").reshape(4, 6)
     shard = bytes(encode_shard(data, (2, 3)))
-    index = np.frombuffer(shard[-4 * 16:], "<u8").reshape(4, 2)
+    index = np.frombuffer(shard[-4 * 16 :], "<u8").reshape(4, 2)
     assert index[:, 1].tolist() == [12] * 4 and index[:, 0].tolist() == [0, 12, 24, 36]
     second = np.frombuffer(shard[12:24], "<u2").reshape(2, 3)  # inner chunk (0, 1)
     np.testing.assert_array_equal(second, data[0:2, 3:6])
@@ -47,14 +48,19 @@ def test_v3_levels_are_sharded_and_suffix_ranges_are_exact(served, http_catalog)
     exposed = head.headers["access-control-expose-headers"].lower()
     assert "content-length" in exposed and "content-range" in exposed
     tail = httpx.get(url, headers={"Range": f"bytes=-{16 * n_inner}"})
-    assert tail.status_code == 206 and tail.content == whole[-16 * n_inner:]
+    assert tail.status_code == 206 and tail.content == whole[-16 * n_inner :]
     assert tail.headers["content-range"] == f"bytes {len(whole) - 16 * n_inner}-{len(whole) - 1}/{len(whole)}"
     assert int(tail.headers["content-length"]) == 16 * n_inner
     index = np.frombuffer(tail.content, "<u8").reshape(-1, 2)
     off, nbytes = (int(v) for v in index[1])  # inner chunk (0, 1) of shard (1, 1)
     part = httpx.get(url, headers={"Range": f"bytes={off}-{off + nbytes - 1}"}).content
-    want = srv.runtime.engine.read(tensor, [slice(level.chunks[0], level.chunks[0] + inner[0]),
-                                    slice(level.chunks[1] + inner[1], level.chunks[1] + 2 * inner[1])])
+    want = srv.runtime.engine.read(
+        tensor,
+        [
+            slice(level.chunks[0], level.chunks[0] + inner[0]),
+            slice(level.chunks[1] + inner[1], level.chunks[1] + 2 * inner[1]),
+        ],
+    )
     np.testing.assert_array_equal(np.frombuffer(part, "<u2").reshape(inner), want)
 
 
@@ -65,8 +71,14 @@ def test_neuroglancer_draws_a_volume_from_the_sharded_view(tmp_path):
     vol = np.full((4, 512, 512), 2000, np.uint16)
     vol[:, :, 256:] = 60000
     cat = Catalog([])
-    cat.add_source(MemorySource(ArrayAdapter(vol, "zyx", chunk_shape=(4, 256, 256), physical_scale=(1.0, 1.0, 1.0),
-                                             physical_unit=("micrometer",) * 3), source_id="vol"))
+    cat.add_source(
+        MemorySource(
+            ArrayAdapter(
+                vol, "zyx", chunk_shape=(4, 256, 256), physical_scale=(1.0, 1.0, 1.0), physical_unit=("micrometer",) * 3
+            ),
+            source_id="vol",
+        )
+    )
     cat.first_scan_done.set()
     from tensor_server.http.security import HttpSecurity
 
@@ -79,18 +91,20 @@ def test_neuroglancer_draws_a_volume_from_the_sharded_view(tmp_path):
         with viewer.txn() as state:
             state.layers["vol"] = neuroglancer.ImageLayer(
                 source=f"zarr3://{http.url}/t/{token}/zarr3/vol/",
-                shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }")
+                shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }",
+            )
             state.layout = "yz"  # the panel of the 2nd and 3rd dimensions (y, x): a z plane
         png = screenshot_after_chunks(viewer, http)
         (tmp_path / "neuroglancer-sharded.png").write_bytes(png)
     assert http.app.state.calls["chunks"] >= 4, "neuroglancer fetched no shards"
     shot = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
     h, w = shot.shape
-    cols = shot[h // 3: 2 * h // 3].mean(axis=0)  # the middle third of the rows, inside the image
+    cols = shot[h // 3 : 2 * h // 3].mean(axis=0)  # the middle third of the rows, inside the image
     dark, bright = cols < 40, cols > 200
     assert dark.sum() > w * 0.2 and bright.sum() > w * 0.2, f"dark {dark.sum()}, bright {bright.sum()} of {w} columns"
     assert 0.7 < bright.sum() / dark.sum() < 1.4, "the halves rendered unequally"
     # neuroglancer's yz panel draws x increasing leftwards: the bright half (x >= 256) on the left
     assert np.flatnonzero(bright).mean() < np.flatnonzero(dark).mean(), "the halves are in the wrong order"
+
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

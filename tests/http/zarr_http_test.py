@@ -2,6 +2,7 @@
 fsspec's HTTP filesystem (NGFF 0.4 / zarr v2 and NGFF 0.5 / zarr v3), ome-zarr-py's reader and
 napari-ome-zarr's reader function; HTTP semantics (ETag/304, Range, HEAD, CORS, 404, 401)
 checked with httpx; precache warming neighbours after a read."""
+
 from __future__ import annotations
 
 import time
@@ -112,15 +113,21 @@ def test_http_semantics(served, http_catalog):
         edge = np.frombuffer(c.get(f"{base}/0/5.7").content, np.uint16).reshape(128, 128)
         tensor, _ = http_catalog.find_tensor(array_id)
         want = np.zeros((128, 128), np.uint16)
-        want[:700 - 640, :900 - 896] = tensor.get_data()[640:, 896:]
+        want[: 700 - 640, : 900 - 896] = tensor.get_data()[640:, 896:]
         np.testing.assert_array_equal(edge, want)  # the edge chunk, padded with the fill value
         assert c.get(f"{base}/0/6.0").status_code == 404  # off the grid
         assert c.get(f"{base}/0/x.y").status_code == 404
         assert c.get(f"{base}/99/.zarray").status_code == 404
         assert c.get(f"{http.url}/zarr/no-such-array/.zattrs").status_code == 404
         assert c.get(f"{http.url}/other/{array_id}/.zattrs").status_code == 404
-        pre = c.options(f"{base}/0/0.0", headers={"Origin": "http://viewer.example", "Access-Control-Request-Method": "GET",
-                                                  "Access-Control-Request-Headers": "range"})
+        pre = c.options(
+            f"{base}/0/0.0",
+            headers={
+                "Origin": "http://viewer.example",
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "range",
+            },
+        )
         assert pre.status_code == 204 and "range" in pre.headers["access-control-allow-headers"].lower()
 
 
@@ -140,9 +147,11 @@ def test_http_chunks_are_the_engines_chunks(served, http_catalog):
     entry = srv.runtime.cache.get(key)
     got = np.frombuffer(body, np.uint16).reshape(level.chunks)[: entry.shape[0], : entry.shape[1]]
     np.testing.assert_array_equal(got, entry)
-    sdk_level = TensorFlightClient(srv.location).get_array(array_id, scale_hint=list(level.scale), reduction_method="area")
+    sdk_level = TensorFlightClient(srv.location).get_array(
+        array_id, scale_hint=list(level.scale), reduction_method="area"
+    )
     c0, c1 = level.chunks
-    np.testing.assert_array_equal(sdk_level[c0: 2 * c0, c1: 2 * c1], entry)
+    np.testing.assert_array_equal(sdk_level[c0 : 2 * c0, c1 : 2 * c1], entry)
 
 
 def test_token_is_required_when_configured(http_catalog, tmp_path):

@@ -8,6 +8,7 @@ else ``exp(min_log + (u−1)/(L−1)·(max_log−min_log))``; per-channel the sa
 compared exactly, exp/expm1 within 1 float32 ULP (libm vs NumPy). Runs under
 ``NUMBA_DISABLE_JIT=1`` too (``make test-nojit``): the pure-Python kernels must agree as well.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,13 +27,16 @@ def _compare(got, want, exact):
 
 
 @pytest.mark.parametrize("codes", [CODES8, CODES16], ids=["u8", "u16"])
-@pytest.mark.parametrize("kind,a,b,exact", [
-    (K.SCALAR_BOUNDED, -2.5, 7.25, True),
-    (K.SCALAR_BOUNDED, 3.0, 3.0, True),
-    (K.SCALAR_RGB, 0.0, 0.0, True),
-    (K.SCALAR_LOG, 0.0, 9.5, False),
-    (K.SCALAR_GEOLOG, -7.0, 6.0, False),
-])
+@pytest.mark.parametrize(
+    "kind,a,b,exact",
+    [
+        (K.SCALAR_BOUNDED, -2.5, 7.25, True),
+        (K.SCALAR_BOUNDED, 3.0, 3.0, True),
+        (K.SCALAR_RGB, 0.0, 0.0, True),
+        (K.SCALAR_LOG, 0.0, 9.5, False),
+        (K.SCALAR_GEOLOG, -7.0, 6.0, False),
+    ],
+)
 def test_scalar_kernels_follow_the_spec(codes, kind, a, b, exact):
     L = int(np.iinfo(codes.dtype).max)
     u = codes.astype(np.float64)
@@ -50,14 +54,17 @@ def test_scalar_kernels_follow_the_spec(codes, kind, a, b, exact):
 
 
 @pytest.mark.parametrize("codes", [CODES8, CODES16], ids=["u8", "u16"])
-@pytest.mark.parametrize("kind,zero_level,exact", [
-    (K.PERCHANNEL_LINEAR, False, True),
-    (K.PERCHANNEL_LOG, True, False),
-    (K.PERCHANNEL_LOG, False, False),
-    (K.PERCHANNEL_SIGNED_LOG, True, False),
-    (K.PERCHANNEL_SIGNED_LOG, False, False),
-    (K.PERCHANNEL_GEOLOG, True, False),
-])
+@pytest.mark.parametrize(
+    "kind,zero_level,exact",
+    [
+        (K.PERCHANNEL_LINEAR, False, True),
+        (K.PERCHANNEL_LOG, True, False),
+        (K.PERCHANNEL_LOG, False, False),
+        (K.PERCHANNEL_SIGNED_LOG, True, False),
+        (K.PERCHANNEL_SIGNED_LOG, False, False),
+        (K.PERCHANNEL_GEOLOG, True, False),
+    ],
+)
 def test_perchannel_kernels_follow_the_spec(codes, kind, zero_level, exact):
     L = int(np.iinfo(codes.dtype).max)
     lo = np.array([-3.0, 0.25, 2.0, 1.0])
@@ -69,8 +76,11 @@ def test_perchannel_kernels_follow_the_spec(codes, kind, zero_level, exact):
         want = lo + u / L * rng
     else:
         y = lo + (u - 1.0) / (L - 1) * rng if zero_level else lo + u / L * rng
-        x = {K.PERCHANNEL_LOG: np.expm1(y), K.PERCHANNEL_SIGNED_LOG: np.sign(y) * np.expm1(np.abs(y)),
-             K.PERCHANNEL_GEOLOG: np.exp(y)}[kind]
+        x = {
+            K.PERCHANNEL_LOG: np.expm1(y),
+            K.PERCHANNEL_SIGNED_LOG: np.sign(y) * np.expm1(np.abs(y)),
+            K.PERCHANNEL_GEOLOG: np.exp(y),
+        }[kind]
         want = np.where(grid == 0, 0.0, x) if zero_level else x
     out = np.empty(grid.shape, np.float32)
     K.decode_perchannel(grid, lo, hi, out, kind, L, zero_level)

@@ -9,6 +9,7 @@ mode/median return where both occur is unspecified.)
 Runs under ``NUMBA_DISABLE_JIT=1`` too (pure-Python kernels): arrays stay small, and the large
 last-axis cases are trimmed when the JIT is off.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -39,8 +40,9 @@ def assert_same(expected: np.ndarray, got: np.ndarray, what: str = "") -> None:
     if not np.array_equal(expected, got, equal_nan=nan):
         bad = np.argwhere(~((expected == got) | (nan & (expected != expected) & (got != got))))
         i = tuple(bad[0])
-        raise AssertionError(f"{what}: first mismatch at {i}: expected {expected[i]!r}, got {got[i]!r}"
-                             f" ({len(bad)} mismatches)")
+        raise AssertionError(
+            f"{what}: first mismatch at {i}: expected {expected[i]!r}, got {got[i]!r} ({len(bad)} mismatches)"
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,8 +150,7 @@ def _brute(data: np.ndarray, scale: tuple[int, ...], method: str) -> np.ndarray:
     out = np.empty(oshape, dtype=data.dtype)
     for p in itertools.product(*(range(o) for o in oshape)):
         ranges = [range(pi * s, pi * s + s) for pi, s in zip(p, scale)]
-        vals = [data[tuple(min(i, n - 1) for i, n in zip(idx, data.shape))]
-                for idx in itertools.product(*ranges)]
+        vals = [data[tuple(min(i, n - 1) for i, n in zip(idx, data.shape))] for idx in itertools.product(*ranges)]
         if method == "nearest":
             v = vals[0]
         elif method == "area":
@@ -180,8 +181,7 @@ def test_oracle_matches_brute_force(dtype, geom):
             continue
         x = cases.make_array(dtype, shape, fill, seed=3)
         for method in METHODS:
-            assert_same(_brute(x, scale, method), R.downsample(x, scale, method),
-                        f"oracle {method} {dtype} {fill}")
+            assert_same(_brute(x, scale, method), R.downsample(x, scale, method), f"oracle {method} {dtype} {fill}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +193,9 @@ for _c in cases.TEST_CASES:
     _GROUPS.setdefault((_c.shape, _c.scale, _c.dtype), []).append(_c)
 
 
-@pytest.mark.parametrize("key", list(_GROUPS), ids=lambda k: f"{'x'.join(map(str, k[0]))}-s{'x'.join(map(str, k[1]))}-{k[2]}")
+@pytest.mark.parametrize(
+    "key", list(_GROUPS), ids=lambda k: f"{'x'.join(map(str, k[0]))}-s{'x'.join(map(str, k[1]))}-{k[2]}"
+)
 def test_kernel_matches_oracle(key):
     for case in _GROUPS[key]:
         x = case.make(seed=hash(case.id) % 1000)
@@ -210,8 +212,7 @@ _WIDE = cases.WIDE_S2_CASES if not JIT_OFF else cases.WIDE_S2_CASES[:6]
 @pytest.mark.parametrize("case", _WIDE, ids=lambda c: c.id)
 def test_large_scales_match_oracle(case):
     x = case.make()
-    assert_same(R.downsample(x, case.scale, case.method), K.downsample(x, case.scale, case.method),
-                case.id)
+    assert_same(R.downsample(x, case.scale, case.method), K.downsample(x, case.scale, case.method), case.id)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,11 +273,14 @@ def test_other_dtypes_follow_oracle(dtype):
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int16", "float32", "uint64"])
-@pytest.mark.parametrize("shape, scale, words", [
-    ((7, 2 * 9), (2, 2), True),  # rows of whole blocks: one word per block
-    ((1, 4 * 5 + 3), (1, 4), True),  # one row: words, then the ragged block element-wise
-    ((5, 2 * 9 + 1), (2, 2), False),  # odd width: rows off the word boundary, element-wise
-])
+@pytest.mark.parametrize(
+    "shape, scale, words",
+    [
+        ((7, 2 * 9), (2, 2), True),  # rows of whole blocks: one word per block
+        ((1, 4 * 5 + 3), (1, 4), True),  # one row: words, then the ragged block element-wise
+        ((5, 2 * 9 + 1), (2, 2), False),  # odd width: rows off the word boundary, element-wise
+    ],
+)
 def test_nearest_words_and_elements_follow_oracle(dtype, shape, scale, words):
     """Both plain nearest kernels, the word one and the element one, on the oracle's values
     (uint64 at scale 2 has no word: 16 bytes)."""
@@ -294,6 +298,7 @@ def test_long_rows_four_at_a_time_follow_oracle(dtype, scale, method):
     """Rows of at least ``QUAD_MIN_ROW_BYTES`` are combined four block rows a pass (twice over
     for 8 and 16 rows); a ragged last block of rows and of columns included."""
     from tensor_server_kernels.plain import QUAD_MIN_ROW_BYTES
+
     width = QUAD_MIN_ROW_BYTES // np.dtype(dtype).itemsize + 4  # even: the word kernels
     x = cases.make_array(dtype, (2 * scale[0] + 3, width), "random", seed=7)
     assert_same(R.downsample(x, scale, method), K.downsample(x, scale, method), f"{method} {dtype} {scale}")
@@ -369,8 +374,13 @@ def test_area_gate_routes_by_block_size(dtype, scale, expected, monkeypatch):
 
     monkeypatch.setattr(K, "_kernel", spy)
     monkeypatch.setattr(K, "_plain", spy_plain)
-    kernels = {"strided-add": "area_strided", "reshape-sum": "area_reshape", "generic": "area_reshape",
-               "float": "area_float", "plain": "area_plain"}
+    kernels = {
+        "strided-add": "area_strided",
+        "reshape-sum": "area_reshape",
+        "generic": "area_reshape",
+        "float": "area_float",
+        "plain": "area_plain",
+    }
     # ragged on every axis; the plain kernel needs rows of even width, else the gate decides
     widths = [(2 * scale[-1] if block <= 4096 else scale[-1]) + 2] if expected == "plain" else []
     widths.append(2 * scale[-1] + 1 if block <= 4096 else scale[-1] + 1)
@@ -392,8 +402,15 @@ def _scale_for_block(block: int, ndim: int) -> tuple[int, ...]:
     return tuple(2**p for p in parts)
 
 
-CROSSOVER_BLOCKS = sorted({max(4, K._STRIDED_ADD_MAX_BLOCK // 4), K._STRIDED_ADD_MAX_BLOCK // 2,
-                           K._STRIDED_ADD_MAX_BLOCK, 2 * K._STRIDED_ADD_MAX_BLOCK, 4 * K._STRIDED_ADD_MAX_BLOCK})
+CROSSOVER_BLOCKS = sorted(
+    {
+        max(4, K._STRIDED_ADD_MAX_BLOCK // 4),
+        K._STRIDED_ADD_MAX_BLOCK // 2,
+        K._STRIDED_ADD_MAX_BLOCK,
+        2 * K._STRIDED_ADD_MAX_BLOCK,
+        4 * K._STRIDED_ADD_MAX_BLOCK,
+    }
+)
 
 
 @pytest.mark.parametrize("block", CROSSOVER_BLOCKS)
@@ -422,14 +439,22 @@ def test_both_area_kernels_equal_the_oracle_around_the_crossover(block, dtype, n
 @pytest.mark.parametrize(
     "dtype, block, acc",
     [
-        ("uint8", 4, "uint16"), ("uint8", 257, "uint16"), ("uint8", 258, "uint32"),
+        ("uint8", 4, "uint16"),
+        ("uint8", 257, "uint16"),
+        ("uint8", 258, "uint32"),
         ("bool", 257, "uint16"),
         # signed data is summed sign-flipped as unsigned: the unsigned bound applies
-        ("int8", 257, "uint16"), ("int8", 258, "uint32"),
-        ("uint16", 65537, "uint32"), ("uint16", 65538, "int64"),
-        ("int16", 65537, "uint32"), ("int16", 65538, "int64"),
-        ("uint32", 2, "int64"), ("int32", 2**31, "int64"), ("int32", 2**31 + 2, None),
-        ("uint64", 2, None), ("int64", 2, None),
+        ("int8", 257, "uint16"),
+        ("int8", 258, "uint32"),
+        ("uint16", 65537, "uint32"),
+        ("uint16", 65538, "int64"),
+        ("int16", 65537, "uint32"),
+        ("int16", 65538, "int64"),
+        ("uint32", 2, "int64"),
+        ("int32", 2**31, "int64"),
+        ("int32", 2**31 + 2, None),
+        ("uint64", 2, None),
+        ("int64", 2, None),
     ],
 )
 def test_plan_integer_area_sizes_the_accumulator(dtype, block, acc):
@@ -495,8 +520,10 @@ def test_downsample_block_dispatches_and_raises_invalid_argument():
 
 
 def test_importing_core_downsample_does_not_import_numba():
-    code = ("import sys, tensor_server.core.downsample, tensor_server_kernels.reference, "
-            "tensor_server_kernels.cases; assert 'numba' not in sys.modules, 'numba imported'")
+    code = (
+        "import sys, tensor_server.core.downsample, tensor_server_kernels.reference, "
+        "tensor_server_kernels.cases; assert 'numba' not in sys.modules, 'numba imported'"
+    )
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_JIT"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 

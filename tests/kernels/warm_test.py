@@ -1,5 +1,6 @@
 """The kernel warm-up (``tensor_server_kernels.warm``): its families may run at the same time
 because no two of them write the same numba cache index, and together they cover every method."""
+
 from __future__ import annotations
 
 import os
@@ -30,12 +31,20 @@ def test_family_cases_are_one_per_signature_and_only_the_familys_methods():
 
 
 def _index_files(family: str, cache_dir: Path) -> subprocess.Popen:
-    code = ("import sys; from tensor_server_kernels import warm; from tests.kernels.warm_test import _SMALL; "
-            f"print(warm.warm_family({family!r}, _SMALL)[1])")
+    code = (
+        "import sys; from tensor_server_kernels import warm; from tests.kernels.warm_test import _SMALL; "
+        f"print(warm.warm_family({family!r}, _SMALL)[1])"
+    )
     env = dict(os.environ, NUMBA_CACHE_DIR=str(cache_dir))
     env.pop("NUMBA_DISABLE_JIT", None)
-    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=Path(__file__).resolve().parents[2],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -52,7 +61,7 @@ def test_no_two_families_write_the_same_cache_index(tmp_path):
         assert written[family], f"{family} wrote no cache index"
     names = list(written)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             assert not written[a] & written[b], (a, b, sorted(written[a] & written[b]))
 
 

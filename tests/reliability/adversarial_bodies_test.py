@@ -7,6 +7,7 @@ clean code (a stranger: UNAUTHENTICATED, before its body is parsed), and a healt
 both doors keeps answering throughout. Against the regex this replaces, the first escape run
 with the token already breaks the 5 s bound (it would have taken over an hour), and against
 the old order (body before caller) the first one with no token does."""
+
 from __future__ import annotations
 
 import contextlib
@@ -59,13 +60,22 @@ TEXTS = {label: body.decode() for label, body in JSON_BODIES.items() if label !=
 JSON_ACTIONS = ("tensor_stats", "catalog_children", "export")
 #: protobuf-bodied actions and what each answers these bodies with the token (resolve reads its
 #: body as a URL, which names no source)
-PROTOBUF_ACTIONS = {"add_source": "INVALID_ARGUMENT", "remove_source": "INVALID_ARGUMENT", "resolve": "NOT_FOUND",
-                    "roi_prune": "INVALID_ARGUMENT", "set_upload_status": "INVALID_ARGUMENT",
-                    "chunk_locate": "INVALID_ARGUMENT"}
+PROTOBUF_ACTIONS = {
+    "add_source": "INVALID_ARGUMENT",
+    "remove_source": "INVALID_ARGUMENT",
+    "resolve": "NOT_FOUND",
+    "roi_prune": "INVALID_ARGUMENT",
+    "set_upload_status": "INVALID_ARGUMENT",
+    "chunk_locate": "INVALID_ARGUMENT",
+}
 
 #: what a JSON verb answers the one valid body (a long, closed run of escaped backslashes): what it says
-VALID_BODY_ANSWERS = {"tensor_stats": "NOT_FOUND", "catalog_children": "OK", "export": "INVALID_ARGUMENT",
-                      "add_tensor": "INVALID_ARGUMENT"}  # no dest; a tensor carries no metadata of its own
+VALID_BODY_ANSWERS = {
+    "tensor_stats": "NOT_FOUND",
+    "catalog_children": "OK",
+    "export": "INVALID_ARGUMENT",
+    "add_tensor": "INVALID_ARGUMENT",
+}  # no dest; a tensor carries no metadata of its own
 
 
 def _json_answer(verb: str, label: str) -> set[str]:
@@ -86,8 +96,15 @@ def _serve(conn, folders: dict[str, str]) -> None:
     cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=(16, 16)), source_id="img"))
     cat.first_scan_done.set()
     cache = CacheManager(folders["cache"])  # chunk_locate is served with a cache
-    with serving(cat, cache=cache, token=TOKEN, http=True, write_dir=folders["write"], writable=True,
-                 allowed_paths=[folders["addable"]]) as srv:  # add_source may walk that empty folder only
+    with serving(
+        cat,
+        cache=cache,
+        token=TOKEN,
+        http=True,
+        write_dir=folders["write"],
+        writable=True,
+        allowed_paths=[folders["addable"]],
+    ) as srv:  # add_source may walk that empty folder only
         conn.send(Endpoints(srv.location, srv.http_url))
         conn.recv()
     cache.close()
@@ -177,13 +194,15 @@ def _action(name: str, body: bytes):
 
 def _put(command: ticket_pb2.PutCommand, table: pa.Table):
     def send(client, options):
-        writer, _ = client.do_put(flight.FlightDescriptor.for_command(command.SerializeToString()),
-                                       table.schema, options)
+        writer, _ = client.do_put(
+            flight.FlightDescriptor.for_command(command.SerializeToString()), table.schema, options
+        )
         try:
             writer.write_table(table)
             writer.done_writing()
         finally:
             writer.close()
+
     return send
 
 
@@ -197,6 +216,7 @@ def _raw_put(command: bytes):
     def send(client, options):
         writer, _ = client.do_put(flight.FlightDescriptor.for_command(command), ROI_ID_SCHEMA, options)
         writer.close()
+
     return send
 
 
@@ -214,37 +234,93 @@ def _requests():
         for label, body in JSON_BODIES.items():
             yield name, label, _json_answer(name, label), _action(name, body)
     for label, text in TEXTS.items():
-        request = descriptor_pb2.TensorDescriptor(array_id="cache://img/@fields/hostile", shape=[4, 4],
-                                                  dtype="<u2", metadata_json=text)
-        yield ("add_tensor metadata_json", label, _json_answer("add_tensor", label),
-               _action("add_tensor", request.SerializeToString()))
+        request = descriptor_pb2.TensorDescriptor(
+            array_id="cache://img/@fields/hostile", shape=[4, 4], dtype="<u2", metadata_json=text
+        )
+        yield (
+            "add_tensor metadata_json",
+            label,
+            _json_answer("add_tensor", label),
+            _action("add_tensor", request.SerializeToString()),
+        )
     for name, answer in PROTOBUF_ACTIONS.items():
         for label, body in JSON_BODIES.items():
             yield name, label, {answer}, _action(name, body)
     for label, text in TEXTS.items():
-        yield "add_source url", label, {"INVALID_ARGUMENT"}, _action(
-            "add_source", descriptor_pb2.AddSourceRequest(url=text).SerializeToString())
-        yield "DoPut roi_put array_id", label, {"INVALID_ARGUMENT"}, _put(
-            ticket_pb2.PutCommand(roi_put=ticket_pb2.RoiPut(array_id=text)), _roi_rows("{}"))
-        yield "DoPut roi_put geometry", label, {"INVALID_ARGUMENT"}, _put(
-            ticket_pb2.PutCommand(roi_put=ticket_pb2.RoiPut(array_id="img")), _roi_rows(text))
-        yield "GetFlightInfo array_id", label, {"NOT_FOUND"}, _info(descriptor_pb2.FlightRequest(
-            tensor_read=descriptor_pb2.TensorReadOption(array_id=text)).SerializeToString())
-        yield "DoGet catalog_query", label, {"INVALID_ARGUMENT"}, _get(ticket_pb2.TensorTicket(
-            catalog_query=descriptor_pb2.CatalogQuery(sql=text)).SerializeToString())
-        yield "DoGet roi_read", label, {"OK"}, _get(ticket_pb2.TensorTicket(  # no annotations under that id
-            roi_read=ticket_pb2.RoiRead(array_id=text)).SerializeToString())
+        yield (
+            "add_source url",
+            label,
+            {"INVALID_ARGUMENT"},
+            _action("add_source", descriptor_pb2.AddSourceRequest(url=text).SerializeToString()),
+        )
+        yield (
+            "DoPut roi_put array_id",
+            label,
+            {"INVALID_ARGUMENT"},
+            _put(ticket_pb2.PutCommand(roi_put=ticket_pb2.RoiPut(array_id=text)), _roi_rows("{}")),
+        )
+        yield (
+            "DoPut roi_put geometry",
+            label,
+            {"INVALID_ARGUMENT"},
+            _put(ticket_pb2.PutCommand(roi_put=ticket_pb2.RoiPut(array_id="img")), _roi_rows(text)),
+        )
+        yield (
+            "GetFlightInfo array_id",
+            label,
+            {"NOT_FOUND"},
+            _info(
+                descriptor_pb2.FlightRequest(
+                    tensor_read=descriptor_pb2.TensorReadOption(array_id=text)
+                ).SerializeToString()
+            ),
+        )
+        yield (
+            "DoGet catalog_query",
+            label,
+            {"INVALID_ARGUMENT"},
+            _get(ticket_pb2.TensorTicket(catalog_query=descriptor_pb2.CatalogQuery(sql=text)).SerializeToString()),
+        )
+        yield (
+            "DoGet roi_read",
+            label,
+            {"OK"},
+            _get(
+                ticket_pb2.TensorTicket(  # no annotations under that id
+                    roi_read=ticket_pb2.RoiRead(array_id=text)
+                ).SerializeToString()
+            ),
+        )
     for label, body in JSON_BODIES.items():
         yield "DoPut command", label, {"INVALID_ARGUMENT"}, _raw_put(body)
-        yield "DoPut roi_delete", label, {"OK"}, _raw_put(ticket_pb2.PutCommand(  # a set that holds nothing
-            roi_delete=ticket_pb2.RoiDelete(array_id="img", set_name=body.decode("utf-8", "replace"))
-        ).SerializeToString())
-        yield "DoPut chunk_ticket", label, {"INVALID_ARGUMENT"}, _raw_put(ticket_pb2.PutCommand(
-            chunk_ticket=ticket_pb2.TensorTicket(chunk_id=body).SerializeToString()).SerializeToString())
+        yield (
+            "DoPut roi_delete",
+            label,
+            {"OK"},
+            _raw_put(
+                ticket_pb2.PutCommand(  # a set that holds nothing
+                    roi_delete=ticket_pb2.RoiDelete(array_id="img", set_name=body.decode("utf-8", "replace"))
+                ).SerializeToString()
+            ),
+        )
+        yield (
+            "DoPut chunk_ticket",
+            label,
+            {"INVALID_ARGUMENT"},
+            _raw_put(
+                ticket_pb2.PutCommand(
+                    chunk_ticket=ticket_pb2.TensorTicket(chunk_id=body).SerializeToString()
+                ).SerializeToString()
+            ),
+        )
         yield "GetFlightInfo command", label, {"INVALID_ARGUMENT"}, _info(body)
         yield "DoGet ticket", label, {"INVALID_ARGUMENT"}, _get(body)
-        yield "DoGet chunk_id", label, {"INVALID_ARGUMENT"}, _get(
-            ticket_pb2.TensorTicket(chunk_id=body).SerializeToString())
+        yield (
+            "DoGet chunk_id",
+            label,
+            {"INVALID_ARGUMENT"},
+            _get(ticket_pb2.TensorTicket(chunk_id=body).SerializeToString()),
+        )
 
 
 def test_every_body_taking_action_is_fed_here():
@@ -267,8 +343,9 @@ def test_hostile_bodies_are_answered_promptly_and_cleanly_while_health_keeps_ans
                     code = _code(exc)
                 seconds = time.perf_counter() - t0
                 who = "the token" if token == TOKEN else repr(token)
-                assert seconds < PER_REQUEST_S and code not in ("INTERNAL", "TIMEOUT"), \
+                assert seconds < PER_REQUEST_S and code not in ("INTERNAL", "TIMEOUT"), (
                     f"{verb} with {label!r} and {who}: {code} after {seconds:.1f} s"
+                )
                 expected = with_token if token == TOKEN else {"UNAUTHENTICATED"}
                 assert code in expected, f"{verb} with {label!r} and {who}: {code}, expected one of {expected}"
                 answered += 1

@@ -1,5 +1,6 @@
 """Issue 23 findings 3 and 4 as the biopb SDK meets them, on a running server (the door's
 translation of the rules in ``catalog/dropped.py``)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,12 +30,21 @@ def served(tmp_path, monkeypatch):
 
 
 def _sources(client):
-    return sorted((r["source_id"], r["source_url"]) for r in client.query(
-        "SELECT source_id, source_url FROM sources", format="records"))
+    return sorted(
+        (r["source_id"], r["source_url"])
+        for r in client.query("SELECT source_id, source_url FROM sources", format="records")
+    )
 
 
-@pytest.mark.parametrize("path, why", [("/", "whole filesystem"), ("/proc", "under /proc"),
-                                       ("/proc/self/root", "whole filesystem"), ("/etc", "under /etc")])
+@pytest.mark.parametrize(
+    "path, why",
+    [
+        ("/", "whole filesystem"),
+        ("/proc", "under /proc"),
+        ("/proc/self/root", "whole filesystem"),
+        ("/etc", "under /etc"),
+    ],
+)
 def test_system_paths_are_refused_at_once(served, path, why):
     client, _ = served
     with pytest.raises(flight.FlightError, match=why):

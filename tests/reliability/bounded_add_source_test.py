@@ -1,6 +1,7 @@
 """Issue 23 findings 3 and 4, issue 24's allow-list: what add_source may add and walk.
 
 Driven through ``DroppedPaths.add_events`` (the generator a door streams)."""
+
 from __future__ import annotations
 
 import numpy as np

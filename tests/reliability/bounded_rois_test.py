@@ -3,6 +3,7 @@
 Driven through ``catalog/roi_verbs.py``, the functions every door calls: the target is checked
 before the stream is read, sizes are refused before rows are decoded, coordinates are finite,
 a batch of the documented maximum lands in one bulk write."""
+
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 """Issue 23 findings 1 (DoPut's half below the door), 6 and 7: uploads count only what was
 stored, refuse READY over failed chunks, report a full disk as such, and bound what a client
 may declare."""
+
 from __future__ import annotations
 
 import errno

@@ -8,6 +8,7 @@ boots a CacheManager on it, reads every chunk (as the server does: ``get_or_comp
 the true pixels as the source), asks ``locate`` and maps what it is offered the way the SDK's
 fast path does, then restarts the cache and reads everything again.
 """
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,7 @@ Two levels: a real server on a 1 MiB tmpfs mounted over its cache folder in a pr
 namespace (skipped where that cannot be made), and the same failure injected in process as
 an ``ENOSPC`` from the segment file's write call, which always runs.
 """
+
 from __future__ import annotations
 
 import errno
@@ -91,8 +92,12 @@ class _FullDiskOs:
 @pytest.fixture()
 def full_disk(monkeypatch):
     """Segment files opened from now on get ``room`` bytes (set by the test)."""
-    monkeypatch.setattr(segment_store, "open", lambda path, mode="r", **k: _FullDisk(path, mode.replace("b", ""))
-                        if "x" in mode else open(path, mode, **k), raising=False)
+    monkeypatch.setattr(
+        segment_store,
+        "open",
+        lambda path, mode="r", **k: _FullDisk(path, mode.replace("b", "")) if "x" in mode else open(path, mode, **k),
+        raising=False,
+    )
     monkeypatch.setattr(segment_store, "os", _FullDiskOs())
     monkeypatch.setattr(manager_module, "WRITE_RETRY_SECONDS", 0.0)
     return _FullDisk
@@ -142,8 +147,12 @@ def test_boot_on_a_disk_that_refuses_writes(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(manager_module, "write_index", refuse)
-    monkeypatch.setattr(segment_store, "open", lambda path, mode="r", **k: refuse() if "x" in mode else open(path, mode, **k),
-                        raising=False)
+    monkeypatch.setattr(
+        segment_store,
+        "open",
+        lambda path, mode="r", **k: refuse() if "x" in mode else open(path, mode, **k),
+        raising=False,
+    )
     with CacheManager(tmp_path) as c:
         assert [c.get(b"k%d" % i)[0, 0] for i in range(3)] == [0, 1, 2]
         assert c.get_or_compute(b"new", lambda: chunk(7))[0, 0] == 7, "a miss is served uncached"
@@ -188,14 +197,16 @@ def test_a_server_boots_and_serves_on_a_full_cache_disk(tmp_path, root, tmpfs_ok
     # inside the namespace, before the server: a crashed writer leaves an unsealed segment (its
     # sidecar must be written at boot), then something else fills the disk
     crash = tmp_path / "crash.py"
-    crash.write_text(textwrap.dedent(f"""
+    crash.write_text(
+        textwrap.dedent(f"""
         import os, numpy as np
         from tensor_server.cache import CacheManager
         c = CacheManager({str(cache_dir)!r})
         for i in range(4):
             c.put(b"k%d" % i, np.full((64, 64), i, np.uint16))
         os._exit(9)
-    """))
+    """)
+    )
     setup = f"{shlex.quote(sys.executable)} {shlex.quote(str(crash))}; dd if=/dev/zero of={shlex.quote(str(cache_dir))}/filler bs=4k 2>/dev/null; true"
     with serve_process([folder], cache_dir, wrapper=TMPFS_WRAPPER + [str(cache_dir), "1m", setup]) as server:
         got, stats = read_all(server, array_id_of(folder))
@@ -251,4 +262,6 @@ def test_boot_ignores_what_is_not_a_segment_and_never_blocks(tmp_path):
     assert (value, entries, segments) == (5, 1, 1)
     assert total == real.stat().st_size
     assert not (tmp_path / "seg_0102.arrow").exists(), "a segment-named file with nothing whole in it is removed"
-    assert (tmp_path / "seg_0100.arrow").is_dir() and (tmp_path / "seg_0103.arrow").is_symlink(), "the others are left alone"
+    assert (tmp_path / "seg_0100.arrow").is_dir() and (tmp_path / "seg_0103.arrow").is_symlink(), (
+        "the others are left alone"
+    )

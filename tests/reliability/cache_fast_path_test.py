@@ -3,6 +3,7 @@ the segment and reads the batch itself, checking nothing, so the server verifies
 (key, Arrow structure, checksum) at ``chunk_locate`` time and answers ``available: false``
 for a damaged one. In practice ``chunk_locate`` resolves the chunk first (as DoGet would), so
 the damaged entry is caught there, recomputed into a fresh batch, and that one is offered."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """SIGTERM stops a real server like Ctrl-C does (the open segment is sealed), and a restart
 finds its cache intact beside a stray directory named like a segment (issue 12, medium)."""
+
 from __future__ import annotations
 
 import signal
@@ -82,10 +83,10 @@ def test_a_restart_recomputes_a_damaged_batch_instead_of_crashing(root, tmp_path
     segment = next(cache_dir.glob("seg_*.arrow"))
     entries = read_index(segment)
     damaged = bytearray(segment.read_bytes())
-    damaged[entries[0].byte_offset + 4] ^= 0x40    # the first batch's metadata length
+    damaged[entries[0].byte_offset + 4] ^= 0x40  # the first batch's metadata length
     second = entries[1].byte_offset
-    body = second + 8 + int.from_bytes(damaged[second + 4:second + 8], "little")  # pixels lead the body
-    damaged[body + 1000] ^= 0x01    # one bit of one pixel of the second
+    body = second + 8 + int.from_bytes(damaged[second + 4 : second + 8], "little")  # pixels lead the body
+    damaged[body + 1000] ^= 0x01  # one bit of one pixel of the second
     segment.write_bytes(bytes(damaged))  # same size: the sidecar still looks current
     with serve_process([folder], cache_dir) as server:
         got, stats = read_all(server, array_id)

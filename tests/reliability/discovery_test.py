@@ -1,6 +1,7 @@
 """Nothing a root contains may stop discovery (issue 12, High 7): FIFOs, sockets, symlink
 loops and huge sparse files are skipped or given up on with a reason, the scan goes on,
 health reports it, and ``python -m tensor_server list`` does not crash."""
+
 from __future__ import annotations
 
 import json
@@ -79,9 +80,14 @@ def test_health_reports_the_scan_error(tmp_path):
 def test_list_command_survives_a_hostile_root(tmp_path):
     sock = _hostile_root(tmp_path)
     try:
-        out = subprocess.run([sys.executable, "-m", "tensor_server", "list", str(tmp_path)], cwd=REPO,
-                             capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "kernels")])})
+        out = subprocess.run(
+            [sys.executable, "-m", "tensor_server", "list", str(tmp_path)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "kernels")])},
+        )
     finally:
         sock.close()
     assert out.returncode == 0, out.stderr

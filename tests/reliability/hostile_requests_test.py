@@ -6,6 +6,7 @@ Covers issue 12's request findings: huge scales, chunk ids forged with a whole-t
 bodies, a 1 TiB sparse file planned whole; plus a hypothesis fuzz of TensorReadOption and
 chunk ids asserting "clean error code, server alive, next read correct".
 """
+
 from __future__ import annotations
 
 import json
@@ -108,8 +109,9 @@ def test_forged_and_malformed_chunk_ids(served):
     def forge(body: bytes) -> bytes:
         return b"tsc\x01" + zlib.crc32(body).to_bytes(4, "little") + body
 
-    infinite = json.dumps({"a": "img", "s": [0, 0], "e": [1e999, 1], "k": [1, 1], "m": "none",
-                           "v": real.content_version.hex(), "p": 1}).encode()
+    infinite = json.dumps(
+        {"a": "img", "s": [0, 0], "e": [1e999, 1], "k": [1, 1], "m": "none", "v": real.content_version.hex(), "p": 1}
+    ).encode()
     for raw in (forge(infinite), forge(b"[" * 100_000 + b"]" * 100_000), forge(b"null"), b"\x00" * (1 << 20)):
         _refused(lambda raw=raw: _chunk(c, raw))
     _assert_alive_and_correct(served)
@@ -169,7 +171,7 @@ def test_fuzzed_chunk_ids_get_clean_errors_or_correct_pixels(served, data):
     real = data.draw(st.sampled_from(plan_read(tensor, None, (2, 2), "area").chunks)).chunk_id.encode()
     pos = data.draw(st.integers(0, len(real) - 1))
     byte = data.draw(st.integers(0, 255))
-    mutated = real[:pos] + bytes([byte]) + real[pos + 1:]
+    mutated = real[:pos] + bytes([byte]) + real[pos + 1 :]
     try:
         table = _chunk(c, mutated)
     except flight.FlightError as exc:

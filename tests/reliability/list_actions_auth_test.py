@@ -1,4 +1,5 @@
 """ListActions requires the token like every call but the health action (issue 12, medium)."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,10 @@ def test_list_actions_needs_the_token_and_health_does_not():
     cat = Catalog()
     cat.add_source(MemorySource(ArrayAdapter(np.zeros((2, 2))), source_id="a"))
     with serving(cat, token="s3cret") as srv:
-        for bad in [flight.FlightClient(srv.location),
-                    flight.FlightClient(srv.location, middleware=[_Bearer("wrong")])]:
+        for bad in [
+            flight.FlightClient(srv.location),
+            flight.FlightClient(srv.location, middleware=[_Bearer("wrong")]),
+        ]:
             with pytest.raises(flight.FlightUnauthenticatedError):
                 list(bad.list_actions())
             health = json.loads(next(iter(bad.do_action(flight.Action("health", b"")))).body.to_pybytes())

@@ -1,5 +1,6 @@
 """A real ``python -m tensor_server serve`` child process, for tests that must see the process
 itself (its exit status after a signal, that it survives a damaged or full cache disk)."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,13 @@ __all__ = ["ServerProcess", "serve_process", "can_mount_tmpfs", "TMPFS_WRAPPER"]
 # run the server in a private mount namespace with a small tmpfs over the cache folder: a full
 # disk for the server only. "$0" is the cache folder, "$1" its size, then a setup command
 # (run before the server, inside the namespace), then the server command.
-TMPFS_WRAPPER = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size="$1" tmpfs "$0" && sh -c "$2" && shift 2 && exec "$@"']
+TMPFS_WRAPPER = [
+    "unshare",
+    "-m",
+    "sh",
+    "-c",
+    'mount -t tmpfs -o size="$1" tmpfs "$0" && sh -c "$2" && shift 2 && exec "$@"',
+]
 
 
 def can_mount_tmpfs(tmp_path) -> bool:
@@ -25,8 +32,12 @@ def can_mount_tmpfs(tmp_path) -> bool:
     probe = tmp_path / "mount-probe"
     probe.mkdir(exist_ok=True)
     try:
-        return subprocess.run(TMPFS_WRAPPER + [str(probe), "64k", "true", "true"], capture_output=True,
-                              timeout=30).returncode == 0
+        return (
+            subprocess.run(
+                TMPFS_WRAPPER + [str(probe), "64k", "true", "true"], capture_output=True, timeout=30
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -59,13 +70,33 @@ class ServerProcess:
 
 
 @contextmanager
-def serve_process(roots, cache_dir, *, wrapper: list[str] | None = None, timeout: float = 120,
-                  extra_args: list[str] = ()):
+def serve_process(
+    roots, cache_dir, *, wrapper: list[str] | None = None, timeout: float = 120, extra_args: list[str] = ()
+):
     """Start a server on port 0, yield it once it is SERVING; kill it if the test left it running."""
-    cmd = [sys.executable, "-m", "tensor_server", "serve", *map(str, roots), "--cache-dir", str(cache_dir),
-           "--port", "0", "--log-level", "warning", "--rescan-seconds", "0", *extra_args]
-    proc = subprocess.Popen((wrapper or []) + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensor_server",
+        "serve",
+        *map(str, roots),
+        "--cache-dir",
+        str(cache_dir),
+        "--port",
+        "0",
+        "--log-level",
+        "warning",
+        "--rescan-seconds",
+        "0",
+        *extra_args,
+    ]
+    proc = subprocess.Popen(
+        (wrapper or []) + cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
     lines: list[str] = []
     found = threading.Event()
 

@@ -1,6 +1,7 @@
 """Hypothesis fuzz of catalog SQL over the wire: any text gets a result or a clean
 INVALID_ARGUMENT, the server stays up, and the next ordinary query is still correct
 (issue 12, the catalog-SQL part of the fuzz)."""
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,53 @@ from tensor_server.testing import serving
 from tests.flight.conftest import client_for
 
 FRAGMENTS = [
-    "SELECT", "*", "count(*)", "FROM", "sources", "decode_rates", "WHERE", "is_resolved", "source_id", "=",
-    "'img'", "(", ")", ",", "WITH x AS", "DELETE FROM sources", "UPDATE sources SET source_id = 'f'",
-    "INSERT INTO sources (source_id) VALUES ('f')", "RETURNING 1", "range(1e15)", "UNION ALL", "ORDER BY 1",
-    "LIMIT", "1", "-1", "1e308", "NULL", ";", "--", "/*", "*/", "repeat('x', 100000)", "read_csv('/etc/passwd')",
-    "unnest(tensors)", "json_extract(metadata_json, '$.a')", "CAST(", "AS BIGINT", "'", '"', "\x00", "SET",
-    "memory_limit='10GB'", "ATTACH", "PRAGMA", "COPY", "TO '/tmp/x'", "generate_series(1, 1000000)",
+    "SELECT",
+    "*",
+    "count(*)",
+    "FROM",
+    "sources",
+    "decode_rates",
+    "WHERE",
+    "is_resolved",
+    "source_id",
+    "=",
+    "'img'",
+    "(",
+    ")",
+    ",",
+    "WITH x AS",
+    "DELETE FROM sources",
+    "UPDATE sources SET source_id = 'f'",
+    "INSERT INTO sources (source_id) VALUES ('f')",
+    "RETURNING 1",
+    "range(1e15)",
+    "UNION ALL",
+    "ORDER BY 1",
+    "LIMIT",
+    "1",
+    "-1",
+    "1e308",
+    "NULL",
+    ";",
+    "--",
+    "/*",
+    "*/",
+    "repeat('x', 100000)",
+    "read_csv('/etc/passwd')",
+    "unnest(tensors)",
+    "json_extract(metadata_json, '$.a')",
+    "CAST(",
+    "AS BIGINT",
+    "'",
+    '"',
+    "\x00",
+    "SET",
+    "memory_limit='10GB'",
+    "ATTACH",
+    "PRAGMA",
+    "COPY",
+    "TO '/tmp/x'",
+    "generate_series(1, 1000000)",
 ]
 
 sql_text = st.one_of(
@@ -34,8 +76,11 @@ sql_text = st.one_of(
 
 @pytest.fixture(scope="module")
 def served():
-    cat = Catalog(sql_limits=SqlLimits(timeout_seconds=2, max_result_rows=10_000, max_result_bytes=4 << 20,
-                                       memory_limit_bytes=64 << 20))
+    cat = Catalog(
+        sql_limits=SqlLimits(
+            timeout_seconds=2, max_result_rows=10_000, max_result_bytes=4 << 20, memory_limit_bytes=64 << 20
+        )
+    )
     cat.add_source(MemorySource(ArrayAdapter(np.arange(12, dtype=np.uint8).reshape(3, 4)), source_id="img"))
     with serving(cat) as srv:
         yield srv

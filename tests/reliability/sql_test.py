@@ -1,5 +1,6 @@
 """Client SQL can neither change what other clients see nor exhaust the server (issue 12,
 Critical 1 and High 6). Real SDK client against an in-process server."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,14 @@ from tensor_server.testing.deadline import finishes_within
 from tests.flight.conftest import client_for
 
 PIXELS = (np.arange(64 * 96, dtype=np.uint16) * 7).reshape(64, 96)
-LIMITS = SqlLimits(max_query_chars=4096, max_result_rows=5000, max_result_bytes=1 << 20,
-                   timeout_seconds=1.5, memory_limit_bytes=64 << 20, max_concurrent=1)
+LIMITS = SqlLimits(
+    max_query_chars=4096,
+    max_result_rows=5000,
+    max_result_bytes=1 << 20,
+    timeout_seconds=1.5,
+    memory_limit_bytes=64 << 20,
+    max_concurrent=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +109,11 @@ def test_query_of_a_client_that_left_is_interrupted():
     cat = Catalog(sql_limits=SqlLimits(timeout_seconds=60, max_concurrent=1))
     with serving(cat) as srv:
         raw = flight.FlightClient(srv.location)
-        ticket = ticket_pb2.TensorTicket(catalog_query=descriptor_pb2.CatalogQuery(
-            sql="SELECT count(*) FROM range(1000000000000000)"))
+        ticket = ticket_pb2.TensorTicket(
+            catalog_query=descriptor_pb2.CatalogQuery(sql="SELECT count(*) FROM range(1000000000000000)")
+        )
         with pytest.raises(flight.FlightError):
-            raw.do_get(flight.Ticket(ticket.SerializeToString()),
-                       flight.FlightCallOptions(timeout=0.5)).read_all()
+            raw.do_get(flight.Ticket(ticket.SerializeToString()), flight.FlightCallOptions(timeout=0.5)).read_all()
         rows = finishes_within(lambda: client_for(srv).query("SELECT count(*) AS n FROM sources").to_pylist(), 20)
         assert rows == [{"n": 0}]
     cat.close()
@@ -121,12 +128,18 @@ def test_errors_do_not_show_host_paths(server, sql):
     assert ".duckdb" not in msg and "/root" not in msg and "/etc/passwd" not in msg and "<path>" in msg
 
 
-@pytest.mark.parametrize("sql, problem", [
-    ("SELEC 1", 'Catalog query failed: Parser Error: syntax error at or near "SELEC" (line 1, column 1)'),
-    ("SELECT 1,\n  2 +", 'Catalog query failed: Parser Error: syntax error at or near "+" (line 2, column 5)'),
-    ("SELECT nope FROM sources", 'Catalog query failed: Binder Error: Referenced column "nope" not found in FROM clause!'),
-    ("DELETE FROM sources", "Catalog query refused: only SELECT is allowed, not DELETE"),
-])
+@pytest.mark.parametrize(
+    "sql, problem",
+    [
+        ("SELEC 1", 'Catalog query failed: Parser Error: syntax error at or near "SELEC" (line 1, column 1)'),
+        ("SELECT 1,\n  2 +", 'Catalog query failed: Parser Error: syntax error at or near "+" (line 2, column 5)'),
+        (
+            "SELECT nope FROM sources",
+            'Catalog query failed: Binder Error: Referenced column "nope" not found in FROM clause!',
+        ),
+        ("DELETE FROM sources", "Catalog query refused: only SELECT is allowed, not DELETE"),
+    ],
+)
 def test_an_sql_error_reaches_the_sdk_as_one_line_naming_the_problem(server, sql, problem):
     """What the SDK's caller sees: ``str(exc)`` starts with the one-line problem (pyarrow's
     client appends gRPC's debug text after it; the server cannot stop that), and

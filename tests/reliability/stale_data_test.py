@@ -1,6 +1,7 @@
 """Bytes rewritten in place are never served as old pixels, nor mixed with new ones in one
 read (issue 12, High 8): zarr chunk files (metadata untouched), also after a restart with a
 persistent cache, and TIFFs with rescans off. Real SDK client, real files, real cache."""
+
 from __future__ import annotations
 
 import json
@@ -195,8 +196,14 @@ def test_zarr_chunks_rewritten_with_their_mtimes_set_back_are_served_new_after_a
     root, cache_dir, store = tmp_path / "root", tmp_path / "cache", str(tmp_path / "home" / "catalog.duckdb")
     root.mkdir()
     small_old, small_new = OLD[:2, :512, :512], NEW[:2, :512, :512]
-    z = zarr.create_array(str(root / "img.zarr"), shape=small_old.shape, chunks=(1, 256, 256),
-                          dtype=small_old.dtype, zarr_format=3, compressors=None)  # every chunk file one size
+    z = zarr.create_array(
+        str(root / "img.zarr"),
+        shape=small_old.shape,
+        chunks=(1, 256, 256),
+        dtype=small_old.dtype,
+        zarr_format=3,
+        compressors=None,
+    )  # every chunk file one size
     z[...] = small_old
     with serving(root, cache_dir, store) as (srv, cat):
         sid = cat.records()[0].source_id
@@ -259,10 +266,16 @@ def _write_ome_zarr(path, level0):
     for i, data in enumerate((level0, level0[:, ::2, ::2])):
         arr = group.create_array(str(i), shape=data.shape, chunks=(1, 256, 256), dtype=data.dtype)
         arr[...] = data
-    group.attrs["multiscales"] = [{
-        "version": "0.4", "axes": [{"name": n, "type": t} for n, t in (("z", "space"), ("y", "space"), ("x", "space"))],
-        "datasets": [{"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": [1, 2**i, 2**i]}]}
-                     for i in range(2)]}]
+    group.attrs["multiscales"] = [
+        {
+            "version": "0.4",
+            "axes": [{"name": n, "type": t} for n, t in (("z", "space"), ("y", "space"), ("x", "space"))],
+            "datasets": [
+                {"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": [1, 2**i, 2**i]}]}
+                for i in range(2)
+            ],
+        }
+    ]
 
 
 def test_a_rewritten_stored_level_is_refused_and_reread(tmp_path):
@@ -275,13 +288,15 @@ def test_a_rewritten_stored_level_is_refused_and_reread(tmp_path):
     with serving(root, tmp_path / "cache") as (srv, cat):
         sid = cat.records()[0].source_id
         c = client_for(srv)
-        np.testing.assert_array_equal(c.get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"),
-                                      old[:, ::2, ::2])
+        np.testing.assert_array_equal(
+            c.get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"), old[:, ::2, ::2]
+        )
         raw = flight.FlightClient(srv.location)
         opt = descriptor_pb2.TensorReadOption(array_id=sid, scale_hint=[1, 2, 2], reduction_method="precompute")
         opt.fields.paths.append("endpoints")
-        endpoints = raw.get_flight_info(flight.FlightDescriptor.for_command(
-            descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString())).endpoints
+        endpoints = raw.get_flight_info(
+            flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString())
+        ).endpoints
         level1 = root / "img.ome.zarr" / "1"
         zarr.open_array(str(level1), mode="r+")[...] = new[:, ::2, ::2]  # level 0 untouched
         for f in level1.iterdir():
@@ -290,8 +305,9 @@ def test_a_rewritten_stored_level_is_refused_and_reread(tmp_path):
         with pytest.raises(flight.FlightError) as info:
             raw.do_get(endpoints[0].ticket).read_all()
         assert json.loads(info.value.extra_info)["reason"] == "stale_content_version"
-        np.testing.assert_array_equal(client_for(srv).get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"),
-                                      new[:, ::2, ::2])
+        np.testing.assert_array_equal(
+            client_for(srv).get_array(sid, scale_hint=[1, 2, 2], reduction_method="precompute"), new[:, ::2, ::2]
+        )
         np.testing.assert_array_equal(client_for(srv).get_array(sid), old)
 
 

@@ -1,5 +1,6 @@
 """Symlinks inside a root that lead outside it are not followed by default, and a failure
 reason never quotes the file's bytes (issue 12, Critical 4)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -81,10 +82,10 @@ def test_links_out_of_the_roots_inside_a_folder_source_are_not_served(tmp_path):
     root, outside = tmp_path / "root", tmp_path / "outside"
     root.mkdir()
     outside.mkdir()
-    zarr.open_array(str(outside / "secret.zarr"), mode="w", shape=(8, 8), chunks=(8, 8), dtype="u1",
-                    zarr_format=3)[...] = 9
-    zarr.open_array(str(root / "img.zarr"), mode="w", shape=(8, 8), chunks=(8, 8), dtype="u1",
-                    zarr_format=3)[...] = 1
+    zarr.open_array(str(outside / "secret.zarr"), mode="w", shape=(8, 8), chunks=(8, 8), dtype="u1", zarr_format=3)[
+        ...
+    ] = 9
+    zarr.open_array(str(root / "img.zarr"), mode="w", shape=(8, 8), chunks=(8, 8), dtype="u1", zarr_format=3)[...] = 1
     shutil.rmtree(root / "img.zarr" / "c")
     (root / "img.zarr" / "c").symlink_to(outside / "secret.zarr" / "c", target_is_directory=True)
     seq = root / "seq"

@@ -1,6 +1,7 @@
 """A folder of TIFF planes claimed as a sequence does not hide the other sources beside it,
 and an unreadable plane file is named in the folder's reason (issue 12,
 medium findings)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -2,6 +2,7 @@
 sends, the answer is a clean refusal (never INTERNAL / 500), the server stays up, and the next
 read is correct. The actions come from the registry, so a new action is fuzzed the day it is
 added."""
+
 from __future__ import annotations
 
 import json
@@ -39,11 +40,17 @@ def _code(exc: flight.FlightError) -> str:
 
 
 def _bodies():
-    json_ish = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                            lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
-                                                                                       max_size=4), max_leaves=12)
-    return st.one_of(st.binary(max_size=300), json_ish.map(lambda v: json.dumps(v).encode()),
-                     st.just(b"[" * 5000), st.just(b'{"array_id": "img", "slice": {"start": [0], "stop": [1]}}'))
+    json_ish = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+        max_leaves=12,
+    )
+    return st.one_of(
+        st.binary(max_size=300),
+        json_ish.map(lambda v: json.dumps(v).encode()),
+        st.just(b"[" * 5000),
+        st.just(b'{"array_id": "img", "slice": {"start": [0], "stop": [1]}}'),
+    )
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -58,14 +65,20 @@ def test_every_action_refuses_cleanly(served, name, body):
     np.testing.assert_array_equal(served.client().get_array("img"), IMAGE)
 
 
-_SEGMENT = st.one_of(st.sampled_from(["img", "0", "1", ".zarray", ".zattrs", "zarr.json", "c", "labels", "0.0",
-                                      "%C2%B2", "..", "@fields", "\u00b2"]),
-                     st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12))
+_SEGMENT = st.one_of(
+    st.sampled_from(
+        ["img", "0", "1", ".zarray", ".zattrs", "zarr.json", "c", "labels", "0.0", "%C2%B2", "..", "@fields", "\u00b2"]
+    ),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12),
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(flavour=st.sampled_from(["zarr", "zarr3", "nope"]), segments=st.lists(_SEGMENT, max_size=8),
-       rng=st.one_of(st.none(), st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=20)))
+@given(
+    flavour=st.sampled_from(["zarr", "zarr3", "nope"]),
+    segments=st.lists(_SEGMENT, max_size=8),
+    rng=st.one_of(st.none(), st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=20)),
+)
 @example(flavour="zarr", segments=["img", "\u00b2"], rng=None)  # "²".isdigit(): a level name, int() refused it (CI)
 def test_every_http_route_refuses_cleanly(served, flavour, segments, rng):
     from urllib.parse import quote

@@ -1,5 +1,6 @@
 """The adapter contract (``AdapterTests``) for the two remote readers: a zarr store in S3
 (moto on loopback) and an upstream server's tensors (scaled reads computed upstream)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,11 +41,20 @@ class TestS3Zarr(AdapterTests):
 @pytest.fixture(scope="module")
 def upstream():
     rng = np.random.default_rng(3)
-    arrays = {"vol": rng.integers(0, 60000, (3, 150, 170), dtype=np.uint16),
-              "f": rng.standard_normal((90, 110)).astype(np.float32)}
+    arrays = {
+        "vol": rng.integers(0, 60000, (3, 150, 170), dtype=np.uint16),
+        "f": rng.standard_normal((90, 110)).astype(np.float32),
+    }
     cat = Catalog([])
-    cat.add_source(MemorySource({"vol": ArrayAdapter(arrays["vol"], "zyx", chunk_shape=(1, 64, 64)),
-                                 "f": ArrayAdapter(arrays["f"], "yx", chunk_shape=(32, 32))}, source_id="up"))
+    cat.add_source(
+        MemorySource(
+            {
+                "vol": ArrayAdapter(arrays["vol"], "zyx", chunk_shape=(1, 64, 64)),
+                "f": ArrayAdapter(arrays["f"], "yx", chunk_shape=(32, 32)),
+            },
+            source_id="up",
+        )
+    )
     with serving(cat) as srv:
         yield srv, arrays
     cat.close()

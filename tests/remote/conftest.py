@@ -1,5 +1,6 @@
 """A real S3 API on loopback (moto's server mode) holding an OME-Zarr with stored levels and
 labels and a sharded zarr v3, plus their local copies (the oracle)."""
+
 from __future__ import annotations
 
 import os
@@ -23,17 +24,34 @@ def write_ome_zarr(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
     root = zarr.open_group(str(path), mode="w", zarr_format=2)
     for i in range(3):
         root.create_array(str(i), data=np.ascontiguousarray(image[:, :: 2**i, :: 2**i]), chunks=(1, 64, 64))
-    axes = [{"name": "c", "type": "channel"}, {"name": "y", "type": "space", "unit": "micrometer"},
-            {"name": "x", "type": "space", "unit": "micrometer"}]
-    root.attrs["multiscales"] = [{"version": "0.4", "name": "img", "axes": axes, "datasets": [
-        {"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": [1, 0.5 * 2**i, 0.5 * 2**i]}]}
-        for i in range(3)]}]
+    axes = [
+        {"name": "c", "type": "channel"},
+        {"name": "y", "type": "space", "unit": "micrometer"},
+        {"name": "x", "type": "space", "unit": "micrometer"},
+    ]
+    root.attrs["multiscales"] = [
+        {
+            "version": "0.4",
+            "name": "img",
+            "axes": axes,
+            "datasets": [
+                {"path": str(i), "coordinateTransformations": [{"type": "scale", "scale": [1, 0.5 * 2**i, 0.5 * 2**i]}]}
+                for i in range(3)
+            ],
+        }
+    ]
     lab = root.create_group("labels")
     lab.attrs["labels"] = ["cells"]
     cells = lab.create_group("cells")
     cells.create_array("0", data=labels, chunks=(64, 64))
-    cells.attrs["multiscales"] = [{"version": "0.4", "name": "cells", "axes": axes[1:], "datasets": [
-        {"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [0.5, 0.5]}]}]}]
+    cells.attrs["multiscales"] = [
+        {
+            "version": "0.4",
+            "name": "cells",
+            "axes": axes[1:],
+            "datasets": [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [0.5, 0.5]}]}],
+        }
+    ]
     cells.attrs["image-label"] = {"version": "0.4", "source": {"image": "../../"}}
     return {"image": image, "labels": labels}
 
@@ -42,8 +60,9 @@ def write_sharded(path: Path, seed: int = 1) -> np.ndarray:
     import zarr
 
     vol = np.random.default_rng(seed).integers(0, 255, (6, 200, 180), dtype=np.uint8)
-    arr = zarr.create_array(str(path), shape=vol.shape, chunks=(2, 50, 60), shards=(6, 100, 120),
-                            dtype=vol.dtype, zarr_format=3)
+    arr = zarr.create_array(
+        str(path), shape=vol.shape, chunks=(2, 50, 60), shards=(6, 100, 120), dtype=vol.dtype, zarr_format=3
+    )
     arr[...] = vol
     return vol
 
@@ -60,8 +79,12 @@ def s3_endpoint():
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "testing-key", "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": endpoint}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing-key",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     _forget_filesystems()
@@ -103,5 +126,3 @@ def s3_data(s3_endpoint, tmp_path_factory):
     for name in ("cells.ome.zarr", "vol.zarr", "notes.txt"):
         fs.put(str(local / name), f"{BUCKET}/run1/{name}", recursive=True)
     return local, written
-
-

@@ -1,5 +1,6 @@
 """Object-store roots: zarr and OME-Zarr stores in S3 (moto's server on loopback) discovered by
 listing and served like their local copies, through the real SDK against a served catalog."""
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,10 @@ def test_discovery_lists_the_stores_like_local_ones(served):
     assert img.physical_scale == local_ome.source.tensor("image").physical_scale
     assert remote_vol.source.tensor().metadata["shards"] == [6, 100, 120]
     # notes.txt is not a source, and nothing else was found
-    assert sorted(r.url for r in cat.records() if r.url.startswith("s3://")) == [f"{ROOT}/cells.ome.zarr", f"{ROOT}/vol.zarr"]
+    assert sorted(r.url for r in cat.records() if r.url.startswith("s3://")) == [
+        f"{ROOT}/cells.ome.zarr",
+        f"{ROOT}/vol.zarr",
+    ]
 
 
 def test_full_and_scaled_reads_equal_the_local_copy(served):
@@ -78,10 +82,12 @@ def test_full_and_scaled_reads_equal_the_local_copy(served):
                 if not remote.source.tensor(fld).is_labels:  # labels reduce by mode whatever is asked
                     np.testing.assert_array_equal(got, reference.downsample(full, tuple(scale), method))
                 np.testing.assert_array_equal(
-                    got, sdk.get_tensor(lid, scale_hint=scale, reduction_method=method).compute())
+                    got, sdk.get_tensor(lid, scale_hint=scale, reduction_method=method).compute()
+                )
     np.testing.assert_array_equal(sdk.get_tensor(_pair(cat, "vol.zarr")[0].source_id).compute(), written["sharded"])
-    np.testing.assert_array_equal(sdk.get_tensor(_pair(cat, "cells.ome.zarr")[0].source.tensor("image").array_id)
-                                  .compute(), written["image"])
+    np.testing.assert_array_equal(
+        sdk.get_tensor(_pair(cat, "cells.ome.zarr")[0].source.tensor("image").array_id).compute(), written["image"]
+    )
 
 
 def test_stored_level_is_served_from_the_bucket(served):

@@ -1,6 +1,7 @@
 """A server in front of another: a ``grpc://`` root lists the upstream's tensors under a
 prefix and serves them through the proxy's cache and engine. Two in-process servers, the
 real SDK on both."""
+
 from __future__ import annotations
 
 import socket
@@ -31,8 +32,9 @@ def _write_volume(path, seed: int) -> np.ndarray:
     import zarr
 
     vol = np.random.default_rng(seed).integers(0, 60000, (3, 260, 300), dtype=np.uint16)
-    zarr.open_array(str(path), mode="w", shape=vol.shape, chunks=(1, 128, 128), dtype=vol.dtype,
-                    zarr_format=3)[...] = vol
+    zarr.open_array(str(path), mode="w", shape=vol.shape, chunks=(1, 128, 128), dtype=vol.dtype, zarr_format=3)[...] = (
+        vol
+    )
     return vol
 
 
@@ -41,10 +43,17 @@ def upstream_server(root, port: int):
     cat = Catalog([root])
     cat.scan()
     labels = np.random.default_rng(9).integers(0, 6, (120, 160), dtype=np.uint32)
-    cat.add_source(MemorySource({"img": ArrayAdapter(np.arange(120 * 160, dtype=np.float32).reshape(120, 160), "yx",
-                                                     chunk_shape=(64, 64)),
-                                 "mask": ArrayAdapter(labels, "yx", chunk_shape=(64, 64), is_labels=True)},
-                                source_id="multi"))
+    cat.add_source(
+        MemorySource(
+            {
+                "img": ArrayAdapter(
+                    np.arange(120 * 160, dtype=np.float32).reshape(120, 160), "yx", chunk_shape=(64, 64)
+                ),
+                "mask": ArrayAdapter(labels, "yx", chunk_shape=(64, 64), is_labels=True),
+            },
+            source_id="multi",
+        )
+    )
     try:
         with serving(cat, port=port) as srv:
             yield srv
@@ -93,8 +102,9 @@ def test_reads_through_the_proxy_equal_direct_reads(setup, tmp_path, monkeypatch
         # a scaled read is asked of the upstream (reduced there), never read at full resolution here
         full_reads = []
         original = RemoteTensorAdapter.read_region
-        monkeypatch.setattr(RemoteTensorAdapter, "read_region",
-                            lambda self, b: full_reads.append(b) or original(self, b))
+        monkeypatch.setattr(
+            RemoteTensorAdapter, "read_region", lambda self, b: full_reads.append(b) or original(self, b)
+        )
         for aid in ids:
             desc = direct.get_descriptor(aid)
             proxied = via.get_descriptor(_proxied_id(port, aid))
@@ -103,18 +113,21 @@ def test_reads_through_the_proxy_equal_direct_reads(setup, tmp_path, monkeypatch
             scale = [1] * (len(desc.shape) - 2) + [2, 3]
             np.testing.assert_array_equal(
                 via.get_tensor(_proxied_id(port, aid), scale_hint=scale, reduction_method="area").compute(),
-                direct.get_tensor(aid, scale_hint=scale, reduction_method="area").compute())
+                direct.get_tensor(aid, scale_hint=scale, reduction_method="area").compute(),
+            )
         assert full_reads == []
         for aid in ids:
-            np.testing.assert_array_equal(via.get_tensor(_proxied_id(port, aid)).compute(),
-                                          direct.get_tensor(aid).compute())
+            np.testing.assert_array_equal(
+                via.get_tensor(_proxied_id(port, aid)).compute(), direct.get_tensor(aid).compute()
+            )
         assert len(full_reads) > 0
         vid = next(i for i in ids if not i.startswith("multi"))
         np.testing.assert_array_equal(via.get_tensor(_proxied_id(port, vid)).compute(), vol)
         # the proxy's own local root is served beside the upstream's
         local_id = next(r.source_id for r in cat.records() if r.url.startswith("file://"))
-        np.testing.assert_array_equal(via.get_tensor(local_id).compute(),
-                                      np.arange(600, dtype=np.int16).reshape(20, 30))
+        np.testing.assert_array_equal(
+            via.get_tensor(local_id).compute(), np.arange(600, dtype=np.int16).reshape(20, 30)
+        )
 
 
 def test_the_second_read_makes_no_upstream_call(setup, tmp_path):
@@ -177,7 +190,9 @@ def proxy_after(up_root, port, own, tmp_path):
         cat, px = ctx.__enter__()
         via = client_for(px)
         vid = _proxied_id(port, vid_up)
-        np.testing.assert_array_equal(via.get_tensor(vid, slice_hint=(slice(0, 1), slice(None), slice(None))).compute().shape, (1, 260, 300))
+        np.testing.assert_array_equal(
+            via.get_tensor(vid, slice_hint=(slice(0, 1), slice(None), slice(None))).compute().shape, (1, 260, 300)
+        )
     try:
         yield cat, px, vid
     finally:
@@ -189,15 +204,21 @@ def test_an_upstream_that_is_down_is_a_clear_error_and_the_rest_serves(setup, tm
     with proxy_after(up_root, port, own, tmp_path) as (cat, px, vid):
         via = client_for(px)
         # the plane read while the upstream was up is cached and still served
-        np.testing.assert_array_equal(via.get_tensor(vid, slice_hint=(slice(0, 1), slice(None), slice(None))).compute(), vol[:1])
+        np.testing.assert_array_equal(
+            via.get_tensor(vid, slice_hint=(slice(0, 1), slice(None), slice(None))).compute(), vol[:1]
+        )
         # a scaled read of it is computed here from the cached full-resolution chunks
-        np.testing.assert_array_equal(via.get_tensor(vid, scale_hint=[1, 2, 2], reduction_method="min").compute(),
-                                      reference.downsample(vol, (1, 2, 2), "min"))
+        np.testing.assert_array_equal(
+            via.get_tensor(vid, scale_hint=[1, 2, 2], reduction_method="min").compute(),
+            reference.downsample(vol, (1, 2, 2), "min"),
+        )
         # what is not cached needs the upstream: a clear error naming it
         with pytest.raises(flight.FlightError, match=f"127.0.0.1:{port}: upstream .* failed"):
             via.get_tensor(_proxied_id(port, "multi/img")).compute()
         local_id = next(r.source_id for r in cat.records() if r.url.startswith("file://"))
-        np.testing.assert_array_equal(via.get_tensor(local_id).compute(), np.arange(600, dtype=np.int16).reshape(20, 30))
+        np.testing.assert_array_equal(
+            via.get_tensor(local_id).compute(), np.arange(600, dtype=np.int16).reshape(20, 30)
+        )
         cat.scan()
         rows = {r.url: (r.is_resolved, r.unresolved_reason) for r in cat.records() if r.url.startswith("grpc://")}
         assert rows[f"grpc://127.0.0.1:{port}"][0] is False

@@ -2,6 +2,7 @@
 the access token, even after the user opened the token URL (the cookie it set is never enough
 for another origin); with the token in the URL it can. Skips (with the reason) only where
 Chromium or its driver cannot be had, like tests/http/neuroglancer_test.py."""
+
 from __future__ import annotations
 
 import functools
@@ -27,6 +28,7 @@ def other_origin(tmp_path):
     """A static page server on another loopback port: the 'web page the user visits'."""
     (tmp_path / "page").mkdir()
     (tmp_path / "page" / "index.html").write_text("<!doctype html><title>another origin</title>")
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args) -> None:  # no access log on the test's stderr
             pass

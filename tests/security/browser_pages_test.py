@@ -9,6 +9,7 @@ the real door with httpx, and the viewer in headless Chromium (skips without it,
 tests/http/neuroglancer_test.py): it loads its tiles through the cookie alone, with the page's
 Content-Security-Policy in force.
 """
+
 from __future__ import annotations
 
 import html
@@ -28,8 +29,11 @@ from tests.http.conftest import http_serving
 
 TOKEN = "door-token-of-this-run"
 #: grants a local producer may give an upload: each would run script if a page echoed it raw
-PAYLOADS = ("</script><script>window.pwned='script'</script>", '"><img src=x onerror="window.pwned=\'attr\'">',
-            "'-alert(1)-'</script><!--<script>")
+PAYLOADS = (
+    "</script><script>window.pwned='script'</script>",
+    '"><img src=x onerror="window.pwned=\'attr\'">',
+    "'-alert(1)-'</script><!--<script>",
+)
 EVIL = "http://evil.example"
 ARR = np.arange(64 * 48, dtype=np.uint16).reshape(64, 48)
 
@@ -53,8 +57,9 @@ def door(tmp_path_factory):
         granted = {}
         for i, grant in enumerate(PAYLOADS):
             digest = grant_digest(grant)
-            up = srv.runtime.uploads.add_tensor(f"cache://img/@fields/mine{i}", ARR.shape, ARR.dtype,
-                                                chunk_shape=(32, 32), owner=digest, grant=digest)
+            up = srv.runtime.uploads.add_tensor(
+                f"cache://img/@fields/mine{i}", ARR.shape, ARR.dtype, chunk_shape=(32, 32), owner=digest, grant=digest
+            )
             owner = TensorFlightClient(srv.location, token=grant)
             assert owner.upload_array(owner.get_descriptor(up.array_id), ARR)["state"] == "READY"
             granted[grant] = up.array_id
@@ -129,8 +134,16 @@ def test_a_grant_reads_its_tensor_and_nothing_else(door):
     chunk = get(http, f"/zarr/{aid}/0/0.0", **bearer)
     assert chunk.status_code == 200 and np.frombuffer(chunk.content, "<u2")[1] == ARR[0, 1]
     assert get(http, f"/iiif/3/{aid}/info.json", **bearer).json()["width"] == 48
-    for path in ("/zarr/img/.zattrs", "/zarr/img/0/0.0", "/iiif/3/img/info.json", "/deepzoom/img.dzi", "/view/img",
-                 "/", "/zarr/nothing-here/.zattrs", f"/zarr/{quote(granted[PAYLOADS[1]], safe='/')}/.zattrs"):
+    for path in (
+        "/zarr/img/.zattrs",
+        "/zarr/img/0/0.0",
+        "/iiif/3/img/info.json",
+        "/deepzoom/img.dzi",
+        "/view/img",
+        "/",
+        "/zarr/nothing-here/.zattrs",
+        f"/zarr/{quote(granted[PAYLOADS[1]], safe='/')}/.zattrs",
+    ):
         refused = get(http, path, **bearer)
         assert refused.status_code == 401, (path, refused.status_code, refused.text[:200])
         assert get(http, f"{path}{'&' if '?' in path else '?'}token={quote(grant)}").status_code == 401, path
@@ -147,25 +160,38 @@ def test_a_grant_reads_its_tensor_and_nothing_else(door):
 def test_a_presented_credential_must_be_valid_even_beside_a_good_cookie(door):
     http, granted = door
     assert get(http, "/zarr/img/.zattrs", cookie=TOKEN).status_code == 200
-    for path, headers in (("/zarr/img/.zattrs?token=wrong", {}), ("/t/wrong/zarr/img/.zattrs", {}),
-                          ("/zarr/img/.zattrs", {"Authorization": "Bearer wrong"}),
-                          (f"/zarr/img/.zattrs?token={TOKEN}", {"Authorization": "Bearer wrong"})):
+    for path, headers in (
+        ("/zarr/img/.zattrs?token=wrong", {}),
+        ("/t/wrong/zarr/img/.zattrs", {}),
+        ("/zarr/img/.zattrs", {"Authorization": "Bearer wrong"}),
+        (f"/zarr/img/.zattrs?token={TOKEN}", {"Authorization": "Bearer wrong"}),
+    ):
         refused = get(http, path, cookie=TOKEN, **headers)
         assert refused.status_code == 401 and "not valid" in refused.text, path
     grant = PAYLOADS[0]  # a valid grant beside the cookie: the grant is what the runtime judges
     assert get(http, "/zarr/img/.zattrs", cookie=TOKEN, Authorization=f"Bearer {grant}").status_code == 401
-    assert get(http, f"/zarr/{quote(granted[grant], safe='/')}/.zattrs", cookie=TOKEN,
-               Authorization=f"Bearer {grant}").status_code == 200
+    assert (
+        get(
+            http, f"/zarr/{quote(granted[grant], safe='/')}/.zattrs", cookie=TOKEN, Authorization=f"Bearer {grant}"
+        ).status_code
+        == 200
+    )
 
 
 def test_every_response_carries_the_browser_headers(door):
     http, _ = door
     auth = {"Authorization": f"Bearer {TOKEN}"}
     pages = [get(http, "/", **auth), get(http, "/view/img", **auth)]
-    data = [get(http, "/zarr/img/.zattrs", **auth), get(http, "/zarr/img/0/0.0", **auth),
-            get(http, "/iiif/3/img/full/max/0/default.png", **auth), get(http, "/zarr/img/.zattrs"),
-            get(http, "/healthz"), get(http, "/healthz", Host="evil.example"), get(http, "/healthz", Host="a:1:2"),
-            get(http, "/assets/page/pages.js", **auth)]
+    data = [
+        get(http, "/zarr/img/.zattrs", **auth),
+        get(http, "/zarr/img/0/0.0", **auth),
+        get(http, "/iiif/3/img/full/max/0/default.png", **auth),
+        get(http, "/zarr/img/.zattrs"),
+        get(http, "/healthz"),
+        get(http, "/healthz", Host="evil.example"),
+        get(http, "/healthz", Host="a:1:2"),
+        get(http, "/assets/page/pages.js", **auth),
+    ]
     assert [r.status_code for r in pages + data] == [200, 200, 200, 200, 200, 401, 200, 403, 400, 200]
     for r in pages + data:
         assert r.headers["x-content-type-options"] == "nosniff"
@@ -210,9 +236,25 @@ def test_the_host_header_is_parsed_strictly(door):
     port = http.port
     for host in (f"localhost:{port}", "localhost", f"127.0.0.1:{port}", f"[::1]:{port}", "[::1]", "a.localhost:1"):
         assert _raw_status(port, host) == (200, "ok"), host
-    for host in ("localhost:80@evil.example", "user@localhost", f"localhost:{port}:{port}", "localhost:abc",
-                 "localhost:", "localhost:65536", "local host", "", "[::1", "[::1]x", "[::1]:x", "[127.0.0.1]",
-                 "-x.localhost", "localhost/x", "localhost\\x", "[fe80::1%25eth0]", "a" * 400):
+    for host in (
+        "localhost:80@evil.example",
+        "user@localhost",
+        f"localhost:{port}:{port}",
+        "localhost:abc",
+        "localhost:",
+        "localhost:65536",
+        "local host",
+        "",
+        "[::1",
+        "[::1]x",
+        "[::1]:x",
+        "[127.0.0.1]",
+        "-x.localhost",
+        "localhost/x",
+        "localhost\\x",
+        "[fe80::1%25eth0]",
+        "a" * 400,
+    ):
         status, body = _raw_status(port, host)
         assert status == 400, (host, status, body[:200])
         assert "is not a host name or IP address" in body, host
@@ -228,21 +270,33 @@ def test_the_viewer_loads_its_tiles_through_the_cookie_under_its_policy(door):
     http, granted = door
     browser = _browser()  # skips without Chromium
     try:
-        browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": (
-            "window.violations = []; document.addEventListener('securitypolicyviolation',"
-            " e => window.violations.push(e.violatedDirective + ' ' + e.blockedURI));")})
+        browser.execute_cdp_cmd(
+            "Page.addScriptToEvaluateOnNewDocument",
+            {
+                "source": (
+                    "window.violations = []; document.addEventListener('securitypolicyviolation',"
+                    " e => window.violations.push(e.violatedDirective + ' ' + e.blockedURI));"
+                )
+            },
+        )
         browser.get(f"{http.url}/view/img?token={TOKEN}")  # the URL sets the cookie; the page has no token
         deadline = time.monotonic() + 60
-        while not browser.execute_script("return !!(window.viewer && viewer.world.getItemCount()"
-                                          " && viewer.world.getItemAt(0).getFullyLoaded())"):
-            assert time.monotonic() < deadline, ("OpenSeadragon did not load its tiles", browser.execute_script(
-                "return [performance.getEntriesByType('resource').map(e => [e.name, e.responseStatus]),"
-                " window.violations, !!window.viewer, window.viewer && viewer.world.getItemCount()]"),
-                browser.get_log("browser"))
+        while not browser.execute_script(
+            "return !!(window.viewer && viewer.world.getItemCount() && viewer.world.getItemAt(0).getFullyLoaded())"
+        ):
+            assert time.monotonic() < deadline, (
+                "OpenSeadragon did not load its tiles",
+                browser.execute_script(
+                    "return [performance.getEntriesByType('resource').map(e => [e.name, e.responseStatus]),"
+                    " window.violations, !!window.viewer, window.viewer && viewer.world.getItemCount()]"
+                ),
+                browser.get_log("browser"),
+            )
             time.sleep(0.2)
         assert browser.execute_script("return viewer.world.getItemAt(0).source.width") == 48
-        fetched = browser.execute_script("return performance.getEntriesByType('resource')"
-                                         ".map(e => [new URL(e.name).pathname, e.responseStatus])")
+        fetched = browser.execute_script(
+            "return performance.getEntriesByType('resource').map(e => [new URL(e.name).pathname, e.responseStatus])"
+        )
         tiles = [status for path, status in fetched if path.startswith("/iiif/3/img/") and "/default." in path]
         assert tiles and set(tiles) == {200}, fetched  # each tile admitted by the cookie alone
         assert browser.execute_script("return window.violations") == []

@@ -1,5 +1,6 @@
 """Fixtures of the TLS and browser-safety tests: a self-signed certificate minted once per
 module in a tmp home, and a pin store (the SDK's TOFU ``known hosts``) per test."""
+
 from __future__ import annotations
 
 import pytest

@@ -2,6 +2,7 @@
 annotations, cached pixels, the TLS pair, the HTTP access-token file, the write dir, all
 0600 files in 0700 folders, while it serves and after it stops; a home an older server left
 open to other users is named at start with the fix."""
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,21 @@ def test_a_served_home_holds_nothing_other_users_can_read(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(64 * 64, dtype=np.uint16).reshape(64, 64))
     home = tmp_path / "home"
     env = {**os.environ, "TENSOR_SERVER_HOME": str(home)}
-    cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0", "--http-port", "0",
-           "--tls", "--writable", "--write-dir", str(home / "results")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensor_server",
+        "serve",
+        str(tmp_path / "a.npy"),
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--tls",
+        "--writable",
+        "--write-dir",
+        str(home / "results"),
+    ]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     try:
         out = _stderr_until(proc, "OME-Zarr over HTTP at")
@@ -63,8 +77,15 @@ def test_a_served_home_holds_nothing_other_users_can_read(tmp_path):
             time.sleep(0.2)  # the scan is still finding the file
         assert r.status_code == 200 and len(r.content) == 64 * 64 * 2
         written = {p.relative_to(home).as_posix() for p in home.rglob("*")}
-        assert {"catalog.duckdb", "annotations.duckdb", "tls/server-key.pem", "tls/server-cert.pem",
-                f"http/{base.group(2)}.json", "chunks", "results"} <= written, written
+        assert {
+            "catalog.duckdb",
+            "annotations.duckdb",
+            "tls/server-key.pem",
+            "tls/server-cert.pem",
+            f"http/{base.group(2)}.json",
+            "chunks",
+            "results",
+        } <= written, written
         assert _open_to_others(home) == []
     finally:
         proc.send_signal(signal.SIGTERM)

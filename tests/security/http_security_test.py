@@ -1,5 +1,6 @@
 """Browser safety on the HTTP door: the Host / Origin / token matrix, DNS rebinding, the cookie
 a token-bearing URL sets, CORS and Private Network Access preflights; and the printed URL."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,12 @@ EVIL = "http://evil.example"
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
     cat = Catalog([])
-    cat.add_source(MemorySource(ArrayAdapter(np.arange(64 * 48, dtype=np.uint16).reshape(64, 48), "yx",
-                                             chunk_shape=(32, 32)), source_id="img"))
+    cat.add_source(
+        MemorySource(
+            ArrayAdapter(np.arange(64 * 48, dtype=np.uint16).reshape(64, 48), "yx", chunk_shape=(32, 32)),
+            source_id="img",
+        )
+    )
     cat.first_scan_done.set()
     security = HttpSecurity.build(tokens=[TOKEN], allowed_hosts=["tensors.lab"], cors_origins=[GOOD])
     with http_serving(cat, tmp_path_factory.mktemp("door"), security=security) as (srv, http):
@@ -71,7 +76,7 @@ def test_a_token_bearing_url_sets_the_cookie_that_admits_sub_requests(door):
     assert same_origin.status_code == 200
     assert get(door, Cookie=f"{cookie_name(door.port + 1)}={TOKEN}").status_code == 401  # another port's
     assert get(door, Cookie=f"{name}=wrong").status_code == 401
-    assert get(door, Cookie="garbage;;==; \"unterminated").status_code == 401
+    assert get(door, Cookie='garbage;;==; "unterminated').status_code == 401
 
 
 def test_cross_origin_reads_need_the_token_or_a_configured_origin(door):
@@ -81,8 +86,11 @@ def test_cross_origin_reads_need_the_token_or_a_configured_origin(door):
     name = cookie_name(door.port)
     ambient = get(door, Origin=EVIL, Cookie=f"{name}={TOKEN}")  # the cookie is ambient: never enough
     assert ambient.status_code == 403 and "access-control-allow-origin" not in ambient.headers
-    for path, headers in ((f"/t/{TOKEN}/zarr/img/.zattrs", {}), (f"/zarr/img/.zattrs?token={TOKEN}", {}),
-                          ("/zarr/img/.zattrs", {"Authorization": f"Bearer {TOKEN}"})):
+    for path, headers in (
+        (f"/t/{TOKEN}/zarr/img/.zattrs", {}),
+        (f"/zarr/img/.zattrs?token={TOKEN}", {}),
+        ("/zarr/img/.zattrs", {"Authorization": f"Bearer {TOKEN}"}),
+    ):
         r = get(door, path, Origin=EVIL, **headers)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == EVIL, path
         assert "etag" in r.headers["access-control-expose-headers"].lower()
@@ -148,8 +156,14 @@ def test_the_door_takes_both_tokens_and_this_hosts_names():
 
     access = mint_access_token()
     runtime = ServingRuntime(Catalog([]), Settings(token="server-tok"), access_tokens=[access])
-    security = door_security(runtime, access_token=access, bind_host="0.0.0.0", sans=["Viewer.Lab"],
-                             allowed_hosts=["tensors.lab"], cors_origins=[GOOD + "/"])
+    security = door_security(
+        runtime,
+        access_token=access,
+        bind_host="0.0.0.0",
+        sans=["Viewer.Lab"],
+        allowed_hosts=["tensors.lab"],
+        cors_origins=[GOOD + "/"],
+    )
     assert len(access) == 32 and security.valid(access) and security.valid("server-tok")
     assert not security.valid("guess") and not security.valid(None)
     for host in (socket.gethostname(), "viewer.lab:8816", "tensors.lab", "127.0.0.1:8816", "[::1]:8816"):

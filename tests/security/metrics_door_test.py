@@ -2,6 +2,7 @@
 that never starts its TLS handshake, and hundreds that stop half-way, neither freeze the
 scrape nor the stop, and the half-sent ones are closed by the header deadline; a served
 ``serve --tls`` exits on SIGTERM while an idle connection holds its metrics port."""
+
 from __future__ import annotations
 
 import os
@@ -118,8 +119,18 @@ def test_sigterm_stops_a_tls_server_while_an_idle_connection_holds_its_metrics_p
     np.save(tmp_path / "a.npy", np.arange(12, dtype=np.int32).reshape(3, 4))
     home = tmp_path / "home"
     env = {**os.environ, "TENSOR_SERVER_HOME": str(home)}
-    cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0", "--tls",
-           "--metrics-port", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensor_server",
+        "serve",
+        str(tmp_path / "a.npy"),
+        "--port",
+        "0",
+        "--tls",
+        "--metrics-port",
+        "0",
+    ]
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     idle = None
     try:

@@ -1,6 +1,7 @@
 """``serve --tls --http-port 0`` as a user runs it: the printed fingerprint is the one the SDK
 pins and ``health`` reports, the printed HTTPS URL carries the access token and reads with the
 certificate, ``url`` prints that URL, and the token file goes when the server stops."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,20 @@ def test_serve_with_tls_prints_what_clients_need(tmp_path):
     np.save(tmp_path / "a.npy", np.arange(12, dtype=np.int32).reshape(3, 4))
     home = tmp_path / "home"
     env = {**os.environ, "TENSOR_SERVER_HOME": str(home), "BIOPB_STATE_HOME": str(tmp_path / "biopb")}
-    cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0", "--http-port", "0",
-           "--tls", "--san", "viewer.lab"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensor_server",
+        "serve",
+        str(tmp_path / "a.npy"),
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--tls",
+        "--san",
+        "viewer.lab",
+    ]
     proc, out = _start(cmd, env)
     try:
         fingerprint = re.search(r"tls_fingerprint='([0-9a-f]{64})'", out).group(1)
@@ -45,16 +58,25 @@ def test_serve_with_tls_prints_what_clients_need(tmp_path):
         assert client.health_check()["tls_fingerprint"] == fingerprint
         cert = (home / "tls" / "server-cert.pem").read_bytes()
         ctx = ssl.create_default_context(cadata=cert.decode())
-        found = subprocess.run([sys.executable, "-m", "tensor_server", "url", str(tmp_path / "a.npy"), "--http-port",
-                                url.group(2)], env=env, capture_output=True, text=True, timeout=60)
+        found = subprocess.run(
+            [sys.executable, "-m", "tensor_server", "url", str(tmp_path / "a.npy"), "--http-port", url.group(2)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         printed = found.stdout.strip()
         assert printed.startswith(url.group(1) + "zarr/") and printed.endswith("/")
         deadline = time.monotonic() + 60
         while (r := httpx.get(printed + ".zattrs", verify=ctx)).status_code == 404 and time.monotonic() < deadline:
             time.sleep(0.2)  # the scan is still finding the file
         assert r.status_code == 200 and r.json()["multiscales"][0]["datasets"][0]["path"] == "0"
-        assert httpx.get(printed.replace(url.group(1), url.group(1).split("/t/")[0] + "/") + ".zattrs",
-                         verify=ctx).status_code == 401  # the same URL without the token
+        assert (
+            httpx.get(
+                printed.replace(url.group(1), url.group(1).split("/t/")[0] + "/") + ".zattrs", verify=ctx
+            ).status_code
+            == 401
+        )  # the same URL without the token
         assert (home / "http" / f"{url.group(2)}.json").exists()
     finally:
         proc.terminate()

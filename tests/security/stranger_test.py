@@ -9,6 +9,7 @@ in-process producer creates the upload with ``grant=``); alice fills it, reads a
 it through the real biopb SDK, and the strangers try theirs through it, as the red-team
 findings of issue 38 were made.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,9 @@ def _private_upload(served, token: str, name: str):
     from tensor_server.service.access import grant_digest
 
     digest = grant_digest(token)
-    up = served.runtime.uploads.add_tensor(f"zarr://scratch/@fields/{name}", ARR.shape, ARR.dtype,
-                                           owner=digest, grant=digest)
+    up = served.runtime.uploads.add_tensor(
+        f"zarr://scratch/@fields/{name}", ARR.shape, ARR.dtype, owner=digest, grant=digest
+    )
     client = served.client(token)
     desc = client.get_descriptor(up.array_id)
     assert client.upload_array(desc, ARR)["state"] == "READY"
@@ -74,8 +76,9 @@ def alice(tmp_path):
 
 
 def _tensor_ids(client, source_id: str) -> set[str]:
-    rows = client.query(f"SELECT unnest(tensors).array_id AS array_id FROM sources WHERE source_id = '{source_id}'",
-                        format="records")
+    rows = client.query(
+        f"SELECT unnest(tensors).array_id AS array_id FROM sources WHERE source_id = '{source_id}'", format="records"
+    )
     return {r["array_id"] for r in rows}
 
 
@@ -158,8 +161,10 @@ def test_upload_refusals_show_a_stranger_nothing_of_a_granted_tensor(alice, toke
     served, aid = alice
     stranger = served.client(token)
     attempts = [
-        (lambda: stranger.setup_array_upload(f"zarr://{aid}/@labels/cells", np.zeros((2, 2), np.uint32)),
-         "capability token"),
+        (
+            lambda: stranger.setup_array_upload(f"zarr://{aid}/@labels/cells", np.zeros((2, 2), np.uint32)),
+            "capability token",
+        ),
         (lambda: stranger.setup_array_upload(f"zarr://{aid}", ARR), "capability token"),
         (lambda: stranger.set_upload_status(aid, "DISCARDED"), f"permission denied: {aid} is an upload whose chunks"),
     ]

@@ -1,6 +1,7 @@
 """The real biopb 0.13.0 SDK over ``grpcs://``: trust on first use, ``tls_fingerprint=``, a
 wrong or changed certificate refused, and reads, an upload and the chunk_locate fast path
 over TLS."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """HTTPS on the HTTP door: zarr-python reads the virtual OME-Zarr over fsspec, trusting the
 server's self-signed certificate; a client that does not trust it gets no bytes."""
+
 from __future__ import annotations
 
 import ssl
@@ -21,8 +22,9 @@ def https_door(tmp_path_factory, server_cert):
     cat = Catalog([])
     cat.add_source(MemorySource(ArrayAdapter(IMG, "yx", chunk_shape=(64, 64)), source_id="img"))
     cat.first_scan_done.set()
-    with http_serving(cat, tmp_path_factory.mktemp("https"), security=HttpSecurity.build(tokens=[TOKEN]),
-                 tls=server_cert) as (srv, http):
+    with http_serving(
+        cat, tmp_path_factory.mktemp("https"), security=HttpSecurity.build(tokens=[TOKEN]), tls=server_cert
+    ) as (srv, http):
         yield http
     cat.close()
 

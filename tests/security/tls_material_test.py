@@ -1,4 +1,5 @@
 """service/tls.py: the certificate a server presents, and the rule for serving without one."""
+
 from __future__ import annotations
 
 import datetime
@@ -31,8 +32,11 @@ def test_minted_certificate_names_every_address_and_lasts(tmp_path):
     assert VALIDITY_DAYS - 2 <= left.days <= VALIDITY_DAYS
     assert stat.S_IMODE(tls.key_path.stat().st_mode) == 0o600
     assert expiry_warning(tls.not_after) is None
-    assert tls.health() == {"tls": True, "tls_fingerprint": tls.fingerprint,
-                            "tls_not_after": tls.not_after.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    assert tls.health() == {
+        "tls": True,
+        "tls_fingerprint": tls.fingerprint,
+        "tls_not_after": tls.not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
     assert format_fingerprint(tls.fingerprint) in tls.startup_lines()[0]
 
 
@@ -123,13 +127,31 @@ def test_tls_and_http_settings_from_config_and_flags(tmp_path):
     from tensor_server.config import load_settings
 
     cfg = tmp_path / "server.toml"
-    cfg.write_text('[tls]\nenabled = true\nsans = ["a.lab"]\ninsecure = false\n'
-                   '[http]\ntoken = false\ncors_origins = ["https://v.example"]\nallowed_hosts = ["t.lab"]\n')
+    cfg.write_text(
+        '[tls]\nenabled = true\nsans = ["a.lab"]\ninsecure = false\n'
+        '[http]\ntoken = false\ncors_origins = ["https://v.example"]\nallowed_hosts = ["t.lab"]\n'
+    )
     s = load_settings(cfg)
     assert (s.tls, s.sans, s.insecure, s.http_token) == (True, ["a.lab"], False, False)
     assert (s.cors_origins, s.http_allowed_hosts) == (["https://v.example"], ["t.lab"])
-    args = _build_parser().parse_args(["serve", "/data", "--config", str(cfg), "--san", "b.lab", "--san", "10.0.0.9",
-                                       "--tls-cert", "c.pem", "--tls-key", "k.pem", "--cors-origin", "http://w"])
+    args = _build_parser().parse_args(
+        [
+            "serve",
+            "/data",
+            "--config",
+            str(cfg),
+            "--san",
+            "b.lab",
+            "--san",
+            "10.0.0.9",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--cors-origin",
+            "http://w",
+        ]
+    )
     s = _settings(args)
     assert (s.sans, s.tls_cert, s.tls_key, s.cors_origins) == (["b.lab", "10.0.0.9"], "c.pem", "k.pem", ["http://w"])
     assert s.http_token is False  # the file's, no flag given

@@ -1,5 +1,6 @@
 """Owners and read-only servers (``service/access.py``), through the real biopb SDK: an upload
 belongs to whoever created it; a ``--read-only`` server refuses every verb that writes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,8 +53,9 @@ def test_an_upload_belongs_to_whoever_created_it(catalog, tmp_path):
         assert alice.upload_array(desc, ARR)["state"] == "READY"
         for reader in (alice, bob, anon):
             np.testing.assert_array_equal(reader.get_array(desc.array_id), ARR)
-            listed = reader.query("SELECT unnest(tensors).array_id AS a FROM sources WHERE source_id = 'img'",
-                                  format="records")
+            listed = reader.query(
+                "SELECT unnest(tensors).array_id AS a FROM sources WHERE source_id = 'img'", format="records"
+            )
             assert {"a": desc.array_id} in listed
         for other in (bob, anon):
             with pytest.raises(flight.FlightUnauthorizedError, match="is an upload whose chunks"):
@@ -173,29 +175,42 @@ def test_a_chunk_write_by_another_is_permission_denied(catalog, tmp_path, privat
         if private:
             from tensor_server.service.access import grant_digest
 
-            up = srv.runtime.uploads.add_tensor("cache://img/@fields/solo", ARR.shape, ARR.dtype,
-                                                owner=grant_digest("alice"), grant=grant_digest("alice"))
+            up = srv.runtime.uploads.add_tensor(
+                "cache://img/@fields/solo",
+                ARR.shape,
+                ARR.dtype,
+                owner=grant_digest("alice"),
+                grant=grant_digest("alice"),
+            )
             array_id = up.array_id
         else:
-            array_id = TensorFlightClient(srv.location, token="alice").setup_array_upload(
-                "cache://img/@fields/solo", ARR).array_id
+            array_id = (
+                TensorFlightClient(srv.location, token="alice")
+                .setup_array_upload("cache://img/@fields/solo", ARR)
+                .array_id
+            )
         from biopb.tensor import descriptor_pb2, ticket_pb2
 
         opt = descriptor_pb2.TensorReadOption(array_id=array_id)
         opt.fields.paths.append("endpoints")
         headers = lambda t: flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {t}".encode())])  # noqa: E731
         raw = flight.FlightClient(srv.location)
-        info = raw.get_flight_info(flight.FlightDescriptor.for_command(
-            descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()), headers("alice"))
+        info = raw.get_flight_info(
+            flight.FlightDescriptor.for_command(descriptor_pb2.FlightRequest(tensor_read=opt).SerializeToString()),
+            headers("alice"),
+        )
         chunk_id = ticket_pb2.TensorTicket.FromString(info.endpoints[0].ticket.ticket).chunk_id
         cmd = ticket_pb2.PutCommand(chunk_ticket=ticket_pb2.TensorTicket(chunk_id=chunk_id).SerializeToString())
         import pyarrow as pa
 
         batch = pa.record_batch([pa.array(ARR.ravel())], names=["data"])
-        writer, _ = raw.do_put(flight.FlightDescriptor.for_command(cmd.SerializeToString()), batch.schema,
-                               headers("bob"))
-        with pytest.raises(flight.FlightUnauthorizedError, match=f"{array_id} is an upload whose chunks and "
-                           "status only its owner writes") as refused:
+        writer, _ = raw.do_put(
+            flight.FlightDescriptor.for_command(cmd.SerializeToString()), batch.schema, headers("bob")
+        )
+        with pytest.raises(
+            flight.FlightUnauthorizedError,
+            match=f"{array_id} is an upload whose chunks and status only its owner writes",
+        ) as refused:
             writer.write_batch(batch)
             writer.close()
         assert "PENDING" not in str(refused.value) and str(list(ARR.shape)) not in str(refused.value)
@@ -219,8 +234,11 @@ def test_annotations_carry_their_writer(catalog, tmp_path):
         bob.put_rois("img", [roi("b1")])
         with pytest.raises(Exception, match="stored by another client"):
             bob.put_rois("img", [roi("a1")])
-        with pytest.raises(flight.FlightUnauthorizedError, match=r"roi_delete on img: a1 were stored by another "
-                           "client; .* nothing was deleted"):
+        with pytest.raises(
+            flight.FlightUnauthorizedError,
+            match=r"roi_delete on img: a1 were stored by another "
+            "client; .* nothing was deleted",
+        ):
             bob.delete_rois("img", ["a1", "b1"])  # by id: another's row is refused, never skipped in silence
         assert bob.delete_rois("img", ["b1", "gone"]).deleted == ["b1"]  # an id no one holds is no one's
         assert sorted(r.roi_id for r in alice.list_rois("img").rois) == ["a1", "a2"]

@@ -1,5 +1,6 @@
 """The action registry is the one list: Flight lists exactly it, the docs table is it, and
 write verbs on a server that takes no writes say how to turn them on."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,10 @@ def test_the_docs_table_is_the_registry():
 def test_flight_lists_the_registry_and_nothing_else(catalog, tmp_path):
     from tensor_server.cache import CacheManager
 
-    with CacheManager(tmp_path / "c") as cache, serving(catalog, cache=cache, write_dir=str(tmp_path / "w"),
-                                                        writable=True) as srv:
+    with (
+        CacheManager(tmp_path / "c") as cache,
+        serving(catalog, cache=cache, write_dir=str(tmp_path / "w"), writable=True) as srv,
+    ):
         listed = [(a.type, a.description) for a in flight.FlightClient(srv.location).list_actions()]
     assert listed == [(a.name, a.description) for a in ACTIONS]
 

@@ -1,5 +1,6 @@
 """The door conformance suite through the in-process API: the runtime's verbs called directly
 with a ``Caller`` (what every door builds its answers from)."""
+
 from __future__ import annotations
 
 import json
@@ -36,15 +37,20 @@ class InProcessDoor:
     def add_source(self, path, token):
         from biopb.tensor.descriptor_pb2 import AddSourceRequest
 
-        return list(self.runtime.do_action("add_source", AddSourceRequest(url=path).SerializeToString(),
-                                           Caller(token=token)))
+        return list(
+            self.runtime.do_action("add_source", AddSourceRequest(url=path).SerializeToString(), Caller(token=token))
+        )
 
     def query(self, sql, token):
         return self.runtime.query(sql, Caller(token=token)).to_pylist()
 
     def listed(self, source_id, token):
-        return [r["array_id"] for r in self.query(
-            f"SELECT unnest(tensors).array_id AS array_id FROM sources WHERE source_id = '{source_id}'", token)]
+        return [
+            r["array_id"]
+            for r in self.query(
+                f"SELECT unnest(tensors).array_id AS array_id FROM sources WHERE source_id = '{source_id}'", token
+            )
+        ]
 
     def resolve(self, source_id, token):
         from biopb.tensor.descriptor_pb2 import ResolveStreamMessage
@@ -58,16 +64,18 @@ class InProcessDoor:
         from biopb.tensor._roi_rows import rois_to_table
 
         cmd = ticket_pb2.PutCommand(roi_put=ticket_pb2.RoiPut(array_id=array_id))
-        reply = self.runtime.catalog_verbs.roi_write(cmd, rois_to_table([point_roi()]).to_batches(),
-                                                     Caller(token=token), lambda: False)
+        reply = self.runtime.catalog_verbs.roi_write(
+            cmd, rois_to_table([point_roi()]).to_batches(), Caller(token=token), lambda: False
+        )
         return len(RoiPutResult.FromString(reply).stored)
 
     def add_tensor(self, request_id, shape, token):
         from biopb.tensor.descriptor_pb2 import TensorDescriptor
 
         body = TensorDescriptor(array_id=request_id, shape=list(shape), dtype="<u2").SerializeToString()
-        return TensorDescriptor.FromString(b"".join(self.runtime.do_action("add_tensor", body,
-                                                                           Caller(token=token)))).array_id
+        return TensorDescriptor.FromString(
+            b"".join(self.runtime.do_action("add_tensor", body, Caller(token=token)))
+        ).array_id
 
     @staticmethod
     def refusal(exc):

@@ -1,5 +1,6 @@
 """The ``export`` action through Flight: progress records stream as the export goes, the image
 lands under the write dir and equals the engine's reads; bad destinations are refused by name."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ def served(tmp_path):
 
 def _export(srv, body):
     client = flight.FlightClient(srv.location)
-    return [json.loads(r.body.to_pybytes()) for r in client.do_action(flight.Action("export", json.dumps(body).encode()))]
+    return [
+        json.loads(r.body.to_pybytes()) for r in client.do_action(flight.Action("export", json.dumps(body).encode()))
+    ]
 
 
 def test_export_streams_progress_and_writes_under_the_write_dir(served):
@@ -39,8 +42,9 @@ def test_export_streams_progress_and_writes_under_the_write_dir(served):
     out = served.runtime.uploads.write_dir / "exports" / "img.ome.zarr"
     group = zarr.open_group(str(out), mode="r")
     np.testing.assert_array_equal(group["0"][...], IMAGE)
-    np.testing.assert_array_equal(group["1"][...], served.runtime.engine.read(
-        served.runtime.catalog.find_tensor("img")[0], None, (2, 2), "area"))
+    np.testing.assert_array_equal(
+        group["1"][...], served.runtime.engine.read(served.runtime.catalog.find_tensor("img")[0], None, (2, 2), "area")
+    )
 
 
 @pytest.mark.parametrize("dest", ["../escape", "/etc/x", "", "a/b"])
@@ -148,8 +152,11 @@ def big(tmp_path):
     cat.close()
 
 
-BIG = {"array_id": "big", "dest": "big.zarr",
-       "options": {"levels": 2, "chunks": [64, 64], "shards": [4096, 4096], "codec": "zstd"}}
+BIG = {
+    "array_id": "big",
+    "dest": "big.zarr",
+    "options": {"levels": 2, "chunks": [64, 64], "shards": [4096, 4096], "codec": "zstd"},
+}
 
 
 def _leave_when(srv, body, until, then=lambda: True):
@@ -184,8 +191,9 @@ def test_a_client_that_leaves_mid_unit_stops_its_export_and_resume_continues_it(
     import zarr
 
     per_unit = 4096 + 1024
-    records = _leave_when(big, BIG, until=lambda rs: rs[-1].get("event") == "unit",
-                          then=lambda: len(slow_chunks.encoded) >= per_unit + 50)  # into the second unit
+    records = _leave_when(
+        big, BIG, until=lambda rs: rs[-1].get("event") == "unit", then=lambda: len(slow_chunks.encoded) >= per_unit + 50
+    )  # into the second unit
     assert [r["event"] for r in records] == ["start", "unit"] and records[0]["units_total"] == 2
     assert _wait_for(lambda: big.runtime.metrics.exports_running == 0)  # the export's thread ended
     stopped_at = len(slow_chunks.encoded)
@@ -208,12 +216,17 @@ def test_a_third_export_is_overloaded_and_a_second_to_the_same_dest_refused(big,
 
     assert MAX_RUNNING == 2
     clients = [flight.FlightClient(big.location) for _ in range(2)]
-    streams = [c.do_action(flight.Action("export", json.dumps({**BIG, "dest": f"b{i}.zarr"}).encode()))
-               for i, c in enumerate(clients)]
+    streams = [
+        c.do_action(flight.Action("export", json.dumps({**BIG, "dest": f"b{i}.zarr"}).encode()))
+        for i, c in enumerate(clients)
+    ]
     assert [json.loads(next(s).body.to_pybytes())["event"] for s in streams] == ["start", "start"]
     assert big.runtime.metrics.exports_running == 2
-    with pytest.raises(flight.FlightUnavailableError, match=r"2 exports are running on this server, the most it "
-                                                            r"runs at once \(2\); retry when one has finished"):
+    with pytest.raises(
+        flight.FlightUnavailableError,
+        match=r"2 exports are running on this server, the most it "
+        r"runs at once \(2\); retry when one has finished",
+    ):
         _export(big, {"array_id": "img", "dest": "small.zarr"})
     del streams
     for c in clients:
@@ -230,13 +243,16 @@ def test_a_third_export_is_overloaded_and_a_second_to_the_same_dest_refused(big,
     assert _export(big, {"array_id": "img", "dest": "small.zarr"})[-1]["event"] == "done"
 
 
-@pytest.mark.parametrize("options,match", [
-    ({"resume": True}, "export option 'resume' is spelled \"mode\": \"resume\""),
-    ({"overwrite": True}, "export option 'overwrite' is spelled \"mode\": \"overwrite\""),
-    ({"workers": 8}, r"workers 8 is more than a server's export may use \(4\)"),
-    ({"chunks": [1, 1]}, r"chunks \[1, 1\]: the y edge 1 is below the minimum of 64 pixels"),
-    ([1, 2], "export options must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        ({"resume": True}, 'export option \'resume\' is spelled "mode": "resume"'),
+        ({"overwrite": True}, 'export option \'overwrite\' is spelled "mode": "overwrite"'),
+        ({"workers": 8}, r"workers 8 is more than a server's export may use \(4\)"),
+        ({"chunks": [1, 1]}, r"chunks \[1, 1\]: the y edge 1 is below the minimum of 64 pixels"),
+        ([1, 2], "export options must be a JSON object"),
+    ],
+)
 def test_bad_options_are_invalid_argument_naming_the_option(served, options, match):
     with pytest.raises(flight.FlightServerError, match=match) as info:
         _export(served, {"array_id": "img", "dest": "bad.zarr", "options": options})

@@ -2,6 +2,7 @@
 serve to this caller", and every listing that takes its tensors from it (SQL rows, the catalog
 page and ``/api/catalog``, the OME-Zarr ``labels/`` listing, export), through the real doors:
 uploads made with the biopb SDK, read back over HTTP as zarr clients and scripts read them."""
+
 from __future__ import annotations
 
 import httpx
@@ -29,8 +30,9 @@ def srv(tmp_path_factory):
     PENDING result; and, granted to ``GRANT``, a READY result and a READY label set."""
     cat = Catalog([])
     cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=(16, 16)), source_id="img"))
-    cat.add_source(MemorySource({"a": ArrayAdapter(IMAGE[:8], "yx"), "b": ArrayAdapter(IMAGE[:4], "yx")},
-                                source_id="pair"))
+    cat.add_source(
+        MemorySource({"a": ArrayAdapter(IMAGE[:8], "yx"), "b": ArrayAdapter(IMAGE[:4], "yx")}, source_id="pair")
+    )
     cat.first_scan_done.set()
     with serving(cat, http=True, write_dir=str(tmp_path_factory.mktemp("write")), writable=True) as served:
         client = served.client()
@@ -47,8 +49,9 @@ def srv(tmp_path_factory):
 
 def _granted_upload(manager, request_id, data):
     """A READY upload granted to ``GRANT`` (as an in-process producer asking for a private one makes it)."""
-    up = manager.add_tensor(request_id, data.shape, data.dtype, chunk_shape=data.shape, owner=grant_digest(GRANT),
-                            grant=grant_digest(GRANT))
+    up = manager.add_tensor(
+        request_id, data.shape, data.dtype, chunk_shape=data.shape, owner=grant_digest(GRANT), grant=grant_digest(GRANT)
+    )
     cid = ChunkId.for_extent(up.array_id, Bounds((0, 0), data.shape), (1, 1), "none", up.tensor.content_version)
     manager.write_chunk(cid, data)
     manager.set_ready(up.array_id)

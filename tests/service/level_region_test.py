@@ -1,6 +1,7 @@
 """``ServingRuntime.level_region``: a cold tile is computed from its own extent and its chunks
 are queued on the precacher; a warm one is assembled from the cached chunks. Both are the
 pixels the level's chunks hold (the NumPy oracle: the chunks, computed by the engine)."""
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """MemoryReturn: the server gives freed memory back on a timer, and stops when closed."""
+
 from __future__ import annotations
 
 import threading

@@ -2,6 +2,7 @@
 the sequence implies; labels stay bounded under ids and paths a client makes up; the
 listener's bind rule; the request id a client's error names is the request log's; the
 decode_rates table the SDK reads is filled by full-resolution decodes."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ SHAPE, CHUNK = (128, 128), (64, 64)
 def catalog():
     cat = Catalog([])
     rng = np.random.default_rng(3)
-    cat.add_source(MemorySource(ArrayAdapter(rng.integers(0, 60000, SHAPE, dtype=np.uint16), "yx",
-                                             chunk_shape=CHUNK), source_id="img"))
+    cat.add_source(
+        MemorySource(
+            ArrayAdapter(rng.integers(0, 60000, SHAPE, dtype=np.uint16), "yx", chunk_shape=CHUNK), source_id="img"
+        )
+    )
     cat.first_scan_done.set()
     cat.decode_rates_refresh = 0.0  # publish every sample (the default debounces a snapshot rewrite)
     yield cat
@@ -42,9 +46,18 @@ def catalog():
 
 @pytest.fixture
 def served(catalog, tmp_path):
-    with CacheManager(tmp_path / "cache") as cache, serving(
-            catalog, cache=cache, http=True, metrics_port=0, precache_bytes=0,
-            write_dir=str(tmp_path / "w"), writable=True) as srv:
+    with (
+        CacheManager(tmp_path / "cache") as cache,
+        serving(
+            catalog,
+            cache=cache,
+            http=True,
+            metrics_port=0,
+            precache_bytes=0,
+            write_dir=str(tmp_path / "w"),
+            writable=True,
+        ) as srv,
+    ):
         yield srv
 
 
@@ -54,8 +67,11 @@ def scrape(srv, token=None) -> dict[tuple[str, frozenset], float]:
         request.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(request, timeout=10) as resp:
         text = resp.read().decode()
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def moved(before, after, name, **labels) -> float:
@@ -65,8 +81,10 @@ def moved(before, after, name, **labels) -> float:
 
 def chunk_tickets(runtime, scale=None, method=""):
     described = runtime.describe(IN_PROCESS, "img", scale=scale, method=method, fields=["endpoints"])
-    return [flight.Ticket(ticket_pb2.TensorTicket(chunk_id=c.chunk_id.encode()).SerializeToString())
-            for c in described.plan.chunks]
+    return [
+        flight.Ticket(ticket_pb2.TensorTicket(chunk_id=c.chunk_id.encode()).SerializeToString())
+        for c in described.plan.chunks
+    ]
 
 
 def test_each_counter_moves_by_what_the_sequence_implies(served):
@@ -85,8 +103,9 @@ def test_each_counter_moves_by_what_the_sequence_implies(served):
     after = scrape(served)
 
     assert moved(before, after, "tensor_server_requests_total", door="flight", call="DoGet", code="OK") == 8
-    assert moved(before, after, "tensor_server_requests_total", door="flight", call="DoGet",
-                 code="INVALID_ARGUMENT") == 1
+    assert (
+        moved(before, after, "tensor_server_requests_total", door="flight", call="DoGet", code="INVALID_ARGUMENT") == 1
+    )
     assert moved(before, after, "tensor_server_request_seconds_count", door="flight", call="DoGet") == 9
     assert moved(before, after, "tensor_server_verb_calls_total", verb="chunk", code="OK") == 8
     assert moved(before, after, "tensor_server_verb_calls_total", verb="chunk", code="INVALID_ARGUMENT") == 1
@@ -139,11 +158,14 @@ def test_labels_stay_bounded_under_made_up_ids_and_paths(served):
             with pytest.raises(flight.FlightError):
                 client.do_get(flight.Ticket(ticket_pb2.TensorTicket(chunk_id=name.encode()).SerializeToString()))
     samples = scrape(served)
-    for (name, labels) in samples:
+    for name, labels in samples:
         for key, value in labels:
             assert not any(m in value for m in made_up), (name, key, value)
-    calls = {dict(labels)["call"] for name, labels in samples if name == "tensor_server_requests_total"
-             and dict(labels)["door"] == "http"}
+    calls = {
+        dict(labels)["call"]
+        for name, labels in samples
+        if name == "tensor_server_requests_total" and dict(labels)["door"] == "http"
+    }
     assert calls == {"zarr_metadata", "zarr_chunk", "other"}
     verbs = {dict(labels)["verb"] for name, labels in samples if name == "tensor_server_verb_calls_total"}
     assert "action:unknown" in verbs and len(verbs) <= 4
@@ -175,8 +197,9 @@ def test_the_decode_rates_table_is_filled_by_full_resolution_decodes(served):
     [scaled] = chunk_tickets(served.runtime, scale=[2, 2], method="area")
     client.do_get(scaled).read_all()  # scaled: not a sample
     sdk = served.client()
-    rows = sdk.query("SELECT array_id, mbps, samples, updated_at FROM decode_rates ORDER BY mbps DESC",
-                     format="records")
+    rows = sdk.query(
+        "SELECT array_id, mbps, samples, updated_at FROM decode_rates ORDER BY mbps DESC", format="records"
+    )
     sdk.close()
     assert [(r["array_id"], r["samples"]) for r in rows] == [("img", 4)]
     assert rows[0]["mbps"] > 0 and rows[0]["updated_at"] is not None
@@ -190,9 +213,15 @@ def test_a_stored_levels_decodes_are_its_tensors_rows(tmp_path):
     from ome_zarr.writer import write_image
 
     img = np.random.default_rng(5).integers(0, 4000, (128, 96), dtype=np.uint16)
-    write_image(img, zarr.open_group(str(tmp_path / "root" / "pyr.zarr"), mode="w", zarr_format=2),
-                scale_factors=[2, 4], scaler=None, axes="yx", fmt=FormatV04(),
-                storage_options={"chunks": (32, 32)})
+    write_image(
+        img,
+        zarr.open_group(str(tmp_path / "root" / "pyr.zarr"), mode="w", zarr_format=2),
+        scale_factors=[2, 4],
+        scaler=None,
+        axes="yx",
+        fmt=FormatV04(),
+        storage_options={"chunks": (32, 32)},
+    )
     cat = Catalog([tmp_path / "root"])
     cat.scan()
     cat.decode_rates_refresh = 0.0
@@ -231,8 +260,9 @@ def test_with_a_token_every_scrape_presents_it(catalog):
 def test_metrics_off_builds_no_instruments_but_still_times(catalog):
     with serving(catalog) as srv:
         assert srv.runtime.metrics.registry is None and srv.metrics is None
-        srv.runtime.chunk(srv.runtime.describe(IN_PROCESS, "img", fields=["endpoints"]).plan.chunks[0].chunk_id,
-                          Caller())
+        srv.runtime.chunk(
+            srv.runtime.describe(IN_PROCESS, "img", fields=["endpoints"]).plan.chunks[0].chunk_id, Caller()
+        )
         assert catalog.decode_rates.snapshot()["img"][1] == 1
 
 
@@ -262,8 +292,22 @@ def test_serve_with_metrics_port_and_json_request_log(tmp_path):
 
     np.save(tmp_path / "a.npy", np.arange(64 * 64, dtype=np.uint16).reshape(64, 64))
     env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")}
-    cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0", "--http-port", "0",
-           "--metrics-port", "0", "--log-format", "json", "--no-http-token"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensor_server",
+        "serve",
+        str(tmp_path / "a.npy"),
+        "--port",
+        "0",
+        "--http-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--log-format",
+        "json",
+        "--no-http-token",
+    ]
     proc, lines = _start(cmd, env, "scan done")
     try:
         text = "".join(lines)
@@ -282,17 +326,31 @@ def test_serve_with_metrics_port_and_json_request_log(tmp_path):
         record = json.loads(line)
         assert record["logger"] == "tensor_server.access" and record["request_id"] == rid
         assert record["door"] == "http" and record["call"] == "zarr_metadata" and record["status"] == 200
-        samples = {(s.name, frozenset(s.labels.items())): s.value for f in
-                   text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text) for s in f.samples}
-        key = ("tensor_server_requests_total", frozenset({"door": "http", "call": "zarr_metadata", "code": "OK"}.items()))
+        samples = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for f in text_string_to_metric_families(httpx.get(metrics_url, timeout=10).text)
+            for s in f.samples
+        }
+        key = (
+            "tensor_server_requests_total",
+            frozenset({"door": "http", "call": "zarr_metadata", "code": "OK"}.items()),
+        )
         assert samples[key] == 1
         assert samples[("process_open_fds", frozenset())] > 0
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         proc.stderr.close()
-    assert subprocess.run(cmd[:-2] + ["--config", str(_public_metrics_config(tmp_path))], env=env,
-                          capture_output=True, text=True, timeout=90).returncode == 2
+    assert (
+        subprocess.run(
+            cmd[:-2] + ["--config", str(_public_metrics_config(tmp_path))],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        ).returncode
+        == 2
+    )
 
 
 def _public_metrics_config(tmp_path):
@@ -306,10 +364,21 @@ def test_every_metric_the_dashboard_queries_is_exposed(catalog, tmp_path):
 
     dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    queried = {re.sub(r"_(bucket|total)$", "", name) for e in exprs
-               for name in re.findall(r"\b((?:tensor_server|process)_[a-z_]+)", e)}
-    with CacheManager(tmp_path / "cache") as cache, serving(catalog, cache=cache, metrics_port=0,  # precache on
-                                                            write_dir=str(tmp_path / "w"), writable=True) as srv:
+    queried = {
+        re.sub(r"_(bucket|total)$", "", name)
+        for e in exprs
+        for name in re.findall(r"\b((?:tensor_server|process)_[a-z_]+)", e)
+    }
+    with (
+        CacheManager(tmp_path / "cache") as cache,
+        serving(
+            catalog,
+            cache=cache,
+            metrics_port=0,  # precache on
+            write_dir=str(tmp_path / "w"),
+            writable=True,
+        ) as srv,
+    ):
         flight.FlightClient(srv.location).do_get(chunk_tickets(srv.runtime)[0]).read_all()
         with urllib.request.urlopen(srv.metrics_url, timeout=10) as resp:
             exposed = {f.name for f in text_string_to_metric_families(resp.read().decode())}
@@ -418,10 +487,18 @@ def test_discovery_counts_what_the_scan_walked_opened_and_skipped(tmp_path):
     try:
         with serving(cat, metrics_port=0) as srv:
             after = scrape(srv)
-        counts = {dict(labels)["kind"]: value for (name, labels), value in after.items()
-                  if name == "tensor_server_discovery"}
-        assert counts == {"folders_walked": 4, "files_seen": 3, "files_unchanged": 0, "files_opened": 2,
-                          "files_failed": 1, "pending_open": 0, "skipped": 1}
+        counts = {
+            dict(labels)["kind"]: value for (name, labels), value in after.items() if name == "tensor_server_discovery"
+        }
+        assert counts == {
+            "folders_walked": 4,
+            "files_seen": 3,
+            "files_unchanged": 0,
+            "files_opened": 2,
+            "files_failed": 1,
+            "pending_open": 0,
+            "skipped": 1,
+        }
         finished = after[("tensor_server_discovery_last_scan_finished_timestamp_seconds", frozenset())]
         assert finished == cat.last_scan_finished_at
     finally:

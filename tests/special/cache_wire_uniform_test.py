@@ -1,5 +1,6 @@
 """Uniform chunks in the chunk cache (a value, no segment bytes) and on DoGet (one shared
 constant buffer)."""
+
 from __future__ import annotations
 
 import numpy as np

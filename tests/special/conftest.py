@@ -1,5 +1,6 @@
 """Helpers for the special-chunk tests: count the reads that reach a format's decoder, and
 compare the engine's answers with the oracle computed from a full decode."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,5 +1,6 @@
 """The engine's closed-form path on a reference adapter that reports its uniform grid blocks:
 bit-identical to the oracle for every method, dtype and edge, and it skips the reads."""
+
 from __future__ import annotations
 
 import itertools
@@ -53,8 +54,15 @@ def sparse(shape, dtype, block, fill, seed=0, dense_blocks=2):
 
 
 CASES = [
-    (np.uint8, 0), (np.int16, -7), (np.uint16, 3), (np.float16, 0.0), (np.float32, 2.5),
-    (np.float64, 0.1), (np.float64, np.nan), (np.bool_, True), (np.int64, -(2**62)),
+    (np.uint8, 0),
+    (np.int16, -7),
+    (np.uint16, 3),
+    (np.float16, 0.0),
+    (np.float32, 2.5),
+    (np.float64, 0.1),
+    (np.float64, np.nan),
+    (np.bool_, True),
+    (np.int64, -(2**62)),
 ]
 
 
@@ -128,8 +136,6 @@ def test_chunks_of_uniform_extents_are_broadcast_values() -> None:
 
 
 def test_reduced_constant_is_the_kernels_answer() -> None:
-    assert reduced_constant(np.float64(0.1), np.dtype("f8"), (3, 3), "area") == np.float64(
-        sum([0.1] * 9) / 9
-    )
+    assert reduced_constant(np.float64(0.1), np.dtype("f8"), (3, 3), "area") == np.float64(sum([0.1] * 9) / 9)
     assert np.isnan(reduced_constant(np.float32(np.nan), np.dtype("f4"), (2, 2), "median"))
     assert reduced_constant(np.uint8(255), np.dtype("u1"), (7,), "area") == 255

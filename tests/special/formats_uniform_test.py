@@ -1,5 +1,6 @@
 """Per-format detection of uniform blocks from metadata: the closed-form path is taken (the
 decoder sees only the dense blocks) and the answers are the oracle's bytes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -229,7 +230,7 @@ def test_czi_regions_no_subblock_covers_are_background(tmp_path) -> None:
         for z in (0, 2):
             for x in (0, 384):
                 tile = rng.integers(1, 60000, (128, 128), dtype=np.uint16)
-                a[z, :, x:x + 128] = tile
+                a[z, :, x : x + 128] = tile
                 w.write(tile, plane={"Z": z, "C": 0, "T": 0}, location=(x, 0))
     t = CziSource(path).tensor()
     assert t.shape[-3:] == (3, 128, 512)

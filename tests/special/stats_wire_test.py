@@ -1,5 +1,6 @@
 """tensor_stats (core, Flight action, CLI) in closed form over uniform blocks, and special
 chunks through the real biopb client."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,13 @@ def sparse_zarr(path, dtype="u2", fill=0):
 
 
 def numpy_stats(a: np.ndarray) -> dict:
-    return {"count": a.size, "count_nonzero": int(np.count_nonzero(a)), "min": a.min().item(),
-            "max": a.max().item(), "sum": a.astype(np.float64).sum().item() if a.dtype.kind == "f" else int(a.sum(dtype=np.int64))}
+    return {
+        "count": a.size,
+        "count_nonzero": int(np.count_nonzero(a)),
+        "min": a.min().item(),
+        "max": a.max().item(),
+        "sum": a.astype(np.float64).sum().item() if a.dtype.kind == "f" else int(a.sum(dtype=np.int64)),
+    }
 
 
 @pytest.mark.parametrize("dtype,fill", [("u2", 0), ("i4", -3), ("f4", 0.5)])
@@ -93,10 +99,14 @@ def test_stats_cli_on_a_folder_reads_every_tensor_under_it(tmp_path, capsys) -> 
     assert main(["stats", str(tmp_path)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(line["path"], line["dtype"], line["sum"], line["min"], line["max"]) for line in lines] == [
-        (str(tmp_path / "a.tif"), "|u1", 66, 0, 11), (str(tmp_path / "sub" / "b.tif"), "<u2", 70, 7, 7)]
+        (str(tmp_path / "a.tif"), "|u1", 66, 0, 11),
+        (str(tmp_path / "sub" / "b.tif"), "<u2", 70, 7, 7),
+    ]
     assert main(["stats", str(tmp_path), "--slice", "0:2,1:3"]) == 0
     assert [json.loads(line)["sum"] for line in capsys.readouterr().out.splitlines()] == [
-        int(a[0:2, 1:3].sum()), int(b[0:2, 1:3].sum())]
+        int(a[0:2, 1:3].sum()),
+        int(b[0:2, 1:3].sum()),
+    ]
     (tmp_path / "broken.tif").write_bytes(b"not a tiff")
     assert main(["stats", str(tmp_path)]) == 1
     out, err = capsys.readouterr()

@@ -1,5 +1,6 @@
 """``tools/bytecode.py``, the set-up's bytecode step: it compiles what compileall would, leaves
 out what does not compile, and says how far it is while it works."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,5 +1,6 @@
 """The upload settings: TOML keys, flags, and the CLI's refusal of --writable without a place
 to write."""
+
 from __future__ import annotations
 
 import subprocess
@@ -22,6 +23,10 @@ def test_toml_keys_and_flags(tmp_path):
 
 
 def test_writable_without_write_dir_is_refused(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--port", "0", "--writable"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "tensor_server", "serve", str(tmp_path), "--port", "0", "--writable"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "--writable needs --write-dir" in out.stderr

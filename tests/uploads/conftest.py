@@ -1,5 +1,6 @@
 """Upload fixtures: an in-process writable server (optionally with a chunk cache and an
 injectable clock) over a catalog with an in-memory source and a discovered zarr source."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -48,8 +49,9 @@ def upload_server(tmp_path, *, writable=True, write_dir=True, clock=None, cache=
     manager = UploadManager(cat, wd, clock=clock, **cfg) if (wd is not None and clock is not None) else None
     cm = CacheManager(tmp_path / "chunks") if cache else None
     try:
-        with serving(cat, cache=cm, uploads=manager,
-                     write_dir=None if wd is None else str(wd), writable=writable) as srv:
+        with serving(
+            cat, cache=cm, uploads=manager, write_dir=None if wd is None else str(wd), writable=writable
+        ) as srv:
             yield srv
     finally:
         if manager is not None:

@@ -9,6 +9,7 @@
   each case, and ``python -m tensor_server serve`` for the start that used to die with a
   traceback (issue 40).
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,10 @@ def _store(server, array_id: str) -> Path:
 
 
 # ---- READY ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("scheme, lost", [("zarr", "0/.zarray"), ("zarr", ".zgroup"), ("cache", "descriptor.json"),
-                                          ("cache", "seg_0000.arrow")])
+@pytest.mark.parametrize(
+    "scheme, lost",
+    [("zarr", "0/.zarray"), ("zarr", ".zgroup"), ("cache", "descriptor.json"), ("cache", "seg_0000.arrow")],
+)
 def test_ready_is_refused_while_a_file_of_the_store_is_missing(client, server, scheme, lost):
     desc = client.setup_array_upload(f"{scheme}://scratch/@fields/lost", ARR, chunk_shape=(32, 96))
     client.upload_array(desc, ARR, slice_hint=(slice(0, 64), slice(None)))  # every chunk, not yet READY
@@ -73,13 +76,22 @@ DAMAGE = {
     "zarr: 0/.zarray deleted": ("zarr", lambda s: (s / "0" / ".zarray").unlink(), "0/.zarray is missing"),
     "zarr: .zgroup deleted": ("zarr", lambda s: (s / ".zgroup").unlink(), ".zgroup is missing"),
     "zarr: a chunk file truncated": ("zarr", lambda s: _truncate(_first_chunk(s)), "where READY wrote"),
-    "zarr: garbage .zattrs": ("zarr", lambda s: (s / ".zattrs").write_text("{not json"),
-                              ".zattrs holds no readable upload marker"),
+    "zarr: garbage .zattrs": (
+        "zarr",
+        lambda s: (s / ".zattrs").write_text("{not json"),
+        ".zattrs holds no readable upload marker",
+    ),
     "zarr: garbage 0/.zarray": ("zarr", lambda s: (s / "0" / ".zarray").write_text("]["), "damaged"),
-    "cache: garbage descriptor.json": ("cache", lambda s: (s / "descriptor.json").write_bytes(b"\x00\xff"),
-                                       "descriptor.json holds no readable upload marker"),
-    "cache: descriptor without a shape": ("cache", lambda s: _drop_key(s / "descriptor.json", "shape"),
-                                          "descriptor.json has no valid shape, dtype and chunk_shape"),
+    "cache: garbage descriptor.json": (
+        "cache",
+        lambda s: (s / "descriptor.json").write_bytes(b"\x00\xff"),
+        "descriptor.json holds no readable upload marker",
+    ),
+    "cache: descriptor without a shape": (
+        "cache",
+        lambda s: _drop_key(s / "descriptor.json", "shape"),
+        "descriptor.json has no valid shape, dtype and chunk_shape",
+    ),
     "cache: a segment truncated": ("cache", lambda s: _truncate(s / "seg_0000.arrow"), "where READY wrote"),
     "cache: a segment deleted": ("cache", lambda s: (s / "seg_0000.arrow").unlink(), "seg_0000.arrow is missing"),
 }
@@ -157,9 +169,25 @@ def test_serve_starts_over_a_store_missing_its_zarray(tmp_path):
         store = _store(srv, desc.array_id)
     (store / "0" / ".zarray").unlink()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO), str(_REPO / "kernels")]))
-    proc = subprocess.Popen([sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "root"), "--port", "0",
-                             "--write-dir", str(write), "--writable", "--cache-dir", str(tmp_path / "cache")],
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensor_server",
+            "serve",
+            str(tmp_path / "root"),
+            "--port",
+            "0",
+            "--write-dir",
+            str(write),
+            "--writable",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         lines, location = [], None
         deadline = time.monotonic() + 60
@@ -182,8 +210,9 @@ def test_serve_starts_over_a_store_missing_its_zarray(tmp_path):
         proc.stderr.close()
 
 
-@pytest.mark.parametrize("array_id", ["scratch/@fields/x", "src/@labels/cells", "src/@fields/img/@labels/cells",
-                                      "src/0/1/@labels/nuclei"])
+@pytest.mark.parametrize(
+    "array_id", ["scratch/@fields/x", "src/@labels/cells", "src/@fields/img/@labels/cells", "src/0/1/@labels/nuclei"]
+)
 def test_a_member_folder_names_its_upload_by_its_place(tmp_path, array_id):
     """A member without a readable marker is reported under the id its folder stands for:
     the inverse of where the manager puts that id."""

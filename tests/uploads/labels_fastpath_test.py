@@ -1,5 +1,6 @@
 """A label set on an uploaded field; the cache:// localhost fast path from the member's own
 sealed segments; the read gate on chunk_locate; the `make run` upload snippet."""
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,16 @@ def test_label_set_on_an_uploaded_field(client, server):
     # a label tensor reduces label-safely by default (mode, never a mean of ids)
     from tensor_server_kernels import reference
 
-    np.testing.assert_array_equal(client.get_array(desc.array_id, scale_hint=[2, 2]),
-                                  reference.downsample(labels, [2, 2], "mode"))
+    np.testing.assert_array_equal(
+        client.get_array(desc.array_id, scale_hint=[2, 2]), reference.downsample(labels, [2, 2], "mode")
+    )
     member = server.runtime.uploads.get(desc.array_id).member.path
     attrs = json.loads((member / ".zattrs").read_text())
     assert attrs["image-label"] == block["image-label"] and attrs["tensor_server_upload"]["is_labels"] is True
-    ids = [t["array_id"] for t in client.query("SELECT tensors FROM sources WHERE source_id='scratch'")
-           .to_pylist()[0]["tensors"]]
+    ids = [
+        t["array_id"]
+        for t in client.query("SELECT tensors FROM sources WHERE source_id='scratch'").to_pylist()[0]["tensors"]
+    ]
     assert ids[-2:] == ["scratch/@fields/img", "scratch/@fields/img/@labels/cells"]
     with pytest.raises(flight.FlightServerError, match="must have shape"):
         client.setup_array_upload("zarr://scratch/@fields/img/@labels/bad", np.zeros((31, 40), np.uint32))
@@ -90,10 +94,13 @@ def test_label_set_on_a_native_tensor_of_a_source(client, server):
     assert desc.array_id == "mem/@labels/nuclei" and list(desc.dim_labels) == ["y", "x"]
     client.upload_array(desc, labels)
     np.testing.assert_array_equal(client.get_array(desc.array_id), labels)
-    assert (server.runtime.uploads.write_dir / "fields" / "mem" / "@labels" / "%40default" / "nuclei"
-            / ".zattrs").is_file()
-    ids = [t["array_id"] for t in client.query("SELECT tensors FROM sources WHERE source_id='mem'")
-           .to_pylist()[0]["tensors"]]
+    assert (
+        server.runtime.uploads.write_dir / "fields" / "mem" / "@labels" / "%40default" / "nuclei" / ".zattrs"
+    ).is_file()
+    ids = [
+        t["array_id"]
+        for t in client.query("SELECT tensors FROM sources WHERE source_id='mem'").to_pylist()[0]["tensors"]
+    ]
     # beside label sets only, the image keeps its bare id: the one its set is filed under
     assert ids == ["mem", "mem/@labels/nuclei"]
     assert client.get_array("mem", (slice(0, 2), slice(0, 20), slice(0, 24))).shape == (2, 20, 24)
@@ -107,8 +114,10 @@ def test_label_set_on_a_native_tensor_of_a_source(client, server):
     # (core.identity.ArrayId), so the SDK's open-ended slices read every listed id
     field = client.setup_array_upload("cache://mem/@fields/other", np.ones((4, 5), np.uint8))
     client.upload_array(field, np.ones((4, 5), np.uint8))
-    ids = [t["array_id"] for t in client.query("SELECT tensors FROM sources WHERE source_id='mem'")
-           .to_pylist()[0]["tensors"]]
+    ids = [
+        t["array_id"]
+        for t in client.query("SELECT tensors FROM sources WHERE source_id='mem'").to_pylist()[0]["tensors"]
+    ]
     assert ids == ["mem/", "mem/@labels/nuclei", "mem/@fields/other"]
     assert client.get_array("mem/", (slice(0, 2), slice(None), slice(None))).shape == (2, 20, 24)
     with pytest.raises(flight.FlightServerError, match="name is taken"):

@@ -1,5 +1,6 @@
 """The PENDING/READY/DISCARDED ladder through the real SDK: resumed partial uploads, the read
 gate, discards, refusals after READY, and the read-only server."""
+
 from __future__ import annotations
 
 import math
@@ -20,6 +21,7 @@ def mint(tensor, bounds, scale, method):
 
     return ChunkId.for_extent(tensor.array_id, bounds, scale, method, tensor.content_version)
 
+
 ARR = (np.arange(6 * 5, dtype=np.uint16) * 7 + 1).reshape(6, 5)
 
 
@@ -38,7 +40,9 @@ def test_partial_upload_resumed_from_a_new_plan(client, server):
 def test_pending_refuses_reads_but_answers_write_plans(client, server):
     for scheme in ("zarr", "cache"):
         desc = client.setup_array_upload(f"{scheme}://scratch/@fields/pend-{scheme}", ARR, chunk_shape=(4, 2))
-        with pytest.raises(flight.FlightServerError, match="PENDING, not readable yet: an uploaded tensor is readable once it is READY"):
+        with pytest.raises(
+            flight.FlightServerError, match="PENDING, not readable yet: an uploaded tensor is readable once it is READY"
+        ):
             client.get_array(desc.array_id)
         with pytest.raises(flight.FlightServerError, match="PENDING"):  # refused at the plan
             client.get_array(desc.array_id, scale_hint=[2, 2], reduction_method="area")
@@ -109,8 +113,13 @@ def test_discard_of_pending_upload_refuses_its_writes(client, server):
     client.set_upload_status(desc.array_id, "DISCARDED", reason="job cancelled")
     c = plan[0]
     with pytest.raises(UploadRefused) as err:  # a DoPut still in flight
-        _put_chunk(flight.FlightClient(server.location), flight.FlightCallOptions(), desc.array_id, c.ticket,
-                   ARR[tuple(slice(a, b) for a, b in zip(c.start, c.stop))])
+        _put_chunk(
+            flight.FlightClient(server.location),
+            flight.FlightCallOptions(),
+            desc.array_id,
+            c.ticket,
+            ARR[tuple(slice(a, b) for a, b in zip(c.start, c.stop))],
+        )
     assert (err.value.state, err.value.reason) == ("DISCARDED", "job cancelled")
     with pytest.raises(flight.FlightCancelledError, match="discarded"):  # a re-plan hears the same
         client.upload_array(desc, ARR)
@@ -157,7 +166,9 @@ def test_read_only_server_refuses_every_write_verb_clearly(tmp_path, write_dir):
         with pytest.raises(flight.FlightServerError, match=want):
             w.close()
         if write_dir:  # an in-process producer still has the scratch source
-            up = srv.runtime.uploads.add_tensor("cache://scratch/@fields/inproc", ARR.shape, ARR.dtype, chunk_shape=(6, 5))
+            up = srv.runtime.uploads.add_tensor(
+                "cache://scratch/@fields/inproc", ARR.shape, ARR.dtype, chunk_shape=(6, 5)
+            )
             from tensor_server.core.bounds import Bounds
 
             srv.runtime.uploads.write_chunk(mint(up.tensor, Bounds((0, 0), (6, 5)), (1, 1), "none"), ARR)
@@ -261,8 +272,13 @@ def test_ready_racing_doputs_loses_no_acknowledged_chunk(client, server):
 
     def put(c):
         try:
-            _put_chunk(flight.FlightClient(server.location), flight.FlightCallOptions(), desc.array_id, c.ticket,
-                       arr[c.start[0]:c.stop[0]])
+            _put_chunk(
+                flight.FlightClient(server.location),
+                flight.FlightCallOptions(),
+                desc.array_id,
+                c.ticket,
+                arr[c.start[0] : c.stop[0]],
+            )
             stored.append(c)
         except UploadRefused:
             pass
@@ -276,7 +292,7 @@ def test_ready_racing_doputs_loses_no_acknowledged_chunk(client, server):
     assert 0 < len(stored) and st["uploaded_chunks"] == len(stored)
     want = np.zeros_like(arr)
     for c in stored:
-        want[c.start[0]:c.stop[0]] = arr[c.start[0]:c.stop[0]]
+        want[c.start[0] : c.stop[0]] = arr[c.start[0] : c.stop[0]]
     np.testing.assert_array_equal(client.get_array(desc.array_id), want)
 
 
@@ -284,7 +300,9 @@ def test_ready_racing_doputs_loses_no_acknowledged_chunk(client, server):
 def test_bool_and_signed_dtypes_round_trip(client, scheme):
     rng = np.random.default_rng(9)
     for arr in (rng.integers(0, 2, (9, 13)).astype(bool), rng.integers(-30000, 30000, (9, 13)).astype(np.int16)):
-        desc = client.setup_array_upload(f"{scheme}://scratch/@fields/{arr.dtype.name}-{scheme}", arr, chunk_shape=(4, 5))
+        desc = client.setup_array_upload(
+            f"{scheme}://scratch/@fields/{arr.dtype.name}-{scheme}", arr, chunk_shape=(4, 5)
+        )
         client.upload_array(desc, arr)
         got = client.get_array(desc.array_id)
         assert got.dtype == arr.dtype
@@ -327,5 +345,6 @@ def test_a_small_write_plan_stays_on_the_upload_grid(client, server, scheme):
     cells = math.prod(-(-n // c) for n, c in zip(arr.shape, tensor.chunk_shape))
     assert st["uploaded_chunks"] == 1 and st["expected_chunks"] == cells
     client.upload_array(desc, arr)
-    np.testing.assert_array_equal(client.get_array(desc.array_id, slice_hint=(slice(0, 512), slice(0, 512))),
-                                  arr[:512, :512])
+    np.testing.assert_array_equal(
+        client.get_array(desc.array_id, slice_hint=(slice(0, 512), slice(0, 512))), arr[:512, :512]
+    )

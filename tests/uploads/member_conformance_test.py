@@ -1,4 +1,5 @@
 """The readers of uploaded tensors keep the adapter contract (tensor_server.testing)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,13 @@ def _filled(tmp_path, scheme, arrays):
     m = UploadManager(cat, tmp_path / "write")
     tensors, expected = {}, {}
     for name, (arr, grid) in arrays.items():
-        up = m.add_tensor(f"{scheme}://scratch/@fields/{name}", arr.shape, arr.dtype, chunk_shape=grid,
-                          dim_labels="zyx"[3 - arr.ndim:])
+        up = m.add_tensor(
+            f"{scheme}://scratch/@fields/{name}",
+            arr.shape,
+            arr.dtype,
+            chunk_shape=grid,
+            dim_labels="zyx"[3 - arr.ndim :],
+        )
         want = np.zeros_like(arr)
         g = up.tensor.chunk_shape
         for i, cell in enumerate(np.ndindex(*[-(-n // c) for n, c in zip(arr.shape, g)])):
@@ -47,8 +53,10 @@ class _MemberTests(AdapterTests):
     @pytest.fixture
     def source(self, tmp_path):
         rng = np.random.default_rng(4)
-        arrays = {"vol": (rng.integers(0, 4000, (5, 70, 90), dtype=np.uint16), (2, 32, 40)),
-                  "plane": (rng.standard_normal((61, 47)).astype(np.float32), (16, 16))}
+        arrays = {
+            "vol": (rng.integers(0, 4000, (5, 70, 90), dtype=np.uint16), (2, 32, 40)),
+            "plane": (rng.standard_normal((61, 47)).astype(np.float32), (16, 16)),
+        }
         src, self.expected, m, cat = _filled(tmp_path, self.scheme, arrays)
         yield src
         m.close()

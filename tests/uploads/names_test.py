@@ -1,5 +1,6 @@
 """Every name rule of the design refuses, through the real SDK, with the reason; collisions
 fold case and Unicode normalization; the id grammar refuses bare fields."""
+
 from __future__ import annotations
 
 import unicodedata
@@ -37,8 +38,16 @@ BAD_NAMES = {
 
 @pytest.mark.parametrize("name", list(BAD_NAMES))
 def test_each_rule_refuses_through_the_sdk(client, name):
-    with pytest.raises(flight.FlightServerError, match="the name .* " + BAD_NAMES[name].replace("(", r"\(")
-                       .replace("?", r"\?").replace("*", r"\*").replace("|", r"\|").replace(".", r"\.")):
+    with pytest.raises(
+        flight.FlightServerError,
+        match="the name .* "
+        + BAD_NAMES[name]
+        .replace("(", r"\(")
+        .replace("?", r"\?")
+        .replace("*", r"\*")
+        .replace("|", r"\|")
+        .replace(".", r"\."),
+    ):
         client.setup_array_upload(f"zarr://scratch/@fields/{name}", ARR)
 
 
@@ -50,15 +59,18 @@ def test_the_limit_counts_bytes_not_characters(client):
     assert desc.array_id.endswith("a" * 255)
 
 
-@pytest.mark.parametrize("request_id, why", [
-    ("zarr://scratch/x", "marked segment"),                   # a bare field is a native id
-    ("zarr://scratch", "marked segment"),
-    ("scratch/@fields/x", "names no store format"),
-    ("s3://scratch/@fields/x", "unknown store format"),
-    ("zarr://scratch/@fields/a/b", "path separator"),
-    ("cache://mem/img/@labels/cells", "label set is an OME-Zarr"),
-    ("zarr://scratch/@fields/", "is empty"),
-])
+@pytest.mark.parametrize(
+    "request_id, why",
+    [
+        ("zarr://scratch/x", "marked segment"),  # a bare field is a native id
+        ("zarr://scratch", "marked segment"),
+        ("scratch/@fields/x", "names no store format"),
+        ("s3://scratch/@fields/x", "unknown store format"),
+        ("zarr://scratch/@fields/a/b", "path separator"),
+        ("cache://mem/img/@labels/cells", "label set is an OME-Zarr"),
+        ("zarr://scratch/@fields/", "is empty"),
+    ],
+)
 def test_id_grammar_refusals(client, request_id, why):
     with pytest.raises(flight.FlightServerError, match=why):
         client.setup_array_upload(request_id, ARR)

@@ -1,6 +1,7 @@
 """Restart adoption with a real server process killed with SIGKILL mid-upload: READY
 tensors come back bit-identical (same content version, so client caches stay valid);
 PENDING ones are swept at boot and their names are free again."""
+
 from __future__ import annotations
 
 import os
@@ -22,9 +23,24 @@ _REPO = Path(__file__).resolve().parents[2]
 def _start(tmp_path: Path) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO), str(_REPO / "kernels")]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "root"), "--port", "0",
-         "--write-dir", str(tmp_path / "write"), "--writable", "--cache-dir", str(tmp_path / "cache")],
-        stderr=subprocess.PIPE, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "tensor_server",
+            "serve",
+            str(tmp_path / "root"),
+            "--port",
+            "0",
+            "--write-dir",
+            str(tmp_path / "write"),
+            "--writable",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
@@ -58,8 +74,9 @@ def test_sigkill_mid_upload_then_restart(tmp_path):
             pending[scheme] = d
         # zarr: part of the tensor written, the rest never sent; cache: DoPuts still in flight at the kill
         c.upload_array(pending["zarr"], big, slice_hint=(slice(0, 1), slice(None), slice(None)))
-        threading.Thread(target=lambda: _quietly(TensorFlightClient(location).upload_array, pending["cache"], big),
-                         daemon=True).start()
+        threading.Thread(
+            target=lambda: _quietly(TensorFlightClient(location).upload_array, pending["cache"], big), daemon=True
+        ).start()
         deadline = time.monotonic() + 60
         while min(c.get_upload_status(d.array_id)["uploaded_chunks"] for d in pending.values()) < 1:
             assert time.monotonic() < deadline, "no chunk landed"
@@ -112,11 +129,18 @@ def test_run_prints_an_upload_snippet_that_works(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     np.save(root / "a.npy", np.arange(600 * 700, dtype=np.uint16).reshape(600, 700))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_REPO), str(_REPO / "kernels")]),
-               XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(_REPO), str(_REPO / "kernels")]),
+        XDG_CACHE_HOME=str(tmp_path / "xdg"),
+    )
     env.pop("TENSOR_SERVER_HOME", None)  # the conftest's private home: this test checks the XDG default
-    proc = subprocess.Popen([sys.executable, "-m", "tensor_server", "run", str(root), "--port", "0"],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensor_server", "run", str(root), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 120

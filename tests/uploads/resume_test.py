@@ -2,6 +2,7 @@
 ``setup_array_upload`` of a PENDING upload's name with its declaration answers that upload
 as it stands, to its owner only; a different declaration keeps the name taken and says what
 differs. Through the biopb SDK against a real Flight door."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -68,8 +69,14 @@ def test_only_the_owner_may_replan_a_pending_upload(tmp_path, private):
         alice, bob = _client(srv, "alice-token"), _client(srv, "bob-token")
         if private:
             digest = grant_digest("alice-token")
-            srv.runtime.uploads.add_tensor("cache://scratch/@fields/owned", ARR.shape, ARR.dtype,
-                                           chunk_shape=(1024, 2048), owner=digest, grant=digest)
+            srv.runtime.uploads.add_tensor(
+                "cache://scratch/@fields/owned",
+                ARR.shape,
+                ARR.dtype,
+                chunk_shape=(1024, 2048),
+                owner=digest,
+                grant=digest,
+            )
             desc = alice.get_descriptor("scratch/@fields/owned")
             refusal = (flight.FlightUnauthenticatedError, "the token presented is neither")
         else:

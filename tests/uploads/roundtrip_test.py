@@ -1,5 +1,6 @@
 """upload_array through the real SDK, then READY, then reads (full, sliced, every scaled
 method) equal the uploaded array and the NumPy oracle, for both store formats."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,12 @@ from tensor_server_kernels import reference
 
 from tests.uploads.conftest import discovered_id, upload_server
 
-SHAPES = {2: ((37, 50), (16, 20)), 3: ((5, 33, 41), (2, 16, 16)), 4: ((3, 4, 17, 19), (2, 3, 8, 8)),
-          5: ((2, 3, 4, 13, 11), (1, 2, 3, 8, 8))}
+SHAPES = {
+    2: ((37, 50), (16, 20)),
+    3: ((5, 33, 41), (2, 16, 16)),
+    4: ((3, 4, 17, 19), (2, 3, 8, 8)),
+    5: ((2, 3, 4, 13, 11), (1, 2, 3, 8, 8)),
+}
 METHODS = ("nearest", "area", "min", "max", "mode", "median")
 
 
@@ -46,8 +51,13 @@ def test_upload_then_read_equals_array_and_oracle(client, srv, scheme, dtype, nd
         assert tuple(desc.chunk_shape) == chunks
     status = client.upload_array(desc, arr)
     expected = int(np.prod([-(-n // c) for n, c in zip(shape, desc.chunk_shape)]))
-    assert status == {"source_id": desc.array_id, "state": "READY", "expected_chunks": expected,
-                      "uploaded_chunks": expected, "reason": ""}
+    assert status == {
+        "source_id": desc.array_id,
+        "state": "READY",
+        "expected_chunks": expected,
+        "uploaded_chunks": expected,
+        "reason": "",
+    }
     got = client.get_array(desc.array_id)
     assert got.dtype == arr.dtype
     np.testing.assert_array_equal(got, arr)

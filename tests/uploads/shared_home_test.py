@@ -4,6 +4,7 @@ time (a lock file naming its pid); the demo's default gives way to ``demo-upload
 an explicit ``--write-dir`` another server holds is refused in one line (issue 40: a third
 start's boot sweep deleted the first server's PENDING upload while it still reported it
 PENDING). Real ``python -m tensor_server`` processes."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,9 @@ class _Server:
     """One child server: its process, the stderr it printed up to 'listening on', its location."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "tensor_server", *args], stderr=subprocess.PIPE,
-                                     text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tensor_server", *args], stderr=subprocess.PIPE, text=True, env=env
+        )
         lines, self.location = [], None
         deadline = time.monotonic() + 90
         while self.location is None and time.monotonic() < deadline:
@@ -82,8 +84,9 @@ def test_servers_sharing_a_home_never_see_or_sweep_each_others_uploads(tmp_path)
     root.mkdir()
     np.save(root / "a.npy", np.arange(12, dtype=np.uint16).reshape(3, 4))
     home = tmp_path / "home"
-    env = dict(os.environ, TENSOR_SERVER_HOME=str(home),
-               PYTHONPATH=os.pathsep.join([str(_REPO), str(_REPO / "kernels")]))
+    env = dict(
+        os.environ, TENSOR_SERVER_HOME=str(home), PYTHONPATH=os.pathsep.join([str(_REPO), str(_REPO / "kernels")])
+    )
     run = ["run", str(root), "--port", "0", "--http-port", "0", "--metrics-port", "0"]
     servers: list[_Server] = []
     try:
@@ -96,8 +99,10 @@ def test_servers_sharing_a_home_never_see_or_sweep_each_others_uploads(tmp_path)
         assert f"{home / 'demo-uploads'} is held by another tensor-server; using {home}/demo-uploads-" in second.stderr
         # the held annotation file is that one line, no traceback (issue 40: two RoiStoreBusy tracebacks)
         assert "Traceback" not in second.stderr and "RoiStoreBusy" not in second.stderr, second.stderr
-        assert f"{home / 'annotations.duckdb'} is held by another tensor-server; using {home}/annotations-" \
+        assert (
+            f"{home / 'annotations.duckdb'} is held by another tensor-server; using {home}/annotations-"
             in second.stderr
+        )
         ca, cb = first.client(), second.client()
         pending, ready = {}, {}
         for tag, c in (("a", ca), ("b", cb)):  # uploads in flight on both, and a finished one each
@@ -117,13 +122,18 @@ def test_servers_sharing_a_home_never_see_or_sweep_each_others_uploads(tmp_path)
         third.stop()
         assert third.proc.returncode == 0
 
-        explicit = _Server(["serve", str(root), "--port", "0", "--writable", "--write-dir", str(home / "demo-uploads")],
-                           env)
+        explicit = _Server(
+            ["serve", str(root), "--port", "0", "--writable", "--write-dir", str(home / "demo-uploads")], env
+        )
         servers.append(explicit)
         assert explicit.location is None and explicit.proc.returncode == 2
         refusal = [ln for ln in explicit.stderr.splitlines() if "--write-dir" in ln]
-        assert refusal == [(f"serve: {home / 'demo-uploads'} is held by another tensor-server "
-                            f"(pid {first.proc.pid}); pass another --write-dir")], explicit.stderr
+        assert refusal == [
+            (
+                f"serve: {home / 'demo-uploads'} is held by another tensor-server "
+                f"(pid {first.proc.pid}); pass another --write-dir"
+            )
+        ], explicit.stderr
         # its last word, and the only one about the write dir; no traceback before it
         assert explicit.stderr.splitlines()[-1] == refusal[0] and "Traceback" not in explicit.stderr
 

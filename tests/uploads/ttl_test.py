@@ -1,4 +1,5 @@
 """Deadlines, idleness, tombstones and the scratch cap, swept on an injectable clock."""
+
 from __future__ import annotations
 
 import numpy as np

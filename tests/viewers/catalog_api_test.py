@@ -2,6 +2,7 @@
 (``CatalogVerbs.catalog_level``), under the same auth; links that work where they are pasted
 (the page's ``/t/<token>/`` links, IIIF ``info.json`` ids that carry the request's credential);
 an unreadable source shows its reason, escaped, on the page and in the JSON."""
+
 from __future__ import annotations
 
 import html
@@ -30,8 +31,12 @@ def api_server(tmp_path_factory):
     (root / "lab" / BAD).write_bytes(b"II*\x00 not a tiff at all")
     cat = Catalog([root])
     cat.scan()
-    cat.add_source(MemorySource(ArrayAdapter(PLANE, "yx", physical_scale=(0.5, 0.25),
-                                             physical_unit=("micrometer", "micrometer")), source_id="mem"))
+    cat.add_source(
+        MemorySource(
+            ArrayAdapter(PLANE, "yx", physical_scale=(0.5, 0.25), physical_unit=("micrometer", "micrometer")),
+            source_id="mem",
+        )
+    )
     with http_serving(cat, tmp_path_factory.mktemp("api-cache"), token=TOKEN) as (srv, http):
         yield cat, srv, http
     cat.close()
@@ -65,8 +70,9 @@ def test_the_json_catalog_lists_each_level_with_its_tensors(api_server):
     assert by_name["plane.tif"]["tensors"][0]["array_id"] == plane_id
     bad = by_name[BAD]
     assert bad["tensors"] == [] and bad["unresolved_reason"]  # the reason SQL gives
-    sql = srv.client(TOKEN).query(f"SELECT unresolved_reason FROM sources WHERE source_id = '{bad['source_id']}'",
-                                  format="records")
+    sql = srv.client(TOKEN).query(
+        f"SELECT unresolved_reason FROM sources WHERE source_id = '{bad['source_id']}'", format="records"
+    )
     assert sql == [{"unresolved_reason": bad["unresolved_reason"]}]
     # the page shows the same level, from the same call
     page = _get(http, f"/?folder={_folder(top, 'lab')}").text

@@ -2,6 +2,7 @@
 (folder by folder), every thumbnail decodes, every link carries the token in its path form
 (``/t/<token>/``, never ``?token=``) and answers 200 pasted into a client with no cookie and
 no header; without the token the page is refused."""
+
 from __future__ import annotations
 
 from urllib.parse import urljoin
@@ -31,8 +32,9 @@ def page_server(tmp_path_factory):
         tifffile.imwrite(root / rel, rng.integers(0, 4000, shape, dtype=np.uint16), **rgb)
     cat = Catalog([root])
     cat.scan()
-    cat.add_source(MemorySource(ArrayAdapter(rng.integers(0, 255, (2, 64, 80), dtype=np.uint8), "cyx"),
-                                source_id="inmemory"))
+    cat.add_source(
+        MemorySource(ArrayAdapter(rng.integers(0, 255, (2, 64, 80), dtype=np.uint8), "cyx"), source_id="inmemory")
+    )
     with http_serving(cat, tmp_path_factory.mktemp("page-cache"), token=TOKEN) as (srv, http):
         yield cat, http
     cat.close()
@@ -53,8 +55,9 @@ def test_the_page_lists_every_source_with_working_thumbnails_and_links(page_serv
                 seen.add(h2.text.strip("()"))
             pending += [a.get_attribute("href") for a in browser.find_elements(By.CSS_SELECTOR, "a.folder")]
             images = browser.find_elements(By.CSS_SELECTOR, "img.thumb")
-            browser.execute_script("return Promise.all(Array.from(document.images).map("
-                                   "i => i.decode().catch(() => null)))")
+            browser.execute_script(
+                "return Promise.all(Array.from(document.images).map(i => i.decode().catch(() => null)))"
+            )
             for img in images:
                 ok = browser.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
                 assert ok, f"thumbnail {img.get_attribute('src')} did not decode"
@@ -77,9 +80,14 @@ def test_viewer_doors_need_the_token_and_refuse_bad_requests_plainly(page_server
     for path in ("/iiif/3/inmemory/info.json", "/deepzoom/inmemory.dzi", "/view/inmemory"):
         assert httpx.get(f"{http.url}{path}").status_code == 401
         assert httpx.get(f"{http.url}{path}", headers=auth).status_code == 200
-    cases = {"/iiif/3/inmemory/0,0,0,0/max/0/default.jpg": 400, "/iiif/3/inmemory/full/max/45/default.jpg": 501,
-             "/iiif/3/nothing-here/info.json": 404, "/iiif/3/inmemory;z=1/info.json": 400,
-             "/deepzoom/inmemory_files/99/0_0.jpg": 400, "/iiif/3/" + "x" * 5000 + "/info.json": 400}
+    cases = {
+        "/iiif/3/inmemory/0,0,0,0/max/0/default.jpg": 400,
+        "/iiif/3/inmemory/full/max/45/default.jpg": 501,
+        "/iiif/3/nothing-here/info.json": 404,
+        "/iiif/3/inmemory;z=1/info.json": 400,
+        "/deepzoom/inmemory_files/99/0_0.jpg": 400,
+        "/iiif/3/" + "x" * 5000 + "/info.json": 400,
+    }
     for path, status in cases.items():
         r = httpx.get(f"{http.url}{path}", headers=auth)
         assert r.status_code == status, f"{path[:80]}: {r.status_code} {r.text[:200]}"

@@ -1,6 +1,7 @@
 """The catalog page's SDK snippet, pasted, reads: it names the location the Flight door really
 listens on (its port, not 8815; ``grpcs://`` with TLS; the page's host name when the door
 listens on every address), and executing its text with the real biopb SDK returns the tensor."""
+
 from __future__ import annotations
 
 import html

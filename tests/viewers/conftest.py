@@ -1,4 +1,5 @@
 """Servers for the viewer-door tests: in-process HTTP front ends over in-memory catalogs."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -5,6 +5,7 @@ then the one tile of its full-resolution level) and the catalog page (the built-
 so the suite checks their size; every rule (the gate, grants, tokens, error statuses, no
 internal text) is checked as on every door. None of them serves stats, chunk ids or
 add_source, so those checks skip."""
+
 from __future__ import annotations
 
 import html
@@ -69,8 +70,8 @@ class CatalogPageDoor(_ImageDoor):
         found = re.search(r'/iiif/3/[^"<\s]+/info\.json', page)
         assert found is not None, f"the viewer page names no IIIF source: {page[:300]}"
         info = self._get(found.group(0), token).json()
-        assert unquote(info["id"]).endswith(unquote(found.group(0))[:-len("/info.json")]), info["id"]
-        return self._image(self._get(f"{found.group(0)[:-len('info.json')]}full/max/0/default.png", token).content)
+        assert unquote(info["id"]).endswith(unquote(found.group(0))[: -len("/info.json")]), info["id"]
+        return self._image(self._get(f"{found.group(0)[: -len('info.json')]}full/max/0/default.png", token).content)
 
     def listed(self, source_id, token):
         """The tensor names the page of the level naming the source shows."""

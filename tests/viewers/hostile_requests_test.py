@@ -2,6 +2,7 @@
 is a 400 naming its field before anything is read (never a 500 from an OverflowError or a
 ValueError), and a distorted size reads a level bounded by its output, counted as the pixels
 the door's region reads return (``ServingRuntime.level_region``)."""
+
 from __future__ import annotations
 
 import io
@@ -73,7 +74,7 @@ HOSTILE = [
     ("/iiif/3/img/full/" + "9" * 5000 + ",/0/default.jpg", "size width"),  # past int()'s 4300 digits
     (f"/iiif/3/img;z={SQUARED}/info.json", "plane selector"),
     (f"/iiif/3/img;z={HUGE}/full/max/0/default.jpg", "plane selector"),
-    (f"/deepzoom/img_files/{10 ** 30}/0_0.jpg", "DeepZoom level"),
+    (f"/deepzoom/img_files/{10**30}/0_0.jpg", "DeepZoom level"),
     (f"/deepzoom/img_files/13/{ARABIC_12}_0.jpg", "DeepZoom tile column"),
     (f"/deepzoom/img_files/13/0_{SQUARED}.jpg", "DeepZoom tile row"),
     (f"/deepzoom/img_files/13/0_{HUGE}.jpg", "DeepZoom tile row"),
@@ -92,10 +93,16 @@ def test_an_out_of_bounds_number_is_a_400_before_any_read(server, path, field):
     assert reads == []
 
 
-@pytest.mark.parametrize("region, size, shown", [
-    ("full", "4096,32", (4096, 32)), ("full", "32,4096", (32, 4096)), ("full", "4096,1", (4096, 1)),
-    ("full", "1,4096", (1, 4096)), ("0,0,4096,2048", "1024,8", (1024, 8)),
-])
+@pytest.mark.parametrize(
+    "region, size, shown",
+    [
+        ("full", "4096,32", (4096, 32)),
+        ("full", "32,4096", (32, 4096)),
+        ("full", "4096,1", (4096, 1)),
+        ("full", "1,4096", (1, 4096)),
+        ("0,0,4096,2048", "1024,8", (1024, 8)),
+    ],
+)
 def test_a_distorted_size_reads_a_level_bounded_by_its_output(server, region, size, shown):
     """``full/4096,32`` read the whole image at full resolution (16 Mpx; ``full/8192,64`` of an
     8192² image read 64 Mpx, +1.35 GB of memory for 128 MiB) for 0.13 Mpx of output; it now

@@ -1,5 +1,6 @@
 """The official IIIF Image API validator (PyPI ``iiif-validator``) at level 2 against the
 server, on the validator's own test image served as an RGB tensor."""
+
 from __future__ import annotations
 
 import pytest

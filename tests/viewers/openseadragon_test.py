@@ -6,6 +6,7 @@ OpenSeadragon itself says those image pixels are drawn.
 The image: x < 16384 is 40, the rest 200, except its top-left 4096² which is a checkerboard
 of 512² squares (255 where (col + row) is even, else 0). Tiles are constant, so the 1 GiB
 image compresses to a few MB and is written once for the module."""
+
 from __future__ import annotations
 
 import io
@@ -45,8 +46,15 @@ def big_server(tmp_path_factory):
     if not (osd_dir() / "openseadragon.min.js").is_file():
         pytest.skip("OpenSeadragon is not installed (`make viewer-assets` installs it from npm)")
     root = tmp_path_factory.mktemp("big")
-    tifffile.imwrite(root / "big.tif", _tiles(), shape=(SIDE, SIDE), dtype=np.uint8, tile=(TILE, TILE),
-                     compression="zlib", photometric="minisblack")
+    tifffile.imwrite(
+        root / "big.tif",
+        _tiles(),
+        shape=(SIDE, SIDE),
+        dtype=np.uint8,
+        tile=(TILE, TILE),
+        compression="zlib",
+        photometric="minisblack",
+    )
     cat = Catalog([root])
     cat.scan()
     (array_id,) = [t.array_id for r in cat.records() for t in r.source.tensors.values()]
@@ -58,17 +66,20 @@ def big_server(tmp_path_factory):
 def _wait_loaded(browser, seconds=240):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        if browser.execute_script("return !!(window.viewer && viewer.world.getItemCount() &&"
-                                  " viewer.world.getItemAt(0).getFullyLoaded())"):
+        if browser.execute_script(
+            "return !!(window.viewer && viewer.world.getItemCount() && viewer.world.getItemAt(0).getFullyLoaded())"
+        ):
             time.sleep(0.5)  # the last tiles drawn
             return
         time.sleep(0.3)
     raise AssertionError(f"OpenSeadragon did not finish loading its tiles; {_failures(browser)}")
 
 
-_WATCH_FAILURES = ("window.tileFailures = [];"
-                   "viewer.addHandler('tile-load-failed', function (e) {"
-                   " window.tileFailures.push((e.tile && e.tile.getUrl ? e.tile.getUrl() : '?') + ': ' + e.message); });")
+_WATCH_FAILURES = (
+    "window.tileFailures = [];"
+    "viewer.addHandler('tile-load-failed', function (e) {"
+    " window.tileFailures.push((e.tile && e.tile.getUrl ? e.tile.getUrl() : '?') + ': ' + e.message); });"
+)
 
 
 def _failures(browser) -> str:
@@ -83,11 +94,15 @@ def _check(browser, points):
     for x, y in points:
         px, py = browser.execute_script(
             "var p = viewer.viewport.imageToViewerElementCoordinates(new OpenSeadragon.Point(arguments[0], arguments[1]));"
-            "return [Math.round(p.x), Math.round(p.y)];", x, y)
+            "return [Math.round(p.x), Math.round(p.y)];",
+            x,
+            y,
+        )
         assert 3 <= px < shot.shape[1] - 3 and 3 <= py < shot.shape[0] - 3, f"image point {(x, y)} is off screen"
-        got = shot[py - 2:py + 3, px - 2:px + 3].mean()
-        assert abs(got - expected(x, y)) < 25, \
+        got = shot[py - 2 : py + 3, px - 2 : px + 3].mean()
+        assert abs(got - expected(x, y)) < 25, (
             f"image point {(x, y)} drawn as {got:.0f}, expected {expected(x, y)}; {_failures(browser)}"
+        )
 
 
 @pytest.mark.parametrize("source", ["dzi", "iiif"])
@@ -102,7 +117,9 @@ def test_openseadragon_shows_the_image_at_two_zoom_levels(big_server, source):
         assert browser.execute_script("return [viewer.timeout, viewer.tileRetryMax]") == [300_000, 2]
         _wait_loaded(browser)
         _check(browser, [(8000, 16000), (24000, 16000), (8000, 30000), (30000, 6000)])
-        browser.execute_script("viewer.viewport.fitBounds(new OpenSeadragon.Rect(0, 0, 2048 / 32768, 2048 / 32768), true);")
+        browser.execute_script(
+            "viewer.viewport.fitBounds(new OpenSeadragon.Rect(0, 0, 2048 / 32768, 2048 / 32768), true);"
+        )
         _wait_loaded(browser)
         zoom = browser.execute_script("return viewer.viewport.viewportToImageZoom(viewer.viewport.getZoom(true));")
         assert zoom > 0.2, f"the zoomed view is at image zoom {zoom}"

@@ -1,6 +1,7 @@
 """The rendering module and the viewer grammars as pure functions: windows (omero block,
 percentiles, 8-bit as stored), colours and composites, label colours, the level a region is
 read at, IIIF parameters and DeepZoom tile geometry."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,14 @@ from tensor_server.render.plane import MAX_LEVEL_READ_PX, READ_PER_OUTPUT_PX, Pl
 
 
 def test_omero_block_sets_window_colour_and_active_channels():
-    meta = {"omero": {"channels": [{"color": "FF0000", "window": {"start": 100, "end": 200}},
-                                   {"color": "00FF00", "window": {"start": 0, "end": 10}, "active": False}]}}
+    meta = {
+        "omero": {
+            "channels": [
+                {"color": "FF0000", "window": {"start": 100, "end": 200}},
+                {"color": "00FF00", "window": {"start": 0, "end": 10}, "active": False},
+            ]
+        }
+    }
     s = settings_for(meta, np.dtype(np.uint16), False, False, 2, lambda: pytest.fail("no window to measure"))
     planes = np.array([[[100, 150, 250]], [[10, 10, 10]]], np.uint16)
     rgb = to_rgb8(planes, s, [0, 1])
@@ -128,8 +135,9 @@ def test_a_stored_pyramid_too_large_to_read_within_the_bound_is_refused():
     from tensor_server.core.adapter_base import NativeLevel
 
     t = ArrayAdapter(np.broadcast_to(np.uint8(0), (20000, 20000)), "yx", chunk_shape=(512, 512))
-    t.native_levels.append(NativeLevel((2, 2), ArrayAdapter(np.broadcast_to(np.uint8(0), (10000, 10000)), "yx",
-                                                            chunk_shape=(512, 512))))
+    t.native_levels.append(
+        NativeLevel((2, 2), ArrayAdapter(np.broadcast_to(np.uint8(0), (10000, 10000)), "yx", chunk_shape=(512, 512)))
+    )
     t.array_id = "t"
     view = PlaneView.of(t, {}, None)
     with pytest.raises(InvalidArgument, match=f"would read 100000000 pixels.*limit {MAX_LEVEL_READ_PX}"):
@@ -156,8 +164,18 @@ def test_tile_doors_address_the_tile_grid():
 def test_iiif_parameters():
     fmts = ["jpg", "png"]
     r = iiif.parse_request("pct:50,0,50,100", "!100,100", "!90", "gray.png", 1000, 600, fmts)
-    assert (r.x, r.y, r.w, r.h, r.out_w, r.out_h, r.mirror, r.rotation, r.quality) == \
-        (500, 0, 500, 600, 83, 100, True, 90, "gray")
+    assert (r.x, r.y, r.w, r.h, r.out_w, r.out_h, r.mirror, r.rotation, r.quality) == (
+        500,
+        0,
+        500,
+        600,
+        83,
+        100,
+        True,
+        90,
+        "gray",
+    )
+
     def geometry(*params, w=1000, h=600):
         r = iiif.parse_request(*params, w, h, fmts)
         return r.x, r.y, r.w, r.h, r.out_w, r.out_h
@@ -167,14 +185,24 @@ def test_iiif_parameters():
     assert geometry("full", "^pct:200", "0", "default.jpg", w=10, h=6) == (0, 0, 10, 6, 20, 12)
     assert geometry("full", "!1,1000", "0", "default.jpg") == (0, 0, 1000, 600, 1, 1)  # a computed 0 is 1
     assert geometry("full", "max", "360", "default.jpg", w=40000, h=100)[4:] == (iiif.MAX_SIDE, 40)
-    for bad in [("full", "2000,", "0", "default.jpg"), ("full", "pct:150", "0", "default.jpg"),
-                ("0,0,0,10", "max", "0", "default.jpg"), ("full", "max", "0", "fancy.jpg"),
-                ("full", "max", "0", "default.gif"), ("full", "max", "-90", "default.jpg"),
-                ("full", "!0,0", "0", "default.jpg"), ("full", "0,", "0", "default.jpg"),
-                ("full", "^1,16777216", "0", "default.jpg"), ("full", "^pct:0", "0", "default.jpg"),
-                ("full", ",", "0", "default.jpg"), ("full", "!5,", "0", "default.jpg"),
-                ("0,0,10", "max", "0", "default.jpg"), ("0,0,10,10,10", "max", "0", "default.jpg"),
-                ("pct:10.,0,10,10", "max", "0", "default.jpg"), ("full", "max", "90.", "default.jpg")]:
+    for bad in [
+        ("full", "2000,", "0", "default.jpg"),
+        ("full", "pct:150", "0", "default.jpg"),
+        ("0,0,0,10", "max", "0", "default.jpg"),
+        ("full", "max", "0", "fancy.jpg"),
+        ("full", "max", "0", "default.gif"),
+        ("full", "max", "-90", "default.jpg"),
+        ("full", "!0,0", "0", "default.jpg"),
+        ("full", "0,", "0", "default.jpg"),
+        ("full", "^1,16777216", "0", "default.jpg"),
+        ("full", "^pct:0", "0", "default.jpg"),
+        ("full", ",", "0", "default.jpg"),
+        ("full", "!5,", "0", "default.jpg"),
+        ("0,0,10", "max", "0", "default.jpg"),
+        ("0,0,10,10,10", "max", "0", "default.jpg"),
+        ("pct:10.,0,10,10", "max", "0", "default.jpg"),
+        ("full", "max", "90.", "default.jpg"),
+    ]:
         with pytest.raises(InvalidArgument):
             iiif.parse_request(*bad, 1000, 600, fmts)
     with pytest.raises(Unimplemented):
@@ -184,7 +212,9 @@ def test_iiif_parameters():
     assert info["tiles"][0]["scaleFactors"] == [1, 2, 4, 8, 16, 32, 64] and info["extraFormats"] == ["webp"]
     assert (info["maxWidth"], info["maxHeight"], info["maxArea"]) == (16383, 16383, 4096 * 4096)
     assert info["sizes"][0] == {"width": 512, "height": 512} and info["sizes"][-1] == {"width": 4096, "height": 4096}
-    wide = iiif.info_json("http://h/iiif/3/x", 20000, 600, ["jpg"], _plane(20000, 600, tile=512).square_levels())["sizes"]
+    wide = iiif.info_json("http://h/iiif/3/x", 20000, 600, ["jpg"], _plane(20000, 600, tile=512).square_levels())[
+        "sizes"
+    ]
     assert wide[-1] == {"width": 10000, "height": 300}  # 20000x600 is under maxArea, over maxWidth
 
 
@@ -199,10 +229,21 @@ def test_deepzoom_tiles_overlap_their_neighbours():
 
 
 def test_deepzoom_tile_paths():
-    assert deepzoom.parse_tile_path("a_files/b;z=1_files/12/3_45.jpeg") == \
-        deepzoom.TilePath("a_files/b;z=1", 12, 3, 45, "jpeg")
-    for bad in ["a_files/1/2_3", "a_files/1/2.jpg", "_files/1/2_3.jpg", "a_files/1/2_3/4.jpg", "a/1/2_3.jpg",
-                "a_files/\u0661/2_3.jpg", "a_files/1/\u00b2_3.jpg", "a_files/1/2_" + "9" * 31 + ".jpg",
-                "a_files/1/2_-3.jpg", "a_files/1/2_+3.jpg", "a_files/1/2_ 3.jpg"]:
+    assert deepzoom.parse_tile_path("a_files/b;z=1_files/12/3_45.jpeg") == deepzoom.TilePath(
+        "a_files/b;z=1", 12, 3, 45, "jpeg"
+    )
+    for bad in [
+        "a_files/1/2_3",
+        "a_files/1/2.jpg",
+        "_files/1/2_3.jpg",
+        "a_files/1/2_3/4.jpg",
+        "a/1/2_3.jpg",
+        "a_files/\u0661/2_3.jpg",
+        "a_files/1/\u00b2_3.jpg",
+        "a_files/1/2_" + "9" * 31 + ".jpg",
+        "a_files/1/2_-3.jpg",
+        "a_files/1/2_+3.jpg",
+        "a_files/1/2_ 3.jpg",
+    ]:
         with pytest.raises(InvalidArgument):
             deepzoom.parse_tile_path(bad)
