@@ -3,7 +3,8 @@
 A path outside the served roots is walked with the same discovery as the roots and its
 sources join the catalog for this server's lifetime. Their ``source_url`` is
 ``dnd://<label>/<path under the drop>`` (the biopb reference's marking), where the label is
-the dropped item's name, made unique: that url is what ``remove_source`` takes back, and
+the dropped item's name, made unique among the drops and the roots' top folders
+(``tree.root_top_names``): that url is what ``remove_source`` takes back, and
 the only thing it removes. A path under a served root is already served: it is reported
 present and left as it is; a served root under an added path is not entered (its sources
 are reported present, never relabelled), so a client can never deregister a served root's
@@ -28,6 +29,7 @@ from pathlib import Path
 from tensor_server.adapters.registry import formats
 from tensor_server.catalog.catalog import Catalog, _stat_signature, _under
 from tensor_server.catalog.discovery import Claim, WalkBudget, discover
+from tensor_server.catalog.tree import root_top_names
 from tensor_server.core.identity import source_id_for_path
 from tensor_server.errors import InvalidArgument, PermissionDenied, ResourceExhausted
 
@@ -120,7 +122,8 @@ class DroppedPaths:
                     return label
             base = path.name or "root"
             label, n = base, 2
-            while label in self._labels:
+            taken = root_top_names(self.catalog.roots)  # the roots' top folders are theirs
+            while label in self._labels or label in taken:
                 label, n = f"{base} ({n})", n + 1
             self._labels[label] = path
             return label

@@ -160,6 +160,12 @@ def _folder_link(key: str, prefix: str = "") -> str:
     return escape(f"{prefix}/?" + urlencode({"folder": key}))
 
 
+def _title(path: str | None) -> str:
+    """A folder's full path on disk as its tooltip (the tree names a root by its last
+    component), or nothing where it has none."""
+    return "" if path is None else f' title="{escape(path)}"'
+
+
 def _source_html(provider: Any, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
     """A source's heading, then its tensors' table, or the reason it cannot be read."""
     head = f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
@@ -177,16 +183,18 @@ def catalog_html(provider: Any, key: str, token: str | None, host: str, prefix: 
     path form of the credential the request presented itself: ``viewer_door.token_path``),
     ``token`` (the one it came with, the cookie's too) in the SDK snippet, as text."""
     level = provider.catalog_level(key)
-    crumbs = [f'<a href="{escape(prefix)}/">catalog</a>']
-    parts = [p for p in key.split("/") if p]
-    for i in range(len(parts)):
-        crumbs.append(f'<a href="{_folder_link("/".join(parts[: i + 1]), prefix)}">{escape(parts[i])}</a>')
+    crumbs = [
+        f'<a class="crumb" href="{_folder_link(c["key"], prefix) if c["key"] else escape(prefix) + "/"}"'
+        f"{_title(c['path'])}>{escape(c['name'] or 'catalog')}</a>"
+        for c in level["trail"]
+    ]
     body = [f"<h1>tensor-server</h1><p>{' / '.join(crumbs)}</p>"]
     if level["folders"]:
         body.append(
             "<h2>Folders</h2><ul>"
             + "".join(
-                f'<li><a class="folder" href="{_folder_link(f["key"], prefix)}">{escape(f["name"])}/</a></li>'
+                f'<li><a class="folder" href="{_folder_link(f["key"], prefix)}"{_title(f["path"])}>'
+                f"{escape(f['name'])}/</a></li>"
                 for f in level["folders"]
             )
             + "</ul>"
@@ -225,7 +233,13 @@ def catalog_json(provider: Any, key: str, prefix: str = "") -> dict[str, Any]:
         }
         for s in level["sources"]
     ]
-    return {"key": level["key"], "folders": level["folders"], "sources": sources, "truncated": level["truncated"]}
+    return {
+        "key": level["key"],
+        "path": level["path"],
+        "folders": level["folders"],
+        "sources": sources,
+        "truncated": level["truncated"],
+    }
 
 
 def viewer_html(identifier: str, source: str) -> str:

@@ -43,5 +43,5 @@ class ViewerProvider(Protocol):
         the page as ``client_host`` (``ServingRuntime.flight_location``; None: no Flight door)."""
 
     def catalog_level(self, key: str) -> dict[str, Any]:
-        """One level of the catalog tree (``CatalogTree.children``), each source with the
+        """One level of the catalog tree (``CatalogTree.children``, with its ``trail``), each source with the
         ``ServedTensor``s it serves to the caller and its ``unresolved_reason``."""

@@ -127,7 +127,7 @@ class CatalogVerbs:
                 self._trees.move_to_end(view.key)
                 return tree
         rows = [(r.source_id, r.url, self.catalog.lists_tensors(r, view)) for r in self.catalog.records()]
-        tree = CatalogTree(rows)
+        tree = CatalogTree(rows, self.catalog.roots)
         with self._trees_lock:
             if self._trees_generation == generation:
                 self._trees[view.key] = tree
@@ -140,9 +140,12 @@ class CatalogVerbs:
         ``catalog_children``'s folders and sources, each source with the tensors it serves to
         ``caller`` (``ServingRuntime.fields``: ``ServedTensor``s) or the reason it cannot be
         read. A key that names no folder but a source (``scratch``, a source with no path,
-        sits at the top under its id) lists that source alone. The control surface's view."""
+        sits at the top under its id) lists that source alone. ``trail``: the folders from the
+        top down to ``key`` (``CatalogTree.trail``), the page's breadcrumb. The control
+        surface's view."""
         self.runtime.authenticate(caller)
-        level = self.catalog_tree(caller).children(key, limit)
+        tree = self.catalog_tree(caller)
+        level = tree.children(key, limit)
         if not level["folders"] and not level["sources"] and key and "/" not in key:
             level["sources"] = [{"name": key, "source_id": key}]  # dropped below unless it is a source
         sources = []
@@ -153,7 +156,7 @@ class CatalogVerbs:
             except TensorNotFound:  # removed since the tree was built: nothing to show
                 continue
             sources.append({**entry, "tensors": tensors, "unresolved_reason": rec.unresolved_reason})
-        return {**level, "sources": sources}
+        return {**level, "sources": sources, "trail": tree.trail(key)}
 
     # ---- ROI annotations (catalog/roi_verbs.py holds their rules) ----------------------------
     def _may_read(self, array_id: str, caller: Caller) -> None:

@@ -146,20 +146,61 @@ def test_catalog_children_browses_a_nested_tree(served, tree):
     _, client = served
     top = client.catalog_children()
     assert top["truncated"] is False
-    # one folder: the chain of single-child folders down to the root, where sources sit
-    assert len(top["folders"]) == 1 and top["sources"] == []
-    root_key = top["folders"][0]["key"]
-    assert root_key == tree.as_posix().strip("/")
-    level = client.catalog_children(root_key)
-    assert [f["name"] for f in level["folders"]] == ["a/b"]  # a -> b is one chain
-    assert [s["name"] for s in level["sources"]] == ["bad.tif", "top.tif"]
-    ab = client.catalog_children(level["folders"][0]["key"])
+    # a single root: its contents at the top, the root's own path as the level's
+    assert top["key"] == "" and top["path"] == str(tree)
+    assert [f["name"] for f in top["folders"]] == ["a/b"]  # a -> b is one chain
+    assert [s["name"] for s in top["sources"]] == ["bad.tif", "top.tif"]
+    assert top["folders"][0] == {"name": "a/b", "key": "a/b", "path": str(tree / "a" / "b")}
+    ab = client.catalog_children(top["folders"][0]["key"])
     assert [f["name"] for f in ab["folders"]] == ["c", "d"] and ab["sources"] == []
+    assert ab["path"] == str(tree / "a" / "b") and ab["folders"][0]["key"] == "a/b/c"
     c = client.catalog_children(ab["folders"][0]["key"])
     assert [s["name"] for s in c["sources"]] == ["one.tif", "two.tif"]
     assert c["sources"][0]["source_id"] == _sid(client, "one.tif")
-    cut = client.catalog_children(root_key, limit=2)
+    cut = client.catalog_children("", limit=2)
     assert cut["truncated"] is True and len(cut["folders"]) + len(cut["sources"]) == 2
+    # a key nothing has (a folder emptied since it was read) is an empty level, not an error
+    gone = client.catalog_children("no/such/folder")
+    assert (gone["folders"], gone["sources"], gone["path"]) == ([], [], None)
+
+
+def test_catalog_children_names_each_root_by_its_last_component(tmp_path):
+    """Two roots ending in ``data``: two top folders ``data`` and ``data (2)`` (in the roots'
+    order), their full paths in ``path``; no filesystem parent of a root is a folder."""
+    rng = np.random.default_rng(3)
+    first, second = tmp_path / "a" / "data", tmp_path / "b" / "data"
+    _write_tiff(first / "x.tif", rng.integers(0, 255, (8, 8), dtype=np.uint8))
+    _write_tiff(second / "plate" / "y.tif", rng.integers(0, 255, (8, 8), dtype=np.uint8))
+    cat = Catalog([first, second])
+    cat.scan()
+    with serving(cat) as srv:
+        client = client_for(srv)
+        top = client.catalog_children()
+        assert top["folders"] == [
+            {"name": "data", "key": "data", "path": str(first)},
+            {"name": "data (2)/plate", "key": "data (2)/plate", "path": str(second / "plate")},
+        ]
+        assert top["sources"] == [] and top["path"] is None
+        assert [s["name"] for s in client.catalog_children("data")["sources"]] == ["x.tif"]
+        assert [s["name"] for s in client.catalog_children("data (2)/plate")["sources"]] == ["y.tif"]
+        assert client.catalog_children("data (2)")["path"] == str(second)
+    cat.close()
+
+
+def test_a_drop_never_shares_a_top_folder_with_the_root(served, tree, tmp_path):
+    """An added folder named like a folder at the root's top gets its own label, so its
+    ``dnd://<label>`` is its top folder's key and the root's folder keeps its key."""
+    _, client = served
+    drop = tmp_path / "elsewhere" / "a"
+    _write_tiff(drop / "z.tif", np.zeros((8, 8), np.uint8))
+    added = client.register_local_path(str(drop))
+    assert not added.failed and len(added.added) == 1
+    top = client.catalog_children()
+    assert [f["key"] for f in top["folders"]] == ["a (2)", "a/b"]
+    assert top["folders"][0]["path"] is None  # an added path's label is no place on disk
+    assert [s["name"] for s in client.catalog_children("a (2)")["sources"]] == ["z.tif"]
+    assert list(client.deregister_local_path("dnd://a (2)").removed) == [added.added[0]]
+    assert [f["key"] for f in client.catalog_children()["folders"]] == ["a/b"]
 
 
 def _roi(**kw):

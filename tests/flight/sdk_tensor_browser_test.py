@@ -87,7 +87,7 @@ class _Connection:
         self.client = client
 
 
-def test_sources_listed_a_folder_at_a_time(browser, served):
+def test_sources_listed_a_folder_at_a_time(browser, served, tmp_path):
     srv, client, _ = served
     sl = browser.sources.SourceList(_Connection(client))
     sources = sl.refresh()
@@ -95,8 +95,10 @@ def test_sources_listed_a_folder_at_a_time(browser, served):
     top = sl.levels[""]
     assert [s["source_id"] for s in top["sources"]] == ["mem"] and len(top["folders"]) == 1
     assert "mem" in sources and sources["mem"].is_resolved
-    # one folder: the chain of single-child folders down to where a source sits
-    assert top["folders"][0]["key"].endswith("lab/plate1")
+    # the one root (lab) is the top: its folder plate1 by name, never the filesystem above it
+    assert top["path"] == str(tmp_path / "lab") and top["folders"] == [
+        {"name": "plate1", "key": "plate1", "path": str(tmp_path / "lab" / "plate1")}
+    ]
     inside = sl.load_level(top["folders"][0]["key"])
     assert [s["name"] for s in inside["sources"]] == ["well_a.ome.tif"] and [f["name"] for f in inside["folders"]] == [
         "sub"
@@ -310,8 +312,8 @@ def test_a_stored_label_image_is_listed_as_a_label_set_of_its_image(browser, ome
     client, sid, image, nuclei = ome_with_labels
     sl = browser.sources.SourceList(_Connection(client))
     sl.refresh()
-    folder = sl.levels[""]["folders"][0]["key"]
-    assert [s["source_id"] for s in sl.load_level(folder)["sources"]] == [sid]
+    # the one root's source sits at the top, no folder to open first
+    assert sl.levels[""]["folders"] == [] and [s["source_id"] for s in sl.levels[""]["sources"]] == [sid]
     tensors = sl.sources[sid].tensors
     assert [t.array_id for t in tensors] == [f"{sid}/image", f"{sid}/image/@labels/nuclei"]
     # the browser files the set under its image: one group, so a double click opens the image
@@ -356,7 +358,7 @@ def test_an_uploaded_label_set_leaves_a_single_tensor_image_its_id(browser, tiff
     assert desc.array_id == f"{sid}/@labels/nuclei"
     sl = browser.sources.SourceList(_Connection(client))
     sl.refresh()
-    sl.load_level(sl.levels[""]["folders"][0]["key"])
+    assert [s["source_id"] for s in sl.levels[""]["sources"]] == [sid]  # the one root's file, at the top
     tensors = sl.sources[sid].tensors
     assert [t.array_id for t in tensors] == [sid, f"{sid}/@labels/nuclei"]  # not '<sid>/' beside the set
     assert _browser_groups(tensors) == {sid: [f"{sid}/@labels/nuclei"]}  # one image, its set under it
