@@ -113,60 +113,63 @@ class CatalogTree:
         self._top_paths: dict[str, str | None] = {}
         #: the top's own path: the root of a one-root server
         self._top_path: str | None = None
-        for place, name, source_id in self._places(rows, _Roots(roots)):
-            folder = tuple(place)
+        for folder, name, source_id in self._places(rows, _Roots(roots)):
             if folder not in self._folders:  # a known folder's ancestors are known too
                 for depth in range(len(folder)):
                     self._folders.setdefault(folder[:depth], set()).add(folder[depth])
                 self._folders[folder] = set()
             self._sources.setdefault(folder, []).append((name, source_id))
 
-    def _places(self, rows: Iterable[tuple[str, str, bool]], roots: _Roots) -> list[tuple[list[str], str, str]]:
+    def _places(self, rows: Iterable[tuple[str, str, bool]], roots: _Roots) -> list[tuple[tuple[str, ...], str, str]]:
         """(folder, name, source_id) of each listed row: under its root, the root's folder
         (or the top, with one root), else its url's path; each top folder name given to one
-        claimant (module docstring)."""
-        single = len(roots.named) == 1
+        claimant, ranked: the roots in order, then added paths, then other paths."""
+        count = len(roots.named)
+        single = count == 1
         if single:
             self._top_path = roots.named[0][1]
-        claims: dict[tuple[int, str], str | None] = {}  # (rank, name) -> its path
-        placed: list[tuple[int, list[str], str, str]] = []
+        placed: list[tuple[int, tuple[str, ...], str, str]] = []
         for source_id, url, listed in rows:
             if not listed:
                 continue
             parts = tree_parts(url)
-            found = roots.find(parts) if url.startswith("file://") else None
+            found = roots.find(parts) if parts and url.startswith("file://") else None
             if found is not None:
                 index, span = found
-                name, full = roots.named[index]
-                rest = parts[span:]
-                if not rest:  # the root is itself a source (one file, one zarr)
-                    placed.append((0, [], name, source_id))
+                if span == len(parts):  # the root is itself a source (one file, one zarr)
+                    placed.append((0, (), roots.named[index][0], source_id))
                     continue
-                if not single:
-                    rest, base = [name, *rest], full
-                else:
-                    base = os.path.join(full, rest[0])
                 rank = 0 if single else index
+                inner = tuple(parts[span:-1])
+                placed.append((rank, inner if single else (roots.named[index][0], *inner), parts[-1], source_id))
             elif parts:
-                rest, rank = parts, len(roots.named) + (0 if url.startswith("dnd://") else 1)
-                base = None if url.startswith("dnd://") else "/" + parts[0]
+                rank = count if url.startswith("dnd://") else count + 1
+                placed.append((rank, tuple(parts[:-1]), parts[-1], source_id))
             else:
-                placed.append((0, [], source_id, source_id))
-                continue
-            if len(rest) > 1:
-                claims.setdefault((rank, rest[0]), base)
-            placed.append((rank, rest[:-1], rest[-1], source_id))
-        # several roots own their names whether or not they list anything yet
-        taken = set() if single else {name for name, _ in roots.named}
+                placed.append((0, (), source_id, source_id))
+        shown = self._claim_top_names({(rank, f[0]) for rank, f, _, _ in placed if f}, roots)
+        out = []
+        for rank, folder, name, source_id in placed:
+            if folder and shown[rank, folder[0]] != folder[0]:  # a later claimant, renamed
+                folder = (shown[rank, folder[0]], *folder[1:])
+            out.append((folder, name, source_id))
+        return out
+
+    def _claim_top_names(self, claims: set[tuple[int, str]], roots: _Roots) -> dict[tuple[int, str], str]:
+        """The name each (rank, top folder name) is shown as, the better rank first (several
+        roots own their names whether or not they list anything yet); records its path."""
+        count = len(roots.named)
+        taken = set() if count == 1 else {name for name, _ in roots.named}
         shown: dict[tuple[int, str], str] = {}
         for rank, first in sorted(claims, key=lambda c: (c[0], c[1].encode("utf-8"))):
-            own = not single and rank < len(roots.named)
-            shown[rank, first] = first if own else _unique(first, taken)
-            self._top_paths[shown[rank, first]] = claims[rank, first]
-        return [
-            ([shown[rank, folder[0]], *folder[1:]] if folder else folder, name, sid)
-            for rank, folder, name, sid in placed
-        ]
+            if rank < count:  # a root's own folder (several roots) or a folder at its top (one)
+                shown[rank, first] = first if count > 1 else _unique(first, taken)
+                full = roots.named[rank][1]
+                self._top_paths[shown[rank, first]] = full if count > 1 else os.path.join(full, first)
+            else:
+                shown[rank, first] = _unique(first, taken)
+                self._top_paths[shown[rank, first]] = None if rank == count else "/" + first
+        return shown
 
     def _chain(self, folder: tuple[str, ...]) -> tuple[str, ...]:
         """``folder`` extended down its single-child folders, ending where a source sits or
