@@ -18,7 +18,7 @@ class DoGetRoundTrip:
 
         from tensor_server.adapters.memory import ArrayAdapter, MemorySource
         from tensor_server.catalog import Catalog
-        from tensor_server.flight.wire import chunk_batch
+        from tensor_server.core.wire import chunk_batch
         from tensor_server.testing import serving
 
         arr = np.random.default_rng(0).integers(0, 60000, (2048, 2048), dtype=np.uint16)

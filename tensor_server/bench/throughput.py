@@ -89,7 +89,7 @@ def run_throughput(size: str = "small", json_path: str | None = None, seconds: f
     import pyarrow as pa
     import pyarrow.flight as flight
 
-    from tensor_server.flight.wire import chunk_batch
+    from tensor_server.core.wire import chunk_batch
 
     n_chunks = 16 if size == "full" else 8
     arr = np.random.default_rng(0).integers(0, 60000, (2048 * n_chunks, 2048), dtype=np.uint16)  # 8 MiB chunks

@@ -212,7 +212,7 @@ def _discarding_upload_server() -> Any:
     import pyarrow.flight as flight
     from biopb.tensor import descriptor_pb2, ticket_pb2
 
-    from tensor_server.flight.wire import PLAN_SCHEMA
+    from tensor_server.core.wire import PLAN_SCHEMA
 
     class Server(flight.FlightServerBase):
         def __init__(self) -> None:

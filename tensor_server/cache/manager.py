@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_index import index_path, read_index, write_index
 from tensor_server.cache.segment_store import (
     CorruptEntry,
@@ -58,6 +57,7 @@ from tensor_server.cache.segment_store import (
 )
 from tensor_server.core.folder_lock import FolderHeld, FolderLock
 from tensor_server.core.uniform import constant_value
+from tensor_server.core.wire import decode_chunk
 
 __all__ = ["CacheManager", "CacheLocked", "Location", "WRITE_RETRY_SECONDS"]
 

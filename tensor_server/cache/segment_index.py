@@ -20,8 +20,8 @@ from pathlib import Path
 import pyarrow as pa
 import xxhash
 
-from tensor_server.cache.chunk_columns import binary_column, int64_column, int64_values
 from tensor_server.cache.segment_store import SegmentEntry
+from tensor_server.core.wire import binary_column, int64_column, int64_values
 
 __all__ = ["index_path", "write_index", "read_index"]
 

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from tensor_server.cache.chunk_columns import encode_chunk_columns, one_value_column
+from tensor_server.core.wire import CHUNK_FIELDS, encode_chunk_columns, one_value_column
 
 __all__ = [
     "SEGMENT_SCHEMA",
@@ -50,13 +50,7 @@ __all__ = [
 ]
 
 SEGMENT_SCHEMA = pa.schema(
-    [
-        pa.field("data", pa.binary()),
-        pa.field("shape", pa.list_(pa.int64())),
-        pa.field("dtype", pa.string()),
-        pa.field("key", pa.binary()),
-        pa.field("checksum", pa.uint64()),
-    ],
+    [*CHUNK_FIELDS, pa.field("key", pa.binary()), pa.field("checksum", pa.uint64())],
     metadata={b"chunk_wire_protocol": b"2", b"checksum": b"xxh3_64(data, seed=xxh3_64(key, dtype, shape))"},
 )
 _HEADER = SEGMENT_SCHEMA.serialize().to_pybytes()  # the schema message every segment starts with

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pyarrow.flight as flight
 
+from tensor_server.service.access import bearer_token
+
 __all__ = ["TokenMiddlewareFactory", "presented_token"]
 
 MIDDLEWARE_KEY = "auth"
@@ -24,9 +26,8 @@ class TokenMiddlewareFactory(flight.ServerMiddlewareFactory):
         values = headers.get("authorization") or headers.get("Authorization") or []
         presented = None
         for v in values:
-            v = v.decode() if isinstance(v, bytes) else v
-            if v.startswith("Bearer "):
-                presented = v[len("Bearer ") :]
+            token = bearer_token(v.decode() if isinstance(v, bytes) else v)
+            presented = token if token is not None else presented
         return _TokenMiddleware(presented)
 
 

@@ -20,10 +20,11 @@ import pyarrow.flight as flight
 from biopb.tensor import descriptor_pb2, ticket_pb2
 
 from tensor_server.catalog.catalog import sources_schema
+from tensor_server.core.wire import CHUNK_SCHEMA, chunk_batch
 from tensor_server.errors import InvalidArgument, TensorNotFound, Unimplemented
 from tensor_server.flight.auth import TokenMiddlewareFactory, presented_token
 from tensor_server.flight.errors import flight_error, schema_error
-from tensor_server.flight.wire import CHUNK_SCHEMA, chunk_batch, described_flight_info, request_region
+from tensor_server.flight.wire import described_flight_info, request_region
 from tensor_server.service import Caller, ServingRuntime
 from tensor_server.service.bodies import decode_message
 from tensor_server.service.metrics import current as current_request

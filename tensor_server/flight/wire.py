@@ -1,62 +1,31 @@
-"""Wire encodings of wire-protocol.md: described tensors and plans to FlightInfo, chunks to record batches.
+"""Flight encodings of wire-protocol.md: described tensors and plans to FlightInfo.
 
-Message classes come from the biopb SDK's generated modules, never redefined here, so the
-bytes are the SDK's own.
+The vocabulary they are spelled in (chunk schema, wire dtype, upload status) is
+``core/wire.py``'s. Message classes come from the biopb SDK's generated modules, never
+redefined here, so the bytes are the SDK's own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.flight as flight
 from biopb.tensor import descriptor_pb2, ticket_pb2
 
-from tensor_server.cache.chunk_columns import encode_chunk_columns, wire_dtype
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.plan import ReadPlan
 from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
-from tensor_server.core.uniform import constant_value
+from tensor_server.core.wire import PLAN_SCHEMA, status_message, wire_dtype
 from tensor_server.errors import InvalidArgument
 
 __all__ = [
-    "CHUNK_SCHEMA",
-    "PLAN_SCHEMA",
-    "chunk_batch",
     "described_flight_info",
     "request_region",
     "plan_flight_info",
     "describe_descriptor",
 ]
-
-PROTOCOL_METADATA = {b"chunk_wire_protocol": b"2", b"flight_protocol": b"3"}
-_CHUNK_FIELDS = [pa.field("data", pa.binary()), pa.field("shape", pa.list_(pa.int64())), pa.field("dtype", pa.string())]
-CHUNK_SCHEMA = pa.schema(_CHUNK_FIELDS, metadata={b"chunk_wire_protocol": b"2"})
-PLAN_SCHEMA = pa.schema(_CHUNK_FIELDS, metadata=PROTOCOL_METADATA)
-
-
-def chunk_batch(arr: np.ndarray) -> pa.RecordBatch:
-    """One-row batch of the unified chunk schema; the data buffer wraps ``arr`` without a
-    copy (little-endian, C-order), at offset 0 as the client requires. A uniform chunk (a
-    broadcast array, ``core/uniform.py``) is sent from one shared constant buffer per
-    (dtype, value, size), filled once, not materialised per request."""
-    value = constant_value(arr)
-    if value is not None:
-        arr = _shared_constant(arr.dtype.str, np.asarray(value).tobytes(), arr.size).reshape(arr.shape)
-    return pa.RecordBatch.from_arrays(list(encode_chunk_columns(arr)), schema=CHUNK_SCHEMA)
-
-
-@lru_cache(maxsize=16)
-def _shared_constant(dtype: str, value: bytes, size: int) -> np.ndarray:
-    """A read-only C-contiguous array of ``size`` copies of ``value``, shared by every batch
-    that sends it (Flight only reads the buffer)."""
-    out = np.full(size, np.frombuffer(value, dtype=dtype)[0], dtype=dtype)
-    out.flags.writeable = False
-    return out
 
 
 def _physical(tensor: TensorAdapter, scale: Sequence[int]) -> tuple[list[float], list[str]] | None:
@@ -152,8 +121,6 @@ def described_flight_info(described: Any, policy: PyramidPolicy | None, request_
     """The FlightInfo answering a ``ServingRuntime.describe`` (a ``Described``): a plan's
     endpoints when they were asked for, the upload's status when it was, and for a DISCARDED
     upload (a tombstone: no tensor to describe) its declared shape and status only."""
-    from tensor_server.service.upload_verbs import status_message
-
     up = described.upload
     if described.tensor is None:
         t = up.tensor

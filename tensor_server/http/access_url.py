@@ -21,7 +21,7 @@ import os
 import re
 from pathlib import Path
 
-from tensor_server.http.security import TOKEN_PATH_PREFIX
+from tensor_server.http.credentials import TOKEN_PATH_PREFIX
 
 __all__ = [
     "viewer_url",

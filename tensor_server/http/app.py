@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.ngff import labels_attributes
 from tensor_server.errors import TensorNotFound, code_of_http_status
+from tensor_server.http.credentials import split_path_token
 from tensor_server.http.errors import error_response
 from tensor_server.http.paths import resolve_zarr_path
-from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware, split_path_token
+from tensor_server.http.security import CREDENTIAL_KEY, HttpSecurity, SecurityMiddleware
 from tensor_server.http.zarr_view import ZarrImage, ZarrLevel, dumps
 from tensor_server.service import Caller
 from tensor_server.service.metrics import current as current_request

@@ -10,8 +10,10 @@ a stop waited on it for ever), and an open connection costs a protocol object, n
 The rules are the service's: ``service.tls.require_safe_transport`` refuses to listen off
 loopback without the server token (the metrics say who reads what how often, which is the
 server's business only) or, there, without TLS; ``runtime.authenticate`` takes the token on
-every scrape when the server has one (``Authorization: Bearer``, as Prometheus'
-``authorization`` scrape setting sends it). The listener serves HTTPS with the server's
+every scrape when the server has one, read as the HTTP door reads it (``http/credentials.py``:
+``Authorization: Bearer`` as Prometheus' ``authorization`` scrape setting sends it,
+``?token=``, a ``/t/<token>/`` prefix; every token presented must be right). The HTTP door's
+cookie is its browser pages' and is not read here. The listener serves HTTPS with the server's
 certificate when the server has one, as every door does.
 """
 
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from tensor_server.errors import TensorServerError
 from tensor_server.http.app import HEADER_SECONDS, HttpFrontEnd
+from tensor_server.http.credentials import Presented, presented_tokens
 from tensor_server.service import Caller
 from tensor_server.service.tls import require_safe_transport
 
@@ -48,13 +51,12 @@ def build_metrics_app(runtime: ServingRuntime):  # -> starlette.applications.Sta
     from starlette.routing import Route
 
     async def scrape(request: Request) -> Response:
-        header = request.headers.get("authorization", "")
-        token = header[len("Bearer ") :] if header.startswith("Bearer ") else None
+        given = presented_tokens(
+            request.url.path, request.scope.get("query_string", b""), request.headers.get("authorization", "")
+        )
         peer = request.client.host if request.client else ""
         # the collectors read the catalog, the cache and /proc: off the event loop
-        status, headers, body = await run_in_threadpool(
-            _answer, runtime, token, peer, request.url.path, request.headers.get("accept")
-        )
+        status, headers, body = await run_in_threadpool(_answer, runtime, given, peer, request.headers.get("accept"))
         return Response(body, status_code=status, headers=headers)
 
     return Starlette(
@@ -64,13 +66,16 @@ def build_metrics_app(runtime: ServingRuntime):  # -> starlette.applications.Sta
 
 
 def _answer(
-    runtime: ServingRuntime, token: str | None, peer: str, path: str, accept: str | None
+    runtime: ServingRuntime, given: Presented, peer: str, accept: str | None
 ) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers, body) of one scrape."""
+    """(status, headers, body) of one scrape: each token it presents must pass (one wrong
+    token is a refusal, as on the HTTP door), or the absence of one when none is asked."""
     from prometheus_client.exposition import choose_encoder
 
+    path = given.path
     try:
-        runtime.authenticate(Caller(token=token, peer=peer, door="metrics"))
+        for token in given.explicit or (None,):
+            runtime.authenticate(Caller(token=token, peer=peer, door="metrics"))
     except TensorServerError as exc:
         return (
             exc.http_status,

@@ -10,7 +10,8 @@ keep it from reading the user's pixels or running script in the server's origin:
 * **A door credential on every request** but ``/healthz``, even on loopback: the access
   token (printed in the URL at start) or the server's ``--token``. It is taken from a
   ``/t/<token>/`` path prefix (which every zarr client keeps when it joins keys to the URL),
-  ``?token=``, ``Authorization: Bearer`` or the cookie. A credential the request presents
+  ``?token=``, ``Authorization: Bearer`` or the cookie, as ``http/credentials.py`` reads them
+  (the one reading, the metrics door's too); ``service/access.py`` compares. A credential the request presents
   explicitly (path, query, header) must be valid, or the request is refused 401 even when a
   valid cookie came with it; what is handed to the runtime (``CREDENTIAL_KEY``) is exactly the
   credential checked. A tensor's read grant (a private upload's) passes the door too, for the
@@ -36,17 +37,16 @@ Pure ASGI (no response buffering): an 8 MiB chunk passes through untouched.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
-from urllib.parse import parse_qsl
+
+from tensor_server.http.credentials import cookie_token, presented_tokens
+from tensor_server.service.access import is_one_of
 
 __all__ = [
     "HttpSecurity",
     "SecurityMiddleware",
-    "TOKEN_PATH_PREFIX",
     "CREDENTIAL_KEY",
     "EXPLICIT_CREDENTIAL_KEY",
     "cookie_name",
@@ -63,8 +63,6 @@ CREDENTIAL_KEY = "tensor_server.credential"
 #: links a door answers with (the cookie is ``HttpOnly``: pages never learn it)
 EXPLICIT_CREDENTIAL_KEY = "tensor_server.credential_explicit"
 
-#: the path form of the token: ``/t/<token>/zarr/<id>/...``
-TOKEN_PATH_PREFIX = "/t/"
 #: paths answered without a token (liveness probes)
 OPEN_PATHS = frozenset({"/healthz"})
 _ALLOW_METHODS = "GET, HEAD, OPTIONS"
@@ -149,11 +147,8 @@ class HttpSecurity:
             return False
 
     def door_credential(self, presented: str | None) -> bool:
-        """One of the door's own tokens (constant-time): it earns CORS and the cookie."""
-        if presented is None:
-            return False
-        given = presented.encode("utf-8", "surrogatepass")
-        return any(hmac.compare_digest(given, t.encode()) for t in self.tokens)
+        """One of the door's own tokens (compared by ``service/access.py``): it earns CORS and the cookie."""
+        return is_one_of(presented, self.tokens)
 
     def valid(self, presented: str | None) -> bool:
         """A door credential, or another credential of the server (a grant) the runtime judges."""
@@ -218,18 +213,18 @@ class SecurityMiddleware:
         if refusal is not None:
             self.calls["bad_host"] += 1
             return await _refuse(send, *refusal)
-        scope, path_token = _strip_path_token(scope)
-        query_token = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))).get("token")
-        url_tokens = tuple(t for t in (path_token, query_token) if t is not None)
-        explicit = [t for t in (*url_tokens, _bearer(headers.get("authorization", ""))) if t is not None]
+        given = presented_tokens(scope["path"], scope.get("query_string", b""), headers.get("authorization", ""))
+        if given.path_token is not None:
+            scope = {**scope, "path": given.path, "raw_path": given.path.encode("latin-1")}
+        url_tokens, explicit = given.url_tokens, given.explicit
         origin = headers.get("origin")
         cross = origin is not None and origin.lower() != f"{scope.get('scheme', 'http')}://{host}".lower()
         if scope["method"] == "OPTIONS" and "access-control-request-method" in headers:
             return await self._preflight(send, headers, origin, any(sec.door_credential(t) for t in url_tokens))
         if sec.tokens and explicit and not all(sec.valid(t) for t in explicit):
             return await self._unauthorized(send, "the token presented is not valid")
-        presented = explicit[0] if explicit else None
-        cors = cross and origin is not None and (sec.origin_listed(origin) or sec.door_credential(presented))
+        credential = explicit[0] if explicit else None
+        cors = cross and origin is not None and (sec.origin_listed(origin) or sec.door_credential(credential))
         if cross and not cors:
             self.calls["cross_origin_refused"] += 1
             return await _refuse(
@@ -239,13 +234,13 @@ class SecurityMiddleware:
                 "access token in its URL or an Authorization header, or the origin listed with "
                 "--cors-origin.",
             )
-        if sec.tokens and presented is None and scope["path"] not in OPEN_PATHS:
-            presented, cookie_refusal = self._cookie_credential(scope, headers, cross)
+        if sec.tokens and credential is None and scope["path"] not in OPEN_PATHS:
+            credential, cookie_refusal = self._cookie_credential(scope, headers, cross)
             if cookie_refusal is not None:
                 return await cookie_refusal(send)
-        if presented is not None:
-            scope = {**scope, CREDENTIAL_KEY: presented, EXPLICIT_CREDENTIAL_KEY: bool(explicit)}
-        extra = self._answer_headers(scope, origin if cors else None, presented if url_tokens and not cross else None)
+        if credential is not None:
+            scope = {**scope, CREDENTIAL_KEY: credential, EXPLICIT_CREDENTIAL_KEY: bool(explicit)}
+        extra = self._answer_headers(scope, origin if cors else None, credential if url_tokens and not cross else None)
         return await self.app(scope, receive, _with_headers(send, extra) if extra else send)
 
     def _cookie_credential(
@@ -254,7 +249,7 @@ class SecurityMiddleware:
         """(the door credential the cookie carries, None), or (None, the refusal to send): the
         cookie admits only a request of this origin (no foreign ``Origin``, a ``Sec-Fetch-Site``
         of ``same-origin``, ``none`` or none at all)."""
-        cookie = _cookie(headers.get("cookie", ""), cookie_name(_port(scope)))
+        cookie = cookie_token(headers.get("cookie", ""), cookie_name(_port(scope)))
         if cross or not self.security.door_credential(cookie):
             return None, lambda send: self._unauthorized(send, "no access token came with it")
         site = headers.get("sec-fetch-site")
@@ -375,39 +370,6 @@ def _hardened(send: Callable) -> Callable:
         await send(message)
 
     return send_hardened
-
-
-def split_path_token(path: str) -> tuple[str, str | None]:
-    """``/t/<token>/rest`` -> (``/rest``, token); other paths -> (path, None). The metrics
-    label and the request log use the path without the token (a log never holds one)."""
-    if not path.startswith(TOKEN_PATH_PREFIX):
-        return path, None
-    token, _, rest = path[len(TOKEN_PATH_PREFIX) :].partition("/")
-    return "/" + rest, token
-
-
-def _strip_path_token(scope: dict) -> tuple[dict, str | None]:
-    """``/t/<token>/rest`` -> (scope with path ``/rest``, token); other paths unchanged."""
-    new_path, token = split_path_token(scope["path"])
-    if token is None:
-        return scope, None
-    return {**scope, "path": new_path, "raw_path": new_path.encode("latin-1")}, token
-
-
-def _bearer(header: str) -> str | None:
-    return header[len("Bearer ") :] if header.startswith("Bearer ") else None
-
-
-def _cookie(header: str, name: str) -> str | None:
-    if not header:
-        return None
-    jar = SimpleCookie()
-    try:
-        jar.load(header)
-    except Exception:  # a malformed Cookie header is no token, never a 500
-        return None
-    morsel = jar.get(name)
-    return morsel.value if morsel is not None else None
 
 
 def _cookie_value_ok(token: str) -> bool:

@@ -8,8 +8,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
+from tensor_server.http.credentials import TOKEN_PATH_PREFIX
 from tensor_server.http.errors import error_response
-from tensor_server.http.security import CREDENTIAL_KEY, EXPLICIT_CREDENTIAL_KEY, TOKEN_PATH_PREFIX
+from tensor_server.http.security import CREDENTIAL_KEY, EXPLICIT_CREDENTIAL_KEY
 from tensor_server.service.metrics import current as current_request
 
 __all__ = ["presented_token", "token_path", "guarded", "while_connected"]

@@ -48,7 +48,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.config import Settings
     from tensor_server.service.caller import Caller
 
-__all__ = ["Access", "grant_digest"]
+__all__ = ["Access", "bearer_token", "grant_digest", "is_one_of"]
+
+#: the ``Authorization`` scheme every door takes a token in (RFC 6750; the scheme is case-insensitive)
+_BEARER = "bearer "
 
 
 def grant_digest(token: str) -> str:
@@ -56,8 +59,23 @@ def grant_digest(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def bearer_token(authorization: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` value (Flight's metadata, an HTTP
+    header), else None: one reading of the header for every door."""
+    if authorization[: len(_BEARER)].lower() != _BEARER:
+        return None
+    return authorization[len(_BEARER) :]
+
+
 def _same(a: str, b: str) -> bool:
+    """The one comparison of credentials: constant-time, so a wrong guess learns nothing from timing."""
     return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
+
+
+def is_one_of(presented: str | None, tokens: Iterable[str]) -> bool:
+    """``presented`` is one of ``tokens`` (constant-time each): for a door that holds tokens of
+    its own to tell apart (the HTTP door's credential, which earns CORS and the cookie)."""
+    return presented is not None and any(_same(presented, t) for t in tokens)
 
 
 def _holds(caller: Caller, digest: str) -> bool:

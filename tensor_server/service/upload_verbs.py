@@ -13,15 +13,16 @@ import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from tensor_server.core.wire import status_message, wire_dtype
 from tensor_server.errors import InvalidArgument, ReadOnly, TensorServerError
 from tensor_server.service.bodies import decode_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.caller import Caller
     from tensor_server.service.runtime import ServingRuntime
-    from tensor_server.uploads import Upload, UploadManager
+    from tensor_server.uploads import UploadManager
 
-__all__ = ["require_writable", "add_tensor", "set_upload_status", "status_message"]
+__all__ = ["require_writable", "add_tensor", "set_upload_status"]
 
 
 def require_writable(runtime: ServingRuntime) -> UploadManager:
@@ -35,21 +36,6 @@ def require_writable(runtime: ServingRuntime) -> UploadManager:
     return runtime.uploads
 
 
-def status_message(up: Upload) -> Any:
-    """The upload's status as the SDK's ``UploadStatus`` message."""
-    from biopb.tensor import descriptor_pb2
-
-    states = descriptor_pb2.UploadStatus.State
-    st = up.status()
-    state = st["state"] if st["state"] in ("PENDING", "READY", "DISCARDED") else "PENDING"
-    return descriptor_pb2.UploadStatus(
-        state=states.Value(state),
-        expected_chunks=st["expected_chunks"],
-        uploaded_chunks=st["uploaded_chunks"],
-        reason=st["reason"],
-    )
-
-
 def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: Any = None) -> Iterator[bytes]:
     """A PENDING tensor; its owner is the caller, and it carries no read grant (the SDK asks
     for none: ``service/access.py``). A refusal that would describe another tensor (a label
@@ -57,8 +43,6 @@ def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: 
     that tensor. The name of a PENDING upload declared again the same way answers that upload
     (a crashed uploader re-plans and resumes), to its owner only: a re-plan is a write of it."""
     from biopb.tensor import descriptor_pb2
-
-    from tensor_server.cache.chunk_columns import wire_dtype
 
     manager = require_writable(runtime)
     req = decode_message(descriptor_pb2.TensorDescriptor, body, "add_tensor")

@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_index import read_index
 from tensor_server.cache.segment_store import SegmentEntry, SegmentWriter, read_batch_at, segment_name, walk_segment
 from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.wire import decode_chunk
 from tensor_server.uploads.integrity import StoreDamaged, check_manifest, require_files, write_manifest
 from tensor_server.uploads.marker import MARKER_KEY, Marker, read_json, sync_path, write_json_atomic
 

@@ -12,7 +12,6 @@ import pyarrow as pa
 import pytest
 
 from tensor_server.cache import segment_store
-from tensor_server.cache.chunk_columns import decode_chunk
 from tensor_server.cache.segment_store import (
     SegmentWriter,
     chunk_record_batch,
@@ -20,6 +19,7 @@ from tensor_server.cache.segment_store import (
     read_batch_at,
     walk_segment,
 )
+from tensor_server.core.wire import decode_chunk
 
 
 def _arr(seed: int, shape=(64, 48), dtype=np.uint16) -> np.ndarray:

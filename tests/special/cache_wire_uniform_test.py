@@ -9,7 +9,7 @@ from tensor_server.cache import CacheManager
 from tensor_server.core.engine import ReadEngine
 from tensor_server.core.plan import plan_read
 from tensor_server.core.uniform import uniform_array
-from tensor_server.flight.wire import chunk_batch
+from tensor_server.core.wire import chunk_batch
 
 from .conftest import ReadCounter, assert_bit_identical, oracle
 from .stats_wire_test import sparse_zarr

@@ -1,16 +1,29 @@
-"""The unified chunk columns (``data``, ``shape``, ``dtype``), shared by DoGet and the cache.
+"""The wire vocabulary (wire-protocol.md): the unified chunk schema and its columns
+(``data``, ``shape``, ``dtype``), the wire dtype string, and an upload's status message.
 
-One encoder so a chunk served over DoGet and a chunk stored in a segment (and mapped by a
-client through the fast path) are the same bytes: C-order, little-endian, the data buffer at
-offset 0 of its binary array, an explicit-byte-order numpy dtype string.
+One owner below the cache, the service floor and the doors, because each speaks it: a chunk
+served over DoGet and a chunk stored in a segment (and mapped by a client through the fast
+path) are the same bytes (C-order, little-endian, the data buffer at offset 0 of its binary
+array, an explicit-byte-order numpy dtype string), and a status a write verb answers is the
+status a describe carries.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import Any, Protocol
+
 import numpy as np
 import pyarrow as pa
 
+from tensor_server.core.uniform import constant_value
+
 __all__ = [
+    "CHUNK_FIELDS",
+    "CHUNK_SCHEMA",
+    "PLAN_SCHEMA",
+    "chunk_batch",
+    "status_message",
     "encode_chunk_columns",
     "decode_chunk",
     "one_value_column",
@@ -19,6 +32,14 @@ __all__ = [
     "int64_values",
     "wire_dtype",
 ]
+
+
+PROTOCOL_METADATA = {b"chunk_wire_protocol": b"2", b"flight_protocol": b"3"}
+#: the unified chunk columns, in order: DoGet batches, plan schemas and cache segments start with them
+CHUNK_FIELDS = [pa.field("data", pa.binary()), pa.field("shape", pa.list_(pa.int64())), pa.field("dtype", pa.string())]
+CHUNK_SCHEMA = pa.schema(CHUNK_FIELDS, metadata={b"chunk_wire_protocol": b"2"})
+#: a FlightInfo's schema: the chunk schema stamped with both protocol versions
+PLAN_SCHEMA = pa.schema(CHUNK_FIELDS, metadata=PROTOCOL_METADATA)
 
 
 def wire_dtype(dtype: np.dtype) -> str:
@@ -83,3 +104,45 @@ def decode_chunk(batch: pa.RecordBatch) -> np.ndarray:
     arr = np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
     arr.flags.writeable = False
     return arr
+
+
+def chunk_batch(arr: np.ndarray) -> pa.RecordBatch:
+    """One-row batch of the unified chunk schema; the data buffer wraps ``arr`` without a
+    copy (little-endian, C-order), at offset 0 as the client requires. A uniform chunk (a
+    broadcast array, ``core/uniform.py``) is sent from one shared constant buffer per
+    (dtype, value, size), filled once, not materialised per request."""
+    value = constant_value(arr)
+    if value is not None:
+        arr = _shared_constant(arr.dtype.str, np.asarray(value).tobytes(), arr.size).reshape(arr.shape)
+    return pa.RecordBatch.from_arrays(list(encode_chunk_columns(arr)), schema=CHUNK_SCHEMA)
+
+
+@lru_cache(maxsize=16)
+def _shared_constant(dtype: str, value: bytes, size: int) -> np.ndarray:
+    """A read-only C-contiguous array of ``size`` copies of ``value``, shared by every batch
+    that sends it (Flight only reads the buffer)."""
+    out = np.full(size, np.frombuffer(value, dtype=dtype)[0], dtype=dtype)
+    out.flags.writeable = False
+    return out
+
+
+class _HasStatus(Protocol):
+    """An upload as this module sees it (``uploads.Upload``; typed structurally, since
+    uploads sit above core)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+
+def status_message(up: _HasStatus) -> Any:
+    """The upload's status as the SDK's ``UploadStatus`` message."""
+    from biopb.tensor import descriptor_pb2
+
+    states = descriptor_pb2.UploadStatus.State
+    st = up.status()
+    state = st["state"] if st["state"] in ("PENDING", "READY", "DISCARDED") else "PENDING"
+    return descriptor_pb2.UploadStatus(
+        state=states.Value(state),
+        expected_chunks=st["expected_chunks"],
+        uploaded_chunks=st["uploaded_chunks"],
+        reason=st["reason"],
+    )
