@@ -94,3 +94,21 @@ def test_a_unitless_image_shows_no_empty_unit_or_size(unit_server):
     assert " /px" not in page
     bare = re.search(r"<tr[^>]*>(?:(?!</tr>).)*\bbare\b(?:(?!</tr>).)*</tr>", page, re.S)
     assert bare is not None and "/px" not in bare.group(0)
+
+
+@pytest.mark.parametrize("ngff", ["0.4", "0.5"])
+def test_an_exported_image_names_the_unit_micrometer(tmp_path, ngff):
+    """The export writes NGFF, so the same ``µm`` tensor's axes say ``micrometer`` on disk."""
+    import json
+
+    from tensor_server.export import ExportOptions, export_tensor
+
+    t = ArrayAdapter(np.zeros((32, 32), np.uint8), "yx", physical_scale=(0.5, 0.5), physical_unit=("µm", "um"))
+    assert t.physical_unit == ("µm", "µm")
+    export_tensor(t, tmp_path / "img.zarr", ExportOptions(levels=1, ngff=ngff))
+    if ngff == "0.4":
+        attrs = json.loads((tmp_path / "img.zarr" / ".zattrs").read_text())
+    else:
+        attrs = json.loads((tmp_path / "img.zarr" / "zarr.json").read_text())["attributes"]["ome"]
+    (ms,) = attrs["multiscales"]
+    assert [a.get("unit") for a in ms["axes"]][-2:] == ["micrometer", "micrometer"]
