@@ -89,3 +89,11 @@ def test_no_second_unit_table():
 
     for mod in (base, tiff):
         assert not hasattr(mod, "normalize_unit") and not hasattr(mod, "_UNIT_ALIASES")
+
+
+def test_the_spelling_is_a_fixed_point():
+    """``TensorInfo`` spells what an adapter already spelled: doing it twice changes nothing."""
+    from tensor_server.core import units
+
+    symbols = {v for k, v in vars(units).items() if k.isupper() and isinstance(v, str)} | set(units._SYMBOL.values())
+    assert {canonical_unit(s) for s in symbols} == symbols
