@@ -56,7 +56,7 @@ from tensor_server.core.adapter_base import NativeLevel, SourceAdapter, TensorAd
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
-from tensor_server.core.units import MILLIMETER
+from tensor_server.core.units import MILLIMETER, MILLISECOND
 from tensor_server.errors import UnreadableSource
 
 __all__ = [
@@ -363,7 +363,7 @@ def _frame_axis(ds: Any, nframes: int) -> tuple[str, float | None, str | None, l
             return "z", _uniform_spacing(pos), MILLIMETER, pos
     if "FrameTime" in ds or "FrameTimeVector" in ds:
         ft = ds.get("FrameTime")
-        return "t", (float(ft) if ft else None), ("millisecond" if ft else None), None
+        return "t", (float(ft) if ft else None), (MILLISECOND if ft else None), None
     return "i", None, None, None
 
 

@@ -73,7 +73,7 @@ from tensor_server.core.handles import LazyHandle
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
-from tensor_server.core.units import format_unit
+from tensor_server.core.units import canonical_unit
 from tensor_server.errors import UnreadableSource
 
 __all__ = [
@@ -503,7 +503,7 @@ def regular_step(values: Any) -> float | None:
 
 
 def clean_unit(unit: Any) -> str | None:
-    """A unit in the reference spelling (``format_unit``), or None when absent or not physical
+    """A unit in the reference spelling (``canonical_unit``), or None when absent or not physical
     (pixel, undefined). Berkeley EMD's bracketed TeX-ish spelling ``[n_m^-1]`` is read as
     ``nm^-1`` first, so it comes out as ``1/nm``."""
     if unit is None:
@@ -516,7 +516,7 @@ def clean_unit(unit: Any) -> str | None:
     text = str(unit).strip()
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1].replace("_", "").strip()
-    return None if text.lower() in _NO_UNITS else format_unit(text)
+    return None if text.lower() in _NO_UNITS else canonical_unit(text)
 
 
 @dataclass

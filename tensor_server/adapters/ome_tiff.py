@@ -30,7 +30,7 @@ from tensor_server.adapters.tiff import (
     series_files,
 )
 from tensor_server.core.adapter_base import SourceAdapter
-from tensor_server.core.units import MICROMETER, format_unit
+from tensor_server.core.units import MICROMETER, canonical_unit
 from tensor_server.errors import UnreadableSource
 
 __all__ = ["OmeTiffAdapter", "OmeTiffSource", "resolve_ome_set"]
@@ -140,12 +140,12 @@ def _images(omexml: str | None) -> list[dict[str, Any]]:
         sizes: dict[str, tuple[float, str]] = {}
         for code in ("X", "Y", "Z"):
             value = _positive(a.get(f"PhysicalSize{code}"))
-            unit = format_unit(a.get(f"PhysicalSize{code}Unit", MICROMETER))
+            unit = canonical_unit(a.get(f"PhysicalSize{code}Unit", MICROMETER))
             if value is not None and unit:
                 sizes[code] = (value, unit)
         dt = _positive(a.get("TimeIncrement"))
         if dt is not None:
-            sizes["T"] = (dt, format_unit(a.get("TimeIncrementUnit", "s")))
+            sizes["T"] = (dt, canonical_unit(a.get("TimeIncrementUnit", "s")))
         channels = [c.attrib.get("Name", "") for c in pixels if _local(c.tag) == "Channel"]
         out.append(
             {

@@ -37,7 +37,7 @@ from tensor_server.core.handles import DEFAULT_IDLE_SECONDS, LazyHandle
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
-from tensor_server.core.units import MICROMETER, SECOND, format_unit
+from tensor_server.core.units import MICROMETER, SECOND, canonical_unit
 from tensor_server.errors import UnreadableSource
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -639,7 +639,7 @@ def tiff_physical(tf: tifffile.TiffFile, index: int, series: Any) -> dict[str, t
             return out
         if tf.is_imagej:
             ij = tf.imagej_metadata or {}
-            unit = format_unit(ij.get("unit"))
+            unit = canonical_unit(ij.get("unit"))
             xres, yres = page.resolution
             # ImageJ carries a 72-dpi default over as a calibration in inches (or cm)
             default = (

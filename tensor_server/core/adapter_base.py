@@ -44,7 +44,7 @@ from tensor_server.core.arrays import native_dtype, owned_array
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.identity import minted_content_version, source_id_for_path
 from tensor_server.core.transfer_grid import default_seed, spatial_axes, tile_chunk_shape, transfer_chunk_shape
-from tensor_server.core.units import carried_unit
+from tensor_server.core.units import canonical_unit
 
 __all__ = ["TensorAdapter", "TensorInfo", "SourceAdapter", "NativeLevel"]
 
@@ -92,7 +92,9 @@ class TensorInfo:
             "dim_labels": tuple(str(d).lower() for d in labels),
             "native_chunk_shape": _ints_or_none(self.native_chunk_shape),
             "physical_scale": None if self.physical_scale is None else tuple(self.physical_scale),
-            "physical_unit": None if self.physical_unit is None else tuple(carried_unit(u) for u in self.physical_unit),
+            "physical_unit": None
+            if self.physical_unit is None
+            else tuple(canonical_unit(u) for u in self.physical_unit),
             "is_labels": bool(self.is_labels),
             "content_version": self.content_version or minted_content_version(),
             "metadata": dict(self.metadata or {}),

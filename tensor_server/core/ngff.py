@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tensor_server.core.methods import PRECOMPUTE
+from tensor_server.core.units import canonical_unit
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
@@ -58,13 +59,15 @@ __all__ = [
 
 #: canonical axis label -> NGFF axis type
 AXIS_TYPES = {"t": "time", "c": "channel", "z": "space", "y": "space", "x": "space"}
-# NGFF takes UDUNITS names; format metadata may spell units the microscopy way
+# NGFF takes UDUNITS names; the server spells units by their symbol (``core.units``), so a
+# document it writes names each symbol back
 _NGFF_UNITS = {
     "µm": "micrometer",
-    "μm": "micrometer",
-    "um": "micrometer",
     "nm": "nanometer",
     "mm": "millimeter",
+    "cm": "centimeter",
+    "m": "meter",
+    "pm": "picometer",
     "Å": "angstrom",
     "s": "second",
     "ms": "millisecond",
@@ -129,10 +132,12 @@ SHARD_ABSENT = 2**64 - 1
 
 
 def ngff_unit(unit: str | None) -> str | None:
-    """The NGFF (UDUNITS) name of a unit, or None when NGFF has no name for it."""
-    if not unit:
+    """The NGFF (UDUNITS) name of a unit in any spelling (``micrometer``, ``µm``, ``um``),
+    or None when NGFF has no name for it."""
+    symbol = canonical_unit(unit)
+    if symbol is None:
         return None
-    name = _NGFF_UNITS.get(unit, unit)
+    name = _NGFF_UNITS.get(symbol, symbol)
     return name if name in _NGFF_UNIT_NAMES else None
 
 

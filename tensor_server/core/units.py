@@ -1,18 +1,19 @@
-"""Physical units: the one owner of how a unit is spelled on the wire.
+"""Physical units: the one owner of how a unit is spelled by the server.
 
-Two kinds of unit reach a descriptor, and they are treated differently on purpose:
+Every unit a tensor has, whatever wrote it (an OME-Zarr axis ``unit`` such as
+``micrometer``, an HDF5 ``units`` attribute, OME-XML ``PhysicalSizeXUnit``, TIFF resolution
+tags, ImageJ ``unit=micron``, CZI, ND2, LIF, DeltaVision, MRC, NIfTI ``xyzt_units``, DICOM
+spacing, Micro-Manager summaries, a unit given to an in-memory tensor, an upstream server's
+descriptor) is spelled one way, the biopb reference server's: SI symbols, ``µm`` (U+00B5)
+rather than ``micrometer`` / ``um`` / ``micron`` (``canonical_unit``, applied once where a
+tensor's record is built, ``core.adapter_base.TensorInfo``). So the Flight descriptor, SQL
+rows, the catalog page and its JSON, and every viewer show the same string for the same
+unit. A unit not in the table passes through as written (never guessed at); "pixel" and
+blank mean no physical unit.
 
-- **A unit the data itself carries** (an OME-Zarr axis ``unit``, an HDF5 ``units``
-  attribute, a unit given to an in-memory tensor) is the data's own statement; it passes
-  through unchanged (``carried_unit``: only blank values become "no unit").
-- **A unit the server derives from a format's metadata** (OME-XML ``PhysicalSizeXUnit``,
-  TIFF resolution tags, ImageJ ``unit=micron``, CZI, ND2, LIF, DeltaVision, MRC, NIfTI
-  ``xyzt_units``, DICOM spacing, Micro-Manager summaries) is spelled one way, the biopb
-  reference server's: SI symbols, ``µm`` (U+00B5) rather than ``micrometer`` / ``um`` /
-  ``micron`` (``format_unit``, or the constants below when the format fixes the unit).
-
-So a client sees the same string for the same unit from every format the server
-interprets, and exactly what the author wrote where the data says it itself.
+The one exception is a document whose format names units itself: an OME-NGFF ``axes``
+entry must use the UDUNITS name (``micrometer``), so ``core.ngff.ngff_unit`` maps the
+symbol back to that name when the server writes NGFF (the HTTP OME-Zarr view, the export).
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ __all__ = [
     "MILLISECOND",
     "MICROSECOND",
     "HERTZ",
-    "format_unit",
-    "carried_unit",
+    "canonical_unit",
 ]
 
 MICROMETER = "µm"
@@ -120,21 +120,13 @@ _SYMBOL = {
 _NOT_A_UNIT = frozenset({"pixel", "pixels", "px", "none"})
 
 
-def format_unit(unit: object) -> str | None:
-    """The reference spelling of a unit read from a format's metadata; None for a blank
-    one or a "pixel" unit (uncalibrated). A unit not in the table passes through as
-    written (never guessed at)."""
+def canonical_unit(unit: object) -> str | None:
+    """The one spelling of a unit (SI symbol, ``µm``); None for a blank one or a "pixel"
+    unit (uncalibrated). A unit not in the table passes through as written (never guessed
+    at)."""
     if unit is None:
         return None
     text = str(unit).strip()
     if not text or text.lower() in _NOT_A_UNIT:
         return None
     return _SYMBOL.get(text) or _SYMBOL.get(text.lower()) or text
-
-
-def carried_unit(unit: object) -> str | None:
-    """A unit the data itself carries: unchanged, but blank means no unit."""
-    if unit is None:
-        return None
-    text = str(unit)
-    return text if text.strip() else None

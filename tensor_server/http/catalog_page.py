@@ -97,13 +97,13 @@ def osd_dir() -> Path:
 
 
 def _physical(tensor: Any) -> str:
-    if not tensor.physical_scale:
-        return "—"
+    """Each axis's pixel size and extent, in its unit; an axis without a unit (a scale the
+    format gives with no length, an uncalibrated image) has no physical size to show."""
     units = tensor.physical_unit or (None,) * tensor.ndim
     out = []
-    for label, n, step, unit in zip(tensor.dim_labels, tensor.shape, tensor.physical_scale, units):
-        if step:
-            out.append(f"{label}: {step:g} {unit or ''}/px ({n * step:g} {unit or ''})")
+    for label, n, step, unit in zip(tensor.dim_labels, tensor.shape, tensor.physical_scale or (), units):
+        if step and unit:
+            out.append(f"{label}: {step:g} {unit}/px ({n * step:g} {unit})")
     return "<br>".join(escape(s) for s in out) or "—"
 
 

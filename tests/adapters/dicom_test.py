@@ -276,7 +276,7 @@ def test_multiframe_axis_and_lazy_frames(tmp_path):
         t = src.tensor()
         adapter = inner(t)
         assert isinstance(adapter, DicomAdapter) and t.dim_labels == ("t", "y", "x")
-        assert t.physical_scale[0] == 33.0 and t.physical_unit[0] == "millisecond"
+        assert t.physical_scale[0] == 33.0 and t.physical_unit[0] == "ms"
         assert t.read_block_shape == (1, 16, 12) and t.decimates
         before = adapter.frames_decoded
         np.testing.assert_array_equal(t.get_data(Bounds((4, 0, 0), (5, 16, 12))), frames[4:5])

@@ -252,7 +252,7 @@ class _OmeSuite(_ZarrSuite):
         t = source.tensor("image")
         assert t.dim_labels == ("c", "z", "y", "x") and t.dtype == np.uint16
         assert t.physical_scale == (None, 1.0, 0.25, 0.25)  # dataset scale x multiscale-wide scale
-        assert t.physical_unit == (None, "micrometer", "micrometer", "micrometer")
+        assert t.physical_unit == (None, "µm", "µm", "µm")
         assert t.read_block_shape == (1, 5, 32, 40) and not t.is_labels
         assert t.metadata["omero"]["channels"][1]["label"] == "GFP"
 
@@ -398,7 +398,7 @@ def test_real_v04_axes_units_and_empty_labels(testdata):
     with tensor_server.open(testdata / "ome-zarr/v0.4-zarr2/image-03.zarr") as src:
         assert list(src.tensors) == ["image"]  # its labels group is empty
         t = src.tensor()
-        assert t.physical_unit == ("micrometer",) * 3 and t.physical_scale == (1.0, 1.0, 1.0)
+        assert t.physical_unit == ("µm",) * 3 and t.physical_scale == (1.0, 1.0, 1.0)
     with tensor_server.open(testdata / "ome-zarr/v0.5-zarr3/blobs_image_v05.ome.zarr") as src:
         assert src.tensor().physical_scale == (None, 1.0, 1.0)  # the channel axis has no size
 

@@ -1,5 +1,6 @@
-"""One owner for unit spelling: units the data carries pass through; units derived from
-format metadata use the biopb reference's spelling (SI symbols, ``µm``)."""
+"""One owner for unit spelling: every unit a tensor has, whether the data carries it or the
+server derives it from format metadata, is spelled the biopb reference's way (SI symbols,
+``µm``); NGFF documents name the symbol back (``micrometer``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter
-from tensor_server.core.units import MICROMETER, carried_unit, format_unit
+from tensor_server.core.ngff import ngff_unit
+from tensor_server.core.units import MICROMETER, canonical_unit
 
 
 @pytest.mark.parametrize(
@@ -41,16 +43,43 @@ from tensor_server.core.units import MICROMETER, carried_unit, format_unit
         ("px", None),  # uncalibrated: no unit
     ],
 )
-def test_format_units_have_the_reference_spelling(written, spelled):
-    assert format_unit(written) == spelled
+def test_units_have_the_reference_spelling(written, spelled):
+    assert canonical_unit(written) == spelled
     assert MICROMETER == "\u00b5m"  # MICRO SIGN, as the reference and OME write it
 
 
-def test_carried_units_pass_through_unchanged():
-    assert carried_unit("micrometer") == "micrometer" and carried_unit("um") == "um"
-    assert carried_unit("") is None and carried_unit(None) is None
-    t = ArrayAdapter(np.zeros((2, 2, 2)), "zyx", physical_scale=(1, 2, 3), physical_unit=("micrometer", "um", ""))
-    assert t.physical_unit == ("micrometer", "um", None)
+def test_units_the_data_carries_are_spelled_the_same_way():
+    """An OME-Zarr axis's ``micrometer`` and an ImageJ ``um`` are one unit, so one string."""
+    t = ArrayAdapter(
+        np.zeros((2, 2, 2, 2)), "tzyx", physical_scale=(1, 1, 2, 3), physical_unit=("second", "micrometer", "um", "")
+    )
+    assert t.physical_unit == ("s", "µm", "µm", None)
+
+
+@pytest.mark.parametrize(
+    "unit, name",
+    [
+        ("µm", "micrometer"),
+        ("micrometer", "micrometer"),
+        ("um", "micrometer"),
+        ("nm", "nanometer"),
+        ("mm", "millimeter"),
+        ("cm", "centimeter"),
+        ("m", "meter"),
+        ("Å", "angstrom"),
+        ("s", "second"),
+        ("ms", "millisecond"),
+        ("µs", "microsecond"),
+        ("min", "minute"),
+        ("h", "hour"),
+        ("kilometer", "kilometer"),
+        ("Hz", None),  # NGFF has no name for it: the axis goes without a unit
+        ("furlong", None),
+        (None, None),
+    ],
+)
+def test_ngff_documents_name_each_symbol_as_udunits_does(unit, name):
+    assert ngff_unit(unit) == name
 
 
 def test_no_second_unit_table():
@@ -60,3 +89,11 @@ def test_no_second_unit_table():
 
     for mod in (base, tiff):
         assert not hasattr(mod, "normalize_unit") and not hasattr(mod, "_UNIT_ALIASES")
+
+
+def test_the_spelling_is_a_fixed_point():
+    """``TensorInfo`` spells what an adapter already spelled: doing it twice changes nothing."""
+    from tensor_server.core import units
+
+    symbols = {v for k, v in vars(units).items() if k.isupper() and isinstance(v, str)} | set(units._SYMBOL.values())
+    assert {canonical_unit(s) for s in symbols} == symbols

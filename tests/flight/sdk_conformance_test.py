@@ -101,8 +101,9 @@ def test_a_stop_past_the_end_is_clamped_not_refused(client):
 
 
 def test_units_through_the_sdk(tmp_path):
-    """A unit the data carries passes through (OME-Zarr axis units, an in-memory tensor's);
-    units derived from format metadata use the reference's spelling (µm)."""
+    """Every unit is spelled the reference's way (µm), whether the data carries it (OME-Zarr
+    axis units, an in-memory tensor's) or the server derives it from format metadata; a unit
+    the server has no spelling for passes through as written."""
     import tifffile
 
     from tensor_server.adapters.memory import ArrayAdapter, MemorySource
@@ -151,8 +152,8 @@ def test_units_through_the_sdk(tmp_path):
             )
             return client.get_physical_scale(rows[0]["a"])[1]
 
-        assert units("cells.ome.zarr") == ["", "micrometer", "micrometer"]
+        assert units("cells.ome.zarr") == ["", "µm", "µm"]
         assert units("ij.tif") == ["µm", "µm", "µm"]
         assert units("x.ome.tif") == ["µm", "µm"]
-        assert client.get_physical_scale("mem")[1] == ["furlong", "micrometer"]
+        assert client.get_physical_scale("mem")[1] == ["furlong", "µm"]
     cat.close()

@@ -384,5 +384,5 @@ def test_label_sets_carry_their_images_physical_scale(browser, tiff_image, ome_w
     assert list(scale) == [0.5, 0.5]  # the scale napari gives the layer
     # stored: ome-zarr-py wrote the label image with the identity transform (scale 1, no unit)
     client, sid, _, _ = ome_with_labels
-    assert client.get_physical_scale(f"{sid}/image") == ([0.5, 0.5], ["micrometer", "micrometer"])
-    assert client.get_physical_scale(f"{sid}/image/@labels/nuclei") == ([0.5, 0.5], ["micrometer", "micrometer"])
+    assert client.get_physical_scale(f"{sid}/image") == ([0.5, 0.5], ["µm", "µm"])
+    assert client.get_physical_scale(f"{sid}/image/@labels/nuclei") == ([0.5, 0.5], ["µm", "µm"])

@@ -60,7 +60,7 @@ def test_the_json_catalog_lists_each_level_with_its_tensors(api_server):
     (tensor,) = mem["tensors"]
     assert tensor["array_id"] == "mem" and tensor["shape"] == [60, 80] and tensor["dtype"] == "<u2"
     assert tensor["dim_labels"] == ["y", "x"] and tensor["is_labels"] is False
-    assert tensor["physical_scale"] == [0.5, 0.25] and tensor["physical_unit"] == ["micrometer", "micrometer"]
+    assert tensor["physical_scale"] == [0.5, 0.25] and tensor["physical_unit"] == ["µm", "µm"]
     assert tensor["urls"]["OME-Zarr v3 (NGFF 0.5)"] == f"/t/{TOKEN}/zarr3/mem/"
     lab = _get(http, f"/api/catalog?folder={_folder(top, 'lab')}").json()
     by_name = {s["name"]: s for s in lab["sources"]}
