@@ -10,8 +10,8 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 #: top-level test modules: their subjects are top-level too (the README, the command line and its
-#: start-up block and logging, the package's install and import graph, the error taxonomy, the
-#: suite's own summary, this convention)
+#: start-up block and logging, the package's install, import graph and token owners, the error
+#: taxonomy, the suite's own summary, this convention)
 TOP_LEVEL = {
     "readme_test.py",
     "cli_test.py",
@@ -20,6 +20,7 @@ TOP_LEVEL = {
     "install_test.py",
     "layering_test.py",
     "import_hygiene_test.py",
+    "token_owners_test.py",
     "errors_test.py",
     "skip_summary_test.py",
     "naming_test.py",
