@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from tensor_server.cli_logging import REQUEST_LOG_OFF, REQUEST_LOG_STDERR, ScanProgress, setup_logging
 from tensor_server.errors import InvalidArgument
-from tensor_server.service.memory import MemoryReturn
+from tensor_server.service.memory import MemoryReturn, limit_malloc_arenas
 
 if TYPE_CHECKING:
     from tensor_server.cli_banner import Example, ServingFacts
@@ -417,6 +417,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.catalog import Catalog
     from tensor_server.core.downsample import warm_up
     from tensor_server.service import ServingRuntime
+
+    limit_malloc_arenas()  # before the serving threads: what their arenas keep is not trimmed
 
     try:
         settings = _settings(args)

@@ -171,10 +171,9 @@ def trim_scratch() -> int:
     largest size asked of their slot (all of a slot nobody used). Returns the bytes freed.
 
     The kept buffers only grow (a read that needs more than every kept one evicts the smallest),
-    so one 32 MiB-unit read — a client's ``tensor_stats`` of a large image — left 3 × 32 MiB per
-    slot for the life of the process: +88 MiB anonymous memory on the load bench's server after
-    its hostile client had gone. Called by the service's ``MemoryReturn`` every few seconds; a
-    steady load keeps the sizes it asks for, so its reads still find touched memory."""
+    so a client's large reduction left up to cores + 1 buffers of up to 32 MiB per slot for the
+    life of the process. Called by the service's ``MemoryReturn`` every few seconds; a steady
+    load keeps the sizes it asks for, so its reads still find touched memory."""
     freed = 0
     with _free_lock:
         for slot, free in _free.items():

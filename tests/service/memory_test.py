@@ -51,3 +51,11 @@ def test_release_unused_memory_trims_the_c_heap(monkeypatch) -> None:
     monkeypatch.setattr(memory, "_TRIM", lambda: trims.append(1))
     release_unused_memory()
     assert trims == [1]
+
+
+def test_the_arena_limit_is_set_where_glibc_has_mallopt() -> None:
+    """glibc accepts M_ARENA_MAX (mallopt answers 1); elsewhere it is a no-op that says so."""
+    import ctypes
+
+    has_mallopt = getattr(ctypes.CDLL(None), "mallopt", None) is not None
+    assert memory.limit_malloc_arenas(2) is has_mallopt
