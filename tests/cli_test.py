@@ -145,19 +145,20 @@ def test_a_second_server_gets_its_own_cache_and_annotation_files(tmp_path):
 
 
 def test_read_workers_from_config_and_flag(tmp_path, capsys):
-    from tensor_server.cli import _build_parser, _settings
+    from tensor_server.cli import _settings
+    from tensor_server.cli_parser import build_parser
 
     cfg = tmp_path / "server.toml"
     cfg.write_text("[read]\nworkers = 3\n")
     assert load_settings(cfg).read_workers == 3
     assert load_settings().read_workers == 0  # absent: 0 = the machine's cores
-    args = _build_parser().parse_args(["serve", "/data", "--config", str(cfg), "--read-workers", "5"])
+    args = build_parser().parse_args(["serve", "/data", "--config", str(cfg), "--read-workers", "5"])
     assert _settings(args).read_workers == 5  # the flag overrides the file
     cfg.write_text("[read]\nworkers = -2\n")
     with pytest.raises(InvalidArgument, match="read workers"):
         load_settings(cfg)
     with pytest.raises(SystemExit):
-        _build_parser().parse_args(["serve", "/data", "--read-workers", "-1"])
+        build_parser().parse_args(["serve", "/data", "--read-workers", "-1"])
     assert "expected an integer >= 0" in capsys.readouterr().err
 
 

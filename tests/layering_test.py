@@ -21,9 +21,9 @@ KERNELS = ROOT / "kernels" / "tensor_server_kernels"
 
 #: floor -> the tensor_server floors it may never import. The doors (flight, http, cli) sit
 #: on the service floor and never import each other; testing (the conformance suites and
-#: in-process servers) and bench sit above everything. ``cli_banner`` and ``cli_logging`` (what
-#: the command line prints at start, and its log and progress lines) are part of the cli door.
-_CLI = {"cli", "cli_banner", "cli_logging"}
+#: in-process servers) and bench sit above everything. ``cli_banner``, ``cli_logging`` and ``cli_parser`` (what
+#: the command line prints at start, its log and progress lines, its parser) are part of the cli door.
+_CLI = {"cli", "cli_banner", "cli_logging", "cli_parser"}
 _ABOVE_SERVICE = {"flight", "http", "bench", "testing", "demo"} | _CLI
 FORBIDDEN = {
     "config": {"adapters", "cache", "catalog", "uploads", "service", "render", "export"} | _ABOVE_SERVICE,
@@ -43,6 +43,7 @@ FORBIDDEN = {
     # the cli's parts import nothing of the server: the cli gathers what they print
     "cli_banner": _ABOVE_SERVICE - {"cli_banner"},
     "cli_logging": _ABOVE_SERVICE - {"cli_logging"},
+    "cli_parser": _ABOVE_SERVICE - {"cli_parser"},
 }
 
 

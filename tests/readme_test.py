@@ -166,7 +166,7 @@ def test_the_formats_table_lists_every_registered_format_and_extension():
 
 
 def test_the_cli_reference_is_the_parser():
-    from tensor_server.cli import cli_reference
+    from tensor_server.cli_parser import cli_reference
 
     assert (DOCS / "cli.md").read_text() == cli_reference(), (
         "docs/cli.md is out of date: python -c 'import tensor_server.cli as c; print(c.cli_reference(), end=\"\")'"

@@ -123,7 +123,8 @@ def test_off_loopback_needs_a_token_and_tls_or_insecure():
 
 
 def test_tls_and_http_settings_from_config_and_flags(tmp_path):
-    from tensor_server.cli import _build_parser, _settings
+    from tensor_server.cli import _settings
+    from tensor_server.cli_parser import build_parser
     from tensor_server.config import load_settings
 
     cfg = tmp_path / "server.toml"
@@ -134,7 +135,7 @@ def test_tls_and_http_settings_from_config_and_flags(tmp_path):
     s = load_settings(cfg)
     assert (s.tls, s.sans, s.insecure, s.http_token) == (True, ["a.lab"], False, False)
     assert (s.cors_origins, s.http_allowed_hosts) == (["https://v.example"], ["t.lab"])
-    args = _build_parser().parse_args(
+    args = build_parser().parse_args(
         [
             "serve",
             "/data",
@@ -155,5 +156,5 @@ def test_tls_and_http_settings_from_config_and_flags(tmp_path):
     s = _settings(args)
     assert (s.sans, s.tls_cert, s.tls_key, s.cors_origins) == (["b.lab", "10.0.0.9"], "c.pem", "k.pem", ["http://w"])
     assert s.http_token is False  # the file's, no flag given
-    defaults = _settings(_build_parser().parse_args(["serve", "/data", "--no-http-token", "--insecure"]))
+    defaults = _settings(build_parser().parse_args(["serve", "/data", "--no-http-token", "--insecure"]))
     assert (defaults.tls, defaults.http_token, defaults.insecure, defaults.sans) == (False, False, True, [])

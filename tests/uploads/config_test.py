@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tensor_server.cli import _build_parser, _settings
+from tensor_server.cli import _settings
+from tensor_server.cli_parser import build_parser
 from tensor_server.config import load_settings
 
 
@@ -15,10 +16,10 @@ def test_toml_keys_and_flags(tmp_path):
     cfg.write_text('write_dir = "/data/results"\n[uploads]\nwritable = true\nupload_ttl = 60\nscratch_ttl = 0\n')
     s = load_settings(cfg)
     assert (s.write_dir, s.writable, s.upload_ttl, s.scratch_ttl) == ("/data/results", True, 60, 0)
-    args = _build_parser().parse_args(["serve", "/r", "--write-dir", "/w", "--writable"])
+    args = build_parser().parse_args(["serve", "/r", "--write-dir", "/w", "--writable"])
     s = _settings(args)
     assert (s.write_dir, s.writable) == ("/w", True)
-    s = _settings(_build_parser().parse_args(["serve", "/r"]))
+    s = _settings(build_parser().parse_args(["serve", "/r"]))
     assert (s.write_dir, s.writable) == (None, False)
 
 
