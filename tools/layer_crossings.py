@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.layering_test import FORBIDDEN  # noqa: E402  (the one list of floors and what they may import)
+from tests.layering_test import FORBIDDEN  # the one list of floors and what each may import
 
 _recording = threading.Event()
 _edges: Counter[tuple[str, str]] = Counter()
@@ -69,7 +69,9 @@ def _profile(frame: Any, event: str, arg: Any) -> None:
         return
     _edges[(caller, callee)] += 1
     if callee in FORBIDDEN.get(caller, ()):
-        where = f"{up.f_globals['__name__']}.{up.f_code.co_name} -> {frame.f_globals['__name__']}.{frame.f_code.co_name}"
+        where = (
+            f"{up.f_globals['__name__']}.{up.f_code.co_name} -> {frame.f_globals['__name__']}.{frame.f_code.co_name}"
+        )
         _climbs[(f"{caller} -> {callee}", where)] += 1
 
 

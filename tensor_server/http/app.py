@@ -73,16 +73,11 @@ class _Views:
             view = self.image(tensor)
             return self.labelled(view, caller) if "labels" in segments else view
 
-        with timing("lookup"):
-            try:
-                image, rest = resolve_zarr_path(
-                    segments, zarr_format, lambda aid: self.runtime.catalog.find_tensor(aid)[0], image_of
-                )
-            except TensorNotFound:
-                self.runtime.refuse_unknown(caller)
-                raise
-            self.runtime.authorize(caller, image.tensor)
-        return image, rest
+        return self.runtime.tensor_at(
+            caller,
+            lambda find: resolve_zarr_path(segments, zarr_format, find, image_of),
+            lambda found: found[0].tensor,
+        )
 
     def labelled(self, image: ZarrImage, caller: Caller) -> ZarrImage:
         """``image`` with the label images its source serves to ``caller``
@@ -125,7 +120,6 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
 
-    from tensor_server.http.viewer_provider import RuntimeViewerProvider
     from tensor_server.http.viewers import routes as viewer_routes
 
     views = _Views(runtime)
@@ -226,7 +220,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
         return _chunk_response(request, image, level, key, body)
 
     def _chunk_bytes(caller: Caller, image: ZarrImage, level: ZarrLevel, cid: Any, zarr_format: int) -> memoryview:
-        _, data = runtime.chunk(cid, caller)
+        data = runtime.chunk_of(image.tensor, cid, caller)  # the tensor resolve() gated
         with timing("encode"):
             return image.encode_chunk(level, data, zarr_format)
 
@@ -249,7 +243,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
         return await _dispatch(request, caller, label_view, rest[1:], zarr_format)
 
     routes = [
-        *viewer_routes(RuntimeViewerProvider(runtime, door_requires_credential=requires_credential)),
+        *viewer_routes(runtime, caller_of),
         Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
         Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"]),
     ]

@@ -28,15 +28,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from tensor_server.core.level_grid import grid_levels
 from tensor_server.http.viewer_door import guarded, presented_token, token_path
-from tensor_server.render.image import Renderer
-from tensor_server.render.plane import PlaneView, split_identifier
+from tensor_server.render.plane import PlaneView
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.service import Caller, ServingRuntime
 
 __all__ = ["osd_dir", "routes", "script_json", "API_CATALOG"]
 
@@ -121,24 +124,24 @@ def _door_urls(tensor: Any, prefix: str) -> list[tuple[str, str]]:
     return urls
 
 
-def _tensor_row(provider: Any, served: Any, token: str | None, host: str, prefix: str) -> str:
+def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: str, prefix: str) -> str:
     tensor = served.tensor
     aid = quote(tensor.array_id, safe="/")
     thumb = "—"
     if tensor.ndim >= 2:
-        plane = PlaneView.of(tensor, {}, provider.policy)
+        plane = PlaneView.of(tensor, {}, runtime.policy)
         size = "max" if max(plane.width, plane.height) <= THUMBNAIL else f"!{THUMBNAIL},{THUMBNAIL}"
         thumb = (
             f'<img class="thumb" alt="thumbnail of {escape(served.listed_id)}" src="'
             f'{escape(f"/iiif/3/{aid}/full/{size}/0/default.jpg")}">'
         )
-    levels = grid_levels(tensor, provider.policy)
+    levels = grid_levels(tensor, runtime.policy)
     level_text = "<br>".join(
         escape(f"{lv.path}: {'×'.join(map(str, lv.shape))} ({lv.method if lv.index else 'full resolution'})")
         for lv in levels
     )
     links = "".join(f'<a href="{escape(u)}">{escape(name)}</a>' for name, u in _door_urls(tensor, prefix))
-    location = provider.flight_location(host)
+    location = runtime.flight_location(host)
     sdk = ""  # no Flight door listens: nothing to paste
     if location is not None:
         tok = f", token={token!r}" if token else ""  # for the user to copy: HTML text, escaped below
@@ -166,23 +169,25 @@ def _title(path: str | None) -> str:
     return "" if path is None else f' title="{escape(path)}"'
 
 
-def _source_html(provider: Any, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
+def _source_html(runtime: ServingRuntime, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
     """A source's heading, then its tensors' table, or the reason it cannot be read."""
     head = f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
     if source["unresolved_reason"] is not None:
         return f'{head}<p class="unresolved">cannot be read: {escape(source["unresolved_reason"])}</p>'
-    rows = "".join(_tensor_row(provider, t, token, host, prefix) for t in source["tensors"])
+    rows = "".join(_tensor_row(runtime, t, token, host, prefix) for t in source["tensors"])
     return (
         f"{head}<table><tr><th></th><th>tensor</th><th>physical size</th><th>levels</th><th>doors</th></tr>"
         f"{rows}</table>"
     )
 
 
-def catalog_html(provider: Any, key: str, token: str | None, host: str, prefix: str = "") -> str:
-    """The page of folder ``key`` (``provider.catalog_level``): its links under ``prefix`` (the
+def catalog_html(
+    runtime: ServingRuntime, caller: Caller, key: str, token: str | None, host: str, prefix: str = ""
+) -> str:
+    """The page of folder ``key`` for ``caller`` (``CatalogVerbs.catalog_level``): its links under ``prefix`` (the
     path form of the credential the request presented itself: ``viewer_door.token_path``),
     ``token`` (the one it came with, the cookie's too) in the SDK snippet, as text."""
-    level = provider.catalog_level(key)
+    level = runtime.catalog_verbs.catalog_level(key, caller)
     crumbs = [
         f'<a class="crumb" href="{_folder_link(c["key"], prefix) if c["key"] else escape(prefix) + "/"}"'
         f"{_title(c['path'])}>{escape(c['name'] or 'catalog')}</a>"
@@ -199,7 +204,7 @@ def catalog_html(provider: Any, key: str, token: str | None, host: str, prefix: 
             )
             + "</ul>"
         )
-    body += [_source_html(provider, source, token, host, prefix) for source in level["sources"]]
+    body += [_source_html(runtime, source, token, host, prefix) for source in level["sources"]]
     if level["truncated"]:
         body.append("<p>(more entries than one page lists)</p>")
     if not level["folders"] and not level["sources"]:
@@ -207,12 +212,12 @@ def catalog_html(provider: Any, key: str, token: str | None, host: str, prefix: 
     return _page("tensor-server", "".join(body))
 
 
-def catalog_json(provider: Any, key: str, prefix: str = "") -> dict[str, Any]:
-    """``/api/catalog?folder=<key>``: the page's level as JSON (``provider.catalog_level``, the
+def catalog_json(runtime: ServingRuntime, caller: Caller, key: str, prefix: str = "") -> dict[str, Any]:
+    """``/api/catalog?folder=<key>``: the page's level as JSON (``CatalogVerbs.catalog_level``, the
     same call), for scripts and web clients that do not speak Flight. Each tensor: its id as
     listed (what the SDK reads), axes, shape, dtype, whether it is a label image, physical
     scale and unit, and its door URLs (relative, in the page's form)."""
-    level = provider.catalog_level(key)
+    level = runtime.catalog_verbs.catalog_level(key, caller)
 
     def tensor_json(served: Any) -> dict[str, Any]:
         t = served.tensor
@@ -277,19 +282,18 @@ def viewer_html(identifier: str, source: str) -> str:
     )
 
 
-def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
+def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[Any]:
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
-    renderer = renderer or Renderer(provider)
-
-    async def catalog(request: Any) -> Any:
+    async def catalog(request: Any, caller: Caller) -> Any:
         key = request.query_params.get("folder", "")[:4096]
         html = await run_in_threadpool(
             catalog_html,
-            provider,
+            runtime,
+            caller,
             key,
             presented_token(request),
             request.url.hostname or "127.0.0.1",
@@ -297,14 +301,14 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
 
-    async def catalog_api(request: Any) -> Any:
+    async def catalog_api(request: Any, caller: Caller) -> Any:
         key = request.query_params.get("folder", "")[:4096]
-        doc = await run_in_threadpool(catalog_json, provider, key, token_path(request))
+        doc = await run_in_threadpool(catalog_json, runtime, caller, key, token_path(request))
         return JSONResponse(doc, headers={"Cache-Control": "no-cache"})
 
-    async def view(request: Any) -> Any:
+    async def view(request: Any, caller: Caller) -> Any:
         identifier = request.path_params["identifier"]
-        await run_in_threadpool(renderer.view, *split_identifier(identifier))  # 404/400 now, not a blank viewer
+        await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
         return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif")))
 
     async def page_asset(request: Any) -> Any:
@@ -316,9 +320,9 @@ def routes(provider: Any, renderer: Renderer | None = None) -> list[Any]:
         return Response(asset[0], media_type=asset[1], headers={"Cache-Control": "no-cache"})
 
     return [
-        Route("/", guarded(provider, catalog), methods=["GET", "HEAD"]),
-        Route(API_CATALOG, guarded(provider, catalog_api), methods=["GET", "HEAD"]),
-        Route("/view/{identifier:path}", guarded(provider, view), methods=["GET", "HEAD"]),
+        Route("/", guarded(catalog, caller_of), methods=["GET", "HEAD"]),
+        Route(API_CATALOG, guarded(catalog_api, caller_of), methods=["GET", "HEAD"]),
+        Route("/view/{identifier:path}", guarded(view, caller_of), methods=["GET", "HEAD"]),
         Route(PAGE_ASSETS_PREFIX + "{name}", page_asset, methods=["GET", "HEAD"]),
         Mount("/assets/openseadragon", StaticFiles(directory=str(osd_dir()), check_dir=False)),
     ]

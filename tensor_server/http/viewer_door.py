@@ -1,5 +1,6 @@
-"""What the viewer routes (IIIF, DeepZoom, the catalog page) share: the token a request
-presents, and the translation of ``tensor_server.errors`` into plain-text responses."""
+"""What the viewer routes (IIIF, DeepZoom, the catalog page) share: the caller of a request
+and the token it presented, the translation of ``tensor_server.errors`` into plain-text
+responses, and work that stops when the client goes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from urllib.parse import quote
 from tensor_server.http.credentials import TOKEN_PATH_PREFIX
 from tensor_server.http.errors import error_response
 from tensor_server.http.security import CREDENTIAL_KEY, EXPLICIT_CREDENTIAL_KEY
+from tensor_server.service import Caller
 from tensor_server.service.metrics import current as current_request
 
 __all__ = ["presented_token", "token_path", "guarded", "while_connected"]
@@ -37,14 +39,16 @@ def token_path(request: Any) -> str:
     return f"{TOKEN_PATH_PREFIX}{quote(token, safe='')}"
 
 
-def guarded(provider: Any, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
-    """``handler`` for the caller of the request (the provider applies the rules), with every
-    error answered by its class's HTTP status (``http/errors.py``)."""
+def guarded(
+    handler: Callable[[Any, Caller], Awaitable[Any]], caller_of: Callable[[Any], Caller]
+) -> Callable[[Any], Awaitable[Any]]:
+    """``handler(request, caller)`` for the caller ``caller_of`` makes of the request (the
+    runtime's verbs judge it), with every error answered by its class's HTTP status
+    (``http/errors.py``)."""
 
     async def endpoint(request: Any) -> Any:
         try:
-            provider.authenticate(presented_token(request), request.client.host if request.client else "")
-            return await handler(request)
+            return await handler(request, caller_of(request))
         except Exception as exc:  # the one boundary: every error is an answer
             rq = current_request()
             return error_response(exc, rq.id if rq is not None else None)

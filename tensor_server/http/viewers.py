@@ -1,23 +1,25 @@
 """The viewer doors' routes in one list, for the app to mount before its catch-all routes:
 IIIF Image API 3 (``http/iiif.py``), DeepZoom (``http/deepzoom.py``) and the catalog page
-with its OpenSeadragon viewer (``http/catalog_page.py``), all over one ``ViewerProvider``
-and one ``Renderer`` (so render settings are measured once per tensor for every door)."""
+with its OpenSeadragon viewer (``http/catalog_page.py``), all over the runtime's viewer verbs
+(``service/viewer_verbs.py``: one renderer, so render settings are measured once per tensor
+for every door), each request's caller made by ``caller_of``."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from tensor_server.render.image import Renderer
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.service import Caller, ServingRuntime
 
 __all__ = ["routes"]
 
 
-def routes(provider: Any) -> list[Any]:
+def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[Any]:
     from tensor_server.http import catalog_page, deepzoom, iiif
 
-    renderer = Renderer(provider)
     return [
-        *iiif.routes(provider, renderer),
-        *deepzoom.routes(provider, renderer),
-        *catalog_page.routes(provider, renderer),
+        *iiif.routes(runtime, caller_of),
+        *deepzoom.routes(runtime, caller_of),
+        *catalog_page.routes(runtime, caller_of),
     ]

@@ -1,5 +1,9 @@
 """Rendered regions of a plane as Pillow images, and their encodings: the one rendering path
-IIIF, DeepZoom and the catalog thumbnails share."""
+IIIF, DeepZoom and the catalog thumbnails share.
+
+Pixels in, images out: the reads are the service's (``service/viewer_verbs.py`` reads a
+``PlaneView.window`` through the runtime, with the caller's read rules, and hands the pixels
+here), so rendering never calls back up into a door or the runtime."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from tensor_server.render.plane import PlaneView
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
-    from tensor_server.render.provider import ViewerProvider
+    from tensor_server.core.level_grid import GridLevel
 
 __all__ = ["Renderer", "encode", "FORMATS", "available_formats"]
 
@@ -44,33 +48,18 @@ def encode(image: Image.Image, fmt: str) -> bytes:
 
 
 class Renderer:
-    """Renders regions of tensors the provider serves, with settings measured once per tensor."""
+    """Renders pixels of planes to images, with settings measured once per tensor and plane
+    (for every door: IIIF, DeepZoom and the catalog's thumbnails share one ``Renderer``)."""
 
-    def __init__(self, provider: ViewerProvider) -> None:
-        self.provider = provider
+    def __init__(self) -> None:
         self.settings = SettingsCache()
 
-    def view(self, array_id: str, selection: dict[str, int]) -> PlaneView:
-        return PlaneView.of(self.provider.tensor(array_id), selection, self.provider.policy)
-
-    def settings_of(self, view: PlaneView) -> RenderSettings:
+    def settings_of(self, view: PlaneView, coarse: Callable[[], np.ndarray]) -> RenderSettings:
+        """The settings of ``view``'s plane (every channel of it): the ``omero`` block, else a
+        window measured on ``coarse()`` (``view.every_channel()`` at ``coarsest_window``, as
+        ``planes``), which is read only when a window must be measured, once per content version."""
         t = view.tensor
-        whole = PlaneView(
-            t,
-            view.y,
-            view.x,
-            view.channel_axis,
-            view.sample_axis,
-            {a: i for a, i in view.fixed.items() if a != view.channel_axis},
-            view.levels,
-        )
-
-        def coarse() -> np.ndarray:
-            level = view.levels[-1]
-            w, h = whole.width, whole.height
-            ow, oh = -(-w // level.scale[view.x]), -(-h // level.scale[view.y])
-            return whole.read(self.provider, 0, 0, w, h, ow, oh)[0]
-
+        whole = view.every_channel()
         key = (t.array_id + ";" + ";".join(f"{a}={i}" for a, i in sorted(whole.fixed.items())), t.content_version)
         axis = view.sample_axis if view.sample_axis is not None else view.channel_axis
         count = t.shape[axis] if axis is not None else 1
@@ -78,24 +67,25 @@ class Renderer:
             key, lambda: settings_for(t.metadata, t.dtype, t.is_labels, view.sample_axis is not None, count, coarse)
         )
 
-    def region(
+    def image(
         self,
         view: PlaneView,
+        planes: np.ndarray,
+        level: GridLevel,
+        settings: RenderSettings,
         x: int,
         y: int,
         w: int,
         h: int,
         out_w: int,
         out_h: int,
-        cancelled: Callable[[], bool] | None = None,
     ) -> Image.Image:
-        """Full-resolution region ``(x, y, w, h)`` rendered at ``out_w × out_h``: resized from
-        the level ``render.plane`` reads it at, smoothly (bicubic) where an axis is upscaled, as
-        the less reduced axis of a distorted size may be, else by averaging (box)."""
+        """Full-resolution region ``(x, y, w, h)`` rendered at ``out_w × out_h`` from its
+        ``planes`` at ``level`` (``view.window``): resized from that level smoothly (bicubic)
+        where an axis is upscaled, as the less reduced axis of a distorted size may be, else by
+        averaging (box)."""
         from PIL import Image
 
-        settings = self.settings_of(view)
-        planes, level = view.read(self.provider, x, y, w, h, out_w, out_h, cancelled)
         sel = view.selected_channel if view.sample_axis is None else None
         channels = [sel] if sel is not None else list(range(planes.shape[0]))
         rgb = to_rgb8(planes, settings, channels)

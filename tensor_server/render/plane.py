@@ -30,7 +30,6 @@ bounds the read by the output: at most ``READ_PER_OUTPUT_PX`` level pixels per o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,7 +43,6 @@ from tensor_server.render.numbers import whole_number
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
     from tensor_server.core.pyramid import PyramidPolicy
-    from tensor_server.render.provider import ViewerProvider
 
 __all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER", "READ_PER_OUTPUT_PX", "MAX_LEVEL_READ_PX"]
 
@@ -182,30 +180,33 @@ class PlaneView:
         y0, y1, x0, x1 = self._level_window(level, x, y, w, h)
         return (y1 - y0) * (x1 - x0)
 
-    def read(
-        self,
-        provider: ViewerProvider,
-        x: int,
-        y: int,
-        w: int,
-        h: int,
-        out_w: int,
-        out_h: int,
-        cancelled: Callable[[], bool] | None = None,
-    ) -> tuple[np.ndarray, GridLevel]:
-        """Raw pixels of full-resolution region ``(x, y, w, h)`` at the level serving an
-        ``out_w × out_h`` rendering (``level_for``), as ``(channels, rows, cols)`` (samples as
-        channels), and that level."""
+    def window(self, x: int, y: int, w: int, h: int, out_w: int, out_h: int) -> tuple[GridLevel, Bounds]:
+        """The level serving full-resolution region ``(x, y, w, h)`` shown at ``out_w × out_h``
+        (``level_for``) and the region of it to read (level coordinates, one index on every
+        fixed axis): what the service reads (``ServingRuntime.level_region``) for ``planes``."""
         level = self.level_for(x, y, w, h, out_w, out_h)
         start, stop = [0] * self.tensor.ndim, list(level.shape)
         start[self.y], stop[self.y], start[self.x], stop[self.x] = self._level_window(level, x, y, w, h)
         for axis, index in self.fixed.items():
             start[axis], stop[axis] = index, index + 1
-        data = provider.level_region(self.tensor, level, Bounds(tuple(start), tuple(stop)), cancelled)
+        return level, Bounds(tuple(start), tuple(stop))
+
+    def planes(self, data: np.ndarray) -> np.ndarray:
+        """The pixels of a ``window`` as ``(channels, rows, cols)`` (samples as channels)."""
         chan = self.sample_axis if self.sample_axis is not None else self.channel_axis
         order = ([chan] if chan is not None else []) + [self.y, self.x]
         rest = [i for i in range(data.ndim) if i not in order]
         planes = np.transpose(data, order + rest).reshape([data.shape[i] for i in order])
-        if chan is None:
-            planes = planes[None]
-        return planes, level
+        return planes[None] if chan is None else planes
+
+    def every_channel(self) -> PlaneView:
+        """This plane with every channel (the one selected too): render settings are measured
+        on it, so showing one channel alone keeps the window it has among the others."""
+        fixed = {a: i for a, i in self.fixed.items() if a != self.channel_axis}
+        return PlaneView(self.tensor, self.y, self.x, self.channel_axis, self.sample_axis, fixed, self.levels)
+
+    def coarsest_window(self) -> tuple[GridLevel, Bounds]:
+        """The whole plane at its coarsest level (``window``): where settings are measured."""
+        level = self.levels[-1]
+        w, h = self.width, self.height
+        return self.window(0, 0, w, h, -(-w // level.scale[self.x]), -(-h // level.scale[self.y]))

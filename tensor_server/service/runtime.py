@@ -26,7 +26,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -57,6 +57,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.uploads import Upload, UploadManager
 
 __all__ = ["ServingRuntime", "Described", "READ_MASK_PATHS", "PROTOCOL"]
+
+Resolved = TypeVar("Resolved")
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +153,11 @@ class ServingRuntime:
         self._peers: OrderedDict[str, int] = OrderedDict()
         self._peers_lock = threading.Lock()
         from tensor_server.service.catalog_verbs import CatalogVerbs
+        from tensor_server.service.viewer_verbs import ViewerVerbs
 
         self.catalog_verbs = CatalogVerbs(self)
+        #: the viewer doors' verbs (IIIF, DeepZoom, the catalog page's images)
+        self.viewer = ViewerVerbs(self)
 
     def close(self) -> None:
         """Stop what the runtime started (sweeps, precache); the catalog and cache stay open."""
@@ -217,6 +222,26 @@ class ServingRuntime:
             raise
         self.authorize(caller, tensor, pixels=pixels)
         return tensor, echo
+
+    @metrics.part("lookup")
+    def tensor_at(
+        self,
+        caller: Caller,
+        resolve: Callable[[Callable[[str], TensorAdapter]], Resolved],
+        chosen: Callable[[Resolved], TensorAdapter],
+    ) -> Resolved:
+        """What a door's path names, when only the door's grammar knows where the array id ends
+        (the OME-Zarr view: ``http/paths.py``): ``resolve(find)`` picks it, trying candidate ids
+        with ``find`` (a candidate that is not there is passed over, not refused), then the read
+        rules of ``tensor()`` apply to the one ``chosen`` — and a path that names nothing is
+        refused as an unknown id is, so strangers cannot probe ids through paths either."""
+        try:
+            found = resolve(lambda array_id: self.catalog.find_tensor(array_id)[0])
+        except TensorNotFound:
+            self.refuse_unknown(caller)
+            raise
+        self.authorize(caller, chosen(found))
+        return found
 
     def authorize(self, caller: Caller, tensor: TensorAdapter, *, pixels: bool = True) -> None:
         """The read rules for a tensor a door found itself (``tensor()`` applies them too)."""
@@ -376,7 +401,23 @@ class ServingRuntime:
         """(validated id, read-only pixels) of a planned chunk through the engine; work stops
         when ``cancelled()`` turns true (the client went)."""
         cid = chunk_id if isinstance(chunk_id, ChunkId) else ChunkId.decode(chunk_id)
-        tensor = self.chunk_tensor(cid, caller)
+        return self._read_chunk(self.chunk_tensor(cid, caller), cid, caller, cancelled)
+
+    @metrics.verb("chunk", cancelled_arg=3, remainder="cache")
+    def chunk_of(
+        self, tensor: TensorAdapter, cid: ChunkId, caller: Caller, cancelled: Cancelled | None = None
+    ) -> np.ndarray:
+        """The pixels of chunk ``cid`` of ``tensor``, which comes from ``tensor()`` (that
+        request's one read-rule check; ``read`` and ``level_region`` take a gated tensor
+        alike): a door that resolved a tensor reads its chunks without a second look-up each.
+        ``cid`` must be one of ``tensor``'s."""
+        if cid.array_id != tensor.array_id:
+            raise InvalidChunkId(f"chunk id names {cid.array_id[:120]!r}, not {tensor.array_id[:120]!r}")
+        return self._read_chunk(tensor, cid, caller, cancelled)[1]
+
+    def _read_chunk(
+        self, tensor: TensorAdapter, cid: ChunkId, caller: Caller, cancelled: Cancelled | None
+    ) -> tuple[ChunkId, np.ndarray]:
         self._count_peer(caller)
         if self.precacher is None:
             return self.engine.chunk(cid, tensor, cancelled=cancelled)
@@ -413,7 +454,7 @@ class ServingRuntime:
         precacher = self.precacher
         if extent is None or precacher is None or not self._computed_apart(extent, cids, exact):
             return read_level_region(
-                tensor, level, region, lambda cid: self.chunk(cid, caller, cancelled)[1], cancelled
+                tensor, level, region, lambda cid: self.chunk_of(tensor, cid, caller, cancelled), cancelled
             )
         for cid in cids:  # the bytes under it are the ones the tensor was opened on
             self.engine.refuse_changed(tensor, cid)

@@ -1,0 +1,120 @@
+"""The verbs of the viewer doors (IIIF, DeepZoom, the catalog page's viewer and thumbnails):
+an image of a plane of a served tensor, for a caller.
+
+Each verb takes the caller as an argument, like every verb of the runtime, and applies the
+read rules once per request: ``plane`` looks the tensor up with ``ServingRuntime.tensor``
+(the token or the tensor's grant, the upload gate), and the pixels under an image come from
+``ServingRuntime.level_region`` on that gated tensor (its chunks through the engine, the
+cache, the precacher and admission; no second look-up per chunk). Rendering is ``render``'s,
+on pixels handed to it: the read happens here, so a tile goes door -> service -> render and
+core, never back up.
+
+The request grammars (IIIF's ``{region}/{size}/{rotation}/{quality}.{format}``, DeepZoom's
+``<level>/<col>_<row>.<format>``) are parsed by ``render.iiif`` and ``render.deepzoom``, the
+plane selection (``;z=3;c=1``) by ``render.plane``; the doors only route, and map errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tensor_server.errors import InvalidArgument
+from tensor_server.render import deepzoom, iiif
+from tensor_server.render.image import Renderer, available_formats, encode
+from tensor_server.render.plane import PlaneView, split_identifier
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    from PIL import Image
+
+    from tensor_server.service.caller import Caller
+    from tensor_server.service.runtime import ServingRuntime
+
+__all__ = ["ViewerVerbs"]
+
+Cancelled = Callable[[], bool]
+
+
+class ViewerVerbs:
+    """``ServingRuntime.viewer``: one ``Renderer`` (render settings measured once per tensor
+    and plane for every viewer door) over the runtime's reads."""
+
+    def __init__(self, runtime: ServingRuntime) -> None:
+        self.runtime = runtime
+        self.renderer = Renderer()
+        #: the image formats this Pillow writes (webp only with libwebp)
+        self.formats = available_formats()
+
+    def plane(self, identifier: str, caller: Caller) -> PlaneView:
+        """The plane ``identifier`` names (``<array_id>;z=3;c=1``) of a tensor ``caller`` may
+        read: the one look-up and read-rule check of a viewer request."""
+        array_id, selection = split_identifier(identifier)
+        tensor, _ = self.runtime.tensor(array_id, caller)
+        return PlaneView.of(tensor, selection, self.runtime.policy)
+
+    def region(
+        self,
+        view: PlaneView,
+        caller: Caller,
+        x: int,
+        y: int,
+        w: int,
+        h: int,
+        out_w: int,
+        out_h: int,
+        cancelled: Cancelled | None = None,
+    ) -> Image.Image:
+        """Full-resolution region ``(x, y, w, h)`` of ``view`` rendered at ``out_w × out_h``,
+        read at the level that serves that size (``PlaneView.window``)."""
+        whole = view.every_channel()
+        settings = self.renderer.settings_of(
+            view, lambda: self._pixels(whole, *whole.coarsest_window(), caller, cancelled)
+        )
+        level, bounds = view.window(x, y, w, h, out_w, out_h)
+        planes = self._pixels(view, level, bounds, caller, cancelled)
+        return self.renderer.image(view, planes, level, settings, x, y, w, h, out_w, out_h)
+
+    def _pixels(
+        self, view: PlaneView, level: Any, bounds: Any, caller: Caller, cancelled: Cancelled | None
+    ) -> np.ndarray:
+        data = self.runtime.level_region(view.tensor, level, bounds, caller, cancelled)
+        return view.planes(data)
+
+    # ---- IIIF Image API 3 -----------------------------------------------------------------------
+    def iiif_info(self, identifier: str, caller: Caller, service_id: str) -> dict[str, Any]:
+        """``info.json`` of the image ``identifier``, whose ``id`` is ``service_id`` (the URL
+        the door was asked at, carrying the credential it came with)."""
+        view = self.plane(identifier, caller)
+        return iiif.info_json(service_id, view.width, view.height, self.formats, view.square_levels())
+
+    def iiif_image(
+        self, identifier: str, request_parts: list[str], caller: Caller, cancelled: Cancelled | None = None
+    ) -> tuple[str, bytes]:
+        """(format, encoded image) of ``{region}/{size}/{rotation}/{quality}.{format}`` of
+        ``identifier``: parsed against the image's size before anything is read."""
+        view = self.plane(identifier, caller)
+        region, size, rotation, quality_format = request_parts
+        req = iiif.parse_request(region, size, rotation, quality_format, view.width, view.height, self.formats)
+        image = self.region(view, caller, req.x, req.y, req.w, req.h, req.out_w, req.out_h, cancelled)
+        return req.format, encode(iiif.finish(image, req), req.format)
+
+    # ---- DeepZoom -------------------------------------------------------------------------------
+    def dzi(self, identifier: str, fmt: str, caller: Caller) -> str:
+        """The ``.dzi`` descriptor of ``identifier`` with tiles in ``fmt``."""
+        self._offered(fmt)
+        view = self.plane(identifier, caller)
+        return deepzoom.dzi_xml(view.width, view.height, fmt)
+
+    def deepzoom_tile(self, tile_path: str, caller: Caller, cancelled: Cancelled | None = None) -> tuple[str, bytes]:
+        """(format, encoded tile) of ``<identifier>_files/<level>/<col>_<row>.<format>``."""
+        path = deepzoom.parse_tile_path(tile_path)
+        self._offered(path.format)
+        view = self.plane(path.identifier, caller)
+        tile = deepzoom.tile_region(view.width, view.height, path.level, path.col, path.row)
+        image = self.region(view, caller, tile.x, tile.y, tile.w, tile.h, tile.out_w, tile.out_h, cancelled)
+        return path.format, encode(image, path.format)
+
+    def _offered(self, fmt: str) -> None:
+        if fmt not in self.formats:
+            raise InvalidArgument(f"format {fmt[:20]!r} is not offered; use one of {self.formats}")
