@@ -2,7 +2,7 @@
 decoded on a shared pool of all cores and strided into the output as soon as it is decoded.
 
 Shared reader machinery of the TIFF readers: single-file TIFF and OME-TIFF series
-(``tiff.py``) and the folder formats' plane grids (``_tiff_planes.py``).
+(``_tiff_series.py``) and the folder formats' plane grids (``_tiff_planes.py``).
 
 Why our own loop over tifffile's per-page decoder (``TiffPage.decode``) rather than
 ``page.asarray`` or its zarr store: those decode every strile of the page into a full page

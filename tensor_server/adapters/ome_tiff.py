@@ -18,15 +18,13 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
 
+from tensor_server.adapters._tiff_series import TiffHandle, TiffPageSeriesAdapter, open_tiff_file
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.adapters.tiff import (
-    TiffHandle,
-    TiffPageSeriesAdapter,
     build_series_tensors,
     check_series_extent,
     first_description_tail,
     is_tiff_head,
-    open_tiff_file,
     series_files,
 )
 from tensor_server.core.adapter_base import SourceAdapter

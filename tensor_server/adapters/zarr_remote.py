@@ -6,9 +6,9 @@ folder (is there a ``zarr.json`` here, which sub-folders exist) and carries each
 ETag (or last-modified time), which is what a content version is made of: an array's version
 is a digest of the ETags of its metadata and of every object under it, so a rewritten chunk
 object makes the chunk ids planned before it stale. ``ObjectPath`` presents the snapshot with
-the few ``pathlib`` methods the walker in ``zarr.py`` uses, so the OME-Zarr rules (levels,
-labels, plates, bioformats2raw) stay in one place; pixels are read by zarr-python's own
-``FsspecStore``, which fetches the chunks of a selection concurrently on its event loop.
+the few ``pathlib`` methods the walker in ``_zarr_store.py`` uses, so the OME-Zarr rules
+(levels, labels, plates, bioformats2raw) stay in one place; pixels are read by zarr-python's
+own ``FsspecStore``, which fetches the chunks of a selection concurrently on its event loop.
 
 Credentials are the filesystem's own business (for S3: the ``AWS_*`` environment variables,
 ``~/.aws``, fsspec's config files); nothing here reads, stores or logs them, and URLs are
@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tensor_server.adapters.zarr import _is_zarr_folder, _Node, _root_is_ome, _StoreWalker
+from tensor_server.adapters._zarr_store import StoreWalker, ZarrNode, is_zarr_folder, root_is_ome
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.errors import UnreadableSource
 
@@ -170,12 +170,12 @@ class ObjectPath:
 def zarr_store_kind(folder: ObjectPath) -> str | None:
     """``ome-zarr`` / ``zarr`` when ``folder`` is the root of such a store, else None: the
     same sniffs as local discovery."""
-    if _root_is_ome(folder):
+    if root_is_ome(folder):
         return "ome-zarr"
-    return "zarr" if _is_zarr_folder(folder) else None
+    return "zarr" if is_zarr_folder(folder) else None
 
 
-class _ObjectStoreWalker(_StoreWalker):
+class _ObjectStoreWalker(StoreWalker):
     """The zarr walker over a listing; pixels through zarr's ``FsspecStore``."""
 
     def __init__(self, root: ObjectPath) -> None:
@@ -187,10 +187,10 @@ class _ObjectStoreWalker(_StoreWalker):
         )
         super().__init__(root, store=store)  # type: ignore[arg-type]
 
-    def chunk_files(self, node: _Node, array: Any) -> None:
+    def chunk_files(self, node: ZarrNode, array: Any) -> None:
         return None  # no local files: an object's ETag is in the listing's version below
 
-    def version_of(self, *nodes: _Node, chunk_files: None = None) -> bytes:
+    def version_of(self, *nodes: ZarrNode, chunk_files: None = None) -> bytes:
         listing = self.root.listing
         meta = [f.key for n in nodes for f in n.meta_files]
         arrays = [n.folder.key for n in nodes if n.kind == "array"]

@@ -1,4 +1,4 @@
-"""Strile-by-strile TIFF reads (tensor_server/adapters/_tiff_striles.py, used by tiff.py and
+"""Strile-by-strile TIFF reads (tensor_server/adapters/_tiff_striles.py, used by _tiff_series.py and
 _tiff_planes.py): every layout tifffile writes compressed, read as windows and as strided
 (nearest) windows, equals tifffile's own read of the file, ragged edges and off-origin
 extents included; only the striles a window touches are decoded; the decodes run in parallel

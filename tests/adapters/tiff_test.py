@@ -1,6 +1,7 @@
-"""TIFF family (tensor_server/adapters/tiff.py): plain, stripped multi-page, big-endian, tiled
-RGB pyramid, multi-series, QPTIFF and LSM files generated with tifffile, the real samples in
-../shared/testdata/tiff and tiff-pyramid, read granularity, handles and bad input."""
+"""TIFF family (tensor_server/adapters/tiff.py and its page-series reader _tiff_series.py):
+plain, stripped multi-page, big-endian, tiled RGB pyramid, multi-series, QPTIFF and LSM files
+generated with tifffile, the real samples in ../shared/testdata/tiff and tiff-pyramid, read
+granularity, handles and bad input."""
 
 from __future__ import annotations
 
@@ -11,15 +12,9 @@ import numpy as np
 import pytest
 
 import tensor_server
+from tensor_server.adapters._tiff_series import TiffPageSeriesAdapter, level_scale, tiff_dim_labels
 from tensor_server.adapters.registry import detect_format
-from tensor_server.adapters.tiff import (
-    LsmAdapter,
-    TiffAdapter,
-    TiffPageSeriesAdapter,
-    first_description_tail,
-    level_scale,
-    tiff_dim_labels,
-)
+from tensor_server.adapters.tiff import LsmAdapter, TiffAdapter, first_description_tail
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.normalizing import NormalizingAdapter, canonical_axis_order
 from tensor_server.errors import UnreadableSource

@@ -242,11 +242,11 @@ def test_tiff_sequence_stale_reason_names_only_files_under_the_bounds(tmp_path):
 
 
 def test_a_zarr_array_too_large_to_stat_at_open_is_stamped_when_first_served(tmp_path, monkeypatch):
-    from tensor_server.adapters import zarr as zarr_adapter
+    from tensor_server.adapters import _zarr_array
     from tensor_server.adapters.registry import open_source
     from tensor_server.core.bounds import Bounds
 
-    monkeypatch.setattr(zarr_adapter, "_EAGER_CHUNKS", 4)  # this 6x4x4-chunk array is "large"
+    monkeypatch.setattr(_zarr_array, "_EAGER_CHUNKS", 4)  # this 6x4x4-chunk array is "large"
     _write_zarr(tmp_path / "big.zarr", OLD)
     src = open_source(tmp_path / "big.zarr")
     t = src.tensor()

@@ -104,20 +104,21 @@ def test_zarr_listing_follows_the_content_version(tmp_path) -> None:
 def test_zarr_folder_is_listed_once_for_stamps_and_uniform_keys(tmp_path, monkeypatch) -> None:
     import zarr
 
-    from tensor_server.adapters import zarr as zarr_adapter
+    from tensor_server.adapters import _zarr_array
+    from tensor_server.adapters.zarr import ZarrSource
 
     path = tmp_path / "once.zarr"
     z = zarr.create_array(str(path), shape=(8, 32), chunks=(4, 16), dtype="u1", fill_value=0)
     z[0:4, 0:16] = 5
     listed: list[str] = []
-    real = zarr_adapter.stored_files
+    real = _zarr_array.stored_files
 
     def counting(folder):
         listed.append(str(folder))
         return real(folder)
 
-    monkeypatch.setattr(zarr_adapter, "stored_files", counting)
-    t = zarr_adapter.ZarrSource(path).tensor()
+    monkeypatch.setattr(_zarr_array, "stored_files", counting)
+    t = ZarrSource(path).tensor()
     assert listed == [str(path)]  # the open: the chunk-file stamps
     blocks = t.uniform_blocks(Bounds.full(t.shape))
     assert sorted(b.start for b, _ in blocks) == [(0, 16), (4, 0), (4, 16)]
