@@ -45,7 +45,7 @@ import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
-from tensor_server.core.engine import ReadEngine
+from tensor_server.core.engine import Cancelled, ReadEngine
 from tensor_server.core.ngff import labels_attributes
 from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.errors import ReadCancelled
@@ -67,7 +67,6 @@ __all__ = ["export_tensor", "Progress", "Cancelled"]
 INFLIGHT_BYTES = 64 << 20
 
 Progress = Callable[[dict], None]
-Cancelled = Callable[[], bool]
 
 
 class _Stopped(Exception):

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from tensor_server.errors import InvalidArgument
 from tensor_server.render.numbers import whole_number
+from tensor_server.render.plane import Shown
 
-__all__ = ["TILE_SIZE", "OVERLAP", "max_level", "dzi_xml", "tile_region", "TileRegion", "TilePath", "parse_tile_path"]
+__all__ = ["TILE_SIZE", "OVERLAP", "max_level", "dzi_xml", "tile_region", "TilePath", "parse_tile_path"]
 
 TILE_SIZE = 254
 OVERLAP = 1
@@ -62,17 +63,7 @@ def parse_tile_path(path: str) -> TilePath:
     )
 
 
-@dataclass(frozen=True)
-class TileRegion:
-    x: int
-    y: int
-    w: int
-    h: int
-    out_w: int
-    out_h: int
-
-
-def tile_region(width: int, height: int, level: int, col: int, row: int) -> TileRegion:
+def tile_region(width: int, height: int, level: int, col: int, row: int) -> Shown:
     """The full-resolution region of tile ``(col, row)`` of ``level`` and its size in pixels."""
     top = max_level(width, height)
     if not 0 <= level <= top:
@@ -86,4 +77,4 @@ def tile_region(width: int, height: int, level: int, col: int, row: int) -> Tile
     x1, y1 = min((col + 1) * TILE_SIZE + OVERLAP, lw), min((row + 1) * TILE_SIZE + OVERLAP, lh)
     fx0, fy0 = x0 * factor, y0 * factor
     fx1, fy1 = min(x1 * factor, width), min(y1 * factor, height)
-    return TileRegion(fx0, fy0, fx1 - fx0, fy1 - fy0, x1 - x0, y1 - y0)
+    return Shown(fx0, fy0, fx1 - fx0, fy1 - fy0, x1 - x0, y1 - y0)

@@ -25,6 +25,7 @@ from typing import Any
 
 from tensor_server.errors import InvalidArgument, Unimplemented
 from tensor_server.render.numbers import decimal_number, whole_number
+from tensor_server.render.plane import Shown
 
 __all__ = ["ImageRequest", "parse_request", "info_json", "TILE", "MAX_AREA", "MAX_SIDE", "QUALITIES", "PROFILE_URI"]
 
@@ -41,13 +42,7 @@ _MAX_TEXT = 200
 
 
 @dataclass(frozen=True)
-class ImageRequest:
-    x: int
-    y: int
-    w: int
-    h: int
-    out_w: int
-    out_h: int
+class ImageRequest(Shown):
     mirror: bool
     rotation: int
     quality: str

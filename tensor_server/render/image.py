@@ -15,7 +15,7 @@ import numpy as np
 
 from tensor_server.errors import InvalidArgument
 from tensor_server.render.colour import RenderSettings, SettingsCache, settings_for, to_rgb8
-from tensor_server.render.plane import PlaneView
+from tensor_server.render.plane import PlaneView, Shown
 
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
@@ -68,28 +68,18 @@ class Renderer:
         )
 
     def image(
-        self,
-        view: PlaneView,
-        planes: np.ndarray,
-        level: GridLevel,
-        settings: RenderSettings,
-        x: int,
-        y: int,
-        w: int,
-        h: int,
-        out_w: int,
-        out_h: int,
+        self, view: PlaneView, planes: np.ndarray, level: GridLevel, settings: RenderSettings, shown: Shown
     ) -> Image.Image:
-        """Full-resolution region ``(x, y, w, h)`` rendered at ``out_w × out_h`` from its
-        ``planes`` at ``level`` (``view.window``): resized from that level smoothly (bicubic)
-        where an axis is upscaled, as the less reduced axis of a distorted size may be, else by
-        averaging (box)."""
+        """``shown`` rendered from its ``planes`` at ``level`` (``view.window``): resized from
+        that level smoothly (bicubic) where an axis is upscaled, as the less reduced axis of a
+        distorted size may be, else by averaging (box)."""
         from PIL import Image
 
         sel = view.selected_channel if view.sample_axis is None else None
         channels = [sel] if sel is not None else list(range(planes.shape[0]))
         rgb = to_rgb8(planes, settings, channels)
         image = Image.fromarray(rgb)
+        x, y, w, h, out_w, out_h = shown.x, shown.y, shown.w, shown.h, shown.out_w, shown.out_h
         sy, sx = level.scale[view.y], level.scale[view.x]
         # the level region starts at a whole level pixel: crop to the exact full-res region
         box = (

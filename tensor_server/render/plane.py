@@ -44,7 +44,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.core.adapter_base import TensorAdapter
     from tensor_server.core.pyramid import PyramidPolicy
 
-__all__ = ["PlaneView", "split_identifier", "SAMPLE_AXES", "MAX_IDENTIFIER", "READ_PER_OUTPUT_PX", "MAX_LEVEL_READ_PX"]
+__all__ = [
+    "PlaneView",
+    "Shown",
+    "split_identifier",
+    "SAMPLE_AXES",
+    "MAX_IDENTIFIER",
+    "READ_PER_OUTPUT_PX",
+    "MAX_LEVEL_READ_PX",
+]
 
 SAMPLE_AXES = frozenset({"s", "rgb", "rgba", "sample", "samples"})
 MAX_IDENTIFIER = 1024
@@ -81,6 +89,19 @@ def _plane_levels(tensor: TensorAdapter, policy: PyramidPolicy | None, y: int, x
         for lv in grid_levels(tensor, policy, tiles=True)
         if all(s == 1 for i, s in enumerate(lv.scale) if i not in (y, x))
     )
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A full-resolution region ``(x, y, w, h)`` of a plane shown at ``out_w × out_h``: what an
+    IIIF request (``render.iiif.ImageRequest``) or a DeepZoom tile (``render.deepzoom``) asks for."""
+
+    x: int
+    y: int
+    w: int
+    h: int
+    out_w: int
+    out_h: int
 
 
 @dataclass(frozen=True)
@@ -180,11 +201,12 @@ class PlaneView:
         y0, y1, x0, x1 = self._level_window(level, x, y, w, h)
         return (y1 - y0) * (x1 - x0)
 
-    def window(self, x: int, y: int, w: int, h: int, out_w: int, out_h: int) -> tuple[GridLevel, Bounds]:
-        """The level serving full-resolution region ``(x, y, w, h)`` shown at ``out_w × out_h``
-        (``level_for``) and the region of it to read (level coordinates, one index on every
-        fixed axis): what the service reads (``ServingRuntime.level_region``) for ``planes``."""
-        level = self.level_for(x, y, w, h, out_w, out_h)
+    def window(self, shown: Shown) -> tuple[GridLevel, Bounds]:
+        """The level serving ``shown`` (``level_for``) and the region of it to read (level
+        coordinates, one index on every fixed axis): what the service reads
+        (``ServingRuntime.level_region``) for ``planes``."""
+        x, y, w, h = shown.x, shown.y, shown.w, shown.h
+        level = self.level_for(x, y, w, h, shown.out_w, shown.out_h)
         start, stop = [0] * self.tensor.ndim, list(level.shape)
         start[self.y], stop[self.y], start[self.x], stop[self.x] = self._level_window(level, x, y, w, h)
         for axis, index in self.fixed.items():
@@ -209,4 +231,4 @@ class PlaneView:
         """The whole plane at its coarsest level (``window``): where settings are measured."""
         level = self.levels[-1]
         w, h = self.width, self.height
-        return self.window(0, 0, w, h, -(-w // level.scale[self.x]), -(-h // level.scale[self.y]))
+        return self.window(Shown(0, 0, w, h, -(-w // level.scale[self.x]), -(-h // level.scale[self.y])))

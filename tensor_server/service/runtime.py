@@ -34,7 +34,7 @@ from tensor_server.adapters.zarr import decoder_name as zarr_decoder_name
 from tensor_server.config import Settings
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
-from tensor_server.core.engine import ReadEngine, check_chunk_id
+from tensor_server.core.engine import Cancelled, ReadEngine, check_chunk_id
 from tensor_server.core.identity import ArrayId
 from tensor_server.core.level_grid import GridLevel, level_extent, read_level_region, region_cells
 from tensor_server.core.plan import ReadPlan, plan_read
@@ -73,7 +73,6 @@ READ_MASK_PATHS = frozenset({"endpoints", "metadata_json", "pyramid", "is_reside
 MAX_PEERS_COUNTED = 256
 #: bind addresses that listen on every interface: a client dials the name it used instead
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
-Cancelled = Callable[[], bool]
 
 
 @dataclass

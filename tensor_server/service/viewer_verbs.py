@@ -16,13 +16,13 @@ plane selection (``;z=3;c=1``) by ``render.plane``; the doors only route, and ma
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tensor_server.core.engine import Cancelled
 from tensor_server.errors import InvalidArgument
 from tensor_server.render import deepzoom, iiif
 from tensor_server.render.image import Renderer, available_formats, encode
-from tensor_server.render.plane import PlaneView, split_identifier
+from tensor_server.render.plane import PlaneView, Shown, split_identifier
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -32,8 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.runtime import ServingRuntime
 
 __all__ = ["ViewerVerbs"]
-
-Cancelled = Callable[[], bool]
 
 
 class ViewerVerbs:
@@ -53,27 +51,16 @@ class ViewerVerbs:
         tensor, _ = self.runtime.tensor(array_id, caller)
         return PlaneView.of(tensor, selection, self.runtime.policy)
 
-    def region(
-        self,
-        view: PlaneView,
-        caller: Caller,
-        x: int,
-        y: int,
-        w: int,
-        h: int,
-        out_w: int,
-        out_h: int,
-        cancelled: Cancelled | None = None,
-    ) -> Image.Image:
-        """Full-resolution region ``(x, y, w, h)`` of ``view`` rendered at ``out_w × out_h``,
-        read at the level that serves that size (``PlaneView.window``)."""
+    def region(self, view: PlaneView, caller: Caller, shown: Shown, cancelled: Cancelled | None = None) -> Image.Image:
+        """``shown`` of ``view`` rendered, read at the level that serves its size
+        (``PlaneView.window``)."""
         whole = view.every_channel()
         settings = self.renderer.settings_of(
             view, lambda: self._pixels(whole, *whole.coarsest_window(), caller, cancelled)
         )
-        level, bounds = view.window(x, y, w, h, out_w, out_h)
+        level, bounds = view.window(shown)
         planes = self._pixels(view, level, bounds, caller, cancelled)
-        return self.renderer.image(view, planes, level, settings, x, y, w, h, out_w, out_h)
+        return self.renderer.image(view, planes, level, settings, shown)
 
     def _pixels(
         self, view: PlaneView, level: Any, bounds: Any, caller: Caller, cancelled: Cancelled | None
@@ -96,7 +83,7 @@ class ViewerVerbs:
         view = self.plane(identifier, caller)
         region, size, rotation, quality_format = request_parts
         req = iiif.parse_request(region, size, rotation, quality_format, view.width, view.height, self.formats)
-        image = self.region(view, caller, req.x, req.y, req.w, req.h, req.out_w, req.out_h, cancelled)
+        image = self.region(view, caller, req, cancelled)
         return req.format, encode(iiif.finish(image, req), req.format)
 
     # ---- DeepZoom -------------------------------------------------------------------------------
@@ -112,7 +99,7 @@ class ViewerVerbs:
         self._offered(path.format)
         view = self.plane(path.identifier, caller)
         tile = deepzoom.tile_region(view.width, view.height, path.level, path.col, path.row)
-        image = self.region(view, caller, tile.x, tile.y, tile.w, tile.h, tile.out_w, tile.out_h, cancelled)
+        image = self.region(view, caller, tile, cancelled)
         return path.format, encode(image, path.format)
 
     def _offered(self, fmt: str) -> None:
