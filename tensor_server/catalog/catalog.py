@@ -27,8 +27,7 @@ from tensor_server.adapters.registry import FormatEntry, formats
 from tensor_server.catalog._opening import DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record, stored_row
 from tensor_server.catalog.decode_rates import DecodeRates
 from tensor_server.catalog.discovery import Claim, discover
-from tensor_server.catalog.record import ServedTensor, SourceRecord
-from tensor_server.catalog.record import stat_signature as _stat_signature
+from tensor_server.catalog.record import ServedTensor, SourceRecord, is_under, resolves_under, stat_signature
 from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.rois import RoiStore
 from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits, SqlViews
@@ -201,7 +200,7 @@ class Catalog:
         rec = self.get_record(source_id)
         if rec.path is None:
             return resolve_remote(self, rec)
-        sig = _stat_signature(rec.path)
+        sig = stat_signature(rec.path)
         if rec.is_resolved and sig == rec.signature:
             return rec
         return self._reopen(rec, sig)
@@ -410,7 +409,7 @@ class Catalog:
             gone = {
                 sid
                 for sid, r in self._records.items()
-                if r.path is not None and sid not in seen and any(_lexically_under(r.path, root) for root in self.roots)
+                if r.path is not None and sid not in seen and any(is_under(r.path, root) for root in self.roots)
             }
             gone |= self._shadowed_members()
             removed = [self._pop_record(sid) for sid in gone]
@@ -430,7 +429,7 @@ class Catalog:
             rec = self._by_claim_path.get(str(path))
         if rec is None or not rec.format_name or not rec.signature:
             return None
-        sig = _stat_signature(path)
+        sig = stat_signature(path)
         if sig != rec.signature:
             return None
         self._unchanged_now[str(path)] = rec
@@ -447,15 +446,15 @@ class Catalog:
         known = self._unchanged_now.pop(str(claim.path), None)
         with self._lock:
             still = known is not None and self._records.get(known.source_id) is known
-        if still and not any(_lexically_under(claim.path, ex) for ex in self.excluded):
+        if still and not any(is_under(claim.path, ex) for ex in self.excluded):
             covered |= known.member_paths
             self._count("files_unchanged")
             return known.source_id, known.signature, True
         resolved = self._real_path(claim.path)
-        if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
+        if resolved in covered or any(resolves_under(resolved, ex) for ex in self.excluded):
             return None
         sid = source_id_for_path(resolved, resolved=True)
-        sig = _stat_signature(claim.path)
+        sig = stat_signature(claim.path)
         with self._lock:
             old = self._records.get(sid)
         if old is not None and old.signature == sig and old.path is not None:
@@ -591,7 +590,7 @@ class Catalog:
             if not any(t is tensor for t in current.tensors.values()):
                 return  # already reopened by another request
             log.info("reopening %s: %s", old.path, reason)
-            self._reopen(old, _stat_signature(old.path))
+            self._reopen(old, stat_signature(old.path))
 
     # ---- the store: rows kept across restarts ----------------------------------------------
     def _open_store(self, path: str | None, store: CatalogStore | None) -> None:
@@ -632,7 +631,7 @@ class Catalog:
         """The record of a stored row, opened on first use; None for a row under no current
         root (a root removed from the config: its rows go)."""
         path = Path(row["path"])
-        if not any(_lexically_under(path, root) for root in self.roots):
+        if not any(is_under(path, root) for root in self.roots):
             return None
         return self._row_record(row, path)
 
@@ -672,7 +671,7 @@ class Catalog:
     def _save_later(self, rec: SourceRecord) -> None:
         """Queue ``rec`` for the store (caller holds ``_lock``): file sources under a root only
         (a dropped path lives for this run, in-memory data has no file)."""
-        if self._store is not None and rec.path is not None and any(_lexically_under(rec.path, r) for r in self.roots):
+        if self._store is not None and rec.path is not None and any(is_under(rec.path, r) for r in self.roots):
             self._unsaved[rec.source_id] = rec
 
     def _unsave(self, source_id: str) -> None:
@@ -843,12 +842,6 @@ def _path_hint(requested: str) -> str:
     )
 
 
-def _lexically_under(path: Path, root: Path) -> bool:
-    """``path`` is ``root`` or below it, as spelled (restoring 1e5 rows resolves nothing)."""
-    p, r = str(path), str(root).rstrip(os.sep)
-    return p == r or p.startswith(r + os.sep) or _under(path, root)
-
-
 def _skipped_summary(skipped: list[tuple[Path, str]]) -> str | None:
     """One line for health: how many entries were refused, and the first few."""
     if not skipped:
@@ -856,11 +849,3 @@ def _skipped_summary(skipped: list[tuple[Path, str]]) -> str | None:
     shown = "; ".join(f"{p}: {why}" for p, why in skipped[:3])
     more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
     return f"{len(skipped)} entries skipped: {shown}{more}"
-
-
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False
