@@ -30,7 +30,8 @@ from tensor_server.catalog.discovery import Claim, discover
 from tensor_server.catalog.record import ServedTensor, SourceRecord, is_under, resolves_under, stat_signature
 from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.rois import RoiStore
-from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits, SqlViews
+from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits
+from tensor_server.catalog.sql_tables import SqlTables
 from tensor_server.catalog.store import CatalogStore, StoredRow
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import SEP, ArrayId, label_set_image, source_id_for_path
@@ -75,25 +76,19 @@ class Catalog:
         self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
         self.rois = RoiStore(rois_path)
         #: measured decode throughput per tensor (the ``decode_rates`` table; the serving
-        #: runtime records into it), re-published at most every ``decode_rates_refresh``
-        #: seconds: a snapshot is a database file written whole, dearer than a sample
+        #: runtime records into it)
         self.decode_rates = DecodeRates()
         if rois_path:
             self.decode_rates.attach(self.rois)  # kept beside the annotations, across restarts
-        self.decode_rates_refresh = 10.0
-        self._rates_published = (0, 0.0)
         #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
         self.follow_symlinks_outside_roots = follow_symlinks_outside_roots
         #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
         self.open_timeout_seconds = open_timeout_seconds
         self._records: dict[str, SourceRecord] = {}
         self._lock = threading.RLock()
-        self._db_lock = threading.Lock()
         self._reopen_lock = threading.Lock()
-        self.sql_limits = sql_limits
-        self._sql_views = SqlViews(sql_limits)
-        #: bumped whenever the rows SQL publishes change (sources, attached tensors)
-        self._tables_version = 0
+        #: the tables SQL publishes and the queries over them
+        self.sql_tables = SqlTables(self, sql_limits)
         #: bumped whenever a row is written or removed, or a listed tensor is attached to a
         #: source or detached (an upload published or discarded): a client holding what it
         #: read under one value knows it is current while the value stays (health
@@ -140,7 +135,7 @@ class Catalog:
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
-        self._tables_version += 1
+        self.sql_tables.rows_changed()
         self.generation += 1
 
     def _set_record(self, rec: SourceRecord) -> SourceRecord | None:
@@ -223,7 +218,7 @@ class Catalog:
             fields = self._attached.setdefault(source_id, {})
             was = fields.get(field)
             fields[field] = (tensor, listed)
-            self._tables_version += 1
+            self.sql_tables.rows_changed()
             if listed or (was is not None and was[1]):
                 self.generation += 1
 
@@ -234,7 +229,7 @@ class Catalog:
             was = fields.pop(field, None)
             if not fields:
                 self._attached.pop(source_id, None)
-            self._tables_version += 1
+            self.sql_tables.rows_changed()
             if was is not None and was[1]:
                 self.generation += 1
 
@@ -725,89 +720,25 @@ class Catalog:
             self._by_claim_path.clear()
         for r in recs:
             r.close_adapter()
-        with self._db_lock:
-            self._sql_views.close()
+        self.sql_tables.close()
 
-    # ---- SQL ---------------------------------------------------------------------------------
+    # ---- SQL (catalog/sql_tables.py) -------------------------------------------------------
     def sources_table(self, records: Iterable[SourceRecord] | None = None, view: RowView = EVERY_ROW):
-        """The ``sources`` rows (of ``records``, default all) as an Arrow table
-        (wire-protocol §9.2 columns), listing only the tensors ``view`` shows."""
-        import pyarrow as pa
-
-        rows = {
-            k: []
-            for k in (
-                "source_id",
-                "source_url",
-                "source_type",
-                "is_resolved",
-                "tensors",
-                "metadata_json",
-                "unresolved_reason",
-            )
-        }
-        for r in self.records() if records is None else records:
-            rows["source_id"].append(r.source_id)
-            rows["source_url"].append(r.url)
-            rows["source_type"].append(r.type)
-            rows["is_resolved"].append(r.is_resolved)
-            rows["tensors"].append([t.row for t in self.served(r) if not view.hides(t.array_id)])
-            rows["metadata_json"].append(r.metadata_json())
-            rows["unresolved_reason"].append(r.unresolved_reason)
-        return pa.table(rows, schema=sources_schema())
-
-    def _sql_tables(self, view: RowView) -> dict[str, Any]:
-        """Every table SQL publishes, with only the rows ``view`` shows (each table is keyed
-        by tensor: a hidden tensor leaves no row anywhere)."""
-        return {
-            "sources": self.sources_table(view=view),
-            "decode_rates": view.rows_of(self.decode_rates.table()),
-            "rois": view.rows_of(self.rois.table()),
-        }
-
-    def _sql_stamp(self) -> tuple[int, int, int]:
-        """The version of the published tables (caller holds ``_db_lock``): the rows, the
-        annotations and the decode rates (these at most every ``decode_rates_refresh`` s:
-        a snapshot is a database file written whole, dearer than a sample)."""
-        rates_gen, rates_at = self._rates_published
-        if self.decode_rates.generation != rates_gen and time.monotonic() - rates_at >= self.decode_rates_refresh:
-            self._rates_published = (self.decode_rates.generation, time.monotonic())
-        return self._tables_version, self.rois.generation, self._rates_published[0]
+        """``SqlTables.sources_table``: the ``sources`` rows as an Arrow table."""
+        return self.sql_tables.sources_table(records, view)
 
     def query(self, sql: str, cancelled: Callable[[], bool] | None = None, view: RowView = EVERY_ROW):
-        """Run one read-only SELECT within ``self.sql_limits`` over the rows ``view`` shows
-        (``catalog/sql.py``: each view queries its own snapshot); return an Arrow table.
-        ``cancelled`` is polled while it runs, to stop the work of a client that left."""
-        with self._db_lock:
-            snapshot = self._sql_views.acquire(view, self._sql_stamp(), self._sql_tables)
-        try:
-            return snapshot.query(sql, cancelled)
-        finally:
-            snapshot.release()
+        """``SqlTables.query``: one read-only SELECT over the rows ``view`` shows."""
+        return self.sql_tables.query(sql, cancelled, view)
 
+    @property
+    def decode_rates_refresh(self) -> float:
+        """Seconds between re-publications of the decode rates to SQL (``SqlTables``)."""
+        return self.sql_tables.decode_rates_refresh
 
-def sources_schema():
-    import pyarrow as pa
-
-    tensor = pa.struct(
-        [
-            ("array_id", pa.string()),
-            ("dim_labels", pa.list_(pa.string())),
-            ("shape", pa.list_(pa.int64())),
-            ("dtype", pa.string()),
-        ]
-    )
-    return pa.schema(
-        [
-            ("source_id", pa.string()),
-            ("source_url", pa.string()),
-            ("source_type", pa.string()),
-            ("is_resolved", pa.bool_()),
-            ("tensors", pa.list_(tensor)),
-            ("metadata_json", pa.string()),
-            ("unresolved_reason", pa.string()),
-        ]
-    )
+    @decode_rates_refresh.setter
+    def decode_rates_refresh(self, seconds: float) -> None:
+        self.sql_tables.decode_rates_refresh = seconds
 
 
 class _ScanCounts:
