@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from tensor_server.adapters.registry import FormatEntry, formats
-from tensor_server.catalog._opening import DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record, stored_row
+from tensor_server.catalog._opening import DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record
 from tensor_server.catalog.decode_rates import DecodeRates
 from tensor_server.catalog.discovery import Claim, discover
+from tensor_server.catalog.persistence import Persistence, row_record
 from tensor_server.catalog.record import ServedTensor, SourceRecord, is_under, resolves_under, stat_signature
 from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
 from tensor_server.catalog.rois import RoiStore
@@ -124,14 +125,23 @@ class Catalog:
         #: name unless it is a link: one lstat instead of one per path component)
         self._real_folders: dict[str, str] = {}
         self._formats_by_name: dict[str, FormatEntry] = {}
+        #: the rows kept across restarts (with a store)
+        self.persistence = Persistence(self.roots, self.open_listed)
         #: rows put back from the store at boot
         self.restored = 0
-        self._store: CatalogStore | None = None
-        #: source_id -> record to write, or None to delete, at the next flush of the store
-        self._unsaved: dict[str, SourceRecord | None] = {}
-        self._owns_store = store is None
         if store is not None or store_path is not None:
-            self._open_store(store_path, store)
+            self._restore(store_path, store)
+
+    def _restore(self, store_path: str | None, store: CatalogStore | None) -> None:
+        """Put the stored rows under the current roots back, unopened (``Persistence.restore``)."""
+        restored = self.persistence.restore(store_path, store)
+        if restored is None:  # the store cannot be used: the catalog is kept in memory only
+            return
+        with self._lock:
+            for rec in restored:
+                self._set_record(rec)
+            self._changed()
+        self.restored = len(restored)
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
@@ -183,7 +193,7 @@ class Catalog:
             if removed:
                 self._changed()
             for r in removed:
-                self._unsave(r.source_id)
+                self.persistence.unsave(r.source_id)
         for r in removed:
             r.close_adapter()
         return [r.source_id for r in removed]
@@ -207,7 +217,7 @@ class Catalog:
             new.url = rec.url
         self.put_record(new)
         with self._lock:
-            self._save_later(new)
+            self.persistence.save_later(new)
         return new
 
     def attach(self, source_id: str, field: str, tensor: TensorAdapter, *, listed: bool) -> None:
@@ -411,7 +421,7 @@ class Catalog:
             if removed:
                 self._changed()
             for sid in gone:
-                self._unsave(sid)
+                self.persistence.unsave(sid)
         for r in removed:
             r.close_adapter()
         return len(removed)
@@ -498,7 +508,7 @@ class Catalog:
             return None
         with self._counts_lock:
             self.opens += 1
-        rec = self._row_record(row)
+        rec = row_record(row, self.open_listed)
         self._count("files_opened" if rec.is_resolved else "files_failed")
         if not rec.is_resolved:
             log.warning("unreadable source %s: %s", rec.path, rec.unresolved_reason)
@@ -511,7 +521,7 @@ class Catalog:
             is_new = rec.source_id not in self._records
         self.put_record(rec)
         with self._lock:
-            self._save_later(rec)
+            self.persistence.save_later(rec)
         return rec, is_new
 
     def discovery_progress(self) -> dict[str, Any]:
@@ -587,73 +597,11 @@ class Catalog:
             log.info("reopening %s: %s", old.path, reason)
             self._reopen(old, stat_signature(old.path))
 
-    # ---- the store: rows kept across restarts ----------------------------------------------
-    def _open_store(self, path: str | None, store: CatalogStore | None) -> None:
-        """Open the store and put its rows under the current roots back, unopened. A store
-        that cannot be opened (another server holds it, a damaged file) is warned about and
-        the catalog stays in memory."""
-        try:
-            if store is None:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                store = CatalogStore(path)
-            self._store = store
-            rows = self._store.load()
-        except Exception as exc:
-            log.warning(
-                "catalog store %s cannot be used (%s: %s): the catalog is kept in memory only, "
-                "so the next start opens every source again",
-                store.path if store else path,
-                type(exc).__name__,
-                exc,
-            )
-            if store is not None and self._owns_store:
-                store.close()
-            self._store = None
-            return
-        restored, stale = [], []
-        for row in rows:
-            rec = self._restored_record(row)
-            (stale.append(row["source_id"]) if rec is None else restored.append(rec))
-        with self._lock:
-            for rec in restored:
-                self._set_record(rec)
-            self._changed()
-            for sid in stale:
-                self._unsaved[sid] = None
-        self.restored = len(restored)
-
-    def _restored_record(self, row: StoredRow) -> SourceRecord | None:
-        """The record of a stored row, opened on first use; None for a row under no current
-        root (a root removed from the config: its rows go)."""
-        path = Path(row["path"])
-        if not any(is_under(path, root) for root in self.roots):
-            return None
-        return self._row_record(row, path)
-
-    def _row_record(self, row: StoredRow, path: Path | None = None) -> SourceRecord:
-        """The record of a row (from the store, or from a worker process), opened on first use.
-        A file's member path is usually its own path: one Path object then (10,000 rows
-        restored at boot parse a third of the paths)."""
-        path = Path(row["path"]) if path is None else path
-        resolved = bool(row["is_resolved"])
-        members = {path if p == row["path"] else Path(p) for p in row["member_paths"]}
-        return SourceRecord(
-            row["source_id"],
-            row["source_url"],
-            row["source_type"],
-            path,
-            None,
-            row["unresolved_reason"],
-            row["signature"],
-            members,
-            row["format_name"],
-            listing=(row["tensors"], row["metadata_json"]) if resolved else None,
-            opener=self._open_restored if resolved else None,
-        )
-
-    def _open_restored(self, rec: SourceRecord) -> None:
-        """Open a restored row's adapter (its first use). The row is rewritten only when
-        what it lists changed (or the open failed)."""
+    def open_listed(self, rec: SourceRecord) -> None:
+        """Open the adapter of a record listed from a row (restored from the store at boot, or
+        sent back by a scan's worker process) on its first use. Public: ``Persistence`` and
+        the scan make such records and give them this as their opener. The row is rewritten
+        only when what it lists changed (or the open failed)."""
         listed = rec.listing[0] if rec.listing is not None else None
         new = self.open_record(rec.path, rec.format_name or rec.type, rec.source_id, rec.signature)
         rec.type, rec.member_paths, rec.unresolved_reason = new.type, new.member_paths, new.unresolved_reason
@@ -661,34 +609,11 @@ class Catalog:
         if new.tensor_rows() != listed or not new.is_resolved:
             with self._lock:
                 self._changed()
-                self._save_later(rec)
-
-    def _save_later(self, rec: SourceRecord) -> None:
-        """Queue ``rec`` for the store (caller holds ``_lock``): file sources under a root only
-        (a dropped path lives for this run, in-memory data has no file)."""
-        if self._store is not None and rec.path is not None and any(is_under(rec.path, r) for r in self.roots):
-            self._unsaved[rec.source_id] = rec
-
-    def _unsave(self, source_id: str) -> None:
-        """Queue the row's removal from the store (caller holds ``_lock``)."""
-        if self._store is not None:
-            self._unsaved[source_id] = None
+                self.persistence.save_later(rec)
 
     def flush_store(self) -> None:
-        """Write the queued rows to the store (a scan does every ``STORE_FLUSH_SECONDS``)."""
-        store = self._store
-        if store is None:
-            return
-        with self._lock:
-            pending, self._unsaved = self._unsaved, {}
-        if not pending:
-            return
-        rows = [stored_row(r) for r in pending.values() if r is not None]
-        try:
-            store.save(rows, [sid for sid, r in pending.items() if r is None])
-        except Exception as exc:  # the store is a cache: serving goes on without it
-            if self._store is not None:  # not closed meanwhile
-                log.warning("catalog store %s: write failed (%s: %s)", store.path, type(exc).__name__, exc)
+        """Write the rows queued for the store (``Persistence.flush``)."""
+        self.persistence.flush()
 
     def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
         """Rescan every ``seconds`` in a daemon thread (0 = never)."""
@@ -710,10 +635,7 @@ class Catalog:
         self._rescan_stop.set()
         self.decode_rates.flush()
         self.rois.close()
-        self.flush_store()
-        store, self._store = self._store, None  # a scan still running stores nothing more
-        if store is not None and self._owns_store:
-            store.close()
+        self.persistence.close()
         with self._lock:
             recs = list(self._records.values())
             self._records.clear()
