@@ -1,41 +1,44 @@
-"""The catalog: every discovered source, resolved or not, and read-only SQL over them.
+"""The catalog: every discovered source, resolved or not, and the lookups over them.
 
-Sources live in memory (adapters shared by all handlers, opened on a bounded pool as the
-scan finds them, each within ``open_timeout_seconds``); with a store (``catalog/store.py``)
-their rows are also kept on disk and put back at boot as records opened on first use, so a
-restart lists everything at once and reopens only what changed. Their rows live in an
-Arrow snapshot served to SQL as the ``sources`` table of wire-protocol §9.2, so clients can
-query them with the SQL the biopb SDK issues (§9.3) or their own. Queries run in a DuckDB
-database opened read-only, with external access disabled and resource caps
-(``catalog/sql.py``), so SQL can neither change what other clients see, nor read the disk,
-nor exhaust the server; each class of caller queries a database holding only the rows of
-the tensors it may read (``query``'s ``view``).
+Sources live in memory (adapters shared by all handlers); ``Catalog`` keeps the records and
+answers which tensors each serves and which tensor an id names. Three parts it holds do the
+rest, each in its own module, and the catalog delegates to them in one line:
+
+- ``catalog/scanning.py`` (``Scanner``): walking the roots, opening new or changed files on a
+  bounded pool (each within ``open_timeout_seconds``), dropping what vanished, the counts
+  health and metrics show, the periodic rescan;
+- ``catalog/persistence.py`` (``Persistence``): with a store (``catalog/store.py``) the rows
+  are also kept on disk and put back at boot as records opened on first use, so a restart
+  lists everything at once and reopens only what changed;
+- ``catalog/sql_tables.py`` (``SqlTables``): the rows served to SQL as the ``sources`` table of
+  wire-protocol §9.2 (with ``decode_rates`` and ``rois``), so clients can query them with the
+  SQL the biopb SDK issues (§9.3) or their own, in a DuckDB database opened read-only with
+  resource caps (``catalog/sql.py``); each class of caller queries a database holding only
+  the rows of the tensors it may read (``query``'s ``view``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_server.adapters.registry import FormatEntry, formats
-from tensor_server.catalog._opening import DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record
+from tensor_server.adapters.registry import formats
+from tensor_server.catalog._opening import DEFAULT_OPEN_PROCESSES, open_file_record
 from tensor_server.catalog.decode_rates import DecodeRates
-from tensor_server.catalog.discovery import Claim, discover
-from tensor_server.catalog.persistence import Persistence, row_record
-from tensor_server.catalog.record import ServedTensor, SourceRecord, is_under, resolves_under, stat_signature
-from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
+from tensor_server.catalog.persistence import Persistence
+from tensor_server.catalog.record import ServedTensor, SourceRecord, stat_signature
+from tensor_server.catalog.remote import is_remote_root, resolve_remote
 from tensor_server.catalog.rois import RoiStore
+from tensor_server.catalog.scanning import Scanner
 from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits
 from tensor_server.catalog.sql_tables import SqlTables
-from tensor_server.catalog.store import CatalogStore, StoredRow
+from tensor_server.catalog.store import CatalogStore
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
-from tensor_server.core.identity import SEP, ArrayId, label_set_image, source_id_for_path
+from tensor_server.core.identity import SEP, ArrayId, label_set_image
 from tensor_server.core.label_sets import carry_image_scale
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound
 
@@ -95,14 +98,6 @@ class Catalog:
         #: read under one value knows it is current while the value stays (health
         #: ``catalog_generation``; the Tensor Browser re-lists when it moves)
         self.generation = 0
-        self.first_scan_done = threading.Event()
-        self.scan_in_progress = False
-        self.last_scan_finished_at: float | None = None
-        #: entries the last scan refused to open (path, reason): FIFOs, symlink loops, ...
-        self.skipped: list[tuple[Path, str]] = []
-        #: what went wrong in the last scan, for health (None: nothing)
-        self.scan_error: str | None = None
-        self._rescan_stop = threading.Event()
         #: source_id -> field -> (tensor, listed): tensors attached to a source by the upload
         #: subsystem (``@fields/..``, ``../@labels/..``). Kept by source id, not on the record,
         #: so a field whose source vanished (an orphan) is kept and comes back with the source.
@@ -111,20 +106,11 @@ class Catalog:
         self.excluded: list[Path] = []
         self.open_workers = max(1, int(open_workers))
         self.open_processes = max(0, int(open_processes))
-        #: adapters opened from files by this catalog (scans, lazy opens of restored rows,
-        #: reopens): a restart over an unchanged tree adds none
-        self.opens = 0
-        self._counts = _ScanCounts()
-        self._counts_lock = threading.Lock()
         #: records by the path they were found at, as walked: a rescan looks its files up
         #: without resolving them
         self._by_claim_path: dict[str, SourceRecord] = {}
-        #: claims ``_known_format`` found unchanged in the running scan, by path as walked
-        self._unchanged_now: dict[str, SourceRecord] = {}
-        #: folders of the running scan, resolved (a file's real path is its folder's plus its
-        #: name unless it is a link: one lstat instead of one per path component)
-        self._real_folders: dict[str, str] = {}
-        self._formats_by_name: dict[str, FormatEntry] = {}
+        #: the scans of the roots, and what they found and did
+        self.scanner = Scanner(self)
         #: the rows kept across restarts (with a store)
         self.persistence = Persistence(self.roots, self.open_listed)
         #: rows put back from the store at boot
@@ -186,6 +172,17 @@ class Catalog:
         if old is not None:
             old.close_adapter(keep=rec.opened())
 
+    def put_file_record(self, rec: SourceRecord) -> bool:
+        """``put_record`` for a record opened from a file (a scan's find, a reopen), queued for
+        the store too (``Persistence.save_later`` keeps those under a root); whether its id
+        is new. Public: the scan puts what it opens through it."""
+        with self._lock:
+            is_new = rec.source_id not in self._records
+        self.put_record(rec)
+        with self._lock:
+            self.persistence.save_later(rec)
+        return is_new
+
     def remove_records(self, source_ids: Iterable[str]) -> list[str]:
         """Drop these records (closing their sources); return the ids that were present."""
         with self._lock:
@@ -215,9 +212,7 @@ class Catalog:
         new = self.open_record(rec.path, rec.format_name or rec.type, rec.source_id, sig)
         if rec.url != Path(rec.path).resolve().as_uri():  # a dropped path keeps its dnd:// url
             new.url = rec.url
-        self.put_record(new)
-        with self._lock:
-            self.persistence.save_later(new)
+        self.put_file_record(new)
         return new
 
     def attach(self, source_id: str, field: str, tensor: TensorAdapter, *, listed: bool) -> None:
@@ -316,6 +311,23 @@ class Catalog:
             raise TensorNotFound(f"unknown source {source_id!r}{_path_hint(source_id)}")
         return rec
 
+    def known_record(self, source_id: str) -> SourceRecord | None:
+        """The record of ``source_id``, None when there is none (``get_record`` refuses).
+        Public: the scan compares what it finds with what the catalog has."""
+        with self._lock:
+            return self._records.get(source_id)
+
+    def record_found_at(self, path: Path) -> SourceRecord | None:
+        """The record found at ``path`` as walked (not resolved), if any. Public: a rescan
+        looks its files up by path without resolving them."""
+        with self._lock:
+            return self._by_claim_path.get(str(path))
+
+    def pending_opens(self) -> int:
+        """Records listed from a row whose adapter is not opened yet (health's ``pending_open``)."""
+        with self._lock:
+            return sum(r.is_open_pending() for r in self._records.values())
+
     def find_tensor(self, array_id: str) -> tuple[TensorAdapter, str]:
         """(tensor, the id to echo) for an array id (``core.identity.ArrayId``): ``source_id``
         or ``source_id/`` (the default tensor) or ``source_id/field``. The echo is the request
@@ -348,235 +360,54 @@ class Catalog:
             f"source {aid.source_id!r} has no tensor {aid.field!r}; fields: {list(src.tensors)}", slug="unknown_field"
         )
 
-    # ---- discovery -------------------------------------------------------------------------
+    # ---- scanning (catalog/scanning.py) ----------------------------------------------------
     def scan(
         self, progress: Callable[[str, int], None] | None = None, on_unclaimed: Callable[[Path], None] | None = None
     ) -> dict[str, int]:
-        """Discover sources under the roots: open new or changed ones (on a pool of
-        ``open_workers``, each put in the catalog as soon as it is open), drop vanished
-        ones; an unchanged source costs a stat. Never raises for a bad file or entry: it
-        becomes an unresolved row, or (an entry that must not be opened at all) a line in
-        ``skipped``; either way the scan goes on. ``on_unclaimed(path)``: each file no
-        format recognises (not a source, not an error: a README beside the data)."""
-        self.scan_in_progress = True
-        with self._counts_lock:
-            self._counts = _ScanCounts(started_at=time.time())
-        self._unchanged_now, self._real_folders = {}, {}
-        tally = {"added": 0, "changed": 0, "unresolved": 0, "removed": 0}
-        seen: set[str] = set()
-        skipped: list[tuple[Path, str]] = []
-        allowed = None if self.follow_symlinks_outside_roots else self.roots
-        try:
-            with cf.ThreadPoolExecutor(self.open_workers, thread_name_prefix="tensor-server-scan") as pool:
-                opening = Opening(self, pool, tally, skipped, seen, on_unclaimed)
-                try:
-                    for root in self.roots:
-                        if not os.path.lexists(root):
-                            skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
-                            continue
-                        claims = discover(
-                            root,
-                            on_progress=lambda p: self._walked(p, progress, len(seen)),
-                            allowed_roots=allowed,
-                            on_skip=lambda p, why: skipped.append((p, why)),
-                            known=self._known_format,
-                            on_unclaimed=on_unclaimed,
-                            claim_files=False,
-                        )
-                        for claim in claims:
-                            self._count("files_seen")
-                            opening.offer(claim)
-                    opening.finish()
-                finally:
-                    opening.close()
-            tally["removed"] = self._drop_vanished(seen)
-            for url in self.remote_roots:
-                counts = scan_remote_root(self, url)
-                for key in ("added", "changed", "unresolved", "removed"):
-                    tally[key] += counts[key]
-            self.scan_error = _skipped_summary(skipped)
-        except Exception as exc:
-            log.exception("scan of %s failed", self.roots)
-            self.scan_error = f"scan failed: {type(exc).__name__}: {exc}"
-        finally:
-            self.flush_store()
-            self.skipped = skipped
-            for path, why in skipped:
-                log.warning("skipped %s: %s", path, why)
-            self.scan_in_progress = False
-            self.last_scan_finished_at = time.time()
-            self.first_scan_done.set()
-        return {**tally, "skipped": len(skipped), "total": len(self)}
-
-    def _drop_vanished(self, seen: set[str]) -> int:
-        """Remove the rows under the roots the scan did not find, and shadowed members."""
-        with self._lock:
-            gone = {
-                sid
-                for sid, r in self._records.items()
-                if r.path is not None and sid not in seen and any(is_under(r.path, root) for root in self.roots)
-            }
-            gone |= self._shadowed_members()
-            removed = [self._pop_record(sid) for sid in gone]
-            if removed:
-                self._changed()
-            for sid in gone:
-                self.persistence.unsave(sid)
-        for r in removed:
-            r.close_adapter()
-        return len(removed)
-
-    def _known_format(self, path: Path, is_dir: bool) -> FormatEntry | None:
-        """For discovery: the format the record found at ``path`` (as walked) was opened
-        with, when its files are unchanged since: a stat, no sniffing, no resolving. The
-        answer is kept for ``_prepare_claim`` of the same claim."""
-        with self._lock:
-            rec = self._by_claim_path.get(str(path))
-        if rec is None or not rec.format_name or not rec.signature:
-            return None
-        sig = stat_signature(path)
-        if sig != rec.signature:
-            return None
-        self._unchanged_now[str(path)] = rec
-        return self._format_named(rec.format_name)
-
-    def _format_named(self, name: str) -> FormatEntry | None:
-        known = self._formats_by_name
-        if name not in known:
-            known.update((e.name, e) for e in formats())
-        return known.get(name)
-
-    def _prepare_claim(self, claim: Claim, covered: set[Path]) -> tuple[str, tuple, bool] | None:
-        """None (not a source of its own), or (id, signature, unchanged)."""
-        known = self._unchanged_now.pop(str(claim.path), None)
-        with self._lock:
-            still = known is not None and self._records.get(known.source_id) is known
-        if still and not any(is_under(claim.path, ex) for ex in self.excluded):
-            covered |= known.member_paths
-            self._count("files_unchanged")
-            return known.source_id, known.signature, True
-        resolved = self._real_path(claim.path)
-        if resolved in covered or any(resolves_under(resolved, ex) for ex in self.excluded):
-            return None
-        sid = source_id_for_path(resolved, resolved=True)
-        sig = stat_signature(claim.path)
-        with self._lock:
-            old = self._records.get(sid)
-        if old is not None and old.signature == sig and old.path is not None:
-            covered |= old.member_paths
-            self._count("files_unchanged")
-            return sid, sig, True
-        return sid, sig, False
-
-    def _real_path(self, path: Path) -> Path:
-        """``path.resolve()``, its folder resolved once per scan."""
-        folder, name = os.path.split(str(path))
-        if not name or name in (".", "..") or os.path.islink(path):
-            return path.resolve()
-        real = self._real_folders.get(folder)
-        if real is None:
-            real = self._real_folders[folder] = os.path.realpath(folder)
-        return Path(os.path.join(real, name))
-
-    def _open_claim(self, claim: Claim, sid: str, sig: tuple) -> tuple[SourceRecord, bool] | None:
-        """(the opened record, whether it is new), put in the catalog as soon as it is open;
-        None for a file no format recognises (a claim without a format is sniffed here)."""
-        with self._counts_lock:
-            self.opens += 1
-        rec = claim_and_open(
-            claim.path,
-            claim.format.name if claim.format else None,
-            sid,
-            sig,
-            self.roots,
-            self.follow_symlinks_outside_roots,
-            self.open_timeout_seconds,
-        )
-        if rec is None:
-            with self._counts_lock:
-                self.opens -= 1
-            return None
-        self._count("files_opened" if rec.is_resolved else "files_failed")
-        return self._put_found(rec)
-
-    def _listed_claim(
-        self, claim: Claim, sid: str, sig: tuple, row: StoredRow | None
-    ) -> tuple[SourceRecord, bool] | None:
-        """Like ``_open_claim`` for the row a worker process opened the claim into: listed
-        now, its adapter opened here on first use."""
-        if row is None:
-            return None
-        with self._counts_lock:
-            self.opens += 1
-        rec = row_record(row, self.open_listed)
-        self._count("files_opened" if rec.is_resolved else "files_failed")
-        if not rec.is_resolved:
-            log.warning("unreadable source %s: %s", rec.path, rec.unresolved_reason)
-        return self._put_found(rec)
-
-    def _put_found(self, rec: SourceRecord) -> tuple[SourceRecord, bool]:
-        if rec.path is not None:
-            rec.know_real_path(self._real_path(rec.path))
-        with self._lock:
-            is_new = rec.source_id not in self._records
-        self.put_record(rec)
-        with self._lock:
-            self.persistence.save_later(rec)
-        return rec, is_new
+        """``Scanner.scan``: discover the roots' sources; the tally of what changed."""
+        return self.scanner.scan(progress, on_unclaimed)
 
     def discovery_progress(self) -> dict[str, Any]:
-        """What discovery is doing, for health: whether a scan runs, what the current (or
-        last) scan has seen, opened and failed to open, how many rows came back from the
-        store at boot and how many of them are not opened yet (``pending_open``: opened on
-        first use), adapter opens since start, and when the last full scan finished."""
-        with self._counts_lock:
-            counts = dict(vars(self._counts))
-        with self._lock:
-            pending = sum(r.is_open_pending() for r in self._records.values())
-        return {
-            "scan_in_progress": self.scan_in_progress,
-            **counts,
-            "restored": self.restored,
-            "pending_open": pending,
-            "opens": self.opens,
-            "sources": len(self),
-            "last_full_scan_finished_at": self.last_scan_finished_at,
-        }
+        """``Scanner.discovery_progress``: what discovery is doing, for health."""
+        return self.scanner.discovery_progress()
 
-    def _walked(self, folder: Path, progress: Callable[[str, int], None] | None, found: int) -> None:
-        """Discovery entered ``folder``: counted (health, metrics) and told to ``progress``."""
-        self._count("folders_walked")
-        if progress is not None:
-            progress(str(folder), found)
+    def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
+        """``Scanner.start_periodic_rescan``: rescan every ``seconds`` (0 = never)."""
+        return self.scanner.start_periodic_rescan(seconds)
 
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._counts_lock:
-            setattr(self._counts, name, getattr(self._counts, name) + n)
+    @property
+    def first_scan_done(self) -> threading.Event:
+        return self.scanner.first_scan_done
 
-    def _shadowed_members(self) -> set[str]:
-        """Ids of file sources that another source covers (a member file of a multi-file
-        dataset opened as its own source before the dataset was seen). Records are visited
-        in id order and a record is dropped only when a *kept* one covers it, so two
-        sources that cover each other keep one of them. Linear in the member paths."""
-        covered: set[Path] = set()  # member paths of the records kept so far
-        dropped: set[str] = set()
-        for sid in sorted(self._records):
-            r = self._records[sid]
-            own = r.real_path()
-            if own is not None and own in covered:
-                dropped.add(sid)
-            else:
-                covered |= r.member_paths
-        return dropped
+    @property
+    def scan_in_progress(self) -> bool:
+        return self.scanner.scan_in_progress
+
+    @property
+    def last_scan_finished_at(self) -> float | None:
+        return self.scanner.last_scan_finished_at
+
+    @property
+    def skipped(self) -> list[tuple[Path, str]]:
+        """Entries the last scan refused to open (path, reason)."""
+        return self.scanner.skipped
+
+    @property
+    def scan_error(self) -> str | None:
+        """What went wrong in the last scan, for health (None: nothing)."""
+        return self.scanner.scan_error
+
+    @property
+    def opens(self) -> int:
+        """Adapters opened from files by this catalog (a restart over an unchanged tree adds none)."""
+        return self.scanner.opens
 
     def open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
         """Open ``path`` as a record; an unreadable file is a record with the reason."""
-        with self._counts_lock:
-            self.opens += 1
         rec = open_file_record(
             path, fmt, sid, sig, self.roots, self.follow_symlinks_outside_roots, self.open_timeout_seconds
         )
-        self._count("files_opened" if rec.is_resolved else "files_failed")
+        self.scanner.count_open(rec)
         return rec
 
     def reopen_changed(self, tensor: TensorAdapter, reason: str) -> None:
@@ -615,24 +446,8 @@ class Catalog:
         """Write the rows queued for the store (``Persistence.flush``)."""
         self.persistence.flush()
 
-    def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
-        """Rescan every ``seconds`` in a daemon thread (0 = never)."""
-        if seconds <= 0:
-            return None
-
-        def loop() -> None:
-            while not self._rescan_stop.wait(seconds):
-                try:
-                    self.scan()
-                except Exception:
-                    log.exception("periodic rescan failed")
-
-        t = threading.Thread(target=loop, name="tensor-server-rescan", daemon=True)
-        t.start()
-        return t
-
     def close(self) -> None:
-        self._rescan_stop.set()
+        self.scanner.stop()
         self.decode_rates.flush()
         self.rois.close()
         self.persistence.close()
@@ -663,18 +478,6 @@ class Catalog:
         self.sql_tables.decode_rates_refresh = seconds
 
 
-class _ScanCounts:
-    """What one scan has done so far (``Catalog.discovery_progress``)."""
-
-    def __init__(self, started_at: float | None = None) -> None:
-        self.scan_started_at = started_at
-        self.folders_walked = 0  # folders discovery listed
-        self.files_seen = 0  # claims discovery found
-        self.files_unchanged = 0  # of those, unchanged since they were opened: a stat only
-        self.files_opened = 0  # adapters opened
-        self.files_failed = 0  # opens that failed (unreadable rows)
-
-
 def looks_like_path(text: str) -> bool:
     """Whether an id someone typed is a path or a file name rather than an array id (ids
     are ``<stem>-<hash>[/field]``): it starts like a path, exists, or ends in a format's
@@ -693,12 +496,3 @@ def _path_hint(requested: str) -> str:
         "; it looks like a path or file name, but ids are the source ids the catalog lists "
         "(`python -m tensor_server list ROOT` prints them, or SELECT source_id FROM sources)"
     )
-
-
-def _skipped_summary(skipped: list[tuple[Path, str]]) -> str | None:
-    """One line for health: how many entries were refused, and the first few."""
-    if not skipped:
-        return None
-    shown = "; ".join(f"{p}: {why}" for p, why in skipped[:3])
-    more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
-    return f"{len(skipped)} entries skipped: {shown}{more}"
