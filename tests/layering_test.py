@@ -47,7 +47,7 @@ FORBIDDEN = {
 }
 
 
-def _parse(source: str) -> ast.AST:
+def parse_source(source: str) -> ast.AST:
     """``ast.parse`` on a fresh thread, or, failing that, in a fresh interpreter. CPython
     3.11.7's AST validator compares the thread's C recursion depth before and after, and a
     RecursionError caught earlier in the process (the hostile-input tests parse 100k-deep
@@ -71,7 +71,7 @@ def _parse(source: str) -> ast.AST:
 def imported_modules(source: str) -> list[tuple[int, str]]:
     """(line, absolute module) for every import statement in ``source``."""
     out = []
-    for node in ast.walk(_parse(source)):
+    for node in ast.walk(parse_source(source)):
         if isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:

@@ -41,7 +41,7 @@ from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.errors import UnreadableSource
 
 if TYPE_CHECKING:
-    from tensor_server.catalog.catalog import Catalog
+    from tensor_server.catalog.scanning import Scanner
 
 __all__ = ["Opening", "open_file_record", "open_within", "stored_row", "DEFAULT_OPEN_PROCESSES"]
 
@@ -189,27 +189,28 @@ class Opening:
 
     def __init__(
         self,
-        catalog: Catalog,
+        scanner: Scanner,
         pool: cf.ThreadPoolExecutor,
         tally: dict[str, int],
         skipped: list[tuple[Path, str]],
         seen: set[str],
         on_unclaimed=None,
     ) -> None:
-        self.catalog, self.pool, self.tally, self.skipped, self.seen = catalog, pool, tally, skipped, seen
+        self.scanner, self.catalog = scanner, scanner.catalog
+        self.pool, self.tally, self.skipped, self.seen = pool, tally, skipped, seen
         self.on_unclaimed = on_unclaimed
         self.covered: set[Path] = set()
         #: future -> (claim, id, signature, on a process)
         self.inflight: dict[cf.Future, tuple[Claim, str, tuple, bool]] = {}
-        self.window = 4 * catalog.open_workers
+        self.window = 4 * self.catalog.open_workers
         self.flushed_at = time.monotonic()
         self.submitted = 0
         self.procs: cf.ProcessPoolExecutor | None = None
-        self.use_procs = catalog.open_processes > 0 and catalog.open_workers > 1 and not _plugins_only_here()
+        self.use_procs = self.catalog.open_processes > 0 and self.catalog.open_workers > 1 and not _plugins_only_here()
 
     def offer(self, claim: Claim) -> None:
         try:
-            prepared = self.catalog._prepare_claim(claim, self.covered)
+            prepared = self.scanner.prepare_claim(claim, self.covered)
         except Exception as exc:  # nothing about one entry may end the scan
             self.skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
             return
@@ -230,7 +231,7 @@ class Opening:
             fut = self.procs.submit(*self._task(claim, sid, sig))
             self.inflight[fut] = (claim, sid, sig, True)
         else:
-            self.inflight[self.pool.submit(self.catalog._open_claim, claim, sid, sig)] = (claim, sid, sig, False)
+            self.inflight[self.pool.submit(self.scanner.open_claim, claim, sid, sig)] = (claim, sid, sig, False)
 
     def _task(self, claim: Claim, sid: str, sig: tuple) -> tuple:
         cat = self.catalog
@@ -266,7 +267,7 @@ class Opening:
         for fut in done:
             claim, sid, sig, on_proc = self.inflight.pop(fut)
             try:
-                rec = self.catalog._listed_claim(claim, sid, sig, fut.result()) if on_proc else fut.result()
+                rec = self.scanner.listed_claim(claim, sid, sig, fut.result()) if on_proc else fut.result()
             except BrokenProcessPool:
                 broken.append((claim, sid, sig))
                 continue
@@ -283,7 +284,7 @@ class Opening:
     def _took(self, claim: Claim, sid: str, rec: tuple[SourceRecord, bool] | None) -> None:
         if rec is None:  # no format recognises the file: not a source
             self.seen.discard(sid)
-            self.catalog._count("files_seen", -1)
+            self.scanner.count("files_seen", -1)
             if self.on_unclaimed is not None:
                 self.on_unclaimed(claim.path)
             return
@@ -319,4 +320,4 @@ class Opening:
             except Exception as exc:
                 self.skipped.append((claim.path, f"{type(exc).__name__}: {exc}"))
                 continue
-            self._took(claim, sid, self.catalog._listed_claim(claim, sid, sig, row))
+            self._took(claim, sid, self.scanner.listed_claim(claim, sid, sig, row))

@@ -1,40 +1,44 @@
-"""The catalog: every discovered source, resolved or not, and read-only SQL over them.
+"""The catalog: every discovered source, resolved or not, and the lookups over them.
 
-Sources live in memory (adapters shared by all handlers, opened on a bounded pool as the
-scan finds them, each within ``open_timeout_seconds``); with a store (``catalog/store.py``)
-their rows are also kept on disk and put back at boot as records opened on first use, so a
-restart lists everything at once and reopens only what changed. Their rows live in an
-Arrow snapshot served to SQL as the ``sources`` table of wire-protocol §9.2, so clients can
-query them with the SQL the biopb SDK issues (§9.3) or their own. Queries run in a DuckDB
-database opened read-only, with external access disabled and resource caps
-(``catalog/sql.py``), so SQL can neither change what other clients see, nor read the disk,
-nor exhaust the server; each class of caller queries a database holding only the rows of
-the tensors it may read (``query``'s ``view``).
+Sources live in memory (adapters shared by all handlers); ``Catalog`` keeps the records and
+answers which tensors each serves and which tensor an id names. Three parts it holds do the
+rest, each in its own module, and the catalog delegates to them in one line:
+
+- ``catalog/scanning.py`` (``Scanner``): walking the roots, opening new or changed files on a
+  bounded pool (each within ``open_timeout_seconds``), dropping what vanished, the counts
+  health and metrics show, the periodic rescan;
+- ``catalog/persistence.py`` (``Persistence``): with a store (``catalog/store.py``) the rows
+  are also kept on disk and put back at boot as records opened on first use, so a restart
+  lists everything at once and reopens only what changed;
+- ``catalog/sql_tables.py`` (``SqlTables``): the rows served to SQL as the ``sources`` table of
+  wire-protocol §9.2 (with ``decode_rates`` and ``rois``), so clients can query them with the
+  SQL the biopb SDK issues (§9.3) or their own, in a DuckDB database opened read-only with
+  resource caps (``catalog/sql.py``); each class of caller queries a database holding only
+  the rows of the tensors it may read (``query``'s ``view``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_server.adapters.registry import FormatEntry, formats
-from tensor_server.catalog._opening import DEFAULT_OPEN_PROCESSES, Opening, claim_and_open, open_file_record, stored_row
+from tensor_server.adapters.registry import formats
+from tensor_server.catalog._opening import DEFAULT_OPEN_PROCESSES, open_file_record
 from tensor_server.catalog.decode_rates import DecodeRates
-from tensor_server.catalog.discovery import Claim, discover
-from tensor_server.catalog.record import ServedTensor, SourceRecord
-from tensor_server.catalog.record import stat_signature as _stat_signature
-from tensor_server.catalog.remote import is_remote_root, resolve_remote, scan_remote_root
+from tensor_server.catalog.persistence import Persistence
+from tensor_server.catalog.record import ServedTensor, SourceRecord, stat_signature
+from tensor_server.catalog.remote import is_remote_root, resolve_remote
 from tensor_server.catalog.rois import RoiStore
-from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits, SqlViews
-from tensor_server.catalog.store import CatalogStore, StoredRow
+from tensor_server.catalog.scanning import Scanner
+from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, SqlLimits
+from tensor_server.catalog.sql_tables import SqlTables
+from tensor_server.catalog.store import CatalogStore
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
-from tensor_server.core.identity import SEP, ArrayId, label_set_image, source_id_for_path
+from tensor_server.core.identity import SEP, ArrayId, label_set_image
 from tensor_server.core.label_sets import carry_image_scale
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound
 
@@ -76,38 +80,24 @@ class Catalog:
         self.remote_roots = [str(r) for r in roots if is_remote_root(r)]
         self.rois = RoiStore(rois_path)
         #: measured decode throughput per tensor (the ``decode_rates`` table; the serving
-        #: runtime records into it), re-published at most every ``decode_rates_refresh``
-        #: seconds: a snapshot is a database file written whole, dearer than a sample
+        #: runtime records into it)
         self.decode_rates = DecodeRates()
         if rois_path:
             self.decode_rates.attach(self.rois)  # kept beside the annotations, across restarts
-        self.decode_rates_refresh = 10.0
-        self._rates_published = (0, 0.0)
         #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
         self.follow_symlinks_outside_roots = follow_symlinks_outside_roots
         #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
         self.open_timeout_seconds = open_timeout_seconds
         self._records: dict[str, SourceRecord] = {}
         self._lock = threading.RLock()
-        self._db_lock = threading.Lock()
         self._reopen_lock = threading.Lock()
-        self.sql_limits = sql_limits
-        self._sql_views = SqlViews(sql_limits)
-        #: bumped whenever the rows SQL publishes change (sources, attached tensors)
-        self._tables_version = 0
+        #: the tables SQL publishes and the queries over them
+        self.sql_tables = SqlTables(self, sql_limits)
         #: bumped whenever a row is written or removed, or a listed tensor is attached to a
         #: source or detached (an upload published or discarded): a client holding what it
         #: read under one value knows it is current while the value stays (health
         #: ``catalog_generation``; the Tensor Browser re-lists when it moves)
         self.generation = 0
-        self.first_scan_done = threading.Event()
-        self.scan_in_progress = False
-        self.last_scan_finished_at: float | None = None
-        #: entries the last scan refused to open (path, reason): FIFOs, symlink loops, ...
-        self.skipped: list[tuple[Path, str]] = []
-        #: what went wrong in the last scan, for health (None: nothing)
-        self.scan_error: str | None = None
-        self._rescan_stop = threading.Event()
         #: source_id -> field -> (tensor, listed): tensors attached to a source by the upload
         #: subsystem (``@fields/..``, ``../@labels/..``). Kept by source id, not on the record,
         #: so a field whose source vanished (an orphan) is kept and comes back with the source.
@@ -116,32 +106,32 @@ class Catalog:
         self.excluded: list[Path] = []
         self.open_workers = max(1, int(open_workers))
         self.open_processes = max(0, int(open_processes))
-        #: adapters opened from files by this catalog (scans, lazy opens of restored rows,
-        #: reopens): a restart over an unchanged tree adds none
-        self.opens = 0
-        self._counts = _ScanCounts()
-        self._counts_lock = threading.Lock()
         #: records by the path they were found at, as walked: a rescan looks its files up
         #: without resolving them
         self._by_claim_path: dict[str, SourceRecord] = {}
-        #: claims ``_known_format`` found unchanged in the running scan, by path as walked
-        self._unchanged_now: dict[str, SourceRecord] = {}
-        #: folders of the running scan, resolved (a file's real path is its folder's plus its
-        #: name unless it is a link: one lstat instead of one per path component)
-        self._real_folders: dict[str, str] = {}
-        self._formats_by_name: dict[str, FormatEntry] = {}
+        #: the scans of the roots, and what they found and did
+        self.scanner = Scanner(self)
+        #: the rows kept across restarts (with a store)
+        self.persistence = Persistence(self.roots, self.open_listed)
         #: rows put back from the store at boot
         self.restored = 0
-        self._store: CatalogStore | None = None
-        #: source_id -> record to write, or None to delete, at the next flush of the store
-        self._unsaved: dict[str, SourceRecord | None] = {}
-        self._owns_store = store is None
         if store is not None or store_path is not None:
-            self._open_store(store_path, store)
+            self._restore(store_path, store)
+
+    def _restore(self, store_path: str | None, store: CatalogStore | None) -> None:
+        """Put the stored rows under the current roots back, unopened (``Persistence.restore``)."""
+        restored = self.persistence.restore(store_path, store)
+        if restored is None:  # the store cannot be used: the catalog is kept in memory only
+            return
+        with self._lock:
+            for rec in restored:
+                self._set_record(rec)
+            self._changed()
+        self.restored = len(restored)
 
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
-        self._tables_version += 1
+        self.sql_tables.rows_changed()
         self.generation += 1
 
     def _set_record(self, rec: SourceRecord) -> SourceRecord | None:
@@ -182,6 +172,17 @@ class Catalog:
         if old is not None:
             old.close_adapter(keep=rec.opened())
 
+    def put_file_record(self, rec: SourceRecord) -> bool:
+        """``put_record`` for a record opened from a file (a scan's find, a reopen), queued for
+        the store too (``Persistence.save_later`` keeps those under a root); whether its id
+        is new. Public: the scan puts what it opens through it."""
+        with self._lock:
+            is_new = rec.source_id not in self._records
+        self.put_record(rec)
+        with self._lock:
+            self.persistence.save_later(rec)
+        return is_new
+
     def remove_records(self, source_ids: Iterable[str]) -> list[str]:
         """Drop these records (closing their sources); return the ids that were present."""
         with self._lock:
@@ -189,7 +190,7 @@ class Catalog:
             if removed:
                 self._changed()
             for r in removed:
-                self._unsave(r.source_id)
+                self.persistence.unsave(r.source_id)
         for r in removed:
             r.close_adapter()
         return [r.source_id for r in removed]
@@ -201,7 +202,7 @@ class Catalog:
         rec = self.get_record(source_id)
         if rec.path is None:
             return resolve_remote(self, rec)
-        sig = _stat_signature(rec.path)
+        sig = stat_signature(rec.path)
         if rec.is_resolved and sig == rec.signature:
             return rec
         return self._reopen(rec, sig)
@@ -211,9 +212,7 @@ class Catalog:
         new = self.open_record(rec.path, rec.format_name or rec.type, rec.source_id, sig)
         if rec.url != Path(rec.path).resolve().as_uri():  # a dropped path keeps its dnd:// url
             new.url = rec.url
-        self.put_record(new)
-        with self._lock:
-            self._save_later(new)
+        self.put_file_record(new)
         return new
 
     def attach(self, source_id: str, field: str, tensor: TensorAdapter, *, listed: bool) -> None:
@@ -224,7 +223,7 @@ class Catalog:
             fields = self._attached.setdefault(source_id, {})
             was = fields.get(field)
             fields[field] = (tensor, listed)
-            self._tables_version += 1
+            self.sql_tables.rows_changed()
             if listed or (was is not None and was[1]):
                 self.generation += 1
 
@@ -235,7 +234,7 @@ class Catalog:
             was = fields.pop(field, None)
             if not fields:
                 self._attached.pop(source_id, None)
-            self._tables_version += 1
+            self.sql_tables.rows_changed()
             if was is not None and was[1]:
                 self.generation += 1
 
@@ -312,6 +311,23 @@ class Catalog:
             raise TensorNotFound(f"unknown source {source_id!r}{_path_hint(source_id)}")
         return rec
 
+    def known_record(self, source_id: str) -> SourceRecord | None:
+        """The record of ``source_id``, None when there is none (``get_record`` refuses).
+        Public: the scan compares what it finds with what the catalog has."""
+        with self._lock:
+            return self._records.get(source_id)
+
+    def record_found_at(self, path: Path) -> SourceRecord | None:
+        """The record found at ``path`` as walked (not resolved), if any. Public: a rescan
+        looks its files up by path without resolving them."""
+        with self._lock:
+            return self._by_claim_path.get(str(path))
+
+    def pending_opens(self) -> int:
+        """Records listed from a row whose adapter is not opened yet (health's ``pending_open``)."""
+        with self._lock:
+            return sum(r.is_open_pending() for r in self._records.values())
+
     def find_tensor(self, array_id: str) -> tuple[TensorAdapter, str]:
         """(tensor, the id to echo) for an array id (``core.identity.ArrayId``): ``source_id``
         or ``source_id/`` (the default tensor) or ``source_id/field``. The echo is the request
@@ -344,235 +360,54 @@ class Catalog:
             f"source {aid.source_id!r} has no tensor {aid.field!r}; fields: {list(src.tensors)}", slug="unknown_field"
         )
 
-    # ---- discovery -------------------------------------------------------------------------
+    # ---- scanning (catalog/scanning.py) ----------------------------------------------------
     def scan(
         self, progress: Callable[[str, int], None] | None = None, on_unclaimed: Callable[[Path], None] | None = None
     ) -> dict[str, int]:
-        """Discover sources under the roots: open new or changed ones (on a pool of
-        ``open_workers``, each put in the catalog as soon as it is open), drop vanished
-        ones; an unchanged source costs a stat. Never raises for a bad file or entry: it
-        becomes an unresolved row, or (an entry that must not be opened at all) a line in
-        ``skipped``; either way the scan goes on. ``on_unclaimed(path)``: each file no
-        format recognises (not a source, not an error: a README beside the data)."""
-        self.scan_in_progress = True
-        with self._counts_lock:
-            self._counts = _ScanCounts(started_at=time.time())
-        self._unchanged_now, self._real_folders = {}, {}
-        tally = {"added": 0, "changed": 0, "unresolved": 0, "removed": 0}
-        seen: set[str] = set()
-        skipped: list[tuple[Path, str]] = []
-        allowed = None if self.follow_symlinks_outside_roots else self.roots
-        try:
-            with cf.ThreadPoolExecutor(self.open_workers, thread_name_prefix="tensor-server-scan") as pool:
-                opening = Opening(self, pool, tally, skipped, seen, on_unclaimed)
-                try:
-                    for root in self.roots:
-                        if not os.path.lexists(root):
-                            skipped.append((root, "the root does not exist (a typo, or an unmounted disk?)"))
-                            continue
-                        claims = discover(
-                            root,
-                            on_progress=lambda p: self._walked(p, progress, len(seen)),
-                            allowed_roots=allowed,
-                            on_skip=lambda p, why: skipped.append((p, why)),
-                            known=self._known_format,
-                            on_unclaimed=on_unclaimed,
-                            claim_files=False,
-                        )
-                        for claim in claims:
-                            self._count("files_seen")
-                            opening.offer(claim)
-                    opening.finish()
-                finally:
-                    opening.close()
-            tally["removed"] = self._drop_vanished(seen)
-            for url in self.remote_roots:
-                counts = scan_remote_root(self, url)
-                for key in ("added", "changed", "unresolved", "removed"):
-                    tally[key] += counts[key]
-            self.scan_error = _skipped_summary(skipped)
-        except Exception as exc:
-            log.exception("scan of %s failed", self.roots)
-            self.scan_error = f"scan failed: {type(exc).__name__}: {exc}"
-        finally:
-            self.flush_store()
-            self.skipped = skipped
-            for path, why in skipped:
-                log.warning("skipped %s: %s", path, why)
-            self.scan_in_progress = False
-            self.last_scan_finished_at = time.time()
-            self.first_scan_done.set()
-        return {**tally, "skipped": len(skipped), "total": len(self)}
-
-    def _drop_vanished(self, seen: set[str]) -> int:
-        """Remove the rows under the roots the scan did not find, and shadowed members."""
-        with self._lock:
-            gone = {
-                sid
-                for sid, r in self._records.items()
-                if r.path is not None and sid not in seen and any(_lexically_under(r.path, root) for root in self.roots)
-            }
-            gone |= self._shadowed_members()
-            removed = [self._pop_record(sid) for sid in gone]
-            if removed:
-                self._changed()
-            for sid in gone:
-                self._unsave(sid)
-        for r in removed:
-            r.close_adapter()
-        return len(removed)
-
-    def _known_format(self, path: Path, is_dir: bool) -> FormatEntry | None:
-        """For discovery: the format the record found at ``path`` (as walked) was opened
-        with, when its files are unchanged since: a stat, no sniffing, no resolving. The
-        answer is kept for ``_prepare_claim`` of the same claim."""
-        with self._lock:
-            rec = self._by_claim_path.get(str(path))
-        if rec is None or not rec.format_name or not rec.signature:
-            return None
-        sig = _stat_signature(path)
-        if sig != rec.signature:
-            return None
-        self._unchanged_now[str(path)] = rec
-        return self._format_named(rec.format_name)
-
-    def _format_named(self, name: str) -> FormatEntry | None:
-        known = self._formats_by_name
-        if name not in known:
-            known.update((e.name, e) for e in formats())
-        return known.get(name)
-
-    def _prepare_claim(self, claim: Claim, covered: set[Path]) -> tuple[str, tuple, bool] | None:
-        """None (not a source of its own), or (id, signature, unchanged)."""
-        known = self._unchanged_now.pop(str(claim.path), None)
-        with self._lock:
-            still = known is not None and self._records.get(known.source_id) is known
-        if still and not any(_lexically_under(claim.path, ex) for ex in self.excluded):
-            covered |= known.member_paths
-            self._count("files_unchanged")
-            return known.source_id, known.signature, True
-        resolved = self._real_path(claim.path)
-        if resolved in covered or any(_under(resolved, ex) for ex in self.excluded):
-            return None
-        sid = source_id_for_path(resolved, resolved=True)
-        sig = _stat_signature(claim.path)
-        with self._lock:
-            old = self._records.get(sid)
-        if old is not None and old.signature == sig and old.path is not None:
-            covered |= old.member_paths
-            self._count("files_unchanged")
-            return sid, sig, True
-        return sid, sig, False
-
-    def _real_path(self, path: Path) -> Path:
-        """``path.resolve()``, its folder resolved once per scan."""
-        folder, name = os.path.split(str(path))
-        if not name or name in (".", "..") or os.path.islink(path):
-            return path.resolve()
-        real = self._real_folders.get(folder)
-        if real is None:
-            real = self._real_folders[folder] = os.path.realpath(folder)
-        return Path(os.path.join(real, name))
-
-    def _open_claim(self, claim: Claim, sid: str, sig: tuple) -> tuple[SourceRecord, bool] | None:
-        """(the opened record, whether it is new), put in the catalog as soon as it is open;
-        None for a file no format recognises (a claim without a format is sniffed here)."""
-        with self._counts_lock:
-            self.opens += 1
-        rec = claim_and_open(
-            claim.path,
-            claim.format.name if claim.format else None,
-            sid,
-            sig,
-            self.roots,
-            self.follow_symlinks_outside_roots,
-            self.open_timeout_seconds,
-        )
-        if rec is None:
-            with self._counts_lock:
-                self.opens -= 1
-            return None
-        self._count("files_opened" if rec.is_resolved else "files_failed")
-        return self._put_found(rec)
-
-    def _listed_claim(
-        self, claim: Claim, sid: str, sig: tuple, row: StoredRow | None
-    ) -> tuple[SourceRecord, bool] | None:
-        """Like ``_open_claim`` for the row a worker process opened the claim into: listed
-        now, its adapter opened here on first use."""
-        if row is None:
-            return None
-        with self._counts_lock:
-            self.opens += 1
-        rec = self._row_record(row)
-        self._count("files_opened" if rec.is_resolved else "files_failed")
-        if not rec.is_resolved:
-            log.warning("unreadable source %s: %s", rec.path, rec.unresolved_reason)
-        return self._put_found(rec)
-
-    def _put_found(self, rec: SourceRecord) -> tuple[SourceRecord, bool]:
-        if rec.path is not None:
-            rec.know_real_path(self._real_path(rec.path))
-        with self._lock:
-            is_new = rec.source_id not in self._records
-        self.put_record(rec)
-        with self._lock:
-            self._save_later(rec)
-        return rec, is_new
+        """``Scanner.scan``: discover the roots' sources; the tally of what changed."""
+        return self.scanner.scan(progress, on_unclaimed)
 
     def discovery_progress(self) -> dict[str, Any]:
-        """What discovery is doing, for health: whether a scan runs, what the current (or
-        last) scan has seen, opened and failed to open, how many rows came back from the
-        store at boot and how many of them are not opened yet (``pending_open``: opened on
-        first use), adapter opens since start, and when the last full scan finished."""
-        with self._counts_lock:
-            counts = dict(vars(self._counts))
-        with self._lock:
-            pending = sum(r.is_open_pending() for r in self._records.values())
-        return {
-            "scan_in_progress": self.scan_in_progress,
-            **counts,
-            "restored": self.restored,
-            "pending_open": pending,
-            "opens": self.opens,
-            "sources": len(self),
-            "last_full_scan_finished_at": self.last_scan_finished_at,
-        }
+        """``Scanner.discovery_progress``: what discovery is doing, for health."""
+        return self.scanner.discovery_progress()
 
-    def _walked(self, folder: Path, progress: Callable[[str, int], None] | None, found: int) -> None:
-        """Discovery entered ``folder``: counted (health, metrics) and told to ``progress``."""
-        self._count("folders_walked")
-        if progress is not None:
-            progress(str(folder), found)
+    def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
+        """``Scanner.start_periodic_rescan``: rescan every ``seconds`` (0 = never)."""
+        return self.scanner.start_periodic_rescan(seconds)
 
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._counts_lock:
-            setattr(self._counts, name, getattr(self._counts, name) + n)
+    @property
+    def first_scan_done(self) -> threading.Event:
+        return self.scanner.first_scan_done
 
-    def _shadowed_members(self) -> set[str]:
-        """Ids of file sources that another source covers (a member file of a multi-file
-        dataset opened as its own source before the dataset was seen). Records are visited
-        in id order and a record is dropped only when a *kept* one covers it, so two
-        sources that cover each other keep one of them. Linear in the member paths."""
-        covered: set[Path] = set()  # member paths of the records kept so far
-        dropped: set[str] = set()
-        for sid in sorted(self._records):
-            r = self._records[sid]
-            own = r.real_path()
-            if own is not None and own in covered:
-                dropped.add(sid)
-            else:
-                covered |= r.member_paths
-        return dropped
+    @property
+    def scan_in_progress(self) -> bool:
+        return self.scanner.scan_in_progress
+
+    @property
+    def last_scan_finished_at(self) -> float | None:
+        return self.scanner.last_scan_finished_at
+
+    @property
+    def skipped(self) -> list[tuple[Path, str]]:
+        """Entries the last scan refused to open (path, reason)."""
+        return self.scanner.skipped
+
+    @property
+    def scan_error(self) -> str | None:
+        """What went wrong in the last scan, for health (None: nothing)."""
+        return self.scanner.scan_error
+
+    @property
+    def opens(self) -> int:
+        """Adapters opened from files by this catalog (a restart over an unchanged tree adds none)."""
+        return self.scanner.opens
 
     def open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
         """Open ``path`` as a record; an unreadable file is a record with the reason."""
-        with self._counts_lock:
-            self.opens += 1
         rec = open_file_record(
             path, fmt, sid, sig, self.roots, self.follow_symlinks_outside_roots, self.open_timeout_seconds
         )
-        self._count("files_opened" if rec.is_resolved else "files_failed")
+        self.scanner.count_open(rec)
         return rec
 
     def reopen_changed(self, tensor: TensorAdapter, reason: str) -> None:
@@ -591,75 +426,13 @@ class Catalog:
             if not any(t is tensor for t in current.tensors.values()):
                 return  # already reopened by another request
             log.info("reopening %s: %s", old.path, reason)
-            self._reopen(old, _stat_signature(old.path))
+            self._reopen(old, stat_signature(old.path))
 
-    # ---- the store: rows kept across restarts ----------------------------------------------
-    def _open_store(self, path: str | None, store: CatalogStore | None) -> None:
-        """Open the store and put its rows under the current roots back, unopened. A store
-        that cannot be opened (another server holds it, a damaged file) is warned about and
-        the catalog stays in memory."""
-        try:
-            if store is None:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                store = CatalogStore(path)
-            self._store = store
-            rows = self._store.load()
-        except Exception as exc:
-            log.warning(
-                "catalog store %s cannot be used (%s: %s): the catalog is kept in memory only, "
-                "so the next start opens every source again",
-                store.path if store else path,
-                type(exc).__name__,
-                exc,
-            )
-            if store is not None and self._owns_store:
-                store.close()
-            self._store = None
-            return
-        restored, stale = [], []
-        for row in rows:
-            rec = self._restored_record(row)
-            (stale.append(row["source_id"]) if rec is None else restored.append(rec))
-        with self._lock:
-            for rec in restored:
-                self._set_record(rec)
-            self._changed()
-            for sid in stale:
-                self._unsaved[sid] = None
-        self.restored = len(restored)
-
-    def _restored_record(self, row: StoredRow) -> SourceRecord | None:
-        """The record of a stored row, opened on first use; None for a row under no current
-        root (a root removed from the config: its rows go)."""
-        path = Path(row["path"])
-        if not any(_lexically_under(path, root) for root in self.roots):
-            return None
-        return self._row_record(row, path)
-
-    def _row_record(self, row: StoredRow, path: Path | None = None) -> SourceRecord:
-        """The record of a row (from the store, or from a worker process), opened on first use.
-        A file's member path is usually its own path: one Path object then (10,000 rows
-        restored at boot parse a third of the paths)."""
-        path = Path(row["path"]) if path is None else path
-        resolved = bool(row["is_resolved"])
-        members = {path if p == row["path"] else Path(p) for p in row["member_paths"]}
-        return SourceRecord(
-            row["source_id"],
-            row["source_url"],
-            row["source_type"],
-            path,
-            None,
-            row["unresolved_reason"],
-            row["signature"],
-            members,
-            row["format_name"],
-            listing=(row["tensors"], row["metadata_json"]) if resolved else None,
-            opener=self._open_restored if resolved else None,
-        )
-
-    def _open_restored(self, rec: SourceRecord) -> None:
-        """Open a restored row's adapter (its first use). The row is rewritten only when
-        what it lists changed (or the open failed)."""
+    def open_listed(self, rec: SourceRecord) -> None:
+        """Open the adapter of a record listed from a row (restored from the store at boot, or
+        sent back by a scan's worker process) on its first use. Public: ``Persistence`` and
+        the scan make such records and give them this as their opener. The row is rewritten
+        only when what it lists changed (or the open failed)."""
         listed = rec.listing[0] if rec.listing is not None else None
         new = self.open_record(rec.path, rec.format_name or rec.type, rec.source_id, rec.signature)
         rec.type, rec.member_paths, rec.unresolved_reason = new.type, new.member_paths, new.unresolved_reason
@@ -667,160 +440,42 @@ class Catalog:
         if new.tensor_rows() != listed or not new.is_resolved:
             with self._lock:
                 self._changed()
-                self._save_later(rec)
-
-    def _save_later(self, rec: SourceRecord) -> None:
-        """Queue ``rec`` for the store (caller holds ``_lock``): file sources under a root only
-        (a dropped path lives for this run, in-memory data has no file)."""
-        if self._store is not None and rec.path is not None and any(_lexically_under(rec.path, r) for r in self.roots):
-            self._unsaved[rec.source_id] = rec
-
-    def _unsave(self, source_id: str) -> None:
-        """Queue the row's removal from the store (caller holds ``_lock``)."""
-        if self._store is not None:
-            self._unsaved[source_id] = None
+                self.persistence.save_later(rec)
 
     def flush_store(self) -> None:
-        """Write the queued rows to the store (a scan does every ``STORE_FLUSH_SECONDS``)."""
-        store = self._store
-        if store is None:
-            return
-        with self._lock:
-            pending, self._unsaved = self._unsaved, {}
-        if not pending:
-            return
-        rows = [stored_row(r) for r in pending.values() if r is not None]
-        try:
-            store.save(rows, [sid for sid, r in pending.items() if r is None])
-        except Exception as exc:  # the store is a cache: serving goes on without it
-            if self._store is not None:  # not closed meanwhile
-                log.warning("catalog store %s: write failed (%s: %s)", store.path, type(exc).__name__, exc)
-
-    def start_periodic_rescan(self, seconds: float) -> threading.Thread | None:
-        """Rescan every ``seconds`` in a daemon thread (0 = never)."""
-        if seconds <= 0:
-            return None
-
-        def loop() -> None:
-            while not self._rescan_stop.wait(seconds):
-                try:
-                    self.scan()
-                except Exception:
-                    log.exception("periodic rescan failed")
-
-        t = threading.Thread(target=loop, name="tensor-server-rescan", daemon=True)
-        t.start()
-        return t
+        """Write the rows queued for the store (``Persistence.flush``)."""
+        self.persistence.flush()
 
     def close(self) -> None:
-        self._rescan_stop.set()
+        self.scanner.stop()
         self.decode_rates.flush()
         self.rois.close()
-        self.flush_store()
-        store, self._store = self._store, None  # a scan still running stores nothing more
-        if store is not None and self._owns_store:
-            store.close()
+        self.persistence.close()
         with self._lock:
             recs = list(self._records.values())
             self._records.clear()
             self._by_claim_path.clear()
         for r in recs:
             r.close_adapter()
-        with self._db_lock:
-            self._sql_views.close()
+        self.sql_tables.close()
 
-    # ---- SQL ---------------------------------------------------------------------------------
+    # ---- SQL (catalog/sql_tables.py) -------------------------------------------------------
     def sources_table(self, records: Iterable[SourceRecord] | None = None, view: RowView = EVERY_ROW):
-        """The ``sources`` rows (of ``records``, default all) as an Arrow table
-        (wire-protocol §9.2 columns), listing only the tensors ``view`` shows."""
-        import pyarrow as pa
-
-        rows = {
-            k: []
-            for k in (
-                "source_id",
-                "source_url",
-                "source_type",
-                "is_resolved",
-                "tensors",
-                "metadata_json",
-                "unresolved_reason",
-            )
-        }
-        for r in self.records() if records is None else records:
-            rows["source_id"].append(r.source_id)
-            rows["source_url"].append(r.url)
-            rows["source_type"].append(r.type)
-            rows["is_resolved"].append(r.is_resolved)
-            rows["tensors"].append([t.row for t in self.served(r) if not view.hides(t.array_id)])
-            rows["metadata_json"].append(r.metadata_json())
-            rows["unresolved_reason"].append(r.unresolved_reason)
-        return pa.table(rows, schema=sources_schema())
-
-    def _sql_tables(self, view: RowView) -> dict[str, Any]:
-        """Every table SQL publishes, with only the rows ``view`` shows (each table is keyed
-        by tensor: a hidden tensor leaves no row anywhere)."""
-        return {
-            "sources": self.sources_table(view=view),
-            "decode_rates": view.rows_of(self.decode_rates.table()),
-            "rois": view.rows_of(self.rois.table()),
-        }
-
-    def _sql_stamp(self) -> tuple[int, int, int]:
-        """The version of the published tables (caller holds ``_db_lock``): the rows, the
-        annotations and the decode rates (these at most every ``decode_rates_refresh`` s:
-        a snapshot is a database file written whole, dearer than a sample)."""
-        rates_gen, rates_at = self._rates_published
-        if self.decode_rates.generation != rates_gen and time.monotonic() - rates_at >= self.decode_rates_refresh:
-            self._rates_published = (self.decode_rates.generation, time.monotonic())
-        return self._tables_version, self.rois.generation, self._rates_published[0]
+        """``SqlTables.sources_table``: the ``sources`` rows as an Arrow table."""
+        return self.sql_tables.sources_table(records, view)
 
     def query(self, sql: str, cancelled: Callable[[], bool] | None = None, view: RowView = EVERY_ROW):
-        """Run one read-only SELECT within ``self.sql_limits`` over the rows ``view`` shows
-        (``catalog/sql.py``: each view queries its own snapshot); return an Arrow table.
-        ``cancelled`` is polled while it runs, to stop the work of a client that left."""
-        with self._db_lock:
-            snapshot = self._sql_views.acquire(view, self._sql_stamp(), self._sql_tables)
-        try:
-            return snapshot.query(sql, cancelled)
-        finally:
-            snapshot.release()
+        """``SqlTables.query``: one read-only SELECT over the rows ``view`` shows."""
+        return self.sql_tables.query(sql, cancelled, view)
 
+    @property
+    def decode_rates_refresh(self) -> float:
+        """Seconds between re-publications of the decode rates to SQL (``SqlTables``)."""
+        return self.sql_tables.decode_rates_refresh
 
-def sources_schema():
-    import pyarrow as pa
-
-    tensor = pa.struct(
-        [
-            ("array_id", pa.string()),
-            ("dim_labels", pa.list_(pa.string())),
-            ("shape", pa.list_(pa.int64())),
-            ("dtype", pa.string()),
-        ]
-    )
-    return pa.schema(
-        [
-            ("source_id", pa.string()),
-            ("source_url", pa.string()),
-            ("source_type", pa.string()),
-            ("is_resolved", pa.bool_()),
-            ("tensors", pa.list_(tensor)),
-            ("metadata_json", pa.string()),
-            ("unresolved_reason", pa.string()),
-        ]
-    )
-
-
-class _ScanCounts:
-    """What one scan has done so far (``Catalog.discovery_progress``)."""
-
-    def __init__(self, started_at: float | None = None) -> None:
-        self.scan_started_at = started_at
-        self.folders_walked = 0  # folders discovery listed
-        self.files_seen = 0  # claims discovery found
-        self.files_unchanged = 0  # of those, unchanged since they were opened: a stat only
-        self.files_opened = 0  # adapters opened
-        self.files_failed = 0  # opens that failed (unreadable rows)
+    @decode_rates_refresh.setter
+    def decode_rates_refresh(self, seconds: float) -> None:
+        self.sql_tables.decode_rates_refresh = seconds
 
 
 def looks_like_path(text: str) -> bool:
@@ -841,26 +496,3 @@ def _path_hint(requested: str) -> str:
         "; it looks like a path or file name, but ids are the source ids the catalog lists "
         "(`python -m tensor_server list ROOT` prints them, or SELECT source_id FROM sources)"
     )
-
-
-def _lexically_under(path: Path, root: Path) -> bool:
-    """``path`` is ``root`` or below it, as spelled (restoring 1e5 rows resolves nothing)."""
-    p, r = str(path), str(root).rstrip(os.sep)
-    return p == r or p.startswith(r + os.sep) or _under(path, root)
-
-
-def _skipped_summary(skipped: list[tuple[Path, str]]) -> str | None:
-    """One line for health: how many entries were refused, and the first few."""
-    if not skipped:
-        return None
-    shown = "; ".join(f"{p}: {why}" for p, why in skipped[:3])
-    more = f" (and {len(skipped) - 3} more)" if len(skipped) > 3 else ""
-    return f"{len(skipped)} entries skipped: {shown}{more}"
-
-
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.resolve().relative_to(root.resolve())
-        return True
-    except ValueError:
-        return False

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensor_server.adapters.registry import formats
-from tensor_server.catalog.catalog import Catalog, _stat_signature, _under
+from tensor_server.catalog.catalog import Catalog
 from tensor_server.catalog.discovery import Claim, WalkBudget, discover
+from tensor_server.catalog.record import resolves_under, stat_signature
 from tensor_server.catalog.tree import root_top_names
 from tensor_server.core.identity import source_id_for_path
 from tensor_server.errors import InvalidArgument, PermissionDenied, ResourceExhausted
@@ -175,11 +176,11 @@ class DroppedPaths:
         if source_type and source_type not in known:
             raise InvalidArgument(f"add_source: unknown source_type {source_type[:100]!r}; known: {sorted(known)}")
         tally = AddTally()
-        if any(_under(path, root) for root in self.catalog.roots):
+        if any(resolves_under(path, root) for root in self.catalog.roots):
             self._tally_served(path, tally)
             yield tally
             return
-        served_inside = [r for r in self.catalog.roots if _under(r, path)]
+        served_inside = [r for r in self.catalog.roots if resolves_under(r, path)]
         for root in served_inside:  # a parent of a root: the root's sources stay the root's
             self._tally_served(root, tally, say_when_none=False)
         label = self._label_for(path)
@@ -220,7 +221,7 @@ class DroppedPaths:
             old = self.catalog.get_record(sid)
         except KeyError:
             old = None
-        rec = self.catalog.open_record(claim.path, claim.format.name, sid, _stat_signature(claim.path))
+        rec = self.catalog.open_record(claim.path, claim.format.name, sid, stat_signature(claim.path))
         rec.url = url
         self.catalog.put_record(rec)
         if old is None:
@@ -234,7 +235,9 @@ class DroppedPaths:
 
     def _tally_served(self, path: Path, tally: AddTally, *, say_when_none: bool = True) -> None:
         """Report the served sources at or under ``path`` as present (they stay the root's)."""
-        present = [r.source_id for r in self.catalog.records() if r.path is not None and _under(Path(r.path), path)]
+        present = [
+            r.source_id for r in self.catalog.records() if r.path is not None and resolves_under(Path(r.path), path)
+        ]
         tally.already_present.extend(present)
         if not present and say_when_none:
             tally.failed.append((str(path), "under a served root, but no source there (yet: the next scan finds it)"))
@@ -251,7 +254,7 @@ class DroppedPaths:
             r.source_id
             for r in self.catalog.records()
             if (r.url == root or r.url.startswith(root + "/"))
-            and not (r.path is not None and any(_under(Path(r.path), s) for s in self.catalog.roots))
+            and not (r.path is not None and any(resolves_under(Path(r.path), s) for s in self.catalog.roots))
         ]
         removed = self.catalog.remove_records(ids)
         label = root[len(DND_PREFIX) :].split("/", 1)[0]

@@ -20,7 +20,7 @@ from typing import Any
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_stat_stamp
 
-__all__ = ["SourceRecord", "ServedTensor", "stat_signature", "tensor_row"]
+__all__ = ["SourceRecord", "ServedTensor", "stat_signature", "tensor_row", "is_under", "resolves_under"]
 
 
 def tensor_row(t: TensorAdapter) -> dict[str, Any]:
@@ -72,6 +72,22 @@ def stat_signature(path: Path) -> tuple:
         return (*file_stat_stamp(st), tuple(sorted(kids)))
     except OSError:
         return ()
+
+
+def resolves_under(path: Path, root: Path) -> bool:
+    """``path`` is ``root`` or below it once both are resolved (links followed)."""
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def is_under(path: Path, root: Path) -> bool:
+    """``path`` is ``root`` or below it: as spelled when it is (restoring 1e5 rows under their
+    root resolves nothing), else once resolved (``resolves_under``)."""
+    p, r = str(path), str(root).rstrip(os.sep)
+    return p == r or p.startswith(r + os.sep) or resolves_under(path, root)
 
 
 class SourceRecord:

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 from biopb.tensor import descriptor_pb2, ticket_pb2
 
-from tensor_server.catalog.catalog import sources_schema
+from tensor_server.catalog.sql_tables import sources_schema
 from tensor_server.core.wire import CHUNK_SCHEMA, chunk_batch
 from tensor_server.errors import InvalidArgument, TensorNotFound, Unimplemented
 from tensor_server.flight.auth import TokenMiddlewareFactory, presented_token
