@@ -132,7 +132,6 @@ class TensorFlightServer(flight.FlightServerBase):
     # ---- GetFlightInfo / ListFlights / GetSchema ------------------------------------------------
     @_translated("GetFlightInfo")
     def get_flight_info(self, context, descriptor):  # pyarrow signature
-        self.runtime.calls["GetFlightInfo"] += 1
         caller = self._caller(context)
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             self.runtime.authenticate(caller)
@@ -196,7 +195,6 @@ class TensorFlightServer(flight.FlightServerBase):
     # ---- DoGet ----------------------------------------------------------------------------------
     @_translated("DoGet")
     def do_get(self, context, ticket):
-        self.runtime.calls["DoGet"] += 1
         caller = self._caller(context)
         self.runtime.refuse_stranger(caller)
         tt = decode_message(ticket_pb2.TensorTicket, ticket.ticket, "DoGet")
@@ -221,7 +219,6 @@ class TensorFlightServer(flight.FlightServerBase):
         """The ``PutCommand`` arm the SDK puts in the descriptor: ROI annotation writes and
         pixel uploads (``chunk_ticket``). Rows are handed over batch by batch: the runtime
         checks the target first and stops reading past its budget."""
-        self.runtime.calls["DoPut"] += 1
         caller = self._caller(context)
         self.runtime.refuse_stranger(caller)
         cmd = decode_message(ticket_pb2.PutCommand, descriptor.command, "DoPut")

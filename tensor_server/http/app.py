@@ -21,6 +21,7 @@ no-cache`` (clients may keep bytes but must revalidate: the file can change);
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -123,7 +124,6 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     from tensor_server.http.viewers import routes as viewer_routes
 
     views = _Views(runtime)
-    calls: dict[str, int] = {"metadata": 0, "chunks": 0, "errors": 0, "not_modified": 0}
 
     security = _door_security(runtime, security)
     requires_credential = bool(security.tokens)
@@ -142,7 +142,6 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     def respond(request: Request, body: bytes | memoryview, media_type: str, etag: str) -> Response:
         headers = {"ETag": etag, "Cache-Control": "no-cache", "Accept-Ranges": "bytes"}
         if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
-            calls["not_modified"] += 1
             return Response(status_code=304, headers=headers)
         rng = request.headers.get("range")
         if rng:
@@ -168,7 +167,6 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
                 return _chunk_response(request, image, *chunk)
             return await _dispatch(request, caller, image, rest, zarr_format)
         except Exception as exc:  # the one boundary: every error is an answer
-            calls["errors"] += 1
             rq = current_request()
             if rq is not None:
                 rq.failed(exc)
@@ -187,7 +185,6 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     def _chunk_response(
         request: Request, image: ZarrImage, level: ZarrLevel, key: tuple[int, ...], body: memoryview
     ) -> Response:
-        calls["chunks"] += 1
         tag = image.tensor.content_version.hex()
         return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
 
@@ -209,7 +206,6 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
             return respond(request, dumps(doc), _JSON, f'"{tag}-index"')
         meta = _metadata(image, rest, zarr_format, version)
         if meta is not None:
-            calls["metadata"] += 1
             return respond(request, dumps(meta), _JSON, f'"{tag}-{"/".join(rest)}"')
         level, key, cid = _chunk_of(image, rest, zarr_format)
         if level is None:
@@ -249,10 +245,9 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     ]
     middleware = [
         Middleware(Observed, metrics=runtime.metrics),
-        Middleware(SecurityMiddleware, security=security, calls=calls),
+        Middleware(SecurityMiddleware, security=security, refused=functools.partial(runtime.metrics.refused, "http")),
     ]
     app = Starlette(routes=routes, middleware=middleware)
-    app.state.calls = calls
     return app
 
 

@@ -194,13 +194,12 @@ def _is_port(text: str) -> bool:
 
 
 class SecurityMiddleware:
-    """The ASGI middleware (see the module docstring). ``calls`` counts refusals by kind."""
+    """The ASGI middleware (see the module docstring). ``refused`` is told the kind of each
+    refusal it makes (``bad_host``, ``cross_origin``, ``unauthorized``: the metrics count them)."""
 
-    def __init__(self, app: Callable, security: HttpSecurity, calls: dict[str, int] | None = None) -> None:
+    def __init__(self, app: Callable, security: HttpSecurity, refused: Callable[[str], None] | None = None) -> None:
         self.app, self.security = app, security
-        self.calls = calls if calls is not None else {}
-        for kind in ("unauthorized", "bad_host", "cross_origin_refused"):
-            self.calls.setdefault(kind, 0)
+        self.refused: Callable[[str], None] = refused or (lambda kind: None)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -211,7 +210,7 @@ class SecurityMiddleware:
         host = headers.get("host", "")
         refusal = self._host_refusal(host)
         if refusal is not None:
-            self.calls["bad_host"] += 1
+            self.refused("bad_host")
             return await _refuse(send, *refusal)
         given = presented_tokens(scope["path"], scope.get("query_string", b""), headers.get("authorization", ""))
         if given.path_token is not None:
@@ -226,7 +225,7 @@ class SecurityMiddleware:
         credential = explicit[0] if explicit else None
         cors = cross and origin is not None and (sec.origin_listed(origin) or sec.door_credential(credential))
         if cross and not cors:
-            self.calls["cross_origin_refused"] += 1
+            self.refused("cross_origin")
             return await _refuse(
                 send,
                 403,
@@ -254,7 +253,7 @@ class SecurityMiddleware:
             return None, lambda send: self._unauthorized(send, "no access token came with it")
         site = headers.get("sec-fetch-site")
         if site is not None and site.lower() not in _OWN_SITE:
-            self.calls["cross_origin_refused"] += 1
+            self.refused("cross_origin")
             return None, lambda send: _refuse(
                 send,
                 403,
@@ -302,7 +301,7 @@ class SecurityMiddleware:
         return None
 
     async def _unauthorized(self, send: Callable, why: str) -> None:
-        self.calls["unauthorized"] += 1
+        self.refused("unauthorized")
         await _refuse(
             send,
             401,
@@ -320,7 +319,7 @@ class SecurityMiddleware:
         wants_auth = "authorization" in headers.get("access-control-request-headers", "").lower()
         allowed = origin is not None and (sec.origin_listed(origin) or url_token_ok or wants_auth)
         if not allowed or origin is None:
-            self.calls["cross_origin_refused"] += 1
+            self.refused("cross_origin")
             return await _refuse(
                 send,
                 403,

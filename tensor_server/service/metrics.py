@@ -9,7 +9,9 @@ Never an array id, a path or client text: a label outside its set is ``other``.
 Who records what:
 
 * a door opens a **request** (``Metrics.begin``/``end``): its id, the
-  door's per-call count and latency, the request log line;
+  door's per-call count and latency, the request log line; an action it runs is counted with
+  it, by name; a refusal the door makes before the runtime is asked (the HTTP browser guard's)
+  is counted by kind (``Metrics.refused``);
 * the runtime's verbs are decorated (``@verb("chunk")``, ``@part("lookup")``): each verb's
   count by outcome and latency, and the **timing parts** of the current request — lookup,
   cache, decode, reduce, encode — which HTTP sends as ``Server-Timing`` and ``server_stats``
@@ -23,7 +25,10 @@ Who records what:
 The per-request record lives in a ``contextvars.ContextVar`` set by the door: the runtime and
 the engine's observer fill it on the same thread (and in Starlette's worker threads, which
 copy the context). With ``--metrics-port`` unset the Prometheus instruments are not even
-built (``enabled`` False): requests, parts, Server-Timing and the log line still work.
+built (``enabled`` False): requests, parts, Server-Timing and the log line still work, and
+the call counts (requests, actions and refusals: ``calls``, ``refusals``) are still kept.
+They are the server's one call counter: ``server_stats`` shows them and tests prove fast paths
+with them, so every door counts its calls here and nowhere else.
 
 The metrics door (``http/metrics_door.py``) serves ``/metrics`` of ``Metrics.registry`` on a
 port of its own (loopback by default, so usage is not exposed on a public door); off loopback
@@ -42,6 +47,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +58,19 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from tensor_server.service.runtime import ServingRuntime
 
-__all__ = ["Metrics", "RequestTiming", "verb", "part", "timing", "current", "code_of", "PARTS", "CALLS", "ACCESS_LOG"]
+__all__ = [
+    "Metrics",
+    "RequestTiming",
+    "verb",
+    "part",
+    "timing",
+    "current",
+    "code_of",
+    "PARTS",
+    "CALLS",
+    "REFUSALS",
+    "ACCESS_LOG",
+]
 
 #: the request log's logger: one INFO line per request (the command line turns it on)
 ACCESS_LOG = logging.getLogger("tensor_server.access")
@@ -77,6 +95,9 @@ CALLS = {
     ),
     "in-process": (),
 }
+#: per door, the refusals it makes itself, before the runtime is asked (the runtime's own
+#: refusals are errors of the taxonomy, counted by code with the request)
+REFUSALS = {"http": ("bad_host", "cross_origin", "unauthorized")}
 #: where a request's time went (Server-Timing names, in this order)
 PARTS = ("lookup", "cache", "decode", "reduce", "encode")
 #: the part each engine path's time is counted in: ``decode`` reads source bytes as they
@@ -114,11 +135,27 @@ def code_of(exc: BaseException) -> str:
 class RequestTiming:
     """One request: its id, door and call, outcome, and the seconds of each part."""
 
-    __slots__ = ("id", "door", "call", "t0", "parts", "reads", "code", "status", "nbytes", "peer", "target", "_token")
+    __slots__ = (
+        "id",
+        "door",
+        "call",
+        "action",
+        "t0",
+        "parts",
+        "reads",
+        "code",
+        "status",
+        "nbytes",
+        "peer",
+        "target",
+        "_token",
+    )
 
     def __init__(self, door: str, call: str, request_id: str | None = None) -> None:
         self.id = request_id if request_id and _INCOMING_ID.fullmatch(request_id) else f"{_ID_PREFIX}-{next(_ids):x}"
         self.door, self.call = door, call
+        #: the action this request runs (its registry name, or ``unknown``), counted with it
+        self.action: str | None = None
         self.t0 = time.perf_counter()
         self.parts = dict.fromkeys(PARTS, 0.0)
         self.reads = 0
@@ -198,8 +235,9 @@ def verb(
     def deco(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            label = name if action_arg is None else _action_label(args[action_arg] if len(args) > action_arg else "")
-            return self.metrics.run_verb(label, fn, self, args, kwargs, cancelled_arg, remainder)
+            action = None if action_arg is None else _action_name(args[action_arg] if len(args) > action_arg else "")
+            label = name if action is None else f"action:{action}"
+            return self.metrics.run_verb(label, fn, self, args, kwargs, cancelled_arg, remainder, action)
 
         return wrapper
 
@@ -209,13 +247,14 @@ def verb(
 _ACTION_NAMES: frozenset[str] | None = None
 
 
-def _action_label(action: object) -> str:
+def _action_name(action: object) -> str:
+    """The registry's name of ``action``, or ``unknown`` (a bounded label)."""
     global _ACTION_NAMES
     if _ACTION_NAMES is None:
         from tensor_server.service.actions import ACTIONS
 
         _ACTION_NAMES = frozenset(a.name for a in ACTIONS)
-    return f"action:{action}" if action in _ACTION_NAMES else "action:unknown"
+    return str(action) if action in _ACTION_NAMES else "unknown"
 
 
 class Metrics:
@@ -230,6 +269,13 @@ class Metrics:
         self.exports_running = 0
         #: door -> [requests, total seconds, *part seconds] (server_stats' breakdown)
         self._totals: dict[str, list[float]] = {}
+        #: (family, *label values) -> value, and -> [per-bucket counts..., +Inf count, sum]:
+        #: plain numbers under ``_lock``, one acquisition per event (a prometheus_client
+        #: child costs a lock per increment: ~10 of them per cached chunk showed in its p50),
+        #: turned into families at scrape time by ``_InstrumentCollector``. The call counts
+        #: (requests, actions, refusals) are kept even when ``enabled`` is False.
+        self._counters: dict[tuple, float] = {}
+        self._hists: dict[tuple, list[float]] = {}
         self._formats: dict[str, str] = {}
         self.registry: CollectorRegistry | None = None
         if enabled:
@@ -240,12 +286,6 @@ class Metrics:
         from prometheus_client import CollectorRegistry, ProcessCollector
 
         reg = self.registry = CollectorRegistry(auto_describe=True)
-        #: (family, *label values) -> value, and -> [per-bucket counts..., +Inf count, sum]:
-        #: plain numbers under ``_lock``, one acquisition per event (a prometheus_client
-        #: child costs a lock per increment: ~10 of them per cached chunk showed in its p50),
-        #: turned into families at scrape time by ``_InstrumentCollector``
-        self._counters: dict[tuple, float] = {}
-        self._hists: dict[tuple, list[float]] = {}
         ProcessCollector(registry=reg)  # RSS, open file handles, CPU seconds
         reg.register(_InstrumentCollector(self))
         reg.register(_StateCollector(self))
@@ -272,7 +312,8 @@ class Metrics:
         return rq
 
     def end(self, rq: RequestTiming) -> float:
-        """Close ``rq``: count it, add its parts to the totals, write its log line."""
+        """Close ``rq``: count it (and the action it ran), add its parts to the totals, write
+        its log line."""
         total = rq.elapsed()
         if rq._token is not None:
             try:
@@ -288,8 +329,12 @@ class Metrics:
             row[1] += total
             for i, v in enumerate(rq.parts.values()):
                 row[2 + i] += v
+            key = ("requests", rq.door, rq.call, rq.code)  # _add, inlined: every request pays it
+            counters = self._counters
+            counters[key] = counters.get(key, 0.0) + 1.0
+            if rq.action is not None:
+                self._add(("actions", rq.door, rq.action, rq.code))
             if self.enabled:
-                self._add(("requests", rq.door, rq.call, rq.code))
                 self._observe(("request_seconds", rq.door, rq.call), total)
                 for k, v in rq.parts.items():
                     if v:
@@ -297,6 +342,41 @@ class Metrics:
         if ACCESS_LOG.isEnabledFor(logging.INFO):
             _log_request(rq, total)
         return total
+
+    def refused(self, door: str, kind: str) -> None:
+        """A refusal ``door`` made itself (``REFUSALS``), counted when it is made: a refusal is
+        never a hot path, and a client that sees it can read the count at once."""
+        if kind not in REFUSALS.get(door, ()):
+            kind = "other"
+        with self._lock:
+            self._add(("refusals", door, kind))
+
+    def calls(self, code: str | None = None) -> dict[str, Counter[str]]:
+        """Per door, its requests by call (``CALLS``) and the actions it ran as
+        ``action:<name>`` (actions called without a door count under ``in-process``); only
+        those of outcome ``code`` when given. A door or call not seen counts 0. What
+        ``server_stats`` shows as ``calls``, and what tests prove fast paths with."""
+        out: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        with self._lock:
+            counters = list(self._counters.items())
+        for key, value in counters:
+            if code is not None and key[-1] != code:
+                continue
+            if key[0] == "requests":
+                out[key[1]][key[2]] += int(value)
+            elif key[0] == "actions":
+                out[key[1]][f"action:{key[2]}"] += int(value)
+        return out
+
+    def refusals(self) -> dict[str, Counter[str]]:
+        """Per door, the refusals it made itself by kind (``REFUSALS``); 0 when not seen."""
+        out: defaultdict[str, Counter[str]] = defaultdict(Counter)
+        with self._lock:
+            counters = list(self._counters.items())
+        for key, value in counters:
+            if key[0] == "refusals":
+                out[key[1]][key[2]] += int(value)
+        return out
 
     def breakdown(self) -> dict[str, dict[str, float]]:
         """Per door: requests, their total seconds and the seconds of each part (server_stats)."""
@@ -317,12 +397,17 @@ class Metrics:
         kwargs: dict,
         cancelled_arg: int | None,
         remainder: str | None,
+        action: str | None = None,
     ) -> Any:
+        """Run verb ``fn``, counting it (``action``: the action it is, counted with the
+        door's request, or here for a call without a door)."""
         rq = _current.get()
         token = None
         if rq is None:  # an in-process call: a request of its own, so parts still add up
             rq = RequestTiming("in-process", label)
             token = _current.set(rq)
+        if action is not None and rq.action is None:
+            rq.action = action
         parts = rq.parts
         before = sum(parts.values())
         reads = rq.reads
@@ -342,12 +427,16 @@ class Metrics:
             seconds = time.perf_counter() - t0
             if remainder is not None:
                 parts[remainder] += max(0.0, seconds - (sum(parts.values()) - before))
-            if self.enabled:
+            in_process_action = token is not None and action is not None
+            if self.enabled or in_process_action:
                 with self._lock:
-                    if remainder is not None and code == "OK" and rq.reads == reads:
-                        self._add(("reads", "cache"))
-                    self._add(("verbs", label, code))
-                    self._observe(("verb_seconds", label), seconds)
+                    if in_process_action:  # no door request to count it with
+                        self._add(("actions", "in-process", action, code))
+                    if self.enabled:
+                        if remainder is not None and code == "OK" and rq.reads == reads:
+                            self._add(("reads", "cache"))
+                        self._add(("verbs", label, code))
+                        self._observe(("verb_seconds", label), seconds)
             if token is not None:
                 _current.reset(token)
 
@@ -435,6 +524,16 @@ FAMILIES = {
         ("door", "call", "code"),
     ),
     "request_seconds": ("histogram", "Request latency by door and call", ("door", "call")),
+    "actions": (
+        "counter",
+        "Actions by door (in-process: called without one), registry name and outcome (error code)",
+        ("door", "action", "code"),
+    ),
+    "refusals": (
+        "counter",
+        "Requests a door refused itself, by kind (HTTP browser guard: bad_host, cross_origin, unauthorized)",
+        ("door", "kind"),
+    ),
     "part_seconds": (
         "counter",
         "Seconds of requests spent in each part (Server-Timing: lookup, cache, decode, reduce, encode)",
@@ -454,6 +553,8 @@ FAMILIES = {
 _NAMES = {
     "requests": "requests",
     "request_seconds": "request_seconds",
+    "actions": "actions",
+    "refusals": "refusals",
     "part_seconds": "request_part_seconds",
     "verbs": "verb_calls",
     "verb_seconds": "verb_seconds",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -147,8 +147,6 @@ class ServingRuntime:
         #: the wire write verbs are served (an in-process producer may use ``uploads`` anyway)
         self.writable = bool(s.writable and uploads is not None and not s.read_only)
         self.started_at = time.time()
-        #: calls by verb, as the doors name them (server_stats; tests prove fast paths with it)
-        self.calls: Counter[str] = Counter()
         self._peers: OrderedDict[str, int] = OrderedDict()
         self._peers_lock = threading.Lock()
         from tensor_server.service.catalog_verbs import CatalogVerbs
@@ -592,7 +590,6 @@ class ServingRuntime:
         from tensor_server.service.actions import find_action
 
         action = find_action(self, name)
-        self.calls[f"action:{name}"] += 1
         if action.per_tensor:
             self.refuse_stranger(caller)
         elif not action.open:
@@ -634,7 +631,8 @@ class ServingRuntime:
         with self._peers_lock:
             peers = dict(self._peers)
         return {
-            "calls": dict(self.calls),
+            "calls": {door: dict(calls) for door, calls in self.metrics.calls().items()},
+            "refusals": {door: dict(kinds) for door, kinds in self.metrics.refusals().items()},
             "chunk_reads_by_peer": peers,
             "server_timing": self.metrics.breakdown(),
             "zarr_decoder": zarr_decoder_name(),

@@ -26,12 +26,14 @@ def test_warm_reads_of_16_cached_chunks_do_no_doget(tmp_path):
             warm = TensorFlightClient(srv.location)
             np.testing.assert_array_equal(warm.get_array("fast"), arr)  # resolves 16 chunks into the cache
             assert len(cache) == 16
-            before = srv.runtime.calls["DoGet"]
+            before = srv.runtime.metrics.calls()["flight"]["DoGet"]
             fresh = TensorFlightClient(srv.location)  # no client-side chunk cache yet
             got = fresh.get_array("fast")
             np.testing.assert_array_equal(got, arr)
-            assert srv.runtime.calls["DoGet"] == before, "every chunk came through chunk_locate + mmap"
-            assert srv.runtime.calls["action:chunk_locate"] >= 16
+            assert srv.runtime.metrics.calls()["flight"]["DoGet"] == before, (
+                "every chunk came through chunk_locate + mmap"
+            )
+            assert srv.runtime.metrics.calls()["flight"]["action:chunk_locate"] >= 16
             stats = fresh.cache_stats()
             assert stats["total_entries"] == 16 and stats["hits"] >= 16 and stats["max_bytes"] == cache.max_total_bytes
     finally:

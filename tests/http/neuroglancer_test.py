@@ -89,9 +89,9 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
                 shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }",
             )
             state.layout = "xy"
-        png = screenshot_after_chunks(viewer, http)
+        png = screenshot_after_chunks(viewer, srv)
         (tmp_path / "neuroglancer.png").write_bytes(png)
-    assert http.app.state.calls["chunks"] >= 4, "neuroglancer fetched no chunks"
+    assert served_chunks(srv) >= 4, "neuroglancer fetched no chunks"
     shot = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
     h, w = shot.shape
     rows = shot[:, w // 3 : 2 * w // 3].mean(axis=1)  # the middle third, inside the image area
@@ -103,11 +103,16 @@ def test_neuroglancer_renders_the_served_tensor(tmp_path):
     assert 0.5 < ratio < 2.0, f"halves rendered unequally: {ratio:.2f}"
 
 
-def screenshot_after_chunks(viewer, http=None, chunks: int = 4, *, served=None) -> bytes:
-    """Open ``viewer`` in headless Chromium, wait (60 s at most) until the HTTP door (or
-    whatever ``served()`` counts) served ``chunks`` chunks, let them draw, and take a
-    screenshot (PNG bytes)."""
-    served = served or (lambda: http.app.state.calls["chunks"])
+def served_chunks(srv) -> int:
+    """The zarr chunks the HTTP door of ``srv`` answered (the metrics' count)."""
+    return srv.runtime.metrics.calls(code="OK")["http"]["zarr_chunk"]
+
+
+def screenshot_after_chunks(viewer, srv=None, chunks: int = 4, *, served=None) -> bytes:
+    """Open ``viewer`` in headless Chromium, wait (60 s at most) until the HTTP door of
+    ``srv`` (or whatever ``served()`` counts) served ``chunks`` chunks, let them draw, and take
+    a screenshot (PNG bytes)."""
+    served = served or (lambda: served_chunks(srv))
     browser = _browser()
     try:
         browser.get(viewer.get_viewer_url())

@@ -16,7 +16,7 @@ from tensor_server.catalog import Catalog
 from tensor_server.core.ngff import encode_shard
 from tensor_server.http.zarr_view import ZarrImage, inner_chunks
 from tests.http.conftest import POLICY, http_serving, ids
-from tests.http.neuroglancer_test import screenshot_after_chunks
+from tests.http.neuroglancer_test import screenshot_after_chunks, served_chunks
 
 
 def test_shard_layout_is_inner_chunks_then_index():
@@ -94,9 +94,9 @@ def test_neuroglancer_draws_a_volume_from_the_sharded_view(tmp_path):
                 shader="void main() { emitGrayscale(float(getDataValue().value) / 65535.0); }",
             )
             state.layout = "yz"  # the panel of the 2nd and 3rd dimensions (y, x): a z plane
-        png = screenshot_after_chunks(viewer, http)
+        png = screenshot_after_chunks(viewer, srv)
         (tmp_path / "neuroglancer-sharded.png").write_bytes(png)
-    assert http.app.state.calls["chunks"] >= 4, "neuroglancer fetched no shards"
+    assert served_chunks(srv) >= 4, "neuroglancer fetched no shards"
     shot = np.asarray(Image.open(io.BytesIO(png)).convert("L"), dtype=np.float64)
     h, w = shot.shape
     cols = shot[h // 3 : 2 * h // 3].mean(axis=0)  # the middle third of the rows, inside the image

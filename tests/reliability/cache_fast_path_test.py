@@ -34,15 +34,19 @@ def test_a_damaged_batch_is_never_offered_to_the_fast_path(tmp_path):
             with open(segment, "r+b") as fh:
                 fh.seek(at + 777)
                 fh.write(bytes([raw[at + 777] ^ 0x10]))
-            before_doget = srv.runtime.calls["DoGet"]
+            before_doget = srv.runtime.metrics.calls()["flight"]["DoGet"]
             got = TensorFlightClient(srv.location).get_array("fp")  # a fresh client: no client-side cache
             np.testing.assert_array_equal(got, arr)
             assert cache.stats["corrupt_entries"] == 1, "the damaged batch was caught at chunk_locate"
             assert cache.stats["misses"] == 4 + 1, "exactly that chunk was recomputed"
-            assert srv.runtime.calls["DoGet"] == before_doget, "and offered from its fresh batch through the fast path"
+            assert srv.runtime.metrics.calls()["flight"]["DoGet"] == before_doget, (
+                "and offered from its fresh batch through the fast path"
+            )
             assert len(list((tmp_path / "cache").glob("seg_*.arrow"))) == 1, "in the same (open) segment"
             np.testing.assert_array_equal(TensorFlightClient(srv.location).get_array("fp"), arr)
-            assert cache.stats["corrupt_entries"] == 1 and srv.runtime.calls["DoGet"] == before_doget
+            assert (
+                cache.stats["corrupt_entries"] == 1 and srv.runtime.metrics.calls()["flight"]["DoGet"] == before_doget
+            )
     finally:
         cache.close()
 

@@ -78,9 +78,9 @@ class TestRemoteTensorAdapter(AdapterTests):
         srv, arrays = upstream
         t = source.tensor("vol")
         assert t.reduces
-        before = srv.runtime.calls["GetFlightInfo"]
+        before = srv.runtime.metrics.calls()["flight"]["GetFlightInfo"]
         got = self.engine().read(t, None, (1, 2, 2), "area")
-        assert srv.runtime.calls["GetFlightInfo"] == before + 1
+        assert srv.runtime.metrics.calls()["flight"]["GetFlightInfo"] == before + 1
         from tensor_server_kernels import reference
 
         np.testing.assert_array_equal(got, reference.downsample(arrays["vol"], (1, 2, 2), "area"))

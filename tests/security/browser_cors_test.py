@@ -50,12 +50,11 @@ def test_a_cross_origin_page_reads_only_with_the_token(tmp_path, other_origin):
     cat.first_scan_done.set()
     try:
         with http_serving(cat, tmp_path, security=HttpSecurity.build(tokens=[TOKEN])) as (srv, http):
-            calls = http.app.state.calls
             plain, bearing = f"{http.url}/zarr/img/.zattrs", f"{http.url}/t/{TOKEN}/zarr/img/.zattrs"
             browser.set_script_timeout(30)
             browser.get(other_origin)
             assert browser.execute_async_script(FETCH, plain, "same-origin") == "blocked:TypeError"
-            assert calls["cross_origin_refused"] == 1
+            assert srv.runtime.metrics.refusals()["http"]["cross_origin"] == 1
             read = browser.execute_async_script(FETCH, bearing, "same-origin")
             assert read.startswith("200:") and '"multiscales"' in read, read
             browser.get(f"{http.url}/t/{TOKEN}/zarr/img/")  # the user opens the printed URL: the cookie
@@ -63,7 +62,7 @@ def test_a_cross_origin_page_reads_only_with_the_token(tmp_path, other_origin):
             assert '"multiscales"' in browser.page_source
             browser.get(other_origin)  # and another page the user visits tries the cookie
             assert browser.execute_async_script(FETCH, plain, "include") == "blocked:TypeError"
-            assert calls["cross_origin_refused"] == 2
+            assert srv.runtime.metrics.refusals()["http"]["cross_origin"] == 2
     finally:
         browser.quit()
         cat.close()

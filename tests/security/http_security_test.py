@@ -17,7 +17,7 @@ EVIL = "http://evil.example"
 
 
 @pytest.fixture(scope="module")
-def door(tmp_path_factory):
+def served(tmp_path_factory):
     cat = Catalog([])
     cat.add_source(
         MemorySource(
@@ -27,9 +27,15 @@ def door(tmp_path_factory):
     )
     cat.first_scan_done.set()
     security = HttpSecurity.build(tokens=[TOKEN], allowed_hosts=["tensors.lab"], cors_origins=[GOOD])
-    with http_serving(cat, tmp_path_factory.mktemp("door"), security=security) as (srv, http):
-        yield http
+    with http_serving(cat, tmp_path_factory.mktemp("door"), security=security) as (srv, _):
+        yield srv
     cat.close()
+
+
+@pytest.fixture
+def door(served):
+    """The HTTP door of ``served``."""
+    return served.http
 
 
 def get(http, path="/zarr/img/.zattrs", method="GET", **headers):
@@ -38,7 +44,7 @@ def get(http, path="/zarr/img/.zattrs", method="GET", **headers):
     return httpx.request(method, f"{http.url}{path}", headers=headers)
 
 
-def test_host_must_be_loopback_or_configured(door):
+def test_host_must_be_loopback_or_configured(served, door):
     port = door.port
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "tensors.lab", f"Tensors.Lab:{port}"):
         assert get(door, Host=host, Authorization=f"Bearer {TOKEN}").status_code == 200, host
@@ -46,7 +52,7 @@ def test_host_must_be_loopback_or_configured(door):
     assert rebinding.status_code == 403
     assert "DNS rebinding" in rebinding.text and "evil.example" in rebinding.text and "--san" in rebinding.text
     assert get(door, "/healthz", Host="evil.example").status_code == 403  # even the open path
-    assert door.app.state.calls["bad_host"] >= 2
+    assert served.runtime.metrics.refusals()["http"]["bad_host"] >= 2
 
 
 def test_the_token_is_required_even_on_loopback(door):

@@ -64,6 +64,6 @@ def test_the_open_action_needs_no_token_and_the_others_do(catalog):
         with pytest.raises(Exception, match="unauthenticated"):
             list(srv.runtime.do_action("server_stats", b"", Caller()))
         stats = json.loads(b"".join(srv.runtime.do_action("server_stats", b"", Caller(token="t"))))
-        assert stats["calls"]["action:health"] == 1
+        assert stats["calls"]["in-process"]["action:health"] == 1
         assert stats["zarr_decoder"].startswith("libblosc2 (the blosc2 wheel's")  # the one zarr decoder field
         assert "numcodecs on the server's read pool" in stats["zarr_decoder"]

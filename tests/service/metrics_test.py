@@ -142,6 +142,72 @@ def test_uploads_and_actions_count_what_they_did(served):
     assert moved(before, after, "tensor_server_verb_calls_total", verb="action:set_upload_status", code="OK") == 1
 
 
+def test_calls_and_refusals_are_one_record_the_scrape_and_server_stats_read(served):
+    import httpx
+
+    client = flight.FlightClient(served.location)
+    tickets = chunk_tickets(served.runtime)
+    before = scrape(served)
+    for t in tickets:
+        client.do_get(t).read_all()
+    list(client.do_action(flight.Action("health", b"")))
+    with pytest.raises(flight.FlightError):
+        list(client.do_action(flight.Action("no_such_action", b"")))
+    with httpx.Client(base_url=served.http_url) as http:
+        assert http.get("/zarr/img/0/.zarray", headers={"Host": "evil.example"}).status_code == 403
+        assert http.get("/zarr/img/0/.zarray", headers={"Origin": "http://evil.example"}).status_code == 403
+        assert http.get("/zarr/img/0/0.0").status_code == 200
+    after = scrape(served)
+
+    assert moved(before, after, "tensor_server_actions_total", door="flight", action="health", code="OK") == 1
+    assert (
+        moved(before, after, "tensor_server_actions_total", door="flight", action="unknown", code="UNIMPLEMENTED") == 1
+    )
+    assert moved(before, after, "tensor_server_refusals_total", door="http", kind="bad_host") == 1
+    assert moved(before, after, "tensor_server_refusals_total", door="http", kind="cross_origin") == 1
+    assert (
+        moved(
+            before, after, "tensor_server_requests_total", door="http", call="zarr_metadata", code="PERMISSION_DENIED"
+        )
+        == 2
+    )
+    calls, stats = served.runtime.metrics.calls(), served.runtime.server_stats()
+    assert calls["flight"]["DoGet"] == len(tickets) and calls["http"]["zarr_chunk"] == 1
+    assert calls["flight"]["action:health"] == 1 and calls["flight"]["action:unknown"] == 1
+    assert served.runtime.metrics.refusals() == {"http": {"bad_host": 1, "cross_origin": 1}}
+    assert stats["refusals"] == {"http": {"bad_host": 1, "cross_origin": 1}}
+
+    def scraped(door, call):  # summed over outcomes
+        family, label = ("actions", "action") if call.startswith("action:") else ("requests", "call")
+        want = {("door", door), (label, call.removeprefix("action:"))}
+        return sum(
+            v for (name, labels), v in after.items() if name == f"tensor_server_{family}_total" and want <= labels
+        )
+
+    assert stats["calls"] == {
+        door: {call: scraped(door, call) for call in calls} for door, calls in stats["calls"].items()
+    }
+
+
+def test_metrics_off_still_counts_calls_actions_and_refusals(catalog):
+    import httpx
+
+    with serving(catalog, http=True) as srv:
+        client = flight.FlightClient(srv.location)
+        tickets = chunk_tickets(srv.runtime)
+        for t in tickets:
+            client.do_get(t).read_all()
+        list(srv.runtime.do_action("health", b"", Caller()))  # in-process: no door
+        with httpx.Client(base_url=srv.http_url) as http:
+            assert http.get("/healthz", headers={"Host": "evil.example"}).status_code == 403
+        assert srv.runtime.metrics.registry is None
+        stats = srv.runtime.server_stats()
+    assert stats["calls"]["flight"] == {"DoGet": len(tickets)}
+    assert stats["calls"]["in-process"] == {"action:health": 1}
+    assert stats["calls"]["http"] == {"healthz": 1}
+    assert stats["refusals"] == {"http": {"bad_host": 1}}
+
+
 def test_labels_stay_bounded_under_made_up_ids_and_paths(served):
     import httpx
 

@@ -69,9 +69,11 @@ def test_cache_member_fast_path_maps_its_own_segments(tmp_path):
         loc = json.loads(next(iter(raw.do_action(flight.Action("chunk_locate", body)))).body.to_pybytes())
         member = srv.runtime.uploads.get(desc.array_id).member.path
         assert loc["available"] and loc["segment_path"].startswith(str(member.resolve()))
-        before_doget, cached = srv.runtime.calls["DoGet"], len(srv.runtime.cache)
+        before_doget, cached = srv.runtime.metrics.calls()["flight"]["DoGet"], len(srv.runtime.cache)
         np.testing.assert_array_equal(TensorFlightClient(srv.location).get_array(desc.array_id), arr)
-        assert srv.runtime.calls["DoGet"] == before_doget, "every chunk mapped from the member's segment"
+        assert srv.runtime.metrics.calls()["flight"]["DoGet"] == before_doget, (
+            "every chunk mapped from the member's segment"
+        )
         assert len(srv.runtime.cache) == cached == 0, "nothing copied into the chunk cache"
         tt = TensorTicket.FromString(body)
         assert tt.WhichOneof("payload") == "chunk_id"
@@ -133,10 +135,12 @@ def test_zarr_member_reads_go_through_the_chunk_cache_and_fast_path(tmp_path):
         np.testing.assert_array_equal(c.get_array(desc.array_id), arr)  # resolved into the chunk cache
         n_chunks = len(srv.runtime.cache)
         assert n_chunks >= 1
-        before = srv.runtime.calls["DoGet"]
+        before = srv.runtime.metrics.calls()["flight"]["DoGet"]
         fresh = TensorFlightClient(srv.location)
         np.testing.assert_array_equal(fresh.get_array(desc.array_id), arr)
-        assert srv.runtime.calls["DoGet"] == before and len(srv.runtime.cache) == n_chunks  # warm: mmap, no DoGet
+        assert (
+            srv.runtime.metrics.calls()["flight"]["DoGet"] == before and len(srv.runtime.cache) == n_chunks
+        )  # warm: mmap, no DoGet
         from tensor_server_kernels import reference
 
         got = fresh.get_array(desc.array_id, scale_hint=[1, 4, 4], reduction_method="area")
