@@ -74,6 +74,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.special",
         "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers",
     ),
+    "crowd": (
+        "tensor_server.bench.crowd",
+        "63-tile viewports by 1-8 concurrent clients, HTTP and Flight, warm and cold, beside a bare uvicorn floor",
+    ),
     "tls": (
         "tensor_server.bench.tls",
         "TLS vs plaintext in one run: 8 MiB and 64 KiB DoGet, 1 MiB HTTP chunks (MB/s, median latency)",

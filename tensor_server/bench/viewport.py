@@ -40,13 +40,13 @@ import numpy as np
 from tensor_server.bench.fixtures import default_data_dir
 from tensor_server.bench.timing import add_common_arguments, print_table, write_json
 
-__all__ = ["add_arguments", "main"]
+__all__ = ["add_arguments", "main", "write_fixtures", "viewport", "TILE"]
 
 TILE = 512
 _GRID = (9, 7)  # tiles across, down
 
 
-def _write_fixtures(root: Path, side: int) -> None:
+def write_fixtures(root: Path, side: int) -> None:
     """The zarr array and the TIFF, written once (the TIFF tile by tile: never the whole image)."""
     import tifffile
     import zarr
@@ -202,7 +202,7 @@ def main(ns: argparse.Namespace) -> int:
     side = 8192 if ns.size == "small" else 32768
     root = Path(ns.data_dir or default_data_dir()) / f"viewport-{side}"
     root.mkdir(parents=True, exist_ok=True)
-    _write_fixtures(root, side)
+    write_fixtures(root, side)
     from tensor_server.core.downsample import warm_up
 
     warm_up()  # as a server does at start: cold means an empty chunk cache, not an unloaded kernel

@@ -47,9 +47,9 @@ def test_ours_runs_against_a_server_process_of_its_own(tmp_path):
     from biopb.tensor import TensorFlightClient
 
     from tensor_server.bench.server_process import server_process
-    from tensor_server.bench.viewport import _ours, _write_fixtures
+    from tensor_server.bench.viewport import _ours, write_fixtures
 
-    _write_fixtures(tmp_path, 1024)
+    write_fixtures(tmp_path, 1024)
     got = _ours(tmp_path, "zarr", viewport(1024, 1), 1, 2)
     assert set(got) == {"cold_total", "cold_p50", "warm_total", "warm_p50", "iiif_total", "iiif_p50"}
     assert all(math.isfinite(v) and v > 0 for v in got.values())

@@ -1,0 +1,273 @@
+"""``python -m tensor_server.bench crowd``: many viewers at once. A 63-tile viewport of the
+viewport bench's 8192² image (no stored pyramid) fetched by 1, 2, 4 and 8 concurrent clients,
+over HTTP (IIIF 512² JPEG tiles, one keep-alive connection per client, as browser connections)
+and over Flight (the biopb SDK's ``get_array`` per tile, one ``TensorFlightClient`` per client),
+against a server process of its own (``bench/server_process.py``).
+
+* *warm*: the viewport's chunks cached (one untimed pass first); ``--repeats`` passes, the
+  median pass reported: its wall time (the screen is drawn when the last tile lands), tiles
+  per second, and the p50/p99 of every tile of every pass;
+* *cold*: a fresh server (empty chunk cache) per client count, one pass.
+
+Beside it, in the same run, the floor of the HTTP stack: a bare uvicorn + Starlette server
+answering a fixed 512² JPEG, encoded per request with Pillow at our quality (``floor``), with
+the same clients. What a warm IIIF tile costs above it is ours: look-up, read of cached chunks,
+render, and the door's middleware.
+
+Targets (issue 41): 8 clients' warm throughput >= 1.3x one client's and p50 <= 4x one
+client's p50, for HTTP and for 6 Flight clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import queue
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tensor_server.bench.fixtures import default_data_dir
+from tensor_server.bench.timing import add_common_arguments, print_table, write_json
+from tensor_server.bench.viewport import TILE, viewport, write_fixtures
+
+__all__ = ["add_arguments", "main", "serve_floor"]
+
+Fetch = Callable[[tuple[int, int, int, int]], None]
+
+
+def _pass(make_fetch: Callable[[], Fetch], tiles: list[tuple], clients: int) -> tuple[float, list[float]]:
+    """(wall ms, per-tile ms) of one viewport: ``clients`` threads, each with its own client
+    (``make_fetch``), taking the next tile from one queue until none is left."""
+    todo: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+    for t in tiles:
+        todo.put(t)
+    fetchers = [make_fetch() for _ in range(clients)]
+
+    def client(fetch: Fetch) -> list[float]:
+        took = []
+        while True:
+            try:
+                t = todo.get_nowait()
+            except queue.Empty:
+                return took
+            t0 = time.perf_counter()
+            fetch(t)
+            took.append((time.perf_counter() - t0) * 1e3)
+
+    t0 = time.perf_counter()
+    with cf.ThreadPoolExecutor(clients) as pool:
+        each = [ms for took in pool.map(client, fetchers) for ms in took]
+    return (time.perf_counter() - t0) * 1e3, each
+
+
+def _http_fetch(url: str, path_of: Callable[[tuple], str]) -> Callable[[], Fetch]:
+    import http.client
+
+    host, port = url.removeprefix("http://").split(":")
+
+    def make() -> Fetch:
+        conn = http.client.HTTPConnection(host, int(port), timeout=600)
+
+        def fetch(t: tuple) -> None:
+            conn.request("GET", path_of(t))
+            r = conn.getresponse()
+            body = r.read()
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {body[:200]!r}")
+
+        return fetch
+
+    return make
+
+
+def _flight_fetch(location: str, aid: str, factor: int) -> Callable[[], Fetch]:
+    from biopb.tensor import TensorFlightClient
+
+    def make() -> Fetch:
+        client = TensorFlightClient(location)
+
+        def fetch(t: tuple) -> None:
+            y, x, h, w = t
+            client.get_array(
+                aid, slice_hint=(slice(y, y + h), slice(x, x + w)), scale_hint=[factor, factor], reduction_method="mean"
+            )
+
+        return fetch
+
+    return make
+
+
+def _stats(passes: list[tuple[float, list[float]]], tiles: int) -> dict[str, float]:
+    walls = [w for w, _ in passes]
+    every = [ms for _, each in passes for ms in each]
+    wall = float(np.median(walls))
+    return {
+        "wall_ms": wall,
+        "tiles_per_s": tiles / wall * 1e3,
+        "p50_ms": float(np.percentile(every, 50)),
+        "p99_ms": float(np.percentile(every, 99)),
+    }
+
+
+def _warm(make: Callable[[], Fetch], tiles: list[tuple], clients: int, repeats: int) -> dict[str, float]:
+    _pass(make, tiles, clients)  # untimed: chunks cached, rendering window measured, connections made
+    return _stats([_pass(make, tiles, clients) for _ in range(repeats)], len(tiles))
+
+
+def serve_floor(port: int) -> None:
+    """The floor server: ``/tile`` answers a fixed 512² uint8 image as a JPEG (quality 90, as
+    ``render.image.encode``), encoded per request, on uvicorn with httptools as our door."""
+    import io
+
+    import uvicorn
+    from PIL import Image
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    rng = np.random.default_rng(0)
+    image = Image.fromarray((np.arange(TILE)[None, :] // 4 + rng.integers(0, 16, (TILE, TILE))).astype(np.uint8))
+
+    def encoded() -> bytes:
+        buf = io.BytesIO()
+        image.save(buf, "JPEG", quality=90)
+        return buf.getvalue()
+
+    async def tile(request: Any) -> Response:
+        return Response(await run_in_threadpool(encoded), media_type="image/jpeg")
+
+    app = Starlette(routes=[Route("/tile", tile)])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http="httptools", access_log=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _floor_process() -> Iterator[str]:
+    port = _free_port()
+    code = f"from tensor_server.bench.crowd import serve_floor; serve_floor({port})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the floor server did not start") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _served_id(location: str) -> str:
+    from biopb.tensor import TensorFlightClient
+
+    client = TensorFlightClient(location)
+    aid = client.query("SELECT source_id FROM sources").to_pylist()[0]["source_id"]
+    return client.get_descriptor(aid).array_id
+
+
+def _iiif_path(aid: str, factor: int) -> Callable[[tuple], str]:
+    def path(t: tuple) -> str:
+        y, x, h, w = t
+        return f"/iiif/3/{aid}/{x},{y},{w},{h}/{-(-w // factor)},/0/default.jpg"
+
+    return path
+
+
+def _measure(ns: argparse.Namespace, image: Path, factor: int, tiles: list[tuple]) -> list[dict[str, Any]]:
+    from tensor_server.bench.server_process import server_process, wait_idle
+
+    counts = [int(c) for c in ns.clients.split(",")]
+    rows: list[dict[str, Any]] = []
+
+    def row(door: str, state: str, clients: int, stats: dict[str, float]) -> None:
+        rows.append({"door": door, "state": state, "scale": factor, "clients": clients, **stats})
+        print_table(list(rows[-1]), [list(rows[-1].values())])
+
+    with tempfile.TemporaryDirectory(prefix="ts-bench-crowd-") as work, _floor_process() as floor_url:
+        with server_process([image], Path(work) / "warm-cache", *ns.serve_args) as srv:
+            aid = _served_id(srv.location)
+            http = _http_fetch(srv.http_url, _iiif_path(aid, factor))
+            flight = _flight_fetch(srv.location, aid, factor)
+            floor = _http_fetch(floor_url, lambda t: "/tile")
+            for clients in counts:
+                for door, make in (("http", http), ("flight", flight), ("floor", floor)):
+                    wait_idle(srv.pid)
+                    row(door, "warm", clients, _warm(make, tiles, clients, ns.repeats))
+        if ns.cold:
+            for clients in counts:
+                for door in ("http", "flight"):
+                    with server_process([image], Path(work) / f"cold-{door}-{clients}", *ns.serve_args) as srv:
+                        aid = _served_id(srv.location)
+                        make = (
+                            _http_fetch(srv.http_url, _iiif_path(aid, factor))
+                            if door == "http"
+                            else _flight_fetch(srv.location, aid, factor)
+                        )
+                        wait_idle(srv.pid)
+                        row(door, "cold", clients, _stats([_pass(make, tiles, clients)], len(tiles)))
+    return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, sizes="small: 8192² (the viewport bench's image); full: 32768²")
+    parser.add_argument("--clients", default="1,2,4,8", help="comma-separated client counts")
+    parser.add_argument("--scales", default="1,4", help="comma-separated viewport scale factors")
+    parser.add_argument("--repeats", type=int, default=5, help="warm passes per measurement (median reported)")
+    parser.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold passes")
+    parser.add_argument(
+        "--serve-args", default="", help="extra arguments for the server, e.g. '--workers 2' (one string)"
+    )
+
+
+def main(ns: argparse.Namespace) -> int:
+    ns.serve_args = ns.serve_args.split()
+    side = 8192 if ns.size == "small" else 32768
+    root = Path(ns.data_dir or default_data_dir()) / f"viewport-{side}"
+    root.mkdir(parents=True, exist_ok=True)
+    write_fixtures(root, side)
+    load = os.getloadavg()
+    rows = []
+    for factor in (int(f) for f in ns.scales.split(",")):
+        rows += _measure(ns, root / "big.zarr", factor, viewport(side, factor))
+    print(
+        f"\n{side}² uint8 zarr, no stored pyramid; 63-tile viewports of 512² at each scale; "
+        f"load average before the run {load[0]:.1f} ({os.cpu_count()} cores). warm: median of "
+        f"{ns.repeats} passes, p50/p99 over every tile; floor = bare uvicorn + Pillow 512² JPEG"
+    )
+    print_table(list(rows[0]), [list(r.values()) for r in rows])
+    for door in ("http", "flight", "floor"):
+        warm = {r["clients"]: r for r in rows if r["door"] == door and r["state"] == "warm" and r["scale"] == 1}
+        if 1 in warm and max(warm) > 1:
+            top = warm[max(warm)]
+            print(
+                f"{door}: {max(warm)} clients / 1 client at scale 1: throughput "
+                f"{top['tiles_per_s'] / warm[1]['tiles_per_s']:.2f}x, p50 {top['p50_ms'] / warm[1]['p50_ms']:.2f}x"
+            )
+    write_json(ns.json_path, "crowd", ns.size, rows)
+    return 0
+
+
+if __name__ == "__main__":  # the floor server is started as ``python -c``; nothing else runs this
+    raise SystemExit("run: python -m tensor_server.bench crowd")
