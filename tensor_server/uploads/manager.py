@@ -15,7 +15,6 @@ marker, so they survive restarts) and idleness, so tests drive sweeps without sl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import functools
 import logging
@@ -25,7 +24,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,7 +32,6 @@ import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounded_stream import take_within
-from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.folder_lock import FolderHeld, FolderLock
@@ -57,15 +54,19 @@ from tensor_server.uploads.integrity import DamagedMember, StoreDamaged, layout_
 from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker, sync_path
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID, ScratchSource
+from tensor_server.uploads.upload import (
+    SEALING,
+    ChunkWrite,
+    Upload,
+    UploadClosed,
+    UploadNotReadable,
+    forget_rows,
+)
 from tensor_server.uploads.zarr_member import ZarrMember
 
 __all__ = [
     "UploadManager",
     "WriteDirHeld",
-    "Upload",
-    "UploadClosed",
-    "UploadNotReadable",
-    "ChunkWrite",
     "DEFAULT_UPLOAD_TTL",
     "DEFAULT_SCRATCH_TTL",
     "DEFAULT_MAX_PENDING_UPLOADS",
@@ -82,94 +83,8 @@ DEFAULT_SCRATCH_TTL = 86400.0
 DEFAULT_MAX_PENDING_UPLOADS = 1024
 #: bytes a chunk's DoPut stream may carry beyond the chunk's values (Arrow framing, padding)
 DEFAULT_CHUNK_SLACK_BYTES = 1 << 20
-#: transient: READY is being published (writes refused, discard waits for the outcome)
-_SEALING = "SEALING"
 #: the write dir's lock file (``core/folder_lock.py``): one server per write dir
 LOCK_FILE = "tensor-server.lock"
-
-
-class UploadClosed(TensorServerError):
-    """A write or transition reached an upload that takes no more chunks (READY or DISCARDED).
-    Its reason (``upload_sealed`` / ``upload_discarded``) and details are what the biopb SDK
-    turns into ``UploadRefused``."""
-
-    code, http_status = "ABORTED", 409
-
-    def __init__(self, array_id: str, state: str, detail: str) -> None:
-        state = DISCARDED if state == DISCARDED else READY  # SEALING is READY to a writer
-        self.array_id, self.state, self.detail = array_id, state, detail
-        word = "was discarded" if state == DISCARDED else "is READY (sealed)"
-        super().__init__(
-            f"upload {array_id} {word}; it takes no more writes" + (f": {detail}" if detail else ""),
-            slug="upload_discarded" if state == DISCARDED else "upload_sealed",
-            state=state,
-            source_id=array_id,
-            detail=detail,
-        )
-
-
-class UploadNotReadable(FailedPrecondition):
-    """A read reached an uploaded tensor that is PENDING (or a DISCARDED tombstone)."""
-
-    slug = "upload_not_readable"
-
-
-@dataclass(frozen=True)
-class ChunkWrite:
-    """A DoPut's target, checked before its stream is read: the upload, the chunk and the
-    most bytes its stream may carry."""
-
-    upload: Upload
-    chunk_id: ChunkId
-    bounds: Bounds
-    expected_bytes: int
-    max_stream_bytes: int
-
-
-@dataclass
-class Upload:
-    """One uploaded tensor: its store, reader and progress (``adopted`` ones carry none)."""
-
-    array_id: str
-    source_id: str
-    field: str
-    member: Any  # ZarrMember | CacheMember
-    tensor: TensorAdapter
-    state: str
-    expires_at: float | None
-    last_activity: float
-    adopted: bool = False
-    #: the lifetime add_tensor granted (seconds; None = no deadline)
-    granted_ttl: float | None = None
-    reason: str = ""
-    discarded_at: float | None = None
-    #: chunks whose write returned (durable as far as the member goes: READY fsyncs them)
-    received: set[Bounds] = dataclasses.field(default_factory=set)
-    #: chunks whose last write failed (ENOSPC, I/O error): a hole the client did not mean
-    failed: set[Bounds] = dataclasses.field(default_factory=set)
-    inflight: int = 0
-    #: SHA-256 (hex) of its owner's token ("" = the server's): who may write, publish, discard it
-    owner: str = ""
-    #: SHA-256 (hex) of its read grant ("" = none: read as the catalog is); the service floor
-    #: checks callers against both (``service/access.py``)
-    grant: str = ""
-    cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
-
-    @property
-    def expected_chunks(self) -> int:
-        return int(np.prod([-(-n // c) for n, c in zip(self.tensor.shape, self.tensor.chunk_shape)], dtype=object))
-
-    @property
-    def declared_bytes(self) -> int:
-        return int(np.prod(self.tensor.shape, dtype=object)) * self.tensor.dtype.itemsize
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "expected_chunks": self.expected_chunks,
-            "uploaded_chunks": len(self.received),
-            "reason": self.reason,
-        }
 
 
 def _shown(value: Any) -> str:
@@ -280,7 +195,7 @@ class UploadManager:
             ):
                 log.info("boot: removing %s upload %s (%s)", marker.state, marker.array_id, d)
                 shutil.rmtree(d, ignore_errors=True)
-                self._forget_rows(marker.array_id)
+                forget_rows(self.catalog, marker.array_id)
                 counts["removed"] += 1
                 continue
             try:
@@ -559,7 +474,7 @@ class UploadManager:
     def _check_quota(self, nbytes: int, request_id: str) -> None:
         """Refuse an upload past the pending count or the declared-bytes quota (caller holds
         ``_lock``)."""
-        pending = [u for u in self._uploads.values() if u.state in (PENDING, _SEALING)]
+        pending = [u for u in self._uploads.values() if u.state in (PENDING, SEALING)]
         if len(pending) >= self.max_pending_uploads:
             raise ResourceExhausted(
                 f"add_tensor {request_id!r}: {len(pending)} uploads are PENDING, the limit of "
@@ -694,13 +609,13 @@ class UploadManager:
         if up is None:
             raise TensorNotFound(f"set_upload_status: {array_id!r} is not an upload")
         with up.cond:
-            while up.state == _SEALING:  # a concurrent READY: its answer is ours
+            while up.state == SEALING:  # a concurrent READY: its answer is ours
                 up.cond.wait()
             if up.state == DISCARDED:
                 raise UploadClosed(up.array_id, DISCARDED, up.reason)
             if up.state == READY:
                 return up
-            up.state = _SEALING  # refuses new writes; discard waits for the outcome
+            up.state = SEALING  # refuses new writes; discard waits for the outcome
             while up.inflight:
                 up.cond.wait()
         try:
@@ -753,7 +668,7 @@ class UploadManager:
         if up is None:
             return None
         with up.cond:
-            while up.state == _SEALING:
+            while up.state == SEALING:
                 up.cond.wait()
             if up.state == DISCARDED:
                 return up
@@ -764,7 +679,7 @@ class UploadManager:
                 up.cond.wait()
         self.catalog.detach(up.source_id, up.field)
         up.member.remove()
-        self._forget_rows(array_id)
+        forget_rows(self.catalog, array_id)
         if up.adopted:
             with self._lock:
                 self._uploads.pop(array_id, None)
@@ -778,13 +693,6 @@ class UploadManager:
         for set_id in sets:
             self.discard(set_id, f"its image {array_id} was discarded")
         return up
-
-    def _forget_rows(self, array_id: str) -> None:
-        """An upload's annotations and decode rate go with it: once its name is free the id
-        may name another owner's upload, and rows no upload record covers would fall under
-        the control rule, readable by anyone in local mode (``service/access.py``)."""
-        self.catalog.rois.forget(array_id)
-        self.catalog.decode_rates.forget(array_id)
 
     def check_readable(self, up: Upload) -> None:
         if up.state == DISCARDED:
@@ -808,7 +716,7 @@ class UploadManager:
                 if self.upload_ttl > 0 and up.discarded_at is not None and now - up.discarded_at >= self.upload_ttl:
                     with self._lock:
                         self._uploads.pop(up.array_id, None)
-                    self._forget_rows(up.array_id)  # any a write in flight at the discard stored
+                    forget_rows(self.catalog, up.array_id)  # any a write in flight at the discard stored
                     reclaimed += 1
             elif up.expires_at is not None and now >= up.expires_at:
                 self.discard(up.array_id, "ttl_seconds deadline passed")
