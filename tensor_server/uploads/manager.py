@@ -1,5 +1,5 @@
-"""UploadManager: add_tensor, chunk writes, the PENDING/READY/DISCARDED ladder, TTL sweeps and
-boot adoption, for both store formats.
+"""UploadManager: add_tensor, chunk writes, the PENDING/READY/DISCARDED ladder and TTL sweeps,
+for both store formats, over the records boot adopted (``adoption.py``).
 
 Transport-free (the service floor serves it; each door maps its errors), so an in-process
 producer can add and fill tensors while the wire verbs stay refused. Every uploaded tensor
@@ -26,7 +26,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 
@@ -35,7 +34,6 @@ from tensor_server.core.bounded_stream import take_within
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.folder_lock import FolderHeld, FolderLock
-from tensor_server.core.identity import ArrayId
 from tensor_server.core.json_body import decode_json
 from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
 from tensor_server.errors import (
@@ -48,9 +46,10 @@ from tensor_server.errors import (
     TensorNotFound,
     TensorServerError,
 )
+from tensor_server.uploads.adoption import adopt_write_dir
 from tensor_server.uploads.cache_member import CacheMember
 from tensor_server.uploads.declared import checked_extent, chunk_values
-from tensor_server.uploads.integrity import DamagedMember, StoreDamaged, layout_array_id
+from tensor_server.uploads.layout import member_dir
 from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker, sync_path
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID, ScratchSource
@@ -100,16 +99,6 @@ def _same_owner(owner: str, request_id: str, up: Upload) -> None:
         )
 
 
-def _member_dir(write_dir: Path, source_id: str, target_field: str) -> Path:
-    """``fields/<source_id>/<name>`` for a field; ``fields/<source_id>/@labels/<image>/<name>``
-    for a label set (the image field quoted into one component)."""
-    base = write_dir / "fields" / source_id
-    image, marker, name = target_field.rpartition(f"{LABELS}/")
-    if not marker:
-        return base / target_field.split("/", 1)[1]
-    return base / LABELS / quote(image.rstrip("/") or "@default", safe="") / name
-
-
 class WriteDirHeld(FolderHeld):
     """Another server holds this write dir (its lock file names the pid)."""
 
@@ -152,108 +141,17 @@ class UploadManager:
         self.scratch_ttl = float(scratch_ttl)
         self.clock = clock
         self._lock = threading.RLock()
-        #: array_id -> Upload, live and tombstones
-        self._uploads: dict[str, Upload] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         try:
             (self.write_dir / "fields").mkdir(exist_ok=True)
             catalog.excluded.append(self.write_dir)
             catalog.add_source(ScratchSource())
-            self.boot_summary = self._adopt()
+            #: array_id -> Upload, live and tombstones
+            self._uploads, self.boot_summary = adopt_write_dir(self.write_dir, catalog, clock())
         except BaseException:
             self._folder_lock.release()
             raise
-
-    # ---- boot ------------------------------------------------------------------------------
-    def _member_dirs(self) -> list[Path]:
-        """Every directory where a member lives: ``fields/<source_id>/<name>`` and
-        ``fields/<source_id>/@labels/<image>/<name>`` (``_member_dir``), marker or not."""
-        fields = self.write_dir / "fields"
-        out = []
-        for source in sorted(p for p in fields.iterdir() if p.is_dir()):
-            for d in sorted(p for p in source.iterdir() if p.is_dir()):
-                if d.name != LABELS:
-                    out.append(d)
-                    continue
-                for image in sorted(p for p in d.iterdir() if p.is_dir()):
-                    out += sorted(p for p in image.iterdir() if p.is_dir())
-        return out
-
-    def _adopt(self) -> dict[str, int]:
-        """Adopt READY members; remove PENDING ones a crash left behind and READY ones whose
-        deadline passed while the server was down (this server holds the write dir's lock, so
-        none is another live server's). A member that cannot be adopted (``integrity.py``)
-        becomes a DISCARDED tombstone with the reason and one warning; its files are kept."""
-        counts = {"adopted": 0, "removed": 0, "damaged": 0}
-        now = self.clock()
-        for d in self._member_dirs():
-            kind = next((k for k in (ZarrMember, CacheMember) if k.read_marker(d) is not None), None)
-            marker = None if kind is None else kind.read_marker(d)
-            if marker is not None and (
-                marker.state != READY or (marker.expires_at is not None and now >= marker.expires_at)
-            ):
-                log.info("boot: removing %s upload %s (%s)", marker.state, marker.array_id, d)
-                shutil.rmtree(d, ignore_errors=True)
-                forget_rows(self.catalog, marker.array_id)
-                counts["removed"] += 1
-                continue
-            try:
-                if kind is None or marker is None:
-                    present = [n for n in (".zattrs", "descriptor.json") if (d / n).is_file()]
-                    raise StoreDamaged(
-                        f"{' and '.join(present)} holds no readable upload marker"
-                        if present
-                        else "no upload marker (.zattrs or descriptor.json)"
-                    )
-                self._adopt_member(kind.open(d), now)
-                counts["adopted"] += 1
-            except Exception as exc:  # a damaged store raises whatever its library raises
-                self._keep_damaged(d, marker, " ".join(str(exc).split())[:300] or type(exc).__name__, now)
-                counts["damaged"] += 1
-        return counts
-
-    def _adopt_member(self, member: Any, now: float) -> None:
-        m = member.marker
-        source_id, fld = ArrayId.parse(m.array_id)
-        up = Upload(
-            m.array_id,
-            source_id,
-            fld,
-            member,
-            member.reader(),
-            READY,
-            m.expires_at,
-            now,
-            adopted=True,
-            reason="adopted at boot (no progress record: uploaded_chunks is not known)",
-            owner=m.owner,
-            grant=m.grant,
-        )
-        self.catalog.attach(source_id, fld, up.tensor, listed=True)
-        self._uploads[m.array_id] = up
-
-    def _keep_damaged(self, d: Path, marker: Marker | None, why: str, now: float) -> None:
-        array_id = marker.array_id if marker is not None else layout_array_id(d, self.write_dir / "fields")
-        reason = f"the upload store {d} is damaged ({why}); its files are kept: remove the folder to free the name"
-        log.warning("boot: upload %s is DISCARDED: %s", array_id, reason)
-        source_id, fld = ArrayId.parse(array_id)
-        member = DamagedMember(d, array_id, marker, why)
-        self._uploads[array_id] = Upload(
-            array_id,
-            source_id,
-            fld,
-            member,
-            member.reader(),
-            DISCARDED,
-            None,
-            now,
-            adopted=True,
-            reason=reason,
-            discarded_at=now,
-            owner=marker.owner if marker is not None else "",
-            grant=marker.grant if marker is not None else "",
-        )
 
     # ---- lookup ----------------------------------------------------------------------------
     def get(self, array_id: str) -> Upload | None:
@@ -374,7 +272,7 @@ class UploadManager:
                 }
                 return self._replan(holder, target, request_id, declared, may_write)
             self._check_quota(nbytes, request_id)
-            path = _member_dir(self.write_dir, target.source_id, target.field)
+            path = member_dir(self.write_dir, target.source_id, target.field)
             if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
                 raise InvalidArgument(
                     f"add_tensor {request_id!r}: {path} already exists and no upload holds it; "
