@@ -34,8 +34,6 @@ from tensor_server.core.bounded_stream import take_within
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.folder_lock import FolderHeld, FolderLock
-from tensor_server.core.json_body import decode_json
-from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
 from tensor_server.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -48,7 +46,16 @@ from tensor_server.errors import (
 )
 from tensor_server.uploads.adoption import adopt_write_dir
 from tensor_server.uploads.cache_member import CacheMember
-from tensor_server.uploads.declared import checked_extent, chunk_values
+from tensor_server.uploads.declared import (
+    checked_dim_labels,
+    checked_dtype,
+    checked_extent,
+    checked_metadata,
+    checked_ttl,
+    chunk_values,
+    label_set_dim_labels,
+    write_grid,
+)
 from tensor_server.uploads.layout import member_dir
 from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker, sync_path
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
@@ -205,27 +212,13 @@ class UploadManager:
         may_write = may_write or functools.partial(_same_owner, owner, request_id)
         authorize = authorize or (lambda tensor: None)
         target = parse_upload_id(request_id)
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise InvalidArgument(
-                f"add_tensor {str(request_id)[:200]!r}: {str(dtype)[:40]!r} is not a numpy dtype"
-            ) from None
-        if dt.kind not in "biuf" or dt.byteorder == ">":
-            raise InvalidArgument(f"add_tensor {request_id!r}: dtype {dt.str} is not a little-endian numeric dtype")
+        dt = checked_dtype(dtype, request_id)
         shape, chunk_shape, nbytes = checked_extent(
             tuple(shape), tuple(chunk_shape), dt.itemsize, f"add_tensor {request_id!r}"
         )
-        dim_labels = asked_labels = tuple(str(d).lower() for d in dim_labels)
-        if dim_labels and len(dim_labels) != len(shape):
-            raise InvalidArgument(
-                f"add_tensor {request_id!r}: {len(dim_labels)} dim_labels for a {len(shape)}-D tensor"
-            )
-        extra_attrs = self._check_metadata(target, metadata_json, request_id)
-        if ttl_seconds is not None and ttl_seconds <= 0:
-            raise InvalidArgument(
-                f"add_tensor {request_id!r}: ttl_seconds must be positive; leave it unset for no deadline"
-            )
+        dim_labels = asked_labels = checked_dim_labels(dim_labels, len(shape), request_id)
+        extra_attrs = checked_metadata(target, metadata_json, request_id)
+        checked_ttl(ttl_seconds, request_id)
         rec = self.catalog.get_record(target.source_id)  # TensorNotFound when the source is not served
         if rec.source is None:
             raise TensorNotFound(
@@ -237,7 +230,7 @@ class UploadManager:
             authorize(image)
             if image.array_id != target.image_id:  # e.g. 'src/img' of a single-tensor source 'src'
                 target = parse_upload_id(f"zarr://{image.array_id}/{LABELS}/{target.name}")
-            self._check_label_binding(image, shape, request_id)
+            image_labels = label_set_dim_labels(image, shape, request_id)
             stored = next((f for f in rec.source.tensors if fold_name(f) == fold_name(target.field)), None)
             if stored is not None:
                 raise AlreadyExists(
@@ -245,17 +238,8 @@ class UploadManager:
                     "label image the file stores; add the set under another name"
                 )
             is_labels = True
-            dim_labels = dim_labels or (
-                image.dim_labels if shape == image.shape else tuple(d for d in image.dim_labels if d != "c")
-            )
-        grid = tuple(min(c, n) for c, n in zip(chunk_shape, shape))
-        if target.store_format == "zarr":
-            grid = transfer_chunk_shape(shape, dt.itemsize, grid, dim_labels or None)
-        if int(np.prod(grid)) * dt.itemsize > CEILING_BYTES:
-            raise InvalidArgument(
-                f"add_tensor {request_id!r}: chunk_shape {list(grid)} is above the 64 MiB "
-                f"limit of one chunk; upload in smaller chunks"
-            )
+            dim_labels = dim_labels or image_labels
+        grid = write_grid(target, shape, chunk_shape, dt, dim_labels, request_id)
         cap = self.scratch_ttl if target.source_id == SCRATCH_SOURCE_ID and self.scratch_ttl > 0 else None
         granted = ttl_seconds if cap is None else min(ttl_seconds or cap, cap)
         now = self.clock()
@@ -402,30 +386,6 @@ class UploadManager:
                     f"({exc.strerror}); free space there, then retry"
                 ) from None
             raise
-
-    @staticmethod
-    def _check_metadata(target: Any, metadata_json: str, request_id: str) -> dict[str, Any]:
-        if not metadata_json:
-            return {}
-        doc = decode_json(metadata_json, f"add_tensor {request_id!r}: metadata_json")
-        if target.is_label_set and isinstance(doc, dict) and set(doc) <= {"image-label"}:
-            return doc
-        raise InvalidArgument(
-            f"add_tensor {request_id!r}: metadata is the source's, not a tensor's (an uploaded tensor has "
-            "none; upload onto the source that carries the physical scale). The one exception is a label "
-            "set's own 'image-label' block."
-        )
-
-    @staticmethod
-    def _check_label_binding(image: TensorAdapter, shape: tuple[int, ...], request_id: str) -> None:
-        """A label set covers its image's extent: the image's shape, or the image's shape without
-        its channel axis."""
-        no_channel = tuple(n for n, d in zip(image.shape, image.dim_labels) if d != "c")
-        if shape != image.shape and shape != no_channel:
-            raise InvalidArgument(
-                f"add_tensor {request_id!r}: a label set of {image.array_id} must have shape "
-                f"{list(image.shape)} or {list(no_channel)}, not {list(shape)}"
-            )
 
     # ---- writes ----------------------------------------------------------------------------
     def plan_chunk_write(self, chunk_id: bytes | ChunkId) -> ChunkWrite:
