@@ -38,7 +38,6 @@ from tensor_server.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
-    PermissionDenied,
     ResourceExhausted,
     StorageFull,
     TensorNotFound,
@@ -59,6 +58,7 @@ from tensor_server.uploads.declared import (
 from tensor_server.uploads.layout import member_dir
 from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker, sync_path
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
+from tensor_server.uploads.replan import holder_of, replan, same_owner
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID, ScratchSource
 from tensor_server.uploads.upload import (
     SEALING,
@@ -91,19 +91,6 @@ DEFAULT_MAX_PENDING_UPLOADS = 1024
 DEFAULT_CHUNK_SLACK_BYTES = 1 << 20
 #: the write dir's lock file (``core/folder_lock.py``): one server per write dir
 LOCK_FILE = "tensor-server.lock"
-
-
-def _shown(value: Any) -> str:
-    return str(list(value)) if isinstance(value, tuple) else str(value)
-
-
-def _same_owner(owner: str, request_id: str, up: Upload) -> None:
-    """An in-process producer's write check: the owner it names is the upload's."""
-    if up.owner != owner:
-        raise PermissionDenied(
-            f"add_tensor {request_id!r}: {up.array_id} is a PENDING upload of another owner; only "
-            "its owner may re-plan it"
-        )
 
 
 class WriteDirHeld(FolderHeld):
@@ -206,10 +193,10 @@ class UploadManager:
         producer, trusted).
 
         The name of a PENDING upload, declared again the same way, answers that upload as it
-        stands (``_replan``): a crashed uploader re-plans and resumes. A re-plan is a write of
+        stands (``replan.py``): a crashed uploader re-plans and resumes. A re-plan is a write of
         the upload: ``may_write(upload)`` (the service's write check) decides it, and without
         one the ``owner`` given must be the upload's."""
-        may_write = may_write or functools.partial(_same_owner, owner, request_id)
+        may_write = may_write or functools.partial(same_owner, owner, request_id)
         authorize = authorize or (lambda tensor: None)
         target = parse_upload_id(request_id)
         dt = checked_dtype(dtype, request_id)
@@ -244,7 +231,7 @@ class UploadManager:
         granted = ttl_seconds if cap is None else min(ttl_seconds or cap, cap)
         now = self.clock()
         with self._lock:
-            holder = self._holder(target)
+            holder = holder_of(self._uploads.values(), target)
             if holder is not None:
                 authorize(holder.tensor)  # before its id, state or declaration is named
                 declared = {
@@ -254,7 +241,7 @@ class UploadManager:
                     "chunk_shape": grid,
                     "dim_labels": asked_labels or None,
                 }
-                return self._replan(holder, target, request_id, declared, may_write)
+                return replan(holder, target, request_id, declared, may_write, self.clock)
             self._check_quota(nbytes, request_id)
             path = member_dir(self.write_dir, target.source_id, target.field)
             if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
@@ -299,59 +286,6 @@ class UploadManager:
             self.catalog.attach(target.source_id, target.field, tensor, listed=False)
         log.info("added %s tensor %s", target.store_format, target.array_id)
         return up
-
-    def _holder(self, target: Any) -> Upload | None:
-        """The upload (any state) whose name is the target's, compared case-folded."""
-        folded = fold_name(target.field)
-        return next(
-            (u for u in self._uploads.values() if u.source_id == target.source_id and fold_name(u.field) == folded),
-            None,
-        )
-
-    def _replan(
-        self,
-        holder: Upload,
-        target: Any,
-        request_id: str,
-        declared: dict[str, Any],
-        may_write: Callable[[Upload], None],
-    ) -> Upload:
-        """add_tensor of a taken name (caller holds ``_lock``): the PENDING upload of exactly
-        this name, re-declared as it was added by one who may write it, is answered as it
-        stands (its write plan, its ``uploaded_chunks``); any other holder keeps the name."""
-        if holder.state != PENDING or holder.array_id != target.array_id:
-            state = "a discarded tensor until the reclaim sweep" if holder.state == DISCARDED else holder.state
-            raise AlreadyExists(
-                f"add_tensor {request_id!r}: the name is taken: it already exists as "
-                f"{holder.array_id!r} ({state}); add the tensor under another name"
-            )
-        may_write(holder)  # a re-plan is a write: before its declaration is named
-        t = holder.tensor
-        was = {
-            "store format": holder.member.store_format,
-            "shape": t.shape,
-            "dtype": t.dtype.str,
-            "chunk_shape": t.chunk_shape,
-            "dim_labels": t.dim_labels if declared["dim_labels"] else None,
-        }
-        diff = [
-            f"{key} {_shown(was[key])} (not {_shown(value)})" for key, value in declared.items() if was[key] != value
-        ]
-        if diff:
-            raise AlreadyExists(
-                f"add_tensor {request_id!r}: the name is taken: it already exists as "
-                f"{holder.array_id!r} (PENDING, declared with {', '.join(diff)}); re-plan it as it "
-                "was added to resume it, add the tensor under another name, or DISCARD it first"
-            )
-        with holder.cond:
-            holder.last_activity = self.clock()
-        log.info(
-            "re-planned PENDING upload %s (%d of %d chunks written)",
-            holder.array_id,
-            len(holder.received),
-            holder.expected_chunks,
-        )
-        return holder
 
     def _check_quota(self, nbytes: int, request_id: str) -> None:
         """Refuse an upload past the pending count or the declared-bytes quota (caller holds
