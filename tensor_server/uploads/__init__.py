@@ -5,14 +5,12 @@ to no source. A floor above the cache and the catalog, below flight."""
 from tensor_server.uploads.manager import (
     DEFAULT_SCRATCH_TTL,
     DEFAULT_UPLOAD_TTL,
-    Upload,
-    UploadClosed,
     UploadManager,
-    UploadNotReadable,
     WriteDirHeld,
 )
 from tensor_server.uploads.names import parse_upload_id
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID
+from tensor_server.uploads.upload import Upload, UploadClosed, UploadNotReadable
 
 __all__ = [
     "UploadManager",

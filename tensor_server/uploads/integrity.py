@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from urllib.parse import unquote
 
 import numpy as np
 
@@ -26,14 +25,12 @@ from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import FailedPrecondition
 from tensor_server.uploads.marker import Marker, read_json, write_json_atomic
-from tensor_server.uploads.names import FIELDS, LABELS
 
 __all__ = [
     "MANIFEST",
     "DamagedMember",
     "StoreDamaged",
     "check_manifest",
-    "layout_array_id",
     "require_files",
     "write_manifest",
 ]
@@ -80,17 +77,6 @@ def check_manifest(path: Path) -> None:
             raise StoreDamaged(f"{rel} is missing") from None
         if actual != size:
             raise StoreDamaged(f"{rel} holds {actual} bytes where READY wrote {size} (truncated or rewritten)")
-
-
-def layout_array_id(path: Path, fields_dir: Path) -> str:
-    """The id a member directory stands for by its place under ``fields/`` (the inverse of
-    the manager's ``_member_dir``), for a member whose marker cannot be read."""
-    parts = path.relative_to(fields_dir).parts
-    if len(parts) == 4 and parts[1] == LABELS:
-        source_id, _, image, name = parts
-        image = unquote(image)
-        return f"{source_id}/{LABELS}/{name}" if image == "@default" else f"{source_id}/{image}/{LABELS}/{name}"
-    return f"{parts[0]}/{FIELDS}/{parts[-1]}"
 
 
 def _declared(path: Path) -> tuple[tuple[int, ...], np.dtype]:

@@ -1,5 +1,5 @@
-"""UploadManager: add_tensor, chunk writes, the PENDING/READY/DISCARDED ladder, TTL sweeps and
-boot adoption, for both store formats.
+"""UploadManager: add_tensor, chunk writes, the PENDING/READY/DISCARDED ladder and TTL sweeps,
+for both store formats, over the records boot adopted (``adoption.py``).
 
 Transport-free (the service floor serves it; each door maps its errors), so an in-process
 producer can add and fill tensors while the wire verbs stay refused. Every uploaded tensor
@@ -15,7 +15,6 @@ marker, so they survive restarts) and idleness, so tests drive sweeps without sl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import functools
 import logging
@@ -25,47 +24,55 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounded_stream import take_within
-from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import check_chunk_id
 from tensor_server.core.folder_lock import FolderHeld, FolderLock
-from tensor_server.core.identity import ArrayId
-from tensor_server.core.json_body import decode_json
-from tensor_server.core.transfer_grid import CEILING_BYTES, transfer_chunk_shape
 from tensor_server.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
-    PermissionDenied,
     ResourceExhausted,
     StorageFull,
     TensorNotFound,
     TensorServerError,
 )
+from tensor_server.uploads.adoption import adopt_write_dir
 from tensor_server.uploads.cache_member import CacheMember
-from tensor_server.uploads.declared import checked_extent, chunk_values
-from tensor_server.uploads.integrity import DamagedMember, StoreDamaged, layout_array_id
+from tensor_server.uploads.declared import (
+    checked_dim_labels,
+    checked_dtype,
+    checked_extent,
+    checked_metadata,
+    checked_ttl,
+    chunk_values,
+    label_set_dim_labels,
+    write_grid,
+)
+from tensor_server.uploads.layout import member_dir
 from tensor_server.uploads.marker import DISCARDED, PENDING, READY, Marker, sync_path
 from tensor_server.uploads.names import LABELS, fold_name, parse_upload_id
+from tensor_server.uploads.replan import holder_of, replan, same_owner
 from tensor_server.uploads.scratch import SCRATCH_SOURCE_ID, ScratchSource
+from tensor_server.uploads.upload import (
+    SEALING,
+    ChunkWrite,
+    Upload,
+    UploadClosed,
+    UploadNotReadable,
+    forget_rows,
+)
 from tensor_server.uploads.zarr_member import ZarrMember
 
 __all__ = [
     "UploadManager",
     "WriteDirHeld",
-    "Upload",
-    "UploadClosed",
-    "UploadNotReadable",
-    "ChunkWrite",
     "DEFAULT_UPLOAD_TTL",
     "DEFAULT_SCRATCH_TTL",
     "DEFAULT_MAX_PENDING_UPLOADS",
@@ -82,117 +89,8 @@ DEFAULT_SCRATCH_TTL = 86400.0
 DEFAULT_MAX_PENDING_UPLOADS = 1024
 #: bytes a chunk's DoPut stream may carry beyond the chunk's values (Arrow framing, padding)
 DEFAULT_CHUNK_SLACK_BYTES = 1 << 20
-#: transient: READY is being published (writes refused, discard waits for the outcome)
-_SEALING = "SEALING"
 #: the write dir's lock file (``core/folder_lock.py``): one server per write dir
 LOCK_FILE = "tensor-server.lock"
-
-
-class UploadClosed(TensorServerError):
-    """A write or transition reached an upload that takes no more chunks (READY or DISCARDED).
-    Its reason (``upload_sealed`` / ``upload_discarded``) and details are what the biopb SDK
-    turns into ``UploadRefused``."""
-
-    code, http_status = "ABORTED", 409
-
-    def __init__(self, array_id: str, state: str, detail: str) -> None:
-        state = DISCARDED if state == DISCARDED else READY  # SEALING is READY to a writer
-        self.array_id, self.state, self.detail = array_id, state, detail
-        word = "was discarded" if state == DISCARDED else "is READY (sealed)"
-        super().__init__(
-            f"upload {array_id} {word}; it takes no more writes" + (f": {detail}" if detail else ""),
-            slug="upload_discarded" if state == DISCARDED else "upload_sealed",
-            state=state,
-            source_id=array_id,
-            detail=detail,
-        )
-
-
-class UploadNotReadable(FailedPrecondition):
-    """A read reached an uploaded tensor that is PENDING (or a DISCARDED tombstone)."""
-
-    slug = "upload_not_readable"
-
-
-@dataclass(frozen=True)
-class ChunkWrite:
-    """A DoPut's target, checked before its stream is read: the upload, the chunk and the
-    most bytes its stream may carry."""
-
-    upload: Upload
-    chunk_id: ChunkId
-    bounds: Bounds
-    expected_bytes: int
-    max_stream_bytes: int
-
-
-@dataclass
-class Upload:
-    """One uploaded tensor: its store, reader and progress (``adopted`` ones carry none)."""
-
-    array_id: str
-    source_id: str
-    field: str
-    member: Any  # ZarrMember | CacheMember
-    tensor: TensorAdapter
-    state: str
-    expires_at: float | None
-    last_activity: float
-    adopted: bool = False
-    #: the lifetime add_tensor granted (seconds; None = no deadline)
-    granted_ttl: float | None = None
-    reason: str = ""
-    discarded_at: float | None = None
-    #: chunks whose write returned (durable as far as the member goes: READY fsyncs them)
-    received: set[Bounds] = dataclasses.field(default_factory=set)
-    #: chunks whose last write failed (ENOSPC, I/O error): a hole the client did not mean
-    failed: set[Bounds] = dataclasses.field(default_factory=set)
-    inflight: int = 0
-    #: SHA-256 (hex) of its owner's token ("" = the server's): who may write, publish, discard it
-    owner: str = ""
-    #: SHA-256 (hex) of its read grant ("" = none: read as the catalog is); the service floor
-    #: checks callers against both (``service/access.py``)
-    grant: str = ""
-    cond: threading.Condition = dataclasses.field(default_factory=threading.Condition)
-
-    @property
-    def expected_chunks(self) -> int:
-        return int(np.prod([-(-n // c) for n, c in zip(self.tensor.shape, self.tensor.chunk_shape)], dtype=object))
-
-    @property
-    def declared_bytes(self) -> int:
-        return int(np.prod(self.tensor.shape, dtype=object)) * self.tensor.dtype.itemsize
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "expected_chunks": self.expected_chunks,
-            "uploaded_chunks": len(self.received),
-            "reason": self.reason,
-        }
-
-
-def _shown(value: Any) -> str:
-    return str(list(value)) if isinstance(value, tuple) else str(value)
-
-
-def _same_owner(owner: str, request_id: str, up: Upload) -> None:
-    """An in-process producer's write check: the owner it names is the upload's."""
-    if up.owner != owner:
-        raise PermissionDenied(
-            f"add_tensor {request_id!r}: {up.array_id} is a PENDING upload of another owner; only "
-            "its owner may re-plan it"
-        )
-
-
-def _member_dir(write_dir: Path, source_id: str, target_field: str) -> Path:
-    """``fields/<source_id>/<name>`` for a field; ``fields/<source_id>/@labels/<image>/<name>``
-    for a label set (the image field quoted into one component)."""
-    base = write_dir / "fields" / source_id
-    image, marker, name = target_field.rpartition(f"{LABELS}/")
-    if not marker:
-        return base / target_field.split("/", 1)[1]
-    return base / LABELS / quote(image.rstrip("/") or "@default", safe="") / name
 
 
 class WriteDirHeld(FolderHeld):
@@ -237,108 +135,17 @@ class UploadManager:
         self.scratch_ttl = float(scratch_ttl)
         self.clock = clock
         self._lock = threading.RLock()
-        #: array_id -> Upload, live and tombstones
-        self._uploads: dict[str, Upload] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         try:
             (self.write_dir / "fields").mkdir(exist_ok=True)
             catalog.excluded.append(self.write_dir)
             catalog.add_source(ScratchSource())
-            self.boot_summary = self._adopt()
+            #: array_id -> Upload, live and tombstones
+            self._uploads, self.boot_summary = adopt_write_dir(self.write_dir, catalog, clock())
         except BaseException:
             self._folder_lock.release()
             raise
-
-    # ---- boot ------------------------------------------------------------------------------
-    def _member_dirs(self) -> list[Path]:
-        """Every directory where a member lives: ``fields/<source_id>/<name>`` and
-        ``fields/<source_id>/@labels/<image>/<name>`` (``_member_dir``), marker or not."""
-        fields = self.write_dir / "fields"
-        out = []
-        for source in sorted(p for p in fields.iterdir() if p.is_dir()):
-            for d in sorted(p for p in source.iterdir() if p.is_dir()):
-                if d.name != LABELS:
-                    out.append(d)
-                    continue
-                for image in sorted(p for p in d.iterdir() if p.is_dir()):
-                    out += sorted(p for p in image.iterdir() if p.is_dir())
-        return out
-
-    def _adopt(self) -> dict[str, int]:
-        """Adopt READY members; remove PENDING ones a crash left behind and READY ones whose
-        deadline passed while the server was down (this server holds the write dir's lock, so
-        none is another live server's). A member that cannot be adopted (``integrity.py``)
-        becomes a DISCARDED tombstone with the reason and one warning; its files are kept."""
-        counts = {"adopted": 0, "removed": 0, "damaged": 0}
-        now = self.clock()
-        for d in self._member_dirs():
-            kind = next((k for k in (ZarrMember, CacheMember) if k.read_marker(d) is not None), None)
-            marker = None if kind is None else kind.read_marker(d)
-            if marker is not None and (
-                marker.state != READY or (marker.expires_at is not None and now >= marker.expires_at)
-            ):
-                log.info("boot: removing %s upload %s (%s)", marker.state, marker.array_id, d)
-                shutil.rmtree(d, ignore_errors=True)
-                self._forget_rows(marker.array_id)
-                counts["removed"] += 1
-                continue
-            try:
-                if kind is None or marker is None:
-                    present = [n for n in (".zattrs", "descriptor.json") if (d / n).is_file()]
-                    raise StoreDamaged(
-                        f"{' and '.join(present)} holds no readable upload marker"
-                        if present
-                        else "no upload marker (.zattrs or descriptor.json)"
-                    )
-                self._adopt_member(kind.open(d), now)
-                counts["adopted"] += 1
-            except Exception as exc:  # a damaged store raises whatever its library raises
-                self._keep_damaged(d, marker, " ".join(str(exc).split())[:300] or type(exc).__name__, now)
-                counts["damaged"] += 1
-        return counts
-
-    def _adopt_member(self, member: Any, now: float) -> None:
-        m = member.marker
-        source_id, fld = ArrayId.parse(m.array_id)
-        up = Upload(
-            m.array_id,
-            source_id,
-            fld,
-            member,
-            member.reader(),
-            READY,
-            m.expires_at,
-            now,
-            adopted=True,
-            reason="adopted at boot (no progress record: uploaded_chunks is not known)",
-            owner=m.owner,
-            grant=m.grant,
-        )
-        self.catalog.attach(source_id, fld, up.tensor, listed=True)
-        self._uploads[m.array_id] = up
-
-    def _keep_damaged(self, d: Path, marker: Marker | None, why: str, now: float) -> None:
-        array_id = marker.array_id if marker is not None else layout_array_id(d, self.write_dir / "fields")
-        reason = f"the upload store {d} is damaged ({why}); its files are kept: remove the folder to free the name"
-        log.warning("boot: upload %s is DISCARDED: %s", array_id, reason)
-        source_id, fld = ArrayId.parse(array_id)
-        member = DamagedMember(d, array_id, marker, why)
-        self._uploads[array_id] = Upload(
-            array_id,
-            source_id,
-            fld,
-            member,
-            member.reader(),
-            DISCARDED,
-            None,
-            now,
-            adopted=True,
-            reason=reason,
-            discarded_at=now,
-            owner=marker.owner if marker is not None else "",
-            grant=marker.grant if marker is not None else "",
-        )
 
     # ---- lookup ----------------------------------------------------------------------------
     def get(self, array_id: str) -> Upload | None:
@@ -386,33 +193,19 @@ class UploadManager:
         producer, trusted).
 
         The name of a PENDING upload, declared again the same way, answers that upload as it
-        stands (``_replan``): a crashed uploader re-plans and resumes. A re-plan is a write of
+        stands (``replan.py``): a crashed uploader re-plans and resumes. A re-plan is a write of
         the upload: ``may_write(upload)`` (the service's write check) decides it, and without
         one the ``owner`` given must be the upload's."""
-        may_write = may_write or functools.partial(_same_owner, owner, request_id)
+        may_write = may_write or functools.partial(same_owner, owner, request_id)
         authorize = authorize or (lambda tensor: None)
         target = parse_upload_id(request_id)
-        try:
-            dt = np.dtype(dtype)
-        except TypeError:
-            raise InvalidArgument(
-                f"add_tensor {str(request_id)[:200]!r}: {str(dtype)[:40]!r} is not a numpy dtype"
-            ) from None
-        if dt.kind not in "biuf" or dt.byteorder == ">":
-            raise InvalidArgument(f"add_tensor {request_id!r}: dtype {dt.str} is not a little-endian numeric dtype")
+        dt = checked_dtype(dtype, request_id)
         shape, chunk_shape, nbytes = checked_extent(
             tuple(shape), tuple(chunk_shape), dt.itemsize, f"add_tensor {request_id!r}"
         )
-        dim_labels = asked_labels = tuple(str(d).lower() for d in dim_labels)
-        if dim_labels and len(dim_labels) != len(shape):
-            raise InvalidArgument(
-                f"add_tensor {request_id!r}: {len(dim_labels)} dim_labels for a {len(shape)}-D tensor"
-            )
-        extra_attrs = self._check_metadata(target, metadata_json, request_id)
-        if ttl_seconds is not None and ttl_seconds <= 0:
-            raise InvalidArgument(
-                f"add_tensor {request_id!r}: ttl_seconds must be positive; leave it unset for no deadline"
-            )
+        dim_labels = asked_labels = checked_dim_labels(dim_labels, len(shape), request_id)
+        extra_attrs = checked_metadata(target, metadata_json, request_id)
+        checked_ttl(ttl_seconds, request_id)
         rec = self.catalog.get_record(target.source_id)  # TensorNotFound when the source is not served
         if rec.source is None:
             raise TensorNotFound(
@@ -424,7 +217,7 @@ class UploadManager:
             authorize(image)
             if image.array_id != target.image_id:  # e.g. 'src/img' of a single-tensor source 'src'
                 target = parse_upload_id(f"zarr://{image.array_id}/{LABELS}/{target.name}")
-            self._check_label_binding(image, shape, request_id)
+            image_labels = label_set_dim_labels(image, shape, request_id)
             stored = next((f for f in rec.source.tensors if fold_name(f) == fold_name(target.field)), None)
             if stored is not None:
                 raise AlreadyExists(
@@ -432,22 +225,13 @@ class UploadManager:
                     "label image the file stores; add the set under another name"
                 )
             is_labels = True
-            dim_labels = dim_labels or (
-                image.dim_labels if shape == image.shape else tuple(d for d in image.dim_labels if d != "c")
-            )
-        grid = tuple(min(c, n) for c, n in zip(chunk_shape, shape))
-        if target.store_format == "zarr":
-            grid = transfer_chunk_shape(shape, dt.itemsize, grid, dim_labels or None)
-        if int(np.prod(grid)) * dt.itemsize > CEILING_BYTES:
-            raise InvalidArgument(
-                f"add_tensor {request_id!r}: chunk_shape {list(grid)} is above the 64 MiB "
-                f"limit of one chunk; upload in smaller chunks"
-            )
+            dim_labels = dim_labels or image_labels
+        grid = write_grid(target, shape, chunk_shape, dt, dim_labels, request_id)
         cap = self.scratch_ttl if target.source_id == SCRATCH_SOURCE_ID and self.scratch_ttl > 0 else None
         granted = ttl_seconds if cap is None else min(ttl_seconds or cap, cap)
         now = self.clock()
         with self._lock:
-            holder = self._holder(target)
+            holder = holder_of(self._uploads.values(), target)
             if holder is not None:
                 authorize(holder.tensor)  # before its id, state or declaration is named
                 declared = {
@@ -457,9 +241,9 @@ class UploadManager:
                     "chunk_shape": grid,
                     "dim_labels": asked_labels or None,
                 }
-                return self._replan(holder, target, request_id, declared, may_write)
+                return replan(holder, target, request_id, declared, may_write, self.clock)
             self._check_quota(nbytes, request_id)
-            path = _member_dir(self.write_dir, target.source_id, target.field)
+            path = member_dir(self.write_dir, target.source_id, target.field)
             if path.exists():  # no record holds it (a removal that failed?): never reuse, never delete
                 raise InvalidArgument(
                     f"add_tensor {request_id!r}: {path} already exists and no upload holds it; "
@@ -503,63 +287,10 @@ class UploadManager:
         log.info("added %s tensor %s", target.store_format, target.array_id)
         return up
 
-    def _holder(self, target: Any) -> Upload | None:
-        """The upload (any state) whose name is the target's, compared case-folded."""
-        folded = fold_name(target.field)
-        return next(
-            (u for u in self._uploads.values() if u.source_id == target.source_id and fold_name(u.field) == folded),
-            None,
-        )
-
-    def _replan(
-        self,
-        holder: Upload,
-        target: Any,
-        request_id: str,
-        declared: dict[str, Any],
-        may_write: Callable[[Upload], None],
-    ) -> Upload:
-        """add_tensor of a taken name (caller holds ``_lock``): the PENDING upload of exactly
-        this name, re-declared as it was added by one who may write it, is answered as it
-        stands (its write plan, its ``uploaded_chunks``); any other holder keeps the name."""
-        if holder.state != PENDING or holder.array_id != target.array_id:
-            state = "a discarded tensor until the reclaim sweep" if holder.state == DISCARDED else holder.state
-            raise AlreadyExists(
-                f"add_tensor {request_id!r}: the name is taken: it already exists as "
-                f"{holder.array_id!r} ({state}); add the tensor under another name"
-            )
-        may_write(holder)  # a re-plan is a write: before its declaration is named
-        t = holder.tensor
-        was = {
-            "store format": holder.member.store_format,
-            "shape": t.shape,
-            "dtype": t.dtype.str,
-            "chunk_shape": t.chunk_shape,
-            "dim_labels": t.dim_labels if declared["dim_labels"] else None,
-        }
-        diff = [
-            f"{key} {_shown(was[key])} (not {_shown(value)})" for key, value in declared.items() if was[key] != value
-        ]
-        if diff:
-            raise AlreadyExists(
-                f"add_tensor {request_id!r}: the name is taken: it already exists as "
-                f"{holder.array_id!r} (PENDING, declared with {', '.join(diff)}); re-plan it as it "
-                "was added to resume it, add the tensor under another name, or DISCARD it first"
-            )
-        with holder.cond:
-            holder.last_activity = self.clock()
-        log.info(
-            "re-planned PENDING upload %s (%d of %d chunks written)",
-            holder.array_id,
-            len(holder.received),
-            holder.expected_chunks,
-        )
-        return holder
-
     def _check_quota(self, nbytes: int, request_id: str) -> None:
         """Refuse an upload past the pending count or the declared-bytes quota (caller holds
         ``_lock``)."""
-        pending = [u for u in self._uploads.values() if u.state in (PENDING, _SEALING)]
+        pending = [u for u in self._uploads.values() if u.state in (PENDING, SEALING)]
         if len(pending) >= self.max_pending_uploads:
             raise ResourceExhausted(
                 f"add_tensor {request_id!r}: {len(pending)} uploads are PENDING, the limit of "
@@ -589,30 +320,6 @@ class UploadManager:
                     f"({exc.strerror}); free space there, then retry"
                 ) from None
             raise
-
-    @staticmethod
-    def _check_metadata(target: Any, metadata_json: str, request_id: str) -> dict[str, Any]:
-        if not metadata_json:
-            return {}
-        doc = decode_json(metadata_json, f"add_tensor {request_id!r}: metadata_json")
-        if target.is_label_set and isinstance(doc, dict) and set(doc) <= {"image-label"}:
-            return doc
-        raise InvalidArgument(
-            f"add_tensor {request_id!r}: metadata is the source's, not a tensor's (an uploaded tensor has "
-            "none; upload onto the source that carries the physical scale). The one exception is a label "
-            "set's own 'image-label' block."
-        )
-
-    @staticmethod
-    def _check_label_binding(image: TensorAdapter, shape: tuple[int, ...], request_id: str) -> None:
-        """A label set covers its image's extent: the image's shape, or the image's shape without
-        its channel axis."""
-        no_channel = tuple(n for n, d in zip(image.shape, image.dim_labels) if d != "c")
-        if shape != image.shape and shape != no_channel:
-            raise InvalidArgument(
-                f"add_tensor {request_id!r}: a label set of {image.array_id} must have shape "
-                f"{list(image.shape)} or {list(no_channel)}, not {list(shape)}"
-            )
 
     # ---- writes ----------------------------------------------------------------------------
     def plan_chunk_write(self, chunk_id: bytes | ChunkId) -> ChunkWrite:
@@ -694,13 +401,13 @@ class UploadManager:
         if up is None:
             raise TensorNotFound(f"set_upload_status: {array_id!r} is not an upload")
         with up.cond:
-            while up.state == _SEALING:  # a concurrent READY: its answer is ours
+            while up.state == SEALING:  # a concurrent READY: its answer is ours
                 up.cond.wait()
             if up.state == DISCARDED:
                 raise UploadClosed(up.array_id, DISCARDED, up.reason)
             if up.state == READY:
                 return up
-            up.state = _SEALING  # refuses new writes; discard waits for the outcome
+            up.state = SEALING  # refuses new writes; discard waits for the outcome
             while up.inflight:
                 up.cond.wait()
         try:
@@ -753,7 +460,7 @@ class UploadManager:
         if up is None:
             return None
         with up.cond:
-            while up.state == _SEALING:
+            while up.state == SEALING:
                 up.cond.wait()
             if up.state == DISCARDED:
                 return up
@@ -764,7 +471,7 @@ class UploadManager:
                 up.cond.wait()
         self.catalog.detach(up.source_id, up.field)
         up.member.remove()
-        self._forget_rows(array_id)
+        forget_rows(self.catalog, array_id)
         if up.adopted:
             with self._lock:
                 self._uploads.pop(array_id, None)
@@ -778,13 +485,6 @@ class UploadManager:
         for set_id in sets:
             self.discard(set_id, f"its image {array_id} was discarded")
         return up
-
-    def _forget_rows(self, array_id: str) -> None:
-        """An upload's annotations and decode rate go with it: once its name is free the id
-        may name another owner's upload, and rows no upload record covers would fall under
-        the control rule, readable by anyone in local mode (``service/access.py``)."""
-        self.catalog.rois.forget(array_id)
-        self.catalog.decode_rates.forget(array_id)
 
     def check_readable(self, up: Upload) -> None:
         if up.state == DISCARDED:
@@ -808,7 +508,7 @@ class UploadManager:
                 if self.upload_ttl > 0 and up.discarded_at is not None and now - up.discarded_at >= self.upload_ttl:
                     with self._lock:
                         self._uploads.pop(up.array_id, None)
-                    self._forget_rows(up.array_id)  # any a write in flight at the discard stored
+                    forget_rows(self.catalog, up.array_id)  # any a write in flight at the discard stored
                     reclaimed += 1
             elif up.expires_at is not None and now >= up.expires_at:
                 self.discard(up.array_id, "ttl_seconds deadline passed")

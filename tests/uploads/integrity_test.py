@@ -208,17 +208,3 @@ def test_serve_starts_over_a_store_missing_its_zarray(tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         proc.stderr.close()
-
-
-@pytest.mark.parametrize(
-    "array_id", ["scratch/@fields/x", "src/@labels/cells", "src/@fields/img/@labels/cells", "src/0/1/@labels/nuclei"]
-)
-def test_a_member_folder_names_its_upload_by_its_place(tmp_path, array_id):
-    """A member without a readable marker is reported under the id its folder stands for:
-    the inverse of where the manager puts that id."""
-    from tensor_server.uploads.integrity import layout_array_id
-    from tensor_server.uploads.manager import _member_dir
-
-    source_id, field = array_id.split("/", 1)
-    folder = _member_dir(tmp_path, source_id, field)
-    assert layout_array_id(folder, tmp_path / "fields") == array_id
