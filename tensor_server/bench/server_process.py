@@ -54,10 +54,16 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def server_process(
-    roots: Sequence[Path], cache_dir: Path, *extra: str, ready_seconds: float = 120.0
+    roots: Sequence[Path],
+    cache_dir: Path,
+    *extra: str,
+    ready_seconds: float = 120.0,
+    env: dict[str, str] | None = None,
 ) -> Iterator[ServerProcess]:
     """``serve ROOTS`` with its chunk cache in ``cache_dir`` and an HTTP door without the
-    token, yielded once the first scan is done; terminated (killed after 60 s) on exit."""
+    token, yielded once the first scan is done; terminated (killed after 60 s) on exit.
+    ``env``: the server's environment (default this one's; an A/B run points ``PYTHONPATH``
+    at another checkout)."""
     from biopb.tensor import TensorFlightClient
 
     port, http_port = _free_port(), _free_port()
@@ -79,6 +85,7 @@ def server_process(
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
     served = ServerProcess(proc.pid, f"grpc://127.0.0.1:{port}", f"http://127.0.0.1:{http_port}")
     try:
