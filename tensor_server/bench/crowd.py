@@ -10,9 +10,9 @@ against a server process of its own (``bench/server_process.py``).
 * *cold*: a fresh server (empty chunk cache) per client count, one pass.
 
 Beside it, in the same run, the floor of the HTTP stack: a bare uvicorn + Starlette server
-answering a fixed 512² JPEG, encoded per request with Pillow at our quality (``floor``), with
-the same clients. What a warm IIIF tile costs above it is ours: look-up, read of cached chunks,
-render, and the door's middleware.
+answering a fixed 512² JPEG encoded per request by our encoder (``floor``), and its bytes
+without the encode (``floor-static``), with the same clients. What a warm IIIF tile costs
+above ``floor`` is ours: look-up, read of cached chunks, render, and the door's middleware.
 
 Targets (issue 41): 8 clients' warm throughput >= 1.3x one client's and p50 <= 4x one
 client's p50, for HTTP and for 6 Flight clients.
@@ -125,10 +125,9 @@ def _warm(make: Callable[[], Fetch], tiles: list[tuple], clients: int, repeats: 
 
 
 def serve_floor(port: int) -> None:
-    """The floor server: ``/tile`` answers a fixed 512² uint8 image as a JPEG (quality 90, as
-    ``render.image.encode``), encoded per request, on uvicorn with httptools as our door."""
-    import io
-
+    """The floor server, on uvicorn with httptools as our door: ``/tile`` answers a fixed 512²
+    uint8 image encoded per request as our tiles are (``render.image.encode``: JPEG quality 90,
+    in a worker thread), ``/static`` the same JPEG's bytes (the HTTP stack alone)."""
     import uvicorn
     from PIL import Image
     from starlette.applications import Starlette
@@ -136,18 +135,19 @@ def serve_floor(port: int) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
+    from tensor_server.render.image import encode
+
     rng = np.random.default_rng(0)
     image = Image.fromarray((np.arange(TILE)[None, :] // 4 + rng.integers(0, 16, (TILE, TILE))).astype(np.uint8))
-
-    def encoded() -> bytes:
-        buf = io.BytesIO()
-        image.save(buf, "JPEG", quality=90)
-        return buf.getvalue()
+    static = encode(image, "jpg")
 
     async def tile(request: Any) -> Response:
-        return Response(await run_in_threadpool(encoded), media_type="image/jpeg")
+        return Response(await run_in_threadpool(encode, image, "jpg"), media_type="image/jpeg")
 
-    app = Starlette(routes=[Route("/tile", tile)])
+    async def fixed(request: Any) -> Response:
+        return Response(static, media_type="image/jpeg")
+
+    app = Starlette(routes=[Route("/tile", tile), Route("/static", fixed)])
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http="httptools", access_log=False)
 
 
@@ -210,9 +210,12 @@ def _measure(ns: argparse.Namespace, image: Path, factor: int, tiles: list[tuple
             aid = _served_id(srv.location)
             http = _http_fetch(srv.http_url, _iiif_path(aid, factor))
             flight = _flight_fetch(srv.location, aid, factor)
-            floor = _http_fetch(floor_url, lambda t: "/tile")
+            floors = {
+                "floor": _http_fetch(floor_url, lambda t: "/tile"),
+                "floor-static": _http_fetch(floor_url, lambda t: "/static"),
+            }
             for clients in counts:
-                for door, make in (("http", http), ("flight", flight), ("floor", floor)):
+                for door, make in (("http", http), ("flight", flight), *floors.items()):
                     wait_idle(srv.pid)
                     row(door, "warm", clients, _warm(make, tiles, clients, ns.repeats))
         if ns.cold:
@@ -254,10 +257,11 @@ def main(ns: argparse.Namespace) -> int:
     print(
         f"\n{side}² uint8 zarr, no stored pyramid; 63-tile viewports of 512² at each scale; "
         f"load average before the run {load[0]:.1f} ({os.cpu_count()} cores). warm: median of "
-        f"{ns.repeats} passes, p50/p99 over every tile; floor = bare uvicorn + Pillow 512² JPEG"
+        f"{ns.repeats} passes, p50/p99 over every tile; floor = bare uvicorn + our 512² JPEG encode, "
+        "floor-static = its bytes"
     )
     print_table(list(rows[0]), [list(r.values()) for r in rows])
-    for door in ("http", "flight", "floor"):
+    for door in ("http", "flight", "floor", "floor-static"):
         warm = {r["clients"]: r for r in rows if r["door"] == door and r["state"] == "warm" and r["scale"] == 1}
         if 1 in warm and max(warm) > 1:
             top = warm[max(warm)]

@@ -507,6 +507,7 @@ class HttpFrontEnd:
                 host=host,
                 port=port,
                 log_level="warning",
+                log_config=None,  # the process's logging is the command line's: uvicorn's dictConfig would close its handlers
                 lifespan="off",
                 access_log=False,
                 ssl_certfile=None if tls is None else str(tls.cert_path),

@@ -512,8 +512,20 @@ def _log_request(rq: RequestTiming, total: float) -> None:
         "target": rq.target[:200],
         **{f"{k}_ms": round(v * 1e3, 3) for k, v in rq.parts.items() if v},
     }
-    text = " ".join(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))
-    ACCESS_LOG.info("request %s", text, extra={"request": fields})
+    ACCESS_LOG.info("request %s", _RequestLine(fields), extra={"request": fields})
+
+
+class _RequestLine:
+    """A request's ``key=value`` text, made when the line is written (on the request log's
+    thread, ``cli_logging``), not by the request."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.fields.items() if v not in (None, ""))
 
 
 #: family -> (kind, help, label names): what ``Metrics`` counts (prefixed ``tensor_server_``)
