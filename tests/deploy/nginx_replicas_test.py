@@ -159,6 +159,8 @@ def test_replicas_behind_nginx_serve_the_same_bytes_and_survive_a_killed_one(tmp
             assert _get(front + p, **AUTH) == direct[p], p
             assert _get(f"{front}/t/{TOKEN}{p}") == direct[p], p
 
+        _headers_pass_through(front, array_id, direct[f"/zarr/{array_id}/0/0.0"])
+
         expected = image[100:900, 37:1000]
         assert np.array_equal(_sdk_read(replicas[2].server.location, array_id), expected)
         assert np.array_equal(_sdk_read(front_grpc, array_id), expected)  # the localhost fast path: mmap
@@ -186,6 +188,20 @@ def test_replicas_behind_nginx_serve_the_same_bytes_and_survive_a_killed_one(tmp
         assert TOKEN not in log
         assert "FlightService/DoGet 200" in log  # the pixels went through nginx
         assert re.search(rf"GET {re.escape(tile)} 200 \d+ upstream={dead}, [\d.:]+ upstream_status=502, 200", log), log
+
+
+def _headers_pass_through(front: str, array_id: str, chunk: bytes) -> None:
+    """Range and If-None-Match reach the replica and its answers come back; so does the
+    client's Host: a foreign one is refused by the replica's rebinding guard, and the URLs a
+    replica writes name nginx."""
+    url = f"{front}/zarr/{array_id}/0/0.0"
+    part = httpx.get(url, headers={**AUTH, "Range": "bytes=10-19"})
+    assert (part.status_code, part.content) == (206, chunk[10:20])
+    assert httpx.get(url, headers={**AUTH, "If-None-Match": part.headers["etag"]}).status_code == 304
+    foreign = httpx.get(url, headers={**AUTH, "Host": "tiles.example.org"})
+    assert foreign.status_code == 403 and "not a name this server answers to" in foreign.text
+    info = httpx.get(f"{front}/iiif/3/{array_id}/info.json", headers=AUTH).json()
+    assert info["id"].startswith(f"{front}/")
 
 
 def _array_id(location: str) -> str:
