@@ -208,7 +208,6 @@ def nginx_config(
         f"        client_body_timeout {GRPC_STREAM_SECONDS}s;",
         "        location / {",
         "            grpc_pass grpc://tensor_server_flight;",
-        "            grpc_set_header X-Forwarded-For $proxy_add_x_forwarded_for;",
         f"            grpc_connect_timeout {CONNECT_SECONDS}s;",
         f"            grpc_read_timeout {GRPC_STREAM_SECONDS}s;",
         f"            grpc_send_timeout {GRPC_STREAM_SECONDS}s;",
