@@ -72,23 +72,24 @@ def _host(text: str) -> str | None:
 
 def _address(item: str, flag: str, *, port_only: bool = False) -> Address:
     """One ``HOST:PORT`` (``[IPV6]:PORT``), or with ``port_only`` also a bare ``PORT``."""
-    text = item.strip()
+    text, form = item.strip(), "PORT or HOST:PORT" if port_only else "HOST:PORT"
+    bracketed = text.startswith("[")
     if port_only and text.isdigit():
         host, port_text = "", text
-    elif text.startswith("["):
-        inside, bracket, rest = text[1:].partition("]")
-        host, port_text = (inside, rest[1:]) if bracket and rest.startswith(":") and ":" in inside else ("", "")
+    elif bracketed:
+        host, bracket, rest = text[1:].partition("]")
+        port_text = rest[1:] if bracket and rest.startswith(":") else ""
     else:
         host, _, port_text = text.rpartition(":")
-    form = "PORT or HOST:PORT" if port_only else "HOST:PORT"
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise NginxConfigError(f"{flag}: {item!r} is not {form} with a port from 1 to 65535")
-    name = _host(host) if host and ":" not in host or text.startswith("[") else None if host else ""
-    if name is None and ":" in host and not text.startswith("["):
+    if ":" in host and not bracketed:
         raise NginxConfigError(f"{flag}: {item!r}: an IPv6 address goes in brackets, [{host}]:{port_text}")
-    if name is None or (not name and not port_only):
-        raise NginxConfigError(f"{flag}: {item!r} is not {form}: {host!r} is not a host name or IP address")
-    return Address(name, int(port_text))
+    name = _host(host) if host and (":" in host) == bracketed else None
+    if name is None and (host or not port_only):
+        what = f"{host!r} is not a host name or IP address" if host else "no host before the port"
+        raise NginxConfigError(f"{flag}: {item!r} is not {form}: {what}")
+    return Address(name or "", int(port_text))
 
 
 def parse_addresses(text: str, flag: str) -> list[Address]:

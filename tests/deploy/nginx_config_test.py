@@ -62,6 +62,8 @@ def test_grpc_is_balanced_per_connection_on_an_http2_listener(capsys):
         ("--http", "::1:80", "an IPv6 address goes in brackets, [::1]:80"),
         ("--http", "a:1,a:1", "--http: a:1 is listed twice"),
         ("--http", ",", "expected HOST:PORT[,HOST:PORT...]"),
+        ("--http", "8080", "--http: '8080' is not HOST:PORT: no host before the port"),
+        ("--http", "[name]:80", "'name' is not a host name or IP address"),
         ("--flight", "h:1;evil", "--flight: 'h:1;evil' is not HOST:PORT"),
         ("--listen-flight", "8080", "--listen-http and --listen-flight are both port 8080"),
         ("--listen-http", "x y:80", "--listen-http: 'x y:80' is not PORT or HOST:PORT"),
