@@ -129,6 +129,7 @@ def test_kernels_import_nothing_of_the_server() -> None:
         ("flight", "from tensor_server.http.paths import resolve_zarr_path\n"),
         ("http", "from tensor_server.flight import TensorFlightServer\n"),
         ("http", "import tensor_server.cli\n"),
+        ("deploy", "from tensor_server.service import ServingRuntime\n"),
     ],
 )
 def test_the_check_can_fail(floor: str, source: str) -> None:
