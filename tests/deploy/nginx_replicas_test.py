@@ -183,6 +183,7 @@ def test_replicas_behind_nginx_serve_the_same_bytes_and_survive_a_killed_one(tmp
                 assert _get(front + p, **AUTH) == direct[p], p
             assert np.array_equal(_sdk_read(front_grpc, array_id), expected)
             assert np.array_equal(_sdk_read(front_grpc, array_id, held), expected)
+        httpx.get(f"{front}/t/{TOKEN}?token={TOKEN}")  # no path after the token: still not logged
         log = (tmp_path / "nginx" / "access.log").read_text()
         dead = replicas[owner].http.removeprefix("http://")
         assert TOKEN not in log
