@@ -16,10 +16,11 @@ Why each part is as it is:
   ends at nginx (uvicorn trusts it from ``FORWARDED_ALLOW_IPS``, loopback by default).
 * **A dead replica is retried on another** (``proxy_next_upstream`` / ``grpc_next_upstream``, at
   most once per replica, a 2 s connect timeout) and set aside for ``fail_timeout``.
-* **gRPC balanced per connection** (``hash $connection``): every call of one SDK connection goes
-  to one replica (its chunk reads stay in one cache; the localhost fast path's ``chunk_locate``
-  and the read it locates agree). Calls are retried even after being sent
-  (``non_idempotent``): every call a ``--read-only`` replica accepts is a read.
+* **gRPC balanced per connection** (``hash $connection``): the calls of one client connection
+  go to one replica, so a client's reads stay in few caches, while many clients spread over
+  all (nginx would otherwise pick a replica per call; a Flight ticket is self-contained, so
+  either works). Calls are retried even after being sent (``non_idempotent``): every call a
+  ``--read-only`` replica accepts is a read.
 * **Runs unprivileged**: no ``user`` directive; pid, logs and temporary files are relative
   paths, under the prefix given with ``nginx -p PREFIX``.
 """
