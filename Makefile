@@ -37,7 +37,7 @@ BENCH_RECORD ?=
 export BENCH_RECORD
 SHELL := /bin/bash
 
-.PHONY: setup run url test lint test-nojit browser viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
+.PHONY: setup run url test lint test-nojit browser nginx viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
 
 setup: $(STAMP)
 
@@ -101,12 +101,13 @@ url: $(BASE_STAMP)
 # side: Chromium, OpenSeadragon, and the bytecode and numba caches filled once on every core
 # (warm), so the workers do not each compile the same kernels. Their lines appear as they come
 # (each names its target): with make's --output-sync a target said nothing until it had
-# finished, and the numba warm-up is about 2 minutes on a fresh clone. Before all of it, the
-# lint (make lint), so a finding fails the run at once.
+# finished, and the numba warm-up is about 2 minutes on a fresh clone. Then nginx (apt, after
+# Chromium's). Before all of it, the lint (make lint), so a finding fails the run at once.
 test: $(STAMP)
 	@echo "test: make lint first (ruff check, mypy), then pytest"
 	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j3 browser viewer-assets warm
+	@$(MAKE) --no-print-directory nginx
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-nojit
 
@@ -129,6 +130,18 @@ browser:
 	    (apt-get update -qq && apt-get install -y -qq chromium chromium-driver) >/dev/null 2>&1 && \
 	    echo "browser: chromium installed" || \
 	    echo "note: chromium could not be installed; the neuroglancer test will skip"; }
+
+# The replicas-behind-nginx test (tests/deploy) runs Debian's nginx unprivileged on loopback; install
+# it where apt can (make test runs this after the browser step: one apt at a time, both take
+# dpkg's lock). Where it cannot, that test skips and says why. (On a host with systemd, Debian's package also starts the
+# system nginx on port 80; the test does not use it.)
+nginx:
+	@command -v nginx >/dev/null || test -x /usr/sbin/nginx || \
+	  { echo "nginx: installing Debian's nginx with apt-get (a few MB; only the replicas-behind-nginx test"; \
+	    echo "       uses it; skipped when apt cannot)"; \
+	    (apt-get update -qq && apt-get install -y -qq nginx) >/dev/null 2>&1 && \
+	    echo "nginx: nginx installed" || \
+	    echo "note: nginx could not be installed; the replicas-behind-nginx test will skip"; }
 
 # OpenSeadragon (npm package) for the catalog page's viewer and tests/viewers, into the
 # git-ignored .viewer-assets/ (never committed); node/npm come from apt where missing.

@@ -745,6 +745,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tensor_server.export.command import run as cmd_export
 
         return cmd_export(args)
+    if args.command == "nginx-config":
+        from tensor_server.deploy.nginx import run as cmd_nginx_config
+
+        return cmd_nginx_config(args)
     code = cmd_serve(args, demo=args.command == "run")
     _exit_without_final_collection()
     return code

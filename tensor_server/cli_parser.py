@@ -167,6 +167,15 @@ def build_parser() -> argparse.ArgumentParser:
     from tensor_server.export.command import add_arguments as export_arguments
 
     export_arguments(sub.add_parser("export", help="write a tensor as a pyramidal, sharded OME-Zarr (docs/export.md)"))
+    from tensor_server.deploy.nginx import add_arguments as nginx_arguments
+
+    nginx_arguments(
+        sub.add_parser(
+            "nginx-config",
+            help="print a complete nginx.conf (for nginx -c FILE -p PREFIX) balancing read-only replicas' "
+            "HTTP and Flight doors (docs/deploying.md)",
+        )
+    )
     sub.add_parser("version", help="print the version")
     return p
 

@@ -36,6 +36,9 @@ FORBIDDEN = {
     "uploads": {"service", "render", "export"} | _ABOVE_SERVICE,
     # the exporter reads through core and adapters only; the doors (cli, flight) call it
     "export": {"cache", "catalog", "uploads", "service", "render", "config"} | _ABOVE_SERVICE,
+    # deployment configuration (nginx.conf): text for the load balancer, nothing of the server
+    "deploy": {"core", "adapters", "cache", "catalog", "uploads", "service", "render", "export", "config"}
+    | _ABOVE_SERVICE,
     "service": _ABOVE_SERVICE,
     "flight": {"http", "bench", "testing", "demo"} | _CLI,
     "http": {"flight", "bench", "testing", "demo"} | _CLI,
@@ -126,6 +129,7 @@ def test_kernels_import_nothing_of_the_server() -> None:
         ("flight", "from tensor_server.http.paths import resolve_zarr_path\n"),
         ("http", "from tensor_server.flight import TensorFlightServer\n"),
         ("http", "import tensor_server.cli\n"),
+        ("deploy", "from tensor_server.service import ServingRuntime\n"),
     ],
 )
 def test_the_check_can_fail(floor: str, source: str) -> None:
