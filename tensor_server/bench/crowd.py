@@ -11,7 +11,10 @@ against a server process of its own (``bench/server_process.py``).
 
 Beside it, in the same run, the floor of the HTTP stack: a bare uvicorn + Starlette server
 answering a fixed 512² JPEG encoded per request by our encoder (``floor``), and its bytes
-without the encode (``floor-static``), with the same clients. What a warm IIIF tile costs
+without the encode (``floor-static``), with the same clients; and the floor of the Flight
+stack: bare pyarrow Flight answering the two calls a warm SDK tile makes on loopback
+(``GetFlightInfo``, ``DoAction`` chunk_locate) with fixed answers, called by pyarrow clients
+(``flight-floor``). What a warm IIIF tile costs
 above ``floor`` is ours: look-up, read of cached chunks, render, and the door's middleware.
 
 Targets (issue 41): 8 clients' warm throughput >= 1.3x one client's and p50 <= 4x one
@@ -151,6 +154,44 @@ def serve_floor(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", http="httptools", access_log=False)
 
 
+def serve_flight_floor(port: int) -> None:
+    """The Flight floor server: bare pyarrow Flight, answering the two calls a warm tile costs
+    the biopb SDK on loopback (``GetFlightInfo`` for the plan, ``DoAction`` for the chunk's
+    location) with fixed answers of the same sizes as ours. What ours spends above it is
+    its plan, look-up, rules and cache."""
+    import pyarrow as pa
+    from pyarrow import flight
+
+    schema = pa.schema([("data", pa.binary())])
+    location = b"x" * 200  # a chunk_locate answer's size (path, offset, length, inode)
+
+    class Floor(flight.FlightServerBase):
+        def get_flight_info(self, context: Any, descriptor: Any) -> Any:
+            endpoint = flight.FlightEndpoint(b"t" * 120, [])
+            return flight.FlightInfo(schema, descriptor, [endpoint], -1, -1)
+
+        def do_action(self, context: Any, action: Any) -> Any:
+            return [location]
+
+    Floor(f"grpc://127.0.0.1:{port}").serve()
+
+
+def _flight_floor_fetch(location: str) -> Callable[[], Fetch]:
+    from pyarrow import flight
+
+    def make() -> Fetch:
+        client = flight.FlightClient(location)
+        descriptor = flight.FlightDescriptor.for_command(b"c" * 60)
+
+        def fetch(t: tuple) -> None:
+            client.get_flight_info(descriptor)
+            list(client.do_action(flight.Action("chunk_locate", b"k" * 60)))
+
+        return fetch
+
+    return make
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -158,11 +199,11 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _floor_process() -> Iterator[str]:
+def _floor_process(serve: str) -> Iterator[int]:
+    """``serve(port)`` of this module in a process of its own; yields the port once it listens."""
     port = _free_port()
-    code = f"from tensor_server.bench.crowd import serve_floor; serve_floor({port})"
+    code = f"from tensor_server.bench.crowd import {serve}; {serve}({port})"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -171,9 +212,9 @@ def _floor_process() -> Iterator[str]:
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the floor server did not start") from None
+                    raise RuntimeError(f"the floor server {serve} did not start") from None
                 time.sleep(0.1)
-        yield url
+        yield port
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -205,7 +246,12 @@ def _measure(ns: argparse.Namespace, image: Path, factor: int, tiles: list[tuple
         rows.append({"door": door, "state": state, "scale": factor, "clients": clients, **stats})
         print_table(list(rows[-1]), [list(rows[-1].values())])
 
-    with tempfile.TemporaryDirectory(prefix="ts-bench-crowd-") as work, _floor_process() as floor_url:
+    with (
+        tempfile.TemporaryDirectory(prefix="ts-bench-crowd-") as work,
+        _floor_process("serve_floor") as http_floor,
+        _floor_process("serve_flight_floor") as flight_floor,
+    ):
+        floor_url = f"http://127.0.0.1:{http_floor}"
         with server_process([image], Path(work) / "warm-cache", *ns.serve_args) as srv:
             aid = _served_id(srv.location)
             http = _http_fetch(srv.http_url, _iiif_path(aid, factor))
@@ -213,6 +259,7 @@ def _measure(ns: argparse.Namespace, image: Path, factor: int, tiles: list[tuple
             floors = {
                 "floor": _http_fetch(floor_url, lambda t: "/tile"),
                 "floor-static": _http_fetch(floor_url, lambda t: "/static"),
+                "flight-floor": _flight_floor_fetch(f"grpc://127.0.0.1:{flight_floor}"),
             }
             for clients in counts:
                 for door, make in (("http", http), ("flight", flight), *floors.items()):
@@ -261,7 +308,7 @@ def main(ns: argparse.Namespace) -> int:
         "floor-static = its bytes"
     )
     print_table(list(rows[0]), [list(r.values()) for r in rows])
-    for door in ("http", "flight", "floor", "floor-static"):
+    for door in ("http", "flight", "floor", "floor-static", "flight-floor"):
         warm = {r["clients"]: r for r in rows if r["door"] == door and r["state"] == "warm" and r["scale"] == 1}
         if 1 in warm and max(warm) > 1:
             top = warm[max(warm)]
