@@ -1,0 +1,48 @@
+"""The crowd bench runs end to end: every door it times (ours over HTTP and Flight, the HTTP
+and Flight floors) answers every tile, warm and cold, for each client count, and the floor
+servers answer what they stand for (a JPEG of a 512² tile; a plan and a location)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+
+from tensor_server.bench.crowd import _flight_floor_fetch, _floor_process, _http_fetch, _measure
+from tensor_server.bench.viewport import viewport, write_fixtures
+
+
+def test_every_door_answers_every_tile_warm_and_cold(tmp_path):
+    write_fixtures(tmp_path, 1024)
+    ns = argparse.Namespace(clients="1,2", repeats=1, cold=True, serve_args=[])
+    rows = _measure(ns, tmp_path / "big.zarr", 1, viewport(1024, 1))
+    seen = {(r["door"], r["state"], r["clients"]) for r in rows}
+    warm = {(d, "warm", c) for d in ("http", "flight", "floor", "floor-static", "flight-floor") for c in (1, 2)}
+    cold = {(d, "cold", c) for d in ("http", "flight") for c in (1, 2)}
+    assert seen == warm | cold
+    for r in rows:
+        assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("wall_ms", "tiles_per_s", "p50_ms", "p99_ms")), r
+
+
+def test_the_floors_answer_what_they_stand_for():
+    import http.client
+
+    from PIL import Image
+
+    with _floor_process("serve_floor") as port:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for path in ("/tile", "/static"):
+            conn.request("GET", path)
+            r = conn.getresponse()
+            body = r.read()
+            assert r.status == 200 and r.getheader("content-type") == "image/jpeg"
+            assert Image.open(io.BytesIO(body)).size == (512, 512)
+        _http_fetch(f"http://127.0.0.1:{port}", lambda t: "/tile")()((0, 0, 512, 512))
+    with _floor_process("serve_flight_floor") as port:
+        from pyarrow import flight
+
+        client = flight.FlightClient(f"grpc://127.0.0.1:{port}")
+        info = client.get_flight_info(flight.FlightDescriptor.for_command(b"c"))
+        assert len(info.endpoints) == 1
+        assert [bytes(r.body) for r in client.do_action(flight.Action("chunk_locate", b"k"))] == [b"x" * 200]
+        _flight_floor_fetch(f"grpc://127.0.0.1:{port}")()((0, 0, 512, 512))
