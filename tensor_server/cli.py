@@ -14,6 +14,15 @@ from typing import TYPE_CHECKING
 
 from tensor_server.cli_logging import REQUEST_LOG_OFF, REQUEST_LOG_STDERR, ScanProgress, setup_logging
 from tensor_server.cli_parser import DEMO_HTTP_PORT, DEMO_METRICS_PORT, build_parser
+from tensor_server.cli_workers import (
+    WorkerRole,
+    Workers,
+    as_worker,
+    cache_peers,
+    refuse_workers,
+    serve_as_worker,
+    worker_role,
+)
 from tensor_server.errors import InvalidArgument
 from tensor_server.service.memory import MemoryReturn, limit_malloc_arenas
 
@@ -219,6 +228,12 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
 
     for warning in keep_home_files_private():  # before the first file is written (the request log, the demo)
         print(warning, file=sys.stderr)
+    role = worker_role()  # set when a primary started this process (cli_workers.py)
+    count = role.count if role is not None else getattr(args, "workers", 1)
+    if role is not None:
+        as_worker(settings, role)
+    elif count > 1 and refuse_workers(settings, count):
+        return 2
     request_log = _setup_logging(settings, demo)
     if demo and not settings.roots:
         from tensor_server.config import default_cache_dir
@@ -252,7 +267,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         or _port_clash(settings.host, settings.http_port, "--http-port", "HTTP_PORT")
         or _port_clash(settings.metrics_host, settings.metrics_port, "--metrics-port", "METRICS_PORT")
     )
-    if clash is not None:  # said first: before any file is opened or gRPC speaks
+    if clash is not None and role is None:  # said first: before any file is opened or gRPC speaks
         print(f"serve: {clash}", file=sys.stderr)
         return 2
     if not _roots_present(settings.roots):
@@ -265,10 +280,11 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     if isinstance(tls, int):
         return tls
 
-    store = _catalog_store(settings.port)
+    store = _catalog_store(settings.port) if role is None else None  # a worker keeps its catalog in memory
 
-    def open_catalog(rois_path: str) -> Catalog:
-        Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
+    def open_catalog(rois_path: str | None) -> Catalog:
+        if rois_path is not None:
+            Path(rois_path).parent.mkdir(parents=True, exist_ok=True)
         cat = Catalog(
             settings.roots,
             rois_path=rois_path,
@@ -284,13 +300,17 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return cat
 
     try:
-        catalog = _take(
-            settings.rois_path,
-            default_data_dir() / "annotations.duckdb",
-            settings.port,
-            "--rois-db",
-            open_catalog,
-            RoiStoreBusy,
+        catalog = (
+            open_catalog(None)
+            if role is not None
+            else _take(
+                settings.rois_path,
+                default_data_dir() / "annotations.duckdb",
+                settings.port,
+                "--rois-db",
+                open_catalog,
+                RoiStoreBusy,
+            )
         )
     except (_Taken, InvalidArgument) as exc:
         if store is not None:
@@ -299,11 +319,13 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     try:
         cache = _take(
-            settings.cache_dir,
+            str(role.cache_folder()) if role is not None and role.cache_dir else settings.cache_dir,
             default_cache_dir() / "chunks",
             settings.port,
             "--cache-dir",
-            lambda d: CacheManager(d, max_total_bytes=settings.cache_max_bytes),
+            lambda d: CacheManager(
+                d, max_total_bytes=settings.cache_max_bytes // count, peers=cache_peers(d, role, count)
+            ),
             CacheLocked,
         )
     except _Taken as exc:
@@ -324,12 +346,18 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.cli_banner import ServingFacts
     from tensor_server.http.access_url import page_url, viewer_url, write_url_file
 
-    http_token = _http_token(args.rotate_http_token) if settings.http_port is not None and settings.http_token else None
+    http_token = (
+        _http_token(args.rotate_http_token and role is None)
+        if settings.http_port is not None and settings.http_token
+        else None
+    )
+    if role is not None:  # a worker listens once it knows the roots: until then the others serve
+        catalog.scan()
     runtime = ServingRuntime(
         catalog, settings, cache=cache, uploads=uploads, tls=tls, access_tokens=[http_token] if http_token else []
     )
     metrics, opened = _open_metrics(runtime)
-    doors = _open_doors(runtime, settings, http_token) if opened else None
+    doors = _open_doors(runtime, settings, http_token, role, count) if opened else None
     if doors is None:
         if metrics is not None:
             metrics.stop()
@@ -341,12 +369,28 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             cache.close()
         return 2
     server, http = doors
-    location = server.location
+    location = server.location if server is not None else http.url
     url_path = None
+    workers = None
     memory = MemoryReturn()  # a burst of large requests must not keep the server at its peak size
     in_main = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
     try:  # from here on a Ctrl-C (or SIGTERM) stops the server the one way, whenever it comes
+        if role is None and count > 1:
+            workers = Workers(
+                list(args.argv),
+                count,
+                http_port=http.port,
+                flight_port=server.port,
+                primary=location,
+                cache_dir=str(cache.dir) if cache is not None else None,
+            )
+            failed = workers.start()
+            if failed is not None:
+                print(f"serve: {failed}", file=sys.stderr)
+                return 2
+        if role is not None:
+            return serve_as_worker(role, http, catalog, settings)
         url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
         print(
             f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)",
@@ -397,6 +441,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         if in_main:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         memory.close()
+        if workers is not None:
+            workers.stop()
         if http is not None:
             http.stop()
         if url_path is not None:
@@ -492,14 +538,18 @@ def _http_token(rotate: bool) -> str:
     return token
 
 
-def _open_doors(runtime, settings, http_token):
+def _open_doors(runtime, settings, http_token, role: WorkerRole | None = None, count: int = 1):
     """The Flight door, and the HTTP door when ``http_port`` is set (its access token
-    ``http_token``); None (after saying why on stderr) when one cannot listen."""
+    ``http_token``); None (after saying why on stderr) when one cannot listen. A worker
+    (``role``) opens no Flight door: it names its primary's (cli_workers.py)."""
     from tensor_server.errors import TensorServerError
     from tensor_server.flight import TensorFlightServer
 
+    if role is not None:
+        server = None
+        runtime.flight_listening(settings.host, role.flight_port)
     try:
-        server = TensorFlightServer(runtime, settings.host, settings.port)
+        server = server if role is not None else TensorFlightServer(runtime, settings.host, settings.port)
     except TensorServerError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return None
@@ -524,10 +574,17 @@ def _open_doors(runtime, settings, http_token):
         cors_origins=settings.cors_origins,
     )
     try:
-        http = HttpFrontEnd(build_app(runtime, security), settings.host, settings.http_port, tls=runtime.tls)
+        http = HttpFrontEnd(
+            build_app(runtime, security),
+            settings.host,
+            settings.http_port,
+            tls=runtime.tls,
+            reuse_port=count > 1 or role is not None,
+        )
         http.start()
     except Exception as exc:  # uvicorn reports a taken port in several ways
-        server.shutdown()
+        if server is not None:
+            server.shutdown()
         print(
             f"serve: cannot serve HTTP on {settings.host}:{settings.http_port} ({exc}); pass another --http-port",
             file=sys.stderr,
@@ -729,7 +786,9 @@ def _stats_under(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # serve --workers starts its workers with the same arguments
     if args.command == "version":
         from tensor_server import __version__
 

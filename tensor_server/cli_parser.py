@@ -25,6 +25,21 @@ def _count(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> int:
+    """argparse type of ``--workers``: an integer >= 1, or ``auto`` (the cores)."""
+    import os
+
+    if text == "auto":
+        return os.cpu_count() or 1
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'auto', got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tensor-server", description="Serve bio-imaging files as N-D tensors over Arrow Flight (biopb protocol)."
@@ -134,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the sources found under ROOTs")
     serve.add_argument("roots", nargs="*", metavar="ROOT")
     server_flags(serve)
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        metavar="N",
+        help="serve HTTP from N processes on one port ('auto': the cores); the first owns writes and "
+        "Flight, all share the chunk cache (docs/operating.md)",
+    )
 
     run = sub.add_parser(
         "run", help="serve ROOTs, or a generated demo dataset when none is given, and print how to read"

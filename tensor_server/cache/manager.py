@@ -9,7 +9,9 @@ chunks as read-only arrays, so a hot chunk skips even the index and the IPC pars
 Keys are encoded chunk ids. They carry the content version, so a changed file can never hit
 an entry made from its old bytes. Arrays handed out are read-only; the read path copies them
 (the read engine hands out read-only arrays; callers copy before writing). One server per cache folder: a
-lock file refuses a second one instead of letting two writers interleave segments.
+lock file refuses a second one instead of letting two writers interleave segments. The processes
+of one server (``serve --workers N``) each write a folder of their own and read each other's
+(``peers``, cache/peers.py): a chunk one computed is a hit for all.
 
 Uniform chunks (the engine's broadcast arrays, ``core/uniform.py``) are kept as their value in
 a small map of their own (``UNIFORM_ENTRIES``), never as bytes in a segment: a mostly-empty
@@ -45,6 +47,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tensor_server.cache.peers import PeerSegments
 from tensor_server.cache.segment_index import index_path, read_index, write_index
 from tensor_server.cache.segment_store import (
     CorruptEntry,
@@ -113,7 +116,10 @@ class CacheManager:
         max_total_bytes: int = 4 << 30,
         memory_bytes: int = 256 << 20,
         segment_bytes: int = 64 << 20,
+        peers: PeerSegments | None = None,
     ) -> None:
+        """``peers``: the segments the other processes of this server write (their budgets
+        are theirs: ``max_total_bytes`` is this process's share)."""
         self.dir = Path(cache_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_total_bytes = int(max_total_bytes)
@@ -132,6 +138,7 @@ class CacheManager:
         self._next_number = 0  # never reuse a segment name, not even one taken by a stray file
         self._writes_paused_until = 0.0
         self._pending: dict[bytes, threading.Event] = {}
+        self._peers = peers
         self.stats = {
             "hits": 0,
             "misses": 0,
@@ -144,6 +151,7 @@ class CacheManager:
             "dropped_segments": 0,
             "corrupt_entries": 0,
             "write_errors": 0,
+            "peer_hits": 0,
         }
         t0 = time.perf_counter()
         self._boot()
@@ -208,21 +216,32 @@ class CacheManager:
 
     def __contains__(self, key: bytes) -> bool:
         with self._lock:
-            return key in self._memory or key in self._index or key in self._uniform
+            return self._has(key)
 
     def contains_all(self, keys: list[bytes]) -> bool:
         """True when every key is cached; stops at the first miss (one lookup when cold)."""
         with self._lock:
-            return all(k in self._memory or k in self._index or k in self._uniform for k in keys)
+            return all(self._has(k) for k in keys)
+
+    def _has(self, key: bytes) -> bool:
+        """In a tier of this process, or (looking again on a miss) in a peer's segments."""
+        if key in self._memory or key in self._index or key in self._uniform:
+            return True
+        return self._peers is not None and self._peers.has(key)
 
     def cache_stats(self) -> dict[str, Any]:
-        """The ``cache_stats`` action's JSON (wire-protocol §11)."""
+        """The ``cache_stats`` action's JSON (wire-protocol §11). Entries and bytes are the
+        shared cache's (this process's and its peers'); hits and misses this process's."""
         with self._lock:
+            peers = self._peers
+            if peers is not None:
+                peers.refresh()
             return {
-                "total_entries": len(self._index),
-                "total_bytes": self.file_bytes,
+                "total_entries": len(self._index.keys() | peers.keys()) if peers else len(self._index),
+                "total_bytes": self.file_bytes + (peers.file_bytes if peers else 0),
                 "max_entries": None,
-                "max_bytes": self.max_total_bytes,
+                "max_bytes": self.max_total_bytes * (1 + len(peers.folders) if peers else 1),
+                "processes": 1 + len(peers.folders) if peers else 1,
                 "hits": self.stats["hits"],
                 "misses": self.stats["misses"],
                 "evictions": self.stats["evictions"],
@@ -241,6 +260,7 @@ class CacheManager:
                     },
                     "file": {
                         "hits": self.stats["file_hits"],
+                        "peer_hits": self.stats["peer_hits"],
                         "misses": self.stats["misses"],
                         "segments": len(self._segments),
                         "bytes": self.file_bytes,
@@ -265,8 +285,9 @@ class CacheManager:
                 self.stats["memory_hits"] += 1
                 return arr
             found = self._message(key)
+            peer = self._peers.message(key) if found is None and self._peers is not None else None
         if found is None:
-            return None
+            return None if peer is None else self._from_peer(key, peer)
         message, number = found
         try:
             batch = verify_batch(message, key)
@@ -278,6 +299,24 @@ class CacheManager:
         with self._lock:
             self.stats["hits"] += 1
             self.stats["file_hits"] += 1
+            self._remember(key, arr)
+        return arr
+
+    def _from_peer(self, key: bytes, message: pa.Buffer) -> np.ndarray | None:
+        """The chunk in a peer's segment, verified as our own are (None when it fails)."""
+        try:
+            arr = decode_chunk(verify_batch(message, key))
+        except CorruptEntry as exc:
+            with self._lock:
+                assert self._peers is not None
+                self._peers.drop(key)
+                self.stats["corrupt_entries"] += 1
+                log.warning("cache: a peer's entry failed verification: %s", exc)
+            return None
+        with self._lock:
+            self.stats["hits"] += 1
+            self.stats["file_hits"] += 1
+            self.stats["peer_hits"] += 1
             self._remember(key, arr)
         return arr
 
@@ -546,6 +585,8 @@ class CacheManager:
             self._seal_quietly()
             for seg in self._segments.values():
                 seg.buffer = None
+            if self._peers is not None:
+                self._peers.close()
             self._folder_lock.release()
 
     def __enter__(self) -> CacheManager:

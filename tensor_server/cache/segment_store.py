@@ -282,16 +282,18 @@ class SegmentWriter:
             self._fh.close()
 
 
-def walk_segment(path: Path) -> Iterator[SegmentEntry]:
+def walk_segment(path: Path, start: int = 0) -> Iterator[SegmentEntry]:
     """Re-walk a segment whose index is missing or untrusted: yield every batch that verifies.
     A damaged batch whose framing is intact is skipped; the walk stops at the end-of-stream
-    marker or at framing it cannot follow (a crash's torn tail, a damaged length)."""
+    marker or at framing it cannot follow (a crash's torn tail, a damaged length, a batch
+    another process is still writing). ``start``: the end of a batch an earlier walk yielded
+    (a peer's open segment is walked again from there, cache/peers.py)."""
     with pa.memory_map(str(path), "r") as mm:  # mapped, not read: a stray 1 TiB sparse file costs nothing
         buf = mm.read_buffer()
     if not header_ok(buf):
         return
     size = buf.size
-    pos = len(_HEADER)
+    pos = max(len(_HEADER), start)
     while pos + _PREFIX <= size:
         marker, meta_len = np.frombuffer(buf, dtype="<u4", count=2, offset=pos)
         if marker != 0xFFFFFFFF or meta_len == 0:

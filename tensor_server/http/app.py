@@ -495,9 +495,12 @@ class HttpFrontEnd:
         tls: Any = None,
         header_seconds: float = HEADER_SECONDS,
         parser: str | None = None,
+        reuse_port: bool = False,
     ) -> None:
         """``tls``: a ``service.tls.ServerTls`` to serve HTTPS with (its files on disk);
-        ``parser``: one of ``PARSERS`` (default httptools, the faster in ``bench http``)."""
+        ``parser``: one of ``PARSERS`` (default httptools, the faster in ``bench http``);
+        ``reuse_port``: bind with ``SO_REUSEPORT`` (now: an ``OSError`` says the port is taken),
+        so the processes of ``serve --workers`` listen on one port."""
         import uvicorn
 
         self.app = app
@@ -517,7 +520,10 @@ class HttpFrontEnd:
             )
         )
         self.scheme = "https" if tls is not None else "http"
-        self._thread = threading.Thread(target=self._server.run, name="http-front-end", daemon=True)
+        sockets = [_reuse_port_socket(host, port)] if reuse_port else None
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": sockets}, name="http-front-end", daemon=True
+        )
         self.host = host
 
     def start(self, timeout: float = 30.0) -> None:
@@ -547,3 +553,20 @@ class HttpFrontEnd:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+def _reuse_port_socket(host: str, port: int) -> Any:  # socket.socket
+    """A listening socket on ``host:port`` that other processes of this user may bind too."""
+    import socket
+
+    family, _, _, _, addr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock

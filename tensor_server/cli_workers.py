@@ -1,0 +1,258 @@
+"""``serve --workers N``: the primary process and the N-1 worker processes it keeps running.
+
+One Python process serves HTTP at the rate one interpreter lock allows; N processes share the
+HTTP port through ``SO_REUSEPORT`` (the kernel spreads connections over them). The process the
+user starts is the *primary*: it owns everything that writes (uploads, annotations, added
+sources, the catalog store), serves Flight and HTTP as a single server does, and starts the
+workers as fresh interpreters (``python -m tensor_server`` with the same arguments and a role
+in ``WORKER_ENV``: never a fork of a threaded process). A worker serves HTTP reads from a
+catalog of its own (the same roots, scanned by it: the primary's catalog store is a DuckDB file
+only one process may open), read-only, and reads the chunk cache every process writes
+(``cache/peers.py``).
+
+Flight stays on the primary: pyarrow's Flight server binds without ``SO_REUSEPORT`` (measured
+on pyarrow 26: a second server on the port fails with "Address already in use"), so a worker
+tells clients the primary's Flight location.
+
+The primary reads each worker's stdout for one line, ``READY``, then until it ends: a worker
+whose stdout ends has exited; one that exits before it is ready fails the start (every other
+worker is stopped, nothing is left running), one that exits later is restarted after a backoff
+that doubles from ``RESTART_FIRST_SECONDS`` to ``RESTART_MAX_SECONDS``. A worker reads its stdin
+until it ends, so it stops when the primary dies however it dies (its pipe closes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = [
+    "WORKER_ENV",
+    "WorkerRole",
+    "Workers",
+    "worker_role",
+    "announce_ready",
+    "as_worker",
+    "cache_peers",
+    "refuse_workers",
+    "serve_as_worker",
+]
+
+log = logging.getLogger("tensor_server")
+
+#: the environment variable that makes ``serve`` a worker: its role as JSON
+WORKER_ENV = "TENSOR_SERVER_WORKER"
+#: the line a worker prints on stdout once its HTTP door listens
+READY = "READY"
+RESTART_FIRST_SECONDS = 0.5
+RESTART_MAX_SECONDS = 10.0
+#: a worker up this long has its backoff reset: its next death is restarted at once-ish
+STABLE_SECONDS = 60.0
+#: how long a stop waits for the workers to drain before it kills them
+STOP_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class WorkerRole:
+    """What the primary tells a worker: its slot (1..count-1), how many processes serve, the
+    ports they share, the primary's Flight location and its chunk cache folder (None: uncached)."""
+
+    slot: int
+    count: int
+    http_port: int
+    flight_port: int
+    primary: str
+    cache_dir: str | None
+
+    def cache_folder(self) -> Path | None:
+        from tensor_server.cache.peers import process_folder
+
+        return None if self.cache_dir is None else process_folder(Path(self.cache_dir), self.slot)
+
+
+def worker_role() -> WorkerRole | None:
+    """This process's role when its primary started it, else None."""
+    text = os.environ.get(WORKER_ENV)
+    return WorkerRole(**json.loads(text)) if text else None
+
+
+def announce_ready(role: WorkerRole) -> None:
+    """Say READY to the primary, and stop (as SIGTERM does) when the primary's end of stdin
+    closes: a worker never outlives its primary."""
+
+    def watch_primary() -> None:
+        while os.read(0, 4096):  # the raw fd: a buffered reader's lock would hang the exit
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch_primary, name="primary-watch", daemon=True).start()
+    print(READY, flush=True)
+
+
+class Workers:
+    """The primary's workers: ``start`` them (None, or why one could not start), each watched
+    and restarted when it dies; ``stop`` drains them (SIGTERM, then SIGKILL after STOP_SECONDS)."""
+
+    def __init__(self, argv: list[str], count: int, **role: object) -> None:
+        self._argv = [sys.executable, "-m", "tensor_server", *argv]
+        self._count = count
+        self._role = role
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.restarts = 0
+
+    def pids(self) -> dict[int, int]:
+        """slot -> pid of the workers running now."""
+        with self._lock:
+            return {slot: p.pid for slot, p in self._procs.items() if p.poll() is None}
+
+    def start(self, timeout: float | None = None) -> str | None:
+        watchers = []
+        for slot in range(1, self._count):
+            proc = self._spawn(slot)
+            if not _wait_ready(proc, timeout):
+                self.stop()
+                return (
+                    f"worker {slot} of {self._count} did not start (exit code {proc.poll()}; its lines above say why)"
+                )
+            watchers.append(threading.Thread(target=self._watch, args=(slot, proc), name=f"worker-{slot}", daemon=True))
+        for thread in watchers:
+            thread.start()
+        return None
+
+    def _spawn(self, slot: int) -> subprocess.Popen:
+        role = WorkerRole(slot=slot, count=self._count, **self._role)  # type: ignore[arg-type]
+        env = {**os.environ, WORKER_ENV: json.dumps(asdict(role))}
+        # a session of its own: a Ctrl-C reaches the primary only, which drains the workers
+        proc = subprocess.Popen(
+            self._argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        with self._lock:
+            self._procs[slot] = proc
+        return proc
+
+    def _watch(self, slot: int, proc: subprocess.Popen) -> None:
+        """Until the stop: wait for the worker to end (its stdout closes), then start it again."""
+        backoff = RESTART_FIRST_SECONDS
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            assert proc.stdout is not None
+            for _ in proc.stdout:  # a restarted worker's READY, then nothing until it ends
+                pass
+            code = proc.wait()
+            _close_pipes(proc)
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - started > STABLE_SECONDS:
+                backoff = RESTART_FIRST_SECONDS
+            log.warning("worker %d (pid %d) exited with %s; restarting it in %.1f s", slot, proc.pid, code, backoff)
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(backoff * 2, RESTART_MAX_SECONDS)
+            proc = self._spawn(slot)
+            self.restarts += 1
+
+    def stop(self) -> None:
+        """SIGTERM every worker, wait up to STOP_SECONDS for them to drain, kill the rest."""
+        self._stopping.set()
+        with self._lock:
+            procs = list(self._procs.values())
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker pid %d did not stop in %.0f s; killed", proc.pid, STOP_SECONDS)
+                proc.kill()
+                proc.wait()
+            _close_pipes(proc)
+
+
+def _wait_ready(proc: subprocess.Popen, timeout: float | None) -> bool:
+    """Whether the worker said READY (within ``timeout``; None: however long its first scan
+    of the roots takes, the primary serving meanwhile); False when it exited first."""
+    assert proc.stdout is not None
+    result: list[bool] = []
+
+    def read() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            if line.strip() == READY:
+                result.append(True)
+                return
+        result.append(False)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return bool(result and result[0])
+
+
+def _close_pipes(proc: subprocess.Popen) -> None:
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+
+def refuse_workers(settings, count: int) -> bool:
+    """Whether ``--workers count`` cannot be (said on stderr); more workers than cores is
+    allowed and said."""
+    if settings.http_port is None:
+        print(
+            "serve: --workers serves HTTP from several processes: it needs --http-port "
+            "(Flight is served by the first process only; docs/operating.md)",
+            file=sys.stderr,
+        )
+        return True
+    cores = os.cpu_count() or 1
+    if count > cores:
+        print(f"serve: --workers {count} is more than the {cores} cores: the processes share them", file=sys.stderr)
+    return False
+
+
+def as_worker(settings, role: WorkerRole) -> None:
+    """A worker's settings: its primary's ports, read-only, no write dir, annotations, or metrics door."""
+    settings.port, settings.http_port = role.flight_port, role.http_port
+    settings.read_only, settings.writable, settings.write_dir = True, False, None
+    settings.metrics_port = None
+
+
+def cache_peers(folder: str, role: WorkerRole | None, count: int):  # PeerSegments | None
+    """The other processes' cache folders a process of a ``count``-process server reads;
+    the primary first removes the folders of workers it no longer has."""
+    from tensor_server.cache.peers import PeerSegments, clear_stale_folders, peer_folders
+
+    cache_dir = Path(role.cache_dir) if role is not None and role.cache_dir else Path(folder)
+    if role is None:
+        clear_stale_folders(cache_dir, count)
+    return PeerSegments(peer_folders(cache_dir, role.slot if role else 0, count)) if count > 1 else None
+
+
+def serve_as_worker(role: WorkerRole, http, catalog, settings) -> int:
+    """A worker serves until SIGTERM (or its primary's end: ``announce_ready``); its catalog
+    rescans as the primary's does. Its stdout carries READY only."""
+    from tensor_server.core.downsample import warm_up
+
+    catalog.start_periodic_rescan(settings.rescan_seconds)
+    print(
+        f"tensor-server worker {role.slot} of {role.count} (pid {os.getpid()}) serving HTTP on {http.url}",
+        file=sys.stderr,
+    )
+    announce_ready(role)
+    warm_up()
+    while True:
+        time.sleep(3600)
