@@ -1,0 +1,185 @@
+"""``serve --workers N`` as a user runs it (cli_workers.py): the processes answer on one HTTP
+port, share one chunk cache, a killed worker is restarted while clients retry, SIGTERM stops
+every process, and a port in use or a missing --http-port is said before anything starts.
+Which process answered a connection is read from the kernel's socket table (psutil), never
+from timing."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from tensor_server.core.identity import source_id_for_path
+
+pytestmark = pytest.mark.slow
+
+
+class Served:
+    """A ``serve --workers 2`` process: its HTTP port, Flight location and stderr lines."""
+
+    def __init__(self, tmp_path, workers: int = 2) -> None:
+        data = (np.arange(1024 * 1024, dtype=np.uint32).reshape(1024, 1024) % 65521).astype(np.uint16)
+        np.save(tmp_path / "a.npy", data)
+        self.array_id = source_id_for_path(str(tmp_path / "a.npy"))
+        env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")}
+        cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0"]
+        cmd += ["--http-port", "0", "--no-http-token", "--request-log", "off", "--workers", str(workers)]
+        self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.lines: list[str] = []
+        self.http_port = self.location = None
+        deadline = time.monotonic() + 120
+        while self.http_port is None and time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError("the server exited:\n" + "".join(self.lines))
+            self.lines.append(line)
+            if m := re.search(r"listening on (grpc://\S+)", line):
+                self.location = m.group(1)
+            if m := re.search(r"OME-Zarr over HTTP at http://127.0.0.1:(\d+)/", line):
+                self.http_port = int(m.group(1))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def workers(self) -> list[int]:
+        return [c.pid for c in psutil.Process(self.proc.pid).children() if "tensor_server" in " ".join(c.cmdline())]
+
+    def connection(self) -> tuple[http.client.HTTPConnection, int]:
+        """A kept-alive connection and the pid of the process that accepted it."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
+        conn.connect()
+        mine = conn.sock.getsockname()[1]
+        for _ in range(100):  # accepted by the process's event loop soon after the handshake
+            for pid in [self.proc.pid, *self.workers()]:
+                for c in psutil.Process(pid).net_connections(kind="tcp"):
+                    if c.laddr.port == self.http_port and c.raddr and c.raddr.port == mine:
+                        return conn, pid
+            time.sleep(0.05)
+        raise AssertionError("no server process holds the connection")
+
+    def get(self, path: str, conn: http.client.HTTPConnection | None = None) -> bytes:
+        conn = conn or http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
+        conn.request("GET", path)
+        response = conn.getresponse()
+        body = response.read()
+        assert response.status == 200, body
+        return body
+
+    def cache_stats(self) -> dict:
+        import pyarrow.flight as flight
+
+        client = flight.FlightClient(self.location)
+        try:
+            return json.loads(next(iter(client.do_action(flight.Action("cache_stats", b"")))).body.to_pybytes())
+        finally:
+            client.close()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def served(tmp_path):
+    server = Served(tmp_path)
+    yield server
+    server.stop()
+
+
+def _by_process(served: Served, want: int = 2) -> dict[int, http.client.HTTPConnection]:
+    """One kept-alive connection per serving process (the kernel spreads new connections)."""
+    held: dict[int, http.client.HTTPConnection] = {}
+    for _ in range(64):
+        conn, pid = served.connection()
+        held.setdefault(pid, conn)
+        if len(held) == want:
+            return held
+    raise AssertionError(f"64 connections reached only {sorted(held)}")
+
+
+def test_two_processes_answer_on_one_port_and_share_one_cache(served):
+    workers = served.workers()
+    assert len(workers) == 1
+    held = _by_process(served)
+    assert sorted(held) == sorted([served.proc.pid, *workers])
+    chunk = f"/zarr/{served.array_id}/1/0.0"  # a computed level: cached once made
+    through_worker = served.get(chunk, held[workers[0]])
+    before = served.cache_stats()
+    through_primary = served.get(chunk, held[served.proc.pid])
+    after = served.cache_stats()
+    assert through_primary == through_worker and len(through_primary) == 512 * 512 * 2
+    assert after["pool_stats"]["file"]["peer_hits"] == before["pool_stats"]["file"]["peer_hits"] + 1
+    assert after["misses"] == before["misses"] == 0  # the primary computed nothing
+    assert after["processes"] == 2 and after["total_entries"] >= 1
+
+
+def test_a_killed_worker_is_restarted_and_retried_requests_succeed(served):
+    chunk = f"/zarr/{served.array_id}/0/0.0"
+    expected = served.get(chunk)
+    (victim,) = served.workers()
+    os.kill(victim, signal.SIGKILL)
+    bodies = []
+    for _ in range(20):  # fresh connections, each retried as a client does on a reset
+        for attempt in range(5):
+            try:
+                bodies.append(served.get(chunk))
+                break
+            except (ConnectionError, http.client.HTTPException):
+                assert attempt < 4
+    assert bodies == [expected] * 20
+    deadline = time.monotonic() + 60
+    while not (served.workers() and served.workers() != [victim]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (replacement,) = served.workers()
+    assert replacement != victim
+    while not any(f"(pid {replacement}) serving HTTP" in line for line in served.lines):
+        assert time.monotonic() < deadline, "".join(served.lines)
+        time.sleep(0.2)
+    assert any(f"(pid {victim}) exited with -9; restarting it" in line for line in served.lines)
+    _by_process(served)  # the replacement takes connections again
+    assert served.stop() == 0
+    assert not psutil.pid_exists(replacement) or psutil.Process(replacement).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_port_in_use_is_said_at_once_and_nothing_is_left_running(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((4, 4)))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0"]
+            + ["--http-port", str(port), "--workers", "2"],
+            env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: port in use" in out.stderr.splitlines()[0]
+    assert "worker" not in out.stderr  # refused before any worker was started
+
+
+def test_workers_need_an_http_port_and_more_than_the_cores_is_said(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((4, 4)))
+    cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0"]
+    env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")}
+    out = subprocess.run(cmd + ["--workers", "2"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--workers serves HTTP from several processes: it needs --http-port" in out.stderr
+    bad = subprocess.run(cmd + ["--workers", "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "expected an integer >= 1 or 'auto', got '0'" in bad.stderr
