@@ -384,13 +384,23 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
                 flight_port=server.port,
                 primary=location,
                 cache_dir=str(cache.dir) if cache is not None else None,
+                metrics=metrics is not None,
             )
             failed = workers.start()
             if failed is not None:
                 print(f"serve: {failed}", file=sys.stderr)
                 return 2
+            if metrics is not None:  # the primary's /metrics answers for every process
+                from tensor_server.http.metrics_merge import MergedRegistry
+
+                runtime.metrics.registry = MergedRegistry(
+                    runtime.metrics.registry,
+                    workers.metrics_ports,
+                    token=settings.token,
+                    cafile=str(tls.cert_path) if tls is not None else None,
+                )
         if role is not None:
-            return serve_as_worker(role, http, catalog, settings)
+            return serve_as_worker(role, http, catalog, settings, metrics)
         url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None
         print(
             f"tensor-server listening on {location} (serving now: sources appear as discovery finds them; health's first_scan_done says when it has finished)",

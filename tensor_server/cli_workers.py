@@ -50,7 +50,7 @@ log = logging.getLogger("tensor_server")
 
 #: the environment variable that makes ``serve`` a worker: its role as JSON
 WORKER_ENV = "TENSOR_SERVER_WORKER"
-#: the line a worker prints on stdout once its HTTP door listens
+#: the line a worker prints on stdout once its HTTP door listens (then its metrics port, if any)
 READY = "READY"
 RESTART_FIRST_SECONDS = 0.5
 RESTART_MAX_SECONDS = 10.0
@@ -63,7 +63,9 @@ STOP_SECONDS = 5.0
 @dataclass(frozen=True)
 class WorkerRole:
     """What the primary tells a worker: its slot (1..count-1), how many processes serve, the
-    ports they share, the primary's Flight location and its chunk cache folder (None: uncached)."""
+    ports they share, the primary's Flight location, its chunk cache folder (None: uncached) and
+    whether it serves metrics (then the worker serves its own on a loopback port, which the
+    primary's door scrapes: http/metrics_merge.py)."""
 
     slot: int
     count: int
@@ -71,6 +73,7 @@ class WorkerRole:
     flight_port: int
     primary: str
     cache_dir: str | None
+    metrics: bool
 
     def cache_folder(self) -> Path | None:
         from tensor_server.cache.peers import process_folder
@@ -84,8 +87,8 @@ def worker_role() -> WorkerRole | None:
     return WorkerRole(**json.loads(text)) if text else None
 
 
-def announce_ready(role: WorkerRole) -> None:
-    """Say READY to the primary, and stop (as SIGTERM does) when the primary's end of stdin
+def announce_ready(metrics_port: int | None) -> None:
+    """Say READY (and the port of this worker's metrics door) to the primary, and stop (as SIGTERM does) when the primary's end of stdin
     closes: a worker never outlives its primary."""
 
     def watch_primary() -> None:
@@ -94,7 +97,7 @@ def announce_ready(role: WorkerRole) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch_primary, name="primary-watch", daemon=True).start()
-    print(READY, flush=True)
+    print(READY if metrics_port is None else f"{READY} {metrics_port}", flush=True)
 
 
 class Workers:
@@ -106,6 +109,7 @@ class Workers:
         self._count = count
         self._role = role
         self._procs: dict[int, subprocess.Popen] = {}
+        self._metrics_ports: dict[int, int] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self.restarts = 0
@@ -115,11 +119,16 @@ class Workers:
         with self._lock:
             return {slot: p.pid for slot, p in self._procs.items() if p.poll() is None}
 
+    def metrics_ports(self) -> list[tuple[str, int]]:
+        """(process label, metrics port) of each worker that said one."""
+        with self._lock:
+            return [(f"worker-{slot}", port) for slot, port in sorted(self._metrics_ports.items())]
+
     def start(self, timeout: float | None = None) -> str | None:
         watchers = []
         for slot in range(1, self._count):
             proc = self._spawn(slot)
-            if not _wait_ready(proc, timeout):
+            if not self._wait_ready(slot, proc, timeout):
                 self.stop()
                 return (
                     f"worker {slot} of {self._count} did not start (exit code {proc.poll()}; its lines above say why)"
@@ -146,8 +155,8 @@ class Workers:
         while not self._stopping.is_set():
             started = time.monotonic()
             assert proc.stdout is not None
-            for _ in proc.stdout:  # a restarted worker's READY, then nothing until it ends
-                pass
+            for line in proc.stdout:  # a restarted worker's READY, then nothing until it ends
+                self._ready(slot, line)
             code = proc.wait()
             _close_pipes(proc)
             if self._stopping.is_set():
@@ -160,6 +169,34 @@ class Workers:
             backoff = min(backoff * 2, RESTART_MAX_SECONDS)
             proc = self._spawn(slot)
             self.restarts += 1
+
+    def _wait_ready(self, slot: int, proc: subprocess.Popen, timeout: float | None) -> bool:
+        """Whether the worker said READY (within ``timeout``; None: however long its first
+        scan of the roots takes, the primary serving meanwhile); False when it exited first."""
+        assert proc.stdout is not None
+        result: list[bool] = []
+
+        def read() -> None:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                if self._ready(slot, line):
+                    result.append(True)
+                    return
+            result.append(False)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout)
+        return bool(result and result[0])
+
+    def _ready(self, slot: int, line: str) -> bool:
+        """Whether ``line`` is READY; remembers the metrics port it names."""
+        words = line.split()
+        if not words or words[0] != READY:
+            return False
+        if len(words) > 1 and words[1].isdigit():
+            with self._lock:
+                self._metrics_ports[slot] = int(words[1])
+        return True
 
     def stop(self) -> None:
         """SIGTERM every worker, wait up to STOP_SECONDS for them to drain, kill the rest."""
@@ -178,25 +215,6 @@ class Workers:
                 proc.kill()
                 proc.wait()
             _close_pipes(proc)
-
-
-def _wait_ready(proc: subprocess.Popen, timeout: float | None) -> bool:
-    """Whether the worker said READY (within ``timeout``; None: however long its first scan
-    of the roots takes, the primary serving meanwhile); False when it exited first."""
-    assert proc.stdout is not None
-    result: list[bool] = []
-
-    def read() -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            if line.strip() == READY:
-                result.append(True)
-                return
-        result.append(False)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return bool(result and result[0])
 
 
 def _close_pipes(proc: subprocess.Popen) -> None:
@@ -225,10 +243,11 @@ def refuse_workers(settings, count: int) -> bool:
 
 
 def as_worker(settings, role: WorkerRole) -> None:
-    """A worker's settings: its primary's ports, read-only, no write dir, annotations, or metrics door."""
+    """A worker's settings: its primary's ports, read-only, no write dir or annotations, its
+    metrics door (when the primary has one) on a loopback port of its own."""
     settings.port, settings.http_port = role.flight_port, role.http_port
     settings.read_only, settings.writable, settings.write_dir = True, False, None
-    settings.metrics_port = None
+    settings.metrics_port, settings.metrics_host = (0 if role.metrics else None), "127.0.0.1"
 
 
 def cache_peers(folder: str, role: WorkerRole | None, count: int):  # PeerSegments | None
@@ -242,7 +261,7 @@ def cache_peers(folder: str, role: WorkerRole | None, count: int):  # PeerSegmen
     return PeerSegments(peer_folders(cache_dir, role.slot if role else 0, count)) if count > 1 else None
 
 
-def serve_as_worker(role: WorkerRole, http, catalog, settings) -> int:
+def serve_as_worker(role: WorkerRole, http, catalog, settings, metrics) -> int:
     """A worker serves until SIGTERM (or its primary's end: ``announce_ready``); its catalog
     rescans as the primary's does. Its stdout carries READY only."""
     from tensor_server.core.downsample import warm_up
@@ -252,7 +271,7 @@ def serve_as_worker(role: WorkerRole, http, catalog, settings) -> int:
         f"tensor-server worker {role.slot} of {role.count} (pid {os.getpid()}) serving HTTP on {http.url}",
         file=sys.stderr,
     )
-    announce_ready(role)
+    announce_ready(metrics.port if metrics is not None else None)
     warm_up()
     while True:
         time.sleep(3600)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import psutil
@@ -29,22 +30,24 @@ pytestmark = pytest.mark.slow
 class Served:
     """A ``serve --workers 2`` process: its HTTP port, Flight location and stderr lines."""
 
-    def __init__(self, tmp_path, workers: int = 2) -> None:
+    def __init__(self, tmp_path, workers: int = 2, extra: tuple[str, ...] = ()) -> None:
         data = (np.arange(1024 * 1024, dtype=np.uint32).reshape(1024, 1024) % 65521).astype(np.uint16)
         np.save(tmp_path / "a.npy", data)
         self.array_id = source_id_for_path(str(tmp_path / "a.npy"))
         env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")}
         cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0"]
-        cmd += ["--http-port", "0", "--no-http-token", "--request-log", "off", "--workers", str(workers)]
+        cmd += ["--http-port", "0", "--no-http-token", "--request-log", "off", "--workers", str(workers), *extra]
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []
-        self.http_port = self.location = None
+        self.http_port = self.location = self.metrics_url = None
         deadline = time.monotonic() + 120
         while self.http_port is None and time.monotonic() < deadline:
             line = self.proc.stderr.readline()
             if not line:
                 raise AssertionError("the server exited:\n" + "".join(self.lines))
             self.lines.append(line)
+            if (m := re.search(r"Prometheus metrics at (\S+)", line)) and self.metrics_url is None:
+                self.metrics_url = m.group(1)  # the primary's: said before any worker starts
             if m := re.search(r"listening on (grpc://\S+)", line):
                 self.location = m.group(1)
             if m := re.search(r"OME-Zarr over HTTP at http://127.0.0.1:(\d+)/", line):
@@ -183,3 +186,26 @@ def test_workers_need_an_http_port_and_more_than_the_cores_is_said(tmp_path):
     assert out.returncode == 2 and "--workers serves HTTP from several processes: it needs --http-port" in out.stderr
     bad = subprocess.run(cmd + ["--workers", "0"], env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "expected an integer >= 1 or 'auto', got '0'" in bad.stderr
+
+
+def test_the_primarys_metrics_answer_for_every_process(tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    served = Served(tmp_path, extra=("--metrics-port", "0"))
+    try:
+        held = _by_process(served)
+        for conn in held.values():
+            served.get(f"/zarr/{served.array_id}/0/0.0", conn)
+        with urllib.request.urlopen(served.metrics_url, timeout=30) as response:
+            text = response.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}  # one family per name
+        counted = {
+            s.labels["process"]: s.value
+            for s in families["tensor_server_requests"].samples
+            if s.labels.get("call") == "zarr_chunk" and s.name.endswith("_total")
+        }
+        assert counted == {"primary": 1.0, "worker-1": 1.0}
+        rss = {s.labels["process"] for s in families["process_resident_memory_bytes"].samples}
+        assert rss == {"primary", "worker-1"}
+    finally:
+        assert served.stop() == 0
