@@ -16,9 +16,10 @@ from tensor_server.cli_logging import REQUEST_LOG_OFF, REQUEST_LOG_STDERR, ScanP
 from tensor_server.cli_parser import DEMO_HTTP_PORT, DEMO_METRICS_PORT, build_parser
 from tensor_server.cli_workers import (
     WorkerRole,
-    Workers,
     as_worker,
     cache_peers,
+    merge_worker_metrics,
+    primary_workers,
     refuse_workers,
     serve_as_worker,
     worker_role,
@@ -377,28 +378,13 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
     try:  # from here on a Ctrl-C (or SIGTERM) stops the server the one way, whenever it comes
         if role is None and count > 1:
-            workers = Workers(
-                list(args.argv),
-                count,
-                http_port=http.port,
-                flight_port=server.port,
-                primary=location,
-                cache_dir=str(cache.dir) if cache is not None else None,
-                metrics=metrics is not None,
-            )
+            workers = primary_workers(args.argv, count, runtime, location, server.port, http.port, cache)
             failed = workers.start()
             if failed is not None:
                 print(f"serve: {failed}", file=sys.stderr)
                 return 2
             if metrics is not None:  # the primary's /metrics answers for every process
-                from tensor_server.http.metrics_merge import MergedRegistry
-
-                runtime.metrics.registry = MergedRegistry(
-                    runtime.metrics.registry,
-                    workers.metrics_ports,
-                    token=settings.token,
-                    cafile=str(tls.cert_path) if tls is not None else None,
-                )
+                merge_worker_metrics(runtime, workers)
         if role is not None:
             return serve_as_worker(role, http, catalog, settings, metrics)
         url_path = write_url_file(default_cache_dir(), http.port, http.url, http_token) if http is not None else None

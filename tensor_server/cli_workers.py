@@ -41,6 +41,8 @@ __all__ = [
     "worker_role",
     "announce_ready",
     "as_worker",
+    "primary_workers",
+    "merge_worker_metrics",
     "cache_peers",
     "refuse_workers",
     "serve_as_worker",
@@ -224,6 +226,31 @@ def _close_pipes(proc: subprocess.Popen) -> None:
                 pipe.close()
             except OSError:
                 pass
+
+
+def primary_workers(argv: list[str], count: int, runtime, location: str, flight_port: int, http_port: int, cache):
+    """The primary's workers (not started yet), told what they share with it."""
+    return Workers(
+        list(argv),
+        count,
+        http_port=http_port,
+        flight_port=flight_port,
+        primary=location,
+        cache_dir=str(cache.dir) if cache is not None else None,
+        metrics=runtime.settings.metrics_port is not None,
+    )
+
+
+def merge_worker_metrics(runtime, workers: Workers) -> None:
+    """The primary's metrics door answers for every process from now on (http/metrics_merge.py)."""
+    from tensor_server.http.metrics_merge import MergedRegistry
+
+    runtime.metrics.registry = MergedRegistry(
+        runtime.metrics.registry,
+        workers.metrics_ports,
+        token=runtime.settings.token,
+        cafile=str(runtime.tls.cert_path) if runtime.tls is not None else None,
+    )
 
 
 def refuse_workers(settings, count: int) -> bool:
