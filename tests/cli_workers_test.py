@@ -30,12 +30,14 @@ pytestmark = pytest.mark.slow
 class Served:
     """A ``serve --workers 2`` process: its HTTP port, Flight location and stderr lines."""
 
-    def __init__(self, tmp_path, workers: int = 2, extra: tuple[str, ...] = ()) -> None:
-        data = (np.arange(1024 * 1024, dtype=np.uint32).reshape(1024, 1024) % 65521).astype(np.uint16)
-        np.save(tmp_path / "a.npy", data)
-        self.array_id = source_id_for_path(str(tmp_path / "a.npy"))
+    def __init__(self, tmp_path, workers: int = 2, extra: tuple[str, ...] = (), root: str | None = None) -> None:
+        if root is None:
+            data = (np.arange(1024 * 1024, dtype=np.uint32).reshape(1024, 1024) % 65521).astype(np.uint16)
+            np.save(tmp_path / "a.npy", data)
+            root = str(tmp_path / "a.npy")
+        self.array_id = source_id_for_path(root)
         env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")}
-        cmd = [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0"]
+        cmd = [sys.executable, "-m", "tensor_server", "serve", root, "--port", "0"]
         cmd += ["--http-port", "0", "--no-http-token", "--request-log", "off", "--workers", str(workers), *extra]
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.lines: list[str] = []
@@ -59,7 +61,14 @@ class Served:
             self.lines.append(line)
 
     def workers(self) -> list[int]:
-        return [c.pid for c in psutil.Process(self.proc.pid).children() if "tensor_server" in " ".join(c.cmdline())]
+        pids = []
+        for child in psutil.Process(self.proc.pid).children():
+            try:
+                if "tensor_server" in " ".join(child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                    pids.append(child.pid)
+            except psutil.NoSuchProcess:
+                pass  # exited between the listing and the look
+        return pids
 
     def connection(self) -> tuple[http.client.HTTPConnection, int]:
         """A kept-alive connection and the pid of the process that accepted it."""
