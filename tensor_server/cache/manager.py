@@ -351,11 +351,12 @@ class CacheManager:
         """Where the chunk's batch lives in a segment file, for a client to map, or None when
         it is not in the file tier. The batch is verified first: the client maps the bytes
         itself and checks nothing, so only a batch that verified just now is offered (a
-        segment is never written again once a batch is in it)."""
+        segment is never written again once a batch is in it). A peer's segment is offered
+        the same way (``_peer_location``)."""
         with self._lock:
             found = self._message(key)
         if found is None:
-            return None
+            return self._peer_location(key) if self._peers is not None else None
         message, number = found
         try:
             verify_batch(message, key)
@@ -375,6 +376,22 @@ class CacheManager:
                 except OSError:
                     return None
             return Location(str(seg.path.resolve()), entry.byte_offset, entry.byte_length, seg.inode)
+
+    def _peer_location(self, key: bytes) -> Location | None:
+        """Where a peer's segment holds ``key``, once its batch verified just now."""
+        assert self._peers is not None
+        with self._lock:
+            message = self._peers.message(key)
+            where = self._peers.where(key) if message is not None else None
+        if where is None:
+            return None
+        try:
+            verify_batch(message, key)
+        except CorruptEntry:
+            with self._lock:
+                self._peers.drop(key)
+            return None
+        return Location(*where)
 
     def _drop_corrupt(self, key: bytes, number: int, reason: str) -> None:
         """Forget one entry that failed verification (both tiers: a memory-tier array may be a

@@ -12,8 +12,8 @@ segment through its sidecar (segment_index.read_index), an open one walked from 
 last walk stopped (segment_store.walk_segment), which stops at a batch still being written.
 A peer killed mid-write leaves a torn tail that no walk passes and no reader trusts. A peer
 that evicts a segment unlinks it; a reader that mapped it keeps its bytes, the next refresh
-forgets it. The fast path (``locate``) offers a process's own segments only: a peer's chunk
-is sent over DoGet. The folders are listed again on a miss only (a listing and a stat per segment):
+forgets it. The fast path (``locate``) offers a peer's segment as it offers the process's
+own. The folders are listed again on a miss only (a listing and a stat per segment):
 a hit costs nothing more than in a single process.
 """
 
@@ -72,6 +72,7 @@ class _PeerSegment:
     sealed: bool = False
     keys: list[bytes] = field(default_factory=list)
     buffer: Any = None  # pa.Buffer over a mapping of the file, made on first read
+    inode: int = 0  # of the file mapped: the fast path's generation id
 
 
 class PeerSegments:
@@ -161,6 +162,7 @@ class PeerSegments:
             try:
                 with pa.memory_map(str(seg.path), "r") as mm:
                     seg.buffer = mm.read_buffer()
+                    seg.inode = os.fstat(mm.fileno()).st_ino
             except (OSError, pa.ArrowException):
                 self._forget(seg)  # evicted by its owner
                 return None
@@ -168,6 +170,14 @@ class PeerSegments:
                 self._forget(seg)
                 return None
         return seg.buffer.slice(entry.byte_offset, entry.byte_length)
+
+    def where(self, key: bytes) -> tuple[str, int, int, int] | None:
+        """(segment path, byte offset, byte length, inode) of ``key`` once ``message`` mapped it."""
+        found = self._index.get(key)
+        if found is None or not found[0].inode:
+            return None
+        seg, entry = found
+        return str(seg.path.resolve()), entry.byte_offset, entry.byte_length, seg.inode
 
     def drop(self, key: bytes) -> None:
         """Forget an entry that failed verification (its owner drops it when it reads it)."""

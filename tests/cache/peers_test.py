@@ -4,7 +4,10 @@ so the sum holds; a torn tail (a writer killed mid-batch) is never read."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import pyarrow as pa
 
 from tensor_server.cache import CacheManager
 from tensor_server.cache.peers import PeerSegments, clear_stale_folders, peer_folders, process_folder
@@ -84,3 +87,22 @@ def test_folders_of_workers_a_server_no_longer_has_are_removed(tmp_path):
     clear_stale_folders(root, 2)
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["worker-1", "worker-3"]  # 3 is held
     held.close()
+
+
+def test_the_fast_path_offers_a_peers_segment(tmp_path):
+    from tensor_server.cache.segment_store import verify_batch
+    from tensor_server.core.wire import decode_chunk
+
+    a, b = _pair(tmp_path / "chunks")
+    chunk = np.arange(4096, dtype=np.uint16).reshape(64, 64)
+    a.put(b"k1", chunk)
+    where = b.locate(b"k1")
+    assert where is not None and where.segment_path == str(next((tmp_path / "chunks").glob("seg_*.arrow")).resolve())
+    assert where.generation_id == os.stat(where.segment_path).st_ino
+    with open(where.segment_path, "rb") as fh:  # what a client maps: the batch at that offset
+        fh.seek(where.byte_offset)
+        message = pa.py_buffer(fh.read(where.byte_length))
+    np.testing.assert_array_equal(decode_chunk(verify_batch(message, b"k1")), chunk)
+    assert b.locate(b"absent") is None
+    a.close()
+    b.close()
