@@ -68,9 +68,10 @@ def _settings(args: argparse.Namespace):
     )
 
 
-def _server_tls(settings):
+def _server_tls(settings, say: bool = True):
     """The certificate both doors serve (None: plaintext), after the transport rule
-    (service/tls.py); an exit code with the reason printed when it cannot be had."""
+    (service/tls.py); an exit code with the reason printed when it cannot be had. ``say``:
+    print its fingerprint (a worker does not: its primary has)."""
     from tensor_server.config import default_cache_dir
     from tensor_server.errors import TensorServerError
     from tensor_server.service.tls import require_safe_transport, server_tls
@@ -86,7 +87,7 @@ def _server_tls(settings):
     except TensorServerError as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    for line in tls.startup_lines() if tls is not None else ():
+    for line in tls.startup_lines() if tls is not None and say else ():
         print(line, file=sys.stderr)
     return tls
 
@@ -277,7 +278,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     from tensor_server.catalog.rois import RoiStoreBusy
     from tensor_server.config import default_cache_dir, default_data_dir
 
-    tls = _server_tls(settings)
+    tls = _server_tls(settings, say=role is None)
     if isinstance(tls, int):
         return tls
 
@@ -357,7 +358,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     runtime = ServingRuntime(
         catalog, settings, cache=cache, uploads=uploads, tls=tls, access_tokens=[http_token] if http_token else []
     )
-    metrics, opened = _open_metrics(runtime)
+    metrics, opened = _open_metrics(runtime, say=role is None)
     doors = _open_doors(runtime, settings, http_token, role, count) if opened else None
     if doors is None:
         if metrics is not None:
@@ -589,7 +590,7 @@ def _open_doors(runtime, settings, http_token, role: WorkerRole | None = None, c
     return server, http
 
 
-def _open_metrics(runtime):  # (MetricsDoor | None, ok)
+def _open_metrics(runtime, say: bool = True):  # (MetricsDoor | None, ok)
     """(the metrics door when ``metrics_port`` is set, whether the server may go on): a
     door refused (off loopback without a token) or that cannot bind stops the start, like
     the other doors, after saying why on stderr."""
@@ -610,7 +611,8 @@ def _open_metrics(runtime):  # (MetricsDoor | None, ok)
             file=sys.stderr,
         )
         return None, False
-    print(f"Prometheus metrics at {door.url}", file=sys.stderr)
+    if say:  # not a worker's: its primary's door answers for it
+        print(f"Prometheus metrics at {door.url}", file=sys.stderr)
     return door, True
 
 

@@ -49,7 +49,7 @@ class Served:
                 raise AssertionError("the server exited:\n" + "".join(self.lines))
             self.lines.append(line)
             if (m := re.search(r"Prometheus metrics at (\S+)", line)) and self.metrics_url is None:
-                self.metrics_url = m.group(1)  # the primary's: said before any worker starts
+                self.metrics_url = m.group(1)  # the primary's (a worker does not say its own)
             if m := re.search(r"listening on (grpc://\S+)", line):
                 self.location = m.group(1)
             if m := re.search(r"OME-Zarr over HTTP at http://127.0.0.1:(\d+)/", line):
@@ -218,3 +218,14 @@ def test_the_primarys_metrics_answer_for_every_process(tmp_path):
         assert rss == {"primary", "worker-1"}
     finally:
         assert served.stop() == 0
+
+
+def test_workers_stop_when_their_primary_is_killed(tmp_path):
+    served = Served(tmp_path)
+    (worker,) = served.workers()
+    served.proc.kill()  # no drain: the worker sees its stdin close
+    served.proc.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the worker outlived its primary"
+        time.sleep(0.2)
