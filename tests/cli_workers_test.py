@@ -195,6 +195,16 @@ def test_workers_need_an_http_port_and_more_than_the_cores_is_said(tmp_path):
     assert out.returncode == 2 and "--workers serves HTTP from several processes: it needs --http-port" in out.stderr
     bad = subprocess.run(cmd + ["--workers", "0"], env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "expected an integer >= 1 or 'auto', got '0'" in bad.stderr
+    with socket.socket() as taken:  # many workers on a taken port: the first line, then the refusal
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        many = subprocess.run(
+            cmd + ["--workers", "64", "--http-port", str(port)], env=env, capture_output=True, text=True, timeout=120
+        )
+    assert many.returncode == 2
+    assert f"--workers 64 is more than the {os.cpu_count()} cores" in many.stderr.splitlines()[0]
+    assert f"cannot listen on 127.0.0.1:{port}: port in use" in many.stderr
 
 
 def test_the_primarys_metrics_answer_for_every_process(tmp_path):
