@@ -90,8 +90,8 @@ def worker_role() -> WorkerRole | None:
 
 
 def announce_ready(metrics_port: int | None) -> None:
-    """Say READY (and the port of this worker's metrics door) to the primary, and stop (as SIGTERM does) when the primary's end of stdin
-    closes: a worker never outlives its primary."""
+    """Say READY (and the port of this worker's metrics door) to the primary, and stop (as
+    SIGTERM does) when the primary's end of stdin closes: a worker never outlives its primary."""
 
     def watch_primary() -> None:
         while os.read(0, 4096):  # the raw fd: a buffered reader's lock would hang the exit
@@ -114,47 +114,44 @@ class Workers:
         self._metrics_ports: dict[int, int] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
-        self.restarts = 0
-
-    def pids(self) -> dict[int, int]:
-        """slot -> pid of the workers running now."""
-        with self._lock:
-            return {slot: p.pid for slot, p in self._procs.items() if p.poll() is None}
 
     def metrics_ports(self) -> list[tuple[str, int]]:
         """(process label, metrics port) of each worker that said one."""
         with self._lock:
             return [(f"worker-{slot}", port) for slot, port in sorted(self._metrics_ports.items())]
 
-    def start(self, timeout: float | None = None) -> str | None:
+    def start(self) -> str | None:
         watchers = []
         for slot in range(1, self._count):
             proc = self._spawn(slot)
-            if not self._wait_ready(slot, proc, timeout):
+            if proc is None or not self._wait_ready(slot, proc):
                 self.stop()
                 return (
-                    f"worker {slot} of {self._count} did not start (exit code {proc.poll()}; its lines above say why)"
+                    f"worker {slot} of {self._count} did not start "
+                    f"(exit code {proc.poll() if proc else None}; its lines above say why)"
                 )
             watchers.append(threading.Thread(target=self._watch, args=(slot, proc), name=f"worker-{slot}", daemon=True))
         for thread in watchers:
             thread.start()
         return None
 
-    def _spawn(self, slot: int) -> subprocess.Popen:
+    def _spawn(self, slot: int) -> subprocess.Popen | None:
+        """Worker ``slot`` started, or None once the stop has begun (nothing is left behind)."""
         role = WorkerRole(slot=slot, count=self._count, **self._role)  # type: ignore[arg-type]
         env = {**os.environ, WORKER_ENV: json.dumps(asdict(role))}
-        # a session of its own: a Ctrl-C reaches the primary only, which drains the workers
-        proc = subprocess.Popen(
-            self._argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
-        )
         with self._lock:
-            self._procs[slot] = proc
+            if self._stopping.is_set():
+                return None
+            # a session of its own: a Ctrl-C reaches the primary only, which drains the workers
+            proc = self._procs[slot] = subprocess.Popen(
+                self._argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+            )
         return proc
 
-    def _watch(self, slot: int, proc: subprocess.Popen) -> None:
+    def _watch(self, slot: int, proc: subprocess.Popen | None) -> None:
         """Until the stop: wait for the worker to end (its stdout closes), then start it again."""
         backoff = RESTART_FIRST_SECONDS
-        while not self._stopping.is_set():
+        while proc is not None:
             started = time.monotonic()
             assert proc.stdout is not None
             for line in proc.stdout:  # a restarted worker's READY, then nothing until it ends
@@ -170,25 +167,12 @@ class Workers:
                 return
             backoff = min(backoff * 2, RESTART_MAX_SECONDS)
             proc = self._spawn(slot)
-            self.restarts += 1
 
-    def _wait_ready(self, slot: int, proc: subprocess.Popen, timeout: float | None) -> bool:
-        """Whether the worker said READY (within ``timeout``; None: however long its first
-        scan of the roots takes, the primary serving meanwhile); False when it exited first."""
+    def _wait_ready(self, slot: int, proc: subprocess.Popen) -> bool:
+        """Whether the worker said READY (however long its first scan of the roots takes: the
+        primary serves meanwhile); False when it exited first."""
         assert proc.stdout is not None
-        result: list[bool] = []
-
-        def read() -> None:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                if self._ready(slot, line):
-                    result.append(True)
-                    return
-            result.append(False)
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        reader.join(timeout)
-        return bool(result and result[0])
+        return any(self._ready(slot, line) for line in proc.stdout)
 
     def _ready(self, slot: int, line: str) -> bool:
         """Whether ``line`` is READY; remembers the metrics port it names."""
@@ -203,7 +187,7 @@ class Workers:
     def stop(self) -> None:
         """SIGTERM every worker, wait up to STOP_SECONDS for them to drain, kill the rest."""
         self._stopping.set()
-        with self._lock:
+        with self._lock:  # no spawn after this (``_spawn``)
             procs = list(self._procs.values())
         for proc in procs:
             if proc.poll() is None:
@@ -216,7 +200,7 @@ class Workers:
                 log.warning("worker pid %d did not stop in %.0f s; killed", proc.pid, STOP_SECONDS)
                 proc.kill()
                 proc.wait()
-            _close_pipes(proc)
+        # the pipes are each watcher's to close (closing one under its read would raise there)
 
 
 def _close_pipes(proc: subprocess.Popen) -> None:

@@ -239,3 +239,25 @@ def test_workers_stop_when_their_primary_is_killed(tmp_path):
     while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "the worker outlived its primary"
         time.sleep(0.2)
+
+
+def test_a_worker_that_cannot_start_fails_the_start_and_leaves_nothing_running(tmp_path):
+    from tensor_server.cache import CacheManager
+
+    np.save(tmp_path / "a.npy", np.zeros((4, 4)))
+    held = CacheManager(tmp_path / "home" / "chunks" / "worker-1")  # worker 1's cache folder, taken
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "tensor_server", "serve", str(tmp_path / "a.npy"), "--port", "0"]
+            + ["--http-port", "0", "--workers", "2"],
+            env={**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        held.close()
+    assert out.returncode == 2
+    assert "worker-1 is held by another tensor-server" in out.stderr
+    assert "serve: worker 1 of 2 did not start (exit code 2; its lines above say why)" in out.stderr
+    assert "listening on" not in out.stderr
