@@ -278,6 +278,11 @@ def serve_as_worker(role: WorkerRole, http, catalog, settings, metrics) -> int:
     from tensor_server.core.downsample import warm_up
 
     catalog.start_periodic_rescan(settings.rescan_seconds)
+    catalog.unknown_hint = (
+        f"; this is worker {role.slot} of a `serve --workers {role.count}` server, which serves what the roots "
+        "hold: a tensor uploaded or added with add_source is on its first process only (over Flight at "
+        f"{role.primary}; docs/serving.md)"
+    )
     print(
         f"tensor-server worker {role.slot} of {role.count} (pid {os.getpid()}) serving HTTP on {http.url}",
         file=sys.stderr,

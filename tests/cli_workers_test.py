@@ -138,6 +138,12 @@ def test_two_processes_answer_on_one_port_and_share_one_cache(served):
     assert after["pool_stats"]["file"]["peer_hits"] == before["pool_stats"]["file"]["peer_hits"] + 1
     assert after["misses"] == before["misses"] == 0  # the primary computed nothing
     assert after["processes"] == 2 and after["total_entries"] >= 1
+    conn = held[workers[0]]
+    conn.request("GET", "/zarr/uploaded-elsewhere/.zattrs")
+    response = conn.getresponse()
+    body = response.read().decode()
+    assert response.status == 404 and "this is worker 1 of a `serve --workers 2` server" in body
+    assert served.location in body
 
 
 def test_a_killed_worker_is_restarted_and_retried_requests_succeed(served):

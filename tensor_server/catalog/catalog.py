@@ -86,6 +86,8 @@ class Catalog:
             self.decode_rates.attach(self.rois)  # kept beside the annotations, across restarts
         #: serve symlinks whose targets leave the roots (off: they would expose any readable file)
         self.follow_symlinks_outside_roots = follow_symlinks_outside_roots
+        #: said after an unknown source's refusal (a worker of ``serve --workers`` says what it lacks)
+        self.unknown_hint = ""
         #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
         self.open_timeout_seconds = open_timeout_seconds
         self._records: dict[str, SourceRecord] = {}
@@ -341,7 +343,7 @@ class Catalog:
         with self._lock:
             known = aid.source_id in self._records
         if not known:
-            raise TensorNotFound(f"unknown source {aid.source_id!r}{_path_hint(array_id)}")
+            raise TensorNotFound(f"unknown source {aid.source_id!r}{_path_hint(array_id)}{self.unknown_hint}")
         rec = self.get_record(aid.source_id)
         if rec.source is None:
             raise SourceUnresolved(f"source {aid.source_id!r} cannot be read: {rec.unresolved_reason}")
