@@ -140,6 +140,51 @@ def test_a_region_reads_only_what_it_overlaps(ragged):
     np.testing.assert_array_equal(got, want)
 
 
+def test_opening_reads_metadata_only(tmp_path):
+    """Every chunk file removed: the plate opens with the same layout (its open never read a
+    pixel), and reads the fill where the pixels were."""
+    path = _write_plate(tmp_path / "p.ome.zarr", "0.4", RAGGED)
+    with tensor_server.open(path) as src:
+        layout = src.tensor("plate").metadata["montage"]
+    for f in path.rglob("*"):
+        if f.is_file() and f.name not in (".zarray", ".zattrs", ".zgroup", "zarr.json"):
+            f.unlink()
+    with tensor_server.open(path) as src:
+        montage = src.tensor("plate")
+        assert montage.metadata["montage"] == layout
+        assert not montage.get_data().any()
+
+
+def test_a_field_rewritten_in_place_makes_the_plate_stale(ragged):
+    """The plate answers a changed chunk file under a box with its field's reason (so the
+    server reopens the source), and only under that field."""
+    montage = ragged.tensor("plate")
+    full = Bounds.full(montage.shape)
+    assert montage.stale_reason(full, exact=True) is None
+    chunk = next(
+        f for f in (ragged.path / "B/3/0/s0").rglob("*") if f.is_file() and not f.name.startswith((".", "zarr"))
+    )
+    chunk.write_bytes(chunk.read_bytes() + b"\0")
+    why = montage.stale_reason(full, exact=True)
+    assert why is not None and "B/3/0" in why and "changed" in why
+    (y0, x0), (y1, x1) = montage.metadata["montage"]["wells"][0]["fields"][0]["box"]
+    assert montage.stale_reason(Bounds((0, y0, x0), (2, y1, x1)), exact=True) is None
+
+
+def test_a_bioformats2raw_plate_is_a_plate(tmp_path):
+    """bioformats2raw marks an HCS plate's root with its layout key beside ``plate``."""
+    path = _write_plate(tmp_path / "b2r.ome.zarr", "0.4", RAGGED)
+    attrs = json.loads((path / ".zattrs").read_text())
+    (path / ".zattrs").write_text(json.dumps({"bioformats2raw.layout": 3, **attrs}))
+    with tensor_server.open(path) as src:
+        assert src.metadata["layout"] == "plate" and list(src.tensors)[-1] == "plate"
+        assert [(w, f) for w, f, _ in _boxes(src.tensor("plate").metadata["montage"])] == [
+            ("A/1", "0"),
+            ("A/1", "1"),
+            ("B/3", "0"),
+        ]
+
+
 def test_without_a_level_every_field_stores_the_levels_are_the_reduction(tmp_path):
     """No pyramids (and odd sizes, which no stored level could divide): no stored montage
     level; every published level is the engine's reduction of the montage, bit for bit."""
@@ -226,6 +271,7 @@ def test_sdk_and_ome_zarr_views_read_what_the_adapter_reads(tmp_path, version):
             np.testing.assert_array_equal(sdk[0], montage.get_data())
             region = np.asarray(client.get_array(array_id, slice_hint=(slice(0, 2), slice(20, 70), slice(30, 200))))
             np.testing.assert_array_equal(region, montage.get_data(Bounds((0, 20, 30), (2, 70, 200))))
+            _iiif_overview_shows_the_wells(srv.http_url, montage)
             for flavour in ("zarr", "zarr3"):
                 group = zarr.open_group(f"{srv.http_url}/{flavour}/{array_id}/", mode="r")
                 attrs = group.attrs.asdict()
@@ -236,6 +282,26 @@ def test_sdk_and_ome_zarr_views_read_what_the_adapter_reads(tmp_path, version):
                     np.testing.assert_array_equal(group[d["path"]][...], want, err_msg=f"{flavour} {d['path']}")
     finally:
         cat.close()
+
+
+def _iiif_overview_shows_the_wells(http_url: str, montage) -> None:
+    """IIIF's whole-plate overview: the plate's size; the fields drawn, the rest black."""
+    import io
+
+    import httpx
+    from PIL import Image
+
+    info = httpx.get(f"{http_url}/iiif/3/{montage.array_id}/info.json").json()
+    assert (info["height"], info["width"]) == montage.shape[1:]
+    r = httpx.get(f"{http_url}/iiif/3/{montage.array_id};c=0/full/max/0/default.png")
+    assert r.status_code == 200, r.text
+    image = np.asarray(Image.open(io.BytesIO(r.content)).convert("L"))
+    assert image.shape == montage.shape[1:]
+    inside = np.zeros(image.shape, bool)
+    for _well, _field, ((y0, x0), (y1, x1)) in _boxes(montage.metadata["montage"]):
+        inside[y0:y1, x0:x1] = True
+        assert image[y0:y1, x0:x1].mean() > 32, "a field is drawn"
+    assert not image[~inside].any(), "empty wells, empty slots and gaps are the fill"
 
 
 # ---- the adapter contract ----------------------------------------------------------------------
