@@ -304,6 +304,17 @@ def _iiif_overview_shows_the_wells(http_url: str, montage) -> None:
     assert not image[~inside].any(), "empty wells, empty slots and gaps are the fill"
 
 
+def test_the_plate_exports_as_one_image_with_its_layout(ragged, tmp_path):
+    from tensor_server.export import ExportOptions, export_tensor
+
+    montage = ragged.tensor("plate")
+    export_tensor(montage, tmp_path / "plate-export.zarr", ExportOptions(levels=2, ngff="0.5"))
+    group = zarr.open_group(str(tmp_path / "plate-export.zarr"), mode="r")
+    assert group.attrs.asdict()["montage"] == montage.metadata["montage"]
+    datasets = group.attrs.asdict()["ome"]["multiscales"][0]["datasets"]
+    np.testing.assert_array_equal(group[datasets[0]["path"]][...], montage.get_data())
+
+
 # ---- the adapter contract ----------------------------------------------------------------------
 class TestPlateMontage(AdapterTests):
     """The conformance suite on the plate image (the fields have theirs in zarr_test.py)."""
