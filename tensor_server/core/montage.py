@@ -31,7 +31,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -85,10 +85,32 @@ def _common_levels(tiles: Sequence[Tile], y: int, x: int) -> list[tuple[int, ...
     common = set.intersection(*({lv.scale for lv in t.tensor.native_levels} for t in tiles))
     out = []
     for scale in sorted(common, key=math.prod):
-        shapes = {_signature(t.tensor.native_level(scale).tensor, y, x) for t in tiles}  # type: ignore[union-attr]
-        if len(shapes) == 1:
+        if len({_signature(_level(t.tensor, scale), y, x) for t in tiles}) == 1:
             out.append(scale)
     return out
+
+
+def _alike(tiles: Sequence[Tile]) -> tuple[list[Tile], list[tuple[Tile, str]]]:
+    """The tiles that can share one montage (Y and X axes, and the most common dtype, axes and
+    non-plane extents) and the others, each with the reason."""
+    left_out: list[tuple[Tile, str]] = []
+    placeable = []
+    for t in tiles:
+        if {"y", "x"} <= set(t.tensor.dim_labels):
+            placeable.append(t)
+        else:
+            left_out.append((t, f"axes {''.join(t.tensor.dim_labels)} have no y and x"))
+    if not placeable:
+        return [], left_out
+    labels = placeable[0].tensor.dim_labels
+    y, x = labels.index("y"), labels.index("x")
+    reference = Counter(_signature(t.tensor, y, x) for t in placeable).most_common(1)[0][0]
+    kept = [t for t in placeable if _signature(t.tensor, y, x) == reference]
+    plate = _describe(kept[0].tensor, y, x)
+    for t in placeable:
+        if _signature(t.tensor, y, x) != reference:
+            left_out.append((t, f"{_describe(t.tensor, y, x)} differs from the plate's ({plate})"))
+    return kept, left_out
 
 
 def build_montage(
@@ -100,27 +122,11 @@ def build_montage(
 ) -> tuple[MontageTensor | None, list[tuple[Tile, str]]]:
     """The montage of ``tiles`` on a ``rows`` × ``columns`` grid (module docstring) and the
     tiles left out with the reason; None when no tile can be placed."""
-    left_out: list[tuple[Tile, str]] = []
-    placeable = []
-    for t in tiles:
-        if not {"y", "x"} <= set(t.tensor.dim_labels):
-            left_out.append((t, f"axes {''.join(t.tensor.dim_labels)} have no y and x"))
-        else:
-            placeable.append(t)
-    if not placeable:
+    kept, left_out = _alike(tiles)
+    if not kept:
         return None, left_out
-    labels = placeable[0].tensor.dim_labels
+    labels = kept[0].tensor.dim_labels
     y, x = labels.index("y"), labels.index("x")
-    signatures = Counter(_signature(t.tensor, y, x) for t in placeable)
-    reference = signatures.most_common(1)[0][0]
-    kept = []
-    for t in placeable:
-        if _signature(t.tensor, y, x) == reference:
-            kept.append(t)
-        else:
-            first = next(k for k in placeable if _signature(k.tensor, y, x) == reference)
-            why = f"{_describe(t.tensor, y, x)} differs from the plate's ({_describe(first.tensor, y, x)})"
-            left_out.append((t, why))
     levels = _common_levels(kept, y, x)
     align = (math.lcm(1, *(s[y] for s in levels)), math.lcm(1, *(s[x] for s in levels)))
     raw = (max(t.tensor.shape[y] for t in kept), max(t.tensor.shape[x] for t in kept))
@@ -133,31 +139,33 @@ def build_montage(
     pitch = (grid_rows * cell[0] + gap[0], grid_cols * cell[1] + gap[1])
     placed = [
         _Placed(
-            t,
-            (
-                t.row * pitch[0] + (t.slot // grid_cols) * cell[0],
-                t.column * pitch[1] + (t.slot % grid_cols) * cell[1],
-            ),
+            t, (t.row * pitch[0] + t.slot // grid_cols * cell[0], t.column * pitch[1] + t.slot % grid_cols * cell[1])
         )
         for t in kept
     ]
     shape = list(kept[0].tensor.shape)
     shape[y] = len(rows) * pitch[0] - gap[0]
     shape[x] = len(columns) * pitch[1] - gap[1]
-    layout = _layout(placed, rows, columns, cell, gap)
-    montage = MontageTensor(placed, tuple(shape), y, x, {"montage": layout})
+    montage = MontageTensor(placed, tuple(shape), y, x, {"montage": _layout(placed, rows, columns, cell, gap)})
     for scale in levels:
-        level_placed = [
-            _Placed(
-                Tile(p.tile.group, p.tile.name, p.tile.row, p.tile.column, p.tile.slot, _level(p.tile.tensor, scale)),
-                (p.origin[0] // scale[y], p.origin[1] // scale[x]),
-            )
-            for p in placed
-        ]
-        level_shape = list(level_placed[0].tile.tensor.shape)
-        level_shape[y], level_shape[x] = shape[y] // scale[y], shape[x] // scale[x]
-        montage.native_levels.append(NativeLevel(scale, MontageTensor(level_placed, tuple(level_shape), y, x, {})))
+        montage.native_levels.append(NativeLevel(scale, _montage_level(placed, shape, y, x, scale)))
     return montage, left_out
+
+
+def _montage_level(
+    placed: Sequence[_Placed], shape: Sequence[int], y: int, x: int, scale: tuple[int, ...]
+) -> MontageTensor:
+    """The montage of every image's stored level at ``scale``: origins and plane extents
+    divided by the factor (exact: the layout is aligned to it), other extents the level's."""
+    level_placed = [
+        _Placed(
+            replace(p.tile, tensor=_level(p.tile.tensor, scale)), (p.origin[0] // scale[y], p.origin[1] // scale[x])
+        )
+        for p in placed
+    ]
+    level_shape = list(level_placed[0].tile.tensor.shape)
+    level_shape[y], level_shape[x] = shape[y] // scale[y], shape[x] // scale[x]
+    return MontageTensor(level_placed, tuple(level_shape), y, x, {})
 
 
 def _level(t: TensorAdapter, scale: tuple[int, ...]) -> TensorAdapter:

@@ -129,6 +129,31 @@ def test_every_box_holds_its_field_at_every_level(ragged):
         assert not whole[:, ~covered].any(), "outside the fields the montage is the fill, 0"
 
 
+def test_time_and_z_are_the_fields_own(tmp_path):
+    """5-D fields (t c z y x, NGFF 0.5): the plate image has their t, c and z; its stored
+    levels reduce Y and X as the fields' do, and every box holds its field there."""
+    fmt = ome_format.FormatV05()
+    root = zarr.open_group(str(tmp_path / "tczyx.ome.zarr"), mode="w", zarr_format=3)
+    ome_writer.write_plate_metadata(root, ["A", "B"], ["1", "2"], ["A/2", "B/1"], fmt=fmt)
+    rng = np.random.default_rng(5)
+    for well in ("A/2", "B/1"):
+        group = root.require_group(well)
+        ome_writer.write_well_metadata(group, ["0"], fmt=fmt)
+        pixels = rng.integers(1, 255, (2, 2, 3, 24, 20), dtype=np.uint8)
+        ome_writer.write_image(pixels, group.require_group("0"), scale_factors=(2,), axes="tczyx", fmt=fmt)
+    with tensor_server.open(tmp_path / "tczyx.ome.zarr") as src:
+        montage = src.tensor("plate")
+        assert montage.dim_labels == tuple("tczyx") and montage.shape[:3] == (2, 2, 3)
+        assert [lv.scale for lv in montage.native_levels] == [(1, 1, 1, 2, 2)]
+        for scale, tensor in [((1,) * 5, montage), ((1, 1, 1, 2, 2), montage.native_levels[0].tensor)]:
+            whole = tensor.get_data()
+            for well, field, ((y0, x0), _stop) in _boxes(montage.metadata["montage"]):
+                want = _field_levels(src.path, well, field)[scale[-1] - 1]
+                f = scale[-1]
+                got = whole[..., y0 // f : y0 // f + want.shape[-2], x0 // f : x0 // f + want.shape[-1]]
+                np.testing.assert_array_equal(got, want, err_msg=f"{well}/{field} at factor {f}")
+
+
 def test_a_region_reads_only_what_it_overlaps(ragged):
     """A box across two fields' edges and the gap between them: their parts, else the fill."""
     montage = ragged.tensor("plate")
