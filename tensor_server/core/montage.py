@@ -22,7 +22,9 @@ common to every image the montage stores none, and the engine computes its level
 it, as it does for any tensor (bit-identical to reducing the full montage).
 
 Reads (``read_region_into``) read only the images the box overlaps, each for its own part of
-the box, straight into the output; the rest of the output is the fill.
+the box, straight into the output; the rest of the output is the fill. A box under no image
+(an empty well, a gap) is a uniform block of the fill, and the images' own uniform blocks
+(never-written chunks) are the montage's, so the engine answers them without reading.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import numpy as np
 
 from tensor_server.core.adapter_base import NativeLevel, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.uniform import UniformBlock
 
 __all__ = ["WELL_GAP_FRACTION", "MontageTensor", "Tile", "build_montage"]
 
@@ -198,6 +201,7 @@ class MontageTensor(TensorAdapter):
     """The montage (module docstring): one level of it, its images placed at their origins."""
 
     reads_into = True
+    reports_uniform_blocks = True
 
     def __init__(
         self, placed: Sequence[_Placed], shape: tuple[int, ...], y: int, x: int, metadata: dict[str, Any]
@@ -232,8 +236,9 @@ class MontageTensor(TensorAdapter):
         """None: a box is cut out of the images it overlaps, each read at its own blocks."""
         return None
 
-    def _overlaps(self, bounds: Bounds) -> list[tuple[TensorAdapter, Bounds, tuple[slice, ...]]]:
-        """(image, its bounds, where they land in the output) for every image under ``bounds``."""
+    def _overlaps(self, bounds: Bounds) -> list[tuple[TensorAdapter, tuple[int, int], Bounds, tuple[slice, ...]]]:
+        """(image, its origin, its bounds, where they land in the output) for every image under
+        ``bounds``."""
         y, x = self._y, self._x
         (ya, xa), (yb, xb) = (bounds.start[y], bounds.start[x]), (bounds.stop[y], bounds.stop[x])
         hits = np.nonzero((self._y0 < yb) & (self._y1 > ya) & (self._x0 < xb) & (self._x1 > xa))[0]
@@ -247,7 +252,7 @@ class MontageTensor(TensorAdapter):
             view = [slice(None)] * bounds.ndim
             view[y] = slice(lo[0] - ya, hi[0] - ya)
             view[x] = slice(lo[1] - xa, hi[1] - xa)
-            out.append((tensor, Bounds(tuple(start), tuple(stop)), tuple(view)))
+            out.append((tensor, (oy, ox), Bounds(tuple(start), tuple(stop)), tuple(view)))
         return out
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
@@ -257,11 +262,28 @@ class MontageTensor(TensorAdapter):
 
     def read_region_into(self, bounds: Bounds, out: np.ndarray) -> None:
         out[...] = 0
-        for tensor, sub, view in self._overlaps(bounds):
+        for tensor, _origin, sub, view in self._overlaps(bounds):
             tensor.read_region_into(sub, out[view])
 
+    def uniform_blocks(self, bounds: Bounds) -> list[UniformBlock]:
+        """A box under no image: itself, the fill (an empty well, a gap, a missing field: the
+        engine answers it in closed form); else the uniform blocks the images under it report,
+        moved to where they lie in the montage."""
+        overlaps = self._overlaps(bounds)
+        if not overlaps:
+            return [(bounds, self.dtype.type(0))]
+        out = []
+        for tensor, origin, sub, _view in overlaps:
+            dy, dx = origin
+            for box, value in tensor.uniform_blocks(sub):
+                start, stop = list(box.start), list(box.stop)
+                start[self._y], stop[self._y] = start[self._y] + dy, stop[self._y] + dy
+                start[self._x], stop[self._x] = start[self._x] + dx, stop[self._x] + dx
+                out.append((Bounds(tuple(start), tuple(stop)), value))
+        return out
+
     def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
-        for tensor, sub, _view in self._overlaps(bounds):
+        for tensor, _origin, sub, _view in self._overlaps(bounds):
             why = tensor.stale_reason(sub, exact)
             if why is not None:
                 return why

@@ -24,6 +24,7 @@ import tensor_server
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
 from tensor_server.core.methods import PRECOMPUTE
+from tensor_server.core.uniform import covering_value
 from tensor_server.testing import AdapterTests
 
 zarr = pytest.importorskip("zarr")
@@ -178,6 +179,22 @@ def test_opening_reads_metadata_only(tmp_path):
         montage = src.tensor("plate")
         assert montage.metadata["montage"] == layout
         assert not montage.get_data().any()
+        # the fields' never-written chunks are the plate's uniform blocks, where they lie in it
+        for _well, _field, ((y0, x0), (y1, x1)) in _boxes(layout):
+            box = Bounds((0, y0, x0), (2, y1, x1))
+            assert covering_value(montage.uniform_blocks(box), box) == 0
+
+
+def test_empty_wells_are_answered_in_closed_form(ragged):
+    """A box under no field (an empty well) is one uniform block of the fill; reads through
+    the engine with closed-form blocks equal reads without them."""
+    montage = ragged.tensor("plate")
+    pitch_x = montage.metadata["montage"]["cell"][1] * 2 + montage.metadata["montage"]["gap"][1]
+    empty = Bounds((0, 0, 2 * pitch_x), (2, 40, 3 * pitch_x - 4))  # A/3: never written
+    assert montage.uniform_blocks(empty) == [(empty, np.uint16(0))]
+    on, off = ReadEngine(workers=2), ReadEngine(workers=2, special_chunks=False)
+    for scale in ((1, 2, 2), (1, 8, 8)):
+        np.testing.assert_array_equal(on.read(montage, None, scale, "area"), off.read(montage, None, scale, "area"))
 
 
 def test_a_field_rewritten_in_place_makes_the_plate_stale(ragged):
