@@ -467,7 +467,7 @@ class StoreWalker:
     def add_montage(self, tiles: list[Tile], rows: list[str], columns: list[str]) -> None:
         """The plate image, beside the fields (``PLATE_FIELD``); the fields it cannot place
         are left out of it (and still served on their own), each with the reason."""
-        if not tiles or PLATE_FIELD in self.tensors:
+        if not tiles:
             return
         montage, left_out = build_montage(tiles, rows, columns)
         for tile, reason in left_out:

@@ -1,5 +1,5 @@
 """A montage: many images of one kind laid out on a grid as one tensor (an HCS plate's wells
-and their fields of view, ``adapters/_zarr_plate.py``), so a viewer opens a whole plate as one
+and their fields of view, ``adapters/_zarr_store.py``), so a viewer opens a whole plate as one
 image instead of one tensor per field.
 
 Layout. Groups (wells) sit on a ``rows`` × ``columns`` grid; the images (fields) of a group on

@@ -227,6 +227,27 @@ def test_a_bioformats2raw_plate_is_a_plate(tmp_path):
         ]
 
 
+def test_wells_are_placed_by_index_else_by_name(tmp_path):
+    """No rowIndex/columnIndex (NGFF 0.3): a well's place is its path's row and column names;
+    a well whose index is off the plate's grid is left out of the plate image with the reason."""
+    path = _write_plate(tmp_path / "p.ome.zarr", "0.4", RAGGED)
+    with tensor_server.open(path) as src:
+        layout = src.tensor("plate").metadata["montage"]
+    attrs = json.loads((path / ".zattrs").read_text())
+    for well in attrs["plate"]["wells"]:
+        del well["rowIndex"], well["columnIndex"]
+    (path / ".zattrs").write_text(json.dumps(attrs))
+    with tensor_server.open(path) as src:
+        assert src.tensor("plate").metadata["montage"] == layout
+    attrs["plate"]["wells"][1]["rowIndex"] = 7
+    (path / ".zattrs").write_text(json.dumps(attrs))
+    with tensor_server.open(path) as src:
+        assert [(w, f) for w, f, _ in _boxes(src.tensor("plate").metadata["montage"])] == [("A/1", "0"), ("A/1", "1")]
+        reason = {s["path"]: s["reason"] for s in src.metadata["skipped"]}["B/3"]
+        assert "row 7" in reason and "2 × 3 grid" in reason
+        assert "B/3/0" in src.tensors
+
+
 def test_without_a_level_every_field_stores_the_levels_are_the_reduction(tmp_path):
     """No pyramids (and odd sizes, which no stored level could divide): no stored montage
     level; every published level is the engine's reduction of the montage, bit for bit."""
