@@ -24,6 +24,7 @@ import tensor_server
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
 from tensor_server.core.methods import PRECOMPUTE
+from tensor_server.core.plan import plan_read
 from tensor_server.core.uniform import covering_value
 from tensor_server.testing import AdapterTests
 
@@ -128,6 +129,26 @@ def test_every_box_holds_its_field_at_every_level(ragged):
             np.testing.assert_array_equal(whole[box], want, err_msg=f"{well}/{field} at factor {f}")
             covered[box[1:]] = True
         assert not whole[:, ~covered].any(), "outside the fields the montage is the fill, 0"
+
+
+def test_a_stored_level_never_reads_full_resolution(ragged):
+    """Every field's level-0 chunk files removed: the plate's stored levels still read the
+    fields' stored pixels (served through the engine's plan of the stored level)."""
+    montage = ragged.tensor("plate")
+    want = [lv.tensor.get_data() for lv in montage.native_levels]
+    for level0 in ragged.path.glob("*/*/*/s0"):
+        for f in level0.rglob("*"):
+            if f.is_file() and not f.name.startswith((".", "zarr")):
+                f.unlink()
+    engine = ReadEngine(workers=2)
+    for lv, pixels in zip(montage.native_levels, want):
+        plan = plan_read(montage, None, lv.scale, PRECOMPUTE)
+        got = np.empty(plan.shape, montage.dtype)
+        for pc in plan.chunks:
+            got[pc.out_bounds.to_slices()] = engine.chunk(pc.chunk_id.encode(), montage)[1]
+        assert pixels.any()
+        np.testing.assert_array_equal(got, pixels)
+    assert not montage.get_data().any(), "level 0 now reads the fill: its chunks are gone"
 
 
 def test_time_and_z_are_the_fields_own(tmp_path):
