@@ -11,7 +11,8 @@ one place. It used to live inside zarr.py. What a store holds:
   clients (and uploaded in), so a viewer files them under their image (the store's
   ``labels/<name>`` field still resolves: ``former_fields``);
 * a bioformats2raw layout: one image per series group (``0``, ``1``, ...);
-* an HCS plate (or a single well): one image per field of view (``A/1/0``);
+* an HCS plate (or a single well): one image per field of view (``A/1/0``); a plate also as
+  one image, ``plate``: its fields on the plate grid (``core/montage.py``);
 * a plain group: one tensor per array (field = array path; OME images nested in it are
   served as images); a plain array: one tensor ``data``.
 
@@ -38,16 +39,19 @@ from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, o
 from tensor_server.core.adapter_base import NativeLevel, TensorAdapter
 from tensor_server.core.identity import LABEL_SETS, file_content_version
 from tensor_server.core.label_sets import carry_image_scale
+from tensor_server.core.montage import Tile, build_montage
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["OME_KEYS", "StoreWalker", "ZarrNode", "is_zarr_folder", "read_node", "root_is_ome"]
+__all__ = ["OME_KEYS", "PLATE_FIELD", "StoreWalker", "ZarrNode", "is_zarr_folder", "read_node", "root_is_ome"]
 
 #: the zarr adapter's logger: skipped nodes and levels are reported under the format's name
 _log = logging.getLogger("tensor_server.adapters.zarr")
 
 #: Keys of a group's (NGFF) attributes that make the store an OME-Zarr.
 OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
+#: The field of a plate's image of all its fields (``core/montage.py``), served beside them.
+PLATE_FIELD = "plate"
 #: Plain groups nested deeper than this are skipped, not walked.
 _MAX_GROUP_DEPTH = 32
 
@@ -160,6 +164,29 @@ def _import_zarr() -> Any:
     return zarr
 
 
+def _grid_names(plate: Mapping[str, Any], key: str) -> list[str]:
+    """A plate's row or column names (``[{"name": "A"}, ...]``), in the plate's order."""
+    entries = plate.get(key)
+    if not isinstance(entries, list):
+        return []
+    return [str(e.get("name")) if isinstance(e, Mapping) else str(e) for e in entries]
+
+
+def _well_place(well: Mapping[str, Any], path: str, rows: list[str], columns: list[str]) -> tuple[int, int] | str:
+    """A well's (row, column) on the plate grid: ``rowIndex``/``columnIndex`` (NGFF 0.4+), else
+    its path's ``<row>/<column>`` names; a string says why it has no place."""
+    place = [well.get("rowIndex"), well.get("columnIndex")]
+    for i, (names, name) in enumerate(zip((rows, columns), path.split("/")[-2:] if "/" in path else ("", ""))):
+        if not isinstance(place[i], int) or isinstance(place[i], bool):
+            place[i] = names.index(name) if name in names else None
+    row, column = place
+    if row is None or column is None or not (0 <= row < len(rows) and 0 <= column < len(columns)):
+        return (
+            f"well {path!r} at row {row!r}, column {column!r} is not on the plate's {len(rows)} × {len(columns)} grid"
+        )
+    return row, column
+
+
 # ---- the store walker --------------------------------------------------------------------------
 class StoreWalker:
     """Builds the tensors of one store (see the module docstring for what becomes a tensor)."""
@@ -181,6 +208,7 @@ class StoreWalker:
         self.encodings: dict[str, str] = {}  # field -> encoding name of encoded arrays
         self.ref_targets = RefTargets()  # array_ref targets shared by this store's arrays
         self.former_fields: dict[str, str] = {}  # a label image's store path -> its field
+        self.montage: dict[str, Any] | None = None  # a plate image's published layout
 
     # -- nodes and arrays --
     def node(self, rel: str) -> ZarrNode | None:
@@ -413,31 +441,57 @@ class StoreWalker:
                 carry_image_scale(self.tensors[field], self.tensors[image_field])
 
     def add_plate(self, node: ZarrNode) -> None:
-        """An HCS plate: one image per field of view, named ``<row>/<column>/<field>``."""
+        """An HCS plate: one image per field of view, named ``<row>/<column>/<field>``, and the
+        plate as one image (``plate``, ``core/montage.py``) of the fields on the plate grid."""
         plate = node.ome["plate"]
         wells = plate.get("wells") if isinstance(plate, Mapping) else None
         if not isinstance(wells, list):
             raise UnreadableSource(node.meta_files[-1], "plate metadata has no wells list")
+        rows, columns = _grid_names(plate, "rows"), _grid_names(plate, "columns")
+        tiles: list[Tile] = []
         for well in wells:
             path = well.get("path") if isinstance(well, Mapping) else None
             wnode = self.node(str(path)) if path else None
             if wnode is None or wnode.kind != "group":
                 self.skip(str(path), "listed well is missing")
                 continue
-            self.add_well(wnode)
+            fields = self.add_well(wnode)
+            place = _well_place(well, wnode.rel, rows, columns)
+            if isinstance(place, str):
+                self.skip(wnode.rel, f"left out of the plate image: {place}")
+                continue
+            for slot, name, field in fields:
+                tiles.append(Tile(wnode.rel, name, place[0], place[1], slot, self.tensors[field]))
+        self.add_montage(tiles, rows, columns)
 
-    def add_well(self, wnode: ZarrNode) -> None:
+    def add_montage(self, tiles: list[Tile], rows: list[str], columns: list[str]) -> None:
+        """The plate image, beside the fields (``PLATE_FIELD``); the fields it cannot place
+        are left out of it (and still served on their own), each with the reason."""
+        if not tiles:
+            return
+        montage, left_out = build_montage(tiles, rows, columns)
+        for tile, reason in left_out:
+            self.skip(_join(tile.group, tile.name), f"left out of the plate image: {reason}")
+        if montage is not None:
+            self.tensors[PLATE_FIELD] = montage
+            self.montage = montage.metadata["montage"]
+
+    def add_well(self, wnode: ZarrNode) -> list[tuple[int, str, str]]:
+        """A well's fields of view, each an image; (slot in the well, path, field) of each."""
         well = wnode.ome.get("well")
         images = well.get("images") if isinstance(well, Mapping) else None
         if not isinstance(images, list):
             raise UnreadableSource(wnode.meta_files[-1], "well metadata has no images list")
-        for img in images:
+        added = []
+        for slot, img in enumerate(images):
             path = img.get("path") if isinstance(img, Mapping) else None
             inode = self.node(_join(wnode.rel, str(path))) if path is not None else None
             if inode is None or "multiscales" not in inode.ome:
                 self.skip(_join(wnode.rel, str(path)), "listed field of view is not an image group")
                 continue
             self.add_image(inode, inode.rel)
+            added.append((slot, str(path), inode.rel))
+        return added
 
     def add_bioformats2raw(self, node: ZarrNode) -> None:
         """bioformats2raw layout: series groups listed in ``OME/.zattrs`` ``series`` or, absent
@@ -489,6 +543,8 @@ class StoreWalker:
             for key in ("plate", "well", "bioformats2raw.layout", "omero"):
                 if key in ome:
                     metadata[key] = jsonable(ome[key])
+        if self.montage is not None:
+            metadata["montage"] = self.montage
         if self.encodings:
             metadata["encodings"] = self.encodings
         if self.skipped:

@@ -5,7 +5,7 @@ One walker (``_zarr_store.py``: what becomes a tensor) serves both formats, regi
 (``multiscales``, ``plate``, ``well`` or ``bioformats2raw.layout``; under the ``ome`` key of
 ``zarr.json`` attributes from 0.5 on) and ``zarr`` (priority 20) claims any other zarr folder.
 A source holds OME-Zarr images with their stored levels and label images, the images of a
-bioformats2raw layout or of an HCS plate or well, or the arrays of a plain group; each array
+bioformats2raw layout or of an HCS plate (and the plate as one image) or well, or the arrays of a plain group; each array
 is a ``ZarrAdapter`` (``_zarr_array.py``), importable from here for the upload subsystem's
 zarr members.
 """

@@ -14,6 +14,7 @@ import it and it needs nothing above the adapter interface. Reading NGFF metadat
   factor alone where the source has no size), and ``type``: the downscaling method of the
   reduced levels when they are computed (none for a single level or stored levels, whose
   method the file does not say).
+* ``montage`` beside them on a plate image (``core/montage.py``): where each well's fields lie.
 * ``image-label`` on a label image (``labels/<name>``), pointing at the image two groups up;
   ``labels`` on the ``labels/`` group (names sorted); ``omero`` (a display window per channel).
 * Which tensors are an image's labels (``image_labels``): a label tensor (``is_labels``)
@@ -200,11 +201,18 @@ def _multiscale(image: NgffImage, version: str) -> dict[str, Any]:
 
 
 def image_attributes(
-    image: NgffImage, version: str, *, label_of: bool = False, omero_block: dict[str, Any] | None = None
+    image: NgffImage,
+    version: str,
+    *,
+    label_of: bool = False,
+    omero_block: dict[str, Any] | None = None,
+    montage: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """An image group's attributes (NGFF 0.5: under ``ome``; 0.4: top level). ``label_of``: a
     label image under ``labels/<name>``, whose ``image-label`` points back at the image two
-    groups up; ``omero_block`` (``omero()``) is kept for an image that is not one."""
+    groups up; ``omero_block`` (``omero()``) is kept for an image that is not one. ``montage``:
+    a plate image's layout (``core/montage.py``), beside the NGFF keys (never under ``ome``,
+    which is NGFF's own), so a client maps a pixel to its well and field."""
     attrs: dict[str, Any] = {"multiscales": [_multiscale(image, version)]}
     if label_of:
         attrs["image-label"] = {"source": {"image": "../../"}}
@@ -212,7 +220,10 @@ def image_attributes(
             attrs["image-label"]["version"] = "0.4"
     elif omero_block is not None:
         attrs["omero"] = omero_block
-    return attrs if version == "0.4" else {"ome": {"version": "0.5", **attrs}}
+    out = attrs if version == "0.4" else {"ome": {"version": "0.5", **attrs}}
+    if montage is not None:
+        out["montage"] = dict(montage)
+    return out
 
 
 def labels_attributes(names: Sequence[str], version: str) -> dict[str, Any]:

@@ -61,4 +61,7 @@ def export_attributes(
         labels = layout.axes.out_labels
         n = layout.axes.out_shape(layout.shape)[labels.index("c")] if "c" in labels else 1
         block = omero(n, layout.axes.merge_samples and n == 3, ranges)
-    return image_attributes(ngff_image(tensor, layout, name), version, label_of=label_of, omero_block=block)
+    montage = tensor.metadata.get("montage")  # a plate image's layout: the export is the whole tensor
+    return image_attributes(
+        ngff_image(tensor, layout, name), version, label_of=label_of, omero_block=block, montage=montage
+    )

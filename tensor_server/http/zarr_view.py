@@ -115,7 +115,8 @@ class ZarrImage:
         )
 
     def group_attributes(self, version: str) -> dict[str, Any]:
-        return image_attributes(self.ngff(), version, label_of=self.is_label_of)
+        montage = self.tensor.metadata.get("montage")
+        return image_attributes(self.ngff(), version, label_of=self.is_label_of, montage=montage)
 
     def zarray(self, level: ZarrLevel) -> dict[str, Any]:
         dtype = self.tensor.dtype
