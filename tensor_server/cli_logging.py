@@ -8,12 +8,8 @@ next progress update draws it again below the record. The request log (one line 
 request, logger ``tensor_server.access``) goes where ``--request-log`` says: stderr for
 ``serve``, a file in the server home for ``run``, so a terminal keeps its links.
 
-Request lines are handed to a thread of their own (``_Queued``): a request only makes its
-record and queues it; formatting and the write happen on that thread. Written by each request
-itself, under the handler's lock, they were a third of a Flight server's busy time with six
-concurrent clients (the lock was contended, and the write blocks). The queue is bounded: a
-log that cannot keep up (a stalled terminal or disk) loses lines, counted and said once a
-minute, instead of growing the server or holding a request.
+Request lines reach these handlers from the service's own thread (``service.metrics.
+RequestLines``), never from a request, so writing them here costs no request anything.
 """
 
 from __future__ import annotations
@@ -22,14 +18,13 @@ import json
 import logging
 import logging.handlers
 import os
-import queue
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import TextIO
 
-__all__ = ["setup_logging", "flush_request_log", "ScanProgress", "REQUEST_LOG_OFF", "REQUEST_LOG_STDERR"]
+__all__ = ["setup_logging", "ScanProgress", "REQUEST_LOG_OFF", "REQUEST_LOG_STDERR"]
 
 #: ``--request-log`` values that name no file
 REQUEST_LOG_OFF = "off"
@@ -37,8 +32,6 @@ REQUEST_LOG_STDERR = "-"
 #: a request log file is rotated at this size, keeping this many old ones (bounded on disk)
 REQUEST_LOG_BYTES = 64 << 20
 REQUEST_LOG_BACKUPS = 2
-#: request lines waiting for the log's thread at most (then lines are dropped and counted)
-REQUEST_LOG_QUEUE = 10_000
 
 _ACCESS = "tensor_server.access"
 
@@ -94,50 +87,6 @@ class _LineHandler(logging.StreamHandler):
             super().emit(record)
 
 
-class _Queued(logging.handlers.QueueHandler):
-    """``target`` on a thread of its own, through a bounded queue (module docstring). The
-    record is queued as made: its message is formatted on that thread, not by the request."""
-
-    def __init__(self, target: logging.Handler) -> None:
-        super().__init__(queue.Queue(REQUEST_LOG_QUEUE))
-        self.listener = logging.handlers.QueueListener(self.queue, target)
-        self.listener.start()
-        self.dropped = 0
-        self._said = 0.0
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        return record
-
-    def enqueue(self, record: logging.LogRecord) -> None:
-        try:
-            self.queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
-            if time.monotonic() - self._said > 60:
-                self._said = time.monotonic()
-                logging.getLogger(__name__).warning(
-                    "the request log cannot keep up: %d lines dropped so far", self.dropped
-                )
-
-    def flush(self) -> None:
-        """Wait until every queued line is written."""
-        self.queue.join()  # type: ignore[attr-defined]
-        for target in self.listener.handlers:
-            target.flush()
-
-    def close(self) -> None:
-        self.listener.stop()  # writes what is queued, then ends the thread
-        for target in self.listener.handlers:
-            target.close()
-        super().close()
-
-
-def flush_request_log() -> None:
-    """Wait until the request lines logged so far are written (tests, and a server stopping)."""
-    for handler in logging.getLogger(_ACCESS).handlers:
-        handler.flush()
-
-
 def setup_logging(level: str, fmt: str = "text", *, requests: str | None = None) -> None:
     """Log records to stderr at ``level``. ``requests``: where the request log goes (one line
     per request, ``tensor_server.access`` at INFO whatever ``level`` is): a file path,
@@ -162,7 +111,7 @@ def setup_logging(level: str, fmt: str = "text", *, requests: str | None = None)
     if requests == REQUEST_LOG_STDERR:
         to_stderr = _LineHandler(sys.stderr)
         to_stderr.setFormatter(formatter)
-        access.handlers[:] = [_Queued(to_stderr)]
+        access.handlers[:] = [to_stderr]
         return
     path = Path(requests)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -171,7 +120,7 @@ def setup_logging(level: str, fmt: str = "text", *, requests: str | None = None)
         path, maxBytes=REQUEST_LOG_BYTES, backupCount=REQUEST_LOG_BACKUPS, encoding="utf-8"
     )
     to_file.setFormatter(formatter)
-    access.handlers[:] = [_Queued(to_file)]  # the file only: the terminal keeps the start-up block
+    access.handlers[:] = [to_file]  # the file only: the terminal keeps the start-up block
 
 
 class ScanProgress:

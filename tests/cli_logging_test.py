@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tensor_server.cli_banner import BLOCK_END
-from tensor_server.cli_logging import ScanProgress, _LineHandler, flush_request_log, setup_logging
+from tensor_server.cli_logging import ScanProgress, _LineHandler, setup_logging
 
 
 class _Terminal(io.StringIO):
@@ -77,19 +77,16 @@ def test_the_request_log_goes_to_a_file_to_stderr_or_nowhere(tmp_path, capsys, l
     setup_logging("warning", requests=str(path))
     access.handle(_request("request door=http call=catalog_page"))
     logging.getLogger("tensor_server.catalog").warning("a warning")
-    flush_request_log()
     assert "call=catalog_page" in path.read_text() and "a warning" not in path.read_text()
     assert oct(path.stat().st_mode & 0o777) == oct(0o600)
     assert "catalog_page" not in capsys.readouterr().err
 
     setup_logging("warning", requests="-")
     access.info("request door=http call=zarr_chunk")
-    flush_request_log()
     assert "call=zarr_chunk" in capsys.readouterr().err
 
     setup_logging("info", requests="off")
     access.info("request door=http call=dzi")
-    flush_request_log()
     assert "dzi" not in capsys.readouterr().err and "dzi" not in path.read_text()
 
 

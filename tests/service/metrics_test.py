@@ -23,7 +23,7 @@ from tensor_server.config import Settings
 from tensor_server.errors import InvalidArgument
 from tensor_server.http.metrics_door import MetricsDoor
 from tensor_server.service import IN_PROCESS, Caller, ServingRuntime
-from tensor_server.service.metrics import ACCESS_LOG
+from tensor_server.service.metrics import ACCESS_LOG, REQUEST_LINES
 from tensor_server.testing import serving
 
 SHAPE, CHUNK = (128, 128), (64, 64)
@@ -249,6 +249,7 @@ def test_a_clients_error_names_the_request_the_log_holds(served, caplog):
     with pytest.raises(flight.FlightError) as err:
         list(client.do_action(flight.Action("no_such_action", b"")))
     flight_id = re.search(r"\[request ([0-9a-f]+-[0-9a-f]+)\]", str(err.value)).group(1)
+    REQUEST_LINES.flush()  # the lines leave the request path on a thread of their own
     lines = [r for r in caplog.records if r.name == ACCESS_LOG.name]
     by_id = {r.request["request_id"]: r.request for r in lines}
     assert by_id[rid]["code"] == "NOT_FOUND" and by_id[rid]["status"] == 404 and by_id[rid]["door"] == "http"
