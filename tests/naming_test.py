@@ -10,13 +10,15 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 #: top-level test modules: their subjects are top-level too (the README, the command line and its
-#: start-up block and logging, the package's install, import graph and token owners, the error
+#: start-up block, logging and workers, the package's install, import graph and token owners, the error
 #: taxonomy, the suite's own summary, this convention)
 TOP_LEVEL = {
     "readme_test.py",
     "cli_test.py",
     "cli_banner_test.py",
     "cli_logging_test.py",
+    "cli_workers_test.py",
+    "cli_workers_load_test.py",
     "install_test.py",
     "layering_test.py",
     "import_hygiene_test.py",
