@@ -100,6 +100,10 @@ READ_BLOCK = {
         "block",
         "the store chunk of the codes (a row LUT's index chunk times the row width): zarr decodes whole chunks; None for a broadcast row (np.broadcast_to crops for free), a reference forwards its target's",
     ),
+    "MontageTensor": (
+        "none",
+        "an HCS plate as one image (core/montage.py): a box is cut out of the fields it overlaps, each read at its own blocks",
+    ),
     "ArrayAdapter": (
         "none",
         "slicing memory (or a .npy memmap) crops for free; tests may declare a block to exercise the floor",

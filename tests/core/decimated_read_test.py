@@ -103,6 +103,10 @@ DECIMATES = {
         "yes",
         "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view",
     ),
+    "MontageTensor": (
+        "no",
+        "an HCS plate as one image: its coarse levels are the fields' stored levels, else streamed reductions over the fields it overlaps",
+    ),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
     "DamagedStoreTensor": (
         "no",
