@@ -8,7 +8,7 @@ next progress update draws it again below the record. The request log (one line 
 request, logger ``tensor_server.access``) goes where ``--request-log`` says: stderr for
 ``serve``, a file in the server home for ``run``, so a terminal keeps its links.
 
-Request lines reach these handlers from the service's own thread (``service.metrics.
+Request lines reach these handlers from the service's own thread (``service.request_log.
 RequestLines``), never from a request, so writing them here costs no request anything.
 """
 

@@ -124,7 +124,7 @@ def test_the_token_in_a_path_reaches_neither_the_label_nor_the_log(tmp_path, cap
     from prometheus_client.parser import text_string_to_metric_families
 
     from tensor_server.http.security import HttpSecurity
-    from tensor_server.service.metrics import ACCESS_LOG, REQUEST_LINES
+    from tensor_server.service.request_log import ACCESS_LOG, REQUEST_LINES
 
     cat = Catalog([])
     cat.add_source(MemorySource(ArrayAdapter(np.zeros((64, 64), np.uint8), "yx"), source_id="img"))

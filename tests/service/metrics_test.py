@@ -23,7 +23,7 @@ from tensor_server.config import Settings
 from tensor_server.errors import InvalidArgument
 from tensor_server.http.metrics_door import MetricsDoor
 from tensor_server.service import IN_PROCESS, Caller, ServingRuntime
-from tensor_server.service.metrics import ACCESS_LOG, REQUEST_LINES
+from tensor_server.service.request_log import ACCESS_LOG, REQUEST_LINES
 from tensor_server.testing import serving
 
 SHAPE, CHUNK = (128, 128), (64, 64)
