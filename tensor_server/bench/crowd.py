@@ -1,8 +1,9 @@
 """``python -m tensor_server.bench crowd``: many viewers at once. A 63-tile viewport of the
 viewport bench's 8192² image (no stored pyramid) fetched by 1, 2, 4 and 8 concurrent clients,
 over HTTP (IIIF 512² JPEG tiles, one keep-alive connection per client, as browser connections)
-and over Flight (the biopb SDK's ``get_array`` per tile, one ``TensorFlightClient`` per client),
-against a server process of its own (``bench/server_process.py``).
+and over Flight (the biopb SDK's ``get_array`` per tile, one ``TensorFlightClient`` per client,
+each client a process of its own as viewers are: ``_SdkClients``), against a server process of
+its own (``bench/server_process.py``).
 
 * *warm*: the viewport's chunks cached (one untimed pass first); ``--repeats`` passes, the
   median pass reported: its wall time (the screen is drawn when the last tile lands), tiles
@@ -14,8 +15,10 @@ answering a fixed 512² JPEG encoded per request by our encoder (``floor``), and
 without the encode (``floor-static``), with the same clients; and the floor of the Flight
 stack: bare pyarrow Flight answering the two calls a warm SDK tile makes on loopback
 (``GetFlightInfo``, ``DoAction`` chunk_locate) with fixed answers, called by pyarrow clients
-(``flight-floor``). What a warm IIIF tile costs
-above ``floor`` is ours: look-up, read of cached chunks, render, and the door's middleware.
+(``flight-floor``), and the floor of the SDK's path: the same SDK clients against bare pyarrow
+Flight replaying our server's answers (``flight-replay``). What a warm IIIF tile costs above
+``floor`` is ours: look-up, read of cached chunks, render, and the door's middleware; what a
+warm SDK tile costs above ``flight-replay`` is our two calls' work.
 
 Targets (issue 41): 8 clients' warm throughput >= 1.3x one client's and p50 <= 4x one
 client's p50, for HTTP and for 6 Flight clients.
@@ -57,7 +60,7 @@ def _pass(make_fetch: Callable[[], Fetch], tiles: list[tuple], clients: int) -> 
     fetchers = [make_fetch() for _ in range(clients)]
 
     def client(fetch: Fetch) -> list[float]:
-        took = []
+        took: list[float] = []
         while True:
             try:
                 t = todo.get_nowait()
@@ -71,6 +74,56 @@ def _pass(make_fetch: Callable[[], Fetch], tiles: list[tuple], clients: int) -> 
     with cf.ThreadPoolExecutor(clients) as pool:
         each = [ms for took in pool.map(client, fetchers) for ms in took]
     return (time.perf_counter() - t0) * 1e3, each
+
+
+def _sdk_client(location: str, aid: str, factor: int, tasks: Any, results: Any) -> None:
+    """One SDK client process: fetch each batch of tiles it is given, answer their times."""
+    fetch = _flight_fetch(location, aid, factor)()
+    results.put([])  # ready: imported and connected
+    for batch in iter(tasks.get, None):
+        took = []
+        for t in batch:
+            t0 = time.perf_counter()
+            fetch(t)
+            took.append((time.perf_counter() - t0) * 1e3)
+        results.put(took)
+
+
+class _SdkClients:
+    """``clients`` SDK clients, each a process of its own, as viewers are: the biopb SDK
+    spends 0.7-0.9 ms of Python per warm tile (2026-12-05), so SDK clients sharing one
+    interpreter contend for its lock and measure the bench, not the server (threads: 6 clients
+    1.10x one client's throughput, 2026-12-04; processes against the same server: 1.13-1.39x,
+    machine shared). A pass deals the tiles round-robin, so each client has its share at once."""
+
+    def __init__(self, location: str, aid: str, factor: int, clients: int) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process holding gRPC state
+        self.results = ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(clients)]
+        self.procs = [
+            ctx.Process(target=_sdk_client, args=(location, aid, factor, q, self.results), daemon=True)
+            for q in self.tasks
+        ]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:  # none is timed while it starts
+            self.results.get(timeout=120)
+
+    def run(self, tiles: list[tuple]) -> tuple[float, list[float]]:
+        n = len(self.tasks)
+        t0 = time.perf_counter()
+        for i, q in enumerate(self.tasks):
+            q.put(tiles[i::n])
+        each = [ms for _ in range(n) for ms in self.results.get(timeout=600)]
+        return (time.perf_counter() - t0) * 1e3, each
+
+    def close(self) -> None:
+        for q in self.tasks:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
 
 
 def _http_fetch(url: str, path_of: Callable[[tuple], str]) -> Callable[[], Fetch]:
@@ -97,7 +150,7 @@ def _flight_fetch(location: str, aid: str, factor: int) -> Callable[[], Fetch]:
     from biopb.tensor import TensorFlightClient
 
     def make() -> Fetch:
-        client = TensorFlightClient(location)
+        client = TensorFlightClient(location, cache_bytes=0)  # every pass reads the server, not the SDK's cache
 
         def fetch(t: tuple) -> None:
             y, x, h, w = t
@@ -122,9 +175,29 @@ def _stats(passes: list[tuple[float, list[float]]], tiles: int) -> dict[str, flo
     }
 
 
-def _warm(make: Callable[[], Fetch], tiles: list[tuple], clients: int, repeats: int) -> dict[str, float]:
-    _pass(make, tiles, clients)  # untimed: chunks cached, rendering window measured, connections made
-    return _stats([_pass(make, tiles, clients) for _ in range(repeats)], len(tiles))
+Run = Callable[[list[tuple]], tuple[float, list[float]]]
+
+
+def _warm(run: Run, tiles: list[tuple], repeats: int) -> dict[str, float]:
+    run(tiles)  # untimed: chunks cached, rendering window measured, connections made
+    return _stats([run(tiles) for _ in range(repeats)], len(tiles))
+
+
+@contextmanager
+def _clients(door: str, target: Any, clients: int) -> Iterator[Run]:
+    """How ``clients`` clients of ``door`` fetch a viewport: SDK clients (``target`` is
+    ``(location, array id, factor)``) each in a process of their own (``_SdkClients``); HTTP
+    clients and the bare pyarrow floor client (``target`` makes a fetch) as threads, whose
+    client-side Python is a fraction of a tile's cost."""
+    if door in ("flight", "flight-replay"):
+        location, aid, factor = target
+        sdk = _SdkClients(location, aid, factor, clients)
+        try:
+            yield sdk.run
+        finally:
+            sdk.close()
+    else:
+        yield lambda tiles: _pass(target, tiles, clients)
 
 
 def serve_floor(port: int) -> None:
@@ -176,6 +249,40 @@ def serve_flight_floor(port: int) -> None:
     Floor(f"grpc://127.0.0.1:{port}").serve()
 
 
+def serve_flight_replay(port: int, upstream: str) -> None:
+    """The floor of the SDK's path: bare pyarrow Flight answering the SDK's ``GetFlightInfo``
+    and ``chunk_locate`` with our server's own answers, asked of ``upstream`` once per distinct
+    request and replayed after (the warm-up pass records them). The SDK clients then do all
+    they do against ours (plan parsing, mapping the cached segment, the Arrow read); what ours
+    spends above this is its work per call."""
+    from pyarrow import flight
+
+    source = flight.FlightClient(upstream)
+    infos: dict[bytes, Any] = {}
+    actions: dict[tuple[str, bytes], list[bytes]] = {}
+
+    class Replay(flight.FlightServerBase):
+        def get_flight_info(self, context: Any, descriptor: Any) -> Any:
+            key = bytes(descriptor.command)
+            if key not in infos:
+                infos[key] = source.get_flight_info(descriptor)
+            return infos[key]
+
+        def do_action(self, context: Any, action: Any) -> Any:
+            key = (action.type, action.body.to_pybytes())
+            if key in actions:
+                return actions[key]
+            answer = [r.body.to_pybytes() for r in source.do_action(action)]
+            if b'"available": false' not in answer[0]:  # a chunk not in the file tier yet: ask again
+                actions[key] = answer
+            return answer
+
+        def do_get(self, context: Any, ticket: Any) -> Any:  # a chunk the fast path does not offer
+            return flight.RecordBatchStream(source.do_get(ticket).read_all())
+
+    Replay(f"grpc://127.0.0.1:{port}").serve()
+
+
 def _flight_floor_fetch(location: str) -> Callable[[], Fetch]:
     from pyarrow import flight
 
@@ -199,10 +306,12 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _floor_process(serve: str) -> Iterator[int]:
-    """``serve(port)`` of this module in a process of its own; yields the port once it listens."""
+def _floor_process(serve: str, *args: str) -> Iterator[int]:
+    """``serve(port, *args)`` of this module in a process of its own; yields the port once it
+    listens."""
     port = _free_port()
-    code = f"from tensor_server.bench.crowd import {serve}; {serve}({port})"
+    call = ", ".join([str(port), *(repr(a) for a in args)])
+    code = f"from tensor_server.bench.crowd import {serve}; {serve}({call})"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -252,31 +361,37 @@ def _measure(ns: argparse.Namespace, image: Path, factor: int, tiles: list[tuple
         _floor_process("serve_flight_floor") as flight_floor,
     ):
         floor_url = f"http://127.0.0.1:{http_floor}"
-        with server_process([image], Path(work) / "warm-cache", *ns.serve_args) as srv:
+        with (
+            server_process([image], Path(work) / "warm-cache", *ns.serve_args) as srv,
+            _floor_process("serve_flight_replay", srv.location) as replay,
+        ):
             aid = _served_id(srv.location)
-            http = _http_fetch(srv.http_url, _iiif_path(aid, factor))
-            flight = _flight_fetch(srv.location, aid, factor)
-            floors = {
+            doors: dict[str, Any] = {
+                "http": _http_fetch(srv.http_url, _iiif_path(aid, factor)),
+                "flight": (srv.location, aid, factor),
                 "floor": _http_fetch(floor_url, lambda t: "/tile"),
                 "floor-static": _http_fetch(floor_url, lambda t: "/static"),
+                "flight-replay": (f"grpc://127.0.0.1:{replay}", aid, factor),
                 "flight-floor": _flight_floor_fetch(f"grpc://127.0.0.1:{flight_floor}"),
             }
             for clients in counts:
-                for door, make in (("http", http), ("flight", flight), *floors.items()):
-                    wait_idle(srv.pid)
-                    row(door, "warm", clients, _warm(make, tiles, clients, ns.repeats))
+                for door, target in doors.items():
+                    with _clients(door, target, clients) as run:
+                        wait_idle(srv.pid)
+                        row(door, "warm", clients, _warm(run, tiles, ns.repeats))
         if ns.cold:
             for clients in counts:
                 for door in ("http", "flight"):
                     with server_process([image], Path(work) / f"cold-{door}-{clients}", *ns.serve_args) as srv:
                         aid = _served_id(srv.location)
-                        make = (
+                        target = (
                             _http_fetch(srv.http_url, _iiif_path(aid, factor))
                             if door == "http"
-                            else _flight_fetch(srv.location, aid, factor)
+                            else (srv.location, aid, factor)
                         )
-                        wait_idle(srv.pid)
-                        row(door, "cold", clients, _stats([_pass(make, tiles, clients)], len(tiles)))
+                        with _clients(door, target, clients) as run:
+                            wait_idle(srv.pid)
+                            row(door, "cold", clients, _stats([run(tiles)], len(tiles)))
     return rows
 
 
@@ -308,7 +423,7 @@ def main(ns: argparse.Namespace) -> int:
         "floor-static = its bytes"
     )
     print_table(list(rows[0]), [list(r.values()) for r in rows])
-    for door in ("http", "flight", "floor", "floor-static", "flight-floor"):
+    for door in ("http", "flight", "floor", "floor-static", "flight-replay", "flight-floor"):
         warm = {r["clients"]: r for r in rows if r["door"] == door and r["state"] == "warm" and r["scale"] == 1}
         if 1 in warm and max(warm) > 1:
             top = warm[max(warm)]

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import math
 
-from tensor_server.bench.crowd import _flight_floor_fetch, _floor_process, _http_fetch, _measure
+from pyarrow import flight
+
+from tensor_server.bench.crowd import _flight_floor_fetch, _floor_process, _http_fetch, _measure, _served_id
 from tensor_server.bench.viewport import viewport, write_fixtures
 
 
@@ -17,7 +20,8 @@ def test_every_door_answers_every_tile_warm_and_cold(tmp_path):
     ns = argparse.Namespace(clients="1,2", repeats=1, cold=True, serve_args=[])
     rows = _measure(ns, tmp_path / "big.zarr", 1, viewport(1024, 1))
     seen = {(r["door"], r["state"], r["clients"]) for r in rows}
-    warm = {(d, "warm", c) for d in ("http", "flight", "floor", "floor-static", "flight-floor") for c in (1, 2)}
+    doors = ("http", "flight", "floor", "floor-static", "flight-replay", "flight-floor")
+    warm = {(d, "warm", c) for d in doors for c in (1, 2)}
     cold = {(d, "cold", c) for d in ("http", "flight") for c in (1, 2)}
     assert seen == warm | cold
     for r in rows:
@@ -46,3 +50,36 @@ def test_the_floors_answer_what_they_stand_for():
         assert len(info.endpoints) == 1
         assert [bytes(r.body) for r in client.do_action(flight.Action("chunk_locate", b"k"))] == [b"x" * 200]
         _flight_floor_fetch(f"grpc://127.0.0.1:{port}")()((0, 0, 512, 512))
+
+
+def test_the_replay_floor_answers_the_sdk_as_our_server_does(tmp_path):
+    """The SDK reads the same pixels through the replaying floor as from the server it
+    recorded, and the floor asks the server once per distinct request."""
+    import numpy as np
+    from biopb.tensor import TensorFlightClient
+
+    from tensor_server.bench.server_process import server_process
+
+    write_fixtures(tmp_path, 1024)
+    with (
+        server_process([tmp_path / "big.zarr"], tmp_path / "cache") as srv,
+        _floor_process("serve_flight_replay", srv.location) as port,
+    ):
+        aid = _served_id(srv.location)
+        ours, replay = (TensorFlightClient(loc, cache_bytes=0) for loc in (srv.location, f"grpc://127.0.0.1:{port}"))
+        region = (slice(512, 1024), slice(0, 512))
+        want = ours.get_array(aid, slice_hint=region)
+        np.testing.assert_array_equal(replay.get_array(aid, slice_hint=region), want)  # recorded
+        before = _flight_calls(ours)
+        for _ in range(2):
+            np.testing.assert_array_equal(replay.get_array(aid, slice_hint=region), want)
+        after = _flight_calls(ours)
+        assert {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)} == {
+            "DoAction": 1,
+            "action:server_stats": 1,
+        }, "replayed: the server was asked nothing but the stats (no plan, no location, no DoGet)"
+
+
+def _flight_calls(client) -> dict[str, int]:
+    stats = json.loads(list(client._client.do_action(flight.Action("server_stats", b"")))[0].body.to_pybytes())
+    return stats["calls"]["flight"]
