@@ -10,6 +10,13 @@ into the git-ignored ``.viewer-assets/`` (or the folder ``TENSOR_SERVER_OSD_DIR`
 is served under ``/assets/openseadragon/``; where it is absent the viewer page says how to get
 it.
 
+A plate (a tensor whose metadata carries a ``montage`` layout, ``core/montage.py``) is one row:
+the plate image's thumbnail and doors, then its wells in a collapsed list, each well's fields
+linked to their own viewer pages (a field's label images beside it); the fields it places get
+no row of their own (a 1536-well plate of 9 fields would be 13,824 rows and as many
+thumbnails). The list is paged, never the whole plate (``wells_list``), so the page's size is
+bounded whatever the plate's.
+
 ``/api/catalog?folder=<key>`` answers the same level as JSON: both come from one service
 call (``CatalogVerbs.catalog_level``: the tree ``catalog_children`` lists, each source with
 the tensors ``ServingRuntime.fields`` serves the caller, or the reason it cannot be read).
@@ -28,22 +35,41 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
+from tensor_server.core.identity import ArrayId
 from tensor_server.core.level_grid import grid_levels
+from tensor_server.errors import InvalidArgument
 from tensor_server.http.viewer_door import guarded, presented_token, token_path
 from tensor_server.render.plane import PlaneView
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service import Caller, ServingRuntime
 
-__all__ = ["osd_dir", "routes", "script_json", "API_CATALOG"]
+__all__ = [
+    "osd_dir",
+    "routes",
+    "script_json",
+    "split_plates",
+    "wells_list",
+    "wells_html",
+    "API_CATALOG",
+    "WELLS_PREFIX",
+]
 
 THUMBNAIL = 160
+#: field links one page of a plate's wells list holds (whole wells; a well of more fields than
+#: this alone on its page): the catalog page shows the first page, ``/wells/<plate id>?start=N``
+#: the rest. 864 is a whole 96-well plate of 9 fields; a 1536-well plate of 9 fields then adds
+#: 66 KB to the catalog page where its whole list is 1.06 MB (measured with the page's links to
+#: fields of a source id like ``screen-3239dbfc`` under a ``/t/<token>`` prefix, 2026-12-05)
+WELL_LINKS_PER_PAGE = 864
+#: the pages of a plate's wells list
+WELLS_PREFIX = "/wells/"
 #: the JSON catalog: ``?folder=<key>`` as for the page
 API_CATALOG = "/api/catalog"
 #: the pages' own files, served at ``/assets/page/<name>`` (a policy of ``script-src 'self'``
@@ -54,6 +80,7 @@ _STYLE = (
     "td,th{border-bottom:1px solid #ddd;padding:.4em .6em;vertical-align:top;text-align:left}"
     "img.thumb{max-width:160px;max-height:160px;background:#000}code,pre{background:#f4f4f4}"
     "pre{padding:.4em;margin:.2em 0;white-space:pre-wrap}.urls a{display:block}"
+    "ul.wells{margin:.3em 0;padding-left:1.2em;font-size:.9em}ul.wells a{margin-right:.4em}"
     "html.viewer,html.viewer body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}"
 )
 _SCRIPT = """"use strict";
@@ -119,9 +146,15 @@ def _door_urls(tensor: Any, prefix: str) -> list[tuple[str, str]]:
         urls += [
             ("IIIF info.json", f"{prefix}/iiif/3/{aid}/info.json"),
             ("DeepZoom .dzi", f"{prefix}/deepzoom/{aid}.dzi"),
-            ("viewer (OpenSeadragon)", f"{prefix}/view/{aid}"),
+            ("viewer (OpenSeadragon)", _tensor_page(tensor, prefix)),
         ]
     return urls
+
+
+def _tensor_page(tensor: Any, prefix: str) -> str:
+    """The page a person opens a tensor on: the viewer for an image, else its OME-Zarr group."""
+    aid = quote(tensor.array_id, safe="/")
+    return f"{prefix}/view/{aid}" if tensor.ndim >= 2 else f"{prefix}/zarr/{aid}/"
 
 
 def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: str, prefix: str) -> str:
@@ -159,6 +192,85 @@ def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: s
     )
 
 
+def split_plates(served: Sequence[Any]) -> list[tuple[Any, dict[str, list[Any]] | None]]:
+    """The tensors of a source that get a row, plates first, each with None or, for a plate
+    image, what its layout places: field (``<well>/<field>``) -> that field's tensors (itself,
+    then its label images, ``<field>/@labels/<name>``). A placed field and its label images
+    get no row of their own: the plate's wells list links them."""
+    placed: dict[str, list[Any]] = {}
+    plates: list[tuple[Any, dict[str, list[Any]]]] = []
+    for t in served:
+        layout = t.tensor.metadata.get("montage")
+        if layout:
+            fields: dict[str, list[Any]] = {
+                f"{w['path']}/{f['path']}": [] for w in layout["wells"] for f in w["fields"]
+            }
+            plates.append((t, fields))
+            placed.update(fields)
+    rows: list[tuple[Any, dict[str, list[Any]] | None]] = []
+    for t in served:
+        owner = placed.get(t.field.partition("/@")[0])
+        if owner is not None:
+            owner.append(t)
+        else:
+            rows.append((t, next((of for plate, of in plates if plate is t), None)))
+    return sorted(rows, key=lambda row: row[1] is None)  # the plates first
+
+
+def wells_list(plate: Any, fields: dict[str, list[Any]], start: int, prefix: str) -> str:
+    """One page of a plate's wells, from well ``start``: each well's path and its fields'
+    links (to the field's viewer; its label images beside it), whole wells until the page
+    holds ``WELL_LINKS_PER_PAGE`` links, then a link to the next page saying how many wells
+    are left. On the catalog page (``start`` 0) a collapsed ``<details>``: a page that pages
+    its wells stays bounded for any plate (a 1536-well plate of 9 fields whole would add 1 MB
+    to every load of its folder), and paging is plain links, which need no script (a lazy
+    load would need the pages' script to build markup). A field the caller may not read (a
+    grant of another) is named, unlinked."""
+    wells = plate.tensor.metadata["montage"]["wells"]
+    items, links, stop = [], 0, start
+    while stop < len(wells) and (stop == start or links + _well_links(wells[stop], fields) <= WELL_LINKS_PER_PAGE):
+        well = wells[stop]
+        anchors = []
+        for f in well["fields"]:
+            key = f"{well['path']}/{f['path']}"
+            anchors += [
+                f'<a class="field" href="{escape(_tensor_page(t.tensor, prefix))}">'
+                f"{escape(t.field[len(well['path']) + 1 :])}</a>"
+                for t in fields[key]
+            ] or [f'<span class="field">{escape(f["path"])}</span>']
+        items.append(f'<li><b class="well">{escape(well["path"])}</b> {"".join(anchors)}</li>')
+        links += _well_links(well, fields)
+        stop += 1
+    more = ""
+    if stop < len(wells):
+        href = f"{prefix}{WELLS_PREFIX}{quote(plate.tensor.array_id, safe='/')}?" + urlencode({"start": stop})
+        more = f'<p><a class="more-wells" href="{escape(href)}">{len(wells) - stop} more wells</a></p>'
+    listing = f'<ul class="wells">{"".join(items)}</ul>{more}'
+    if start:
+        return listing
+    n_fields = sum(len(w["fields"]) for w in wells)
+    return f"<details><summary>{len(wells)} wells, {n_fields} fields of view</summary>{listing}</details>"
+
+
+def _well_links(well: dict[str, Any], fields: dict[str, list[Any]]) -> int:
+    return sum(max(1, len(fields[f"{well['path']}/{f['path']}"])) for f in well["fields"])
+
+
+def wells_html(runtime: ServingRuntime, caller: Caller, identifier: str, start: int, prefix: str) -> str:
+    """``/wells/<plate id>?start=N``: the page of the plate's wells list from well ``start``
+    (``wells_list``), for ``caller`` (the fields ``ServingRuntime.fields`` serves it)."""
+    tensor, _echo = runtime.tensor(identifier, caller, pixels=False)
+    if "montage" not in tensor.metadata:
+        raise InvalidArgument(f"{identifier!r} is not a plate image: it has no wells to list")
+    if not 0 <= start < len(tensor.metadata["montage"]["wells"]):
+        raise InvalidArgument(f"start {start} is not a well of {identifier!r}")
+    served = runtime.fields(ArrayId.parse(tensor.array_id).source_id, caller).values()
+    plate, fields = next((t, f) for t, f in split_plates(list(served)) if t.tensor.array_id == tensor.array_id and f)
+    viewer = f'<a href="{escape(_tensor_page(tensor, prefix))}">the plate in the viewer</a>'
+    body = f"<h1>Wells of {escape(plate.listed_id)}</h1><p>{viewer}</p>{wells_list(plate, fields, start, prefix)}"
+    return _page(f"wells of {plate.listed_id}", body)
+
+
 def _folder_link(key: str, prefix: str = "") -> str:
     return escape(f"{prefix}/?" + urlencode({"folder": key}))
 
@@ -170,11 +282,20 @@ def _title(path: str | None) -> str:
 
 
 def _source_html(runtime: ServingRuntime, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
-    """A source's heading, then its tensors' table, or the reason it cannot be read."""
+    """A source's heading, then its tensors' table (a plate: one row and its wells list, the
+    fields it places folded into that list), or the reason it cannot be read."""
     head = f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
     if source["unresolved_reason"] is not None:
         return f'{head}<p class="unresolved">cannot be read: {escape(source["unresolved_reason"])}</p>'
-    rows = "".join(_tensor_row(runtime, t, token, host, prefix) for t in source["tensors"])
+    rows = "".join(
+        _tensor_row(runtime, served, token, host, prefix)
+        + (
+            ""
+            if fields is None
+            else f'<tr class="wells"><td colspan="5">{wells_list(served, fields, 0, prefix)}</td></tr>'
+        )
+        for served, fields in split_plates(source["tensors"])
+    )
     return (
         f"{head}<table><tr><th></th><th>tensor</th><th>physical size</th><th>levels</th><th>doors</th></tr>"
         f"{rows}</table>"
@@ -311,6 +432,15 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
         await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
         return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif")))
 
+    async def wells(request: Any, caller: Caller) -> Any:
+        start = request.query_params.get("start", "0")
+        if not start.isdigit() or len(start) > 9:
+            raise InvalidArgument(f"start must be a well's index, a whole number; got {start[:40]!r}")
+        html = await run_in_threadpool(
+            wells_html, runtime, caller, request.path_params["identifier"], int(start), token_path(request)
+        )
+        return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
+
     async def page_asset(request: Any) -> Any:
         asset = _PAGE_ASSETS.get(request.path_params["name"])
         if asset is None:
@@ -323,6 +453,7 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
         Route("/", guarded(catalog, caller_of), methods=["GET", "HEAD"]),
         Route(API_CATALOG, guarded(catalog_api, caller_of), methods=["GET", "HEAD"]),
         Route("/view/{identifier:path}", guarded(view, caller_of), methods=["GET", "HEAD"]),
+        Route(WELLS_PREFIX + "{identifier:path}", guarded(wells, caller_of), methods=["GET", "HEAD"]),
         Route(PAGE_ASSETS_PREFIX + "{name}", page_asset, methods=["GET", "HEAD"]),
         Mount("/assets/openseadragon", StaticFiles(directory=str(osd_dir()), check_dir=False)),
     ]
