@@ -52,6 +52,7 @@ def _settings(args: argparse.Namespace):
         rois_path=args.rois_db,
         read_workers=args.read_workers,
         rescan_seconds=args.rescan_seconds,
+        montage_gap=args.montage_gap,
         log_level=args.log_level,
         http_port=args.http_port,
         tls=args.tls,
@@ -275,6 +276,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
             rois_path=rois_path,
             follow_symlinks_outside_roots=settings.follow_symlinks_outside_roots,
             open_timeout_seconds=settings.open_timeout_seconds,
+            montage_gap=settings.montage_gap,
             store=store,
         )
         try:

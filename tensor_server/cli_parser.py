@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
             type=_count,
             help="threads a scaled read decodes its units on, from a shared pool (default 0 = the cores)",
         )
+        sp.add_argument(
+            "--montage-gap",
+            type=float,
+            metavar="FRACTION",
+            help="gap between a plate's wells or a file's positions in their one-image montage, "
+            "a fraction of a cell from 0 to 1 (default 0.0625)",
+        )
         sp.add_argument("--log-level", help="debug, info, warning (default), error")
         sp.add_argument(
             "--read-only",
@@ -206,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cli_reference() -> str:
     """``docs/cli.md``: every command and flag of the parser as Markdown. Generated, so the
     reference says what ``--help`` says (``tests/readme_test.py`` compares the file with it).
-    Regenerate: ``python -c 'import tensor_server.cli as c; print(c.cli_reference(), end="")' > docs/cli.md``."""
+    Regenerate: ``python -c 'import tensor_server.cli_parser as c; print(c.cli_reference(), end="")' > docs/cli.md``."""
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     summaries = {choice.dest: choice.help for choice in commands._choices_actions}

@@ -26,6 +26,9 @@ Example (every key optional)::
     follow_symlinks_outside_roots = false  # serve symlinks whose targets leave the roots
     open_timeout_seconds = 60   # a source slower to open becomes an unreadable row
 
+    [montage]                   # a plate's wells, a file's positions as one image
+    gap = 0.0625                # between wells/positions, a fraction of a cell (0 to 1)
+
     [annotations]               # ROI annotations (the ``rois`` table), kept across restarts
     path = "/var/lib/tensor-server/annotations.duckdb"  # default: <data home>/annotations.duckdb
 
@@ -85,6 +88,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tensor_server.core.montage import DEFAULT_GAP_FRACTION, check_gap_fraction
 from tensor_server.errors import InvalidArgument
 
 __all__ = [
@@ -169,6 +173,8 @@ class Settings:
     rescan_seconds: float = 0.0
     follow_symlinks_outside_roots: bool = False
     open_timeout_seconds: float = 60.0
+    #: the gap between a plate's wells or a file's positions in their montage (core/montage.py)
+    montage_gap: float = DEFAULT_GAP_FRACTION
     read_workers: int = 0
     log_level: str = "warning"
     http_port: int | None = None
@@ -227,6 +233,7 @@ _KEYS = {
     ("catalog", "rescan_seconds"): "rescan_seconds",
     ("catalog", "follow_symlinks_outside_roots"): "follow_symlinks_outside_roots",
     ("catalog", "open_timeout_seconds"): "open_timeout_seconds",
+    ("montage", "gap"): "montage_gap",
     ("annotations", "path"): "rois_path",
     ("read", "workers"): "read_workers",
     ("log", "level"): "log_level",
@@ -290,6 +297,7 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
     if isinstance(s.read_workers, bool) or not isinstance(s.read_workers, int) or s.read_workers < 0:
         raise InvalidArgument(f"read workers must be an integer >= 0 (0 = the cores), got {s.read_workers!r}")
     s.log_level = _log_level(s.log_level)
+    s.montage_gap = check_gap_fraction(s.montage_gap)
     if s.log_format not in ("text", "json"):
         raise InvalidArgument(f"log format must be 'text' or 'json', got {s.log_format!r}")
     return s

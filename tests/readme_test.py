@@ -169,7 +169,7 @@ def test_the_cli_reference_is_the_parser():
     from tensor_server.cli_parser import cli_reference
 
     assert (DOCS / "cli.md").read_text() == cli_reference(), (
-        "docs/cli.md is out of date: python -c 'import tensor_server.cli as c; print(c.cli_reference(), end=\"\")'"
+        "docs/cli.md is out of date: python -c 'import tensor_server.cli_parser as c; print(c.cli_reference(), end=\"\")'"
         " > docs/cli.md"
     )
 

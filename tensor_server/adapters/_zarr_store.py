@@ -36,6 +36,7 @@ import numpy as np
 from tensor_server.adapters._ngff import AXIS_ALIASES, dataset_scale, integer_factor, jsonable, ngff_axes
 from tensor_server.adapters._zarr_array import ChunkFileStamps, ZarrAdapter
 from tensor_server.adapters.encoded_zarr import EncodedArrayError, RefTargets, open_encoded
+from tensor_server.adapters.registry import montage_gap
 from tensor_server.core.adapter_base import NativeLevel, TensorAdapter
 from tensor_server.core.identity import LABEL_SETS, file_content_version
 from tensor_server.core.label_sets import carry_image_scale
@@ -469,7 +470,7 @@ class StoreWalker:
         are left out of it (and still served on their own), each with the reason."""
         if not tiles:
             return
-        montage, left_out = build_montage(tiles, rows, columns)
+        montage, left_out = build_montage(tiles, rows, columns, gap_fraction=montage_gap())
         for tile, reason in left_out:
             self.skip(_join(tile.group, tile.name), f"left out of the plate image: {reason}")
         if montage is not None:

@@ -12,6 +12,9 @@ Served layout:
   (field ``image``). The origin is the bounding box corner, not 0: CZI subblock coordinates
   are stage-like (``s_1_t_1_c_1_z_1.czi`` starts at X 39856, Y 39272), and mosaics may start
   at negative coordinates.
+* a file of several scenes also as one image of them all, field ``positions``: the scenes in
+  S order on a near-square grid, each in its own cell (``core/positions.py`` says why), named
+  from the XML's scene names.
 * axes ``t, c, z, y, x`` always, preceded by any other CZI dimension with more than one index
   (R, I, H, V, B, as lower-case labels); RGB pixel types add a trailing ``s`` axis of 3.
 * RGB pixels are served in **RGB order**. libCZI returns Bgr24/Bgr48/Bgr96Float in memory
@@ -54,11 +57,12 @@ from typing import Any
 import numpy as np
 from tensor_server_kernels.reference import output_shape
 
-from tensor_server.adapters.registry import FormatEntry, register_format
+from tensor_server.adapters.registry import FormatEntry, montage_gap, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.identity import file_content_version
+from tensor_server.core.positions import POSITIONS_FIELD, positions_montage
 from tensor_server.core.units import MICROMETER
 from tensor_server.errors import TensorServerError, UnreadableSource
 
@@ -412,7 +416,7 @@ def _grid_runs(edges: np.ndarray, extent: int, f: int) -> list[tuple[int, int]]:
 
 # ---- the source ----------------------------------------------------------------------------
 class CziSource(SourceAdapter):
-    """A CZI file: one tensor per scene (see the module docstring)."""
+    """A CZI file: one tensor per scene, and several scenes as one (see the module docstring)."""
 
     format_name = "czi"
 
@@ -428,7 +432,7 @@ class CziSource(SourceAdapter):
         super().__init__(path, tensors, metadata=metadata)
 
 
-def _describe(path: Path, file: _CziFile, reader: Any) -> tuple[dict[str, CziAdapter], dict[str, Any]]:
+def _describe(path: Path, file: _CziFile, reader: Any) -> tuple[dict[str, TensorAdapter], dict[str, Any]]:
     """Scenes, plane dimensions, pixel type, scale and subblock geometry of an open file."""
     blocks: list[tuple[dict[str, int], int, int, int, int, bool, str, int | None]] = []
 
@@ -477,7 +481,7 @@ def _describe(path: Path, file: _CziFile, reader: Any) -> tuple[dict[str, CziAda
         groups = [(f"scene_{s}", s, [b for b in layer0 if b[0].get("S") == s]) for s in scene_ids]
     else:
         groups = [("image", None, layer0)]
-    tensors: dict[str, CziAdapter] = {}
+    tensors: dict[str, TensorAdapter] = {}
     scene_rects: dict[str, list[int]] = {}
     for field, scene, members in groups:
         x0 = min(b[1] for b in members)
@@ -506,7 +510,26 @@ def _describe(path: Path, file: _CziFile, reader: Any) -> tuple[dict[str, CziAda
         "scenes": scene_rects,
         **info,
     }
+    _add_positions(tensors, metadata, scene_ids, info.get("scene_names") or [])
     return tensors, metadata
+
+
+def _add_positions(
+    tensors: dict[str, TensorAdapter],
+    metadata: dict[str, Any],
+    scene_ids: list[int],
+    names: list[str | None],
+) -> None:
+    """Two scenes or more as one image (``POSITIONS_FIELD``), named by the XML's scene list
+    (ZEN lists the scenes in index order) where it names them, else by their field."""
+    positions = [
+        (s, (names[s] if s < len(names) and names[s] else None) or f"scene_{s}", tensors[f"scene_{s}"])
+        for s in scene_ids
+    ]
+    montage = positions_montage(positions, montage_gap())
+    if montage is not None:
+        tensors[POSITIONS_FIELD] = montage
+        metadata["montage"] = montage.metadata["montage"]
 
 
 def _common_pixel_type(path: Path, types: set[str]) -> str:

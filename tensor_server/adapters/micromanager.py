@@ -17,7 +17,10 @@ position; a folder of position folders is the dataset. When ``metadata.txt`` is 
 Positions are a ``p`` axis on one tensor, not a field each: Micro-Manager acquires every
 position with the same camera and settings, so the positions share shape and dtype, and the
 biopb tensor browser then shows them as one more slider beside t/c/z. Position labels are in
-the metadata (``positions``), channel names in ``channel_names``.
+the metadata (``positions``), channel names in ``channel_names``. A dataset of several
+positions is also served as one image of them all, field ``positions``: the default tensor's
+positions in acquisition order on a near-square grid, each in its own cell, named by their
+labels (``core/positions.py``).
 
 Physical scale: ``PixelSize_um`` (summary, or the first image's ``PixelSizeUm``) for y/x and
 ``z-step_um`` for z, in µm.
@@ -53,10 +56,11 @@ from tensor_server.adapters._tiff_planes import (
     raw_offset,
     unique_label,
 )
-from tensor_server.adapters.registry import FormatEntry, register_format
+from tensor_server.adapters.registry import FormatEntry, montage_gap, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.positions import POSITIONS_FIELD, axis_positions, positions_montage
 from tensor_server.core.units import MICROMETER
 from tensor_server.errors import UnreadableSource
 
@@ -434,7 +438,12 @@ class MicroManagerSource(SourceAdapter):
         if not tensors:
             raise UnreadableSource(path, "no Micro-Manager data found")
         first = next(iter(tensors.values()))
-        super().__init__(path, tensors, metadata={"micromanager": first.metadata})
+        metadata: dict[str, Any] = {"micromanager": first.metadata}
+        montage = positions_montage(axis_positions(first, first.metadata.get("positions") or []), montage_gap())
+        if montage is not None:
+            tensors[POSITIONS_FIELD] = montage
+            metadata["montage"] = montage.metadata["montage"]
+        super().__init__(path, tensors, metadata=metadata)
 
 
 register_format(

@@ -8,7 +8,13 @@ loop axes first (``t``, ``p``, ``z``, ``u``), then the frame axes ``c``, ``y``, 
 (RGB samples). Stage positions are one ``p`` axis of the same tensor rather than one field per
 position: every frame of an ND2 file has the same shape and dtype, so a single tensor holds
 them and a client can step positions like any other axis. The source wraps the tensor with
-``normalize_axes`` so clients see T, C, Z, Y, X last (``p`` in front, ``s`` last).
+``normalize_axes`` so clients see T, C, Z, Y, X last (``p`` in front, ``s`` last). A file of
+several positions is also served as one image of them all, field ``positions``: the
+positions in acquisition (``p``) order on a near-square grid, each in its own cell, named by
+the XY position loop's point names (``core/positions.py``). No multi-position ND2 sample or
+writer exists here: that image is tested through the same code on Micro-Manager's ``p``
+axis and on a stand-in ``ND2File`` with a P loop (``tests/adapters/nd2_test.py``), never on a
+real multi-position ND2 file.
 
 Reads map the requested loop indices to frame numbers (``np.ravel_multi_index`` over the loop
 axes in file order, exactly as ``nd2`` itself addresses frames), call ``ND2File.read_frame``
@@ -39,16 +45,17 @@ from typing import Any
 import numpy as np
 
 from tensor_server.adapters._strided import StridedReads
-from tensor_server.adapters.registry import FormatEntry, register_format
+from tensor_server.adapters.registry import FormatEntry, montage_gap, register_format
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.handles import LazyHandle
 from tensor_server.core.identity import file_content_version
 from tensor_server.core.normalizing import normalize_axes
+from tensor_server.core.positions import POSITIONS_FIELD, axis_positions, positions_montage
 from tensor_server.core.units import MICROMETER, SECOND
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["Nd2Adapter", "Nd2Source", "sniff_nd2"]
+__all__ = ["Nd2Adapter", "Nd2Source", "served_tensors", "sniff_nd2"]
 
 #: First bytes of a modern ND2 file: the chunk magic 0x0ABECEDA, little-endian.
 ND2_MAGIC = b"\xda\xce\xbe\x0a"
@@ -232,7 +239,8 @@ class Nd2Adapter(StridedReads, TensorAdapter):
 
 
 class Nd2Source(SourceAdapter):
-    """An ND2 file: one tensor, field ``image`` (all positions on a ``p`` axis)."""
+    """An ND2 file: one tensor, field ``image`` (all positions on a ``p`` axis), and its
+    positions as one image (``positions``) when it has several."""
 
     format_name = "nd2"
 
@@ -249,7 +257,19 @@ class Nd2Source(SourceAdapter):
         except BaseException:
             handle.close()  # a file that fails to describe must not keep its descriptor
             raise
-        super().__init__(path, {"image": normalize_axes(tensor)}, metadata=metadata)
+        super().__init__(path, served_tensors(tensor, metadata), metadata=metadata)
+
+
+def served_tensors(tensor: Nd2Adapter, metadata: dict[str, Any]) -> dict[str, TensorAdapter]:
+    """The file's tensor in canonical order (``image``) and, with several positions, their
+    montage (``positions``; its layout also into the source's ``metadata``)."""
+    image = normalize_axes(tensor)
+    tensors: dict[str, TensorAdapter] = {"image": image}
+    montage = positions_montage(axis_positions(image, metadata.get("positions") or []), montage_gap())
+    if montage is not None:
+        tensors[POSITIONS_FIELD] = montage
+        metadata["montage"] = montage.metadata["montage"]
+    return tensors
 
 
 def _describe(path: Path, f: Any, handle: LazyHandle[Any]) -> tuple[Nd2Adapter, dict[str, Any]]:
@@ -295,6 +315,8 @@ def _describe(path: Path, f: Any, handle: LazyHandle[Any]) -> tuple[Nd2Adapter, 
         "frame_count": attrs.sequenceCount,
         "loops": [{"type": loop.type, "count": loop.count} for loop in f.experiment],
     }
+    if "P" in sizes:
+        metadata["positions"] = _position_names(f)
     tensor = Nd2Adapter(
         path,
         handle,
@@ -325,6 +347,14 @@ def _time_step_s(f: Any) -> float | None:
         return None
     period = getattr(loops[0].parameters, "periodMs", 0.0) or 0.0
     return float(period) / 1000.0 if period > 0 else None
+
+
+def _position_names(f: Any) -> list[str]:
+    """The XY position loop's point names, in ``p`` order ("" where a point has none)."""
+    for loop in f.experiment:
+        if loop.type == "XYPosLoop":
+            return [point.name or "" for point in loop.parameters.points]
+    return []
 
 
 def _channel_names(f: Any) -> list[str]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensor_server.core.adapter_base import SourceAdapter
+from tensor_server.core.montage import DEFAULT_GAP_FRACTION, check_gap_fraction
 from tensor_server.errors import TensorServerError, UnknownFormat, UnreadableSource
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "detect_format",
     "open_source",
     "open_budgeted",
+    "montage_gap",
     "HEAD_BYTES",
     "PROBE_BYTES",
 ]
@@ -178,14 +180,31 @@ def detect_format(path: str | os.PathLike[str]) -> FormatEntry:
     raise UnknownFormat(p, f"no adapter recognises this {kind} (by content or extension)")
 
 
-def open_source(path: str | os.PathLike[str], format: str | None = None, timeout: float | None = None) -> SourceAdapter:
+def open_source(
+    path: str | os.PathLike[str],
+    format: str | None = None,
+    timeout: float | None = None,
+    *,
+    montage_gap: float = DEFAULT_GAP_FRACTION,
+) -> SourceAdapter:
     """Open ``path`` as a SourceAdapter. Every failure is an UnreadableSource naming the path.
-    ``timeout``: seconds after which files opened with ``open_budgeted`` refuse further reads."""
+    ``timeout``: seconds after which files opened with ``open_budgeted`` refuse further reads.
+    ``montage_gap``: the gap of the montages the source builds (a plate, its positions:
+    ``core/montage.py``), which its format reads with ``montage_gap()``."""
+    _probe.montage_gap = check_gap_fraction(montage_gap)
     _probe.deadline = None if timeout is None else time.monotonic() + timeout
     try:
         return _open(Path(path), format)
     finally:
         _probe.deadline = None
+        _probe.montage_gap = DEFAULT_GAP_FRACTION
+
+
+def montage_gap() -> float:
+    """The gap fraction of the ``open_source`` call running in this thread (the server's
+    ``montage_gap`` setting): handed to the format like the open's deadline, on the opening
+    thread, so the openers keep their one-argument signature (plugins register those)."""
+    return getattr(_probe, "montage_gap", DEFAULT_GAP_FRACTION)
 
 
 def _clean_reason(reason: str) -> str:

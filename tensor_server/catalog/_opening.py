@@ -38,6 +38,7 @@ from tensor_server.catalog.discovery import Claim, links_leaving
 from tensor_server.catalog.record import SourceRecord
 from tensor_server.catalog.store import StoredRow
 from tensor_server.core.adapter_base import SourceAdapter
+from tensor_server.core.montage import DEFAULT_GAP_FRACTION
 from tensor_server.errors import UnreadableSource
 
 if TYPE_CHECKING:
@@ -56,17 +57,18 @@ PROCESSES_AFTER = 256
 STORE_FLUSH_SECONDS = 2.0
 
 
-def open_within(path: Path, fmt: str, seconds: float) -> SourceAdapter:
+def open_within(path: Path, fmt: str, seconds: float, montage_gap: float = DEFAULT_GAP_FRACTION) -> SourceAdapter:
     """``open_source`` with a deadline: a reader that does not finish in time (a huge or
     misnamed file, a hung disk) is abandoned and the path reported unreadable, so one entry
-    cannot stall the scan. An abandoned reader that finishes later closes what it opened."""
+    cannot stall the scan. An abandoned reader that finishes later closes what it opened.
+    ``montage_gap``: the catalog's (``core/montage.py``)."""
     box: dict[str, Any] = {}
     done = threading.Event()
     lock = threading.Lock()
 
     def run() -> None:
         try:
-            result: Any = open_source(path, format=fmt, timeout=seconds)
+            result: Any = open_source(path, format=fmt, timeout=seconds, montage_gap=montage_gap)
         except BaseException as exc:  # re-raised in the scanning thread
             result = exc
         with lock:
@@ -97,12 +99,19 @@ def _unreadable(path: Path, fmt: str, sid: str, sig: tuple, reason: str) -> Sour
 
 
 def open_file_record(
-    path: Path, fmt: str, sid: str, sig: tuple, roots: Sequence[Path], follow_links: bool, timeout: float
+    path: Path,
+    fmt: str,
+    sid: str,
+    sig: tuple,
+    roots: Sequence[Path],
+    follow_links: bool,
+    timeout: float,
+    montage_gap: float = DEFAULT_GAP_FRACTION,
 ) -> SourceRecord:
     """Open ``path`` as a record within ``timeout``; an unreadable file is a record with the
     reason (so is a folder source holding symlinks out of ``roots`` unless ``follow_links``)."""
     try:
-        src = open_within(path, fmt, timeout)
+        src = open_within(path, fmt, timeout, montage_gap)
     except UnreadableSource as exc:
         reason = exc.reason
         member = Path(exc.path).resolve()
@@ -147,7 +156,14 @@ def stored_row(rec: SourceRecord) -> StoredRow:
 
 
 def claim_and_open(
-    path: Path, fmt: str | None, sid: str, sig: tuple, roots: Sequence[Path], follow_links: bool, timeout: float
+    path: Path,
+    fmt: str | None,
+    sid: str,
+    sig: tuple,
+    roots: Sequence[Path],
+    follow_links: bool,
+    timeout: float,
+    montage_gap: float = DEFAULT_GAP_FRACTION,
 ) -> SourceRecord | None:
     """The record of a claim; ``fmt`` None: a file whose format is sniffed here (None when
     no format recognises it: not a source)."""
@@ -156,14 +172,21 @@ def claim_and_open(
         if entry is None:
             return None
         fmt = entry.name
-    return open_file_record(path, fmt, sid, sig, roots, follow_links, timeout)
+    return open_file_record(path, fmt, sid, sig, roots, follow_links, timeout, montage_gap)
 
 
 def _row_in_worker(
-    path: str, fmt: str | None, sid: str, sig: tuple, roots: list[str], follow_links: bool, timeout: float
+    path: str,
+    fmt: str | None,
+    sid: str,
+    sig: tuple,
+    roots: list[str],
+    follow_links: bool,
+    timeout: float,
+    montage_gap: float,
 ) -> StoredRow | None:
     """In a worker process: the row of one claim (its adapter closed), None if not a source."""
-    rec = claim_and_open(Path(path), fmt, sid, sig, [Path(r) for r in roots], follow_links, timeout)
+    rec = claim_and_open(Path(path), fmt, sid, sig, [Path(r) for r in roots], follow_links, timeout, montage_gap)
     if rec is None:
         return None
     try:
@@ -244,6 +267,7 @@ class Opening:
             [str(r) for r in cat.roots],
             cat.follow_symlinks_outside_roots,
             cat.open_timeout_seconds,
+            cat.montage_gap,
         )
 
     def _start_processes(self) -> cf.ProcessPoolExecutor:

@@ -40,6 +40,7 @@ from tensor_server.catalog.store import CatalogStore
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
 from tensor_server.core.identity import SEP, ArrayId, label_set_image
 from tensor_server.core.label_sets import carry_image_scale
+from tensor_server.core.montage import DEFAULT_GAP_FRACTION, check_gap_fraction
 from tensor_server.errors import InvalidArgument, SourceUnresolved, TensorNotFound
 
 __all__ = ["Catalog", "SourceRecord", "SourceUnresolved", "CatalogQueryError", "looks_like_path"]
@@ -60,7 +61,9 @@ class Catalog:
     ``store``: that store already open, the caller's to close after the catalog (``serve``
     opens it first, to pick a file no other server holds).
     ``open_workers``: adapters a scan opens at once on threads; ``open_processes``: worker
-    processes a big scan opens the rest of its files on (``catalog/_opening.py``; 0: none)."""
+    processes a big scan opens the rest of its files on (``catalog/_opening.py``; 0: none).
+    ``montage_gap``: the gap between a plate's wells or a file's positions in the montage its
+    source serves, a fraction of a cell (``core/montage.py``)."""
 
     def __init__(
         self,
@@ -70,6 +73,7 @@ class Catalog:
         sql_limits: SqlLimits = SqlLimits(),
         follow_symlinks_outside_roots: bool = False,
         open_timeout_seconds: float = 60.0,
+        montage_gap: float = DEFAULT_GAP_FRACTION,
         store_path: str | None = None,
         open_workers: int = DEFAULT_OPEN_WORKERS,
         open_processes: int = DEFAULT_OPEN_PROCESSES,
@@ -90,6 +94,8 @@ class Catalog:
         self.unknown_hint = ""
         #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
         self.open_timeout_seconds = open_timeout_seconds
+        #: the gap of the montages its sources build (a plate, a file's positions: core/montage.py)
+        self.montage_gap = check_gap_fraction(montage_gap)
         self._records: dict[str, SourceRecord] = {}
         self._lock = threading.RLock()
         self._reopen_lock = threading.Lock()
@@ -407,7 +413,14 @@ class Catalog:
     def open_record(self, path: Path, fmt: str, sid: str, sig: tuple) -> SourceRecord:
         """Open ``path`` as a record; an unreadable file is a record with the reason."""
         rec = open_file_record(
-            path, fmt, sid, sig, self.roots, self.follow_symlinks_outside_roots, self.open_timeout_seconds
+            path,
+            fmt,
+            sid,
+            sig,
+            self.roots,
+            self.follow_symlinks_outside_roots,
+            self.open_timeout_seconds,
+            self.montage_gap,
         )
         self.scanner.count_open(rec)
         return rec

@@ -210,6 +210,7 @@ class Scanner:
             cat.roots,
             cat.follow_symlinks_outside_roots,
             cat.open_timeout_seconds,
+            cat.montage_gap,
         )
         if rec is None:
             return None

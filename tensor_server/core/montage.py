@@ -1,13 +1,15 @@
 """A montage: many images of one kind laid out on a grid as one tensor (an HCS plate's wells
-and their fields of view, ``adapters/_zarr_store.py``), so a viewer opens a whole plate as one
-image instead of one tensor per field.
+and their fields of view, ``adapters/_zarr_store.py``; a vendor file's positions, each its own
+group, ``core/positions.py``), so a viewer opens a whole plate as one image instead of one
+tensor per field.
 
 Layout. Groups (wells) sit on a ``rows`` × ``columns`` grid; the images (fields) of a group on
 a near-square grid inside the group's cell block (``ceil(sqrt(n))`` columns, filled row by row
 in the group's own order, a field's slot kept empty where it is missing). Every image gets an
 equal cell, the largest image's Y and X, and is placed at its own size at the cell's top-left
-corner; groups are separated by a gap of ``WELL_GAP_FRACTION`` of the cell's longer side. What
-no image covers reads as 0. Channels, z and t (every axis but Y and X) are the images' own:
+corner; groups are separated by a gap of ``gap_fraction`` of the cell's longer side (the
+server's ``montage_gap`` setting, ``DEFAULT_GAP_FRACTION`` unless set; 0 puts groups edge to
+edge, 1 a whole cell apart). What no image covers reads as 0. Channels, z and t (every axis but Y and X) are the images' own:
 images whose dtype, axes or extents on those axes differ from the most common ones are left
 out, with the reason, and the rest is served.
 
@@ -41,11 +43,24 @@ import numpy as np
 from tensor_server.core.adapter_base import NativeLevel, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.uniform import UniformBlock
+from tensor_server.errors import InvalidArgument
 
-__all__ = ["WELL_GAP_FRACTION", "MontageTensor", "Tile", "build_montage"]
+__all__ = ["DEFAULT_GAP_FRACTION", "MontageTensor", "Tile", "build_montage", "check_gap_fraction"]
 
-#: the gap between groups (wells), as a fraction of a cell's longer side
-WELL_GAP_FRACTION = 1 / 16
+#: the gap between groups (wells, positions), as a fraction of a cell's longer side: wide
+#: enough to see where one well ends at a plate's overview, narrow enough to waste little
+DEFAULT_GAP_FRACTION = 1 / 16
+
+
+def check_gap_fraction(value: object) -> float:
+    """``value`` as a gap fraction, or InvalidArgument naming the setting and the range: the
+    one check of the server setting (``config.py``) and of every montage built."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
+    if not ok:
+        raise InvalidArgument(
+            f"montage gap must be a fraction of a cell between 0 and 1 (default {DEFAULT_GAP_FRACTION}), got {value!r}"
+        )
+    return float(value)  # type: ignore[arg-type]  # checked above: a real number
 
 
 @dataclass(frozen=True)
@@ -121,10 +136,11 @@ def build_montage(
     rows: Sequence[str],
     columns: Sequence[str],
     *,
-    gap_fraction: float = WELL_GAP_FRACTION,
+    gap_fraction: float = DEFAULT_GAP_FRACTION,
 ) -> tuple[MontageTensor | None, list[tuple[Tile, str]]]:
     """The montage of ``tiles`` on a ``rows`` × ``columns`` grid (module docstring) and the
     tiles left out with the reason; None when no tile can be placed."""
+    gap_fraction = check_gap_fraction(gap_fraction)
     kept, left_out = _alike(tiles)
     if not kept:
         return None, left_out
@@ -134,7 +150,7 @@ def build_montage(
     align = (math.lcm(1, *(s[y] for s in levels)), math.lcm(1, *(s[x] for s in levels)))
     raw = (max(t.tensor.shape[y] for t in kept), max(t.tensor.shape[x] for t in kept))
     cell = (_round_up(raw[0], align[0]), _round_up(raw[1], align[1]))
-    gap_base = max(1, math.ceil(gap_fraction * max(raw)))
+    gap_base = math.ceil(gap_fraction * max(raw))
     gap = (_round_up(gap_base, align[0]), _round_up(gap_base, align[1]))
     per_group = max(t.slot for t in kept) + 1
     grid_cols = math.ceil(math.sqrt(per_group))

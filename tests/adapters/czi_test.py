@@ -124,6 +124,10 @@ class _CziSuite(AdapterTests):
         yield src
         src.close()
 
+    def tensors(self, source):
+        """The scenes (the scenes' montage has its suite in positions_montage_test.py)."""
+        return [(f, t) for f, t in source.tensors.items() if f != "positions"]
+
     def reference_array(self, source, field):
         return library_read(source.path, field)
 
@@ -179,7 +183,7 @@ def test_scenes_are_fields(tmp_path):
     p = tmp_path / "scenes.czi"
     data = write_scenes(p)
     with tensor_server.open(p) as src:
-        assert list(src.tensors) == ["scene_0", "scene_1"]
+        assert list(src.tensors) == ["scene_0", "scene_1", "positions"]  # the scenes as one image too
         for field, want in data.items():
             t = src.tensor(field)
             assert t.array_id == f"{src.source_id}/{field}"

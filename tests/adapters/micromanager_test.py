@@ -49,7 +49,13 @@ def tifffile_series_reference(path: Path) -> np.ndarray:
     return np.transpose(data, canonical_axis_order(labels))
 
 
-class TestMMStack(AdapterTests):
+class _DatasetSuite(AdapterTests):
+    def tensors(self, source):
+        """The dataset's tensor (its positions' montage has its suite in positions_montage_test.py)."""
+        return [(f, t) for f, t in source.tensors.items() if f != "positions"]
+
+
+class TestMMStack(_DatasetSuite):
     @pytest.fixture
     def source(self, mmstack_folder):
         src = tensor_server.open(mmstack_folder)
@@ -61,7 +67,7 @@ class TestMMStack(AdapterTests):
 
     def test_values_match_expected(self, source, expected):
         e = expected[f"{COMPAT}/1.4compatTest_3_MMStack_1-Pos_000_000.ome.tif.gz"]["dataset"]
-        assert source.type == "micromanager" and list(source.tensors) == ["1.4compatTest_3"]
+        assert source.type == "micromanager" and list(source.tensors) == ["1.4compatTest_3", "positions"]
         t = source.tensor()
         assert isinstance(inner(t), MicroManagerLegacyAdapter)
         # RTZCYX in the file; served p, t, c, z, y, x
@@ -184,7 +190,7 @@ def write_mm2_dataset(
     return planes
 
 
-class TestGeneratedMM2(AdapterTests):
+class TestGeneratedMM2(_DatasetSuite):
     @pytest.fixture
     def source(self, tmp_path):
         root = tmp_path / "acq_1"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tensor_server
-from tensor_server.adapters.nd2 import Nd2Adapter, _FrameModel, sniff_nd2
+from tensor_server.adapters.nd2 import Nd2Adapter, _FrameModel, _position_names, served_tensors, sniff_nd2
 from tensor_server.adapters.registry import detect_format
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.core.bounds import Bounds
@@ -234,6 +234,51 @@ class TestNd2PositionsAndRgb(AdapterTests):
     def test_served_axes(self, source):
         t = source.tensor()
         assert t.dim_labels == ("p", "t", "y", "x", "s") and t.shape == (4, 3, 20, 26, 3)
+
+
+def test_positions_are_served_as_one_image_too(tmp_path):
+    """A stand-in file of 3 T x 4 P RGB frames (no real multi-position ND2 sample or writer
+    exists): ``positions`` lays the p axis out 2 x 2 in p order, named by the XY loop's
+    points where every point has a name, each box holding its position's t, y, x, s pixels."""
+    fake, frames, src = _fake_source(tmp_path, [("T", 3), ("P", 4)], 20, 26, 1, 3, "YXS")
+    tensors = served_tensors(src.tensor().inner, metadata := {"positions": ["A1", "A2", "B1", "B2"]})
+    assert list(tensors) == ["image", "positions"]
+    montage = tensors["positions"]
+    assert montage.dim_labels == ("t", "y", "x", "s") and montage.shape == (3, 2 * 20 + 2, 2 * 26 + 2, 3)
+    layout = metadata["montage"]
+    assert layout == montage.metadata["montage"] and layout["gap"] == [2, 2]  # ceil(26 / 16)
+    assert [(p["index"], p["name"], p["box"]) for p in layout["positions"]] == [
+        (0, "A1", [[0, 0], [20, 26]]),
+        (1, "A2", [[0, 28], [20, 54]]),
+        (2, "B1", [[22, 0], [42, 26]]),
+        (3, "B2", [[22, 28], [42, 54]]),
+    ]
+    whole = montage.get_data()
+    native = frames[:, :, :, 0, :].reshape(3, 4, 20, 26, 3)  # T, P, Y, X, S
+    for p in layout["positions"]:
+        (y0, x0), (y1, x1) = p["box"]
+        np.testing.assert_array_equal(whole[:, y0:y1, x0:x1], native[:, p["index"]])
+    assert not whole[:, 20:22].any() and not whole[:, :, 26:28].any(), "the gaps are the fill"
+    unnamed = served_tensors(src.tensor().inner, {"positions": ["A1", "", "B1", "B2"]})["positions"]
+    assert [p["name"] for p in unnamed.metadata["montage"]["positions"]] == ["0", "1", "2", "3"]
+    (tmp_path / "one").mkdir()
+    _, _, single = _fake_source(tmp_path / "one", [("T", 3)], 20, 26, 1, 3, "YXS")
+    assert list(served_tensors(single.tensor(), {})) == ["image"]  # t y x s: no normalizing wrapper
+
+
+def test_position_names_come_from_the_xy_loop():
+    """nd2's own structures: the XY position loop's point names, "" for an unnamed point."""
+    from types import SimpleNamespace
+
+    from nd2 import structures as s
+
+    points = [s.Position(stagePositionUm=(0, 0, 0), name="A1"), s.Position(stagePositionUm=(9, 0, 0))]
+    loops = [
+        SimpleNamespace(type="TimeLoop"),
+        s.XYPosLoop(count=2, nestingLevel=1, parameters=s.XYPosLoopParams(isSettingZ=False, points=points)),
+    ]
+    assert _position_names(SimpleNamespace(experiment=loops)) == ["A1", ""]
+    assert _position_names(SimpleNamespace(experiment=loops[:1])) == []
 
 
 def test_non_rgb_components_become_channels(tmp_path):

@@ -102,7 +102,11 @@ READ_BLOCK = {
     ),
     "MontageTensor": (
         "none",
-        "an HCS plate as one image (core/montage.py): a box is cut out of the fields it overlaps, each read at its own blocks",
+        "an HCS plate or a file's positions as one image (core/montage.py): a box is cut out of the images it overlaps, each read at its own blocks",
+    ),
+    "AxisIndexTensor": (
+        "forwards",
+        "one position (one p index) of a tensor inside a positions montage: the tensor's own block without the axis",
     ),
     "ArrayAdapter": (
         "none",

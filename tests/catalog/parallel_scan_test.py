@@ -3,6 +3,7 @@ never delays the others, which are listed while it is still opening."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -191,3 +192,30 @@ def test_a_reader_that_kills_its_worker_costs_only_its_own_file(tmp_path, monkey
                 cat.find_tensor(rec.source_id)[0].get_data(), np.full((2, 3), int(rec.path.stem[1]), np.int32)
             )
     cat.close()
+
+
+def test_a_worker_process_builds_montages_with_the_catalogs_gap(tmp_path, monkeypatch):
+    """The montage gap reaches the opens on worker processes: a 4-scene CZI listed from a
+    worker's row under ``montage_gap=0`` has the gapless layout, as its open here has."""
+    pyczi = pytest.importorskip("pylibCZIrw.czi")
+    from tensor_server.catalog import _opening
+
+    (tmp_path / "data").mkdir()
+    with pyczi.create_czi(str(tmp_path / "data" / "scenes.czi"), exist_ok=True) as w:
+        for s in range(4):
+            w.write(np.full((8, 12), s + 1, np.uint8), plane={"T": 0, "C": 0, "Z": 0}, scene=s, location=(100 * s, 0))
+    monkeypatch.setattr(_opening, "PROCESSES_AFTER", 0)  # every open on a worker process
+    cat = Catalog([tmp_path / "data"], open_workers=2, open_processes=2, montage_gap=0)
+    try:
+        cat.scan()
+        (rec,) = cat.records()
+        assert cat.opens == 1 and rec.tensor_rows()  # listed from the worker's row, not opened here
+        listed = json.loads(rec.metadata_json())["metadata"]["montage"]
+        assert listed["gap"] == [0, 0] and [p["box"] for p in listed["positions"]][3] == [[8, 12], [16, 24]]
+        montage = cat.find_tensor(f"{rec.source_id}/positions")[0]
+        assert montage.metadata["montage"] == listed
+        np.testing.assert_array_equal(
+            montage.get_data()[0, 0, 0], np.block([[1, 2], [3, 4]]).repeat(8, 0).repeat(12, 1)
+        )
+    finally:
+        cat.close()

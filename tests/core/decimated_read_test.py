@@ -105,7 +105,11 @@ DECIMATES = {
     ),
     "MontageTensor": (
         "no",
-        "an HCS plate as one image: its coarse levels are the fields' stored levels, else streamed reductions over the fields it overlaps",
+        "an HCS plate or a file's positions as one image: its coarse levels are the fields' stored levels, else streamed reductions over the images it overlaps",
+    ),
+    "AxisIndexTensor": (
+        "no",
+        "one position of a tensor, only read inside a positions montage, which streams its coarse levels (it never asks a tile for a strided read)",
     ),
     "ArrayAdapter": ("no", "memory slicing already costs only the bytes copied; streaming nearest is as cheap"),
     "DamagedStoreTensor": (
