@@ -23,6 +23,7 @@ from tensor_server_kernels import reference
 import tensor_server
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
+from tensor_server.core.level_grid import published_levels
 from tensor_server.core.methods import PRECOMPUTE
 from tensor_server.core.plan import plan_read
 from tensor_server.core.uniform import covering_value
@@ -149,6 +150,34 @@ def test_a_stored_level_never_reads_full_resolution(ragged):
         assert pixels.any()
         np.testing.assert_array_equal(got, pixels)
     assert not montage.get_data().any(), "level 0 now reads the fill: its chunks are gone"
+
+
+def test_levels_below_the_coarsest_stored_one_reduce_it(tmp_path):
+    """Fields of 600² with levels at 2 and 4: the montage's coarsest stored level (310 × 920)
+    is over one 512² tile, so one level is computed below it, at 8: the engine's area
+    reduction of the stored level at 4, bit for bit, and read from it: with every field's
+    level 0 and level 1 chunk files removed it still reads the same pixels."""
+    wells = {"A/1": [(600, 600), (600, 600)], "B/3": [(600, 600)]}
+    with tensor_server.open(_write_plate(tmp_path / "big.ome.zarr", "0.4", wells)) as src:
+        montage = src.tensor("plate")
+        assert montage.shape == (2, 1240, 3680)
+        assert [lv.scale for lv in montage.native_levels] == [(1, 2, 2), (1, 4, 4), (1, 8, 8)]
+        stored, below = montage.native_levels[1].tensor, montage.native_levels[2].tensor
+        assert stored.shape == (2, 310, 920) and below.shape == (2, 155, 460)
+        assert [lv.scale for lv in published_levels(montage)][-1] == (1, 8, 8)
+        want = ReadEngine(workers=2).read(stored, None, (1, 2, 2), "area")
+        assert want.any()
+        for level in ("s0", "s1"):
+            for chunk in src.path.glob(f"*/*/*/{level}/**/*"):
+                if chunk.is_file() and not chunk.name.startswith((".", "zarr")):
+                    chunk.unlink()
+        plan = plan_read(montage, None, (1, 8, 8), PRECOMPUTE)
+        got = np.empty(plan.shape, montage.dtype)
+        engine = ReadEngine(workers=2)
+        for pc in plan.chunks:
+            got[pc.out_bounds.to_slices()] = engine.chunk(pc.chunk_id.encode(), montage)[1]
+        np.testing.assert_array_equal(got, want)
+        assert not montage.native_levels[0].tensor.get_data().any(), "level 1 now reads the fill"
 
 
 def test_time_and_z_are_the_fields_own(tmp_path):
