@@ -207,6 +207,7 @@ class MontageTensor(TensorAdapter):
 
     reads_into = True
     reports_uniform_blocks = True
+    published_metadata = ("montage",)
 
     def __init__(
         self, placed: Sequence[_Placed], shape: tuple[int, ...], y: int, x: int, metadata: dict[str, Any]
