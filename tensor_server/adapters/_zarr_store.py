@@ -209,7 +209,6 @@ class StoreWalker:
         self.encodings: dict[str, str] = {}  # field -> encoding name of encoded arrays
         self.ref_targets = RefTargets()  # array_ref targets shared by this store's arrays
         self.former_fields: dict[str, str] = {}  # a label image's store path -> its field
-        self.montage: dict[str, Any] | None = None  # a plate image's published layout
 
     # -- nodes and arrays --
     def node(self, rel: str) -> ZarrNode | None:
@@ -475,7 +474,6 @@ class StoreWalker:
             self.skip(_join(tile.group, tile.name), f"left out of the plate image: {reason}")
         if montage is not None:
             self.tensors[PLATE_FIELD] = montage
-            self.montage = montage.metadata["montage"]
 
     def add_well(self, wnode: ZarrNode) -> list[tuple[int, str, str]]:
         """A well's fields of view, each an image; (slot in the well, path, field) of each."""
@@ -544,8 +542,6 @@ class StoreWalker:
             for key in ("plate", "well", "bioformats2raw.layout", "omero"):
                 if key in ome:
                     metadata[key] = jsonable(ome[key])
-        if self.montage is not None:
-            metadata["montage"] = self.montage
         if self.encodings:
             metadata["encodings"] = self.encodings
         if self.skipped:

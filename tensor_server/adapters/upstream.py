@@ -163,9 +163,9 @@ class UpstreamSource(SourceAdapter):
     def url(self) -> str:
         return f"{self.upstream.location}/{self.upstream_source_id}"
 
-    def metadata_json(self) -> str:
+    def metadata_json(self, field: str | None = None) -> str:
         """The upstream's own document when it sent one (it describes the data)."""
-        return self._metadata_json or super().metadata_json()
+        return self._metadata_json or super().metadata_json(field)
 
 
 def open_upstream_sources(upstream: Upstream, prefix: str) -> list[UpstreamSource]:

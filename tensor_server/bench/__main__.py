@@ -106,6 +106,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.metrics",
         "small cached chunk DoGet and HTTP GET p50 with metrics on and off (target <= 3 % slower)",
     ),
+    "plate": (
+        "tensor_server.bench.plate",
+        "first whole-plate overview (IIIF and SDK, cold and warm) vs ome-zarr-py and napari-ome-zarr",
+    ),
     "gate": (
         "tensor_server.bench.gate",
         "the performance gate (make perf-gate): vs the previous commit, and floors vs peers",

@@ -6,11 +6,62 @@ benchmark is the bench's business (the tests use it too, to check it writes what
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["write_benchmark_czi"]
+__all__ = ["plate_grid", "write_benchmark_czi", "write_plate"]
+
+#: a field's pixels: (well path, field index, (channels, y, x)) -> the array to write
+FieldPixels = Callable[[str, int, tuple[int, int, int]], np.ndarray]
+
+
+def plate_grid(rows: int, columns: int) -> tuple[list[str], list[str]]:
+    """Row and column names of a plate as screens name them: A..Z, AA.. and 1..columns."""
+    names = [chr(65 + i) if i < 26 else "A" + chr(65 + i - 26) for i in range(rows)]
+    return names, [str(i + 1) for i in range(columns)]
+
+
+def write_plate(
+    path: str | Path,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    wells: Mapping[str, Sequence[tuple[int, int] | None]],
+    pixels: FieldPixels,
+    *,
+    version: str = "0.4",
+    channels: int = 2,
+    scale_factors: Sequence[int] = (2, 4),
+    listed: Sequence[str] = (),
+    chunks: Sequence[int] | None = None,
+) -> Path:
+    """An OME-Zarr HCS plate through ome-zarr-py's own writer (``write_plate_metadata``,
+    ``write_well_metadata``, ``write_image``, NGFF ``version`` 0.4 on zarr v2 or 0.5 on v3):
+    ``wells`` maps a well's path to its fields' (y, x), each ``channels`` × y × x of
+    ``pixels(well, index, shape)`` with levels at ``scale_factors``; a None field is listed
+    in its well but never written, a well in ``listed`` only named in the plate.
+    ``chunks``: the storage chunks (default: the writer's)."""
+    import zarr
+    from ome_zarr import format as ome_format
+    from ome_zarr import writer
+
+    fmt = ome_format.FormatV04() if version == "0.4" else ome_format.FormatV05()
+    root = zarr.open_group(str(path), mode="w", zarr_format=fmt.zarr_format)
+    field_count = max((len(f) for f in wells.values()), default=0)
+    writer.write_plate_metadata(root, list(rows), list(columns), [*wells, *listed], fmt=fmt, field_count=field_count)
+    storage = None if chunks is None else {"chunks": tuple(chunks)}
+    for well, fields in wells.items():
+        group = root.require_group(well)
+        writer.write_well_metadata(group, [str(i) for i in range(len(fields))], fmt=fmt)
+        for i, yx in enumerate(fields):
+            if yx is not None:
+                data = pixels(well, i, (channels, *yx))
+                image = group.require_group(str(i))
+                writer.write_image(
+                    data, image, scale_factors=tuple(scale_factors), axes="cyx", fmt=fmt, storage_options=storage
+                )
+    return Path(path)
 
 
 def write_benchmark_czi(

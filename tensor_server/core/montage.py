@@ -19,9 +19,12 @@ reads each field's stored pyramid, never its full resolution (its pixels are the
 a reduction of the montage). For the boxes to scale exactly, the cell and the gap are rounded
 up to a multiple of every stored factor: a box ``[y0, y1)`` at level 0 is ``[y0 / f,
 y0 / f + h_f)`` at factor ``f``, where ``h_f`` is the image's stored extent there (``y1 / f``
-rounded down or up, as the file stores it), and it never leaves its cell. Without a level
-common to every image the montage stores none, and the engine computes its levels by reducing
-it, as it does for any tensor (bit-identical to reducing the full montage).
+rounded down or up, as the file stores it), and it never leaves its cell. Below the coarsest
+stored level, levels down to one 512² tile are computed from it (``core/reduced_level.py``: a
+384-well plate's fields' 4-level pyramids end at a 6.7k-px montage, too large for an
+overview), so an overview never reads full resolution either. Without a level common to every
+image the montage stores none, and the engine computes its levels by reducing it, as it does
+for any tensor (bit-identical to reducing the full montage).
 
 Reads (``read_region_into``) read only the images the box overlaps, each for its own part of
 the box, straight into the output; the rest of the output is the fill. A box under no image
@@ -42,6 +45,7 @@ import numpy as np
 
 from tensor_server.core.adapter_base import NativeLevel, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.reduced_level import levels_below
 from tensor_server.core.uniform import UniformBlock
 from tensor_server.errors import InvalidArgument
 
@@ -168,6 +172,7 @@ def build_montage(
     montage = MontageTensor(placed, tuple(shape), y, x, {"montage": _layout(placed, rows, columns, cell, gap)})
     for scale in levels:
         montage.native_levels.append(NativeLevel(scale, _montage_level(placed, shape, y, x, scale)))
+    montage.native_levels.extend(levels_below(montage))
     return montage, left_out
 
 
@@ -218,6 +223,7 @@ class MontageTensor(TensorAdapter):
 
     reads_into = True
     reports_uniform_blocks = True
+    published_metadata = ("montage",)
 
     def __init__(
         self, placed: Sequence[_Placed], shape: tuple[int, ...], y: int, x: int, metadata: dict[str, Any]

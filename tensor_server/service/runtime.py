@@ -352,8 +352,10 @@ class ServingRuntime:
             plan = plan_read(tensor, region, scale, method, grid="transfer" if write_plan else "fit")
             if "endpoints" in wanted and not plan.chunks:
                 raise InvalidArgument(f"{array_id}: the requested region is empty")
-        record = self.catalog.get_record(ArrayId.parse(tensor.array_id).source_id)
-        metadata_json = record.source.metadata_json() if "metadata_json" in wanted and record.source else None
+        source_id, field = ArrayId.parse(tensor.array_id)
+        record = self.catalog.get_record(source_id)
+        source = record.source if "metadata_json" in wanted else None
+        metadata_json = source.metadata_json(field or None) if source is not None else None
         resident = record.is_resident() if "is_resident" in wanted else None
         return Described(
             tensor,

@@ -47,5 +47,5 @@ class ScratchSource(SourceAdapter):
             slug=NO_DEFAULT_TENSOR,
         )
 
-    def metadata_json(self) -> str:
+    def metadata_json(self, field: str | None = None) -> str:
         return json.dumps({"type": self.type, "dim_label": [], "metadata": {}})

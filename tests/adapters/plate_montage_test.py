@@ -21,8 +21,10 @@ import pytest
 from tensor_server_kernels import reference
 
 import tensor_server
+from tensor_server.bench.writers import plate_grid, write_plate
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.engine import ReadEngine
+from tensor_server.core.level_grid import published_levels
 from tensor_server.core.methods import PRECOMPUTE
 from tensor_server.core.plan import plan_read
 from tensor_server.core.uniform import covering_value
@@ -45,31 +47,27 @@ def _write_plate(
     listed: tuple[str, ...] = (),
     odd: dict[tuple[str, int], np.ndarray] | None = None,
 ) -> Path:
-    """A 2 × 3 plate (rows A-B, columns 1-3) through ome-zarr-py's writer: ``wells`` written
-    (a None field is listed in its well but never written), ``listed`` only named in the plate;
-    ``odd``: (well, field) -> the pixels to write there instead of random uint16."""
-    fmt = ome_format.FormatV04() if version == "0.4" else ome_format.FormatV05()
-    root = zarr.open_group(str(path), mode="w", zarr_format=fmt.zarr_format)
-    ome_writer.write_plate_metadata(root, ["A", "B"], ["1", "2", "3"], [*wells, *listed], fmt=fmt, field_count=2)
+    """A 2 × 3 plate (rows A-B, columns 1-3) through ome-zarr-py's writer (``write_plate``):
+    ``wells`` written (a None field is listed in its well but never written), ``listed`` only
+    named in the plate; ``odd``: (well, field) -> the pixels to write there instead of random
+    uint16."""
     rng = np.random.default_rng(42)
-    for well, fields in wells.items():
-        group = root.require_group(well)
-        ome_writer.write_well_metadata(group, [str(i) for i in range(len(fields))], fmt=fmt)
-        for i, yx in enumerate(fields):
-            if yx is None:
-                continue
-            pixels = (odd or {}).get((well, i))
-            if pixels is None:
-                pixels = rng.integers(1, 60000, (2, *yx), dtype=np.uint16)  # never the fill, 0
-            ome_writer.write_image(
-                pixels,
-                group.require_group(str(i)),
-                scale_factors=(2, 4) if pyramid else (),
-                axes="cyx",
-                fmt=fmt,
-                storage_options={"chunks": (1, 16, 16)},
-            )
-    return path
+
+    def pixels(well: str, index: int, shape: tuple[int, int, int]) -> np.ndarray:
+        chosen = (odd or {}).get((well, index))
+        return rng.integers(1, 60000, shape, dtype=np.uint16) if chosen is None else chosen  # never the fill, 0
+
+    return write_plate(
+        path,
+        ["A", "B"],
+        ["1", "2", "3"],
+        wells,
+        pixels,
+        version=version,
+        scale_factors=(2, 4) if pyramid else (),
+        listed=listed,
+        chunks=(1, 16, 16),
+    )
 
 
 def _field_levels(plate: Path, well: str, field: str) -> list[np.ndarray]:
@@ -111,7 +109,10 @@ def test_the_layout_is_the_plate_grid(ragged):
         ("B/3", "0", [[pitch[0], 2 * pitch[1]], [pitch[0] + 40, 2 * pitch[1] + 36]]),
     ]
     assert ragged.tensor("plate").shape == (2, 2 * pitch[0] - 4, 3 * pitch[1] - 4)
-    assert ragged.metadata["montage"] == layout  # the source's metadata: what a descriptor carries
+    # the plate's descriptor carries it beside the source's metadata; a field's never does
+    assert json.loads(ragged.metadata_json("plate"))["metadata"]["montage"] == layout
+    assert "montage" not in json.loads(ragged.metadata_json("A/1/0"))["metadata"]
+    assert "montage" not in ragged.metadata and "montage" not in json.loads(ragged.metadata_json())["metadata"]
 
 
 def test_every_box_holds_its_field_at_every_level(ragged):
@@ -149,6 +150,34 @@ def test_a_stored_level_never_reads_full_resolution(ragged):
         assert pixels.any()
         np.testing.assert_array_equal(got, pixels)
     assert not montage.get_data().any(), "level 0 now reads the fill: its chunks are gone"
+
+
+def test_levels_below_the_coarsest_stored_one_reduce_it(tmp_path):
+    """Fields of 600² with levels at 2 and 4: the montage's coarsest stored level (310 × 920)
+    is over one 512² tile, so one level is computed below it, at 8: the engine's area
+    reduction of the stored level at 4, bit for bit, and read from it: with every field's
+    level 0 and level 1 chunk files removed it still reads the same pixels."""
+    wells = {"A/1": [(600, 600), (600, 600)], "B/3": [(600, 600)]}
+    with tensor_server.open(_write_plate(tmp_path / "big.ome.zarr", "0.4", wells)) as src:
+        montage = src.tensor("plate")
+        assert montage.shape == (2, 1240, 3680)
+        assert [lv.scale for lv in montage.native_levels] == [(1, 2, 2), (1, 4, 4), (1, 8, 8)]
+        stored, below = montage.native_levels[1].tensor, montage.native_levels[2].tensor
+        assert stored.shape == (2, 310, 920) and below.shape == (2, 155, 460)
+        assert [lv.scale for lv in published_levels(montage)][-1] == (1, 8, 8)
+        want = ReadEngine(workers=2).read(stored, None, (1, 2, 2), "area")
+        assert want.any()
+        for level in ("s0", "s1"):
+            for chunk in src.path.glob(f"*/*/*/{level}/**/*"):
+                if chunk.is_file() and not chunk.name.startswith((".", "zarr")):
+                    chunk.unlink()
+        plan = plan_read(montage, None, (1, 8, 8), PRECOMPUTE)
+        got = np.empty(plan.shape, montage.dtype)
+        engine = ReadEngine(workers=2)
+        for pc in plan.chunks:
+            got[pc.out_bounds.to_slices()] = engine.chunk(pc.chunk_id.encode(), montage)[1]
+        np.testing.assert_array_equal(got, want)
+        assert not montage.native_levels[0].tensor.get_data().any(), "level 1 now reads the fill"
 
 
 def test_time_and_z_are_the_fields_own(tmp_path):
@@ -204,6 +233,52 @@ def test_opening_reads_metadata_only(tmp_path):
         for _well, _field, ((y0, x0), (y1, x1)) in _boxes(layout):
             box = Bounds((0, y0, x0), (2, y1, x1))
             assert covering_value(montage.uniform_blocks(box), box) == 0
+
+
+def _metadata_only_plate(path: Path, rows: int, columns: int) -> Path:
+    """A plate of one 2 × 1080² field per well with levels at 2, 4 and 8 and no chunk written:
+    the plate and well documents by ome-zarr-py's writer, the field's arrays by zarr-python
+    (no pixels; ome-zarr-py's ``write_image`` writes them), one well copied to every place."""
+    import shutil
+
+    fmt = ome_format.FormatV04()
+    names, numbers = plate_grid(rows, columns)
+    wells = [f"{r}/{c}" for r in names for c in numbers]
+    root = zarr.open_group(str(path), mode="w", zarr_format=2)
+    ome_writer.write_plate_metadata(root, names, numbers, wells, fmt=fmt, field_count=1)
+    well = zarr.open_group(str(path.parent / "well"), mode="w", zarr_format=2)
+    ome_writer.write_well_metadata(well, ["0"], fmt=fmt)
+    field = well.require_group("0")
+    datasets = []
+    for level in range(4):
+        n, factor = -(-1080 // 2**level), 2**level
+        field.create_array(f"s{level}", shape=(2, n, n), chunks=(1, 540, 540), dtype="uint16", fill_value=0)
+        datasets.append(
+            {"path": f"s{level}", "coordinateTransformations": [{"type": "scale", "scale": [1, factor, factor]}]}
+        )
+    ome_writer.write_multiscales_metadata(field, datasets, fmt=fmt, axes="cyx")
+    for path_in_plate in wells:
+        shutil.copytree(path.parent / "well", path / path_in_plate)
+    return path
+
+
+def test_a_1536_well_plate_opens_from_metadata_and_only_the_plate_carries_its_layout(tmp_path):
+    """32 × 48 wells, no pixel written (the plate opens from its metadata alone), its layout
+    lists every well, and only the plate's describe carries it (a field's stays the size of
+    the source's metadata, not the layout's)."""
+    with tensor_server.open(_metadata_only_plate(tmp_path / "p1536.ome.zarr", 32, 48)) as src:
+        assert len(src.tensors) == 1536 + 1
+        layout = src.tensor("plate").metadata["montage"]
+        assert len(layout["wells"]) == 1536 and layout["wells"][-1]["path"] == "AF/48"
+        assert layout["wells"][-1]["fields"] == [
+            {"path": "0", "box": [[31 * 1152, 47 * 1152], [31 * 1152 + 1080, 47 * 1152 + 1080]]}
+        ]
+        plate_doc, field_doc = src.metadata_json("plate"), src.metadata_json("AF/48/0")
+        assert json.loads(plate_doc)["metadata"]["montage"] == layout
+        assert "montage" not in json.loads(field_doc)["metadata"] and field_doc == src.metadata_json()
+        assert len(field_doc) < len(plate_doc) - len(json.dumps(layout)) + 100
+        assert src.metadata_json("plate") is plate_doc, "encoded once"
+        assert src.tensor("plate").native_levels[-1].scale == (1, 128, 128)
 
 
 def test_empty_wells_are_answered_in_closed_form(ragged):
@@ -345,6 +420,8 @@ def test_sdk_and_ome_zarr_views_read_what_the_adapter_reads(tmp_path, version):
             client = srv.client()
             desc = client.get_descriptor(array_id, with_metadata=True)
             assert json.loads(desc.metadata_json)["metadata"]["montage"] == montage.metadata["montage"]
+            field = json.loads(client.get_descriptor(f"{rec.source_id}/B/3/0", with_metadata=True).metadata_json)
+            assert field["metadata"]["layout"] == "plate" and "montage" not in field["metadata"]
             advertised = [(tuple(lv.scale_hint), lv.reduction_method) for lv in desc.pyramid]
             assert advertised == [((1, 1, 1), PRECOMPUTE), ((1, 2, 2), PRECOMPUTE), ((1, 4, 4), PRECOMPUTE)]
             sdk = [np.asarray(client.get_array(array_id))]

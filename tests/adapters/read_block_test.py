@@ -100,6 +100,10 @@ READ_BLOCK = {
         "block",
         "the store chunk of the codes (a row LUT's index chunk times the row width): zarr decodes whole chunks; None for a broadcast row (np.broadcast_to crops for free), a reference forwards its target's",
     ),
+    "ReducedLevel": (
+        "none",
+        "a level below a stored pyramid's coarsest (core/reduced_level.py): a box reduces its own window of the stored level",
+    ),
     "MontageTensor": (
         "none",
         "an HCS plate or a file's positions as one image (core/montage.py): a box is cut out of the images it overlaps, each read at its own blocks",

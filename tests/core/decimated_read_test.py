@@ -103,6 +103,10 @@ DECIMATES = {
         "yes",
         "decoding (a LUT gather, a per-element exp) costs several times the chunk read, so nearest decodes only the picked codes; a broadcast row is a strided view",
     ),
+    "ReducedLevel": (
+        "no",
+        "a level below a stored pyramid's coarsest is served as a stored level (precompute): its pixels are one reduction of the stored level, never strided",
+    ),
     "MontageTensor": (
         "no",
         "an HCS plate or a file's positions as one image: its coarse levels are the fields' stored levels, else streamed reductions over the images it overlaps",
