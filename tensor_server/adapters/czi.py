@@ -529,7 +529,6 @@ def _add_positions(
     montage = positions_montage(positions, montage_gap())
     if montage is not None:
         tensors[POSITIONS_FIELD] = montage
-        metadata["montage"] = montage.metadata["montage"]
 
 
 def _common_pixel_type(path: Path, types: set[str]) -> str:

@@ -442,7 +442,6 @@ class MicroManagerSource(SourceAdapter):
         montage = positions_montage(axis_positions(first, first.metadata.get("positions") or []), montage_gap())
         if montage is not None:
             tensors[POSITIONS_FIELD] = montage
-            metadata["montage"] = montage.metadata["montage"]
         super().__init__(path, tensors, metadata=metadata)
 
 

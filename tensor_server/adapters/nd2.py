@@ -262,13 +262,12 @@ class Nd2Source(SourceAdapter):
 
 def served_tensors(tensor: Nd2Adapter, metadata: dict[str, Any]) -> dict[str, TensorAdapter]:
     """The file's tensor in canonical order (``image``) and, with several positions, their
-    montage (``positions``; its layout also into the source's ``metadata``)."""
+    montage (``positions``; its layout is that tensor's metadata, published on its descriptor)."""
     image = normalize_axes(tensor)
     tensors: dict[str, TensorAdapter] = {"image": image}
     montage = positions_montage(axis_positions(image, metadata.get("positions") or []), montage_gap())
     if montage is not None:
         tensors[POSITIONS_FIELD] = montage
-        metadata["montage"] = montage.metadata["montage"]
     return tensors
 
 

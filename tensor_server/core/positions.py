@@ -13,7 +13,7 @@ scene), so a stage-true overview is mostly empty or overdrawn; the acquisition o
 order the user set up and the file's position list shows. Positions of different sizes (CZI
 scenes) sit at their own size at the top-left corner of equal cells, as a plate's fields do.
 
-Published as ``montage`` (the tensor's and the source's metadata): ``{"rows": ["0", ...],
+Published as ``montage`` (the tensor's metadata, on its descriptor alone): ``{"rows": ["0", ...],
 "columns": ["0", ...], "cell": [h, w], "gap": [gy, gx], "positions": [{"index": 2, "name":
 "Pos2", "box": [[y0, x0], [y1, x1]]}]}``, boxes in level-0 pixels, names from the file.
 Vendor files store no pyramid: the engine computes the montage's levels by reducing it.

@@ -93,7 +93,8 @@ def test_czi_scenes_are_laid_out_in_acquisition_order(tmp_path):
         assert list(src.tensors) == ["scene_0", "scene_1", "scene_2", "scene_3", "positions"]
         montage = src.tensor("positions")
         layout = montage.metadata["montage"]
-        assert src.metadata["montage"] == layout  # what a descriptor's metadata_json carries
+        assert json.loads(src.metadata_json("positions"))["metadata"]["montage"] == layout  # descriptor
+        assert "montage" not in json.loads(src.metadata_json("scene_0"))["metadata"]  # a scene: none
     assert layout["rows"] == ["0", "1"] and layout["columns"] == ["0", "1"]
     assert layout["cell"] == [40, 44] and layout["gap"] == [3, 3]
     assert boxes(layout) == [
