@@ -8,7 +8,11 @@ its own (``bench/server_process.py``).
 * *warm*: the viewport's chunks cached (one untimed pass first); ``--repeats`` passes, the
   median pass reported: its wall time (the screen is drawn when the last tile lands), tiles
   per second, and the p50/p99 of every tile of every pass;
-* *cold*: a fresh server (empty chunk cache) per client count, one pass.
+* *cold*: a fresh server (empty chunk cache) per client count, one pass;
+* *nginx-N*: ``--replicas`` counts of ``--read-only`` servers, each with its own chunk cache,
+  behind nginx configured by ``nginx-config`` (docs/deploying.md), warm, HTTP and Flight
+  (``nginx-N-flight``); on one machine the replicas share its cores, so these rows measure
+  what the balancer costs a tile, not what more machines add.
 
 Beside it, in the same run, the floor of the HTTP stack: a bare uvicorn + Starlette server
 answering a fixed 512² JPEG encoded per request by our encoder (``floor``), and its bytes
@@ -36,15 +40,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tensor_server.bench.fixtures import default_data_dir
+from tensor_server.bench.server_process import ServerProcess, server_process, wait_idle
 from tensor_server.bench.timing import add_common_arguments, print_table, write_json
 from tensor_server.bench.viewport import TILE, viewport, write_fixtures
+from tensor_server.deploy.nginx import nginx_config, parse_addresses, parse_listen
+from tensor_server.deploy.nginx_process import nginx_binary, running_nginx
 
 __all__ = ["add_arguments", "main", "serve_floor"]
 
@@ -184,12 +191,12 @@ def _warm(run: Run, tiles: list[tuple], repeats: int) -> dict[str, float]:
 
 
 @contextmanager
-def _clients(door: str, target: Any, clients: int) -> Iterator[Run]:
-    """How ``clients`` clients of ``door`` fetch a viewport: SDK clients (``target`` is
-    ``(location, array id, factor)``) each in a process of their own (``_SdkClients``); HTTP
-    clients and the bare pyarrow floor client (``target`` makes a fetch) as threads, whose
-    client-side Python is a fraction of a tile's cost."""
-    if door in ("flight", "flight-replay"):
+def _clients(target: Any, clients: int) -> Iterator[Run]:
+    """How ``clients`` clients fetch a viewport: SDK clients (``target`` is ``(location, array
+    id, factor)``) each in a process of their own (``_SdkClients``); HTTP clients and the bare
+    pyarrow floor client (``target`` makes a fetch) as threads, whose client-side Python is a
+    fraction of a tile's cost."""
+    if isinstance(target, tuple):
         location, aid, factor = target
         sdk = _SdkClients(location, aid, factor, clients)
         try:
@@ -329,6 +336,31 @@ def _floor_process(serve: str, *args: str) -> Iterator[int]:
         proc.wait(timeout=30)
 
 
+@contextmanager
+def _replicas_behind_nginx(
+    image: Path, work: Path, count: int, serve_args: list[str]
+) -> Iterator[tuple[ServerProcess, list[int]]]:
+    """``count`` ``--read-only`` servers of ``image`` (each its own chunk cache, as replicas on
+    separate machines) behind nginx configured by ``nginx-config``; yields nginx's HTTP and
+    Flight addresses (as a ``ServerProcess`` of nginx's pid-less front) and the replicas' pids."""
+
+    with ExitStack() as stack:
+        replicas = [
+            stack.enter_context(server_process([image], work / f"cache-{i}", "--read-only", *serve_args))
+            for i in range(count)
+        ]
+        http_port, grpc_port = _free_port(), _free_port()
+        config = nginx_config(
+            parse_addresses(",".join(r.http_url.removeprefix("http://") for r in replicas), "--http"),
+            parse_addresses(",".join(r.location.removeprefix("grpc://") for r in replicas), "--flight"),
+            parse_listen(f"127.0.0.1:{http_port}", "--listen-http"),
+            parse_listen(f"127.0.0.1:{grpc_port}", "--listen-flight"),
+        )
+        stack.enter_context(running_nginx(config, work / "nginx", [http_port, grpc_port]))
+        front = ServerProcess(0, f"grpc://127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}")
+        yield front, [r.pid for r in replicas]
+
+
 def _served_id(location: str) -> str:
     from biopb.tensor import TensorFlightClient
 
@@ -346,9 +378,12 @@ def _iiif_path(aid: str, factor: int) -> Callable[[tuple], str]:
 
 
 def _measure(ns: argparse.Namespace, image: Path, factor: int, tiles: list[tuple]) -> list[dict[str, Any]]:
-    from tensor_server.bench.server_process import server_process, wait_idle
 
     counts = [int(c) for c in ns.clients.split(",")]
+    replica_counts = [int(c) for c in ns.replicas.split(",") if c]
+    if replica_counts and nginx_binary() is None:
+        print("nginx is not installed (make test installs it): no rows through nginx", file=sys.stderr)
+        replica_counts = []
     rows: list[dict[str, Any]] = []
 
     def row(door: str, state: str, clients: int, stats: dict[str, float]) -> None:
@@ -376,9 +411,22 @@ def _measure(ns: argparse.Namespace, image: Path, factor: int, tiles: list[tuple
             }
             for clients in counts:
                 for door, target in doors.items():
-                    with _clients(door, target, clients) as run:
+                    with _clients(target, clients) as run:
                         wait_idle(srv.pid)
                         row(door, "warm", clients, _warm(run, tiles, ns.repeats))
+        for n in replica_counts:
+            with _replicas_behind_nginx(image, Path(work) / f"replicas-{n}", n, ns.serve_args) as (front, pids):
+                aid = _served_id(front.location)
+                doors = {
+                    f"nginx-{n}": _http_fetch(front.http_url, _iiif_path(aid, factor)),
+                    f"nginx-{n}-flight": (front.location, aid, factor),
+                }
+                for clients in counts:
+                    for door, target in doors.items():
+                        with _clients(target, clients) as run:
+                            for pid in pids:
+                                wait_idle(pid)
+                            row(door, "warm", clients, _warm(run, tiles, ns.repeats))
         if ns.cold:
             for clients in counts:
                 for door in ("http", "flight"):
@@ -389,7 +437,7 @@ def _measure(ns: argparse.Namespace, image: Path, factor: int, tiles: list[tuple
                             if door == "http"
                             else (srv.location, aid, factor)
                         )
-                        with _clients(door, target, clients) as run:
+                        with _clients(target, clients) as run:
                             wait_idle(srv.pid)
                             row(door, "cold", clients, _stats([run(tiles)], len(tiles)))
     return rows
@@ -401,6 +449,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scales", default="1,4", help="comma-separated viewport scale factors")
     parser.add_argument("--repeats", type=int, default=5, help="warm passes per measurement (median reported)")
     parser.add_argument("--no-cold", dest="cold", action="store_false", help="skip the cold passes")
+    parser.add_argument(
+        "--replicas",
+        default="1,3",
+        help="comma-separated replica counts served through nginx (warm, HTTP and Flight); '' for none",
+    )
     parser.add_argument(
         "--serve-args", default="", help="extra arguments for the server, e.g. '--workers 2' (one string)"
     )
@@ -423,7 +476,7 @@ def main(ns: argparse.Namespace) -> int:
         "floor-static = its bytes"
     )
     print_table(list(rows[0]), [list(r.values()) for r in rows])
-    for door in ("http", "flight", "floor", "floor-static", "flight-replay", "flight-floor"):
+    for door in dict.fromkeys(r["door"] for r in rows):
         warm = {r["clients"]: r for r in rows if r["door"] == door and r["state"] == "warm" and r["scale"] == 1}
         if 1 in warm and max(warm) > 1:
             top = warm[max(warm)]

@@ -1,5 +1,5 @@
 """The crowd bench runs end to end: every door it times (ours over HTTP and Flight, the HTTP
-and Flight floors) answers every tile, warm and cold, for each client count, and the floor
+and Flight floors, replicas behind nginx) answers every tile, warm and cold, for each client count, and the floor
 servers answer what they stand for (a JPEG of a 512² tile; a plan and a location)."""
 
 from __future__ import annotations
@@ -13,14 +13,17 @@ from pyarrow import flight
 
 from tensor_server.bench.crowd import _flight_floor_fetch, _floor_process, _http_fetch, _measure, _served_id
 from tensor_server.bench.viewport import viewport, write_fixtures
+from tensor_server.deploy.nginx_process import nginx_binary
 
 
 def test_every_door_answers_every_tile_warm_and_cold(tmp_path):
     write_fixtures(tmp_path, 1024)
-    ns = argparse.Namespace(clients="1,2", repeats=1, cold=True, serve_args=[])
+    replicas = "2" if nginx_binary() else ""  # make test installs nginx; without it, no rows through it
+    ns = argparse.Namespace(clients="1,2", repeats=1, cold=True, serve_args=[], replicas=replicas)
     rows = _measure(ns, tmp_path / "big.zarr", 1, viewport(1024, 1))
     seen = {(r["door"], r["state"], r["clients"]) for r in rows}
     doors = ("http", "flight", "floor", "floor-static", "flight-replay", "flight-floor")
+    doors += ("nginx-2", "nginx-2-flight") if replicas else ()
     warm = {(d, "warm", c) for d in doors for c in (1, 2)}
     cold = {(d, "cold", c) for d in ("http", "flight") for c in (1, 2)}
     assert seen == warm | cold

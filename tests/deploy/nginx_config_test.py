@@ -3,22 +3,16 @@ nginx.py), that nginx itself accepts it, and every bad flag refused naming itsel
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
 
 from tensor_server.cli import main
 from tensor_server.deploy.nginx import Address, NginxConfigError, parse_addresses, parse_listen
+from tensor_server.deploy.nginx_process import nginx_binary
 
 FLAGS = ["--http", "127.0.0.1:9001,[::1]:9002,replica-3.lab:8816", "--flight", "127.0.0.1:9101,10.0.0.3:8815"]
 LISTEN = ["--listen-http", "8080", "--listen-flight", "127.0.0.1:8815"]
-
-
-def nginx_binary() -> str | None:
-    """Debian's nginx (``make test`` installs it as it does Chromium); /usr/sbin is not on
-    every user's PATH."""
-    return shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin:/sbin")
 
 
 def _config(capsys, *extra: str) -> str:

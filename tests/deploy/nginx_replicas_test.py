@@ -12,7 +12,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ import pyarrow.flight as flight
 import pytest
 import tifffile
 
-from tests.deploy.nginx_config_test import nginx_binary
+from tensor_server.deploy.nginx_process import nginx_binary, running_nginx
 from tests.reliability.server_process import ServerProcess, serve_process
 
 pytestmark = pytest.mark.slow
@@ -57,10 +56,9 @@ def _free_port() -> int:
 
 @contextmanager
 def _nginx(tmp_path, replicas: list[Replica]):
-    """nginx with the configuration ``nginx-config`` prints, in the foreground, its pid, logs
-    and temporary files under ``tmp_path``; yields (its HTTP URL, its gRPC location)."""
-    nginx = nginx_binary()
-    if nginx is None:
+    """nginx with the configuration ``nginx-config`` prints, its pid, logs and temporary files
+    under ``tmp_path``/nginx; yields (its HTTP URL, its gRPC location)."""
+    if nginx_binary() is None:
         pytest.skip("nginx is not installed (make test installs Debian's nginx with apt; see the Makefile)")
     http_port, grpc_port = _free_port(), _free_port()
     made = subprocess.run(
@@ -72,30 +70,8 @@ def _nginx(tmp_path, replicas: list[Replica]):
         text=True,
         check=True,
     )
-    prefix = tmp_path / "nginx"
-    prefix.mkdir()
-    (prefix / "nginx.conf").write_text(made.stdout)
-    proc = subprocess.Popen(
-        [nginx, "-c", str(prefix / "nginx.conf"), "-p", f"{prefix}/", "-g", "daemon off;"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, f"nginx exited: {proc.stderr.read() if proc.stderr else ''}"
-            try:
-                socket.create_connection(("127.0.0.1", http_port), timeout=1).close()
-                socket.create_connection(("127.0.0.1", grpc_port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "nginx did not listen within 30 s"
-                time.sleep(0.05)
+    with running_nginx(made.stdout, tmp_path / "nginx", [http_port, grpc_port]):
         yield f"http://127.0.0.1:{http_port}", f"grpc://127.0.0.1:{grpc_port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _replicas(stack: ExitStack, tmp_path, root, count: int) -> list[Replica]:
