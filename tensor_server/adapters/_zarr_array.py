@@ -29,6 +29,7 @@ import numpy as np
 from tensor_server.adapters._store_listing import ABSENT, file_stamp_of, stored_files
 from tensor_server.adapters._verified_extents import VerifiedExtents
 from tensor_server.adapters._zarr_chunks import LocalChunks, ShardIndexes
+from tensor_server.adapters._zarr_growth import ArrayGrowth, Grew
 from tensor_server.core.adapter_base import TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.identity import file_stat_stamp
@@ -72,6 +73,10 @@ class ChunkFileStamps:
         self.eager = math.prod(counts) <= _EAGER_CHUNKS
         self._stamps: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.verified = VerifiedExtents(folder)
+        #: (axis, cell): the live edge of a growing array, cells from ``cell`` on along ``axis``,
+        #: whose files its writer still rewrites; they are stamped anew, never "changed"
+        #: (their chunks are never cached: ``ZarrAdapter.settled``)
+        self.live: tuple[int, int] | None = None
         #: the store keys of the files under the folder at open (eager arrays), else None
         self.listed: frozenset[str] | None = None
         if self.eager:
@@ -102,12 +107,25 @@ class ChunkFileStamps:
         cells = list(itertools.product(*ranges))
         keys = [self._encode(cell) for cell in cells]
         verification = self.verified.begin(keys)
+        live = self.live
         for cell, key in zip(cells, keys):
             now = self._stat(key)
-            if self._stamps.setdefault(cell, now) != now:
+            if live is not None and cell[live[0]] >= live[1]:
+                self._stamps[cell] = now
+            elif self._stamps.setdefault(cell, now) != now:
                 return f"chunk file {key!r} changed since the store was opened"
         self.verified.verified(extent, verification)
         return None
+
+    def grew(self, axis: int, before: int, after: int) -> None:
+        """The array grew along ``axis`` from ``before`` to ``after`` elements: the cells from
+        the one that held the newest frame on are stamped anew when next read (the writer
+        filled them since), and the live edge moves to the cell of the newest frame now."""
+        g = self.grid[axis]
+        first = max(before - 1, 0) // g
+        for cell in [c for c in list(self._stamps) if c[axis] >= first]:
+            self._stamps.pop(cell, None)
+        self.live = (axis, (after - 1) // g)
 
 
 # ---- the tensor ------------------------------------------------------------------------------
@@ -168,11 +186,11 @@ class ZarrAdapter(TensorAdapter):
             "shards": None if shards is None else [int(s) for s in shards],
         }
         meta.update(metadata or {})
-        self._listing: tuple[bytes, frozenset[str]] | None = None
+        self._listing: tuple[tuple[bytes, int], frozenset[str]] | None = None
         #: the chunk files' listing made at open, used by the first _stored_keys while the
         #: content version is still the one it was made under
         listed = None if chunk_files is None else chunk_files.listed
-        self._listed_at_open = None if listed is None else (content_version, listed)
+        self._listed_at_open = None if listed is None else ((content_version, 0), listed)
         local = isinstance(store_path, Path) and type(array.store).__name__ == "LocalStore"
         folder = store_path / zarr_path if zarr_path else store_path
         self._indexes = ShardIndexes(array, folder) if local and shards is not None else None
@@ -180,6 +198,13 @@ class ZarrAdapter(TensorAdapter):
         self._chunks = LocalChunks.of(array, folder, self._indexes) if local else None
         self._fill: np.generic | None = None
         self._lock = threading.Lock()
+        self._looking = threading.Lock()
+        #: what the metadata says of growth (local arrays whose chunk files are tracked)
+        self._growth = (
+            ArrayGrowth(folder, int(array.metadata.zarr_format), chunk_files.grid, array.metadata.encode_chunk_key)
+            if local and chunk_files is not None
+            else None
+        )
         super().__init__(
             TensorInfo(
                 array.shape,
@@ -195,9 +220,62 @@ class ZarrAdapter(TensorAdapter):
         )
 
     def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
-        # no chunk files tracked: an upload member, whose writes are its lifecycle's business
-        why = None if self._chunk_files is None else self._chunk_files.changed(bounds, exact)
+        """A chunk file changed: first whether the array grew (its writer resized it and then
+        wrote the frames, so the files under a read change before the next look), and only a
+        change growth does not explain is a reason."""
+        if self._chunk_files is None:  # an upload member, whose writes are its lifecycle's business
+            return None
+        why = self._chunk_files.changed(bounds, exact)
+        if why is not None and self._growth is not None:
+            before = self.extents.sequence
+            other = self.refresh_extent()
+            if other is not None:
+                return other
+            if self.extents.sequence != before:
+                why = self._chunk_files.changed(bounds, exact)
         return None if why is None else f"zarr array {self.zarr_path or '/'!r}: {why}"
+
+    # ---- growth (``_zarr_growth``) -------------------------------------------------------------
+    def refresh_extent(self) -> str | None:
+        """The array and its stored levels grown in place when their metadata says so (the
+        level read first: a level covers frames that level 0 already has)."""
+        for level in self.native_levels:
+            why = level.tensor.refresh_extent()
+            if why is not None:
+                return why
+        if self._growth is None:
+            return None
+        with self._looking:  # one look at a time: two would publish one growth twice
+            seen = self._growth.look(self.shape)
+            if isinstance(seen, str):
+                return f"zarr array {self.zarr_path or '/'!r}: {seen}"
+            if seen is not None:
+                self._grow(seen)
+        return None
+
+    def _grow(self, seen: Grew) -> None:
+        """Read the array at its new extent: zarr-python's view of it (one metadata read, the
+        source is not reopened), the chunk reader over it, the live edge moved."""
+        import zarr
+
+        fmt = int(self._array.metadata.zarr_format)
+        array = zarr.open_array(store=self._array.store, path=self.zarr_path, mode="r", zarr_format=fmt)
+        with self._lock:
+            before = self.shape[seen.axis]
+            self._array = array
+            if self._chunks is not None:
+                self._chunks = LocalChunks.of(array, self._chunks.folder, self._indexes)
+            assert self._chunk_files is not None  # growth is tracked only with chunk files
+            self._chunk_files.grew(seen.axis, before, seen.shape[seen.axis])
+            self.grow_to(seen.shape)
+
+    def settled(self, bounds: Bounds) -> bool:
+        """Not where ``bounds`` reach the cell of the newest frame of a growing array."""
+        live = None if self._chunk_files is None else self._chunk_files.live
+        if live is None:
+            return True
+        axis, cell = live
+        return bounds.stop[axis] <= cell * self._chunk_files.grid[axis]
 
     def read_region(self, bounds: Bounds) -> np.ndarray:
         if self._chunks is not None:
@@ -275,21 +353,23 @@ class ZarrAdapter(TensorAdapter):
         return grid_uniform_blocks(bounds, chunks, self.shape, value_at)
 
     def _stored_keys(self) -> frozenset[str]:
-        """The array's stored chunk (or shard) keys, listed once per content version; the
-        first time, also the value zarr returns for an absent chunk (read from one)."""
+        """The array's stored chunk (or shard) keys, listed once per content version and
+        extent (a grown array has new chunks); the first time, also the value zarr returns
+        for an absent chunk (read from one)."""
+        version = (self.content_version, self.extents.sequence)
         listing = self._listing
-        if listing is not None and listing[0] == self.content_version:
+        if listing is not None and listing[0] == version:
             return listing[1]
         with self._lock:
             at_open, self._listed_at_open = self._listed_at_open, None
-            if at_open is not None and at_open[0] == self.content_version:
+            if at_open is not None and at_open[0] == version:
                 keys = at_open[1]
             else:
                 keys = frozenset(stored_files(self.store_path / self.zarr_path if self.zarr_path else self.store_path))
             if self._indexes is not None:
                 self._indexes.clear()
             self._fill = self._absent_value(keys)
-            self._listing = (self.content_version, keys)
+            self._listing = (version, keys)
         return keys
 
     def _absent_value(self, keys: frozenset[str]) -> np.generic | None:

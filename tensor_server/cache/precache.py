@@ -136,6 +136,8 @@ class Precacher:
         them when idle, before any other work and never dropped for a neighbour (at most
         ``budget_bytes`` held; past that the chunk is queued to be recomputed), and plan its
         neighbours as for a read."""
+        if not self.engine.settled(tensor, cid):  # the live edge of a growing tensor is never stored
+            return
         key = cid.encode()
         with self._lock:
             fits = self._kept_bytes + pixels.nbytes <= self.budget_bytes

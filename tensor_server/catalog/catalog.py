@@ -38,6 +38,7 @@ from tensor_server.catalog.sql import EVERY_ROW, CatalogQueryError, RowView, Sql
 from tensor_server.catalog.sql_tables import SqlTables
 from tensor_server.catalog.store import CatalogStore
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.growth import ExtentLog
 from tensor_server.core.identity import SEP, ArrayId, label_set_image
 from tensor_server.core.label_sets import carry_image_scale
 from tensor_server.core.montage import DEFAULT_GAP_FRACTION, check_gap_fraction
@@ -174,6 +175,10 @@ class Catalog:
 
     def put_record(self, rec: SourceRecord) -> None:
         """Add or replace one record (a dropped path, a resolve), closing what it replaces."""
+        with self._lock:
+            prior = self._records.get(rec.source_id)
+        if prior is not None:
+            _carry_extents(prior.opened(), rec.opened())
         with self._lock:
             old = self._set_record(rec)
             self._changed()
@@ -491,6 +496,19 @@ class Catalog:
     @decode_rates_refresh.setter
     def decode_rates_refresh(self, seconds: float) -> None:
         self.sql_tables.decode_rates_refresh = seconds
+
+
+def _carry_extents(old: SourceAdapter | None, new: SourceAdapter | None) -> None:
+    """A reopened source's tensors go on numbering their extents after the ones they replace
+    (``core/growth.py``: a watcher sees one more record, the reopened shape, and no gap), and
+    the watchers waiting on the old ones wake to look the tensor up again."""
+    if old is None or new is None:
+        return
+    for field, tensor in new.tensors.items():
+        was = old.tensors.get(field)
+        if was is not None:
+            tensor.extents = ExtentLog(tensor.shape, was.extents.sequence + 1)
+            was.extents.wake()
 
 
 def looks_like_path(text: str) -> bool:

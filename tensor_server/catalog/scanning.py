@@ -181,7 +181,8 @@ class Scanner:
         sid = source_id_for_path(resolved, resolved=True)
         sig = stat_signature(claim.path)
         old = cat.known_record(sid)
-        if old is not None and old.signature == sig and old.path is not None:
+        if old is not None and old.path is not None and (old.signature == sig or grew_in_place(old)):
+            old.signature = sig
             covered |= old.member_paths
             self.count("files_unchanged")
             return sid, sig, True
@@ -293,6 +294,21 @@ class Scanner:
     def stop(self) -> None:
         """End the periodic rescan (the catalog is closing)."""
         self._rescan_stop.set()
+
+
+def grew_in_place(rec: SourceRecord) -> bool:
+    """The files of an open source changed because a tensor of it grows in place (a live
+    acquisition, ``TensorAdapter.refresh_extent``): it has grown since it was opened and
+    nothing else about its tensors changed, so the scan keeps it (reopening would mint a new
+    content version and drop every cached chunk). A file added beside a growing tensor is
+    therefore seen only once the acquisition is over and a later change reopens the source."""
+    src = rec.opened()
+    if src is None:
+        return False
+    tensors = list(src.tensors.values())
+    if any(t.refresh_extent() is not None for t in tensors):
+        return False
+    return any(t.extents.sequence > 0 for t in tensors)
 
 
 def shadowed_members(records: Iterable[SourceRecord]) -> set[str]:

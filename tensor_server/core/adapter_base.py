@@ -42,6 +42,7 @@ import numpy as np
 
 from tensor_server.core.arrays import native_dtype, owned_array
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.growth import ExtentLog
 from tensor_server.core.identity import minted_content_version, source_id_for_path
 from tensor_server.core.transfer_grid import default_seed, spatial_axes, tile_chunk_shape, transfer_chunk_shape
 from tensor_server.core.units import canonical_unit
@@ -273,6 +274,39 @@ class TensorAdapter(ABC):
         Default None: nothing cheap to check (in-memory data, formats not overriding it)."""
         return None
 
+    # ---- growth (a live acquisition: core/growth.py) -------------------------------------------
+    def refresh_extent(self) -> str | None:
+        """Look again at the files of a tensor that may grow while it is served (a zarr array
+        a microscope appends frames to): growth is published in place (``grow_to``), without
+        reopening, so chunk ids and cached chunks of what was there stay valid. A reason when
+        the files changed in another way (a new dtype, a shrunk axis): the caller reopens the
+        source under a new content version, as for ``stale_reason``. Cheap (a stat, a parse
+        only on change); default None: an extent fixed at open."""
+        return None
+
+    def settled(self, bounds: Bounds) -> bool:
+        """Whether the pixels of ``bounds`` are final. False where they reach the live edge of
+        a growing tensor (the storage block its writer is still filling): such a chunk, at
+        any level, is served from the files but never cached, so no reduction of frames not
+        yet written outlives them. Default True."""
+        return True
+
+    @cached_property
+    def extents(self) -> ExtentLog:
+        """The extents this tensor has published, numbered (``core/growth.py``)."""
+        return ExtentLog(self.shape)
+
+    def grow_to(self, shape: Sequence[int]) -> None:
+        """Take the larger ``shape`` in place and publish it. The transfer grid is pinned at
+        the one planned so far (``transfer_chunk_shape`` derives from the shape and would
+        otherwise coalesce more frames as T grows, renaming every chunk of the frames already
+        served and missing their cached copies)."""
+        pinned = self.info.transfer_chunk_shape or self.chunk_shape
+        self.info = replace(self.info, shape=tuple(int(n) for n in shape), transfer_chunk_shape=pinned)
+        for cached in ("chunk_shape", "tile_shape"):
+            self.__dict__.pop(cached, None)
+        self.extents.publish(self.shape)
+
     def native_level(self, scale: Sequence[int]) -> NativeLevel | None:
         scale = tuple(int(s) for s in scale)
         for level in self.native_levels:
@@ -293,6 +327,7 @@ class TensorAdapter(ABC):
             "physical_unit": None if self.physical_unit is None else list(self.physical_unit),
             "is_labels": self.is_labels,
             "native_levels": [list(lv.scale) for lv in self.native_levels],
+            "sequence": self.extents.sequence,
         }
 
     def close(self) -> None:  # noqa: B027 - a default: an adapter that holds no handle has none to release

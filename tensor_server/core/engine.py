@@ -158,9 +158,18 @@ class ReadEngine:
         names (the caller looks it up by ``ChunkId.decode(raw).array_id``)."""
         cid = check_chunk_id(tensor, chunk_id)
         self.refuse_changed(tensor, cid)
-        if self.store is None:
+        if self.store is None or not self.settled(tensor, cid):
             return cid, self._admitted(tensor, cid, cancelled)
         return cid, self.store.get_or_compute(cid.encode(), lambda: self._admitted(tensor, cid, cancelled))
+
+    @staticmethod
+    def settled(tensor: TensorAdapter, cid: ChunkId) -> bool:
+        """The chunk's pixels are final, so it may be cached: not one reaching the live edge
+        of a growing tensor (``TensorAdapter.settled``), at level 0, a stored level or a
+        computed one (whose id's extent is in level-0 pixels), so an overview never keeps a
+        reduction of frames still being written."""
+        level = tensor.native_level(cid.scale) if cid.method == PRECOMPUTE else None
+        return (level.tensor if level is not None else tensor).settled(cid.bounds)
 
     def uniform(self, tensor: TensorAdapter, bounds: Bounds) -> np.generic | None:
         """The one value the tensor's metadata says every pixel of ``bounds`` holds, or None

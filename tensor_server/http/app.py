@@ -57,12 +57,20 @@ class _NotFound(TensorNotFound):
     """A path below a resolved image that names nothing of it."""
 
 
+def _tag(tensor: Any) -> str:
+    """The ETag stem of a tensor's documents: its content version, and the extent's sequence
+    once it has grown (``core/growth.py``), so a revalidating client sees the new shape."""
+    sequence = tensor.extents.sequence
+    return tensor.content_version.hex() + (f"-s{sequence}" if sequence else "")
+
+
 class _Views:
-    """ZarrImage per (array id, content version): built once, dropped when the data changes."""
+    """ZarrImage per (array id, content version, extent): built once, dropped when the data
+    changes or the tensor grows."""
 
     def __init__(self, runtime: ServingRuntime, size: int = 256) -> None:
         self.runtime, self.size = runtime, size
-        self._views: OrderedDict[tuple[str, bytes], ZarrImage] = OrderedDict()
+        self._views: OrderedDict[tuple[str, bytes, int], ZarrImage] = OrderedDict()
         self._lock = threading.Lock()
 
     def resolve(self, caller: Caller, segments: list[str], zarr_format: int) -> tuple[ZarrImage, list[str]]:
@@ -93,7 +101,7 @@ class _Views:
 
     def image(self, tensor: Any) -> ZarrImage:
         """The view of ``tensor`` without its labels (they depend on the caller: ``labelled``)."""
-        key = (tensor.array_id, tensor.content_version)
+        key = (tensor.array_id, tensor.content_version, tensor.extents.sequence)
         with self._lock:
             view = self._views.get(key)
             if view is not None:
@@ -180,19 +188,22 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
         level, key, cid = _chunk_of(image, rest, zarr_format)
         if cid is None:  # not a chunk (metadata, labels, an index) or none there: _dispatch says which
             return image, rest, None
-        return image, rest, (level, key, _chunk_bytes(caller, image, level, cid, zarr_format))
+        return image, rest, (level, key, cid, _chunk_bytes(caller, image, level, cid, zarr_format))
 
     def _chunk_response(
-        request: Request, image: ZarrImage, level: ZarrLevel, key: tuple[int, ...], body: memoryview
+        request: Request, image: ZarrImage, level: ZarrLevel, key: tuple[int, ...], cid: Any, body: memoryview
     ) -> Response:
-        tag = image.tensor.content_version.hex()
+        """A chunk at the live edge of a growing tensor changes as frames arrive: its tag
+        carries the extent's sequence; a settled chunk keeps its tag across growth."""
+        settled = runtime.engine.settled(image.tensor, cid)
+        tag = image.tensor.content_version.hex() if settled else _tag(image.tensor)
         return respond(request, body, _OCTET, f'"{tag}-{level.path}-{".".join(map(str, key))}"')
 
     async def _dispatch(
         request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
     ) -> Response:
         version = NGFF_OF_FORMAT[zarr_format]
-        tag = image.tensor.content_version.hex()
+        tag = _tag(image.tensor)
         if rest and rest[0] == "labels" and not image.is_label_of:
             return await _labels(request, caller, image, rest[1:], zarr_format)
         if not rest:
@@ -213,7 +224,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
         if key is None or cid is None:
             raise _NotFound(f"no chunk {'/'.join(rest[1:])[:200]} in level {level.path} (grid {level.grid()})")
         body = await run_in_threadpool(_chunk_bytes, caller, image, level, cid, zarr_format)  # a label's chunk
-        return _chunk_response(request, image, level, key, body)
+        return _chunk_response(request, image, level, key, cid, body)
 
     def _chunk_bytes(caller: Caller, image: ZarrImage, level: ZarrLevel, cid: Any, zarr_format: int) -> memoryview:
         data = runtime.chunk_of(image.tensor, cid, caller)  # the tensor resolve() gated
@@ -224,7 +235,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
         request: Request, caller: Caller, image: ZarrImage, rest: list[str], zarr_format: int
     ) -> Response:
         version = NGFF_OF_FORMAT[zarr_format]
-        tag = image.tensor.content_version.hex()
+        tag = _tag(image.tensor)
         if rest in ([".zattrs"], []) and zarr_format == 2 or rest == ["zarr.json"] and zarr_format == 3:
             attrs = labels_attributes(list(image.labels), version)  # the caller's (``_Views.labelled``)
             doc = attrs if zarr_format == 2 else {"zarr_format": 3, "node_type": "group", "attributes": attrs}

@@ -233,12 +233,18 @@ class ServingRuntime:
         rules of ``tensor()`` apply to the one ``chosen`` — and a path that names nothing is
         refused as an unknown id is, so strangers cannot probe ids through paths either."""
         try:
-            found = resolve(lambda array_id: self.catalog.find_tensor(array_id)[0])
+            found = resolve(self._current_tensor)
         except TensorNotFound:
             self.refuse_unknown(caller)
             raise
         self.authorize(caller, chosen(found))
         return found
+
+    def _current_tensor(self, array_id: str) -> TensorAdapter:
+        """The tensor ``array_id`` names, at its current extent (``refreshed``): a door that
+        builds its own view of the shape (the OME-Zarr metadata) answers a growing tensor's."""
+        tensor = self.catalog.find_tensor(array_id)[0]
+        return self.catalog.find_tensor(array_id)[0] if self.refreshed(tensor) else tensor
 
     def authorize(self, caller: Caller, tensor: TensorAdapter, *, pixels: bool = True) -> None:
         """The read rules for a tensor a door found itself (``tensor()`` applies them too)."""
@@ -374,11 +380,23 @@ class ServingRuntime:
         stat'ed, no recent verification trusted): ids minted from a window-old answer would be
         refused as stale by the first chunk read that stats the files (CI saw it: a plan right
         after an in-place rewrite, refused mid-``get_array``)."""
+        if self.refreshed(tensor):
+            return True
         try:
             bounds = Bounds.full(tensor.shape) if region is None else region.clamp(tensor.shape).validate(tensor.shape)
         except InvalidArgument:
             return False  # the request check reports the bad region
         reason = tensor.stale_reason(bounds, exact=True)
+        if reason is None:
+            return False
+        self.catalog.reopen_changed(tensor, reason)
+        return True
+
+    def refreshed(self, tensor: TensorAdapter) -> bool:
+        """A growing tensor's extent brought up to date (``TensorAdapter.refresh_extent``:
+        growth in place); True when its files changed in another way and the source was
+        reopened, so the caller looks the tensor up again."""
+        reason = tensor.refresh_extent()
         if reason is None:
             return False
         self.catalog.reopen_changed(tensor, reason)
