@@ -116,6 +116,12 @@ class TensorFlightServer(flight.FlightServerBase):
         )
         runtime.flight_listening(host, self.port)
 
+    def shutdown(self) -> None:
+        """End the watch streams first: each lasts until its client goes, and the base
+        shutdown waits for every call to finish."""
+        self.runtime.watches.close()
+        super().shutdown()
+
     @property
     def location(self) -> str:
         return f"{self.scheme}://{self.host if self.host != '0.0.0.0' else '127.0.0.1'}:{self.port}"

@@ -129,6 +129,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     from starlette.responses import PlainTextResponse, Response
     from starlette.routing import Route
 
+    from tensor_server.http import watch_door
     from tensor_server.http.viewers import routes as viewer_routes
 
     views = _Views(runtime)
@@ -251,6 +252,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
 
     routes = [
         *viewer_routes(runtime, caller_of),
+        *watch_door.routes(runtime, caller_of),
         Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
         Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"]),
     ]

@@ -105,6 +105,14 @@ def _tensor_stats(rt, caller, body, cancelled):
     return _json(tensor_stats(tensor, bounds, rt.engine, cancelled=cancelled))
 
 
+def _watch(rt, caller, body, cancelled):
+    from tensor_server.service.watch import watch_request
+
+    array_id, since = watch_request(body)
+    records = rt.watches.stream(caller, array_id, since, cancelled)
+    return (json.dumps(r).encode() for r in records if r is not None)
+
+
 def _add_source(rt, caller, body, cancelled):
     return rt.catalog_verbs.add_source(body, cancelled)
 
@@ -144,6 +152,14 @@ ACTIONS: tuple[Action, ...] = (
         "tensor_stats",
         "min/max/sum/mean/count_nonzero of a tensor or region (JSON body: array_id, slice)",
         _tensor_stats,
+        per_tensor=True,
+    ),
+    Action(
+        "watch",
+        "follow a growing tensor: streams {array_id, shape, sequence} records as it grows (JSON body: "
+        "array_id, since); ends when the client goes",
+        _watch,
+        streams=True,
         per_tensor=True,
     ),
     Action("resolve", "open an unreadable source again now; streams its catalog row", _resolve, streams=True),

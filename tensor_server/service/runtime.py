@@ -153,11 +153,16 @@ class ServingRuntime:
         from tensor_server.service.viewer_verbs import ViewerVerbs
 
         self.catalog_verbs = CatalogVerbs(self)
+        from tensor_server.service.watch import Watches
+
+        #: the watch rule: growing tensors followed by their watchers, on every door
+        self.watches = Watches(self)
         #: the viewer doors' verbs (IIIF, DeepZoom, the catalog page's images)
         self.viewer = ViewerVerbs(self)
 
     def close(self) -> None:
-        """Stop what the runtime started (sweeps, precache); the catalog and cache stay open."""
+        """Stop what the runtime started (sweeps, precache, watches); the catalog and cache stay open."""
+        self.watches.close()
         if self._owns_uploads and self.uploads is not None:
             self.uploads.close()
         if self.precacher is not None:

@@ -51,7 +51,10 @@ class Served:
         return TensorFlightClient(self.location, token=token)
 
     def stop(self) -> None:
-        """Stop the doors and join the Flight thread, then close what the runtime started."""
+        """Stop the doors and join the Flight thread, then close what the runtime started.
+        The watch streams end first: a door's stop waits for its calls, and a watch lasts
+        until its client goes."""
+        self.runtime.watches.close()
         if self.metrics is not None:
             self.metrics.stop()
         if self.http is not None:

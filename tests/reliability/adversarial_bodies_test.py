@@ -57,7 +57,7 @@ JSON_BODIES = {
 }
 #: the same as text, for string fields of protobuf messages (which hold valid UTF-8 only)
 TEXTS = {label: body.decode() for label, body in JSON_BODIES.items() if label != "invalid UTF-8"}
-JSON_ACTIONS = ("tensor_stats", "catalog_children", "export")
+JSON_ACTIONS = ("tensor_stats", "catalog_children", "export", "watch")
 #: protobuf-bodied actions and what each answers these bodies with the token (resolve reads its
 #: body as a URL, which names no source)
 PROTOBUF_ACTIONS = {
@@ -72,6 +72,7 @@ PROTOBUF_ACTIONS = {
 #: what a JSON verb answers the one valid body (a long, closed run of escaped backslashes): what it says
 VALID_BODY_ANSWERS = {
     "tensor_stats": "NOT_FOUND",
+    "watch": "NOT_FOUND",
     "catalog_children": "OK",
     "export": "INVALID_ARGUMENT",
     "add_tensor": "INVALID_ARGUMENT",

@@ -58,7 +58,12 @@ def _bodies():
 def test_every_action_refuses_cleanly(served, name, body):
     client = flight.FlightClient(served.location)
     try:
-        list(client.do_action(flight.Action(name, body)))
+        results = client.do_action(flight.Action(name, body))
+        if name == "watch":  # a valid watch streams until its client goes: its first record answers
+            next(results, None)
+            results.close()
+        else:
+            list(results)
     except flight.FlightError as exc:
         assert _code(exc) != "INTERNAL", (name, body[:80], str(exc)[:300])
         assert "Traceback" not in str(exc)
