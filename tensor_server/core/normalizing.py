@@ -129,6 +129,21 @@ class NormalizingAdapter(TensorAdapter):
     def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
         return self.inner.stale_reason(self._inner_bounds(bounds), exact)
 
+    def refresh_extent(self) -> str | None:
+        """The wrapped tensor's growth, taken in this order (its stored levels' too)."""
+        why = self.inner.refresh_extent()
+        if why is not None:
+            return why
+        for level in self.native_levels:
+            level.tensor.refresh_extent()
+        shape = self._permute(self.inner.shape)
+        if shape != self.shape:
+            self.grow_to(shape)
+        return None
+
+    def settled(self, bounds: Bounds) -> bool:
+        return self.inner.settled(self._inner_bounds(bounds))
+
     def close(self) -> None:
         self.inner.close()
 

@@ -118,3 +118,39 @@ def test_an_unchanged_document_is_not_reparsed_and_changes_nothing(tmp_path):
         assert t.refresh_extent() is None
     assert (t.shape, t.extents.sequence) == ((2, 16, 16), 0)
     assert t.settled(Bounds.full(t.shape)), "an array never seen growing is settled"
+
+
+def test_the_stored_levels_of_an_ome_zarr_image_grow_with_it(tmp_path):
+    g = zarr.open_group(str(tmp_path / "img.ome.zarr"), mode="w", zarr_format=2)
+    levels = [g.create_array(str(k), shape=(2, 16 >> k, 16 >> k), chunks=(1, 8, 8), dtype="uint16") for k in (0, 1)]
+    for k, a in enumerate(levels):
+        a[:] = np.stack([frame(i, 16)[:: 1 << k, :: 1 << k] for i in range(2)])
+    axes = [{"name": "t", "type": "time"}, {"name": "y", "type": "space"}, {"name": "x", "type": "space"}]
+    datasets = [
+        {"path": str(k), "coordinateTransformations": [{"type": "scale", "scale": [1, 1 << k, 1 << k]}]} for k in (0, 1)
+    ]
+    g.attrs["multiscales"] = [{"version": "0.4", "axes": axes, "datasets": datasets}]
+    t = ZarrSource(tmp_path / "img.ome.zarr", require_ome=True).tensor()
+    for k, a in reversed(list(enumerate(levels))):  # a writer rewrites the levels one after the other
+        a.resize((3, 16 >> k, 16 >> k))
+        a[2] = frame(2, 16)[:: 1 << k, :: 1 << k]
+    assert t.refresh_extent() is None
+    level = t.native_levels[0].tensor
+    assert (t.shape, level.shape, level.extents.sequence) == ((3, 16, 16), (3, 8, 8), 1)
+    np.testing.assert_array_equal(level.get_data()[2], frame(2, 16)[::2, ::2])
+
+
+def test_a_tensor_served_in_another_axis_order_grows_too(tmp_path):
+    """A v3 array stored (y, x, t) is served (t, y, x) by a NormalizingAdapter over it."""
+    z = zarr.create_array(
+        str(tmp_path / "a.zarr"), shape=(16, 16, 2), chunks=(8, 8, 1), dtype="uint16", dimension_names=["y", "x", "t"]
+    )
+    for i in range(2):
+        z[:, :, i] = frame(i)
+    t = ZarrSource(tmp_path / "a.zarr").tensor()
+    assert (type(t).__name__, t.shape) == ("NormalizingAdapter", (2, 16, 16))
+    z.resize((16, 16, 3))
+    z[:, :, 2] = frame(2)
+    assert t.refresh_extent() is None and (t.shape, t.extents.sequence) == ((3, 16, 16), 1)
+    np.testing.assert_array_equal(t.get_data()[2], frame(2))
+    assert not t.settled(Bounds((2, 0, 0), (3, 16, 16))) and t.settled(Bounds((0, 0, 0), (2, 16, 16)))
