@@ -200,11 +200,7 @@ class ZarrAdapter(TensorAdapter):
         self._lock = threading.Lock()
         self._looking = threading.Lock()
         #: what the metadata says of growth (local arrays whose chunk files are tracked)
-        self._growth = (
-            ArrayGrowth(folder, int(array.metadata.zarr_format), chunk_files.grid, array.metadata.encode_chunk_key)
-            if local and chunk_files is not None
-            else None
-        )
+        self._growth = ArrayGrowth(folder, array, chunk_files.grid) if local and chunk_files is not None else None
         super().__init__(
             TensorInfo(
                 array.shape,
@@ -254,12 +250,9 @@ class ZarrAdapter(TensorAdapter):
         return None
 
     def _grow(self, seen: Grew) -> None:
-        """Read the array at its new extent: zarr-python's view of it (one metadata read, the
-        source is not reopened), the chunk reader over it, the live edge moved."""
-        import zarr
-
-        fmt = int(self._array.metadata.zarr_format)
-        array = zarr.open_array(store=self._array.store, path=self.zarr_path, mode="r", zarr_format=fmt)
+        """Read the array at its new extent: zarr-python's view of it as the look found it
+        (the source is not reopened), the chunk reader over it, the live edge moved."""
+        array = seen.array
         with self._lock:
             before = self.shape[seen.axis]
             self._array = array

@@ -19,8 +19,8 @@ a new content version, as for a chunk rewritten in place.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import json
 import math
 import os
 import time
@@ -39,32 +39,27 @@ _MAX_CELLS = 4096
 
 
 class Grew:
-    """A look's answer when the array grew: the ``shape`` to publish along ``axis``."""
+    """A look's answer when the array grew: the ``shape`` to publish along ``axis``, and
+    zarr-python's view of the array as the look found it."""
 
-    __slots__ = ("axis", "shape")
+    __slots__ = ("array", "axis", "shape")
 
-    def __init__(self, axis: int, shape: tuple[int, ...]) -> None:
-        self.axis, self.shape = axis, shape
+    def __init__(self, axis: int, shape: tuple[int, ...], array: Any) -> None:
+        self.axis, self.shape, self.array = axis, shape, array
 
 
 class ArrayGrowth:
-    """The metadata document of one array and what it last said (module docstring)."""
+    """The metadata document of one array and what it last said (module docstring). Opening
+    costs one stat of the document; it is read (by zarr-python) only once it changed."""
 
-    def __init__(self, folder: Path, zarr_format: int, grid: tuple[int, ...], encode: Any) -> None:
+    def __init__(self, folder: Path, array: Any, grid: tuple[int, ...]) -> None:
         self.folder = folder
-        self.document = folder / (".zarray" if zarr_format == 2 else "zarr.json")
+        self.document = folder / (".zarray" if int(array.metadata.zarr_format) == 2 else "zarr.json")
         self.grid = grid
-        self._encode = encode
-        self._stamp, doc = self._read()
-        self._fixed = _fixed_fields(doc)
+        self._array = array
+        self._stamp = file_stat_stamp(os.stat(self.document))
         #: the growing axis, once the array has grown (None before: it may never grow)
         self.axis: int | None = None
-
-    def _read(self) -> tuple[tuple[int, ...], dict[str, Any]]:
-        """(stamp, document); the stamp is taken before the read, so a rewrite in between is
-        seen again at the next look rather than missed."""
-        stamp = file_stat_stamp(os.stat(self.document))
-        return stamp, json.loads(self.document.read_bytes())
 
     def look(self, published: tuple[int, ...]) -> Grew | str | None:
         """None: nothing new to publish; ``Grew``: publish its shape; a str: not growth (the
@@ -73,14 +68,15 @@ class ArrayGrowth:
             stamp = file_stat_stamp(os.stat(self.document))
             if stamp == self._stamp:
                 return None
-            stamp, doc = self._read()
+            array = self._reopened()
         except FileNotFoundError:  # writers replace it by a rename: gone is removed
             return f"the metadata document {self.document.name} is gone"
-        except (OSError, ValueError) as exc:
-            return f"the metadata document is unreadable: {exc}"
-        if _fixed_fields(doc) != self._fixed:
+        except Exception as exc:  # zarr-python refuses a document in many ways
+            return f"the metadata document is unreadable: {type(exc).__name__}: {exc}"
+        old = self._array.metadata
+        if dataclasses.replace(array.metadata, shape=old.shape, attributes=old.attributes) != old:
             return "the array was rewritten (dtype, chunks or codecs changed)"
-        shape = tuple(int(n) for n in doc.get("shape", ()))
+        shape = tuple(int(n) for n in array.shape)
         why = self._not_growth(published, shape)
         if why is not None:
             return why
@@ -95,7 +91,14 @@ class ArrayGrowth:
         if written <= published[axis]:
             return None
         self.axis = axis
-        return Grew(axis, published[:axis] + (written,) + published[axis + 1 :])
+        return Grew(axis, published[:axis] + (written,) + published[axis + 1 :], array)
+
+    def _reopened(self) -> Any:
+        """zarr-python's view of the array now (one metadata read; the source stays open)."""
+        import zarr
+
+        old = self._array
+        return zarr.open_array(store=old.store, path=old.path, mode="r", zarr_format=int(old.metadata.zarr_format))
 
     def _not_growth(self, published: tuple[int, ...], shape: tuple[int, ...]) -> str | None:
         if len(shape) != len(published):
@@ -118,18 +121,14 @@ class ArrayGrowth:
         others = [range(-(-shape[a] // self.grid[a])) for a in range(len(self.grid)) if a != axis]
         per_cell = math.prod(len(r) for r in others)
         stop = min(last, published // g + max(1, _MAX_CELLS // max(per_cell, 1)) - 1)
+        encode = self._array.metadata.encode_chunk_key
         for k in range(published // g, stop + 1):
             for rest in itertools.product(*others):
                 cell = rest[:axis] + (k,) + rest[axis:]
                 try:
-                    st = os.stat(self.folder / self._encode(cell))
+                    st = os.stat(self.folder / encode(cell))
                 except FileNotFoundError:
                     return max(published, k * g)
                 if k == last and st.st_mtime_ns < mtime_ns:
                     return max(published, k * g)
         return min(declared, (stop + 1) * g)
-
-
-def _fixed_fields(doc: dict[str, Any]) -> dict[str, Any]:
-    """What must stay for a change to be growth: the document less its shape and attributes."""
-    return {k: v for k, v in doc.items() if k not in ("shape", "attributes")}
