@@ -119,6 +119,12 @@ def _export(rt, caller, body, cancelled):
     return export_action(rt, caller, body, cancelled)
 
 
+def _warm(rt, caller, body, cancelled):
+    from tensor_server.service.warm_verb import warm_action
+
+    return warm_action(rt, caller, body, cancelled)
+
+
 def _catalog_children(rt, caller, body, cancelled):
     return rt.catalog_verbs.catalog_children(body, caller)  # lists only what the caller may read
 
@@ -190,6 +196,15 @@ ACTIONS: tuple[Action, ...] = (
         available=_cached,
     ),
     Action("cache_stats", "chunk cache statistics (JSON)", _cache_stats),
+    Action(
+        "warm",
+        "fill the chunk cache with a plan's chunks, sending no pixels (JSON body: chunk_ids, or "
+        "array_id, region, scale, method); streams progress records",
+        _warm,
+        streams=True,
+        per_tensor=True,
+        available=_cached,
+    ),
     Action(
         "export",
         "write a tensor as a pyramidal, sharded OME-Zarr under the write dir (JSON body: array_id, "
