@@ -31,7 +31,17 @@ from tensor_server_kernels.composite_reference import (
     prepare,
 )
 
-__all__ = ["LEVELS", "ENCODE_STEPS", "MAX_CHANNELS", "DTYPES", "Channel", "Tables", "prepare", "composite"]
+__all__ = [
+    "LEVELS",
+    "ENCODE_STEPS",
+    "MAX_CHANNELS",
+    "DTYPES",
+    "Channel",
+    "Tables",
+    "prepare",
+    "composite",
+    "composite_with",
+]
 
 
 @njit(cache=True, nogil=True)
@@ -74,12 +84,14 @@ def _composite_rows(planes, lo, scale, light, encode, out, acc):  # type: ignore
                 out[y, x, k] = encode[i]
 
 
-def composite(planes: np.ndarray, channels: Sequence[Channel], tables: Tables | None = None) -> np.ndarray:
-    """``(H, W, 3)`` uint8: ``planes`` (one plane per entry of ``channels``) composited.
-    ``tables``: ``prepare(channels)`` when the caller keeps it (a spec's tables serve every
-    tile), else made here."""
-    tables = tables if tables is not None else prepare(channels)
-    planes = check_planes(planes, len(channels))
+def composite(planes: np.ndarray, channels: Sequence[Channel]) -> np.ndarray:
+    """``(H, W, 3)`` uint8: ``planes`` (one plane per entry of ``channels``) composited."""
+    return composite_with(planes, prepare(channels))
+
+
+def composite_with(planes: np.ndarray, tables: Tables) -> np.ndarray:
+    """``composite`` with the tables made (a server keeps a spec's tables for every tile)."""
+    planes = check_planes(planes, len(tables.lo))
     out = np.empty(planes.shape[1:] + (3,), np.uint8)
     acc = np.empty((planes.shape[2], 3), np.float32)
     _composite_rows(planes, tables.lo, tables.scale, tables.light, tables.encode, out, acc)

@@ -51,6 +51,7 @@ __all__ = [
     "prepare",
     "check_planes",
     "composite",
+    "composite_with",
     "srgb_to_linear",
     "linear_to_srgb",
 ]
@@ -154,11 +155,14 @@ def _steps(plane: np.ndarray, lo: float, scale: float) -> np.ndarray:
         return np.where(u >= LEVELS - 1, LEVELS - 1, np.where(u > 0, np.floor(u), 0)).astype(np.intp)
 
 
-def composite(planes: np.ndarray, channels: Sequence[Channel], tables: Tables | None = None) -> np.ndarray:
-    """``(H, W, 3)`` uint8: ``planes`` (one plane per entry of ``channels``) composited
-    (``tables``: ``prepare(channels)``, made here when not given)."""
-    tables = tables if tables is not None else prepare(channels)
-    planes = check_planes(planes, len(channels))
+def composite(planes: np.ndarray, channels: Sequence[Channel]) -> np.ndarray:
+    """``(H, W, 3)`` uint8: ``planes`` (one plane per entry of ``channels``) composited."""
+    return composite_with(planes, prepare(channels))
+
+
+def composite_with(planes: np.ndarray, tables: Tables) -> np.ndarray:
+    """``composite`` with the tables made (``prepare``)."""
+    planes = check_planes(planes, len(tables.lo))
     acc = np.zeros(planes.shape[1:] + (3,), np.float32)
     for c in range(planes.shape[0]):
         acc += tables.light[c][_steps(planes[c], tables.lo[c], tables.scale[c])]

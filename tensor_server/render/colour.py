@@ -19,8 +19,6 @@ drawn in label colours: 0 (background) is black, every other id a stable colour 
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +28,6 @@ import numpy as np
 __all__ = [
     "ChannelSetting",
     "RenderSettings",
-    "SettingsCache",
     "DEFAULT_COLOURS",
     "label_colours",
     "to_rgb8",
@@ -167,25 +164,3 @@ def _windowed(plane: np.ndarray, setting: ChannelSetting) -> np.ndarray:
         return plane
     scaled = (plane.astype(np.float32) - setting.start) * (255.0 / (setting.end - setting.start))
     return np.nan_to_num(np.clip(scaled, 0, 255), nan=0.0).astype(np.uint8)
-
-
-class SettingsCache:
-    """RenderSettings per (array id, content version), measured once (bounded LRU)."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self._items: OrderedDict[tuple[str, bytes], RenderSettings] = OrderedDict()
-        self._lock = threading.Lock()
-        self.size = size
-
-    def get(self, key: tuple[str, bytes], make: Callable[[], RenderSettings]) -> RenderSettings:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-                return hit
-        value = make()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value

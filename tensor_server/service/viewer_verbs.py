@@ -18,16 +18,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tensor_server.core.engine import Cancelled
 from tensor_server.errors import InvalidArgument
 from tensor_server.render import deepzoom, iiif
 from tensor_server.render.image import Renderer, available_formats, encode
 from tensor_server.render.plane import PlaneView, Shown, split_identifier
+from tensor_server.render.spec import SpecStore, parse_spec, split_spec_id
 
 if TYPE_CHECKING:  # pragma: no cover
-    import numpy as np
     from PIL import Image
 
+    from tensor_server.render.histogram import Histogram
     from tensor_server.service.caller import Caller
     from tensor_server.service.runtime import ServingRuntime
 
@@ -41,26 +44,51 @@ class ViewerVerbs:
     def __init__(self, runtime: ServingRuntime) -> None:
         self.runtime = runtime
         self.renderer = Renderer()
+        #: the render specs posted to this process (``POST /render``), bounded
+        self.specs = SpecStore()
         #: the image formats this Pillow writes (webp only with libwebp)
         self.formats = available_formats()
 
+    def store_spec(self, body: bytes) -> dict[str, str]:
+        """Store the render spec ``body`` holds (``render.spec``: a 400 naming the field at
+        fault); its id, and the identifier suffix that shows it."""
+        spec_id = self.specs.put(parse_spec(body))
+        return {"id": spec_id, "suffix": f";r={spec_id}"}
+
     def plane(self, identifier: str, caller: Caller) -> PlaneView:
-        """The plane ``identifier`` names (``<array_id>;z=3;c=1``) of a tensor ``caller`` may
-        read: the one look-up and read-rule check of a viewer request."""
-        array_id, selection = split_identifier(identifier)
+        """The plane ``identifier`` names (``<array_id>;z=3;c=1``, or ``;r=<spec id>``) of a
+        tensor ``caller`` may read: the one look-up and read-rule check of a viewer request."""
+        rest, spec_id = split_spec_id(identifier)
+        spec = self.specs.get(spec_id) if spec_id is not None else None
+        array_id, selection = split_identifier(rest)
         tensor, _ = self.runtime.tensor(array_id, caller)
-        return PlaneView.of(tensor, selection, self.runtime.policy)
+        return PlaneView.of(tensor, selection, self.runtime.policy, spec)
 
     def region(self, view: PlaneView, caller: Caller, shown: Shown, cancelled: Cancelled | None = None) -> Image.Image:
         """``shown`` of ``view`` rendered, read at the level that serves its size
-        (``PlaneView.window``)."""
+        (``PlaneView.window``); with a spec, only its visible channels are read."""
         whole = view.every_channel()
         settings = self.renderer.settings_of(
             view, lambda: self._pixels(whole, *whole.coarsest_window(), caller, cancelled)
         )
+        if view.spec is not None:
+            indices, tables = self.renderer.spec_tables(
+                view, settings, lambda i: self._histogram(view, i, caller, cancelled)
+            )
+            level, _ = view.window(shown)
+            planes = np.concatenate(
+                [self._pixels(one, *one.window(shown), caller, cancelled) for one in map(view.one_channel, indices)]
+            )
+            return self.renderer.composited(view, planes, level, tables, shown)
         level, bounds = view.window(shown)
         planes = self._pixels(view, level, bounds, caller, cancelled)
         return self.renderer.image(view, planes, level, settings, shown)
+
+    def _histogram(self, view: PlaneView, index: int, caller: Caller, cancelled: Cancelled | None) -> Histogram:
+        one = view.one_channel(index)
+        return self.renderer.histogram(
+            view, index, lambda: self._pixels(one, *one.coarsest_window(), caller, cancelled)
+        )
 
     def _pixels(
         self, view: PlaneView, level: Any, bounds: Any, caller: Caller, cancelled: Cancelled | None
