@@ -4,7 +4,7 @@ tables, published CC0 by their authors, van der Walt and Smith).
 
 Why a generated file and not an import: matplotlib is not a dependency of the server (it is
 large, and only these 1.5 KB of numbers are wanted); the file is regenerated, never edited
-(``tests/render/luts_test.py`` pins entries of it). Run where matplotlib is importable:
+(``tests/render/spec_test.py`` pins entries of it). Run where matplotlib is importable:
 
     python tools/luts.py
 """

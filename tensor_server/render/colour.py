@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from tensor_server.render.histogram import percentile_window
+
 __all__ = [
     "ChannelSetting",
     "RenderSettings",
@@ -39,7 +41,6 @@ GREY = "FFFFFF"
 #: samples of an RGB(A) tensor that is not 8-bit: windowed like channels, in their own colours
 RGB_COLOURS = ("FF0000", "00FF00", "0000FF")
 PERCENTILES = (0.1, 99.9)
-_SAMPLE_VALUES = 1 << 20  # values per channel the percentile window is taken from
 
 
 @dataclass(frozen=True)
@@ -75,15 +76,7 @@ def _robust_window(values: np.ndarray, dtype: np.dtype) -> tuple[float, float]:
         return 0.0, 255.0
     if dtype.kind == "b":
         return 0.0, 1.0
-    flat = values.reshape(-1)
-    if flat.size > _SAMPLE_VALUES:
-        flat = flat[:: flat.size // _SAMPLE_VALUES]
-    flat = flat.astype(np.float64)
-    flat = flat[np.isfinite(flat)]
-    if flat.size == 0:
-        return 0.0, 1.0
-    lo, hi = (float(v) for v in np.percentile(flat, PERCENTILES))
-    return (lo, hi) if hi > lo else (lo, lo + 1.0)
+    return percentile_window(values, *PERCENTILES)
 
 
 def settings_for(

@@ -71,7 +71,7 @@ class Renderer:
 
     def __init__(self) -> None:
         self.settings: LruMemo[RenderSettings] = LruMemo()
-        self.histograms: LruMemo[Histogram] = LruMemo(8192)
+        self.histograms: LruMemo[Histogram] = LruMemo(2048)
         #: per (spec, plane, content version): the visible channels and the kernel's tables
         self.tables: LruMemo[tuple[tuple[int, ...], composite.Tables]] = LruMemo(256)
 
@@ -101,7 +101,7 @@ class Renderer:
         return self.histograms.get((*self._plane_key(view), index), lambda: histogram_of(coarse()))
 
     def spec_tables(
-        self, view: PlaneView, settings: RenderSettings, histogram: Callable[[int], Histogram]
+        self, view: PlaneView, settings: RenderSettings, percentiles: Callable[[int, float, float], tuple[float, float]]
     ) -> tuple[tuple[int, ...], composite.Tables]:
         """(visible channels, kernel tables) of ``view.spec`` on ``view``'s plane, built once per
         content version: the spec's settings over the plane's own (``settings``)."""
@@ -118,7 +118,7 @@ class Renderer:
             return (int(colour[:2], 16), int(colour[2:4], 16), int(colour[4:], 16)), 0.0, 255.0
 
         def build() -> tuple[tuple[int, ...], composite.Tables]:
-            indices, channels = resolve(spec, view.channel_count, defaults, histogram, view.tensor.array_id)
+            indices, channels = resolve(spec, view.channel_count, defaults, percentiles, view.tensor.array_id)
             return indices, composite.prepare(channels)
 
         return self.tables.get((spec.id, *self._plane_key(view)), build)

@@ -11,7 +11,7 @@ The document::
 
 Only ``index`` is required. ``color``: ``#RRGGBB`` or a name (``render.luts``); unset, the
 channel's own colour (its ``omero`` colour, else the default table). ``window``: ``start`` and
-``end`` in the data's units, or ``percentiles`` of the channel's histogram (``render.histogram``);
+``end`` in the data's units, or ``percentiles`` of its coarsest level (``render.histogram``);
 unset, the channel's default window. ``gamma`` in (0, 10], default 1. Channels not named are
 not shown; the named ones are added in the order given (``tensor_server_kernels.composite``),
 at most ``MAX_VISIBLE`` visible. ``plane``: the indices of other axes, which an identifier's
@@ -41,7 +41,6 @@ from typing import Any
 from tensor_server_kernels.composite import MAX_CHANNELS, Channel
 
 from tensor_server.errors import InvalidArgument, RenderSpecEvicted
-from tensor_server.render.histogram import Histogram
 from tensor_server.render.luts import colour_value, normalised_colour
 
 __all__ = [
@@ -287,12 +286,13 @@ def resolve(
     spec: RenderSpec,
     count: int,
     defaults: Callable[[int], tuple[tuple[int, int, int], float, float]],
-    histogram: Callable[[int], Histogram],
+    percentiles: Callable[[int, float, float], tuple[float, float]],
     where: str,
 ) -> tuple[tuple[int, ...], list[Channel]]:
     """(the visible channel indices, their kernel settings) of ``spec`` for a tensor of
     ``count`` channels (``where`` names it). ``defaults(i)``: channel ``i``'s own (colour,
-    start, end); ``histogram(i)``: its histogram, read only for a percentile window."""
+    start, end); ``percentiles(i, low, high)``: its percentile window (``render.histogram``),
+    measured only for a spec that asks for one."""
     indices, channels = [], []
     for k, c in enumerate(spec.channels):
         if c.index >= count:
@@ -306,7 +306,7 @@ def resolve(
         if c.start is not None and c.end is not None:
             start, end = c.start, c.end
         elif c.percentiles is not None:
-            start, end = histogram(c.index).window(*c.percentiles)
+            start, end = percentiles(c.index, *c.percentiles)
         value = colour_value(c.color) if c.color is not None else tuple(v / 255 for v in colour)
         indices.append(c.index)
         channels.append(Channel(start, end, value, c.gamma, c.invert))  # type: ignore[arg-type]

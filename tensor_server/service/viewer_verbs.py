@@ -23,6 +23,7 @@ import numpy as np
 from tensor_server.core.engine import Cancelled
 from tensor_server.errors import InvalidArgument
 from tensor_server.render import deepzoom, iiif
+from tensor_server.render.histogram import channel_list, percentile_window
 from tensor_server.render.image import Renderer, available_formats, encode
 from tensor_server.render.plane import PlaneView, Shown, split_identifier
 from tensor_server.render.spec import SpecStore, parse_spec, split_spec_id
@@ -30,7 +31,6 @@ from tensor_server.render.spec import SpecStore, parse_spec, split_spec_id
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
 
-    from tensor_server.render.histogram import Histogram
     from tensor_server.service.caller import Caller
     from tensor_server.service.runtime import ServingRuntime
 
@@ -73,7 +73,9 @@ class ViewerVerbs:
         )
         if view.spec is not None:
             indices, tables = self.renderer.spec_tables(
-                view, settings, lambda i: self._histogram(view, i, caller, cancelled)
+                view,
+                settings,
+                lambda i, low, high: percentile_window(self._coarse(view, i, caller, cancelled), low, high),
             )
             level, _ = view.window(shown)
             planes = np.concatenate(
@@ -84,11 +86,26 @@ class ViewerVerbs:
         planes = self._pixels(view, level, bounds, caller, cancelled)
         return self.renderer.image(view, planes, level, settings, shown)
 
-    def _histogram(self, view: PlaneView, index: int, caller: Caller, cancelled: Cancelled | None) -> Histogram:
+    def histograms(self, identifier: str, channels: str | None, caller: Caller) -> dict[str, Any]:
+        """The histograms of the channels ``channels`` names (``c=0,3``; None: all) of the plane
+        ``identifier`` names, each with the channel's default window (``render.histogram``)."""
+        view = self.plane(identifier, caller)
+        whole = view.every_channel()
+        settings = self.renderer.settings_of(view, lambda: self._pixels(whole, *whole.coarsest_window(), caller, None))
+        out = []
+        for i in channel_list(channels, view.channel_count):
+            hist = self.renderer.histogram(view, i, lambda i=i: self._coarse(view, i, caller, None))  # type: ignore[misc]
+            entry: dict[str, Any] = {"index": i, **hist.as_json()}
+            if settings.channels:
+                entry["window"] = [settings.channels[i].start, settings.channels[i].end]
+            out.append(entry)
+        return {"array_id": view.tensor.array_id, "dtype": str(view.tensor.dtype), "channels": out}
+
+    def _coarse(self, view: PlaneView, index: int, caller: Caller, cancelled: Cancelled | None) -> np.ndarray:
+        """Channel ``index`` of ``view``'s plane at its coarsest level: what its histogram and
+        percentile windows are measured on."""
         one = view.one_channel(index)
-        return self.renderer.histogram(
-            view, index, lambda: self._pixels(one, *one.coarsest_window(), caller, cancelled)
-        )
+        return self._pixels(one, *one.coarsest_window(), caller, cancelled)[0]
 
     def _pixels(
         self, view: PlaneView, level: Any, bounds: Any, caller: Caller, cancelled: Cancelled | None

@@ -1,6 +1,6 @@
 """Render specs as pure functions: the canonical id, each refusal naming its field, the bounded
 store (evicted: 404 saying to post again; never stored: 400), resolution against a tensor's
-channels, histograms and their percentiles, the named LUTs."""
+channels; histograms, percentile windows and channel lists; the named LUTs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tensor_server.errors import InvalidArgument, RenderSpecEvicted
-from tensor_server.render.histogram import BINS, histogram_of
+from tensor_server.render.histogram import BINS, channel_list, histogram_of, percentile_window
 from tensor_server.render.luts import colour_value
 from tensor_server.render.spec import MAX_SPEC_CHANNELS, SpecStore, parse_spec, resolve, split_spec_id
 
@@ -105,25 +105,41 @@ def test_the_store_is_bounded_and_says_what_an_unknown_id_is():
 
 def test_resolve_names_a_channel_the_tensor_lacks_and_fills_defaults():
     spec = parse_spec(_body(SPEC))
-    hist = histogram_of(np.arange(1000, dtype=np.uint16))
+    asked = []
+
+    def percentiles(i, low, high):
+        asked.append(i)
+        return percentile_window(np.arange(1000, dtype=np.uint16), low, high)
+
     defaults = {i: ((0, 255, 0), 0.0, 10.0) for i in range(20)}
-    indices, channels = resolve(spec, 20, defaults.__getitem__, lambda i: hist, "img")
-    assert indices == (3, 17)
+    indices, channels = resolve(spec, 20, defaults.__getitem__, percentiles, "img")
+    assert indices == (3, 17) and asked == [17]  # measured only where a spec asks for percentiles
     assert (channels[0].start, channels[0].end, channels[0].colour) == (100.0, 4000.0, (1.0, 0.0, 0.0))
-    assert (channels[1].start, channels[1].end, channels[1].gamma) == (9.0, 989.0, 0.8)  # 1st and 99th of 0..999
+    assert (channels[1].start, channels[1].gamma) == (pytest.approx(9.99), 0.8)  # 1st percentile of 0..999
+    assert channels[1].colour == (0.0, 1.0, 0.0) and channels[1].end == pytest.approx(989.01)
     with pytest.raises(InvalidArgument, match=r"channels\[1\].index: img has no channel 17 \(10 channels, 0 to 9\)"):
-        resolve(spec, 10, defaults.__getitem__, lambda i: hist, "img")
+        resolve(spec, 10, defaults.__getitem__, percentiles, "img")
 
 
 def test_histograms_exact_for_narrow_integers_binned_otherwise():
     h = histogram_of(np.array([[5, 5, 6, 9]], np.int16))
     assert (h.lo, h.width, h.exact, h.counts.tolist()) == (5.0, 1.0, True, [2, 1, 0, 0, 1])
-    assert h.percentile(50) == 5 and h.percentile(60) == 6 and h.percentile(100) == 9
     wide = histogram_of(np.array([0, 65535, 65535, 1, np.nan], np.float32))
     assert not wide.exact and wide.counts.size == BINS and wide.total == 4
-    assert wide.window(0, 100) == (0.0, 65535.0)
-    flat = histogram_of(np.full(10, 7, np.uint16))
-    assert flat.window(0.1, 99.9) == (7.0, 8.0)  # a window always has start < end
+    assert (wide.counts[0], wide.counts[-1], wide.width) == (2, 2, 65535 / BINS)
+
+
+def test_percentile_windows_and_channel_lists():
+    assert percentile_window(np.full(10, 7, np.uint16), 0.1, 99.9) == (7.0, 8.0)  # start < end always
+    assert percentile_window(np.array([np.nan, np.inf]), 0.1, 99.9) == (0.0, 1.0)
+    assert percentile_window(np.array([0.0, 10.0, np.nan]), 0, 100) == (0.0, 10.0)
+    assert channel_list("0,3,17", 20) == [0, 3, 17] and channel_list(None, 3) == [0, 1, 2]
+    with pytest.raises(InvalidArgument, match=r"^c: there is no channel 20 \(20 channels"):
+        channel_list("1,20", 20)
+    with pytest.raises(InvalidArgument, match="^c: a channel index"):
+        channel_list("1,x", 20)
+    with pytest.raises(InvalidArgument, match="^c: name at most 1024"):
+        channel_list(",".join(["0"] * 2000), 20)
 
 
 def test_named_luts_are_matplotlibs():

@@ -134,3 +134,34 @@ def test_an_evicted_id_is_a_404_saying_to_post_again(multiplex):
         assert answer.status_code == 404 and "POST the spec to /render again" in answer.text
     finally:
         store.max_specs = kept
+
+
+def test_histograms_of_named_channels_from_the_coarsest_level(multiplex):
+    srv, array_id, level1 = multiplex
+    answer = httpx.get(f"{srv.http_url}/histogram/{array_id}?c=3,17", timeout=60)
+    assert answer.status_code == 200, answer.text
+    doc = answer.json()
+    assert doc["array_id"] == array_id and doc["dtype"] == "uint16"
+    assert [c["index"] for c in doc["channels"]] == [3, 17]
+    for entry in doc["channels"]:
+        values = level1[entry["index"]]  # the stored coarsest level
+        assert sum(entry["counts"]) == values.size and len(entry["counts"]) == 1024 and not entry["exact"]
+        assert entry["min"] == values.min()
+        # the default window of a channel without omero settings: 0.1-99.9 percentiles of that level
+        assert entry["window"] == pytest.approx(list(np.percentile(values, (0.1, 99.9))))
+    every = httpx.get(f"{srv.http_url}/histogram/{array_id}", timeout=60).json()
+    assert len(every["channels"]) == CHANNELS
+    answer = httpx.get(f"{srv.http_url}/histogram/{array_id}?c=3,60", timeout=60)
+    assert answer.status_code == 400 and "c: there is no channel 60" in answer.text
+
+
+def test_a_percentile_window_is_measured_on_the_coarsest_level(multiplex):
+    srv, array_id, level1 = multiplex
+    spec = {"channels": [{"index": 7, "color": "grey", "window": {"percentiles": [5, 95]}}]}
+    spec_id = _post(srv, json.dumps(spec).encode()).json()["id"]
+    url = f"{srv.http_url}/iiif/3/{array_id};r={spec_id}/0,0,{WIDTH},{HEIGHT}/{WIDTH // 2},{HEIGHT // 2}/0/default.png"
+    got = _png(httpx.get(url, timeout=60))
+    start, end = np.percentile(level1[7].astype(np.float64), (5, 95))
+    want = R.composite(level1[[7]], [R.Channel(start, end, (1.0, 1.0, 1.0))])
+    assert np.array_equal(got, want)
+    assert 0.04 < np.mean(got[..., 0] == 0) < 0.06  # 5 % of the pixels are below the window
