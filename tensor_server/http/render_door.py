@@ -1,5 +1,6 @@
 """Render specs over HTTP: ``POST /render`` stores a spec (``render.spec``) and answers its id,
-which IIIF and DeepZoom identifiers then carry (``<array_id>;r=<id>``); ``GET
+which IIIF and DeepZoom identifiers then carry (``<array_id>;r=<id>``), and ``GET
+/render/<id>`` answers it back (a viewer restoring a shared view); ``GET
 /histogram/<identifier>?c=0,3`` answers the channels' histograms (``render.histogram``), what
 a viewer draws under its window sliders.
 
@@ -51,7 +52,12 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
         doc = await run_in_threadpool(viewer.histograms, identifier, request.query_params.get("c"), caller)
         return JSONResponse(doc, headers={"Cache-Control": "no-cache"})
 
+    async def stored(request: Any, caller: Caller) -> Any:
+        doc = await run_in_threadpool(viewer.spec, request.path_params["spec_id"])
+        return JSONResponse(doc, headers={"Cache-Control": "no-cache"})
+
     return [
         Route("/render", guarded(store, caller_of), methods=["POST"]),
+        Route("/render/{spec_id}", guarded(stored, caller_of), methods=["GET", "HEAD"]),
         Route(HISTOGRAM + "{rest:path}", guarded(histograms, caller_of), methods=["GET", "HEAD"]),
     ]

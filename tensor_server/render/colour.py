@@ -32,6 +32,7 @@ __all__ = [
     "RenderSettings",
     "DEFAULT_COLOURS",
     "label_colours",
+    "channel_labels",
     "to_rgb8",
     "settings_for",
 ]
@@ -117,6 +118,19 @@ def settings_for(
     if not any(c.active for c in out):  # nothing to show would be a black image: show them all
         out = [ChannelSetting(c.colour, c.start, c.end, True) for c in out]
     return RenderSettings(tuple(out), "channels")
+
+
+def channel_labels(metadata: dict[str, Any]) -> dict[int, str]:
+    """The channels' names the ``omero`` block gives (``omero.channels[i].label``), by index."""
+    omero = metadata.get("omero") if isinstance(metadata, dict) else None
+    channels = omero.get("channels") if isinstance(omero, dict) else None
+    if not isinstance(channels, list):
+        return {}
+    return {
+        i: str(c["label"])[:80]
+        for i, c in enumerate(channels)
+        if isinstance(c, dict) and isinstance(c.get("label"), (str, int))
+    }
 
 
 def label_colours(ids: np.ndarray) -> np.ndarray:

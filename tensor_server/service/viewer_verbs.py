@@ -16,6 +16,7 @@ plane selection (``;z=3;c=1``) by ``render.plane``; the doors only route, and ma
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from tensor_server.core.engine import Cancelled
 from tensor_server.errors import InvalidArgument
 from tensor_server.render import deepzoom, iiif
+from tensor_server.render.colour import channel_labels
 from tensor_server.render.histogram import channel_list, percentile_window
 from tensor_server.render.image import Renderer, available_formats, encode
 from tensor_server.render.plane import PlaneView, Shown, split_identifier
@@ -54,6 +56,11 @@ class ViewerVerbs:
         fault); its id, and the identifier suffix that shows it."""
         spec_id = self.specs.put(parse_spec(body))
         return {"id": spec_id, "suffix": f";r={spec_id}"}
+
+    def spec(self, spec_id: str) -> dict[str, Any]:
+        """The stored spec ``spec_id`` as its canonical JSON (a viewer restoring a shared view)."""
+        doc: dict[str, Any] = json.loads(self.specs.get(spec_id).canonical())
+        return {"id": spec_id, **doc}
 
     def plane(self, identifier: str, caller: Caller) -> PlaneView:
         """The plane ``identifier`` names (``<array_id>;z=3;c=1``, or ``;r=<spec id>``) of a
@@ -92,12 +99,14 @@ class ViewerVerbs:
         view = self.plane(identifier, caller)
         whole = view.every_channel()
         settings = self.renderer.settings_of(view, lambda: self._pixels(whole, *whole.coarsest_window(), caller, None))
+        labels = channel_labels(view.tensor.metadata)
         out = []
         for i in channel_list(channels, view.channel_count):
             hist = self.renderer.histogram(view, i, lambda i=i: self._coarse(view, i, caller, None))  # type: ignore[misc]
-            entry: dict[str, Any] = {"index": i, **hist.as_json()}
+            entry: dict[str, Any] = {"index": i, "label": labels.get(i, f"channel {i}"), **hist.as_json()}
             if settings.channels:
-                entry["window"] = [settings.channels[i].start, settings.channels[i].end]
+                c = settings.channels[i]
+                entry.update(window=[c.start, c.end], color="#{:02X}{:02X}{:02X}".format(*c.colour), active=c.active)
             out.append(entry)
         return {"array_id": view.tensor.array_id, "dtype": str(view.tensor.dtype), "channels": out}
 

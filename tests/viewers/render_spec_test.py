@@ -165,3 +165,16 @@ def test_a_percentile_window_is_measured_on_the_coarsest_level(multiplex):
     want = R.composite(level1[[7]], [R.Channel(start, end, (1.0, 1.0, 1.0))])
     assert np.array_equal(got, want)
     assert 0.04 < np.mean(got[..., 0] == 0) < 0.06  # 5 % of the pixels are below the window
+
+
+def test_a_stored_spec_reads_back_and_histograms_carry_the_panels_defaults(multiplex):
+    srv, array_id, _ = multiplex
+    spec_id = _post(srv, json.dumps(SPEC).encode()).json()["id"]
+    back = httpx.get(f"{srv.http_url}/render/{spec_id}", timeout=60).json()
+    assert back["id"] == spec_id and [c["index"] for c in back["channels"]] == [3, 17, 42, 59, 8]
+    assert back["channels"][0]["window"] == {"start": 500.0, "end": 3000.0} and back["channels"][4]["visible"] is False
+    assert back["channels"][1]["color"] == "green" and back["channels"][3]["color"] == "magma"
+    assert httpx.get(f"{srv.http_url}/render/0123456789abcdef", timeout=60).status_code == 400
+    entry = httpx.get(f"{srv.http_url}/histogram/{array_id}?c=3", timeout=60).json()["channels"][0]
+    # no omero block: the default table's 4th colour, shown, named by its index
+    assert (entry["label"], entry["color"], entry["active"]) == ("channel 3", "#FFFF00", True)
