@@ -42,6 +42,7 @@ from tensor_server_kernels.composite import MAX_CHANNELS, Channel
 
 from tensor_server.errors import InvalidArgument, RenderSpecEvicted
 from tensor_server.render.luts import colour_value, normalised_colour
+from tensor_server.render.plane import MAX_IDENTIFIER
 
 __all__ = [
     "ChannelSpec",
@@ -218,6 +219,8 @@ def parse_spec(body: bytes) -> RenderSpec:
 def split_spec_id(identifier: str) -> tuple[str, str | None]:
     """``"id;z=3;r=0123abcd…"`` -> ``("id;z=3", "0123abcd…")``: the spec part of a viewer
     identifier taken out (the rest is ``render.plane``'s), or None when there is none."""
+    if len(identifier) > MAX_IDENTIFIER:
+        raise InvalidArgument(f"the identifier is {len(identifier)} characters (limit {MAX_IDENTIFIER})")
     array_id, *parts = identifier.split(";")
     specs = [p for p in parts if p.lower().startswith("r=")]
     if not specs:
@@ -307,7 +310,8 @@ def resolve(
             start, end = c.start, c.end
         elif c.percentiles is not None:
             start, end = percentiles(c.index, *c.percentiles)
-        value = colour_value(c.color) if c.color is not None else tuple(v / 255 for v in colour)
+        r, g, b = colour
+        value = colour_value(c.color) if c.color is not None else (r / 255, g / 255, b / 255)
         indices.append(c.index)
-        channels.append(Channel(start, end, value, c.gamma, c.invert))  # type: ignore[arg-type]
+        channels.append(Channel(start, end, value, c.gamma, c.invert))
     return tuple(indices), channels

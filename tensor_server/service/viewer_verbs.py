@@ -16,6 +16,7 @@ plane selection (``;z=3;c=1``) by ``render.plane``; the doors only route, and ma
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -102,7 +103,7 @@ class ViewerVerbs:
         labels = channel_labels(view.tensor.metadata)
         out = []
         for i in channel_list(channels, view.channel_count):
-            hist = self.renderer.histogram(view, i, lambda i=i: self._coarse(view, i, caller, None))  # type: ignore[misc]
+            hist = self.renderer.histogram(view, i, functools.partial(self._coarse, view, i, caller, None))
             entry: dict[str, Any] = {"index": i, "label": labels.get(i, f"channel {i}"), **hist.as_json()}
             if settings.channels:
                 c = settings.channels[i]

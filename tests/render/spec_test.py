@@ -86,6 +86,8 @@ def test_the_identifier_suffix():
         split_spec_id("a;c=1;r=99a9dcbcf0c16514")
     with pytest.raises(InvalidArgument, match="^r: "):
         split_spec_id("a;r=1;r=2")
+    with pytest.raises(InvalidArgument, match="characters"):  # bounded before it is split
+        split_spec_id("a;" * 5000)
 
 
 def test_the_store_is_bounded_and_says_what_an_unknown_id_is():
