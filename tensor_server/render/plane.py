@@ -30,6 +30,7 @@ bounds the read by the output: at most ``READ_PER_OUTPUT_PX`` level pixels per o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -251,6 +252,28 @@ class PlaneView:
         visible channel, and a histogram is measured on."""
         axis = self.sample_axis if self.sample_axis is not None else self.channel_axis
         return self if axis is None else replace(self, fixed={**self.fixed, axis: index})
+
+    def channel_windows(self, shown: Shown, indices: Sequence[int]) -> tuple[GridLevel, list[tuple[int, Bounds]]]:
+        """The level serving ``shown`` and, per run of consecutive channels among ``indices``,
+        its first channel and the region that reads the run at once: a render spec's visible
+        channels are read in one call per run, as a warm read costs about 1.5 ms a call
+        whatever its channels (``bench render-spec``, 2026-12-05, a loaded machine)."""
+        level, bounds = self.every_channel().window(shown)
+        axis = self.sample_axis if self.sample_axis is not None else self.channel_axis
+        if axis is None:
+            return level, [(0, bounds)]
+        runs: list[list[int]] = []
+        for i in sorted(set(indices)):
+            if runs and i == runs[-1][1]:
+                runs[-1][1] = i + 1
+            else:
+                runs.append([i, i + 1])
+        out = []
+        for first, end in runs:
+            start, stop = list(bounds.start), list(bounds.stop)
+            start[axis], stop[axis] = first, end
+            out.append((first, Bounds(tuple(start), tuple(stop))))
+        return level, out
 
     def coarsest_window(self) -> tuple[GridLevel, Bounds]:
         """The whole plane at its coarsest level (``window``): where settings are measured."""

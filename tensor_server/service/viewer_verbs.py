@@ -85,11 +85,12 @@ class ViewerVerbs:
                 settings,
                 lambda i, low, high: percentile_window(self._coarse(view, i, caller, cancelled), low, high),
             )
-            level, _ = view.window(shown)
-            planes = np.concatenate(
-                [self._pixels(one, *one.window(shown), caller, cancelled) for one in map(view.one_channel, indices)]
-            )
-            return self.renderer.composited(view, planes, level, tables, shown)
+            level, runs = view.channel_windows(shown, indices)
+            got: dict[int, np.ndarray] = {}
+            for first, bounds in runs:
+                for k, plane in enumerate(self._pixels(whole, level, bounds, caller, cancelled)):
+                    got[first + k] = plane
+            return self.renderer.composited(view, np.stack([got[i] for i in indices]), level, tables, shown)
         level, bounds = view.window(shown)
         planes = self._pixels(view, level, bounds, caller, cancelled)
         return self.renderer.image(view, planes, level, settings, shown)
