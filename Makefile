@@ -165,7 +165,7 @@ warm: $(STAMP)
 	@$(PY) -m tensor_server_kernels.warm
 
 test-nojit: $(STAMP)
-	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py
+	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py tests/kernels/composite_test.py
 
 bench: bench-kernels
 

@@ -27,6 +27,7 @@ __all__ = [
     "Unimplemented",
     "SourceUnresolved",
     "StaleChunkId",
+    "RenderSpecEvicted",
     "UnreadableSource",
     "UnknownFormat",
     "Unauthenticated",
@@ -122,6 +123,13 @@ class SourceUnresolved(TensorNotFound):
 
     def __str__(self) -> str:
         return bounded_message(f"source unresolved (resolve it once the file is fixed): {super().__str__()}")
+
+
+class RenderSpecEvicted(TensorServerError):
+    """A render spec id this server stored and has since evicted (its store is bounded): post
+    the spec again (the same spec gets the same id)."""
+
+    code, slug, http_status = "NOT_FOUND", "evicted_render_spec", 404
 
 
 class StaleChunkId(TensorServerError):

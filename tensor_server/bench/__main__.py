@@ -74,6 +74,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.special",
         "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers",
     ),
+    "render-spec": (
+        "tensor_server.bench.render_spec",
+        "warm IIIF tiles of 4 and 16 of 60 channels from a render spec, 1 and 8 clients, vs NumPy and 3 channels",
+    ),
     "crowd": (
         "tensor_server.bench.crowd",
         "63-tile viewports by 1-8 concurrent clients, HTTP and Flight, warm and cold, beside a bare uvicorn floor",

@@ -82,6 +82,9 @@ _STYLE = (
     "pre{padding:.4em;margin:.2em 0;white-space:pre-wrap}.urls a{display:block}"
     "ul.wells{margin:.3em 0;padding-left:1.2em;font-size:.9em}ul.wells a{margin-right:.4em}"
     "html.viewer,html.viewer body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}"
+    "#panel{position:fixed;top:0;right:0;max-height:100%;overflow-y:auto;width:15em;padding:.4em;"
+    "background:rgba(255,255,255,.85);font-size:.8em}#panel .channel,#panel .axis{margin:.3em 0}"
+    "#panel input[type=range]{width:6em}#panel input[type=number]{width:3.5em}#panel .note{color:#a00}"
 )
 _SCRIPT = """"use strict";
 (function () {
@@ -94,7 +97,12 @@ _SCRIPT = """"use strict";
   });
 })();
 """
-_PAGE_ASSETS = {"pages.js": (_SCRIPT, "text/javascript"), "pages.css": (_STYLE, "text/css")}
+_PANEL_SCRIPT = (Path(__file__).with_name("viewer_panel.js")).read_text(encoding="utf-8")
+_PAGE_ASSETS = {
+    "pages.js": (_SCRIPT, "text/javascript"),
+    "panel.js": (_PANEL_SCRIPT, "text/javascript"),
+    "pages.css": (_STYLE, "text/css"),
+}
 #: what JSON escapes further inside HTML: no ``</script>``, ``<!--``, entity or line terminator
 _SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
@@ -113,7 +121,7 @@ def _page(title: str, body: str, html_class: str = "") -> str:
     return (
         f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
         f'<link rel="stylesheet" href="{PAGE_ASSETS_PREFIX}pages.css">{body}'
-        f'<script src="{PAGE_ASSETS_PREFIX}pages.js"></script>'
+        f'<script src="{PAGE_ASSETS_PREFIX}pages.js"></script><script src="{PAGE_ASSETS_PREFIX}panel.js"></script>'
     )
 
 
@@ -368,9 +376,11 @@ def catalog_json(runtime: ServingRuntime, caller: Caller, key: str, prefix: str 
     }
 
 
-def viewer_html(identifier: str, source: str) -> str:
+def viewer_html(identifier: str, source: str, view: PlaneView | None = None) -> str:
     """OpenSeadragon on ``identifier``: its options as JSON data, started by ``pages.js``; no
-    credential in the page (the tiles are admitted by the door's cookie)."""
+    credential in the page (the tiles are admitted by the door's cookie). With ``view`` (the
+    plane the identifier names), the channel panel (``viewer_panel.js``) beside it, where the
+    plane's channels can be composited (not a label image, an RGB one or one channel alone)."""
     aid = quote(identifier, safe="/;=")
     if not (osd_dir() / "openseadragon.min.js").is_file():
         return _page(
@@ -395,12 +405,38 @@ def viewer_html(identifier: str, source: str) -> str:
         "timeout": 300_000,
         "tileRetryMax": 2,
     }
+    panel = _panel_options(view) if view is not None and source != "dzi" else None
     return _page(
         identifier,
         '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
-        f'<script type="application/json" id="viewer-options">{script_json(options)}</script>',
+        f'<script type="application/json" id="viewer-options">{script_json(options)}</script>'
+        + (
+            f'<div id="panel"></div><script type="application/json" id="panel-options">{script_json(panel)}</script>'
+            if panel is not None
+            else ""
+        ),
         "viewer",
     )
+
+
+def _panel_options(view: PlaneView) -> dict[str, Any] | None:
+    """What the channel panel starts from: the array id, the plane's other axes (their sizes
+    and indices), the spec the identifier names, and the URLs it calls; None where the plane
+    has no channels to composite."""
+    t = view.tensor
+    if t.is_labels or view.sample_axis is not None or view.selected_channel is not None:
+        return None
+    path = quote(t.array_id, safe="/")
+    axes = [{"name": t.dim_labels[a], "size": t.shape[a]} for a in sorted(view.fixed) if a != view.channel_axis]
+    return {
+        "array_path": path,
+        "plane": {t.dim_labels[a]: i for a, i in view.fixed.items() if a != view.channel_axis},
+        "axes": axes,
+        "spec": view.spec.id if view.spec is not None else None,
+        "iiif": "/iiif/3/",
+        "render": "/render",
+        "histogram": f"/histogram/{path}" + "".join(f";{t.dim_labels[a]}={i}" for a, i in sorted(view.fixed.items())),
+    }
 
 
 def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[Any]:
@@ -429,8 +465,8 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
 
     async def view(request: Any, caller: Caller) -> Any:
         identifier = request.path_params["identifier"]
-        await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
-        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif")))
+        view = await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
+        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif"), view))
 
     async def wells(request: Any, caller: Caller) -> Any:
         start = request.query_params.get("start", "0")
