@@ -70,6 +70,30 @@ def _settings(args: argparse.Namespace):
     )
 
 
+def _install_remote(settings) -> None:
+    """The ``[remote]`` section for every image read by URL in this process; the hosts of the
+    operator's own http(s) roots count as allowed (the operator named them)."""
+    from urllib.parse import urlsplit
+
+    from tensor_server.adapters.url_source import RemoteSettings, set_remote_settings
+    from tensor_server.config import default_cache_dir
+
+    root_hosts = tuple(
+        urlsplit(r).netloc.rpartition("@")[2] for r in settings.roots if str(r).startswith(("http://", "https://"))
+    )
+    set_remote_settings(
+        RemoteSettings(
+            allowed_hosts=tuple(settings.remote_allowed_hosts),
+            timeout=float(settings.remote_timeout),
+            revalidate_seconds=float(settings.remote_revalidate_seconds),
+            per_host=int(settings.remote_per_host),
+            cache_dir=settings.remote_cache_dir or str(default_cache_dir() / "remote"),
+            cache_max_bytes=int(settings.remote_cache_max_bytes),
+            operator_hosts=root_hosts,
+        )
+    )
+
+
 def _server_tls(settings, say: bool = True):
     """The certificate both doors serve (None: plaintext), after the transport rule
     (service/tls.py); an exit code with the reason printed when it cannot be had. ``say``:
@@ -258,6 +282,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     if not roots_present(settings.roots):
         return 2
+    _install_remote(settings)
     from tensor_server.cache import CacheLocked, CacheManager
     from tensor_server.catalog.rois import RoiStoreBusy
     from tensor_server.config import default_cache_dir, default_data_dir

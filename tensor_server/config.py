@@ -75,6 +75,14 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     port = 8817                 # absent = off (``run`` turns it on at 8817)
     host = "127.0.0.1"          # off loopback it needs the token (every scrape presents it)
 
+    [remote]                    # images opened by URL (https://, http://, s3://: docs/beyond-one-machine.md)
+    allowed_hosts = ["data.lab.org", "*.example.org"]  # only these hosts (default: any public host)
+    timeout = 20.0              # seconds a remote request may take, then UNAVAILABLE naming the URL
+    revalidate_seconds = 600    # a cached remote object is checked (one HEAD) at most this often
+    per_host = 8                # requests in flight at once to one host
+    cache_dir = "/var/cache/tensor-server/remote"  # the raw-byte cache (default: <cache home>/remote)
+    cache_max_bytes = 2147483648
+
     [log]
     format = "text"             # or "json": one object per line (the request log too)
     requests = "-"              # the request log: a file, "-" (stderr) or "off" (absent: serve "-", run a file)
@@ -201,6 +209,13 @@ class Settings:
     log_format: str = "text"
     #: where the request log goes: a file, "-" (stderr) or "off"; None: serve's stderr, run's file
     request_log: str | None = None
+    # images opened by URL (adapters/_url_rules.py, adapters/_remote_bytes.py)
+    remote_allowed_hosts: list[str] = field(default_factory=list)
+    remote_timeout: float = 20.0
+    remote_revalidate_seconds: float = 600.0
+    remote_per_host: int = 8
+    remote_cache_dir: str | None = None
+    remote_cache_max_bytes: int = 2 << 30
 
     def pyramid_policy(self):  # core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -256,6 +271,12 @@ _KEYS = {
     ("metrics", "host"): "metrics_host",
     ("log", "format"): "log_format",
     ("log", "requests"): "request_log",
+    ("remote", "allowed_hosts"): "remote_allowed_hosts",
+    ("remote", "timeout"): "remote_timeout",
+    ("remote", "revalidate_seconds"): "remote_revalidate_seconds",
+    ("remote", "per_host"): "remote_per_host",
+    ("remote", "cache_dir"): "remote_cache_dir",
+    ("remote", "cache_max_bytes"): "remote_cache_max_bytes",
 }
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "StaleChunkId",
     "RenderSpecEvicted",
     "UnreadableSource",
+    "RemoteUnavailable",
     "UnknownFormat",
     "Unauthenticated",
     "PermissionDenied",
@@ -150,6 +151,13 @@ class UnreadableSource(TensorServerError):
         self.path = os.fspath(path)
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
+
+
+class RemoteUnavailable(UnreadableSource):
+    """A remote URL did not answer in time (a timeout, a stalled host, a refused connection, a
+    5xx): the read gave up after its deadline and names the URL; retry later."""
+
+    code, slug, http_status, retryable, retry_after = "UNAVAILABLE", "remote_unavailable", 503, True, 1.0
 
 
 class UnknownFormat(UnreadableSource):

@@ -204,6 +204,8 @@ class ZarrAdapter(TensorAdapter):
             return self._read(bounds, (1,) * bounds.ndim)
         try:
             return np.asarray(self._array[bounds.to_slices()])
+        except UnreadableSource:  # a remote store's own errors (a timeout) name the URL: as they are
+            raise
         except Exception as exc:  # a corrupt or truncated chunk surfaces only here
             raise UnreadableSource(
                 self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"
@@ -240,6 +242,8 @@ class ZarrAdapter(TensorAdapter):
         chunk that is not stored through zarr (its fill value)."""
         try:
             return self._chunks.read(bounds, step, lambda sl: np.asarray(self._array[sl]), out, parallel)
+        except UnreadableSource:  # a remote store's own errors (a timeout) name the URL: as they are
+            raise
         except Exception as exc:  # a corrupt or truncated chunk surfaces only here
             raise UnreadableSource(
                 self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"

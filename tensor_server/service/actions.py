@@ -155,14 +155,15 @@ ACTIONS: tuple[Action, ...] = (
     Action("resolve", "open an unreadable source again now; streams its catalog row", _resolve, streams=True),
     Action(
         "add_source",
-        "register a path on the server's disk for this server's lifetime (streams progress)",
+        "register a path on the server's disk, or an image's https/http/s3 URL, for this server's lifetime "
+        "(streams progress)",
         _add_source,
         writes=True,
         streams=True,
     ),
     Action(
         "remove_source",
-        "deregister a path added with add_source (its dnd:// branch)",
+        "deregister a path added with add_source (its dnd:// branch) or an added URL",
         _verb("remove_source"),
         writes=True,
     ),
