@@ -150,7 +150,7 @@ def _exchange(
         resp = conn.getresponse()
     got = {k.lower(): v for k, v in resp.getheaders()}
     blocks = []
-    while method != "HEAD":
+    while True:  # a HEAD's read is empty at once, and leaves the connection ready for the next
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the deadline passed while the body was arriving")
