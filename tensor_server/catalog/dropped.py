@@ -271,11 +271,12 @@ class DroppedPaths:
         url, shown = url.strip(), public_url(url.strip()).rstrip("/")
         tally = AddTally()
         if scheme == "s3":
-            counts = scan_remote_root(self.catalog, url)
+            scan_remote_root(self.catalog, url)
             rows = [r for r in self.catalog.records() if r.url == shown or r.url.startswith(shown + "/")]
-            if counts["unresolved"] and all(not r.is_resolved for r in rows):
+            if all(not r.is_resolved for r in rows):
                 self.catalog.remove_records([r.source_id for r in rows])
-                raise InvalidArgument(f"add_source: {shown}: {'; '.join(str(r.unresolved_reason) for r in rows)}")
+                why = "; ".join(str(r.unresolved_reason) for r in rows) or "no zarr or OME-Zarr store there"
+                raise InvalidArgument(f"add_source: {shown}: {why}")
             with self._lock:
                 self._urls[shown] = url
             tally.added = [r.source_id for r in rows if r.is_resolved]

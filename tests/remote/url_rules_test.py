@@ -157,3 +157,38 @@ def test_remote_unavailable_is_retryable_unavailable():
     assert (exc.code, exc.http_status, exc.retryable) == ("UNAVAILABLE", 503, True)
     assert isinstance(exc, UnreadableSource) and not isinstance(exc, InvalidArgument)
     assert np.isfinite(exc.retry_after)
+
+
+def test_add_source_of_a_stalled_host_is_unavailable_naming_the_url(url_host, tmp_path):
+    url_host.stall.add("/slow.ome.zarr/zarr.json")
+    cat = Catalog([])
+    with remote_config(tmp_path / "c", timeout=1.0), serving(cat) as srv:
+        with pytest.raises(flight.FlightUnavailableError, match="slow.ome.zarr/zarr.json: the host did not answer"):
+            client_for(srv).register_local_path(f"{url_host.url}/slow.ome.zarr")
+    assert not cat.records()
+    cat.close()
+
+
+def test_the_remote_section_of_the_config_reaches_every_remote_read(tmp_path):
+    """``[remote]`` keys parse into Settings, and ``serve`` installs them (with the hosts of
+    its own http(s) roots counted as listed)."""
+    from tensor_server.adapters.url_source import remote_settings, set_remote_settings
+    from tensor_server.cli import _install_remote
+    from tensor_server.config import load_settings
+
+    config = tmp_path / "server.toml"
+    config.write_text(
+        '[remote]\nallowed_hosts = ["data.lab.org"]\ntimeout = 7.5\nrevalidate_seconds = 30\n'
+        f'per_host = 4\ncache_dir = "{tmp_path / "bytes"}"\ncache_max_bytes = 1000000\n'
+    )
+    settings = load_settings(config, roots=["http://10.0.0.5:8000/img.ome.zarr", "/data"])
+    old = remote_settings()
+    try:
+        _install_remote(settings)
+        got = remote_settings()
+    finally:
+        set_remote_settings(old)
+    assert (got.allowed_hosts, got.timeout, got.revalidate_seconds, got.per_host) == (("data.lab.org",), 7.5, 30, 4)
+    assert (got.cache_dir, got.cache_max_bytes) == (str(tmp_path / "bytes"), 1000000)
+    assert got.operator_hosts == ("10.0.0.5:8000",) and got.allows_listed("10.0.0.5", 8000)
+    assert not got.allows_listed("10.0.0.5", 9000)

@@ -7,6 +7,7 @@ server."""
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.flight as flight
 import pytest
 
 from tensor_server.adapters._remote_bytes import reset_remote_bytes
@@ -132,4 +133,22 @@ def test_an_https_root_is_served(url_host):
     assert counts["added"] == 1 and rec.is_resolved and rec.type == "ome-tiff", rec.unresolved_reason
     (t,) = rec.source.tensors.values()
     np.testing.assert_array_equal(_all(t), url_host.written["tiff_levels"][0])
+    cat.close()
+
+
+def test_an_s3_image_is_added_by_url_and_a_missing_one_refused(s3_data):
+    """``add_source("s3://bucket/image.ome.zarr")``: listed like an s3:// root (moto on
+    loopback: the endpoint is the server's own configuration, not the client's)."""
+    from tests.remote.conftest import BUCKET
+
+    local, written = s3_data
+    cat = Catalog([])
+    with serving(cat) as srv:
+        sdk = client_for(srv)
+        (sid,) = sdk.register_local_path(f"s3://{BUCKET}/run1/cells.ome.zarr").added
+        image_id = cat.get_record(sid).source.tensor("image").array_id
+        np.testing.assert_array_equal(sdk.get_tensor(image_id).compute(), written["image"])
+        with pytest.raises(flight.FlightServerError, match=f"s3://{BUCKET}/nothing.ome.zarr"):
+            sdk.register_local_path(f"s3://{BUCKET}/nothing.ome.zarr")
+        assert [r.source_id for r in cat.records()] == [sid]
     cat.close()
