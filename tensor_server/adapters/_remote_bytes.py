@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,7 +37,7 @@ from tensor_server.adapters._url_fetch import Reply, http_request
 from tensor_server.adapters._url_rules import RemoteSettings, remote_settings
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["ABSENT", "RemoteBytes", "remote_bytes", "reset_remote_bytes"]
+__all__ = ["ABSENT", "FETCHERS", "RemoteBytes", "remote_bytes", "reset_remote_bytes"]
 
 #: the validator of an object the host answered 404 / 410 for
 ABSENT = "absent"
@@ -113,6 +113,10 @@ class _ByteStore:
             self._meta[url] = doc
         if self.root is not None:
             self._write(f"{self._folder(url)}/meta.json", json.dumps(doc).encode())
+
+    def has(self, url: str, validator: str, byte_range: str) -> bool:
+        with self._lock:
+            return self._key(url, validator, byte_range) in self._sizes
 
     def get(self, url: str, validator: str, byte_range: str) -> bytes | None:
         key = self._key(url, validator, byte_range)
@@ -231,7 +235,37 @@ class RemoteBytes:
         self.store.set_meta(url, validator, time.time(), _size(reply))
         return None, validator
 
-    def _fetch(self, url: str, byte_range: str) -> tuple[bytes | None, str]:
+    def prefetch(self, url: str, ranges: list[tuple[int, int]], *, pinned: str, max_run: int = 8) -> None:
+        """Fetch the ``(start, stop)`` ranges (a reader's aligned blocks) not cached yet, so
+        its reads that follow are hits: runs of up to ``max_run`` adjacent ranges as one
+        request each (a cold tile grid is a few large requests, not one per tile), the runs
+        in parallel. Stored range by range, pinned to ``pinned`` as ``read`` is."""
+        validator = self._current_validator(url)
+        if validator != pinned:
+            raise UnreadableSource(
+                url, f"changed on the host since it was opened ({pinned} -> {validator}); open again"
+            )
+        missing = sorted(r for r in set(ranges) if not self.store.has(url, validator, f"{r[0]}-{r[1] - 1}"))
+        runs: list[list[tuple[int, int]]] = []
+        for r in missing:
+            if runs and runs[-1][-1][1] == r[0] and len(runs[-1]) < max_run:
+                runs[-1].append(r)
+            else:
+                runs.append([r])
+
+        def fetch(run: list[tuple[int, int]]) -> None:
+            text = f"{run[0][0]}-{run[-1][1] - 1}"
+            _, got = self._once(("get", url, text), lambda: self._fetch(url, text, pieces=run))
+            if got != pinned:
+                raise UnreadableSource(url, f"changed on the host while it was being read ({pinned} -> {got})")
+
+        list(FETCHERS.map(fetch, runs))
+
+    def _fetch(
+        self, url: str, byte_range: str, pieces: list[tuple[int, int]] | None = None
+    ) -> tuple[bytes | None, str]:
+        """GET ``byte_range`` and store it (as ``pieces``, absolute (start, stop) ranges
+        within it, when given)."""
         reply = self._request(url, "GET", byte_range)
         validator = _validator(reply)
         meta = self.store.meta(url)
@@ -241,8 +275,13 @@ class RemoteBytes:
         if validator == ABSENT:
             return None, ABSENT
         data = _ranged(reply, byte_range, url)
-        self.store.put(url, validator, byte_range, data)
-        return data, validator
+        if pieces is None:
+            self.store.put(url, validator, byte_range, data)
+            return data, validator
+        base = pieces[0][0]
+        for start, stop in pieces:
+            self.store.put(url, validator, f"{start}-{stop - 1}", data[start - base : stop - base])
+        return None, validator
 
     def _request(self, url: str, method: str, byte_range: str) -> Reply:
         host = (urlsplit(url).netloc or "").lower()
@@ -288,6 +327,10 @@ def _ranged(reply: Reply, byte_range: str, url: str) -> bytes:
         return body[-int(end) :] if int(end) else b""
     return body[int(start) : int(end) + 1 if end else None]
 
+
+#: threads that wait on remote ranges (a wait, not work: more than the cores, so a cold read
+#: has its ranges in flight at once; ``per_host`` bounds what one host sees)
+FETCHERS = ThreadPoolExecutor(32, thread_name_prefix="remote-fetch")
 
 _shared: RemoteBytes | None = None
 _shared_lock = threading.Lock()

@@ -20,14 +20,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import io
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tensor_server.adapters._remote_bytes import remote_bytes
-from tensor_server.adapters._tiff_series import TiffHandle
+from tensor_server.adapters._remote_bytes import FETCHERS, remote_bytes
 from tensor_server.adapters._url_rules import (
     RemoteSettings,
     checked_addresses,
@@ -36,13 +32,10 @@ from tensor_server.adapters._url_rules import (
     url_scheme,
 )
 from tensor_server.adapters._zarr_store import StoreWalker, ZarrNode, is_zarr_folder
-from tensor_server.adapters.ome_tiff import OmeTiffAdapter, _images, _match_images
-from tensor_server.adapters.tiff import TiffAdapter, _flavour, build_series_tensors, check_series_extent
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.errors import InvalidArgument, UnreadableSource
 
 __all__ = [
-    "RemoteFile",
     "RemoteSettings",
     "UrlPath",
     "checked_addresses",
@@ -52,13 +45,6 @@ __all__ = [
     "url_scheme",
     "url_store",
 ]
-
-#: threads the zarr store and the TIFF reader wait on remote ranges with (a wait, not work:
-#: more than the cores, so a cold read has its ranges in flight at once; ``per_host`` bounds
-#: what one host sees)
-_FETCHERS = ThreadPoolExecutor(32, thread_name_prefix="remote-fetch")
-#: TIFF bytes are fetched in aligned blocks of this size (IFDs are read a few bytes at a time)
-TIFF_BLOCK = 256 << 10
 
 
 def _read(url: str, byte_range: str = "", pinned: str | None = None) -> bytes | None:
@@ -145,7 +131,7 @@ def _url_store_class() -> type:
 
         async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
             loop = asyncio.get_running_loop()
-            data = await loop.run_in_executor(_FETCHERS, _read, f"{self.base}/{key}", _http_range(byte_range))
+            data = await loop.run_in_executor(FETCHERS, _read, f"{self.base}/{key}", _http_range(byte_range))
             return None if data is None else prototype.buffer.from_bytes(data)
 
         async def get_partial_values(self, prototype: Any, key_ranges: Iterable[tuple[str, Any]]) -> list[Any]:
@@ -218,153 +204,6 @@ class UrlZarrSource(SourceAdapter):
         return self._url
 
 
-# ---- TIFF ----------------------------------------------------------------------------------------
-class RemoteFile(io.RawIOBase):
-    """A read-only, seekable file over a URL for tifffile: aligned ``TIFF_BLOCK`` ranges,
-    pinned to the version it was opened at, the last few kept in memory (tifffile reads an IFD
-    a few bytes at a time)."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__()
-        self.name = url
-        data, self.validator = remote_bytes().read(url, f"0-{TIFF_BLOCK - 1}")
-        if data is None:
-            raise UnreadableSource(url, "not found on the host (HTTP 404)")
-        size = remote_bytes().size(url)
-        self.size = len(data) if size is None and len(data) < TIFF_BLOCK else size
-        if self.size is None:
-            raise UnreadableSource(url, "the host does not say the object's size (no Content-Range or Content-Length)")
-        self.pos = 0
-        self._recent: OrderedDict[int, bytes] = OrderedDict({0: data})
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        end = min(self.pos + len(view), self.size)
-        if end <= self.pos:
-            return 0
-        first, last = self.pos // TIFF_BLOCK, (end - 1) // TIFF_BLOCK
-        blocks = dict(zip(range(first, last + 1), _FETCHERS.map(self._block, range(first, last + 1))))
-        got = 0
-        while self.pos < end:
-            index, offset = divmod(self.pos, TIFF_BLOCK)
-            piece = blocks[index][offset : offset + end - self.pos]
-            view[got : got + len(piece)] = piece
-            got += len(piece)
-            self.pos += len(piece)
-        return got
-
-    def _block(self, index: int) -> bytes:
-        data = self._recent.get(index)
-        if data is None:
-            start = index * TIFF_BLOCK
-            data = _read(self.name, f"{start}-{min(start + TIFF_BLOCK, self.size) - 1}", pinned=self.validator)
-            if data is None:
-                raise UnreadableSource(self.name, "gone from the host (HTTP 404) while being read")
-            self._recent[index] = data
-            while len(self._recent) > 16:
-                self._recent.popitem(last=False)
-        return data
-
-
-class _UrlTiffHandle(TiffHandle):
-    """A TIFF at a URL: the content version is its validator; staleness is found by the
-    pinned reads (the object changed mid-read), not by a stat."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self._validator = RemoteFile(url).validator
-        super().__init__(url, opener=self._open_remote, files=[])
-
-    def _open_remote(self) -> Any:
-        import tifffile
-
-        return tifffile.TiffFile(RemoteFile(self.url), name=self.url.rpartition("/")[2])
-
-    def content_version(self) -> bytes:
-        return hashlib.blake2b(f"{self.url}\0{self._validator}".encode(), digest_size=16).digest()
-
-    def stale_reason(self) -> str | None:
-        return None
-
-
-class _Unstriled:
-    """Remote series are read through tifffile's own store: the strile reader opens the file
-    by path (``_tiff_striles.py``), which a URL has not."""
-
-    def _series_striles(self) -> None:
-        return None
-
-
-class _UrlTiffAdapter(_Unstriled, TiffAdapter):
-    pass
-
-
-class _UrlOmeTiffAdapter(_Unstriled, OmeTiffAdapter):
-    pass
-
-
-class UrlTiffSource(SourceAdapter):
-    """A single TIFF or OME-TIFF file at a URL: its series and stored levels as tensors."""
-
-    format_name = "tiff"
-
-    def __init__(self, url: str, source_id: str) -> None:
-        handle = _UrlTiffHandle(url)
-        try:
-            with handle.use() as opened:
-                tf = opened.tf
-                check_series_extent(handle.path, tf)
-                flavour = _flavour(tf)
-                images = _match_images(list(opened.series), _images(tf.ome_metadata)) if tf.is_ome else None
-            if images is None:
-                tensors, summaries = build_series_tensors(handle, _UrlTiffAdapter)
-            else:
-                tensors, summaries = build_series_tensors(
-                    handle,
-                    _UrlOmeTiffAdapter,
-                    physical=lambda tf, i, s: dict(images[i]["sizes"]) if images[i] else {},
-                    tensor_metadata=lambda tf, i, s: (
-                        {"ome_image": images[i]["name"], "channel_names": images[i]["channel_names"]}
-                        if images[i]
-                        else {}
-                    ),
-                )
-        except BaseException:
-            handle.close()
-            raise
-        self.handle = handle
-        self._url = url
-        super().__init__(
-            None,
-            tensors,
-            source_id=source_id,
-            metadata={"flavour": flavour, "series": summaries, "remote": "http"},
-            source_type=flavour,
-        )
-
-    @property
-    def url(self) -> str:
-        return self._url
-
-    def close(self) -> None:
-        super().close()
-        self.handle.close()
-
-
 # ---- opening ------------------------------------------------------------------------------------
 def open_url_source(url: str, source_id: str) -> SourceAdapter:
     """The image at ``url`` (http/https): a zarr store when its metadata is there, else a TIFF
@@ -374,6 +213,8 @@ def open_url_source(url: str, source_id: str) -> SourceAdapter:
     looks_tiff = url.lower().rstrip("/").endswith((".tif", ".tiff", ".btf", ".tf8", ".svs"))
     if not looks_tiff and is_zarr_folder(UrlPath(url)):
         return UrlZarrSource(url, source_id)
+    from tensor_server.adapters._url_tiff import TIFF_BLOCK, UrlTiffSource
+
     head = _read(url, f"0-{TIFF_BLOCK - 1}")
     if head is None:
         raise UnreadableSource(url, "not found on the host (HTTP 404), and no zarr metadata under it")

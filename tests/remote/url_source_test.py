@@ -152,3 +152,27 @@ def test_an_s3_image_is_added_by_url_and_a_missing_one_refused(s3_data):
             sdk.register_local_path(f"s3://{BUCKET}/nothing.ome.zarr")
         assert [r.source_id for r in cat.records()] == [sid]
     cat.close()
+
+
+def test_a_cold_tiff_read_fetches_its_tiles_together(tmp_path, monkeypatch):
+    """Read tile by tile (strile mode, as a page too large to decode whole is), a read's
+    tiles are fetched ahead at once, adjacent blocks merged: a 1024² page of 64 zlib tiles
+    (~2 MB, 8 blocks of 256 KiB) arrives in one request, where tifffile's tile-by-tile reads
+    would ask for each block in turn."""
+    import tifffile
+
+    from tensor_server.adapters._tiff_series import STRILE_CHUNKMODE, TiffPageSeriesAdapter
+    from tensor_server.testing.range_host import range_host
+    from tests.remote.conftest import remote_config
+
+    monkeypatch.setattr(TiffPageSeriesAdapter, "page_mode_max_bytes", 1)
+    plane = np.random.default_rng(8).integers(0, 60000, (1024, 1024), dtype=np.uint16)
+    tifffile.imwrite(tmp_path / "big.tif", plane, tile=(128, 128), compression="zlib")
+    with range_host(tmp_path) as host, remote_config(tmp_path / "cache"):
+        src = open_url_source(f"{host.url}/big.tif", "big")
+        (t,) = src.tensors.values()
+        assert t.chunkmode == STRILE_CHUNKMODE
+        host.reset()
+        np.testing.assert_array_equal(_all(t), plane)
+        assert host.count(method="GET") <= 2, host.requests  # 8 blocks: one run (two if the first was cached)
+        src.close()
