@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tensor_server.adapters._url_fetch import Reply, http_request
+from tensor_server.adapters._url_fetch import Reply, http_request, s3_request
 from tensor_server.adapters._url_rules import RemoteSettings, remote_settings
 from tensor_server.errors import UnreadableSource
 
@@ -289,6 +289,8 @@ class RemoteBytes:
             gate = self._hosts.setdefault(host, threading.BoundedSemaphore(self.settings.per_host))
             self.requests += 1
         with gate:
+            if url.startswith("s3://"):
+                return s3_request(url, method=method, byte_range=byte_range, settings=self.settings)
             return http_request(url, method=method, byte_range=byte_range, settings=self.settings)
 
     def _once(self, key: tuple[str, str, str], fetch: Any) -> tuple[bytes | None, str]:

@@ -1,4 +1,4 @@
-"""One HTTP(S) request to a remote image, under the host rule and a deadline.
+"""One HTTP(S) (or S3) request to a remote image, under the host rule and a deadline.
 
 Why not fsspec's HTTP filesystem: the host rule has to hold at the socket. aiohttp resolves
 the host again when it connects (a hostile DNS server can answer a public address to the
@@ -26,7 +26,7 @@ from urllib.parse import urljoin, urlsplit
 from tensor_server.adapters._url_rules import RemoteSettings, checked_addresses, remote_settings
 from tensor_server.errors import PermissionDenied, RemoteUnavailable, UnreadableSource
 
-__all__ = ["Reply", "http_request"]
+__all__ = ["Reply", "http_request", "s3_request"]
 
 _READ_BLOCK = 1 << 20
 _IDLE_PER_HOST = 8
@@ -103,6 +103,51 @@ def http_request(
             )
         url = target
     raise UnreadableSource(first, f"more than {settings.follow_redirects} redirects")
+
+
+def s3_request(url: str, *, method: str = "GET", byte_range: str = "", settings: RemoteSettings | None = None) -> Reply:
+    """``http_request`` for ``s3://bucket/key``, through s3fs (credentials and endpoint are the
+    server's own configuration, ``zarr_remote.storage_options``): the same ``Reply``, its
+    ETag, size and 404 as an HTTP host would say them."""
+    from fsspec.asyn import sync
+    from fsspec.core import url_to_fs
+
+    from tensor_server.adapters.zarr_remote import storage_options
+
+    settings = settings or remote_settings()
+    bucket, _, key = url.partition("://")[2].partition("/")
+    try:
+        fs, _ = url_to_fs(url, **storage_options("s3"))
+    except ImportError as exc:
+        raise UnreadableSource(
+            url, f"no filesystem for s3:// is installed ({exc}); pip install 'tensor-server[s3]'"
+        ) from None
+
+    async def ask() -> Reply:
+        args = {"Bucket": bucket, "Key": key, **({"Range": f"bytes={byte_range}"} if byte_range else {})}
+        try:
+            out = await fs._call_s3("head_object" if method == "HEAD" else "get_object", **args)
+        except FileNotFoundError:
+            return Reply(404, {}, b"", url)
+        body = b"" if method == "HEAD" else await out["Body"].read()
+        headers = {
+            "etag": str(out.get("ETag", "")),
+            "content-length": str(out.get("ContentLength", len(body))),
+            "content-range": str(out.get("ContentRange") or ""),
+            "last-modified": str(out.get("LastModified", "")),
+        }
+        return Reply(206 if headers["content-range"] else 200, headers, body, url)
+
+    try:
+        return sync(fs.loop, ask, timeout=settings.timeout)
+    except (TimeoutError, ConnectionError) as exc:
+        raise RemoteUnavailable(url, f"the store did not answer within {settings.timeout:g} s ({exc})") from None
+    except PermissionError as exc:
+        raise UnreadableSource(url, f"access denied: {exc}") from None
+    except OSError as exc:
+        if "InvalidRange" in str(exc):
+            return Reply(416, {}, b"", url)
+        raise UnreadableSource(url, f"{type(exc).__name__}: {exc}") from None
 
 
 def _one_request(url: str, method: str, byte_range: str, settings: RemoteSettings, deadline: float) -> Reply:

@@ -215,7 +215,7 @@ class UrlTiffSource(SourceAdapter):
             None,
             tensors,
             source_id=source_id,
-            metadata={"flavour": flavour, "series": summaries, "remote": "http"},
+            metadata={"flavour": flavour, "series": summaries, "remote": url.partition("://")[0]},
             source_type=flavour,
         )
 

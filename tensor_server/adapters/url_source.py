@@ -33,12 +33,13 @@ from tensor_server.adapters._url_rules import (
 )
 from tensor_server.adapters._zarr_store import StoreWalker, ZarrNode, is_zarr_folder
 from tensor_server.core.adapter_base import SourceAdapter
-from tensor_server.errors import InvalidArgument, UnreadableSource
+from tensor_server.errors import UnreadableSource
 
 __all__ = [
     "RemoteSettings",
     "UrlPath",
     "checked_addresses",
+    "is_image_url",
     "open_url_source",
     "remote_settings",
     "set_remote_settings",
@@ -192,7 +193,7 @@ class UrlZarrSource(SourceAdapter):
     def __init__(self, url: str, source_id: str) -> None:
         walker = _UrlWalker(UrlPath(url))
         tensors, metadata, is_ome = walker.build()
-        metadata["remote"] = "http"
+        metadata["remote"] = url.partition("://")[0]
         self._url = url.rstrip("/")
         super().__init__(
             None, tensors, source_id=source_id, metadata=metadata, source_type="ome-zarr" if is_ome else "zarr"
@@ -205,13 +206,21 @@ class UrlZarrSource(SourceAdapter):
 
 
 # ---- opening ------------------------------------------------------------------------------------
+def _looks_tiff(url: str) -> bool:
+    return url.lower().rstrip("/").endswith((".tif", ".tiff", ".btf", ".tf8", ".svs"))
+
+
+def is_image_url(url: str) -> bool:
+    """Whether ``url`` names one image (a TIFF file name, or zarr metadata right there),
+    rather than a prefix to list (an ``s3://`` folder of stores)."""
+    return _looks_tiff(url) or is_zarr_folder(UrlPath(url))
+
+
 def open_url_source(url: str, source_id: str) -> SourceAdapter:
-    """The image at ``url`` (http/https): a zarr store when its metadata is there, else a TIFF
-    when its first bytes say so; otherwise an error naming the URL and what was found."""
-    if url_scheme(url) not in ("http", "https"):
-        raise InvalidArgument(f"{url[:200]}: open_url_source reads http(s) URLs; s3:// roots are listed")
-    looks_tiff = url.lower().rstrip("/").endswith((".tif", ".tiff", ".btf", ".tf8", ".svs"))
-    if not looks_tiff and is_zarr_folder(UrlPath(url)):
+    """The image at ``url`` (https, http, s3): a zarr store when its metadata is there, else a
+    TIFF when its first bytes say so; otherwise an error naming the URL and what was found."""
+    url_scheme(url)
+    if not _looks_tiff(url) and is_zarr_folder(UrlPath(url)):
         return UrlZarrSource(url, source_id)
     from tensor_server.adapters._url_tiff import TIFF_BLOCK, UrlTiffSource
 

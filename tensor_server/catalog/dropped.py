@@ -262,7 +262,7 @@ class DroppedPaths:
     def _add_url(self, url: str) -> Iterator[AddProgress | AddTally]:
         """A remote image (or an s3:// prefix) as a root of this server's lifetime (module
         docstring): the tally, or an error naming the URL and the reason."""
-        from tensor_server.adapters.url_source import checked_addresses, open_url_source, url_scheme
+        from tensor_server.adapters.url_source import checked_addresses, is_image_url, open_url_source, url_scheme
         from tensor_server.adapters.zarr_remote import public_url
         from tensor_server.catalog.remote import scan_remote_root
         from tensor_server.core.identity import source_id_for_url
@@ -270,7 +270,7 @@ class DroppedPaths:
         scheme = url_scheme(url.strip())
         url, shown = url.strip(), public_url(url.strip()).rstrip("/")
         tally = AddTally()
-        if scheme == "s3":
+        if scheme == "s3" and not is_image_url(url):  # a prefix: its stores, listed
             scan_remote_root(self.catalog, url)
             rows = [r for r in self.catalog.records() if r.url == shown or r.url.startswith(shown + "/")]
             if all(not r.is_resolved for r in rows):
@@ -281,7 +281,8 @@ class DroppedPaths:
                 self._urls[shown] = url
             tally.added = [r.source_id for r in rows if r.is_resolved]
         else:
-            checked_addresses(url)  # the host rule before any byte is fetched
+            if scheme != "s3":
+                checked_addresses(url)  # the host rule before any byte is fetched
             sid = source_id_for_url(shown)
             try:
                 src = open_url_source(url, sid)

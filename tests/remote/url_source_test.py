@@ -136,22 +136,46 @@ def test_an_https_root_is_served(url_host):
     cat.close()
 
 
-def test_an_s3_image_is_added_by_url_and_a_missing_one_refused(s3_data):
-    """``add_source("s3://bucket/image.ome.zarr")``: listed like an s3:// root (moto on
-    loopback: the endpoint is the server's own configuration, not the client's)."""
-    from tests.remote.conftest import BUCKET
+def test_an_s3_image_is_added_by_url_and_a_missing_one_refused(s3_data, tmp_path):
+    """``add_source("s3://bucket/image.ome.zarr")`` opens that image through the byte cache
+    (moto on loopback; the endpoint is the server's own configuration, never the client's):
+    reads equal what was written, a second session after a restart asks the store nothing; a
+    prefix (``s3://bucket/run1``) is listed for its stores; a missing one is refused."""
+    from tensor_server.adapters._remote_bytes import remote_bytes
+    from tests.remote.conftest import BUCKET, remote_config
 
     local, written = s3_data
+    url = f"s3://{BUCKET}/run1/cells.ome.zarr"
     cat = Catalog([])
-    with serving(cat) as srv:
+    with remote_config(tmp_path / "bytes"), serving(cat) as srv:
         sdk = client_for(srv)
-        (sid,) = sdk.register_local_path(f"s3://{BUCKET}/run1/cells.ome.zarr").added
-        image_id = cat.get_record(sid).source.tensor("image").array_id
-        np.testing.assert_array_equal(sdk.get_tensor(image_id).compute(), written["image"])
+        (sid,) = sdk.register_local_path(url).added
+        rec = cat.get_record(sid)
+        assert rec.source.metadata["remote"] == "s3" and rec.url == url
+        image = rec.source.tensor("image")
+        np.testing.assert_array_equal(sdk.get_tensor(image.array_id).compute(), written["image"])
+        np.testing.assert_array_equal(_all(image.native_levels[1].tensor), _zarr_direct_s3(url, "2"))
+        reset_remote_bytes()  # a restart
+        again = open_url_source(url, "again").tensor("image")
+        np.testing.assert_array_equal(_all(again), written["image"])
+        assert remote_bytes().requests == 0
+        listed = sdk.register_local_path(f"s3://{BUCKET}/run1").added
+        assert sorted(cat.get_record(s).url for s in listed) == [url, f"s3://{BUCKET}/run1/vol.zarr"]
         with pytest.raises(flight.FlightServerError, match=f"s3://{BUCKET}/nothing.ome.zarr"):
             sdk.register_local_path(f"s3://{BUCKET}/nothing.ome.zarr")
-        assert [r.source_id for r in cat.records()] == [sid]
     cat.close()
+
+
+def _zarr_direct_s3(url: str, path: str) -> np.ndarray:
+    import zarr
+    from zarr.storage import FsspecStore
+
+    from tests.remote.conftest import s3fs_client
+
+    store = FsspecStore(
+        s3fs_client().__class__(skip_instance_cache=True, asynchronous=True), path=url[5:], read_only=True
+    )
+    return np.asarray(zarr.open_array(store=store, path=path, mode="r")[...])
 
 
 def test_a_cold_tiff_read_fetches_its_tiles_together(tmp_path, monkeypatch):
