@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -35,9 +36,11 @@ from urllib.parse import urlsplit
 
 from tensor_server.adapters._url_fetch import Reply, http_request, s3_request
 from tensor_server.adapters._url_rules import RemoteSettings, remote_settings
-from tensor_server.errors import UnreadableSource
+from tensor_server.errors import RemoteUnavailable, UnreadableSource
 
 __all__ = ["ABSENT", "FETCHERS", "RemoteBytes", "remote_bytes", "reset_remote_bytes"]
+
+log = logging.getLogger(__name__)
 
 #: the validator of an object the host answered 404 / 410 for
 ABSENT = "absent"
@@ -218,13 +221,21 @@ class RemoteBytes:
 
     def _current_validator(self, url: str) -> str:
         """The validator known for ``url``, revalidated (one HEAD) when older than
-        ``revalidate_seconds``; "" when never seen."""
+        ``revalidate_seconds``; "" when never seen. A host that does not answer the HEAD
+        leaves the cached copy served (stale if the host is down, rather than nothing), and
+        is asked again a period later, not at every read."""
         meta = self.store.meta(url)
         if meta is None:
             return ""
+        known = str(meta["validator"])
         if time.time() - meta["checked_at"] < self.settings.revalidate_seconds:
-            return str(meta["validator"])
-        _, validator = self._once(("head", url, ""), lambda: self._head(url, str(meta["validator"])))
+            return known
+        try:
+            _, validator = self._once(("head", url, ""), lambda: self._head(url, known))
+        except RemoteUnavailable as exc:
+            log.warning("%s: cannot revalidate (%s); serving the cached copy", url, exc.reason)
+            self.store.set_meta(url, known, time.time(), meta.get("size"))
+            return known
         return validator
 
     def _head(self, url: str, known: str) -> tuple[None, str]:

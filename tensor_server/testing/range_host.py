@@ -5,7 +5,7 @@ Why our own: ``http.server`` answers no ``Range``, and a remote read is about ra
 and delays. This one serves a folder with ETags (from each file's size and mtime), ``HEAD``,
 ``Range: bytes=a-b`` / ``a-`` / ``-n``, a per-request ``latency``, and a log of every request
 (``requests``: method, path, range) so a test counts what reached the host. Faults by path:
-``stall`` (headers, then silence), ``html`` (a 200 login page), ``redirect`` (a path ->
+``stall`` (a GET: headers and a few bytes, then silence; a HEAD: silence), ``html`` (a 200 login page), ``redirect`` (a path ->
 another URL).
 """
 
@@ -121,6 +121,10 @@ def _handler(host: RangeHost) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
         def _send_stall(self) -> None:
+            if self.command == "HEAD":  # nothing at all
+                host.released.wait(30)
+                self.close_connection = True
+                return
             self.send_response(200)
             self.send_header("Content-Length", "1000000")
             self.end_headers()

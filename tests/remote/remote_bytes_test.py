@@ -17,7 +17,7 @@ from tensor_server.adapters._remote_bytes import ABSENT, RemoteBytes
 from tensor_server.adapters.url_source import RemoteSettings, open_url_source
 from tensor_server.catalog import Catalog
 from tensor_server.core.bounds import Bounds
-from tensor_server.errors import UnreadableSource
+from tensor_server.errors import RemoteUnavailable, UnreadableSource
 from tensor_server.testing import serving
 from tensor_server.testing.range_host import range_host
 from tests.flight.conftest import client_for
@@ -155,3 +155,14 @@ def test_sixteen_sdk_clients_on_one_cold_chunk_cause_one_remote_fetch(url_host):
     for g in got:
         np.testing.assert_array_equal(g, url_host.written["image"][:1, :64, :64])
     assert url_host.count("/cells.ome.zarr/0/0.0.0") == 1, url_host.requests
+
+
+def test_a_host_down_at_revalidation_leaves_the_cached_copy_served(host, tmp_path):
+    store = RemoteBytes(_settings(tmp_path, revalidate_seconds=0, timeout=1.0))
+    url = f"{host.url}/obj.bin"
+    assert store.read(url, "0-9")[0] == bytes(range(10))
+    host.stall.add("/obj.bin")
+    assert store.read(url, "0-9")[0] == bytes(range(10))  # the HEAD stalled: the cached copy
+    assert [m for m, _, _ in host.requests] == ["GET", "HEAD"]
+    with pytest.raises(RemoteUnavailable, match="obj.bin: the host did not answer within 1 s"):
+        store.read(url, "10-19")  # not cached: nothing to serve
