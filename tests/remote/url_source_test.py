@@ -200,3 +200,30 @@ def test_a_cold_tiff_read_fetches_its_tiles_together(tmp_path, monkeypatch):
         np.testing.assert_array_equal(_all(t), plane)
         assert host.count(method="GET") <= 2, host.requests  # 8 blocks: one run (two if the first was cached)
         src.close()
+
+
+def test_a_plate_by_url_lists_its_wells_from_its_metadata(tmp_path):
+    """An HCS plate needs no listing either: the plate names its wells, a well its fields."""
+    import zarr
+
+    from tensor_server.testing.range_host import range_host
+    from tests.remote.conftest import remote_config, write_ome_zarr
+
+    plate = tmp_path / "plate.ome.zarr"
+    fields = {}
+    for row, col in (("A", "1"), ("B", "2")):
+        fields[f"{row}/{col}/0"] = write_ome_zarr(plate / row / col / "0", seed=ord(row))["image"]
+        zarr.open_group(str(plate / row / col), mode="a", zarr_format=2).attrs["well"] = {"images": [{"path": "0"}]}
+        zarr.open_group(str(plate / row), mode="a", zarr_format=2)
+    zarr.open_group(str(plate), mode="a", zarr_format=2).attrs["plate"] = {
+        "rows": [{"name": "A"}, {"name": "B"}],
+        "columns": [{"name": "1"}, {"name": "2"}],
+        "wells": [{"path": "A/1", "rowIndex": 0, "columnIndex": 0}, {"path": "B/2", "rowIndex": 1, "columnIndex": 1}],
+    }
+    with range_host(tmp_path) as host, remote_config(tmp_path / "cache"):
+        src = open_url_source(f"{host.url}/plate.ome.zarr", "plate")
+        assert src.metadata["layout"] == "plate"
+        assert sorted(f for f in src.tensors if "@labels" not in f) == ["A/1/0", "B/2/0", "plate"]
+        for name, image in fields.items():
+            np.testing.assert_array_equal(_all(src.tensor(name)), image)
+        src.close()
