@@ -125,6 +125,31 @@ def test_added_by_url_through_the_sdk_and_served(url_host):
     cat.close()
 
 
+def test_a_restarted_server_serves_the_second_session_without_the_host(url_host):
+    """Through the doors: a server reads a region of the URL root, stops; a new server over
+    the same byte cache (a restart) opens the root and reads the region with no request
+    reaching the host, the same pixels and the same chunk ids (content version)."""
+    url = f"{url_host.url}/cells.ome.zarr"
+    got, ids, counts = [], [], []
+    for _ in range(2):
+        reset_remote_bytes()
+        url_host.reset()
+        cat = Catalog([url])
+        cat.scan()
+        (rec,) = cat.records()
+        image_id = rec.source.tensor("image").array_id
+        with serving(cat) as srv:
+            sdk = client_for(srv)
+            got.append(sdk.get_tensor(image_id)[:, 64:192, 64:192].compute())
+            ids.append(rec.source.tensor("image").content_version)
+        cat.close()
+        counts.append(url_host.count())
+    assert counts[0] > 0 and counts[1] == 0, counts
+    np.testing.assert_array_equal(got[0], url_host.written["image"][:, 64:192, 64:192])
+    np.testing.assert_array_equal(got[1], got[0])
+    assert ids[0] == ids[1]
+
+
 def test_an_https_root_is_served(url_host):
     """``serve https://...``: a URL root is one image, opened by the scan."""
     cat = Catalog([f"{url_host.url}/img.ome.tif"])
