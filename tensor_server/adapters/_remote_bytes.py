@@ -188,8 +188,9 @@ class RemoteBytes:
         self._inflight: dict[tuple[str, str, str], Future[Any]] = {}
         self._lock = threading.Lock()
         self._hosts: dict[str, threading.BoundedSemaphore] = {}
-        #: requests sent to remote hosts (tests and stats)
+        #: requests sent to remote hosts, and reads the cache answered (the metrics, tests)
         self.requests = 0
+        self.hits = 0
 
     def read(self, url: str, byte_range: str = "", *, pinned: str | None = None) -> tuple[bytes | None, str]:
         """(bytes, validator) of ``url``'s ``byte_range`` (``"a-b"`` inclusive, ``"-n"`` the
@@ -204,11 +205,21 @@ class RemoteBytes:
         if validator:
             data = self.store.get(url, validator, byte_range)
             if data is not None:
+                self.hits += 1  # a racy count: a statistic, not worth a lock per hit
                 return data, validator
         data, got = self._once(("get", url, byte_range), lambda: self._fetch(url, byte_range))
         if pinned is not None and got != pinned:
             raise UnreadableSource(url, f"changed on the host while it was being read ({pinned} -> {got}); open again")
         return data, got
+
+    def stats(self) -> dict[str, int]:
+        """Requests sent, cache hits, bytes held and the budget (the metrics door)."""
+        return {
+            "requests": self.requests,
+            "hits": self.hits,
+            "bytes": self.store.total,
+            "max_bytes": self.store.max_bytes,
+        }
 
     def size(self, url: str) -> int | None:
         """The object's size (one HEAD when not known yet); None when absent or not said."""

@@ -129,8 +129,10 @@ def test_a_restarted_server_serves_the_second_session_without_the_host(url_host)
     """Through the doors: a server reads a region of the URL root, stops; a new server over
     the same byte cache (a restart) opens the root and reads the region with no request
     reaching the host, the same pixels and the same chunk ids (content version)."""
+    from tests.service.metrics_test import scrape
+
     url = f"{url_host.url}/cells.ome.zarr"
-    got, ids, counts = [], [], []
+    got, ids, counts, scraped = [], [], [], []
     for _ in range(2):
         reset_remote_bytes()
         url_host.reset()
@@ -138,13 +140,17 @@ def test_a_restarted_server_serves_the_second_session_without_the_host(url_host)
         cat.scan()
         (rec,) = cat.records()
         image_id = rec.source.tensor("image").array_id
-        with serving(cat) as srv:
+        with serving(cat, metrics_port=0) as srv:
             sdk = client_for(srv)
             got.append(sdk.get_tensor(image_id)[:, 64:192, 64:192].compute())
             ids.append(rec.source.tensor("image").content_version)
+            scraped.append(scrape(srv))
         cat.close()
         counts.append(url_host.count())
     assert counts[0] > 0 and counts[1] == 0, counts
+    # the metrics say the same: the first session's requests, the second's hits and none sent
+    assert [m[("tensor_server_remote_requests_total", frozenset())] for m in scraped] == [counts[0], 0]
+    assert scraped[1][("tensor_server_remote_hits_total", frozenset())] > 0
     np.testing.assert_array_equal(got[0], url_host.written["image"][:, 64:192, 64:192])
     np.testing.assert_array_equal(got[1], got[0])
     assert ids[0] == ids[1]
