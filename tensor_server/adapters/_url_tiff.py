@@ -48,9 +48,11 @@ class RemoteFile(io.RawIOBase):
         if data is None:
             raise UnreadableSource(url, "not found on the host (HTTP 404)")
         size = remote_bytes().size(url)
-        self.size = len(data) if size is None and len(data) < TIFF_BLOCK else size
-        if self.size is None:
+        if size is None and len(data) < TIFF_BLOCK:
+            size = len(data)  # the whole object fitted in the first block
+        if size is None:
             raise UnreadableSource(url, "the host does not say the object's size (no Content-Range or Content-Length)")
+        self.size: int = size
         self.pos = 0
         self._recent: OrderedDict[int, bytes] = OrderedDict({0: data})
 
@@ -135,7 +137,7 @@ class _RemoteSeries:
     """What a remote series does differently: no strile reader (it preads a path), and the
     tiles of a read prefetched together (the module docstring)."""
 
-    handle: _UrlTiffHandle
+    handle: Any  # the _UrlTiffHandle TiffPageSeriesAdapter holds
     series_index: int
     level: int
     chunkmode: int

@@ -178,7 +178,7 @@ class _UrlWalker(StoreWalker):
     def chunk_files(self, node: ZarrNode, array: Any) -> None:
         return None  # no files to stat: the metadata's ETags make the version
 
-    def version_of(self, *nodes: ZarrNode, chunk_files: None = None) -> bytes:
+    def version_of(self, *nodes: ZarrNode, chunk_files: Any = None) -> bytes:
         h = hashlib.blake2b(digest_size=16)
         for f in (f for n in nodes for f in n.meta_files):
             h.update(f"{f}\0{remote_bytes().read(str(f))[1]}\n".encode())
