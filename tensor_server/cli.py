@@ -89,6 +89,7 @@ def _install_remote(settings) -> None:
             per_host=int(settings.remote_per_host),
             cache_dir=settings.remote_cache_dir or str(default_cache_dir() / "remote"),
             cache_max_bytes=int(settings.remote_cache_max_bytes),
+            max_object_bytes=int(settings.remote_max_object_bytes),
             operator_hosts=root_hosts,
         )
     )

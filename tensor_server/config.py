@@ -82,6 +82,7 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     per_host = 8                # requests in flight at once to one host
     cache_dir = "/var/cache/tensor-server/remote"  # the raw-byte cache (default: <cache home>/remote)
     cache_max_bytes = 2147483648
+    max_object_bytes = 1073741824  # one larger answer is refused (never read whole)
 
     [log]
     format = "text"             # or "json": one object per line (the request log too)
@@ -216,6 +217,7 @@ class Settings:
     remote_per_host: int = 8
     remote_cache_dir: str | None = None
     remote_cache_max_bytes: int = 2 << 30
+    remote_max_object_bytes: int = 1 << 30
 
     def pyramid_policy(self):  # core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -277,6 +279,7 @@ _KEYS = {
     ("remote", "per_host"): "remote_per_host",
     ("remote", "cache_dir"): "remote_cache_dir",
     ("remote", "cache_max_bytes"): "remote_cache_max_bytes",
+    ("remote", "max_object_bytes"): "remote_max_object_bytes",
 }
 
 

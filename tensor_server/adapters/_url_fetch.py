@@ -129,6 +129,11 @@ def s3_request(url: str, *, method: str = "GET", byte_range: str = "", settings:
             out = await fs._call_s3("head_object" if method == "HEAD" else "get_object", **args)
         except FileNotFoundError:
             return Reply(404, {}, b"", url)
+        if method != "HEAD" and int(out.get("ContentLength") or 0) > settings.max_object_bytes:
+            out["Body"].close()
+            raise UnreadableSource(
+                url, f"the answer is larger than [remote] max_object_bytes ({settings.max_object_bytes}): refused"
+            )
         body = b"" if method == "HEAD" else await out["Body"].read()
         headers = {
             "etag": str(out.get("ETag", "")),
@@ -170,7 +175,7 @@ def _one_request(url: str, method: str, byte_range: str, settings: RemoteSetting
             break
         conn = _connection(host, port, address, tls, remaining)
         try:
-            return _exchange(conn, url, method, target, headers, deadline)
+            return _exchange(conn, url, method, target, headers, deadline, settings.max_object_bytes)
         except ssl.SSLCertVerificationError as exc:
             conn.close()
             raise UnreadableSource(url, f"TLS certificate not valid for {host}: {exc.verify_message}") from None
@@ -182,9 +187,16 @@ def _one_request(url: str, method: str, byte_range: str, settings: RemoteSetting
 
 
 def _exchange(
-    conn: _PinnedConnection, url: str, method: str, target: str, headers: dict[str, str], deadline: float
+    conn: _PinnedConnection,
+    url: str,
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    deadline: float,
+    max_bytes: int,
 ) -> Reply:
-    """One request on ``conn``; the body read in blocks, each under what is left of the deadline."""
+    """One request on ``conn``; the body read in blocks, each under what is left of the
+    deadline, and refused past ``max_bytes`` (a hostile URL must not fill the memory)."""
     try:
         conn.request(method, target, headers=headers)
         resp = conn.getresponse()
@@ -194,7 +206,8 @@ def _exchange(
         conn.request(method, target, headers=headers)
         resp = conn.getresponse()
     got = {k.lower(): v for k, v in resp.getheaders()}
-    blocks = []
+    blocks: list[bytes] = []
+    received = 0
     while True:  # a HEAD's read is empty at once, and leaves the connection ready for the next
         left = deadline - time.monotonic()
         if left <= 0:
@@ -204,6 +217,12 @@ def _exchange(
         block = resp.read(_READ_BLOCK)
         if not block:
             break
+        received += len(block)
+        if received > max_bytes:
+            conn.close()
+            raise UnreadableSource(
+                url, f"the answer is larger than [remote] max_object_bytes ({max_bytes}): refused, not read whole"
+            )
         blocks.append(block)
     if resp.will_close:
         conn.close()

@@ -53,6 +53,9 @@ class RemoteSettings:
     cache_dir: str | None = None
     cache_max_bytes: int = 2 << 30
     follow_redirects: int = 5
+    #: a single answer larger than this is refused (a hostile URL must not fill the memory;
+    #: zarr reads a whole shard in one answer when a read covers it)
+    max_object_bytes: int = 1 << 30
     #: hosts the operator listed as roots: trusted as allowed_hosts are (never a client's URL)
     operator_hosts: tuple[str, ...] = field(default=())
 

@@ -166,3 +166,11 @@ def test_a_host_down_at_revalidation_leaves_the_cached_copy_served(host, tmp_pat
     assert [m for m, _, _ in host.requests] == ["GET", "HEAD"]
     with pytest.raises(RemoteUnavailable, match="obj.bin: the host did not answer within 1 s"):
         store.read(url, "10-19")  # not cached: nothing to serve
+
+
+def test_an_answer_larger_than_max_object_bytes_is_refused(host, tmp_path):
+    store = RemoteBytes(_settings(tmp_path, max_object_bytes=500))
+    url = f"{host.url}/obj.bin"
+    assert store.read(url, "0-399")[0] == (bytes(range(256)) * 2)[:400]  # a range within the bound
+    with pytest.raises(UnreadableSource, match="obj.bin: the answer is larger than .remote. max_object_bytes .500."):
+        store.read(url)  # the whole 1024-byte object

@@ -179,7 +179,7 @@ def test_the_remote_section_of_the_config_reaches_every_remote_read(tmp_path):
     config = tmp_path / "server.toml"
     config.write_text(
         '[remote]\nallowed_hosts = ["data.lab.org"]\ntimeout = 7.5\nrevalidate_seconds = 30\n'
-        f'per_host = 4\ncache_dir = "{tmp_path / "bytes"}"\ncache_max_bytes = 1000000\n'
+        f'per_host = 4\ncache_dir = "{tmp_path / "bytes"}"\ncache_max_bytes = 1000000\nmax_object_bytes = 5000\n'
     )
     settings = load_settings(config, roots=["http://10.0.0.5:8000/img.ome.zarr", "/data"])
     old = remote_settings()
@@ -189,6 +189,6 @@ def test_the_remote_section_of_the_config_reaches_every_remote_read(tmp_path):
     finally:
         set_remote_settings(old)
     assert (got.allowed_hosts, got.timeout, got.revalidate_seconds, got.per_host) == (("data.lab.org",), 7.5, 30, 4)
-    assert (got.cache_dir, got.cache_max_bytes) == (str(tmp_path / "bytes"), 1000000)
+    assert (got.cache_dir, got.cache_max_bytes, got.max_object_bytes) == (str(tmp_path / "bytes"), 1000000, 5000)
     assert got.operator_hosts == ("10.0.0.5:8000",) and got.allows_listed("10.0.0.5", 8000)
     assert not got.allows_listed("10.0.0.5", 9000)
