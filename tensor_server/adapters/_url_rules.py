@@ -112,6 +112,11 @@ def checked_addresses(url: str, settings: RemoteSettings | None = None) -> list[
     settings = settings or remote_settings()
     parts = urlsplit(url)
     host = parts.hostname or ""
+    if "@" in parts.netloc:
+        raise InvalidArgument(
+            f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path[:200]}: a URL with credentials "
+            "(user:password@) is refused: this server does not send them, and they would show in errors and logs"
+        )
     if not host:
         raise InvalidArgument(f"{url[:200]}: no host in the URL")
     listed = settings.allows_listed(host, parts.port)

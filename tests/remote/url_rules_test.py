@@ -192,3 +192,9 @@ def test_the_remote_section_of_the_config_reaches_every_remote_read(tmp_path):
     assert (got.cache_dir, got.cache_max_bytes, got.max_object_bytes) == (str(tmp_path / "bytes"), 1000000, 5000)
     assert got.operator_hosts == ("10.0.0.5:8000",) and got.allows_listed("10.0.0.5", 8000)
     assert not got.allows_listed("10.0.0.5", 9000)
+
+
+def test_a_url_with_credentials_is_refused_without_echoing_them():
+    with pytest.raises(InvalidArgument, match="with credentials") as err:
+        checked_addresses("https://alice:s3cr3t@example.org/x.ome.zarr", DEFAULT)
+    assert "s3cr3t" not in str(err.value) and "example.org/x.ome.zarr" in str(err.value)
