@@ -38,7 +38,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -183,9 +183,11 @@ def _montage_level(
     divided by the factor (exact: the layout is aligned to it), other extents the level's."""
     level_placed = [
         _Placed(
-            replace(p.tile, tensor=_level(p.tile.tensor, scale)), (p.origin[0] // scale[y], p.origin[1] // scale[x])
+            Tile(t.group, t.name, t.row, t.column, t.slot, _level(t.tensor, scale)),  # not replace(): 4x slower
+            (p.origin[0] // scale[y], p.origin[1] // scale[x]),
         )
         for p in placed
+        for t in (p.tile,)
     ]
     level_shape = list(level_placed[0].tile.tensor.shape)
     level_shape[y], level_shape[x] = shape[y] // scale[y], shape[x] // scale[x]

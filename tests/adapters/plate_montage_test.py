@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -233,6 +234,49 @@ def test_opening_reads_metadata_only(tmp_path):
         for _well, _field, ((y0, x0), (y1, x1)) in _boxes(layout):
             box = Bounds((0, y0, x0), (2, y1, x1))
             assert covering_value(montage.uniform_blocks(box), box) == 0
+
+
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+def test_opening_builds_no_zarr_array_and_lists_no_chunk_folder(tmp_path, monkeypatch, version):
+    """The open reads each field's array metadata as JSON: no zarr-python array is opened or
+    built, no chunk folder listed, no chunk file stat'ed; a read of one field's box builds
+    that field's level-0 array alone (the plate's 3 fields of 3 levels are 9 arrays) and
+    reads its pixels."""
+    from tensor_server.adapters import _zarr_array
+
+    path = _write_plate(tmp_path / "p.ome.zarr", version, RAGGED)
+    calls = {"open_array": 0, "built": [], "listed": 0, "stat": 0}
+    real_build, real_listing, real_stat = _zarr_array.StoredArray._build, _zarr_array.stored_files, os.stat
+    real_open_array = zarr.open_array
+
+    def build(self):
+        calls["built"].append(self.path)
+        return real_build(self)
+
+    def listing(folder):
+        calls["listed"] += 1
+        return real_listing(folder)
+
+    def counted_open_array(*args, **kwargs):
+        calls["open_array"] += 1
+        return real_open_array(*args, **kwargs)
+
+    def stat(p, *args, **kwargs):
+        name = os.fspath(p)
+        calls["stat"] += name.startswith(f"{path}/") and "/s0/" in name  # a level 0 chunk file or folder
+        return real_stat(p, *args, **kwargs)
+
+    monkeypatch.setattr(_zarr_array.StoredArray, "_build", build)
+    monkeypatch.setattr(_zarr_array, "stored_files", listing)
+    monkeypatch.setattr(zarr, "open_array", counted_open_array)
+    monkeypatch.setattr(os, "stat", stat)
+    with tensor_server.open(path) as src:
+        assert calls == {"open_array": 0, "built": [], "listed": 0, "stat": 0}
+        montage = src.tensor("plate")
+        (y0, x0), (y1, x1) = montage.metadata["montage"]["wells"][1]["fields"][0]["box"]  # B/3/0
+        got = montage.get_data(Bounds((0, y0, x0), (2, y1, x1)))
+        assert calls["built"] == ["B/3/0/s0"] and calls["open_array"] == 0
+    np.testing.assert_array_equal(got, _field_levels(path, "B/3", "0")[0])
 
 
 def _metadata_only_plate(path: Path, rows: int, columns: int) -> Path:
