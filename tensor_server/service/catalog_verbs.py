@@ -22,9 +22,11 @@ from tensor_server.catalog.catalog import SourceRecord
 from tensor_server.catalog.dropped import AddTally, DroppedPaths
 from tensor_server.catalog.sql import MAX_VIEWS
 from tensor_server.catalog.tree import DEFAULT_LIMIT, CatalogTree
+from tensor_server.core.identity import ArrayId
 from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, PermissionDenied, TensorNotFound
 from tensor_server.service.bodies import decode_message
+from tensor_server.service.plates import WellsPage, split_plates, wells_page
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.caller import Caller
@@ -157,6 +159,19 @@ class CatalogVerbs:
                 continue
             sources.append({**entry, "tensors": tensors, "unresolved_reason": rec.unresolved_reason})
         return {**level, "sources": sources, "trail": tree.trail(key)}
+
+    def plate_wells(self, identifier: str, caller: Caller, start: int) -> tuple[Any, WellsPage]:
+        """A plate image's wells from well ``start``, one page (``service/plates.py``: the
+        listings' rule), with the fields ``caller`` is served; the plate's ``ServedTensor``.
+        The wells list of the page and of ``/api/wells``."""
+        tensor, _echo = self.runtime.tensor(identifier, caller, pixels=False)
+        if "montage" not in tensor.metadata:
+            raise InvalidArgument(f"{identifier!r} is not a plate image: it has no wells to list")
+        served = self.runtime.fields(ArrayId.parse(tensor.array_id).source_id, caller).values()
+        plate, fields = next(
+            (t, f) for t, f in split_plates(list(served)) if t.tensor.array_id == tensor.array_id and f is not None
+        )
+        return plate, wells_page(plate, fields, start)
 
     # ---- ROI annotations (catalog/roi_verbs.py holds their rules) ----------------------------
     def _may_read(self, array_id: str, caller: Caller) -> None:
