@@ -50,7 +50,7 @@ from tensor_server.core.identity import (
     stat_stamp_bytes,
 )
 from tensor_server.core.label_sets import carry_image_scale
-from tensor_server.core.montage import Tile, build_montage
+from tensor_server.core.montage import PLATE_FIELD, Tile, build_montage
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.errors import UnreadableSource
 
@@ -61,8 +61,6 @@ _log = logging.getLogger("tensor_server.adapters.zarr")
 
 #: Keys of a group's (NGFF) attributes that make the store an OME-Zarr.
 OME_KEYS = ("multiscales", "plate", "well", "bioformats2raw.layout")
-#: The field of a plate's image of all its fields (``core/montage.py``), served beside them.
-PLATE_FIELD = "plate"
 #: Plain groups nested deeper than this are skipped, not walked.
 _MAX_GROUP_DEPTH = 32
 

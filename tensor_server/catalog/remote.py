@@ -28,6 +28,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tensor_server.adapters.registry import montages_gapped
 from tensor_server.core.identity import source_id_for_url
 from tensor_server.errors import UnreadableSource
 
@@ -77,7 +78,8 @@ def scan_remote_root(catalog: Catalog, url: str) -> dict[str, int]:
         old = existing.pop(rec.source_id, None)
         if old is not None and old.is_resolved and old.signature == rec.signature:
             continue  # unchanged: keep the open source, its content versions and the cache
-        rec = _opened(rec, opener)
+        with montages_gapped(catalog.montage_gap):  # a plate in a bucket: the server's gap too
+            rec = _opened(rec, opener)
         catalog.put_record(rec)
         counts["added" if old is None else "changed"] += 1
         counts["unresolved"] += not rec.is_resolved

@@ -49,7 +49,11 @@ from tensor_server.core.reduced_level import levels_below
 from tensor_server.core.uniform import UniformBlock
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["DEFAULT_GAP_FRACTION", "MontageTensor", "Tile", "build_montage", "check_gap_fraction"]
+__all__ = ["DEFAULT_GAP_FRACTION", "PLATE_FIELD", "MontageTensor", "Tile", "build_montage", "check_gap_fraction"]
+
+#: The field of a plate's image of all its fields (``adapters/_zarr_store.py``), served beside
+#: them (a file's positions image is ``core/positions.POSITIONS_FIELD``)
+PLATE_FIELD = "plate"
 
 #: the gap between groups (wells, positions), as a fraction of a cell's longer side: wide
 #: enough to see where one well ends at a plate's overview, narrow enough to waste little
