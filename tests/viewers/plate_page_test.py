@@ -287,3 +287,20 @@ def test_the_json_wells_list_pages(plate_server, monkeypatch):
         r = httpx.get(f"{http.url}{path}", headers=auth)
         assert (r.status_code, words in r.text) == (status, True), f"{path}: {r.status_code} {r.text[:200]}"
     assert httpx.get(f"{http.url}/api/wells/{plate_id}").status_code == 401
+
+
+def test_a_1536_well_plate_adds_a_bounded_json_entry():
+    """1536 wells of 9 fields in ``/api/catalog``: the plate's entry lists the first 96 wells
+    (864 fields), then ``next``; following it lists every well once, in 16 pages."""
+    ((plate, fields),) = plates.split_plates(_fake_plate(1536, 9))
+    first = catalog_page.wells_json(plate, plates.wells_page(plate, fields, 0), "")
+    assert (first["count"], first["fields"], len(first["wells"])) == (1536, 13824, 96)
+    assert first["wells"][0]["fields"][8] == {"path": "8", "array_id": "s/R0/1/8", "labels": []}
+    assert first["next"] == "/api/wells/s/plate?start=96" and len(json.dumps(first)) < 100_000
+    seen, pages, page = [w["path"] for w in first["wells"]], 1, first
+    while page["next"]:
+        start = int(parse_qs(urlsplit(page["next"]).query)["start"][0])
+        page = catalog_page.wells_json(plate, plates.wells_page(plate, fields, start), "")
+        seen += [w["path"] for w in page["wells"]]
+        pages += 1
+    assert pages == 16 and seen == [w["path"] for w in plate.tensor.metadata["montage"]["wells"]]
