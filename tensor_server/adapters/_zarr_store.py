@@ -117,7 +117,8 @@ def _read_file(path: str | Path) -> tuple[bytes, bytes] | None:
     if not isinstance(path, str | Path):  # an object store's listing (zarr_remote.ObjectPath)
         return (path.read_bytes(), b"") if path.is_file() else None
     try:
-        fd = os.open(path, os.O_RDONLY)
+        # non-blocking: a FIFO named like a metadata file must not hang the walk (it is no file)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
