@@ -251,15 +251,16 @@ _resume = False
 
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while a walk runs (back on when the last walk
-    under way ends, if it was on before the first).
+    """Python's cyclic garbage collector off while a plate's walk runs (back on when the last
+    such walk under way ends, if it was on before the first).
 
-    Why: a walk builds long-lived objects only (a 1536-well plate of 9 fields: about 1.5
+    Why: a plate's walk builds long-lived objects only (1536 wells of 9 fields: about 1.5
     million), and the collector walked every one of them again each time they grew by a
     quarter: half of that plate's open (1536 × 9 fields of 4 levels, metadata only, 2 shared
-    cores: 15.0 s, 8.2 s paused; 2026-12-05). Nothing a walk makes is garbage in a cycle;
+    cores: 15.0 s, 8.2 s paused; 2026-12-05). Nothing the walk makes is garbage in a cycle;
     another thread's cyclic garbage waits for the next collection, which the first
-    allocation after the walk starts."""
+    allocation after the walk starts. Plates only: a scan opens many small stores at once on
+    several threads, whose pauses would overlap into one as long as the scan."""
     global _pauses, _resume
     with _pauses_lock:
         if _pauses == 0:
@@ -556,8 +557,13 @@ class StoreWalker:
         fields of 4 levels: 55,000 folders) while a plate is read a few fields at a time. What
         that costs: a field's content version covers its metadata files only, as a large
         array's does (``ChunkFileStamps``), so a chunk rewritten in place while the server was
-        down may be served from the persistent cache; a running server still refuses it."""
+        down may be served from the persistent cache; a running server still refuses it.
+        The garbage collector is paused while it builds (``collector_paused``)."""
         self.stamp_at_open = False
+        with collector_paused():
+            self._add_plate(node)
+
+    def _add_plate(self, node: ZarrNode) -> None:
         plate = node.ome["plate"]
         wells = plate.get("wells") if isinstance(plate, Mapping) else None
         if not isinstance(wells, list):
@@ -626,10 +632,6 @@ class StoreWalker:
             self.add_image(snode, path)
 
     def build(self) -> tuple[dict[str, TensorAdapter], dict[str, Any], bool]:
-        with collector_paused():
-            return self._build()
-
-    def _build(self) -> tuple[dict[str, TensorAdapter], dict[str, Any], bool]:
         root = self.node("")
         if root is None:
             raise UnreadableSource(self.root, "not a zarr store: no zarr.json, .zgroup or .zarray")

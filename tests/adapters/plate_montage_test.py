@@ -29,6 +29,7 @@ from tensor_server.core.level_grid import published_levels
 from tensor_server.core.methods import PRECOMPUTE
 from tensor_server.core.plan import plan_read
 from tensor_server.core.uniform import covering_value
+from tensor_server.errors import UnreadableSource
 from tensor_server.testing import AdapterTests
 
 zarr = pytest.importorskip("zarr")
@@ -277,6 +278,44 @@ def test_opening_builds_no_zarr_array_and_lists_no_chunk_folder(tmp_path, monkey
         got = montage.get_data(Bounds((0, y0, x0), (2, y1, x1)))
         assert calls["built"] == ["B/3/0/s0"] and calls["open_array"] == 0
     np.testing.assert_array_equal(got, _field_levels(path, "B/3", "0")[0])
+
+
+def test_the_garbage_collector_is_paused_while_a_plate_is_walked(tmp_path, monkeypatch):
+    """Off while the wells are walked (``_zarr_store.collector_paused``), on again after, also
+    when the walk fails; left off when it was off before; pauses that overlap end together."""
+    import gc
+
+    from tensor_server.adapters import _zarr_store
+
+    path = _write_plate(tmp_path / "p.ome.zarr", "0.4", RAGGED)
+    seen = []
+    real_add_well = _zarr_store.StoreWalker.add_well
+
+    def add_well(self, wnode):
+        seen.append(gc.isenabled())
+        return real_add_well(self, wnode)
+
+    monkeypatch.setattr(_zarr_store.StoreWalker, "add_well", add_well)
+    assert gc.isenabled()
+    with tensor_server.open(path) as src:
+        assert src.tensor("plate").shape == (2, 84, 272)
+    assert seen == [False, False] and gc.isenabled()
+    with _zarr_store.collector_paused():
+        with _zarr_store.collector_paused():
+            pass
+        assert not gc.isenabled()  # the outer pause still runs
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _zarr_store.collector_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+    monkeypatch.setattr(_zarr_store.StoreWalker, "add_well", lambda self, wnode: 1 / 0)
+    with pytest.raises(UnreadableSource, match="ZeroDivisionError"):
+        tensor_server.open(path)
+    assert gc.isenabled()
 
 
 def _metadata_only_plate(path: Path, rows: int, columns: int) -> Path:
