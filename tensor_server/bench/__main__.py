@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.cache_reads",
         "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source",
     ),
+    "plate-open": (
+        "tensor_server.bench.plate_open",
+        "opening a big HCS plate (metadata only): fresh-interpreter open and server listing, per checkout",
+    ),
     "guards": (
         "tensor_server.bench.catalog_guards",
         "cost of the catalog guards: per-query SQL database, stale-data check, chunk-file stats at open",
