@@ -57,7 +57,7 @@ JSON_BODIES = {
 }
 #: the same as text, for string fields of protobuf messages (which hold valid UTF-8 only)
 TEXTS = {label: body.decode() for label, body in JSON_BODIES.items() if label != "invalid UTF-8"}
-JSON_ACTIONS = ("tensor_stats", "catalog_children", "export")
+JSON_ACTIONS = ("tensor_stats", "catalog_children", "export", "rois_geojson", "put_rois_geojson")
 #: protobuf-bodied actions and what each answers these bodies with the token (resolve reads its
 #: body as a URL, which names no source)
 PROTOBUF_ACTIONS = {
@@ -75,6 +75,8 @@ VALID_BODY_ANSWERS = {
     "catalog_children": "OK",
     "export": "INVALID_ARGUMENT",
     "add_tensor": "INVALID_ARGUMENT",
+    "rois_geojson": "OK",  # no annotations under that id
+    "put_rois_geojson": "INVALID_ARGUMENT",  # a header line and no GeoJSON after it
 }  # no dest; a tensor carries no metadata of its own
 
 
