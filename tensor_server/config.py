@@ -32,6 +32,9 @@ Example (every key optional)::
     [annotations]               # ROI annotations (the ``rois`` table), kept across restarts
     path = "/var/lib/tensor-server/annotations.duckdb"  # default: <data home>/annotations.duckdb
 
+    [shares]                    # share links (service/shares.py): their secret and list
+    dir = "/var/lib/tensor-server/shares"  # default: <data home>/shares
+
 
     [uploads]                   # needs the top-level write_dir = "/data/results" (never discovered)
     writable = true             # serve the Flight write verbs (needs write_dir)
@@ -173,6 +176,8 @@ class Settings:
     special_chunks: bool = True
     write_dir: str | None = None
     rois_path: str | None = None
+    #: the share links' secret and list (``service/shares.py``); None: in memory (tests)
+    shares_dir: str | None = None
     writable: bool = False
     upload_ttl: float = 3600.0
     scratch_ttl: float = 86400.0
@@ -252,6 +257,7 @@ _KEYS = {
     ("catalog", "open_timeout_seconds"): "open_timeout_seconds",
     ("montage", "gap"): "montage_gap",
     ("annotations", "path"): "rois_path",
+    ("shares", "dir"): "shares_dir",
     ("read", "workers"): "read_workers",
     ("log", "level"): "log_level",
     ("http", "port"): "http_port",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, Unimplemented
-from tensor_server.service import upload_verbs
+from tensor_server.service import share_verbs, upload_verbs
 from tensor_server.service.bodies import decode_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -210,7 +210,25 @@ ACTIONS: tuple[Action, ...] = (
         "header line with array_id and set_name, then the GeoJSON)",
         _put_rois_geojson,
         writes=True,
+        per_tensor=True,
     ),
+    Action(
+        "share",
+        "a link that reads one tensor until it expires (JSON body: array_id, expires_seconds, scope read or "
+        "read+annotate; answers id, capability, url)",
+        share_verbs.share,
+    ),
+    Action(
+        "share_list",
+        "the share links the caller made (the server token: all), with their state",
+        share_verbs.share_list,
+    ),
+    Action(
+        "share_revoke",
+        "revoke a share link (JSON body: id): refused from the next request on",
+        share_verbs.share_revoke,
+    ),
+    Action("share_rotate", "a new share secret: every share link made before is refused", share_verbs.share_rotate),
     Action(
         "add_tensor",
         "add a PENDING tensor to a source (uploads)",
@@ -282,7 +300,9 @@ def actions_table() -> str:
         who = (
             "anyone"
             if a.open
-            else "the tensor's reader (server token or its grant)"
+            else "the control surface, or a share link of the tensor with read+annotate"
+            if a.per_tensor and a.writes
+            else "the tensor's reader (server token, its grant or a share link)"
             if a.per_tensor
             else "the control surface (server token)"
         )

@@ -198,11 +198,12 @@ class CatalogVerbs:
     def roi_write(
         self, cmd: Any, batches: Iterable[pa.RecordBatch], caller: Caller, cancelled: Callable[[], bool]
     ) -> bytes:
-        """A ``roi_put`` or ``roi_delete``: the control surface, and the target's read rule
+        """A ``roi_put`` or ``roi_delete``: the control surface (or a read+annotate share link
+        of the target), and the target's read rule
         (a stranger's write onto a granted tensor is refused as its read is), both before
         the rows are read; the rows are read within the request budget; a client changes
         only the rows it wrote (the server token, any row). The reply message's bytes."""
-        self.runtime.authenticate(caller)
+        self.runtime.access.annotate(caller)
         self.runtime.refuse_if_read_only(cmd.WhichOneof("command"))
         writer = self.runtime.access.roi_writer(caller)
         if cmd.WhichOneof("command") == "roi_put":
@@ -241,11 +242,12 @@ class CatalogVerbs:
         return roi_geojson.feature_collection(rois, frame, truncated=truncated)
 
     def geojson_import(self, array_id: str, caller: Caller, set_name: str = "") -> GeojsonImport:
-        """Check a GeoJSON import before its body is read: the control surface, a writable
+        """Check a GeoJSON import before its body is read: the control surface (or a
+        read+annotate share link of the tensor), a writable
         server, the tensor's read rule (the tensor must be served: its extent bounds the
         coordinates). ``GeojsonImport.store`` then takes the body; the writer rule of
         ``roi_put`` applies (a client updates only the annotations it wrote)."""
-        self.runtime.authenticate(caller)
+        self.runtime.access.annotate(caller)
         self.runtime.refuse_if_read_only("put_rois_geojson")
         if not isinstance(array_id, str) or not array_id:
             raise InvalidArgument("put_rois_geojson: array_id is required")
