@@ -65,6 +65,7 @@ JSON_ACTIONS = (
     "put_rois_geojson",
     "share",
     "share_revoke",
+    "warm",
 )
 #: protobuf-bodied actions and what each answers these bodies with the token (resolve reads its
 #: body as a URL, which names no source)
@@ -87,6 +88,7 @@ VALID_BODY_ANSWERS = {
     "put_rois_geojson": "INVALID_ARGUMENT",  # a header line and no GeoJSON after it
     "share": "NOT_FOUND",  # no such tensor
     "share_revoke": "INVALID_ARGUMENT",  # no id
+    "warm": "NOT_FOUND",  # no such tensor
 }  # no dest; a tensor carries no metadata of its own
 
 
