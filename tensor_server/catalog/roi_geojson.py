@@ -29,7 +29,10 @@ gives back every stored annotation exactly (``test_every_roi_kind_round_trips``)
 An import is refused whole, naming the feature and the reason, before anything is stored:
 a body over ``MAX_GEOJSON_BYTES``, more than ``MAX_GEOJSON_VERTICES`` (counted on the bytes
 before parsing, so neither memory nor time grows with a hostile body), a geometry shapely
-finds invalid (a self-intersecting ring), a coordinate outside the image.
+finds invalid (a self-intersecting ring), a coordinate outside the image, more features than
+a tensor holds (``MAX_ROIS_PER_TENSOR``). Cost, one run on the loaded 2-core development VM
+(2026-12-05): 10,000 octagons export in 0.31 s (4.6 MB) and import in 0.90 s; 100,000 export
+in 7.9 s (45.7 MB).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from tensor_server.catalog.rois import MAX_ROIS_PER_TENSOR
 from tensor_server.core.json_body import decode_json
 from tensor_server.core.transfer_grid import spatial_axes
 from tensor_server.errors import InvalidArgument, RequestTooLarge
@@ -436,6 +440,11 @@ def rois_from_geojson(body: bytes, frame: ImageFrame, *, set_name: str = "", wha
     feature checked (module docstring), or the refusal of the whole body naming the first
     feature at fault. ``set_name``: the set of features that name none ("default" when empty)."""
     doc = _decode(body, what)
+    if len(doc["features"]) > MAX_ROIS_PER_TENSOR:  # before any geometry is built (80,000 take ~12 s)
+        raise RequestTooLarge(
+            f"{what}: {len(doc['features'])} features, above the {MAX_ROIS_PER_TENSOR} annotations a tensor "
+            "holds; a segmentation belongs in a label tensor"
+        )
     out: list[Any] = []
     for index, feature in enumerate(doc["features"]):
         try:

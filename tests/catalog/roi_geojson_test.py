@@ -234,6 +234,12 @@ def test_ten_million_vertices_are_refused_before_parsing():
     assert time.monotonic() - started < 5  # counted on the bytes, never parsed (parsing takes ~10 s)
 
 
+def test_more_features_than_a_tensor_holds_are_refused_before_any_geometry():
+    point = {"type": "Feature", "geometry": {"type": "Point", "coordinates": [1, 1]}}
+    with pytest.raises(RequestTooLarge, match="10001 features, above the 10000"):
+        rois_from_geojson(json.dumps({"type": "FeatureCollection", "features": [point] * 10_001}).encode(), FRAME)
+
+
 def test_a_body_over_the_byte_bound_is_refused_by_its_length():
     with pytest.raises(RequestTooLarge, match=f"above the limit of {MAX_GEOJSON_BYTES}"):
         rois_from_geojson(b" " * (MAX_GEOJSON_BYTES + 1), FRAME)
