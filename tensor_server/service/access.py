@@ -34,6 +34,11 @@ on that tensor (as its own writer: ``roi_writer``). A link is made by the server
 tensor's owner (an upload's: the token it was created with); a tensor without an owner's,
 by the control surface (``may_share``).
 
+An **OIDC sign-in token** (``service/oidc.py``, when ``[auth]`` names an issuer) that verifies
+is a user of the server: the control surface, and every tensor no read grant covers; its
+``sub`` is who owns the uploads and writes the annotations it makes (``identity``), across
+token refreshes. Rules by group or scope are not built yet.
+
 One read rule for everything about a tensor: its existence, shape, state and rows are a read
 of it. SQL rows (``sources.tensors``, ``rois``, ``decode_rates``; ``row_view``), ``resolve``'s
 row, ``catalog_children``, ROI reads and writes, and every refusal that would name a private
@@ -56,6 +61,7 @@ from tensor_server.errors import PermissionDenied, Unauthenticated
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.config import Settings
     from tensor_server.service.caller import Caller
+    from tensor_server.service.oidc import OidcUser, OidcVerifier
     from tensor_server.service.shares import Share, ShareStore
 
 __all__ = ["Access", "bearer_token", "grant_digest", "is_one_of"]
@@ -104,15 +110,18 @@ class Access:
         *,
         shares: ShareStore | None = None,
         label_ids: Callable[[str], frozenset[str]] | None = None,
+        oidc: OidcVerifier | None = None,
     ) -> None:
         """``shares``: the server's share links; ``label_ids(array_id)``: the ids of that
-        tensor's label images (what its link reads beside it)."""
+        tensor's label images (what its link reads beside it); ``oidc``: the sign-in tokens'
+        verifier (None: none are taken)."""
         self.token = settings.token or None
         #: credentials that hold full access: the server token and, e.g., the HTTP door's access token
         self._full_tokens = tuple(t for t in (self.token, *access_tokens) if t)
         self.uploads = uploads
         self.shares = shares
         self._label_ids = label_ids or (lambda array_id: frozenset())
+        self.oidc = oidc
 
     def full(self, caller: Caller) -> bool:
         """The caller holds a full-access credential (the server token, or one beside it)."""
@@ -127,6 +136,8 @@ class Access:
             return True
         if self.shares is not None and self.shares.looks_like(token):
             return True  # the read rule says whether it is live, and if not, why
+        if self.oidc is not None and self.oidc.claims_issuer(token):
+            return True  # the same for a sign-in token
         uploads = [] if self.uploads is None else self.uploads.all_uploads()
         digest = grant_digest(token)
         return any(up.grant and _same(up.grant, digest) for up in uploads)
@@ -135,7 +146,11 @@ class Access:
         """The control-surface rule; also what a tensor without a grant falls back to. A caller
         of a door that requires a credential needs a full one even in local mode (a grant
         passed that door for its own tensor, not for the rest: ``Caller.door_requires_credential``)."""
-        if (self.token is not None or caller.door_requires_credential) and not self.full(caller):
+        if (
+            (self.token is not None or caller.door_requires_credential)
+            and not self.full(caller)
+            and self.oidc_user(caller) is None
+        ):
             raise Unauthenticated(
                 "unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
                 "<token>' header; HTTP: that header or ?token=<token>)"
@@ -150,7 +165,29 @@ class Access:
         Unauthenticated saying why for a forged, revoked or expired one."""
         if self.shares is None or caller.token is None or not self.shares.looks_like(caller.token):
             return None
+        if self.oidc is not None and self.oidc.claims_issuer(caller.token):
+            return None  # a sign-in token: also a JWT
         return self.shares.check(caller.token)
+
+    def oidc_user(self, caller: Caller) -> OidcUser | None:
+        """The signed-in user the caller's token names; None when it claims no configured
+        issuer; Unauthenticated naming what is wrong with one that does (expired, another
+        audience, a signature the issuer's keys do not check, ``alg: none``)."""
+        if self.oidc is None or caller.token is None or not self.oidc.claims_issuer(caller.token):
+            return None
+        return self.oidc.user(caller.token)
+
+    def identity(self, caller: Caller) -> str:
+        """Who the caller is for owners and writers, as kept (a SHA-256): a signed-in user's
+        ``sub`` (not the token, which is refreshed), else the token presented; "" for none."""
+        user = self.oidc_user(caller)
+        if user is not None:
+            return grant_digest(user.identity)
+        return grant_digest(caller.token) if caller.token else ""
+
+    def _is(self, caller: Caller, digest: str) -> bool:
+        identity = self.identity(caller)
+        return bool(identity) and _same(identity, digest)
 
     def read(self, caller: Caller, tensor: Any) -> None:
         if self.full(caller):
@@ -190,7 +227,7 @@ class Access:
         if not up.owner:
             self.control(caller)
             return
-        if not _holds(caller, up.owner):
+        if not self._is(caller, up.owner):
             raise PermissionDenied(
                 f"permission denied: {up.array_id} is an upload whose chunks and status only "
                 "its owner writes (the client whose token created it) or the server token; the "
@@ -239,7 +276,7 @@ class Access:
         up = None if self.uploads is None else self.uploads.upload_of(tensor)
         if up is None or not up.owner:
             self.control(caller)
-        elif not _holds(caller, up.owner):
+        elif not self._is(caller, up.owner):
             raise PermissionDenied(
                 f"permission denied: {up.array_id} is shared by its owner (the client whose token created it) "
                 "or the server token; the token presented is neither"
@@ -247,18 +284,19 @@ class Access:
 
     def creator(self, caller: Caller) -> str:
         """Who a share link is by: "" for full access or no token, else the digest of the token."""
-        return "" if self.full(caller) or not caller.token else grant_digest(caller.token)
+        return "" if self.full(caller) else self.identity(caller)
 
     def roi_writer(self, caller: Caller) -> str | None:
         """Who an annotation write is by (``catalog/rois.py``): None for full access (it may
-        change any row), else the digest of the token presented ("" for none)."""
+        change any row), else the caller's ``identity`` ("" for none)."""
         if self.full(caller):
             return None
-        return grant_digest(caller.token) if caller.token else ""
+        return self.identity(caller)
 
     def owner_for(self, caller: Caller) -> str:
-        """The owner a new upload created by ``caller`` gets: in local mode the token it
-        presented, if any; with a server token, the server (none). Never a read grant."""
-        if self.token is None and caller.token:
-            return grant_digest(caller.token)
+        """The owner a new upload created by ``caller`` gets: a signed-in user; in local mode
+        the token it presented, if any; with a server token, the server (none). Never a read
+        grant."""
+        if self.oidc_user(caller) is not None or (self.token is None and caller.token):
+            return self.identity(caller)
         return ""

@@ -94,6 +94,21 @@ class Described:
         return "endpoints" in self.fields
 
 
+def _oidc_verifier(settings: Settings) -> Any:  # OidcVerifier | None
+    """The sign-in tokens' verifier of ``[auth]``, when it names an issuer."""
+    if not settings.oidc_issuer:
+        return None
+    from tensor_server.service.oidc import OidcVerifier
+
+    return OidcVerifier(
+        settings.oidc_issuer,
+        settings.oidc_audience or "",
+        jwks_file=settings.oidc_jwks_file,
+        jwks_url=settings.oidc_jwks_url,
+        leeway=settings.oidc_leeway,
+    )
+
+
 class ServingRuntime:
     """Catalog + engine + cache + precache + uploads + the rules (module docstring)."""
 
@@ -144,7 +159,9 @@ class ServingRuntime:
 
         #: share links (``service/shares.py``): their secret and list, in the server home
         self.shares = ShareStore(s.shares_dir)
-        self.access = Access(s, uploads, access_tokens, shares=self.shares, label_ids=self._label_ids)
+        self.access = Access(
+            s, uploads, access_tokens, shares=self.shares, label_ids=self._label_ids, oidc=_oidc_verifier(s)
+        )
         self.tls = tls
         #: where the Flight door listens, (bind host, port), once it does (``flight_listening``)
         self.flight_bind: tuple[str, int] | None = None
