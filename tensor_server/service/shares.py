@@ -103,19 +103,26 @@ class ShareStore:
 
     # ---- the secret -----------------------------------------------------------------------
     def _load_key(self) -> Any:
+        """The kept secret's key; a first one is made and linked into place, so processes
+        starting together on a fresh home (``serve --workers``) agree on one."""
         from joserfc.jwk import OctKey
 
-        secret = None
-        if self.folder is not None:
-            try:
-                secret = bytes.fromhex((self.folder / "secret").read_text().strip())
-            except (FileNotFoundError, ValueError):
-                secret = None
-        if secret is None or len(secret) < 32:
+        secret = self._kept_secret()
+        if secret is None:
             secret = secrets.token_bytes(32)
             if self.folder is not None:
-                self._write(self.folder / "secret", secret.hex() + "\n")
+                self._write(self.folder / "secret", secret.hex() + "\n", only_if_absent=True)
+                secret = self._kept_secret() or secret  # another process's, when it was first
         return OctKey.import_key(secret)
+
+    def _kept_secret(self) -> bytes | None:
+        if self.folder is None:
+            return None
+        try:
+            secret = bytes.fromhex((self.folder / "secret").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return secret if len(secret) >= 32 else None
 
     def rotate(self) -> int:
         """A new secret, and no links: every capability made before is refused. The number of
@@ -134,22 +141,38 @@ class ShareStore:
         return forgotten
 
     # ---- the list of links ----------------------------------------------------------------
-    def _write(self, path: Path, text: str) -> None:
-        """``text`` into ``path`` whole (0600, in a 0700 folder): a reader never sees half."""
+    def _write(self, path: Path, text: str, *, only_if_absent: bool = False) -> None:
+        """``text`` into ``path`` whole (0600, in a 0700 folder): a reader never sees half.
+        ``only_if_absent``: linked into place, leaving a file another process put there first."""
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.replace(tmp, path)
+        if not only_if_absent:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _links_file(self) -> Path | None:
         return None if self.folder is None else self.folder / "links.json"
 
     def _reload(self) -> None:
+        """The links file again, and the secret when another process rotated it (a rotation
+        rewrites both, the secret first)."""
         path = self._links_file()
         if path is None:
             return
+        secret = self._kept_secret()
+        if secret is not None and secret != self._key.raw_value:
+            from joserfc.jwk import OctKey
+
+            self._key, self._verified = OctKey.import_key(secret), OrderedDict()
         try:
             st = path.stat()
             rows = json.loads(path.read_text())
@@ -254,9 +277,10 @@ class ShareStore:
         """The live link ``capability`` is, or Unauthenticated saying why it is not: not signed
         by this server (forged, tampered with, or made before the secret was rotated), revoked
         (when, and its id) or expired (when)."""
+        with self._lock:
+            self._refresh()  # first: a rotation elsewhere changes the key the signature is checked with
         claims = self._verified_claims(capability)
         with self._lock:
-            self._refresh()
             share = self._links.get(str(claims.get("jti", "")))
         if share is None or share.array_id != claims.get("sub"):
             raise Unauthenticated("unauthenticated: this share link is no longer known to the server (revoked)")

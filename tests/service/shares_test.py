@@ -116,6 +116,11 @@ def test_a_revocation_in_one_process_is_seen_by_another_at_once(tmp_path):
     minting.revoke(share.id)
     with pytest.raises(Unauthenticated, match="was revoked"):
         serving_too.check(capability)
+    minting.rotate()  # the other process takes the new secret: old links refused, new ones read
+    with pytest.raises(Unauthenticated, match="not signed by this server"):
+        serving_too.check(capability)
+    fresh, fresh_capability = minting.mint("slide/image", "read", 600, "")
+    assert serving_too.check(fresh_capability).id == fresh.id
 
 
 def test_scopes_say_whether_a_link_annotates(catalog, tmp_path):
