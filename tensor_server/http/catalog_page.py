@@ -46,6 +46,7 @@ from tensor_server.core.level_grid import grid_levels
 from tensor_server.errors import InvalidArgument
 from tensor_server.http.viewer_door import guarded, presented_token, token_path
 from tensor_server.render.plane import PlaneView
+from tensor_server.service.shares import SHARE_PATH_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service import Caller, ServingRuntime
@@ -114,14 +115,15 @@ def script_json(value: Any) -> str:
     return json.dumps(value).translate(_SCRIPT_SAFE)
 
 
-def _page(title: str, body: str, html_class: str = "") -> str:
+def _page(title: str, body: str, html_class: str = "", prefix: str = "") -> str:
     """A whole page: ``title`` (plain text, escaped here), ``body`` (HTML), the pages' own
-    style sheet and script."""
+    style sheet and script (under ``prefix``: a share link's path, see ``viewer_html``)."""
     html = f'<html class="{escape(html_class)}">' if html_class else "<html>"
+    assets = escape(prefix + PAGE_ASSETS_PREFIX)
     return (
         f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
-        f'<link rel="stylesheet" href="{PAGE_ASSETS_PREFIX}pages.css">{body}'
-        f'<script src="{PAGE_ASSETS_PREFIX}pages.js"></script><script src="{PAGE_ASSETS_PREFIX}panel.js"></script>'
+        f'<link rel="stylesheet" href="{assets}pages.css">{body}'
+        f'<script src="{assets}pages.js"></script><script src="{assets}panel.js"></script>'
     )
 
 
@@ -376,9 +378,11 @@ def catalog_json(runtime: ServingRuntime, caller: Caller, key: str, prefix: str 
     }
 
 
-def viewer_html(identifier: str, source: str, view: PlaneView | None = None) -> str:
+def viewer_html(identifier: str, source: str, view: PlaneView | None = None, share_prefix: str = "") -> str:
     """OpenSeadragon on ``identifier``: its options as JSON data, started by ``pages.js``; no
-    credential in the page (the tiles are admitted by the door's cookie). With ``view`` (the
+    credential in the page (the tiles are admitted by the door's cookie), except the share
+    link the page was opened with (``share_prefix``, ``/s/<capability>``: it is in the page's
+    own URL already, and earns no cookie, so the tiles need it in theirs). With ``view`` (the
     plane the identifier names), the channel panel (``viewer_panel.js``) beside it, where the
     plane's channels can be composited (not a label image, an RGB one or one channel alone)."""
     aid = quote(identifier, safe="/;=")
@@ -391,24 +395,24 @@ def viewer_html(identifier: str, source: str, view: PlaneView | None = None) -> 
             "</code> at OpenSeadragon's <code>build/openseadragon</code> folder, then "
             f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>",
         )
-    tile_source = f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json"
+    tile_source = share_prefix + (f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json")
     # timeout/retries: a cold coarse tile of a large image with no pyramid is a reduction of the
     # whole image (2.4-2.9 s for 32768² on an idle 2-core machine, several times that under
     # load), longer than OpenSeadragon's 30 s default allows on a busy server; a tile it gives
     # up on is never drawn and never retried (tileRetryMax 0)
     options = {
         "id": "osd",
-        "prefixUrl": "/assets/openseadragon/images/",
+        "prefixUrl": f"{share_prefix}/assets/openseadragon/images/",
         "tileSources": tile_source,
         "showNavigator": True,
         "crossOriginPolicy": "Anonymous",
         "timeout": 300_000,
         "tileRetryMax": 2,
     }
-    panel = _panel_options(view) if view is not None and source != "dzi" else None
+    panel = _panel_options(view, share_prefix) if view is not None and source != "dzi" else None
     return _page(
         identifier,
-        '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
+        f'<div id="osd"></div><script src="{escape(share_prefix)}/assets/openseadragon/openseadragon.min.js"></script>'
         f'<script type="application/json" id="viewer-options">{script_json(options)}</script>'
         + (
             f'<div id="panel"></div><script type="application/json" id="panel-options">{script_json(panel)}</script>'
@@ -416,13 +420,14 @@ def viewer_html(identifier: str, source: str, view: PlaneView | None = None) -> 
             else ""
         ),
         "viewer",
+        share_prefix,
     )
 
 
-def _panel_options(view: PlaneView) -> dict[str, Any] | None:
+def _panel_options(view: PlaneView, prefix: str = "") -> dict[str, Any] | None:
     """What the channel panel starts from: the array id, the plane's other axes (their sizes
-    and indices), the spec the identifier names, and the URLs it calls; None where the plane
-    has no channels to composite."""
+    and indices), the spec the identifier names, and the URLs it calls (under ``prefix``: the
+    share link the page was opened with); None where the plane has no channels to composite."""
     t = view.tensor
     if t.is_labels or view.sample_axis is not None or view.selected_channel is not None:
         return None
@@ -433,9 +438,10 @@ def _panel_options(view: PlaneView) -> dict[str, Any] | None:
         "plane": {t.dim_labels[a]: i for a, i in view.fixed.items() if a != view.channel_axis},
         "axes": axes,
         "spec": view.spec.id if view.spec is not None else None,
-        "iiif": "/iiif/3/",
-        "render": "/render",
-        "histogram": f"/histogram/{path}" + "".join(f";{t.dim_labels[a]}={i}" for a, i in sorted(view.fixed.items())),
+        "iiif": f"{prefix}/iiif/3/",
+        "render": f"{prefix}/render",
+        "histogram": f"{prefix}/histogram/{path}"
+        + "".join(f";{t.dim_labels[a]}={i}" for a, i in sorted(view.fixed.items())),
     }
 
 
@@ -466,7 +472,10 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
     async def view(request: Any, caller: Caller) -> Any:
         identifier = request.path_params["identifier"]
         view = await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
-        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif"), view))
+        presented = presented_token(request)
+        shared = presented is not None and runtime.access.share_of(caller) is not None  # checked just now
+        prefix = f"{SHARE_PATH_PREFIX}{quote(presented, safe='')}" if shared and presented else ""
+        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif"), view, prefix))
 
     async def wells(request: Any, caller: Caller) -> Any:
         start = request.query_params.get("start", "0")

@@ -85,6 +85,32 @@ def test_a_link_opens_its_tensor_and_labels_and_nothing_else_until_revoked(catal
         assert [x["state"] for x in listed["links"]] == ["revoked"]
 
 
+def test_the_viewer_page_opened_with_a_link_loads_its_script_and_tiles_with_it(catalog, tmp_path, monkeypatch):
+    """A link earns no cookie, so the page it opens names it in the URLs of its script, its
+    OpenSeadragon and its tile source; the IIIF ``id`` carries it on to every tile."""
+    import re
+
+    osd = tmp_path / "osd"
+    osd.mkdir()
+    (osd / "openseadragon.min.js").write_text("// stand-in")
+    monkeypatch.setenv("TENSOR_SERVER_OSD_DIR", str(osd))
+    with serving(catalog, http=True, token=TOKEN) as srv:
+        (made,) = _action(srv, "share", {"array_id": "slide"})
+        prefix = f"/s/{made['capability']}"
+        page = httpx.get(f"{srv.http_url}{prefix}/view/slide/image", timeout=30)
+        assert page.status_code == 200, page.text
+        options = json.loads(re.search(r'id="viewer-options">(.*?)</script>', page.text).group(1))
+        assert options["tileSources"] == f"{prefix}/iiif/3/slide/image/info.json"
+        for src in re.findall(r'(?:src|href)="([^"]+)"', page.text):
+            assert src.startswith(prefix), src
+            assert httpx.get(f"{srv.http_url}{src}", timeout=30).status_code == 200, src
+        info = httpx.get(f"{srv.http_url}{options['tileSources']}", timeout=30).json()
+        tile = httpx.get(f"{info['id']}/full/max/0/default.png", timeout=30)
+        assert tile.status_code == 200 and tile.content.startswith(b"\x89PNG")
+        plain = httpx.get(f"{srv.http_url}/view/slide/image", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        assert made["capability"] not in plain.text and TOKEN not in plain.text  # a door token is never written
+
+
 def test_rotating_the_secret_refuses_every_link_made_before(catalog, tmp_path):
     with serving(catalog, http=True, token=TOKEN, shares_dir=str(tmp_path / "shares")) as srv:
         (made,) = _action(srv, "share", {"array_id": "slide"})
