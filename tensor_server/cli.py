@@ -592,7 +592,7 @@ def _open_doors(runtime, settings, http_token, role: WorkerRole | None = None, c
             reuse_port=count > 1 or role is not None,
         )
         http.start()
-        runtime.http_listening(http.url)
+        runtime.http_listening(http.scheme, settings.host, http.port)
     except Exception as exc:  # uvicorn reports a taken port in several ways
         if server is not None:
             server.shutdown()

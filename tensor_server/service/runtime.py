@@ -191,9 +191,16 @@ class ServingRuntime:
         another door can tell a client the location to dial (``flight_location``)."""
         self.flight_bind = (host, port)
 
-    def http_listening(self, base_url: str) -> None:
-        """The HTTP door says where it listens, so a share link can be a URL to open."""
-        self.http_base = base_url.rstrip("/")
+    def http_listening(self, scheme: str, host: str, port: int) -> None:
+        """The HTTP door says where it listens, so a share link can be a URL to open: on every
+        address, the machine's fully qualified name (a colleague's machine cannot dial
+        127.0.0.1; the name is in the TLS certificate's names)."""
+        if host in _WILDCARD_HOSTS:
+            import socket
+
+            host = socket.getfqdn()
+        host = f"[{host.strip('[]')}]" if ":" in host else host
+        self.http_base = f"{scheme}://{host}:{port}"
 
     def flight_location(self, client_host: str) -> str | None:
         """The location a client that reached this server by the name ``client_host`` passes

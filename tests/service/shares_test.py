@@ -211,3 +211,17 @@ def test_durations():
     assert [parse_duration(t) for t in ("7d", "12h", "30m", "45", "2w")] == [604800, 43200, 1800, 45, 1209600]
     with pytest.raises(ValueError, match="a duration"):
         parse_duration("soon")
+
+
+@pytest.mark.parametrize(
+    "bind, host",
+    [("127.0.0.1", "127.0.0.1"), ("::1", "[::1]"), ("0.0.0.0", "FQDN"), ("lab-server.example", "lab-server.example")],
+)
+def test_a_link_names_a_host_its_reader_can_dial(catalog, bind, host):
+    import socket
+
+    with serving(catalog) as srv:
+        srv.runtime.http_listening("https", bind, 8816)
+        (made,) = _action(srv, "share", {"array_id": "slide"}, token=None)
+    want = socket.getfqdn() if host == "FQDN" else host
+    assert made["url"].startswith(f"https://{want}:8816/s/{made['capability']}/zarr/slide/image/")
