@@ -43,9 +43,11 @@ from urllib.parse import quote, urlencode
 
 from tensor_server.core.identity import ArrayId
 from tensor_server.core.level_grid import grid_levels
-from tensor_server.errors import InvalidArgument
+from tensor_server.errors import InvalidArgument, TensorServerError
+from tensor_server.http.rois_door import body_within
 from tensor_server.http.viewer_door import guarded, presented_token, token_path
 from tensor_server.render.plane import PlaneView
+from tensor_server.service import share_verbs
 from tensor_server.service.shares import SHARE_PATH_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,6 +75,8 @@ WELL_LINKS_PER_PAGE = 864
 WELLS_PREFIX = "/wells/"
 #: the JSON catalog: ``?folder=<key>`` as for the page
 API_CATALOG = "/api/catalog"
+#: ``POST`` the ``share`` action's JSON body: the page's share buttons (``service/share_verbs.py``)
+API_SHARE = "/api/share"
 #: the pages' own files, served at ``/assets/page/<name>`` (a policy of ``script-src 'self'``
 #: runs no inline script, ``style-src 'self'`` applies no inline style)
 PAGE_ASSETS_PREFIX = "/assets/page/"
@@ -94,6 +98,16 @@ _SCRIPT = """"use strict";
   document.querySelectorAll("button.copy").forEach(function (button) {
     button.addEventListener("click", function () {
       navigator.clipboard.writeText(button.previousElementSibling.textContent);
+    });
+  });
+  document.querySelectorAll("button.share").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var out = button.nextElementSibling;
+      fetch(button.dataset.endpoint, {method: "POST", headers: {"Content-Type": "application/json"},
+                                      body: JSON.stringify({array_id: button.dataset.arrayId})})
+        .then(function (r) { return r.ok ? r.json() : r.text().then(function (t) { throw new Error(t); }); })
+        .then(function (made) { out.textContent = made.url + "  (7 days; id " + made.id + ")"; })
+        .catch(function (e) { out.textContent = String(e.message || e); });
     });
   });
 })();
@@ -167,7 +181,20 @@ def _tensor_page(tensor: Any, prefix: str) -> str:
     return f"{prefix}/view/{aid}" if tensor.ndim >= 2 else f"{prefix}/zarr/{aid}/"
 
 
-def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: str, prefix: str) -> str:
+def _share_button(runtime: ServingRuntime, caller: Caller, tensor: Any, prefix: str) -> str:
+    """A button that makes a 7-day share link of ``tensor`` (``POST /api/share``), when the
+    caller may (``Access.may_share``: the server token, or the tensor's owner)."""
+    try:
+        runtime.access.may_share(caller, tensor)
+    except TensorServerError:
+        return ""
+    return (
+        f'<button class="share" data-endpoint="{escape(prefix + API_SHARE)}" '
+        f'data-array-id="{escape(tensor.array_id)}">share</button><pre class="shared"></pre>'
+    )
+
+
+def _tensor_row(runtime: ServingRuntime, caller: Caller, served: Any, token: str | None, host: str, prefix: str) -> str:
     tensor = served.tensor
     aid = quote(tensor.array_id, safe="/")
     thumb = "—"
@@ -198,7 +225,7 @@ def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: s
         f"<tr><td>{thumb}</td><td><b>{escape(served.listed_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
         f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
         f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
-        f'<td class="urls">{links}{sdk}</td></tr>'
+        f'<td class="urls">{links}{sdk}{_share_button(runtime, caller, tensor, prefix)}</td></tr>'
     )
 
 
@@ -291,14 +318,16 @@ def _title(path: str | None) -> str:
     return "" if path is None else f' title="{escape(path)}"'
 
 
-def _source_html(runtime: ServingRuntime, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
+def _source_html(
+    runtime: ServingRuntime, caller: Caller, source: dict[str, Any], token: str | None, host: str, prefix: str
+) -> str:
     """A source's heading, then its tensors' table (a plate: one row and its wells list, the
     fields it places folded into that list), or the reason it cannot be read."""
     head = f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
     if source["unresolved_reason"] is not None:
         return f'{head}<p class="unresolved">cannot be read: {escape(source["unresolved_reason"])}</p>'
     rows = "".join(
-        _tensor_row(runtime, served, token, host, prefix)
+        _tensor_row(runtime, caller, served, token, host, prefix)
         + (
             ""
             if fields is None
@@ -335,7 +364,7 @@ def catalog_html(
             )
             + "</ul>"
         )
-    body += [_source_html(runtime, source, token, host, prefix) for source in level["sources"]]
+    body += [_source_html(runtime, caller, source, token, host, prefix) for source in level["sources"]]
     if level["truncated"]:
         body.append("<p>(more entries than one page lists)</p>")
     if not level["folders"] and not level["sources"]:
@@ -469,6 +498,11 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
         doc = await run_in_threadpool(catalog_json, runtime, caller, key, token_path(request))
         return JSONResponse(doc, headers={"Cache-Control": "no-cache"})
 
+    async def share(request: Any, caller: Caller) -> Any:
+        body = await body_within(request, 64 << 10)
+        answer = await run_in_threadpool(lambda: list(share_verbs.share(runtime, caller, body, lambda: False)))
+        return Response(answer[0], media_type="application/json", headers={"Cache-Control": "no-store"})
+
     async def view(request: Any, caller: Caller) -> Any:
         identifier = request.path_params["identifier"]
         view = await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
@@ -497,6 +531,7 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
     return [
         Route("/", guarded(catalog, caller_of), methods=["GET", "HEAD"]),
         Route(API_CATALOG, guarded(catalog_api, caller_of), methods=["GET", "HEAD"]),
+        Route(API_SHARE, guarded(share, caller_of), methods=["POST"]),
         Route("/view/{identifier:path}", guarded(view, caller_of), methods=["GET", "HEAD"]),
         Route(WELLS_PREFIX + "{identifier:path}", guarded(wells, caller_of), methods=["GET", "HEAD"]),
         Route(PAGE_ASSETS_PREFIX + "{name}", page_asset, methods=["GET", "HEAD"]),

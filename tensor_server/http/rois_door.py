@@ -23,7 +23,7 @@ from tensor_server.http.viewer_door import guarded
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service import Caller, ServingRuntime
 
-__all__ = ["routes", "PREFIX"]
+__all__ = ["routes", "PREFIX", "body_within"]
 
 PREFIX = "/rois/"
 _SUFFIX = ".geojson"
@@ -37,17 +37,17 @@ def _array_id(request: Any) -> str:
     return rest[: -len(_SUFFIX)]
 
 
-async def _body_within(request: Any, limit: int) -> bytes:
+async def body_within(request: Any, limit: int) -> bytes:
     """The request body, refused (``RequestTooLarge``) once it runs past ``limit`` bytes: a
     declared length over it before a byte is read, a streamed one as soon as it passes it."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(f"GeoJSON import: {declared} bytes, above the limit of {limit} for one import")
+        raise RequestTooLarge(f"request body: {declared} bytes, above the limit of {limit} for this verb")
     pieces, size = [], 0
     async for piece in request.stream():
         size += len(piece)
         if size > limit:
-            raise RequestTooLarge(f"GeoJSON import: more than {limit} bytes, the limit for one import")
+            raise RequestTooLarge(f"request body: more than {limit} bytes, the limit for this verb")
         pieces.append(piece)
     return b"".join(pieces)
 
@@ -63,7 +63,7 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
         array_id, set_name = _array_id(request), request.query_params.get("set", "")
         if request.method == "PUT":
             target = await run_in_threadpool(verbs.geojson_import, array_id, caller, set_name)
-            body = await _body_within(request, MAX_GEOJSON_BYTES)
+            body = await body_within(request, MAX_GEOJSON_BYTES)
             result = await run_in_threadpool(target.store, body)
             return Response(json.dumps(result), media_type="application/json")
         doc = await run_in_threadpool(verbs.rois_geojson, array_id, set_name, caller)

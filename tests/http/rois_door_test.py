@@ -118,7 +118,7 @@ def test_a_streamed_body_is_cut_off_at_the_bound():
     import asyncio
 
     from tensor_server.errors import RequestTooLarge
-    from tensor_server.http.rois_door import _body_within
+    from tensor_server.http.rois_door import body_within
 
     taken = []
 
@@ -131,7 +131,7 @@ def test_a_streamed_body_is_cut_off_at_the_bound():
                 yield b"x" * 1024
 
     with pytest.raises(RequestTooLarge, match="more than 10000 bytes"):
-        asyncio.run(_body_within(Streaming(), 10_000))
+        asyncio.run(body_within(Streaming(), 10_000))
     assert len(taken) == 10  # the tenth KiB passed the bound; nothing more was read
 
 

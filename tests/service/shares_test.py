@@ -225,3 +225,18 @@ def test_a_link_names_a_host_its_reader_can_dial(catalog, bind, host):
         (made,) = _action(srv, "share", {"array_id": "slide"}, token=None)
     want = socket.getfqdn() if host == "FQDN" else host
     assert made["url"].startswith(f"https://{want}:8816/s/{made['capability']}/zarr/slide/image/")
+
+
+def test_the_catalog_page_offers_share_and_its_button_makes_a_link(catalog, tmp_path):
+    import re
+
+    with serving(catalog, http=True, token=TOKEN) as srv:
+        page = httpx.get(f"{srv.http_url}/t/{TOKEN}/?folder=slide", timeout=30).text
+        buttons = re.findall(r'<button class="share" data-endpoint="([^"]+)" data-array-id="([^"]+)">', page)
+        assert ("/t/" + TOKEN + "/api/share", "slide/image") in buttons
+        made = httpx.post(f"{srv.http_url}{buttons[0][0]}", json={"array_id": buttons[0][1]}, timeout=30)
+        assert made.status_code == 200, made.text
+        np.testing.assert_array_equal(_chunk(made.json()["url"]), IMAGE if buttons[0][1] == "slide/image" else LABELS)
+        by_link = httpx.post(f"{srv.http_url}/s/{made.json()['capability']}/api/share", json={"array_id": "slide"})
+        assert by_link.status_code == 403 and "a share link makes no share links" in by_link.text
+        assert httpx.post(f"{srv.http_url}/api/share", json={"array_id": "slide"}, timeout=30).status_code == 401
