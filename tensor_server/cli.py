@@ -366,6 +366,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     )
     if role is not None:  # a worker listens once it knows the roots: until then the others serve
         catalog.scan()
+    if settings.shares_dir is None:  # share links outlive a restart, and the workers read the same list
+        settings.shares_dir = str(default_data_dir() / "shares")
     runtime = ServingRuntime(
         catalog, settings, cache=cache, uploads=uploads, tls=tls, access_tokens=[http_token] if http_token else []
     )
@@ -590,6 +592,7 @@ def _open_doors(runtime, settings, http_token, role: WorkerRole | None = None, c
             reuse_port=count > 1 or role is not None,
         )
         http.start()
+        runtime.http_listening(http.scheme, settings.host, http.port)
     except Exception as exc:  # uvicorn reports a taken port in several ways
         if server is not None:
             server.shutdown()
@@ -650,6 +653,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tensor_server.export.command import run as cmd_export
 
         return cmd_export(args)
+    if args.command == "share":
+        from tensor_server.cli_share import run as cmd_share
+
+        return cmd_share(args)
     if args.command == "nginx-config":
         from tensor_server.deploy.nginx import run as cmd_nginx_config
 

@@ -32,6 +32,16 @@ Example (every key optional)::
     [annotations]               # ROI annotations (the ``rois`` table), kept across restarts
     path = "/var/lib/tensor-server/annotations.duckdb"  # default: <data home>/annotations.duckdb
 
+    [shares]                    # share links (service/shares.py): their secret and list
+    dir = "/var/lib/tensor-server/shares"  # default: <data home>/shares
+
+    [auth]                      # OIDC sign-in tokens as bearer tokens (service/oidc.py)
+    oidc_issuer = "https://login.lab.example/realms/lab"   # the tokens' iss
+    oidc_audience = "tensor-server"                        # their aud
+    oidc_jwks_url = "https://login.lab.example/realms/lab/protocol/openid-connect/certs"
+    oidc_jwks_file = "/etc/tensor-server/jwks.json"        # or the keys in a file
+    oidc_leeway = 60                                       # seconds of clock skew allowed
+
 
     [uploads]                   # needs the top-level write_dir = "/data/results" (never discovered)
     writable = true             # serve the Flight write verbs (needs write_dir)
@@ -173,6 +183,14 @@ class Settings:
     special_chunks: bool = True
     write_dir: str | None = None
     rois_path: str | None = None
+    #: the share links' secret and list (``service/shares.py``); None: in memory (tests)
+    shares_dir: str | None = None
+    #: OIDC sign-in tokens (``service/oidc.py``): off while ``oidc_issuer`` is None
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks_url: str | None = None
+    oidc_jwks_file: str | None = None
+    oidc_leeway: float = 60.0
     writable: bool = False
     upload_ttl: float = 3600.0
     scratch_ttl: float = 86400.0
@@ -252,6 +270,12 @@ _KEYS = {
     ("catalog", "open_timeout_seconds"): "open_timeout_seconds",
     ("montage", "gap"): "montage_gap",
     ("annotations", "path"): "rois_path",
+    ("shares", "dir"): "shares_dir",
+    ("auth", "oidc_issuer"): "oidc_issuer",
+    ("auth", "oidc_audience"): "oidc_audience",
+    ("auth", "oidc_jwks_url"): "oidc_jwks_url",
+    ("auth", "oidc_jwks_file"): "oidc_jwks_file",
+    ("auth", "oidc_leeway"): "oidc_leeway",
     ("read", "workers"): "read_workers",
     ("log", "level"): "log_level",
     ("http", "port"): "http_port",

@@ -86,6 +86,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.crowd",
         "63-tile viewports by 1-8 concurrent clients, HTTP and Flight, warm and cold, beside a bare uvicorn floor",
     ),
+    "share": (
+        "tensor_server.bench.share",
+        "warm chunk latency with a share link and an OIDC JWT vs the server token; GeoJSON of many ROIs",
+    ),
     "tls": (
         "tensor_server.bench.tls",
         "TLS vs plaintext in one run: 8 MiB and 64 KiB DoGet, 1 MiB HTTP chunks (MB/s, median latency)",

@@ -43,10 +43,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 from tensor_server.core.level_grid import grid_levels
-from tensor_server.errors import InvalidArgument
+from tensor_server.errors import InvalidArgument, TensorServerError
+from tensor_server.http.rois_door import body_within
 from tensor_server.http.viewer_door import guarded, presented_token, token_path
 from tensor_server.render.plane import PlaneView
+from tensor_server.service import share_verbs
 from tensor_server.service.plates import WellsPage, split_plates, wells_page
+from tensor_server.service.shares import SHARE_PATH_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service import Caller, ServingRuntime
@@ -70,6 +73,8 @@ WELLS_PREFIX = "/wells/"
 API_CATALOG = "/api/catalog"
 #: the JSON pages of a plate's wells: ``/api/wells/<plate id>?start=N``
 API_WELLS = "/api/wells/"
+#: ``POST`` the ``share`` action's JSON body: the page's share buttons (``service/share_verbs.py``)
+API_SHARE = "/api/share"
 #: the pages' own files, served at ``/assets/page/<name>`` (a policy of ``script-src 'self'``
 #: runs no inline script, ``style-src 'self'`` applies no inline style)
 PAGE_ASSETS_PREFIX = "/assets/page/"
@@ -93,6 +98,16 @@ _SCRIPT = """"use strict";
       navigator.clipboard.writeText(button.previousElementSibling.textContent);
     });
   });
+  document.querySelectorAll("button.share").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var out = button.nextElementSibling;
+      fetch(button.dataset.endpoint, {method: "POST", headers: {"Content-Type": "application/json"},
+                                      body: JSON.stringify({array_id: button.dataset.arrayId})})
+        .then(function (r) { return r.ok ? r.json() : r.text().then(function (t) { throw new Error(t); }); })
+        .then(function (made) { out.textContent = made.url + "  (7 days; id " + made.id + ")"; })
+        .catch(function (e) { out.textContent = String(e.message || e); });
+    });
+  });
 })();
 """
 _PANEL_SCRIPT = (Path(__file__).with_name("viewer_panel.js")).read_text(encoding="utf-8")
@@ -112,14 +127,15 @@ def script_json(value: Any) -> str:
     return json.dumps(value).translate(_SCRIPT_SAFE)
 
 
-def _page(title: str, body: str, html_class: str = "") -> str:
+def _page(title: str, body: str, html_class: str = "", prefix: str = "") -> str:
     """A whole page: ``title`` (plain text, escaped here), ``body`` (HTML), the pages' own
-    style sheet and script."""
+    style sheet and script (under ``prefix``: a share link's path, see ``viewer_html``)."""
     html = f'<html class="{escape(html_class)}">' if html_class else "<html>"
+    assets = escape(prefix + PAGE_ASSETS_PREFIX)
     return (
         f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
-        f'<link rel="stylesheet" href="{PAGE_ASSETS_PREFIX}pages.css">{body}'
-        f'<script src="{PAGE_ASSETS_PREFIX}pages.js"></script><script src="{PAGE_ASSETS_PREFIX}panel.js"></script>'
+        f'<link rel="stylesheet" href="{assets}pages.css">{body}'
+        f'<script src="{assets}pages.js"></script><script src="{assets}panel.js"></script>'
     )
 
 
@@ -163,7 +179,20 @@ def _tensor_page(tensor: Any, prefix: str) -> str:
     return f"{prefix}/view/{aid}" if tensor.ndim >= 2 else f"{prefix}/zarr/{aid}/"
 
 
-def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: str, prefix: str) -> str:
+def _share_button(runtime: ServingRuntime, caller: Caller, tensor: Any, prefix: str) -> str:
+    """A button that makes a 7-day share link of ``tensor`` (``POST /api/share``), when the
+    caller may (``Access.may_share``: the server token, or the tensor's owner)."""
+    try:
+        runtime.access.may_share(caller, tensor)
+    except TensorServerError:
+        return ""
+    return (
+        f'<button class="share" data-endpoint="{escape(prefix + API_SHARE)}" '
+        f'data-array-id="{escape(tensor.array_id)}">share</button><pre class="shared"></pre>'
+    )
+
+
+def _tensor_row(runtime: ServingRuntime, caller: Caller, served: Any, token: str | None, host: str, prefix: str) -> str:
     tensor = served.tensor
     aid = quote(tensor.array_id, safe="/")
     thumb = "—"
@@ -194,7 +223,7 @@ def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: s
         f"<tr><td>{thumb}</td><td><b>{escape(served.listed_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
         f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
         f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
-        f'<td class="urls">{links}{sdk}</td></tr>'
+        f'<td class="urls">{links}{sdk}{_share_button(runtime, caller, tensor, prefix)}</td></tr>'
     )
 
 
@@ -271,14 +300,16 @@ def _title(path: str | None) -> str:
     return "" if path is None else f' title="{escape(path)}"'
 
 
-def _source_html(runtime: ServingRuntime, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
+def _source_html(
+    runtime: ServingRuntime, caller: Caller, source: dict[str, Any], token: str | None, host: str, prefix: str
+) -> str:
     """A source's heading, then its tensors' table (a plate: one row and its wells list, the
     fields it places folded into that list), or the reason it cannot be read."""
     head = f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
     if source["unresolved_reason"] is not None:
         return f'{head}<p class="unresolved">cannot be read: {escape(source["unresolved_reason"])}</p>'
     rows = "".join(
-        _tensor_row(runtime, served, token, host, prefix)
+        _tensor_row(runtime, caller, served, token, host, prefix)
         + (
             ""
             if fields is None
@@ -315,7 +346,7 @@ def catalog_html(
             )
             + "</ul>"
         )
-    body += [_source_html(runtime, source, token, host, prefix) for source in level["sources"]]
+    body += [_source_html(runtime, caller, source, token, host, prefix) for source in level["sources"]]
     if level["truncated"]:
         body.append("<p>(more entries than one page lists)</p>")
     if not level["folders"] and not level["sources"]:
@@ -365,9 +396,11 @@ def catalog_json(runtime: ServingRuntime, caller: Caller, key: str, prefix: str 
     }
 
 
-def viewer_html(identifier: str, source: str, view: PlaneView | None = None) -> str:
+def viewer_html(identifier: str, source: str, view: PlaneView | None = None, share_prefix: str = "") -> str:
     """OpenSeadragon on ``identifier``: its options as JSON data, started by ``pages.js``; no
-    credential in the page (the tiles are admitted by the door's cookie). With ``view`` (the
+    credential in the page (the tiles are admitted by the door's cookie), except the share
+    link the page was opened with (``share_prefix``, ``/s/<capability>``: it is in the page's
+    own URL already, and earns no cookie, so the tiles need it in theirs). With ``view`` (the
     plane the identifier names), the channel panel (``viewer_panel.js``) beside it, where the
     plane's channels can be composited (not a label image, an RGB one or one channel alone)."""
     aid = quote(identifier, safe="/;=")
@@ -380,24 +413,24 @@ def viewer_html(identifier: str, source: str, view: PlaneView | None = None) -> 
             "</code> at OpenSeadragon's <code>build/openseadragon</code> folder, then "
             f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>",
         )
-    tile_source = f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json"
+    tile_source = share_prefix + (f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json")
     # timeout/retries: a cold coarse tile of a large image with no pyramid is a reduction of the
     # whole image (2.4-2.9 s for 32768² on an idle 2-core machine, several times that under
     # load), longer than OpenSeadragon's 30 s default allows on a busy server; a tile it gives
     # up on is never drawn and never retried (tileRetryMax 0)
     options = {
         "id": "osd",
-        "prefixUrl": "/assets/openseadragon/images/",
+        "prefixUrl": f"{share_prefix}/assets/openseadragon/images/",
         "tileSources": tile_source,
         "showNavigator": True,
         "crossOriginPolicy": "Anonymous",
         "timeout": 300_000,
         "tileRetryMax": 2,
     }
-    panel = _panel_options(view) if view is not None and source != "dzi" else None
+    panel = _panel_options(view, share_prefix) if view is not None and source != "dzi" else None
     return _page(
         identifier,
-        '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
+        f'<div id="osd"></div><script src="{escape(share_prefix)}/assets/openseadragon/openseadragon.min.js"></script>'
         f'<script type="application/json" id="viewer-options">{script_json(options)}</script>'
         + (
             f'<div id="panel"></div><script type="application/json" id="panel-options">{script_json(panel)}</script>'
@@ -405,13 +438,14 @@ def viewer_html(identifier: str, source: str, view: PlaneView | None = None) -> 
             else ""
         ),
         "viewer",
+        share_prefix,
     )
 
 
-def _panel_options(view: PlaneView) -> dict[str, Any] | None:
+def _panel_options(view: PlaneView, prefix: str = "") -> dict[str, Any] | None:
     """What the channel panel starts from: the array id, the plane's other axes (their sizes
-    and indices), the spec the identifier names, and the URLs it calls; None where the plane
-    has no channels to composite."""
+    and indices), the spec the identifier names, and the URLs it calls (under ``prefix``: the
+    share link the page was opened with); None where the plane has no channels to composite."""
     t = view.tensor
     if t.is_labels or view.sample_axis is not None or view.selected_channel is not None:
         return None
@@ -422,9 +456,10 @@ def _panel_options(view: PlaneView) -> dict[str, Any] | None:
         "plane": {t.dim_labels[a]: i for a, i in view.fixed.items() if a != view.channel_axis},
         "axes": axes,
         "spec": view.spec.id if view.spec is not None else None,
-        "iiif": "/iiif/3/",
-        "render": "/render",
-        "histogram": f"/histogram/{path}" + "".join(f";{t.dim_labels[a]}={i}" for a, i in sorted(view.fixed.items())),
+        "iiif": f"{prefix}/iiif/3/",
+        "render": f"{prefix}/render",
+        "histogram": f"{prefix}/histogram/{path}"
+        + "".join(f";{t.dim_labels[a]}={i}" for a, i in sorted(view.fixed.items())),
     }
 
 
@@ -460,10 +495,18 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
         doc = await run_in_threadpool(catalog_json, runtime, caller, key, token_path(request))
         return JSONResponse(doc, headers={"Cache-Control": "no-cache"})
 
+    async def share(request: Any, caller: Caller) -> Any:
+        body = await body_within(request, 64 << 10)
+        answer = await run_in_threadpool(lambda: list(share_verbs.share(runtime, caller, body, lambda: False)))
+        return Response(answer[0], media_type="application/json", headers={"Cache-Control": "no-store"})
+
     async def view(request: Any, caller: Caller) -> Any:
         identifier = request.path_params["identifier"]
         view = await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
-        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif"), view))
+        presented = presented_token(request)
+        shared = presented is not None and runtime.access.share_of(caller) is not None  # checked just now
+        prefix = f"{SHARE_PATH_PREFIX}{quote(presented, safe='')}" if shared and presented else ""
+        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif"), view, prefix))
 
     async def wells(request: Any, caller: Caller) -> Any:
         html = await run_in_threadpool(
@@ -492,6 +535,7 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
     return [
         Route("/", guarded(catalog, caller_of), methods=["GET", "HEAD"]),
         Route(API_CATALOG, guarded(catalog_api, caller_of), methods=["GET", "HEAD"]),
+        Route(API_SHARE, guarded(share, caller_of), methods=["POST"]),
         Route("/view/{identifier:path}", guarded(view, caller_of), methods=["GET", "HEAD"]),
         Route(WELLS_PREFIX + "{identifier:path}", guarded(wells, caller_of), methods=["GET", "HEAD"]),
         Route(API_WELLS + "{identifier:path}", guarded(wells_api, caller_of), methods=["GET", "HEAD"]),
