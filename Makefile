@@ -85,7 +85,7 @@ $(STAMP): $(BASE_STAMP)
 
 # the demo dataset, chunk cache and annotations of `make run` live in .tensor-server/ here,
 # so `make clean` removes them
-run: $(BASE_STAMP)
+run: $(BASE_STAMP) viewer-assets
 	TENSOR_SERVER_HOME=$(CURDIR)/.tensor-server $(PY) -m tensor_server run $(ROOT) \
 		$(if $(PORT),--port $(PORT)) $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) \
 		$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
@@ -147,10 +147,12 @@ nginx:
 # git-ignored .viewer-assets/ (never committed); node/npm come from apt where missing.
 OSD := openseadragon@6.1.1
 viewer-assets:
-	@command -v npm >/dev/null || { (apt-get update -qq && apt-get install -y -qq nodejs npm) >/dev/null 2>&1 || \
+	@command -v npm >/dev/null || { echo "viewer assets: installing node and npm with apt-get (a minute or two)" && \
+	  (apt-get update -qq && apt-get install -y -qq nodejs npm) >/dev/null 2>&1 || \
 	  echo "note: npm could not be installed; the viewer page will say how to get OpenSeadragon"; }
 	@test -f .viewer-assets/node_modules/openseadragon/build/openseadragon/openseadragon.min.js || \
-	  { command -v npm >/dev/null && npm install --silent --no-save --prefix .viewer-assets '$(OSD)'; } || \
+	  { command -v npm >/dev/null && echo "viewer assets: npm install $(OSD) into .viewer-assets/ (the viewer page's OpenSeadragon)" && \
+	    npm install --silent --no-save --prefix .viewer-assets '$(OSD)'; } || \
 	  echo "note: OpenSeadragon could not be installed; the OpenSeadragon tests will skip"
 
 # Caches every test process reads: the project's bytecode (set-up compiles the installed
@@ -163,7 +165,7 @@ warm: $(STAMP)
 	@$(PY) -m tensor_server_kernels.warm
 
 test-nojit: $(STAMP)
-	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py
+	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py tests/kernels/composite_test.py
 
 bench: bench-kernels
 

@@ -70,6 +70,31 @@ def _settings(args: argparse.Namespace):
     )
 
 
+def _install_remote(settings) -> None:
+    """The ``[remote]`` section for every image read by URL in this process; the hosts of the
+    operator's own http(s) roots count as allowed (the operator named them)."""
+    from urllib.parse import urlsplit
+
+    from tensor_server.adapters.url_source import RemoteSettings, set_remote_settings
+    from tensor_server.config import default_cache_dir
+
+    root_hosts = tuple(
+        urlsplit(r).netloc.rpartition("@")[2] for r in settings.roots if str(r).startswith(("http://", "https://"))
+    )
+    set_remote_settings(
+        RemoteSettings(
+            allowed_hosts=tuple(settings.remote_allowed_hosts),
+            timeout=float(settings.remote_timeout),
+            revalidate_seconds=float(settings.remote_revalidate_seconds),
+            per_host=int(settings.remote_per_host),
+            cache_dir=settings.remote_cache_dir or str(default_cache_dir() / "remote"),
+            cache_max_bytes=int(settings.remote_cache_max_bytes),
+            max_object_bytes=int(settings.remote_max_object_bytes),
+            operator_hosts=root_hosts,
+        )
+    )
+
+
 def _server_tls(settings, say: bool = True):
     """The certificate both doors serve (None: plaintext), after the transport rule
     (service/tls.py); an exit code with the reason printed when it cannot be had. ``say``:
@@ -258,6 +283,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         return 2
     if not roots_present(settings.roots):
         return 2
+    _install_remote(settings)
     from tensor_server.cache import CacheLocked, CacheManager
     from tensor_server.catalog.rois import RoiStoreBusy
     from tensor_server.config import default_cache_dir, default_data_dir
@@ -340,6 +366,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     )
     if role is not None:  # a worker listens once it knows the roots: until then the others serve
         catalog.scan()
+    if settings.shares_dir is None:  # share links outlive a restart, and the workers read the same list
+        settings.shares_dir = str(default_data_dir() / "shares")
     runtime = ServingRuntime(
         catalog, settings, cache=cache, uploads=uploads, tls=tls, access_tokens=[http_token] if http_token else []
     )
@@ -564,6 +592,7 @@ def _open_doors(runtime, settings, http_token, role: WorkerRole | None = None, c
             reuse_port=count > 1 or role is not None,
         )
         http.start()
+        runtime.http_listening(http.scheme, settings.host, http.port)
     except Exception as exc:  # uvicorn reports a taken port in several ways
         if server is not None:
             server.shutdown()
@@ -624,6 +653,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tensor_server.export.command import run as cmd_export
 
         return cmd_export(args)
+    if args.command == "share":
+        from tensor_server.cli_share import run as cmd_share
+
+        return cmd_share(args)
     if args.command == "nginx-config":
         from tensor_server.deploy.nginx import run as cmd_nginx_config
 

@@ -206,8 +206,44 @@ def build_parser() -> argparse.ArgumentParser:
             "HTTP and Flight doors (docs/deploying.md)",
         )
     )
+    share_arguments(
+        sub.add_parser(
+            "share",
+            help="make a link that reads one tensor until it expires; list or revoke links (docs/security.md)",
+        )
+    )
     sub.add_parser("version", help="print the version")
     return p
+
+
+def _duration(text: str) -> int:
+    from tensor_server.errors import InvalidArgument
+    from tensor_server.service.shares import parse_duration
+
+    try:
+        return parse_duration(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def share_arguments(parser: argparse.ArgumentParser) -> None:
+    from tensor_server.service.shares import SCOPES
+
+    parser.add_argument("array_id", nargs="?", metavar="ARRAY_ID", help="the tensor to share (not with --list)")
+    parser.add_argument(
+        "--expires", type=_duration, default="7d", metavar="DURATION", help="how long it reads: 30m, 12h, 7d, 2w"
+    )
+    parser.add_argument("--scope", choices=SCOPES, default="read", help="read, or read and annotate the tensor")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true", help="list the links you made (the server token: all)")
+    what.add_argument("--revoke", metavar="ID", help="revoke a link: refused from the next request on")
+    what.add_argument(
+        "--rotate-secret", action="store_true", help="a new share secret: every link made before is refused"
+    )
+    parser.add_argument(
+        "--server", default="grpc://127.0.0.1:8815", help="the server's Flight location (default grpc://127.0.0.1:8815)"
+    )
+    parser.add_argument("--token", help="the server token or the tensor owner's (default: $TENSOR_SERVER_TOKEN)")
 
 
 def cli_reference() -> str:

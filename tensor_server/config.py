@@ -32,6 +32,16 @@ Example (every key optional)::
     [annotations]               # ROI annotations (the ``rois`` table), kept across restarts
     path = "/var/lib/tensor-server/annotations.duckdb"  # default: <data home>/annotations.duckdb
 
+    [shares]                    # share links (service/shares.py): their secret and list
+    dir = "/var/lib/tensor-server/shares"  # default: <data home>/shares
+
+    [auth]                      # OIDC sign-in tokens as bearer tokens (service/oidc.py)
+    oidc_issuer = "https://login.lab.example/realms/lab"   # the tokens' iss
+    oidc_audience = "tensor-server"                        # their aud
+    oidc_jwks_url = "https://login.lab.example/realms/lab/protocol/openid-connect/certs"
+    oidc_jwks_file = "/etc/tensor-server/jwks.json"        # or the keys in a file
+    oidc_leeway = 60                                       # seconds of clock skew allowed
+
 
     [uploads]                   # needs the top-level write_dir = "/data/results" (never discovered)
     writable = true             # serve the Flight write verbs (needs write_dir)
@@ -74,6 +84,15 @@ annotations). ``TENSOR_SERVER_HOME`` puts both in one folder instead (``make run
     [metrics]                   # Prometheus /metrics on its own listener (docs/operating.md)
     port = 8817                 # absent = off (``run`` turns it on at 8817)
     host = "127.0.0.1"          # off loopback it needs the token (every scrape presents it)
+
+    [remote]                    # images opened by URL (https://, http://, s3://: docs/beyond-one-machine.md)
+    allowed_hosts = ["data.lab.org", "*.example.org"]  # only these hosts (default: any public host)
+    timeout = 20.0              # seconds a remote request may take, then UNAVAILABLE naming the URL
+    revalidate_seconds = 600    # a cached remote object is checked (one HEAD) at most this often
+    per_host = 8                # requests in flight at once to one host
+    cache_dir = "/var/cache/tensor-server/remote"  # the raw-byte cache (default: <cache home>/remote)
+    cache_max_bytes = 2147483648
+    max_object_bytes = 1073741824  # one larger answer is refused (never read whole)
 
     [log]
     format = "text"             # or "json": one object per line (the request log too)
@@ -164,6 +183,14 @@ class Settings:
     special_chunks: bool = True
     write_dir: str | None = None
     rois_path: str | None = None
+    #: the share links' secret and list (``service/shares.py``); None: in memory (tests)
+    shares_dir: str | None = None
+    #: OIDC sign-in tokens (``service/oidc.py``): off while ``oidc_issuer`` is None
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_jwks_url: str | None = None
+    oidc_jwks_file: str | None = None
+    oidc_leeway: float = 60.0
     writable: bool = False
     upload_ttl: float = 3600.0
     scratch_ttl: float = 86400.0
@@ -201,6 +228,14 @@ class Settings:
     log_format: str = "text"
     #: where the request log goes: a file, "-" (stderr) or "off"; None: serve's stderr, run's file
     request_log: str | None = None
+    # images opened by URL (adapters/_url_rules.py, adapters/_remote_bytes.py)
+    remote_allowed_hosts: list[str] = field(default_factory=list)
+    remote_timeout: float = 20.0
+    remote_revalidate_seconds: float = 600.0
+    remote_per_host: int = 8
+    remote_cache_dir: str | None = None
+    remote_cache_max_bytes: int = 2 << 30
+    remote_max_object_bytes: int = 1 << 30
 
     def pyramid_policy(self):  # core.pyramid.PyramidPolicy
         """The computed levels advertised for tensors without stored ones."""
@@ -235,6 +270,12 @@ _KEYS = {
     ("catalog", "open_timeout_seconds"): "open_timeout_seconds",
     ("montage", "gap"): "montage_gap",
     ("annotations", "path"): "rois_path",
+    ("shares", "dir"): "shares_dir",
+    ("auth", "oidc_issuer"): "oidc_issuer",
+    ("auth", "oidc_audience"): "oidc_audience",
+    ("auth", "oidc_jwks_url"): "oidc_jwks_url",
+    ("auth", "oidc_jwks_file"): "oidc_jwks_file",
+    ("auth", "oidc_leeway"): "oidc_leeway",
     ("read", "workers"): "read_workers",
     ("log", "level"): "log_level",
     ("http", "port"): "http_port",
@@ -256,6 +297,13 @@ _KEYS = {
     ("metrics", "host"): "metrics_host",
     ("log", "format"): "log_format",
     ("log", "requests"): "request_log",
+    ("remote", "allowed_hosts"): "remote_allowed_hosts",
+    ("remote", "timeout"): "remote_timeout",
+    ("remote", "revalidate_seconds"): "remote_revalidate_seconds",
+    ("remote", "per_host"): "remote_per_host",
+    ("remote", "cache_dir"): "remote_cache_dir",
+    ("remote", "cache_max_bytes"): "remote_cache_max_bytes",
+    ("remote", "max_object_bytes"): "remote_max_object_bytes",
 }
 
 

@@ -27,7 +27,9 @@ __all__ = [
     "Unimplemented",
     "SourceUnresolved",
     "StaleChunkId",
+    "RenderSpecEvicted",
     "UnreadableSource",
+    "RemoteUnavailable",
     "UnknownFormat",
     "Unauthenticated",
     "PermissionDenied",
@@ -124,6 +126,13 @@ class SourceUnresolved(TensorNotFound):
         return bounded_message(f"source unresolved (resolve it once the file is fixed): {super().__str__()}")
 
 
+class RenderSpecEvicted(TensorServerError):
+    """A render spec id this server stored and has since evicted (its store is bounded): post
+    the spec again (the same spec gets the same id)."""
+
+    code, slug, http_status = "NOT_FOUND", "evicted_render_spec", 404
+
+
 class StaleChunkId(TensorServerError):
     """A chunk id minted for content that has since changed: the client must re-plan."""
 
@@ -142,6 +151,13 @@ class UnreadableSource(TensorServerError):
         self.path = os.fspath(path)
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
+
+
+class RemoteUnavailable(UnreadableSource):
+    """A remote URL did not answer in time (a timeout, a stalled host, a refused connection, a
+    5xx): the read gave up after its deadline and names the URL; retry later."""
+
+    code, slug, http_status, retryable, retry_after = "UNAVAILABLE", "remote_unavailable", 503, True, 1.0
 
 
 class UnknownFormat(UnreadableSource):

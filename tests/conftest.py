@@ -93,3 +93,18 @@ def _private_server_home(tmp_path_factory):
     patch.setenv("TENSOR_SERVER_HOME", str(tmp_path_factory.mktemp("server-home")))
     yield
     patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _root_log_handlers_restored():
+    """A test that runs the command line installs its stderr handler on the root logger, bound
+    to that test's captured stream, which pytest closes after it. Left in place, a record logged
+    later (aiohttp's "Unclosed client session" at the worker's exit) prints "Logging error"
+    tracebacks into the run's output; the handlers are put back as they were."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -23,7 +23,7 @@ KERNELS = ROOT / "kernels" / "tensor_server_kernels"
 #: on the service floor and never import each other; testing (the conformance suites and
 #: in-process servers) and bench sit above everything. ``cli_banner``, ``cli_logging`` and ``cli_parser`` (what
 #: the command line prints at start, its log and progress lines, its parser) are part of the cli door.
-_CLI = {"cli", "cli_banner", "cli_inspect", "cli_logging", "cli_parser", "cli_workers"}
+_CLI = {"cli", "cli_banner", "cli_inspect", "cli_logging", "cli_parser", "cli_share", "cli_workers"}
 _ABOVE_SERVICE = {"flight", "http", "bench", "testing", "demo"} | _CLI
 FORBIDDEN = {
     "config": {"adapters", "cache", "catalog", "uploads", "service", "render", "export"} | _ABOVE_SERVICE,

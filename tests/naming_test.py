@@ -15,6 +15,7 @@ TESTS = Path(__file__).resolve().parent
 TOP_LEVEL = {
     "readme_test.py",
     "cli_test.py",
+    "cli_share_test.py",
     "cli_banner_test.py",
     "cli_logging_test.py",
     "cli_workers_test.py",

@@ -1,4 +1,5 @@
-"""The one table of downsampling cases that drives both the tests and the benchmarks.
+"""The one table of kernel cases (downsampling; compositing at the end) that drives the tests
+and the benchmarks.
 
 Why one table (as bottleneck and numbagg do): a case that is benchmarked is a case that is
 checked against the oracle, and the data generators (saturated integers, NaN/inf floats, label
@@ -13,6 +14,9 @@ reshape-sum gate, which sits at a larger, measured block). The last-axis scales 
 the benchmark dtype only.
 
 ``BENCH_CASES``: the benchmark table (full size and ``--quick`` size).
+
+``COMPOSITE_CASES``: the compositing kernel's table (dtypes, 1-64 channels, windows, gamma,
+inversion, LUTs).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ __all__ = [
     "WIDE_S2_CASES",
     "GATE_CASES",
     "BENCH_CASES",
+    "CompositeCase",
+    "COMPOSITE_CASES",
 ]
 
 DTYPES = (
@@ -277,3 +283,76 @@ def _bench_cases() -> Iterator[BenchCase]:
 
 
 BENCH_CASES: tuple[BenchCase, ...] = tuple(_bench_cases())
+
+
+# ---------------------------------------------------------------------------------------------
+# Compositing (composite.py against composite_reference.py)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompositeCase:
+    """One oracle-vs-kernel comparison of ``composite``: ``channels`` planes of ``dtype`` filled
+    by ``fill`` (``make_array``), windows of kind ``window`` ("data": over the values' range,
+    "tight": a narrow band inside it, so most pixels clip at both ends, "wide": past it), one
+    ``gamma`` and ``invert`` for all channels, tints or, with ``lut``, a LUT on every third."""
+
+    dtype: str
+    channels: int
+    fill: str = "random"
+    window: str = "data"
+    gamma: float = 1.0
+    invert: bool = False
+    lut: bool = False
+    shape: tuple[int, int] = (13, 29)
+
+    @property
+    def id(self) -> str:
+        extra = "-lut" if self.lut else ""
+        return f"{self.dtype}-c{self.channels}-{self.fill}-{self.window}-g{self.gamma}-i{int(self.invert)}{extra}"
+
+    def make(self, seed: int = 0) -> tuple[np.ndarray, list[dict]]:
+        """(planes, per-channel settings as ``Channel`` keyword arguments)."""
+        planes = make_array(self.dtype, (self.channels, *self.shape), self.fill, seed)
+        rng = np.random.default_rng(seed + 1)
+        finite = planes[np.isfinite(planes)] if planes.dtype.kind == "f" else planes
+        lo = float(finite.min()) if finite.size else 0.0
+        hi = float(finite.max()) if finite.size else 1.0
+        hi = hi if hi > lo else lo + 1.0
+        settings = []
+        for c in range(self.channels):
+            if self.window == "tight":
+                a, b = sorted(rng.uniform(lo, hi, 2))
+                start, end = a, (b if b > a else a + 1.0)
+            elif self.window == "wide":
+                start, end = lo - (hi - lo), hi + (hi - lo)
+            else:
+                start, end = lo, hi
+            if self.lut and c % 3 == 0:
+                colour: object = rng.integers(0, 256, (256, 3)).astype(np.uint8)
+            else:
+                colour = tuple(float(v) for v in rng.random(3))
+            settings.append(dict(start=start, end=end, colour=colour, gamma=self.gamma, invert=self.invert))
+        return planes, settings
+
+
+def _composite_cases() -> Iterator[CompositeCase]:
+    for dtype in ("uint8", "uint16", "int16", "float32"):
+        for channels in (1, 2, 3, 4, 7, 16, 64):
+            yield CompositeCase(dtype, channels)
+        for fill in fills_for(dtype):
+            yield CompositeCase(dtype, 4, fill)
+        for window in ("tight", "wide"):
+            yield CompositeCase(dtype, 5, window=window)
+        for gamma in (0.45, 2.2):
+            yield CompositeCase(dtype, 3, gamma=gamma)
+        yield CompositeCase(dtype, 3, invert=True)
+        yield CompositeCase(dtype, 6, "extremes" if dtype != "float32" else "nonfinite", "tight", 0.7, True, True)
+        yield CompositeCase(dtype, 9, lut=True)
+    yield CompositeCase("uint16", 64, window="tight", gamma=1.8, invert=True, lut=True, shape=(1, 300))
+    yield CompositeCase("uint8", 2, shape=(1, 1))
+
+
+#: every dtype, 1-64 channels, each fill, windows inside and past the data, gammas below and
+#: above 1, inversion and LUTs, and a 1x1 and a one-row image
+COMPOSITE_CASES: tuple[CompositeCase, ...] = tuple(_composite_cases())

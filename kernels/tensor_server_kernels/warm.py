@@ -16,7 +16,8 @@ no compiled function: *averaging* is nearest and area, *extremes* min and max, *
 mode and median (measured 22, 22 and 36 s, two at a time on 2 cores). So each index file has one
 writer. ``tests/kernels/warm_test.py`` checks that the families' index files are disjoint.
 
-The decode kernels (``decode.py``, eight signatures) are left to their first call.
+The decode kernels (``decode.py``, eight signatures) and the compositing kernel
+(``composite.py``, one per planes dtype) are left to their first call.
 """
 
 from __future__ import annotations

@@ -29,7 +29,15 @@ import numpy as np
 from tensor_server.core.stream_reduce import run_parallel
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["PageStriles", "SeriesStriles", "StrileDecoder", "StrileWindow", "decode_windows", "read_strile_window"]
+__all__ = [
+    "PageStriles",
+    "SeriesStriles",
+    "StrileDecoder",
+    "StrileWindow",
+    "decode_windows",
+    "read_strile_window",
+    "touched_striles",
+]
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,12 @@ def _tasks(job: StrileWindow) -> list[tuple[int, int, tuple[slice, slice], tuple
             for s, si in separate:
                 tasks.append((s * per_sample + r * across + c, si, rows, cols, contiguous, out4))
     return tasks
+
+
+def touched_striles(job: StrileWindow) -> list[int]:
+    """The indices of the striles holding a picked pixel of ``job``'s window (its ``out`` is
+    only looked at for its shape): what a remote read fetches ahead (``_url_tiff.py``)."""
+    return [task[0] for task in _tasks(job)]
 
 
 def _pread(fd: int, nbytes: int, pos: int, path: str, what: str) -> bytes:

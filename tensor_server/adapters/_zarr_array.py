@@ -6,7 +6,8 @@ Shared by every zarr source, not one format's: local stores and OME-Zarr (``zarr
 walker ``_zarr_store.py`` builds these tensors), object stores (``zarr_remote.py``) and the
 upload subsystem's zarr members (imported through ``zarr.py``). It used to live inside zarr.py.
 
-Arrays are opened with zarr-python 3 once, when the source opens, and reused. The pixels of a
+An array's metadata document is read as JSON when the source opens (``StoredArray``); the
+zarr-python 3 array is built from it when a read first needs it, and reused. The pixels of a
 local store are read by the server's own chunk reader (``_zarr_chunks``: pread and numcodecs
 on every core); zarr-python reads the rest, its sync API submitting every read to its own
 event loop, so concurrent reads from server threads are safe without a lock either way. There
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import math
 import os
+import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +39,123 @@ from tensor_server.core.identity import file_stat_stamp
 from tensor_server.core.uniform import UniformBlock, grid_uniform_blocks
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["ChunkFileStamps", "ZarrAdapter"]
+__all__ = ["ChunkFileStamps", "StoredArray", "ZarrAdapter"]
 
 #: arrays with at most this many storage chunks have every chunk file stat'ed at open
 _EAGER_CHUNKS = 1 << 16
+#: held while a part made on first use is made (a zarr array from its document, a chunk
+#: reader, a stamps record): each takes microseconds, once per array, so one lock serves all
+#: (a lock of each array's own was 3 more objects for each of a plate's 55,000 arrays)
+_MADE_ON_FIRST_USE = threading.RLock()
+#: held while a growing array's metadata is looked at (``ZarrAdapter.refresh_extent``): a stat,
+#: a parse when it changed; one lock for all arrays, for the same reason as the one above
+_LOOKING = threading.Lock()
+
+
+# ---- an array's metadata, the zarr array made from it on first need ---------------------------
+#: zarr v3 ``data_type`` names read as numpy dtypes without zarr (any other: zarr reads the document)
+_V3_NUMERIC = re.compile(r"bool|u?int(8|16|32|64)|float(16|32|64)|complex(64|128)")
+
+
+class StoredArray:
+    """One zarr array as its metadata document describes it (``shape``, ``dtype``, ``chunks``,
+    ``shards``, ``dimension_names``, read as plain JSON), the zarr-python array built from the
+    same document the first time something needs it (``array``: a read, a chunk file's key).
+
+    Why: ``zarr.open_array`` cost ~0.8 ms an array (most of it the round trip to zarr's event
+    loop), and a plate opens every level of every field: a 1536-well plate of 9 fields with
+    4 levels is 55,000 arrays, half of its 100 s open. Built from the document already read
+    (``ArrayV2Metadata``/``ArrayV3Metadata.from_dict``, no I/O) an array costs ~80 us, paid
+    only for the arrays a read touches (measured 2026-12-05, 2 shared cores; docs/performance.md
+    "Plates"). A document this reading does not know (an extension data type, an irregular
+    chunk grid) is handed to zarr at once, which either reads it or reports it.
+    """
+
+    __slots__ = (
+        *("store", "path", "zarr_format", "shape", "dtype", "chunks", "shards", "dimension_names"),
+        *("_document", "_raw", "_array"),
+    )
+
+    def __init__(
+        self, store: Any, path: str, zarr_format: int, raw: bytes | None, document: Any = "", array: Any = None
+    ) -> None:
+        """``raw``: the array's metadata document (``.zarray`` or ``zarr.json``), kept to build
+        the zarr array from; ``document``: its file, named by an error (default: ``path``)."""
+        self.store, self.path, self.zarr_format = store, path, zarr_format
+        self._document = document or path
+        self._raw, self._array = raw, array
+        self.shards: tuple[int, ...] | None = None
+        self.dimension_names: tuple[Any, ...] | None = None
+        if array is None:
+            try:
+                self._geometry(json.loads(raw or b"{}"))
+                return
+            except (KeyError, TypeError, ValueError):
+                array = self.array  # a document this reading does not know: zarr's say
+        self.shape = tuple(int(n) for n in array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.chunks = tuple(int(c) for c in array.chunks)
+        shards = getattr(array, "shards", None)
+        self.shards = None if shards is None else tuple(int(s) for s in shards)
+        names = getattr(array.metadata, "dimension_names", None)
+        self.dimension_names = None if names is None else tuple(names)
+
+    @classmethod
+    def of_array(cls, array: Any) -> StoredArray:
+        """An array zarr-python already opened (an upload member's, writable)."""
+        return cls(array.store, str(array.path), int(array.metadata.zarr_format), None, array=array)
+
+    def _geometry(self, doc: dict[str, Any]) -> None:
+        self.shape = tuple(int(n) for n in doc["shape"])
+        if self.zarr_format == 2:
+            if not isinstance(doc["dtype"], str):
+                raise TypeError("a structured dtype")
+            self.dtype = np.dtype(doc["dtype"])
+            self.chunks = tuple(int(c) for c in doc["chunks"])
+            return
+        if not isinstance(doc["data_type"], str) or not _V3_NUMERIC.fullmatch(doc["data_type"]):
+            raise ValueError(f"data type {doc['data_type']!r}")
+        grid = doc["chunk_grid"]
+        if grid["name"] != "regular":
+            raise ValueError(f"chunk grid {grid['name']!r}")
+        self.dtype = np.dtype(doc["data_type"])
+        self.chunks = tuple(int(c) for c in grid["configuration"]["chunk_shape"])
+        codecs = doc.get("codecs") or []
+        if codecs and isinstance(codecs[0], dict) and codecs[0].get("name") == "sharding_indexed":
+            self.shards = self.chunks
+            self.chunks = tuple(int(c) for c in codecs[0]["configuration"]["chunk_shape"])
+        names = doc.get("dimension_names")
+        self.dimension_names = None if names is None else tuple(names)
+
+    @property
+    def array(self) -> Any:
+        """The zarr-python array, built from the document on first use (class docstring)."""
+        array = self._array
+        if array is None:
+            with _MADE_ON_FIRST_USE:
+                if self._array is None:
+                    self._array = self._build()
+                array = self._array
+        return array
+
+    def _build(self) -> Any:
+        from zarr.core.array import Array, AsyncArray
+        from zarr.core.metadata import ArrayV2Metadata, ArrayV3Metadata
+        from zarr.storage import StorePath
+
+        try:
+            doc = json.loads(self._raw or b"{}")
+            if self.zarr_format == 2:
+                metadata: Any = ArrayV2Metadata.from_dict({**doc, "attributes": {}})
+            else:
+                metadata = ArrayV3Metadata.from_dict(doc)
+        except Exception as exc:  # zarr's own reading of a document it refuses, any error
+            raise UnreadableSource(self._document, f"zarr array metadata: {type(exc).__name__}: {exc}") from exc
+        return Array(AsyncArray(metadata=metadata, store_path=StorePath(self.store, self.path)))
+
+    @property
+    def metadata(self) -> Any:
+        return self.array.metadata
 
 
 # ---- chunk files -------------------------------------------------------------------------------
@@ -63,16 +179,23 @@ class ChunkFileStamps:
     listing tells the adapter's uniform blocks which chunks are stored, so the two never
     disagree and the folder is walked once at open."""
 
-    def __init__(self, folder: Path, array: Any) -> None:
+    __slots__ = ("folder", "_array", "grid", "eager", "_stamps", "_verified", "listed", "_encoder", "_prefix", "live")
+
+    def __init__(self, folder: Path, array: StoredArray, at_open: bool = True) -> None:
+        """``at_open`` False: stamp every cell when first served, whatever the array's size (a
+        plate's fields: ``_zarr_store.StoreWalker.add_plate`` says why); nothing is then made
+        before a first check but this record (a plate holds 55,000 of them, and every object
+        they made at open was more for the garbage collector to walk)."""
         self.folder = folder
-        self._prefix = os.path.join(folder, "")
-        grid = getattr(array, "shards", None) or array.chunks
+        self._array = array
+        grid = array.shards or array.chunks
         self.grid = tuple(max(int(g), 1) for g in grid)  # a 0-size chunk (empty array): no cells
         counts = tuple(-(-int(n) // g) for n, g in zip(array.shape, self.grid))
-        self._encode = array.metadata.encode_chunk_key
-        self.eager = math.prod(counts) <= _EAGER_CHUNKS
-        self._stamps: dict[tuple[int, ...], tuple[int, ...]] = {}
-        self.verified = VerifiedExtents(folder)
+        self.eager = at_open and math.prod(counts) <= _EAGER_CHUNKS
+        self._stamps: dict[tuple[int, ...], tuple[int, ...]] | None = None
+        self._verified: VerifiedExtents | None = None
+        self._encoder: Callable[[tuple[int, ...]], str] | None = None
+        self._prefix = ""
         #: (axis, cell): the live edge of a growing array, cells from ``cell`` on along ``axis``,
         #: whose files its writer still rewrites; they are stamped anew, never "changed"
         #: (their chunks are never cached: ``ZarrAdapter.settled``)
@@ -82,10 +205,29 @@ class ChunkFileStamps:
         if self.eager:
             entries = stored_files(folder)
             self.listed = frozenset(entries)
-            for cell in itertools.product(*(range(c) for c in counts)):
-                self._stamps[cell] = file_stamp_of(entries.get(self._encode(cell)))
+            self._stamps = {
+                cell: file_stamp_of(entries.get(self._encode(cell)))
+                for cell in itertools.product(*(range(c) for c in counts))
+            }
+
+    def _encode(self, cell: tuple[int, ...]) -> str:
+        """A cell's chunk key: zarr's (its array is built on first need, ``StoredArray``)."""
+        if self._encoder is None:
+            self._encoder = self._array.metadata.encode_chunk_key
+        return self._encoder(cell)
+
+    @property
+    def verified(self) -> VerifiedExtents:
+        """The extents verified recently (made by the first check)."""
+        if self._verified is None:
+            with _MADE_ON_FIRST_USE:
+                if self._verified is None:
+                    self._verified = VerifiedExtents(self.folder)
+        return self._verified
 
     def _stat(self, key: str) -> tuple[int, ...]:
+        if not self._prefix:
+            self._prefix = os.path.join(self.folder, "")
         try:
             st = os.stat(self._prefix + key)  # not os.path.join of a Path: 2 of its 3.5 us a file
         except FileNotFoundError:
@@ -93,7 +235,7 @@ class ChunkFileStamps:
         return file_stat_stamp(st)
 
     def digest(self) -> bytes:
-        stamps = np.array(list(self._stamps.values()) if self.eager else [], np.int64)
+        stamps = np.array(list((self._stamps or {}).values()) if self.eager else [], np.int64)
         return hashlib.blake2b(stamps.tobytes() if self.eager else b"lazy", digest_size=16).digest()
 
     def changed(self, bounds: Bounds, exact: bool = False) -> str | None:
@@ -107,6 +249,10 @@ class ChunkFileStamps:
         cells = list(itertools.product(*ranges))
         keys = [self._encode(cell) for cell in cells]
         verification = self.verified.begin(keys)
+        if self._stamps is None:
+            with _MADE_ON_FIRST_USE:
+                if self._stamps is None:
+                    self._stamps = {}
         live = self.live
         for cell, key in zip(cells, keys):
             now = self._stat(key)
@@ -123,8 +269,9 @@ class ChunkFileStamps:
         filled them since), and the live edge moves to the cell of the newest frame now."""
         g = self.grid[axis]
         first = max(before - 1, 0) // g
-        for cell in [c for c in list(self._stamps) if c[axis] >= first]:
-            self._stamps.pop(cell, None)
+        stamps = self._stamps or {}
+        for cell in [c for c in list(stamps) if c[axis] >= first]:
+            stamps.pop(cell, None)
         self.live = (axis, (after - 1) // g)
 
 
@@ -173,17 +320,17 @@ class ZarrAdapter(TensorAdapter):
         chunk_files: ChunkFileStamps | None = None,
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
-        self._array = array
+        #: the array as its metadata describes it; zarr-python's array made on first need
+        self._stored = array if isinstance(array, StoredArray) else StoredArray.of_array(array)
+        stored = self._stored
         self._chunk_files = chunk_files
         self.store_path = store_path
         self.zarr_path = zarr_path
-        chunks = tuple(int(c) for c in array.chunks)
-        shards = getattr(array, "shards", None)
         meta = {
             "zarr_path": zarr_path,
-            "zarr_format": int(array.metadata.zarr_format),
-            "chunks": list(chunks),
-            "shards": None if shards is None else [int(s) for s in shards],
+            "zarr_format": stored.zarr_format,
+            "chunks": list(stored.chunks),
+            "shards": None if stored.shards is None else list(stored.shards),
         }
         meta.update(metadata or {})
         self._listing: tuple[tuple[bytes, int], frozenset[str]] | None = None
@@ -191,22 +338,20 @@ class ZarrAdapter(TensorAdapter):
         #: content version is still the one it was made under
         listed = None if chunk_files is None else chunk_files.listed
         self._listed_at_open = None if listed is None else ((content_version, 0), listed)
-        local = isinstance(store_path, Path) and type(array.store).__name__ == "LocalStore"
-        folder = store_path / zarr_path if zarr_path else store_path
-        self._indexes = ShardIndexes(array, folder) if local and shards is not None else None
-        #: the server's own chunk reader (``_zarr_chunks``), None where zarr-python reads
-        self._chunks = LocalChunks.of(array, folder, self._indexes) if local else None
+        self._local = isinstance(store_path, Path) and type(stored.store).__name__ == "LocalStore"
+        #: (shard indexes, the server's own chunk reader), made by the first read (``_readers``)
+        self._made_readers: tuple[ShardIndexes | None, LocalChunks | None] | None = None
         self._fill: np.generic | None = None
         self._lock = threading.Lock()
-        self._looking = threading.Lock()
-        #: what the metadata says of growth (local arrays whose chunk files are tracked)
-        self._growth = ArrayGrowth(folder, array, chunk_files.grid) if local and chunk_files is not None else None
+        #: what the metadata says of growth (a local array whose chunk files are tracked),
+        #: made by the first look (``refresh_extent``): an open makes nothing more per array
+        self._growth: ArrayGrowth | None = None
         super().__init__(
             TensorInfo(
-                array.shape,
-                array.dtype,
+                stored.shape,
+                stored.dtype,
                 dim_labels=dim_labels,
-                native_chunk_shape=chunks,
+                native_chunk_shape=stored.chunks,
                 physical_scale=physical_scale,
                 physical_unit=physical_unit,
                 is_labels=is_labels,
@@ -215,6 +360,37 @@ class ZarrAdapter(TensorAdapter):
             )
         )
 
+    @property
+    def _array(self) -> Any:
+        """The zarr-python array (built on first need: ``StoredArray``)."""
+        return self._stored.array
+
+    def _readers(self) -> tuple[ShardIndexes | None, LocalChunks | None]:
+        """The shard indexes (a sharded local array) and the server's own chunk reader (None
+        where zarr-python reads), made when a read first needs them: they need zarr's parsed
+        codecs, which an open does not build (``StoredArray``)."""
+        made = self._made_readers
+        if made is None:
+            with _MADE_ON_FIRST_USE:
+                if self._made_readers is None:
+                    indexes = chunks = None
+                    if self._local:
+                        folder = self.store_path / self.zarr_path if self.zarr_path else self.store_path
+                        if self._stored.shards is not None:
+                            indexes = ShardIndexes(self._array, folder)
+                        chunks = LocalChunks.of(self._array, folder, indexes)
+                    self._made_readers = (indexes, chunks)
+                made = self._made_readers
+        return made
+
+    @property
+    def _indexes(self) -> ShardIndexes | None:
+        return self._readers()[0]
+
+    @property
+    def _chunks(self) -> LocalChunks | None:
+        return self._readers()[1]
+
     def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
         """A chunk file changed: first whether the array grew (its writer resized it and then
         wrote the frames, so the files under a read change before the next look), and only a
@@ -222,7 +398,7 @@ class ZarrAdapter(TensorAdapter):
         if self._chunk_files is None:  # an upload member, whose writes are its lifecycle's business
             return None
         why = self._chunk_files.changed(bounds, exact)
-        if why is not None and self._growth is not None:
+        if why is not None and self._local:
             before = self.extents.sequence
             other = self.refresh_extent()
             if other is not None:
@@ -234,14 +410,17 @@ class ZarrAdapter(TensorAdapter):
     # ---- growth (``_zarr_growth``) -------------------------------------------------------------
     def refresh_extent(self) -> str | None:
         """The array and its stored levels grown in place when their metadata says so (the
-        level read first: a level covers frames that level 0 already has)."""
+        levels first: a level covers frames that level 0 already has)."""
         for level in self.native_levels:
             why = level.tensor.refresh_extent()
             if why is not None:
                 return why
-        if self._growth is None:
+        if self._chunk_files is None or not self._local:
             return None
-        with self._looking:  # one look at a time: two would publish one growth twice
+        with _LOOKING:  # one look at a time: two would publish one growth twice
+            if self._growth is None:
+                folder = self.store_path / self.zarr_path if self.zarr_path else self.store_path
+                self._growth = ArrayGrowth(folder, self._stored, self._chunk_files.grid)
             seen = self._growth.look(self.shape)
             if isinstance(seen, str):
                 return f"zarr array {self.zarr_path or '/'!r}: {seen}"
@@ -250,15 +429,13 @@ class ZarrAdapter(TensorAdapter):
         return None
 
     def _grow(self, seen: Grew) -> None:
-        """Read the array at its new extent: zarr-python's view of it as the look found it
-        (the source is not reopened), the chunk reader over it, the live edge moved."""
-        array = seen.array
+        """Read the array at its new extent: its metadata as the look found it (the source is
+        not reopened), the chunk readers made again over it, the live edge moved."""
         with self._lock:
             before = self.shape[seen.axis]
-            self._array = array
-            if self._chunks is not None:
-                self._chunks = LocalChunks.of(array, self._chunks.folder, self._indexes)
-            assert self._chunk_files is not None  # growth is tracked only with chunk files
+            self._stored = seen.array
+            self._made_readers = None
+            assert self._chunk_files is not None  # growth is looked for only with chunk files
             self._chunk_files.grew(seen.axis, before, seen.shape[seen.axis])
             self.grow_to(seen.shape)
 
@@ -275,6 +452,8 @@ class ZarrAdapter(TensorAdapter):
             return self._read(bounds, (1,) * bounds.ndim)
         try:
             return np.asarray(self._array[bounds.to_slices()])
+        except UnreadableSource:  # a remote store's own errors (a timeout) name the URL: as they are
+            raise
         except Exception as exc:  # a corrupt or truncated chunk surfaces only here
             raise UnreadableSource(
                 self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"
@@ -311,6 +490,8 @@ class ZarrAdapter(TensorAdapter):
         chunk that is not stored through zarr (its fill value)."""
         try:
             return self._chunks.read(bounds, step, lambda sl: np.asarray(self._array[sl]), out, parallel)
+        except UnreadableSource:  # a remote store's own errors (a timeout) name the URL: as they are
+            raise
         except Exception as exc:  # a corrupt or truncated chunk surfaces only here
             raise UnreadableSource(
                 self.store_path, f"zarr array {self.zarr_path or '/'!r}, region {bounds}: {type(exc).__name__}: {exc}"

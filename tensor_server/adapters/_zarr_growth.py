@@ -25,9 +25,12 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.identity import file_stat_stamp
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.adapters._zarr_array import StoredArray
 
 __all__ = ["ArrayGrowth", "Grew", "SETTLE_NS"]
 
@@ -49,15 +52,16 @@ class Grew:
 
 
 class ArrayGrowth:
-    """The metadata document of one array and what it last said (module docstring). Opening
-    costs one stat of the document; it is read (by zarr-python) only once it changed."""
+    """The metadata document of one array and what it said when last read (module
+    docstring); made by the array's first look, which reads the document once."""
 
-    def __init__(self, folder: Path, array: Any, grid: tuple[int, ...]) -> None:
+    def __init__(self, folder: Path, array: StoredArray, grid: tuple[int, ...]) -> None:
         self.folder = folder
-        self.document = folder / (".zarray" if int(array.metadata.zarr_format) == 2 else "zarr.json")
+        self.document = folder / (".zarray" if array.zarr_format == 2 else "zarr.json")
         self.grid = grid
         self._array = array
-        self._stamp = file_stat_stamp(os.stat(self.document))
+        #: the document's stamp when last read in full (None: not yet, read at the first look)
+        self._stamp: tuple[int, ...] | None = None
         #: the growing axis, once the array has grown (None before: it may never grow)
         self.axis: int | None = None
 
@@ -68,13 +72,14 @@ class ArrayGrowth:
             stamp = file_stat_stamp(os.stat(self.document))
             if stamp == self._stamp:
                 return None
-            array = self._reopened()
+            array = self._read()
+            old = self._array.metadata  # the same document less its shape and attributes?
+            changed = dataclasses.replace(array.metadata, shape=old.shape, attributes=old.attributes) != old
         except FileNotFoundError:  # writers replace it by a rename: gone is removed
             return f"the metadata document {self.document.name} is gone"
         except Exception as exc:  # zarr-python refuses a document in many ways
             return f"the metadata document is unreadable: {type(exc).__name__}: {exc}"
-        old = self._array.metadata
-        if dataclasses.replace(array.metadata, shape=old.shape, attributes=old.attributes) != old:
+        if changed:
             return "the array was rewritten (dtype, chunks or codecs changed)"
         shape = tuple(int(n) for n in array.shape)
         why = self._not_growth(published, shape)
@@ -93,12 +98,10 @@ class ArrayGrowth:
         self.axis = axis
         return Grew(axis, published[:axis] + (written,) + published[axis + 1 :], array)
 
-    def _reopened(self) -> Any:
-        """zarr-python's view of the array now (one metadata read; the source stays open)."""
-        import zarr
-
+    def _read(self) -> StoredArray:
+        """The array as its document says now (read as the walker reads it at open)."""
         old = self._array
-        return zarr.open_array(store=old.store, path=old.path, mode="r", zarr_format=int(old.metadata.zarr_format))
+        return type(old)(old.store, old.path, old.zarr_format, self.document.read_bytes(), self.document)
 
     def _not_growth(self, published: tuple[int, ...], shape: tuple[int, ...]) -> str | None:
         if len(shape) != len(published):

@@ -9,12 +9,13 @@ to extensions, so a misnamed file still opens and an OME-TIFF is not taken for a
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ __all__ = [
     "open_source",
     "open_budgeted",
     "montage_gap",
+    "montages_gapped",
     "HEAD_BYTES",
     "PROBE_BYTES",
 ]
@@ -191,20 +193,32 @@ def open_source(
     ``timeout``: seconds after which files opened with ``open_budgeted`` refuse further reads.
     ``montage_gap``: the gap of the montages the source builds (a plate, its positions:
     ``core/montage.py``), which its format reads with ``montage_gap()``."""
-    _probe.montage_gap = check_gap_fraction(montage_gap)
     _probe.deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return _open(Path(path), format)
+        with montages_gapped(montage_gap):
+            return _open(Path(path), format)
     finally:
         _probe.deadline = None
-        _probe.montage_gap = DEFAULT_GAP_FRACTION
 
 
 def montage_gap() -> float:
-    """The gap fraction of the ``open_source`` call running in this thread (the server's
-    ``montage_gap`` setting): handed to the format like the open's deadline, on the opening
-    thread, so the openers keep their one-argument signature (plugins register those)."""
+    """The gap fraction of the open running in this thread (the server's ``montage_gap``
+    setting, ``montages_gapped``): handed to the format like the open's deadline, on the
+    opening thread, so the openers keep their one-argument signature (plugins register those)."""
     return getattr(_probe, "montage_gap", DEFAULT_GAP_FRACTION)
+
+
+@contextlib.contextmanager
+def montages_gapped(gap: float) -> Iterator[None]:
+    """``montage_gap()`` answers ``gap`` in this thread while the block runs: ``open_source``
+    and the opens that do not go through it (an object store's zarr, ``catalog/remote.py``),
+    so every plate a server opens is laid out with its setting."""
+    previous = montage_gap()
+    _probe.montage_gap = check_gap_fraction(gap)
+    try:
+        yield
+    finally:
+        _probe.montage_gap = previous
 
 
 def _clean_reason(reason: str) -> str:

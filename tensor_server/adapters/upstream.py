@@ -17,6 +17,7 @@ off: this server's cache is the one that keeps pixels.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from collections.abc import Sequence
@@ -27,6 +28,8 @@ import numpy as np
 
 from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter, TensorInfo
 from tensor_server.core.bounds import Bounds
+from tensor_server.core.montage import PLATE_FIELD
+from tensor_server.core.positions import POSITIONS_FIELD
 from tensor_server.errors import StaleChunkId, UnreadableSource
 
 __all__ = ["Upstream", "RemoteTensorAdapter", "UpstreamSource", "TOKEN_ENV", "open_upstream_sources"]
@@ -70,6 +73,25 @@ class Upstream:
             raise UnreadableSource(self.location, f"upstream {what} failed: {type(exc).__name__}: {reason}") from None
 
 
+#: keys of an upstream tensor's metadata its descriptor publishes beside the source's (a
+#: montage's layout: ``TensorAdapter.published_metadata``), kept on the proxied tensor
+PUBLISHED = ("montage",)
+#: the fields whose describe asks for the metadata (what publishes ``PUBLISHED``): a plate's
+#: or a file's positions image; every other tensor is described without it (a 1536-well
+#: plate's 13,824 fields would each bring the source's 82 KB document)
+MONTAGE_FIELDS = (PLATE_FIELD, POSITIONS_FIELD)
+
+
+def _published(descriptor: Any) -> dict[str, Any]:
+    """The ``PUBLISHED`` keys of the upstream descriptor's ``metadata_json`` (the reference
+    wrapper, ``{"type", "dim_label", "metadata"}``); none where it sent no document."""
+    try:
+        metadata = json.loads(descriptor.metadata_json or "{}").get("metadata")
+    except (ValueError, AttributeError):
+        return {}
+    return {k: metadata[k] for k in PUBLISHED if isinstance(metadata, dict) and k in metadata}
+
+
 class RemoteTensorAdapter(TensorAdapter):
     """One upstream tensor (see the module docstring)."""
 
@@ -98,9 +120,20 @@ class RemoteTensorAdapter(TensorAdapter):
                 transfer_chunk_shape=list(descriptor.chunk_shape),
                 # the descriptor has no label flag; a label tensor's computed levels say ``mode``
                 is_labels=any(level.reduction_method == "mode" for level in descriptor.pyramid),
-                metadata={"upstream": upstream.location, "upstream_array_id": descriptor.array_id},
+                metadata={
+                    "upstream": upstream.location,
+                    "upstream_array_id": descriptor.array_id,
+                    **_published(descriptor),
+                },
             )
         )
+
+    @property
+    def published_metadata(self) -> tuple[str, ...]:  # type: ignore[override]
+        """What the upstream's descriptor published of its tensor (a plate's ``montage``):
+        this server's descriptor publishes it too, so a client maps a click on a proxied
+        plate to its well and field as on the upstream."""
+        return tuple(k for k in PUBLISHED if k in self.metadata)
 
     def _fetch(self, bounds: Bounds, scale: Sequence[int] | None, method: str | None) -> np.ndarray:
         client = self.upstream.client
@@ -164,8 +197,19 @@ class UpstreamSource(SourceAdapter):
         return f"{self.upstream.location}/{self.upstream_source_id}"
 
     def metadata_json(self, field: str | None = None) -> str:
-        """The upstream's own document when it sent one (it describes the data)."""
-        return self._metadata_json or super().metadata_json(field)
+        """The upstream's own document when it sent one (it describes the data); for a field
+        whose tensor publishes keys (a plate's layout), with those keys, as the upstream's
+        descriptor of it had them."""
+        tensor = None if field is None else self.tensors.get(field)
+        if self._metadata_json is None or tensor is None or not tensor.published_metadata:
+            return self._metadata_json or super().metadata_json(field)
+        document = self._documents.get(field)
+        if document is None:
+            wrapper = json.loads(self._metadata_json)
+            metadata = wrapper["metadata"] = dict(wrapper.get("metadata") or {})
+            metadata.update({k: tensor.metadata[k] for k in tensor.published_metadata})
+            document = self._documents[field] = json.dumps(wrapper, default=str)
+        return document
 
 
 def open_upstream_sources(upstream: Upstream, prefix: str) -> list[UpstreamSource]:
@@ -184,8 +228,13 @@ def open_upstream_sources(upstream: Upstream, prefix: str) -> list[UpstreamSourc
     for row in rows:
         tensors = {}
         for t in row["tensors"] or ():
-            desc = upstream.call(f"describe {t['array_id']}", client.get_descriptor, t["array_id"])
             field = t["array_id"].partition("/")[2] or "data"
+            desc = upstream.call(
+                f"describe {t['array_id']}",
+                client.get_descriptor,
+                t["array_id"],
+                with_metadata=field in MONTAGE_FIELDS,  # its layout (``PUBLISHED``); a field's: 82 KB of nothing new
+            )
             tensors[field] = RemoteTensorAdapter(upstream, desc)
         if tensors:
             out.append(

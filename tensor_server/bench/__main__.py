@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.cache_reads",
         "cold vs warm chunk reads via the SDK; cache-sourced scaled reads vs the source",
     ),
+    "plate-open": (
+        "tensor_server.bench.plate_open",
+        "opening a big HCS plate (metadata only): fresh-interpreter open and server listing, per checkout",
+    ),
     "guards": (
         "tensor_server.bench.catalog_guards",
         "cost of the catalog guards: per-query SQL database, stale-data check, chunk-file stats at open",
@@ -74,9 +78,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.special",
         "uniform (special) chunks in closed form vs decoding them; zarr+NumPy and blosc2 peers",
     ),
+    "render-spec": (
+        "tensor_server.bench.render_spec",
+        "warm IIIF tiles of 4 and 16 of 60 channels from a render spec, 1 and 8 clients, vs NumPy and 3 channels",
+    ),
     "crowd": (
         "tensor_server.bench.crowd",
         "63-tile viewports by 1-8 concurrent clients, HTTP and Flight, warm and cold, beside a bare uvicorn floor",
+    ),
+    "share": (
+        "tensor_server.bench.share",
+        "warm chunk latency with a share link and an OIDC JWT vs the server token; GeoJSON of many ROIs",
     ),
     "tls": (
         "tensor_server.bench.tls",

@@ -29,6 +29,7 @@ within 10 % of the quiet phase's; CPU idle within 2 s of the last request.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import threading
@@ -179,7 +180,7 @@ def _hostile(
     )
     real = ticket_pb2.TensorTicket.FromString(info.endpoints[0].ticket.ticket)
     cid = ChunkId.decode(real.chunk_id)
-    forged = ChunkId(**{**cid.__dict__, "start": (0, 0), "stop": (1 << 40, 1 << 40)}).encode()
+    forged = dataclasses.replace(cid, start=(0, 0), stop=(1 << 40, 1 << 40)).encode()
     attacks, close = hostile_attacks(
         location, array_id, http_url, metrics_url, ticket_pb2.TensorTicket(chunk_id=forged).SerializeToString()
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["plate_grid", "write_benchmark_czi", "write_plate"]
+__all__ = ["plate_grid", "write_benchmark_czi", "write_metadata_plate", "write_plate"]
 
 #: a field's pixels: (well path, field index, (channels, y, x)) -> the array to write
 FieldPixels = Callable[[str, int, tuple[int, int, int]], np.ndarray]
@@ -62,6 +62,50 @@ def write_plate(
                     data, image, scale_factors=tuple(scale_factors), axes="cyx", fmt=fmt, storage_options=storage
                 )
     return Path(path)
+
+
+def write_metadata_plate(
+    path: str | Path, rows: int, columns: int, fields: int, side: int = 1080, levels: int = 4
+) -> Path:
+    """A plate of ``rows`` × ``columns`` wells of ``fields`` fields of 2 × ``side``² uint16
+    with ``levels``-level pyramids and no pixel written (NGFF 0.4): one well written by
+    ome-zarr-py (``write_plate`` of zeros, which zarr does not store), its metadata documents
+    copied to every well, the plate's document listing them all. A big plate's open costs
+    the same as a written one's (the open reads metadata only) in seconds and megabytes."""
+    import json
+    import shutil
+    import tempfile
+
+    path = Path(path)
+    names, numbers = plate_grid(rows, columns)
+    with tempfile.TemporaryDirectory(prefix="ts-metadata-plate-") as tmp:
+        seed = write_plate(
+            Path(tmp) / "seed.ome.zarr",
+            ["A"],
+            ["1"],
+            {"A/1": [(side, side)] * fields},
+            lambda well, index, shape: np.zeros(shape, np.uint16),
+            scale_factors=[2**k for k in range(1, levels)],
+        )
+        well = {p.relative_to(seed / "A" / "1"): p.read_bytes() for p in (seed / "A" / "1").rglob("*") if p.is_file()}
+        plate = json.loads((seed / ".zattrs").read_bytes())
+        path.mkdir(parents=True)
+        shutil.copy(seed / ".zgroup", path / ".zgroup")
+    wells = [f"{r}/{c}" for r in names for c in numbers]
+    plate["plate"].update(
+        rows=[{"name": n} for n in names],
+        columns=[{"name": n} for n in numbers],
+        wells=[{"path": w, "rowIndex": i // columns, "columnIndex": i % columns} for i, w in enumerate(wells)],
+    )
+    (path / ".zattrs").write_text(json.dumps(plate))
+    for row in names:
+        (path / row).mkdir()
+        (path / row / ".zgroup").write_text('{"zarr_format": 2}')
+    for w in wells:
+        for rel, data in well.items():
+            (path / w / rel).parent.mkdir(parents=True, exist_ok=True)
+            (path / w / rel).write_bytes(data)
+    return path
 
 
 def write_benchmark_czi(

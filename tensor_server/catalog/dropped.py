@@ -16,6 +16,13 @@ under ``/proc``, ``/sys``, ``/dev``, ``/etc``, the write dir or the cache (``Per
 naming the rule); the walk never follows a link out of the added path, spends a
 ``WalkBudget`` (entries, seconds) and stops when the client has gone. ``add_events`` yields
 progress as each source is registered, so a door streams it while the walk goes on.
+
+A URL (``https://``, ``http://``, ``s3://``) is added as a remote root instead: an http(s) image
+is opened at once under the host rule (``adapters/_url_rules.py``: never loopback, private,
+link-local or the metadata address unless ``[remote] allowed_hosts`` lists the host), and a
+URL that cannot be read is refused naming it and the reason (404, HTML, a timeout), not kept
+as an unreadable row; an ``s3://`` URL is listed like an ``s3://`` root. ``remove_source``
+takes the URL back.
 """
 
 from __future__ import annotations
@@ -27,12 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tensor_server.adapters.registry import formats
-from tensor_server.catalog.catalog import Catalog
+from tensor_server.catalog.catalog import Catalog, SourceRecord
 from tensor_server.catalog.discovery import Claim, WalkBudget, discover
 from tensor_server.catalog.record import resolves_under, stat_signature
 from tensor_server.catalog.tree import root_top_names
 from tensor_server.core.identity import source_id_for_path
-from tensor_server.errors import InvalidArgument, PermissionDenied, ResourceExhausted
+from tensor_server.errors import (
+    InvalidArgument,
+    PermissionDenied,
+    RemoteUnavailable,
+    ResourceExhausted,
+    UnreadableSource,
+)
 
 __all__ = ["DND_PREFIX", "AddProgress", "AddTally", "AddLimits", "DroppedPaths", "SYSTEM_PATHS"]
 
@@ -85,6 +98,7 @@ class DroppedPaths:
         self.refused_paths = [Path(p) for p in refused_paths]
         self.limits = limits
         self._labels: dict[str, Path] = {}
+        self._urls: dict[str, str] = {}  # added URLs as shown -> as given
         self._lock = threading.Lock()
 
     def _allowed(self) -> list[Path]:
@@ -171,6 +185,9 @@ class DroppedPaths:
         that format instead of discovering. A walk past its budget ends with what it found
         and a ``failed`` entry saying why (nothing is removed then); ``ReadCancelled`` when
         ``cancelled()`` turns true."""
+        if "://" in raw_path and not raw_path.startswith("file://"):
+            yield from self._add_url(raw_path)
+            return
         path = self._checked_path(raw_path)
         known = {e.name: e for e in formats()}
         if source_type and source_type not in known:
@@ -242,8 +259,55 @@ class DroppedPaths:
         if not present and say_when_none:
             tally.failed.append((str(path), "under a served root, but no source there (yet: the next scan finds it)"))
 
+    def _add_url(self, url: str) -> Iterator[AddProgress | AddTally]:
+        """A remote image (or an s3:// prefix) as a root of this server's lifetime (module
+        docstring): the tally, or an error naming the URL and the reason."""
+        from tensor_server.adapters.url_source import checked_addresses, is_image_url, open_url_source, url_scheme
+        from tensor_server.adapters.zarr_remote import public_url
+        from tensor_server.catalog.remote import scan_remote_root
+        from tensor_server.core.identity import source_id_for_url
+
+        scheme = url_scheme(url.strip())
+        url, shown = url.strip(), public_url(url.strip()).rstrip("/")
+        tally = AddTally()
+        if scheme == "s3" and not is_image_url(url):  # a prefix: its stores, listed
+            scan_remote_root(self.catalog, url)
+            rows = [r for r in self.catalog.records() if r.url == shown or r.url.startswith(shown + "/")]
+            if all(not r.is_resolved for r in rows):
+                self.catalog.remove_records([r.source_id for r in rows])
+                why = "; ".join(str(r.unresolved_reason) for r in rows) or "no zarr or OME-Zarr store there"
+                raise InvalidArgument(f"add_source: {shown}: {why}")
+            with self._lock:
+                self._urls[shown] = url
+            tally.added = [r.source_id for r in rows if r.is_resolved]
+        else:
+            if scheme != "s3":
+                checked_addresses(url)  # the host rule before any byte is fetched
+            sid = source_id_for_url(shown)
+            try:
+                src = open_url_source(url, sid)
+            except RemoteUnavailable:
+                raise
+            except UnreadableSource as exc:
+                raise InvalidArgument(f"add_source: {exc}") from None
+            known = any(r.source_id == sid for r in self.catalog.records())
+            self.catalog.put_record(SourceRecord(sid, shown, src.type, None, src, None, (shown,)))
+            with self._lock:
+                self._urls[shown] = url
+            (tally.already_present if known else tally.added).append(sid)
+        yield AddProgress(len(tally.added) + len(tally.already_present), shown)
+        yield tally
+
     def remove(self, root_url: str) -> list[str]:
-        """Deregister every source at or under a ``dnd://`` branch root; return their ids."""
+        """Deregister every source at or under a ``dnd://`` branch root (or an added URL);
+        return their ids."""
+        with self._lock:
+            added_url = self._urls.pop(root_url.rstrip("/"), None)
+        if added_url is not None:
+            root = root_url.rstrip("/")
+            return self.catalog.remove_records(
+                [r.source_id for r in self.catalog.records() if r.url == root or r.url.startswith(root + "/")]
+            )
         if not root_url.startswith(DND_PREFIX) or not root_url[len(DND_PREFIX) :].strip("/"):
             raise InvalidArgument(
                 f"remove_source: {root_url!r} is not a dnd:// branch of an added path; "

@@ -6,6 +6,10 @@ A root may be a URL instead of a path:
   recursively once per scan; every zarr / OME-Zarr store under it is a source, opened when
   new or when any of its objects changed (an ETag differs), so chunk ids planned before a
   rewrite are stale (``adapters/zarr_remote.py``);
+* ``https://host/path/image.ome.zarr`` (or ``http://``, or a ``.tif`` / ``.ome.tif`` URL): one
+  image, opened by its own metadata, never listed (a static host cannot be), read range by
+  range through the persistent byte cache under the host rule (``adapters/url_source.py``);
+  its signature is its URL, so a rescan leaves it open (its bytes are revalidated on their own);
 * ``grpc://host:port[/source_id]``: another tensor server; its readable sources (or the
   one named) are listed here under ids prefixed ``<host>-<port>.``, read through this
   server's cache and engine (``adapters/upstream.py``); re-described at every scan, so an
@@ -24,6 +28,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tensor_server.adapters.registry import montages_gapped
 from tensor_server.core.identity import source_id_for_url
 from tensor_server.errors import UnreadableSource
 
@@ -35,6 +40,8 @@ __all__ = ["is_remote_root", "resolve_remote", "scan_remote_root"]
 log = logging.getLogger(__name__)
 
 _UPSTREAM_SCHEMES = ("grpc", "grpc+tcp", "grpcs", "grpc+tls")
+#: one image by its URL (adapters/url_source.py)
+_URL_SCHEMES = ("http", "https")
 
 
 def is_remote_root(root: str | os.PathLike[str]) -> bool:
@@ -55,6 +62,8 @@ def scan_remote_root(catalog: Catalog, url: str) -> dict[str, int]:
     try:
         if _scheme(url) in _UPSTREAM_SCHEMES:
             found = _upstream_records(url)
+        elif _scheme(url) in _URL_SCHEMES:
+            found = _url_records(url)
         else:
             found = _object_store_records(url)
     except UnreadableSource as exc:
@@ -69,7 +78,8 @@ def scan_remote_root(catalog: Catalog, url: str) -> dict[str, int]:
         old = existing.pop(rec.source_id, None)
         if old is not None and old.is_resolved and old.signature == rec.signature:
             continue  # unchanged: keep the open source, its content versions and the cache
-        rec = _opened(rec, opener)
+        with montages_gapped(catalog.montage_gap):  # a plate in a bucket: the server's gap too
+            rec = _opened(rec, opener)
         catalog.put_record(rec)
         counts["added" if old is None else "changed"] += 1
         counts["unresolved"] += not rec.is_resolved
@@ -127,6 +137,17 @@ def _object_store_records(url: str) -> list[tuple[Any, Callable[[], Any]]]:
         rec = SourceRecord(source_id_for_url(shown), shown, kind, None, None, None, listing.signature(folder.key))
         records.append((rec, lambda folder=folder, sid=rec.source_id: RemoteZarrSource(folder, sid)))
     return records
+
+
+def _url_records(url: str) -> list[tuple[Any, Callable[[], Any]]]:
+    """The one record of an image URL; opened only when new (or unreadable before)."""
+    from tensor_server.adapters.url_source import open_url_source
+    from tensor_server.adapters.zarr_remote import public_url
+    from tensor_server.catalog.catalog import SourceRecord
+
+    shown = public_url(url).rstrip("/")
+    rec = SourceRecord(source_id_for_url(shown), shown, "remote-image", None, None, None, (shown,))
+    return [(rec, lambda: open_url_source(url, rec.source_id))]
 
 
 def _opened(rec: Any, opener: Callable[[], Any]) -> Any:

@@ -20,7 +20,7 @@ from tensor_server.core.identity import ArrayId
 from tensor_server.core.json_body import bounded_int
 from tensor_server.errors import InvalidArgument, RequestTooLarge, SourceUnresolved, TensorNotFound
 
-__all__ = ["roi_target", "read_rois", "put_rois", "delete_rois", "prune_rois", "MAX_UNSEEN_DAYS"]
+__all__ = ["roi_target", "read_rois", "put_rois", "store_rois", "delete_rois", "prune_rois", "MAX_UNSEEN_DAYS"]
 
 #: a century: a cut-off further back than this is not a retention policy (and past ~2000
 #: years the date arithmetic itself overflows)
@@ -114,13 +114,27 @@ def put_rois(
         rois = table_to_rois(table)
     except ValueError as exc:
         raise InvalidArgument(f"{what}: {str(exc)[:300]}") from None
-    for roi in rois:
-        if roi.array_id == array_id:
-            roi.array_id = target
-    stored, conflicts = store.put(
-        target, rois, source_url=_source_url(catalog, target), check_rev=check_rev, writer=writer
-    )
+    stored, conflicts = store_rois(catalog, array_id, rois, check_rev=check_rev, writer=writer, target=target)
     return RoiPutResult(stored=stored, conflicts=conflicts)
+
+
+def store_rois(
+    catalog: Any,
+    array_id: str,
+    rois: list[Any],
+    *,
+    check_rev: bool = False,
+    writer: str | None = None,
+    target: str | None = None,
+) -> tuple[list[Any], list[Any]]:
+    """Store annotations (``RoiAnnotation`` messages: a ``roi_put``'s rows, a GeoJSON import)
+    on ``array_id`` as one unit: ``(stored, conflicts)``. ``target``: ``roi_target`` of it,
+    when the caller found it already."""
+    target = target or roi_target(catalog, array_id, write=True)
+    for roi in rois:
+        if roi.array_id in ("", array_id):
+            roi.array_id = target
+    return catalog.rois.put(target, rois, source_url=_source_url(catalog, target), check_rev=check_rev, writer=writer)
 
 
 #: characters of proto3 JSON one vertex takes at most ({"x": -1.2345678901234567e+300, ...})

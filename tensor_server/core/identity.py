@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import uuid
 from pathlib import Path
 
@@ -18,6 +19,8 @@ __all__ = [
     "LABEL_SETS",
     "NO_DEFAULT_TENSOR",
     "file_content_version",
+    "stamps_content_version",
+    "stat_stamp_bytes",
     "file_stat_stamp",
     "label_set_image",
     "minted_content_version",
@@ -34,6 +37,8 @@ NO_DEFAULT_TENSOR = "no_default_tensor"
 #: for label images a file stores and label sets uploaded alike (the biopb clients group a
 #: source's tensors by it: the last such segment with a name after it)
 LABEL_SETS = "@labels"
+#: a file_stat_stamp as file_content_version digests it: four little-endian signed 64-bit ints
+_STAMP = struct.Struct("<4q")
 
 
 class ArrayId(tuple):
@@ -84,8 +89,18 @@ def label_set_image(array_id: str) -> str | None:
 def file_content_version(*paths: str | os.PathLike[str]) -> bytes:
     """A data version from file stats (16 bytes): a digest of each path's ``file_stat_stamp``,
     so a rewritten file never matches an old chunk id."""
-    parts = [b"".join(v.to_bytes(8, "little", signed=True) for v in file_stat_stamp(os.stat(p))) for p in paths]
-    return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+    return stamps_content_version(b"".join(stat_stamp_bytes(os.stat(p)) for p in paths))
+
+
+def stat_stamp_bytes(st: os.stat_result) -> bytes:
+    """A ``file_stat_stamp`` packed as ``file_content_version`` digests it (a reader that took
+    the stat as it read the file, ``fstat``, needs no second one)."""
+    return _STAMP.pack(*file_stat_stamp(st))
+
+
+def stamps_content_version(stamps: bytes) -> bytes:
+    """``file_content_version`` of files whose ``stat_stamp_bytes`` were taken already."""
+    return hashlib.blake2b(stamps, digest_size=16).digest()
 
 
 def file_stat_stamp(st: os.stat_result) -> tuple[int, int, int, int]:

@@ -32,9 +32,14 @@ _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPEN, _CLOSE = np.frombuffer(b"[{", np.uint8), np.frombuffer(b"]}", np.uint8)
 
 
+#: bytes of a body measured at once: the measure holds a few 8-byte integers per byte, so a
+#: 64 MiB body (a GeoJSON import) measured whole would hold ~2 GB; in blocks it holds ~40 MB
+_DEPTH_BLOCK = 1 << 20
+
+
 def _depth(body: bytes) -> int:
     """Greatest bracket nesting of ``body`` outside string literals, in a few vectorised
-    passes (linear in ``len(body)``, whatever the bytes).
+    passes per block of ``_DEPTH_BLOCK`` bytes (linear in ``len(body)``, whatever the bytes).
 
     The reading: a backslash escapes the byte after it, a quote that is not escaped opens or
     closes a string, and a bracket counts when it is neither escaped nor in a string. So a
@@ -43,20 +48,36 @@ def _depth(body: bytes) -> int:
     precede it. On valid JSON this is the parser's own reading (outside strings valid JSON
     has no backslash); past the first invalid byte it may differ, but the parser stops
     there, so it never nests deeper than this measure of the prefix it read (an
-    unterminated string hides the rest from both)."""
+    unterminated string hides the rest from both). The blocks carry over the string parity,
+    the depth and whether the last one ended in an odd run of backslashes."""
     raw = np.frombuffer(body, np.uint8)
-    if raw.size == 0:
-        return 0
+    deepest, state = 0, (0, 0, False)
+    for start in range(0, raw.size, _DEPTH_BLOCK):
+        block_deepest, state = _depth_of_block(raw[start : start + _DEPTH_BLOCK], *state)
+        deepest = max(deepest, block_deepest)
+    return deepest
+
+
+def _depth_of_block(raw: np.ndarray, depth: int, quotes: int, escaping: bool) -> tuple[int, tuple[int, int, bool]]:
+    """(greatest depth in the block, the state after it) for a block entered at ``depth``,
+    after ``quotes`` delimiting quotes, the byte before it an odd run's last backslash when
+    ``escaping`` (``_depth``). That backslash is put back in front: it is neither a quote nor
+    a bracket, so it counts for nothing but the escape."""
+    if escaping:
+        raw = np.concatenate((np.array([_BACKSLASH], np.uint8), raw))
     index = np.arange(raw.size, dtype=np.intp)
     # the last byte at or before each position that is not a backslash (-1: none)
     last_plain = np.maximum.accumulate(np.where(raw != _BACKSLASH, index, -1))
     escaped = np.zeros(raw.size, bool)
     escaped[1:] = (index[:-1] - last_plain[:-1]) % 2 == 1  # an odd run of backslashes just before
     delimiter = (raw == _QUOTE) & ~escaped
-    in_string = (np.cumsum(delimiter) % 2).astype(bool)
+    seen = np.cumsum(delimiter) + quotes
+    in_string = (seen % 2).astype(bool)
     step = np.isin(raw, _OPEN).astype(np.intp) - np.isin(raw, _CLOSE).astype(np.intp)
     step[in_string | escaped] = 0
-    return int(np.cumsum(step).max(initial=0))
+    levels = np.cumsum(step) + depth
+    ends_escaping = bool((raw.size - 1 - last_plain[-1]) % 2 == 1)
+    return int(levels.max(initial=depth)), (int(levels[-1]), int(seen[-1]), ends_escaping)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -38,7 +38,7 @@ import hashlib
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,11 @@ from tensor_server.core.reduced_level import levels_below
 from tensor_server.core.uniform import UniformBlock
 from tensor_server.errors import InvalidArgument
 
-__all__ = ["DEFAULT_GAP_FRACTION", "MontageTensor", "Tile", "build_montage", "check_gap_fraction"]
+__all__ = ["DEFAULT_GAP_FRACTION", "PLATE_FIELD", "MontageTensor", "Tile", "build_montage", "check_gap_fraction"]
+
+#: The field of a plate's image of all its fields (``adapters/_zarr_store.py``), served beside
+#: them (a file's positions image is ``core/positions.POSITIONS_FIELD``)
+PLATE_FIELD = "plate"
 
 #: the gap between groups (wells, positions), as a fraction of a cell's longer side: wide
 #: enough to see where one well ends at a plate's overview, narrow enough to waste little
@@ -183,9 +187,11 @@ def _montage_level(
     divided by the factor (exact: the layout is aligned to it), other extents the level's."""
     level_placed = [
         _Placed(
-            replace(p.tile, tensor=_level(p.tile.tensor, scale)), (p.origin[0] // scale[y], p.origin[1] // scale[x])
+            Tile(t.group, t.name, t.row, t.column, t.slot, _level(t.tensor, scale)),  # not replace(): 4x slower
+            (p.origin[0] // scale[y], p.origin[1] // scale[x]),
         )
         for p in placed
+        for t in (p.tile,)
     ]
     level_shape = list(level_placed[0].tile.tensor.shape)
     level_shape[y], level_shape[x] = shape[y] // scale[y], shape[x] // scale[x]

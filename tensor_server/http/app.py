@@ -4,7 +4,8 @@ URLs (``<id>`` is an array id, ``/`` included; ``http/paths.py`` resolves a path
 
 * ``/zarr/<id>/…``  — NGFF 0.4 on zarr v2 (``.zgroup``, ``.zattrs``, ``<level>/.zarray``,
   ``<level>/<i>.<j>…``), labels under ``labels/<name>/``;
-* ``/zarr3/<id>/…`` — NGFF 0.5 on zarr v3 (``zarr.json``, ``<level>/c/<i>/<j>…``).
+* ``/zarr3/<id>/…`` — NGFF 0.5 on zarr v3 (``zarr.json``, ``<level>/c/<i>/<j>…``);
+* ``/rois/<id>.geojson`` — the annotations as GeoJSON, GET and PUT (``http/rois_door.py``).
 
 A translation only, over the same ``ServingRuntime`` as the Flight door: the runtime decides
 who may read what (the server token, per-tensor grants, the upload gate), and reads chunks
@@ -130,6 +131,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
     from starlette.routing import Route
 
     from tensor_server.http import watch_door
+    from tensor_server.http.rois_door import routes as roi_routes
     from tensor_server.http.viewers import routes as viewer_routes
 
     views = _Views(runtime)
@@ -252,6 +254,7 @@ def build_app(runtime: ServingRuntime, security: HttpSecurity | None = None):
 
     routes = [
         *viewer_routes(runtime, caller_of),
+        *roi_routes(runtime, caller_of),
         *watch_door.routes(runtime, caller_of),
         Route("/{flavour:str}/{rest:path}", serve, methods=["GET", "HEAD"]),
         Route("/healthz", lambda request: PlainTextResponse("ok"), methods=["GET"]),

@@ -15,11 +15,12 @@ the plate image's thumbnail and doors, then its wells in a collapsed list, each 
 linked to their own viewer pages (a field's label images beside it); the fields it places get
 no row of their own (a 1536-well plate of 9 fields would be 13,824 rows and as many
 thumbnails). The list is paged, never the whole plate (``wells_list``), so the page's size is
-bounded whatever the plate's.
+bounded whatever the plate's. The rule is the service floor's (``service/plates.py``).
 
 ``/api/catalog?folder=<key>`` answers the same level as JSON: both come from one service
 call (``CatalogVerbs.catalog_level``: the tree ``catalog_children`` lists, each source with
-the tensors ``ServingRuntime.fields`` serves the caller, or the reason it cannot be read).
+the tensors ``ServingRuntime.fields`` serves the caller, or the reason it cannot be read); a
+plate is one entry there too, its wells paged (``wells_json``, ``/api/wells/<plate id>``).
 
 The page's links carry the credential the request presented (its URL or ``Authorization``,
 never the cookie's) in the path form ``/t/<token>/`` (``http/security.py``), which zarr clients
@@ -35,17 +36,20 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-from tensor_server.core.identity import ArrayId
 from tensor_server.core.level_grid import grid_levels
-from tensor_server.errors import InvalidArgument
+from tensor_server.errors import InvalidArgument, TensorServerError
+from tensor_server.http.rois_door import body_within
 from tensor_server.http.viewer_door import guarded, presented_token, token_path
 from tensor_server.render.plane import PlaneView
+from tensor_server.service import share_verbs
+from tensor_server.service.plates import WellsPage, split_plates, wells_page
+from tensor_server.service.shares import SHARE_PATH_PREFIX
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service import Caller, ServingRuntime
@@ -54,24 +58,23 @@ __all__ = [
     "osd_dir",
     "routes",
     "script_json",
-    "split_plates",
+    "wells_json",
     "wells_list",
     "wells_html",
     "API_CATALOG",
+    "API_WELLS",
     "WELLS_PREFIX",
 ]
 
 THUMBNAIL = 160
-#: field links one page of a plate's wells list holds (whole wells; a well of more fields than
-#: this alone on its page): the catalog page shows the first page, ``/wells/<plate id>?start=N``
-#: the rest. 864 is a whole 96-well plate of 9 fields; a 1536-well plate of 9 fields then adds
-#: 66 KB to the catalog page where its whole list is 1.06 MB (measured with the page's links to
-#: fields of a source id like ``screen-3239dbfc`` under a ``/t/<token>`` prefix, 2026-12-05)
-WELL_LINKS_PER_PAGE = 864
 #: the pages of a plate's wells list
 WELLS_PREFIX = "/wells/"
 #: the JSON catalog: ``?folder=<key>`` as for the page
 API_CATALOG = "/api/catalog"
+#: the JSON pages of a plate's wells: ``/api/wells/<plate id>?start=N``
+API_WELLS = "/api/wells/"
+#: ``POST`` the ``share`` action's JSON body: the page's share buttons (``service/share_verbs.py``)
+API_SHARE = "/api/share"
 #: the pages' own files, served at ``/assets/page/<name>`` (a policy of ``script-src 'self'``
 #: runs no inline script, ``style-src 'self'`` applies no inline style)
 PAGE_ASSETS_PREFIX = "/assets/page/"
@@ -82,6 +85,9 @@ _STYLE = (
     "pre{padding:.4em;margin:.2em 0;white-space:pre-wrap}.urls a{display:block}"
     "ul.wells{margin:.3em 0;padding-left:1.2em;font-size:.9em}ul.wells a{margin-right:.4em}"
     "html.viewer,html.viewer body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}"
+    "#panel{position:fixed;top:0;right:0;max-height:100%;overflow-y:auto;width:15em;padding:.4em;"
+    "background:rgba(255,255,255,.85);font-size:.8em}#panel .channel,#panel .axis{margin:.3em 0}"
+    "#panel input[type=range]{width:6em}#panel input[type=number]{width:3.5em}#panel .note{color:#a00}"
 )
 _SCRIPT = """"use strict";
 (function () {
@@ -92,9 +98,24 @@ _SCRIPT = """"use strict";
       navigator.clipboard.writeText(button.previousElementSibling.textContent);
     });
   });
+  document.querySelectorAll("button.share").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var out = button.nextElementSibling;
+      fetch(button.dataset.endpoint, {method: "POST", headers: {"Content-Type": "application/json"},
+                                      body: JSON.stringify({array_id: button.dataset.arrayId})})
+        .then(function (r) { return r.ok ? r.json() : r.text().then(function (t) { throw new Error(t); }); })
+        .then(function (made) { out.textContent = made.url + "  (7 days; id " + made.id + ")"; })
+        .catch(function (e) { out.textContent = String(e.message || e); });
+    });
+  });
 })();
 """
-_PAGE_ASSETS = {"pages.js": (_SCRIPT, "text/javascript"), "pages.css": (_STYLE, "text/css")}
+_PANEL_SCRIPT = (Path(__file__).with_name("viewer_panel.js")).read_text(encoding="utf-8")
+_PAGE_ASSETS = {
+    "pages.js": (_SCRIPT, "text/javascript"),
+    "panel.js": (_PANEL_SCRIPT, "text/javascript"),
+    "pages.css": (_STYLE, "text/css"),
+}
 #: what JSON escapes further inside HTML: no ``</script>``, ``<!--``, entity or line terminator
 _SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
@@ -106,14 +127,15 @@ def script_json(value: Any) -> str:
     return json.dumps(value).translate(_SCRIPT_SAFE)
 
 
-def _page(title: str, body: str, html_class: str = "") -> str:
+def _page(title: str, body: str, html_class: str = "", prefix: str = "") -> str:
     """A whole page: ``title`` (plain text, escaped here), ``body`` (HTML), the pages' own
-    style sheet and script."""
+    style sheet and script (under ``prefix``: a share link's path, see ``viewer_html``)."""
     html = f'<html class="{escape(html_class)}">' if html_class else "<html>"
+    assets = escape(prefix + PAGE_ASSETS_PREFIX)
     return (
         f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
-        f'<link rel="stylesheet" href="{PAGE_ASSETS_PREFIX}pages.css">{body}'
-        f'<script src="{PAGE_ASSETS_PREFIX}pages.js"></script>'
+        f'<link rel="stylesheet" href="{assets}pages.css">{body}'
+        f'<script src="{assets}pages.js"></script><script src="{assets}panel.js"></script>'
     )
 
 
@@ -157,7 +179,20 @@ def _tensor_page(tensor: Any, prefix: str) -> str:
     return f"{prefix}/view/{aid}" if tensor.ndim >= 2 else f"{prefix}/zarr/{aid}/"
 
 
-def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: str, prefix: str) -> str:
+def _share_button(runtime: ServingRuntime, caller: Caller, tensor: Any, prefix: str) -> str:
+    """A button that makes a 7-day share link of ``tensor`` (``POST /api/share``), when the
+    caller may (``Access.may_share``: the server token, or the tensor's owner)."""
+    try:
+        runtime.access.may_share(caller, tensor)
+    except TensorServerError:
+        return ""
+    return (
+        f'<button class="share" data-endpoint="{escape(prefix + API_SHARE)}" '
+        f'data-array-id="{escape(tensor.array_id)}">share</button><pre class="shared"></pre>'
+    )
+
+
+def _tensor_row(runtime: ServingRuntime, caller: Caller, served: Any, token: str | None, host: str, prefix: str) -> str:
     tensor = served.tensor
     aid = quote(tensor.array_id, safe="/")
     thumb = "—"
@@ -188,86 +223,70 @@ def _tensor_row(runtime: ServingRuntime, served: Any, token: str | None, host: s
         f"<tr><td>{thumb}</td><td><b>{escape(served.listed_id)}</b><br>shape {escape(str(tuple(tensor.shape)))}"
         f"<br>dtype {escape(str(tensor.dtype))}<br>axes {escape(''.join(tensor.dim_labels))}"
         f"{'<br>labels' if tensor.is_labels else ''}</td><td>{_physical(tensor)}</td><td>{level_text}</td>"
-        f'<td class="urls">{links}{sdk}</td></tr>'
+        f'<td class="urls">{links}{sdk}{_share_button(runtime, caller, tensor, prefix)}</td></tr>'
     )
 
 
-def split_plates(served: Sequence[Any]) -> list[tuple[Any, dict[str, list[Any]] | None]]:
-    """The tensors of a source that get a row, plates first, each with None or, for a plate
-    image, what its layout places: field (``<well>/<field>``) -> that field's tensors (itself,
-    then its label images, ``<field>/@labels/<name>``). A placed field and its label images
-    get no row of their own: the plate's wells list links them."""
-    placed: dict[str, list[Any]] = {}
-    plates: list[tuple[Any, dict[str, list[Any]]]] = []
-    for t in served:
-        layout = t.tensor.metadata.get("montage")
-        if layout:
-            fields: dict[str, list[Any]] = {
-                f"{w['path']}/{f['path']}": [] for w in layout["wells"] for f in w["fields"]
-            }
-            plates.append((t, fields))
-            placed.update(fields)
-    rows: list[tuple[Any, dict[str, list[Any]] | None]] = []
-    for t in served:
-        owner = placed.get(t.field.partition("/@")[0])
-        if owner is not None:
-            owner.append(t)
-        else:
-            rows.append((t, next((of for plate, of in plates if plate is t), None)))
-    return sorted(rows, key=lambda row: row[1] is None)  # the plates first
-
-
-def wells_list(plate: Any, fields: dict[str, list[Any]], start: int, prefix: str) -> str:
-    """One page of a plate's wells, from well ``start``: each well's path and its fields'
-    links (to the field's viewer; its label images beside it), whole wells until the page
-    holds ``WELL_LINKS_PER_PAGE`` links, then a link to the next page saying how many wells
-    are left. On the catalog page (``start`` 0) a collapsed ``<details>``: a page that pages
-    its wells stays bounded for any plate (a 1536-well plate of 9 fields whole would add 1 MB
-    to every load of its folder), and paging is plain links, which need no script (a lazy
-    load would need the pages' script to build markup). A field the caller may not read (a
-    grant of another) is named, unlinked."""
-    wells = plate.tensor.metadata["montage"]["wells"]
-    items, links, stop = [], 0, start
-    while stop < len(wells) and (stop == start or links + _well_links(wells[stop], fields) <= WELL_LINKS_PER_PAGE):
-        well = wells[stop]
+def wells_list(plate: Any, page: WellsPage, prefix: str) -> str:
+    """One page of a plate's wells (``service/plates.wells_page``: whole wells, at most
+    ``WELL_LINKS_PER_PAGE`` field links): each well's path and its fields' links (to the
+    field's viewer; its label images beside it), then a link to the next page saying how many
+    wells are left. On the catalog page (the first page) a collapsed ``<details>``: a page
+    that pages its wells stays bounded for any plate (a 1536-well plate of 9 fields whole
+    would add 1 MB to every load of its folder), and paging is plain links, which need no
+    script (a lazy load would need the pages' script to build markup). A field the caller may
+    not read (a grant of another) is named, unlinked."""
+    items = []
+    for well, fields in page.wells:
         anchors = []
-        for f in well["fields"]:
-            key = f"{well['path']}/{f['path']}"
+        for name, tensors in fields:
             anchors += [
-                f'<a class="field" href="{escape(_tensor_page(t.tensor, prefix))}">'
-                f"{escape(t.field[len(well['path']) + 1 :])}</a>"
-                for t in fields[key]
-            ] or [f'<span class="field">{escape(f["path"])}</span>']
-        items.append(f'<li><b class="well">{escape(well["path"])}</b> {"".join(anchors)}</li>')
-        links += _well_links(well, fields)
-        stop += 1
+                f'<a class="field" href="{escape(_tensor_page(t.tensor, prefix))}">{escape(t.field[len(well) + 1 :])}</a>'
+                for t in tensors
+            ] or [f'<span class="field">{escape(name)}</span>']
+        items.append(f'<li><b class="well">{escape(well)}</b> {"".join(anchors)}</li>')
     more = ""
-    if stop < len(wells):
-        href = f"{prefix}{WELLS_PREFIX}{quote(plate.tensor.array_id, safe='/')}?" + urlencode({"start": stop})
-        more = f'<p><a class="more-wells" href="{escape(href)}">{len(wells) - stop} more wells</a></p>'
+    if page.next_start is not None:
+        href = f"{prefix}{WELLS_PREFIX}{quote(plate.tensor.array_id, safe='/')}?" + urlencode(
+            {"start": page.next_start}
+        )
+        more = f'<p><a class="more-wells" href="{escape(href)}">{page.well_count - page.next_start} more wells</a></p>'
     listing = f'<ul class="wells">{"".join(items)}</ul>{more}'
-    if start:
+    if page.start:
         return listing
-    n_fields = sum(len(w["fields"]) for w in wells)
-    return f"<details><summary>{len(wells)} wells, {n_fields} fields of view</summary>{listing}</details>"
+    return f"<details><summary>{page.well_count} wells, {page.field_count} fields of view</summary>{listing}</details>"
 
 
-def _well_links(well: dict[str, Any], fields: dict[str, list[Any]]) -> int:
-    return sum(max(1, len(fields[f"{well['path']}/{f['path']}"])) for f in well["fields"])
+def wells_json(plate: Any, page: WellsPage, prefix: str) -> dict[str, Any]:
+    """One page of a plate's wells as JSON (``/api/catalog``'s plate entry, ``/api/wells``):
+    each field's path and the ids of its tensors the caller is served (``array_id``: null
+    where it may read none; ``labels``: its label images'), and the next page's URL."""
+    wells = []
+    for well, fields in page.wells:
+        entries = []
+        for name, tensors in fields:
+            own = next((t for t in tensors if "/@" not in t.field), None)
+            labels = [t.listed_id for t in tensors if t is not own]
+            entries.append({"path": name, "array_id": None if own is None else own.listed_id, "labels": labels})
+        wells.append({"path": well, "fields": entries})
+    more = None
+    if page.next_start is not None:
+        more = f"{prefix}{API_WELLS}{quote(plate.tensor.array_id, safe='/')}?" + urlencode({"start": page.next_start})
+    return {
+        "count": page.well_count,
+        "fields": page.field_count,
+        "start": page.start,
+        "wells": wells,
+        "next": more,
+    }
 
 
 def wells_html(runtime: ServingRuntime, caller: Caller, identifier: str, start: int, prefix: str) -> str:
     """``/wells/<plate id>?start=N``: the page of the plate's wells list from well ``start``
-    (``wells_list``), for ``caller`` (the fields ``ServingRuntime.fields`` serves it)."""
-    tensor, _echo = runtime.tensor(identifier, caller, pixels=False)
-    if "montage" not in tensor.metadata:
-        raise InvalidArgument(f"{identifier!r} is not a plate image: it has no wells to list")
-    if not 0 <= start < len(tensor.metadata["montage"]["wells"]):
-        raise InvalidArgument(f"start {start} is not a well of {identifier!r}")
-    served = runtime.fields(ArrayId.parse(tensor.array_id).source_id, caller).values()
-    plate, fields = next((t, f) for t, f in split_plates(list(served)) if t.tensor.array_id == tensor.array_id and f)
-    viewer = f'<a href="{escape(_tensor_page(tensor, prefix))}">the plate in the viewer</a>'
-    body = f"<h1>Wells of {escape(plate.listed_id)}</h1><p>{viewer}</p>{wells_list(plate, fields, start, prefix)}"
+    (``CatalogVerbs.plate_wells``), for ``caller``."""
+    plate, page = runtime.catalog_verbs.plate_wells(identifier, caller, start)
+    viewer = f'<a href="{escape(_tensor_page(plate.tensor, prefix))}">the plate in the viewer</a>'
+    body = f"<h1>Wells of {escape(plate.listed_id)}</h1><p>{viewer}</p>{wells_list(plate, page, prefix)}"
     return _page(f"wells of {plate.listed_id}", body)
 
 
@@ -281,18 +300,20 @@ def _title(path: str | None) -> str:
     return "" if path is None else f' title="{escape(path)}"'
 
 
-def _source_html(runtime: ServingRuntime, source: dict[str, Any], token: str | None, host: str, prefix: str) -> str:
+def _source_html(
+    runtime: ServingRuntime, caller: Caller, source: dict[str, Any], token: str | None, host: str, prefix: str
+) -> str:
     """A source's heading, then its tensors' table (a plate: one row and its wells list, the
     fields it places folded into that list), or the reason it cannot be read."""
     head = f'<h2 class="source">{escape(source["name"])} <small>({escape(source["source_id"])})</small></h2>'
     if source["unresolved_reason"] is not None:
         return f'{head}<p class="unresolved">cannot be read: {escape(source["unresolved_reason"])}</p>'
     rows = "".join(
-        _tensor_row(runtime, served, token, host, prefix)
+        _tensor_row(runtime, caller, served, token, host, prefix)
         + (
             ""
             if fields is None
-            else f'<tr class="wells"><td colspan="5">{wells_list(served, fields, 0, prefix)}</td></tr>'
+            else f'<tr class="wells"><td colspan="5">{wells_list(served, wells_page(served, fields, 0), prefix)}</td></tr>'
         )
         for served, fields in split_plates(source["tensors"])
     )
@@ -325,7 +346,7 @@ def catalog_html(
             )
             + "</ul>"
         )
-    body += [_source_html(runtime, source, token, host, prefix) for source in level["sources"]]
+    body += [_source_html(runtime, caller, source, token, host, prefix) for source in level["sources"]]
     if level["truncated"]:
         body.append("<p>(more entries than one page lists)</p>")
     if not level["folders"] and not level["sources"]:
@@ -337,7 +358,9 @@ def catalog_json(runtime: ServingRuntime, caller: Caller, key: str, prefix: str 
     """``/api/catalog?folder=<key>``: the page's level as JSON (``CatalogVerbs.catalog_level``, the
     same call), for scripts and web clients that do not speak Flight. Each tensor: its id as
     listed (what the SDK reads), axes, shape, dtype, whether it is a label image, physical
-    scale and unit, and its door URLs (relative, in the page's form)."""
+    scale and unit, and its door URLs (relative, in the page's form). A plate image is one
+    entry with the first page of its wells (``wells_json``); the fields it places have none
+    of their own (``service/plates.py``)."""
     level = runtime.catalog_verbs.catalog_level(key, caller)
 
     def tensor_json(served: Any) -> dict[str, Any]:
@@ -355,7 +378,12 @@ def catalog_json(runtime: ServingRuntime, caller: Caller, key: str, prefix: str 
             "name": s["name"],
             "source_id": s["source_id"],
             "unresolved_reason": s["unresolved_reason"],
-            "tensors": [tensor_json(t) for t in s["tensors"]],
+            "tensors": [
+                tensor_json(t)
+                if fields is None
+                else {**tensor_json(t), "wells": wells_json(t, wells_page(t, fields, 0), prefix)}
+                for t, fields in split_plates(s["tensors"])
+            ],
         }
         for s in level["sources"]
     ]
@@ -368,9 +396,13 @@ def catalog_json(runtime: ServingRuntime, caller: Caller, key: str, prefix: str 
     }
 
 
-def viewer_html(identifier: str, source: str) -> str:
+def viewer_html(identifier: str, source: str, view: PlaneView | None = None, share_prefix: str = "") -> str:
     """OpenSeadragon on ``identifier``: its options as JSON data, started by ``pages.js``; no
-    credential in the page (the tiles are admitted by the door's cookie)."""
+    credential in the page (the tiles are admitted by the door's cookie), except the share
+    link the page was opened with (``share_prefix``, ``/s/<capability>``: it is in the page's
+    own URL already, and earns no cookie, so the tiles need it in theirs). With ``view`` (the
+    plane the identifier names), the channel panel (``viewer_panel.js``) beside it, where the
+    plane's channels can be composited (not a label image, an RGB one or one channel alone)."""
     aid = quote(identifier, safe="/;=")
     if not (osd_dir() / "openseadragon.min.js").is_file():
         return _page(
@@ -381,26 +413,62 @@ def viewer_html(identifier: str, source: str) -> str:
             "</code> at OpenSeadragon's <code>build/openseadragon</code> folder, then "
             f"reload. The tiles are already served: <code>/iiif/3/{escape(aid)}/info.json</code>.</p>",
         )
-    tile_source = f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json"
+    tile_source = share_prefix + (f"/deepzoom/{aid}.dzi" if source == "dzi" else f"/iiif/3/{aid}/info.json")
     # timeout/retries: a cold coarse tile of a large image with no pyramid is a reduction of the
     # whole image (2.4-2.9 s for 32768² on an idle 2-core machine, several times that under
     # load), longer than OpenSeadragon's 30 s default allows on a busy server; a tile it gives
     # up on is never drawn and never retried (tileRetryMax 0)
     options = {
         "id": "osd",
-        "prefixUrl": "/assets/openseadragon/images/",
+        "prefixUrl": f"{share_prefix}/assets/openseadragon/images/",
         "tileSources": tile_source,
         "showNavigator": True,
         "crossOriginPolicy": "Anonymous",
         "timeout": 300_000,
         "tileRetryMax": 2,
     }
+    panel = _panel_options(view, share_prefix) if view is not None and source != "dzi" else None
     return _page(
         identifier,
-        '<div id="osd"></div><script src="/assets/openseadragon/openseadragon.min.js"></script>'
-        f'<script type="application/json" id="viewer-options">{script_json(options)}</script>',
+        f'<div id="osd"></div><script src="{escape(share_prefix)}/assets/openseadragon/openseadragon.min.js"></script>'
+        f'<script type="application/json" id="viewer-options">{script_json(options)}</script>'
+        + (
+            f'<div id="panel"></div><script type="application/json" id="panel-options">{script_json(panel)}</script>'
+            if panel is not None
+            else ""
+        ),
         "viewer",
+        share_prefix,
     )
+
+
+def _panel_options(view: PlaneView, prefix: str = "") -> dict[str, Any] | None:
+    """What the channel panel starts from: the array id, the plane's other axes (their sizes
+    and indices), the spec the identifier names, and the URLs it calls (under ``prefix``: the
+    share link the page was opened with); None where the plane has no channels to composite."""
+    t = view.tensor
+    if t.is_labels or view.sample_axis is not None or view.selected_channel is not None:
+        return None
+    path = quote(t.array_id, safe="/")
+    axes = [{"name": t.dim_labels[a], "size": t.shape[a]} for a in sorted(view.fixed) if a != view.channel_axis]
+    return {
+        "array_path": path,
+        "plane": {t.dim_labels[a]: i for a, i in view.fixed.items() if a != view.channel_axis},
+        "axes": axes,
+        "spec": view.spec.id if view.spec is not None else None,
+        "iiif": f"{prefix}/iiif/3/",
+        "render": f"{prefix}/render",
+        "histogram": f"{prefix}/histogram/{path}"
+        + "".join(f";{t.dim_labels[a]}={i}" for a, i in sorted(view.fixed.items())),
+    }
+
+
+def _start(request: Any) -> int:
+    """A wells page's ``?start=N``: a well's index."""
+    start = request.query_params.get("start", "0")
+    if not start.isdigit() or len(start) > 9:
+        raise InvalidArgument(f"start must be a well's index, a whole number; got {start[:40]!r}")
+    return int(start)
 
 
 def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[Any]:
@@ -427,19 +495,34 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
         doc = await run_in_threadpool(catalog_json, runtime, caller, key, token_path(request))
         return JSONResponse(doc, headers={"Cache-Control": "no-cache"})
 
+    async def share(request: Any, caller: Caller) -> Any:
+        body = await body_within(request, 64 << 10)
+        answer = await run_in_threadpool(lambda: list(share_verbs.share(runtime, caller, body, lambda: False)))
+        return Response(answer[0], media_type="application/json", headers={"Cache-Control": "no-store"})
+
     async def view(request: Any, caller: Caller) -> Any:
         identifier = request.path_params["identifier"]
-        await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
-        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif")))
+        view = await run_in_threadpool(runtime.viewer.plane, identifier, caller)  # 404/400 now, not a blank viewer
+        presented = presented_token(request)
+        shared = presented is not None and runtime.access.share_of(caller) is not None  # checked just now
+        prefix = f"{SHARE_PATH_PREFIX}{quote(presented, safe='')}" if shared and presented else ""
+        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif"), view, prefix))
 
     async def wells(request: Any, caller: Caller) -> Any:
-        start = request.query_params.get("start", "0")
-        if not start.isdigit() or len(start) > 9:
-            raise InvalidArgument(f"start must be a well's index, a whole number; got {start[:40]!r}")
         html = await run_in_threadpool(
-            wells_html, runtime, caller, request.path_params["identifier"], int(start), token_path(request)
+            wells_html, runtime, caller, request.path_params["identifier"], _start(request), token_path(request)
         )
         return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
+
+    async def wells_api(request: Any, caller: Caller) -> Any:
+        start = _start(request)
+        identifier = request.path_params["identifier"]
+
+        def page() -> dict[str, Any]:
+            plate, wells = runtime.catalog_verbs.plate_wells(identifier, caller, start)
+            return {"array_id": plate.listed_id, **wells_json(plate, wells, token_path(request))}
+
+        return JSONResponse(await run_in_threadpool(page), headers={"Cache-Control": "no-cache"})
 
     async def page_asset(request: Any) -> Any:
         asset = _PAGE_ASSETS.get(request.path_params["name"])
@@ -452,8 +535,10 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
     return [
         Route("/", guarded(catalog, caller_of), methods=["GET", "HEAD"]),
         Route(API_CATALOG, guarded(catalog_api, caller_of), methods=["GET", "HEAD"]),
+        Route(API_SHARE, guarded(share, caller_of), methods=["POST"]),
         Route("/view/{identifier:path}", guarded(view, caller_of), methods=["GET", "HEAD"]),
         Route(WELLS_PREFIX + "{identifier:path}", guarded(wells, caller_of), methods=["GET", "HEAD"]),
+        Route(API_WELLS + "{identifier:path}", guarded(wells_api, caller_of), methods=["GET", "HEAD"]),
         Route(PAGE_ASSETS_PREFIX + "{name}", page_asset, methods=["GET", "HEAD"]),
         Mount("/assets/openseadragon", StaticFiles(directory=str(osd_dir()), check_dir=False)),
     ]

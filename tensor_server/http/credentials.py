@@ -14,8 +14,15 @@ from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl
 
 from tensor_server.service.access import bearer_token
+from tensor_server.service.shares import SHARE_PATH_PREFIX  # ``/s/<capability>/``: read as ``/t/``
 
-__all__ = ["TOKEN_PATH_PREFIX", "Presented", "presented_tokens", "split_path_token", "cookie_token"]
+__all__ = [
+    "TOKEN_PATH_PREFIX",
+    "Presented",
+    "presented_tokens",
+    "split_path_token",
+    "cookie_token",
+]
 
 #: the path form of the token: ``/t/<token>/zarr/<id>/...``
 TOKEN_PATH_PREFIX = "/t/"
@@ -50,9 +57,10 @@ def presented_tokens(path: str, query_string: bytes, authorization: str) -> Pres
 
 
 def split_path_token(path: str) -> tuple[str, str | None]:
-    """``/t/<token>/rest`` -> (``/rest``, token); other paths -> (path, None). The metrics
-    label and the request log use the path without the token (a log never holds one)."""
-    if not path.startswith(TOKEN_PATH_PREFIX):
+    """``/t/<token>/rest`` or ``/s/<capability>/rest`` -> (``/rest``, token); other paths ->
+    (path, None). The metrics label and the request log use the path without the token (a
+    log never holds one)."""
+    if not path.startswith((TOKEN_PATH_PREFIX, SHARE_PATH_PREFIX)):
         return path, None
     token, _, rest = path[len(TOKEN_PATH_PREFIX) :].partition("/")
     return "/" + rest, token

@@ -1,5 +1,6 @@
 """The viewer doors' routes in one list, for the app to mount before its catch-all routes:
-IIIF Image API 3 (``http/iiif.py``), DeepZoom (``http/deepzoom.py``) and the catalog page
+IIIF Image API 3 (``http/iiif.py``), DeepZoom (``http/deepzoom.py``), render specs
+(``http/render_door.py``) and the catalog page
 with its OpenSeadragon viewer (``http/catalog_page.py``), all over the runtime's viewer verbs
 (``service/viewer_verbs.py``: one renderer, so render settings are measured once per tensor
 for every door), each request's caller made by ``caller_of``."""
@@ -16,10 +17,11 @@ __all__ = ["routes"]
 
 
 def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[Any]:
-    from tensor_server.http import catalog_page, deepzoom, iiif
+    from tensor_server.http import catalog_page, deepzoom, iiif, render_door
 
     return [
         *iiif.routes(runtime, caller_of),
+        *render_door.routes(runtime, caller_of),
         *deepzoom.routes(runtime, caller_of),
         *catalog_page.routes(runtime, caller_of),
     ]

@@ -19,20 +19,20 @@ drawn in label colours: 0 (background) is black, every other id a stable colour 
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from tensor_server.render.histogram import percentile_window
+
 __all__ = [
     "ChannelSetting",
     "RenderSettings",
-    "SettingsCache",
     "DEFAULT_COLOURS",
     "label_colours",
+    "channel_labels",
     "to_rgb8",
     "settings_for",
 ]
@@ -42,7 +42,6 @@ GREY = "FFFFFF"
 #: samples of an RGB(A) tensor that is not 8-bit: windowed like channels, in their own colours
 RGB_COLOURS = ("FF0000", "00FF00", "0000FF")
 PERCENTILES = (0.1, 99.9)
-_SAMPLE_VALUES = 1 << 20  # values per channel the percentile window is taken from
 
 
 @dataclass(frozen=True)
@@ -78,15 +77,7 @@ def _robust_window(values: np.ndarray, dtype: np.dtype) -> tuple[float, float]:
         return 0.0, 255.0
     if dtype.kind == "b":
         return 0.0, 1.0
-    flat = values.reshape(-1)
-    if flat.size > _SAMPLE_VALUES:
-        flat = flat[:: flat.size // _SAMPLE_VALUES]
-    flat = flat.astype(np.float64)
-    flat = flat[np.isfinite(flat)]
-    if flat.size == 0:
-        return 0.0, 1.0
-    lo, hi = (float(v) for v in np.percentile(flat, PERCENTILES))
-    return (lo, hi) if hi > lo else (lo, lo + 1.0)
+    return percentile_window(values, *PERCENTILES)
 
 
 def settings_for(
@@ -129,6 +120,19 @@ def settings_for(
     return RenderSettings(tuple(out), "channels")
 
 
+def channel_labels(metadata: dict[str, Any]) -> dict[int, str]:
+    """The channels' names the ``omero`` block gives (``omero.channels[i].label``), by index."""
+    omero = metadata.get("omero") if isinstance(metadata, dict) else None
+    channels = omero.get("channels") if isinstance(omero, dict) else None
+    if not isinstance(channels, list):
+        return {}
+    return {
+        i: str(c["label"])[:80]
+        for i, c in enumerate(channels)
+        if isinstance(c, dict) and isinstance(c.get("label"), (str, int))
+    }
+
+
 def label_colours(ids: np.ndarray) -> np.ndarray:
     """(…, 3) uint8 colours of label ids: 0 black, others a stable hash of the id."""
     v = ids.astype(np.uint64, copy=False) if ids.dtype.kind in "ub" else ids.astype(np.int64).view(np.uint64)
@@ -167,25 +171,3 @@ def _windowed(plane: np.ndarray, setting: ChannelSetting) -> np.ndarray:
         return plane
     scaled = (plane.astype(np.float32) - setting.start) * (255.0 / (setting.end - setting.start))
     return np.nan_to_num(np.clip(scaled, 0, 255), nan=0.0).astype(np.uint8)
-
-
-class SettingsCache:
-    """RenderSettings per (array id, content version), measured once (bounded LRU)."""
-
-    def __init__(self, size: int = 1024) -> None:
-        self._items: OrderedDict[tuple[str, bytes], RenderSettings] = OrderedDict()
-        self._lock = threading.Lock()
-        self.size = size
-
-    def get(self, key: tuple[str, bytes], make: Callable[[], RenderSettings]) -> RenderSettings:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-                return hit
-        value = make()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-        return value

@@ -12,10 +12,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
+from tensor_server_kernels import composite
 
 from tensor_server.errors import InvalidArgument
-from tensor_server.render.colour import RenderSettings, SettingsCache, settings_for, to_rgb8
+from tensor_server.render.colour import RGB_COLOURS, RenderSettings, settings_for, to_rgb8
+from tensor_server.render.histogram import Histogram, histogram_of
+from tensor_server.render.memo import LruMemo
 from tensor_server.render.plane import PlaneView, Shown
+from tensor_server.render.spec import resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     from PIL import Image
@@ -66,20 +70,68 @@ class Renderer:
     (for every door: IIIF, DeepZoom and the catalog's thumbnails share one ``Renderer``)."""
 
     def __init__(self) -> None:
-        self.settings = SettingsCache()
+        self.settings: LruMemo[RenderSettings] = LruMemo()
+        self.histograms: LruMemo[Histogram] = LruMemo(2048)
+        #: per (spec, plane, content version): the visible channels and the kernel's tables
+        self.tables: LruMemo[tuple[tuple[int, ...], composite.Tables]] = LruMemo(256)
+
+    @staticmethod
+    def _plane_key(view: PlaneView) -> tuple[str, bytes]:
+        """The tensor, its plane (every channel) and its content version: what the measured
+        settings, histograms and tables of a plane are kept under."""
+        t = view.tensor
+        whole = view.every_channel()
+        return t.array_id + ";" + ";".join(f"{a}={i}" for a, i in sorted(whole.fixed.items())), t.content_version
 
     def settings_of(self, view: PlaneView, coarse: Callable[[], np.ndarray]) -> RenderSettings:
         """The settings of ``view``'s plane (every channel of it): the ``omero`` block, else a
         window measured on ``coarse()`` (``view.every_channel()`` at ``coarsest_window``, as
         ``planes``), which is read only when a window must be measured, once per content version."""
         t = view.tensor
-        whole = view.every_channel()
-        key = (t.array_id + ";" + ";".join(f"{a}={i}" for a, i in sorted(whole.fixed.items())), t.content_version)
-        axis = view.sample_axis if view.sample_axis is not None else view.channel_axis
-        count = t.shape[axis] if axis is not None else 1
         return self.settings.get(
-            key, lambda: settings_for(t.metadata, t.dtype, t.is_labels, view.sample_axis is not None, count, coarse)
+            self._plane_key(view),
+            lambda: settings_for(
+                t.metadata, t.dtype, t.is_labels, view.sample_axis is not None, view.channel_count, coarse
+            ),
         )
+
+    def histogram(self, view: PlaneView, index: int, coarse: Callable[[], np.ndarray]) -> Histogram:
+        """Channel ``index``'s histogram on ``view``'s plane, measured once per content version
+        on ``coarse()`` (``view.one_channel(index)`` at ``coarsest_window``, as ``planes``)."""
+        return self.histograms.get((*self._plane_key(view), index), lambda: histogram_of(coarse()))
+
+    def spec_tables(
+        self, view: PlaneView, settings: RenderSettings, percentiles: Callable[[int, float, float], tuple[float, float]]
+    ) -> tuple[tuple[int, ...], composite.Tables]:
+        """(visible channels, kernel tables) of ``view.spec`` on ``view``'s plane, built once per
+        content version: the spec's settings over the plane's own (``settings``)."""
+        spec = view.spec
+        assert spec is not None  # the caller renders a spec
+        if settings.mode == "labels":
+            raise InvalidArgument(f"{view.tensor.array_id} is a label image: it is drawn in label colours, not a spec")
+
+        def defaults(i: int) -> tuple[tuple[int, int, int], float, float]:
+            if settings.channels:
+                c = settings.channels[i]
+                return c.colour, c.start, c.end
+            colour = RGB_COLOURS[i] if i < 3 else "FFFFFF"  # 8-bit RGB(A): samples as stored
+            return (int(colour[:2], 16), int(colour[2:4], 16), int(colour[4:], 16)), 0.0, 255.0
+
+        def build() -> tuple[tuple[int, ...], composite.Tables]:
+            indices, channels = resolve(spec, view.channel_count, defaults, percentiles, view.tensor.array_id)
+            return indices, composite.prepare(channels)
+
+        return self.tables.get((spec.id, *self._plane_key(view)), build)
+
+    def composited(
+        self, view: PlaneView, planes: np.ndarray, level: GridLevel, tables: composite.Tables, shown: Shown
+    ) -> Image.Image:
+        """``shown`` from the visible channels' ``planes`` (in the spec's order) at ``level``,
+        composited by the kernel (``tensor_server_kernels.composite``)."""
+        from PIL import Image
+
+        rgb = composite.composite_with(_kernel_dtype(planes), tables)
+        return self._fit(view, Image.fromarray(rgb), level, shown, labels=False)
 
     def image(
         self, view: PlaneView, planes: np.ndarray, level: GridLevel, settings: RenderSettings, shown: Shown
@@ -92,7 +144,14 @@ class Renderer:
         sel = view.selected_channel if view.sample_axis is None else None
         channels = [sel] if sel is not None else list(range(planes.shape[0]))
         rgb = to_rgb8(planes, settings, channels)
-        image = Image.fromarray(rgb)
+        return self._fit(view, Image.fromarray(rgb), level, shown, labels=settings.mode == "labels")
+
+    @staticmethod
+    def _fit(view: PlaneView, image: Image.Image, level: GridLevel, shown: Shown, labels: bool) -> Image.Image:
+        """``image`` (the pixels of ``view.window(shown)`` at ``level``) cropped and resized to
+        ``shown``; labels by nearest neighbour (an id is never blended into another)."""
+        from PIL import Image
+
         x, y, w, h, out_w, out_h = shown.x, shown.y, shown.w, shown.h, shown.out_w, shown.out_h
         sy, sx = level.scale[view.y], level.scale[view.x]
         # the level region starts at a whole level pixel: crop to the exact full-res region
@@ -104,7 +163,16 @@ class Renderer:
         )
         if image.size == (out_w, out_h) and box == (0, 0, out_w, out_h):
             return image
-        resample = Image.Resampling.NEAREST if settings.mode == "labels" else Image.Resampling.BOX
+        resample = Image.Resampling.NEAREST if labels else Image.Resampling.BOX
         if (box[2] - box[0]) < out_w or (box[3] - box[1]) < out_h:
-            resample = Image.Resampling.NEAREST if settings.mode == "labels" else Image.Resampling.BICUBIC
+            resample = Image.Resampling.NEAREST if labels else Image.Resampling.BICUBIC
         return image.resize((out_w, out_h), resample, box=box)
+
+
+def _kernel_dtype(planes: np.ndarray) -> np.ndarray:
+    """``planes`` in a dtype the compositing kernel takes: its own four as they are, booleans
+    as uint8, any other number as float32 (a window over 24 bits of precision is finer than
+    an 8-bit display shows)."""
+    if planes.dtype.name in composite.DTYPES:
+        return planes
+    return planes.astype(np.uint8 if planes.dtype.kind == "b" else np.float32)

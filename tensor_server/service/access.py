@@ -1,6 +1,7 @@
-"""Who may do what: the server token, per-tensor read grants and upload owners, decided once.
+"""Who may do what: the server token, per-tensor read grants, upload owners and share links,
+decided once.
 
-Three rules, in the biopb reference's terms (its ``_authorize`` / ``_grants``):
+Three rules, in the biopb reference's terms (its ``_authorize`` / ``_grants``), and share links:
 
 * **the control surface** (SQL, actions, ROI writes, creating uploads): the server token when
   one is configured; open otherwise (local mode: the machine is the boundary), except to a
@@ -25,6 +26,19 @@ upload with ``UploadManager.add_tensor(..., grant=grant_digest(token))`` (and
 ``owner=grant_digest(token)`` to write it). With a server token, uploads are the server's.
 Only SHA-256s are kept (in the upload's marker, so both survive restarts).
 
+A **share link** (``service/shares.py``: a capability signed by the server, with an id, a
+scope and an end) reads one tensor and what it contains — its levels, its label images — on
+every door, and nothing else: no other tensor, no listing, no control verb; a forged, revoked
+or expired one is refused saying which. Its scope ``read+annotate`` also writes annotations
+on that tensor (as its own writer: ``roi_writer``). A link is made by the server token or the
+tensor's owner (an upload's: the token it was created with); a tensor without an owner's,
+by the control surface (``may_share``).
+
+An **OIDC sign-in token** (``service/oidc.py``, when ``[auth]`` names an issuer) that verifies
+is a user of the server: the control surface, and every tensor no read grant covers; its
+``sub`` is who owns the uploads and writes the annotations it makes (``identity``), across
+token refreshes. Rules by group or scope are not built yet.
+
 One read rule for everything about a tensor: its existence, shape, state and rows are a read
 of it. SQL rows (``sources.tensors``, ``rois``, ``decode_rates``; ``row_view``), ``resolve``'s
 row, ``catalog_children``, ROI reads and writes, and every refusal that would name a private
@@ -38,7 +52,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from tensor_server.catalog.sql import EVERY_ROW, RowView
@@ -47,6 +61,8 @@ from tensor_server.errors import PermissionDenied, Unauthenticated
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.config import Settings
     from tensor_server.service.caller import Caller
+    from tensor_server.service.oidc import OidcUser, OidcVerifier
+    from tensor_server.service.shares import Share, ShareStore
 
 __all__ = ["Access", "bearer_token", "grant_digest", "is_one_of"]
 
@@ -86,11 +102,26 @@ def _holds(caller: Caller, digest: str) -> bool:
 class Access:
     """The three rules over one server's settings and its uploads (module docstring)."""
 
-    def __init__(self, settings: Settings, uploads: Any | None, access_tokens: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        uploads: Any | None,
+        access_tokens: Iterable[str] = (),
+        *,
+        shares: ShareStore | None = None,
+        label_ids: Callable[[str], frozenset[str]] | None = None,
+        oidc: OidcVerifier | None = None,
+    ) -> None:
+        """``shares``: the server's share links; ``label_ids(array_id)``: the ids of that
+        tensor's label images (what its link reads beside it); ``oidc``: the sign-in tokens'
+        verifier (None: none are taken)."""
         self.token = settings.token or None
         #: credentials that hold full access: the server token and, e.g., the HTTP door's access token
         self._full_tokens = tuple(t for t in (self.token, *access_tokens) if t)
         self.uploads = uploads
+        self.shares = shares
+        self._label_ids = label_ids or (lambda array_id: frozenset())
+        self.oidc = oidc
 
     def full(self, caller: Caller) -> bool:
         """The caller holds a full-access credential (the server token, or one beside it)."""
@@ -103,6 +134,10 @@ class Access:
         writes only what anyone may read (open in local mode, the server token's otherwise)."""
         if any(_same(token, t) for t in self._full_tokens):
             return True
+        if self.shares is not None and self.shares.looks_like(token):
+            return True  # the read rule says whether it is live, and if not, why
+        if self.oidc is not None and self.oidc.claims_issuer(token):
+            return True  # the same for a sign-in token
         uploads = [] if self.uploads is None else self.uploads.all_uploads()
         digest = grant_digest(token)
         return any(up.grant and _same(up.grant, digest) for up in uploads)
@@ -111,7 +146,11 @@ class Access:
         """The control-surface rule; also what a tensor without a grant falls back to. A caller
         of a door that requires a credential needs a full one even in local mode (a grant
         passed that door for its own tensor, not for the rest: ``Caller.door_requires_credential``)."""
-        if (self.token is not None or caller.door_requires_credential) and not self.full(caller):
+        if (
+            (self.token is not None or caller.door_requires_credential)
+            and not self.full(caller)
+            and self.oidc_user(caller) is None
+        ):
             raise Unauthenticated(
                 "unauthenticated: a valid token is required (Flight: an 'authorization: Bearer "
                 "<token>' header; HTTP: that header or ?token=<token>)"
@@ -121,9 +160,46 @@ class Access:
         up = None if self.uploads is None else self.uploads.upload_of(tensor)
         return "" if up is None else up.grant
 
+    def share_of(self, caller: Caller) -> Share | None:
+        """The live share link the caller presents; None when its token is no capability;
+        Unauthenticated saying why for a forged, revoked or expired one."""
+        if self.shares is None or caller.token is None or not self.shares.looks_like(caller.token):
+            return None
+        if self.oidc is not None and self.oidc.claims_issuer(caller.token):
+            return None  # a sign-in token: also a JWT
+        return self.shares.check(caller.token)
+
+    def oidc_user(self, caller: Caller) -> OidcUser | None:
+        """The signed-in user the caller's token names; None when it claims no configured
+        issuer; Unauthenticated naming what is wrong with one that does (expired, another
+        audience, a signature the issuer's keys do not check, ``alg: none``)."""
+        if self.oidc is None or caller.token is None or not self.oidc.claims_issuer(caller.token):
+            return None
+        return self.oidc.user(caller.token)
+
+    def identity(self, caller: Caller) -> str:
+        """Who the caller is for owners and writers, as kept (a SHA-256): a signed-in user's
+        ``sub`` (not the token, which is refreshed), else the token presented; "" for none."""
+        user = self.oidc_user(caller)
+        if user is not None:
+            return grant_digest(user.identity)
+        return grant_digest(caller.token) if caller.token else ""
+
+    def _is(self, caller: Caller, digest: str) -> bool:
+        identity = self.identity(caller)
+        return bool(identity) and _same(identity, digest)
+
     def read(self, caller: Caller, tensor: Any) -> None:
         if self.full(caller):
             return
+        share = self.share_of(caller)
+        if share is not None:
+            if tensor.array_id == share.array_id or tensor.array_id in self._label_ids(share.array_id):
+                return
+            raise Unauthenticated(
+                f"unauthenticated: share link {share.id} reads {share.array_id} (its levels and label images) "
+                "and nothing else"
+            )
         grant = self._grant(tensor)
         if not grant:
             self.control(caller)
@@ -151,7 +227,7 @@ class Access:
         if not up.owner:
             self.control(caller)
             return
-        if not _holds(caller, up.owner):
+        if not self._is(caller, up.owner):
             raise PermissionDenied(
                 f"permission denied: {up.array_id} is an upload whose chunks and status only "
                 "its owner writes (the client whose token created it) or the server token; the "
@@ -177,16 +253,50 @@ class Access:
         up = None if self.uploads is None else self.uploads.get(array_id)
         return up is not None and bool(up.grant) and not (held and _same(up.grant, held))
 
+    def annotate(self, caller: Caller) -> None:
+        """An annotation write: the control surface, or a share link whose scope is
+        ``read+annotate`` (the tensor's read rule then keeps it to its tensor)."""
+        share = self.share_of(caller)
+        if share is None:
+            self.control(caller)
+        elif not share.annotates:
+            raise PermissionDenied(
+                f"permission denied: share link {share.id} reads {share.array_id}; its scope ({share.scope}) "
+                "writes no annotations"
+            )
+
+    def may_share(self, caller: Caller, tensor: Any) -> None:
+        """Making a share link to ``tensor``: the server token, or the tensor's owner (an
+        upload's: the holder of the token it was created with); a tensor without an owner,
+        the control surface. Never a share link itself."""
+        if self.full(caller):
+            return
+        if self.share_of(caller) is not None:
+            raise PermissionDenied("permission denied: a share link makes no share links")
+        up = None if self.uploads is None else self.uploads.upload_of(tensor)
+        if up is None or not up.owner:
+            self.control(caller)
+        elif not self._is(caller, up.owner):
+            raise PermissionDenied(
+                f"permission denied: {up.array_id} is shared by its owner (the client whose token created it) "
+                "or the server token; the token presented is neither"
+            )
+
+    def creator(self, caller: Caller) -> str:
+        """Who a share link is by: "" for full access or no token, else the digest of the token."""
+        return "" if self.full(caller) else self.identity(caller)
+
     def roi_writer(self, caller: Caller) -> str | None:
         """Who an annotation write is by (``catalog/rois.py``): None for full access (it may
-        change any row), else the digest of the token presented ("" for none)."""
+        change any row), else the caller's ``identity`` ("" for none)."""
         if self.full(caller):
             return None
-        return grant_digest(caller.token) if caller.token else ""
+        return self.identity(caller)
 
     def owner_for(self, caller: Caller) -> str:
-        """The owner a new upload created by ``caller`` gets: in local mode the token it
-        presented, if any; with a server token, the server (none). Never a read grant."""
-        if self.token is None and caller.token:
-            return grant_digest(caller.token)
+        """The owner a new upload created by ``caller`` gets: a signed-in user; in local mode
+        the token it presented, if any; with a server token, the server (none). Never a read
+        grant."""
+        if self.oidc_user(caller) is not None or (self.token is None and caller.token):
+            return self.identity(caller)
         return ""

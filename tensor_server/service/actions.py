@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, Unimplemented
-from tensor_server.service import upload_verbs
+from tensor_server.service import share_verbs, upload_verbs
 from tensor_server.service.bodies import decode_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -127,12 +127,41 @@ def _export(rt, caller, body, cancelled):
     return export_action(rt, caller, body, cancelled)
 
 
+def _warm(rt, caller, body, cancelled):
+    from tensor_server.service.warm_verb import warm_action
+
+    return warm_action(rt, caller, body, cancelled)
+
+
 def _catalog_children(rt, caller, body, cancelled):
     return rt.catalog_verbs.catalog_children(body, caller)  # lists only what the caller may read
 
 
 def _roi_prune(rt, caller, body, cancelled):
     return rt.catalog_verbs.roi_prune(body, caller)
+
+
+def _rois_geojson(rt, caller, body, cancelled):
+    usage = 'rois_geojson takes {"array_id": "...", "set_name": "..."} (set_name optional)'
+    request = decode_json(body, "rois_geojson body") if body else {}
+    if not isinstance(request, dict) or not isinstance(request.get("array_id"), str):
+        raise InvalidArgument(usage)
+    set_name = request.get("set_name", "")
+    if not isinstance(set_name, str):
+        raise InvalidArgument(usage)
+    return [rt.catalog_verbs.rois_geojson(request["array_id"], set_name, caller)]
+
+
+def _put_rois_geojson(rt, caller, body, cancelled):
+    """The body is a JSON header line, then the GeoJSON: the header names the tensor, so the
+    caller is checked against it before a byte of the GeoJSON is parsed."""
+    usage = 'put_rois_geojson takes a header line {"array_id": "...", "set_name": "..."}, a newline, then the GeoJSON'
+    header, newline, geojson = bytes(body).partition(b"\n")
+    request = decode_json(header, "put_rois_geojson header line")
+    if not newline or not isinstance(request, dict) or not isinstance(request.get("array_id"), str):
+        raise InvalidArgument(usage)
+    target = rt.catalog_verbs.geojson_import(request["array_id"], caller, request.get("set_name", ""))
+    return _json(target.store(geojson))
 
 
 def _verb(method: str) -> Handler:
@@ -165,14 +194,15 @@ ACTIONS: tuple[Action, ...] = (
     Action("resolve", "open an unreadable source again now; streams its catalog row", _resolve, streams=True),
     Action(
         "add_source",
-        "register a path on the server's disk for this server's lifetime (streams progress)",
+        "register a path on the server's disk, or an image's https/http/s3 URL, for this server's lifetime "
+        "(streams progress)",
         _add_source,
         writes=True,
         streams=True,
     ),
     Action(
         "remove_source",
-        "deregister a path added with add_source (its dnd:// branch)",
+        "deregister a path added with add_source (its dnd:// branch) or an added URL",
         _verb("remove_source"),
         writes=True,
     ),
@@ -184,6 +214,37 @@ ACTIONS: tuple[Action, ...] = (
     Action(
         "roi_prune", "report (or with apply, delete) annotations whose source has been unseen for N days", _roi_prune
     ),
+    Action(
+        "rois_geojson",
+        "a tensor's annotations as a GeoJSON FeatureCollection in QuPath's convention (JSON body: array_id, set_name)",
+        _rois_geojson,
+        per_tensor=True,
+    ),
+    Action(
+        "put_rois_geojson",
+        "import a GeoJSON FeatureCollection (QuPath's included) as annotations, all or nothing (body: a JSON "
+        "header line with array_id and set_name, then the GeoJSON)",
+        _put_rois_geojson,
+        writes=True,
+        per_tensor=True,
+    ),
+    Action(
+        "share",
+        "a link that reads one tensor until it expires (JSON body: array_id, expires_seconds, scope read or "
+        "read+annotate; answers id, capability, url)",
+        share_verbs.share,
+    ),
+    Action(
+        "share_list",
+        "the share links the caller made (the server token: all), with their state",
+        share_verbs.share_list,
+    ),
+    Action(
+        "share_revoke",
+        "revoke a share link (JSON body: id): refused from the next request on",
+        share_verbs.share_revoke,
+    ),
+    Action("share_rotate", "a new share secret: every share link made before is refused", share_verbs.share_rotate),
     Action(
         "add_tensor",
         "add a PENDING tensor to a source (uploads)",
@@ -206,6 +267,15 @@ ACTIONS: tuple[Action, ...] = (
         available=_cached,
     ),
     Action("cache_stats", "chunk cache statistics (JSON)", _cache_stats),
+    Action(
+        "warm",
+        "fill the chunk cache with a plan's chunks, sending no pixels (JSON body: chunk_ids, or "
+        "array_id, region, scale, method); streams progress records",
+        _warm,
+        streams=True,
+        per_tensor=True,
+        available=_cached,
+    ),
     Action(
         "export",
         "write a tensor as a pyramidal, sharded OME-Zarr under the write dir (JSON body: array_id, "
@@ -246,7 +316,9 @@ def actions_table() -> str:
         who = (
             "anyone"
             if a.open
-            else "the tensor's reader (server token or its grant)"
+            else "the control surface, or a share link of the tensor with read+annotate"
+            if a.per_tensor and a.writes
+            else "the tensor's reader (server token, its grant or a share link)"
             if a.per_tensor
             else "the control surface (server token)"
         )

@@ -2,7 +2,9 @@
 
 Actions: ``resolve``, ``add_source``, ``remove_source``, ``catalog_children``, ``roi_prune``;
 ROI annotations also ride the data verbs (``roi_read`` a read ticket, ``roi_put`` /
-``roi_delete`` writes whose rows arrive as Arrow batches). Message shapes are the SDK's own
+``roi_delete`` writes whose rows arrive as Arrow batches) and travel as GeoJSON
+(``rois_geojson``, ``geojson_import``: the ``rois_geojson`` / ``put_rois_geojson`` actions
+and ``/rois/<id>.geojson`` on HTTP; ``catalog/roi_geojson.py`` holds the format). Message shapes are the SDK's own
 generated classes; the behaviour follows the biopb reference server so client code written
 against it works here. Transport-free: bodies in, bytes (or an Arrow table) out.
 """
@@ -13,24 +15,47 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tensor_server.catalog import roi_verbs
+from tensor_server.catalog import roi_geojson, roi_verbs
 from tensor_server.catalog.catalog import SourceRecord
 from tensor_server.catalog.dropped import AddTally, DroppedPaths
 from tensor_server.catalog.sql import MAX_VIEWS
 from tensor_server.catalog.tree import DEFAULT_LIMIT, CatalogTree
+from tensor_server.core.identity import ArrayId
 from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, PermissionDenied, TensorNotFound
 from tensor_server.service.bodies import decode_message
+from tensor_server.service.plates import WellsPage, split_plates, wells_page
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.caller import Caller
     from tensor_server.service.runtime import ServingRuntime
 
-__all__ = ["CatalogVerbs"]
+__all__ = ["CatalogVerbs", "GeojsonImport"]
+
+
+@dataclass(frozen=True)
+class GeojsonImport:
+    """A GeoJSON import the caller may make, checked before its body is read
+    (``CatalogVerbs.geojson_import``): the tensor, its frame, and who writes."""
+
+    catalog: Any
+    array_id: str
+    frame: roi_geojson.ImageFrame
+    writer: str | None
+    set_name: str = ""
+
+    def store(self, body: bytes) -> dict[str, Any]:
+        """Parse and check ``body`` whole (``roi_geojson.rois_from_geojson``), then store every
+        annotation in one transaction, or none: ``{"array_id", "stored", "roi_ids"}``."""
+        what = f"GeoJSON import onto {self.array_id}"
+        rois = roi_geojson.rois_from_geojson(body, self.frame, set_name=self.set_name, what=what)
+        stored, _ = roi_verbs.store_rois(self.catalog, self.array_id, rois, writer=self.writer)
+        return {"array_id": self.array_id, "stored": len(stored), "roi_ids": [r.roi_id for r in stored]}
 
 
 class CatalogVerbs:
@@ -158,6 +183,19 @@ class CatalogVerbs:
             sources.append({**entry, "tensors": tensors, "unresolved_reason": rec.unresolved_reason})
         return {**level, "sources": sources, "trail": tree.trail(key)}
 
+    def plate_wells(self, identifier: str, caller: Caller, start: int) -> tuple[Any, WellsPage]:
+        """A plate image's wells from well ``start``, one page (``service/plates.py``: the
+        listings' rule), with the fields ``caller`` is served; the plate's ``ServedTensor``.
+        The wells list of the page and of ``/api/wells``."""
+        tensor, _echo = self.runtime.tensor(identifier, caller, pixels=False)
+        if "montage" not in tensor.metadata:
+            raise InvalidArgument(f"{identifier!r} is not a plate image: it has no wells to list")
+        served = self.runtime.fields(ArrayId.parse(tensor.array_id).source_id, caller).values()
+        plate, fields = next(
+            (t, f) for t, f in split_plates(list(served)) if t.tensor.array_id == tensor.array_id and f is not None
+        )
+        return plate, wells_page(plate, fields, start)
+
     # ---- ROI annotations (catalog/roi_verbs.py holds their rules) ----------------------------
     def _may_read(self, array_id: str, caller: Caller) -> None:
         """A tensor's annotations fall under its read rule (its grant covers them, a stranger
@@ -175,11 +213,12 @@ class CatalogVerbs:
     def roi_write(
         self, cmd: Any, batches: Iterable[pa.RecordBatch], caller: Caller, cancelled: Callable[[], bool]
     ) -> bytes:
-        """A ``roi_put`` or ``roi_delete``: the control surface, and the target's read rule
+        """A ``roi_put`` or ``roi_delete``: the control surface (or a read+annotate share link
+        of the target), and the target's read rule
         (a stranger's write onto a granted tensor is refused as its read is), both before
         the rows are read; the rows are read within the request budget; a client changes
         only the rows it wrote (the server token, any row). The reply message's bytes."""
-        self.runtime.authenticate(caller)
+        self.runtime.access.annotate(caller)
         self.runtime.refuse_if_read_only(cmd.WhichOneof("command"))
         writer = self.runtime.access.roi_writer(caller)
         if cmd.WhichOneof("command") == "roi_put":
@@ -203,6 +242,40 @@ class CatalogVerbs:
                 writer=writer,
             )
         return reply.SerializeToString()
+
+    def rois_geojson(self, array_id: str, set_name: str, caller: Caller) -> bytes:
+        """One tensor's annotations as a GeoJSON FeatureCollection: a read of that tensor."""
+        self._may_read(array_id, caller)
+        try:
+            frame: roi_geojson.ImageFrame | None = roi_geojson.ImageFrame.of(
+                self.runtime.tensor(array_id, caller, pixels=False)[0]
+            )
+        except (TensorNotFound, InvalidArgument):  # its source is gone: no axes to name planes by
+            frame = None
+        target = roi_verbs.roi_target(self.catalog, array_id, write=False)
+        rois, truncated = self.catalog.rois.list(target, set_name)
+        return roi_geojson.feature_collection(rois, frame, truncated=truncated)
+
+    def geojson_import(self, array_id: str, caller: Caller, set_name: str = "") -> GeojsonImport:
+        """Check a GeoJSON import before its body is read: the control surface (or a
+        read+annotate share link of the tensor), a writable
+        server, the tensor's read rule (the tensor must be served: its extent bounds the
+        coordinates). ``GeojsonImport.store`` then takes the body; the writer rule of
+        ``roi_put`` applies (a client updates only the annotations it wrote)."""
+        self.runtime.access.annotate(caller)
+        self.runtime.refuse_if_read_only("put_rois_geojson")
+        if not isinstance(array_id, str) or not array_id:
+            raise InvalidArgument("put_rois_geojson: array_id is required")
+        if not isinstance(set_name, str):
+            raise InvalidArgument("put_rois_geojson: set_name must be a string")
+        tensor, _ = self.runtime.tensor(array_id, caller, pixels=False)
+        return GeojsonImport(
+            self.catalog,
+            array_id,
+            roi_geojson.ImageFrame.of(tensor),
+            self.runtime.access.roi_writer(caller),
+            set_name,
+        )
 
     def roi_prune(self, body: bytes, caller: Caller) -> Iterator[bytes]:
         """The report and the deletion cover only the annotations the caller may read: a

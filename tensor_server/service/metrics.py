@@ -685,6 +685,7 @@ class _StateCollector:
                 for key, value in precache.items():
                     fam.add_metric([str(key)], value)
                 yield fam
+        yield from _remote_families()
         if rt.uploads is not None:
             yield GaugeMetricFamily(
                 "tensor_server_uploads_pending", "Uploads in flight (PENDING)", value=rt.uploads.pending_count()
@@ -692,6 +693,23 @@ class _StateCollector:
         yield GaugeMetricFamily(
             "tensor_server_exports_running", "Exports in flight (the export action)", value=rt.metrics.exports_running
         )
+
+
+def _remote_families() -> Iterator[Any]:
+    """The remote byte store of images opened by URL (``adapters/_remote_bytes.py``)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    from tensor_server.adapters._remote_bytes import remote_bytes
+
+    stats = remote_bytes().stats()
+    yield CounterMetricFamily("tensor_server_remote_requests", "Requests sent to remote hosts", value=stats["requests"])
+    yield CounterMetricFamily("tensor_server_remote_hits", "Remote ranges the byte cache answered", value=stats["hits"])
+    yield GaugeMetricFamily(
+        "tensor_server_remote_cache_bytes", "Bytes held by the remote byte cache", value=stats["bytes"]
+    )
+    yield GaugeMetricFamily(
+        "tensor_server_remote_cache_max_bytes", "The remote byte cache's budget", value=stats["max_bytes"]
+    )
 
 
 #: the per-scan counts of ``Catalog.discovery_progress`` exported as one labelled gauge

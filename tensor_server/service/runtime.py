@@ -94,6 +94,21 @@ class Described:
         return "endpoints" in self.fields
 
 
+def _oidc_verifier(settings: Settings) -> Any:  # OidcVerifier | None
+    """The sign-in tokens' verifier of ``[auth]``, when it names an issuer."""
+    if not settings.oidc_issuer:
+        return None
+    from tensor_server.service.oidc import OidcVerifier
+
+    return OidcVerifier(
+        settings.oidc_issuer,
+        settings.oidc_audience or "",
+        jwks_file=settings.oidc_jwks_file,
+        jwks_url=settings.oidc_jwks_url,
+        leeway=settings.oidc_leeway,
+    )
+
+
 class ServingRuntime:
     """Catalog + engine + cache + precache + uploads + the rules (module docstring)."""
 
@@ -140,10 +155,18 @@ class ServingRuntime:
             uploads = UploadManager(catalog, s.write_dir, upload_ttl=s.upload_ttl, scratch_ttl=s.scratch_ttl)
             uploads.start_sweeps()
         self.uploads = uploads
-        self.access = Access(s, uploads, access_tokens)
+        from tensor_server.service.shares import ShareStore
+
+        #: share links (``service/shares.py``): their secret and list, in the server home
+        self.shares = ShareStore(s.shares_dir)
+        self.access = Access(
+            s, uploads, access_tokens, shares=self.shares, label_ids=self._label_ids, oidc=_oidc_verifier(s)
+        )
         self.tls = tls
         #: where the Flight door listens, (bind host, port), once it does (``flight_listening``)
         self.flight_bind: tuple[str, int] | None = None
+        #: the HTTP door's base URL, once it listens (``http_listening``): share links name it
+        self.http_base: str | None = None
         #: the wire write verbs are served (an in-process producer may use ``uploads`` anyway)
         self.writable = bool(s.writable and uploads is not None and not s.read_only)
         self.started_at = time.time()
@@ -172,6 +195,17 @@ class ServingRuntime:
         """The Flight door says where it listens (its port resolved when it asked for 0), so
         another door can tell a client the location to dial (``flight_location``)."""
         self.flight_bind = (host, port)
+
+    def http_listening(self, scheme: str, host: str, port: int) -> None:
+        """The HTTP door says where it listens, so a share link can be a URL to open: on every
+        address, the machine's fully qualified name (a colleague's machine cannot dial
+        127.0.0.1; the name is in the TLS certificate's names)."""
+        if host in _WILDCARD_HOSTS:
+            import socket
+
+            host = socket.getfqdn()
+        host = f"[{host.strip('[]')}]" if ":" in host else host
+        self.http_base = f"{scheme}://{host}:{port}"
 
     def flight_location(self, client_host: str) -> str | None:
         """The location a client that reached this server by the name ``client_host`` passes
@@ -268,18 +302,37 @@ class ServingRuntime:
         source serves, uploaded label sets included) that ``caller`` may read: what the
         OME-Zarr view lists under ``labels/`` and an export writes. A label image the caller
         may not read is left out (a read of it would be refused), so a listing names none."""
-        from tensor_server.core.ngff import labels_among
-
-        served = self.fields(ArrayId.parse(tensor.array_id).source_id, caller)
-        found = labels_among({field: t.tensor for field, t in served.items() if t.tensor is not None}, tensor)
         readable = {}
-        for name, label in found.labels.items():
+        for name, label in self._labels(tensor).items():
             try:
                 self.authorize(caller, label)
             except TensorServerError:
                 continue
             readable[name] = label
         return readable
+
+    def _labels(self, tensor: TensorAdapter) -> dict[str, TensorAdapter]:
+        """Every label image of ``tensor`` (``core.ngff.labels_among`` over what its source
+        serves, uploaded label sets included), whoever asks."""
+        from tensor_server.core.ngff import labels_among
+
+        try:
+            rec = self.catalog.get_record(ArrayId.parse(tensor.array_id).source_id)
+        except TensorNotFound:
+            return {}
+        if rec.source is None:
+            return {}
+        served = {t.field: t.tensor for t in self.catalog.served(rec) if t.field is not None and t.tensor is not None}
+        return dict(labels_among(served, tensor).labels)
+
+    def _label_ids(self, array_id: str) -> frozenset[str]:
+        """The ids of the label images of the tensor ``array_id`` (what its share link reads
+        beside it: ``Access.read``)."""
+        try:
+            tensor, _ = self.catalog.find_tensor(array_id)
+        except TensorNotFound:
+            return frozenset()
+        return frozenset(label.array_id for label in self._labels(tensor).values())
 
     def check_readable(self, tensor: TensorAdapter) -> None:
         """The read gate: an uploaded tensor reads once READY (``UploadNotReadable``)."""

@@ -16,16 +16,22 @@ plane selection (``;z=3;c=1``) by ``render.plane``; the doors only route, and ma
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from tensor_server.core.engine import Cancelled
 from tensor_server.errors import InvalidArgument
 from tensor_server.render import deepzoom, iiif
+from tensor_server.render.colour import channel_labels
+from tensor_server.render.histogram import channel_list, percentile_window
 from tensor_server.render.image import Renderer, available_formats, encode
 from tensor_server.render.plane import PlaneView, Shown, split_identifier
+from tensor_server.render.spec import SpecStore, parse_spec, split_spec_id
 
 if TYPE_CHECKING:  # pragma: no cover
-    import numpy as np
     from PIL import Image
 
     from tensor_server.service.caller import Caller
@@ -41,26 +47,76 @@ class ViewerVerbs:
     def __init__(self, runtime: ServingRuntime) -> None:
         self.runtime = runtime
         self.renderer = Renderer()
+        #: the render specs posted to this process (``POST /render``), bounded
+        self.specs = SpecStore()
         #: the image formats this Pillow writes (webp only with libwebp)
         self.formats = available_formats()
 
+    def store_spec(self, body: bytes) -> dict[str, str]:
+        """Store the render spec ``body`` holds (``render.spec``: a 400 naming the field at
+        fault); its id, and the identifier suffix that shows it."""
+        spec_id = self.specs.put(parse_spec(body))
+        return {"id": spec_id, "suffix": f";r={spec_id}"}
+
+    def spec(self, spec_id: str) -> dict[str, Any]:
+        """The stored spec ``spec_id`` as its canonical JSON (a viewer restoring a shared view)."""
+        doc: dict[str, Any] = json.loads(self.specs.get(spec_id).canonical())
+        return {"id": spec_id, **doc}
+
     def plane(self, identifier: str, caller: Caller) -> PlaneView:
-        """The plane ``identifier`` names (``<array_id>;z=3;c=1``) of a tensor ``caller`` may
-        read: the one look-up and read-rule check of a viewer request."""
-        array_id, selection = split_identifier(identifier)
+        """The plane ``identifier`` names (``<array_id>;z=3;c=1``, or ``;r=<spec id>``) of a
+        tensor ``caller`` may read: the one look-up and read-rule check of a viewer request."""
+        rest, spec_id = split_spec_id(identifier)
+        spec = self.specs.get(spec_id) if spec_id is not None else None
+        array_id, selection = split_identifier(rest)
         tensor, _ = self.runtime.tensor(array_id, caller)
-        return PlaneView.of(tensor, selection, self.runtime.policy)
+        return PlaneView.of(tensor, selection, self.runtime.policy, spec)
 
     def region(self, view: PlaneView, caller: Caller, shown: Shown, cancelled: Cancelled | None = None) -> Image.Image:
         """``shown`` of ``view`` rendered, read at the level that serves its size
-        (``PlaneView.window``)."""
+        (``PlaneView.window``); with a spec, only its visible channels are read."""
         whole = view.every_channel()
         settings = self.renderer.settings_of(
             view, lambda: self._pixels(whole, *whole.coarsest_window(), caller, cancelled)
         )
+        if view.spec is not None:
+            indices, tables = self.renderer.spec_tables(
+                view,
+                settings,
+                lambda i, low, high: percentile_window(self._coarse(view, i, caller, cancelled), low, high),
+            )
+            level, runs = view.channel_windows(shown, indices)
+            got: dict[int, np.ndarray] = {}
+            for first, bounds in runs:
+                for k, plane in enumerate(self._pixels(whole, level, bounds, caller, cancelled)):
+                    got[first + k] = plane
+            return self.renderer.composited(view, np.stack([got[i] for i in indices]), level, tables, shown)
         level, bounds = view.window(shown)
         planes = self._pixels(view, level, bounds, caller, cancelled)
         return self.renderer.image(view, planes, level, settings, shown)
+
+    def histograms(self, identifier: str, channels: str | None, caller: Caller) -> dict[str, Any]:
+        """The histograms of the channels ``channels`` names (``c=0,3``; None: all) of the plane
+        ``identifier`` names, each with the channel's default window (``render.histogram``)."""
+        view = self.plane(identifier, caller)
+        whole = view.every_channel()
+        settings = self.renderer.settings_of(view, lambda: self._pixels(whole, *whole.coarsest_window(), caller, None))
+        labels = channel_labels(view.tensor.metadata)
+        out = []
+        for i in channel_list(channels, view.channel_count):
+            hist = self.renderer.histogram(view, i, functools.partial(self._coarse, view, i, caller, None))
+            entry: dict[str, Any] = {"index": i, "label": labels.get(i, f"channel {i}"), **hist.as_json()}
+            if settings.channels:
+                c = settings.channels[i]
+                entry.update(window=[c.start, c.end], color="#{:02X}{:02X}{:02X}".format(*c.colour), active=c.active)
+            out.append(entry)
+        return {"array_id": view.tensor.array_id, "dtype": str(view.tensor.dtype), "channels": out}
+
+    def _coarse(self, view: PlaneView, index: int, caller: Caller, cancelled: Cancelled | None) -> np.ndarray:
+        """Channel ``index`` of ``view``'s plane at its coarsest level: what its histogram and
+        percentile windows are measured on."""
+        one = view.one_channel(index)
+        return self._pixels(one, *one.coarsest_window(), caller, cancelled)[0]
 
     def _pixels(
         self, view: PlaneView, level: Any, bounds: Any, caller: Caller, cancelled: Cancelled | None

@@ -40,9 +40,10 @@ dataset's path and transforms, the labels list, each label image's), and the vie
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,8 @@ class DoorWorld:
     granted: str
     #: a READY upload on the scratch source (which holds no tensor of its own)
     scratch_ready: str
+    #: share links of ``img`` (``_share_links``): kind -> the capability a client presents
+    shares: dict[str, str] = field(default_factory=dict)
 
 
 def _uploads(runtime: Any) -> dict[str, str]:
@@ -122,6 +125,34 @@ def _uploads(runtime: Any) -> dict[str, str]:
     manager.set_ready(ids["scratch"])
     manager.discard(ids["discarded"], "door tests")
     return ids
+
+
+def _share_links(runtime: Any) -> dict[str, str]:
+    """Capabilities for ``img``: a live one, a revoked one, an expired one, one whose payload
+    was changed after signing (it names the granted upload) and one signed by another key."""
+    import base64
+    import json
+
+    from joserfc import jwt
+    from joserfc.jwk import OctKey
+
+    shares = runtime.shares
+    _, live = shares.mint("img", "read", 3600, "")
+    revoked, revoked_cap = shares.mint("img", "read", 3600, "")
+    shares.revoke(revoked.id)
+    _, expired = shares.mint("img", "read", 60, "", now=time.time() - 3600)
+    header, payload, signature = live.split(".")
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims["sub"] = "img/@fields/granted"
+    tampered_payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+    forged = jwt.encode({"alg": "HS256"}, claims, OctKey.generate_key(256))
+    return {
+        "live": live,
+        "revoked": revoked_cap,
+        "expired": expired,
+        "tampered": f"{header}.{tampered_payload}.{signature}",
+        "forged": forged,
+    }
 
 
 def point_roi() -> Any:
@@ -160,6 +191,7 @@ def _served_world(**options: Any) -> Iterator[DoorWorld]:
                     IMAGE + 1,
                     ids["granted"],
                     ids["scratch"],
+                    _share_links(served.runtime),
                 )
         finally:
             cat.close()
@@ -298,6 +330,35 @@ class DoorTests:
         if getattr(door, "stats", None) is None:
             pytest.skip("this door has no stats verb")
         assert door.stats(world.granted, GRANT)["max"] == int(world.ready_pixels.max())
+
+    # ---- share links (service/shares.py) -------------------------------------------------------------
+    def test_a_share_link_reads_its_tensor(self, door, world):
+        self.assert_pixels(door, door.read("img", world.shares["live"]), IMAGE)
+
+    @pytest.mark.parametrize("other", ["ready", "granted", "raising/invalid", "nope"])
+    def test_a_share_link_reads_nothing_else(self, door, world, other):
+        array_id = getattr(world, other, other)
+        refusal = self.refused(door, door.read, array_id, world.shares["live"])
+        self.assert_class(refusal, errors.Unauthenticated)
+        if getattr(door, "listed", None) is not None:
+            self.assert_class(self.refused(door, door.listed, "img", world.shares["live"]), errors.Unauthenticated)
+        if getattr(door, "add_source", None) is not None:
+            refusal = self.refused(door, door.add_source, "/tmp", world.shares["live"])
+            self.assert_class(refusal, errors.Unauthenticated)
+
+    @pytest.mark.parametrize(
+        "kind, says",
+        [
+            ("revoked", "was revoked"),
+            ("expired", "expired at"),
+            ("tampered", "not signed by this server"),
+            ("forged", "not signed by this server"),
+        ],
+    )
+    def test_a_share_link_that_is_no_longer_good_is_refused_saying_why(self, door, world, kind, says):
+        refusal = self.refused(door, door.read, "img", world.shares[kind])
+        self.assert_class(refusal, errors.Unauthenticated)
+        assert says in refusal.message, refusal
 
     # ---- ids ------------------------------------------------------------------------------------
     @pytest.mark.parametrize("array_id", ["nope", "img/no-such-field", "raising/nope"])

@@ -113,6 +113,7 @@ def start_serving(
         try:
             served.http = HttpFrontEnd(build_app(runtime, http_security), host, 0, tls=tls, parser=http_parser)
             served.http.start()
+            runtime.http_listening(served.http.scheme, host, served.http.port)
         except BaseException:
             served.http = None
             served.stop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from tensor_server.core.level_grid import published_levels
 from tensor_server.core.methods import PRECOMPUTE
 from tensor_server.core.plan import plan_read
 from tensor_server.core.uniform import covering_value
+from tensor_server.errors import UnreadableSource
 from tensor_server.testing import AdapterTests
 
 zarr = pytest.importorskip("zarr")
@@ -233,6 +235,87 @@ def test_opening_reads_metadata_only(tmp_path):
         for _well, _field, ((y0, x0), (y1, x1)) in _boxes(layout):
             box = Bounds((0, y0, x0), (2, y1, x1))
             assert covering_value(montage.uniform_blocks(box), box) == 0
+
+
+@pytest.mark.parametrize("version", ["0.4", "0.5"])
+def test_opening_builds_no_zarr_array_and_lists_no_chunk_folder(tmp_path, monkeypatch, version):
+    """The open reads each field's array metadata as JSON: no zarr-python array is opened or
+    built, no chunk folder listed, no chunk file stat'ed; a read of one field's box builds
+    that field's level-0 array alone (the plate's 3 fields of 3 levels are 9 arrays) and
+    reads its pixels."""
+    from tensor_server.adapters import _zarr_array
+
+    path = _write_plate(tmp_path / "p.ome.zarr", version, RAGGED)
+    calls = {"open_array": 0, "built": [], "listed": 0, "stat": 0}
+    real_build, real_listing, real_stat = _zarr_array.StoredArray._build, _zarr_array.stored_files, os.stat
+    real_open_array = zarr.open_array
+
+    def build(self):
+        calls["built"].append(self.path)
+        return real_build(self)
+
+    def listing(folder):
+        calls["listed"] += 1
+        return real_listing(folder)
+
+    def counted_open_array(*args, **kwargs):
+        calls["open_array"] += 1
+        return real_open_array(*args, **kwargs)
+
+    def stat(p, *args, **kwargs):
+        name = os.fspath(p)
+        calls["stat"] += name.startswith(f"{path}/") and "/s0/" in name  # a level 0 chunk file or folder
+        return real_stat(p, *args, **kwargs)
+
+    monkeypatch.setattr(_zarr_array.StoredArray, "_build", build)
+    monkeypatch.setattr(_zarr_array, "stored_files", listing)
+    monkeypatch.setattr(zarr, "open_array", counted_open_array)
+    monkeypatch.setattr(os, "stat", stat)
+    with tensor_server.open(path) as src:
+        assert calls == {"open_array": 0, "built": [], "listed": 0, "stat": 0}
+        montage = src.tensor("plate")
+        (y0, x0), (y1, x1) = montage.metadata["montage"]["wells"][1]["fields"][0]["box"]  # B/3/0
+        got = montage.get_data(Bounds((0, y0, x0), (2, y1, x1)))
+        assert calls["built"] == ["B/3/0/s0"] and calls["open_array"] == 0
+    np.testing.assert_array_equal(got, _field_levels(path, "B/3", "0")[0])
+
+
+def test_the_garbage_collector_is_paused_while_a_plate_is_walked(tmp_path, monkeypatch):
+    """Off while the wells are walked (``_zarr_store.collector_paused``), on again after, also
+    when the walk fails; left off when it was off before; pauses that overlap end together."""
+    import gc
+
+    from tensor_server.adapters import _zarr_store
+
+    path = _write_plate(tmp_path / "p.ome.zarr", "0.4", RAGGED)
+    seen = []
+    real_add_well = _zarr_store.StoreWalker.add_well
+
+    def add_well(self, wnode):
+        seen.append(gc.isenabled())
+        return real_add_well(self, wnode)
+
+    monkeypatch.setattr(_zarr_store.StoreWalker, "add_well", add_well)
+    assert gc.isenabled()
+    with tensor_server.open(path) as src:
+        assert src.tensor("plate").shape == (2, 84, 272)
+    assert seen == [False, False] and gc.isenabled()
+    with _zarr_store.collector_paused():
+        with _zarr_store.collector_paused():
+            pass
+        assert not gc.isenabled()  # the outer pause still runs
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _zarr_store.collector_paused():
+            pass
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+    monkeypatch.setattr(_zarr_store.StoreWalker, "add_well", lambda self, wnode: 1 / 0)
+    with pytest.raises(UnreadableSource, match="ZeroDivisionError"):
+        tensor_server.open(path)
+    assert gc.isenabled()
 
 
 def _metadata_only_plate(path: Path, rows: int, columns: int) -> Path:

@@ -67,6 +67,14 @@ READ_BLOCK = {
         "block",
         "raw pages: one page (page mode decodes it whole); compressed pages are read strile by strile on all cores: the transfer chunk in whole tiles/strips",
     ),
+    "_UrlTiffAdapter": (
+        "block",
+        "a TIFF at a URL (adapters/_url_tiff.py): as TiffPageSeriesAdapter without the strile reader (it preads a local path): the native chunk, one page in page mode (decoded whole by tifffile's store), one tile in strile mode",
+    ),
+    "_UrlOmeTiffAdapter": (
+        "block",
+        "an OME-TIFF at a URL: as _UrlTiffAdapter, the native chunk (a page in page mode, a tile in strile mode)",
+    ),
     "Nd2Adapter": (
         "none",
         "read_frame returns an mmap view for uncompressed ND2, so a crop costs its own pages; the seed (a whole C/Y/X frame) would floor every scaled read at the frame",

@@ -440,6 +440,29 @@ def test_corrupt_zarray_of_an_ome_level_names_the_file(tmp_path):
     assert str(p / "0" / ".zarray") in str(exc.value)
 
 
+def test_a_fifo_named_like_metadata_is_no_node_and_never_blocks_the_open(tmp_path):
+    """Metadata files are opened without a stat first: a FIFO called ``zarr.json`` beside an
+    array's ``.zarray`` is no file (the v2 array is served), and opening it never waits for a
+    writer (the open ends within a generous bound)."""
+    import threading
+
+    p = tmp_path / "fifo.zarr"
+    z = zarr.create_array(str(p), shape=(4, 6), chunks=(2, 3), dtype="u1", zarr_format=2)
+    z[...] = np.arange(24, dtype=np.uint8).reshape(4, 6)
+    os.mkfifo(p / "zarr.json")
+    opened: dict[str, np.ndarray] = {}
+
+    def run() -> None:
+        with tensor_server.open(p, format="zarr") as src:
+            opened["data"] = src.tensor().get_data()
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert "data" in opened, "the open waited on the FIFO"
+    np.testing.assert_array_equal(opened["data"], np.arange(24, dtype=np.uint8).reshape(4, 6))
+
+
 def test_missing_level0_is_unreadable(tmp_path):
     p = tmp_path / "nolevel.ome.zarr"
     _write_ome(p, 3)

@@ -70,6 +70,14 @@ DECIMATES = {
         "per tensor",
         "as TiffPageSeriesAdapter: compressed pages stride each decoded tile into the output, raw pages decline",
     ),
+    "_UrlTiffAdapter": (
+        "per tensor",
+        "a TIFF at a URL: the property of TiffPageSeriesAdapter, always false here (the strile reader preads a local path): the engine streams",
+    ),
+    "_UrlOmeTiffAdapter": (
+        "per tensor",
+        "an OME-TIFF at a URL: as _UrlTiffAdapter, the property is false (no strile reader for a URL): the engine streams",
+    ),
     "Nd2Adapter": (
         "yes",
         "the step selects only the frames on the step along T/P/Z and strides the mmap view inside each frame",

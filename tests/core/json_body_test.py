@@ -67,6 +67,17 @@ def test_the_depth_of_any_bytes_is_the_reference_scanners(body):
     assert _depth(body) == reference_depth(body)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list(b'"\\[]{}a ')), max_size=120).map(bytes), st.integers(1, 7))
+def test_the_depth_measured_in_blocks_is_the_whole_bodys(body, block):
+    """A body is measured in blocks (a 64 MiB GeoJSON import measured whole held ~2 GB): an
+    escape, a string or a nesting that straddles a block edge reads as in one piece."""
+    from unittest import mock
+
+    with mock.patch("tensor_server.core.json_body._DEPTH_BLOCK", block):
+        assert _depth(body) == reference_depth(body)
+
+
 @pytest.mark.parametrize(
     "body, depth",
     [

@@ -4,13 +4,14 @@ are owned (core/engine.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 
 import numpy as np
 import pytest
 
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
-from tensor_server.core import Bounds, ChunkId, plan_read
+from tensor_server.core import Bounds, plan_read
 from tensor_server.core.downsample import downsample_block
 from tensor_server.core.engine import ReadCancelled, ReadEngine
 from tensor_server.errors import InvalidArgument, InvalidChunkId, StaleChunkId
@@ -100,13 +101,13 @@ def test_foreign_stale_and_bad_ids_refused(tensor):
     cid = plan_read(tensor, None, (2, 2), "area").chunks[0].chunk_id
     with pytest.raises(InvalidChunkId):
         engine.chunk(b"not-an-id", tensor)
-    other = ChunkId(**{**cid.__dict__, "array_id": "someone-else"})
+    other = dataclasses.replace(cid, array_id="someone-else")
     with pytest.raises(InvalidChunkId, match="someone-else"):
         engine.chunk(other, tensor)
-    stale = ChunkId(**{**cid.__dict__, "content_version": b"old"})
+    stale = dataclasses.replace(cid, content_version=b"old")
     with pytest.raises(StaleChunkId, match="re-plan"):
         engine.chunk(stale, tensor)
-    outside = ChunkId(**{**cid.__dict__, "stop": (41, 16)})
+    outside = dataclasses.replace(cid, stop=(41, 16))
     with pytest.raises(InvalidChunkId, match="does not fit"):
         engine.chunk(outside, tensor)
     assert tensor.calls == [], "nothing was read for a refused id"
@@ -120,16 +121,16 @@ def test_forged_whole_tensor_and_huge_scale_ids_are_refused():
     MemorySource(t, source_id="forged")
     engine = ReadEngine()
     real = plan_read(t).chunks[0].chunk_id
-    whole = ChunkId(**{**real.__dict__, "start": (0, 0), "stop": (4096, 4096)})
+    whole = dataclasses.replace(real, start=(0, 0), stop=(4096, 4096))
     with pytest.raises(InvalidChunkId, match="larger than one chunk"):
         engine.chunk(whole.encode(), t)
     scaled = plan_read(t, None, (4, 4), "area").chunks[0].chunk_id
     engine.chunk(scaled, t)  # a real scaled id is served
     t.calls.clear()
-    too_wide = ChunkId(**{**scaled.__dict__, "stop": (4096, 4096)})
+    too_wide = dataclasses.replace(scaled, stop=(4096, 4096))
     with pytest.raises(InvalidChunkId, match="larger than one chunk"):
         engine.chunk(too_wide, t)
-    huge = ChunkId(**{**scaled.__dict__, "scale": (1 << 28, 1 << 28)})
+    huge = dataclasses.replace(scaled, scale=(1 << 28, 1 << 28))
     with pytest.raises(InvalidChunkId, match="scale"):
         engine.chunk(huge, t)
     with pytest.raises(InvalidArgument, match="exceeds the axis extent"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -73,7 +74,7 @@ def test_locate_refuses_stale_ids_and_scaled_chunks_locate_too(tmp_path):
             from tensor_server_kernels import reference
 
             np.testing.assert_array_equal(got, reference.downsample(arr, (2, 2), "area")[:64, :64])
-            stale = type(cid)(**{**cid.__dict__, "content_version": b"old"})
+            stale = dataclasses.replace(cid, content_version=b"old")
             body = ticket_pb2.TensorTicket(chunk_id=stale.encode()).SerializeToString()
             import pytest
 

@@ -57,7 +57,17 @@ JSON_BODIES = {
 }
 #: the same as text, for string fields of protobuf messages (which hold valid UTF-8 only)
 TEXTS = {label: body.decode() for label, body in JSON_BODIES.items() if label != "invalid UTF-8"}
-JSON_ACTIONS = ("tensor_stats", "catalog_children", "export", "watch")
+JSON_ACTIONS = (
+    "tensor_stats",
+    "catalog_children",
+    "export",
+    "rois_geojson",
+    "put_rois_geojson",
+    "share",
+    "share_revoke",
+    "warm",
+    "watch",
+)
 #: protobuf-bodied actions and what each answers these bodies with the token (resolve reads its
 #: body as a URL, which names no source)
 PROTOBUF_ACTIONS = {
@@ -76,6 +86,11 @@ VALID_BODY_ANSWERS = {
     "catalog_children": "OK",
     "export": "INVALID_ARGUMENT",
     "add_tensor": "INVALID_ARGUMENT",
+    "rois_geojson": "OK",  # no annotations under that id
+    "put_rois_geojson": "INVALID_ARGUMENT",  # a header line and no GeoJSON after it
+    "share": "NOT_FOUND",  # no such tensor
+    "share_revoke": "INVALID_ARGUMENT",  # no id
+    "warm": "NOT_FOUND",  # no such tensor
 }  # no dest; a tensor carries no metadata of its own
 
 
@@ -326,7 +341,7 @@ def _requests():
 
 def test_every_body_taking_action_is_fed_here():
     """A new action that takes a body joins the lists above (or this test says so)."""
-    bodyless = {"health", "server_stats", "cache_stats"}
+    bodyless = {"health", "server_stats", "cache_stats", "share_list", "share_rotate"}
     assert {a.name for a in ACTIONS} - bodyless == set(JSON_ACTIONS) | set(PROTOBUF_ACTIONS) | {"add_tensor"}
 
 

@@ -9,6 +9,7 @@ chunk ids asserting "clean error code, server alive, next read correct".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 
@@ -103,7 +104,7 @@ def test_forged_and_malformed_chunk_ids(served):
     c = flight.FlightClient(served.location)
     tensor, _ = served.runtime.catalog.find_tensor("img")
     real = plan_read(tensor).chunks[0].chunk_id
-    whole = type(real)(**{**real.__dict__, "start": (0, 0), "stop": ARR.shape})
+    whole = dataclasses.replace(real, start=(0, 0), stop=ARR.shape)
     assert "larger than one chunk" in str(_refused(lambda: _chunk(c, whole.encode())))
 
     def forge(body: bytes) -> bytes:

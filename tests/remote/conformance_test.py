@@ -84,3 +84,28 @@ class TestRemoteTensorAdapter(AdapterTests):
         from tensor_server_kernels import reference
 
         np.testing.assert_array_equal(got, reference.downsample(arrays["vol"], (1, 2, 2), "area"))
+
+
+class TestUrlImage(AdapterTests):
+    """Images opened by URL from a range host on loopback: OME-Zarr v2 (image + labels), the
+    sharded v3 array and the pyramidal OME-TIFF; the reference is the local file read by
+    zarr-python / tifffile."""
+
+    methods = ("nearest", "area", "max")
+
+    @pytest.fixture(params=["cells.ome.zarr", "vol.zarr", "img.ome.tif"])
+    def source(self, request, url_host):
+        from tensor_server.adapters.url_source import open_url_source
+
+        src = open_url_source(f"{url_host.url}/{request.param}", source_id="urlsrc")
+        src.local = url_host.root / request.param
+        yield src
+        src.close()
+
+    def reference_array(self, source, field):
+        import tifffile
+
+        if source.local.suffix == ".tif":
+            return tifffile.imread(source.local)
+        path = {None: "", "data": "", "image": "0", "image/@labels/cells": "labels/cells/0"}[field]
+        return np.asarray(zarr.open_array(store=str(source.local), path=path, mode="r")[...])

@@ -4,6 +4,7 @@ labels and a sharded zarr v3, plus their local copies (the oracle)."""
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,66 @@ def s3_data(s3_endpoint, tmp_path_factory):
     for name in ("cells.ome.zarr", "vol.zarr", "notes.txt"):
         fs.put(str(local / name), f"{BUCKET}/run1/{name}", recursive=True)
     return local, written
+
+
+# ---- one image by URL: a static range host on loopback (tensor_server/testing/range_host.py) ----
+def write_bioformats2raw(path: Path, seed: int = 2) -> np.ndarray:
+    """A bioformats2raw layout: series ``0`` an OME-Zarr image, ``OME/.zattrs`` listing it."""
+    import zarr
+
+    image = write_ome_zarr(path / "0", seed)["image"]
+    root = zarr.open_group(str(path), mode="a", zarr_format=2)
+    root.attrs["bioformats2raw.layout"] = 3
+    root.create_group("OME").attrs["series"] = ["0"]
+    return image
+
+
+def write_ome_tiff(path: Path, seed: int = 4) -> list[np.ndarray]:
+    """A tiled cyx uint16 OME-TIFF with two SubIFD levels (factors 2 and 4); its levels."""
+    import tifffile
+
+    image = np.random.default_rng(seed).integers(0, 60000, (2, 520, 610), dtype=np.uint16)
+    levels = [image, image[:, ::2, ::2].copy(), image[:, ::4, ::4].copy()]
+    with tifffile.TiffWriter(path, ome=True) as tw:
+        tw.write(levels[0], tile=(128, 128), subifds=2, metadata={"axes": "CYX"}, compression="zlib")
+        for level in levels[1:]:
+            tw.write(level, tile=(128, 128), subfiletype=1, compression="zlib")
+    return levels
+
+
+@pytest.fixture(scope="module")
+def url_images(tmp_path_factory):
+    """A folder of images written by their own writers, and what was written."""
+    folder = tmp_path_factory.mktemp("url-images")
+    written = write_ome_zarr(folder / "cells.ome.zarr")
+    written["sharded"] = write_sharded(folder / "vol.zarr")
+    written["b2r"] = write_bioformats2raw(folder / "b2r.zarr")
+    written["tiff_levels"] = write_ome_tiff(folder / "img.ome.tif")
+    (folder / "notes.txt").write_text("not an image")
+    return folder, written
+
+
+@pytest.fixture
+def url_host(url_images):
+    """The images on a range host at 127.0.0.1 (its own per test: a clean request log and
+    fault list), with the remote settings allowing it and a fresh byte cache."""
+    from tensor_server.testing.range_host import range_host
+
+    folder, written = url_images
+    with range_host(folder) as host, remote_config(folder.parent / f"cache-{host.url.rsplit(':', 1)[1]}"):
+        host.written = written
+        yield host
+
+
+@contextmanager
+def remote_config(cache_dir, **options):
+    """``[remote]`` settings for the block: loopback allowed (tests' hosts are on it), a short
+    timeout, the byte cache in ``cache_dir``."""
+    from tensor_server.adapters.url_source import RemoteSettings, set_remote_settings
+
+    options = {"allowed_hosts": ("127.0.0.1",), "timeout": 3.0, "cache_dir": str(cache_dir), **options}
+    old = set_remote_settings(RemoteSettings(**options))
+    try:
+        yield
+    finally:
+        set_remote_settings(old)

@@ -24,6 +24,7 @@ import pytest
 
 from tensor_server.catalog import Catalog
 from tensor_server.http import catalog_page
+from tensor_server.service import plates
 from tests.http.conftest import http_serving
 
 zarr = pytest.importorskip("zarr")
@@ -170,7 +171,7 @@ def test_the_plate_is_one_thumbnail_with_its_wells_listed(plate_server):
 def test_the_wells_list_pages(plate_server, monkeypatch):
     """Two links a page: A/1 (3 links) alone, then MARKUP with B/3; the last page links none."""
     src, http = plate_server
-    monkeypatch.setattr(catalog_page, "WELL_LINKS_PER_PAGE", 2)
+    monkeypatch.setattr(plates, "WELL_LINKS_PER_PAGE", 2)
     plate_id = src.tensor("plate").array_id
     auth = {"Authorization": f"Bearer {TOKEN}"}
     first = _Page(httpx.get(f"{http.url}/", headers=auth).text)
@@ -198,7 +199,7 @@ def test_the_wells_page_refuses_what_is_not_a_plate_page(plate_server):
 
 
 def _fake_plate(n_wells: int, n_fields: int) -> list[SimpleNamespace]:
-    """A source's served tensors as ``split_plates`` reads them: the fields of an
+    """A source's served tensors as ``plates.split_plates`` reads them: the fields of an
     ``n_wells`` plate of ``n_fields`` each, then the plate image with its layout."""
     paths = [f"R{row}/{column}" for row in range(32) for column in range(1, 49)][:n_wells]
     served = [
@@ -220,8 +221,8 @@ def _fake_plate(n_wells: int, n_fields: int) -> list[SimpleNamespace]:
 def test_a_1536_well_plate_adds_a_bounded_list():
     """1536 wells of 9 fields: one row, the catalog page's list 96 wells (864 links), then 15
     more pages that together list every well once."""
-    ((plate, fields),) = catalog_page.split_plates(_fake_plate(1536, 9))
-    first = catalog_page.wells_list(plate, fields, 0, "")
+    ((plate, fields),) = plates.split_plates(_fake_plate(1536, 9))
+    first = catalog_page.wells_list(plate, plates.wells_page(plate, fields, 0), "")
     parsed = _Page(first)
     assert len(parsed.wells) == 96 and sum(len(links) for _w, links in parsed.wells) == 864
     assert parsed.more == [("1440 more wells", "/wells/s/plate?start=96")]
@@ -229,7 +230,77 @@ def test_a_1536_well_plate_adds_a_bounded_list():
     seen, pages, page = [w for w, _ in parsed.wells], 1, parsed
     while page.more:
         start = int(parse_qs(urlsplit(page.more[0][1]).query)["start"][0])
-        page = _Page(catalog_page.wells_list(plate, fields, start, ""))
+        page = _Page(catalog_page.wells_list(plate, plates.wells_page(plate, fields, start), ""))
         seen += [w for w, _ in page.wells]
+        pages += 1
+    assert pages == 16 and seen == [w["path"] for w in plate.tensor.metadata["montage"]["wells"]]
+
+
+def test_the_json_catalog_lists_the_plate_as_one_entry_with_its_wells(plate_server):
+    """``/api/catalog``: the plate image is the source's one entry (no entry per field), with
+    the first page of its wells: each field's id and its label images' ids."""
+    src, http = plate_server
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    doc = httpx.get(f"{http.url}/api/catalog", headers=auth).json()
+    (source,) = [s for s in doc["sources"] if s["source_id"] == src.source_id]
+    (entry,) = source["tensors"]
+    plate = src.tensor("plate")
+    assert entry["array_id"] == plate.array_id and entry["shape"] == list(plate.shape)
+    ids = {p: src.tensor(p).array_id for p in ("A/1/0", "A/1/0/@labels/cells", "A/1/1", f"{MARKUP}/0", "B/3/0")}
+    assert entry["wells"] == {
+        "count": 3,
+        "fields": 4,
+        "start": 0,
+        "wells": [
+            {
+                "path": "A/1",
+                "fields": [
+                    {"path": "0", "array_id": ids["A/1/0"], "labels": [ids["A/1/0/@labels/cells"]]},
+                    {"path": "1", "array_id": ids["A/1/1"], "labels": []},
+                ],
+            },
+            {"path": MARKUP, "fields": [{"path": "0", "array_id": ids[f"{MARKUP}/0"], "labels": []}]},
+            {"path": "B/3", "fields": [{"path": "0", "array_id": ids["B/3/0"], "labels": []}]},
+        ],
+        "next": None,
+    }
+
+
+def test_the_json_wells_list_pages(plate_server, monkeypatch):
+    """Two entries a page, as the page's list: A/1 alone, then ``next`` (carrying the token in
+    the path) lists MARKUP and B/3 and links nothing further; a bad page is refused."""
+    src, http = plate_server
+    monkeypatch.setattr(plates, "WELL_LINKS_PER_PAGE", 2)
+    plate_id, field_id = src.tensor("plate").array_id, src.tensor("B/3/0").array_id
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    doc = httpx.get(f"{http.url}/api/catalog", headers=auth).json()
+    (wells,) = [t["wells"] for s in doc["sources"] for t in s["tensors"] if "wells" in t]
+    assert [w["path"] for w in wells["wells"]] == ["A/1"]
+    assert wells["next"] == f"/t/{TOKEN}/api/wells/{plate_id}?start=1"
+    second = httpx.get(urljoin(http.url, wells["next"])).json()
+    assert second["array_id"] == plate_id and second["start"] == 1 and second["next"] is None
+    assert [w["path"] for w in second["wells"]] == [MARKUP, "B/3"]
+    for path, (status, words) in {
+        f"/api/wells/{plate_id}?start=3": (400, "start 3 is not a well"),
+        f"/api/wells/{field_id}": (400, "not a plate image"),
+    }.items():
+        r = httpx.get(f"{http.url}{path}", headers=auth)
+        assert (r.status_code, words in r.text) == (status, True), f"{path}: {r.status_code} {r.text[:200]}"
+    assert httpx.get(f"{http.url}/api/wells/{plate_id}").status_code == 401
+
+
+def test_a_1536_well_plate_adds_a_bounded_json_entry():
+    """1536 wells of 9 fields in ``/api/catalog``: the plate's entry lists the first 96 wells
+    (864 fields), then ``next``; following it lists every well once, in 16 pages."""
+    ((plate, fields),) = plates.split_plates(_fake_plate(1536, 9))
+    first = catalog_page.wells_json(plate, plates.wells_page(plate, fields, 0), "")
+    assert (first["count"], first["fields"], len(first["wells"])) == (1536, 13824, 96)
+    assert first["wells"][0]["fields"][8] == {"path": "8", "array_id": "s/R0/1/8", "labels": []}
+    assert first["next"] == "/api/wells/s/plate?start=96" and len(json.dumps(first)) < 100_000
+    seen, pages, page = [w["path"] for w in first["wells"]], 1, first
+    while page["next"]:
+        start = int(parse_qs(urlsplit(page["next"]).query)["start"][0])
+        page = catalog_page.wells_json(plate, plates.wells_page(plate, fields, start), "")
+        seen += [w["path"] for w in page["wells"]]
         pages += 1
     assert pages == 16 and seen == [w["path"] for w in plate.tensor.metadata["montage"]["wells"]]

@@ -1,0 +1,175 @@
+"""``python -m tensor_server.bench render-spec``: warm 256² IIIF tiles of a 60-channel uint16
+image composited from a render spec (4 and 16 visible channels), one client at a time and 8
+at once, beside NumPy compositing the same level region (the kernels' oracle on pixels read
+with zarr-python) and our own 3-channel baseline (a 3-channel image's default rendering, and a
+3-channel spec), in one run.
+
+The image (``--size small``: 60 × 2048², ``full``: 60 × 8192², as issue 44 sets, 8 GB on
+disk) is written once as a zarr v2 array of (1, 512, 512) zstd chunks of smooth per-channel
+patterns with noise, and a 3-channel one of the same planes. Warm: every tile of a 4×4
+viewport at full resolution is requested once before the timed passes, so the chunks are in
+the cache and the spec's tables built; a timed pass is ``--rounds`` passes over the viewport.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tensor_server.bench.timing import add_common_arguments, print_table, write_json
+
+__all__ = ["add_arguments", "main"]
+
+CHANNELS, TILE, VIEWPORT = 60, 256, 4
+_HEAD = ["row", "visible", "p50 1 client", "p50 8 clients", "NumPy p50", "load"]
+
+
+def _write(root: Path, side: int) -> None:
+    import zarr
+
+    for name, count in (("multiplex.zarr", CHANNELS), ("three.zarr", 3)):
+        if (root / name).exists():
+            continue
+        z = zarr.create_array(
+            str(root / f"{name}.partial"),
+            shape=(count, side, side),
+            chunks=(1, 512, 512),
+            dtype=np.uint16,
+            zarr_format=2,
+            overwrite=True,
+            attributes={"_ARRAY_DIMENSIONS": ["c", "y", "x"]},
+        )
+        rng = np.random.default_rng(0)
+        ramp = np.add.outer(np.arange(512), np.arange(512)).astype(np.uint16)
+        for c in range(count):
+            for row in range(0, side, 512):
+                band = np.concatenate([ramp * (1 + (c + col // 512) % 7) % 4000 for col in range(0, side, 512)], 1)
+                z[c, row : row + 512] = band + rng.integers(0, 64, band.shape, dtype=np.uint16)
+        os.replace(root / f"{name}.partial", root / name)
+
+
+def _spec(visible: int) -> dict:
+    step = CHANNELS // visible
+    colours = ("#FF0000", "#00FF00", "#0000FF", "#FFFF00", "#FF00FF", "#00FFFF", "#FFFFFF")
+    return {
+        "channels": [
+            {"index": i * step, "color": colours[i % len(colours)], "window": {"start": 100, "end": 3900}}
+            for i in range(visible)
+        ]
+    }
+
+
+def _tiles(base: str, identifier: str) -> list[str]:
+    return [
+        f"{base}/iiif/3/{identifier}/{x * TILE},{y * TILE},{TILE},{TILE}/{TILE},{TILE}/0/default.jpg"
+        for y in range(VIEWPORT)
+        for x in range(VIEWPORT)
+    ]
+
+
+def _timed(urls: list[str], clients: int, rounds: int) -> float:
+    """p50 (ms) of ``rounds`` passes over ``urls`` by each of ``clients`` concurrent clients."""
+    import httpx
+
+    def one(k: int) -> list[float]:
+        out = []
+        with httpx.Client(timeout=60) as c:
+            for _ in range(rounds):
+                for u in urls[k % len(urls) :] + urls[: k % len(urls)]:
+                    t = time.perf_counter()
+                    answer = c.get(u)
+                    out.append(time.perf_counter() - t)
+                    assert answer.status_code == 200, answer.text
+        return out
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        times = [t for part in pool.map(one, range(clients)) for t in part]
+    return float(np.median(times) * 1e3)
+
+
+def _numpy_p50(root: Path, spec: dict) -> float:
+    """p50 (ms) of reading the visible channels of each tile with zarr-python and compositing
+    them with the oracle (``tensor_server_kernels.composite_reference``)."""
+    import zarr
+    from tensor_server_kernels import composite_reference as R
+
+    from tensor_server.render.luts import colour_value
+
+    z = zarr.open_array(str(root / "multiplex.zarr"), mode="r")
+    chans = [R.Channel(c["window"]["start"], c["window"]["end"], colour_value(c["color"])) for c in spec["channels"]]
+    index = [c["index"] for c in spec["channels"]]
+    times = []
+    for y in range(VIEWPORT):
+        for x in range(VIEWPORT):
+            t = time.perf_counter()
+            R.composite(z[index, y * TILE : (y + 1) * TILE, x * TILE : (x + 1) * TILE], chans)
+            times.append(time.perf_counter() - t)
+    return float(np.median(times) * 1e3)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser, sizes="small: 60 x 2048² uint16 (about 500 MB); full: 60 x 8192² (8 GB)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed passes over the 16-tile viewport")
+
+
+def main(ns: argparse.Namespace) -> int:
+    import httpx
+
+    from tensor_server.cache import CacheManager
+    from tensor_server.catalog import Catalog
+    from tensor_server.testing import start_serving
+
+    side = 2048 if ns.size == "small" else 8192
+    root = Path(ns.data_dir or Path(tempfile.gettempdir()) / "ts-bench-render-spec") / f"render-{side}"
+    root.mkdir(parents=True, exist_ok=True)
+    _write(root, side)
+    catalog = Catalog([root])
+    catalog.scan()
+    cache_dir = tempfile.TemporaryDirectory(prefix="ts-bench-render-")
+    cache = CacheManager(cache_dir.name)
+    served = start_serving(catalog, cache=cache, http=True)
+    try:
+        base = served.http_url
+        ids = {r.source_id.split("-")[0]: t.array_id for r in catalog.records() for t in r.source.tensors.values()}
+        out, rows = [], []
+        cases = [("spec", 4), ("spec", 16), ("spec", 3), ("3-channel image", 3)]
+        for label, visible in cases:
+            if label == "spec":
+                posted = httpx.post(f"{base}/render", content=json.dumps(_spec(visible)).encode(), timeout=60)
+                identifier = f"{ids['multiplex']};r={posted.json()['id']}"
+                numpy_p50 = _numpy_p50(root, _spec(visible))
+            else:
+                identifier, numpy_p50 = ids["three"], float("nan")
+            urls = _tiles(base, identifier)
+            _timed(urls, 1, 1)  # warm: chunks cached, tables built
+            row = {
+                "row": f"{label} of {CHANNELS if label == 'spec' else 3}",
+                "visible": visible,
+                "p50_1": _timed(urls, 1, ns.rounds),
+                "p50_8": _timed(urls, 8, ns.rounds),
+                "numpy_p50": numpy_p50,
+                "load": os.getloadavg()[0],
+            }
+            out.append(row)
+            rows.append(list(row.values()))
+            print_table(_HEAD, rows[-1:])
+    finally:
+        served.stop()
+        cache.close()
+        catalog.close()
+        cache_dir.cleanup()
+    print(
+        f"\n{side}² uint16, warm {TILE}² JPEG tiles at full resolution over IIIF (ms), {os.cpu_count()} cores; "
+        "NumPy: zarr-python read of the visible channels + the compositing oracle per tile; "
+        "load: 1-min load average after the row"
+    )
+    print_table(_HEAD, rows)
+    write_json(ns.json_path, "render-spec", ns.size, out)
+    return 0

@@ -1,0 +1,154 @@
+"use strict";
+// The viewer page's channel panel (/view/<identifier>): a toggle, colour, window and gamma per
+// channel, a slider per other axis (z, t), each change posted as a render spec (POST /render)
+// and shown by reopening the IIIF source as <array_id>;z=..;r=<id>, the viewport kept. The
+// view is shareable: the URL's hash carries the spec id, the plane and the viewport.
+(function () {
+  var el = document.getElementById("panel-options");
+  var panel = document.getElementById("panel");
+  if (!el || !panel || !window.viewer) { return; }
+  var opts = JSON.parse(el.textContent);
+  var state = { channels: [], plane: Object.assign({}, opts.plane), spec: opts.spec, opened: 0 };
+  window.viewerPanel = state;
+  var timer = null;
+
+  function hashParams() {
+    var out = {};
+    location.hash.replace(/^#/, "").split("&").forEach(function (kv) {
+      var i = kv.indexOf("=");
+      if (i > 0) { out[decodeURIComponent(kv.slice(0, i))] = decodeURIComponent(kv.slice(i + 1)); }
+    });
+    return out;
+  }
+
+  function identifier() {
+    var parts = [opts.array_path];
+    Object.keys(state.plane).sort().forEach(function (k) { parts.push(k + "=" + state.plane[k]); });
+    if (state.spec) { parts.push("r=" + state.spec); }
+    return parts.join(";");
+  }
+
+  function share() {
+    var vp = viewer.viewport, c = vp.getCenter(), parts = [];
+    if (state.spec) { parts.push("r=" + state.spec); }
+    Object.keys(state.plane).sort().forEach(function (k) { parts.push(k + "=" + state.plane[k]); });
+    parts.push("view=" + [c.x, c.y, vp.getZoom()].map(function (v) { return v.toFixed(5); }).join(","));
+    history.replaceState(null, "", "#" + parts.join("&"));
+  }
+
+  function reopen(view) {
+    var vp = viewer.viewport;
+    var keep = view || [vp.getCenter().x, vp.getCenter().y, vp.getZoom()];
+    viewer.addOnceHandler("open", function () {
+      viewer.viewport.zoomTo(keep[2], null, true);
+      viewer.viewport.panTo(new OpenSeadragon.Point(keep[0], keep[1]), true);
+      state.opened += 1;
+      share();
+    });
+    viewer.open(opts.iiif + identifier() + "/info.json");
+  }
+
+  function specDoc() {
+    var channels = state.channels.filter(function (c) { return c.visible; }).map(function (c) {
+      return { index: c.index, color: c.color, window: { start: c.start, end: c.end }, gamma: c.gamma };
+    });
+    return { channels: channels };
+  }
+
+  function post() {
+    var doc = specDoc();
+    if (!doc.channels.length) { panel.querySelector(".note").textContent = "no channel is shown"; return; }
+    panel.querySelector(".note").textContent = "";
+    fetch(opts.render, { method: "POST", body: JSON.stringify(doc), credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : r.text().then(function (t) { throw new Error(t); }); })
+      .then(function (d) { state.spec = d.id; reopen(); })
+      .catch(function (e) { panel.querySelector(".note").textContent = String(e.message || e); });
+  }
+
+  function later(fn) { clearTimeout(timer); timer = setTimeout(fn, 200); }
+
+  function input(type, attrs, onchange) {
+    var i = document.createElement("input");
+    i.type = type;
+    Object.keys(attrs).forEach(function (k) { i[k] = attrs[k]; });
+    i.addEventListener(type === "checkbox" ? "change" : "input", function () { onchange(i); });
+    return i;
+  }
+
+  function channelRow(c) {
+    var row = document.createElement("div"), top = c.min + c.bin_width * c.counts.length;
+    var step = c.exact ? 1 : (top - c.min) / 1000;
+    row.className = "channel";
+    row.dataset.index = c.index;
+    var name = document.createElement("span");
+    name.textContent = c.label;
+    row.appendChild(input("checkbox", { checked: c.visible, className: "visible" }, function (i) {
+      c.visible = i.checked; later(post);
+    }));
+    row.appendChild(input("color", { value: c.color.toLowerCase(), className: "color" }, function (i) {
+      c.color = i.value.toUpperCase(); later(post);
+    }));
+    row.appendChild(name);
+    row.appendChild(document.createElement("br"));
+    ["start", "end"].forEach(function (key) {
+      row.appendChild(input("range", { min: c.min, max: top, step: step, value: c[key], className: key },
+        function (i) {
+          var v = Number(i.value);
+          if (key === "start" ? v < c.end : v > c.start) { c[key] = v; later(post); }
+        }));
+    });
+    row.appendChild(input("number", { min: 0.1, max: 10, step: 0.1, value: c.gamma, className: "gamma" },
+      function (i) { var g = Number(i.value); if (g > 0 && g <= 10) { c.gamma = g; later(post); } }));
+    return row;
+  }
+
+  function axisRow(axis) {
+    var row = document.createElement("div"), label = document.createElement("span");
+    row.className = "axis";
+    label.textContent = axis.name + " " + state.plane[axis.name];
+    row.appendChild(label);
+    row.appendChild(input("range", { min: 0, max: axis.size - 1, step: 1, value: state.plane[axis.name],
+      className: "axis-" + axis.name }, function (i) {
+        state.plane[axis.name] = Number(i.value);
+        label.textContent = axis.name + " " + i.value;
+        later(function () { reopen(); });
+      }));
+    return row;
+  }
+
+  function apply(spec) {
+    var byIndex = {};
+    spec.channels.forEach(function (c) { byIndex[c.index] = c; });
+    state.channels.forEach(function (c) {
+      var s = byIndex[c.index];
+      c.visible = !!(s && s.visible !== false);
+      if (s && s.color && s.color.charAt(0) === "#") { c.color = s.color; }
+      if (s && s.window && s.window.start !== undefined) { c.start = s.window.start; c.end = s.window.end; }
+      if (s && s.gamma) { c.gamma = s.gamma; }
+    });
+  }
+
+  function build() {
+    opts.axes.forEach(function (a) { panel.appendChild(axisRow(a)); });
+    state.channels.forEach(function (c) { panel.appendChild(channelRow(c)); });
+    var note = document.createElement("div");
+    note.className = "note";
+    panel.appendChild(note);
+  }
+
+  var given = hashParams();
+  opts.axes.forEach(function (a) { if (given[a.name] !== undefined) { state.plane[a.name] = Number(given[a.name]); } });
+  var view = given.view ? given.view.split(",").map(Number) : null;
+  if (given.r) { state.spec = given.r; }
+  fetch(opts.histogram, { credentials: "same-origin" }).then(function (r) { return r.json(); }).then(function (h) {
+    state.channels = h.channels.map(function (c) {
+      return { index: c.index, label: c.label, min: c.min, bin_width: c.bin_width, counts: c.counts, exact: c.exact,
+        visible: c.active, color: c.color, start: c.window[0], end: c.window[1], gamma: 1 };
+    });
+    if (!state.spec) { build(); if (view || given.z !== undefined || given.t !== undefined) { reopen(view); } return; }
+    return fetch(opts.render + "/" + state.spec, { credentials: "same-origin" }).then(function (r) {
+      if (!r.ok) { state.spec = null; build(); return; }
+      return r.json().then(function (spec) { apply(spec); build(); reopen(view); });
+    });
+  });
+})();
