@@ -44,7 +44,7 @@ from urllib.parse import quote, urlencode
 
 from tensor_server.core.level_grid import grid_levels
 from tensor_server.errors import InvalidArgument, TensorServerError
-from tensor_server.http.rois_door import body_within
+from tensor_server.http._request_body import body_within
 from tensor_server.http.viewer_door import guarded, presented_token, token_path
 from tensor_server.render.plane import PlaneView
 from tensor_server.service import share_verbs

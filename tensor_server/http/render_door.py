@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from tensor_server.errors import InvalidArgument
+from tensor_server.http._request_body import body_within
 from tensor_server.http.viewer_door import guarded
 from tensor_server.render.spec import MAX_SPEC_BYTES
 
@@ -25,17 +25,6 @@ __all__ = ["routes", "HISTOGRAM"]
 HISTOGRAM = "/histogram/"
 
 
-async def _body(request: Any) -> bytes:
-    """The request body, refused once it passes ``MAX_SPEC_BYTES`` (never held whole)."""
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > MAX_SPEC_BYTES:
-            raise InvalidArgument(f"the spec is over {MAX_SPEC_BYTES} bytes (the limit)")
-        parts.append(part)
-    return b"".join(parts)
-
-
 def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[Any]:
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import JSONResponse
@@ -44,7 +33,9 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
     viewer = runtime.viewer
 
     async def store(request: Any, caller: Caller) -> Any:
-        return JSONResponse(viewer.store_spec(await _body(request)), headers={"Cache-Control": "no-store"})
+        return JSONResponse(
+            viewer.store_spec(await body_within(request, MAX_SPEC_BYTES)), headers={"Cache-Control": "no-store"}
+        )
 
     async def histograms(request: Any, caller: Caller) -> Any:
         raw = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")

@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from tensor_server.catalog.roi_geojson import MAX_GEOJSON_BYTES, MEDIA_TYPE
-from tensor_server.errors import InvalidArgument, RequestTooLarge
+from tensor_server.errors import InvalidArgument
+from tensor_server.http._request_body import body_within
 from tensor_server.http.viewer_door import guarded
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service import Caller, ServingRuntime
 
-__all__ = ["routes", "PREFIX", "body_within"]
+__all__ = ["routes", "PREFIX"]
 
 PREFIX = "/rois/"
 _SUFFIX = ".geojson"
@@ -35,21 +36,6 @@ def _array_id(request: Any) -> str:
     if not rest.endswith(_SUFFIX) or len(rest) == len(_SUFFIX):
         raise InvalidArgument(f"use {PREFIX}<array_id>{_SUFFIX} (the annotations of one tensor as GeoJSON)")
     return rest[: -len(_SUFFIX)]
-
-
-async def body_within(request: Any, limit: int) -> bytes:
-    """The request body, refused (``RequestTooLarge``) once it runs past ``limit`` bytes: a
-    declared length over it before a byte is read, a streamed one as soon as it passes it."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise RequestTooLarge(f"request body: {declared} bytes, above the limit of {limit} for this verb")
-    pieces, size = [], 0
-    async for piece in request.stream():
-        size += len(piece)
-        if size > limit:
-            raise RequestTooLarge(f"request body: more than {limit} bytes, the limit for this verb")
-        pieces.append(piece)
-    return b"".join(pieces)
 
 
 def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[Any]:

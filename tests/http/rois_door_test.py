@@ -118,7 +118,7 @@ def test_a_streamed_body_is_cut_off_at_the_bound():
     import asyncio
 
     from tensor_server.errors import RequestTooLarge
-    from tensor_server.http.rois_door import body_within
+    from tensor_server.http._request_body import body_within
 
     taken = []
 
