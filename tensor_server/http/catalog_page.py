@@ -88,6 +88,8 @@ _STYLE = (
     "#panel{position:fixed;top:0;right:0;max-height:100%;overflow-y:auto;width:15em;padding:.4em;"
     "background:rgba(255,255,255,.85);font-size:.8em}#panel .channel,#panel .axis,#panel .labels{margin:.3em 0}"
     "#panel input[type=range]{width:6em}#panel input[type=number]{width:3.5em}#panel .note{color:#a00}"
+    "#scale-bar{position:fixed;left:1em;bottom:1em;color:#fff;font-size:.8em;text-shadow:0 0 2px #000}"
+    "#scale-bar div{height:5px;background:#fff;border:1px solid #000;margin-bottom:.2em}"
 )
 _SCRIPT = """"use strict";
 (function () {
@@ -111,9 +113,11 @@ _SCRIPT = """"use strict";
 })();
 """
 _PANEL_SCRIPT = (Path(__file__).with_name("viewer_panel.js")).read_text(encoding="utf-8")
+_SCALE_SCRIPT = (Path(__file__).with_name("viewer_scale.js")).read_text(encoding="utf-8")
 _PAGE_ASSETS = {
     "pages.js": (_SCRIPT, "text/javascript"),
     "panel.js": (_PANEL_SCRIPT, "text/javascript"),
+    "scale.js": (_SCALE_SCRIPT, "text/javascript"),
     "pages.css": (_STYLE, "text/css"),
 }
 #: what JSON escapes further inside HTML: no ``</script>``, ``<!--``, entity or line terminator
@@ -136,6 +140,7 @@ def _page(title: str, body: str, html_class: str = "", prefix: str = "") -> str:
         f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
         f'<link rel="stylesheet" href="{assets}pages.css">{body}'
         f'<script src="{assets}pages.js"></script><script src="{assets}panel.js"></script>'
+        f'<script src="{assets}scale.js"></script>'
     )
 
 
@@ -431,10 +436,12 @@ def viewer_html(
         "tileRetryMax": 2,
     }
     panel = _panel_options(view, labels, share_prefix) if view is not None and source != "dzi" else None
+    scale = _pixel_size(view) if view is not None else None
     return _page(
         identifier,
         f'<div id="osd"></div><script src="{escape(share_prefix)}/assets/openseadragon/openseadragon.min.js"></script>'
         f'<script type="application/json" id="viewer-options">{script_json(options)}</script>'
+        + (f'<script type="application/json" id="scale-options">{script_json(scale)}</script>' if scale else "")
         + (
             f'<div id="panel"></div><script type="application/json" id="panel-options">{script_json(panel)}</script>'
             if panel is not None
@@ -443,6 +450,15 @@ def viewer_html(
         "viewer",
         share_prefix,
     )
+
+
+def _pixel_size(view: PlaneView) -> dict[str, Any] | None:
+    """The image's pixel size along x, what the scale bar (``viewer_scale.js``) is drawn from;
+    None where x has no physical size (no unit: as ``_physical`` shows none)."""
+    t = view.tensor
+    step = t.physical_scale[view.x] if t.physical_scale else None
+    unit = t.physical_unit[view.x] if t.physical_unit else None
+    return {"size": float(step), "unit": str(unit)} if step and unit else None
 
 
 def _panel_options(view: PlaneView, labels: Sequence[str], prefix: str = "") -> dict[str, Any] | None:
