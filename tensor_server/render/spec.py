@@ -337,9 +337,15 @@ class SpecStore:
             hit = self._specs.get(spec_id)
             if hit is not None:
                 self._specs.move_to_end(spec_id)
-                return hit[0]
             evicted = spec_id in self._evicted
-        if evicted:
+        if hit is not None:
+            self._used(spec_id)
+            return hit[0]
+        loaded = self._load(spec_id)
+        if loaded is not None:
+            self.put(loaded)
+            return loaded
+        if evicted or self._gone(spec_id):
             raise RenderSpecEvicted(
                 f"r: render spec {spec_id} was evicted (this server keeps the last {self.max_specs}); "
                 "POST the spec to /render again: the same spec gets the same id"
@@ -348,6 +354,18 @@ class SpecStore:
             f"r: render spec {spec_id} is not stored on this server (it restarted, or another process "
             "stored it); POST the spec to /render first"
         )
+
+    # what a store shared between processes adds (``render.spec_store``); here, one process's
+    def _used(self, spec_id: str) -> None:
+        """``spec_id`` was just read from memory."""
+
+    def _load(self, spec_id: str) -> RenderSpec | None:
+        """``spec_id``'s spec from beyond this process's memory, if anywhere."""
+        return None
+
+    def _gone(self, spec_id: str) -> bool:
+        """Whether ``spec_id`` was evicted beyond this process's memory."""
+        return False
 
 
 def resolve(
