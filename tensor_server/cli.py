@@ -22,6 +22,7 @@ from tensor_server.cli_workers import (
     merge_worker_metrics,
     primary_workers,
     refuse_workers,
+    render_specs_folder,
     serve_as_worker,
     worker_role,
 )
@@ -371,6 +372,10 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     runtime = ServingRuntime(
         catalog, settings, cache=cache, uploads=uploads, tls=tls, access_tokens=[http_token] if http_token else []
     )
+    if count > 1:  # a render spec posted to one process is read by every other
+        from tensor_server.render.spec_store import SharedSpecStore
+
+        runtime.viewer.specs = SharedSpecStore(render_specs_folder(role, cache))
     metrics, opened = _open_metrics(runtime, say=role is None)
     doors = _open_doors(runtime, settings, http_token, role, count) if opened else None
     if doors is None:

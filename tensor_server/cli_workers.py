@@ -44,6 +44,7 @@ __all__ = [
     "primary_workers",
     "merge_worker_metrics",
     "cache_peers",
+    "render_specs_folder",
     "refuse_workers",
     "serve_as_worker",
 ]
@@ -270,6 +271,19 @@ def cache_peers(folder: str, role: WorkerRole | None, count: int):  # PeerSegmen
     if role is None:
         clear_stale_folders(cache_dir, count)
     return PeerSegments(peer_folders(cache_dir, role.slot if role else 0, count)) if count > 1 else None
+
+
+def render_specs_folder(role: WorkerRole | None, cache) -> Path:
+    """The folder every process of a server keeps render specs in (``render.spec_store``):
+    ``render-specs`` under the primary's chunk cache folder (which workers are told), else
+    under the default cache folder (the same for every process: they share the environment)."""
+    from tensor_server.config import default_cache_dir
+
+    if role is not None:
+        root = Path(role.cache_dir) if role.cache_dir else None
+    else:
+        root = Path(cache.dir) if cache is not None else None
+    return (root or default_cache_dir()) / "render-specs"
 
 
 def serve_as_worker(role: WorkerRole, http, catalog, settings, metrics) -> int:

@@ -267,3 +267,39 @@ def test_a_worker_that_cannot_start_fails_the_start_and_leaves_nothing_running(t
     assert "worker-1 is held by another tensor-server" in out.stderr
     assert "serve: worker 1 of 2 did not start (exit code 2; its lines above say why)" in out.stderr
     assert "listening on" not in out.stderr
+
+
+def test_a_render_spec_posted_to_one_process_is_served_by_the_other(served):
+    primary, worker = served.proc.pid, served.workers()[0]
+
+    def on(pid: int) -> http.client.HTTPConnection:
+        """A fresh connection the process ``pid`` accepted (a kept-alive one may idle out while
+        the other process compiles its first composite)."""
+        for _ in range(64):
+            conn, holder = served.connection()
+            if holder == pid:
+                return conn
+            conn.close()
+        raise AssertionError(f"64 connections never reached process {pid}")
+
+    ids = []
+    for pid, colour in ((primary, "red"), (worker, "green")):  # each process stores one
+        conn = on(pid)
+        conn.request("POST", "/render", body=json.dumps({"channels": [{"index": 0, "color": colour}]}))
+        response = conn.getresponse()
+        doc = json.loads(response.read())
+        assert response.status == 200, doc
+        ids.append(doc["id"])
+    for spec_id, other in ((ids[0], worker), (ids[1], primary)):
+        assert json.loads(served.get(f"/render/{spec_id}", on(other)))["id"] == spec_id
+        tile = served.get(f"/iiif/3/{served.array_id};r={spec_id}/0,0,1024,1024/32,32/0/default.png", on(other))
+        assert _channels_lit(tile) == ([True, False, False] if spec_id == ids[0] else [False, True, False])
+
+
+def _channels_lit(png: bytes) -> list[bool]:
+    import io
+
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    return [bool(rgb[..., k].any()) for k in range(3)]

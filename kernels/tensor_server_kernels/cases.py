@@ -16,7 +16,8 @@ the benchmark dtype only.
 ``BENCH_CASES``: the benchmark table (full size and ``--quick`` size).
 
 ``COMPOSITE_CASES``: the compositing kernel's table (dtypes, 1-64 channels, windows, gamma,
-inversion, LUTs).
+inversion, LUTs). ``OVERLAY_CASES``: label images over composites of that table (label dtypes,
+opacities, overrides).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ __all__ = [
     "BENCH_CASES",
     "CompositeCase",
     "COMPOSITE_CASES",
+    "OverlayCase",
+    "OVERLAY_CASES",
 ]
 
 DTYPES = (
@@ -356,3 +359,50 @@ def _composite_cases() -> Iterator[CompositeCase]:
 #: every dtype, 1-64 channels, each fill, windows inside and past the data, gammas below and
 #: above 1, inversion and LUTs, and a 1x1 and a one-row image
 COMPOSITE_CASES: tuple[CompositeCase, ...] = tuple(_composite_cases())
+
+
+@dataclass(frozen=True)
+class OverlayCase:
+    """One oracle-vs-kernel comparison of ``overlay``: labels of ``dtype`` (``make_labels``, ids
+    below ``n_labels``, so 0 is frequent where it is small) over the oracle's composite of
+    ``base``, at ``opacity``, with ``overrides`` of its ids given colours."""
+
+    base: CompositeCase
+    dtype: str
+    opacity: float
+    overrides: int = 0
+    n_labels: int = 2**20
+
+    @property
+    def id(self) -> str:
+        return f"{self.base.id}-{self.dtype}-a{self.opacity}-o{self.overrides}-n{self.n_labels}"
+
+    def make(self, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rgb, ids, override ids, override colours): the composite comes from the oracle."""
+        from tensor_server_kernels import composite_reference as R
+
+        planes, settings = self.base.make(seed)
+        rgb = R.composite(planes, [R.Channel(**s) for s in settings])
+        ids = make_labels(self.base.shape, self.dtype, seed + 2, self.n_labels, cell=(2, 9))
+        if np.dtype(self.dtype).kind == "i":
+            ids[::3, ::4] = -ids[::3, ::4]  # negative ids: their two's complement patterns
+        h, w = self.base.shape
+        ids[h // 2 :, : max(1, w // 3)] = 0  # a background corner, whatever the ids drawn
+        rng = np.random.default_rng(seed + 3)
+        present = np.unique(ids)
+        keys = rng.choice(present, min(self.overrides, present.size), replace=False)
+        colours = rng.integers(0, 256, (keys.size, 3)).astype(np.uint8)
+        return rgb, ids, keys, colours
+
+
+def _overlay_cases() -> Iterator[OverlayCase]:
+    bases = [c for c in COMPOSITE_CASES if c.channels in (1, 4, 64)]
+    dtypes = ("bool", "uint8", "uint16", "uint32", "uint64", "int8", "int32", "int64")
+    for i, base in enumerate(bases):
+        yield OverlayCase(base, dtypes[i % len(dtypes)], (0.0, 0.3, 0.5, 1.0)[i % 4], (0, 1, 5)[i % 3], (3, 200)[i % 2])
+    yield OverlayCase(bases[0], "uint32", 0.6, 40)
+
+
+#: label dtypes bool to 64-bit, signed ids, opacities 0 to 1, none to many overrides, over
+#: composites of 1, 4 and 64 channels
+OVERLAY_CASES: tuple[OverlayCase, ...] = tuple(_overlay_cases())

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,8 +86,10 @@ _STYLE = (
     "ul.wells{margin:.3em 0;padding-left:1.2em;font-size:.9em}ul.wells a{margin-right:.4em}"
     "html.viewer,html.viewer body{margin:0;height:100%;background:#000}#osd{width:100%;height:100%}"
     "#panel{position:fixed;top:0;right:0;max-height:100%;overflow-y:auto;width:15em;padding:.4em;"
-    "background:rgba(255,255,255,.85);font-size:.8em}#panel .channel,#panel .axis{margin:.3em 0}"
+    "background:rgba(255,255,255,.85);font-size:.8em}#panel .channel,#panel .axis,#panel .labels{margin:.3em 0}"
     "#panel input[type=range]{width:6em}#panel input[type=number]{width:3.5em}#panel .note{color:#a00}"
+    "#scale-bar{position:fixed;left:1em;bottom:1em;color:#fff;font-size:.8em;text-shadow:0 0 2px #000}"
+    "#scale-bar div{height:5px;background:#fff;border:1px solid #000;margin-bottom:.2em}"
 )
 _SCRIPT = """"use strict";
 (function () {
@@ -111,9 +113,11 @@ _SCRIPT = """"use strict";
 })();
 """
 _PANEL_SCRIPT = (Path(__file__).with_name("viewer_panel.js")).read_text(encoding="utf-8")
+_SCALE_SCRIPT = (Path(__file__).with_name("viewer_scale.js")).read_text(encoding="utf-8")
 _PAGE_ASSETS = {
     "pages.js": (_SCRIPT, "text/javascript"),
     "panel.js": (_PANEL_SCRIPT, "text/javascript"),
+    "scale.js": (_SCALE_SCRIPT, "text/javascript"),
     "pages.css": (_STYLE, "text/css"),
 }
 #: what JSON escapes further inside HTML: no ``</script>``, ``<!--``, entity or line terminator
@@ -136,6 +140,7 @@ def _page(title: str, body: str, html_class: str = "", prefix: str = "") -> str:
         f"<!doctype html>{html}<meta charset=utf-8><title>{escape(title)}</title>"
         f'<link rel="stylesheet" href="{assets}pages.css">{body}'
         f'<script src="{assets}pages.js"></script><script src="{assets}panel.js"></script>'
+        f'<script src="{assets}scale.js"></script>'
     )
 
 
@@ -396,13 +401,16 @@ def catalog_json(runtime: ServingRuntime, caller: Caller, key: str, prefix: str 
     }
 
 
-def viewer_html(identifier: str, source: str, view: PlaneView | None = None, share_prefix: str = "") -> str:
+def viewer_html(
+    identifier: str, source: str, view: PlaneView | None = None, share_prefix: str = "", labels: Sequence[str] = ()
+) -> str:
     """OpenSeadragon on ``identifier``: its options as JSON data, started by ``pages.js``; no
     credential in the page (the tiles are admitted by the door's cookie), except the share
     link the page was opened with (``share_prefix``, ``/s/<capability>``: it is in the page's
     own URL already, and earns no cookie, so the tiles need it in theirs). With ``view`` (the
     plane the identifier names), the channel panel (``viewer_panel.js``) beside it, where the
-    plane's channels can be composited (not a label image, an RGB one or one channel alone)."""
+    plane's channels can be composited (not a label image, an RGB one or one channel alone),
+    with a label overlay where the source has label images (``labels``, their names)."""
     aid = quote(identifier, safe="/;=")
     if not (osd_dir() / "openseadragon.min.js").is_file():
         return _page(
@@ -427,11 +435,13 @@ def viewer_html(identifier: str, source: str, view: PlaneView | None = None, sha
         "timeout": 300_000,
         "tileRetryMax": 2,
     }
-    panel = _panel_options(view, share_prefix) if view is not None and source != "dzi" else None
+    panel = _panel_options(view, labels, share_prefix) if view is not None and source != "dzi" else None
+    scale = _pixel_size(view) if view is not None else None
     return _page(
         identifier,
         f'<div id="osd"></div><script src="{escape(share_prefix)}/assets/openseadragon/openseadragon.min.js"></script>'
         f'<script type="application/json" id="viewer-options">{script_json(options)}</script>'
+        + (f'<script type="application/json" id="scale-options">{script_json(scale)}</script>' if scale else "")
         + (
             f'<div id="panel"></div><script type="application/json" id="panel-options">{script_json(panel)}</script>'
             if panel is not None
@@ -442,10 +452,20 @@ def viewer_html(identifier: str, source: str, view: PlaneView | None = None, sha
     )
 
 
-def _panel_options(view: PlaneView, prefix: str = "") -> dict[str, Any] | None:
+def _pixel_size(view: PlaneView) -> dict[str, Any] | None:
+    """The image's pixel size along x, what the scale bar (``viewer_scale.js``) is drawn from;
+    None where x has no physical size (no unit: as ``_physical`` shows none)."""
+    t = view.tensor
+    step = t.physical_scale[view.x] if t.physical_scale else None
+    unit = t.physical_unit[view.x] if t.physical_unit else None
+    return {"size": float(step), "unit": str(unit)} if step and unit else None
+
+
+def _panel_options(view: PlaneView, labels: Sequence[str], prefix: str = "") -> dict[str, Any] | None:
     """What the channel panel starts from: the array id, the plane's other axes (their sizes
-    and indices), the spec the identifier names, and the URLs it calls (under ``prefix``: the
-    share link the page was opened with); None where the plane has no channels to composite."""
+    and indices), the spec the identifier names, the label images it may draw over the image,
+    and the URLs it calls (under ``prefix``: the share link the page was opened with); None
+    where the plane has no channels to composite."""
     t = view.tensor
     if t.is_labels or view.sample_axis is not None or view.selected_channel is not None:
         return None
@@ -456,6 +476,7 @@ def _panel_options(view: PlaneView, prefix: str = "") -> dict[str, Any] | None:
         "plane": {t.dim_labels[a]: i for a, i in view.fixed.items() if a != view.channel_axis},
         "axes": axes,
         "spec": view.spec.id if view.spec is not None else None,
+        "labels": sorted(labels),
         "iiif": f"{prefix}/iiif/3/",
         "render": f"{prefix}/render",
         "histogram": f"{prefix}/histogram/{path}"
@@ -506,7 +527,9 @@ def routes(runtime: ServingRuntime, caller_of: Callable[[Any], Caller]) -> list[
         presented = presented_token(request)
         shared = presented is not None and runtime.access.share_of(caller) is not None  # checked just now
         prefix = f"{SHARE_PATH_PREFIX}{quote(presented, safe='')}" if shared and presented else ""
-        return HTMLResponse(viewer_html(identifier, request.query_params.get("source", "iiif"), view, prefix))
+        labels = {} if view.tensor.is_labels else await run_in_threadpool(runtime.image_labels, caller, view.tensor)
+        source = request.query_params.get("source", "iiif")
+        return HTMLResponse(viewer_html(identifier, source, view, prefix, list(labels)))
 
     async def wells(request: Any, caller: Caller) -> Any:
         html = await run_in_threadpool(

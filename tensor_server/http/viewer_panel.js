@@ -2,13 +2,16 @@
 // The viewer page's channel panel (/view/<identifier>): a toggle, colour, window and gamma per
 // channel, a slider per other axis (z, t), each change posted as a render spec (POST /render)
 // and shown by reopening the IIIF source as <array_id>;z=..;r=<id>, the viewport kept. The
-// view is shareable: the URL's hash carries the spec id, the plane and the viewport.
+// view is shareable: the URL's hash carries the spec id, the plane and the viewport. Where the
+// source has label images, a label overlay row: which one, shown or not, and its opacity (the
+// spec's "labels").
 (function () {
   var el = document.getElementById("panel-options");
   var panel = document.getElementById("panel");
   if (!el || !panel || !window.viewer) { return; }
   var opts = JSON.parse(el.textContent);
-  var state = { channels: [], plane: Object.assign({}, opts.plane), spec: opts.spec, opened: 0 };
+  var state = { channels: [], plane: Object.assign({}, opts.plane), spec: opts.spec, opened: 0,
+    labels: { shown: false, name: (opts.labels || [])[0] || null, opacity: 0.5 } };
   window.viewerPanel = state;
   var timer = null;
 
@@ -52,7 +55,11 @@
     var channels = state.channels.filter(function (c) { return c.visible; }).map(function (c) {
       return { index: c.index, color: c.color, window: { start: c.start, end: c.end }, gamma: c.gamma };
     });
-    return { channels: channels };
+    var doc = { channels: channels };
+    if (state.labels.shown && state.labels.name) {
+      doc.labels = { name: state.labels.name, opacity: state.labels.opacity };
+    }
+    return doc;
   }
 
   function post() {
@@ -116,6 +123,26 @@
     return row;
   }
 
+  function labelRow() {
+    var row = document.createElement("div"), lab = state.labels, pick = document.createElement("select");
+    row.className = "labels";
+    row.appendChild(input("checkbox", { checked: lab.shown, className: "labels-shown" }, function (i) {
+      lab.shown = i.checked; later(post);
+    }));
+    (opts.labels || []).forEach(function (name) {
+      var o = document.createElement("option");
+      o.value = o.textContent = name;
+      o.selected = name === lab.name;
+      pick.appendChild(o);
+    });
+    pick.className = "labels-name";
+    pick.addEventListener("change", function () { lab.name = pick.value; if (lab.shown) { later(post); } });
+    row.appendChild(pick);
+    row.appendChild(input("range", { min: 0, max: 1, step: 0.05, value: lab.opacity, className: "labels-opacity",
+      title: "label opacity" }, function (i) { lab.opacity = Number(i.value); if (lab.shown) { later(post); } }));
+    return row;
+  }
+
   function apply(spec) {
     var byIndex = {};
     spec.channels.forEach(function (c) { byIndex[c.index] = c; });
@@ -126,10 +153,14 @@
       if (s && s.window && s.window.start !== undefined) { c.start = s.window.start; c.end = s.window.end; }
       if (s && s.gamma) { c.gamma = s.gamma; }
     });
+    if (spec.labels && (opts.labels || []).indexOf(spec.labels.name) >= 0) {
+      state.labels = { shown: true, name: spec.labels.name, opacity: spec.labels.opacity };
+    }
   }
 
   function build() {
     opts.axes.forEach(function (a) { panel.appendChild(axisRow(a)); });
+    if ((opts.labels || []).length) { panel.appendChild(labelRow()); }
     state.channels.forEach(function (c) { panel.appendChild(channelRow(c)); });
     var note = document.createElement("div");
     note.className = "note";

@@ -14,7 +14,8 @@ channels add up (clipped), the usual fluorescence composite. The settings come f
 A colour-sample axis (RGB/RGBA, 3 or 4 samples) is shown as the colour it is (8-bit as stored;
 other types windowed per sample, in red, green and blue; alpha is not drawn). Labels are
 drawn in label colours: 0 (background) is black, every other id a stable colour of its own
-(``label_colours``), so the same object has the same colour at every level and in every tile.
+(``label_colours``, the label-overlay oracle's: ``tensor_server_kernels.overlay_reference``), so
+the same object has the same colour at every level, in every tile and under an overlay.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tensor_server_kernels.overlay_reference import label_colours
 
 from tensor_server.render.histogram import percentile_window
 
@@ -131,18 +133,6 @@ def channel_labels(metadata: dict[str, Any]) -> dict[int, str]:
         for i, c in enumerate(channels)
         if isinstance(c, dict) and isinstance(c.get("label"), (str, int))
     }
-
-
-def label_colours(ids: np.ndarray) -> np.ndarray:
-    """(…, 3) uint8 colours of label ids: 0 black, others a stable hash of the id."""
-    v = ids.astype(np.uint64, copy=False) if ids.dtype.kind in "ub" else ids.astype(np.int64).view(np.uint64)
-    with np.errstate(over="ignore"):
-        h = (v + np.uint64(0x9E3779B97F4A7C15)) * np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(31)
-    rgb = np.stack([(h >> np.uint64(s)) & np.uint64(255) for s in (8, 24, 40)], axis=-1).astype(np.uint8)
-    rgb |= 64  # never near-black, so objects stand out from the background
-    rgb[v == 0] = 0
-    return rgb
 
 
 def to_rgb8(planes: np.ndarray, settings: RenderSettings, channel_indices: list[int]) -> np.ndarray:

@@ -7,7 +7,8 @@ The document::
     {"channels": [{"index": 3, "color": "#FF8000", "window": {"start": 100, "end": 4000},
                    "gamma": 0.8, "invert": false, "visible": true},
                   {"index": 17, "color": "viridis", "window": {"percentiles": [0.1, 99.9]}}],
-     "plane": {"z": 12, "t": 0}}
+     "plane": {"z": 12, "t": 0},
+     "labels": {"name": "cells", "opacity": 0.5, "colors": {"7": "#FF0000"}}}
 
 Only ``index`` is required. ``color``: ``#RRGGBB`` or a name (``render.luts``); unset, the
 channel's own colour (its ``omero`` colour, else the default table). ``window``: ``start`` and
@@ -15,7 +16,12 @@ channel's own colour (its ``omero`` colour, else the default table). ``window``:
 unset, the channel's default window. ``gamma`` in (0, 10], default 1. Channels not named are
 not shown; the named ones are added in the order given (``tensor_server_kernels.composite``),
 at most ``MAX_VISIBLE`` visible. ``plane``: the indices of other axes, which an identifier's
-own ``;z=`` overrides (a viewer's z slider keeps the spec).
+own ``;z=`` overrides (a viewer's z slider keeps the spec). ``labels``: a label image of the
+tensor's source (by the name its OME-Zarr view lists under ``labels/``), drawn over the
+composite at ``opacity`` (0 to 1, default 0.5), each label value in its own stable colour
+unless ``colors`` gives it one (``#RRGGBB`` or a tint name, keyed by the value in decimal;
+``tensor_server_kernels.overlay``); a name the source does not have is named when the spec
+is used (``service/viewer_verbs.py``).
 
 Why checked here, below the doors: the rules are the same on every door, and each refusal is
 an ``InvalidArgument`` (400) naming the field (``channels[2].window.start``); a channel the
@@ -41,11 +47,12 @@ from typing import Any
 from tensor_server_kernels.composite import MAX_CHANNELS, Channel
 
 from tensor_server.errors import InvalidArgument, RenderSpecEvicted
-from tensor_server.render.luts import colour_value, normalised_colour
+from tensor_server.render.luts import LUT_NAMES, colour_value, normalised_colour
 from tensor_server.render.plane import MAX_IDENTIFIER
 
 __all__ = [
     "ChannelSpec",
+    "LabelSpec",
     "RenderSpec",
     "SpecStore",
     "parse_spec",
@@ -70,6 +77,9 @@ ID_CHARS = 16
 _EVICTED_REMEMBERED = 65536
 _MAX_INDEX = 999_999_999
 _CHANNEL_KEYS = frozenset({"index", "visible", "color", "window", "gamma", "invert"})
+_LABEL_KEYS = frozenset({"name", "opacity", "colors"})
+MAX_LABEL_COLOURS = 4096
+_ID_RANGE = (-(2**63), 2**64 - 1)
 
 
 @dataclass(frozen=True)
@@ -95,12 +105,28 @@ class ChannelSpec:
 
 
 @dataclass(frozen=True)
+class LabelSpec:
+    """A label image drawn over the composite: its name, opacity and per-value colours
+    (``#RRGGBB`` or a tint name, by label value)."""
+
+    name: str
+    opacity: float = 0.5
+    colors: tuple[tuple[int, str], ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "opacity": self.opacity, "colors": {str(k): v for k, v in self.colors}}
+
+
+@dataclass(frozen=True)
 class RenderSpec:
     channels: tuple[ChannelSpec, ...]
     plane: tuple[tuple[str, int], ...] = ()
+    labels: LabelSpec | None = None
 
     def canonical(self) -> bytes:
-        doc = {"channels": [c.as_json() for c in self.channels], "plane": dict(self.plane)}
+        doc: dict[str, Any] = {"channels": [c.as_json() for c in self.channels], "plane": dict(self.plane)}
+        if self.labels is not None:  # absent, the document (and id) of a spec without labels
+            doc["labels"] = self.labels.as_json()
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @property
@@ -178,6 +204,44 @@ def _plane(doc: Any) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(out))
 
 
+def _label_value(key: str) -> int:
+    try:
+        value = int(key, 10)
+    except ValueError:
+        value = None
+    if value is None or not _ID_RANGE[0] <= value <= _ID_RANGE[1] or key.strip() != key:
+        raise InvalidArgument(f"labels.colors.{key[:40]}: not a label value (a whole number in decimal)")
+    return value
+
+
+def _labels(doc: Any) -> LabelSpec:
+    if not isinstance(doc, dict):
+        raise InvalidArgument('labels: give {"name": "<label image>", "opacity": 0.5, "colors": {"7": "#FF0000"}}')
+    unknown = sorted(set(doc) - _LABEL_KEYS)
+    if unknown:
+        raise InvalidArgument(f"labels.{unknown[0][:40]}: not a labels setting (use {sorted(_LABEL_KEYS)})")
+    name = doc.get("name")
+    if not isinstance(name, str) or not 0 < len(name) <= 200:
+        raise InvalidArgument("labels.name: name the label image (as the source lists it under labels/)")
+    opacity = _number(doc.get("opacity", 0.5), "labels.opacity")
+    if not 0 <= opacity <= 1:
+        raise InvalidArgument(f"labels.opacity: {opacity} is not from 0 to 1")
+    colors = doc.get("colors", {})
+    if not isinstance(colors, dict) or len(colors) > MAX_LABEL_COLOURS:
+        raise InvalidArgument(f'labels.colors: give at most {MAX_LABEL_COLOURS} colours by value, {{"7": "#FF0000"}}')
+    by_value: dict[int, str] = {}
+    for key, colour in colors.items():
+        field = f"labels.colors.{key[:40]}"
+        value = _label_value(key)
+        text = normalised_colour(colour, field)
+        if text in LUT_NAMES:
+            raise InvalidArgument(f"{field}: {text!r} is a LUT; a label takes one colour, #RRGGBB or a tint name")
+        if value in by_value:
+            raise InvalidArgument(f"{field}: label {value} is given two colours")
+        by_value[value] = text
+    return LabelSpec(name, opacity, tuple(sorted(by_value.items())))
+
+
 def _refuse_constant(name: str) -> float:
     raise InvalidArgument(f"the spec holds {name}, which is not a JSON number")
 
@@ -194,9 +258,9 @@ def parse_spec(body: bytes) -> RenderSpec:
         raise InvalidArgument(f"the spec is not JSON: {str(exc)[:120]}") from None
     if not isinstance(doc, dict):
         raise InvalidArgument('the spec is a JSON object: {"channels": [...], "plane": {...}}')
-    unknown = sorted(set(doc) - {"channels", "plane"})
+    unknown = sorted(set(doc) - {"channels", "plane", "labels"})
     if unknown:
-        raise InvalidArgument(f"{str(unknown[0])[:40]}: not a spec field (channels, plane)")
+        raise InvalidArgument(f"{str(unknown[0])[:40]}: not a spec field (channels, plane, labels)")
     channels = doc.get("channels")
     if not isinstance(channels, list) or not channels:
         raise InvalidArgument("channels: give a list of at least one channel")
@@ -213,7 +277,8 @@ def parse_spec(body: bytes) -> RenderSpec:
     visible = sum(c.visible for c in parsed)
     if not 0 < visible <= MAX_VISIBLE:
         raise InvalidArgument(f"channels: {visible} visible; a composite shows 1 to {MAX_VISIBLE}")
-    return RenderSpec(parsed, _plane(doc["plane"]) if "plane" in doc else ())
+    labels = _labels(doc["labels"]) if "labels" in doc else None
+    return RenderSpec(parsed, _plane(doc["plane"]) if "plane" in doc else (), labels)
 
 
 def split_spec_id(identifier: str) -> tuple[str, str | None]:
@@ -272,9 +337,15 @@ class SpecStore:
             hit = self._specs.get(spec_id)
             if hit is not None:
                 self._specs.move_to_end(spec_id)
-                return hit[0]
             evicted = spec_id in self._evicted
-        if evicted:
+        if hit is not None:
+            self._used(spec_id)
+            return hit[0]
+        loaded = self._load(spec_id)
+        if loaded is not None:
+            self.put(loaded)
+            return loaded
+        if evicted or self._gone(spec_id):
             raise RenderSpecEvicted(
                 f"r: render spec {spec_id} was evicted (this server keeps the last {self.max_specs}); "
                 "POST the spec to /render again: the same spec gets the same id"
@@ -283,6 +354,18 @@ class SpecStore:
             f"r: render spec {spec_id} is not stored on this server (it restarted, or another process "
             "stored it); POST the spec to /render first"
         )
+
+    # what a store shared between processes adds (``render.spec_store``); here, one process's
+    def _used(self, spec_id: str) -> None:
+        """``spec_id`` was just read from memory."""
+
+    def _load(self, spec_id: str) -> RenderSpec | None:
+        """``spec_id``'s spec from beyond this process's memory, if anywhere."""
+        return None
+
+    def _gone(self, spec_id: str) -> bool:
+        """Whether ``spec_id`` was evicted beyond this process's memory."""
+        return False
 
 
 def resolve(

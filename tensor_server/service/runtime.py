@@ -529,7 +529,7 @@ class ServingRuntime:
         precacher = self.precacher
         if extent is None or precacher is None or not self._computed_apart(extent, cids, exact):
             return read_level_region(
-                tensor, level, region, lambda cid: self.chunk_of(tensor, cid, caller, cancelled), cancelled
+                tensor, level, region, lambda cid: self.chunk_of(tensor, cid, caller, cancelled), cancelled, cells
             )
         for cid in cids:  # the bytes under it are the ones the tensor was opened on
             self.engine.refuse_changed(tensor, cid)

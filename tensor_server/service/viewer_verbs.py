@@ -28,6 +28,7 @@ from tensor_server.render import deepzoom, iiif
 from tensor_server.render.colour import channel_labels
 from tensor_server.render.histogram import channel_list, percentile_window
 from tensor_server.render.image import Renderer, available_formats, encode
+from tensor_server.render.labels import drawn_over, ids_shown, label_plane
 from tensor_server.render.plane import PlaneView, Shown, split_identifier
 from tensor_server.render.spec import SpecStore, parse_spec, split_spec_id
 
@@ -90,10 +91,30 @@ class ViewerVerbs:
             for first, bounds in runs:
                 for k, plane in enumerate(self._pixels(whole, level, bounds, caller, cancelled)):
                     got[first + k] = plane
-            return self.renderer.composited(view, np.stack([got[i] for i in indices]), level, tables, shown)
+            image = self.renderer.composited(view, np.stack([got[i] for i in indices]), level, tables, shown)
+            return image if view.spec.labels is None else self._labelled(view, image, shown, caller, cancelled)
         level, bounds = view.window(shown)
         planes = self._pixels(view, level, bounds, caller, cancelled)
         return self.renderer.image(view, planes, level, settings, shown)
+
+    def _labelled(
+        self, view: PlaneView, image: Image.Image, shown: Shown, caller: Caller, cancelled: Cancelled | None
+    ) -> Image.Image:
+        """``image`` (``shown`` of ``view``, composited) with the spec's label image over it
+        (``render.labels``): a label image of the source ``caller`` may read, else a 400."""
+        spec = view.spec.labels if view.spec is not None else None
+        assert spec is not None  # the caller draws a spec's labels
+        found = self.runtime.image_labels(caller, view.tensor)
+        label = found.get(spec.name)
+        if label is None:
+            has = ", ".join(repr(n) for n in sorted(found)) or "none"
+            raise InvalidArgument(
+                f"labels.name: {view.tensor.array_id} has no label image {spec.name[:80]!r} (it has {has})"
+            )
+        plane = label_plane(view, label, spec.name, self.runtime.policy)
+        level, bounds = plane.window(shown)
+        ids = self._pixels(plane, level, bounds, caller, cancelled)[0]
+        return drawn_over(image, ids_shown(plane, ids, level, shown), spec)
 
     def histograms(self, identifier: str, channels: str | None, caller: Caller) -> dict[str, Any]:
         """The histograms of the channels ``channels`` names (``c=0,3``; None: all) of the plane
