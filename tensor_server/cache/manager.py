@@ -303,8 +303,7 @@ class CacheManager:
             return None
         arr = decode_chunk(batch)
         with self._lock:
-            self.stats["hits"] += 1
-            self.stats["file_hits"] += 1
+            self._count_file_hit(peer=False)
             self._remember(key, arr)
         return arr
 
@@ -320,9 +319,7 @@ class CacheManager:
                 log.warning("cache: a peer's entry failed verification: %s", exc)
             return None
         with self._lock:
-            self.stats["hits"] += 1
-            self.stats["file_hits"] += 1
-            self.stats["peer_hits"] += 1
+            self._count_file_hit(peer=True)
             self._remember(key, arr)
         return arr
 
@@ -353,18 +350,23 @@ class CacheManager:
                 return None
         return seg.buffer.slice(entry.byte_offset, entry.byte_length), number
 
-    def locate(self, key: bytes) -> Location | None:
+    def locate(self, key: bytes, *, read: bool = False) -> Location | None:
         """Where the chunk's batch lives in a segment file, for a client to map, or None when
         it is not in the file tier. The batch is verified first: the client maps the bytes
         itself and checks nothing, so only a batch that verified just now is offered (a
         segment is never written again once a batch is in it). A peer's segment is offered
-        the same way (``_peer_location``)."""
+        the same way (``_peer_location``). ``read``: the location is a client's read of the
+        chunk, counted as a hit as ``get`` counts one (the caller found it here, not in ``get``)."""
         with self._lock:
             found = self._message(key)
             if found is not None:
                 offered = self._segments[found[1]].offered.get(self._index[key][1].byte_offset)
         if found is None:
-            return self._peer_location(key) if self._peers is not None else None
+            location = self._peer_location(key) if self._peers is not None else None
+            if read and location is not None:
+                with self._lock:
+                    self._count_file_hit(peer=True)
+            return location
         message, number = found
         digest = xxhash.xxh3_64_intdigest(message)
         if digest != offered:
@@ -378,7 +380,16 @@ class CacheManager:
             where = self._index.get(key)
             if where is None or where[0] != number:
                 return None  # evicted (or rewritten elsewhere) meanwhile
-            return self._location(*where, digest)
+            location = self._location(*where, digest)
+            if read and location is not None:
+                self._count_file_hit(peer=False)
+            return location
+
+    def _count_file_hit(self, *, peer: bool) -> None:
+        """A read served from the file tier (a peer's segment when ``peer``), under the lock."""
+        self.stats["hits"] += 1
+        self.stats["file_hits"] += 1
+        self.stats["peer_hits"] += peer
 
     def _location(self, number: int, entry: SegmentEntry, digest: int) -> Location | None:
         """The fast-path location of ``entry`` in segment ``number`` (under the lock), whose

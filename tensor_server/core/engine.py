@@ -156,11 +156,18 @@ class ReadEngine:
         the stored chunk, no decode), else computed and stored. The array may be read-only
         (a cache entry): copy it before writing. ``tensor`` is the served tensor the id
         names (the caller looks it up by ``ChunkId.decode(raw).array_id``)."""
-        cid = check_chunk_id(tensor, chunk_id)
-        self.refuse_changed(tensor, cid)
+        cid = self.checked(tensor, chunk_id)
         if self.store is None or not self.settled(tensor, cid):
             return cid, self._admitted(tensor, cid, cancelled)
         return cid, self.store.get_or_compute(cid.encode(), lambda: self._admitted(tensor, cid, cancelled))
+
+    def checked(self, tensor: TensorAdapter, chunk_id: bytes | ChunkId) -> ChunkId:
+        """The id, validated as one of ``tensor``'s (``check_chunk_id``) over bytes that did not
+        change (``refuse_changed``): what every chunk read checks before it looks anywhere,
+        the cache included."""
+        cid = check_chunk_id(tensor, chunk_id)
+        self.refuse_changed(tensor, cid)
+        return cid
 
     @staticmethod
     def settled(tensor: TensorAdapter, cid: ChunkId) -> bool:

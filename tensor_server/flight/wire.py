@@ -7,6 +7,8 @@ redefined here, so the bytes are the SDK's own.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +17,7 @@ from biopb.tensor import descriptor_pb2, ticket_pb2
 
 from tensor_server.core.adapter_base import TensorAdapter
 from tensor_server.core.bounds import Bounds
-from tensor_server.core.plan import ReadPlan
+from tensor_server.core.plan import REMEMBERED_PLAN_CHUNKS, ReadPlan
 from tensor_server.core.pyramid import PyramidPolicy, advertised_levels
 from tensor_server.core.wire import PLAN_SCHEMA, status_message, wire_dtype
 from tensor_server.errors import InvalidArgument
@@ -88,13 +90,7 @@ def plan_flight_info(
     """FlightInfo: CMD descriptor = realized TensorDescriptor, one endpoint per chunk with
     ChunkBounds app_metadata, schema stamped with the protocol versions, app_metadata = the
     echoed TensorReadOption (§3.2)."""
-    endpoints = []
-    if plan is not None:
-        for pc in plan.chunks:
-            ticket = ticket_pb2.TensorTicket(chunk_id=pc.chunk_id.encode()).SerializeToString()
-            ob = pc.out_bounds
-            bounds = ticket_pb2.ChunkBounds(start=list(ob.start), stop=list(ob.stop)).SerializeToString()
-            endpoints.append(flight.FlightEndpoint(ticket, [], app_metadata=bounds))
+    endpoints = _endpoints(plan) if plan is not None else []
     return flight.FlightInfo(
         PLAN_SCHEMA,
         flight.FlightDescriptor.for_command(descriptor.SerializeToString()),
@@ -103,6 +99,36 @@ def plan_flight_info(
         total_bytes=-1,
         app_metadata=request_bytes,
     )
+
+
+#: the endpoints of this many recent plans are kept: ``plan_read`` hands the same plan object
+#: to every request for the same tile, and its endpoints cost 50 us of Python a tile to build
+REMEMBERED_ENDPOINTS = 1024
+_ENDPOINTS: OrderedDict[int, tuple[ReadPlan, list[flight.FlightEndpoint]]] = OrderedDict()
+_ENDPOINTS_LOCK = threading.Lock()
+
+
+def _endpoints(plan: ReadPlan) -> list[flight.FlightEndpoint]:
+    """One endpoint per planned chunk: its ticket, and its ChunkBounds as app_metadata.
+    Kept per plan object (the entry holds the plan, so its id is not reused meanwhile)."""
+    with _ENDPOINTS_LOCK:
+        kept = _ENDPOINTS.get(id(plan))
+        if kept is not None and kept[0] is plan:
+            _ENDPOINTS.move_to_end(id(plan))
+            return kept[1]
+    endpoints = []
+    for pc in plan.chunks:
+        ticket = ticket_pb2.TensorTicket(chunk_id=pc.chunk_id.encode()).SerializeToString()
+        ob = pc.out_bounds
+        bounds = ticket_pb2.ChunkBounds(start=list(ob.start), stop=list(ob.stop)).SerializeToString()
+        endpoints.append(flight.FlightEndpoint(ticket, [], app_metadata=bounds))
+    if len(endpoints) > REMEMBERED_PLAN_CHUNKS:  # a bulk read's plan is not kept either
+        return endpoints
+    with _ENDPOINTS_LOCK:
+        _ENDPOINTS[id(plan)] = (plan, endpoints)
+        while len(_ENDPOINTS) > REMEMBERED_ENDPOINTS:
+            _ENDPOINTS.popitem(last=False)
+    return endpoints
 
 
 def request_region(option: Any) -> Bounds | None:

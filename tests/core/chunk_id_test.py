@@ -83,3 +83,17 @@ def test_well_formed_but_invalid_body():
     ]:
         with pytest.raises(InvalidChunkId, match=match):
             ChunkId.decode(forge(bad))
+
+
+def test_decoding_keeps_minted_ids_but_no_refusal_and_no_made_up_size():
+    from tensor_server.core import chunk_id as chunk_id_module
+
+    raw = make(start=(2, 4)).encode()
+    assert ChunkId.decode(raw) is ChunkId.decode(bytearray(raw)), "a minted id is parsed once"
+    corrupt = raw[:-2] + b"0}"
+    for _ in range(2):  # refused every time, not remembered as an answer
+        with pytest.raises(InvalidChunkId, match="checksum"):
+            ChunkId.decode(corrupt)
+    long_id = make(array_id="a" * chunk_id_module.REMEMBERED_ID_BYTES).encode()
+    assert ChunkId.decode(long_id) == ChunkId.decode(long_id)
+    assert ChunkId.decode(long_id) is not ChunkId.decode(long_id), "an id longer than any minted one is not kept"

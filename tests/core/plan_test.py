@@ -188,3 +188,33 @@ def test_tile_and_transfer_plans_give_the_same_pixels(scale, method):
     np.testing.assert_array_equal(a, b[tuple(slice(o, o + n) for o, n in zip(off, a.shape))])
     want = downsample_block(t.get_data(tile.realized), scale, normalize_method(method or "nearest"))
     np.testing.assert_array_equal(a, want)
+
+
+def test_a_tiles_plan_is_kept_and_a_changed_tensor_plans_afresh():
+    t = ArrayAdapter(np.zeros((1024, 1024), np.uint16), chunk_shape=(256, 256))
+    MemorySource(t, source_id="kept")
+    tile = Bounds((0, 512), (512, 1024))
+    first = plan_read(t, tile, (2, 2), "mean")
+    assert plan_read(t, Bounds((0, 512), (512, 1024)), [2, 2], "mean") is first, "the same request: the same plan"
+    assert plan_read(t, tile, (2, 2), "max") is not first and plan_read(t, tile, (1, 1), "mean") is not first
+    t.content_version = b"rewritten"
+    fresh = plan_read(t, tile, (2, 2), "mean")
+    assert fresh is not first and {pc.chunk_id.content_version for pc in fresh.chunks} == {b"rewritten"}
+    other = ArrayAdapter(np.zeros((1024, 1024), np.uint16), chunk_shape=(256, 256))
+    MemorySource(other, source_id="kept")  # the same ids and geometry, another tensor object
+    assert plan_read(other, tile, (2, 2), "mean") is not fresh
+
+
+def test_bulk_plans_are_not_kept_and_the_kept_ones_are_bounded(monkeypatch):
+    from tensor_server.core import plan as plan_module
+
+    t = ArrayAdapter(np.zeros((64, 64), np.uint8), chunk_shape=(4, 4))
+    MemorySource(t, source_id="bulk")
+    whole = plan_read(t)
+    assert len(whole.chunks) == 256 > plan_module.REMEMBERED_PLAN_CHUNKS
+    assert plan_read(t) is not whole
+    monkeypatch.setattr(plan_module, "REMEMBERED_PLANS", 3)
+    tiles = [Bounds((0, x), (4, x + 4)) for x in range(0, 20, 4)]
+    plans = [plan_read(t, b) for b in tiles]
+    assert len(plan_module._PLANS) == 3
+    assert plan_read(t, tiles[-1]) is plans[-1] and plan_read(t, tiles[0]) is not plans[0], "oldest dropped"

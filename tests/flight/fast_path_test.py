@@ -94,3 +94,50 @@ def test_without_cache_locate_is_unknown_and_stats_empty(tmp_path):
         with pytest.raises(flight.FlightError, match="Unknown action: chunk_locate"):
             list(c.do_action(flight.Action("chunk_locate", b"")))
         assert list(c.do_action(flight.Action("cache_stats", b""))) == []
+
+
+def test_a_warm_locate_checks_like_a_read_but_reads_no_pixels(tmp_path, monkeypatch):
+    """A cached chunk is offered after the gate and the id checks alone (a warm SDK tile is a
+    describe and this), counted as a file hit; bytes rewritten under it are still refused."""
+    import os
+
+    import pytest
+    import zarr
+
+    from tensor_server.core import plan_read
+    from tensor_server.errors import StaleChunkId
+    from tensor_server.service import Caller
+
+    root = tmp_path / "data"
+    root.mkdir()
+    z = zarr.open_array(str(root / "img.zarr"), mode="w", shape=(128, 128), chunks=(64, 64), dtype="u2", zarr_format=2)
+    z[...] = np.arange(128 * 128, dtype=np.uint16).reshape(128, 128)
+    cat = Catalog([root])
+    cat.scan()
+    cache = CacheManager(tmp_path / "cache")
+    try:
+        with serving(cat, cache=cache) as srv:
+            rt, caller = srv.runtime, Caller()
+            tensor = next(iter(cat.records())).source.tensor()
+            raw = plan_read(tensor, None, (1, 1), "").chunks[0].chunk_id.encode()
+            first = rt.locate(raw, caller)  # cold: read into the cache, then offered
+            assert first["available"] and cache.stats["misses"] == 1
+
+            def no_reads(*args, **kwargs):
+                raise AssertionError("a warm locate read the chunk")
+
+            monkeypatch.setattr(rt.engine, "chunk", no_reads)
+            hits, file_hits = cache.stats["hits"], cache.stats["file_hits"]
+            again = rt.locate(raw, caller)
+            assert again == first
+            assert (cache.stats["hits"], cache.stats["file_hits"]) == (hits + 1, file_hits + 1)
+
+            chunk_file = root / "img.zarr" / "0.0"
+            chunk_file.write_bytes(chunk_file.read_bytes())  # same bytes, a new stamp: a rewrite
+            st = os.stat(chunk_file)
+            os.utime(chunk_file, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+            with pytest.raises(StaleChunkId, match="re-plan"):
+                rt.locate(raw, caller)
+    finally:
+        cat.close()
+        cache.close()
