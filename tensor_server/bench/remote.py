@@ -179,7 +179,7 @@ def _session(host: Any, urls: dict[str, str], home: Path, cache: Path, views: di
     config.write_text("[cache]\nprecache_bytes = 0\n")  # the zoom's hits are the warm action's, nothing else's
     with server_process(list(urls.values()), cache, "--config", str(config), env=env) as srv:
         ids = _array_ids(srv.location)
-        out["open_requests"] = host.count()
+        out["open_requests"] = {kind: host.count(prefix=f"/{ZARR if kind == 'zarr' else TIFF}") for kind in urls}
         client = TensorFlightClient(srv.location, cache_bytes=0)
         for kind in ("zarr", "tiff"):
             host.reset()
@@ -357,7 +357,7 @@ def _rows(sessions: dict[str, dict], peers: dict[str, dict], views: dict) -> lis
                     "first view ms": round(total, 1),
                     "vs peer": f"{total / peer['ms']:.3f}x",
                     "target": "" if target is None else f"<= {target}x",
-                    "open requests": got["open_requests"],
+                    "open requests": got["open_requests"][kind],
                     "view requests": ours["requests"],
                     "equal": _same(ours["pixels"], peer["pixels"], views),
                 }
