@@ -17,6 +17,11 @@ asks chunk by chunk. What this store guarantees:
   decoding new tiles against old offsets.
 * **Coalesced.** Concurrent requests for the same range wait for one fetch; fetches to one
   host are bounded (``per_host``), the rest queue.
+* **Listed versions.** An object-store root is listed at every scan, and the listing carries
+  each object's ETag (``zarr_remote.py``); ``adopt_listing`` makes those the versions its reads
+  trust, so a rewritten object is refetched as soon as the listing saw it (not a revalidation
+  period later: the chunk ids the scan made already name the new version) and an unchanged one
+  costs no HEAD.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -188,6 +194,8 @@ class RemoteBytes:
         self._inflight: dict[tuple[str, str, str], Future[Any]] = {}
         self._lock = threading.Lock()
         self._hosts: dict[str, threading.BoundedSemaphore] = {}
+        #: url prefix -> (url -> validator) of the object-store listings adopted
+        self._listed: dict[str, Mapping[str, str]] = {}
         #: requests sent to remote hosts, and reads the cache answered (the metrics, tests)
         self.requests = 0
         self.hits = 0
@@ -230,11 +238,35 @@ class RemoteBytes:
             meta = self.store.meta(url)
         return None if meta is None or meta["validator"] == ABSENT else meta.get("size")
 
+    def adopt_listing(self, prefix: str, validators: Mapping[str, str]) -> None:
+        """The versions (url -> validator) a listing of ``prefix`` saw, trusted by the reads
+        of those URLs over the cached ones (the module docstring); replaces an earlier listing
+        of the same prefix."""
+        with self._lock:
+            self._listed[prefix.rstrip("/") + "/"] = validators
+
+    def _listed_validator(self, url: str) -> str | None:
+        """The validator the newest listing over ``url`` saw, the cached one made to agree
+        (a different one: its ranges dropped); None when no listing names it."""
+        with self._lock:
+            listings = [v for p, v in self._listed.items() if url.startswith(p)]
+        listed = next((v[url] for v in listings if url in v), None)
+        if listed is not None:
+            meta = self.store.meta(url)
+            if meta is None or meta["validator"] != listed:
+                if meta is not None:
+                    self.store.drop(url)
+                self.store.set_meta(url, listed, time.time(), None)
+        return listed
+
     def _current_validator(self, url: str) -> str:
         """The validator known for ``url``, revalidated (one HEAD) when older than
-        ``revalidate_seconds``; "" when never seen. A host that does not answer the HEAD
-        leaves the cached copy served (stale if the host is down, rather than nothing), and
-        is asked again a period later, not at every read."""
+        ``revalidate_seconds``; "" when never seen; the listing's, when one names it. A host
+        that does not answer the HEAD leaves the cached copy served (stale if the host is down,
+        rather than nothing), and is asked again a period later, not at every read."""
+        listed = self._listed_validator(url) if self._listed else None
+        if listed is not None:
+            return listed
         meta = self.store.meta(url)
         if meta is None:
             return ""
