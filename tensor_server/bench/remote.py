@@ -70,8 +70,8 @@ def write_images(folder: Path, tile: int, levels: int) -> list[np.ndarray]:
     shape = tuple(n * 2 ** (levels - 1) for n in coarsest)
     rng = np.random.default_rng(43)
     yy, xx = np.ogrid[: shape[0], : shape[1]]
-    base = (yy * 7 + xx * 3) % 40000
-    image = (base + rng.integers(0, 2000, shape)).astype(np.uint16)
+    image = ((yy.astype(np.uint32) * 7 + xx.astype(np.uint32) * 3) % 40000).astype(np.uint16)
+    image += rng.integers(0, 2000, shape, dtype=np.uint16)  # full: 0.5 GB, never an int64 copy
     pyramid = [np.ascontiguousarray(image[:: 2**k, :: 2**k]) for k in range(levels)]
     root = zarr.open_group(str(folder / ZARR), mode="w", zarr_format=3)
     for k, level in enumerate(pyramid):
