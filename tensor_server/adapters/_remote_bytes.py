@@ -17,6 +17,11 @@ asks chunk by chunk. What this store guarantees:
   decoding new tiles against old offsets.
 * **Coalesced.** Concurrent requests for the same range wait for one fetch; fetches to one
   host are bounded (``per_host``), the rest queue.
+* **Listed versions.** An object-store root is listed at every scan, and the listing carries
+  each object's ETag (``zarr_remote.py``); ``adopt_listing`` makes those the versions its reads
+  trust, so a rewritten object is refetched as soon as the listing saw it (not a revalidation
+  period later: the chunk ids the scan made already name the new version) and an unchanged one
+  costs no HEAD.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -188,6 +194,8 @@ class RemoteBytes:
         self._inflight: dict[tuple[str, str, str], Future[Any]] = {}
         self._lock = threading.Lock()
         self._hosts: dict[str, threading.BoundedSemaphore] = {}
+        #: url prefix -> (url -> validator) of the object-store listings adopted
+        self._listed: dict[str, Mapping[str, str]] = {}
         #: requests sent to remote hosts, and reads the cache answered (the metrics, tests)
         self.requests = 0
         self.hits = 0
@@ -230,11 +238,35 @@ class RemoteBytes:
             meta = self.store.meta(url)
         return None if meta is None or meta["validator"] == ABSENT else meta.get("size")
 
+    def adopt_listing(self, prefix: str, validators: Mapping[str, str]) -> None:
+        """The versions (url -> validator) a listing of ``prefix`` saw, trusted by the reads
+        of those URLs over the cached ones (the module docstring); replaces an earlier listing
+        of the same prefix."""
+        with self._lock:
+            self._listed[prefix.rstrip("/") + "/"] = validators
+
+    def _listed_validator(self, url: str) -> str | None:
+        """The validator the newest listing over ``url`` saw, the cached one made to agree
+        (a different one: its ranges dropped); None when no listing names it."""
+        with self._lock:
+            listings = [v for p, v in self._listed.items() if url.startswith(p)]
+        listed = next((v[url] for v in listings if url in v), None)
+        if listed is not None:
+            meta = self.store.meta(url)
+            if meta is None or meta["validator"] != listed:
+                if meta is not None:
+                    self.store.drop(url)
+                self.store.set_meta(url, listed, time.time(), None)
+        return listed
+
     def _current_validator(self, url: str) -> str:
         """The validator known for ``url``, revalidated (one HEAD) when older than
-        ``revalidate_seconds``; "" when never seen. A host that does not answer the HEAD
-        leaves the cached copy served (stale if the host is down, rather than nothing), and
-        is asked again a period later, not at every read."""
+        ``revalidate_seconds``; "" when never seen; the listing's, when one names it. A host
+        that does not answer the HEAD leaves the cached copy served (stale if the host is down,
+        rather than nothing), and is asked again a period later, not at every read."""
+        listed = self._listed_validator(url) if self._listed else None
+        if listed is not None:
+            return listed
         meta = self.store.meta(url)
         if meta is None:
             return ""
@@ -257,26 +289,30 @@ class RemoteBytes:
         self.store.set_meta(url, validator, time.time(), _size(reply))
         return None, validator
 
-    def prefetch(self, url: str, ranges: list[tuple[int, int]], *, pinned: str, max_run: int = 8) -> None:
-        """Fetch the ``(start, stop)`` ranges (a reader's aligned blocks) not cached yet, so
-        its reads that follow are hits: runs of up to ``max_run`` adjacent ranges as one
-        request each (a cold tile grid is a few large requests, not one per tile), the runs
-        in parallel. Stored range by range, pinned to ``pinned`` as ``read`` is."""
-        validator = self._current_validator(url)
-        if validator != pinned:
-            raise UnreadableSource(
-                url, f"changed on the host since it was opened ({pinned} -> {validator}); open again"
-            )
-        missing = sorted(r for r in set(ranges) if not self.store.has(url, validator, f"{r[0]}-{r[1] - 1}"))
-        runs: list[list[tuple[int, int]]] = []
-        for r in missing:
-            if runs and runs[-1][-1][1] == r[0] and len(runs[-1]) < max_run:
-                runs[-1].append(r)
-            else:
-                runs.append([r])
+    def prefetch(self, url: str, ranges: list[tuple[int, int]], *, pinned: str, gap: int = 0) -> None:
+        """``prefetch_all`` of one object."""
+        self.prefetch_all([(url, ranges, pinned)], gap=gap)
 
-        def fetch(run: list[tuple[int, int]]) -> None:
-            text = f"{run[0][0]}-{run[-1][1] - 1}"
+    def prefetch_all(self, wanted: list[tuple[str, list[tuple[int, int]], str]], *, gap: int = 0) -> None:
+        """Fetch the ``(start, stop)`` ranges of each ``(url, ranges, pinned)`` not cached yet
+        (a reader's blocks, a shard's inner chunks), so its reads that follow are hits: ranges
+        adjacent or within ``gap`` bytes of each other as one request of up to ``MAX_RUN``
+        bytes (a cold tile grid is a few large requests, not one per tile), every request in
+        parallel. Stored range by range, pinned to ``pinned`` as ``read`` is."""
+        runs: list[tuple[str, str, list[tuple[int, int]]]] = []
+        for url, ranges, pinned in wanted:
+            validator = self._current_validator(url)
+            if validator != pinned:
+                raise UnreadableSource(
+                    url, f"changed on the host since it was opened ({pinned} -> {validator}); open again"
+                )
+            missing = sorted(r for r in set(ranges) if not self.store.has(url, validator, f"{r[0]}-{r[1] - 1}"))
+            for run in _runs(missing, gap):
+                runs.append((url, pinned, run))
+
+        def fetch(job: tuple[str, str, list[tuple[int, int]]]) -> None:
+            url, pinned, run = job
+            text = f"{run[0][0]}-{max(stop for _, stop in run) - 1}"
             _, got = self._once(("get", url, text), lambda: self._fetch(url, text, pieces=run))
             if got != pinned:
                 raise UnreadableSource(url, f"changed on the host while it was being read ({pinned} -> {got})")
@@ -336,6 +372,25 @@ class RemoteBytes:
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
+
+
+#: the most bytes one merged request of ``prefetch_all`` asks for
+MAX_RUN = 8 << 20
+
+
+def _runs(ranges: list[tuple[int, int]], gap: int) -> list[list[tuple[int, int]]]:
+    """Sorted ``ranges`` grouped into runs one request each fetches: the next range starts
+    within ``gap`` bytes of the run's end and the run stays within ``MAX_RUN`` bytes."""
+    runs: list[list[tuple[int, int]]] = []
+    end = 0
+    for r in ranges:
+        if runs and r[0] - end <= gap and max(end, r[1]) - runs[-1][0][0] <= MAX_RUN:
+            runs[-1].append(r)
+            end = max(end, r[1])
+        else:
+            runs.append([r])
+            end = r[1]
+    return runs
 
 
 def _ranged(reply: Reply, byte_range: str, url: str) -> bytes:

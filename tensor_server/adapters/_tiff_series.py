@@ -361,8 +361,11 @@ class TiffPageSeriesAdapter(TensorAdapter):
             jobs = striles.windows(window, out, opened.level_series(self.series_index, self.level))
         if jobs is None:
             return None
-        decode_windows(jobs)
+        self._decode_windows(jobs)
         return out
+
+    def _decode_windows(self, jobs: list[Any]) -> None:
+        decode_windows(jobs)
 
     def _series_striles(self) -> SeriesStriles | None:
         cached = getattr(self, "_striles", False)

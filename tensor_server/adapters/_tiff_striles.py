@@ -11,15 +11,16 @@ caller then copies or strides that buffer. Here a strided window (``nearest``) n
 page: each decoded strile is picked from straight into the output, so the extra memory is one
 strile per worker; a full window (``area``) writes each strile into the output once. Every
 strile is read with one ``pread`` on a descriptor of this call (thread-safe, no seek shared
-with tifffile's file handle). The pixels are tifffile's: its own decoder (decompression,
+with tifffile's file handle; a TIFF at a URL gives its own ``pread``). The pixels are tifffile's: its own decoder (decompression,
 predictor, bit unpacking, JPEG tables), and a strile absent from the file (offset or byte count
 0) reads as the page's no-data value, as ``page.asarray`` fills it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import product
 from typing import Any
@@ -151,7 +152,7 @@ def touched_striles(job: StrileWindow) -> list[int]:
     return [task[0] for task in _tasks(job)]
 
 
-def _pread(fd: int, nbytes: int, pos: int, path: str, what: str) -> bytes:
+def _pread(fd: int, path: str, nbytes: int, pos: int, what: str) -> bytes:
     data = os.pread(fd, nbytes, pos)
     while len(data) < nbytes:  # a short read: the file ended, or the kernel split it
         more = os.pread(fd, nbytes - len(data), pos + len(data))
@@ -164,14 +165,18 @@ def _pread(fd: int, nbytes: int, pos: int, path: str, what: str) -> bytes:
     return data
 
 
-def _decode_one(fd: int, job: StrileWindow, task: tuple) -> None:
+#: reads ``nbytes`` at ``pos`` of a job's file (``what``: the strile, for the error message)
+Pread = Callable[[int, int, str], bytes]
+
+
+def _decode_one(read: Pread, job: StrileWindow, task: tuple) -> None:
     index, si, (ysrc, ydst), (xsrc, xdst), con, out4 = task
     d = job.decoder
     dst = out4[si, ydst, xdst]
     if index >= len(job.offsets) or job.counts[index] <= 0 or job.offsets[index] <= 0:
         dst[...] = d.nodata  # an absent strile, as page.asarray fills it
         return
-    data = _pread(fd, int(job.counts[index]), int(job.offsets[index]), job.path, f"strile {index}")
+    data = read(int(job.counts[index]), int(job.offsets[index]), f"strile {index}")
     kwargs: dict[str, Any] = dict(d.jpeg_kwargs)
     if kwargs:
         kwargs["jpegtables"] = job.jpegtables
@@ -183,20 +188,24 @@ def _decode_one(fd: int, job: StrileWindow, task: tuple) -> None:
     dst[...] = seg[ysrc, xsrc, con]
 
 
-def decode_windows(jobs: Sequence[StrileWindow]) -> None:
+def decode_windows(jobs: Sequence[StrileWindow], pread: Pread | None = None) -> None:
     """Fill every job's ``out`` from the striles its window touches, all of them decoded in
     parallel (in file order, so a cold read walks the file forwards). Raises the first error
-    (UnreadableSource for a truncated file; tifffile's own for a damaged strile)."""
+    (UnreadableSource for a truncated file; tifffile's own for a damaged strile). ``pread``:
+    the bytes of a file that is no path (a TIFF at a URL, ``_url_tiff.py``), else ``pread``
+    on the jobs' paths."""
     work = []
     fds: dict[str, int] = {}
     try:
         for job in jobs:
-            if job.path not in fds:
-                fds[job.path] = os.open(job.path, os.O_RDONLY)
-            fd = fds[job.path]
+            read = pread
+            if read is None:
+                if job.path not in fds:
+                    fds[job.path] = os.open(job.path, os.O_RDONLY)
+                read = functools.partial(_pread, fds[job.path], job.path)
             tasks = _tasks(job)
             tasks.sort(key=lambda t: job.offsets[t[0]] if t[0] < len(job.offsets) else 0)
-            work += [(fd, job, t) for t in tasks]
+            work += [(read, job, t) for t in tasks]
         # this thread and the shared read pool each take the next strile (run_parallel: it
         # returns once none is being decoded, so nothing writes into ``out`` after)
         run_parallel(work, lambda item: _decode_one(*item))

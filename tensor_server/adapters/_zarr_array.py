@@ -451,6 +451,9 @@ class ZarrAdapter(TensorAdapter):
         if self._chunks is not None:
             return self._read(bounds, (1,) * bounds.ndim)
         try:
+            ahead = getattr(self._stored.store, "prefetch_region", None)
+            if ahead is not None:  # a store at a URL fetches the read's inner chunks at once (_url_shards.py)
+                ahead(self._array, bounds)
             return np.asarray(self._array[bounds.to_slices()])
         except UnreadableSource:  # a remote store's own errors (a timeout) name the URL: as they are
             raise

@@ -52,7 +52,7 @@ from tensor_server.core.bounds import Bounds
 from tensor_server.core.identity import file_stat_stamp
 from tensor_server.core.stream_reduce import SCRATCH_MIN, run_parallel, scratch
 
-__all__ = ["decoder_name", "LocalChunks", "ShardIndexes"]
+__all__ = ["decoder_name", "LocalChunks", "ShardIndexFormat", "ShardIndexes"]
 
 
 def decoder_name() -> str:
@@ -148,21 +148,20 @@ class _Pipeline:
 
 
 # ---- shard indexes -----------------------------------------------------------------------------
-class ShardIndexes:
-    """(n, 2) uint64 offsets and lengths of each shard file's inner chunks, read once per
-    file: a chunk read (``of_fd``) re-reads it when the file's ``file_stat_stamp`` changed,
-    ``clear`` drops all when the source's content version changes. The adapter's uniform
-    blocks ask ``get`` (one reader of indexes); None for a non-default index encoding."""
+class ShardIndexFormat:
+    """Where a sharded array's index sits in a shard and how to parse it: the one reader of
+    the default encoding (little-endian offsets and lengths, optional crc32c), for local shard
+    files (``ShardIndexes``) and remote ones (``_url_shards.py``)."""
 
-    def __init__(self, array: Any, folder: Path) -> None:
+    def __init__(self, array: Any) -> None:
         from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
 
         codec = array.metadata.codecs[0] if array.metadata.zarr_format == 3 else None
-        self.folder = folder
-        self.encode = array.metadata.encode_chunk_key
         self.per_shard = tuple(int(s) // int(c) for s, c in zip(array.shards, array.chunks))
-        n = math.prod(self.per_shard)
         self.supported = False
+        self.crc = False
+        self.size = 0
+        self.at_end = True
         if isinstance(codec, ShardingCodec):
             kinds = [type(c) for c in codec.index_codecs]
             endian = getattr(codec.index_codecs[0], "endian", None) if kinds else None
@@ -170,8 +169,28 @@ class ShardIndexes:
                 kinds in ([BytesCodec], [BytesCodec, Crc32cCodec]) and getattr(endian, "value", "little") == "little"
             )
             self.crc = kinds == [BytesCodec, Crc32cCodec]
-            self.size = 16 * n + (4 if self.crc else 0)
+            self.size = 16 * math.prod(self.per_shard) + (4 if self.crc else 0)
             self.at_end = str(getattr(codec.index_location, "value", codec.index_location)) == "end"
+
+    def parse(self, raw: bytes, name: str) -> np.ndarray:
+        """The (n, 2) uint64 offsets and lengths in ``raw``, the index bytes of shard ``name``;
+        ValueError naming it when short or its checksum does not match."""
+        if len(raw) != self.size:
+            raise ValueError(f"shard {name!r} is shorter than its index ({len(raw)} < {self.size} bytes)")
+        body = _crc32c_strip(raw) if self.crc else np.frombuffer(raw, np.uint8)
+        return body.view("<u8").reshape(-1, 2)
+
+
+class ShardIndexes(ShardIndexFormat):
+    """(n, 2) uint64 offsets and lengths of each shard file's inner chunks, read once per
+    file: a chunk read (``of_fd``) re-reads it when the file's ``file_stat_stamp`` changed,
+    ``clear`` drops all when the source's content version changes. The adapter's uniform
+    blocks ask ``get`` (one reader of indexes); None for a non-default index encoding."""
+
+    def __init__(self, array: Any, folder: Path) -> None:
+        super().__init__(array)
+        self.folder = folder
+        self.encode = array.metadata.encode_chunk_key
         self._cache: dict[tuple[int, ...], tuple[tuple[int, int], np.ndarray]] = {}
         self._lock = threading.Lock()
 
@@ -195,12 +214,7 @@ class ShardIndexes:
             if hit is not None and hit[0] == stamp:
                 return hit[1]
             raw = os.pread(fd, self.size, st.st_size - self.size if self.at_end else 0)
-            if len(raw) != self.size:
-                raise ValueError(
-                    f"shard {self.encode(shard)!r} is shorter than its index ({len(raw)} < {self.size} bytes)"
-                )
-            body = _crc32c_strip(raw) if self.crc else np.frombuffer(raw, np.uint8)
-            index = body.view("<u8").reshape(-1, 2)
+            index = self.parse(raw, self.encode(shard))
             self._cache[shard] = (stamp, index)
         return index
 

@@ -6,9 +6,10 @@ names its arrays (``multiscales`` datasets, ``labels``, a plate's wells, bioform
 series), so the zarr walker of local stores (``_zarr_store.py``) runs over ``UrlPath``, which
 answers "is there a ``zarr.json`` here" by fetching it. Pixels are read by zarr-python over
 ``url_store`` (a sharded array: the shard index by a suffix range, then the inner chunks by
-range) and by tifffile over ``RemoteFile`` (the IFDs once, then tiles by range). Every byte
-goes through ``_remote_bytes.py``: the host rule, the deadline, the persistent cache,
-coalescing; so a second session over the same region asks the host nothing.
+range, all of a read's fetched at once before zarr asks: ``_url_shards.py``) and by tifffile
+over ``RemoteFile`` (the IFDs once, then tiles by range). Every byte goes through
+``_remote_bytes.py``: the host rule, the deadline, the persistent cache, coalescing; so a
+second session over the same region asks the host nothing.
 
 A source's content version is made of the validators (ETags) of what it was opened from: its
 metadata documents, or the TIFF file; a TIFF rewritten on the host is refused mid-read
@@ -31,8 +32,10 @@ from tensor_server.adapters._url_rules import (
     set_remote_settings,
     url_scheme,
 )
+from tensor_server.adapters._url_shards import prefetch_shards
 from tensor_server.adapters._zarr_store import StoreWalker, ZarrNode, is_zarr_folder
 from tensor_server.core.adapter_base import SourceAdapter
+from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
 
 __all__ = [
@@ -134,6 +137,10 @@ def _url_store_class() -> type:
             loop = asyncio.get_running_loop()
             data = await loop.run_in_executor(FETCHERS, _read, f"{self.base}/{key}", _http_range(byte_range))
             return None if data is None else prototype.buffer.from_bytes(data)
+
+        def prefetch_region(self, array: Any, bounds: Bounds) -> None:
+            """Before zarr reads ``bounds`` of ``array``: its inner chunks fetched at once."""
+            prefetch_shards(self.base, array, bounds)
 
         async def get_partial_values(self, prototype: Any, key_ranges: Iterable[tuple[str, Any]]) -> list[Any]:
             return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))

@@ -176,15 +176,27 @@ def zarr_store_kind(folder: ObjectPath) -> str | None:
 
 
 class _ObjectStoreWalker(StoreWalker):
-    """The zarr walker over a listing; pixels through zarr's ``FsspecStore``."""
+    """The zarr walker over a listing; pixels of an ``s3://`` store through the remote byte
+    cache (``url_source.url_store``: persistent, so a restarted server reads a region again
+    with no request to the store; the listing's ETags adopted as the objects' versions), of
+    another protocol through zarr's ``FsspecStore``."""
 
     def __init__(self, root: ObjectPath) -> None:
-        from zarr.storage import FsspecStore
-
         listing = root.listing
-        store = FsspecStore.from_url(
-            listing.url(root.key), storage_options=storage_options(listing.protocol), read_only=True
-        )
+        base = listing.url(root.key)
+        if listing.protocol == "s3":
+            from tensor_server.adapters._remote_bytes import remote_bytes
+            from tensor_server.adapters.url_source import url_store
+
+            lead = root.key.rstrip("/") + "/"
+            remote_bytes().adopt_listing(
+                base, {listing.url(k): f"etag:{t}" for k, t in listing.tokens.items() if k.startswith(lead)}
+            )
+            store = url_store(base)
+        else:
+            from zarr.storage import FsspecStore
+
+            store = FsspecStore.from_url(base, storage_options=storage_options(listing.protocol), read_only=True)
         super().__init__(root, store=store)  # type: ignore[arg-type]
 
     def chunk_files(self, node: ZarrNode, array: Any) -> None:

@@ -122,6 +122,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.plate",
         "first whole-plate overview (IIIF and SDK, cold and warm) vs ome-zarr-py and napari-ome-zarr",
     ),
+    "remote": (
+        "tensor_server.bench.remote",
+        "first view of an OME-Zarr and an OME-TIFF by URL at 50 ms a request, cold and restarted, vs zarr/tifffile+fsspec",
+    ),
     "gate": (
         "tensor_server.bench.gate",
         "the performance gate (make perf-gate): vs the previous commit, and floors vs peers",

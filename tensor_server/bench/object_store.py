@@ -36,7 +36,8 @@ def run_object_store(
     from biopb.tensor import TensorFlightClient
     from moto.server import ThreadedMotoServer
 
-    from tensor_server.bench.fixtures import _plane
+    from tensor_server.adapters._remote_bytes import reset_remote_bytes
+    from tensor_server.bench.fixtures import plane as _plane
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
     from tensor_server.core.downsample import warm_up
@@ -76,6 +77,7 @@ def run_object_store(
         want = None
         for r in range(repeats):
             for where in ("s3", "local") if r % 2 == 0 else ("local", "s3"):
+                reset_remote_bytes()  # "first" is first for the S3 store's raw-byte cache too
                 with CacheManager(work / f"cache-{where}-{r}") as cache:
                     server = start_serving(cat, cache=cache, precache_bytes=0)
                     try:

@@ -13,13 +13,14 @@ import pyarrow.flight as flight
 import pytest
 from tensor_server_kernels import reference
 
+from tensor_server.adapters._remote_bytes import reset_remote_bytes
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
 from tensor_server.core import plan_read
 from tensor_server.errors import StaleChunkId
 from tensor_server.testing import serving
 from tests.flight.conftest import client_for
-from tests.remote.conftest import BUCKET, SECRET, _forget_filesystems, s3fs_client, write_sharded
+from tests.remote.conftest import BUCKET, SECRET, _forget_filesystems, remote_config, s3fs_client, write_sharded
 
 ROOT = f"s3://{BUCKET}/run1"
 
@@ -103,18 +104,23 @@ def test_cached_chunks_fetch_no_object_twice(served, caplog, tmp_path):
     of a chunk object (moto logs every request it answers through werkzeug)."""
     cat, _, written, _ = served
     remote, _ = _pair(cat, "vol.zarr")
-    with CacheManager(tmp_path) as cache, serving(cat, cache=cache) as srv:
+    with (
+        remote_config(tmp_path / "bytes"),
+        CacheManager(tmp_path / "chunks") as cache,
+        serving(cat, cache=cache) as srv,
+    ):
         _read_twice(client_for(srv), remote, written, caplog)
 
 
-def test_a_chunk_object_costs_one_get_and_no_head(served, caplog):
-    """A whole-object chunk read is one GET. s3fs sends a HEAD before each one unless its
-    ``max_concurrency`` is 1 (it decides on the size whether to split the object), which
-    doubled the round trips of every chunk; moto logs each request it answers."""
+def test_a_chunk_object_costs_one_get_and_no_head(served, caplog, tmp_path):
+    """A whole-object chunk read is one GET (through an empty byte cache). s3fs sends a HEAD
+    before each one unless its ``max_concurrency`` is 1 (it decides on the size whether to
+    split the object), which doubled the round trips of every chunk; moto logs each request
+    it answers."""
     cat, _, written, _ = served
     remote, _ = _pair(cat, "cells.ome.zarr")
     prefix = "/lab-data/run1/cells.ome.zarr/0/"
-    with caplog.at_level(logging.INFO, logger="werkzeug"):
+    with remote_config(tmp_path / "bytes"), caplog.at_level(logging.INFO, logger="werkzeug"):
         got = remote.source.tensor("image").get_data()
     requests = [rec.getMessage() for rec in caplog.records if prefix in rec.getMessage()]
     np.testing.assert_array_equal(got, written["image"])
@@ -161,6 +167,9 @@ def test_credentials_never_reach_the_catalog_or_logs(s3_data, caplog):
 
 
 def test_a_changed_object_makes_old_chunk_ids_stale(s3_data, tmp_path):
+    """A rewritten shard: new chunk ids at the rescan, and its new pixels read through the
+    byte cache, which takes the rescan's ETags over the versions it cached (the old shard's
+    ranges are not served with the new version)."""
     fs = s3fs_client()
     vol = write_sharded(tmp_path / "vol.zarr", seed=5)
     fs.put(str(tmp_path / "vol.zarr"), f"{BUCKET}/run2/vol.zarr", recursive=True)
@@ -295,3 +304,26 @@ def test_without_s3fs_an_s3_root_names_the_extra_to_install(monkeypatch):
     assert "s3://bucket/run1" in message and "secret" not in message
     assert "no filesystem for s3:// is installed (Install s3fs to access S3)" in message
     assert "pip install 'tensor-server[s3]'" in message
+
+
+def test_a_restarted_server_reads_an_s3_root_with_no_get_of_a_chunk(s3_data, tmp_path, caplog):
+    """The pixels of an ``s3://`` root go through the persistent byte cache: after a restart
+    (a new catalog over the same cache folder) the same region is read with no GET of a chunk
+    object reaching the store (moto logs each request), the same pixels."""
+    _, written = s3_data
+    region = (slice(0, 6), slice(0, 100), slice(0, 120))
+    got, gets = [], []
+    with remote_config(tmp_path / "bytes"):
+        for _ in range(2):
+            reset_remote_bytes()  # a restart: the process's store forgotten, its folder kept
+            cat = Catalog([ROOT])
+            cat.scan()
+            remote = next(r for r in cat.records() if r.url.endswith("/vol.zarr"))
+            with caplog.at_level(logging.INFO, logger="werkzeug"):
+                caplog.clear()
+                got.append(remote.source.tensor().get_data()[region])
+                gets.append(sum("GET /lab-data/run1/vol.zarr/c/" in r.getMessage() for r in caplog.records))
+            cat.close()
+    assert gets[0] > 0 and gets[1] == 0, gets
+    np.testing.assert_array_equal(got[0], written["sharded"][region])
+    np.testing.assert_array_equal(got[1], got[0])
