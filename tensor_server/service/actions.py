@@ -270,7 +270,7 @@ ACTIONS: tuple[Action, ...] = (
     Action(
         "warm",
         "fill the chunk cache with a plan's chunks, sending no pixels (JSON body: chunk_ids, or "
-        "array_id, region, scale, method); streams progress records",
+        "array_id, region, scale, method, grid: read or tiles); streams progress records",
         _warm,
         streams=True,
         per_tensor=True,

@@ -5,9 +5,12 @@ Body (JSON), one of:
 
 * ``{"chunk_ids": ["<base64 chunk id>", ...]}``: the chunks of a plan the client holds (each
   endpoint's ticket ``chunk_id``, base64 in JSON);
-* ``{"array_id": "...", "region": [[start, stop], ...], "scale": [...], "method": "..."}``:
-  the chunks of that read's plan, the region in level-0 pixels (``scale`` and ``method``
-  optional, as in a read).
+* ``{"array_id": "...", "region": [[start, stop], ...], "scale": [...], "method": "...",
+  "grid": "read" | "tiles"}``: the chunks of that read's plan, the region in level-0 pixels
+  (``scale`` and ``method`` optional, as in a read). ``grid``: ``read`` (the default) warms
+  what one read of the region would fetch; ``tiles`` warms the tile grid over the region,
+  which is what a viewer reading it tile by tile fetches (a large region read at once is
+  planned on the coarser transfer grid, whose chunks a tile's read would not find).
 
 Answered as a stream of progress records ``{"done", "total", "cached", "computed"}``, one per
 ``_PROGRESS_EVERY`` chunks and one at the end, so a client sees it move and can stop it.
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import ChunkId
 from tensor_server.core.json_body import decode_json
+from tensor_server.core.plan import plan_read
 from tensor_server.errors import InvalidArgument, RequestTooLarge, Unimplemented
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,9 +53,11 @@ __all__ = ["warm_action", "MAX_CHUNKS"]
 #: hundred; base64 ids of this many fit the 1 MiB JSON body bound
 MAX_CHUNKS = 2048
 _PROGRESS_EVERY = 32
+#: ``grid``'s values: the plan a read makes (its own choice), or the tile grid's (plan.py)
+_GRIDS: dict[str, str | None] = {"read": None, "tiles": "tile"}
 _USAGE = (
     'warm takes {"chunk_ids": ["<base64 chunk id>", ...]} or '
-    '{"array_id": "...", "region": [[start, stop], ...], "scale": [...], "method": "..."}'
+    '{"array_id": "...", "region": [[start, stop], ...], "scale": [...], "method": "...", "grid": "read"|"tiles"}'
 )
 
 
@@ -88,7 +94,7 @@ def _named(rt: ServingRuntime, caller: Caller, request: dict[str, Any]) -> list[
 
 
 def _planned(rt: ServingRuntime, caller: Caller, request: dict[str, Any]) -> list[tuple[TensorAdapter, ChunkId]]:
-    unknown = set(request) - {"array_id", "region", "scale", "method"}
+    unknown = set(request) - {"array_id", "region", "scale", "method", "grid"}
     if unknown or not isinstance(request["array_id"], str):
         raise InvalidArgument(f"{_USAGE}; unknown keys {sorted(unknown)}" if unknown else _USAGE)
     region = _region(request.get("region"))
@@ -98,12 +104,19 @@ def _planned(rt: ServingRuntime, caller: Caller, request: dict[str, Any]) -> lis
     method = request.get("method", "")
     if not isinstance(method, str):
         raise InvalidArgument("warm: method must be a string")
+    grid = request.get("grid", "read")
+    if grid not in _GRIDS:
+        raise InvalidArgument(f"warm: grid must be one of {sorted(_GRIDS)}, not {str(grid)[:40]!r}")
     described = rt.describe(
         caller, request["array_id"], region=region, scale=scale, method=method, fields=["endpoints"]
     )
-    assert described.plan is not None and described.tensor is not None  # endpoints asked: a plan
-    _check_count(len(described.plan.chunks))
-    return [(described.tensor, c.chunk_id) for c in described.plan.chunks]
+    plan, tensor = described.plan, described.tensor
+    assert plan is not None and tensor is not None  # endpoints asked: a plan
+    on = _GRIDS[grid]
+    if on is not None:  # the same region, scale and method, on the grid asked for
+        plan = plan_read(tensor, region, scale, method, grid=on)
+    _check_count(len(plan.chunks))
+    return [(tensor, c.chunk_id) for c in plan.chunks]
 
 
 def _region(value: object) -> Bounds | None:

@@ -29,7 +29,7 @@ def served(tmp_path):
     cat.add_source(MemorySource(ArrayAdapter(IMAGE, "yx", chunk_shape=(64, 64)), source_id="img"))
     cat.first_scan_done.set()
     cache = CacheManager(tmp_path / "cache")
-    with serving(cat, cache=cache, token=TOKEN) as srv:
+    with serving(cat, cache=cache, token=TOKEN, precache_bytes=0) as srv:  # misses are the reads' alone
         yield srv
     cache.close()
     cat.close()
@@ -130,3 +130,32 @@ def test_it_stops_before_the_next_chunk_once_the_client_went(served):
     records = warm_verb.warm_action(served.runtime, Caller(token=TOKEN), json.dumps({"array_id": "img"}).encode(), went)
     assert list(records) == []  # no last record: it stopped
     assert len(served.runtime.cache) == 3
+
+
+def test_grid_tiles_warms_what_a_viewers_tiles_read(tmp_path):
+    """A region read at once is planned on the transfer grid (1024² here), a viewer's 512² tile
+    on the tile grid: ``grid: tiles`` warms the chunks the tiles then find."""
+    from biopb.tensor import TensorFlightClient
+
+    image = np.random.default_rng(5).integers(0, 60000, (2048, 2048), dtype=np.uint16)
+    cat = Catalog([])
+    cat.add_source(MemorySource(ArrayAdapter(image, "yx", chunk_shape=(1024, 1024)), source_id="big"))
+    cat.first_scan_done.set()
+    cache = CacheManager(tmp_path / "cache")
+    try:
+        with serving(cat, cache=cache, token=TOKEN, precache_bytes=0) as srv:
+            region = {"array_id": "big", "region": [[0, 1024], [0, 2048]]}
+            assert _warm(srv, region)[-1]["total"] == 2, "one read of the region: two 1024² transfer chunks"
+            assert _warm(srv, {**region, "grid": "tiles"})[-1] == {"done": 8, "total": 8, "cached": 0, "computed": 8}
+            misses = _computed(srv)
+            client = TensorFlightClient(srv.location, token=TOKEN, cache_bytes=0)
+            for y in (0, 512):
+                for x in range(0, 2048, 512):
+                    tile = client.get_array("big", slice_hint=(slice(y, y + 512), slice(x, x + 512)))
+                    np.testing.assert_array_equal(np.asarray(tile), image[y : y + 512, x : x + 512])
+            assert _computed(srv) == misses, "every tile found its chunk warmed"
+            with pytest.raises(flight.FlightError, match="grid must be one of"):
+                _warm(srv, {**region, "grid": "fine"})
+    finally:
+        cache.close()
+        cat.close()
