@@ -145,7 +145,16 @@ class Access:
     def control(self, caller: Caller) -> None:
         """The control-surface rule; also what a tensor without a grant falls back to. A caller
         of a door that requires a credential needs a full one even in local mode (a grant
-        passed that door for its own tensor, not for the rest: ``Caller.door_requires_credential``)."""
+        passed that door for its own tensor, not for the rest: ``Caller.door_requires_credential``).
+        A share link never passes, in local mode either: its holder was sent one tensor, and
+        the machine being the boundary (no server token) does not make a link a user of it
+        (before this, a link rotated the share secret on a token-less Flight server)."""
+        share = self.share_of(caller)
+        if share is not None:
+            raise Unauthenticated(
+                f"unauthenticated: share link {share.id} reads {share.array_id} (its levels and label images) "
+                "and nothing else: no other tensor, no listing, no control verb"
+            )
         if (
             (self.token is not None or caller.door_requires_credential)
             and not self.full(caller)
