@@ -228,3 +228,14 @@ def test_the_config_file_takes_rules(tmp_path):
         ("lab-a", ("lab-a",), "write"),
         ("all", (), "read"),
     ]
+
+
+def test_the_catalog_page_offers_share_where_the_user_writes(served):
+    def buttons(folder, sub):
+        page = _http(served, "GET", f"/?folder={folder}", sub)
+        assert page.status_code == 200, page.text
+        return re.findall(r'<button class="share" data-endpoint="[^"]+" data-array-id="([^"]+)">', page.text)
+
+    assert buttons("lab-a", "alice") == [served.ids["a"]]
+    assert buttons("shared", "alice") == []  # read, not write
+    assert buttons("shared", "carol") == [served.ids["c"]]
