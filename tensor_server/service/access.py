@@ -337,6 +337,7 @@ class Access:
             return RowView(
                 ("user", user.identity, user.groups, held),
                 lambda array_id: self._granted_to_another(array_id, held) or self._folder_level(user, array_id) is None,
+                lambda source_id: self._folder_level(user, source_id) is None,
             )
         return RowView(("grant", held), lambda array_id: self._granted_to_another(array_id, held))
 

@@ -15,7 +15,7 @@ the uploads and annotations it makes.
 ``write`` on a folder of the catalog (``catalog/tree.py``'s ``SourcePlaces``: a source's
 folders under its root, the root's name first when there are several, ``""`` for all).
 With rules, a user reads the tensors of the folders its groups are given (and the uploads it
-owns), writes (annotations, uploads, share links) where a rule says ``write``, and only a
+owns), writes (annotations, uploads, share links, exports) where a rule says ``write``, and only a
 ``write`` rule on ``""`` administers (adds and removes sources, rotates the share secret,
 prunes annotations). Without rules, every user reads everything, as before.
 

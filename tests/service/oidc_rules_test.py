@@ -64,11 +64,17 @@ def served(tmp_path_factory):
     for folder, name in (("lab-a", "a"), ("lab-b", "b"), ("shared", "c")):
         (root / folder).mkdir(parents=True)
         np.save(root / folder / f"{name}.npy", np.full((8, 6), ord(name), np.uint16))
+    (root / "lab-b" / "broken.npy").write_bytes(b"not an npy file")  # an unreadable source: a name and a path
     jwks = tmp / "jwks.json"
     jwks.write_text(json.dumps({"keys": [KEY.as_dict(private=False)]}))
     cat = Catalog([root], rois_path=str(tmp / "rois.duckdb"))
     cat.scan()
-    ids = {rec.path.stem: next(iter(rec.source.tensors.values())).array_id for rec in cat.records() if rec.path}
+    ids = {
+        rec.path.stem: next(iter(rec.source.tensors.values())).array_id
+        for rec in cat.records()
+        if rec.path and rec.source is not None
+    }
+    assert sorted(ids) == ["a", "b", "c"]
     with serving(
         cat,
         http=True,
@@ -135,6 +141,12 @@ def test_listings_show_only_the_readable_tensors(served):
         assert {f["name"] for f in top["folders"]} == {
             {"a": "lab-a", "b": "lab-b", "c": "shared"}[n] for n in READS[sub]
         }, sub
+    folders = {"alice": {"lab-a", "shared"}, "bob": {"lab-b"}, "carol": {"lab-a", "lab-b", "shared"}, "dave": set()}
+    for sub, seen in folders.items():  # no name or path of another folder's file, readable or not
+        rows = served.client(_token(sub)).query("SELECT source_url FROM sources", format="records")
+        assert {r["source_url"].split("/")[-2] for r in rows if r["source_url"].startswith("file:")} == seen, sub
+    broken = served.client(_token("bob")).query("SELECT source_id FROM sources WHERE NOT is_resolved")
+    assert len(broken) == 1  # lab-b's reader sees why its file does not open
     with flight.FlightClient(served.location) as c:
         options = flight.FlightCallOptions(headers=[(b"authorization", f"Bearer {_token('alice')}".encode())])
         (answer,) = c.do_action(flight.Action("catalog_children", b'{"key": ""}'), options)
@@ -178,6 +190,20 @@ def test_share_links_and_uploads_need_write_too(served):
     kind, message = _flight_refusal(lambda: alice.setup_array_upload(f"cache://{c_source}/@fields/result", result))
     assert "read but do not write" in message
     assert served.runtime.uploads.get(f"{c_source}/@fields/result") is None  # nothing half-made
+
+
+def test_an_export_needs_write_on_the_tensors_folder(served):
+    headers = [(b"authorization", f"Bearer {_token('alice')}".encode())]
+    with flight.FlightClient(served.location) as c:
+        options = flight.FlightCallOptions(headers=headers)
+        for name, allowed in (("a", True), ("c", False)):
+            body = json.dumps({"array_id": served.ids[name], "dest": f"export-{name}.ome.zarr"}).encode()
+            call = functools.partial(lambda b: list(c.do_action(flight.Action("export", b), options)), body)
+            if allowed:
+                assert json.loads(call()[-1].body.to_pybytes())["event"] == "done"
+            else:
+                kind, message = _flight_refusal(call)
+                assert kind is flight.FlightUnauthorizedError and "read but do not write" in message
 
 
 @pytest.mark.parametrize("sub, allowed", [("alice", False), ("carol", True)])
