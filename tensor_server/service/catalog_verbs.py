@@ -180,7 +180,7 @@ class CatalogVerbs:
             try:
                 rec = self.catalog.get_record(entry["source_id"])
                 tensors = list(self.runtime.fields(rec.source_id, caller).values())
-            except TensorNotFound:  # removed since the tree was built: nothing to show
+            except (TensorNotFound, PermissionDenied):  # removed since the tree was built, or not the caller's
                 continue
             sources.append({**entry, "tensors": tensors, "unresolved_reason": rec.unresolved_reason})
         return {**level, "sources": sources, "trail": tree.trail(key)}

@@ -265,3 +265,20 @@ def test_the_catalog_page_offers_share_where_the_user_writes(served):
     assert buttons("lab-a", "alice") == [served.ids["a"]]
     assert buttons("shared", "alice") == []  # read, not write
     assert buttons("shared", "carol") == [served.ids["c"]]
+
+
+def test_a_source_without_a_path_outside_the_folders_is_not_told_apart_from_none(served):
+    """A source with no path sits at the top under its id: the catalog JSON of that key is
+    the same empty level as of a key nothing has, to a sign-in whose rules do not reach it."""
+    from tensor_server.adapters.memory import ArrayAdapter, MemorySource
+
+    cat = served.runtime.catalog
+    cat.add_source(MemorySource(ArrayAdapter(np.zeros((4, 4), np.uint8), "yx"), source_id="memo"))
+    try:
+        levels = [_http(served, "GET", f"/api/catalog?folder={key}", "alice") for key in ("memo", "nothing-here")]
+        assert [page.status_code for page in levels] == [200, 200]
+        assert [page.json()["sources"] for page in levels] == [[], []]
+        carols = _http(served, "GET", "/api/catalog?folder=memo", "carol").json()["sources"]
+        assert [s["source_id"] for s in carols] == ["memo"]  # the whole catalog's rule reaches it
+    finally:
+        cat.remove_records(["memo"])
