@@ -256,7 +256,7 @@ class Access:
         folder rules a ``write`` rule on the whole catalog (``folder = ""``)."""
         self.control(caller)
         user = self.ruled_user(caller)
-        if user is not None and folder_access(self.oidc.rules, user.groups, ()) != "write":  # type: ignore[union-attr]
+        if user is not None and self.oidc is not None and folder_access(self.oidc.rules, user.groups, ()) != "write":
             raise PermissionDenied(
                 "permission denied: this verb changes the server; the server's [auth.rules] give it to a group "
                 'with access = "write" on folder = "" (the whole catalog), which your sign-in has not'
