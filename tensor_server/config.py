@@ -41,6 +41,12 @@ Example (every key optional)::
     oidc_jwks_url = "https://login.lab.example/realms/lab/protocol/openid-connect/certs"
     oidc_jwks_file = "/etc/tensor-server/jwks.json"        # or the keys in a file
     oidc_leeway = 60                                       # seconds of clock skew allowed
+    oidc_groups_claim = "groups"                           # the claim folder rules read groups from
+
+    [[auth.rules]]              # with rules, a sign-in reads only its groups' folders (docs/security.md)
+    group = "lab-a"             # a group in that claim, or a scope (scope / scp)
+    folder = "lab-a"            # a catalog folder (as the catalog page shows it); "" = everything
+    access = "read"             # or "write": annotations, uploads, share links; on "" also administers
 
 
     [uploads]                   # needs the top-level write_dir = "/data/results" (never discovered)
@@ -191,6 +197,9 @@ class Settings:
     oidc_jwks_url: str | None = None
     oidc_jwks_file: str | None = None
     oidc_leeway: float = 60.0
+    oidc_groups_claim: str = "groups"
+    #: ``[[auth.rules]]`` as written (``service/oidc.py``'s ``parse_rules`` checks them at start)
+    oidc_rules: list[dict[str, Any]] = field(default_factory=list)
     writable: bool = False
     upload_ttl: float = 3600.0
     scratch_ttl: float = 86400.0
@@ -276,6 +285,8 @@ _KEYS = {
     ("auth", "oidc_jwks_url"): "oidc_jwks_url",
     ("auth", "oidc_jwks_file"): "oidc_jwks_file",
     ("auth", "oidc_leeway"): "oidc_leeway",
+    ("auth", "oidc_groups_claim"): "oidc_groups_claim",
+    ("auth", "rules"): "oidc_rules",
     ("read", "workers"): "read_workers",
     ("log", "level"): "log_level",
     ("http", "port"): "http_port",

@@ -284,10 +284,10 @@ class Catalog:
 
     def lists_tensors(self, rec: SourceRecord, view: RowView = EVERY_ROW) -> bool:
         """Shown in the catalog tree to the callers of ``view``: unreadable (so the reason
-        shows), or its ``sources`` row lists a tensor they may read, its own or an attached
+        shows) unless the view hides the source, or its ``sources`` row lists a tensor they may read, its own or an attached
         one (the scratch source holds only uploads). Never opens."""
         if not rec.is_resolved:
-            return True
+            return not view.hides_source(rec.source_id)
         if any(not view.hides(row["array_id"]) for row in rec.tensor_rows()):
             return True
         with self._lock:

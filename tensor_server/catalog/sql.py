@@ -80,10 +80,14 @@ class RowView:
     see exactly the same rows, so they share a snapshot. ``hides(array_id)``: whether the
     rows of that tensor are left out. It must give the same answer for as long as the
     tensor is served (a grant is fixed when its upload is created), so a snapshot written
-    once stays right until the tables themselves change."""
+    once stays right until the tables themselves change. ``hides_source(source_id)``: whether
+    a source none of whose tensors the view shows is left out whole (its row, its place in
+    the tree: a sign-in bound by folder rules sees no name or path of another folder's file);
+    by default such a source still shows, with no tensors (an unreadable file says why)."""
 
     key: Hashable
     hides: Callable[[str], bool]
+    hides_source: Callable[[str], bool] = lambda source_id: False
 
     def rows_of(self, table: Any) -> Any:
         """``table`` (an Arrow table with an ``array_id`` column) without the rows of the

@@ -53,11 +53,14 @@ class SqlTables:
         cat = self.catalog
         rows: dict[str, list] = {name: [] for name in sources_schema().names}
         for r in cat.records() if records is None else records:
+            tensors = [t.row for t in cat.served(r) if not view.hides(t.array_id)]
+            if not tensors and view.hides_source(r.source_id):
+                continue
             rows["source_id"].append(r.source_id)
             rows["source_url"].append(r.url)
             rows["source_type"].append(r.type)
             rows["is_resolved"].append(r.is_resolved)
-            rows["tensors"].append([t.row for t in cat.served(r) if not view.hides(t.array_id)])
+            rows["tensors"].append(tensors)
             rows["metadata_json"].append(r.metadata_json())
             rows["unresolved_reason"].append(r.unresolved_reason)
         return pa.table(rows, schema=sources_schema())

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-__all__ = ["tree_parts", "root_names", "root_top_names", "CatalogTree", "DEFAULT_LIMIT", "MAX_LIMIT"]
+__all__ = ["tree_parts", "root_names", "root_top_names", "CatalogTree", "SourcePlaces", "DEFAULT_LIMIT", "MAX_LIMIT"]
 
 DEFAULT_LIMIT = 2000
 MAX_LIMIT = 100_000
@@ -101,6 +101,43 @@ class _Roots:
         return None
 
 
+def _place(source_id: str, url: str, roots: _Roots) -> tuple[int, tuple[str, ...], str]:
+    """(rank of its top folder's claim, folder, name) of a source: under its root, the root's
+    folder (or the top, with one root), else its url's path, else the top under its id."""
+    count = len(roots.named)
+    parts = tree_parts(url)
+    found = roots.find(parts) if parts and url.startswith("file://") else None
+    if found is not None:
+        index, span = found
+        if span == len(parts):  # the root is itself a source (one file, one zarr)
+            return 0, (), roots.named[index][0]
+        inner = tuple(parts[span:-1])
+        return (0, inner, parts[-1]) if count == 1 else (index, (roots.named[index][0], *inner), parts[-1])
+    if parts:
+        return (count if url.startswith("dnd://") else count + 1), tuple(parts[:-1]), parts[-1]
+    return 0, (), source_id
+
+
+class SourcePlaces:
+    """Where each source sits in the tree, as path components (its folders, then its name):
+    what a folder rule (``[auth.rules]``, ``service/oidc.py``) matches. Before a repeated top
+    name is numbered (``data (2)``): a rule names the folder the roots and the url say, not
+    the page's spelling of a clash. Kept per source id (a source's url is fixed for its id)."""
+
+    def __init__(self, roots: Sequence[str | os.PathLike[str]]) -> None:
+        self._roots = _Roots(roots)
+        self._kept: dict[str, tuple[str, ...]] = {}
+
+    def of(self, source_id: str, url: str) -> tuple[str, ...]:
+        place = self._kept.get(source_id)
+        if place is None:
+            _, folder, name = _place(source_id, url, self._roots)
+            place = (*folder, name)
+            if len(self._kept) < 1_000_000:
+                self._kept[source_id] = place
+        return place
+
+
 class CatalogTree:
     """The folder index of one catalog generation: built once in O(sources × depth), then
     each level answers in time proportional to what it lists, not to the catalog."""
@@ -124,29 +161,9 @@ class CatalogTree:
         """(folder, name, source_id) of each listed row: under its root, the root's folder
         (or the top, with one root), else its url's path; each top folder name given to one
         claimant, ranked: the roots in order, then added paths, then other paths."""
-        count = len(roots.named)
-        single = count == 1
-        if single:
+        if len(roots.named) == 1:
             self._top_path = roots.named[0][1]
-        placed: list[tuple[int, tuple[str, ...], str, str]] = []
-        for source_id, url, listed in rows:
-            if not listed:
-                continue
-            parts = tree_parts(url)
-            found = roots.find(parts) if parts and url.startswith("file://") else None
-            if found is not None:
-                index, span = found
-                if span == len(parts):  # the root is itself a source (one file, one zarr)
-                    placed.append((0, (), roots.named[index][0], source_id))
-                    continue
-                rank = 0 if single else index
-                inner = tuple(parts[span:-1])
-                placed.append((rank, inner if single else (roots.named[index][0], *inner), parts[-1], source_id))
-            elif parts:
-                rank = count if url.startswith("dnd://") else count + 1
-                placed.append((rank, tuple(parts[:-1]), parts[-1], source_id))
-            else:
-                placed.append((0, (), source_id, source_id))
+        placed = [(*_place(source_id, url, roots), source_id) for source_id, url, listed in rows if listed]
         shown = self._claim_top_names({(rank, f[0]) for rank, f, _, _ in placed if f}, roots)
         out = []
         for rank, folder, name, source_id in placed:

@@ -37,7 +37,13 @@ by the control surface (``may_share``).
 An **OIDC sign-in token** (``service/oidc.py``, when ``[auth]`` names an issuer) that verifies
 is a user of the server: the control surface, and every tensor no read grant covers; its
 ``sub`` is who owns the uploads and writes the annotations it makes (``identity``), across
-token refreshes. Rules by group or scope are not built yet.
+token refreshes. With **folder rules** (``[[auth.rules]]``) a user reads only the tensors of
+the folders its groups or scopes are given, and the uploads it owns: a tensor elsewhere is
+refused exactly as an id nothing serves (``OUTSIDE``: its existence is a read), and listings
+and SQL rows leave it out (``row_view``); annotations, uploads and share links need a
+``write`` rule on the folder (``folder_write``), and the verbs that change the server itself
+(adding and removing sources, rotating the share secret, pruning annotations) a ``write``
+rule on the whole catalog (``administer``).
 
 One read rule for everything about a tensor: its existence, shape, state and rows are a read
 of it. SQL rows (``sources.tensors``, ``rois``, ``decode_rates``; ``row_view``), ``resolve``'s
@@ -57,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensor_server.catalog.sql import EVERY_ROW, RowView
 from tensor_server.errors import PermissionDenied, Unauthenticated
+from tensor_server.service.oidc import folder_access
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.config import Settings
@@ -64,7 +71,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.oidc import OidcUser, OidcVerifier
     from tensor_server.service.shares import Share, ShareStore
 
-__all__ = ["Access", "bearer_token", "grant_digest", "is_one_of"]
+__all__ = ["Access", "bearer_token", "grant_digest", "is_one_of", "OUTSIDE"]
+
+#: what a user bound by folder rules hears of a tensor outside its folders and of an id nothing
+#: serves alike: the same words, so a refusal tells nothing of what exists
+OUTSIDE = (
+    "permission denied: no tensor of that id is in the folders your sign-in's groups may read "
+    "(the server's [auth.rules])"
+)
 
 #: the ``Authorization`` scheme every door takes a token in (RFC 6750; the scheme is case-insensitive)
 _BEARER = "bearer "
@@ -111,10 +125,12 @@ class Access:
         shares: ShareStore | None = None,
         label_ids: Callable[[str], frozenset[str]] | None = None,
         oidc: OidcVerifier | None = None,
+        place_of: Callable[[str], tuple[str, ...]] | None = None,
     ) -> None:
         """``shares``: the server's share links; ``label_ids(array_id)``: the ids of that
         tensor's label images (what its link reads beside it); ``oidc``: the sign-in tokens'
-        verifier (None: none are taken)."""
+        verifier (None: none are taken); ``place_of(array_id)``: where its source sits in the
+        catalog's folders (what the verifier's folder rules match)."""
         self.token = settings.token or None
         #: credentials that hold full access: the server token and, e.g., the HTTP door's access token
         self._full_tokens = tuple(t for t in (self.token, *access_tokens) if t)
@@ -122,6 +138,7 @@ class Access:
         self.shares = shares
         self._label_ids = label_ids or (lambda array_id: frozenset())
         self.oidc = oidc
+        self._place_of = place_of or (lambda array_id: (array_id,))
 
     def full(self, caller: Caller) -> bool:
         """The caller holds a full-access credential (the server token, or one beside it)."""
@@ -145,7 +162,16 @@ class Access:
     def control(self, caller: Caller) -> None:
         """The control-surface rule; also what a tensor without a grant falls back to. A caller
         of a door that requires a credential needs a full one even in local mode (a grant
-        passed that door for its own tensor, not for the rest: ``Caller.door_requires_credential``)."""
+        passed that door for its own tensor, not for the rest: ``Caller.door_requires_credential``).
+        A share link never passes, in local mode either: its holder was sent one tensor, and
+        the machine being the boundary (no server token) does not make a link a user of it
+        (before this, a link rotated the share secret on a token-less Flight server)."""
+        share = self.share_of(caller)
+        if share is not None:
+            raise Unauthenticated(
+                f"unauthenticated: share link {share.id} reads {share.array_id} (its levels and label images) "
+                "and nothing else: no other tensor, no listing, no control verb"
+            )
         if (
             (self.token is not None or caller.door_requires_credential)
             and not self.full(caller)
@@ -177,6 +203,65 @@ class Access:
             return None
         return self.oidc.user(caller.token)
 
+    def ruled_user(self, caller: Caller) -> OidcUser | None:
+        """The signed-in user the caller is, when folder rules bind users (None otherwise)."""
+        if self.oidc is None or not self.oidc.rules:
+            return None
+        return self.oidc_user(caller)
+
+    def _folder_level(self, user: OidcUser, array_id: str) -> str | None:
+        """What the rules give ``user`` on ``array_id`` ("read", "write" or None); an upload
+        it owns, "write" wherever it is."""
+        up = None if self.uploads is None else self.uploads.get(array_id)
+        if up is not None and up.owner and _same(up.owner, grant_digest(user.identity)):
+            return "write"
+        assert self.oidc is not None  # a ruled user has a verifier
+        return folder_access(self.oidc.rules, user.groups, self._place_of(array_id))
+
+    def unknown(self, caller: Caller) -> None:
+        """Before a NOT_FOUND: with full access it is said; a user bound by folder rules hears
+        ``OUTSIDE``, as of a tensor outside its folders; anyone else the control rule."""
+        if self.full(caller):
+            return
+        if self.ruled_user(caller) is not None:
+            raise PermissionDenied(OUTSIDE)
+        self.control(caller)
+
+    def folder_read(self, caller: Caller, array_id: str) -> None:
+        """A user bound by folder rules reads ``array_id`` (or a source id) only in its
+        folders: elsewhere ``OUTSIDE``, as an id nothing serves; everyone else passes here."""
+        user = self.ruled_user(caller)
+        if user is not None and self._folder_level(user, array_id) is None:
+            raise PermissionDenied(OUTSIDE)
+
+    def folder_write(self, caller: Caller, array_id: str) -> None:
+        """A write onto ``array_id`` (an annotation, an upload onto its source, a share link of
+        it) by a user bound by folder rules needs a ``write`` rule on its folder (or to own the
+        upload); everyone else, as the write's own rule says."""
+        user = self.ruled_user(caller)
+        if user is None:
+            return
+        level = self._folder_level(user, array_id)
+        if level is None:
+            raise PermissionDenied(OUTSIDE)
+        if level != "write":
+            raise PermissionDenied(
+                f"permission denied: {array_id} is in a folder your sign-in's groups read but do not write "
+                '(the server\'s [auth.rules] give write with access = "write")'
+            )
+
+    def administer(self, caller: Caller) -> None:
+        """The verbs that change the server itself (adding and removing sources, rotating the
+        share secret, pruning annotations): the control surface, and for a user bound by
+        folder rules a ``write`` rule on the whole catalog (``folder = ""``)."""
+        self.control(caller)
+        user = self.ruled_user(caller)
+        if user is not None and self.oidc is not None and folder_access(self.oidc.rules, user.groups, ()) != "write":
+            raise PermissionDenied(
+                "permission denied: this verb changes the server; the server's [auth.rules] give it to a group "
+                'with access = "write" on folder = "" (the whole catalog), which your sign-in has not'
+            )
+
     def identity(self, caller: Caller) -> str:
         """Who the caller is for owners and writers, as kept (a SHA-256): a signed-in user's
         ``sub`` (not the token, which is refreshed), else the token presented; "" for none."""
@@ -190,6 +275,9 @@ class Access:
         return bool(identity) and _same(identity, digest)
 
     def read(self, caller: Caller, tensor: Any) -> None:
+        """A read of ``tensor`` (module docstring), on every request of a tile: each credential
+        is looked at once here (cProfile of the HTTP app: a sign-in asked its verifier three
+        times a request, and the share and full checks twice)."""
         if self.full(caller):
             return
         share = self.share_of(caller)
@@ -200,9 +288,14 @@ class Access:
                 f"unauthenticated: share link {share.id} reads {share.array_id} (its levels and label images) "
                 "and nothing else"
             )
+        user = self.oidc_user(caller)  # once: the control rule below would ask again
+        if user is not None and self.oidc is not None and self.oidc.rules:
+            if self._folder_level(user, tensor.array_id) is None:
+                raise PermissionDenied(OUTSIDE)
         grant = self._grant(tensor)
         if not grant:
-            self.control(caller)
+            if user is None:  # a signed-in user passes the control rule
+                self.control(caller)
             return
         if not _holds(caller, grant):
             raise Unauthenticated(
@@ -214,7 +307,7 @@ class Access:
         """``read`` as a yes or no (a listing leaves out what it would refuse)."""
         try:
             self.read(caller, tensor)
-        except Unauthenticated:
+        except (Unauthenticated, PermissionDenied):
             return False
         return True
 
@@ -246,6 +339,13 @@ class Access:
         uploads = [] if self.uploads is None else self.uploads.all_uploads()
         digest = grant_digest(caller.token) if caller.token else ""  # once, not once per upload
         held = next((up.grant for up in uploads if up.grant and digest and _same(up.grant, digest)), "")
+        user = self.ruled_user(caller)
+        if user is not None:  # its groups and its own uploads decide: a view per user
+            return RowView(
+                ("user", user.identity, user.groups, held),
+                lambda array_id: self._granted_to_another(array_id, held) or self._folder_level(user, array_id) is None,
+                lambda source_id: self._folder_level(user, source_id) is None,
+            )
         return RowView(("grant", held), lambda array_id: self._granted_to_another(array_id, held))
 
     def _granted_to_another(self, array_id: str, held: str) -> bool:
@@ -276,6 +376,7 @@ class Access:
         up = None if self.uploads is None else self.uploads.upload_of(tensor)
         if up is None or not up.owner:
             self.control(caller)
+            self.folder_write(caller, tensor.array_id)
         elif not self._is(caller, up.owner):
             raise PermissionDenied(
                 f"permission denied: {up.array_id} is shared by its owner (the client whose token created it) "

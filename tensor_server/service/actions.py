@@ -56,6 +56,9 @@ class Action:
     streams: bool = False
     open: bool = False
     per_tensor: bool = False
+    #: changes the server itself: beyond the control surface, a sign-in bound by folder rules
+    #: needs write on the whole catalog (``Access.administer``)
+    admin: bool = False
     available: Callable[[ServingRuntime], bool] = _always
 
 
@@ -199,12 +202,14 @@ ACTIONS: tuple[Action, ...] = (
         _add_source,
         writes=True,
         streams=True,
+        admin=True,
     ),
     Action(
         "remove_source",
         "deregister a path added with add_source (its dnd:// branch) or an added URL",
         _verb("remove_source"),
         writes=True,
+        admin=True,
     ),
     Action(
         "catalog_children",
@@ -212,7 +217,10 @@ ACTIONS: tuple[Action, ...] = (
         _catalog_children,
     ),
     Action(
-        "roi_prune", "report (or with apply, delete) annotations whose source has been unseen for N days", _roi_prune
+        "roi_prune",
+        "report (or with apply, delete) annotations whose source has been unseen for N days",
+        _roi_prune,
+        admin=True,
     ),
     Action(
         "rois_geojson",
@@ -244,7 +252,12 @@ ACTIONS: tuple[Action, ...] = (
         "revoke a share link (JSON body: id): refused from the next request on",
         share_verbs.share_revoke,
     ),
-    Action("share_rotate", "a new share secret: every share link made before is refused", share_verbs.share_rotate),
+    Action(
+        "share_rotate",
+        "a new share secret: every share link made before is refused",
+        share_verbs.share_rotate,
+        admin=True,
+    ),
     Action(
         "add_tensor",
         "add a PENDING tensor to a source (uploads)",
@@ -320,6 +333,8 @@ def actions_table() -> str:
             if a.per_tensor and a.writes
             else "the tensor's reader (server token, its grant or a share link)"
             if a.per_tensor
+            else "the control surface (server token); a sign-in under folder rules: write on the whole catalog"
+            if a.admin
             else "the control surface (server token)"
         )
         rows.append(

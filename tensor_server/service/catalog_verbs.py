@@ -86,7 +86,9 @@ class CatalogVerbs:
     def resolve(self, body: bytes, caller: Caller) -> Iterator[bytes]:
         from biopb.tensor.descriptor_pb2 import ResolveStreamMessage
 
-        rec = self.catalog.resolve(bytes(body).decode("utf-8", "replace").strip())
+        source_id = bytes(body).decode("utf-8", "replace").strip()
+        self.runtime.access.folder_read(caller, source_id)  # before it is opened or said unknown
+        rec = self.catalog.resolve(source_id)
         yield ResolveStreamMessage(source_row=self._row_ipc(rec, caller)).SerializeToString()
 
     def add_source(self, body: bytes, cancelled: Callable[[], bool]) -> Iterator[bytes]:
@@ -178,7 +180,7 @@ class CatalogVerbs:
             try:
                 rec = self.catalog.get_record(entry["source_id"])
                 tensors = list(self.runtime.fields(rec.source_id, caller).values())
-            except TensorNotFound:  # removed since the tree was built: nothing to show
+            except (TensorNotFound, PermissionDenied):  # removed since the tree was built, or not the caller's
                 continue
             sources.append({**entry, "tensors": tensors, "unresolved_reason": rec.unresolved_reason})
         return {**level, "sources": sources, "trail": tree.trail(key)}
@@ -223,6 +225,7 @@ class CatalogVerbs:
         writer = self.runtime.access.roi_writer(caller)
         if cmd.WhichOneof("command") == "roi_put":
             self._may_read(cmd.roi_put.array_id, caller)
+            self.runtime.access.folder_write(caller, cmd.roi_put.array_id)
             reply = roi_verbs.put_rois(
                 self.catalog,
                 cmd.roi_put.array_id,
@@ -233,6 +236,7 @@ class CatalogVerbs:
             )
         else:
             self._may_read(cmd.roi_delete.array_id, caller)
+            self.runtime.access.folder_write(caller, cmd.roi_delete.array_id)
             reply = roi_verbs.delete_rois(
                 self.catalog,
                 cmd.roi_delete.array_id,
@@ -269,6 +273,7 @@ class CatalogVerbs:
         if not isinstance(set_name, str):
             raise InvalidArgument("put_rois_geojson: set_name must be a string")
         tensor, _ = self.runtime.tensor(array_id, caller, pixels=False)
+        self.runtime.access.folder_write(caller, tensor.array_id)
         return GeojsonImport(
             self.catalog,
             array_id,

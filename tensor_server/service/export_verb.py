@@ -128,6 +128,7 @@ def export_action(
         )
     dest = _destination(runtime, request.get("dest"))
     tensor, _ = runtime.tensor(request["array_id"], caller)  # the read rules: token or grant, the gate
+    runtime.access.folder_write(caller, tensor.array_id)  # a file on the server: a sign-in's write folders only
     labels = runtime.image_labels(caller, tensor)
     dest.parent.mkdir(parents=True, exist_ok=True)
     slots = _slots(runtime)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from tensor_server.adapters.zarr import decoder_name as zarr_decoder_name
+from tensor_server.catalog.tree import SourcePlaces
 from tensor_server.config import Settings
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
@@ -99,7 +100,7 @@ def _oidc_verifier(settings: Settings) -> Any:  # OidcVerifier | None
     """The sign-in tokens' verifier of ``[auth]``, when it names an issuer."""
     if not settings.oidc_issuer:
         return None
-    from tensor_server.service.oidc import OidcVerifier
+    from tensor_server.service.oidc import OidcVerifier, parse_rules
 
     return OidcVerifier(
         settings.oidc_issuer,
@@ -107,6 +108,8 @@ def _oidc_verifier(settings: Settings) -> Any:  # OidcVerifier | None
         jwks_file=settings.oidc_jwks_file,
         jwks_url=settings.oidc_jwks_url,
         leeway=settings.oidc_leeway,
+        groups_claim=settings.oidc_groups_claim,
+        rules=parse_rules(settings.oidc_rules),
     )
 
 
@@ -160,8 +163,15 @@ class ServingRuntime:
 
         #: share links (``service/shares.py``): their secret and list, in the server home
         self.shares = ShareStore(s.shares_dir)
+        self._places = SourcePlaces(catalog.roots)
         self.access = Access(
-            s, uploads, access_tokens, shares=self.shares, label_ids=self._label_ids, oidc=_oidc_verifier(s)
+            s,
+            uploads,
+            access_tokens,
+            shares=self.shares,
+            label_ids=self._label_ids,
+            oidc=_oidc_verifier(s),
+            place_of=self._place_of,
         )
         self.tls = tls
         #: where the Flight door listens, (bind host, port), once it does (``flight_listening``)
@@ -294,9 +304,15 @@ class ServingRuntime:
 
     def refuse_unknown(self, caller: Caller) -> None:
         """Before a NOT_FOUND: a caller without the server token hears the control surface's
-        refusal instead, so ids cannot be probed by strangers."""
-        if not self.access.full(caller):
-            self.access.control(caller)
+        refusal instead (a user bound by folder rules, what it hears of a tensor outside its
+        folders), so ids cannot be probed by strangers (``Access.unknown``)."""
+        self.access.unknown(caller)
+
+    def _place_of(self, array_id: str) -> tuple[str, ...]:
+        """Where the source of ``array_id`` sits in the catalog's folders (folder rules match it)."""
+        source_id = ArrayId.parse(array_id).source_id
+        rec = self.catalog.known_record(source_id)
+        return (source_id,) if rec is None else self._places.of(source_id, rec.url)
 
     def image_labels(self, caller: Caller, tensor: TensorAdapter) -> dict[str, TensorAdapter]:
         """The label images of ``tensor`` (``core.ngff.labels_among`` over every tensor its
@@ -352,6 +368,7 @@ class ServingRuntime:
         class of callers at once, without opening restored rows: ``Access.row_view`` hides
         exactly what ``Access.read`` refuses a caller the control surface admitted). The source
         is opened (a restored row's adapter) to name its fields; an unreadable one serves none."""
+        self.access.folder_read(caller, source_id)  # a source outside a ruled sign-in's folders: as unknown
         try:
             rec = self.catalog.get_record(source_id)
         except TensorNotFound:
@@ -688,6 +705,8 @@ class ServingRuntime:
         action = find_action(self, name)
         if action.per_tensor:
             self.refuse_stranger(caller)
+        elif action.admin:
+            self.access.administer(caller)
         elif not action.open:
             self.authenticate(caller)
         return iter(action.handler(self, caller, body, cancelled or (lambda: False)))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tensor_server.core.wire import status_message, wire_dtype
 from tensor_server.errors import InvalidArgument, ReadOnly, TensorServerError
 from tensor_server.service.bodies import decode_message
+from tensor_server.uploads.names import parse_upload_id
 
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.caller import Caller
@@ -46,6 +47,7 @@ def add_tensor(runtime: ServingRuntime, caller: Caller, body: bytes, cancelled: 
 
     manager = require_writable(runtime)
     req = decode_message(descriptor_pb2.TensorDescriptor, body, "add_tensor")
+    runtime.access.folder_write(caller, parse_upload_id(req.array_id).source_id)  # before a refusal names it
     up = manager.add_tensor(
         req.array_id,
         req.shape,

@@ -19,6 +19,11 @@ provide a ``door`` fixture: an object with
   ``add_tensor(request_id, shape, token)`` → adds a uint16 upload, its array id;
 * optionally ``listed(source_id, token)`` → the array ids the door lists for that source (SQL
   rows, a resolve, the catalog page or JSON), for a door that lists tensors;
+* optionally ``control_calls(world)`` → ``[(name, call, error class)]``: every request of the
+  door that is not a read of one tensor (each control action, SQL, listings, an upload's
+  chunk, making a link) or that writes, each ``call(token)`` made as ``world``'s ``img`` share
+  link would make it, and the class it must be refused with (a share link reaches none of
+  them, with a server token or without: ``Access.control``);
 * ``renders = True`` for a door that answers rendered 8-bit images (IIIF, DeepZoom): its
   reads are checked for the tensor's plane size, not its values.
 
@@ -54,7 +59,17 @@ from tensor_server import errors
 from tensor_server.adapters.memory import ArrayAdapter, MemorySource
 from tensor_server.core.bounds import Bounds
 
-__all__ = ["DoorTests", "DoorWorld", "Refusal", "TOKEN", "GRANT", "point_roi", "PublicationTests", "PublishedWorld"]
+__all__ = [
+    "DoorTests",
+    "DoorWorld",
+    "Refusal",
+    "TOKEN",
+    "GRANT",
+    "control_actions",
+    "point_roi",
+    "PublicationTests",
+    "PublishedWorld",
+]
 
 TOKEN = "door-tests-token"
 #: the grant one READY upload of the world carries (``service/access.py``)
@@ -128,7 +143,7 @@ def _uploads(runtime: Any) -> dict[str, str]:
 
 
 def _share_links(runtime: Any) -> dict[str, str]:
-    """Capabilities for ``img``: a live one, a revoked one, an expired one, one whose payload
+    """Capabilities for ``img``: a live one, one that also annotates, a revoked one, an expired one, one whose payload
     was changed after signing (it names the granted upload) and one signed by another key."""
     import base64
     import json
@@ -140,7 +155,8 @@ def _share_links(runtime: Any) -> dict[str, str]:
     _, live = shares.mint("img", "read", 3600, "")
     revoked, revoked_cap = shares.mint("img", "read", 3600, "")
     shares.revoke(revoked.id)
-    _, expired = shares.mint("img", "read", 60, "", now=time.time() - 3600)
+    _, annotator = shares.mint("img", "read+annotate", 3600, "")
+    _, expired = shares.mint("img", "read", 60, "", now=time.time() - 3600)  # last: a mint forgets expired links
     header, payload, signature = live.split(".")
     claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
     claims["sub"] = "img/@fields/granted"
@@ -148,11 +164,24 @@ def _share_links(runtime: Any) -> dict[str, str]:
     forged = jwt.encode({"alg": "HS256"}, claims, OctKey.generate_key(256))
     return {
         "live": live,
+        "annotator": annotator,
         "revoked": revoked_cap,
         "expired": expired,
         "tampered": f"{header}.{tampered_payload}.{signature}",
         "forged": forged,
     }
+
+
+def control_actions(runtime: Any) -> list[tuple[str, bytes]]:
+    """(name, body) of every action ``runtime`` serves that is neither open nor a read of one
+    tensor (``service/actions.py``): the control surface, each refused before its body is read,
+    so an empty body serves; ``share`` names ``img``, the tensor of the world's links."""
+    import json
+
+    from tensor_server.service.actions import available_actions
+
+    bodies = {"share": json.dumps({"array_id": "img"}).encode()}
+    return [(a.name, bodies.get(a.name, b"")) for a in available_actions(runtime) if not (a.open or a.per_tensor)]
 
 
 def point_roi() -> Any:
@@ -219,12 +248,12 @@ class DoorTests:
     @pytest.fixture(scope="class")
     @classmethod
     def local_world(cls) -> Iterator[DoorWorld]:
-        """The world's uploads on a server without a token (local mode), Flight door only;
+        """The world's uploads on a server without a token (local mode), Flight and HTTP doors;
         the granted upload and ``img`` carry an annotation and a decode rate each (the
         granted one's written by its grant holder)."""
         from tensor_server.service.access import grant_digest
 
-        with _served_world() as world:
+        with _served_world(http=True) as world:
             cat = world.served.runtime.catalog
             cat.decode_rates_refresh = 0.0  # publish every sample
             for array_id, writer in ((world.granted, grant_digest(GRANT)), ("img", "")):
@@ -345,6 +374,54 @@ class DoorTests:
         if getattr(door, "add_source", None) is not None:
             refusal = self.refused(door, door.add_source, "/tmp", world.shares["live"])
             self.assert_class(refusal, errors.Unauthenticated)
+
+    def assert_no_control(self, door: Any, world: DoorWorld) -> None:
+        """Each of the door's control calls, made with ``img``'s live link, is refused with its
+        class and a message that names the link; the link still reads ``img``."""
+        self.needs(door, "control_calls")
+        link, wrong = world.shares["live"], []
+        calls = door.control_calls(world)
+        assert len(calls) >= 3, calls
+        for name, call, cls in calls:
+            try:
+                call(link)
+            except Exception as exc:  # each door's client raises its own types
+                refusal = door.refusal(exc)
+                if refusal is None or (refusal.code or cls.code, refusal.status or cls.http_status) != (
+                    cls.code,
+                    cls.http_status,
+                ):
+                    wrong.append((name, refusal or repr(exc)))
+                elif "share link" not in refusal.message:
+                    wrong.append((name, f"the refusal does not name the link: {refusal.message}"))
+            else:
+                wrong.append((name, "not refused"))
+        assert wrong == [], wrong
+        self.assert_pixels(door, door.read("img", link), IMAGE)
+
+    def test_a_share_link_reaches_no_control_verb(self, door, world):
+        self.assert_no_control(door, world)
+
+    def test_local_a_share_link_reaches_no_control_verb(self, local):
+        """Local mode: the control surface is open to anyone on the machine, never to a link."""
+        door, world = local
+        self.assert_no_control(door, world)
+
+    def assert_annotates_its_tensor_alone(self, door: Any, world: DoorWorld) -> None:
+        self.needs(door, "roi_put")
+        annotator = world.shares["annotator"]
+        assert door.roi_put("img", annotator) == 1
+        for other in (world.ready, world.granted):
+            refusal = self.refused(door, door.roi_put, other, annotator)
+            self.assert_class(refusal, errors.Unauthenticated)
+            assert "share link" in refusal.message and "reads img" in refusal.message, refusal
+
+    def test_a_read_annotate_link_writes_annotations_of_its_tensor_alone(self, door, world):
+        self.assert_annotates_its_tensor_alone(door, world)
+
+    def test_local_a_read_annotate_link_writes_annotations_of_its_tensor_alone(self, local):
+        door, world = local
+        self.assert_annotates_its_tensor_alone(door, world)
 
     @pytest.mark.parametrize(
         "kind, says",

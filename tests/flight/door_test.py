@@ -3,12 +3,15 @@ and chunk tickets by a plain pyarrow Flight client (what any Flight client sends
 
 from __future__ import annotations
 
+import functools
 import json
 
+import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from tensor_server.testing.door_tests import DoorTests, Refusal, point_roi
+from tensor_server import errors
+from tensor_server.testing.door_tests import DoorTests, Refusal, control_actions, point_roi
 
 
 def _flight_error(exc):
@@ -78,6 +81,53 @@ class FlightDoor:
         ticket = flight.Ticket(ticket_pb2.TensorTicket(chunk_id=chunk_id).SerializeToString())
         with flight.FlightClient(self.location) as c:
             return c.do_get(ticket, self._options(token)).read_all()
+
+    def control_calls(self, world):
+        """Every control action, SQL, the listings, an upload's chunk and writes of annotations."""
+        unauthenticated, denied = errors.Unauthenticated, errors.PermissionDenied
+        calls = [
+            (f"action {name}", functools.partial(self._action, name, body), unauthenticated)
+            for name, body in control_actions(world.served.runtime)
+        ]
+        geojson = b'{"array_id": "img"}\n{"type": "FeatureCollection", "features": []}'
+        calls += [
+            ("list_actions", self._list_actions, unauthenticated),
+            ("list_flights", self._list_flights, unauthenticated),
+            ("SQL", functools.partial(self.query, "SELECT source_id FROM sources"), unauthenticated),
+            ("tensor_stats of another tensor", functools.partial(self.stats, world.ready), unauthenticated),
+            ("put_rois onto its tensor (scope read)", functools.partial(self.roi_put, "img"), denied),
+            ("put_rois onto another tensor", functools.partial(self.roi_put, world.ready), denied),
+            ("put_rois_geojson onto its tensor", functools.partial(self._action, "put_rois_geojson", geojson), denied),
+            ("a chunk of an upload", functools.partial(self._put_chunk, world), unauthenticated),
+        ]
+        return calls
+
+    def _list_actions(self, token):
+        with flight.FlightClient(self.location) as c:
+            return list(c.list_actions(self._options(token)))
+
+    def _list_flights(self, token):
+        with flight.FlightClient(self.location) as c:
+            return list(c.list_flights(options=self._options(token)))
+
+    def _put_chunk(self, world, token):
+        """The pending upload's one chunk, as its write plan names it."""
+        from biopb.tensor import ticket_pb2
+
+        from tensor_server.core.bounds import Bounds
+        from tensor_server.core.chunk_id import ChunkId
+
+        up = world.served.runtime.uploads.get(world.pending)
+        cid = ChunkId.for_extent(
+            up.array_id, Bounds((0, 0), up.tensor.shape), (1, 1), "none", up.tensor.content_version
+        )
+        ticket = ticket_pb2.TensorTicket(chunk_id=cid.encode()).SerializeToString()
+        descriptor = flight.FlightDescriptor.for_command(ticket_pb2.PutCommand(chunk_ticket=ticket).SerializeToString())
+        data = pa.record_batch([pa.array([b"\0" * 8], pa.binary())], names=["data"])
+        with flight.FlightClient(self.location) as c:
+            writer, _ = c.do_put(descriptor, data.schema, self._options(token))
+            writer.write_batch(data)
+            writer.close()
 
     @staticmethod
     def refusal(exc):

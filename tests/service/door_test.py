@@ -3,15 +3,17 @@ with a ``Caller`` (what every door builds its answers from)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from tensor_server import errors
 from tensor_server.errors import TensorServerError, internal_message
 from tensor_server.service import Caller
-from tensor_server.testing.door_tests import DoorTests, Refusal, point_roi
+from tensor_server.testing.door_tests import DoorTests, Refusal, control_actions, point_roi
 
 
 class InProcessDoor:
@@ -76,6 +78,22 @@ class InProcessDoor:
         return TensorDescriptor.FromString(
             b"".join(self.runtime.do_action("add_tensor", body, Caller(token=token)))
         ).array_id
+
+    def control_calls(self, world):
+        """Every control action and SQL, as a door would call them."""
+        unauthenticated = errors.Unauthenticated
+        calls = [
+            (f"action {name}", functools.partial(self._action, name, body), unauthenticated)
+            for name, body in control_actions(self.runtime)
+        ]
+        calls.append(("SQL", functools.partial(self.query, "SELECT source_id FROM sources"), unauthenticated))
+        calls.append(
+            ("put_rois onto its tensor (scope read)", functools.partial(self.roi_put, "img"), errors.PermissionDenied)
+        )
+        return calls
+
+    def _action(self, name, body, token):
+        return list(self.runtime.do_action(name, body, Caller(token=token)))
 
     @staticmethod
     def refusal(exc):

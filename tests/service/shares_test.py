@@ -240,3 +240,28 @@ def test_the_catalog_page_offers_share_and_its_button_makes_a_link(catalog, tmp_
         by_link = httpx.post(f"{srv.http_url}/s/{made.json()['capability']}/api/share", json={"array_id": "slide"})
         assert by_link.status_code == 403 and "a share link makes no share links" in by_link.text
         assert httpx.post(f"{srv.http_url}/api/share", json={"array_id": "slide"}, timeout=30).status_code == 401
+
+
+def test_the_catalog_page_offers_share_only_where_the_caller_may(catalog, tmp_path):
+    """Local mode: alice's upload has a share button for alice, none for bob; the files (no
+    owner: the control surface's) have one for both; a share link opens no catalog page."""
+    import re
+
+    from tensor_server.service.access import grant_digest
+
+    with serving(catalog, http=True, write_dir=str(tmp_path / "write"), writable=True) as srv:
+        up = srv.runtime.uploads.add_tensor(
+            "cache://slide/@fields/result", (4, 4), np.uint8, owner=grant_digest("alice")
+        )
+        srv.runtime.uploads.set_ready(up.array_id)
+
+        def buttons(token):
+            page = httpx.get(f"{srv.http_url}/?folder=slide", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            assert page.status_code == 200, page.text
+            return set(re.findall(r'<button class="share" data-endpoint="[^"]+" data-array-id="([^"]+)">', page.text))
+
+        assert {"slide/image", up.array_id} <= buttons("alice")
+        assert "slide/image" in buttons("bob") and up.array_id not in buttons("bob")
+        (made,) = _action(srv, "share", {"array_id": "slide"}, token=None)
+        by_link = httpx.get(f"{srv.http_url}/s/{made['capability']}/?folder=slide", timeout=30)
+        assert by_link.status_code == 401 and f"share link {made['id']}" in by_link.text
