@@ -37,7 +37,7 @@ channel round-trips to the value it had.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,6 +50,7 @@ __all__ = [
     "Tables",
     "prepare",
     "check_planes",
+    "value_steps",
     "composite",
     "composite_with",
     "srgb_to_linear",
@@ -83,6 +84,23 @@ class Tables:
     scale: np.ndarray
     light: np.ndarray
     encode: np.ndarray
+    #: per integer planes dtype, its ``value_steps``: made by the kernel on its first tile of
+    #: that dtype and kept with the tables (a server keeps a spec's tables for every tile)
+    value_steps: dict[str, ValueSteps] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ValueSteps:
+    """The step of every value of an integer dtype that a window tells apart, per channel:
+    value ``first[c] + k`` is at step ``steps[c, k]`` for ``k`` in ``0 .. last[c]``; a value
+    below ``first[c]`` is at step ``steps[c, 0]`` and one above ``first[c] + last[c]`` at
+    ``steps[c, last[c]]`` (steps only grow with the value, and below the window they are 0,
+    above it ``LEVELS - 1``). What makes a step one table read per pixel for 8- and 16-bit
+    planes, each value's step computed by this module's own ``_steps``."""
+
+    first: np.ndarray
+    last: np.ndarray
+    steps: np.ndarray
 
 
 def srgb_to_linear(c: np.ndarray) -> np.ndarray:
@@ -153,6 +171,24 @@ def _steps(plane: np.ndarray, lo: float, scale: float) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         u = (plane.astype(np.float64) - lo) * scale + 0.5
         return np.where(u >= LEVELS - 1, LEVELS - 1, np.where(u > 0, np.floor(u), 0)).astype(np.intp)
+
+
+def value_steps(tables: Tables, dtype: np.dtype) -> ValueSteps:
+    """The ``ValueSteps`` of ``tables`` for planes of integer ``dtype`` (uint8, uint16, int16):
+    per channel the values from the window's start (rounded down: its step is 0) to one past
+    its end (rounded up; the end is recovered from the scale, so one more value absorbs its
+    last bit), clipped to the dtype's range; every value outside them has the step of the
+    nearer one."""
+    info = np.iinfo(dtype)
+    ends = tables.lo + (LEVELS - 1) / tables.scale
+    first = np.clip(np.floor(tables.lo), info.min, info.max).astype(np.int64)
+    top = np.clip(np.ceil(ends) + 1, info.min, info.max).astype(np.int64)
+    last = top - first
+    steps = np.zeros((len(first), int(last.max()) + 1), np.uint16)
+    for c in range(len(first)):
+        values = np.arange(first[c], top[c] + 1, dtype=np.int64)
+        steps[c, : last[c] + 1] = _steps(values, tables.lo[c], tables.scale[c])
+    return ValueSteps(first, last, steps)
 
 
 def composite(planes: np.ndarray, channels: Sequence[Channel]) -> np.ndarray:
