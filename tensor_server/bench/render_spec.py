@@ -91,11 +91,13 @@ def _wait_cached(served, identifier: str, seconds: float = 120.0) -> bool:
     runtime = served.runtime
     view = runtime.viewer.plane(identifier, IN_PROCESS)
     shown = [c.index for c in view.spec.channels if c.visible] if view.spec else list(range(view.channel_count))
-    keys = set()
+    whole, keys = view.every_channel(), set()
     for y in range(VIEWPORT):
         for x in range(VIEWPORT):
-            level, runs = view.channel_windows(Shown(x * TILE, y * TILE, TILE, TILE, TILE, TILE), shown)
-            keys.update(cid.encode() for _, bounds in runs for _, cid in region_cells(view.tensor, level, bounds))
+            level, bounds = whole.window(Shown(x * TILE, y * TILE, TILE, TILE, TILE, TILE))
+            for i in shown:
+                one = bounds if whole.index_axis is None else bounds.with_axis(whole.index_axis, i, i + 1)
+                keys.update(cid.encode() for _, cid in region_cells(view.tensor, level, one))
     deadline = time.monotonic() + seconds
     while not runtime.cache.contains_all(sorted(keys)):
         if time.monotonic() > deadline:

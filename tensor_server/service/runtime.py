@@ -544,6 +544,40 @@ class ServingRuntime:
             precacher.warm(tensor, cids)
         return data
 
+    def level_channels(
+        self,
+        tensor: TensorAdapter,
+        level: GridLevel,
+        region: Bounds,
+        axis: int,
+        indices: Sequence[int],
+        caller: Caller,
+        cancelled: Cancelled | None = None,
+    ) -> np.ndarray:
+        """``level_region`` of ``region`` at the positions ``indices`` of ``axis`` only, in
+        that order, stacked along ``axis`` (whatever ``region`` spans there): a render spec's
+        visible channels, in one call. Warm (every chunk cached, or nothing to compute apart),
+        each channel's chunks are listed once and copied straight into the answer: 16 warm
+        ``level_region`` calls of 77 µs and a stack were 1.4 ms of a 16-channel 256² tile
+        (timeit, loaded 2-core machine, 2026-12-05). Otherwise each channel is a ``level_region``."""
+        shape = list(region.shape)
+        shape[axis] = len(indices)
+        out = np.empty(shape, tensor.dtype)
+        regions = [region.with_axis(axis, i, i + 1) for i in indices]
+        cells = [region_cells(tensor, level, r) for r in regions]
+        keys = [cid.encode() for one in cells for _, cid in one]
+        warm = level_extent(tensor, level, region) is None or self.precacher is None or self.cache is None
+        if not (warm or self.cache is not None and self.cache.contains_all(keys)):
+            for k, r in enumerate(regions):
+                out[(slice(None),) * axis + (slice(k, k + 1),)] = self.level_region(tensor, level, r, caller, cancelled)
+            return out
+        for k, (r, one) in enumerate(zip(regions, cells)):
+            into = out[(slice(None),) * axis + (slice(k, k + 1),)]
+            read_level_region(
+                tensor, level, r, lambda cid: self.chunk_of(tensor, cid, caller, cancelled), cancelled, one, into
+            )
+        return out
+
     def _computed_apart(self, extent: Bounds, cids: list[ChunkId], exact: bool) -> bool:
         """Compute the region by itself, not through its chunks: some chunk is not cached, the
         precacher can store them, and either the region is exactly its one chunk (a tile-grid

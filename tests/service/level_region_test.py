@@ -121,3 +121,35 @@ def test_a_cold_tile_that_is_its_chunk_is_stored_not_recomputed(tmp_path):
         rt.close()
         cache.close()
         cat.close()
+
+
+def test_level_channels_are_the_channels_level_regions_in_the_order_asked(tmp_path, monkeypatch):
+    """A render spec's tile: the channels asked, in that order (not sorted, one repeated), the
+    pixels ``level_region`` gives each alone, cold (each channel read apart) and warm (every
+    chunk cached: one listing, read straight into the answer, no ``level_region`` call)."""
+    data = np.random.default_rng(5).integers(0, 60000, (6, 300, 400), dtype=np.uint16)
+    cat = Catalog([])
+    cat.add_source(MemorySource(ArrayAdapter(data, "cyx", chunk_shape=(1, 128, 128)), source_id="chans"))
+    cat.first_scan_done.set()
+    cache = CacheManager(tmp_path / "cache", max_total_bytes=64 << 20)
+    rt = ServingRuntime(cat, Settings(coarsest_tile=64), cache=cache)
+    try:
+        caller = Caller()
+        tensor, _ = rt.tensor("chans", caller)
+        order = [4, 1, 2, 1]
+        for level in grid_levels(tensor, rt.policy)[:2]:
+            region = Bounds((0, 10, 20), (level.shape[0], level.shape[1] - 5, level.shape[2] - 7))
+            want = np.stack([rt.level_region(tensor, level, region.with_axis(0, i, i + 1), caller)[0] for i in order])
+            rt.cache.clear()
+            cold = rt.level_channels(tensor, level, region, 0, order, caller)
+            np.testing.assert_array_equal(cold, want, err_msg=f"cold, level {level.path}")
+            _settle(rt)
+            monkeypatch.setattr(rt, "level_region", lambda *a, **k: pytest.fail("a warm channel was read apart"))
+            warm = rt.level_channels(tensor, level, region, 0, order, caller)
+            monkeypatch.undo()
+            np.testing.assert_array_equal(warm, want, err_msg=f"warm, level {level.path}")
+            assert warm.shape == (4, *region.shape[1:]) and len(np.unique(warm[0])) > 100
+    finally:
+        rt.close()
+        cache.close()
+        cat.close()
