@@ -7,7 +7,8 @@ L1) takes each visible channel's light in channel order, which is the oracle's o
 float32 additions, so the sums agree to the bit; then the row is encoded to sRGB through the
 table. Per pixel and channel of integer planes: a clamp, the step read from the channel's
 ``ValueSteps`` (every value's step, made once per tables and dtype by the oracle's own
-rounding), three table reads and three adds; of float32 planes the step is computed (a float64
+rounding), three table reads and three adds; of float32 planes (and integer ones whose windows
+span more values than ``MAX_VALUE_STEPS`` tabulates) the step is computed (a float64
 subtraction, multiplication and rounding). No ``pow`` either way (the tables hold it).
 
 ``@njit(cache=True, nogil=True)``: tiles are rendered on the server's worker threads, several
@@ -65,8 +66,9 @@ def _encode_row(acc, encode, out_row):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True)
 def _composite_rows(planes, lo, scale, light, encode, out, acc):  # type: ignore[no-untyped-def]
-    """``planes`` (C, H, W) float32 -> ``out`` (H, W, 3) uint8; ``acc`` is a (W, 3) float32
-    scratch row. Each pixel's step is computed: a float has too many values for a table."""
+    """``planes`` (C, H, W) -> ``out`` (H, W, 3) uint8; ``acc`` is a (W, 3) float32 scratch
+    row. Each pixel's step is computed: float32 planes have too many values for a table, and
+    integer ones may (``MAX_VALUE_STEPS``). Untyped: numba specialises it per planes dtype."""
     channels, rows, cols = planes.shape
     top_step = LEVELS - 1
     for y in range(rows):
@@ -129,9 +131,13 @@ def composite_with(planes: np.ndarray, tables: Tables) -> np.ndarray:
     if planes.dtype.kind == "f":
         _composite_rows(planes, tables.lo, tables.scale, tables.light, tables.encode, out, acc)
         return out
-    by_value = tables.value_steps.get(planes.dtype.name)
-    if by_value is None:  # two threads may both make it: the same table, either kept
-        by_value = tables.value_steps[planes.dtype.name] = value_steps(tables, planes.dtype)
+    name = planes.dtype.name
+    if name not in tables.value_steps:  # two threads may both make it: the same table, either kept
+        tables.value_steps[name] = value_steps(tables, planes.dtype)
+    by_value = tables.value_steps[name]
+    if by_value is None:  # too many values to tabulate: each pixel's step is computed
+        _composite_rows(planes, tables.lo, tables.scale, tables.light, tables.encode, out, acc)
+        return out
     _composite_rows_by_value(
         planes, by_value.first, by_value.last, by_value.steps, tables.light, tables.encode, out, acc
     )

@@ -45,6 +45,7 @@ __all__ = [
     "LEVELS",
     "ENCODE_STEPS",
     "MAX_CHANNELS",
+    "MAX_VALUE_STEPS",
     "DTYPES",
     "Channel",
     "Tables",
@@ -60,6 +61,9 @@ __all__ = [
 LEVELS = 16 * 255 + 1
 ENCODE_STEPS = 16384
 MAX_CHANNELS = 64
+#: entries of the largest ``ValueSteps`` table (uint16 each): 16 channels over every uint16
+#: value, or 64 over a quarter of them
+MAX_VALUE_STEPS = 1 << 20
 DTYPES = ("uint8", "uint16", "int16", "float32")
 
 
@@ -84,9 +88,10 @@ class Tables:
     scale: np.ndarray
     light: np.ndarray
     encode: np.ndarray
-    #: per integer planes dtype, its ``value_steps``: made by the kernel on its first tile of
-    #: that dtype and kept with the tables (a server keeps a spec's tables for every tile)
-    value_steps: dict[str, ValueSteps] = field(default_factory=dict, compare=False, repr=False)
+    #: per integer planes dtype, its ``value_steps`` (None: over ``MAX_VALUE_STEPS``): made by
+    #: the kernel on its first tile of that dtype and kept with the tables (a server keeps a
+    #: spec's tables for every tile)
+    value_steps: dict[str, ValueSteps | None] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -173,17 +178,21 @@ def _steps(plane: np.ndarray, lo: float, scale: float) -> np.ndarray:
         return np.where(u >= LEVELS - 1, LEVELS - 1, np.where(u > 0, np.floor(u), 0)).astype(np.intp)
 
 
-def value_steps(tables: Tables, dtype: np.dtype) -> ValueSteps:
+def value_steps(tables: Tables, dtype: np.dtype) -> ValueSteps | None:
     """The ``ValueSteps`` of ``tables`` for planes of integer ``dtype`` (uint8, uint16, int16):
     per channel the values from the window's start (rounded down: its step is 0) to one past
     its end (rounded up; the end is recovered from the scale, so one more value absorbs its
     last bit), clipped to the dtype's range; every value outside them has the step of the
-    nearer one."""
+    nearer one. None where the table would hold more than ``MAX_VALUE_STEPS`` entries (2 MB:
+    the light tables of 64 channels are 3 MB), so a server keeping many specs' tables keeps
+    at most that more for each."""
     info = np.iinfo(dtype)
     ends = tables.lo + (LEVELS - 1) / tables.scale
     first = np.clip(np.floor(tables.lo), info.min, info.max).astype(np.int64)
     top = np.clip(np.ceil(ends) + 1, info.min, info.max).astype(np.int64)
     last = top - first
+    if len(first) * (int(last.max()) + 1) > MAX_VALUE_STEPS:
+        return None
     steps = np.zeros((len(first), int(last.max()) + 1), np.uint16)
     for c in range(len(first)):
         values = np.arange(first[c], top[c] + 1, dtype=np.int64)
