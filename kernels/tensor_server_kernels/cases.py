@@ -359,7 +359,7 @@ def _composite_cases() -> Iterator[CompositeCase]:
         yield CompositeCase(dtype, 6, "extremes" if dtype != "float32" else "nonfinite", "outside")
     yield CompositeCase("uint16", 64, window="tight", gamma=1.8, invert=True, lut=True, shape=(1, 300))
     yield CompositeCase("uint8", 2, shape=(1, 1))
-    yield CompositeCase("uint16", 17, "extremes", "wide", shape=(3, 40))  # over MAX_VALUE_STEPS: steps computed
+    yield CompositeCase("uint16", 17, "extremes", "wide", shape=(3, 40))  # over MAX_VALUE_LIGHTS: steps computed
 
 
 #: every dtype, 1-64 channels, each fill, windows inside and past the data, gammas below and
