@@ -297,7 +297,9 @@ BENCH_CASES: tuple[BenchCase, ...] = tuple(_bench_cases())
 class CompositeCase:
     """One oracle-vs-kernel comparison of ``composite``: ``channels`` planes of ``dtype`` filled
     by ``fill`` (``make_array``), windows of kind ``window`` ("data": over the values' range,
-    "tight": a narrow band inside it, so most pixels clip at both ends, "wide": past it), one
+    "tight": a narrow band inside it, so most pixels clip at both ends, "wide": past it,
+    "outside": by turns wholly above the values, wholly below them, and a few whole values
+    wide from the lowest, so the ends of a table of every value's step are met), one
     ``gamma`` and ``invert`` for all channels, tints or, with ``lut``, a LUT on every third."""
 
     dtype: str
@@ -329,6 +331,8 @@ class CompositeCase:
                 start, end = a, (b if b > a else a + 1.0)
             elif self.window == "wide":
                 start, end = lo - (hi - lo), hi + (hi - lo)
+            elif self.window == "outside":
+                start, end = ((hi + 10, hi + 20), (lo - 20, lo - 10), (np.floor(lo), np.floor(lo) + 3))[c % 3]
             else:
                 start, end = lo, hi
             if self.lut and c % 3 == 0:
@@ -345,15 +349,17 @@ def _composite_cases() -> Iterator[CompositeCase]:
             yield CompositeCase(dtype, channels)
         for fill in fills_for(dtype):
             yield CompositeCase(dtype, 4, fill)
-        for window in ("tight", "wide"):
+        for window in ("tight", "wide", "outside"):
             yield CompositeCase(dtype, 5, window=window)
         for gamma in (0.45, 2.2):
             yield CompositeCase(dtype, 3, gamma=gamma)
         yield CompositeCase(dtype, 3, invert=True)
         yield CompositeCase(dtype, 6, "extremes" if dtype != "float32" else "nonfinite", "tight", 0.7, True, True)
         yield CompositeCase(dtype, 9, lut=True)
+        yield CompositeCase(dtype, 6, "extremes" if dtype != "float32" else "nonfinite", "outside")
     yield CompositeCase("uint16", 64, window="tight", gamma=1.8, invert=True, lut=True, shape=(1, 300))
     yield CompositeCase("uint8", 2, shape=(1, 1))
+    yield CompositeCase("uint16", 17, "extremes", "wide", shape=(3, 40))  # over MAX_VALUE_LIGHTS: steps computed
 
 
 #: every dtype, 1-64 channels, each fill, windows inside and past the data, gammas below and

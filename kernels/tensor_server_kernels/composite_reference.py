@@ -37,7 +37,7 @@ channel round-trips to the value it had.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,11 +45,13 @@ __all__ = [
     "LEVELS",
     "ENCODE_STEPS",
     "MAX_CHANNELS",
+    "MAX_VALUE_LIGHTS",
     "DTYPES",
     "Channel",
     "Tables",
     "prepare",
     "check_planes",
+    "value_light",
     "composite",
     "composite_with",
     "srgb_to_linear",
@@ -59,6 +61,9 @@ __all__ = [
 LEVELS = 16 * 255 + 1
 ENCODE_STEPS = 16384
 MAX_CHANNELS = 64
+#: values of the largest ``ValueLight`` table (12 bytes each, 6 MB): 8 channels over every
+#: uint16 value, 16 over half of them, 64 over an eighth
+MAX_VALUE_LIGHTS = 1 << 19
 DTYPES = ("uint8", "uint16", "int16", "float32")
 
 
@@ -83,6 +88,25 @@ class Tables:
     scale: np.ndarray
     light: np.ndarray
     encode: np.ndarray
+    #: per integer planes dtype, its ``value_light`` (None: over ``MAX_VALUE_LIGHTS``): made by
+    #: the kernel on its first tile of that dtype and kept with the tables (a server keeps a
+    #: spec's tables for every tile)
+    value_light: dict[str, ValueLight | None] = field(default_factory=dict, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ValueLight:
+    """The light of every value of an integer dtype that a window tells apart, per channel:
+    value ``first[c] + k`` shows ``light[c, :, k]`` (the light of its step, components first)
+    for ``k`` in ``0 .. last[c]``; a value below ``first[c]`` shows ``light[c, :, 0]`` and one
+    above ``first[c] + last[c]`` shows ``light[c, :, last[c]]`` (steps only grow with the
+    value, and below the window they are 0, above it ``LEVELS - 1``). What makes a pixel's
+    light one clamp and three reads for 8- and 16-bit planes, each value's step computed by
+    this module's own ``_steps``."""
+
+    first: np.ndarray
+    last: np.ndarray
+    light: np.ndarray
 
 
 def srgb_to_linear(c: np.ndarray) -> np.ndarray:
@@ -153,6 +177,27 @@ def _steps(plane: np.ndarray, lo: float, scale: float) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         u = (plane.astype(np.float64) - lo) * scale + 0.5
         return np.where(u >= LEVELS - 1, LEVELS - 1, np.where(u > 0, np.floor(u), 0)).astype(np.intp)
+
+
+def value_light(tables: Tables, dtype: np.dtype) -> ValueLight | None:
+    """The ``ValueLight`` of ``tables`` for planes of integer ``dtype`` (uint8, uint16, int16):
+    per channel the values from the window's start (rounded down: its step is 0) to one past
+    its end (rounded up; the end is recovered from the scale, so one more value absorbs its
+    last bit), clipped to the dtype's range; every value outside them has the light of the
+    nearer one. None where the table would hold more than ``MAX_VALUE_LIGHTS`` values, so a
+    server keeping many specs' tables keeps at most 6 MB more for each."""
+    info = np.iinfo(dtype)
+    ends = tables.lo + (LEVELS - 1) / tables.scale
+    first = np.clip(np.floor(tables.lo), info.min, info.max).astype(np.int64)
+    top = np.clip(np.ceil(ends) + 1, info.min, info.max).astype(np.int64)
+    last = top - first
+    if len(first) * (int(last.max()) + 1) > MAX_VALUE_LIGHTS:
+        return None
+    light = np.zeros((len(first), 3, int(last.max()) + 1), np.float32)
+    for c in range(len(first)):
+        steps = _steps(np.arange(first[c], top[c] + 1, dtype=np.int64), tables.lo[c], tables.scale[c])
+        light[c, :, : last[c] + 1] = tables.light[c][steps].T
+    return ValueLight(first, last, light)
 
 
 def composite(planes: np.ndarray, channels: Sequence[Channel]) -> np.ndarray:

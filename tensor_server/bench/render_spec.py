@@ -4,12 +4,15 @@ at once, beside NumPy compositing the same level region (the kernels' oracle on 
 with zarr-python) and our own 3-channel baseline (a 3-channel image's default rendering, and a
 3-channel spec), in one run.
 
-The image (``--size small``: 60 × 2048², ``full``: 60 × 8192², as issue 44 sets, 8 GB on
-disk) is written once as a zarr v2 array of (1, 512, 512) zstd chunks of smooth per-channel
-patterns with noise, and a 3-channel one of the same planes. Warm: every tile of a 4×4
+The image (``--size small``: 60 × 2048², 366 MB on disk, written in 11 s; ``full``: 60 ×
+8192², as issue 44 sets, 8 GB of pixels, about 6 GB on disk and some 3 minutes to write,
+16× the small one: loaded 2-core machine, 2026-12-05) is written once as a zarr v2 array of
+(1, 512, 512) zstd chunks of smooth per-channel patterns with noise, and a 3-channel one of the same planes. Warm: every tile of a 4×4
 viewport at full resolution is requested once before the timed passes, and the run waits
 until every chunk under the viewport is in the cache (``_wait_cached``) with the spec's
-tables built; a timed pass is ``--rounds`` passes over the viewport.
+tables built; a timed pass is ``--rounds`` passes over the viewport. Last, the ratio the
+issue bounds (16 visible within 2× of 4) is measured again with the two viewports' passes
+taken in turn by one client (``_interleaved``), which load drifting between rows moves less.
 
 Why the wait: a 256² tile at full resolution reads part of a 512² chunk, so the server reads
 it from the file and the precacher stores the chunks only once the server has been idle for
@@ -91,11 +94,13 @@ def _wait_cached(served, identifier: str, seconds: float = 120.0) -> bool:
     runtime = served.runtime
     view = runtime.viewer.plane(identifier, IN_PROCESS)
     shown = [c.index for c in view.spec.channels if c.visible] if view.spec else list(range(view.channel_count))
-    keys = set()
+    whole, keys = view.every_channel(), set()
     for y in range(VIEWPORT):
         for x in range(VIEWPORT):
-            level, runs = view.channel_windows(Shown(x * TILE, y * TILE, TILE, TILE, TILE, TILE), shown)
-            keys.update(cid.encode() for _, bounds in runs for _, cid in region_cells(view.tensor, level, bounds))
+            level, bounds = whole.window(Shown(x * TILE, y * TILE, TILE, TILE, TILE, TILE))
+            for i in shown:
+                one = bounds if whole.index_axis is None else bounds.with_axis(whole.index_axis, i, i + 1)
+                keys.update(cid.encode() for _, cid in region_cells(view.tensor, level, one))
     deadline = time.monotonic() + seconds
     while not runtime.cache.contains_all(sorted(keys)):
         if time.monotonic() > deadline:
@@ -145,13 +150,58 @@ def _numpy_p50(root: Path, spec: dict) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_common_arguments(parser, sizes="small: 60 x 2048² uint16 (about 500 MB); full: 60 x 8192² (8 GB)")
+    add_common_arguments(
+        parser, sizes="small: 60 x 2048² uint16 (500 MB of pixels); full: 60 x 8192², issue 44's (8 GB, ~6 GB on disk)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="timed passes over the 16-tile viewport")
 
 
-def main(ns: argparse.Namespace) -> int:
+def _interleaved(fewer: list[str], more: list[str], rounds: int) -> tuple[float, float]:
+    """p50 (ms) of ``fewer`` and ``more`` over one client, their passes taken in turn
+    (``rounds`` each): the ratio of the two is what the issue bounds, and a machine whose load
+    drifts between two rows moves it less when their passes alternate."""
     import httpx
 
+    times: dict[int, list[float]] = {0: [], 1: []}
+    with httpx.Client(timeout=60) as c:
+        for _ in range(rounds):
+            for k, urls in enumerate((fewer, more)):
+                for u in urls:
+                    t = time.perf_counter()
+                    answer = c.get(u)
+                    times[k].append(time.perf_counter() - t)
+                    assert answer.status_code == 200, answer.text
+    return float(np.median(times[0]) * 1e3), float(np.median(times[1]) * 1e3)
+
+
+def _row(served, root: Path, ids: dict[str, str], label: str, visible: int, rounds: int) -> tuple[dict, list[str]]:
+    """One row of the table (a spec of ``visible`` of the 60 channels, or the 3-channel image's
+    default rendering) and the viewport's tile URLs it timed."""
+    import httpx
+
+    base = served.http_url
+    if label == "spec":
+        posted = httpx.post(f"{base}/render", content=json.dumps(_spec(visible)).encode(), timeout=60)
+        identifier = f"{ids['multiplex']};r={posted.json()['id']}"
+        numpy_p50 = _numpy_p50(root, _spec(visible))
+    else:
+        identifier, numpy_p50 = ids["three"], float("nan")
+    urls = _tiles(base, identifier)
+    _timed(urls, 1, 1)  # warm: tables built, the precacher told the chunks
+    cached = _wait_cached(served, identifier)
+    row = {
+        "row": f"{label} of {CHANNELS if label == 'spec' else 3}",
+        "visible": visible,
+        "p50_1": _timed(urls, 1, rounds),
+        "p50_8": _timed(urls, 8, rounds),
+        "numpy_p50": numpy_p50,
+        "load": os.getloadavg()[0],
+        "cached": cached,
+    }
+    return row, urls
+
+
+def main(ns: argparse.Namespace) -> int:
     from tensor_server.cache import CacheManager
     from tensor_server.catalog import Catalog
     from tensor_server.testing import start_serving
@@ -166,32 +216,14 @@ def main(ns: argparse.Namespace) -> int:
     cache = CacheManager(cache_dir.name)
     served = start_serving(catalog, cache=cache, http=True)
     try:
-        base = served.http_url
         ids = {r.source_id.split("-")[0]: t.array_id for r in catalog.records() for t in r.source.tensors.values()}
-        out, rows = [], []
-        cases = [("spec", 4), ("spec", 16), ("spec", 3), ("3-channel image", 3)]
-        for label, visible in cases:
-            if label == "spec":
-                posted = httpx.post(f"{base}/render", content=json.dumps(_spec(visible)).encode(), timeout=60)
-                identifier = f"{ids['multiplex']};r={posted.json()['id']}"
-                numpy_p50 = _numpy_p50(root, _spec(visible))
-            else:
-                identifier, numpy_p50 = ids["three"], float("nan")
-            urls = _tiles(base, identifier)
-            _timed(urls, 1, 1)  # warm: tables built, the precacher told the chunks
-            cached = _wait_cached(served, identifier)
-            row = {
-                "row": f"{label} of {CHANNELS if label == 'spec' else 3}",
-                "visible": visible,
-                "p50_1": _timed(urls, 1, ns.rounds),
-                "p50_8": _timed(urls, 8, ns.rounds),
-                "numpy_p50": numpy_p50,
-                "load": os.getloadavg()[0],
-                "cached": cached,
-            }
+        out, rows, urls = [], [], {}
+        for label, visible in [("spec", 4), ("spec", 16), ("spec", 3), ("3-channel image", 3)]:
+            row, urls[label, visible] = _row(served, root, ids, label, visible, ns.rounds)
             out.append(row)
             rows.append(list(row.values()))
             print_table(_HEAD, rows[-1:])
+        four, sixteen = _interleaved(urls["spec", 4], urls["spec", 16], 2 * ns.rounds)
     finally:
         served.stop()
         cache.close()
@@ -203,5 +235,11 @@ def main(ns: argparse.Namespace) -> int:
         "load: 1-min load average after the row"
     )
     print_table(_HEAD, rows)
+    print(
+        f"16 visible / 4 visible, one client, passes in turn: {sixteen:.1f} / {four:.1f} ms = {sixteen / four:.2f}x "
+        f"(rows: 1 client {rows[1][2] / rows[0][2]:.2f}x, 8 clients {rows[1][3] / rows[0][3]:.2f}x; "
+        f"load {os.getloadavg()[0]:.1f})"
+    )
+    out.append({"row": "16 / 4 visible, interleaved", "p50_4": four, "p50_16": sixteen, "ratio": sixteen / four})
     write_json(ns.json_path, "render-spec", ns.size, out)
     return 0

@@ -144,6 +144,12 @@ class Bounds:
         """Translate by ``-origin`` (coordinates inside a box that starts at ``origin``)."""
         return self.shift(tuple(-o for o in origin))
 
+    def with_axis(self, axis: int, start: int, stop: int) -> Bounds:
+        """This box with ``[start, stop)`` on ``axis`` (one channel of a region)."""
+        return Bounds(
+            self.start[:axis] + (start,) + self.start[axis + 1 :], self.stop[:axis] + (stop,) + self.stop[axis + 1 :]
+        )
+
     def permute(self, order: Sequence[int]) -> Bounds:
         """Axes reordered: new axis ``i`` is old axis ``order[i]``."""
         return Bounds(tuple(self.start[i] for i in order), tuple(self.stop[i] for i in order))

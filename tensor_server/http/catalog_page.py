@@ -88,6 +88,7 @@ _STYLE = (
     "#panel{position:fixed;top:0;right:0;max-height:100%;overflow-y:auto;width:15em;padding:.4em;"
     "background:rgba(255,255,255,.85);font-size:.8em}#panel .channel,#panel .axis,#panel .labels{margin:.3em 0}"
     "#panel input[type=range]{width:6em}#panel input[type=number]{width:3.5em}#panel .note{color:#a00}"
+    "#panel canvas.histogram{display:block;width:150px;height:30px}"
     "#scale-bar{position:fixed;left:1em;bottom:1em;color:#fff;font-size:.8em;text-shadow:0 0 2px #000}"
     "#scale-bar div{height:5px;background:#fff;border:1px solid #000;margin-bottom:.2em}"
 )

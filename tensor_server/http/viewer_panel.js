@@ -1,6 +1,7 @@
 "use strict";
 // The viewer page's channel panel (/view/<identifier>): a toggle, colour, window and gamma per
-// channel, a slider per other axis (z, t), each change posted as a render spec (POST /render)
+// channel, with the channel's histogram (GET /histogram) drawn under its window sliders, a
+// slider per other axis (z, t), each change posted as a render spec (POST /render)
 // and shown by reopening the IIIF source as <array_id>;z=..;r=<id>, the viewport kept. The
 // view is shareable: the URL's hash carries the spec id, the plane and the viewport. Where the
 // source has label images, a label overlay row: which one, shown or not, and its opacity (the
@@ -82,6 +83,27 @@
     return i;
   }
 
+  // A channel's histogram on its canvas, over the window sliders' range: one column per canvas
+  // pixel (the bins that fall in it summed), heights on a log scale (log(1 + count) of the
+  // tallest column's: a channel's few bright pixels stay visible beside its background), in
+  // the channel's colour inside its window and grey outside it, the window shaded behind.
+  function drawHistogram(c) {
+    var canvas = c.canvas, g = canvas.getContext("2d"), w = canvas.width, h = canvas.height;
+    var n = c.counts.length, span = c.bin_width * n, cols = new Array(w).fill(0), peak = 0;
+    c.counts.forEach(function (k, i) { cols[Math.min(w - 1, Math.floor(i * w / n))] += k; });
+    cols.forEach(function (k) { peak = Math.max(peak, k); });
+    var x0 = (c.start - c.min) / span * w, x1 = (c.end - c.min) / span * w;
+    g.clearRect(0, 0, w, h);
+    g.fillStyle = "rgba(0, 0, 0, 0.1)";
+    g.fillRect(Math.floor(x0), 0, Math.ceil(x1) - Math.floor(x0), h);
+    cols.forEach(function (k, x) {
+      if (!k) { return; }
+      var bar = Math.max(1, Math.round(h * Math.log(1 + k) / Math.log(1 + peak)));
+      g.fillStyle = x + 1 > x0 && x < x1 ? c.color : "#999999";
+      g.fillRect(x, h - bar, 1, bar);
+    });
+  }
+
   function channelRow(c) {
     var row = document.createElement("div"), top = c.min + c.bin_width * c.counts.length;
     var step = c.exact ? 1 : (top - c.min) / 1000;
@@ -93,7 +115,7 @@
       c.visible = i.checked; later(post);
     }));
     row.appendChild(input("color", { value: c.color.toLowerCase(), className: "color" }, function (i) {
-      c.color = i.value.toUpperCase(); later(post);
+      c.color = i.value.toUpperCase(); drawHistogram(c); later(post);
     }));
     row.appendChild(name);
     row.appendChild(document.createElement("br"));
@@ -101,11 +123,17 @@
       row.appendChild(input("range", { min: c.min, max: top, step: step, value: c[key], className: key },
         function (i) {
           var v = Number(i.value);
-          if (key === "start" ? v < c.end : v > c.start) { c[key] = v; later(post); }
+          if (key === "start" ? v < c.end : v > c.start) { c[key] = v; drawHistogram(c); later(post); }
         }));
     });
     row.appendChild(input("number", { min: 0.1, max: 10, step: 0.1, value: c.gamma, className: "gamma" },
       function (i) { var g = Number(i.value); if (g > 0 && g <= 10) { c.gamma = g; later(post); } }));
+    c.canvas = document.createElement("canvas");
+    c.canvas.className = "histogram";
+    c.canvas.width = 150;
+    c.canvas.height = 30;
+    row.appendChild(c.canvas);
+    drawHistogram(c);
     return row;
   }
 

@@ -30,7 +30,6 @@ bounds the read by the output: at most ``READ_PER_OUTPUT_PX`` level pixels per o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -229,7 +228,7 @@ class PlaneView:
 
     def planes(self, data: np.ndarray) -> np.ndarray:
         """The pixels of a ``window`` as ``(channels, rows, cols)`` (samples as channels)."""
-        chan = self.sample_axis if self.sample_axis is not None else self.channel_axis
+        chan = self.index_axis
         order = ([chan] if chan is not None else []) + [self.y, self.x]
         rest = [i for i in range(data.ndim) if i not in order]
         planes = np.transpose(data, order + rest).reshape([data.shape[i] for i in order])
@@ -241,39 +240,22 @@ class PlaneView:
         return replace(self, fixed={a: i for a, i in self.fixed.items() if a != self.channel_axis})
 
     @property
+    def index_axis(self) -> int | None:
+        """The axis a render spec's channel index counts along: a colour-sample axis, else
+        the channel axis, else None (one channel)."""
+        return self.sample_axis if self.sample_axis is not None else self.channel_axis
+
+    @property
     def channel_count(self) -> int:
         """The channels a spec may name: the samples of a colour-sample axis, else the
         channel axis's length, else 1."""
-        axis = self.sample_axis if self.sample_axis is not None else self.channel_axis
+        axis = self.index_axis
         return self.tensor.shape[axis] if axis is not None else 1
 
     def one_channel(self, index: int) -> PlaneView:
-        """This plane with channel (or sample) ``index`` alone: what a composite reads per
-        visible channel, and a histogram is measured on."""
-        axis = self.sample_axis if self.sample_axis is not None else self.channel_axis
+        """This plane with channel (or sample) ``index`` alone: what a histogram is measured on."""
+        axis = self.index_axis
         return self if axis is None else replace(self, fixed={**self.fixed, axis: index})
-
-    def channel_windows(self, shown: Shown, indices: Sequence[int]) -> tuple[GridLevel, list[tuple[int, Bounds]]]:
-        """The level serving ``shown`` and, per run of consecutive channels among ``indices``,
-        its first channel and the region that reads the run at once: a render spec's visible
-        channels are read in one call per run, as a warm read costs about 1.5 ms a call
-        whatever its channels (``bench render-spec``, 2026-12-05, a loaded machine)."""
-        level, bounds = self.every_channel().window(shown)
-        axis = self.sample_axis if self.sample_axis is not None else self.channel_axis
-        if axis is None:
-            return level, [(0, bounds)]
-        runs: list[list[int]] = []
-        for i in sorted(set(indices)):
-            if runs and i == runs[-1][1]:
-                runs[-1][1] = i + 1
-            else:
-                runs.append([i, i + 1])
-        out = []
-        for first, end in runs:
-            start, stop = list(bounds.start), list(bounds.stop)
-            start[axis], stop[axis] = first, end
-            out.append((first, Bounds(tuple(start), tuple(stop))))
-        return level, out
 
     def coarsest_window(self) -> tuple[GridLevel, Bounds]:
         """The whole plane at its coarsest level (``window``): where settings are measured."""

@@ -113,6 +113,17 @@ def _oidc_verifier(settings: Settings) -> Any:  # OidcVerifier | None
     )
 
 
+def _runs(indices: Sequence[int]) -> list[tuple[int, int]]:
+    """``[first, end)`` of each run of consecutive values among ``indices`` (sorted, once each)."""
+    runs: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if runs and i == runs[-1][1]:
+            runs[-1][1] = i + 1
+        else:
+            runs.append([i, i + 1])
+    return [(a, b) for a, b in runs]
+
+
 class ServingRuntime:
     """Catalog + engine + cache + precache + uploads + the rules (module docstring)."""
 
@@ -560,6 +571,53 @@ class ServingRuntime:
         else:
             precacher.warm(tensor, cids)
         return data
+
+    def level_channels(
+        self,
+        tensor: TensorAdapter,
+        level: GridLevel,
+        region: Bounds,
+        axis: int,
+        indices: Sequence[int],
+        caller: Caller,
+        cancelled: Cancelled | None = None,
+    ) -> np.ndarray:
+        """``level_region`` of ``region`` at the positions ``indices`` of ``axis`` only, in
+        that order, stacked along ``axis`` (whatever ``region`` spans there): a render spec's
+        visible channels, in one call. Warm (every chunk cached, or nothing to compute apart),
+        each channel's chunks are listed once and copied straight into the answer: 16 warm
+        ``level_region`` calls of 77 µs and a stack were 1.4 ms of a 16-channel 256² tile
+        (timeit, loaded 2-core machine, 2026-12-05). Otherwise each run of neighbouring channels
+        is one ``level_region`` (a cold tile computed from its own extent, several channels at once)."""
+        shape = list(region.shape)
+        shape[axis] = len(indices)
+        out = np.empty(shape, tensor.dtype)
+
+        def at(k: int) -> tuple[slice, ...]:  # position k along axis
+            return (slice(None),) * axis + (slice(k, k + 1),)
+
+        regions = [region.with_axis(axis, i, i + 1) for i in indices]
+        cells = [region_cells(tensor, level, r) for r in regions]
+        keys = [cid.encode() for one in cells for _, cid in one]
+        warm = level_extent(tensor, level, region) is None or self.precacher is None or self.cache is None
+        if warm or self.cache is not None and self.cache.contains_all(keys):
+            for k, (r, one) in enumerate(zip(regions, cells)):
+                read_level_region(
+                    tensor,
+                    level,
+                    r,
+                    lambda cid: self.chunk_of(tensor, cid, caller, cancelled),
+                    cancelled,
+                    one,
+                    out[at(k)],
+                )
+            return out
+        for first, end in _runs(indices):
+            run = self.level_region(tensor, level, region.with_axis(axis, first, end), caller, cancelled)
+            for k, i in enumerate(indices):
+                if first <= i < end:
+                    out[at(k)] = run[at(i - first)]
+        return out
 
     def _computed_apart(self, extent: Bounds, cids: list[ChunkId], exact: bool) -> bool:
         """Compute the region by itself, not through its chunks: some chunk is not cached, the

@@ -75,7 +75,8 @@ class ViewerVerbs:
 
     def region(self, view: PlaneView, caller: Caller, shown: Shown, cancelled: Cancelled | None = None) -> Image.Image:
         """``shown`` of ``view`` rendered, read at the level that serves its size
-        (``PlaneView.window``); with a spec, only its visible channels are read."""
+        (``PlaneView.window``); with a spec, only its visible channels are read, in one call
+        (``ServingRuntime.level_channels``) and in the spec's order."""
         whole = view.every_channel()
         settings = self.renderer.settings_of(
             view, lambda: self._pixels(whole, *whole.coarsest_window(), caller, cancelled)
@@ -86,12 +87,13 @@ class ViewerVerbs:
                 settings,
                 lambda i, low, high: percentile_window(self._coarse(view, i, caller, cancelled), low, high),
             )
-            level, runs = view.channel_windows(shown, indices)
-            got: dict[int, np.ndarray] = {}
-            for first, bounds in runs:
-                for k, plane in enumerate(self._pixels(whole, level, bounds, caller, cancelled)):
-                    got[first + k] = plane
-            image = self.renderer.composited(view, np.stack([got[i] for i in indices]), level, tables, shown)
+            level, bounds = whole.window(shown)
+            axis = whole.index_axis
+            if axis is None:  # one channel: the spec names channel 0
+                data = self.runtime.level_region(whole.tensor, level, bounds, caller, cancelled)
+            else:
+                data = self.runtime.level_channels(whole.tensor, level, bounds, axis, indices, caller, cancelled)
+            image = self.renderer.composited(view, whole.planes(data), level, tables, shown)
             return image if view.spec.labels is None else self._labelled(view, image, shown, caller, cancelled)
         level, bounds = view.window(shown)
         planes = self._pixels(view, level, bounds, caller, cancelled)

@@ -66,3 +66,10 @@ def test_rejects_non_integers():
         Bounds((0.5,), (2,))
     with pytest.raises(InvalidBounds):
         Bounds((True,), (2,))
+
+
+def test_with_axis_replaces_one_axis_only():
+    box = Bounds((0, 10, 20), (60, 30, 50))
+    assert box.with_axis(0, 4, 5) == Bounds((4, 10, 20), (5, 30, 50))
+    assert box.with_axis(2, 0, 7) == Bounds((0, 10, 0), (60, 30, 7))
+    assert box == Bounds((0, 10, 20), (60, 30, 50))  # the box itself is left as it was

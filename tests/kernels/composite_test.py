@@ -111,3 +111,15 @@ def test_planes_must_match_the_channels_and_a_dtype(mod):
         mod.composite(np.zeros((2, 2, 2), np.uint8), [R.Channel(0, 1, GREY)])
     with pytest.raises(ValueError, match="dtype int64 is not one of"):
         mod.composite(np.zeros((1, 2, 2), np.int64), [R.Channel(0, 1, GREY)])
+
+
+def test_integer_lights_are_tabulated_up_to_max_value_lights_then_computed():
+    """The kernel reads an integer pixel's light from ``ValueLight`` while the table stays within
+    ``MAX_VALUE_LIGHTS`` values, and computes its step past that: both equal the oracle."""
+    planes = np.random.default_rng(4).integers(0, 65536, (17, 3, 40)).astype(np.uint16)
+    for end, tabulated in ((4000.0, True), (65535.0, False)):  # 17 windows of 4001 or 65536 values
+        tables = R.prepare([R.Channel(0.0, end, (0.2, 0.5, 1.0))] * 17)
+        got = K.composite_with(planes, tables)
+        assert (tables.value_light["uint16"] is not None) is tabulated
+        assert np.array_equal(got, R.composite_with(planes, tables))
+    assert 17 * 4002 <= R.MAX_VALUE_LIGHTS < 17 * 65536

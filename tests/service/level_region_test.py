@@ -4,6 +4,7 @@ pixels the level's chunks hold (the NumPy oracle: the chunks, computed by the en
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -117,6 +118,48 @@ def test_a_cold_tile_that_is_its_chunk_is_stored_not_recomputed(tmp_path):
         assert rt.cache.contains_all([cid.encode()]), "the tile's chunk is stored"
         assert cid not in computed and len(computed) > 0, "its neighbours were computed, the tile was not again"
         np.testing.assert_array_equal(rt.cache.get(cid.encode()), tile)
+    finally:
+        rt.close()
+        cache.close()
+        cat.close()
+
+
+def _recorded(read, starts, tensor, level, region, *args):
+    """``read`` (``level_region``) noting each region's first channel in ``starts``."""
+    starts.append(region.start[0])
+    return read(tensor, level, region, *args)
+
+
+def test_level_channels_are_the_channels_level_regions_in_the_order_asked(tmp_path, monkeypatch):
+    """A render spec's tile: the channels asked, in that order (not sorted, one repeated), the
+    pixels ``level_region`` gives each alone, cold (one ``level_region`` per run of neighbouring
+    channels) and warm (every chunk cached: read straight into the answer, no ``level_region``)."""
+    data = np.random.default_rng(5).integers(0, 60000, (6, 300, 400), dtype=np.uint16)
+    cat = Catalog([])
+    cat.add_source(MemorySource(ArrayAdapter(data, "cyx", chunk_shape=(1, 128, 128)), source_id="chans"))
+    cat.first_scan_done.set()
+    cache = CacheManager(tmp_path / "cache", max_total_bytes=64 << 20)
+    rt = ServingRuntime(cat, Settings(coarsest_tile=64), cache=cache)
+    try:
+        caller = Caller()
+        tensor, _ = rt.tensor("chans", caller)
+        order = [4, 1, 2, 1]
+        for level in grid_levels(tensor, rt.policy)[:2]:
+            region = Bounds((0, 10, 20), (level.shape[0], level.shape[1] - 5, level.shape[2] - 7))
+            want = np.stack([rt.level_region(tensor, level, region.with_axis(0, i, i + 1), caller)[0] for i in order])
+            rt.cache.clear()
+            runs: list[int] = []
+            monkeypatch.setattr(rt, "level_region", functools.partial(_recorded, rt.level_region, runs))
+            cold = rt.level_channels(tensor, level, region, 0, order, caller)
+            monkeypatch.undo()
+            np.testing.assert_array_equal(cold, want, err_msg=f"cold, level {level.path}")
+            assert sorted(runs) == [1, 4]  # channels 1-2 in one read, 4 in another
+            _settle(rt)
+            monkeypatch.setattr(rt, "level_region", lambda *a, **k: pytest.fail("a warm channel was read apart"))
+            warm = rt.level_channels(tensor, level, region, 0, order, caller)
+            monkeypatch.undo()
+            np.testing.assert_array_equal(warm, want, err_msg=f"warm, level {level.path}")
+            assert warm.shape == (4, *region.shape[1:]) and len(np.unique(warm[0])) > 100
     finally:
         rt.close()
         cache.close()

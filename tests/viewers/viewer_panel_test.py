@@ -3,13 +3,16 @@
 channel 1 the top half and a quarter of that in the bottom right (all of plane z=1), channel 2
 nothing. Toggling a channel, moving a
 window and the z slider change the drawn pixels as the render spec says; the shared URL
-(its hash: the spec id, the plane, the viewport) restores the view in a new page."""
+(its hash: the spec id, the plane, the viewport) restores the view in a new page. Each
+channel's histogram is drawn under its window sliders, the bars as ``GET /histogram`` counts
+them, coloured inside the window and grey outside it."""
 
 from __future__ import annotations
 
 import io
 import time
 
+import httpx
 import numpy as np
 import pytest
 
@@ -43,7 +46,7 @@ def page(tmp_path_factory):
         (array_id,) = [t.array_id for r in cat.records() for t in r.source.tensors.values()]
         browser = _browser()
         try:
-            yield browser, f"{http.url}/view/{array_id}"
+            yield browser, f"{http.url}/view/{array_id}", f"{http.url}/histogram/{array_id};z=0"
         finally:
             browser.quit()
 
@@ -91,7 +94,7 @@ def _set(browser, selector: str, value) -> None:
 
 
 def test_the_panel_toggles_windows_moves_z_and_shares_the_view(page):
-    browser, url = page
+    browser, url, _ = page
     browser.get(url)
     _settled(browser, 0)
     assert browser.execute_script("return viewerPanel.channels.map(function (c) { return c.visible; })") == [True] * 3
@@ -125,3 +128,58 @@ def test_the_panel_toggles_windows_moves_z_and_shares_the_view(page):
     _set(browser, ".axis-z", 0)  # the restored spec holds the moved window: 250 is half of it
     _settled(browser, 2)
     assert _near(_colour(browser, RIGHT_BOTTOM), HALF) and _near(_colour(browser, LEFT_BOTTOM), BLACK)
+
+
+HIST_W, HIST_H = 150, 30
+GREY = (153, 153, 153)
+
+
+def _histogram_canvas(browser, index: int) -> np.ndarray:
+    """The RGBA pixels drawn on channel ``index``'s histogram canvas, ``(HIST_H, HIST_W, 4)``."""
+    data = browser.execute_script(
+        "var c = document.querySelector('.channel[data-index=\"' + arguments[0] + '\"] canvas.histogram');"
+        "return Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data);",
+        index,
+    )
+    return np.array(data, np.uint8).reshape(HIST_H, HIST_W, 4)
+
+
+def _bar_heights(counts: list[int]) -> np.ndarray:
+    """The bars the panel draws of ``counts``: bins summed per canvas column, log-scaled heights."""
+    n = len(counts)
+    cols = np.zeros(HIST_W)
+    np.add.at(cols, np.minimum(HIST_W - 1, np.arange(n) * HIST_W // n), counts)
+    heights = np.floor(HIST_H * np.log1p(cols) / np.log1p(cols.max()) + 0.5)
+    return np.where(cols > 0, np.maximum(1, heights), 0).astype(int)
+
+
+def test_each_channel_draws_its_histogram_under_its_window_sliders(page):
+    browser, url, histogram = page
+    browser.get(url)
+    _settled(browser, 0)
+    hist = httpx.get(histogram, params={"c": "1"}, timeout=30).json()["channels"][0]
+    assert hist["exact"] and hist["min"] == 0 and len(hist["counts"]) == 1001  # values 0, 250 and 1000
+    want = _bar_heights(hist["counts"])
+    assert [x for x in range(HIST_W) if want[x]] == [0, 37, 149] and want[149] == HIST_H and 0 < want[37] < HIST_H
+
+    drawn = _histogram_canvas(browser, 1)
+    bars = drawn[..., 3] == 255
+    assert bars.sum(axis=0).tolist() == want.tolist()  # each column's bar, as tall as its count says
+    assert all(bars[HIST_H - want[x] :, x].all() for x in (0, 37, 149))  # standing on the bottom
+    assert (drawn[bars][:, :3] == MAGENTA).all()  # the window is 0-1000: every bar is inside it
+    assert (drawn[~bars][:, 3] == 26).all()  # the window shaded behind them
+    below = browser.execute_script(
+        "var r = document.querySelector('.channel[data-index=\"1\"]');"
+        "return r.querySelector('canvas.histogram').getBoundingClientRect().top"
+        " >= r.querySelector('.end').getBoundingClientRect().bottom;"
+    )
+    assert below
+
+    _set(browser, '.channel[data-index="1"] .end', 500)  # the window ends at column 74.9
+    drawn = _histogram_canvas(browser, 1)
+    assert drawn[HIST_H - 1, 0, :3].tolist() == list(MAGENTA) and drawn[HIST_H - 1, 37, :3].tolist() == list(MAGENTA)
+    assert drawn[HIST_H - 1, 149, :3].tolist() == list(GREY)  # the value 1000 is now past the window's end
+    assert drawn[HIST_H - 1, 60, 3] == 26 and drawn[HIST_H - 1, 100, 3] == 0  # shaded inside, clear outside
+    assert (drawn[..., 3] == 255).sum(axis=0).tolist() == want.tolist()  # the same bars
+    _settled(browser, 1)
+    assert _histogram_canvas(browser, 0)[HIST_H - 1, 0, :3].tolist() == list(GREEN)  # channel 0: its own colour
