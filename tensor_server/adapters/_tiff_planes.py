@@ -273,13 +273,17 @@ class TiffPlaneGridAdapter(StridedReads, TensorAdapter):
 
     def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
         """Stats only the files holding planes under ``bounds`` (always all of them: exact)."""
+        for i in self._files_under(bounds):
+            if (why := changed_since(self._files[i], self._stamps[i])) is not None:
+                return why
+        return None
+
+    def _files_under(self, bounds: Bounds) -> list[int]:
+        """The files holding the planes under ``bounds``."""
         g = self._ngrid
         sel = [slice(a, b) for a, b in zip(bounds.start[:g], bounds.stop[:g])]
         sel += [slice(a // e, -(-b // e)) for a, b, e in zip(bounds.start[g:], bounds.stop[g:], self._tile_extent)]
-        for i in np.unique(self._file_index[tuple(sel)]):
-            if i >= 0 and (why := changed_since(self._files[i], self._stamps[i])) is not None:
-                return why
-        return None
+        return [int(i) for i in np.unique(self._file_index[tuple(sel)]) if i >= 0]
 
     # ---- reads ------------------------------------------------------------------------------
     def _read_strided(self, bounds: Bounds, step: tuple[int, ...]) -> np.ndarray:

@@ -419,14 +419,20 @@ class ZarrAdapter(TensorAdapter):
             return None
         with _LOOKING:  # one look at a time: two would publish one growth twice
             if self._growth is None:
-                folder = self.store_path / self.zarr_path if self.zarr_path else self.store_path
-                self._growth = ArrayGrowth(folder, self._stored, self._chunk_files.grid)
+                self._growth = ArrayGrowth(self.growth_paths()[0], self._stored, self._chunk_files.grid)
             seen = self._growth.look(self.shape)
             if isinstance(seen, str):
                 return f"zarr array {self.zarr_path or '/'!r}: {seen}"
             if seen is not None:
                 self._grow(seen)
         return None
+
+    def growth_paths(self) -> tuple[Path, ...]:
+        """The array's folder and its stored levels' (where a writer resizes and writes)."""
+        if self._chunk_files is None or not self._local:
+            return ()
+        own = self.store_path / self.zarr_path if self.zarr_path else self.store_path
+        return (own, *(p for level in self.native_levels for p in level.tensor.growth_paths()))
 
     def _grow(self, seen: Grew) -> None:
         """Read the array at its new extent: its metadata as the look found it (the source is

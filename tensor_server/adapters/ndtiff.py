@@ -46,6 +46,9 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
+from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +57,8 @@ import numpy as np
 from tensor_server.adapters._tiff_planes import FileLayout, TiffPlaneGridAdapter, axis_label_for, unique_label
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.core.adapter_base import SourceAdapter
-from tensor_server.core.identity import file_content_version
+from tensor_server.core.bounds import Bounds
+from tensor_server.core.identity import file_content_version, file_stat_stamp
 from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import MICROMETER
 from tensor_server.errors import UnreadableSource
@@ -76,10 +80,128 @@ _PIXEL_TYPES = {
 }
 _AXIS_LABELS = {"time": "t", "channel": "c", "z": "z", "position": "p"}
 _ENTRY_TAIL = struct.Struct("<IiiiiIii")
+#: held while a level looks for growth: two looks would publish one growth twice
+_LOOKING = threading.Lock()
 
 
 class NdTiffAdapter(TiffPlaneGridAdapter):
-    """One NDTiff resolution level: images (or stitched tiles) read raw at the index's offsets."""
+    """One NDTiff resolution level: images (or stitched tiles) read raw at the index's offsets.
+
+    A live acquisition (Micro-Manager, pycro-manager) appends each image's pixels to a data
+    file and then its entry to the index, so the index says which images are on disk. A look
+    (``refresh_extent``: one stat of the index, the level read again only when it changed)
+    takes new entries in place when they extend one grid axis and leave every image already
+    published where it was: the content version, the chunk ids and the cached chunks of those
+    images stay valid. Anything else (an image re-acquired or filled in, another plane size,
+    an axis that appears, shrinks or a second one that grows) is not growth: the source is
+    reopened. Data files are written by appending (Micro-Manager pre-allocates them and never
+    rewrites an image in place), so a data file that grew is not stale; one replaced or
+    shortened is.
+    """
+
+    #: the level folder and its downsampling, set by ``open_ndtiff_level`` (growth reads it again)
+    folder: Path | None = None
+    factor = 1
+    #: the index's stat stamp when the level was read
+    index_stamp: tuple[int, ...] | None = None
+    #: the growing grid axis, once the level has grown
+    growth_axis: int | None = None
+
+    def growth_paths(self) -> tuple[Path, ...]:
+        return () if self.folder is None else (self.folder,)
+
+    def stale_reason(self, bounds: Bounds, exact: bool = False) -> str | None:
+        """A data file replaced (another inode) or shortened since it was read; one appended to
+        is not (class docstring)."""
+        for i in self._files_under(bounds):
+            try:
+                st = os.stat(self._files[i])
+            except OSError:
+                return f"{os.path.basename(self._files[i])} was removed since it was opened"
+            ino, size = self._appended[i]
+            if st.st_ino != ino or st.st_size < size:
+                return f"{os.path.basename(self._files[i])} was rewritten since it was opened"
+        return None
+
+    @cached_property
+    def _appended(self) -> list[tuple[int, int]]:
+        """(inode, size) of each data file when the level was read."""
+        return [(st.st_ino, st.st_size) for st in map(os.stat, self._files)]
+
+    def refresh_extent(self) -> str | None:
+        """Take new index entries in place when they are growth (class docstring)."""
+        if self.folder is None:
+            return None
+        try:
+            if file_stat_stamp(os.stat(self.folder / INDEX_NAME)) == self.index_stamp:
+                return None
+        except FileNotFoundError:
+            return f"{INDEX_NAME} is gone"
+        with _LOOKING:
+            try:
+                fresh = open_ndtiff_level(self.folder, self.factor)
+            except UnreadableSource as exc:
+                return f"{INDEX_NAME} changed and no longer reads: {exc}"
+            why = self._not_growth(fresh)
+            if why is not None:
+                return why
+            self._adopt(fresh)
+            self.index_stamp = fresh.index_stamp
+        return None
+
+    def _not_growth(self, fresh: NdTiffAdapter) -> str | None:
+        old, new = self.shape, fresh.shape
+        if (fresh.dim_labels, fresh.dtype, new[self._ngrid :]) != (self.dim_labels, self.dtype, old[self._ngrid :]):
+            return f"the images changed: {list(self.dim_labels)} {list(old)} -> {list(fresh.dim_labels)} {list(new)}"
+        grown = [a for a in range(self._ngrid) if new[a] != old[a]]
+        if (
+            any(new[a] < old[a] for a in grown)
+            or len(grown) > 1
+            or (grown and self.growth_axis not in (None, grown[0]))
+        ):
+            return f"the images changed in another way than growing along one axis ({list(old)} -> {list(new)})"
+        region = tuple(slice(0, n) for n in old[: self._ngrid])
+        if not np.array_equal(self._placements(region), fresh._placements(region)):
+            return "an image already published was re-acquired or filled in"
+        return None
+
+    def _placements(self, region: tuple[slice, ...]) -> np.ndarray:
+        """(file name, offset) of each image in ``region`` of the grid, as strings ("" absent)."""
+        files, planes = self._file_index[region], self._plane_index[region]
+        out = np.full(files.shape, "", dtype=object)
+        for f in np.unique(files[files >= 0]):
+            at = files == f
+            offsets = self._layouts[int(f)].offsets[planes[at]]
+            out[at] = [f"{os.path.basename(self._files[int(f)])}@{o}" for o in offsets]
+        return out
+
+    def _adopt(self, fresh: NdTiffAdapter) -> None:
+        """Take ``fresh``'s images up to its last complete step along the growing axis (the
+        files first: the ones known keep their numbers, as the index lists them in the order
+        written) and publish that extent."""
+        grown = [a for a in range(self._ngrid) if fresh.shape[a] > self.shape[a]]
+        if not grown:
+            return
+        axis = grown[0]
+        extent = self._complete(fresh, axis)
+        if extent <= self.shape[axis]:
+            return  # the newest step is still being acquired: looked at again when the index changes
+        cut = (slice(None),) * axis + (slice(0, extent),)
+        self._files, self._stamps, self._layouts = fresh._files, fresh._stamps, fresh._layouts
+        self.__dict__["_appended"] = fresh._appended
+        self._file_index, self._plane_index = fresh._file_index[cut], fresh._plane_index[cut]
+        self.growth_axis = axis
+        self.info = replace(self.info, metadata=fresh.info.metadata)
+        self.grow_to(self.shape[:axis] + (extent,) + self.shape[axis + 1 :])
+
+    def _complete(self, fresh: NdTiffAdapter, axis: int) -> int:
+        """How far along ``axis`` every step holds at least the images of the first step: a
+        time point whose other channels are not written yet would read them as zeros."""
+        first = np.take(fresh._file_index, 0, axis=axis) >= 0
+        for k in range(self.shape[axis], fresh.shape[axis]):
+            if not (np.take(fresh._file_index, k, axis=axis) >= 0)[first].all():
+                return k
+        return fresh.shape[axis]
 
 
 def read_ndtiff_index(
@@ -144,6 +266,10 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
     """The level in ``folder`` (holding NDTiff.index); ``factor`` is its downsampling
     (``Downsampled_xN``), 1 for full resolution."""
     index_path = folder / INDEX_NAME
+    try:
+        stamp = file_stat_stamp(os.stat(index_path))
+    except OSError as exc:
+        raise UnreadableSource(index_path, f"cannot stat the index: {exc.strerror}") from None
     entries, truncated_tail = read_ndtiff_index(index_path)
     if not entries:
         raise UnreadableSource(index_path, "the NDTiff index lists no images")
@@ -240,7 +366,7 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
         metadata["index_tail_ignored"] = "the index ends inside an entry (acquisition still writing?)"
     if "channel" in grid_names:
         metadata["channel_names"] = [str(v) for v in mapping["channel"][1]]
-    return NdTiffAdapter(
+    level = NdTiffAdapter(
         files=paths,
         file_index=file_index,
         plane_index=plane_index,
@@ -256,6 +382,9 @@ def open_ndtiff_level(folder: Path, factor: int = 1) -> NdTiffAdapter:
         content_version=file_content_version(index_path, *paths),
         metadata=metadata,
     )
+    level.folder, level.factor, level.index_stamp = folder, factor, stamp
+    level._appended  # noqa: B018 - the data files' (inode, size) as read, before any grows
+    return level
 
 
 def _key(value: Any, mapping: tuple[dict[Any, int], list[Any]]) -> Any:

@@ -126,6 +126,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tensor_server.bench.remote",
         "first view of an OME-Zarr and an OME-TIFF by URL at 50 ms a request, cold and restarted, vs zarr/tifffile+fsspec",
     ),
+    "live": (
+        "tensor_server.bench.live",
+        "frame-to-client latency of a live acquisition at 10 and 100 frames/s: SDK watch vs zarr-python polling",
+    ),
     "gate": (
         "tensor_server.bench.gate",
         "the performance gate (make perf-gate): vs the previous commit, and floors vs peers",

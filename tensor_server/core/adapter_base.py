@@ -284,6 +284,12 @@ class TensorAdapter(ABC):
         only on change); default None: an extent fixed at open."""
         return None
 
+    def growth_paths(self) -> tuple[Path, ...]:
+        """The files and folders whose changes may be growth (``refresh_extent``), so a watcher
+        looks again when file-system events name them instead of polling. Default (): an
+        extent fixed at open."""
+        return ()
+
     def settled(self, bounds: Bounds) -> bool:
         """Whether the pixels of ``bounds`` are final. False where they reach the live edge of
         a growing tensor (the storage block its writer is still filling): such a chunk, at

@@ -17,6 +17,7 @@ source's wrong pixels. It shares the wrapped tensor's array_id and content versi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -140,6 +141,9 @@ class NormalizingAdapter(TensorAdapter):
         if shape != self.shape:
             self.grow_to(shape)
         return None
+
+    def growth_paths(self) -> tuple[Path, ...]:
+        return self.inner.growth_paths()
 
     def settled(self, bounds: Bounds) -> bool:
         return self.inner.settled(self._inner_bounds(bounds))

@@ -463,15 +463,16 @@ def _pixel_size(view: PlaneView) -> dict[str, Any] | None:
 
 
 def _panel_options(view: PlaneView, labels: Sequence[str], prefix: str = "") -> dict[str, Any] | None:
-    """What the channel panel starts from: the array id, the plane's other axes (their sizes
-    and indices), the spec the identifier names, the label images it may draw over the image,
+    """What the channel panel starts from: the array id, the plane's other axes (their sizes,
+    indices and places in the shape: a growing tensor's watch records give the whole shape), the spec the identifier names, the label images it may draw over the image,
     and the URLs it calls (under ``prefix``: the share link the page was opened with); None
     where the plane has no channels to composite."""
     t = view.tensor
     if t.is_labels or view.sample_axis is not None or view.selected_channel is not None:
         return None
     path = quote(t.array_id, safe="/")
-    axes = [{"name": t.dim_labels[a], "size": t.shape[a]} for a in sorted(view.fixed) if a != view.channel_axis]
+    fixed = sorted(a for a in view.fixed if a != view.channel_axis)
+    axes = [{"name": t.dim_labels[a], "size": t.shape[a], "axis": a} for a in fixed]
     return {
         "array_path": path,
         "plane": {t.dim_labels[a]: i for a, i in view.fixed.items() if a != view.channel_axis},
@@ -480,6 +481,7 @@ def _panel_options(view: PlaneView, labels: Sequence[str], prefix: str = "") -> 
         "labels": sorted(labels),
         "iiif": f"{prefix}/iiif/3/",
         "render": f"{prefix}/render",
+        "watch": f"{prefix}/watch/{path}",
         "histogram": f"{prefix}/histogram/{path}"
         + "".join(f";{t.dim_labels[a]}={i}" for a, i in sorted(view.fixed.items())),
     }

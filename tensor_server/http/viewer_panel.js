@@ -5,13 +5,13 @@
 // and shown by reopening the IIIF source as <array_id>;z=..;r=<id>, the viewport kept. The
 // view is shareable: the URL's hash carries the spec id, the plane and the viewport. Where the
 // source has label images, a label overlay row: which one, shown or not, and its opacity (the
-// spec's "labels").
+// spec's "labels"). The t slider's "follow" box keeps the newest frame of a growing tensor shown.
 (function () {
   var el = document.getElementById("panel-options");
   var panel = document.getElementById("panel");
   if (!el || !panel || !window.viewer) { return; }
   var opts = JSON.parse(el.textContent);
-  var state = { channels: [], plane: Object.assign({}, opts.plane), spec: opts.spec, opened: 0,
+  var state = { channels: [], plane: Object.assign({}, opts.plane), spec: opts.spec, opened: 0, following: null,
     labels: { shown: false, name: (opts.labels || [])[0] || null, opacity: 0.5 } };
   window.viewerPanel = state;
   var timer = null;
@@ -142,13 +142,39 @@
     row.className = "axis";
     label.textContent = axis.name + " " + state.plane[axis.name];
     row.appendChild(label);
-    row.appendChild(input("range", { min: 0, max: axis.size - 1, step: 1, value: state.plane[axis.name],
+    var slider = input("range", { min: 0, max: axis.size - 1, step: 1, value: state.plane[axis.name],
       className: "axis-" + axis.name }, function (i) {
         state.plane[axis.name] = Number(i.value);
         label.textContent = axis.name + " " + i.value;
         later(function () { reopen(); });
-      }));
+      });
+    row.appendChild(slider);
+    if (axis.name === "t") { row.appendChild(followBox(axis, slider, label)); }
     return row;
+  }
+
+  // "follow": the t slider tracks the newest frame of a growing tensor, told by the Server-Sent
+  // Events at /watch/<array id> (each record the whole shape); unticked, the stream is closed
+  function followBox(axis, slider, label) {
+    var box = input("checkbox", { checked: false, className: "follow-" + axis.name, title: "follow the newest frame" },
+      function (i) {
+        if (state.following) { state.following.close(); state.following = null; }
+        if (!i.checked) { return; }
+        state.following = new EventSource(opts.watch);
+        state.following.addEventListener("extent", function (e) {
+          var size = JSON.parse(e.data).shape[axis.axis];
+          if (size - 1 === state.plane[axis.name] && Number(slider.max) === size - 1) { return; }
+          slider.max = size - 1;
+          slider.value = size - 1;
+          state.plane[axis.name] = size - 1;
+          label.textContent = axis.name + " " + (size - 1);
+          later(function () { reopen(); });
+        });
+      });
+    var wrap = document.createElement("label");
+    wrap.appendChild(box);
+    wrap.appendChild(document.createTextNode("follow"));
+    return wrap;
   }
 
   function labelRow() {

@@ -448,7 +448,7 @@ class ServingRuntime:
         source_id, field = ArrayId.parse(tensor.array_id)
         record = self.catalog.get_record(source_id)
         source = record.source if "metadata_json" in wanted else None
-        metadata_json = source.metadata_json(field or None) if source is not None else None
+        metadata_json = None if source is None else with_sequence(source.metadata_json(field or None), tensor)
         resident = record.is_resident() if "is_resident" in wanted else None
         return Described(
             tensor,
@@ -818,3 +818,12 @@ class ServingRuntime:
         if self.precacher is not None:
             body["precache"] = dict(self.precacher.stats)
         return body
+
+
+def with_sequence(document: str, tensor: TensorAdapter) -> str:
+    """A descriptor's ``metadata_json`` with the tensor's extent ``sequence`` added (issue
+    46: a client learns from the descriptor which extent it saw, and resumes a watch from it).
+    The wrapper is a JSON object (``SourceAdapter.metadata_json``), encoded once per source:
+    the key is spliced in before its closing brace rather than the document decoded again
+    (a plate's is 0.9 MB). The SDK does not parse the wrapper (wire protocol §3.3)."""
+    return f'{document[:-1]}, "sequence": {tensor.extents.sequence}}}'

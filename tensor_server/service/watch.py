@@ -7,12 +7,15 @@ connection), else the current extent first. It ends when the client goes (``canc
 or the runtime closes. The Flight action ``watch`` and the HTTP door's Server-Sent Events
 (``/watch/<array_id>``) only translate it.
 
-Growth is noticed by a poller: every ``TICK`` seconds, each watched tensor's files are looked
-at (``ServingRuntime.refreshed``: one stat of its metadata, growth published in place, a
-change that is not growth reopens the source). ``watchfiles`` (inotify) is not installed
-here, so polling is the mechanism; it is bounded: only watched tensors are polled, at most
-``MAX_POLLED`` a tick. Records are coalesced by the poll: a tensor growing by 10,000 frames a
-second makes at most one record a tick. A watcher that never reads holds no queue of its
+Growth is noticed by looking at each watched tensor's files (``ServingRuntime.refreshed``:
+one stat of its metadata, growth published in place, a change that is not growth reopens the
+source). A look is made when file-system events (``watchfiles``: inotify on Linux) name a
+file under a watched tensor's ``growth_paths``, grouped over at most ``DEBOUNCE_MS``, and
+every ``FALLBACK_TICK`` seconds besides (an event missed, a path that appeared after the watch
+began); without ``watchfiles``, or if its watcher fails, every ``TICK`` seconds. It is bounded
+either way: only watched tensors are looked at, at most ``MAX_POLLED`` a look. Records are
+coalesced by the look: a tensor growing by 10,000 frames a second makes at most one record
+a look. A watcher that never reads holds no queue of its
 own: it reads from the tensor's shared history of ``core.growth.KEPT`` records, and the
 transport's flow control stops its stream from being produced ahead of it.
 """
@@ -23,21 +26,35 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tensor_server.core.json_body import decode_json
 from tensor_server.errors import InvalidArgument, TensorServerError
 
+try:  # the file-system events; polled every TICK without them
+    import watchfiles
+except ImportError:  # pragma: no cover - a core dependency; kept optional for slim installs
+    watchfiles = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:  # pragma: no cover
     from tensor_server.service.caller import Caller
     from tensor_server.service.runtime import ServingRuntime
 
-__all__ = ["Watches", "watch_request", "TICK", "MAX_POLLED"]
+__all__ = ["Watches", "watch_request", "TICK", "FALLBACK_TICK", "MAX_POLLED"]
 
 log = logging.getLogger(__name__)
 
-#: seconds between two looks at a watched tensor (the extent reaches a watcher within it)
+#: seconds between two looks at a watched tensor without file-system events (the extent
+#: reaches a watcher within it)
 TICK = 0.05
+#: seconds between two looks with file-system events (the events start the others)
+FALLBACK_TICK = 1.0
+#: events are grouped over at most this long before a look (the extent reaches a watcher
+#: within it plus a look: issue 46 asks for 200 ms)
+DEBOUNCE_MS = 50
+#: an event group ends after this long without a new event (before ``DEBOUNCE_MS`` is up)
+_STEP_MS = 10
 #: watched tensors looked at per tick (the rest wait for the next ticks)
 MAX_POLLED = 256
 #: how long a stream waits for a record before it checks whether its client went
@@ -66,6 +83,13 @@ class Watches:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
+        self._follower: threading.Thread | None = None
+        #: an event named a watched tensor's files (or a tick passed): look now
+        self._nudged = threading.Event()
+        #: the watched set changed: the event watcher begins again over its paths
+        self._moved = threading.Event()
+        #: file-system events drive the looks (False without watchfiles, or once it failed)
+        self._events = watchfiles is not None
 
     def stream(
         self,
@@ -102,20 +126,28 @@ class Watches:
 
     def _watch(self, array_id: str, delta: int) -> None:
         with self._lock:
+            before = len(self._watched)
             self._watched[array_id] += delta
             if self._watched[array_id] <= 0:
                 del self._watched[array_id]
+            if len(self._watched) != before:
+                self._moved.set()  # the event watcher restarts over the new paths
             if self._poller is None and self._watched:
                 self._poller = threading.Thread(target=self._poll, name="watch-poller", daemon=True)
                 self._poller.start()
+                if self._events:
+                    self._follower = threading.Thread(target=self._follow, name="watch-events", daemon=True)
+                    self._follower.start()
 
     def _poll(self) -> None:
-        """Look at the watched tensors every ``TICK`` (module docstring)."""
+        """Look at the watched tensors when nudged by an event, or every tick (module docstring)."""
         turn = 0
-        while not self._closed.wait(TICK):
+        while not self._closed.is_set():
+            self._nudged.wait(FALLBACK_TICK if self._events else TICK)
+            self._nudged.clear()
             with self._lock:
                 watched = sorted(self._watched)
-            if not watched:
+            if not watched or self._closed.is_set():
                 continue
             start = turn % len(watched)
             turn += MAX_POLLED
@@ -127,8 +159,55 @@ class Watches:
                 except Exception:  # the poller's one boundary: one tensor's failure stops no other
                     log.exception("watch: looking at %s failed", array_id)
 
+    def _follow(self) -> None:
+        """Nudge the poller when file-system events name a watched tensor's files (module
+        docstring); begun again over the new paths whenever the watched set changes. A
+        failing watcher leaves the polling every ``TICK`` in its place."""
+        stop = _Either(self._closed, self._moved)
+        while not self._closed.is_set():
+            self._moved.clear()
+            paths = self._paths()
+            self._nudged.set()  # what changed while the watcher began again
+            if not paths:
+                self._moved.wait(FALLBACK_TICK)
+                continue
+            try:
+                for _ in watchfiles.watch(
+                    *paths, debounce=DEBOUNCE_MS, step=_STEP_MS, stop_event=stop, raise_interrupt=False
+                ):
+                    self._nudged.set()
+            except Exception:  # the watcher's one boundary: polling takes over, never a dead watch
+                log.exception("watch: file-system events failed; looking every %s s instead", TICK)
+                self._events = False
+                self._nudged.set()
+                return
+
+    def _paths(self) -> list[Path]:
+        """The existing growth paths of the watched tensors."""
+        with self._lock:
+            watched = list(self._watched)
+        paths: set[Path] = set()
+        for array_id in watched:
+            try:
+                paths.update(self.runtime.catalog.find_tensor(array_id)[0].growth_paths())
+            except TensorServerError:  # gone: its stream ends
+                continue
+        return sorted(p for p in paths if p.exists())
+
     def close(self) -> None:
-        """End every stream and the poller."""
+        """End every stream, the poller and the event watcher."""
         self._closed.set()
-        if self._poller is not None:
-            self._poller.join(timeout=5)
+        self._nudged.set()
+        for thread in (self._poller, self._follower):
+            if thread is not None:
+                thread.join(timeout=5)
+
+
+class _Either:
+    """Set when either event is (``watchfiles.watch`` stops on one ``is_set()``)."""
+
+    def __init__(self, *events: threading.Event) -> None:
+        self.events = events
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)

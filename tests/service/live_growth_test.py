@@ -6,6 +6,7 @@ on disk. No timing decides a result: waits are bounded only to prove "not frozen
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -109,6 +110,20 @@ def test_every_frame_read_while_written_equals_what_was_written(tmp_path, fmt):
         np.testing.assert_array_equal(fresh.get_array(array_id, (slice(0, 1), slice(None), slice(None)))[0], frame(0))
         assert fresh.cache_stats()["hits"] > hits, "frame 0's chunks are cache hits across growth"
         np.testing.assert_array_equal(fresh.get_array(array_id), np.stack([frame(i) for i in range(12)]))
+
+
+def test_the_descriptor_carries_the_extent_and_its_sequence(tmp_path):
+    with live_server(tmp_path, 3) as (served, array_id, path):
+        client = served.client()
+        before = client.get_descriptor(array_id, with_metadata=True)
+        assert json.loads(before.metadata_json)["sequence"] == 0
+        assert json.loads(before.metadata_json)["type"] == "zarr", "the wrapper's keys are kept"
+        assert writer(path, 2, 4).wait(PATIENCE) == 0
+        after = client.get_descriptor(array_id, with_metadata=True)
+        sequence = json.loads(after.metadata_json)["sequence"]
+        assert after.shape[0] == 4 and sequence >= 1
+        assert served.runtime.catalog.find_tensor(array_id)[0].extents.shape[0] == 4
+        assert sequence == served.runtime.catalog.find_tensor(array_id)[0].extents.sequence
 
 
 def test_the_ome_zarr_view_answers_the_current_shape(tmp_path):

@@ -18,9 +18,12 @@ from tensor_server.service.watch import watch_request
 from tests.service.live_growth_test import PATIENCE, frame, live_server, writer
 
 
-def flight_watch(served, body: dict):
+def flight_watch(served, body: dict, deadline: float | None = None):
+    """A watch call; ``deadline``: seconds before the call fails (a stream that would wait
+    for a record forever)."""
     client = flight.FlightClient(served.location)
-    return client, client.do_action(flight.Action("watch", json.dumps(body).encode()))
+    options = flight.FlightCallOptions(timeout=deadline)
+    return client, client.do_action(flight.Action("watch", json.dumps(body).encode()), options=options)
 
 
 def leave(client, results) -> None:
@@ -127,3 +130,23 @@ def test_an_unknown_tensor_or_a_bad_body_is_refused_before_streaming(tmp_path):
         with pytest.raises(Exception, match=why):
             watch_request(body)
     assert watch_request(b'{"array_id": "a", "since": 3}') == ("a", 3)
+
+
+@pytest.mark.parametrize("events", [True, False])
+def test_growth_is_seen_from_file_system_events_or_by_polling_without_them(tmp_path, monkeypatch, events):
+    """With events, the fallback look is an hour away, so every record the writer's growth
+    makes came from an event; without watchfiles (or a failed watcher), the tick polls."""
+    from tensor_server.service import watch
+
+    pytest.importorskip("watchfiles") if events else monkeypatch.setattr(watch, "watchfiles", None)
+    monkeypatch.setattr(watch, "FALLBACK_TICK", 3600.0)
+    with live_server(tmp_path, 3) as (served, array_id, path):
+        client, results = flight_watch(served, {"array_id": array_id}, deadline=PATIENCE)
+        assert served.runtime.watches._events is events
+        proc = writer(path, 2, 8, pause=0.01)
+        records = records_until(results, 8)
+        leave(client, results)
+        assert proc.wait(PATIENCE) == 0
+        assert records[-1]["shape"] == [8, 32, 32]
+        assert_in_order_without_gaps(records, 0)
+        assert served.runtime.watches._events is events, "the event watcher never failed over to polling"
