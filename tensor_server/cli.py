@@ -19,8 +19,10 @@ from tensor_server.cli_workers import (
     WorkerRole,
     as_worker,
     cache_peers,
+    follow_catalog,
     merge_worker_metrics,
     primary_workers,
+    publish_catalog,
     refuse_workers,
     render_specs_folder,
     serve_as_worker,
@@ -365,7 +367,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         if settings.http_port is not None and settings.http_token
         else None
     )
+    follower = publisher = None
     if role is not None:  # a worker listens once it knows the roots: until then the others serve
+        follower = follow_catalog(role, catalog)  # the primary's uploads and added paths, from the start
         catalog.scan()
     if settings.shares_dir is None:  # share links outlive a restart, and the workers read the same list
         settings.shares_dir = str(default_data_dir() / "shares")
@@ -379,6 +383,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     metrics, opened = _open_metrics(runtime, say=role is None)
     doors = _open_doors(runtime, settings, http_token, role, count) if opened else None
     if doors is None:
+        if follower is not None:
+            follower.close()
         if metrics is not None:
             metrics.stop()
         runtime.close()
@@ -397,6 +403,7 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
     try:  # from here on a Ctrl-C (or SIGTERM) stops the server the one way, whenever it comes
         if role is None and count > 1:
+            publisher = publish_catalog(runtime, cache, server.port)  # read by every worker (at its start too)
             workers = primary_workers(args.argv, count, runtime, location, server.port, http.port, cache)
             failed = workers.start()
             if failed is not None:
@@ -458,6 +465,9 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         memory.close()
         if workers is not None:
             workers.stop()
+        for shared in (publisher, follower):
+            if shared is not None:
+                shared.close()
         if http is not None:
             http.stop()
         if url_path is not None:

@@ -8,7 +8,9 @@ workers as fresh interpreters (``python -m tensor_server`` with the same argumen
 in ``WORKER_ENV``: never a fork of a threaded process). A worker serves HTTP reads from a
 catalog of its own (the same roots, scanned by it: the primary's catalog store is a DuckDB file
 only one process may open), read-only, and reads the chunk cache every process writes
-(``cache/peers.py``).
+(``cache/peers.py``). What only the primary holds (READY uploads, paths added with
+``add_source``) it publishes in a manifest file its workers follow (``service/worker_catalog.py``:
+``publish_catalog``, ``follow_catalog``), so they serve it under the same ids.
 
 Flight stays on the primary: pyarrow's Flight server binds without ``SO_REUSEPORT`` (measured
 on pyarrow 26: a second server on the port fails with "Address already in use"), so a worker
@@ -45,6 +47,8 @@ __all__ = [
     "merge_worker_metrics",
     "cache_peers",
     "render_specs_folder",
+    "publish_catalog",
+    "follow_catalog",
     "refuse_workers",
     "serve_as_worker",
 ]
@@ -273,17 +277,46 @@ def cache_peers(folder: str, role: WorkerRole | None, count: int):  # PeerSegmen
     return PeerSegments(peer_folders(cache_dir, role.slot if role else 0, count)) if count > 1 else None
 
 
-def render_specs_folder(role: WorkerRole | None, cache) -> Path:
-    """The folder every process of a server keeps render specs in (``render.spec_store``):
-    ``render-specs`` under the primary's chunk cache folder (which workers are told), else
-    under the default cache folder (the same for every process: they share the environment)."""
+def shared_folder(role: WorkerRole | None, cache) -> Path:
+    """The folder every process of a server shares files in: the primary's chunk cache folder
+    (which workers are told), else the default cache folder (the same for every process: they
+    share the environment)."""
     from tensor_server.config import default_cache_dir
 
     if role is not None:
         root = Path(role.cache_dir) if role.cache_dir else None
     else:
         root = Path(cache.dir) if cache is not None else None
-    return (root or default_cache_dir()) / "render-specs"
+    return root or default_cache_dir()
+
+
+def render_specs_folder(role: WorkerRole | None, cache) -> Path:
+    """The folder every process of a server keeps render specs in (``render.spec_store``)."""
+    return shared_folder(role, cache) / "render-specs"
+
+
+def catalog_manifest(role: WorkerRole | None, cache, flight_port: int) -> Path:
+    """The file the primary tells its workers what only it holds in (``service/worker_catalog.py``):
+    named by the primary's Flight port, so two servers sharing the default folder never share it."""
+    return shared_folder(role, cache) / f"workers-catalog-{flight_port}.json"
+
+
+def publish_catalog(runtime, cache, flight_port: int):  # ManifestPublisher
+    """The primary's manifest, written now (before any worker reads it) and kept current."""
+    from tensor_server.service.worker_catalog import ManifestPublisher
+
+    publisher = ManifestPublisher(runtime.catalog, runtime.uploads, catalog_manifest(None, cache, flight_port))
+    publisher.start()
+    return publisher
+
+
+def follow_catalog(role: WorkerRole, catalog):  # ManifestFollower
+    """A worker serves its primary's READY uploads and added sources, from before its first scan."""
+    from tensor_server.service.worker_catalog import ManifestFollower
+
+    follower = ManifestFollower(catalog, catalog_manifest(role, None, role.flight_port))
+    follower.start()
+    return follower
 
 
 def serve_as_worker(role: WorkerRole, http, catalog, settings, metrics) -> int:
@@ -293,9 +326,9 @@ def serve_as_worker(role: WorkerRole, http, catalog, settings, metrics) -> int:
 
     catalog.start_periodic_rescan(settings.rescan_seconds)
     catalog.unknown_hint = (
-        f"; this is worker {role.slot} of a `serve --workers {role.count}` server, which serves what the roots "
-        "hold: a tensor uploaded or added with add_source is on its first process only (over Flight at "
-        f"{role.primary}; docs/serving.md)"
+        f"; this is worker {role.slot} of a `serve --workers {role.count}` server, which serves the roots, "
+        "READY uploads and added paths: a private upload or a source added from a URL is on its first "
+        f"process only (over Flight at {role.primary}; docs/serving.md)"
     )
     print(
         f"tensor-server worker {role.slot} of {role.count} (pid {os.getpid()}) serving HTTP on {http.url}",

@@ -36,7 +36,8 @@ class Served:
             np.save(tmp_path / "a.npy", data)
             root = str(tmp_path / "a.npy")
         self.array_id = source_id_for_path(root)
-        env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home")}
+        # HOME: add_source allows the user's home (and the roots) by default
+        env = {**os.environ, "TENSOR_SERVER_HOME": str(tmp_path / "home"), "HOME": str(tmp_path)}
         cmd = [sys.executable, "-m", "tensor_server", "serve", root, "--port", "0"]
         cmd += ["--http-port", "0", "--no-http-token", "--request-log", "off", "--workers", str(workers), *extra]
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -269,18 +270,22 @@ def test_a_worker_that_cannot_start_fails_the_start_and_leaves_nothing_running(t
     assert "listening on" not in out.stderr
 
 
+def _on(served: Served, pid: int) -> http.client.HTTPConnection:
+    """A fresh connection the process ``pid`` accepted (a kept-alive one may idle out while
+    the other process compiles its first composite)."""
+    for _ in range(64):
+        conn, holder = served.connection()
+        if holder == pid:
+            return conn
+        conn.close()
+    raise AssertionError(f"64 connections never reached process {pid}")
+
+
 def test_a_render_spec_posted_to_one_process_is_served_by_the_other(served):
     primary, worker = served.proc.pid, served.workers()[0]
 
     def on(pid: int) -> http.client.HTTPConnection:
-        """A fresh connection the process ``pid`` accepted (a kept-alive one may idle out while
-        the other process compiles its first composite)."""
-        for _ in range(64):
-            conn, holder = served.connection()
-            if holder == pid:
-                return conn
-            conn.close()
-        raise AssertionError(f"64 connections never reached process {pid}")
+        return _on(served, pid)
 
     ids = []
     for pid, colour in ((primary, "red"), (worker, "green")):  # each process stores one
@@ -294,6 +299,73 @@ def test_a_render_spec_posted_to_one_process_is_served_by_the_other(served):
         assert json.loads(served.get(f"/render/{spec_id}", on(other)))["id"] == spec_id
         tile = served.get(f"/iiif/3/{served.array_id};r={spec_id}/0,0,1024,1024/32,32/0/default.png", on(other))
         assert _channels_lit(tile) == ([True, False, False] if spec_id == ids[0] else [False, True, False])
+
+
+def _status(conn: http.client.HTTPConnection, path: str) -> tuple[int, bytes]:
+    conn.request("GET", path)
+    response = conn.getresponse()
+    return response.status, response.read()
+
+
+def _chunk_bytes(data: np.ndarray, zarray: dict) -> bytes:
+    """Chunk 0.0 of ``data`` as the OME-Zarr view's ``.zarray`` says it is stored (uncompressed,
+    an edge chunk padded with the fill value)."""
+    assert zarray["compressor"] is None and zarray["fill_value"] == 0 and len(zarray["chunks"]) == data.ndim
+    chunk = np.zeros(zarray["chunks"], np.dtype(zarray["dtype"]))
+    region = tuple(slice(0, min(c, n)) for c, n in zip(zarray["chunks"], data.shape))
+    chunk[region] = data[region]
+    return chunk.tobytes()
+
+
+def test_uploads_and_added_paths_are_served_by_every_process(tmp_path):
+    """A READY upload and an added zarr (both only on the primary's catalog) answer the same
+    bytes on every process's HTTP door; discarded and removed, they are a 404 on every one."""
+    import zarr
+    from biopb.tensor import TensorFlightClient
+
+    served = Served(tmp_path, extra=("--write-dir", str(tmp_path / "write"), "--writable"))
+    try:
+        client = TensorFlightClient(served.location)
+        rng = np.random.default_rng(41)
+        uploaded = rng.integers(0, 65535, (96, 160), dtype=np.uint16)
+        desc = client.setup_array_upload("zarr://scratch/@fields/shared", uploaded, chunk_shape=(64, 64))
+        assert client.upload_array(desc, uploaded)["state"] == "READY"
+        added = rng.integers(0, 255, (100, 120), dtype=np.uint8)
+        store = zarr.open_array(
+            str(tmp_path / "elsewhere" / "dropped.zarr"),
+            mode="w",
+            shape=added.shape,
+            chunks=(64, 64),
+            dtype="u1",
+            zarr_format=2,
+        )
+        store[:] = added
+        (sid,) = client.register_local_path(str(tmp_path / "elsewhere" / "dropped.zarr")).added
+        direct = {"scratch/@fields/shared": uploaded, sid: added}
+        for array_id, data in direct.items():  # the primary's own read, over Flight
+            np.testing.assert_array_equal(np.asarray(client.get_array(array_id)), data)
+        pids = [served.proc.pid, *served.workers()]
+        assert len(pids) == 2
+        for array_id, data in direct.items():
+            for pid in pids:
+                conn = _on(served, pid)
+                status, body = _status(conn, f"/zarr/{array_id}/0/.zarray")
+                assert status == 200, (pid, body)
+                zarray = json.loads(body)
+                assert zarray["shape"] == list(data.shape)
+                status, body = _status(conn, f"/zarr/{array_id}/0/0.0")
+                assert status == 200 and body == _chunk_bytes(data, zarray), (pid, status)
+        client.set_upload_status("scratch/@fields/shared", "DISCARDED")
+        assert list(client.deregister_local_path("dnd://dropped.zarr").removed) == [sid]
+        gone = {pid: False for pid in pids}
+        deadline = time.monotonic() + 30  # a worker looks at the manifest every second
+        while not all(gone.values()) and time.monotonic() < deadline:
+            for pid in pids:
+                conn = _on(served, pid)
+                gone[pid] = all(_status(conn, f"/zarr/{a}/0/.zarray")[0] == 404 for a in direct)
+        assert all(gone.values()), gone
+    finally:
+        served.stop()
 
 
 def _channels_lit(png: bytes) -> list[bool]:

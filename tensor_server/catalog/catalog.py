@@ -93,6 +93,10 @@ class Catalog:
         self.follow_symlinks_outside_roots = follow_symlinks_outside_roots
         #: said after an unknown source's refusal (a worker of ``serve --workers`` says what it lacks)
         self.unknown_hint = ""
+        #: asked when an id is not found: whether it changed what is served (then the look-up is
+        #: tried once more). A worker of ``serve --workers`` looks at its primary's manifest
+        #: (``service/worker_catalog.py``); None: an unknown id is unknown.
+        self.on_miss: Callable[[], bool] | None = None
         #: a source whose reader takes longer to open becomes an unreadable row; the scan goes on
         self.open_timeout_seconds = open_timeout_seconds
         #: the gap of the montages its sources build (a plate, a file's positions: core/montage.py)
@@ -107,6 +111,9 @@ class Catalog:
         #: read under one value knows it is current while the value stays (health
         #: ``catalog_generation``; the Tensor Browser re-lists when it moves)
         self.generation = 0
+        #: set whenever ``generation`` moves (never cleared here): a follower of the catalog
+        #: (the primary's manifest for its workers) waits on it instead of polling
+        self.moved = threading.Event()
         #: source_id -> field -> (tensor, listed): tensors attached to a source by the upload
         #: subsystem (``@fields/..``, ``../@labels/..``). Kept by source id, not on the record,
         #: so a field whose source vanished (an orphan) is kept and comes back with the source.
@@ -141,7 +148,12 @@ class Catalog:
     def _changed(self) -> None:
         """Rows changed (caller holds ``_lock``): re-publish the SQL table on the next query."""
         self.sql_tables.rows_changed()
+        self._move()
+
+    def _move(self) -> None:
+        """The generation moves (caller holds ``_lock``)."""
         self.generation += 1
+        self.moved.set()
 
     def _set_record(self, rec: SourceRecord) -> SourceRecord | None:
         """Put ``rec`` in place (caller holds ``_lock``); return the record it replaces."""
@@ -238,7 +250,7 @@ class Catalog:
             fields[field] = (tensor, listed)
             self.sql_tables.rows_changed()
             if listed or (was is not None and was[1]):
-                self.generation += 1
+                self._move()
 
     def detach(self, source_id: str, field: str) -> None:
         """Stop serving ``source_id/field``; the generation moves when it was listed."""
@@ -249,7 +261,7 @@ class Catalog:
                 self._attached.pop(source_id, None)
             self.sql_tables.rows_changed()
             if was is not None and was[1]:
-                self.generation += 1
+                self._move()
 
     def served(self, rec: SourceRecord) -> list[ServedTensor]:
         """Every tensor ``rec`` serves and lists, in order: the source's own (from its adapter,
@@ -342,6 +354,15 @@ class Catalog:
             return sum(r.is_open_pending() for r in self._records.values())
 
     def find_tensor(self, array_id: str) -> tuple[TensorAdapter, str]:
+        """``_find_tensor``, tried once more when ``on_miss`` says what is served changed."""
+        try:
+            return self._find_tensor(array_id)
+        except TensorNotFound:
+            if self.on_miss is None or not self.on_miss():
+                raise
+        return self._find_tensor(array_id)
+
+    def _find_tensor(self, array_id: str) -> tuple[TensorAdapter, str]:
         """(tensor, the id to echo) for an array id (``core.identity.ArrayId``): ``source_id``
         or ``source_id/`` (the default tensor) or ``source_id/field``. The echo is the request
         itself when it names a tensor exactly (``source_id/`` names the default tensor
