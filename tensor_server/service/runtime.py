@@ -35,7 +35,7 @@ from tensor_server.catalog.tree import SourcePlaces
 from tensor_server.config import Settings
 from tensor_server.core.bounds import Bounds
 from tensor_server.core.chunk_id import UNSCALED, ChunkId
-from tensor_server.core.engine import Cancelled, ReadEngine, check_chunk_id
+from tensor_server.core.engine import Cancelled, ReadEngine
 from tensor_server.core.identity import ArrayId
 from tensor_server.core.level_grid import GridLevel, level_extent, read_level_region, region_cells
 from tensor_server.core.plan import ReadPlan, plan_read
@@ -52,7 +52,6 @@ from tensor_server.service.access import Access
 from tensor_server.service.caller import Caller
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tensor_server.cache import Location
     from tensor_server.catalog.catalog import Catalog
     from tensor_server.catalog.record import ServedTensor
     from tensor_server.core.adapter_base import TensorAdapter
@@ -522,7 +521,7 @@ class ServingRuntime:
     def _read_chunk(
         self, tensor: TensorAdapter, cid: ChunkId, caller: Caller, cancelled: Cancelled | None
     ) -> tuple[ChunkId, np.ndarray]:
-        self._count_peer(caller)
+        self.count_peer(caller)
         if self.precacher is None:
             return self.engine.chunk(cid, tensor, cancelled=cancelled)
         with self.precacher.client_read():
@@ -641,71 +640,19 @@ class ServingRuntime:
     ) -> np.ndarray:
         """Pixels of a region at a scale (a door that serves regions rather than planned
         chunks: tiles, exports). ``tensor`` comes from ``tensor()``, which gated it."""
-        self._count_peer(caller)
+        self.count_peer(caller)
         return self.engine.read(tensor, bounds, scale, method, cancelled=cancelled)
 
     @metrics.verb("locate")
     def locate(self, chunk_id: bytes, caller: Caller) -> dict[str, Any]:
-        """wire-protocol §7: the chunk's batch in a segment file the client can map. The chunk
-        goes through the same checks as a chunk read (a stale id is refused), is resolved into
-        the cache when missing, and is only offered to loopback peers: a path is useless, and
-        revealing, to a client on another machine."""
-        if not caller.is_loopback or self.cache is None:
-            return {"available": False}
-        cid = ChunkId.decode(chunk_id)
-        own = self._member_location(cid, caller)  # a cache:// member chunk: its own sealed segment
-        if own is not None:
-            return own
-        loc = self._cached_location(cid, caller)
-        if loc is None:
-            cid, _ = self.chunk(cid, caller)
-            loc = self.cache.locate(cid.encode())
-        if loc is None:  # e.g. larger than the whole cache budget, or evicted just now
-            return {"available": False}
-        return {
-            "available": True,
-            "segment_path": loc.segment_path,
-            "byte_offset": loc.byte_offset,
-            "byte_length": loc.byte_length,
-            "generation_id": loc.generation_id,
-        }
+        """wire-protocol §7: the chunk's batch in a segment file the client can map, for
+        loopback peers only (``service/_locate.py``)."""
+        from tensor_server.service._locate import chunk_location
 
-    def _cached_location(self, cid: ChunkId, caller: Caller) -> Location | None:
-        """A chunk read that finds ``cid`` in the file tier: the gate and the checks of
-        ``chunk``, then the chunk's location instead of its pixels. A warm SDK tile is this
-        and a describe; going through ``chunk`` mapped and wrapped the pixels nobody looked at
-        and cost 0.3 ms of server CPU a tile (more than the replay floor's whole call)."""
-        assert self.cache is not None
-        tensor = self.chunk_tensor(cid, caller)
-        cid = self.engine.checked(tensor, cid)
-        loc = self.cache.locate(cid.encode(), read=True)
-        if loc is not None:
-            self._count_peer(caller)
-            if self.precacher is not None:
-                self.precacher.after_read(tensor, cid)
-        return loc
+        return chunk_location(self, chunk_id, caller)
 
-    def _member_location(self, cid: ChunkId, caller: Caller) -> dict[str, Any] | None:
-        up = self.upload(cid.array_id)
-        if up is None:
-            return None
-        self.chunk_tensor(cid, caller)  # the gate (and the token) first
-        cid = check_chunk_id(up.tensor, cid)
-        if cid.method != UNSCALED:
-            return None
-        loc = up.member.locate(Bounds(cid.start, cid.stop))
-        if loc is None:
-            return None
-        path, offset, length, inode = loc
-        return {
-            "available": True,
-            "segment_path": path,
-            "byte_offset": offset,
-            "byte_length": length,
-            "generation_id": inode,
-        }
-
-    def _count_peer(self, caller: Caller) -> None:
+    def count_peer(self, caller: Caller) -> None:
+        """One read by ``caller``, counted per client address (``server_stats``)."""
         with self._peers_lock:
             key = caller.peer or caller.door
             if key not in self._peers and len(self._peers) >= MAX_PEERS_COUNTED:
