@@ -307,6 +307,7 @@ def publish_catalog(runtime, cache, flight_port: int):  # ManifestPublisher
 
     publisher = ManifestPublisher(runtime.catalog, runtime.uploads, catalog_manifest(None, cache, flight_port))
     publisher.start()
+    runtime.catalog_written = publisher.flush
     return publisher
 
 

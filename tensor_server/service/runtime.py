@@ -203,6 +203,10 @@ class ServingRuntime:
         self.watches = Watches(self)
         #: the viewer doors' verbs (IIIF, DeepZoom, the catalog page's images)
         self.viewer = ViewerVerbs(self)
+        #: called when a write verb moved the catalog, before its answer is sent: the primary of
+        #: ``serve --workers`` writes its workers' manifest then (``service/worker_catalog.py``),
+        #: so what a client was told is READY or added answers on every process at once
+        self.catalog_written: Callable[[], None] | None = None
 
     def close(self) -> None:
         """Stop what the runtime started (sweeps, precache, watches); the catalog and cache stay open."""
@@ -714,7 +718,20 @@ class ServingRuntime:
             self.access.administer(caller)
         elif not action.open:
             self.authenticate(caller)
-        return iter(action.handler(self, caller, body, cancelled or (lambda: False)))
+        generation = self.catalog.generation
+        results = action.handler(self, caller, body, cancelled or (lambda: False))
+        if not action.writes or self.catalog_written is None:
+            return iter(results)
+        return self._told_after_written(results, generation)
+
+    def _told_after_written(self, results: Iterable[bytes], generation: int) -> Iterator[bytes]:
+        """``results``, each sent only after ``catalog_written`` ran if the catalog moved since
+        ``generation`` (a handler may do its work lazily, between its results)."""
+        for result in results:
+            if self.catalog.generation != generation and self.catalog_written is not None:
+                self.catalog_written()
+                generation = self.catalog.generation
+            yield result
 
     def list_actions(self, caller: Caller) -> list[tuple[str, str]]:
         from tensor_server.service.actions import available_actions

@@ -7,7 +7,8 @@ the primary is told to the workers by one small JSON file, the *manifest*: per R
 id, member folder and content version; per added path (a ``dnd://`` record) its source id,
 path, format and url; and the write dir (never scanned as a root's content). The primary
 (``ManifestPublisher``) rewrites it whole (temporary file, then ``os.replace``: a reader sees
-one version or the next) when its catalog generation moves and the content differs; a worker
+one version or the next) when its catalog generation moves and the content differs, and before
+it answers a write verb that moved it (``ServingRuntime.catalog_written``); a worker
 (``ManifestFollower``) opens each entry read-only, as boot adoption and ``add_source`` do, and
 drops what left it: a discarded upload or a removed path stops being served by every process.
 
@@ -67,6 +68,7 @@ class ManifestPublisher:
         self.catalog, self.uploads, self.path = catalog, uploads, Path(path)
         self._last: dict[str, Any] | None = None
         self._said_full = False
+        self._writing = threading.Lock()  # one publish at a time: the loop's, or a flush
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -109,13 +111,25 @@ class ManifestPublisher:
 
     def publish(self) -> bool:
         """Write the manifest if it changed since the last write; whether it was written."""
-        doc = self.manifest()
-        if doc == self._last:
-            return False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.path, doc)
-        self._last = doc
-        return True
+        with self._writing:
+            doc = self.manifest()
+            if doc == self._last:
+                return False
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.path, doc)
+            self._last = doc
+            return True
+
+    def flush(self) -> None:
+        """Publish now, whatever the loop's pace (``ServingRuntime.catalog_written``: a write
+        verb's answer waits for it, so a client told READY or added finds it on every worker;
+        the loop alone may wait up to ``MAX_PUBLISH_WAIT`` after its last publish)."""
+        if self._stop.is_set():  # closed: the file is gone with the workers
+            return
+        try:
+            self.publish()
+        except OSError as exc:  # as in the loop: the workers keep the last version, said
+            log.warning("cannot write the workers' catalog manifest %s: %s", self.path, exc)
 
     def start(self) -> None:
         """Publish now (before any worker starts), then each time the catalog generation moves,

@@ -95,3 +95,42 @@ def test_a_malformed_or_oversized_manifest_serves_nothing_from_it(pair, tmp_path
         assert worker.known_record("scratch") is None  # not read: the write dir's scratch source is not served
     follower.refresh(retry=True)  # within the bound, the same file is read
     assert worker.known_record("scratch") is not None
+
+
+def test_a_ready_answer_is_sent_after_the_manifest_lists_it(tmp_path, monkeypatch):
+    """The loop may wait up to MAX_PUBLISH_WAIT after a publish; a READY answered in that wait
+    (CI saw a worker 404 an upload the client was just told is READY) is published first."""
+    from biopb.tensor import descriptor_pb2, ticket_pb2
+
+    from tensor_server.config import Settings
+    from tensor_server.service.caller import Caller
+    from tensor_server.service.runtime import ServingRuntime
+
+    monkeypatch.setattr(worker_catalog, "MAX_PUBLISH_WAIT", 60.0)
+    monkeypatch.setattr(worker_catalog, "PUBLISH_GAP", 10**9)
+    primary = _catalog()
+    uploads = UploadManager(primary, tmp_path / "write")
+    runtime = ServingRuntime(primary, Settings(writable=True), uploads=uploads)
+    publisher = ManifestPublisher(primary, uploads, tmp_path / "manifest.json")
+    first = _ready(uploads, "first")
+    publisher.start()  # publishes the first, then its loop wakes on the move, publishes, waits 60 s
+    runtime.catalog_written = publisher.flush
+    try:
+        deadline = time.monotonic() + 10
+        while primary.moved.is_set():  # the loop has not woken yet
+            assert time.monotonic() < deadline, "the publisher's loop never woke"
+            time.sleep(0.01)
+        with publisher._writing:  # its publish is over: it waits out its gap now
+            pass
+        assert [e["array_id"] for e in json.loads((tmp_path / "manifest.json").read_bytes())["uploads"]] == [first]
+        up = uploads.add_tensor("cache://img/@fields/second", ARR.shape, ARR.dtype)
+        body = ticket_pb2.SetUploadStatus(array_id=up.array_id, state=descriptor_pb2.UploadStatus.READY)
+        answer = next(runtime.do_action("set_upload_status", body.SerializeToString(), Caller()))
+        assert descriptor_pb2.UploadStatus.FromString(answer).state == descriptor_pb2.UploadStatus.READY
+        listed = [e["array_id"] for e in json.loads((tmp_path / "manifest.json").read_bytes())["uploads"]]
+        assert listed == sorted([first, up.array_id])
+    finally:
+        publisher.close()
+        runtime.close()
+        uploads.close()
+        primary.close()
