@@ -1,7 +1,10 @@
 """Raw microscopy pixels to 8-bit RGB: windows, channel colours, composites, label colours.
 
-Per channel a window ``[start, end]`` maps linearly to 0..255 and a colour tints it; active
-channels add up (clipped), the usual fluorescence composite. The settings come from:
+Per channel a window ``[start, end]`` and a colour; the active channels are composited by the
+one compositing kernel a render spec uses (``tensor_server_kernels.composite``: each channel
+as its window and colour say, overlaps adding as light), so a tensor drawn with its own
+settings and drawn with a spec of the same colours and windows are the same picture (the
+viewer page turns the first into the second when a slider moves). The settings come from:
 
 1. the source's ``omero`` block (OME-Zarr ``omero.channels``: ``color``, ``window.start/end``,
    ``active``) when it has one;
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from tensor_server_kernels.composite import Channel
 from tensor_server_kernels.overlay_reference import label_colours
 
 from tensor_server.render.histogram import percentile_window
@@ -35,7 +39,7 @@ __all__ = [
     "DEFAULT_COLOURS",
     "label_colours",
     "channel_labels",
-    "to_rgb8",
+    "shown_channels",
     "settings_for",
 ]
 
@@ -135,29 +139,15 @@ def channel_labels(metadata: dict[str, Any]) -> dict[int, str]:
     }
 
 
-def to_rgb8(planes: np.ndarray, settings: RenderSettings, channel_indices: list[int]) -> np.ndarray:
-    """(channels, h, w) raw pixels -> (h, w, 3) uint8, or (h, w) uint8 for one grey channel.
-    ``channel_indices`` says which of the tensor's channels ``planes`` holds."""
-    if settings.mode == "labels":
-        return label_colours(planes[0])
-    if settings.mode == "rgb":
-        return np.ascontiguousarray(np.moveaxis(planes[:3], 0, -1))
+def shown_channels(settings: RenderSettings, channel_indices: list[int]) -> tuple[list[int], list[Channel]]:
+    """(positions in the planes, compositing channels) of what a rendering with the tensor's own
+    ``settings`` shows: the active channels, or the one channel asked for (``;c=``).
+    ``channel_indices`` says which of the tensor's channels the planes hold."""
     chosen = [
-        (planes[k], settings.channels[c])
+        (k, settings.channels[c])
         for k, c in enumerate(channel_indices)
         if settings.channels[c].active or len(channel_indices) == 1
     ]
-    if len(chosen) == 1 and chosen[0][1].colour == (255, 255, 255):
-        return _windowed(*chosen[0])
-    acc = np.zeros(planes.shape[1:] + (3,), np.float32)
-    for plane, setting in chosen:
-        level = _windowed(plane, setting).astype(np.float32)
-        acc += level[..., None] * (np.asarray(setting.colour, np.float32) / 255.0)
-    return np.clip(acc, 0, 255).astype(np.uint8)
-
-
-def _windowed(plane: np.ndarray, setting: ChannelSetting) -> np.ndarray:
-    if plane.dtype == np.uint8 and setting.start == 0 and setting.end == 255:
-        return plane
-    scaled = (plane.astype(np.float32) - setting.start) * (255.0 / (setting.end - setting.start))
-    return np.nan_to_num(np.clip(scaled, 0, 255), nan=0.0).astype(np.uint8)
+    return [k for k, _ in chosen], [
+        Channel(s.start, s.end, (s.colour[0] / 255, s.colour[1] / 255, s.colour[2] / 255)) for _, s in chosen
+    ]

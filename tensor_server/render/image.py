@@ -15,7 +15,7 @@ import numpy as np
 from tensor_server_kernels import composite
 
 from tensor_server.errors import InvalidArgument
-from tensor_server.render.colour import RGB_COLOURS, RenderSettings, settings_for, to_rgb8
+from tensor_server.render.colour import RGB_COLOURS, RenderSettings, label_colours, settings_for, shown_channels
 from tensor_server.render.histogram import Histogram, histogram_of
 from tensor_server.render.memo import LruMemo
 from tensor_server.render.plane import PlaneView, Shown
@@ -72,7 +72,8 @@ class Renderer:
     def __init__(self) -> None:
         self.settings: LruMemo[RenderSettings] = LruMemo()
         self.histograms: LruMemo[Histogram] = LruMemo(2048)
-        #: per (spec, plane, content version): the visible channels and the kernel's tables
+        #: per (spec, plane, content version): the visible channels and the kernel's tables (spec
+        #: "": the tensor's own settings, per channels shown)
         self.tables: LruMemo[tuple[tuple[int, ...], composite.Tables]] = LruMemo(256)
 
     @staticmethod
@@ -143,8 +144,29 @@ class Renderer:
 
         sel = view.selected_channel if view.sample_axis is None else None
         channels = [sel] if sel is not None else list(range(planes.shape[0]))
-        rgb = to_rgb8(planes, settings, channels)
+        if settings.mode == "labels":
+            rgb = label_colours(planes[0])
+        elif settings.mode == "rgb":
+            rgb = np.ascontiguousarray(np.moveaxis(planes[:3], 0, -1))
+        else:
+            rgb = self._own_composite(view, planes, settings, channels)
         return self._fit(view, Image.fromarray(rgb), level, shown, labels=settings.mode == "labels")
+
+    def _own_composite(
+        self, view: PlaneView, planes: np.ndarray, settings: RenderSettings, channels: list[int]
+    ) -> np.ndarray:
+        """``planes`` drawn with the tensor's own ``settings`` by the spec's compositing kernel
+        (its tables made once per plane, channels and content version); one white channel as
+        a grey image (what a viewer expects of one channel, and a third of the JPEG's work)."""
+        positions, shown = shown_channels(settings, channels)
+        indices, tables = self.tables.get(
+            ("", tuple(channels), *self._plane_key(view)), lambda: (tuple(positions), composite.prepare(shown))
+        )
+        visible = planes if list(indices) == list(range(planes.shape[0])) else planes[list(indices)]
+        rgb = composite.composite_with(_kernel_dtype(visible), tables)
+        if len(shown) == 1 and shown[0].colour == (1.0, 1.0, 1.0):
+            return np.ascontiguousarray(rgb[..., 0])
+        return rgb
 
     @staticmethod
     def _fit(view: PlaneView, image: Image.Image, level: GridLevel, shown: Shown, labels: bool) -> Image.Image:

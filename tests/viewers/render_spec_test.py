@@ -202,3 +202,51 @@ def test_a_stored_spec_reads_back_and_histograms_carry_the_panels_defaults(multi
     entry = httpx.get(f"{srv.http_url}/histogram/{array_id}?c=3", timeout=60).json()["channels"][0]
     # no omero block: the default table's 4th colour, shown, named by its index
     assert (entry["label"], entry["color"], entry["active"]) == ("channel 3", "#FFFF00", True)
+
+
+def test_a_tensors_own_settings_draw_what_a_spec_of_the_same_draws(tmp_path):
+    """The default rendering (the ``omero`` block's colours and windows) and a spec naming the
+    same are one composite: the viewer page's picture does not change when a panel posts it."""
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    rng = np.random.default_rng(441)
+    img = rng.integers(0, 4096, (3, 64, 96), dtype=np.uint16)
+    path = tmp_path / "three.zarr"
+    group = zarr.group(store=parse_url(str(path), mode="w").store)
+    write_image(img, group, axes="cyx", scale_factors=(), storage_options={"chunks": (1, 64, 96)})
+    omero = [
+        {"color": "FF0000", "window": {"start": 500, "end": 3000}, "active": True},
+        {"color": "00FF00", "window": {"start": 0, "end": 4000}, "active": True},
+        {"color": "0080FF", "window": {"start": 1000, "end": 2000}, "active": False},
+    ]
+    root = zarr.open_group(str(path), mode="r+")
+    ome = root.attrs.get("ome")
+    if isinstance(ome, dict):  # NGFF 0.5 keeps it under "ome"
+        root.attrs["ome"] = {**ome, "omero": {"channels": omero}}
+    else:
+        root.attrs["omero"] = {"channels": omero}
+    cat = Catalog([tmp_path])
+    cat.scan()
+    try:
+        with serving(cat, http=True) as srv:
+            rec = next(r for r in cat.records() if r.source is not None)
+            array_id = next(iter(rec.source.tensors.values())).array_id
+            spec = {
+                "channels": [
+                    {"index": i, "color": "#" + c["color"], "window": c["window"]}
+                    for i, c in enumerate(omero)
+                    if c["active"]
+                ]
+            }
+            spec_id = _post(srv, json.dumps(spec).encode()).json()["id"]
+            region = "/full/max/0/default.png"
+            default = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id}{region}", timeout=60))
+            with_spec = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id};r={spec_id}{region}", timeout=60))
+    finally:
+        cat.close()
+    channels = [R.Channel(c["window"]["start"], c["window"]["end"], colour_value(c["color"])) for c in omero[:2]]
+    assert np.array_equal(default, with_spec)
+    assert np.array_equal(default, R.composite(img[:2], channels))  # red over green adds as light
+    assert default[..., 2].max() == 0  # the inactive blue channel is not drawn

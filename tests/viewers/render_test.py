@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tensor_server_kernels import composite_reference
 
 from tensor_server.adapters.memory import ArrayAdapter
 from tensor_server.core.pyramid import PyramidPolicy
 from tensor_server.errors import InvalidArgument, Unimplemented
 from tensor_server.render import deepzoom, iiif
-from tensor_server.render.colour import label_colours, settings_for, to_rgb8
+from tensor_server.render.colour import label_colours, settings_for, shown_channels
 from tensor_server.render.plane import MAX_LEVEL_READ_PX, READ_PER_OUTPUT_PX, PlaneView, split_identifier
 
 
@@ -26,8 +27,10 @@ def test_omero_block_sets_window_colour_and_active_channels():
     }
     s = settings_for(meta, np.dtype(np.uint16), False, False, 2, lambda: pytest.fail("no window to measure"))
     planes = np.array([[[100, 150, 250]], [[10, 10, 10]]], np.uint16)
-    rgb = to_rgb8(planes, s, [0, 1])
-    assert rgb[0, :, 0].tolist() == [0, 127, 255] and rgb[0, :, 1].tolist() == [0, 0, 0]
+    positions, channels = shown_channels(s, [0, 1])  # the inactive green one is not drawn
+    assert positions == [0] and channels == [composite_reference.Channel(100.0, 200.0, (1.0, 0.0, 0.0))]
+    rgb = composite_reference.composite(planes[positions], channels)
+    assert rgb[0, :, 0].tolist() == [0, 128, 255] and rgb[0, :, 1].tolist() == [0, 0, 0]
 
 
 def test_percentile_window_from_the_coarse_level_and_default_colours():
@@ -37,7 +40,9 @@ def test_percentile_window_from_the_coarse_level_and_default_colours():
     assert s.channels[0].end == pytest.approx(np.percentile(coarse[0], 99.9))
     assert [c.colour for c in s.channels] == [(0, 255, 0), (255, 0, 255)]
     grey = settings_for({}, np.dtype(np.uint8), False, False, 1, lambda: pytest.fail("8-bit is shown as stored"))
-    assert to_rgb8(np.array([[[0, 77, 255]]], np.uint8), grey, [0]).tolist() == [[0, 77, 255]]
+    positions, channels = shown_channels(grey, [0])
+    grey_rgb = composite_reference.composite(np.array([[[0, 77, 255]]], np.uint8)[positions], channels)
+    assert grey_rgb[..., 0].tolist() == grey_rgb[..., 2].tolist() == [[0, 77, 255]]
 
 
 def test_label_colours_are_stable_and_background_is_black():
