@@ -37,7 +37,7 @@ BENCH_RECORD ?=
 export BENCH_RECORD
 SHELL := /bin/bash
 
-.PHONY: setup run url test lint test-nojit browser nginx viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
+.PHONY: setup run url test lint test-load test-nojit browser nginx viewer-assets warm bench bench-kernels bench-small asv perf-gate bench-record bench-publish clean
 
 setup: $(STAMP)
 
@@ -163,6 +163,13 @@ viewer-assets:
 warm: $(STAMP)
 	@$(PY) tools/bytecode.py tensor_server kernels/tensor_server_kernels
 	@$(PY) -m tensor_server_kernels.warm
+
+# The load test of `serve --workers 2` (issue 41: 8 HTTP + 6 Flight clients for 60 s, a worker
+# SIGKILLed mid-run). Off in `make test`, whose ten minutes it would take a tenth of with both
+# cores busy; .ci/run runs it after `make test`.
+test-load: $(STAMP)
+	@echo "test-load: 8 HTTP + 6 Flight clients against serve --workers 2 for 60 s (tests/cli_workers_load_test.py)"
+	TENSOR_SERVER_LOAD_TEST=1 $(PY) -m pytest -q -n 0 tests/cli_workers_load_test.py
 
 test-nojit: $(STAMP)
 	NUMBA_DISABLE_JIT=1 $(PY) -m pytest -q tests/kernels/downsample_test.py tests/kernels/decode_test.py tests/kernels/composite_test.py
