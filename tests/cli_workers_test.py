@@ -76,11 +76,15 @@ class Served:
         conn = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
         conn.connect()
         mine = conn.sock.getsockname()[1]
-        for _ in range(100):  # accepted by the process's event loop soon after the handshake
+        deadline = time.monotonic() + 30  # accepted by the process's event loop after the handshake:
+        while time.monotonic() < deadline:  # soon, or later on a loaded machine (a fresh worker)
             for pid in [self.proc.pid, *self.workers()]:
-                for c in psutil.Process(pid).net_connections(kind="tcp"):
-                    if c.laddr.port == self.http_port and c.raddr and c.raddr.port == mine:
-                        return conn, pid
+                try:
+                    held = psutil.Process(pid).net_connections(kind="tcp")
+                except psutil.NoSuchProcess:  # a worker that exited after the listing
+                    continue
+                if any(c.laddr.port == self.http_port and c.raddr and c.raddr.port == mine for c in held):
+                    return conn, pid
             time.sleep(0.05)
         raise AssertionError("no server process holds the connection")
 
