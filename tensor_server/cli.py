@@ -20,6 +20,7 @@ from tensor_server.cli_workers import (
     as_worker,
     cache_peers,
     follow_catalog,
+    follow_grants,
     merge_worker_metrics,
     primary_workers,
     publish_catalog,
@@ -376,6 +377,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     runtime = ServingRuntime(
         catalog, settings, cache=cache, uploads=uploads, tls=tls, access_tokens=[http_token] if http_token else []
     )
+    if follower is not None:
+        follow_grants(runtime, follower)
     if count > 1:  # a render spec posted to one process is read by every other
         from tensor_server.render.spec_store import SharedSpecStore
 

@@ -49,6 +49,7 @@ __all__ = [
     "render_specs_folder",
     "publish_catalog",
     "follow_catalog",
+    "follow_grants",
     "refuse_workers",
     "serve_as_worker",
 ]
@@ -305,14 +306,20 @@ def publish_catalog(runtime, cache, flight_port: int):  # ManifestPublisher
     """The primary's manifest, written now (before any worker reads it) and kept current."""
     from tensor_server.service.worker_catalog import ManifestPublisher
 
-    publisher = ManifestPublisher(runtime.catalog, runtime.uploads, catalog_manifest(None, cache, flight_port))
+    publisher = ManifestPublisher(
+        runtime.catalog,
+        runtime.uploads,
+        catalog_manifest(None, cache, flight_port),
+        runtime.catalog_verbs.dropped.added_urls,
+    )
     publisher.start()
     runtime.catalog_written = publisher.flush
     return publisher
 
 
 def follow_catalog(role: WorkerRole, catalog):  # ManifestFollower
-    """A worker serves its primary's READY uploads and added sources, from before its first scan."""
+    """A worker serves its primary's READY uploads and added paths and URLs, from before its
+    first scan; its ``Access`` checks their grants from ``follower.uploads`` (``follow_grants``)."""
     from tensor_server.service.worker_catalog import ManifestFollower
 
     follower = ManifestFollower(catalog, catalog_manifest(role, None, role.flight_port))
@@ -320,16 +327,23 @@ def follow_catalog(role: WorkerRole, catalog):  # ManifestFollower
     return follower
 
 
+def follow_grants(runtime, follower) -> None:
+    """A worker's read rule (``Access``) sees the primary's uploads, their owners and grants,
+    as the manifest lists them: a private upload is read by the same callers on every process."""
+    runtime.access.uploads = follower.uploads
+
+
 def serve_as_worker(role: WorkerRole, http, catalog, settings, metrics) -> int:
     """A worker serves until SIGTERM (or its primary's end: ``announce_ready``); its catalog
     rescans as the primary's does. Its stdout carries READY only."""
     from tensor_server.core.downsample import warm_up
+    from tensor_server.service.worker_catalog import MAX_ENTRIES
 
     catalog.start_periodic_rescan(settings.rescan_seconds)
     catalog.unknown_hint = (
-        f"; this is worker {role.slot} of a `serve --workers {role.count}` server, which serves the roots, "
-        "READY uploads and added paths: a private upload or a source added from a URL is on its first "
-        f"process only (over Flight at {role.primary}; docs/serving.md)"
+        f"; this is worker {role.slot} of a `serve --workers {role.count}` server, which serves the roots "
+        f"and the READY uploads and added paths and URLs its first process lists; past the {MAX_ENTRIES:,} of each "
+        f"listed, one is served by the first process only (over Flight at {role.primary}; docs/serving.md)"
     )
     print(
         f"tensor-server worker {role.slot} of {role.count} (pid {os.getpid()}) serving HTTP on {http.url}",

@@ -20,6 +20,7 @@ TOP_LEVEL = {
     "cli_logging_test.py",
     "cli_workers_test.py",
     "cli_workers_load_test.py",
+    "cli_workers_reads_test.py",
     "install_test.py",
     "layering_test.py",
     "import_hygiene_test.py",

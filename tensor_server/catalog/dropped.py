@@ -270,33 +270,51 @@ class DroppedPaths:
         scheme = url_scheme(url.strip())
         url, shown = url.strip(), public_url(url.strip()).rstrip("/")
         tally = AddTally()
+        if scheme != "s3":
+            checked_addresses(url)  # the host rule before any byte is fetched
+        # known as added before its rows are put (and as before again if it fails): a reader
+        # woken by their change (a ``serve --workers`` primary's manifest) sees the URL with them
+        with self._lock:
+            before = self._urls.get(shown)
+            self._urls[shown] = url
         if scheme == "s3" and not is_image_url(url):  # a prefix: its stores, listed
             scan_remote_root(self.catalog, url)
             rows = [r for r in self.catalog.records() if r.url == shown or r.url.startswith(shown + "/")]
             if all(not r.is_resolved for r in rows):
+                self._restore_url(shown, before)
                 self.catalog.remove_records([r.source_id for r in rows])
                 why = "; ".join(str(r.unresolved_reason) for r in rows) or "no zarr or OME-Zarr store there"
                 raise InvalidArgument(f"add_source: {shown}: {why}")
-            with self._lock:
-                self._urls[shown] = url
             tally.added = [r.source_id for r in rows if r.is_resolved]
         else:
-            if scheme != "s3":
-                checked_addresses(url)  # the host rule before any byte is fetched
             sid = source_id_for_url(shown)
+            known = any(r.source_id == sid for r in self.catalog.records())
             try:
                 src = open_url_source(url, sid)
             except RemoteUnavailable:
+                self._restore_url(shown, before)
                 raise
             except UnreadableSource as exc:
+                self._restore_url(shown, before)
                 raise InvalidArgument(f"add_source: {exc}") from None
-            known = any(r.source_id == sid for r in self.catalog.records())
             self.catalog.put_record(SourceRecord(sid, shown, src.type, None, src, None, (shown,)))
-            with self._lock:
-                self._urls[shown] = url
             (tally.already_present if known else tally.added).append(sid)
         yield AddProgress(len(tally.added) + len(tally.already_present), shown)
         yield tally
+
+    def added_urls(self) -> dict[str, str]:
+        """The URLs added, as shown (what ``remove_source`` takes) -> as given (what opens it,
+        credentials included): what a ``serve --workers`` primary tells its workers."""
+        with self._lock:
+            return dict(self._urls)
+
+    def _restore_url(self, shown: str, before: str | None) -> None:
+        """A URL that failed to add is added as it was before (or not at all)."""
+        with self._lock:
+            if before is None:
+                self._urls.pop(shown, None)
+            else:
+                self._urls[shown] = before
 
     def remove(self, root_url: str) -> list[str]:
         """Deregister every source at or under a ``dnd://`` branch root (or an added URL);

@@ -1,12 +1,14 @@
 """The manifest of ``serve --workers N`` (service/worker_catalog.py), in one process: a primary's
-catalog and upload manager publish, a second catalog (a worker's) follows. Public READY uploads
-are served under their ids, private ones are not, a discarded upload leaves, a name made again
-is served at its new version, an unknown id looks at the file, and a malformed or oversized
-manifest serves nothing from it."""
+catalog and upload manager publish, a second catalog (a worker's) follows. READY uploads are
+served under their ids, a private one read by its grant holder only, a discarded upload leaves,
+a name made again is served at its new version, an unknown id looks at the file (again after
+an apply it waited for), and a malformed or oversized manifest serves nothing from it."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 
 import numpy as np
@@ -46,17 +48,37 @@ def _ready(uploads: UploadManager, name: str, grant: str = "") -> str:
     return up.array_id
 
 
-def test_public_ready_uploads_are_followed_and_private_ones_are_not(pair):
+def test_ready_uploads_are_followed_and_a_private_one_keeps_its_grant(pair, tmp_path):
+    """A private upload is served by the worker under the one read rule (``Access``): its
+    grant holder reads it, a stranger is refused, as on the primary; the manifest that holds
+    its grant's SHA-256 is readable by this user only."""
+    from tensor_server.config import Settings
+    from tensor_server.errors import Unauthenticated
+    from tensor_server.service.access import Access, grant_digest
+    from tensor_server.service.caller import Caller
+
     uploads, publisher, follower, worker = pair
-    public, private = _ready(uploads, "public"), _ready(uploads, "private", grant="ab" * 32)
+    public, private = _ready(uploads, "public"), _ready(uploads, "private", grant=grant_digest("alice"))
     assert publisher.publish() and not publisher.publish()  # written once, then unchanged
-    assert [e["array_id"] for e in publisher.manifest()["uploads"]] == [public]
+    assert [(e["array_id"], e["grant"]) for e in publisher.manifest()["uploads"]] == [
+        (private, grant_digest("alice")),
+        (public, ""),
+    ]
+    assert stat.S_IMODE(os.stat(tmp_path / "manifest.json").st_mode) == 0o600
+    assert "alice" not in (tmp_path / "manifest.json").read_text()  # its digest only
     assert follower.refresh() and not follower.refresh()  # unchanged file: nothing to do
     tensor, echo = worker.find_tensor(public)
     assert echo == public and tensor.shape == ARR.shape
     assert tensor.content_version == uploads.get(public).tensor.content_version
-    with pytest.raises(TensorNotFound):
-        worker.find_tensor(private)
+    on_worker = Access(Settings(), follower.uploads)
+    on_primary = Access(Settings(), uploads)
+    for access, catalog in ((on_worker, worker), (on_primary, uploads.catalog)):
+        secret = catalog.find_tensor(private)[0]
+        access.read(Caller(token="alice", door="http"), secret)
+        with pytest.raises(Unauthenticated, match="read with its capability token"):
+            access.read(Caller(token="bob", door="http"), secret)
+        assert access.recognizes("alice") and not access.recognizes("bob")
+        access.read(Caller(door="http"), catalog.find_tensor(public)[0])  # local mode: open
 
 
 def test_a_discarded_upload_leaves_and_a_name_made_again_is_served_at_its_new_version(pair):
@@ -82,8 +104,19 @@ def test_a_discarded_upload_leaves_and_a_name_made_again_is_served_at_its_new_ve
 def test_a_malformed_or_oversized_manifest_serves_nothing_from_it(pair, tmp_path, monkeypatch):
     _, _, follower, worker = pair
     path = tmp_path / "manifest.json"
-    good = {"array_id": "img/@fields/x", "path": str(tmp_path / "nowhere"), "content_version": "00"}
-    doc = {"version": 1, "write_dir": None, "uploads": [{"array_id": 3}, good], "sources": "not a list"}
+    good = {
+        "array_id": "img/@fields/x",
+        "path": str(tmp_path / "nowhere"),
+        "content_version": "00",
+        "owner": "",
+        "grant": "",
+    }
+    doc = {
+        "version": worker_catalog.VERSION,
+        "write_dir": None,
+        "uploads": [{"array_id": 3}, good],
+        "sources": "not a list",
+    }
     path.write_text(json.dumps(doc))
     assert not follower.refresh()  # the malformed entry is skipped, the good one names no member
     with pytest.raises(TensorNotFound):
@@ -134,3 +167,52 @@ def test_a_ready_answer_is_sent_after_the_manifest_lists_it(tmp_path, monkeypatc
         runtime.close()
         uploads.close()
         primary.close()
+
+
+def test_a_miss_that_waited_for_another_apply_looks_again(pair, monkeypatch):
+    """A request's miss that arrives while the periodic look is applying the file (opening a
+    URL takes a while) is told to look again, once that apply is done: it may have served the id."""
+    import threading
+
+    uploads, publisher, follower, worker = pair
+    aid = _ready(uploads, "slow")
+    publisher.publish()
+    opening, go_on = threading.Event(), threading.Event()
+    apply = follower._follow_uploads
+
+    def slow(entries):
+        opening.set()
+        go_on.wait(30)
+        return apply(entries)
+
+    class Watched:
+        """The follower's lock, saying when a caller found it held (then it waits)."""
+
+        def __init__(self, lock):
+            self.lock, self.contended = lock, threading.Event()
+
+        def acquire(self, blocking=True):
+            got = self.lock.acquire(blocking)
+            if not got:
+                self.contended.set()
+            return got
+
+        def release(self):
+            self.lock.release()
+
+    watched = Watched(follower._lock)
+    monkeypatch.setattr(follower, "_lock", watched)
+    monkeypatch.setattr(follower, "_follow_uploads", slow)
+    periodic = threading.Thread(target=follower.refresh, kwargs={"retry": True})
+    periodic.start()
+    assert opening.wait(30)
+    answers = []
+    missed = threading.Thread(target=lambda: answers.append(follower.refresh()))
+    missed.start()
+    assert watched.contended.wait(30)  # the miss waits for the apply under way
+    go_on.set()
+    periodic.join(30)
+    missed.join(30)
+    assert answers == [True]  # the file was unchanged for it, but it waited for the apply
+    assert worker.find_tensor(aid)[0].shape == ARR.shape
+    assert follower.refresh() is False  # uncontended and unchanged: nothing to look for

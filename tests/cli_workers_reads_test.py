@@ -1,0 +1,130 @@
+"""Every HTTP read of a ``serve --workers 2`` server answers the same on every process: a private
+upload (read by its grant holder only, on each), a source added from a URL, annotations (the
+primary's store, forwarded to it) and share links (a revocation refuses on each at once). Each
+process is reached on purpose (``_on``: the kernel's socket table says which accepted a
+connection), never by timing; what is gone is a 404 on every one."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from tests.cli_workers_test import Served, _chunk_bytes, _on
+
+pytestmark = pytest.mark.slow
+
+GRANT = "alice-read-grant"
+
+
+def _get(served: Served, pid: int, path: str, token: str | None = None) -> tuple[int, bytes]:
+    """(status, body) of ``GET path`` answered by the process ``pid``."""
+    conn = _on(served, pid)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+    response = conn.getresponse()
+    body = response.read()
+    conn.close()
+    return response.status, body
+
+
+def _pids(served: Served) -> list[int]:
+    pids = [served.proc.pid, *served.workers()]
+    assert len(pids) == 2
+    return pids
+
+
+def _gone_everywhere(served: Served, paths: list[str], token: str | None = None) -> dict[int, bool]:
+    """Whether each process answers 404 to every path (a worker looks at the manifest every second)."""
+    gone = {pid: False for pid in _pids(served)}
+    deadline = time.monotonic() + 30
+    while not all(gone.values()) and time.monotonic() < deadline:
+        for pid in gone:
+            gone[pid] = all(_get(served, pid, p, token)[0] == 404 for p in paths)
+    return gone
+
+
+def _private_upload(write_dir, data: np.ndarray) -> str:
+    """A READY upload granted to ``GRANT`` and owned by it, made in the write dir as an
+    in-process producer makes one (the wire has no private option); the server adopts it."""
+    from tensor_server.catalog import Catalog
+    from tensor_server.core.bounds import Bounds
+    from tensor_server.core.chunk_id import ChunkId
+    from tensor_server.service.access import grant_digest
+    from tensor_server.uploads import UploadManager
+
+    catalog = Catalog([])
+    manager = UploadManager(catalog, write_dir)
+    try:
+        digest = grant_digest(GRANT)
+        up = manager.add_tensor(
+            "zarr://scratch/@fields/granted", data.shape, data.dtype, chunk_shape=data.shape, owner=digest, grant=digest
+        )
+        cid = ChunkId.for_extent(up.array_id, Bounds((0, 0), data.shape), (1, 1), "none", up.tensor.content_version)
+        manager.write_chunk(cid, data)
+        manager.set_ready(up.array_id)
+        return up.array_id
+    finally:
+        manager.close()
+        catalog.close()
+
+
+def test_a_private_upload_is_read_by_its_grant_holder_on_every_process(tmp_path):
+    from biopb.tensor import TensorFlightClient
+
+    data = np.random.default_rng(7).integers(0, 65535, (80, 90), dtype=np.uint16)
+    array_id = _private_upload(tmp_path / "write", data)
+    served = Served(tmp_path, extra=("--write-dir", str(tmp_path / "write"), "--writable"))
+    try:
+        for pid in _pids(served):
+            status, body = _get(served, pid, f"/zarr/{array_id}/0/.zarray", GRANT)
+            assert status == 200, (pid, body)
+            zarray = json.loads(body)
+            status, body = _get(served, pid, f"/zarr/{array_id}/0/0.0", GRANT)
+            assert status == 200 and body == _chunk_bytes(data, zarray), (pid, status)
+            for stranger in (None, "bob"):
+                status, body = _get(served, pid, f"/zarr/{array_id}/0/0.0", stranger)
+                assert status == 401 and b"read with its capability token" in body, (pid, stranger, body)
+        client = TensorFlightClient(served.location, token=GRANT)  # its owner discards it
+        client.set_upload_status(array_id, "DISCARDED")
+        gone = _gone_everywhere(served, [f"/zarr/{array_id}/0/.zarray"], GRANT)
+        assert all(gone.values()), gone
+    finally:
+        assert served.stop() == 0
+
+
+def test_a_source_added_from_a_url_is_served_by_every_process(tmp_path):
+    """The URL as given travels in the manifest, which only this user may read (0600)."""
+    import stat
+
+    from biopb.tensor import TensorFlightClient
+
+    from tensor_server.testing.range_host import range_host
+    from tests.remote.conftest import write_ome_zarr
+
+    (tmp_path / "host").mkdir()
+    image = write_ome_zarr(tmp_path / "host" / "cells.ome.zarr")["image"]
+    config = tmp_path / "server.toml"
+    config.write_text('[remote]\nallowed_hosts = ["127.0.0.1"]\n')
+    with range_host(tmp_path / "host") as host:
+        served = Served(tmp_path, extra=("--config", str(config)))
+        try:
+            url = f"{host.url}/cells.ome.zarr"
+            client = TensorFlightClient(served.location)
+            (sid,) = client.register_local_path(url).added
+            manifest = next((tmp_path / "home").rglob("workers-catalog-*.json"))
+            assert stat.S_IMODE(manifest.stat().st_mode) == 0o600 and url in manifest.read_text()
+            array_id = f"{sid}/image"
+            for pid in _pids(served):
+                status, body = _get(served, pid, f"/zarr/{array_id}/0/.zarray")
+                assert status == 200, (pid, body)
+                zarray = json.loads(body)
+                assert zarray["shape"] == list(image.shape)
+                status, body = _get(served, pid, f"/zarr/{array_id}/0/0.0.0")
+                assert status == 200 and body == _chunk_bytes(image, zarray), (pid, status)
+            assert list(client.deregister_local_path(url).removed) == [sid]
+            gone = _gone_everywhere(served, [f"/zarr/{array_id}/0/.zarray"])
+            assert all(gone.values()), gone
+        finally:
+            assert served.stop() == 0
