@@ -21,7 +21,9 @@ from tensor_server.cli_workers import (
     cache_peers,
     follow_catalog,
     follow_grants,
+    forward_to_primary,
     merge_worker_metrics,
+    open_forward_door,
     primary_workers,
     publish_catalog,
     refuse_workers,
@@ -400,14 +402,15 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
     server, http = doors
     location = server.location if server is not None else http.url
     url_path = None
-    workers = None
+    workers = forward = None
     memory = MemoryReturn()  # a burst of large requests must not keep the server at its peak size
     in_main = threading.current_thread() is threading.main_thread()  # only it may set handlers
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if in_main else None
     try:  # from here on a Ctrl-C (or SIGTERM) stops the server the one way, whenever it comes
         if role is None and count > 1:
             publisher = publish_catalog(runtime, cache, server.port)  # read by every worker (at its start too)
-            workers = primary_workers(args.argv, count, runtime, location, server.port, http.port, cache)
+            forward = open_forward_door(runtime, http)  # the workers hand annotation requests to it
+            workers = primary_workers(args.argv, count, runtime, location, server.port, http.port, cache, forward.port)
             failed = workers.start()
             if failed is not None:
                 print(f"serve: {failed}", file=sys.stderr)
@@ -471,6 +474,8 @@ def cmd_serve(args: argparse.Namespace, demo: bool = False) -> int:
         for shared in (publisher, follower):
             if shared is not None:
                 shared.close()
+        if forward is not None:
+            forward.stop()
         if http is not None:
             http.stop()
         if url_path is not None:
@@ -601,9 +606,12 @@ def _open_doors(runtime, settings, http_token, role: WorkerRole | None = None, c
         allowed_hosts=settings.http_allowed_hosts,
         cors_origins=settings.cors_origins,
     )
+    app = build_app(runtime, security)
+    if role is not None:  # what only the primary answers (annotations), answered by it
+        app = forward_to_primary(app, role, runtime.tls)
     try:
         http = HttpFrontEnd(
-            build_app(runtime, security),
+            app,
             settings.host,
             settings.http_port,
             tls=runtime.tls,

@@ -10,7 +10,9 @@ catalog of its own (the same roots, scanned by it: the primary's catalog store i
 only one process may open), read-only, and reads the chunk cache every process writes
 (``cache/peers.py``). What only the primary holds (READY uploads, paths added with
 ``add_source``) it publishes in a manifest file its workers follow (``service/worker_catalog.py``:
-``publish_catalog``, ``follow_catalog``), so they serve it under the same ids.
+``publish_catalog``, ``follow_catalog``), so they serve it under the same ids. What a worker
+cannot open at all, the annotations (the primary's DuckDB file), it forwards to the primary's
+loopback forward door as the request came (``open_forward_door``, ``http/forward.py``).
 
 Flight stays on the primary: pyarrow's Flight server binds without ``SO_REUSEPORT`` (measured
 on pyarrow 26: a second server on the port fails with "Address already in use"), so a worker
@@ -50,6 +52,8 @@ __all__ = [
     "publish_catalog",
     "follow_catalog",
     "follow_grants",
+    "forward_to_primary",
+    "open_forward_door",
     "refuse_workers",
     "serve_as_worker",
 ]
@@ -71,9 +75,9 @@ STOP_SECONDS = 5.0
 @dataclass(frozen=True)
 class WorkerRole:
     """What the primary tells a worker: its slot (1..count-1), how many processes serve, the
-    ports they share, the primary's Flight location, its chunk cache folder (None: uncached) and
+    ports they share, the primary's Flight location, its chunk cache folder (None: uncached),
     whether it serves metrics (then the worker serves its own on a loopback port, which the
-    primary's door scrapes: http/metrics_merge.py)."""
+    primary's door scrapes: http/metrics_merge.py) and the port of its forward door."""
 
     slot: int
     count: int
@@ -82,6 +86,8 @@ class WorkerRole:
     primary: str
     cache_dir: str | None
     metrics: bool
+    #: the primary's loopback port annotation requests are forwarded to (``open_forward_door``)
+    forward_port: int | None = None
 
     def cache_folder(self) -> Path | None:
         from tensor_server.cache.peers import process_folder
@@ -218,7 +224,9 @@ def _close_pipes(proc: subprocess.Popen) -> None:
                 pass
 
 
-def primary_workers(argv: list[str], count: int, runtime, location: str, flight_port: int, http_port: int, cache):
+def primary_workers(
+    argv: list[str], count: int, runtime, location: str, flight_port: int, http_port: int, cache, forward_port: int
+):
     """The primary's workers (not started yet), told what they share with it."""
     return Workers(
         list(argv),
@@ -228,7 +236,29 @@ def primary_workers(argv: list[str], count: int, runtime, location: str, flight_
         primary=location,
         cache_dir=str(cache.dir) if cache is not None else None,
         metrics=runtime.settings.metrics_port is not None,
+        forward_port=forward_port,
     )
+
+
+def open_forward_door(runtime, http):  # HttpFrontEnd
+    """The primary's door its workers forward what only it answers to (annotations:
+    ``http/forward.py``): its HTTP door's app, so the same rules judge a forwarded request,
+    on a loopback port of its own (the shared port would hand it to any process)."""
+    from tensor_server.http.app import HttpFrontEnd
+
+    door = HttpFrontEnd(http.app, "127.0.0.1", 0, tls=runtime.tls)
+    door.start()
+    return door
+
+
+def forward_to_primary(app, role: WorkerRole, tls):
+    """A worker's HTTP app, answering what only the primary answers with the primary's answer."""
+    from tensor_server.http.forward import ForwardToPrimary
+
+    if role.forward_port is None:
+        return app
+    cafile = None if tls is None else str(tls.cert_path)
+    return ForwardToPrimary(app, role.forward_port, scheme="https" if tls is not None else "http", cafile=cafile)
 
 
 def merge_worker_metrics(runtime, workers: Workers) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "RequestTooLarge",
     "StorageFull",
     "Overloaded",
+    "PrimaryUnavailable",
     "ReadCancelled",
     "Unimplemented",
     "MAX_ERROR_CHARS",
@@ -217,6 +218,13 @@ class Overloaded(TensorServerError):
     """More work was waiting than the server admits in time: retry later."""
 
     code, slug, http_status, retryable, retry_after = "UNAVAILABLE", "overloaded", 503, True, 1.0
+
+
+class PrimaryUnavailable(TensorServerError):
+    """A worker of ``serve --workers`` hands a request only the first process answers (the
+    annotations) to it, and it did not answer in time: retry later (``http/forward.py``)."""
+
+    code, slug, http_status, retryable, retry_after = "UNAVAILABLE", "primary_unavailable", 503, True, 1.0
 
 
 class Unimplemented(TensorServerError):

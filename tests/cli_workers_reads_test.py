@@ -128,3 +128,52 @@ def test_a_source_added_from_a_url_is_served_by_every_process(tmp_path):
             assert all(gone.values()), gone
         finally:
             assert served.stop() == 0
+
+
+def _request(served: Served, pid: int, method: str, path: str, body: bytes | None = None, token: str | None = None):
+    """(status, headers, body) of a request answered through the process ``pid``'s door."""
+    conn = _on(served, pid)
+    conn.request(method, path, body=body, headers={"Authorization": f"Bearer {token}"} if token else {})
+    response = conn.getresponse()
+    answer = response.status, dict(response.getheaders()), response.read()
+    conn.close()
+    return answer
+
+
+def test_annotations_answer_the_same_on_every_process(tmp_path):
+    """The primary's annotation store answers through every process (a worker forwards the
+    request as it came: the token decides there as on the primary): an import through a
+    worker is read the same by all, a caller without the token is refused by all."""
+    token = "server-token-for-workers"
+    served = Served(tmp_path, extra=("--token", token))
+    try:
+        primary, worker = _pids(served)
+        ring = [[10, 10], [50, 10], [50, 40], [10, 40], [10, 10]]
+        square = {
+            "type": "Feature",
+            "id": "a",
+            "geometry": {"type": "Polygon", "coordinates": [ring]},
+            "properties": {},
+        }
+        doc = json.dumps({"type": "FeatureCollection", "features": [square]}).encode()
+        path = f"/rois/{served.array_id}.geojson"
+        status, _, body = _request(served, worker, "PUT", path, doc, token)
+        assert status == 200 and json.loads(body)["roi_ids"] == ["a"], body
+        answers = {pid: _request(served, pid, "GET", path, token=token) for pid in (primary, worker)}
+        statuses = {pid: a[0] for pid, a in answers.items()}
+        assert statuses == {primary: 200, worker: 200}
+        assert answers[primary][2] == answers[worker][2]  # the same bytes
+        assert answers[worker][1]["content-type"].startswith("application/geo+json")
+        (feature,) = json.loads(answers[worker][2])["features"]
+        assert feature["id"] == "a" and feature["geometry"]["coordinates"] == [ring]
+        for pid in (primary, worker):
+            assert _request(served, pid, "GET", path)[0] == 401
+            status, headers, _ = _request(served, pid, "HEAD", path, token=token)
+            assert status == 200 and int(headers["content-length"]) == len(answers[primary][2])
+        # annotations outlive their tensor (rows of an unseen source are pruned, not dropped):
+        # an id no source serves answers alike, an empty collection, wherever it is asked
+        unknown = {pid: _request(served, pid, "GET", "/rois/gone.geojson", token=token) for pid in (primary, worker)}
+        assert unknown[primary][0] == unknown[worker][0] == 200
+        assert json.loads(unknown[worker][2])["features"] == [] and unknown[primary][2] == unknown[worker][2]
+    finally:
+        assert served.stop() == 0
