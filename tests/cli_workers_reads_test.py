@@ -177,3 +177,40 @@ def test_annotations_answer_the_same_on_every_process(tmp_path):
         assert json.loads(unknown[worker][2])["features"] == [] and unknown[primary][2] == unknown[worker][2]
     finally:
         assert served.stop() == 0
+
+
+def _action(served: Served, name: str, doc: dict) -> dict:
+    import pyarrow.flight as flight
+
+    client = flight.FlightClient(served.location)
+    try:
+        return json.loads(next(iter(client.do_action(flight.Action(name, json.dumps(doc).encode())))).body.to_pybytes())
+    finally:
+        client.close()
+
+
+def test_share_links_made_anywhere_are_read_everywhere_and_a_revocation_refuses_everywhere_at_once(served_pair):
+    served = served_pair
+    primary, worker = _pids(served)
+    chunk = f"/zarr/{served.array_id}/0/0.0"
+    expected = _get(served, primary, chunk)[1]
+    made = {"primary": _action(served, "share", {"array_id": served.array_id})}
+    status, _, body = _request(served, worker, "POST", "/api/share", json.dumps({"array_id": served.array_id}).encode())
+    assert status == 200, body
+    made["worker"] = json.loads(body)  # the catalog page's button, answered by a worker
+    for link in made.values():
+        for pid in (primary, worker):
+            assert _get(served, pid, f"/s/{link['capability']}{chunk}") == (200, expected)
+            assert _get(served, pid, f"/s/{link['capability']}/zarr/other/0/0.0")[0] == 401  # its tensor only
+    _action(served, "share_revoke", {"id": made["worker"]["id"]})  # then at once, no waiting:
+    for pid in (primary, worker):
+        status, body = _get(served, pid, f"/s/{made['worker']['capability']}{chunk}")
+        assert status == 401 and b"was revoked" in body, (pid, body)
+        assert _get(served, pid, f"/s/{made['primary']['capability']}{chunk}") == (200, expected)
+
+
+@pytest.fixture
+def served_pair(tmp_path):
+    server = Served(tmp_path)
+    yield server
+    assert server.stop() == 0

@@ -15,11 +15,14 @@ so every capability made before is refused (a signature the new secret does not 
 Revoking and expiring take effect on the next request: the signature check is cached per
 capability, the revocation list and the clock are looked at every time, and a process that
 serves beside the one that minted (``serve --workers``) reloads the list when its file
-changes (one ``stat`` per check).
+changes (one ``stat`` per check), and every change of the list is made under an ``flock`` of
+the folder, so links minted by two processes at once are both kept.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -28,6 +31,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -98,7 +102,7 @@ class ShareStore:
         self._lock = threading.Lock()
         self._verified: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._links: dict[str, Share] = {}
-        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the links file last read
+        self._seen: tuple[int, int, int] | None = None  # (mtime_ns, size, inode) of the links file last read
         self._key = self._load_key()
         self._reload()
 
@@ -130,7 +134,7 @@ class ShareStore:
         links forgotten."""
         from joserfc.jwk import OctKey
 
-        with self._lock:
+        with self._writing():
             self._refresh()
             forgotten = len(self._links)
             secret = secrets.token_bytes(32)
@@ -140,6 +144,24 @@ class ShareStore:
             self._links, self._verified = {}, OrderedDict()
             self._save()
         return forgotten
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A change of the list (or the secret): this store's lock, and with a folder an
+        exclusive ``flock`` on its ``.lock`` file, so two processes of one server
+        (``serve --workers``: the catalog page's share button is answered by any) never
+        read the list, change it and write it over each other's change."""
+        with self._lock:
+            if self.folder is None:
+                yield
+                return
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # releases the lock
 
     # ---- the list of links ----------------------------------------------------------------
     def _write(self, path: Path, text: str, *, only_if_absent: bool = False) -> None:
@@ -181,7 +203,7 @@ class ShareStore:
             self._links, self._seen = {}, None
             return
         self._links = {r["id"]: Share(**r) for r in rows if isinstance(r, dict)}
-        self._seen = (st.st_mtime_ns, st.st_size)
+        self._seen = (st.st_mtime_ns, st.st_size, st.st_ino)
 
     def _refresh(self) -> None:
         """Read the links file again when another process changed it (a revocation there)."""
@@ -190,7 +212,7 @@ class ShareStore:
             return
         try:
             st = path.stat()
-            seen: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+            seen: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
         except FileNotFoundError:
             seen = None
         if seen != self._seen:
@@ -202,7 +224,7 @@ class ShareStore:
             return
         self._write(path, json.dumps([asdict(s) for s in self._links.values()]))
         st = path.stat()
-        self._seen = (st.st_mtime_ns, st.st_size)
+        self._seen = (st.st_mtime_ns, st.st_size, st.st_ino)
 
     # ---- the verbs ------------------------------------------------------------------------
     def mint(
@@ -229,7 +251,7 @@ class ShareStore:
             "iat": int(now),
             "exp": int(share.expires_at),
         }
-        with self._lock:
+        with self._writing():
             self._refresh()
             self._links = {k: s for k, s in self._links.items() if not s.expired()}
             if len(self._links) >= MAX_LINKS:
@@ -257,7 +279,7 @@ class ShareStore:
             return self._links.get(share_id)
 
     def revoke(self, share_id: str) -> Share:
-        with self._lock:
+        with self._writing():
             self._refresh()
             share = self._links.get(share_id)
             if share is None:

@@ -149,6 +149,27 @@ def test_a_revocation_in_one_process_is_seen_by_another_at_once(tmp_path):
     assert serving_too.check(fresh_capability).id == fresh.id
 
 
+def test_links_made_by_two_processes_at_once_are_all_kept(tmp_path):
+    """``serve --workers``: any process mints (the catalog page's button); each change of the
+    list is read, made and written under a lock of the folder, so none is written over."""
+    import threading
+
+    stores = [ShareStore(tmp_path), ShareStore(tmp_path)]  # each its own lock: as two processes
+    made: list[str] = []
+
+    def mint(store):
+        for _ in range(25):
+            made.append(store.mint("slide/image", "read", 600, "")[0].id)
+
+    threads = [threading.Thread(target=mint, args=(store,)) for store in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(made) == 50
+    assert sorted(s.id for s in ShareStore(tmp_path).links(None)) == sorted(made)
+
+
 def test_scopes_say_whether_a_link_annotates(catalog, tmp_path):
     with serving(catalog, http=True, token=TOKEN) as srv:
         (reader,) = _action(srv, "share", {"array_id": "slide", "scope": "read"})
