@@ -248,6 +248,35 @@ def _set_tiff_file() -> type:
     return _SetTiffFile
 
 
+def _member(url: str) -> RemoteFile | None:
+    """The set's file at ``url``, or None when the host has none (404); other faults raise."""
+    return RemoteFile(url) if remote_bytes().read(url, f"0-{TIFF_BLOCK - 1}")[0] is not None else None
+
+
+def _open_members(tf: Any, root: str) -> dict[str, tuple[Any, RemoteFile | None]]:
+    """UUID -> (TiffFile, RemoteFile) of each other file ``tf``'s OME-XML names, opened by URL
+    beside ``root`` (their first blocks fetched at once), set up as tifffile's own reader sets
+    up the files it opens; ``tf`` itself for a name that is the root's. A file the host does
+    not have is left out: tifffile then reads its planes as zeros, with a warning, as it does
+    for a local set with a file missing."""
+    import tifffile
+
+    named = {uuid: sibling_url(root, name) for uuid, name in set_file_names(tf.ome_metadata or "", root).items()}
+    others = sorted({u for u in named.values() if u != root})
+    files = dict(zip(others, FETCHERS.map(_member, others)))
+    folder = len(root.rpartition("/")[0]) + 1
+    opened: dict[str, tuple[Any, RemoteFile | None]] = {root: (tf, None)}
+    for url, file in files.items():
+        if file is None:
+            log.warning("%s: the set's file %s is not on the host; its planes read as zeros", root, url)
+            continue
+        member = tifffile.TiffFile(file, name=url[folder:], _root=tf)
+        member.pages.cache = member.pages.useframes = True
+        member.pages.set_keyframe(0)
+        opened[url] = (member, file)
+    return {uuid: opened[url] for uuid, url in named.items() if url in opened}
+
+
 class _UrlTiffHandle(TiffHandle):
     """A TIFF (or a multi-file OME-TIFF set) at a URL: the content version is its files'
     validators; staleness is found by the pinned reads (an object changed mid-read), not by a
@@ -260,29 +289,17 @@ class _UrlTiffHandle(TiffHandle):
         super().__init__(url, opener=self._open_remote, files=[])
 
     def _open_remote(self) -> Any:
-        import tifffile
-
         root = self.set.root
         file = RemoteFile(root)
         tf = _set_tiff_file()(file, name=root.rpartition("/")[2], omexml=self.set.omexml)
-        members = {os.path.realpath(tf.filehandle.path): file}
         try:
-            if tf.is_ome:
-                named = {u: sibling_url(root, n) for u, n in set_file_names(tf.ome_metadata or "", root).items()}
-                others = sorted({u for u in named.values() if u != root})
-                files = dict(zip(others, FETCHERS.map(RemoteFile, others)))  # their first blocks at once
-                opened: dict[str, Any] = {root: tf}
-                for url, other in files.items():
-                    sibling = tifffile.TiffFile(other, name=url[len(root.rpartition("/")[0]) + 1 :], _root=tf)
-                    sibling.pages.cache = sibling.pages.useframes = True  # as tifffile's own reader has them
-                    sibling.pages.set_keyframe(0)
-                    opened[url] = sibling
-                    members[os.path.realpath(sibling.filehandle.path)] = other
-                tf.siblings = {uuid: opened[u] for uuid, u in named.items()}
+            members = _open_members(tf, root) if tf.is_ome else {}
         except BaseException:
             tf.close()
             raise
-        self.members = members
+        tf.siblings = {uuid: member for uuid, (member, _) in members.items()}
+        self.members = {os.path.realpath(tf.filehandle.path): file}
+        self.members.update((os.path.realpath(m.filehandle.path), f) for m, f in members.values() if f is not None)
         return tf
 
     def pread_of(self, path: str) -> Pread:

@@ -88,17 +88,20 @@ def _read_xml(path: Path) -> str:
 
 
 def set_file_names(xml: str, where: str | Path) -> dict[str, str]:
-    """UUID -> FileName of every file an OME-XML's TiffData names (a multi-file set's
-    members, in document order), the local and the URL opener's one reading of it; an
-    unparsable document is an error naming ``where``."""
+    """UUID -> FileName of every other file an OME-XML's TiffData names (a multi-file set's
+    members, in document order), the local and the URL opener's one reading of it. The
+    document's own UUID is left out: that file is the one holding the XML, whatever name it
+    has now (tifffile reads it as itself: a renamed file is not looked for under its old
+    name). An unparsable document is an error naming ``where``."""
     try:
         root = ElementTree.fromstring(xml)
     except ElementTree.ParseError as exc:
         raise UnreadableSource(where, f"OME-XML does not parse: {exc}") from None
+    own = root.attrib.get("UUID")
     return {
-        (el.text or "").strip(): el.attrib["FileName"]
+        uuid: el.attrib["FileName"]
         for el in root.iter()
-        if _local(el.tag) == "UUID" and el.attrib.get("FileName")
+        if _local(el.tag) == "UUID" and el.attrib.get("FileName") and (uuid := (el.text or "").strip()) != own
     }
 
 

@@ -159,3 +159,24 @@ def test_the_real_set_with_a_companion_opens_from_any_file(testdata, tmp_path, g
         assert src.metadata["companion"] == f"{host.url}/mf/multifile.companion.ome"
         assert src.metadata["files"] == [f"{host.url}/mf/{m}" for m in MULTIFILE]
         src.close()
+
+
+def test_a_renamed_file_is_itself_and_a_missing_member_reads_as_tifffile_reads_it(set_host, caplog):
+    """A file's OME-XML naming it by its old name (its own UUID) is not looked for under that
+    name; a member the host lacks reads as zeros with a warning, as tifffile reads the local
+    set with that file missing."""
+    site = set_host.root / "set"
+    (site / MEMBERS[0]).rename(site / "renamed.ome.tif")
+    src = open_url_source(f"{set_host.url}/set/renamed.ome.tif", "s")
+    np.testing.assert_array_equal(_all(src.tensor()), set_host.local)
+    assert f"/set/{MEMBERS[0]}" not in {p for _, p, _ in set_host.requests}
+    src.close()
+    (site / MEMBERS[1]).unlink()
+    with tifffile.TiffFile(site / "renamed.ome.tif") as tf:
+        local = tf.series[0].asarray()
+    assert not local[1].any() and np.array_equal(local[0], set_host.local[0])
+    with remote_config(set_host.root.parent / "cache-2"):  # a new byte cache: the member never seen
+        src = open_url_source(f"{set_host.url}/set/renamed.ome.tif", "s2")
+        np.testing.assert_array_equal(_all(src.tensor()), local)
+        src.close()
+    assert f"{MEMBERS[1]} is not on the host" in caplog.text
