@@ -198,3 +198,32 @@ def test_a_set_in_a_bucket_opens_from_its_s3_url(s3_endpoint, tmp_path):
         np.testing.assert_array_equal(_all(src.tensor()), written)
         assert src.metadata["files"] == [f"s3://{BUCKET}/sets/{m}" for m in MEMBERS]
         src.close()
+
+
+def test_a_member_rewritten_on_the_host_changes_the_content_version(tmp_path):
+    """Each file's validator is in the source's content version: the set's other file
+    rewritten (new pixels, the same OME-XML, a new ETag), the file given unchanged, opens as a
+    new version with the new pixels."""
+    import os
+    import time
+
+    site = tmp_path / "site"
+    image = _write_set(site / "set")
+    with range_host(site) as host, remote_config(tmp_path / "cache", revalidate_seconds=0):
+        url = f"{host.url}/set/{MEMBERS[0]}"
+        src = open_url_source(url, "s")
+        before = src.tensor().content_version
+        np.testing.assert_array_equal(_all(src.tensor()), image)
+        src.close()
+        member = site / "set" / MEMBERS[1]
+        with tifffile.TiffFile(member) as tf:
+            description = tf.pages.first.description
+        image[1] = 65535 - image[1]
+        options = {"tile": (32, 32), "compression": "zlib", "photometric": "minisblack", "metadata": None}
+        tifffile.imwrite(member, image[1], description=description, **options)
+        later = time.time() + 10
+        os.utime(member, (later, later))  # the host's ETag is size and mtime
+        src = open_url_source(url, "s")
+        assert src.tensor().content_version != before
+        np.testing.assert_array_equal(_all(src.tensor()), image)
+        src.close()
