@@ -179,6 +179,7 @@ def _xml_at(url: str) -> tuple[str, str]:
 
 
 def _exists(url: str) -> bool:
+    """Whether the host has ``url`` (its first block read, as ``RemoteFile`` reads it)."""
     return remote_bytes().read(url, f"0-{TIFF_BLOCK - 1}")[0] is not None
 
 
@@ -250,7 +251,7 @@ def _set_tiff_file() -> type:
 
 def _member(url: str) -> RemoteFile | None:
     """The set's file at ``url``, or None when the host has none (404); other faults raise."""
-    return RemoteFile(url) if remote_bytes().read(url, f"0-{TIFF_BLOCK - 1}")[0] is not None else None
+    return RemoteFile(url) if _exists(url) else None
 
 
 def _open_members(tf: Any, root: str) -> dict[str, tuple[Any, RemoteFile | None]]:
