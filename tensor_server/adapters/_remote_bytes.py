@@ -274,12 +274,22 @@ class RemoteBytes:
         if time.time() - meta["checked_at"] < self.settings.revalidate_seconds:
             return known
         try:
-            _, validator = self._once(("head", url, ""), lambda: self._head(url, known))
+            _, validator = self._once(("head", url, ""), lambda: self._revalidate(url, known))
         except RemoteUnavailable as exc:
             log.warning("%s: cannot revalidate (%s); serving the cached copy", url, exc.reason)
             self.store.set_meta(url, known, time.time(), meta.get("size"))
             return known
         return validator
+
+    def _revalidate(self, url: str, known: str) -> tuple[None, str]:
+        """One HEAD, unless another reader revalidated ``url`` since this one found it due:
+        readers that found it due together wait for one HEAD (``_once``), and one that comes
+        after that HEAD ended must not send another (a viewer's tiles: one HEAD an object a
+        period, not one a tile)."""
+        meta = self.store.meta(url)
+        if meta is not None and time.time() - meta["checked_at"] < self.settings.revalidate_seconds:
+            return None, str(meta["validator"])
+        return self._head(url, known)
 
     def _head(self, url: str, known: str) -> tuple[None, str]:
         reply = self._request(url, "HEAD", "")

@@ -32,6 +32,7 @@ from tensor_server.errors import UnreadableSource
 
 __all__ = [
     "PageStriles",
+    "Pread",
     "SeriesStriles",
     "StrileDecoder",
     "StrileWindow",
@@ -188,17 +189,17 @@ def _decode_one(read: Pread, job: StrileWindow, task: tuple) -> None:
     dst[...] = seg[ysrc, xsrc, con]
 
 
-def decode_windows(jobs: Sequence[StrileWindow], pread: Pread | None = None) -> None:
+def decode_windows(jobs: Sequence[StrileWindow], pread_of: Callable[[str], Pread] | None = None) -> None:
     """Fill every job's ``out`` from the striles its window touches, all of them decoded in
     parallel (in file order, so a cold read walks the file forwards). Raises the first error
-    (UnreadableSource for a truncated file; tifffile's own for a damaged strile). ``pread``:
-    the bytes of a file that is no path (a TIFF at a URL, ``_url_tiff.py``), else ``pread``
-    on the jobs' paths."""
+    (UnreadableSource for a truncated file; tifffile's own for a damaged strile). ``pread_of``:
+    a job's path -> the bytes of that file, when it is no local path (a TIFF at a URL,
+    ``_url_tiff.py``), else ``pread`` on the jobs' paths."""
     work = []
     fds: dict[str, int] = {}
     try:
         for job in jobs:
-            read = pread
+            read = None if pread_of is None else pread_of(job.path)
             if read is None:
                 if job.path not in fds:
                     fds[job.path] = os.open(job.path, os.O_RDONLY)

@@ -8,29 +8,52 @@ cold read would be one round trip per strile; so before a read, the adapter name
 it will touch and ``RemoteBytes.prefetch`` fetches their blocks at once, adjacent blocks merged
 into one request; the reads then hit the cache. What the strile reader does not read (pages
 stored raw, volumetric tiles) tifffile reads through its own zarr store, block by block.
+
+A multi-file OME-TIFF (several files of one image, their OME-XML naming each by UUID and
+FileName; or a companion ``.companion.ome`` / ``BinaryOnly`` metadata file) opens as the local
+one does (``ome_tiff.resolve_ome_set``, tifffile assembling the series), its other files read
+by URL beside the one given, each a ``RemoteFile`` under the same rules (host, redirects,
+pinned versions). tifffile opens a set's other files by path only (and not at all from a file
+object), so it is handed them already open: ``_SetTiffFile`` seeds the table of open files
+(by UUID) its OME series reader consults before it would open one.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
+import logging
+import os
+import posixpath
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from itertools import product
 from typing import Any
+from urllib.parse import quote, unquote
 
 import numpy as np
 
-from tensor_server.adapters._remote_bytes import remote_bytes
+from tensor_server.adapters._remote_bytes import FETCHERS, remote_bytes
 from tensor_server.adapters._tiff_series import TiffHandle
-from tensor_server.adapters._tiff_striles import SeriesStriles, StrileWindow, decode_windows, touched_striles
-from tensor_server.adapters.ome_tiff import OmeTiffAdapter, _images, _match_images
-from tensor_server.adapters.tiff import TiffAdapter, _flavour, build_series_tensors, check_series_extent
+from tensor_server.adapters._tiff_striles import Pread, SeriesStriles, StrileWindow, decode_windows, touched_striles
+from tensor_server.adapters.ome_tiff import (
+    MAX_XML_BYTES,
+    OmeTiffAdapter,
+    _images,
+    _match_images,
+    binary_only_metadata_file,
+    set_file_names,
+)
+from tensor_server.adapters.tiff import TiffAdapter, _flavour, build_series_tensors, check_series_extent, is_tiff_head
 from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.core.bounds import Bounds
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["TIFF_BLOCK", "RemoteFile", "UrlTiffSource"]
+__all__ = ["TIFF_BLOCK", "RemoteFile", "UrlTiffSource", "resolve_url_set"]
+
+log = logging.getLogger(__name__)
 
 #: TIFF bytes are fetched in aligned blocks of this size
 TIFF_BLOCK = 256 << 10
@@ -87,14 +110,21 @@ class RemoteFile(io.RawIOBase):
         return got
 
     def _range(self, index: int) -> tuple[int, int]:
-        return index * TIFF_BLOCK, min((index + 1) * TIFF_BLOCK, self.size)
+        """Block ``index``'s range as asked: whole even past the end (the host answers what
+        there is), so it is the very range, and cache key, the constructor's first read was:
+        a file under one block costs one request, not two."""
+        return index * TIFF_BLOCK, (index + 1) * TIFF_BLOCK
 
-    def prefetch(self, spans: Iterable[tuple[int, int]]) -> None:
-        """Have the blocks under ``spans`` ((start, stop) byte offsets) cached."""
+    def blocks(self, spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The (start, stop) byte ranges of the aligned blocks under ``spans``."""
         blocks = {
             i for start, stop in spans if stop > start for i in range(start // TIFF_BLOCK, (stop - 1) // TIFF_BLOCK + 1)
         }
-        remote_bytes().prefetch(self.name, [self._range(i) for i in sorted(blocks)], pinned=self.validator)
+        return [self._range(i) for i in sorted(blocks)]
+
+    def prefetch(self, spans: Iterable[tuple[int, int]]) -> None:
+        """Have the blocks under ``spans`` ((start, stop) byte offsets) cached."""
+        remote_bytes().prefetch(self.name, self.blocks(spans), pinned=self.validator)
 
     def pread(self, nbytes: int, pos: int, what: str = "") -> bytes:
         """``nbytes`` at ``pos``, from the cached blocks (thread-safe: no position, no
@@ -126,24 +156,163 @@ class RemoteFile(io.RawIOBase):
         return data
 
 
+# ---- multi-file sets -----------------------------------------------------------------------------
+def sibling_url(url: str, name: str) -> str:
+    """The URL of ``name`` (a FileName or MetadataFile of ``url``'s OME-XML) beside ``url``. A
+    set's files lie in its folder or below, so a name that would leave it (a scheme, an
+    absolute path, ``..``) is refused rather than fetched: the host rule is the URL's."""
+    clean = posixpath.normpath(unquote(name).replace("\\", "/"))
+    if "://" in name or clean.startswith(("/", "..")) or clean == ".":
+        raise UnreadableSource(url, f"its OME-XML names {name!r}: a file of the set must be a relative name beside it")
+    return f"{url.rpartition('/')[0]}/{quote(clean)}"
+
+
+def _xml_at(url: str) -> tuple[str, str]:
+    """(text, validator) of the OME-XML document at ``url``, bounded as the local one is."""
+    size = remote_bytes().size(url)
+    if size is not None and size > MAX_XML_BYTES:
+        raise UnreadableSource(url, f"OME metadata file is {size} bytes; refusing to parse more than {MAX_XML_BYTES}")
+    data, validator = remote_bytes().read(url)
+    if data is None:
+        raise UnreadableSource(url, "not found on the host (HTTP 404)")
+    return data.decode("utf-8", errors="replace"), validator
+
+
+def _exists(url: str) -> bool:
+    """Whether the host has ``url`` (its first block read, as ``RemoteFile`` reads it)."""
+    return remote_bytes().read(url, f"0-{TIFF_BLOCK - 1}")[0] is not None
+
+
+@dataclass(frozen=True)
+class UrlSet:
+    """What ``resolve_url_set`` found: the TIFF tifffile opens, the external OME-XML handed to
+    it (None: the TIFF's own) and the metadata file it came from, with its validator."""
+
+    root: str
+    omexml: str | None = None
+    metadata: str | None = None
+    metadata_validator: str = ""
+
+
+def resolve_url_set(url: str) -> UrlSet:
+    """``ome_tiff.resolve_ome_set`` for a URL: ``url`` may be any TIFF of a set, the XML
+    companion, or a single TIFF (then it is its own root)."""
+    import tifffile
+
+    head = remote_bytes().read(url, f"0-{TIFF_BLOCK - 1}")[0] or b""
+    if not is_tiff_head(head):  # the companion (or another OME-XML naming TIFFs)
+        xml, validator = _xml_at(url)
+        names = list(dict.fromkeys(set_file_names(xml, url).values()))
+        if not names:
+            raise UnreadableSource(url, "OME-XML names no TIFF file (no TiffData/UUID FileName)")
+        root = next((u for u in (sibling_url(url, n) for n in names) if _exists(u)), None)
+        if root is None:
+            raise UnreadableSource(url, f"none of the TIFF files it names is on the host (first: {names[0]!r})")
+        return UrlSet(root, xml, url, validator)
+    with tifffile.TiffFile(RemoteFile(url), name=url.rpartition("/")[2], _multifile=False) as tf:
+        description = tf.pages.first.description
+    metadata_file = binary_only_metadata_file(description)
+    if metadata_file is None:
+        return UrlSet(url)
+    target = sibling_url(url, metadata_file)
+    data, validator = remote_bytes().read(target, f"0-{TIFF_BLOCK - 1}")
+    if data is None:
+        log.warning("%s: BinaryOnly metadata file %s is missing; opening this file alone", url, target)
+        return UrlSet(url)
+    if is_tiff_head(data):  # the master OME-TIFF holds the full XML
+        return UrlSet(target, None, target, validator)
+    xml, validator = _xml_at(target)
+    return UrlSet(url, xml, target, validator)
+
+
+@functools.cache
+def _set_tiff_file() -> type:
+    """``_SetTiffFile``, made on first use (tifffile is imported only when a TIFF is read)."""
+    import tifffile
+
+    class _SetTiffFile(tifffile.TiffFile):
+        """A TiffFile whose OME series reader finds the set's other files open already:
+        tifffile keeps them in ``_files`` (UUID -> TiffFile), which the reader resets to
+        ``{root UUID: self}`` and then opens by path what it lacks; ``siblings`` are merged in
+        at that reset, so it opens nothing."""
+
+        siblings: dict[str, Any] = {}
+
+        @property
+        def _files(self) -> dict[Any, Any]:
+            return self.__dict__["_set_files"]
+
+        @_files.setter
+        def _files(self, value: dict[Any, Any]) -> None:
+            self.__dict__["_set_files"] = {**self.siblings, **value}
+
+    return _SetTiffFile
+
+
+def _member(url: str) -> RemoteFile | None:
+    """The set's file at ``url``, or None when the host has none (404); other faults raise."""
+    return RemoteFile(url) if _exists(url) else None
+
+
+def _open_members(tf: Any, root: str) -> dict[str, tuple[Any, RemoteFile | None]]:
+    """UUID -> (TiffFile, RemoteFile) of each other file ``tf``'s OME-XML names, opened by URL
+    beside ``root`` (their first blocks fetched at once), set up as tifffile's own reader sets
+    up the files it opens; ``tf`` itself for a name that is the root's. A file the host does
+    not have is left out: tifffile then reads its planes as zeros, with a warning, as it does
+    for a local set with a file missing."""
+    import tifffile
+
+    named = {uuid: sibling_url(root, name) for uuid, name in set_file_names(tf.ome_metadata or "", root).items()}
+    others = sorted({u for u in named.values() if u != root})
+    files = dict(zip(others, FETCHERS.map(_member, others)))
+    folder = len(root.rpartition("/")[0]) + 1
+    opened: dict[str, tuple[Any, RemoteFile | None]] = {root: (tf, None)}
+    for url, file in files.items():
+        if file is None:
+            log.warning("%s: the set's file %s is not on the host; its planes read as zeros", root, url)
+            continue
+        member = tifffile.TiffFile(file, name=url[folder:], _root=tf)
+        member.pages.cache = member.pages.useframes = True
+        member.pages.set_keyframe(0)
+        opened[url] = (member, file)
+    return {uuid: opened[url] for uuid, url in named.items() if url in opened}
+
+
 class _UrlTiffHandle(TiffHandle):
-    """A TIFF at a URL: the content version is its validator; staleness is found by the
-    pinned reads (the object changed mid-read), not by a stat."""
+    """A TIFF (or a multi-file OME-TIFF set) at a URL: the content version is its files'
+    validators; staleness is found by the pinned reads (an object changed mid-read), not by a
+    stat. ``members``: each file's ``RemoteFile`` by the path its pages name (``pread_of``)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.file = RemoteFile(url)
+        self.set = resolve_url_set(url)
+        self.members: dict[str, RemoteFile] = {}
         super().__init__(url, opener=self._open_remote, files=[])
 
     def _open_remote(self) -> Any:
-        import tifffile
+        root = self.set.root
+        file = RemoteFile(root)
+        tf = _set_tiff_file()(file, name=root.rpartition("/")[2], omexml=self.set.omexml)
+        try:
+            members = _open_members(tf, root) if tf.is_ome else {}
+        except BaseException:
+            tf.close()
+            raise
+        tf.siblings = {uuid: member for uuid, (member, _) in members.items()}
+        self.members = {os.path.realpath(tf.filehandle.path): file}
+        self.members.update((os.path.realpath(m.filehandle.path), f) for m, f in members.values() if f is not None)
+        return tf
 
-        if self.file.closed:
-            self.file = RemoteFile(self.url)
-        return tifffile.TiffFile(self.file, name=self.url.rpartition("/")[2])
+    def pread_of(self, path: str) -> Pread:
+        """The ``pread`` of the member file at ``path`` (a page's ``PageStriles.path``)."""
+        return self.members[path].pread
 
     def content_version(self) -> bytes:
-        return hashlib.blake2b(f"{self.url}\0{self.file.validator}".encode(), digest_size=16).digest()
+        h = hashlib.blake2b(digest_size=16)
+        h.update(f"{self.url}\0{self.set.metadata}\0{self.set.metadata_validator}\n".encode())
+        for file in sorted(self.members.values(), key=lambda f: f.name):
+            h.update(f"{file.name}\0{file.validator}\n".encode())
+        return h.digest()
 
     def stale_reason(self) -> str | None:
         return None
@@ -165,12 +334,13 @@ class _RemoteSeries:
         return super()._strile_read(bounds, step)  # type: ignore[misc]
 
     def _decode_windows(self, jobs: list[Any]) -> None:
-        decode_windows(jobs, pread=self.handle.file.pread)
+        decode_windows(jobs, pread_of=self.handle.pread_of)
 
     def _prefetch(self, bounds: Bounds) -> None:
-        """The byte spans of the striles ``bounds`` touches, fetched at once; nothing when the
-        series is not read strile by strile (tifffile then reads as it goes)."""
-        spans = []
+        """The byte spans of the striles ``bounds`` touches, fetched at once (of every file of a
+        set); nothing when the series is not read strile by strile (tifffile then reads as it
+        goes)."""
+        spans: dict[str, list[tuple[int, int]]] = {}
         with self.handle.use() as opened:
             series = opened.level_series(self.series_index, self.level)
             striles = SeriesStriles.of(opened.tf, series)
@@ -184,8 +354,11 @@ class _RemoteSeries:
                 if page is None:
                     continue
                 job = StrileWindow(page.path, striles.decoder, page.offsets, page.counts, None, window, nothing)
-                spans += [(page.offsets[i], page.offsets[i] + page.counts[i]) for i in touched_striles(job)]
-        self.handle.file.prefetch([(a, b) for a, b in spans if b > a])
+                spans.setdefault(page.path, []).extend(
+                    (page.offsets[i], page.offsets[i] + page.counts[i]) for i in touched_striles(job)
+                )
+        files = [(self.handle.members[path], found) for path, found in spans.items()]
+        remote_bytes().prefetch_all([(f.name, f.blocks(found), f.validator) for f, found in files])
 
 
 class _UrlTiffAdapter(_RemoteSeries, TiffAdapter):
@@ -197,7 +370,8 @@ class _UrlOmeTiffAdapter(_RemoteSeries, OmeTiffAdapter):
 
 
 class UrlTiffSource(SourceAdapter):
-    """A single TIFF or OME-TIFF file at a URL: its series and stored levels as tensors."""
+    """A TIFF or OME-TIFF file, or a multi-file OME-TIFF set (any of its files, or its
+    companion), at a URL: its series and stored levels as tensors."""
 
     format_name = "tiff"
 
@@ -231,7 +405,13 @@ class UrlTiffSource(SourceAdapter):
             None,
             tensors,
             source_id=source_id,
-            metadata={"flavour": flavour, "series": summaries, "remote": url.partition("://")[0]},
+            metadata={
+                "flavour": flavour,
+                "series": summaries,
+                "remote": url.partition("://")[0],
+                "files": sorted(f.name for f in handle.members.values()),
+                "companion": handle.set.metadata,
+            },
             source_type=flavour,
         )
 

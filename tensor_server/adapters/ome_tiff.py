@@ -31,12 +31,20 @@ from tensor_server.core.adapter_base import SourceAdapter
 from tensor_server.core.units import MICROMETER, canonical_unit
 from tensor_server.errors import UnreadableSource
 
-__all__ = ["OmeTiffAdapter", "OmeTiffSource", "resolve_ome_set"]
+__all__ = [
+    "MAX_XML_BYTES",
+    "OmeTiffAdapter",
+    "binary_only_metadata_file",
+    "OmeTiffSource",
+    "is_set_xml",
+    "resolve_ome_set",
+    "set_file_names",
+]
 
 log = logging.getLogger(__name__)
 
 # A companion or master file larger than this is not OME metadata we should parse in memory.
-_MAX_XML_BYTES = 256 << 20
+MAX_XML_BYTES = 256 << 20
 
 
 class OmeTiffAdapter(TiffPageSeriesAdapter):
@@ -58,7 +66,7 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-def _binary_only_metadata_file(description: str | None) -> str | None:
+def binary_only_metadata_file(description: str | None) -> str | None:
     """The MetadataFile named by a ``<BinaryOnly>`` OME block, or None."""
     if not description or "BinaryOnly" not in description[:16384]:
         return None
@@ -74,18 +82,32 @@ def _binary_only_metadata_file(description: str | None) -> str | None:
 
 def _read_xml(path: Path) -> str:
     size = path.stat().st_size
-    if size > _MAX_XML_BYTES:
-        raise UnreadableSource(path, f"OME metadata file is {size} bytes; refusing to parse more than {_MAX_XML_BYTES}")
+    if size > MAX_XML_BYTES:
+        raise UnreadableSource(path, f"OME metadata file is {size} bytes; refusing to parse more than {MAX_XML_BYTES}")
     return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def set_file_names(xml: str, where: str | Path) -> dict[str, str]:
+    """UUID -> FileName of every other file an OME-XML's TiffData names (a multi-file set's
+    members, in document order), the local and the URL opener's one reading of it. The
+    document's own UUID is left out: that file is the one holding the XML, whatever name it
+    has now (tifffile reads it as itself: a renamed file is not looked for under its old
+    name). An unparsable document is an error naming ``where``."""
+    try:
+        root = ElementTree.fromstring(xml)
+    except ElementTree.ParseError as exc:
+        raise UnreadableSource(where, f"OME-XML does not parse: {exc}") from None
+    own = root.attrib.get("UUID")
+    return {
+        uuid: el.attrib["FileName"]
+        for el in root.iter()
+        if _local(el.tag) == "UUID" and el.attrib.get("FileName") and (uuid := (el.text or "").strip()) != own
+    }
 
 
 def _first_tiff_of_companion(xml: str, folder: Path, companion: Path) -> Path:
     """The first TIFF a companion's TiffData/UUID FileName names (it must exist)."""
-    try:
-        root = ElementTree.fromstring(xml)
-    except ElementTree.ParseError as exc:
-        raise UnreadableSource(companion, f"companion OME-XML does not parse: {exc}") from None
-    names = [el.attrib["FileName"] for el in root.iter() if _local(el.tag) == "UUID" and el.attrib.get("FileName")]
+    names = list(dict.fromkeys(set_file_names(xml, companion).values()))
     if not names:
         raise UnreadableSource(companion, "OME-XML names no TIFF file (no TiffData/UUID FileName)")
     for name in names:
@@ -105,7 +127,7 @@ def resolve_ome_set(path: Path) -> tuple[Path, str | None, Path | None]:
         return _first_tiff_of_companion(xml, path.parent, path), xml, path
     with open_tiff_file(path) as tf:
         description = tf.pages.first.description if len(tf.pages) else None
-    metadata_file = _binary_only_metadata_file(description)
+    metadata_file = binary_only_metadata_file(description)
     if metadata_file is None:
         return path, None, None
     target = path.parent / metadata_file
@@ -261,10 +283,16 @@ def _sniff_ome_tiff(path: Path, head: bytes) -> bool:
             return True
         tail = first_description_tail(path, head)
         return tail is not None and tail.endswith(b"OME>")
+    return is_set_xml(path.name, head)
+
+
+def is_set_xml(name: str, head: bytes) -> bool:
+    """Whether a file called ``name`` starting with ``head`` is the OME-XML of a multi-file
+    set (a companion): OME-XML whose TiffData names files, or named ``.companion.ome``."""
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
     if text.startswith((b"<?xml", b"<OME")) and b"<OME" in head:
         names_tiffs = b"<TiffData" in head and b"FileName=" in head
-        return names_tiffs or path.name.lower().endswith(".companion.ome")
+        return names_tiffs or name.lower().endswith(".companion.ome")
     return False
 
 

@@ -214,7 +214,8 @@ class UrlZarrSource(SourceAdapter):
 
 # ---- opening ------------------------------------------------------------------------------------
 def _looks_tiff(url: str) -> bool:
-    return url.lower().rstrip("/").endswith((".tif", ".tiff", ".btf", ".tf8", ".svs"))
+    """A TIFF or the companion of a multi-file OME-TIFF, by its name (no zarr probes)."""
+    return url.lower().rstrip("/").endswith((".tif", ".tiff", ".btf", ".tf8", ".svs", ".companion.ome"))
 
 
 def is_image_url(url: str) -> bool:
@@ -225,7 +226,8 @@ def is_image_url(url: str) -> bool:
 
 def open_url_source(url: str, source_id: str) -> SourceAdapter:
     """The image at ``url`` (https, http, s3): a zarr store when its metadata is there, else a
-    TIFF when its first bytes say so; otherwise an error naming the URL and what was found."""
+    TIFF (or a multi-file OME-TIFF's companion) when its first bytes say so; otherwise an error
+    naming the URL and what was found."""
     url_scheme(url)
     if not _looks_tiff(url) and is_zarr_folder(UrlPath(url)):
         return UrlZarrSource(url, source_id)
@@ -234,8 +236,9 @@ def open_url_source(url: str, source_id: str) -> SourceAdapter:
     head = _read(url, f"0-{TIFF_BLOCK - 1}")
     if head is None:
         raise UnreadableSource(url, "not found on the host (HTTP 404), and no zarr metadata under it")
+    from tensor_server.adapters.ome_tiff import is_set_xml
     from tensor_server.adapters.tiff import is_tiff_head
 
-    if is_tiff_head(head):
+    if is_tiff_head(head) or is_set_xml(url.rpartition("/")[2], head):
         return UrlTiffSource(url, source_id)
-    raise UnreadableSource(url, "neither zarr metadata (zarr.json, .zgroup, .zarray) nor a TIFF file")
+    raise UnreadableSource(url, "neither zarr metadata (zarr.json, .zgroup, .zarray) nor a TIFF file or OME companion")

@@ -1,5 +1,5 @@
 """The remote bench runs end to end at a tiny size: every contender answers the same pixels,
-the second sessions ask the host nothing, and the zoom after ``warm`` is a cache hit (counts,
+the second sessions ask the host nothing, the peers read tile by tile as ours does, and the zoom after ``warm`` is a cache hit (counts,
 not timings); a view read as one region is the union of its tiles."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def test_a_tiny_run_reads_equal_pixels_and_the_second_session_asks_nothing():
     result = measure(64, 3, latency=0.0, concurrency=4, reads="tiles")
     assert result["shape"] == (1792, 2304)
     rows = {(r["format"], r["contender"]): r for r in result["rows"]}
-    ours = ("ours, cold", "ours, second", "ours, second, bytes only")
+    ours = ("ours, cold", "ours, second", "ours, second, bytes only", "ours, local file, second (floor)")
     peers = {"zarr": "zarr-python + fsspec", "tiff": "tifffile + fsspec"}
     assert sorted(rows) == sorted([(k, c) for k in peers for c in ours] + list(peers.items()))
     for kind in peers:
@@ -22,10 +22,13 @@ def test_a_tiny_run_reads_equal_pixels_and_the_second_session_asks_nothing():
         for again in ours[1:]:
             assert (rows[kind, again]["open requests"], rows[kind, again]["view requests"]) == (0, 0)
         assert rows[kind, peers[kind]]["open requests"] > 0
+        assert rows[kind, "ours, local file, second (floor)"]["vs floor"] == "1.00x"
         assert rows[kind, "ours, second"]["target"] == "<= 0.05x" and rows[kind, "ours, cold"]["target"] == "<= 1.0x"
         warm = result["warm"][kind]
         assert warm["chunks"] == 63 and warm["computed"] > 0 and warm["warm_requests"] > 0, warm
         assert (warm["zoom_requests"], warm["zoom_misses"]) == (0, 0), warm
+    # the peer reads tile by tile too: zarr-python asks for the shard index and the chunk a tile
+    assert rows["zarr", peers["zarr"]]["view requests"] == 2 * 2 * 63
 
 
 def test_a_view_is_its_tiles_or_their_union():

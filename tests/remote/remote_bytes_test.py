@@ -69,6 +69,25 @@ def test_within_the_revalidation_period_the_cache_asks_nothing(host, tmp_path):
     assert store.read(url, "0-9")[0] == bytes(range(10)) and host.count() == 0
 
 
+def test_a_reader_that_found_an_object_due_sends_no_head_once_another_revalidated_it(host, tmp_path):
+    """The interleaving of a viewer's tiles: a reader finds the object due, another reader's
+    HEAD revalidates it and ends, then the first asks: no second HEAD (one a period an object,
+    not one a tile)."""
+    store = RemoteBytes(_settings(tmp_path, revalidate_seconds=600))
+    url = f"{host.url}/obj.bin"
+    store.read(url, "0-9")
+    meta = store.store.meta(url)
+    store.store.set_meta(url, meta["validator"], time.time() - 3600, meta["size"])
+    due = dict(store.store.meta(url))  # what the first reader saw
+    host.reset()
+    assert store.read(url, "0-9")[0] == bytes(range(10))  # the other reader: one HEAD
+    assert host.requests == [("HEAD", "/obj.bin", "")]
+    seen, real = iter([due]), store.store.meta
+    store.store.meta = lambda u: next(seen, None) or real(u)  # type: ignore[method-assign]
+    assert store.read(url, "0-9")[0] == bytes(range(10))
+    assert host.requests == [("HEAD", "/obj.bin", "")]
+
+
 def test_a_pinned_reader_is_refused_when_the_object_changed(host, tmp_path):
     store = RemoteBytes(_settings(tmp_path, revalidate_seconds=0))
     url = f"{host.url}/obj.bin"

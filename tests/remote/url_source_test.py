@@ -16,6 +16,7 @@ from tensor_server.catalog import Catalog
 from tensor_server.core.bounds import Bounds
 from tensor_server.testing import serving
 from tests.flight.conftest import client_for
+from tests.remote.conftest import remote_config
 
 
 def _all(tensor) -> np.ndarray:
@@ -103,6 +104,32 @@ def test_a_second_session_after_a_restart_makes_zero_requests(url_host, name):
         counts.append(url_host.count())
     assert counts[0] > 0 and counts[1] == 0, counts
     np.testing.assert_array_equal(reads[0], reads[1])
+
+
+def test_after_the_revalidation_period_a_viewers_tiles_cost_one_head_not_one_each(url_host, tmp_path):
+    """16 tiles read 8 at a time once the object is due for revalidation: one HEAD (the
+    ETag unchanged: no GET), whether a tile found it due while the HEAD was in flight or after
+    it ended. Due is made by ageing the check, not by sleeping."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tensor_server.adapters._remote_bytes import remote_bytes
+
+    url = f"{url_host.url}/img.ome.tif"
+    with remote_config(tmp_path / "bytes", revalidate_seconds=600):
+        t = next(iter(open_url_source(url, "s").tensors.values()))
+        tiles = [
+            Bounds((c, y, x), (c + 1, y + 128, x + 128)) for c in (0, 1) for y in (0, 128) for x in (0, 128, 256, 384)
+        ]
+        first = [t.read_region(b) for b in tiles]
+        meta = remote_bytes().store.meta(url)
+        remote_bytes().store.set_meta(url, meta["validator"], time.time() - 3600, meta["size"])
+        url_host.reset()
+        with ThreadPoolExecutor(8) as pool:
+            again = list(pool.map(t.read_region, tiles))
+        assert url_host.requests == [("HEAD", "/img.ome.tif", "")]
+        for a, b in zip(first, again):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_added_by_url_through_the_sdk_and_served(url_host):
