@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -24,14 +25,45 @@ def plane(i: int) -> np.ndarray:
     return (np.arange(64, dtype=np.uint8).reshape(8, 8) + 3 * i).astype(np.uint8)
 
 
-def acquired(path, planes: int) -> None:
-    """A closed ome-writers acquisition of ``planes`` 8x8 planes, two channels a time point."""
-    from ome_writers import AcquisitionSettings, create_stream, dims_from_standard_axes
+def settings(path, compression: str = "none"):
+    from ome_writers import AcquisitionSettings, dims_from_standard_axes
 
     dims = dims_from_standard_axes({"t": None, "c": 2, "y": 8, "x": 8})
-    with create_stream(AcquisitionSettings(root_path=str(path), dimensions=dims, dtype="uint8")) as stream:
+    return AcquisitionSettings(root_path=str(path), dimensions=dims, dtype="uint8", compression=compression)
+
+
+def acquired(path, planes: int, compression: str = "none") -> None:
+    """A closed ome-writers acquisition of ``planes`` 8x8 planes, two channels a time point."""
+    from ome_writers import create_stream
+
+    with create_stream(settings(path, compression)) as stream:
         for i in range(planes):
             stream.append(plane(i))
+
+
+def as_while_acquiring(path) -> None:
+    """A closed compressed acquisition's OME-XML put back as ome-writers writes it until the
+    close: one time point (its IFDs, one a plane, are as they were while acquiring)."""
+    with tifffile.TiffFile(path) as tf:
+        xml = tf.ome_metadata
+    start = xml.index('SizeT="')
+    xml = xml[:start] + 'SizeT="1"' + xml[xml.index('"', start + 7) + 1 :]
+    start = xml.index('PlaneCount="')
+    xml = xml[:start] + 'PlaneCount="2"' + xml[xml.index('"', start + 12) + 1 :]
+    tifffile.tiffcomment(path, xml.encode())
+
+
+def pages_on_disk(path, at_least: int) -> None:
+    """Wait until ``at_least`` pages are on disk (ome-writers' thread writes behind ``append``)."""
+    for _ in range(3000):
+        try:
+            with tifffile.TiffFile(path) as tf:
+                if len(tf.pages) >= at_least:
+                    return
+        except Exception:  # nothing parseable yet
+            pass
+        time.sleep(0.01)
+    raise AssertionError(f"{at_least} pages never reached the disk")
 
 
 def unlink_the_chain(path) -> None:
@@ -126,6 +158,73 @@ class TestAcquisitionInProgress(AdapterTests):
         unlink_the_chain(path)
         src = tensor_server.open(path)
         assert isinstance(getattr(src.tensor(), "inner", src.tensor()), LiveOmeTiffAdapter)
+        yield src
+        src.close()
+
+    def reference_array(self, source, field):
+        return np.stack([plane(i) for i in range(6)]).reshape(3, 2, 8, 8)
+
+
+def test_a_compressed_acquisition_grows_by_its_new_ifds_and_its_close_keeps_the_shape(tmp_path):
+    """An IFD a plane (lzw): a look reads the IFDs written since the last; a time point of one
+    channel is not published; the close (the OME-XML rewritten) changes nothing served."""
+    from ome_writers import create_stream
+
+    path = tmp_path / "a.ome.tif"
+    stream = create_stream(settings(path, "lzw"))
+    try:
+        for i in range(4):
+            stream.append(plane(i))
+        pages_on_disk(path, 4)
+        tensor = OmeTiffSource(path).tensor()
+        version = tensor.content_version
+        assert (tensor.shape, tensor.dim_labels) == ((2, 2, 8, 8), ("t", "c", "y", "x"))
+        for i in range(4, 7):
+            stream.append(plane(i))
+        pages_on_disk(path, 7)
+        assert tensor.refresh_extent() is None and tensor.shape == (3, 2, 8, 8)
+        assert tensor.extents.sequence == 1
+    finally:
+        stream.close()
+    assert tensor.refresh_extent() is None
+    assert (tensor.shape, tensor.content_version, tensor.extents.sequence) == ((3, 2, 8, 8), version, 1)
+    np.testing.assert_array_equal(tensor.get_data().reshape(6, 8, 8), np.stack([plane(i) for i in range(6)]))
+
+
+def test_an_ifd_linked_before_it_is_written_is_not_a_plane(tmp_path):
+    """tifffile links the previous IFD to the new one's place before it writes it: zeros (or
+    nothing) there are not a page."""
+    path = tmp_path / "a.ome.tif"
+    acquired(path, 6, "lzw")
+    as_while_acquiring(path)
+    with tifffile.TiffFile(path) as tf:
+        last = tf.pages[-1].offset
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:
+        fh.seek(last)
+        (entries,) = struct.unpack("<Q", fh.read(8))
+        fh.seek(last + 8 + entries * 20)
+        fh.write(struct.pack("<Q", size + size % 2))
+        fh.seek(0, 2)
+        fh.write(bytes(size % 2 + 400))  # the hole the IFD will be written into
+    tensor = OmeTiffSource(path).tensor()
+    assert isinstance(getattr(tensor, "inner", tensor), LiveOmeTiffAdapter)
+    assert tensor.shape == (3, 2, 8, 8)
+    np.testing.assert_array_equal(tensor.get_data().reshape(6, 8, 8), np.stack([plane(i) for i in range(6)]))
+
+
+class TestCompressedAcquisitionInProgress(AdapterTests):
+    """The conformance suite over a compressed acquisition (an IFD a plane) as ome-writers
+    leaves it before the close: 7 planes of two channels, the OME-XML saying one time point."""
+
+    @pytest.fixture
+    def source(self, tmp_path):
+        path = tmp_path / "a.ome.tif"
+        acquired(path, 7, "lzw")
+        as_while_acquiring(path)
+        src = tensor_server.open(path)
+        live = getattr(src.tensor(), "inner", src.tensor())
+        assert isinstance(live, LiveOmeTiffAdapter) and live.layout.decoder is not None
         yield src
         src.close()
 
