@@ -126,8 +126,10 @@ def live_layout(path: Path, tf: Any, omexml: str | None) -> LiveLayout | None:
     with open(path, "rb") as fh:
         next_at = IfdReader(fh, fmt).next_at(page.offset)
         chained = IfdReader(fh, fmt).uint(next_at, fmt.offset_size) != 0
+    if chained and len(tf.pages) * math.prod(page.shape) == math.prod(tf.series[0].shape):
+        return None  # as many pages as the image's planes: a finished file
     axes = _growing_axes(_only_pixels(omexml), tuple(page.shape))
-    if axes is None or (chained and len(tf.pages) == axes[2]):
+    if axes is None:
         return None
     labels, inner, declared = axes
     layout = LiveLayout(
