@@ -212,3 +212,33 @@ def test_a_writer_killed_mid_frame_leaves_what_it_wrote_served(tmp_path):
         got = client.get_array(array_id)
         np.testing.assert_array_equal(got, np.stack([np.stack([image(t, 0), image(t, 1)]) for t in range(written)]))
         assert client.get_descriptor(array_id).content_version == version
+
+
+def test_a_watch_follows_a_restarted_acquisition_by_its_file_system_events(tmp_path, monkeypatch):
+    """ome-writers' overwrite unlinks the file and writes a new one under its name: the event
+    watcher, which watched the old inode, begins again over the new file once the source is
+    reopened. The fallback look is an hour away, so the new acquisition's growth reaches the
+    watch only from its events."""
+    from tensor_server.service import watch
+
+    pytest.importorskip("watchfiles")
+    monkeypatch.setattr(watch, "FALLBACK_TICK", 3600.0)
+    with live_ome_tiff(tmp_path) as (served, array_id, proc, path):
+        client = served.client()
+        before = client.get_descriptor(array_id).content_version
+        watcher, results = flight_watch(served, {"array_id": array_id}, deadline=PATIENCE)
+        say(proc, "close")
+        assert proc.wait(PATIENCE) == 0
+        again = start_writer(path)
+        try:
+            assert client.get_descriptor(array_id).content_version != before  # reopened: the new file
+            say(again, "go 6")
+            records = records_until(results, 6)
+            leave(watcher, results)
+            assert records[-1]["shape"] == [6, 2, 64, 96]
+            assert [r["sequence"] for r in records] == list(range(len(records)))  # the reopen is one
+            assert served.runtime.watches._events, "the event watcher never failed over to polling"
+            np.testing.assert_array_equal(time_point(client, array_id, 5)[1], image(5, 1))
+        finally:
+            again.kill()
+            again.wait(PATIENCE)
