@@ -20,11 +20,15 @@ import pytest
 
 from tensor_server.cache import CacheManager
 from tensor_server.catalog import Catalog
+from tensor_server.core.downsample import downsample_block
 from tensor_server.testing import serving
 from tests.service.live_growth_test import PATIENCE, frames_seen
 from tests.service.watch_test import assert_in_order_without_gaps, flight_watch, leave, records_until
 
 pytest.importorskip("ome_writers")
+
+#: a computed level: 1/2 along T, 1/4 along y and x
+COARSE = (2, 1, 4, 4)
 
 #: writes time points 0 and 1 of two channels, says "ready", then for each line read from
 #: stdin the time points up to N ("go N"), a close ("close"), or time points without end
@@ -135,6 +139,13 @@ def live_ome_tiff(tmp_path, compression: str = "none"):
         cache.close()
 
 
+def coarse(served, array_id: str) -> np.ndarray:
+    """A computed level (1/2 T, 1/4 y and x), every chunk asked of the server."""
+    client = served.client()
+    client.cache_clear()
+    return client.get_array(array_id, scale_hint=list(COARSE), reduction_method="area")
+
+
 def time_point(client, array_id: str, t: int) -> np.ndarray:
     return client.get_array(array_id, (slice(t, t + 1), slice(None), slice(None), slice(None)))[0]
 
@@ -161,14 +172,16 @@ def test_every_time_point_read_while_written_equals_what_was_written_and_the_clo
         fresh = served.client()  # time point 0 asked of the server again: a cache hit across growth
         np.testing.assert_array_equal(time_point(fresh, array_id, 0)[1], image(0, 1))
         assert fresh.cache_stats()["hits"] > hits
+        want = np.stack([np.stack([image(t, 0), image(t, 1)]) for t in range(12)])
+        np.testing.assert_array_equal(coarse(served, array_id), downsample_block(want, COARSE, "area"))
 
         say(proc, "close")  # ome-writers appends the IFDs and rewrites the OME-XML
         until(proc, "closed")
         assert proc.wait(PATIENCE) == 0
         after = client.get_descriptor(array_id)
         assert (tuple(after.shape), after.content_version) == ((12, 2, 64, 96), described.content_version)
-        want = np.stack([np.stack([image(t, 0), image(t, 1)]) for t in range(12)])
         np.testing.assert_array_equal(client.get_array(array_id), want)
+        np.testing.assert_array_equal(coarse(served, array_id), downsample_block(want, COARSE, "area"))
         from tensor_server.adapters.ome_tiff import OmeTiffSource
 
         reopened = OmeTiffSource(path).tensor()  # the closed file, as a later scan opens it
