@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Any
 
+from tensor_server.adapters._ome_tiff_live import LiveLayout, LiveOmeTiffAdapter, live_layout
 from tensor_server.adapters._tiff_series import TiffHandle, TiffPageSeriesAdapter, open_tiff_file
 from tensor_server.adapters.registry import FormatEntry, register_format
 from tensor_server.adapters.tiff import (
@@ -25,9 +26,12 @@ from tensor_server.adapters.tiff import (
     check_series_extent,
     first_description_tail,
     is_tiff_head,
+    physical_lists,
+    series_field_names,
     series_files,
 )
-from tensor_server.core.adapter_base import SourceAdapter
+from tensor_server.core.adapter_base import SourceAdapter, TensorAdapter
+from tensor_server.core.normalizing import normalize_axes
 from tensor_server.core.units import MICROMETER, canonical_unit
 from tensor_server.errors import UnreadableSource
 
@@ -225,6 +229,8 @@ class OmeTiffSource(SourceAdapter):
                 images = _match_images(list(opened.series), _images(xml))
                 flags = sorted(tf.flags)
                 creator = _creator(xml)
+                live = live_layout(root, tf, xml) if companion is None else None
+                series_name = opened.series[0].name
             extra = [str(p) for p in (companion, path) if p is not None]
             handle.files = sorted({os.path.realpath(f) for f in [*files, *extra]})  # one spelling per file
 
@@ -238,9 +244,12 @@ class OmeTiffSource(SourceAdapter):
                     return {}
                 return {"ome_image": image["name"], "channel_names": image["channel_names"]}
 
-            tensors, summaries = build_series_tensors(
-                handle, OmeTiffAdapter, physical=physical, tensor_metadata=tensor_metadata
-            )
+            if live is not None:
+                tensors, summaries = _live_tensors(handle, live, series_name, images[0])
+            else:
+                tensors, summaries = build_series_tensors(
+                    handle, OmeTiffAdapter, physical=physical, tensor_metadata=tensor_metadata
+                )
         except BaseException:
             handle.close()
             raise
@@ -263,6 +272,26 @@ class OmeTiffSource(SourceAdapter):
     def close(self) -> None:
         super().close()
         self.handle.close()
+
+
+def _live_tensors(
+    handle: TiffHandle, live: LiveLayout, name: str | None, image: dict[str, Any] | None
+) -> tuple[dict[str, TensorAdapter], list[dict[str, Any]]]:
+    """The one tensor of an acquisition still being written (``_ome_tiff_live``) and its
+    series summary, as ``build_series_tensors`` gives them for a finished file."""
+    axes = "".join(live.labels).upper() + "YX"
+    scale, unit = physical_lists(axes, image["sizes"] if image else {})
+    extra = {"ome_image": image["name"], "channel_names": image["channel_names"]} if image else {}
+    tensor = LiveOmeTiffAdapter(
+        live,
+        physical_scale=scale,
+        physical_unit=unit,
+        content_version=handle.content_version(),
+        metadata={"series": 0, "axes": axes, "live": True, **extra},
+    )
+    field = series_field_names([name])[0]
+    summary = {"name": name or "", "kind": "ome", "axes": axes, "shape": list(tensor.shape), "field": field}
+    return {field: normalize_axes(tensor)}, [{**summary, "dtype": str(tensor.dtype), "levels": [summary["shape"]]}]
 
 
 def _creator(omexml: str | None) -> str | None:

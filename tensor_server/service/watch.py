@@ -12,7 +12,7 @@ one stat of its metadata, growth published in place, a change that is not growth
 source). A look is made when file-system events (``watchfiles``: inotify on Linux) name a
 file under a watched tensor's ``growth_paths``, grouped over at most ``DEBOUNCE_MS``, and
 every ``FALLBACK_TICK`` seconds besides (an event missed, a path that appeared after the watch
-began); without ``watchfiles``, or if its watcher fails, every ``TICK`` seconds. It is bounded
+began); the event watcher begins again when a watched tensor is replaced (``_Replaced``); without ``watchfiles``, or if its watcher fails, every ``TICK`` seconds. It is bounded
 either way: only watched tensors are looked at, at most ``MAX_POLLED`` a look. Records are
 coalesced by the look: a tensor growing by 10,000 frames a second makes at most one record
 a look. A watcher that never reads holds no queue of its
@@ -38,6 +38,8 @@ except ImportError:  # pragma: no cover - a core dependency; kept optional for s
     watchfiles = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tensor_server.catalog import Catalog
+    from tensor_server.core.adapter_base import TensorAdapter
     from tensor_server.service.caller import Caller
     from tensor_server.service.runtime import ServingRuntime
 
@@ -161,16 +163,17 @@ class Watches:
 
     def _follow(self) -> None:
         """Nudge the poller when file-system events name a watched tensor's files (module
-        docstring); begun again over the new paths whenever the watched set changes. A
-        failing watcher leaves the polling every ``TICK`` in its place."""
-        stop = _Either(self._closed, self._moved)
+        docstring); begun again over the new paths whenever the watched set changes or a
+        watched tensor is replaced (``_Replaced``). A failing watcher leaves the polling every
+        ``TICK`` in its place."""
         while not self._closed.is_set():
             self._moved.clear()
-            paths = self._paths()
+            paths, followed = self._paths()
             self._nudged.set()  # what changed while the watcher began again
             if not paths:
                 self._moved.wait(FALLBACK_TICK)
                 continue
+            stop = _Either(self._closed, self._moved, _Replaced(self.runtime.catalog, followed))
             try:
                 for _ in watchfiles.watch(
                     *paths, debounce=DEBOUNCE_MS, step=_STEP_MS, stop_event=stop, raise_interrupt=False
@@ -182,17 +185,19 @@ class Watches:
                 self._nudged.set()
                 return
 
-    def _paths(self) -> list[Path]:
-        """The existing growth paths of the watched tensors."""
+    def _paths(self) -> tuple[list[Path], dict[str, TensorAdapter]]:
+        """The existing growth paths of the watched tensors, and those tensors."""
         with self._lock:
             watched = list(self._watched)
         paths: set[Path] = set()
+        followed = {}
         for array_id in watched:
             try:
-                paths.update(self.runtime.catalog.find_tensor(array_id)[0].growth_paths())
+                followed[array_id] = tensor = self.runtime.catalog.find_tensor(array_id)[0]
             except TensorServerError:  # gone: its stream ends
                 continue
-        return sorted(p for p in paths if p.exists())
+            paths.update(tensor.growth_paths())
+        return sorted(p for p in paths if p.exists()), followed
 
     def close(self) -> None:
         """End every stream, the poller and the event watcher."""
@@ -206,8 +211,31 @@ class Watches:
 class _Either:
     """Set when either event is (``watchfiles.watch`` stops on one ``is_set()``)."""
 
-    def __init__(self, *events: threading.Event) -> None:
+    def __init__(self, *events: threading.Event | _Replaced) -> None:
         self.events = events
 
     def is_set(self) -> bool:
         return any(e.is_set() for e in self.events)
+
+
+class _Replaced:
+    """Set once a followed tensor was replaced (its source reopened: a file replaced by a new
+    acquisition under the same name, whose inode the old watch does not see), looked up only
+    when the catalog's generation moved (every reopen moves it)."""
+
+    def __init__(self, catalog: Catalog, followed: dict[str, TensorAdapter]) -> None:
+        self.catalog, self.followed = catalog, followed
+        self.generation = catalog.generation
+
+    def is_set(self) -> bool:
+        generation = self.catalog.generation
+        if generation == self.generation:
+            return False
+        self.generation = generation
+        for array_id, tensor in self.followed.items():
+            try:
+                if self.catalog.find_tensor(array_id)[0] is not tensor:
+                    return True
+            except TensorServerError:  # gone: begin again without it
+                return True
+        return False

@@ -32,6 +32,10 @@ READ_BLOCK = {
         "none",
         "Micro-Manager writes each plane file raw; its offset is parsed once and a window is one pread of its rows (a compressed file would declare one strile)",
     ),
+    "LiveOmeTiffAdapter": (
+        "none",
+        "an acquisition ome-writers is writing keeps its planes raw at data offset + k x plane bytes; a window is one pread of its rows",
+    ),
     "NdTiffAdapter": (
         "none",
         "NDTiff images are raw at the index's byte offsets; a window is one pread of its rows, no dask block involved",

@@ -29,6 +29,10 @@ DECIMATES = {
         "the step skips planes on p/t/c/z and strides rows of the raw planes at their index-map offsets",
     ),
     "MicroManagerSequenceAdapter": ("yes", "the step skips plane files on p/t/c/z and strides rows of the raw planes"),
+    "LiveOmeTiffAdapter": (
+        "yes",
+        "the step skips planes on t/c/z and strides rows of the raw planes at their offsets in the acquisition",
+    ),
     "NdTiffAdapter": (
         "yes",
         "the step skips images on the index axes and mosaic tiles, and strides rows of the raw frames",

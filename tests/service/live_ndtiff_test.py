@@ -7,6 +7,7 @@ decides a result: waits are bounded only to prove "not frozen"."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import textwrap
@@ -152,3 +153,42 @@ def test_a_time_point_is_published_only_once_all_its_channels_are_written(tmp_pa
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait(PATIENCE)
+
+
+def test_a_writer_killed_mid_acquisition_leaves_what_it_wrote_served(tmp_path):
+    """SIGKILL while images are being put, then a torn index entry (a kill inside its write):
+    the server serves the complete time points the index lists, in place."""
+    from tensor_server.adapters.ndtiff import INDEX_NAME, read_ndtiff_index
+
+    root = tmp_path / "root"
+    root.mkdir()
+    proc = start_writer(root)
+    catalog = Catalog([root])
+    catalog.scan()
+    cache = CacheManager(tmp_path / "cache")
+    try:
+        with serving(catalog, cache=cache) as served:
+            array_id = catalog.records()[0].source_id
+            client = served.client()
+            version = client.get_descriptor(array_id).content_version
+            go(proc, 10**6)
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if int(line.split()[0]) >= 6:
+                    break
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(PATIENCE)
+            index = next(root.iterdir()) / INDEX_NAME
+            with open(index, "ab") as fh:
+                fh.write(b"\x1c\x00\x00\x00" + b'{"time": 99, "chan')
+            entries, torn = read_ndtiff_index(index)
+            assert torn
+            written = {(e[0]["time"], e[0].get("channel", 0)) for e in entries}
+            complete = next(t for t in range(10**6) if not {(t, 0), (t, 1)} <= written)
+            assert complete >= 6  # time point 6 was begun
+            assert frames_seen(client, array_id, complete) == complete
+            want = np.stack([np.stack([image(t, 0), image(t, 1)]) for t in range(complete)])
+            np.testing.assert_array_equal(client.get_array(array_id), want)
+            assert client.get_descriptor(array_id).content_version == version
+    finally:
+        cache.close()

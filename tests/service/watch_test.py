@@ -150,3 +150,38 @@ def test_growth_is_seen_from_file_system_events_or_by_polling_without_them(tmp_p
         assert records[-1]["shape"] == [8, 32, 32]
         assert_in_order_without_gaps(records, 0)
         assert served.runtime.watches._events is events, "the event watcher never failed over to polling"
+
+
+def test_the_event_watcher_begins_again_when_a_watched_tensor_is_replaced(tmp_path, monkeypatch):
+    """A source reopened under a watch (a file replaced by a new acquisition under its name,
+    an inode the old inotify watch does not see, and which the old watch may never report
+    gone while a handle holds it open) restarts the event watcher over the new tensor's
+    paths. ``watchfiles.watch`` is replaced by one that reports nothing and ends only on its
+    stop event, so nothing but the replacement can restart it."""
+    from tensor_server.service import watch
+
+    pytest.importorskip("watchfiles")
+    began = []
+
+    def silent(*paths, stop_event, **_):
+        began.append(paths)
+        while not stop_event.is_set():
+            time.sleep(0.005)
+        return
+        yield  # a generator, as watchfiles.watch is
+
+    monkeypatch.setattr(watch.watchfiles, "watch", silent)
+    with live_server(tmp_path, 3) as (served, array_id, path):
+        client, results = flight_watch(served, {"array_id": array_id}, deadline=PATIENCE)
+        assert json.loads(next(iter(results)).body.to_pybytes())["sequence"] == 0
+        deadline = time.monotonic() + PATIENCE
+        while not began and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(began) == 1
+        catalog = served.runtime.catalog
+        catalog.reopen_changed(catalog.find_tensor(array_id)[0], "replaced (test)")
+        while len(began) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        leave(client, results)
+        assert len(began) >= 2, "the watcher began again over the reopened tensor's paths"
+        assert began[1] == began[0]
