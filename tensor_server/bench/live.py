@@ -10,9 +10,12 @@ compares every chunk with the fill value before writing it, which cost 15 of its
 2 ms). Alone it then writes 110-170 frames/s into pages just freed, but a run's new files
 need the kernel to reclaim page cache for every 8 MiB: 33-48 frames/s for 300 new frames
 (``np.save`` 80), and the server's chunk cache writes each frame it serves once more
-(docs/performance.md, "Live acquisition"). A writer that cannot keep the asked rate writes
-as fast as it can: the table gives the rate it reached and a line saying so, and the
-latencies are those at that rate.
+(docs/performance.md, "Live acquisition"). So the bench first has the writer write
+``FLOOR_FRAMES`` new frames alone, as fast as it can: the floor of this machine, in the
+table beside each rate. A writer that cannot keep the asked rate writes as fast as it can:
+the table gives the rate it reached and a line saying so, and the latencies are those at
+that rate. The acquisitions start once the server is idle after its start-up (its kernels'
+warm-up took a core from the first rate's run).
 
 Two clients follow it in the same run, and both read as a viewer does, the **newest** frame
 they know of: a client that is still reading when several frames arrive skips to the newest
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import statistics
@@ -58,6 +62,8 @@ __all__ = ["add_arguments", "main", "measure", "rows_of"]
 POLL_S = 0.1
 #: the issue's targets (ms)
 TARGETS = {"p50": 200.0, "p99": 500.0}
+#: frames the writer writes alone before the run (its floor)
+FLOOR_FRAMES = 100
 #: not frozen: a client that has not had a new frame for this long gives up
 PATIENCE_S = 60.0
 
@@ -232,16 +238,40 @@ def _one_rate(srv: Any, path: Path, rate: float, frames: int, side: int) -> dict
 def measure(work: Path, rates: list[float], seconds: float, side: int, chunk: int = 0) -> list[dict[str, Any]]:
     """One acquisition per rate (``seconds`` long, at least 5 frames), all served by one server;
     ``chunk``: the chunks' side (0: a chunk per frame)."""
-    from tensor_server.bench.server_process import server_process
+    from tensor_server.bench.server_process import server_process, wait_idle
 
     chunk = chunk or side
     root = work / "root"
     root.mkdir()
     plan = {rate: max(5, int(rate * seconds)) + 1 for rate in rates}
+    alone = writer_alone(work / "alone.zarr", side, chunk, min(max(plan.values()), FLOOR_FRAMES))
     for rate in rates:
         start_array(root / f"live-{rate:g}fps.zarr", side, chunk)
     with server_process([root], work / "cache") as srv:
-        return [_one_rate(srv, root / f"live-{rate:g}fps.zarr", rate, frames, side) for rate, frames in plan.items()]
+        wait_idle(srv.pid)  # the kernels' warm-up after the first scan took a core from the first rate
+        results = [_one_rate(srv, root / f"live-{rate:g}fps.zarr", rate, frames, side) for rate, frames in plan.items()]
+    return [{**r, "writer_alone_fps": alone} for r in results]
+
+
+def writer_alone(path: Path, side: int, chunk: int, frames: int) -> float:
+    """Frames a second the bench's writer reaches as fast as it can with nothing else of the
+    bench running (new files, as in the run): the floor the rates asked are held against.
+    The array is deleted after."""
+    import shutil
+
+    start_array(path, side, chunk)
+    out = multiprocessing.get_context("spawn").Queue()
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_write, args=(str(path), frames, math.inf, time.time(), out)
+    )
+    proc.start()
+    try:
+        written = out.get(timeout=PATIENCE_S)
+    finally:
+        proc.join(PATIENCE_S)
+        shutil.rmtree(path)
+    times = sorted(written.values())
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else math.nan
 
 
 def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -255,7 +285,7 @@ def rows_of(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
             rows.append(
                 {
-                    "rate": f"{result['rate']:g} fps ({result['achieved_fps']:.0f})",
+                    "rate": f"{result['rate']:g} fps ({result['achieved_fps']:.0f}; alone {result['writer_alone_fps']:.0f})",
                     "client": who,
                     "frames": f"{len(ms)}/{result['frames']}",
                     "p50_ms": statistics.median(ms) if ms else float("nan"),
@@ -290,7 +320,7 @@ def main(ns: argparse.Namespace) -> int:
     chunk = ns.chunk or ns.side
     print(
         f"{ns.side}² uint16 frames, zarr v3 chunks 1x{chunk}², uncompressed, {ns.seconds:g} s per rate "
-        f"(the rate the writer reached in brackets); load average before the run {load[0]:.1f} "
+        f"(the rate the writer reached in brackets, and alone before the run); load average before the run {load[0]:.1f} "
         f"({os.cpu_count()} cores); the clients read the newest frame (frames: read/written)"
     )
     print_table(list(rows[0]), [list(r.values()) for r in rows])

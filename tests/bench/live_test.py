@@ -22,7 +22,9 @@ def test_a_tiny_acquisition_reaches_both_clients(tmp_path):
             assert result["frames"] in result[who], f"{who} at {result['rate']} fps never had the last frame"
             assert min(result[who].values()) > 0, f"{who}: a frame had before it was written"
         assert all(result["noticed"][i] <= ms for i, ms in result["sdk watch"].items()), "read before announced"
+    assert all(r["writer_alone_fps"] > 0 for r in results), "the writer's floor is measured"
     rows = rows_of(results)
+    assert all("alone" in r["rate"] for r in rows)
     assert [(r["rate"].split(" (")[0], r["client"]) for r in rows] == [
         ("10 fps", "sdk watch"),
         ("10 fps", "zarr poll"),
