@@ -1,22 +1,23 @@
 """A worker's forwarding of annotation requests (``http/forward.py``) against a stand-in primary
-on loopback: the request arrives as it came (method, path with its token prefix, query,
-headers, body), the primary's answer is returned unchanged, every other route stays the
-worker's, a body past the route's limit is refused before anything is sent, and a primary that
-does not answer is a 503 to retry, not a hang. The real ``serve --workers 2`` round trip is
-``tests/cli_workers_reads_test.py``."""
+on loopback (uvicorn, as the real one): the request arrives as it came (method, path with its
+token prefix, query, headers, body), the primary's answer is returned unchanged, every other
+route stays the worker's, a caller the primary refuses is answered without its body being
+read, a body past the route's limit is refused and never reaches the primary, and a primary
+that does not answer is a 503 to retry, not a hang. The real ``serve --workers 2`` round trip
+is ``tests/cli_workers_reads_test.py``."""
 
 from __future__ import annotations
 
 import json
 import socket
-import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from starlette.applications import Starlette
-from starlette.responses import PlainTextResponse
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from tensor_server.http import forward
@@ -24,42 +25,38 @@ from tensor_server.http.app import HttpFrontEnd
 from tensor_server.http.forward import ForwardToPrimary
 
 
-class _Primary(BaseHTTPRequestHandler):
-    """Answers with what it received, as JSON, and a header of its own; ``seen`` logs it."""
+async def _echo(request: Request) -> Response:
+    """What the primary received, as JSON, with a header of its own; a request without an
+    ``Authorization`` is refused before its body is read, as the annotations route does."""
+    if "authorization" not in request.headers:
+        return PlainTextResponse("unauthorized: no access token came with it", status_code=401)
+    body = await request.body()
+    raw = request.scope["raw_path"] + (b"?" + request.scope["query_string"] if request.scope["query_string"] else b"")
+    doc = {
+        "method": request.method,
+        "path": raw.decode(),
+        "auth": request.headers["authorization"],
+        "body": body.decode(),
+    }
+    SEEN.append(doc["path"])
+    return Response(json.dumps(doc), status_code=207, media_type="application/geo+json", headers={"X-Primary": "yes"})
 
-    seen: list[str] = []
 
-    def log_message(self, format, *args):
-        pass
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("content-length") or 0)
-        body = self.rfile.read(length).decode()
-        doc = {"method": self.command, "path": self.path, "auth": self.headers.get("authorization"), "body": body}
-        _Primary.seen.append(self.path)
-        payload = json.dumps(doc).encode()
-        self.send_response(207)
-        self.send_header("Content-Type", "application/geo+json")
-        self.send_header("X-Primary", "yes")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    do_GET = do_PUT = _answer
+#: the paths of the requests the primary read whole
+SEEN: list[str] = []
 
 
 @pytest.fixture
-def primary():
-    _Primary.seen.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Primary)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+def primary() -> Iterator[int]:
+    SEEN.clear()
+    front = HttpFrontEnd(Starlette(routes=[Route("/{rest:path}", _echo, methods=["GET", "PUT"])]), "127.0.0.1", 0)
+    front.start()
+    yield front.port
+    front.stop()
 
 
 @contextmanager
-def _worker(port: int):
+def _worker(port: int) -> Iterator[httpx.Client]:
     """A client of a worker's door (uvicorn, as served) forwarding to ``port``."""
     app = Starlette(routes=[Route("/{rest:path}", lambda request: PlainTextResponse("the worker's own"))])
     front = HttpFrontEnd(ForwardToPrimary(app, port), "127.0.0.1", 0)
@@ -86,15 +83,28 @@ def test_annotation_requests_reach_the_primary_as_they_came(primary):
         "auth": "Bearer abc",
         "body": '{"type": "FeatureCollection"}',
     }
-    assert own == "the worker's own" and len(_Primary.seen) == 1
+    assert own == "the worker's own" and len(SEEN) == 1
+
+
+def test_a_refused_caller_is_answered_without_its_body_being_read(primary):
+    """The head alone reaches the primary, which refuses it; the worker answers that refusal
+    without waiting for a byte of the 60 MB the client announced and never sends."""
+    with _worker(primary) as client:
+        host, port = client.base_url.host, client.base_url.port
+        with socket.create_connection((host, port), timeout=10) as sock:
+            head = f"PUT /rois/img.geojson HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 60000000\r\n\r\n"
+            sock.sendall(head.encode())
+            answer = sock.recv(65536)  # a timeout (10 s) here: the worker waited for the body
+    assert answer.startswith(b"HTTP/1.1 401 ") and b"no access token came with it" in answer
+    assert SEEN == []
 
 
 def test_a_body_past_the_limit_is_refused_before_it_is_sent(primary, monkeypatch):
     monkeypatch.setitem(forward.FORWARDED, "/rois/", 10)
     with _worker(primary) as client:
-        got = client.put("/rois/img.geojson", content=b"x" * 11)
+        got = client.put("/rois/img.geojson", content=b"x" * 11, headers={"Authorization": "Bearer abc"})
     assert got.status_code == 413 and "above the limit of 10" in got.text
-    assert _Primary.seen == []
+    assert SEEN == []
 
 
 def test_a_primary_that_does_not_answer_is_a_503_to_retry(monkeypatch):
