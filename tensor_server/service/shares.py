@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tensor_server.errors import InvalidArgument, ResourceExhausted, Unauthenticated
+from tensor_server.uploads.marker import sync_path
 
 __all__ = ["Share", "ShareStore", "SCOPES", "MAX_EXPIRES_SECONDS", "SHARE_PATH_PREFIX", "parse_duration"]
 
@@ -165,15 +166,20 @@ class ShareStore:
 
     # ---- the list of links ----------------------------------------------------------------
     def _write(self, path: Path, text: str, *, only_if_absent: bool = False) -> None:
-        """``text`` into ``path`` whole (0600, in a 0700 folder): a reader never sees half.
-        ``only_if_absent``: linked into place, leaving a file another process put there first."""
+        """``text`` into ``path`` whole (0600, in a 0700 folder): a reader never sees half, and
+        a crash after the answer never brings back a list from before it (a revoked link would
+        read again). ``only_if_absent``: linked into place, leaving a file another process put
+        there first."""
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         if not only_if_absent:
             os.replace(tmp, path)
+            sync_path(path.parent)
             return
         try:
             os.link(tmp, path)
@@ -181,6 +187,7 @@ class ShareStore:
             pass
         finally:
             tmp.unlink(missing_ok=True)
+        sync_path(path.parent)
 
     def _links_file(self) -> Path | None:
         return None if self.folder is None else self.folder / "links.json"

@@ -149,6 +149,20 @@ def test_a_revocation_in_one_process_is_seen_by_another_at_once(tmp_path):
     assert serving_too.check(fresh_capability).id == fresh.id
 
 
+def test_a_revocation_is_on_disk_before_it_is_answered(tmp_path, monkeypatch):
+    """A crash after ``share_revoke`` answered must not bring the link back: the list's bytes
+    and its rename are synced before ``revoke`` returns."""
+    from tensor_server.service import shares
+
+    store = ShareStore(tmp_path)
+    share, _ = store.mint("slide/image", "read", 600, "")
+    synced: list[str] = []
+    monkeypatch.setattr(shares.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    monkeypatch.setattr(shares, "sync_path", lambda path: synced.append(f"dir {path}"))
+    store.revoke(share.id)
+    assert len(synced) == 2 and "links.json" in synced[0] and synced[1] == f"dir {store.folder}"
+
+
 def test_links_made_by_two_processes_at_once_are_all_kept(tmp_path):
     """``serve --workers``: any process mints (the catalog page's button); each change of the
     list is read, made and written under a lock of the folder, so none is written over."""
