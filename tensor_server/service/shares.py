@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from tensor_server.errors import InvalidArgument, ResourceExhausted, Unauthenticated
-from tensor_server.uploads.marker import sync_path
 
 __all__ = ["Share", "ShareStore", "SCOPES", "MAX_EXPIRES_SECONDS", "SHARE_PATH_PREFIX", "parse_duration"]
 
@@ -170,6 +169,8 @@ class ShareStore:
         a crash after the answer never brings back a list from before it (a revoked link would
         read again). ``only_if_absent``: linked into place, leaving a file another process put
         there first."""
+        from tensor_server.uploads.marker import sync_path  # here: uploads/ imports the cache (pyarrow)
+
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

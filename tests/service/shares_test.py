@@ -153,12 +153,13 @@ def test_a_revocation_is_on_disk_before_it_is_answered(tmp_path, monkeypatch):
     """A crash after ``share_revoke`` answered must not bring the link back: the list's bytes
     and its rename are synced before ``revoke`` returns."""
     from tensor_server.service import shares
+    from tensor_server.uploads import marker
 
     store = ShareStore(tmp_path)
     share, _ = store.mint("slide/image", "read", 600, "")
     synced: list[str] = []
     monkeypatch.setattr(shares.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
-    monkeypatch.setattr(shares, "sync_path", lambda path: synced.append(f"dir {path}"))
+    monkeypatch.setattr(marker, "sync_path", lambda path: synced.append(f"dir {path}"))
     store.revoke(share.id)
     assert len(synced) == 2 and "links.json" in synced[0] and synced[1] == f"dir {store.folder}"
 
