@@ -9,7 +9,12 @@ request, logger ``tensor_server.access``) goes where ``--request-log`` says: std
 ``serve``, a file in the server home for ``run``, so a terminal keeps its links.
 
 Request lines reach these handlers from the service's own thread (``service.request_log.
-RequestLines``), never from a request, so writing them here costs no request anything.
+RequestLines``), never from a request, and a batch of them is written at once: that thread
+hands over every line waiting (some 60 at 600 tiles/s) and then calls ``flush``, and the
+request-log handlers keep the lines until then. Written one by one, each line was a ``write``
+(and for the file an ``lseek``) that let go of the interpreter lock and took it back behind the
+requests: 6 SDK clients' warm tiles cost the server 0.14-0.4 ms more CPU each with the request
+log on than off (2026-12-05), for lines that cost 12 µs each to make.
 """
 
 from __future__ import annotations
@@ -87,6 +92,64 @@ class _LineHandler(logging.StreamHandler):
             super().emit(record)
 
 
+class _Batched(logging.Handler):
+    """A request-log handler: ``emit`` formats the line and keeps it, ``flush`` writes every
+    kept line in one call (``write_batch``). A record that says a flush follows it
+    (``flush_follows``: ``RequestLines`` hands over a batch, then flushes) waits for it; any
+    other is written at once."""
+
+    pending: list[str]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.pending.append(self.format(record) + "\n")
+        except Exception:  # logging's rule: a record that cannot be formatted never raises
+            self.handleError(record)
+        if not getattr(record, "flush_follows", False):
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            text, self.pending[:] = "".join(self.pending), []
+            if text:
+                self.write_batch(text)
+
+    def write_batch(self, text: str) -> None:
+        raise NotImplementedError
+
+
+class _AccessLines(_Batched, _LineHandler):
+    """The request log on stderr, a batch of lines at a time."""
+
+    def __init__(self, stream: TextIO) -> None:
+        _LineHandler.__init__(self, stream)
+        self.pending = []
+
+    def write_batch(self, text: str) -> None:
+        with _OpenLine.lock:
+            _OpenLine.clear()
+            self.stream.write(text)
+            self.stream.flush()
+
+
+class _AccessFile(_Batched, logging.handlers.RotatingFileHandler):
+    """The request log file, a batch of lines at a time, rotated once it reaches its size."""
+
+    def __init__(self, path: Path) -> None:
+        logging.handlers.RotatingFileHandler.__init__(
+            self, path, maxBytes=REQUEST_LOG_BYTES, backupCount=REQUEST_LOG_BACKUPS, encoding="utf-8"
+        )
+        self.pending = []
+
+    def write_batch(self, text: str) -> None:
+        if self.stream is None:  # closed by a rollover's failure or at shutdown: opened again
+            self.stream = self._open()
+        self.stream.write(text)
+        self.stream.flush()
+        if self.stream.tell() >= self.maxBytes:
+            self.doRollover()
+
+
 def setup_logging(level: str, fmt: str = "text", *, requests: str | None = None) -> None:
     """Log records to stderr at ``level``. ``requests``: where the request log goes (one line
     per request, ``tensor_server.access`` at INFO whatever ``level`` is): a file path,
@@ -109,16 +172,14 @@ def setup_logging(level: str, fmt: str = "text", *, requests: str | None = None)
     access.setLevel(logging.INFO)
     access.propagate = False
     if requests == REQUEST_LOG_STDERR:
-        to_stderr = _LineHandler(sys.stderr)
+        to_stderr = _AccessLines(sys.stderr)
         to_stderr.setFormatter(formatter)
         access.handlers[:] = [to_stderr]
         return
     path = Path(requests)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))  # peers and paths: the user's only
-    to_file = logging.handlers.RotatingFileHandler(
-        path, maxBytes=REQUEST_LOG_BYTES, backupCount=REQUEST_LOG_BACKUPS, encoding="utf-8"
-    )
+    to_file = _AccessFile(path)
     to_file.setFormatter(formatter)
     access.handlers[:] = [to_file]  # the file only: the terminal keeps the start-up block
 

@@ -87,10 +87,12 @@ class RequestLines:
                     "request %s",
                     (_RequestLine(fields),),
                     None,
-                    extra={"request": fields},
+                    extra={"request": fields, "flush_follows": True},  # cli_logging writes the batch at once
                 )
                 record.created, record.msecs = created, (created % 1) * 1000
                 ACCESS_LOG.handle(record)
+            for handler in ACCESS_LOG.handlers:  # the batch written at once (cli_logging)
+                handler.flush()
             if self.dropped and time.monotonic() - self._said > 60:
                 self._said = time.monotonic()
                 logging.getLogger(__name__).warning(
