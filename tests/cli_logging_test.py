@@ -90,6 +90,39 @@ def test_the_request_log_goes_to_a_file_to_stderr_or_nowhere(tmp_path, capsys, l
     assert "dzi" not in capsys.readouterr().err and "dzi" not in path.read_text()
 
 
+class _CountedWrites(io.StringIO):
+    writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+def test_the_request_lines_of_a_batch_are_written_at_once(tmp_path, monkeypatch, logging_restored):
+    """``RequestLines`` hands its waiting lines over and flushes: one write for all of them,
+    on stderr and in the file (a write per line let go of the interpreter lock per line); a
+    record logged on its own is written at once."""
+    from tensor_server.service.request_log import RequestLines
+
+    stream = _CountedWrites()
+    monkeypatch.setattr(sys, "stderr", stream)
+    for where in ("-", str(tmp_path / "requests.log")):
+        setup_logging("warning", requests=where)
+        handler = logging.getLogger("tensor_server.access").handlers[0]
+        if where != "-":
+            handler.stream = stream
+        stream.writes, lines = 0, RequestLines()
+        for i in range(50):
+            lines.add({"door": "flight", "call": f"call{i}"})
+        lines.flush()
+        written = stream.getvalue().splitlines()[-50:]
+        assert stream.writes == 1 and [line.rsplit("call=", 1)[1].rstrip('"') for line in written] == [
+            f"call{i}" for i in range(50)
+        ]
+        logging.getLogger("tensor_server.access").info("request door=http call=alone")
+        assert stream.writes == 2 and stream.getvalue().rstrip().endswith('call=alone"')
+
+
 def test_run_logs_requests_to_its_home_and_the_terminal_keeps_the_block(tmp_path):
     import httpx
 
