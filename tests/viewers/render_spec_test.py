@@ -250,3 +250,38 @@ def test_a_tensors_own_settings_draw_what_a_spec_of_the_same_draws(tmp_path):
     assert np.array_equal(default, with_spec)
     assert np.array_equal(default, R.composite(img[:2], channels))  # red over green adds as light
     assert default[..., 2].max() == 0  # the inactive blue channel is not drawn
+
+
+@pytest.mark.parametrize(
+    ("dtype", "window"),
+    [("uint8", (0, 255)), ("uint8", (20, 200)), ("uint16", (500, 3000))],
+    ids=["8-bit full window", "8-bit window", "16-bit window"],
+)
+def test_one_grey_channel_is_drawn_as_the_compositing_kernel_draws_it(tmp_path, dtype, window):
+    """A one-channel image is a grey image looked up in the kernel's own answer for every value
+    (8-bit at its full window: the pixels themselves): bit for bit the oracle's composite."""
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    top = np.iinfo(dtype).max if dtype == "uint8" else 4095
+    img = np.random.default_rng(442).integers(0, top + 1, (1, 64, 96), dtype=dtype)
+    path = tmp_path / "grey.zarr"
+    write_image(img, zarr.group(store=parse_url(str(path), mode="w").store), axes="cyx", scale_factors=())
+    omero = {"channels": [{"color": "FFFFFF", "window": {"start": window[0], "end": window[1]}, "active": True}]}
+    root = zarr.open_group(str(path), mode="r+")
+    ome = root.attrs.get("ome")
+    root.attrs.update({"ome": {**ome, "omero": omero}} if isinstance(ome, dict) else {"omero": omero})
+    cat = Catalog([tmp_path])
+    cat.scan()
+    try:
+        with serving(cat, http=True) as srv:
+            rec = next(r for r in cat.records() if r.source is not None)
+            array_id = next(iter(rec.source.tensors.values())).array_id
+            drawn = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id}/full/max/0/default.png", timeout=60))
+    finally:
+        cat.close()
+    expected = R.composite(img, [R.Channel(window[0], window[1], (1.0, 1.0, 1.0))])[..., 0]
+    assert drawn.shape == (64, 96) and np.array_equal(drawn, expected)
+    if window == (0, 255):
+        assert np.array_equal(drawn, img[0])
