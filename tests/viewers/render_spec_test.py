@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import httpx
 import numpy as np
@@ -207,45 +210,26 @@ def test_a_stored_spec_reads_back_and_histograms_carry_the_panels_defaults(multi
 def test_a_tensors_own_settings_draw_what_a_spec_of_the_same_draws(tmp_path):
     """The default rendering (the ``omero`` block's colours and windows) and a spec naming the
     same are one composite: the viewer page's picture does not change when a panel posts it."""
-    import zarr
-    from ome_zarr.io import parse_url
-    from ome_zarr.writer import write_image
-
     rng = np.random.default_rng(441)
     img = rng.integers(0, 4096, (3, 64, 96), dtype=np.uint16)
-    path = tmp_path / "three.zarr"
-    group = zarr.group(store=parse_url(str(path), mode="w").store)
-    write_image(img, group, axes="cyx", scale_factors=(), storage_options={"chunks": (1, 64, 96)})
     omero = [
         {"color": "FF0000", "window": {"start": 500, "end": 3000}, "active": True},
         {"color": "00FF00", "window": {"start": 0, "end": 4000}, "active": True},
         {"color": "0080FF", "window": {"start": 1000, "end": 2000}, "active": False},
     ]
-    root = zarr.open_group(str(path), mode="r+")
-    ome = root.attrs.get("ome")
-    if isinstance(ome, dict):  # NGFF 0.5 keeps it under "ome"
-        root.attrs["ome"] = {**ome, "omero": {"channels": omero}}
-    else:
-        root.attrs["omero"] = {"channels": omero}
-    cat = Catalog([tmp_path])
-    cat.scan()
-    try:
-        with serving(cat, http=True) as srv:
-            rec = next(r for r in cat.records() if r.source is not None)
-            array_id = next(iter(rec.source.tensors.values())).array_id
-            spec = {
-                "channels": [
-                    {"index": i, "color": "#" + c["color"], "window": c["window"]}
-                    for i, c in enumerate(omero)
-                    if c["active"]
-                ]
-            }
-            spec_id = _post(srv, json.dumps(spec).encode()).json()["id"]
-            region = "/full/max/0/default.png"
-            default = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id}{region}", timeout=60))
-            with_spec = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id};r={spec_id}{region}", timeout=60))
-    finally:
-        cat.close()
+    _write_with_omero(tmp_path / "three.zarr", img, omero, storage_options={"chunks": (1, 64, 96)})
+    with _served_image(tmp_path) as (srv, array_id):
+        spec = {
+            "channels": [
+                {"index": i, "color": "#" + c["color"], "window": c["window"]}
+                for i, c in enumerate(omero)
+                if c["active"]
+            ]
+        }
+        spec_id = _post(srv, json.dumps(spec).encode()).json()["id"]
+        region = "/full/max/0/default.png"
+        default = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id}{region}", timeout=60))
+        with_spec = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id};r={spec_id}{region}", timeout=60))
     channels = [R.Channel(c["window"]["start"], c["window"]["end"], colour_value(c["color"])) for c in omero[:2]]
     assert np.array_equal(default, with_spec)
     assert np.array_equal(default, R.composite(img[:2], channels))  # red over green adds as light
@@ -260,28 +244,40 @@ def test_a_tensors_own_settings_draw_what_a_spec_of_the_same_draws(tmp_path):
 def test_one_grey_channel_is_drawn_as_the_compositing_kernel_draws_it(tmp_path, dtype, window):
     """A one-channel image is a grey image looked up in the kernel's own answer for every value
     (8-bit at its full window: the pixels themselves): bit for bit the oracle's composite."""
-    import zarr
-    from ome_zarr.io import parse_url
-    from ome_zarr.writer import write_image
-
     top = np.iinfo(dtype).max if dtype == "uint8" else 4095
     img = np.random.default_rng(442).integers(0, top + 1, (1, 64, 96), dtype=dtype)
-    path = tmp_path / "grey.zarr"
-    write_image(img, zarr.group(store=parse_url(str(path), mode="w").store), axes="cyx", scale_factors=())
-    omero = {"channels": [{"color": "FFFFFF", "window": {"start": window[0], "end": window[1]}, "active": True}]}
-    root = zarr.open_group(str(path), mode="r+")
-    ome = root.attrs.get("ome")
-    root.attrs.update({"ome": {**ome, "omero": omero}} if isinstance(ome, dict) else {"omero": omero})
-    cat = Catalog([tmp_path])
-    cat.scan()
-    try:
-        with serving(cat, http=True) as srv:
-            rec = next(r for r in cat.records() if r.source is not None)
-            array_id = next(iter(rec.source.tensors.values())).array_id
-            drawn = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id}/full/max/0/default.png", timeout=60))
-    finally:
-        cat.close()
+    white = {"color": "FFFFFF", "window": {"start": window[0], "end": window[1]}, "active": True}
+    _write_with_omero(tmp_path / "grey.zarr", img, [white])
+    with _served_image(tmp_path) as (srv, array_id):
+        drawn = _png(httpx.get(f"{srv.http_url}/iiif/3/{array_id}/full/max/0/default.png", timeout=60))
     expected = R.composite(img, [R.Channel(window[0], window[1], (1.0, 1.0, 1.0))])[..., 0]
     assert drawn.shape == (64, 96) and np.array_equal(drawn, expected)
     if window == (0, 255):
         assert np.array_equal(drawn, img[0])
+
+
+def _write_with_omero(path, img: np.ndarray, channels: list[dict], **options) -> None:
+    """A (c, y, x) OME-Zarr of ``img`` at ``path`` with ``channels`` as its ``omero`` block."""
+    import zarr
+    from ome_zarr.io import parse_url
+    from ome_zarr.writer import write_image
+
+    write_image(img, zarr.group(store=parse_url(str(path), mode="w").store), axes="cyx", scale_factors=(), **options)
+    root = zarr.open_group(str(path), mode="r+")
+    ome, omero = root.attrs.get("ome"), {"channels": channels}
+    root.attrs.update(
+        {"ome": {**ome, "omero": omero}} if isinstance(ome, dict) else {"omero": omero}
+    )  # NGFF 0.5: under "ome"
+
+
+@contextmanager
+def _served_image(root) -> Iterator[tuple[Any, str]]:
+    """(the serving, the array id) of the one image under ``root``, with its HTTP door."""
+    cat = Catalog([root])
+    cat.scan()
+    try:
+        with serving(cat, http=True) as srv:
+            rec = next(r for r in cat.records() if r.source is not None)
+            yield srv, next(iter(rec.source.tensors.values())).array_id
+    finally:
+        cat.close()
