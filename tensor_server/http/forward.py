@@ -18,8 +18,9 @@ and either refuses it (that answer is returned, and the client's body never read
 the body (uvicorn's ``100 Continue`` when the route first reads it), which is then read within
 the route's own limit (``MAX_GEOJSON_BYTES``) and sent. h11 speaks HTTP/1.1 to the primary:
 ``http.client`` skips a ``100`` while it waits for the final answer, so it cannot wait for it.
-The primary's whole answer must come within ``FORWARD_SECONDS``; a primary that does not
-answer is ``PrimaryUnavailable`` (503, retry), never a hang. This wrapper sits outside the
+Every wait for the primary (to connect, to take bytes, to answer them) is bounded by
+``FORWARD_SECONDS``; a primary that does not answer is ``PrimaryUnavailable`` (503, retry),
+never a hang. This wrapper sits outside the
 worker's app, so a forwarded request is counted and logged once, by the primary.
 """
 
@@ -38,7 +39,7 @@ from tensor_server.http.rois_door import PREFIX as ROIS_PREFIX
 
 __all__ = ["ForwardToPrimary", "FORWARD_SECONDS", "FORWARDED"]
 
-#: how long a worker waits for its primary's whole answer
+#: how long a worker waits for its primary at each step
 FORWARD_SECONDS = 30.0
 #: the routes only the primary answers, and the body limit of each
 FORWARDED = {ROIS_PREFIX: MAX_GEOJSON_BYTES}

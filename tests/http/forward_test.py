@@ -46,20 +46,28 @@ async def _echo(request: Request) -> Response:
 SEEN: list[str] = []
 
 
+def _primary(tls=None) -> HttpFrontEnd:
+    SEEN.clear()
+    app = Starlette(routes=[Route("/{rest:path}", _echo, methods=["GET", "PUT"])])
+    front = HttpFrontEnd(app, "127.0.0.1", 0, tls=tls)
+    front.start()
+    return front
+
+
 @pytest.fixture
 def primary() -> Iterator[int]:
-    SEEN.clear()
-    front = HttpFrontEnd(Starlette(routes=[Route("/{rest:path}", _echo, methods=["GET", "PUT"])]), "127.0.0.1", 0)
-    front.start()
+    front = _primary()
     yield front.port
     front.stop()
 
 
 @contextmanager
-def _worker(port: int) -> Iterator[httpx.Client]:
-    """A client of a worker's door (uvicorn, as served) forwarding to ``port``."""
+def _worker(port: int, tls=None) -> Iterator[httpx.Client]:
+    """A client of a worker's door (uvicorn, as served) forwarding to ``port`` (over HTTPS,
+    verified against the certificate ``tls``, when given)."""
     app = Starlette(routes=[Route("/{rest:path}", lambda request: PlainTextResponse("the worker's own"))])
-    front = HttpFrontEnd(ForwardToPrimary(app, port), "127.0.0.1", 0)
+    scheme, cafile = ("http", None) if tls is None else ("https", str(tls.cert_path))
+    front = HttpFrontEnd(ForwardToPrimary(app, port, scheme=scheme, cafile=cafile), "127.0.0.1", 0)
     front.start()
     try:
         with httpx.Client(base_url=front.url, timeout=30) as client:
@@ -84,6 +92,22 @@ def test_annotation_requests_reach_the_primary_as_they_came(primary):
         "body": '{"type": "FeatureCollection"}',
     }
     assert own == "the worker's own" and len(SEEN) == 1
+
+
+def test_over_tls_the_primary_is_verified_and_answers_as_in_the_clear(tmp_path):
+    from tensor_server.service.tls import server_tls
+
+    tls = server_tls(tmp_path)
+    front = _primary(tls)
+    try:
+        with _worker(front.port, tls) as client:
+            got = client.put("/rois/img.geojson", content=b"{}", headers={"Authorization": "Bearer abc"})
+        with _worker(front.port, server_tls(tmp_path / "another")) as client:  # not the primary's certificate
+            refused = client.get("/rois/img.geojson", headers={"Authorization": "Bearer abc"})
+    finally:
+        front.stop()
+    assert got.status_code == 207 and got.json()["body"] == "{}"
+    assert refused.status_code == 503 and "SSLCertVerificationError" in refused.text
 
 
 def test_a_refused_caller_is_answered_without_its_body_being_read(primary):
