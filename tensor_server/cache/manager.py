@@ -141,6 +141,10 @@ class CacheManager:
         self._segments: dict[int, _Segment] = {}
         self._writer: SegmentWriter | None = None
         self._writer_number = -1
+        #: full segments whose stream has ended, waiting for their fsync outside the lock
+        #: (``_seal_writer(later=True)``, ``_finish_seals``), by number
+        self._sealing: list[tuple[int, SegmentWriter]] = []
+        self._closed = False
         self._next_number = 0  # never reuse a segment name, not even one taken by a stray file
         self._writes_paused_until = 0.0
         self._pending: dict[bytes, threading.Event] = {}
@@ -509,7 +513,9 @@ class CacheManager:
             except OSError as exc:
                 self._write_failed(exc)
                 return False
-            return True
+        if self._sealing:
+            self._finish_seals()
+        return True
 
     def _append(self, key: bytes, arr: np.ndarray) -> None:
         self._make_room(arr.nbytes + 4096)  # a batch is its pixels plus < 1 KiB of metadata
@@ -521,7 +527,7 @@ class CacheManager:
         seg.last_used = time.time()
         self._index[key] = (self._writer_number, entry)
         if writer.size >= self.segment_bytes:
-            self._seal_writer()
+            self._seal_writer(later=True)
 
     def _write_failed(self, exc: OSError) -> None:
         """The disk refused a write: close the open segment as it stands (its whole batches
@@ -551,6 +557,9 @@ class CacheManager:
         (so it can be evicted) when the sealed ones are not enough."""
         while self.file_bytes + nbytes > self.max_total_bytes:
             if not any(s.sealed for s in self._segments.values()):
+                if self._sealing:
+                    self._finish_seals_now()
+                    continue
                 if self._writer is None or not self._writer.entries:
                     return
                 self._seal_writer()
@@ -559,7 +568,7 @@ class CacheManager:
 
     def _writer_for(self, nbytes: int) -> SegmentWriter:
         if self._writer is not None and self._writer.size + nbytes > self.segment_bytes and self._writer.entries:
-            self._seal_writer()
+            self._seal_writer(later=True)
         while self._writer is None:
             number = self._next_number
             self._next_number += 1
@@ -574,16 +583,67 @@ class CacheManager:
             )
         return self._writer
 
-    def _seal_writer(self) -> None:
+    def _seal_writer(self, *, later: bool = False) -> None:
+        """Seal the open segment (under the lock). ``later``: end its stream only, and leave
+        its fsync and index to ``_finish_seals``, which ``put`` runs once it has let go of the
+        lock: an fsync of a full 64 MiB segment took 23 ms, and every read and write of the
+        cache waited for it. Until then the segment is readable as before and not yet a
+        candidate for eviction."""
         if self._writer is None:
             return
         writer, self._writer = self._writer, None
         seg = self._segments[self._writer_number]
+        if later:
+            try:
+                writer.end_stream()
+            except OSError:
+                seg.sealed = True
+                writer.abandon()
+                raise
+            finally:
+                seg.size = writer.size
+            self._sealing.append((self._writer_number, writer))
+            return
         seg.sealed = True
         try:
             writer.seal()
         finally:
             seg.size = writer.size
+
+    def _finish_seals(self) -> None:
+        """The fsync of every segment ``_seal_writer(later=True)`` left, outside the lock; then,
+        under it, its index and its place among the sealed segments (unless it was dropped or
+        the cache closed meanwhile: then its index is left to the next boot's walk)."""
+        while True:
+            with self._lock:
+                if not self._sealing:
+                    return
+                number, writer = self._sealing.pop(0)
+            self._complete_seal(number, writer)
+
+    def _finish_seals_now(self) -> None:
+        """``_finish_seals`` under the lock the caller holds (eviction needs a sealed segment;
+        close and clear leave none behind)."""
+        while self._sealing:
+            self._complete_seal(*self._sealing.pop(0))
+
+    def _complete_seal(self, number: int, writer: SegmentWriter) -> None:
+        try:
+            writer.sync()
+            synced = True
+        except OSError as exc:
+            log.warning("cache: cannot seal %s (%s); it is re-walked at the next boot", writer.path, exc)
+            synced = False
+        with self._lock:
+            seg = self._segments.get(number)
+            if seg is None or self._closed:
+                return
+            if synced:
+                try:
+                    writer.write_index()
+                except OSError as exc:
+                    log.warning("cache: cannot write the index of %s (%s)", writer.path, exc)
+            seg.sealed = True
 
     def _remember(self, key: bytes, arr: np.ndarray) -> None:
         if arr.nbytes > self.memory_bytes:
@@ -609,6 +669,7 @@ class CacheManager:
         self.stats["evictions" if evicted else "dropped_segments"] += 1
 
     def _seal_quietly(self) -> None:
+        self._finish_seals_now()
         try:
             self._seal_writer()
         except OSError as exc:  # closed as it stands; re-walked at the next boot
@@ -631,6 +692,7 @@ class CacheManager:
                 seg.buffer = None
             if self._peers is not None:
                 self._peers.close()
+            self._closed = True
             self._folder_lock.release()
 
     def __enter__(self) -> CacheManager:

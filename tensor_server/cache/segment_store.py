@@ -210,7 +210,8 @@ class SegmentWriter:
         self._fh = open(self.path, "xb", buffering=0)  # never reuse a name: clients may map old inodes
         self.size = 0
         self.entries: list[SegmentEntry] = []
-        self.sealed = False
+        self.ended = False  # the end-of-stream marker is written (``end_stream``)
+        self.sealed = False  # synced and closed (``sync``)
         try:
             self._write(_HEADER)
         except OSError:
@@ -250,7 +251,7 @@ class SegmentWriter:
     def append(self, arr: np.ndarray, key: bytes) -> SegmentEntry:
         """One batch of ``arr`` at the end: its message written from ``arr``'s own memory in
         one gathered write (``message_parts``), no serialised copy of the chunk."""
-        if self.sealed:
+        if self.ended:
             raise RuntimeError(f"{self.path} is sealed")
         parts = message_parts(chunk_record_batch(arr, key))
         offset = self.size
@@ -265,14 +266,38 @@ class SegmentWriter:
         refuses; the segment is then closed as it stands (walkable at the next boot)."""
         if self.sealed:
             return
-        from tensor_server.cache.segment_index import write_index
+        try:
+            self.end_stream()
+        except OSError:
+            self.sealed = True
+            self._fh.close()
+            raise
+        self.sync()
+        self.write_index()
 
+    def end_stream(self) -> None:
+        """The end-of-stream marker: nothing is appended after it, and a walker stops there.
+        The quick part of a seal; ``sync`` and ``write_index`` are the rest (the cache manager
+        runs ``sync``, an fsync of up to a segment's bytes, outside its lock)."""
+        if not self.ended:
+            self.ended = True
+            self._write(_EOS)
+
+    def sync(self) -> None:
+        """fsync and close (after ``end_stream``); idempotent. Raises OSError when the disk
+        refuses; the file is closed as it stands either way."""
+        if self.sealed:
+            return
         self.sealed = True
         try:
-            self._write(_EOS)
             os.fsync(self._fh.fileno())
         finally:
             self._fh.close()
+
+    def write_index(self) -> None:
+        """The sidecar index of a synced segment (a missing one is re-walked at boot)."""
+        from tensor_server.cache.segment_index import write_index
+
         write_index(self.path, self.entries, self.size)
 
     def abandon(self) -> None:
