@@ -378,6 +378,8 @@ class Catalog:
             raise TensorNotFound(f"unknown source {aid.source_id!r}{_path_hint(array_id)}{self.unknown_hint}")
         rec = self.get_record(aid.source_id)
         if rec.source is None:
+            rec = self._reopened_if_changed(rec)
+        if rec.source is None:
             raise SourceUnresolved(f"source {aid.source_id!r} cannot be read: {rec.unresolved_reason}")
         src = rec.source
         if not aid.field:
@@ -468,6 +470,24 @@ class Catalog:
                 return  # already reopened by another request
             log.info("reopening %s: %s", old.path, reason)
             self._reopen(old, stat_signature(old.path))
+
+    def _reopened_if_changed(self, rec: SourceRecord) -> SourceRecord:
+        """An unreadable file's record opened again when the file changed since it failed: a
+        writer that restarts an acquisition (ome-writers' overwrite) can be caught between its
+        new file and the OME-XML it writes next, and the file must not stay unreadable until a
+        rescan (off by default). One ``stat`` a request for an unreadable source."""
+        if rec.path is None:
+            return rec
+        with self._reopen_lock:
+            with self._lock:
+                current = self._records.get(rec.source_id)
+            if current is not rec:  # reopened (or dropped) by another request meanwhile
+                return current if current is not None else rec
+            sig = stat_signature(rec.path)
+            if not sig or sig == rec.signature:
+                return rec
+            log.info("reopening %s: it changed since it could not be read", rec.path)
+            return self._reopen(rec, sig)
 
     def open_listed(self, rec: SourceRecord) -> None:
         """Open the adapter of a record listed from a row (restored from the store at boot, or

@@ -60,6 +60,28 @@ def test_scan_resolves_rows_and_keeps_unreadable_ones(tmp_path):
     cat.close()
 
 
+def test_an_unreadable_file_is_read_once_it_is_fixed_without_a_rescan(tmp_path):
+    """A writer caught mid-file (ome-writers' overwrite, before its OME-XML) leaves a source
+    unreadable; the next request after the file changed opens it again, and an unchanged
+    unreadable file is not opened again."""
+    bad = tmp_path / "live.npy"
+    bad.write_bytes(b"\x93NUMPY garbage")
+    cat = Catalog([tmp_path])
+    cat.scan()
+    (source_id,) = [r.source_id for r in cat.records()]
+    opened = []
+    real_open = cat.open_record
+    cat.open_record = lambda *a, **k: opened.append(a[0]) or real_open(*a, **k)  # type: ignore[method-assign]
+    with pytest.raises(SourceUnresolved):
+        cat.find_tensor(source_id)
+    assert opened == []  # unchanged: not opened again
+    np.save(bad, np.arange(12, dtype=np.uint16).reshape(3, 4))
+    tensor, _ = cat.find_tensor(source_id)
+    assert tensor.shape == (3, 4) and opened == [bad]
+    assert cat.find_tensor(source_id)[0] is tensor and opened == [bad]
+    cat.close()
+
+
 def test_rescan_adds_and_removes(tmp_path):
     np.save(tmp_path / "a.npy", np.zeros(3))
     cat = Catalog([tmp_path])
