@@ -20,8 +20,8 @@ the route's own limit (``MAX_GEOJSON_BYTES``) and sent. h11 speaks HTTP/1.1 to t
 ``http.client`` skips a ``100`` while it waits for the final answer, so it cannot wait for it.
 Every wait for the primary (to connect, to take bytes, to answer them) is bounded by
 ``FORWARD_SECONDS``; a primary that does not answer is ``PrimaryUnavailable`` (503, retry),
-never a hang. This wrapper sits outside the
-worker's app, so a forwarded request is counted and logged once, by the primary.
+never a hang. This wrapper sits outside the worker's app, so a forwarded request is counted
+and logged once, by the primary.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from __future__ import annotations
 import socket
 import ssl
 from typing import Any
+
+import h11
 
 from tensor_server.catalog.roi_geojson import MAX_GEOJSON_BYTES
 from tensor_server.errors import PrimaryUnavailable, TensorServerError
@@ -105,9 +107,6 @@ class _Exchange:
     socket, every wait bounded by ``FORWARD_SECONDS``)."""
 
     def __init__(self, port: int, tls: ssl.SSLContext | None) -> None:
-        import h11
-
-        self._h11 = h11
         self.port, self.tls = port, tls
         self.conn = h11.Connection(h11.CLIENT)
         self.sock: socket.socket | None = None
@@ -116,7 +115,6 @@ class _Exchange:
     def begin(self, scope: dict) -> Answer | None:
         """Send the request's head: the primary's answer, or None when it asks for the body
         (a request with one waits for ``100 Continue``; one without has no body to ask for)."""
-        h11 = self._h11
         target = scope.get("raw_path") or scope["path"].encode()
         if scope.get("query_string"):
             target += b"?" + scope["query_string"]
@@ -135,7 +133,6 @@ class _Exchange:
 
     def finish(self, body: bytes) -> Answer:
         """Send the body the primary asked for: its answer."""
-        h11 = self._h11
         if body:
             self._send(h11.Data(data=body))
         self._send(h11.EndOfMessage())
@@ -146,7 +143,6 @@ class _Exchange:
             self.sock.close()
 
     def _answer(self, response: Any) -> Answer:
-        h11 = self._h11
         parts = []
         while not isinstance(event := self._call(self._next_event, (h11.Data, h11.EndOfMessage)), h11.EndOfMessage):
             parts.append(bytes(event.data))
@@ -165,7 +161,6 @@ class _Exchange:
             self._call(self._require_sock().sendall, data)
 
     def _next_event(self, kinds: tuple[type, ...]) -> Any:
-        h11 = self._h11
         while True:
             event = self.conn.next_event()
             if event is h11.NEED_DATA:
@@ -183,7 +178,7 @@ class _Exchange:
         """``fn(*args)``, with a failure of the primary or of its answer as ``PrimaryUnavailable``."""
         try:
             return fn(*args)
-        except (OSError, self._h11.ProtocolError) as exc:  # refused, reset, past the deadline, garbled
+        except (OSError, h11.ProtocolError) as exc:  # refused, reset, past the deadline, garbled
             raise PrimaryUnavailable(
                 f"this process hands annotation requests to the server's first process, which did not answer "
                 f"within {FORWARD_SECONDS:g} s ({type(exc).__name__}); retry"
