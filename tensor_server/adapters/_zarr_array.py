@@ -417,6 +417,9 @@ class ZarrAdapter(TensorAdapter):
                 return why
         if self._chunk_files is None or not self._local:
             return None
+        growth = self._growth
+        if growth is not None and growth.unchanged():
+            return None
         with _LOOKING:  # one look at a time: two would publish one growth twice
             if self._growth is None:
                 self._growth = ArrayGrowth(self.growth_paths()[0], self._stored, self._chunk_files.grid)

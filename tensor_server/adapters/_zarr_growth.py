@@ -65,6 +65,19 @@ class ArrayGrowth:
         #: the growing axis, once the array has grown (None before: it may never grow)
         self.axis: int | None = None
 
+    def unchanged(self) -> bool:
+        """The document is as it was when everything it said was published: most looks'
+        answer, found with one stat and no lock (``ZarrAdapter.refresh_extent`` asks before
+        every plan; under the lock, six SDK clients queued on it). A look publishing growth
+        meanwhile records its stamp before the tensor grows, so a plan racing it may still
+        see the extent before (an earlier state, all of it verified), never a partial one."""
+        if self._stamp is None:
+            return False
+        try:
+            return file_stat_stamp(os.stat(self.document)) == self._stamp
+        except OSError:  # gone or unreadable: the look under the lock says why
+            return False
+
     def look(self, published: tuple[int, ...]) -> Grew | str | None:
         """None: nothing new to publish; ``Grew``: publish its shape; a str: not growth (the
         reason the source must be reopened)."""

@@ -25,7 +25,7 @@ The cache is an optimisation, so its disk can never make a read fail or the serv
   is dropped from both tiers and the chunk is recomputed from its source. A batch offered
   before is offered again when its message's bytes still hash as they did when it verified
   (xxh3 of a 256 KiB message: 4 us, against 22 us for a verification, which is Python under
-  the GIL: issue 41's many SDK clients);
+  the GIL: issue 41's many SDK clients; ``_message_digest`` keeps the GIL through it);
 * a write the disk refuses (a full disk) closes the open segment as it stands and pauses file
   writes for ``WRITE_RETRY_SECONDS``; reads go on uncached (memory tier only). Boot never
   writes anything it cannot do without;
@@ -110,6 +110,25 @@ def _segment_number(path: Path) -> int | None:
         return int(path.stem.split("_")[1])
     except (IndexError, ValueError):
         return None
+
+
+#: xxhash gives the interpreter lock up for an input over 128 KiB (xxhash 4.1, measured: 256 KiB
+#: gives it up) and the caller then queues to take it back: behind six SDK clients' handlers,
+#: that wait cost a warm tile more than the hash. A message up to ``_HELD_BYTES`` (50 us of
+#: hashing) is digested in pieces that keep the lock; a larger one gives it up, so others run.
+_PIECE_BYTES = 64 << 10
+_HELD_BYTES = 1 << 20
+
+
+def _message_digest(message: pa.Buffer) -> int:
+    """The xxh3-64 of a batch's message bytes (the same digest however it is taken)."""
+    if message.size <= _PIECE_BYTES or message.size > _HELD_BYTES:
+        return xxhash.xxh3_64_intdigest(message)
+    digest = xxhash.xxh3_64()
+    view = memoryview(message)
+    for start in range(0, len(view), _PIECE_BYTES):
+        digest.update(view[start : start + _PIECE_BYTES])
+    return digest.intdigest()
 
 
 class CacheManager:
@@ -372,7 +391,7 @@ class CacheManager:
                     self._count_file_hit(peer=True)
             return location
         message, number = found
-        digest = xxhash.xxh3_64_intdigest(message)
+        digest = _message_digest(message)
         if digest != offered:
             try:
                 verify_batch(message, key)

@@ -104,9 +104,13 @@ class Precacher:
 
     def after_read(self, tensor: TensorAdapter, cid: ChunkId) -> None:
         """A client read ``cid`` of ``tensor``: count a hit if we warmed it; the worker plans
-        what is next (unless it did around this chunk already)."""
+        what is next (unless it did around this chunk already). The read ended now, for the
+        quiet rule too: a chunk the fast path offers (``chunk_locate``) is read by the client
+        itself, outside any ``client_read`` bracket, and a burst of them kept the worker
+        computing neighbours beside the burst (12 % of the server's samples, 6 SDK clients)."""
         key = cid.encode()
         with self._lock:
+            self._last_client_read = time.monotonic()
             if key in self._warmed:
                 del self._warmed[key]
                 self.stats["hits"] += 1
@@ -222,6 +226,8 @@ class Precacher:
                 self._planning = trigger is not None
                 item = self._queue.popleft() if self._queue and quiet and trigger is None and kept is None else None
                 waiting = bool(self._queue or self._triggers or self._kept)
+                # until the quiet time can have passed (a read in flight: soon, it may end)
+                pause = 0.01 if self._active_client_reads else QUIET_S - (time.monotonic() - self._last_client_read)
             if kept is not None:  # a store, no computation: it makes a tile a hit, so it goes first
                 self._store_kept(kept[0], *kept[1])
                 continue
@@ -234,7 +240,7 @@ class Precacher:
                 continue
             if item is None:
                 if waiting:
-                    time.sleep(0.01)  # a client read is in flight or just ended: yield to it
+                    time.sleep(max(pause, 0.01))  # a client read is in flight or just ended: yield to it
                 else:
                     self._wake.wait(0.5)
                     self._wake.clear()

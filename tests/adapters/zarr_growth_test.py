@@ -120,6 +120,33 @@ def test_an_unchanged_document_is_not_reparsed_and_changes_nothing(tmp_path):
     assert t.settled(Bounds.full(t.shape)), "an array never seen growing is settled"
 
 
+def test_an_unchanged_document_is_answered_without_the_look_lock(tmp_path):
+    """Every plan asks whether the array grew; the usual answer (its document is as it was
+    when all of it was published) takes no lock, so concurrent plans do not queue on one. A
+    document that changed still takes the lock: the look publishes growth once."""
+    import threading
+
+    from tensor_server.adapters import _zarr_array
+
+    z = growing(tmp_path / "a.zarr", 3)
+    t = ZarrSource(tmp_path / "a.zarr").tensor()
+    assert t.refresh_extent() is None  # the first look reads the document, under the lock
+    answers: list[object] = []
+    with _zarr_array._LOOKING:  # another plan's look in progress
+        asked = threading.Thread(target=lambda: answers.append(t.refresh_extent()))
+        asked.start()
+        asked.join(timeout=10)
+        assert answers == [None], "an unchanged document waited for the look lock"
+        z.resize((3, 16, 16))
+        z[2] = frame(2)
+        asked = threading.Thread(target=lambda: answers.append(t.refresh_extent()))
+        asked.start()
+        asked.join(timeout=0.5)
+        assert asked.is_alive() and t.shape == (2, 16, 16), "a changed document is looked at under the lock"
+    asked.join(timeout=10)
+    assert answers == [None, None] and t.shape == (3, 16, 16)
+
+
 def test_the_stored_levels_of_an_ome_zarr_image_grow_with_it(tmp_path):
     g = zarr.open_group(str(tmp_path / "img.ome.zarr"), mode="w", zarr_format=2)
     levels = [g.create_array(str(k), shape=(2, 16 >> k, 16 >> k), chunks=(1, 8, 8), dtype="uint16") for k in (0, 1)]

@@ -209,3 +209,49 @@ def test_a_segments_fsync_holds_no_other_reader_or_writer(tmp_path, monkeypatch)
     with CacheManager(tmp_path) as c:
         assert [int(c.get(b"k%d" % i)[0, 0]) for i in range(4)] == [0, 1, 2, 3]
         assert c.stats["recovered_segments"] == 0
+
+
+@pytest.mark.parametrize("size", [1, 64 << 10, (64 << 10) + 1, 512 << 10, (1 << 20) + 3])
+def test_a_message_digest_is_xxh3_however_it_is_taken(size):
+    import pyarrow as pa
+    import xxhash
+
+    from tensor_server.cache.manager import _message_digest
+
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    assert _message_digest(pa.py_buffer(data)) == xxhash.xxh3_64_intdigest(data)
+
+
+def test_an_offered_message_is_digested_without_giving_the_interpreter_lock_up():
+    """The fast path re-hashes an offered chunk's message on every offer; xxhash gives the
+    lock up for a large input, and the handler then queued behind every other one to take it
+    back. With a long switch interval, a thread waiting for the lock runs only if it is given
+    up: its counter does not move while a 512 KiB message is digested."""
+    import sys
+    import threading
+    import time
+
+    import pyarrow as pa
+
+    from tensor_server.cache.manager import _message_digest
+
+    message = pa.py_buffer(np.random.default_rng(0).integers(0, 256, 512 << 10, dtype=np.uint8).tobytes())
+    counter, stop = [0], threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counter[0] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(2.0)
+    spinner = threading.Thread(target=spin, daemon=True)
+    try:
+        spinner.start()
+        time.sleep(0.01)  # the spinner runs; this thread then holds the lock a full interval
+        before = counter[0]
+        _message_digest(message)
+        assert counter[0] == before, "the digest gave the interpreter lock up"
+    finally:
+        stop.set()
+        sys.setswitchinterval(interval)
+        spinner.join()

@@ -65,6 +65,22 @@ def test_neighbours_are_planned_on_the_worker_and_warmed(precacher, monkeypatch)
     assert p.stats["hits"] == hits + 1
 
 
+def test_a_read_the_client_made_itself_holds_the_worker_off_too(precacher, monkeypatch):
+    """A chunk the fast path offers (``chunk_locate``) is read by the client from the segment,
+    outside any ``client_read`` bracket: its ``after_read`` still starts the quiet time, so a
+    burst of such reads is not shared with neighbour work (six SDK clients' tiles were)."""
+    from tensor_server.cache import precache
+
+    p, _ = precacher
+    monkeypatch.setattr(precache, "QUIET_S", 30.0)
+    tensor = ArrayAdapter(DATA, "yx", chunk_shape=(64, 64))
+    planned: list[object] = []
+    monkeypatch.setattr(p, "_next_reads", lambda t, cid: planned.append(cid) or [])
+    p.after_read(tensor, plan_read(tensor).chunks[5].chunk_id)
+    time.sleep(0.5)  # the worker, idle, would plan at once were the read not counted
+    assert planned == [] and not p.idle()
+
+
 def test_a_tiles_neighbours_are_tiles(precacher):
     """A viewer reading 512² tiles (the tile grid, core/plan.py) pans to the next tiles: the
     neighbours warmed are those tiles, not the 2048×4096 transfer chunks around them."""

@@ -337,6 +337,18 @@ def test_token_required_except_health(catalog):
                 client_for(srv, token=token).query("SELECT 1 FROM sources LIMIT 0")
 
 
+def test_only_a_call_that_presents_a_token_gets_a_middleware_instance():
+    """pyarrow calls an instance twice more per call (``sending_headers``, ``call_completed``),
+    each an entry into Python: a call with no bearer token has none, and reads as none."""
+    from tensor_server.flight.auth import TokenMiddlewareFactory
+
+    factory = TokenMiddlewareFactory()
+    assert factory.start_call(None, {}) is None
+    assert factory.start_call(None, {"authorization": ["Basic dXNlcjpwdw=="]}) is None
+    assert factory.start_call(None, {"authorization": ["Bearer s3cret"]}).presented == "s3cret"
+    assert factory.start_call(None, {"Authorization": [b"Bearer s3cret"]}).presented == "s3cret"
+
+
 def test_non_loopback_bind_without_token_refused(catalog):
     from tensor_server.errors import InvalidArgument
 
