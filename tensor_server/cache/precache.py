@@ -240,7 +240,7 @@ class Precacher:
                 continue
             if item is None:
                 if waiting:
-                    time.sleep(max(pause, 0.01))  # a client read is in flight or just ended: yield to it
+                    self._stop.wait(max(pause, 0.01))  # a client read is in flight or just ended; close() ends it
                 else:
                     self._wake.wait(0.5)
                     self._wake.clear()

@@ -79,6 +79,9 @@ def test_a_read_the_client_made_itself_holds_the_worker_off_too(precacher, monke
     p.after_read(tensor, plan_read(tensor).chunks[5].chunk_id)
     time.sleep(0.5)  # the worker, idle, would plan at once were the read not counted
     assert planned == [] and not p.idle()
+    started = time.monotonic()
+    p.close()  # the worker waits out the quiet time, and stopping it ends that wait
+    assert time.monotonic() - started < 5 and not p._thread.is_alive()
 
 
 def test_a_tiles_neighbours_are_tiles(precacher):
