@@ -143,6 +143,9 @@ class TensorFlightServer(flight.FlightServerBase):
             self.runtime.authenticate(caller)
             return self._sources_info(descriptor)
         self.runtime.refuse_stranger(caller)  # the caller before the body, on every body-taking verb
+        kept = self.runtime.kept_plan(caller, descriptor.command)  # the same request, rules run again
+        if kept is not None:
+            return kept
         request = decode_message(descriptor_pb2.FlightRequest, descriptor.command, "GetFlightInfo")
         if request.WhichOneof("request") != "tensor_read":
             raise InvalidArgument("GetFlightInfo: the FlightRequest carries no tensor_read")
@@ -155,7 +158,9 @@ class TensorFlightServer(flight.FlightServerBase):
             method=option.reduction_method,
             fields=option.fields.paths,
         )
-        return described_flight_info(described, self.runtime.policy, option.SerializeToString())
+        info = described_flight_info(described, self.runtime.policy, option.SerializeToString())
+        self.runtime.keep_plan(descriptor.command, described, info)
+        return info
 
     def _sources_info(self, descriptor: flight.FlightDescriptor) -> flight.FlightInfo:
         path = [p.decode("utf-8", "replace") if isinstance(p, bytes) else p for p in descriptor.path]

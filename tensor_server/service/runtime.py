@@ -48,6 +48,7 @@ from tensor_server.errors import (
     TensorServerError,
 )
 from tensor_server.service import metrics
+from tensor_server.service._kept import UNKEPT_FIELDS, KeptAnswers
 from tensor_server.service.access import Access
 from tensor_server.service.caller import Caller
 
@@ -89,6 +90,8 @@ class Described:
     is_resident: bool | None = None
     #: the upload behind the id, when one is (its status is part of the answer)
     upload: Upload | None = None
+    #: the array id and region as asked (what ``kept_plan`` runs the rules on again)
+    asked: tuple[str, Bounds | None] = ("", None)
 
     @property
     def wants_endpoints(self) -> bool:
@@ -157,6 +160,8 @@ class ServingRuntime:
         #: instruments, request timing, decode rates (service/metrics.py); the engine tells it its paths
         self.metrics = metrics.Metrics(self, enabled=s.metrics_port is not None)
         self.engine.on_read = self.metrics.on_read
+        #: the plans warm viewers repeat (``service/_kept.py``)
+        self.kept = KeptAnswers()
         self.precacher = None
         if cache is not None and s.precache_bytes > 0:
             from tensor_server.cache.precache import Precacher
@@ -462,7 +467,30 @@ class ServingRuntime:
             metadata_json,
             resident,
             up if "upload_status" in wanted else None,
+            (array_id, region),
         )
+
+    def kept_plan(self, caller: Caller, request: bytes) -> Any | None:
+        """A door's answer kept for the plan request ``request`` (its bytes: ``keep_plan``),
+        when the rules of ``describe`` let it stand for ``caller`` now: the gate, the same
+        tensor unchanged, the exact stale check of the region. None: describe it."""
+        kept = self.kept.get(request)
+        if kept is None:
+            return None
+        array_id, region = kept.asked
+        tensor, _ = self.tensor(array_id, caller, pixels=False)
+        if self._reopened_if_stale(tensor, region) or not kept.made_from(tensor):
+            return None
+        return kept.answer
+
+    def keep_plan(self, request: bytes, described: Described, answer: Any) -> None:
+        """Keep ``answer``, a door's rendering of ``described``, for the plan request
+        ``request``: not an upload's (its state moves), nor fields that change while the
+        tensor does not."""
+        if described.tensor is None or described.upload is not None or described.fields & UNKEPT_FIELDS:
+            return
+        if self.upload(described.asked[0]) is None:
+            self.kept.keep(request, described.tensor, described.asked, answer)
 
     def _reopened_if_stale(self, tensor: TensorAdapter, region: Bounds | None) -> bool:
         """Plan time: reopen the source when the bytes under the region changed since it was
