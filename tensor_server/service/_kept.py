@@ -3,8 +3,8 @@
 A viewer asks for the same plan (``GetFlightInfo``) each time it shows a tile. Deriving it
 again (decode the request, plan, render the wire answer) was 40 % of its handler's CPU:
 0.23-0.27 ms a warm SDK tile, 0.13-0.15 ms with the kept answer (one SDK client in process,
-three runs each, 2026-12-06); one SDK client's warm tiles went from 523 to 614 a second
-(``crowd``, four interleaved runs each). The tile's other call, ``chunk_locate``, is not
+three runs each, 2026-12-06; whole-process runs on this machine are too noisy to show it:
+docs/performance.md, "Many viewers at once"). The tile's other call, ``chunk_locate``, is not
 kept: its answer is its checks and the cache's verification of the batch, and keeping it
 saved 1.7 of its 45 us.
 
