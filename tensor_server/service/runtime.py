@@ -25,7 +25,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -38,8 +37,6 @@ from tensor_server.core.chunk_id import UNSCALED, ChunkId
 from tensor_server.core.engine import Cancelled, ReadEngine
 from tensor_server.core.identity import ArrayId
 from tensor_server.core.level_grid import GridLevel, level_extent, read_level_region, region_cells
-from tensor_server.core.plan import ReadPlan, plan_read
-from tensor_server.core.request import check_read_request
 from tensor_server.errors import (
     InvalidArgument,
     InvalidChunkId,
@@ -48,7 +45,8 @@ from tensor_server.errors import (
     TensorServerError,
 )
 from tensor_server.service import metrics
-from tensor_server.service._kept import UNKEPT_FIELDS, KeptAnswers
+from tensor_server.service._describe import READ_MASK_PATHS, Described, described, keep_plan, kept_plan
+from tensor_server.service._kept import KeptAnswers
 from tensor_server.service.access import Access
 from tensor_server.service.caller import Caller
 
@@ -66,36 +64,11 @@ log = logging.getLogger(__name__)
 
 #: the biopb tensor protocol version this server speaks (health ``protocol``)
 PROTOCOL = 3
-#: describe field-mask paths this server answers. ``upload_status`` is answered by omission
-#: for tensors no upload backs; ``ticket_stub`` is not served (health: ``ticket_stubs:
-#: false``), so asking for it is refused like any unknown path.
-READ_MASK_PATHS = frozenset({"endpoints", "metadata_json", "pyramid", "is_resident", "upload_status"})
 #: distinct client addresses ``server_stats`` counts reads for; later ones share one row,
 #: so a client cycling source ports cannot grow the server
 MAX_PEERS_COUNTED = 256
 #: bind addresses that listen on every interface: a client dials the name it used instead
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
-
-
-@dataclass
-class Described:
-    """What a describe or plan answers (a door renders it: Flight as a TensorDescriptor)."""
-
-    tensor: TensorAdapter | None
-    echo: str
-    fields: frozenset[str]
-    plan: ReadPlan | None = None
-    had_slice: bool = False
-    metadata_json: str | None = None
-    is_resident: bool | None = None
-    #: the upload behind the id, when one is (its status is part of the answer)
-    upload: Upload | None = None
-    #: the array id and region as asked (what ``kept_plan`` runs the rules on again)
-    asked: tuple[str, Bounds | None] = ("", None)
-
-    @property
-    def wants_endpoints(self) -> bool:
-        return "endpoints" in self.fields
 
 
 def _oidc_verifier(settings: Settings) -> Any:  # OidcVerifier | None
@@ -417,98 +390,17 @@ class ServingRuntime:
         method: str = "",
         fields: Iterable[str] = (),
     ) -> Described:
-        """A describe (no endpoints asked) or a read plan. An upload's id answers its write
-        plan while PENDING (unscaled), its status always, and a read plan once READY."""
-        wanted = frozenset(fields)
-        unknown = sorted(wanted - READ_MASK_PATHS)
-        if unknown:
-            raise InvalidArgument(
-                f"tensor_read: unknown field mask path(s) {unknown}; known: {sorted(READ_MASK_PATHS)}",
-                slug="unknown_field_mask",
-            )
-        scale = list(scale or []) or None
-        scaled = scale is not None and any(s != 1 for s in scale)
-        up = self.upload(array_id)
-        write_plan = False
-        if up is not None:
-            from tensor_server.uploads import UploadClosed
-            from tensor_server.uploads.marker import DISCARDED, PENDING
-
-            self.access.read(caller, up.tensor)
-            if up.state == DISCARDED:  # a tombstone: only its status is served
-                if "endpoints" in wanted or scaled:
-                    raise UploadClosed(up.array_id, DISCARDED, up.reason)
-                return Described(None, up.array_id, wanted, upload=up)
-            if scaled:
-                assert self.uploads is not None  # up is one of its uploads
-                self.uploads.check_readable(up)  # an unscaled plan while PENDING is the write plan
-            write_plan = up.state == PENDING and not scaled
-        tensor, echo = self.tensor(array_id, caller, pixels=False)
-        if self._reopened_if_stale(tensor, region):  # plan against the bytes on disk now
-            tensor, echo = self.tensor(array_id, caller, pixels=False)
-        check_read_request(region, scale, tensor.shape)
-        plan = None
-        if "endpoints" in wanted or region is not None or scaled:
-            # a write plan keeps the stored grid: the upload's chunks are that grid's cells
-            plan = plan_read(tensor, region, scale, method, grid="transfer" if write_plan else "fit")
-            if "endpoints" in wanted and not plan.chunks:
-                raise InvalidArgument(f"{array_id}: the requested region is empty")
-        source_id, field = ArrayId.parse(tensor.array_id)
-        record = self.catalog.get_record(source_id)
-        source = record.source if "metadata_json" in wanted else None
-        metadata_json = None if source is None else with_sequence(source.metadata_json(field or None), tensor)
-        resident = record.is_resident() if "is_resident" in wanted else None
-        return Described(
-            tensor,
-            echo,
-            wanted,
-            plan,
-            region is not None,
-            metadata_json,
-            resident,
-            up if "upload_status" in wanted else None,
-            (array_id, region),
-        )
+        """A describe (no endpoints asked) or a read plan (``service/_describe.py``)."""
+        return described(self, caller, array_id, region, scale, method, fields)
 
     def kept_plan(self, caller: Caller, request: bytes) -> Any | None:
-        """A door's answer kept for the plan request ``request`` (its bytes: ``keep_plan``),
-        when the rules of ``describe`` let it stand for ``caller`` now: the gate, the same
-        tensor unchanged, the exact stale check of the region. None: describe it."""
-        kept = self.kept.get(request)
-        if kept is None:
-            return None
-        array_id, region = kept.asked
-        tensor, _ = self.tensor(array_id, caller, pixels=False)
-        if self._reopened_if_stale(tensor, region) or not kept.made_from(tensor):
-            return None
-        return kept.answer
+        """A door's answer kept for the plan request ``request`` (its bytes), when the rules of
+        ``describe`` let it stand for ``caller`` now; None: describe it (``_describe.py``)."""
+        return kept_plan(self, caller, request)
 
-    def keep_plan(self, request: bytes, described: Described, answer: Any) -> None:
-        """Keep ``answer``, a door's rendering of ``described``, for the plan request
-        ``request``: not an upload's (its state moves), nor fields that change while the
-        tensor does not."""
-        if described.tensor is None or described.upload is not None or described.fields & UNKEPT_FIELDS:
-            return
-        if self.upload(described.asked[0]) is None:
-            self.kept.keep(request, described.tensor, described.asked, answer)
-
-    def _reopened_if_stale(self, tensor: TensorAdapter, region: Bounds | None) -> bool:
-        """Plan time: reopen the source when the bytes under the region changed since it was
-        opened (True), so the plan mints ids of the new content version. Exact (every file
-        stat'ed, no recent verification trusted): ids minted from a window-old answer would be
-        refused as stale by the first chunk read that stats the files (CI saw it: a plan right
-        after an in-place rewrite, refused mid-``get_array``)."""
-        if self.refreshed(tensor):
-            return True
-        try:
-            bounds = Bounds.full(tensor.shape) if region is None else region.clamp(tensor.shape).validate(tensor.shape)
-        except InvalidArgument:
-            return False  # the request check reports the bad region
-        reason = tensor.stale_reason(bounds, exact=True)
-        if reason is None:
-            return False
-        self.catalog.reopen_changed(tensor, reason)
-        return True
+    def keep_plan(self, request: bytes, plan: Described, answer: Any) -> None:
+        """Keep ``answer``, a door's rendering of ``plan``, for the plan request ``request``."""
+        keep_plan(self, request, plan, answer)
 
     def refreshed(self, tensor: TensorAdapter) -> bool:
         """A growing tensor's extent brought up to date (``TensorAdapter.refresh_extent``:
@@ -810,12 +702,3 @@ class ServingRuntime:
         if self.precacher is not None:
             body["precache"] = dict(self.precacher.stats)
         return body
-
-
-def with_sequence(document: str, tensor: TensorAdapter) -> str:
-    """A descriptor's ``metadata_json`` with the tensor's extent ``sequence`` added (issue
-    46: a client learns from the descriptor which extent it saw, and resumes a watch from it).
-    The wrapper is a JSON object (``SourceAdapter.metadata_json``), encoded once per source:
-    the key is spliced in before its closing brace rather than the document decoded again
-    (a plate's is 0.9 MB). The SDK does not parse the wrapper (wire protocol §3.3)."""
-    return f'{document[:-1]}, "sequence": {tensor.extents.sequence}}}'
