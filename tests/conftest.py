@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +110,23 @@ def _root_log_handlers_restored():
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture
+def zarr_folder(tmp_path) -> Iterator[tuple[Path, Any]]:
+    """A folder holding ``img.zarr`` (zarr v2, 128² uint16 counting up, 2x2 chunks of 64²), and
+    its scanned ``Catalog`` (closed after the test): a store on disk whose chunk files a test
+    can rewrite under a running server."""
+    import numpy as np
+    import zarr
+
+    from tensor_server.catalog import Catalog
+
+    root = tmp_path / "data"
+    root.mkdir()
+    z = zarr.open_array(str(root / "img.zarr"), mode="w", shape=(128, 128), chunks=(64, 64), dtype="u2", zarr_format=2)
+    z[...] = np.arange(128 * 128, dtype=np.uint16).reshape(128, 128)
+    cat = Catalog([root])
+    cat.scan()
+    yield root, cat
+    cat.close()

@@ -96,24 +96,18 @@ def test_without_cache_locate_is_unknown_and_stats_empty(tmp_path):
         assert list(c.do_action(flight.Action("cache_stats", b""))) == []
 
 
-def test_a_warm_locate_checks_like_a_read_but_reads_no_pixels(tmp_path, monkeypatch):
+def test_a_warm_locate_checks_like_a_read_but_reads_no_pixels(tmp_path, zarr_folder, monkeypatch):
     """A cached chunk is offered after the gate and the id checks alone (a warm SDK tile is a
     describe and this), counted as a file hit; bytes rewritten under it are still refused."""
     import os
 
     import pytest
-    import zarr
 
     from tensor_server.core import plan_read
     from tensor_server.errors import StaleChunkId
     from tensor_server.service import Caller
 
-    root = tmp_path / "data"
-    root.mkdir()
-    z = zarr.open_array(str(root / "img.zarr"), mode="w", shape=(128, 128), chunks=(64, 64), dtype="u2", zarr_format=2)
-    z[...] = np.arange(128 * 128, dtype=np.uint16).reshape(128, 128)
-    cat = Catalog([root])
-    cat.scan()
+    root, cat = zarr_folder
     cache = CacheManager(tmp_path / "cache")
     try:
         with serving(cat, cache=cache) as srv:
@@ -139,5 +133,4 @@ def test_a_warm_locate_checks_like_a_read_but_reads_no_pixels(tmp_path, monkeypa
             with pytest.raises(StaleChunkId, match="re-plan"):
                 rt.locate(raw, caller)
     finally:
-        cat.close()
         cache.close()

@@ -44,17 +44,11 @@ def _tickets(info: flight.FlightInfo) -> list[bytes]:
 
 
 @pytest.fixture
-def store(tmp_path):
-    """A zarr array of 2x2 chunks on disk, served with a chunk cache."""
-    root = tmp_path / "data"
-    root.mkdir()
-    z = zarr.open_array(str(root / "img.zarr"), mode="w", shape=(128, 128), chunks=(64, 64), dtype="u2", zarr_format=2)
-    z[...] = np.arange(128 * 128, dtype=np.uint16).reshape(128, 128)
-    cat = Catalog([root])
-    cat.scan()
+def store(tmp_path, zarr_folder):
+    """A zarr array of 2x2 chunks on disk (``zarr_folder``), served with a chunk cache."""
+    root, cat = zarr_folder
     cache = CacheManager(tmp_path / "cache")
     yield root / "img.zarr", cat, cache, next(iter(cat.records())).source.tensor().array_id
-    cat.close()
     cache.close()
 
 
