@@ -56,3 +56,16 @@ def test_refusals_are_one_line_and_exit_1(served, capsys):
     assert main(["share"]) == 2
     with pytest.raises(SystemExit):
         main(["share", "img", "--expires", "soon"])
+
+
+def test_a_link_id_never_starts_with_a_dash_so_revoke_takes_it(served, capsys, monkeypatch):
+    """One random id in 64 started with ``-``; ``--revoke <id>`` read it as an option."""
+    import secrets
+
+    drawn = iter(["-dashfirst00", "plainid00000"])
+    monkeypatch.setattr(secrets, "token_urlsafe", lambda n: next(drawn))
+    code, _, _ = _share(served, capsys, "img")
+    (link,) = served.runtime.shares.links(None)
+    assert code == 0 and link.id == "plainid00000"
+    code, out, _ = _share(served, capsys, "--revoke", link.id)
+    assert code == 0 and out.startswith(f"revoked {link.id} (img)")

@@ -250,7 +250,7 @@ class ShareStore:
                 f"share: expires_seconds must be in [1, {MAX_EXPIRES_SECONDS}] (a year); got {expires_seconds}"
             )
         now = time.time() if now is None else now
-        share = Share(secrets.token_urlsafe(9), array_id, scope, now, now + expires_seconds, creator)
+        share = Share(_link_id(), array_id, scope, now, now + expires_seconds, creator)
         claims = {
             "iss": _ISSUER,
             "jti": share.id,
@@ -362,3 +362,12 @@ def _has_shape(token: str) -> bool:
 
 def _iso(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def _link_id() -> str:
+    """A new link's id: 72 random bits, URL-safe, never starting with ``-`` (one in 64 did, and
+    ``share --revoke <id>`` then read the id as an option and refused the command)."""
+    while True:
+        link_id = secrets.token_urlsafe(9)
+        if not link_id.startswith("-"):
+            return link_id
