@@ -22,14 +22,16 @@ TEST_WORKERS ?= auto
 # (gate 1); PERF_BENCH an asv regex replacing the gated set (GATED_BENCHMARKS in
 # tensor_server/bench/gate.py); PERF_FLOORS the gate-2 floors (all, none, or names);
 # PERF_SKIP_COMMITS=1 runs gate 2 only; PERF_ASV_ARGS adds asv continuous arguments (e.g.
-# "-a processes=1": one round per commit, quicker, noisier). Exported, so a regex reaches the
-# gate unmangled.
+# "-a processes=1": one round per commit, quicker, noisier); PERF_CONFIRM_S the seconds of
+# interleaved calls per confirmation pair (empty = 10). Exported, so a regex reaches the gate
+# unmangled.
 PERF_BASE ?= HEAD~1
 PERF_BENCH ?=
 PERF_FLOORS ?= all
 PERF_SKIP_COMMITS ?=
 PERF_ASV_ARGS ?=
-export PERF_BASE PERF_BENCH PERF_FLOORS PERF_SKIP_COMMITS PERF_ASV_ARGS
+PERF_CONFIRM_S ?=
+export PERF_BASE PERF_BENCH PERF_FLOORS PERF_SKIP_COMMITS PERF_ASV_ARGS PERF_CONFIRM_S
 # bench-record: the machine name its results are filed under in asv_bench/results/, and an
 # optional asv --bench regex (default: the whole suite)
 BENCH_MACHINE ?= $(shell hostname)
@@ -195,7 +197,7 @@ asv: $(STAMP)
 perf-gate: $(STAMP)
 	$(PY) -m tensor_server.bench gate --base "$$PERF_BASE" --floors "$$PERF_FLOORS" \
 		$${PERF_BENCH:+--bench "$$PERF_BENCH"} $${PERF_SKIP_COMMITS:+--skip-commits} \
-		$${PERF_ASV_ARGS:+--asv-args "$$PERF_ASV_ARGS"}
+		$${PERF_ASV_ARGS:+--asv-args "$$PERF_ASV_ARGS"} $${PERF_CONFIRM_S:+--confirm-seconds "$$PERF_CONFIRM_S"}
 
 # Append this machine's results for HEAD to the history kept in the repository
 # (asv_bench/results/, asv's format, one machine file per BENCH_MACHINE); commit them.

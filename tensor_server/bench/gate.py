@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--asv-args", default="", help="extra asv continuous arguments, e.g. '-a processes=1' (one round)"
     )
+    parser.add_argument(
+        "--confirm-seconds",
+        type=float,
+        default=None,
+        help="seconds of interleaved calls per confirmation pair (default 10; at least 9 rounds run)",
+    )
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -153,9 +159,15 @@ def _machine() -> str:
 
 
 def gate_commits(
-    repo: Path, asv_dir: Path, base_rev: str, regexes: list[str], factor: float, asv_args: list[str] = ()
+    repo: Path,
+    asv_dir: Path,
+    base_rev: str,
+    regexes: list[str],
+    factor: float,
+    asv_args: list[str] = (),
+    confirm_s: float | None = None,
 ) -> tuple[list[Failure], list[str]]:
-    from tensor_server.bench.gate_confirm import confirm_pairs, export_tree
+    from tensor_server.bench.gate_confirm import CONFIRM_BUDGET_S, confirm_pairs, export_tree
 
     notes: list[str] = []
     head = _git(repo, "rev-parse", "HEAD")
@@ -216,7 +228,14 @@ def gate_commits(
             flush=True,
         )
         try:
-            pairs = confirm_pairs(repo / "asv_bench", key, idx, (trees[base], base), (trees[head], head))
+            pairs = confirm_pairs(
+                repo / "asv_bench",
+                key,
+                idx,
+                (trees[base], base),
+                (trees[head], head),
+                budget_s=CONFIRM_BUDGET_S if confirm_s is None else confirm_s,
+            )
         except RuntimeError as exc:  # a worker that crashed or hung: not noise, so not a pass
             failures.append(Failure(f"gate 1: {label}: the confirmation re-run failed", str(exc), reproduce))
             continue
@@ -285,6 +304,7 @@ def main(args: argparse.Namespace) -> int:
             args.bench or list(GATED_BENCHMARKS.values()),
             args.factor,
             shlex.split(args.asv_args),
+            args.confirm_seconds,
         )
         failures += f
         notes += n

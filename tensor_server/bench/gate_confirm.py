@@ -24,6 +24,9 @@ __all__ = ["Confirmation", "export_tree", "confirm", "confirm_pairs"]
 
 #: Seconds a worker may take to set up (import, compile a kernel, write a fixture) or for one call.
 _WORKER_TIMEOUT_S = 600.0
+#: Seconds of interleaved calls per pair of workers (``confirm``'s ``budget_s``; the gate's
+#: ``--confirm-seconds``, ``make perf-gate PERF_CONFIRM_S=``): at most 200 rounds, at least 9.
+CONFIRM_BUDGET_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ def confirm(
     head: tuple[Path, str],
     min_rounds: int = 9,
     max_rounds: int = 200,
-    budget_s: float = 10.0,
+    budget_s: float = CONFIRM_BUDGET_S,
 ) -> Confirmation:
     """Re-measure benchmark ``name`` (its ``param_index``-th parameter combination) for the
     ``(source tree, commit)`` pairs ``base`` and ``head``: at least ``min_rounds`` interleaved
@@ -129,14 +132,21 @@ def confirm(
 
 
 def confirm_pairs(
-    suite_dir: Path, name: str, param_index: int, base: tuple[Path, str], head: tuple[Path, str], pairs: int = 3
+    suite_dir: Path,
+    name: str,
+    param_index: int,
+    base: tuple[Path, str],
+    head: tuple[Path, str],
+    pairs: int = 3,
+    budget_s: float = CONFIRM_BUDGET_S,
 ) -> tuple[Confirmation, list[Confirmation]]:
-    """``confirm`` with ``pairs`` fresh pairs of workers. Returns the verdict, each side's best
-    call over every pair, and the pairs. Why several processes, and the best over all of them:
+    """``confirm`` with ``pairs`` fresh pairs of workers, ``budget_s`` of calls each. Returns the
+    verdict, each side's best call over every pair, and the pairs. Why several processes, and the
+    best over all of them:
     on an oversubscribed machine a pair of workers running identical code measured 1.59x and
     1.64x apart over 47 interleaved best-of calls (a per-process draw: which core and which
     neighbour it lands with), which no number of calls within the pair removes; a slow process
     only adds time, so each side's best process is its true speed."""
-    runs = [confirm(suite_dir, name, param_index, base, head) for _ in range(pairs)]
+    runs = [confirm(suite_dir, name, param_index, base, head, budget_s=budget_s) for _ in range(pairs)]
     best = Confirmation(min(r.base_ms for r in runs), min(r.head_ms for r in runs), sum(r.rounds for r in runs))
     return best, runs
