@@ -11,12 +11,23 @@ import math
 
 from pyarrow import flight
 
+from tensor_server.bench import crowd
 from tensor_server.bench.crowd import _flight_floor_fetch, _floor_process, _http_fetch, _measure, _served_id
+from tensor_server.bench.server_process import wait_idle
 from tensor_server.bench.viewport import viewport, write_fixtures
 from tensor_server.deploy.nginx_process import nginx_binary
 
 
-def test_every_door_answers_every_tile_warm_and_cold(tmp_path):
+def test_every_door_answers_every_tile_warm_and_cold(tmp_path, monkeypatch):
+    """The bench waits for each server to idle 0.5 s before a measurement (24 waits, 15 of this
+    test's 46 s); this test asks for answers, not settled timings, so 50 ms of idleness do."""
+    waited: list[int] = []
+
+    def settle(pid: int) -> None:
+        waited.append(pid)
+        wait_idle(pid, quiet_s=0.05)
+
+    monkeypatch.setattr(crowd, "wait_idle", settle)
     write_fixtures(tmp_path, 1024)
     replicas = "2" if nginx_binary() else ""  # make test installs nginx; without it, no rows through it
     ns = argparse.Namespace(clients="1,2", repeats=1, cold=True, serve_args=[], replicas=replicas)
@@ -27,6 +38,8 @@ def test_every_door_answers_every_tile_warm_and_cold(tmp_path):
     warm = {(d, "warm", c) for d in doors for c in (1, 2)}
     cold = {(d, "cold", c) for d in ("http", "flight") for c in (1, 2)}
     assert seen == warm | cold
+    # every row waited for its server to idle; the four nginx rows for each of the two replicas
+    assert len(waited) == len(rows) + (4 if replicas else 0)
     for r in rows:
         assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("wall_ms", "tiles_per_s", "p50_ms", "p99_ms")), r
 
