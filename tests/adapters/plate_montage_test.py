@@ -48,11 +48,12 @@ def _write_plate(
     pyramid: bool = True,
     listed: tuple[str, ...] = (),
     odd: dict[tuple[str, int], np.ndarray] | None = None,
+    chunks: tuple[int, int, int] = (1, 16, 16),
 ) -> Path:
     """A 2 × 3 plate (rows A-B, columns 1-3) through ome-zarr-py's writer (``write_plate``):
     ``wells`` written (a None field is listed in its well but never written), ``listed`` only
     named in the plate; ``odd``: (well, field) -> the pixels to write there instead of random
-    uint16."""
+    uint16; ``chunks``: the fields' storage chunks (the writer takes ~2 ms a chunk file)."""
     rng = np.random.default_rng(42)
 
     def pixels(well: str, index: int, shape: tuple[int, int, int]) -> np.ndarray:
@@ -68,7 +69,7 @@ def _write_plate(
         version=version,
         scale_factors=(2, 4) if pyramid else (),
         listed=listed,
-        chunks=(1, 16, 16),
+        chunks=chunks,
     )
 
 
@@ -158,9 +159,11 @@ def test_levels_below_the_coarsest_stored_one_reduce_it(tmp_path):
     """Fields of 600² with levels at 2 and 4: the montage's coarsest stored level (310 × 920)
     is over one 512² tile, so one level is computed below it, at 8: the engine's area
     reduction of the stored level at 4, bit for bit, and read from it: with every field's
-    level 0 and level 1 chunk files removed it still reads the same pixels."""
+    level 0 and level 1 chunk files removed it still reads the same pixels. Chunks of 64²: at
+    16² the writer's 10,900 chunk files took 21 of the test's 24 s; at 64² the stored level at
+    4 (150² a field) is still 3 × 3 chunks a field, edge chunks partial."""
     wells = {"A/1": [(600, 600), (600, 600)], "B/3": [(600, 600)]}
-    with tensor_server.open(_write_plate(tmp_path / "big.ome.zarr", "0.4", wells)) as src:
+    with tensor_server.open(_write_plate(tmp_path / "big.ome.zarr", "0.4", wells, chunks=(1, 64, 64))) as src:
         montage = src.tensor("plate")
         assert montage.shape == (2, 1240, 3680)
         assert [lv.scale for lv in montage.native_levels] == [(1, 2, 2), (1, 4, 4), (1, 8, 8)]
