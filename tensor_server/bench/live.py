@@ -15,7 +15,9 @@ need the kernel to reclaim page cache for every 8 MiB: 33-48 frames/s for 300 ne
 table beside each rate. A writer that cannot keep the asked rate writes as fast as it can:
 the table gives the rate it reached and a line saying so, and the latencies are those at
 that rate. The acquisitions start once the server is idle after its start-up (its kernels'
-warm-up took a core from the first rate's run).
+warm-up took a core from the first rate's run), and each rate's first frame is written
+``LEAD_S`` after the writer, the poller and the SDK client all said they are ready (a fixed
+5 s lead before: 10 of a test run's 16 s, and no promise under load).
 
 Two clients follow it in the same run, and both read as a viewer does, the **newest** frame
 they know of: a client that is still reading when several frames arrive skips to the newest
@@ -49,6 +51,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,8 @@ TARGETS = {"p50": 200.0, "p99": 500.0}
 FLOOR_FRAMES = 100
 #: not frozen: a client that has not had a new frame for this long gives up
 PATIENCE_S = 60.0
+#: seconds from every process of a rate being ready to its first frame's write
+LEAD_S = 0.2
 
 
 def stamp(frame: np.ndarray, i: int) -> np.ndarray:
@@ -99,12 +104,15 @@ def start_array(path: Path, side: int, chunk: int) -> None:
     z[0] = stamp(np.zeros((side, side), np.uint16), 0)
 
 
-def _write(path: str, frames: int, rate: float, start: float, out: Any) -> None:
-    """The writer process: frame i is written at ``start + i / rate`` (or as soon as it can)."""
+def _write(path: str, frames: int, rate: float, ready: Any, go: Any, out: Any) -> None:
+    """The writer process: says ``ready`` once set up, is sent ``start`` on ``go``, and writes
+    frame i at ``start + i / rate`` (or as soon as it can)."""
     import zarr
 
     z = zarr.open_array(path, mode="r+", config=WRITER_CONFIG)
     frame = np.random.default_rng(0).integers(0, 4000, z.shape[1:], dtype=np.uint16)
+    ready.put("writer")
+    start = go.get(timeout=PATIENCE_S)
     written = {}
     for i in range(1, frames):
         time.sleep(max(0.0, start + i / rate - time.time()))
@@ -114,11 +122,15 @@ def _write(path: str, frames: int, rate: float, start: float, out: Any) -> None:
     out.put(written)
 
 
-def _poll(path: str, frames: int, start: float, out: Any) -> None:
-    """The peer process: reopen the array with zarr-python every ``POLL_S`` and read the newest
-    frame past the last one it had (module docstring)."""
+def _poll(path: str, frames: int, ready: Any, go: Any, out: Any) -> None:
+    """The peer process: from ``start`` (sent on ``go`` after it said ``ready``) reopen the
+    array with zarr-python every ``POLL_S`` and read the newest frame past the last one it had
+    (module docstring)."""
     import zarr
 
+    zarr.open_array(path, mode="r")  # imported and opened once before the clock starts
+    ready.put("poller")
+    start = go.get(timeout=PATIENCE_S)
     arrived: dict[int, float] = {}
     last = 0
     deadline = time.time() + PATIENCE_S
@@ -135,10 +147,12 @@ def _poll(path: str, frames: int, start: float, out: Any) -> None:
     out.put(arrived)
 
 
-def _watch(location: str, array_id: str, frames: int, side: int) -> tuple[dict[int, float], dict[int, float]]:
+def _watch(
+    location: str, array_id: str, frames: int, side: int, ready: Callable[[], None] = lambda: None
+) -> tuple[dict[int, float], dict[int, float]]:
     """The SDK client: the Flight ``watch`` stream is followed while a reader thread reads the
     newest frame announced (module docstring); when each frame it read was read, and when the
-    record announcing each frame arrived."""
+    record announcing each frame arrived. ``ready`` is called once it reads frame 0 and watches."""
     import pyarrow.flight as flight
     from biopb.tensor import TensorFlightClient
 
@@ -146,6 +160,7 @@ def _watch(location: str, array_id: str, frames: int, side: int) -> tuple[dict[i
     client.get_array(array_id, _plane(0, side))  # as a viewer showing frame 0 has
     watcher = flight.FlightClient(location)
     results = watcher.do_action(flight.Action("watch", json.dumps({"array_id": array_id}).encode()))
+    ready()
     noticed: dict[int, float] = {}
     arrived: dict[int, float] = {}
     newest = threading.Condition()
@@ -210,14 +225,21 @@ def _latencies(written: dict[int, float], arrived: dict[int, float]) -> dict[int
 def _one_rate(srv: Any, path: Path, rate: float, frames: int, side: int) -> dict[str, Any]:
     """Writer, zarr poller and SDK watcher over one acquisition at ``rate`` frames/s."""
     spawn = multiprocessing.get_context("spawn")
-    written_q, polled_q = spawn.Queue(), spawn.Queue()
-    start = time.time() + 5.0  # both processes are up and the client has warmed up by then
-    writer = spawn.Process(target=_write, args=(str(path), frames, rate, start, written_q))
-    poller = spawn.Process(target=_poll, args=(str(path), frames, start, polled_q))
+    written_q, polled_q, ready_q, go_q = spawn.Queue(), spawn.Queue(), spawn.Queue(), spawn.Queue()
+    writer = spawn.Process(target=_write, args=(str(path), frames, rate, ready_q, go_q, written_q))
+    poller = spawn.Process(target=_poll, args=(str(path), frames, ready_q, go_q, polled_q))
     writer.start()
     poller.start()
+
+    def go() -> None:  # the SDK client is ready: once both processes are too, start the clock
+        for _ in (writer, poller):
+            ready_q.get(timeout=PATIENCE_S)
+        start = time.time() + LEAD_S
+        for _ in (writer, poller):
+            go_q.put(start)
+
     try:
-        watched, noticed = _watch(srv.location, _array_id(srv.location, path.name), frames, side)
+        watched, noticed = _watch(srv.location, _array_id(srv.location, path.name), frames, side, go)
         written, polled = written_q.get(timeout=PATIENCE_S), polled_q.get(timeout=PATIENCE_S)
     finally:
         for proc in (writer, poller):
@@ -260,12 +282,13 @@ def writer_alone(path: Path, side: int, chunk: int, frames: int) -> float:
     import shutil
 
     start_array(path, side, chunk)
-    out = multiprocessing.get_context("spawn").Queue()
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_write, args=(str(path), frames, math.inf, time.time(), out)
-    )
+    spawn = multiprocessing.get_context("spawn")
+    ready, go, out = spawn.Queue(), spawn.Queue(), spawn.Queue()
+    proc = spawn.Process(target=_write, args=(str(path), frames, math.inf, ready, go, out))
     proc.start()
     try:
+        ready.get(timeout=PATIENCE_S)
+        go.put(time.time())
         written = out.get(timeout=PATIENCE_S)
     finally:
         proc.join(PATIENCE_S)
